@@ -5,3 +5,8 @@
 //! `sharding`) -> PJRT plugin (`pjrt`) -> train loop.
 
 pub mod pjrt;
+pub mod ir;
+pub mod sharding;
+pub mod autodiff;
+pub mod tensor;
+pub mod lower;

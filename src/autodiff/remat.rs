@@ -1,0 +1,42 @@
+//! Differentiating a remat (`checkpoint`) region. Forward: the body is inlined and only the
+//! values tagged with a name the policy saves are kept for later. Backward: the body is
+//! recomputed from its operands behind an optimization barrier (so XLA cannot merge the
+//! recomputation with the forward pass), with the saved values substituted for their tags,
+//! and then differentiated. Recomputation that only fed saved values is dead and removed.
+
+use super::{activity, Extra};
+use crate::ir::{Prim, Remat};
+use crate::tensor::{Tensor, Trace};
+
+pub(crate) fn forward(dest: &Trace, r: &Remat, ins: &[&Tensor]) -> (Vec<Tensor>, Extra) {
+    let args: Vec<Tensor> = ins.iter().map(|&t| t.clone()).collect();
+    // Nothing inside is active here: a plain evaluation, with no residuals for nested scans.
+    let tape = super::forward_with(dest, &r.body, &args, vec![false; r.body.types.len()], &mut |_, _| None);
+    let saved = saved_eqns(r).into_iter().map(|i| tape.value(r.body.eqns[i].outputs[0]).clone()).collect();
+    (tape.outputs(&r.body), Extra::Remat(saved))
+}
+
+pub(crate) fn backward(dest: &Trace, r: &Remat, ins: &[&Tensor], saved: &[Tensor], cts: &[Option<Tensor>], needs: &[bool]) -> Vec<Option<Tensor>> {
+    let fence_in: Vec<&Tensor> = ins.iter().copied().chain(saved).collect();
+    let fenced = dest.bind(Prim::OptimizationBarrier, &fence_in);
+    let (args, kept) = fenced.split_at(ins.len());
+    let saved_at = saved_eqns(r);
+    let active = activity::analyze(&r.body, needs);
+    let tape = super::forward_with(dest, &r.body, args, active, &mut |i, _| {
+        saved_at.iter().position(|&j| j == i).map(|p| (vec![kept[p].clone()], Extra::None))
+    });
+    super::backward(dest, &r.body, &tape, cts)
+}
+
+/// Indices of the body's `Name` equations whose tag the policy saves.
+fn saved_eqns(r: &Remat) -> Vec<usize> {
+    let mut found = Vec::new();
+    for (i, eqn) in r.body.eqns.iter().enumerate() {
+        if let Prim::Name(name) = &eqn.prim {
+            if r.saved_names.contains(name) {
+                found.push(i);
+            }
+        }
+    }
+    found
+}

@@ -1,0 +1,235 @@
+//! The VJP rule of every primitive, in one exhaustive match: given the primal operands and
+//! results, the results' cotangents and which operands need one, the operands' cotangents
+//! (`None`: zero, or not differentiable — integer, boolean and index operands).
+
+use super::{remat, scan, Extra};
+use crate::ir::{BinaryOp, DotDims, Prim, ReduceOp, UnaryOp};
+use crate::tensor::{where_, Tensor, Trace};
+use std::f64::consts::PI;
+
+pub(crate) fn vjp(
+    dest: &Trace,
+    prim: &Prim,
+    ins: &[&Tensor],
+    outs: &[&Tensor],
+    extra: &Extra,
+    cts: &[Option<Tensor>],
+    needs: &[bool],
+) -> Vec<Option<Tensor>> {
+    // Single-result primitives are only visited with a cotangent for that result.
+    let g = || cts[0].as_ref().expect("cotangent of the single result");
+    let only = |i: usize, f: &dyn Fn() -> Tensor| if needs[i] { Some(f()) } else { None };
+    match prim {
+        Prim::Unary(op) => vec![unary(*op, ins[0], outs[0], g())],
+        Prim::Binary(op) => binary(*op, ins[0], ins[1], outs[0], g(), needs),
+        Prim::Compare(_) => vec![None, None],
+        Prim::Select => {
+            let (p, g) = (ins[0], g());
+            vec![None, only(1, &|| where_(p, g, 0.0)), only(2, &|| where_(p, 0.0, g))]
+        }
+        Prim::Convert(_) => vec![only(0, &|| g().astype(ins[0].dtype()))],
+        Prim::Iota { .. } | Prim::Constant { .. } => vec![],
+        Prim::DotGeneral(dims) => vec![
+            only(0, &|| dot_transpose_lhs(g(), ins[0], ins[1], dims)),
+            only(1, &|| dot_transpose_rhs(g(), ins[0], ins[1], dims)),
+        ],
+        Prim::Reduce { op: ReduceOp::Sum, axes } => vec![Some(unreduce(g(), ins[0].shape(), axes))],
+        Prim::Reduce { op: ReduceOp::Max, axes } => {
+            // The cotangent is shared equally among the positions attaining the maximum.
+            let x = ins[0];
+            let hit = x.eq(&unreduce(outs[0], x.shape(), axes)).astype(x.dtype());
+            let count = unreduce(&hit.sum(&axes.iter().map(|&a| a as isize).collect::<Vec<_>>()), x.shape(), axes);
+            vec![Some(unreduce(g(), x.shape(), axes) * &hit / &count)]
+        }
+        Prim::Reshape(_) => vec![Some(g().reshape(ins[0].shape()))],
+        Prim::Transpose(perm) => {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            vec![Some(g().transpose(&inverse))]
+        }
+        Prim::BroadcastInDim { shape, dims } => vec![Some(unbroadcast(g(), ins[0].shape(), shape, dims))],
+        Prim::Slice { start, limit: _, strides } => {
+            let (x, g) = (ins[0], g());
+            let mut high = Vec::with_capacity(x.rank());
+            for d in 0..x.rank() {
+                let taken = if g.shape()[d] == 0 { 0 } else { (g.shape()[d] - 1) * strides[d] + 1 };
+                high.push(x.shape()[d] - start[d] - taken);
+            }
+            let interior: Vec<i64> = strides.iter().map(|s| s - 1).collect();
+            vec![Some(g.pad(0.0, start, &high, &interior))]
+        }
+        Prim::DynamicSlice { .. } => {
+            let starts = &ins[1..];
+            let mut r = vec![Some(ins[0].zeros_like().dynamic_update_slice(g(), starts))];
+            r.extend(starts.iter().map(|_| None));
+            r
+        }
+        Prim::DynamicUpdateSlice => {
+            let (update, starts) = (ins[1], &ins[2..]);
+            let mut r = vec![
+                only(0, &|| g().dynamic_update_slice(&update.zeros_like(), starts)),
+                only(1, &|| g().dynamic_slice(starts, update.shape())),
+            ];
+            r.extend(starts.iter().map(|_| None));
+            r
+        }
+        Prim::Concatenate { axis } => {
+            let mut offset = 0;
+            ins.iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    let len = x.shape()[*axis];
+                    offset += len;
+                    only(i, &|| g().slice_axis(*axis as isize, offset - len, offset))
+                })
+                .collect()
+        }
+        Prim::Take => vec![only(0, &|| ins[0].zeros_like().scatter_add(ins[1], g())), None],
+        Prim::ScatterAdd => vec![only(0, &|| g().clone()), None, only(2, &|| g().take(ins[1]))],
+        Prim::Pad { low, high, interior } => {
+            let g = g();
+            let limit: Vec<i64> = (0..g.rank()).map(|d| g.shape()[d] - high[d]).collect();
+            let strides: Vec<i64> = interior.iter().map(|i| i + 1).collect();
+            let operand = g.slice_strided(low, &limit, &strides);
+            let value = only(1, &|| g.sum_all() - operand.sum_all());
+            vec![needs[0].then_some(operand), value]
+        }
+        Prim::StopGradient => vec![None],
+        Prim::Name(_) => vec![Some(g().clone())],
+        // The cotangent of a constrained value is laid out the same way (as JAX does).
+        Prim::ShardingConstraint(spec) => vec![Some(dest.bind1(Prim::ShardingConstraint(spec.clone()), &[g()]))],
+        Prim::OptimizationBarrier => cts.to_vec(),
+        Prim::Scan(s) => match extra {
+            Extra::Scan(tape) => scan::backward(dest, s, ins, outs, tape, cts),
+            Extra::None | Extra::Remat(_) => unreachable!("an active scan is recorded with its scan tape"),
+        },
+        Prim::Remat(r) => match extra {
+            Extra::Remat(saved) => remat::backward(dest, r, ins, saved, cts, needs),
+            Extra::None | Extra::Scan(_) => unreachable!("an active remat region is recorded with its saved values"),
+        },
+    }
+}
+
+fn unary(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Option<Tensor> {
+    Some(match op {
+        UnaryOp::Neg => -g,
+        UnaryOp::Exp => g * y,
+        UnaryOp::Log => g / x,
+        UnaryOp::Log1p => g / &(x + 1.0),
+        UnaryOp::Tanh => g * &(1.0 - &y.square()),
+        UnaryOp::Logistic => g * &(y * &(1.0 - y)),
+        UnaryOp::Sqrt => g / &(y * 2.0),
+        UnaryOp::Rsqrt => g * &(y / x) * -0.5,
+        UnaryOp::Abs => g * &x.sign(),
+        // Piecewise constant: the derivative is zero wherever it exists.
+        UnaryOp::Sign => return None,
+        UnaryOp::Erf => g * &(-x.square()).exp() * (2.0 / PI.sqrt()),
+        UnaryOp::ErfInv => g * &y.square().exp() * (PI.sqrt() / 2.0),
+        UnaryOp::Sin => g * &x.cos(),
+        UnaryOp::Cos => -(g * &x.sin()),
+    })
+}
+
+fn binary(op: BinaryOp, x: &Tensor, y: &Tensor, out: &Tensor, g: &Tensor, needs: &[bool]) -> Vec<Option<Tensor>> {
+    let pick = |fx: &dyn Fn() -> Tensor, fy: &dyn Fn() -> Tensor| vec![needs[0].then(fx), needs[1].then(fy)];
+    match op {
+        BinaryOp::Add => pick(&|| g.clone(), &|| g.clone()),
+        BinaryOp::Sub => pick(&|| g.clone(), &|| -g),
+        BinaryOp::Mul => pick(&|| g * y, &|| g * x),
+        BinaryOp::Div => pick(&|| g / y, &|| -(g * out) / y),
+        // Ties split the cotangent evenly, as JAX does.
+        BinaryOp::Max | BinaryOp::Min => {
+            let share = |a: &Tensor, b: &Tensor| g * &where_(&a.eq(out), where_(&b.eq(out), 0.5, 1.0), 0.0);
+            pick(&|| share(x, y), &|| share(y, x))
+        }
+        BinaryOp::Pow => pick(
+            // y * x^(y-1), defined as 0 where y == 0 (x^-1 may be infinite there).
+            &|| g * &where_(&y.eq(0.0), 0.0, y * &x.pow(y - 1.0)),
+            // log(x) * x^y, with log(0) replaced by 0 (the term is 0 * log 0 there).
+            &|| g * &(where_(&x.eq(0.0), 1.0, x).log() * out),
+        ),
+        // Integer-only operations: their operands are never active.
+        BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical => vec![None, None],
+    }
+}
+
+/// Broadcasts a reduced cotangent back over the reduced `axes` of `shape`.
+fn unreduce(g: &Tensor, shape: &[i64], axes: &[usize]) -> Tensor {
+    let kept: Vec<usize> = (0..shape.len()).filter(|d| !axes.contains(d)).collect();
+    g.broadcast_in_dim(shape, &kept)
+}
+
+/// The transpose of `broadcast_in_dim`: sums over the added and the stretched dimensions.
+fn unbroadcast(g: &Tensor, operand: &[i64], shape: &[i64], dims: &[usize]) -> Tensor {
+    let added: Vec<isize> = (0..shape.len()).filter(|d| !dims.contains(d)).map(|d| d as isize).collect();
+    let summed = g.sum(&added);
+    // `summed` has the operand's dims in increasing order of `dims`; put them in operand order.
+    let mut order: Vec<usize> = (0..dims.len()).collect();
+    order.sort_by_key(|&i| dims[i]);
+    let mut perm = vec![0; dims.len()];
+    for (pos, &i) in order.iter().enumerate() {
+        perm[i] = pos;
+    }
+    let ordered = summed.transpose(&perm);
+    let stretched: Vec<isize> =
+        (0..operand.len()).filter(|&i| operand[i] == 1 && shape[dims[i]] != 1).map(|i| i as isize).collect();
+    ordered.sum_keepdims(&stretched)
+}
+
+/// Dimensions of `0..rank` not in `a` or `b`, in order.
+fn remaining(rank: usize, a: &[usize], b: &[usize]) -> Vec<usize> {
+    (0..rank).filter(|d| !a.contains(d) && !b.contains(d)).collect()
+}
+
+/// Cotangent of the lhs of `dot_general` (JAX's `_dot_general_transpose_lhs`): contract the
+/// output cotangent with the rhs over the rhs's free dims, then restore the lhs's dim order.
+fn dot_transpose_lhs(g: &Tensor, x: &Tensor, y: &Tensor, d: &DotDims) -> Tensor {
+    transpose_side(g, x.rank(), y.rank(), y, &d.lhs_batch, &d.lhs_contract, &d.rhs_batch, &d.rhs_contract, false)
+}
+
+fn dot_transpose_rhs(g: &Tensor, x: &Tensor, y: &Tensor, d: &DotDims) -> Tensor {
+    transpose_side(g, y.rank(), x.rank(), x, &d.rhs_batch, &d.rhs_contract, &d.lhs_batch, &d.lhs_contract, true)
+}
+
+/// `me` is the operand whose cotangent we want, `other` the other one. `swapped`: `me` is
+/// the rhs, so its free dims come last in the output.
+#[allow(clippy::too_many_arguments)]
+fn transpose_side(
+    g: &Tensor,
+    me_rank: usize,
+    other_rank: usize,
+    other: &Tensor,
+    me_batch: &[usize],
+    me_contract: &[usize],
+    other_batch: &[usize],
+    other_contract: &[usize],
+    swapped: bool,
+) -> Tensor {
+    let nb = me_batch.len();
+    let me_kept = remaining(me_rank, me_contract, me_batch);
+    let other_kept = remaining(other_rank, other_contract, other_batch);
+    // Positions of the other operand's free dims in the output cotangent.
+    let other_start = if swapped { nb } else { nb + me_kept.len() };
+    let g_other: Vec<usize> = (other_start..other_start + other_kept.len()).collect();
+    let dims = DotDims {
+        lhs_batch: (0..nb).collect(),
+        rhs_batch: other_batch.to_vec(),
+        lhs_contract: g_other,
+        rhs_contract: other_kept,
+    };
+    let prod = g.dot_general(other, dims);
+    // `prod` dims: batch, my free dims, then the other's contracting dims in increasing order,
+    // which pair with my contracting dims sorted by their partner.
+    let mut pairs: Vec<(usize, usize)> = other_contract.iter().copied().zip(me_contract.iter().copied()).collect();
+    pairs.sort_unstable();
+    let mut layout: Vec<usize> = me_batch.to_vec();
+    layout.extend(&me_kept);
+    layout.extend(pairs.iter().map(|p| p.1));
+    let mut perm = vec![0; me_rank];
+    for (pos, &dim) in layout.iter().enumerate() {
+        perm[dim] = pos;
+    }
+    prod.transpose(&perm)
+}

@@ -1,0 +1,74 @@
+//! Element types of IR values: what each is called in error messages and in StableHLO, and which
+//! ones carry gradients (only floats do: integer and boolean values have no cotangent).
+
+use std::fmt;
+
+/// The element types the tracer knows. u32 exists for random bits, s32 for indices, pred for masks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    Pred,
+    S32,
+    U32,
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl DType {
+    /// Floating-point types are the only ones that are differentiated.
+    pub fn is_float(self) -> bool {
+        match self {
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 => true,
+            DType::Pred | DType::S32 | DType::U32 => false,
+        }
+    }
+
+    pub fn is_integer(self) -> bool {
+        match self {
+            DType::S32 | DType::U32 => true,
+            DType::Pred | DType::F16 | DType::BF16 | DType::F32 | DType::F64 => false,
+        }
+    }
+
+    pub fn byte_size(self) -> usize {
+        match self {
+            DType::Pred => 1,
+            DType::F16 | DType::BF16 => 2,
+            DType::S32 | DType::U32 | DType::F32 => 4,
+            DType::F64 => 8,
+        }
+    }
+
+    /// JAX-style short name used in messages: `f32[4,8]`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Pred => "pred",
+            DType::S32 => "s32",
+            DType::U32 => "u32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+
+    /// The element type as StableHLO spells it inside `tensor<...>`.
+    pub fn mlir(self) -> &'static str {
+        match self {
+            DType::Pred => "i1",
+            DType::S32 => "i32",
+            DType::U32 => "ui32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,95 @@
+//! The program representation: a flat list of equations in SSA form (JAX's jaxpr). Values are
+//! numbered densely per graph, so per-value side tables in the transformations are plain `Vec`s.
+//! Sub-graphs (scan and remat bodies) are closed: they see only their own inputs.
+
+use super::{Prim, Type};
+use std::fmt;
+
+/// Index of a value in its graph's `types` table.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Debug for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// One primitive application: `outputs = prim(inputs)`.
+#[derive(Clone, Debug)]
+pub struct Eqn {
+    pub prim: Prim,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    /// Type of every value, inputs included.
+    pub types: Vec<Type>,
+    pub inputs: Vec<ValueId>,
+    /// In dependency order: every operand is an input or an earlier equation's output.
+    pub eqns: Vec<Eqn>,
+    pub outputs: Vec<ValueId>,
+}
+
+impl Graph {
+    pub fn ty(&self, v: ValueId) -> &Type {
+        &self.types[v.index()]
+    }
+
+    pub fn new_value(&mut self, ty: Type) -> ValueId {
+        let id = ValueId(u32::try_from(self.types.len()).expect("more than 2^32 values in one graph"));
+        self.types.push(ty);
+        id
+    }
+
+    pub fn input_types(&self) -> Vec<Type> {
+        self.inputs.iter().map(|&v| self.ty(v).clone()).collect()
+    }
+
+    pub fn output_types(&self) -> Vec<Type> {
+        self.outputs.iter().map(|&v| self.ty(v).clone()).collect()
+    }
+
+    /// Dead-code elimination: drops equations none of whose results reach an output (all
+    /// primitives are pure). Returns, per input, whether anything still reads it.
+    pub fn dce(&mut self) -> Vec<bool> {
+        let mut live = vec![false; self.types.len()];
+        for v in &self.outputs {
+            live[v.index()] = true;
+        }
+        let mut keep = vec![false; self.eqns.len()];
+        for (i, eqn) in self.eqns.iter().enumerate().rev() {
+            if eqn.outputs.iter().any(|o| live[o.index()]) {
+                keep[i] = true;
+                for v in &eqn.inputs {
+                    live[v.index()] = true;
+                }
+            }
+        }
+        let mut flags = keep.into_iter();
+        self.eqns.retain(|_| flags.next().unwrap_or(false));
+        self.inputs.iter().map(|v| live[v.index()]).collect()
+    }
+
+    /// Number of equations including those inside scan and remat bodies (for reports).
+    pub fn count_eqns(&self) -> usize {
+        self.eqns
+            .iter()
+            .map(|e| {
+                1 + match &e.prim {
+                    Prim::Scan(s) => s.body.count_eqns(),
+                    Prim::Remat(r) => r.body.count_eqns(),
+                    _ => 0,
+                }
+            })
+            .sum()
+    }
+}

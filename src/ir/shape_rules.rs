@@ -1,0 +1,335 @@
+//! Shape and dtype rules: the result types of a primitive from its operand types, or a message
+//! saying what does not fit. Called for every equation at trace time; the tracer adds the op
+//! name, the operand types and the caller's location to the message.
+
+use super::{BinaryOp, DType, DotDims, Literal, Prim, ReduceOp, Shape, Type, UnaryOp};
+
+pub type RuleResult = Result<Vec<Type>, String>;
+
+pub fn infer(prim: &Prim, ins: &[&Type]) -> RuleResult {
+    match prim {
+        Prim::Unary(op) => {
+            arity(ins, 1)?;
+            let numeric_ok = match op {
+                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => true,
+                UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Log1p
+                | UnaryOp::Tanh
+                | UnaryOp::Logistic
+                | UnaryOp::Sqrt
+                | UnaryOp::Rsqrt
+                | UnaryOp::Erf
+                | UnaryOp::ErfInv
+                | UnaryOp::Sin
+                | UnaryOp::Cos => false,
+            };
+            let t = ins[0];
+            if !(t.dtype.is_float() || (numeric_ok && t.dtype == DType::S32)) {
+                return Err(format!("unsupported element type {}", t.dtype));
+            }
+            Ok(vec![t.clone()])
+        }
+        Prim::Binary(op) => {
+            arity(ins, 2)?;
+            same_types(ins)?;
+            let dt = ins[0].dtype;
+            let ok = match op {
+                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min => {
+                    dt != DType::Pred
+                }
+                BinaryOp::Pow => dt.is_float(),
+                BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => !dt.is_float(),
+                BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical => dt.is_integer(),
+            };
+            if !ok {
+                return Err(format!("unsupported element type {dt}"));
+            }
+            Ok(vec![ins[0].clone()])
+        }
+        Prim::Compare(_) => {
+            arity(ins, 2)?;
+            same_types(ins)?;
+            Ok(vec![ins[0].with_dtype(DType::Pred)])
+        }
+        Prim::Select => {
+            arity(ins, 3)?;
+            if ins[0].dtype != DType::Pred {
+                return Err("the predicate must be pred".into());
+            }
+            if ins[0].shape != ins[1].shape {
+                return Err("the predicate and the values differ in shape".into());
+            }
+            same_types(&ins[1..])?;
+            Ok(vec![ins[1].clone()])
+        }
+        Prim::Convert(dt) => {
+            arity(ins, 1)?;
+            Ok(vec![ins[0].with_dtype(*dt)])
+        }
+        Prim::Iota { ty, axis } => {
+            arity(ins, 0)?;
+            if *axis >= ty.rank() {
+                return Err(format!("axis {axis} out of range for {ty}"));
+            }
+            if ty.dtype == DType::Pred {
+                return Err("iota of pred".into());
+            }
+            Ok(vec![ty.clone()])
+        }
+        Prim::Constant { ty, value } => {
+            arity(ins, 0)?;
+            if let Literal::Dense(values) = value {
+                if values.len() as i64 != ty.shape.num_elements() {
+                    return Err(format!("{} values for {ty}", values.len()));
+                }
+            }
+            Ok(vec![ty.clone()])
+        }
+        Prim::DotGeneral(dims) => {
+            arity(ins, 2)?;
+            dot_general(dims, ins[0], ins[1])
+        }
+        Prim::Reduce { op, axes } => {
+            arity(ins, 1)?;
+            let t = ins[0];
+            distinct_in_range(axes, t.rank(), "reduction axes")?;
+            if t.dtype == DType::Pred || (*op == ReduceOp::Sum && !t.dtype.is_float() && t.dtype != DType::S32) {
+                return Err(format!("unsupported element type {}", t.dtype));
+            }
+            let dims: Vec<i64> = (0..t.rank()).filter(|d| !axes.contains(d)).map(|d| t.shape[d]).collect();
+            Ok(vec![Type::new(t.dtype, dims)])
+        }
+        Prim::Reshape(shape) => {
+            arity(ins, 1)?;
+            if shape.num_elements() != ins[0].shape.num_elements() || shape.iter().any(|&d| d < 0) {
+                return Err(format!("cannot reshape to {shape:?}"));
+            }
+            Ok(vec![Type { dtype: ins[0].dtype, shape: shape.clone() }])
+        }
+        Prim::Transpose(perm) => {
+            arity(ins, 1)?;
+            let t = ins[0];
+            if perm.len() != t.rank() {
+                return Err(format!("permutation {perm:?} has the wrong length"));
+            }
+            distinct_in_range(perm, t.rank(), "permutation")?;
+            Ok(vec![Type::new(t.dtype, perm.iter().map(|&p| t.shape[p]).collect::<Vec<_>>())])
+        }
+        Prim::BroadcastInDim { shape, dims } => {
+            arity(ins, 1)?;
+            let t = ins[0];
+            if dims.len() != t.rank() {
+                return Err(format!("broadcast dims {dims:?} do not match the operand rank"));
+            }
+            distinct_in_range(dims, shape.rank(), "broadcast dims")?;
+            for (i, &d) in dims.iter().enumerate() {
+                if t.shape[i] != 1 && t.shape[i] != shape[d] {
+                    return Err(format!("operand dim {i} (size {}) cannot broadcast to {shape:?}", t.shape[i]));
+                }
+            }
+            Ok(vec![Type { dtype: t.dtype, shape: shape.clone() }])
+        }
+        Prim::Slice { start, limit, strides } => {
+            arity(ins, 1)?;
+            let t = ins[0];
+            if start.len() != t.rank() || limit.len() != t.rank() || strides.len() != t.rank() {
+                return Err("slice bounds do not match the operand rank".into());
+            }
+            let mut out = Vec::with_capacity(t.rank());
+            for d in 0..t.rank() {
+                let (s, l, st) = (start[d], limit[d], strides[d]);
+                if s < 0 || s > l || l > t.shape[d] || st < 1 {
+                    return Err(format!("bad slice [{s}:{l}:{st}] of dim {d}"));
+                }
+                out.push((l - s + st - 1) / st);
+            }
+            Ok(vec![Type::new(t.dtype, out)])
+        }
+        Prim::DynamicSlice { sizes } => {
+            let t = ins.first().ok_or("missing operand")?;
+            arity(ins, 1 + t.rank())?;
+            indices(&ins[1..])?;
+            if sizes.len() != t.rank() || sizes.iter().zip(t.shape.iter()).any(|(s, d)| *s < 0 || s > d) {
+                return Err(format!("slice sizes {sizes:?} do not fit"));
+            }
+            Ok(vec![Type::new(t.dtype, sizes.clone())])
+        }
+        Prim::DynamicUpdateSlice => {
+            let t = ins.first().ok_or("missing operand")?;
+            arity(ins, 2 + t.rank())?;
+            let u = ins[1];
+            if u.dtype != t.dtype || u.rank() != t.rank() || u.shape.iter().zip(t.shape.iter()).any(|(a, b)| a > b) {
+                return Err("the update does not fit in the operand".into());
+            }
+            indices(&ins[2..])?;
+            Ok(vec![(*t).clone()])
+        }
+        Prim::Concatenate { axis } => {
+            let first = ins.first().ok_or("nothing to concatenate")?;
+            if *axis >= first.rank() {
+                return Err(format!("axis {axis} out of range"));
+            }
+            let mut total = 0;
+            for t in ins {
+                let same_other_dims =
+                    t.rank() == first.rank() && (0..t.rank()).all(|d| d == *axis || t.shape[d] == first.shape[d]);
+                if t.dtype != first.dtype || !same_other_dims {
+                    return Err("operands differ outside the concatenation axis".into());
+                }
+                total += t.shape[*axis];
+            }
+            let mut dims = first.shape.to_vec();
+            dims[*axis] = total;
+            Ok(vec![Type::new(first.dtype, dims)])
+        }
+        Prim::Take => {
+            arity(ins, 2)?;
+            let (table, idx) = (ins[0], ins[1]);
+            if table.rank() == 0 {
+                return Err("the table must have at least one dimension".into());
+            }
+            if !idx.dtype.is_integer() {
+                return Err("indices must be s32 or u32".into());
+            }
+            let dims: Vec<i64> = idx.shape.iter().chain(&table.shape[1..]).copied().collect();
+            Ok(vec![Type::new(table.dtype, dims)])
+        }
+        Prim::ScatterAdd => {
+            arity(ins, 3)?;
+            let (operand, idx, upd) = (ins[0], ins[1], ins[2]);
+            if operand.rank() == 0 || !idx.dtype.is_integer() || !operand.dtype.is_float() {
+                return Err("needs a float operand with at least one dimension and integer indices".into());
+            }
+            let want: Vec<i64> = idx.shape.iter().chain(&operand.shape[1..]).copied().collect();
+            if upd.dtype != operand.dtype || *upd.shape != want[..] {
+                return Err(format!("updates must be {}", Type::new(operand.dtype, want)));
+            }
+            Ok(vec![operand.clone()])
+        }
+        Prim::Pad { low, high, interior } => {
+            arity(ins, 2)?;
+            let (t, v) = (ins[0], ins[1]);
+            if v.rank() != 0 || v.dtype != t.dtype {
+                return Err("the padding value must be a scalar of the operand's type".into());
+            }
+            if low.len() != t.rank() || high.len() != t.rank() || interior.len() != t.rank() {
+                return Err("padding does not match the operand rank".into());
+            }
+            if low.iter().chain(high).chain(interior).any(|&p| p < 0) {
+                return Err("padding amounts must be non-negative".into());
+            }
+            let dims: Vec<i64> = (0..t.rank())
+                .map(|d| low[d] + high[d] + t.shape[d] + (t.shape[d] - 1).max(0) * interior[d])
+                .collect();
+            Ok(vec![Type::new(t.dtype, dims)])
+        }
+        Prim::StopGradient | Prim::Name(_) => {
+            arity(ins, 1)?;
+            Ok(vec![ins[0].clone()])
+        }
+        Prim::ShardingConstraint(spec) => {
+            arity(ins, 1)?;
+            if spec.rank() > ins[0].rank() {
+                return Err(format!("partition spec {spec} has more entries than the operand has dimensions"));
+            }
+            Ok(vec![ins[0].clone()])
+        }
+        Prim::OptimizationBarrier => Ok(ins.iter().map(|t| (*t).clone()).collect()),
+        Prim::Scan(scan) => {
+            let body = &scan.body;
+            let (nk, nc) = (scan.num_consts, scan.num_carry);
+            if ins.len() != body.inputs.len() || nk + nc > ins.len() || nc > body.outputs.len() {
+                return Err(format!("{} operands for a body with {} inputs", ins.len(), body.inputs.len()));
+            }
+            let mut slice_types = Vec::with_capacity(ins.len());
+            for (i, t) in ins.iter().enumerate() {
+                if i < nk + nc {
+                    slice_types.push((*t).clone());
+                } else {
+                    if t.rank() == 0 || t.shape[0] != scan.length {
+                        return Err(format!("scanned operand {t} does not have leading dimension {}", scan.length));
+                    }
+                    slice_types.push(Type::new(t.dtype, &t.shape[1..]));
+                }
+            }
+            if slice_types != body.input_types() {
+                return Err("operand types do not match the body's inputs".into());
+            }
+            let outs = body.output_types();
+            if outs[..nc] != slice_types[nk..nk + nc] {
+                return Err("the body changes the carry's type".into());
+            }
+            let mut result = outs[..nc].to_vec();
+            for y in &outs[nc..] {
+                let dims: Vec<i64> = std::iter::once(scan.length).chain(y.shape.iter().copied()).collect();
+                result.push(Type::new(y.dtype, dims));
+            }
+            Ok(result)
+        }
+        Prim::Remat(remat) => {
+            let want = remat.body.input_types();
+            if ins.len() != want.len() || ins.iter().zip(&want).any(|(a, b)| *a != b) {
+                return Err("operand types do not match the body's inputs".into());
+            }
+            Ok(remat.body.output_types())
+        }
+    }
+}
+
+fn arity(ins: &[&Type], n: usize) -> Result<(), String> {
+    if ins.len() != n {
+        return Err(format!("expects {n} operands, got {}", ins.len()));
+    }
+    Ok(())
+}
+
+fn same_types(ins: &[&Type]) -> Result<(), String> {
+    if ins.windows(2).any(|w| w[0] != w[1]) {
+        return Err("operand types differ".into());
+    }
+    Ok(())
+}
+
+fn indices(ins: &[&Type]) -> Result<(), String> {
+    if ins.iter().any(|t| t.rank() != 0 || t.dtype != DType::S32) {
+        return Err("start indices must be s32 scalars".into());
+    }
+    Ok(())
+}
+
+fn distinct_in_range(axes: &[usize], rank: usize, what: &str) -> Result<(), String> {
+    for (i, &a) in axes.iter().enumerate() {
+        if a >= rank || axes[..i].contains(&a) {
+            return Err(format!("{what} {axes:?} are not distinct dimensions below {rank}"));
+        }
+    }
+    Ok(())
+}
+
+fn dot_general(d: &DotDims, lhs: &Type, rhs: &Type) -> RuleResult {
+    if lhs.dtype != rhs.dtype {
+        return Err("operand element types differ".into());
+    }
+    if d.lhs_batch.len() != d.rhs_batch.len() || d.lhs_contract.len() != d.rhs_contract.len() {
+        return Err("batch or contracting dimension lists differ in length".into());
+    }
+    let lhs_used: Vec<usize> = d.lhs_batch.iter().chain(&d.lhs_contract).copied().collect();
+    let rhs_used: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).copied().collect();
+    distinct_in_range(&lhs_used, lhs.rank(), "lhs batch+contracting dims")?;
+    distinct_in_range(&rhs_used, rhs.rank(), "rhs batch+contracting dims")?;
+    for (kind, l, r) in [("batch", &d.lhs_batch, &d.rhs_batch), ("contracting", &d.lhs_contract, &d.rhs_contract)] {
+        for (&a, &b) in l.iter().zip(r.iter()) {
+            if lhs.shape[a] != rhs.shape[b] {
+                return Err(format!(
+                    "{kind} dimension {a} of lhs (size {}) != dimension {b} of rhs (size {})",
+                    lhs.shape[a], rhs.shape[b]
+                ));
+            }
+        }
+    }
+    let mut dims: Vec<i64> = d.lhs_batch.iter().map(|&a| lhs.shape[a]).collect();
+    dims.extend((0..lhs.rank()).filter(|a| !lhs_used.contains(a)).map(|a| lhs.shape[a]));
+    dims.extend((0..rhs.rank()).filter(|a| !rhs_used.contains(a)).map(|a| rhs.shape[a]));
+    Ok(vec![Type { dtype: lhs.dtype, shape: Shape::from(dims) }])
+}

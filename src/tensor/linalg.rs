@@ -1,0 +1,92 @@
+//! Contractions: `dot_general`, `matmul`, and `einsum` for one or two operands (each label at
+//! most once per operand), built from reductions, one `dot_general` and a transpose.
+
+use super::trace::{apply1, op_error, Tensor};
+use crate::ir::{DotDims, Prim};
+
+impl Tensor {
+    #[track_caller]
+    pub fn dot_general(&self, other: &Tensor, dims: DotDims) -> Tensor {
+        apply1(Prim::DotGeneral(dims), &[self, other])
+    }
+
+    /// `[..., m, k] @ [k, n] -> [..., m, n]`, or a batched product of equal-rank operands
+    /// `[b..., m, k] @ [b..., k, n]`.
+    #[track_caller]
+    pub fn matmul(&self, other: &Tensor) -> Tensor {
+        let (r, s) = (self.rank(), other.rank());
+        if r == 0 || s == 0 {
+            op_error("matmul", "operands must have at least one dimension", &[self.ty(), other.ty()]);
+        }
+        if s <= 2 {
+            return self.dot_general(other, DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![r - 1], rhs_contract: vec![0] });
+        }
+        if r != s {
+            op_error("matmul", "batched matmul needs operands of equal rank", &[self.ty(), other.ty()]);
+        }
+        let batch: Vec<usize> = (0..r - 2).collect();
+        self.dot_general(other, DotDims { lhs_batch: batch.clone(), rhs_batch: batch, lhs_contract: vec![r - 1], rhs_contract: vec![s - 2] })
+    }
+}
+
+/// `einsum("btd,dhk->bthk", &[&x, &w])`. Labels in both operands and the output are batch
+/// dimensions, in both operands only are contracted, in one operand only are summed first.
+#[track_caller]
+pub fn einsum(spec: &str, operands: &[&Tensor]) -> Tensor {
+    let types: Vec<_> = operands.iter().map(|t| t.ty()).collect();
+    let fail = |msg: String| -> ! { op_error(&format!("einsum \"{spec}\""), &msg, &types) };
+    let (ins, out) = spec.split_once("->").unwrap_or_else(|| fail("expected `inputs->output`".into()));
+    let in_labels: Vec<Vec<char>> = ins.split(',').map(|s| s.trim().chars().collect()).collect();
+    let out: Vec<char> = out.trim().chars().collect();
+    if in_labels.len() != operands.len() || !(1..=2).contains(&operands.len()) {
+        fail(format!("{} label groups for {} operands (one or two are supported)", in_labels.len(), operands.len()));
+    }
+    let mut sizes: Vec<(char, i64)> = Vec::new();
+    for (labels, t) in in_labels.iter().zip(operands) {
+        if labels.len() != t.rank() {
+            fail(format!("labels {labels:?} do not match rank {}", t.rank()));
+        }
+        for (i, &c) in labels.iter().enumerate() {
+            if labels[..i].contains(&c) {
+                fail(format!("label '{c}' repeats within an operand"));
+            }
+            match sizes.iter().find(|(l, _)| *l == c) {
+                Some(&(_, n)) if n != t.shape()[i] => fail(format!("label '{c}' has sizes {n} and {}", t.shape()[i])),
+                Some(_) => {}
+                None => sizes.push((c, t.shape()[i])),
+            }
+        }
+    }
+    for (i, &c) in out.iter().enumerate() {
+        if out[..i].contains(&c) || !sizes.iter().any(|(l, _)| *l == c) {
+            fail(format!("output label '{c}' repeats or appears in no operand"));
+        }
+    }
+    let in_other = |k: usize, c: char| in_labels.iter().enumerate().any(|(j, l)| j != k && l.contains(&c));
+    // Sum out labels that appear in one operand only and not in the output.
+    let mut reduced: Vec<(Tensor, Vec<char>)> = Vec::new();
+    for (k, (labels, t)) in in_labels.iter().zip(operands).enumerate() {
+        let drop: Vec<isize> = (0..labels.len()).filter(|&i| !out.contains(&labels[i]) && !in_other(k, labels[i])).map(|i| i as isize).collect();
+        let kept: Vec<char> = labels.iter().copied().filter(|c| out.contains(c) || in_other(k, *c)).collect();
+        reduced.push((t.sum(&drop), kept));
+    }
+    let (result, labels) = if let [(x, xl), (y, yl)] = &reduced[..] {
+        let batch: Vec<char> = out.iter().copied().filter(|c| xl.contains(c) && yl.contains(c)).collect();
+        let contract: Vec<char> = xl.iter().copied().filter(|c| yl.contains(c) && !out.contains(c)).collect();
+        let pos = |l: &[char], c: &char| l.iter().position(|x| x == c).expect("label present");
+        let dims = DotDims {
+            lhs_batch: batch.iter().map(|c| pos(xl, c)).collect(),
+            rhs_batch: batch.iter().map(|c| pos(yl, c)).collect(),
+            lhs_contract: contract.iter().map(|c| pos(xl, c)).collect(),
+            rhs_contract: contract.iter().map(|c| pos(yl, c)).collect(),
+        };
+        let mut labels = batch.clone();
+        labels.extend(xl.iter().filter(|c| !batch.contains(c) && !contract.contains(c)));
+        labels.extend(yl.iter().filter(|c| !batch.contains(c) && !contract.contains(c)));
+        (x.dot_general(y, dims), labels)
+    } else {
+        reduced.pop().expect("one operand")
+    };
+    let perm: Vec<usize> = out.iter().map(|c| labels.iter().position(|l| l == c).expect("label present")).collect();
+    result.transpose(&perm)
+}

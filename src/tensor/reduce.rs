@@ -1,0 +1,82 @@
+//! Reductions over axes: sum, max and mean, with or without keeping the reduced dimensions.
+
+use super::trace::{apply1, Tensor};
+use crate::ir::{Prim, ReduceOp};
+
+#[track_caller]
+fn reduce(op: ReduceOp, x: &Tensor, axes: &[isize], keepdims: bool) -> Tensor {
+    let mut norm: Vec<usize> = axes.iter().map(|&a| x.axis(a)).collect();
+    norm.sort_unstable();
+    norm.dedup();
+    if norm.is_empty() {
+        return x.clone();
+    }
+    let reduced = apply1(Prim::Reduce { op, axes: norm.clone() }, &[x]);
+    if !keepdims {
+        return reduced;
+    }
+    let kept: Vec<i64> = x.shape().iter().enumerate().map(|(d, &n)| if norm.contains(&d) { 1 } else { n }).collect();
+    reduced.reshape(&kept)
+}
+
+fn all_axes(x: &Tensor) -> Vec<isize> {
+    (0..x.rank() as isize).collect()
+}
+
+impl Tensor {
+    #[track_caller]
+    pub fn sum(&self, axes: &[isize]) -> Tensor {
+        reduce(ReduceOp::Sum, self, axes, false)
+    }
+
+    #[track_caller]
+    pub fn sum_keepdims(&self, axes: &[isize]) -> Tensor {
+        reduce(ReduceOp::Sum, self, axes, true)
+    }
+
+    #[track_caller]
+    pub fn max(&self, axes: &[isize]) -> Tensor {
+        reduce(ReduceOp::Max, self, axes, false)
+    }
+
+    #[track_caller]
+    pub fn max_keepdims(&self, axes: &[isize]) -> Tensor {
+        reduce(ReduceOp::Max, self, axes, true)
+    }
+
+    #[track_caller]
+    pub fn mean(&self, axes: &[isize]) -> Tensor {
+        let n = self.count(axes);
+        self.sum(axes) / n
+    }
+
+    #[track_caller]
+    pub fn mean_keepdims(&self, axes: &[isize]) -> Tensor {
+        let n = self.count(axes);
+        self.sum_keepdims(axes) / n
+    }
+
+    /// Sum of all elements (a scalar).
+    #[track_caller]
+    pub fn sum_all(&self) -> Tensor {
+        self.sum(&all_axes(self))
+    }
+
+    #[track_caller]
+    pub fn mean_all(&self) -> Tensor {
+        self.mean(&all_axes(self))
+    }
+
+    #[track_caller]
+    pub fn max_all(&self) -> Tensor {
+        self.max(&all_axes(self))
+    }
+
+    #[track_caller]
+    fn count(&self, axes: &[isize]) -> f64 {
+        let mut norm: Vec<usize> = axes.iter().map(|&a| self.axis(a)).collect();
+        norm.sort_unstable();
+        norm.dedup();
+        norm.iter().map(|&a| self.shape()[a] as f64).product()
+    }
+}

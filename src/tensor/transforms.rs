@@ -1,0 +1,162 @@
+//! Function transformations in the spirit of JAX: `scan` (MaxText's scan_layers),
+//! `checkpoint` (remat) with its policies, `value_and_grad`, and the identity-like tags
+//! `stop_gradient`, `checkpoint_name` and `with_sharding_constraint`.
+//!
+//! Each traces its function once, in a child trace, into a closed sub-graph; tensors the
+//! function closes over are captured and passed in as extra operands.
+
+use super::trace::{usage_error, Tensor, Trace};
+use super::Tree;
+use crate::autodiff;
+use crate::ir::{Prim, Remat, Scan, Type};
+use crate::sharding::PartitionSpec;
+use std::sync::Arc;
+
+/// Loops `body(carry, x) -> (carry, y)` over the leading axis of every tensor in `xs`;
+/// returns the final carry and the `y`s stacked along a new leading axis. The body is traced
+/// once and lowered to a while loop; differentiable (see `autodiff::scan`).
+#[track_caller]
+pub fn scan(carry: &Tree, xs: &Tree, body: impl FnOnce(&Tree, &Tree) -> (Tree, Tree)) -> (Tree, Tree) {
+    let parent = Trace::innermost(carry.values().chain(xs.values()));
+    let length = match xs.values().next() {
+        Some(x) if x.rank() > 0 => x.shape()[0],
+        _ => usage_error("scan needs at least one scanned tensor (with a leading axis) in xs"),
+    };
+    if let Some((name, x)) = xs.iter().find(|(_, x)| x.rank() == 0 || x.shape()[0] != length) {
+        usage_error(&format!("scan: xs \"{name}\" is {}, but the scan length is {length}", x.ty()));
+    }
+    let child = parent.child();
+    let c_in = carry.map(|_, t| child.input(t.ty().clone()));
+    let x_in = xs.map(|_, t| child.input(Type::new(t.dtype(), &t.shape()[1..])));
+    let (c_out, ys) = body(&c_in, &x_in);
+    for (name, t) in carry.iter() {
+        match c_out.get(name) {
+            Some(out) if out.ty() == t.ty() => {}
+            Some(out) => usage_error(&format!("scan: the body changes carry \"{name}\" from {} to {}", t.ty(), out.ty())),
+            None => usage_error(&format!("scan: the body does not return carry \"{name}\"")),
+        }
+    }
+    if c_out.len() != carry.len() {
+        usage_error("scan: the body returns carries that are not in the initial carry");
+    }
+    let outs: Vec<&Tensor> = c_out.values().chain(ys.values()).collect();
+    let (mut graph, captures) = child.finish(&outs);
+    // Captured tensors are loop constants, which come first in a scan's operands.
+    graph.inputs.rotate_right(captures.len());
+    let operands: Vec<&Tensor> = captures.iter().chain(carry.values()).chain(xs.values()).collect();
+    let spec = Scan { body: Arc::new(graph), length, num_consts: captures.len(), num_carry: carry.len(), reverse: false };
+    let results = parent.bind(Prim::Scan(spec), &operands);
+    let (c, y) = results.split_at(carry.len());
+    (carry.names().zip(c.iter().cloned()).collect(), ys.names().zip(y.iter().cloned()).collect())
+}
+
+/// What a `checkpoint` region keeps for the backward pass; everything else is recomputed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RematPolicy {
+    /// Keep nothing but the region's inputs: recompute all of it in the backward pass.
+    Full,
+    /// No rematerialization: the function is traced inline and everything the backward pass
+    /// needs is kept.
+    None,
+    /// Keep the values tagged by `checkpoint_name` with one of these names.
+    SaveNames(Vec<String>),
+}
+
+impl RematPolicy {
+    /// MaxText's `remat_policy` names that map onto these policies.
+    pub fn from_name(name: &str) -> Option<RematPolicy> {
+        let names = |ns: &[&str]| RematPolicy::SaveNames(ns.iter().map(|n| n.to_string()).collect());
+        Some(match name {
+            "full" => RematPolicy::Full,
+            "none" => RematPolicy::None,
+            "save_qkv_proj" => names(&["query_proj", "key_proj", "value_proj", "qkv_proj"]),
+            "save_out_proj" => names(&["out_proj"]),
+            "save_qkv_out_proj" | "save_dot_except_mlp" => names(&["query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj"]),
+            _ => return None,
+        })
+    }
+}
+
+/// Applies `f` to `inputs` as a rematerialization region under `policy`.
+#[track_caller]
+pub fn checkpoint(policy: &RematPolicy, inputs: &Tree, f: impl FnOnce(&Tree) -> Tree) -> Tree {
+    let saved_names: Arc<[Arc<str>]> = match policy {
+        RematPolicy::None => return f(inputs),
+        RematPolicy::Full => Arc::from(Vec::new()),
+        RematPolicy::SaveNames(names) => names.iter().map(|n| Arc::from(n.as_str())).collect(),
+    };
+    let parent = Trace::innermost(inputs.values());
+    let child = parent.child();
+    let args = inputs.map(|_, t| child.input(t.ty().clone()));
+    let outs = f(&args);
+    let (graph, captures) = child.finish(&outs.values().collect::<Vec<_>>());
+    let operands: Vec<&Tensor> = inputs.values().chain(&captures).collect();
+    let results = parent.bind(Prim::Remat(Remat { body: Arc::new(graph), saved_names }), &operands);
+    outs.names().zip(results).collect()
+}
+
+/// The value of `f(params)` (a float scalar) and its gradient with respect to every float
+/// entry of `params` (zeros where it does not depend on one).
+#[track_caller]
+pub fn value_and_grad(params: &Tree, f: impl FnOnce(&Tree) -> Tensor) -> (Tensor, Tree) {
+    let (value, _, grads) = value_and_grad_with_aux(params, |p| (f(p), Tree::new()));
+    (value, grads)
+}
+
+/// Like `value_and_grad` for `f` returning `(loss, aux)`: `(loss, aux, grads)`.
+#[track_caller]
+pub fn value_and_grad_with_aux(params: &Tree, f: impl FnOnce(&Tree) -> (Tensor, Tree)) -> (Tensor, Tree, Tree) {
+    let parent = Trace::innermost(params.values());
+    let child = parent.child();
+    let p_in = params.map(|_, t| child.input(t.ty().clone()));
+    let (loss, aux) = f(&p_in);
+    if loss.rank() != 0 || !loss.dtype().is_float() {
+        usage_error(&format!("value_and_grad: the function must return a float scalar, not {}", loss.ty()));
+    }
+    let outs: Vec<&Tensor> = std::iter::once(&loss).chain(aux.values()).collect();
+    let (graph, captures) = child.finish(&outs);
+    let args: Vec<Tensor> = params.values().cloned().chain(captures).collect();
+    let wrt: Vec<bool> = (0..args.len()).map(|i| i < params.len()).collect();
+    let tape = autodiff::forward(&parent, &graph, &args, &wrt);
+    let results = tape.outputs(&graph);
+    let mut cts = vec![None; results.len()];
+    cts[0] = Some(results[0].ones_like());
+    let grads = autodiff::backward(&parent, &graph, &tape, &cts);
+    let grad_tree = params
+        .iter()
+        .zip(grads)
+        .filter(|((_, p), _)| p.dtype().is_float())
+        .map(|((name, p), g)| (name, g.unwrap_or_else(|| p.zeros_like())))
+        .collect();
+    let aux_tree = aux.names().zip(results[1..].iter().cloned()).collect();
+    (results[0].clone(), aux_tree, grad_tree)
+}
+
+impl Tensor {
+    /// The same value, with a zero gradient.
+    #[track_caller]
+    pub fn stop_gradient(&self) -> Tensor {
+        super::trace::apply1(Prim::StopGradient, &[self])
+    }
+
+    /// Tags the value for remat policies that save by name (`RematPolicy::SaveNames`).
+    #[track_caller]
+    pub fn checkpoint_name(&self, name: &str) -> Tensor {
+        super::trace::apply1(Prim::Name(Arc::from(name)), &[self])
+    }
+
+    /// Pins this value's layout on the program's mesh (ignored when tracing without a mesh, so
+    /// the same model code runs on one device).
+    #[track_caller]
+    pub fn with_sharding_constraint(&self, spec: &PartitionSpec) -> Tensor {
+        match self.trace().mesh() {
+            None => self.clone(),
+            Some(mesh) => {
+                if let Err(msg) = spec.validate(mesh, self.rank()) {
+                    super::trace::op_error("sharding_constraint", &msg, &[self.ty()]);
+                }
+                super::trace::apply1(Prim::ShardingConstraint(spec.clone()), &[self])
+            }
+        }
+    }
+}
