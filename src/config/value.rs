@@ -29,8 +29,8 @@ pub fn key_names() -> impl Iterator<Item = &'static str> {
     schema().keys().filter_map(Value::as_str)
 }
 
-/// Checks that `key` exists and converts `value` to its type. `origin` names the file or the
-/// command line in errors.
+/// Checks that `key` exists and converts `value` to its type. `origin` says where the value was
+/// written, for errors ("on the command line", "in configs/base.yml").
 pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, ConfigError> {
     let Some(default) = schema().get(key) else {
         return Err(ConfigError::UnknownKey {
@@ -53,11 +53,16 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
         },
         Value::Number(n) if n.is_f64() => match &value {
             Value::Number(v) => v.as_f64().map(Value::from),
-            Value::String(s) => parse_number::<f64>(s).filter(|x| x.is_finite()).map(Value::from),
+            Value::String(s) => parse_number::<f64>(s)
+                .filter(|x| x.is_finite())
+                .map(Value::from),
             _ => None,
         },
         Value::Number(_) => match &value {
-            Value::Number(v) if v.is_f64() => v.as_f64().filter(|x| x.fract() == 0.0).map(|x| Value::from(x as i64)),
+            Value::Number(v) if v.is_f64() => v
+                .as_f64()
+                .filter(|x| x.fract() == 0.0)
+                .map(|x| Value::from(x as i64)),
             Value::Number(_) => Some(value.clone()),
             Value::String(s) => parse_number::<i64>(s).map(Value::from),
             _ => None,
@@ -156,7 +161,7 @@ mod tests {
     use super::*;
 
     fn cli(key: &str, text: &str) -> Result<Value, ConfigError> {
-        coerce(key, Value::String(text.into()), "the command line")
+        coerce(key, Value::String(text.into()), "on the command line")
     }
 
     #[test]
@@ -176,27 +181,41 @@ mod tests {
         assert_eq!(cli("learning_rate", "1.e-5").unwrap(), Value::from(1e-5));
         assert_eq!(cli("per_device_batch_size", "4").unwrap(), Value::from(4.0));
         assert_eq!(cli("run_name", "123").unwrap(), Value::from("123"));
-        assert_eq!(cli("mlp_activations", "[silu, linear]").unwrap(), serde_yaml::from_str::<Value>("[silu, linear]").unwrap());
-        assert_eq!(cli("mesh_axes", "fsdp").unwrap(), serde_yaml::from_str::<Value>("[fsdp]").unwrap());
+        assert_eq!(
+            cli("mlp_activations", "[silu, linear]").unwrap(),
+            serde_yaml::from_str::<Value>("[silu, linear]").unwrap()
+        );
+        assert_eq!(
+            cli("mesh_axes", "fsdp").unwrap(),
+            serde_yaml::from_str::<Value>("[fsdp]").unwrap()
+        );
     }
 
     #[test]
     fn yaml_numbers_become_the_key_type() {
-        let f = coerce("learning_rate", Value::from(1), "f.yml").unwrap();
+        let f = coerce("learning_rate", Value::from(1), "in f.yml").unwrap();
         assert_eq!(f, Value::from(1.0));
-        let i = coerce("steps", Value::from(1000.0), "f.yml").unwrap();
+        let i = coerce("steps", Value::from(1000.0), "in f.yml").unwrap();
         assert_eq!(i, Value::from(1000));
-        assert!(coerce("steps", Value::from(10.5), "f.yml").is_err());
+        assert!(coerce("steps", Value::from(10.5), "in f.yml").is_err());
     }
 
     #[test]
     fn wrong_types_name_key_expectation_and_value() {
         let e = cli("steps", "many").unwrap_err().to_string();
-        assert!(e.contains("`steps`") && e.contains("an integer") && e.contains("`many`"), "{e}");
+        assert!(
+            e.contains("`steps`") && e.contains("an integer") && e.contains("`many`"),
+            "{e}"
+        );
         let e = cli("learning_rate", "nan").unwrap_err().to_string();
         assert!(e.contains("a number"), "{e}");
-        let e = cli("logical_axis_rules", "[[embed]]").unwrap_err().to_string();
-        assert!(e.contains("logical_axis_rules") && e.contains("rows"), "{e}");
+        let e = cli("logical_axis_rules", "[[embed]]")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("logical_axis_rules") && e.contains("rows"),
+            "{e}"
+        );
         let e = cli("data_sharding", "[[1, [2]]]").unwrap_err().to_string();
         assert!(e.contains("lists of strings"), "{e}");
     }
@@ -204,7 +223,10 @@ mod tests {
     #[test]
     fn choices_are_checked_with_a_suggestion() {
         let e = cli("remat_policy", "ful").unwrap_err().to_string();
-        assert!(e.contains("full, minimal, save_qkv_proj, none") && e.contains("did you mean `full`"), "{e}");
+        assert!(
+            e.contains("full, minimal, save_qkv_proj, none") && e.contains("did you mean `full`"),
+            "{e}"
+        );
         assert!(cli("dtype", "float32").is_ok());
     }
 }
