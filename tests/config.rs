@@ -338,6 +338,23 @@ fn mesh_fills_the_minus_one() {
 }
 
 #[test]
+fn the_issue_meshes_fit_the_default_model_on_8_devices() {
+    for mesh in [
+        &["ici_fsdp_parallelism=8"][..],
+        &[
+            "ici_data_parallelism=2",
+            "ici_fsdp_parallelism=2",
+            "ici_tensor_parallelism=2",
+        ],
+    ] {
+        let mut list = mesh.to_vec();
+        list.extend(["dtype=float32", "cpu_device_count=8"]);
+        let d = config::validate(&load(&list).unwrap(), 8, 1).unwrap();
+        assert_eq!((d.mesh.num_devices(), d.global_batch_size), (8, 64));
+    }
+}
+
+#[test]
 fn a_smaller_mesh_drops_axes_from_the_rules() {
     let c = load(&["mesh_axes=[data, fsdp, tensor]", "ici_tensor_parallelism=2"]).unwrap();
     let d = config::validate(&c, 8, 1).unwrap();
@@ -439,7 +456,8 @@ fn batch_must_split_over_the_batch_axes() {
 #[test]
 fn other_inconsistencies_are_named() {
     assert!(invalid(&["steps=0"], 1, 1).contains("steps=0"));
-    assert!(invalid(&["warmup_steps_fraction=1.0"], 1, 1).contains("warmup_steps_fraction=1"));
+    assert!(invalid(&["warmup_steps_fraction=1.5"], 1, 1)
+        .contains("warmup_steps_fraction=1.5; it must be in [0, 1]"));
     assert!(invalid(&["dataset_type=tokens"], 1, 1).contains("dataset_path"));
     assert!(invalid(&["hardware=gpu"], 1, 1).contains("plugin=cuda12 or plugin=cuda13"));
     assert!(invalid(&["plugin=cuda"], 1, 1).contains("did you mean `cuda12`"));

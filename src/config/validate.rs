@@ -273,12 +273,13 @@ fn check_training(c: &Config) -> Result<(), ConfigError> {
         "[0, inf)",
         c.learning_rate >= 0.0,
     )?;
+    // MaxText allows 1: warmup over the whole schedule, no cosine phase.
     let w = c.warmup_steps_fraction;
     in_range(
         "warmup_steps_fraction",
         w,
-        "[0, 1)",
-        (0.0..1.0).contains(&w),
+        "[0, 1]",
+        (0.0..=1.0).contains(&w),
     )?;
     let f = c.learning_rate_final_fraction;
     in_range(
