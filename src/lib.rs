@@ -5,4 +5,5 @@
 //! `sharding`) -> PJRT plugin (`pjrt`) -> train loop.
 
 pub mod aot;
+pub mod config;
 pub mod pjrt;
