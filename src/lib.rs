@@ -5,3 +5,4 @@
 //! `sharding`) -> PJRT plugin (`pjrt`) -> train loop.
 
 pub mod pjrt;
+pub mod train;
