@@ -51,7 +51,11 @@ fn synthetic_next_token_is_determined_by_the_previous_two() {
             assert_eq!(ids.len(), 65);
             assert!(ids.iter().all(|&t| (0..vocab as i32).contains(&t)));
             for t in 2..ids.len() {
-                assert_eq!(ids[t], (2 * ids[t - 1] - ids[t - 2]).rem_euclid(vocab as i32), "step {step} row {row} t {t}");
+                assert_eq!(
+                    ids[t],
+                    (2 * ids[t - 1] - ids[t - 2]).rem_euclid(vocab as i32),
+                    "step {step} row {row} t {t}"
+                );
             }
             let stride = (ids[1] - ids[0]).rem_euclid(vocab as i32);
             assert!((1..=8).contains(&stride), "stride {stride}");

@@ -71,7 +71,8 @@ fn batch_and_accumulation_scale_linearly_and_gqa_shrinks_qkv() {
     assert_close(one.learnable_weight - g.learnable_weight, saved, 1e-9);
     assert_eq!(g.attention, one.attention);
     assert_close(
-        StepShape { per_device_batch_size: 4.0, max_target_length: 4096, gradient_accumulation_steps: 2 }.tokens_per_device(),
+        StepShape { per_device_batch_size: 4.0, max_target_length: 4096, gradient_accumulation_steps: 2 }
+            .tokens_per_device(),
         32768.0,
         0.0,
     );

@@ -77,7 +77,8 @@ fn metrics_file_lines_parse_with_maxtexts_keys() {
     MetricsWriter::open(&path, 0, "run2").unwrap().write(&metrics(0, None)).unwrap();
     MetricsWriter::open(&path, 1, "run2").unwrap().write(&metrics(1, None)).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
-    let steps: Vec<f64> = text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_f64().unwrap()).collect();
+    let steps: Vec<f64> =
+        text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_f64().unwrap()).collect();
     assert_eq!(steps, [0.0, 1.0]);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -21,7 +21,10 @@ fn spec(name: &str, ty: ElementType, dims: &[i64]) -> ParamSpec {
 fn params() -> Params {
     let mut p = Params::new();
     p.insert("decoder.layers.mlp.wi_0".into(), HostTensor::from_f32(&[2, 3], &[1.0, -2.5, 3.25, 0.0, 1e-3, 7.0]));
-    p.insert("token_embedder.embedding".into(), HostTensor::from_bf16(&[2, 2], &[bf16::from_f32(0.5), bf16::ONE, bf16::ZERO, bf16::from_f32(-4.0)]));
+    p.insert(
+        "token_embedder.embedding".into(),
+        HostTensor::from_bf16(&[2, 2], &[bf16::from_f32(0.5), bf16::ONE, bf16::ZERO, bf16::from_f32(-4.0)]),
+    );
     p.insert("step".into(), HostTensor::from_i32(&[], &[7]));
     p
 }
@@ -91,10 +94,10 @@ fn one_error_lists_every_mismatch() {
     file_params.insert("decoder.extra_bias".into(), HostTensor::from_f32(&[4], &[0.0; 4]));
     save_safetensors(&path, &file_params).unwrap();
     let wanted = vec![
-        spec("decoder.layers.mlp.wi_0", ElementType::F32, &[3, 2]),  // wrong shape
+        spec("decoder.layers.mlp.wi_0", ElementType::F32, &[3, 2]), // wrong shape
         spec("token_embedder.embedding", ElementType::BF16, &[2, 2]), // fine
-        spec("step", ElementType::F32, &[]),                          // s32 does not convert to f32
-        spec("decoder.norm.scale", ElementType::F32, &[2]),           // missing
+        spec("step", ElementType::F32, &[]),                        // s32 does not convert to f32
+        spec("decoder.norm.scale", ElementType::F32, &[2]),         // missing
     ];
     let e = load_parameters(&path, &wanted).unwrap_err();
     let ParamsError::Mismatch(m) = &e else { panic!("{e}") };

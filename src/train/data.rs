@@ -122,7 +122,7 @@ pub fn host_rows(global_batch: usize, process_index: usize, process_count: usize
     if process_index >= process_count {
         return Err(DataError::BadProcessIndex { process_index, process_count });
     }
-    if global_batch % process_count != 0 {
+    if !global_batch.is_multiple_of(process_count) {
         return Err(DataError::UnevenHosts { global_batch, process_count });
     }
     let per_host = global_batch / process_count;
@@ -321,7 +321,12 @@ pub fn write_tokens_file(path: &Path, rows: &[Vec<i32>]) -> std::io::Result<()> 
         if let Some((i, row)) = rows.iter().enumerate().find(|(_, r)| r.len() != first.len()) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                format!("{}: row {i} has {} ids, row 0 has {}; all rows need the same length", path.display(), row.len(), first.len()),
+                format!(
+                    "{}: row {i} has {} ids, row 0 has {}; all rows need the same length",
+                    path.display(),
+                    row.len(),
+                    first.len()
+                ),
             ));
         }
     }

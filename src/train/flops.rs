@@ -77,8 +77,7 @@ pub fn training_tflops_per_device(dims: &ModelDims, shape: &StepShape) -> StepTf
     let causal_attention = 4.0 * b * s * s * heads * hd / 2.0;
 
     let accumulation = shape.gradient_accumulation_steps as f64;
-    let learnable_weight =
-        ((ffn + qkv + out_projection) * layers + unembedding) * 3.0 / 1e12 * accumulation;
+    let learnable_weight = ((ffn + qkv + out_projection) * layers + unembedding) * 3.0 / 1e12 * accumulation;
     let attention = causal_attention * layers * 3.0 / 1e12 * accumulation;
     StepTflops { total: learnable_weight + attention, learnable_weight, attention }
 }

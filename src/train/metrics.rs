@@ -120,7 +120,8 @@ impl MetricsWriter {
     /// Opens `path` as MaxText does: a run starting at step 0 truncates the file, a run resumed
     /// from a later step appends to it. Missing parent directories are created.
     pub fn open(path: &Path, first_step: u64, run_name: &str) -> std::io::Result<MetricsWriter> {
-        let with_path = |e: std::io::Error| std::io::Error::new(e.kind(), format!("metrics_file {}: {e}", path.display()));
+        let with_path =
+            |e: std::io::Error| std::io::Error::new(e.kind(), format!("metrics_file {}: {e}", path.display()));
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(with_path)?;
         }

@@ -131,8 +131,12 @@ fn convert_float(tensor: &HostTensor, to: ElementType) -> HostTensor {
     match to {
         ElementType::F64 => HostTensor::from_f64(&tensor.dims, &values),
         ElementType::F32 => HostTensor::from_f32(&tensor.dims, &values.iter().map(|&v| v as f32).collect::<Vec<_>>()),
-        ElementType::BF16 => HostTensor::from_bf16(&tensor.dims, &values.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>()),
-        ElementType::F16 => HostTensor::from_f16(&tensor.dims, &values.iter().map(|&v| f16::from_f64(v)).collect::<Vec<_>>()),
+        ElementType::BF16 => {
+            HostTensor::from_bf16(&tensor.dims, &values.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>())
+        }
+        ElementType::F16 => {
+            HostTensor::from_f16(&tensor.dims, &values.iter().map(|&v| f16::from_f64(v)).collect::<Vec<_>>())
+        }
         other => unreachable!("convert_float to {other}"),
     }
 }
@@ -145,7 +149,8 @@ pub fn load_parameters(path: &Path, expected: &[ParamSpec]) -> Result<Params, Pa
     let file_len = file.metadata().map_err(io)?.len();
 
     let mut len_bytes = [0u8; 8];
-    file.read_exact(&mut len_bytes).map_err(|_| format(format!("{file_len} bytes, shorter than the 8-byte header length")))?;
+    file.read_exact(&mut len_bytes)
+        .map_err(|_| format(format!("{file_len} bytes, shorter than the 8-byte header length")))?;
     let header_len = u64::from_le_bytes(len_bytes);
     if header_len > file_len - 8 {
         return Err(format(format!("header length {header_len} exceeds the file size {file_len}")));
@@ -175,8 +180,8 @@ pub fn load_parameters(path: &Path, expected: &[ParamSpec]) -> Result<Params, Pa
             continue;
         };
         let found = found_string(info.dtype, &info.shape);
-        let shape_ok = info.shape.len() == spec.dims.len()
-            && info.shape.iter().zip(&spec.dims).all(|(&a, &b)| a as i64 == b);
+        let shape_ok =
+            info.shape.len() == spec.dims.len() && info.shape.iter().zip(&spec.dims).all(|(&a, &b)| a as i64 == b);
         let file_ty = from_dtype(info.dtype);
         let dtype_ok = file_ty == Some(spec.ty) || (file_ty.is_some_and(is_float) && is_float(spec.ty));
         if !shape_ok || !dtype_ok {
