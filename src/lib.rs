@@ -7,3 +7,4 @@
 pub mod aot;
 pub mod config;
 pub mod pjrt;
+pub mod train;
