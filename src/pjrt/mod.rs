@@ -2,3 +2,4 @@
 //! `libloading`), plugin provisioning, and the compile options sent to `PJRT_Client_Compile`.
 
 pub mod provision;
+pub mod xla_flags;
