@@ -4,4 +4,5 @@
 //! config -> model trace (`ir`, `tensor`) -> transforms (`autodiff`) -> StableHLO text (`lower`,
 //! `sharding`) -> PJRT plugin (`pjrt`) -> train loop.
 
+pub mod aot;
 pub mod pjrt;

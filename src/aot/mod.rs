@@ -1,0 +1,3 @@
+//! Ahead-of-time compilation for hardware maxrs does not run on: the target catalog.
+
+pub mod topology;
