@@ -158,8 +158,9 @@ impl FromStr for PluginSpec {
         if let Ok(name) = s.parse() {
             return Ok(Self::Name(name));
         }
-        let looks_like_path =
-            s.contains('/') || [".so", ".dylib", ".dll"].iter().any(|ext| s.ends_with(ext)) || s.contains(".so.");
+        let looks_like_path = s.contains('/')
+            || [".so", ".dylib", ".dll"].iter().any(|ext| s.ends_with(ext))
+            || s.contains(".so.");
         if looks_like_path {
             Ok(Self::Path(PathBuf::from(s)))
         } else {
@@ -182,13 +183,17 @@ pub fn cache_dir() -> PathBuf {
 /// Resolves `spec` (from `--plugin`), else `$MAXRS_PJRT_PLUGIN`, else `cpu`, to a plugin file,
 /// downloading the pinned wheel when no installed or cached copy exists.
 pub fn resolve_plugin(spec: Option<&str>) -> Result<ResolvedPlugin> {
-    let env_spec = std::env::var(PLUGIN_ENV).ok().filter(|s| !s.trim().is_empty());
+    let env_spec = std::env::var(PLUGIN_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty());
     let (spec, origin) = match (spec, env_spec.as_deref()) {
         (Some(spec), _) => (spec, "--plugin"),
         (None, Some(spec)) => (spec, PLUGIN_ENV),
         (None, None) => ("cpu", "the default"),
     };
-    let parsed: PluginSpec = spec.parse().map_err(|e| anyhow!("{e} (given by {origin})"))?;
+    let parsed: PluginSpec = spec
+        .parse()
+        .map_err(|e| anyhow!("{e} (given by {origin})"))?;
     Provisioner::from_env().resolve(&parsed, origin)
 }
 
@@ -208,13 +213,21 @@ impl Provisioner {
             .ok()
             .filter(|s| !s.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_INDEX.to_string());
-        Self { cache: cache_dir(), index_url, use_installed: true }
+        Self {
+            cache: cache_dir(),
+            index_url,
+            use_installed: true,
+        }
     }
 
     /// Uses `cache` and PyPI only: no installed Python packages or CUDA toolkits, so that results
     /// do not depend on what the machine happens to have installed.
     pub fn isolated(cache: PathBuf) -> Self {
-        Self { cache, index_url: DEFAULT_INDEX.to_string(), use_installed: false }
+        Self {
+            cache,
+            index_url: DEFAULT_INDEX.to_string(),
+            use_installed: false,
+        }
     }
 
     pub fn cache(&self) -> &Path {
@@ -248,7 +261,9 @@ impl Provisioner {
     pub fn plugin(&self, name: PluginName) -> Result<ResolvedPlugin> {
         let pin = name.pin();
         if self.use_installed {
-            if let Some(found) = python::find_installed(python::site_dirs(), pin.package, pin.member) {
+            if let Some(found) =
+                python::find_installed(python::site_dirs(), pin.package, pin.member)
+            {
                 tracing::info!(plugin = %name, path = %found.path.display(), "using PJRT plugin from installed Python package");
                 return Ok(ResolvedPlugin {
                     path: found.path,
@@ -285,7 +300,9 @@ impl Provisioner {
 
     /// `<cache>/plugins/<package>-<version>/<file name of the member>`.
     fn plugin_cache_path(&self, pin: &WheelPin) -> PathBuf {
-        let file = Path::new(pin.member).file_name().expect("pinned members name a file");
+        let file = Path::new(pin.member)
+            .file_name()
+            .expect("pinned members name a file");
         self.cache
             .join("plugins")
             .join(format!("{}-{}", pin.package, pin.version))
@@ -296,8 +313,12 @@ impl Provisioner {
     /// atomically. The wheel itself is deleted afterwards: only the extracted files are kept.
     fn fetch(&self, pin: &WheelPin, members: &[(&str, &Path, wheel::Mode)]) -> Result<()> {
         let downloads = self.cache.join("downloads");
-        std::fs::create_dir_all(&downloads)
-            .map_err(|e| anyhow!("cannot create cache directory {}: {e} (set {CACHE_ENV} to a writable directory)", downloads.display()))?;
+        std::fs::create_dir_all(&downloads).map_err(|e| {
+            anyhow!(
+                "cannot create cache directory {}: {e} (set {CACHE_ENV} to a writable directory)",
+                downloads.display()
+            )
+        })?;
         let client = pypi::client()?;
         let file = pypi::find_wheel(&client, &self.index_url, pin)?;
         let wheel = pypi::download(&client, &file, &downloads)?;
