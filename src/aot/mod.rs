@@ -1,4 +1,5 @@
-//! Ahead-of-time compilation: compiling the train step for hardware this machine does not have,
-//! and the file that carries the result to the target.
+//! Ahead-of-time compilation for hardware this machine does not have: the catalog of targets
+//! (`topology`) and the file that carries a compiled train step to its target (`artifact`).
 
 pub mod artifact;
+pub mod topology;
