@@ -4,9 +4,12 @@
 //! config -> model trace (`ir`, `tensor`) -> transforms (`autodiff`) -> StableHLO text (`lower`,
 //! `sharding`) -> PJRT plugin (`pjrt`) -> train loop.
 
-pub mod pjrt;
-pub mod ir;
-pub mod sharding;
+pub mod aot;
 pub mod autodiff;
-pub mod tensor;
+pub mod config;
+pub mod ir;
 pub mod lower;
+pub mod pjrt;
+pub mod sharding;
+pub mod tensor;
+pub mod train;

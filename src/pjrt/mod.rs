@@ -1,2 +1,46 @@
-//! The PJRT runtime: maxrs's own binding of XLA's PJRT C API (plugins are loaded with
-//! `libloading`), plugin provisioning, and the compile options sent to `PJRT_Client_Compile`.
+//! The PJRT runtime: maxrs's own binding of XLA's PJRT C API. Plugins (the CPU, CUDA and TPU
+//! runtimes JAX uses, shipped as Python wheels) are loaded with `libloading`; everything above
+//! this module talks to them through the safe types re-exported here.
+//!
+//! Layout: `ffi` (raw C declarations) -> `plugin` (loading, the checked call path, errors) ->
+//! `client` / `buffer` / `executable` / `topology` (RAII handles) and `compile_options` (the
+//! protobuf PJRT compiles with). `provision` finds or downloads plugin files; `xla_flags`
+//! checks `XLA_FLAGS` against a plugin before it is loaded (an unknown flag kills the process).
+
+pub mod buffer;
+pub mod client;
+pub mod compile_options;
+pub mod error;
+pub mod executable;
+#[doc(hidden)]
+pub mod ffi;
+pub mod plugin;
+pub mod provision;
+pub mod topology;
+pub mod xla_flags;
+
+pub use buffer::{shape_string, Buffer, ElementType, HostTensor};
+pub use client::{Client, Device, DeviceMemoryStats, KeyValueStore};
+pub use compile_options::CompileOptions;
+pub use error::{Error, ErrorCode, Result};
+pub use executable::{CompiledMemoryStats, Executable, LoadedExecutable, Signature};
+pub use plugin::{Plugin, Value};
+pub use topology::{Topology, TopologyDevice};
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// A client of the CPU plugin with `device_count` devices, created once per process and count
+/// (tests and the CPU train path share it). The plugin is found or downloaded by `provision`.
+pub fn cpu_client(device_count: usize) -> anyhow::Result<Client> {
+    static CLIENTS: OnceLock<Mutex<HashMap<usize, Client>>> = OnceLock::new();
+    let mut clients = CLIENTS.get_or_init(Default::default).lock().unwrap();
+    if let Some(client) = clients.get(&device_count) {
+        return Ok(client.clone());
+    }
+    let resolved = provision::resolve_plugin(Some("cpu"))?;
+    let plugin = Plugin::load(&resolved.path)?;
+    let client = Client::create(&plugin, &[("cpu_device_count".into(), Value::I64(device_count as i64))], None)?;
+    clients.insert(device_count, client.clone());
+    Ok(client)
+}

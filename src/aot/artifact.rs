@@ -1,0 +1,198 @@
+//! The file `compiled_trainstep_file=PATH` holds: a header describing what the executable was
+//! compiled for, then the plugin's serialized executable.
+//!
+//! Layout: the 8-byte magic `MAXRSAOT`, a little-endian u64 header length, the header as JSON
+//! (readable with `head -c`), then the executable bytes to the end of the file.
+//!
+//! Loading compares the header with what the current run would compile: differing shapes,
+//! topology or configuration are an error listing every differing key with both values; a
+//! different plugin build is an error (XLA executables only load into the build that made
+//! them); different XLA flags are a warning, because the flags were baked in at compile time.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+const MAGIC: &[u8; 8] = b"MAXRSAOT";
+
+/// One argument of the compiled step: its name in the parameter tree, element type, global
+/// shape and sharding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArgumentSpec {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<i64>,
+    pub sharding: String,
+}
+
+/// What an executable was compiled for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactHeader {
+    pub maxrs_version: String,
+    /// Plugin package and version (`jax-cuda12-pjrt 0.12.0.1`), or the plugin file's name.
+    pub plugin: String,
+    /// The platform version the plugin reports (part of the build identity).
+    pub platform_version: String,
+    pub topology: String,
+    pub num_devices: usize,
+    /// Configuration values that change the compiled program (`per_device_batch_size`, ...).
+    pub config: BTreeMap<String, String>,
+    pub arguments: Vec<ArgumentSpec>,
+    pub xla_flags: String,
+}
+
+/// A mismatch between a saved executable and the current run.
+#[derive(Debug, Default, PartialEq)]
+pub struct Differences {
+    pub errors: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+impl ArtifactHeader {
+    /// Compares the header `saved` in a file with `self`, the header of the current run.
+    pub fn differences(&self, saved: &ArtifactHeader) -> Differences {
+        let mut diff = Differences::default();
+        let mut differ = |errors: bool, key: &str, saved: &str, current: &str| {
+            if saved != current {
+                let line = format!("{key}: compiled with {saved}, this run has {current}");
+                if errors { diff.errors.push(line) } else { diff.warnings.push(line) }
+            }
+        };
+        differ(true, "topology", &saved.topology, &self.topology);
+        differ(true, "number of devices", &saved.num_devices.to_string(), &self.num_devices.to_string());
+        differ(true, "plugin", &saved.plugin, &self.plugin);
+        differ(true, "plugin platform version", &saved.platform_version, &self.platform_version);
+        let keys: std::collections::BTreeSet<&String> = saved.config.keys().chain(self.config.keys()).collect();
+        for key in keys {
+            let value = |map: &BTreeMap<String, String>| map.get(key).cloned().unwrap_or_else(|| "(unset)".into());
+            differ(true, key, &value(&saved.config), &value(&self.config));
+        }
+        if saved.arguments != self.arguments {
+            let describe = |a: &ArgumentSpec| format!("{} {}{:?} {}", a.name, a.dtype, a.shape, a.sharding);
+            let n = saved.arguments.len().max(self.arguments.len());
+            for i in 0..n {
+                let s = saved.arguments.get(i).map(describe).unwrap_or_else(|| "(none)".into());
+                let c = self.arguments.get(i).map(describe).unwrap_or_else(|| "(none)".into());
+                differ(true, &format!("argument {i}"), &s, &c);
+            }
+        }
+        differ(false, "XLA flags", &format!("{:?}", saved.xla_flags), &format!("{:?}", self.xla_flags));
+        differ(false, "maxrs version", &saved.maxrs_version, &self.maxrs_version);
+        diff
+    }
+}
+
+/// Writes header + executable to `path` through a temporary file in the same directory, so an
+/// interrupted write never leaves a truncated file where a good one was.
+pub fn write(path: &Path, header: &ArtifactHeader, executable: &[u8]) -> Result<()> {
+    let json = serde_json::to_vec_pretty(header)?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!(".{}.tmp{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("aot"), std::process::id()));
+    let result = (|| -> Result<()> {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(MAGIC)?;
+        file.write_all(&(json.len() as u64).to_le_bytes())?;
+        file.write_all(&json)?;
+        file.write_all(executable)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("writing compiled train step to {}", path.display()))
+}
+
+/// Reads a file written by [`write`].
+pub fn read(path: &Path) -> Result<(ArtifactHeader, Vec<u8>)> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading compiled train step {}", path.display()))?;
+    if bytes.len() < 16 || &bytes[..8] != MAGIC {
+        bail!("{} is not a maxrs compiled train step (no {:?} header); make one with `maxrs train-compile`", path.display(), std::str::from_utf8(MAGIC).unwrap());
+    }
+    let header_len = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    let body = 16usize.checked_add(header_len).filter(|&end| end <= bytes.len());
+    let Some(body) = body else {
+        bail!("{} is truncated: its header claims {header_len} bytes but the file has {}", path.display(), bytes.len());
+    };
+    let header: ArtifactHeader = serde_json::from_slice(&bytes[16..body])
+        .with_context(|| format!("{}: the header is not valid", path.display()))?;
+    Ok((header, bytes[body..].to_vec()))
+}
+
+/// Reads `path` and checks it against `current`: returns the executable bytes, logging
+/// warnings, or an error listing every difference.
+pub fn load_matching(path: &Path, current: &ArtifactHeader) -> Result<Vec<u8>> {
+    let (saved, executable) = read(path)?;
+    let diff = current.differences(&saved);
+    for warning in &diff.warnings {
+        tracing::warn!("{}: {warning} (the compiled values are used)", path.display());
+    }
+    if !diff.errors.is_empty() {
+        bail!(
+            "{} was compiled for a different run:\n  {}\nrecompile with `maxrs train-compile` and the same settings as this run",
+            path.display(),
+            diff.errors.join("\n  ")
+        );
+    }
+    Ok(executable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> ArtifactHeader {
+        ArtifactHeader {
+            maxrs_version: "0.1.0".into(),
+            plugin: "lammps-jax-pjrt-cpu 0.11.2".into(),
+            platform_version: "cpu".into(),
+            topology: "cpu-8".into(),
+            num_devices: 8,
+            config: [("per_device_batch_size", "4"), ("max_target_length", "128")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            arguments: vec![ArgumentSpec { name: "params.embed".into(), dtype: "f32".into(), shape: vec![256, 64], sharding: "[{\"fsdp\"}, {}]".into() }],
+            xla_flags: String::new(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_mismatch_report() {
+        let dir = std::env::temp_dir().join(format!("maxrs-aot-{}", std::process::id()));
+        let path = dir.join("step.aot");
+        write(&path, &header(), b"executable bytes").unwrap();
+        assert_eq!(load_matching(&path, &header()).unwrap(), b"executable bytes");
+
+        let mut other = header();
+        other.config.insert("per_device_batch_size".into(), "8".into());
+        other.topology = "cpu-4".into();
+        other.xla_flags = "--xla_cpu_enable_fast_math=false".into();
+        let err = load_matching(&path, &other).unwrap_err().to_string();
+        assert!(err.contains("per_device_batch_size: compiled with 4, this run has 8"), "{err}");
+        assert!(err.contains("topology: compiled with cpu-8, this run has cpu-4"), "{err}");
+        assert!(!err.contains("XLA flags"), "flags only warn: {err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn foreign_and_truncated_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("maxrs-aot-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let foreign = dir.join("foreign");
+        std::fs::write(&foreign, b"not an artifact at all").unwrap();
+        assert!(read(&foreign).unwrap_err().to_string().contains("not a maxrs compiled train step"));
+        let truncated = dir.join("truncated");
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&1000u64.to_le_bytes());
+        bytes.extend_from_slice(b"{}");
+        std::fs::write(&truncated, bytes).unwrap();
+        assert!(read(&truncated).unwrap_err().to_string().contains("truncated"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,232 @@
+//! Giving each value its key's type: YAML values from files and `key=value` text from the command
+//! line both go through `coerce`, which checks the key exists and converts the value the way
+//! MaxText's loader would (`True`, `10_000`, `1.e-5`, `[silu, linear]`, a bare word for a list).
+
+use std::sync::OnceLock;
+
+use serde_yaml::{Mapping, Value};
+
+use super::builtin;
+use super::error::{closest, ConfigError};
+use super::keys::{self, Config};
+
+/// Every key with its built-in default, typed as the `Config` field is. Serializing the built-in
+/// `Config` gives exactly the field list, so the schema cannot drift from the struct.
+pub(crate) fn schema() -> &'static Mapping {
+    static SCHEMA: OnceLock<Mapping> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let config: Config = serde_yaml::from_str(builtin::BASE_YML)
+            .unwrap_or_else(|e| panic!("built-in configs/base.yml does not match Config: {e}"));
+        match serde_yaml::to_value(config) {
+            Ok(Value::Mapping(m)) => m,
+            other => panic!("Config serializes to a mapping, got {other:?}"),
+        }
+    })
+}
+
+/// The valid keys, in `Config` field order.
+pub fn key_names() -> impl Iterator<Item = &'static str> {
+    schema().keys().filter_map(Value::as_str)
+}
+
+/// Checks that `key` exists and converts `value` to its type. `origin` says where the value was
+/// written, for errors ("on the command line", "in configs/base.yml").
+pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, ConfigError> {
+    let Some(default) = schema().get(key) else {
+        return Err(ConfigError::UnknownKey {
+            key: key.to_string(),
+            origin: origin.to_string(),
+            suggestion: closest(key, key_names()),
+        });
+    };
+    let wrong = |value: &Value| ConfigError::WrongType {
+        key: key.to_string(),
+        origin: origin.to_string(),
+        expected: describe(key, default),
+        value: show(value),
+    };
+    let coerced = match default {
+        Value::Bool(_) => match &value {
+            Value::Bool(_) => Some(value.clone()),
+            Value::String(s) => parse_bool(s).map(Value::Bool),
+            _ => None,
+        },
+        Value::Number(n) if n.is_f64() => match &value {
+            Value::Number(v) => v.as_f64().map(Value::from),
+            Value::String(s) => parse_number::<f64>(s)
+                .filter(|x| x.is_finite())
+                .map(Value::from),
+            _ => None,
+        },
+        Value::Number(_) => match &value {
+            Value::Number(v) if v.is_f64() => v
+                .as_f64()
+                .filter(|x| x.fract() == 0.0)
+                .map(|x| Value::from(x as i64)),
+            Value::Number(_) => Some(value.clone()),
+            Value::String(s) => parse_number::<i64>(s).map(Value::from),
+            _ => None,
+        },
+        Value::String(_) => match &value {
+            Value::String(_) => Some(value.clone()),
+            Value::Number(n) => Some(Value::String(n.to_string())),
+            Value::Bool(b) => Some(Value::String(b.to_string())),
+            Value::Null => Some(Value::String(String::new())),
+            _ => None,
+        },
+        Value::Sequence(_) => match &value {
+            Value::Sequence(_) => Some(value.clone()),
+            Value::String(s) => Some(parse_list(s)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let coerced = coerced.ok_or_else(|| wrong(&value))?;
+    if let (Some(allowed), Value::String(s)) = (keys::choices(key), &coerced) {
+        if !allowed.contains(&s.as_str()) {
+            return Err(ConfigError::NotAChoice {
+                key: key.to_string(),
+                origin: origin.to_string(),
+                value: s.clone(),
+                allowed: allowed.iter().map(|a| a.to_string()).collect(),
+                suggestion: closest(s, allowed.iter().copied()),
+            });
+        }
+    }
+    if matches!(default, Value::Sequence(_)) {
+        check_structure(key, &coerced).map_err(|_| wrong(&coerced))?;
+    }
+    Ok(coerced)
+}
+
+/// Lists have inner structure that the checks above do not see: put the value into the built-in
+/// config and let serde judge it, so an error here can only be this key's.
+fn check_structure(key: &str, value: &Value) -> Result<(), serde_yaml::Error> {
+    let mut probe = schema().clone();
+    probe.insert(Value::from(key), value.clone());
+    serde_yaml::from_value::<Config>(Value::Mapping(probe)).map(|_| ())
+}
+
+/// MaxText's YAML loader accepts Python's spellings of booleans as well as YAML's.
+fn parse_bool(s: &str) -> Option<bool> {
+    match s.trim() {
+        "true" | "True" | "TRUE" => Some(true),
+        "false" | "False" | "FALSE" => Some(false),
+        _ => None,
+    }
+}
+
+/// Numbers as Python writes them: `150_001`, `1.e-5`.
+fn parse_number<T: std::str::FromStr>(s: &str) -> Option<T> {
+    s.trim().replace('_', "").parse().ok()
+}
+
+/// A command-line list: YAML flow syntax (`[silu, linear]`, `['a','b']`) or, as in MaxText, a bare
+/// word meaning a list of one.
+fn parse_list(s: &str) -> Value {
+    match serde_yaml::from_str::<Value>(s) {
+        Ok(list @ Value::Sequence(_)) => list,
+        _ => Value::Sequence(vec![Value::String(s.trim().to_string())]),
+    }
+}
+
+fn describe(key: &str, default: &Value) -> String {
+    match default {
+        Value::Bool(_) => "a boolean (true or false)".into(),
+        Value::Number(n) if n.is_f64() => "a number".into(),
+        Value::Number(_) => "an integer".into(),
+        Value::String(_) => "a string".into(),
+        Value::Sequence(_) if key == "logical_axis_rules" => {
+            "a list of [logical axis name, mesh axis or list of mesh axes] rows".into()
+        }
+        Value::Sequence(items) => match items.first() {
+            Some(Value::Sequence(_)) => "a list of lists of strings".into(),
+            _ => "a list of strings".into(),
+        },
+        _ => "a value like the default in configs/base.yml".into(),
+    }
+}
+
+/// A value as the user would have written it, for error messages.
+pub(crate) fn show(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => "null".into(),
+        other => serde_json::to_string(other).unwrap_or_else(|_| format!("{other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(key: &str, text: &str) -> Result<Value, ConfigError> {
+        coerce(key, Value::String(text.into()), "on the command line")
+    }
+
+    #[test]
+    fn schema_has_every_key_with_its_type() {
+        let s = schema();
+        assert!(s.get("steps").unwrap().is_i64());
+        assert!(s.get("per_device_batch_size").unwrap().is_f64());
+        assert!(s.get("scan_layers").unwrap().is_bool());
+        assert!(s.get("mesh_axes").unwrap().is_sequence());
+        assert!(key_names().any(|k| k == "ici_tensor_sequence_parallelism"));
+    }
+
+    #[test]
+    fn text_takes_the_type_of_its_key() {
+        assert_eq!(cli("scan_layers", "False").unwrap(), Value::Bool(false));
+        assert_eq!(cli("steps", "150_001").unwrap(), Value::from(150001));
+        assert_eq!(cli("learning_rate", "1.e-5").unwrap(), Value::from(1e-5));
+        assert_eq!(cli("per_device_batch_size", "4").unwrap(), Value::from(4.0));
+        assert_eq!(cli("run_name", "123").unwrap(), Value::from("123"));
+        assert_eq!(
+            cli("mlp_activations", "[silu, linear]").unwrap(),
+            serde_yaml::from_str::<Value>("[silu, linear]").unwrap()
+        );
+        assert_eq!(
+            cli("mesh_axes", "fsdp").unwrap(),
+            serde_yaml::from_str::<Value>("[fsdp]").unwrap()
+        );
+    }
+
+    #[test]
+    fn yaml_numbers_become_the_key_type() {
+        let f = coerce("learning_rate", Value::from(1), "in f.yml").unwrap();
+        assert_eq!(f, Value::from(1.0));
+        let i = coerce("steps", Value::from(1000.0), "in f.yml").unwrap();
+        assert_eq!(i, Value::from(1000));
+        assert!(coerce("steps", Value::from(10.5), "in f.yml").is_err());
+    }
+
+    #[test]
+    fn wrong_types_name_key_expectation_and_value() {
+        let e = cli("steps", "many").unwrap_err().to_string();
+        assert!(
+            e.contains("`steps`") && e.contains("an integer") && e.contains("`many`"),
+            "{e}"
+        );
+        let e = cli("learning_rate", "nan").unwrap_err().to_string();
+        assert!(e.contains("a number"), "{e}");
+        let e = cli("logical_axis_rules", "[[embed]]")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("logical_axis_rules") && e.contains("rows"),
+            "{e}"
+        );
+        let e = cli("data_sharding", "[[1, [2]]]").unwrap_err().to_string();
+        assert!(e.contains("lists of strings"), "{e}");
+    }
+
+    #[test]
+    fn choices_are_checked_with_a_suggestion() {
+        let e = cli("remat_policy", "ful").unwrap_err().to_string();
+        assert!(
+            e.contains("full, minimal, save_qkv_proj, none") && e.contains("did you mean `full`"),
+            "{e}"
+        );
+        assert!(cli("dtype", "float32").is_ok());
+    }
+}

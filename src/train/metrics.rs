@@ -1,0 +1,158 @@
+//! Per-step metrics: MaxText's log line, and the `metrics_file=PATH` JSON-lines file.
+//!
+//! Names and formats follow MaxText's `metric_logger.py` so existing tooling reads maxrs runs:
+//! - log line: `completed step: 3, seconds: 0.512, TFLOP/s/device: 12.300, Tokens/s/device:
+//!   4000.000, total_weights: 8192, loss: 5.123` (three decimals, as MaxText's `:.3f`); maxrs
+//!   appends `, MFU: 45.10%` when the device's peak is known (MaxText appends its optional fields
+//!   after `loss` too, so parsers that look fields up by name keep working);
+//! - metrics file: one JSON object per step, every value a float (the step too: `"step": 3.0`,
+//!   as MaxText writes it), plus `run_name`. Keys: `step`, `learning/loss`, `learning/grad_norm`,
+//!   `learning/current_learning_rate`, `learning/total_weights`, `perf/step_time_seconds`,
+//!   `perf/per_device_tflops`, `perf/per_device_tflops_per_sec`, `perf/per_device_tokens`,
+//!   `perf/per_device_tokens_per_sec`, and (maxrs only, when the peak is known) `perf/mfu` as a
+//!   fraction.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+/// What is fixed for a run: the per-device work of a step and the device's peak.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerDeviceWork {
+    /// TFLOPs per step per device ([`crate::train::flops::training_tflops_per_device`]`.total`).
+    pub tflops: f64,
+    /// Tokens per step per device ([`crate::train::flops::StepShape::tokens_per_device`]).
+    pub tokens: f64,
+    /// Dense bf16 peak TFLOP/s of one device, when known.
+    pub peak_tflops: Option<f64>,
+}
+
+/// The metrics of one completed step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepMetrics {
+    pub step: u64,
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    pub learning_rate: f64,
+    /// Number of target tokens the loss counted (sum of the loss mask over the global batch).
+    pub total_weights: u64,
+    pub step_time_seconds: f64,
+    pub work: PerDeviceWork,
+}
+
+impl StepMetrics {
+    pub fn tflops_per_sec_per_device(&self) -> f64 {
+        self.work.tflops / self.step_time_seconds
+    }
+
+    pub fn tokens_per_sec_per_device(&self) -> f64 {
+        self.work.tokens / self.step_time_seconds
+    }
+
+    /// Achieved over peak TFLOP/s, as a fraction; `None` when the peak is unknown.
+    pub fn mfu(&self) -> Option<f64> {
+        self.work.peak_tflops.map(|peak| crate::train::flops::mfu(self.tflops_per_sec_per_device(), peak))
+    }
+
+    /// MaxText's per-step log line (see the module docs).
+    pub fn log_line(&self) -> String {
+        let mut line = format!(
+            "completed step: {}, seconds: {}, TFLOP/s/device: {}, Tokens/s/device: {}, total_weights: {}, loss: {}",
+            self.step,
+            fixed3(self.step_time_seconds),
+            fixed3(self.tflops_per_sec_per_device()),
+            fixed3(self.tokens_per_sec_per_device()),
+            self.total_weights,
+            fixed3(self.loss),
+        );
+        if let Some(mfu) = self.mfu() {
+            line.push_str(&format!(", MFU: {:.2}%", mfu * 100.0));
+        }
+        line
+    }
+
+    /// The JSON object of one metrics-file line (see the module docs for the keys).
+    pub fn to_json(&self, run_name: &str) -> Value {
+        let mut object = Map::new();
+        let mut put = |key: &str, value: f64| {
+            // JSON has no NaN/inf; null keeps the line parseable and the step visible.
+            object.insert(key.to_owned(), serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number));
+        };
+        put("learning/loss", self.loss);
+        put("learning/grad_norm", self.grad_norm);
+        put("learning/current_learning_rate", self.learning_rate);
+        put("learning/total_weights", self.total_weights as f64);
+        put("perf/step_time_seconds", self.step_time_seconds);
+        put("perf/per_device_tflops", self.work.tflops);
+        put("perf/per_device_tflops_per_sec", self.tflops_per_sec_per_device());
+        put("perf/per_device_tokens", self.work.tokens);
+        put("perf/per_device_tokens_per_sec", self.tokens_per_sec_per_device());
+        if let Some(mfu) = self.mfu() {
+            put("perf/mfu", mfu);
+        }
+        put("step", self.step as f64);
+        object.insert("run_name".to_owned(), Value::String(run_name.to_owned()));
+        Value::Object(object)
+    }
+}
+
+/// Python's `f"{x:.3f}"`: Rust prints NaN as `NaN`, Python as `nan`; log scrapers match the latter.
+fn fixed3(value: f64) -> String {
+    if value.is_nan() {
+        "nan".to_owned()
+    } else {
+        format!("{value:.3}")
+    }
+}
+
+/// Writes `metrics_file`: one JSON object per step, each line written whole and unbuffered, so
+/// a crash keeps every completed step.
+pub struct MetricsWriter {
+    path: PathBuf,
+    file: File,
+    run_name: String,
+}
+
+impl MetricsWriter {
+    /// Opens `path` as MaxText does: a run starting at step 0 truncates the file, a run resumed
+    /// from a later step appends to it. Missing parent directories are created.
+    pub fn open(path: &Path, first_step: u64, run_name: &str) -> std::io::Result<MetricsWriter> {
+        let with_path =
+            |e: std::io::Error| std::io::Error::new(e.kind(), format!("metrics_file {}: {e}", path.display()));
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(with_path)?;
+        }
+        let mut options = OpenOptions::new();
+        options.create(true);
+        if first_step == 0 {
+            options.write(true).truncate(true);
+        } else {
+            options.append(true);
+        }
+        let file = options.open(path).map_err(with_path)?;
+        Ok(MetricsWriter { path: path.to_owned(), file, run_name: run_name.to_owned() })
+    }
+
+    pub fn write(&mut self, metrics: &StepMetrics) -> std::io::Result<()> {
+        let mut line = metrics.to_json(&self.run_name).to_string();
+        line.push('\n');
+        self.file
+            .write_all(line.as_bytes())
+            .map_err(|e| std::io::Error::new(e.kind(), format!("metrics_file {}: {e}", self.path.display())))
+    }
+}
+
+/// Median step time over all steps but the first, which includes compilation and warm-up.
+/// `None` with fewer than two steps.
+pub fn median_step_time(step_times_seconds: &[f64]) -> Option<f64> {
+    let mut times: Vec<f64> = step_times_seconds.get(1..)?.to_vec();
+    if times.is_empty() {
+        return None;
+    }
+    times.sort_by(f64::total_cmp);
+    let mid = times.len() / 2;
+    Some(if times.len() % 2 == 1 { times[mid] } else { (times[mid - 1] + times[mid]) / 2.0 })
+}

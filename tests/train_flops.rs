@@ -1,0 +1,93 @@
+//! The TFLOPs formula against hand-computed llama2-7b numbers and MaxText's own golden test;
+//! the peak table and MFU.
+
+use maxrs::train::flops::{mfu, peak_tflops_per_device, training_tflops_per_device, ModelDims, StepShape};
+
+const LLAMA2_7B: ModelDims = ModelDims {
+    emb: 4096,
+    num_query_heads: 32,
+    num_kv_heads: 32,
+    head_dim: 128,
+    mlp_dim: 11008,
+    num_layers: 32,
+    vocab: 32000,
+    mlp_activations_count: 2,
+};
+
+fn shape(batch: f64, seq: u64) -> StepShape {
+    StepShape { per_device_batch_size: batch, max_target_length: seq, gradient_accumulation_steps: 1 }
+}
+
+fn assert_close(actual: f64, expected: f64, rel: f64) {
+    assert!(((actual - expected) / expected).abs() <= rel, "{actual} vs {expected} (rel tol {rel})");
+}
+
+#[test]
+fn llama2_7b_batch_4_seq_4096_matches_the_hand_count() {
+    // Integer FLOPs, term by term (B=4, S=4096, BS=16384).
+    let bs: u128 = 4 * 4096;
+    let ffn = 3 * 2 * bs * 11008 * 4096; // gate, up, down projections
+    let qkv = 2 * bs * 4096 * (32 + 2 * 32) * 128;
+    let out = 2 * bs * 4096 * 32 * 128;
+    let unembed = 2 * bs * 4096 * 32000;
+    let weights = ((ffn + qkv + out) * 32 + unembed) * 3;
+    let attention = 4 * 4 * 4096u128 * 4096 * 32 * 128 / 2 * 32 * 3;
+    assert_eq!(weights, 649_502_134_370_304);
+    assert_eq!(attention, 52_776_558_133_248);
+
+    let t = training_tflops_per_device(&LLAMA2_7B, &shape(4.0, 4096));
+    assert_close(t.learnable_weight, 649.502134370304, 1e-12);
+    assert_close(t.attention, 52.776558133248, 1e-12);
+    assert_close(t.total, 702.278692503552, 1e-12);
+    assert_eq!(t.total, t.learnable_weight + t.attention);
+}
+
+/// MaxText's flop_calculation_test.py checks llama2-7b (B=12, S=2048) against
+/// `6 * B * S * 6.74e9 + 6 * L * B * S^2 * H * hd` within 5%; the same holds here, at B=4/S=4096 too.
+#[test]
+fn llama2_7b_agrees_with_maxtexts_golden_test() {
+    for (b, s) in [(12.0, 2048u64), (4.0, 4096)] {
+        let golden = 6.0 * b * s as f64 * 6.74e9 / 1e12 + 6.0 * 32.0 * b * (s * s) as f64 * 32.0 * 128.0 / 1e12;
+        let t = training_tflops_per_device(&LLAMA2_7B, &shape(b, s));
+        assert_close(t.total, golden, 0.05);
+    }
+}
+
+#[test]
+fn batch_and_accumulation_scale_linearly_and_gqa_shrinks_qkv() {
+    let one = training_tflops_per_device(&LLAMA2_7B, &shape(1.0, 2048));
+    let half = training_tflops_per_device(&LLAMA2_7B, &shape(0.5, 2048));
+    assert_close(half.total, one.total / 2.0, 1e-12);
+    let accumulated = training_tflops_per_device(
+        &LLAMA2_7B,
+        &StepShape { per_device_batch_size: 1.0, max_target_length: 2048, gradient_accumulation_steps: 4 },
+    );
+    assert_close(accumulated.total, 4.0 * one.total, 1e-12);
+
+    let gqa = ModelDims { num_kv_heads: 8, ..LLAMA2_7B };
+    let g = training_tflops_per_device(&gqa, &shape(1.0, 2048));
+    // QKV per layer drops from (32 + 64) to (32 + 16) heads' worth; attention is unchanged.
+    let saved = 2.0 * 2048.0 * 4096.0 * (64.0 - 16.0) * 128.0 * 32.0 * 3.0 / 1e12;
+    assert_close(one.learnable_weight - g.learnable_weight, saved, 1e-9);
+    assert_eq!(g.attention, one.attention);
+    assert_close(
+        StepShape { per_device_batch_size: 4.0, max_target_length: 4096, gradient_accumulation_steps: 2 }
+            .tokens_per_device(),
+        32768.0,
+        0.0,
+    );
+}
+
+#[test]
+fn peak_by_device_kind_and_override() {
+    assert_eq!(peak_tflops_per_device("NVIDIA H100 80GB HBM3", None), Some(989.0));
+    assert_eq!(peak_tflops_per_device("NVIDIA H100 PCIe", None), Some(756.0));
+    assert_eq!(peak_tflops_per_device("NVIDIA H100 NVL", None), Some(835.0));
+    assert_eq!(peak_tflops_per_device("NVIDIA H200", None), Some(989.0));
+    assert_eq!(peak_tflops_per_device("TPU v5 lite", None), Some(197.0));
+    assert_eq!(peak_tflops_per_device("TPU v5", None), Some(459.0));
+    assert_eq!(peak_tflops_per_device("cpu", None), None);
+    assert_eq!(peak_tflops_per_device("cpu", Some(1.5)), Some(1.5));
+    assert_eq!(peak_tflops_per_device("NVIDIA H100 80GB HBM3", Some(798.0)), Some(798.0));
+    assert_close(mfu(494.5, 989.0), 0.5, 1e-12);
+}
