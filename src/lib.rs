@@ -10,6 +10,7 @@ pub mod config;
 pub mod ir;
 pub mod lower;
 pub mod pjrt;
+pub mod runtime;
 pub mod sharding;
 pub mod tensor;
 pub mod train;

@@ -141,7 +141,7 @@ fn binary(op: BinaryOp, x: &Tensor, y: &Tensor, out: &Tensor, g: &Tensor, needs:
         BinaryOp::Div => pick(&|| g / y, &|| -(g * out) / y),
         // Ties split the cotangent evenly, as JAX does.
         BinaryOp::Max | BinaryOp::Min => {
-            let share = |a: &Tensor, b: &Tensor| g * &where_(&a.eq(out), where_(&b.eq(out), 0.5, 1.0), 0.0);
+            let share = |a: &Tensor, b: &Tensor| g * &where_(&a.eq(out), where_(&b.eq(out), g.full_like(0.5), 1.0), 0.0);
             pick(&|| share(x, y), &|| share(y, x))
         }
         BinaryOp::Pow => pick(

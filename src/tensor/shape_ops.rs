@@ -1,6 +1,7 @@
 //! Operations that move data without arithmetic: reshape, transpose, broadcast, slicing,
 //! padding, concatenation, and row gather/scatter (`take`, `scatter_add`).
 
+use super::elementwise::{IntoOperand, Operand};
 use super::trace::{apply1, op_error, usage_error, Tensor};
 use crate::ir::{Prim, Shape};
 
@@ -122,10 +123,14 @@ impl Tensor {
         apply1(Prim::DynamicUpdateSlice, &ops)
     }
 
-    /// Pads with `value`: `low`/`high` elements at each end, `interior` between elements.
+    /// Pads with `value` (a scalar or a scalar tensor): `low`/`high` elements at each end,
+    /// `interior` between elements.
     #[track_caller]
-    pub fn pad(&self, value: f64, low: &[i64], high: &[i64], interior: &[i64]) -> Tensor {
-        let v = self.trace().scalar(value, self.dtype());
+    pub fn pad(&self, value: impl IntoOperand, low: &[i64], high: &[i64], interior: &[i64]) -> Tensor {
+        let v = match value.into_operand() {
+            Operand::Tensor(t) => t,
+            Operand::Scalar(x) => self.trace().scalar(x, self.dtype()),
+        };
         apply1(Prim::Pad { low: low.to_vec(), high: high.to_vec(), interior: interior.to_vec() }, &[self, &v])
     }
 

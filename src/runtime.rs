@@ -1,0 +1,150 @@
+//! Running traced programs on a PJRT client: lower to StableHLO, compile (SPMD over the
+//! program's mesh, device assignment in mesh order), split each host input into the blocks its
+//! sharding gives each device, execute, and reassemble the outputs from their shards.
+//! The only place where the tracer's types meet the runtime's (`DType` -> `ElementType`).
+
+use crate::ir::{DType, Program};
+use crate::lower::to_stablehlo;
+use crate::pjrt::{Buffer, Client, CompileOptions, ElementType, HostTensor, LoadedExecutable};
+use crate::sharding::{Mesh, PartitionSpec};
+use crate::tensor::Tree;
+use anyhow::{anyhow, bail, Context, Result};
+
+pub fn element_type(dtype: DType) -> ElementType {
+    match dtype {
+        DType::Pred => ElementType::Pred,
+        DType::S32 => ElementType::S32,
+        DType::U32 => ElementType::U32,
+        DType::F16 => ElementType::F16,
+        DType::BF16 => ElementType::BF16,
+        DType::F32 => ElementType::F32,
+        DType::F64 => ElementType::F64,
+    }
+}
+
+/// A program compiled for a client, with what is needed to feed and read it.
+pub struct Compiled {
+    pub program: Program,
+    pub executable: LoadedExecutable,
+    /// Per addressable device (execution order): its position in the mesh.
+    positions: Vec<usize>,
+}
+
+/// Lowers and compiles `program` on `client`.
+pub fn compile(client: &Client, program: &Program) -> Result<Compiled> {
+    let mlir = to_stablehlo(program);
+    let options = match &program.mesh {
+        Some(mesh) => CompileOptions { device_assignment: Some(mesh.device_ids().to_vec()), ..CompileOptions::spmd(mesh.size() as i64) },
+        None => CompileOptions::single_device(),
+    };
+    let executable = client.compile(&mlir, &options).context("compiling the lowered program")?;
+    let positions = match &program.mesh {
+        Some(mesh) => executable
+            .addressable_devices()
+            .iter()
+            .map(|d| {
+                mesh.device_ids().iter().position(|&id| id == d.id as i64).ok_or_else(|| anyhow!("device {} is not in the mesh", d.id))
+            })
+            .collect::<Result<_>>()?,
+        None => vec![0],
+    };
+    Ok(Compiled { program: program.clone(), executable, positions })
+}
+
+/// Compiles and runs `program` once on named host inputs; returns the named outputs.
+pub fn run_program(client: &Client, program: &Program, inputs: &Tree<HostTensor>) -> Result<Tree<HostTensor>> {
+    compile(client, program)?.run(client, inputs)
+}
+
+impl Compiled {
+    /// Runs on global host inputs (each split per its sharding); returns global outputs.
+    pub fn run(&self, client: &Client, inputs: &Tree<HostTensor>) -> Result<Tree<HostTensor>> {
+        let devices = self.executable.addressable_devices();
+        let mut per_device: Vec<Vec<Buffer>> = devices.iter().map(|_| Vec::new()).collect();
+        for spec in &self.program.inputs {
+            let host = inputs.get(&spec.name).ok_or_else(|| anyhow!("missing input \"{}\"", spec.name))?;
+            if host.ty != element_type(spec.ty.dtype) || host.dims[..] != spec.ty.shape[..] {
+                bail!("input \"{}\" must be {}, got {:?}{:?}", spec.name, spec.ty, host.ty, host.dims);
+            }
+            for (d, device) in devices.iter().enumerate() {
+                let block = match (&self.program.mesh, &spec.sharding) {
+                    (Some(mesh), Some(sharding)) => shard(host, mesh, sharding, self.positions[d])?,
+                    _ => host.clone(),
+                };
+                per_device[d].push(client.to_device(&block, device)?);
+            }
+        }
+        let args: Vec<Vec<&Buffer>> = per_device.iter().map(|list| list.iter().collect()).collect();
+        let results = self.executable.execute(&args)?;
+        let mut outputs = Tree::new();
+        for (j, spec) in self.program.outputs.iter().enumerate() {
+            let shards: Vec<HostTensor> = results.iter().map(|list| list[j].to_host()).collect::<std::result::Result<_, _>>()?;
+            let global = match (&self.program.mesh, &spec.sharding) {
+                (Some(mesh), Some(sharding)) => assemble(&shards, &self.positions, mesh, sharding, &spec.ty.shape)?,
+                _ => shards.into_iter().next().ok_or_else(|| anyhow!("no output shards"))?,
+            };
+            outputs.insert(spec.name.clone(), global);
+        }
+        Ok(outputs)
+    }
+}
+
+/// The block of `global` that the device at mesh position `pos` holds under `spec`.
+pub fn shard(global: &HostTensor, mesh: &Mesh, spec: &PartitionSpec, pos: usize) -> Result<HostTensor> {
+    let bounds = mesh.shard_bounds(spec, &global.dims, pos).map_err(|e| anyhow!(e))?;
+    let dims: Vec<i64> = bounds.iter().map(|b| b.1).collect();
+    let mut data = vec![0u8; dims.iter().product::<i64>() as usize * global.ty.byte_size()];
+    copy_block(&mut data, &global.data, &global.dims, &bounds, global.ty.byte_size(), Direction::Gather);
+    Ok(HostTensor::new(global.ty, &dims, data))
+}
+
+/// The global array of shape `dims` from per-device blocks (`shards[d]` at mesh position
+/// `positions[d]`). Replicated copies are written over each other: they are equal.
+pub fn assemble(shards: &[HostTensor], positions: &[usize], mesh: &Mesh, spec: &PartitionSpec, dims: &[i64]) -> Result<HostTensor> {
+    let ty = shards.first().ok_or_else(|| anyhow!("no shards"))?.ty;
+    let mut data = vec![0u8; dims.iter().product::<i64>() as usize * ty.byte_size()];
+    for (block, &pos) in shards.iter().zip(positions) {
+        let bounds = mesh.shard_bounds(spec, dims, pos).map_err(|e| anyhow!(e))?;
+        copy_block(&mut data, &block.data, dims, &bounds, ty.byte_size(), Direction::Scatter);
+    }
+    Ok(HostTensor::new(ty, dims, data))
+}
+
+enum Direction {
+    /// Copy the block of the global array (`global`) into `block`.
+    Gather,
+    /// Copy `block` into its place in the global array.
+    Scatter,
+}
+
+/// Copies between a row-major global array of shape `dims` and the dense block at `bounds`
+/// ((start, length) per dimension), one contiguous run of the last dimension at a time.
+fn copy_block(dst: &mut [u8], src: &[u8], dims: &[i64], bounds: &[(i64, i64)], elem: usize, direction: Direction) {
+    let rank = dims.len();
+    if rank == 0 {
+        dst[..elem].copy_from_slice(&src[..elem]);
+        return;
+    }
+    let mut strides = vec![1i64; rank];
+    for d in (0..rank - 1).rev() {
+        strides[d] = strides[d + 1] * dims[d + 1];
+    }
+    let run = bounds[rank - 1].1 as usize * elem;
+    let rows: i64 = bounds[..rank - 1].iter().map(|b| b.1).product();
+    let mut index = vec![0i64; rank - 1];
+    for row in 0..rows as usize {
+        let global: i64 = (0..rank).map(|d| (bounds[d].0 + if d < rank - 1 { index[d] } else { 0 }) * strides[d]).sum();
+        let (g, b) = (global as usize * elem, row * run);
+        match direction {
+            Direction::Gather => dst[b..b + run].copy_from_slice(&src[g..g + run]),
+            Direction::Scatter => dst[g..g + run].copy_from_slice(&src[b..b + run]),
+        }
+        for d in (0..rank - 1).rev() {
+            index[d] += 1;
+            if index[d] < bounds[d].1 {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! Helpers shared by the tracer tests: the CPU client, seeded random host arrays, and
+//! running a traced program on named inputs.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use maxrs::ir::Program;
+use maxrs::pjrt::{cpu_client, Client, HostTensor};
+use maxrs::runtime::run_program;
+use maxrs::tensor::Tree;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// The process-wide CPU client with 8 devices (single-device programs use the first).
+pub fn client() -> Client {
+    cpu_client(8).expect("CPU PJRT plugin")
+}
+
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+pub fn uniform(rng: &mut StdRng, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+    (0..n).map(|_| rng.gen_range(lo..hi)).collect()
+}
+
+pub fn f64_tensor(dims: &[i64], values: &[f64]) -> HostTensor {
+    HostTensor::from_f64(dims, values)
+}
+
+pub fn run(program: &Program, inputs: &Tree<HostTensor>) -> Tree<HostTensor> {
+    run_program(&client(), program, inputs).expect("program runs")
+}
+
+/// Largest |a - b| / max(1, |a|, |b|).
+pub fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs() / 1f64.max(x.abs()).max(y.abs())).fold(0.0, f64::max)
+}
