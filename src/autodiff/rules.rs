@@ -194,7 +194,7 @@ fn dot_transpose_rhs(g: &Tensor, x: &Tensor, y: &Tensor, d: &DotDims) -> Tensor 
 }
 
 /// `me` is the operand whose cotangent we want, `other` the other one. `swapped`: `me` is
-/// the rhs, so its free dims come last in the output.
+/// the rhs, so its free dims come last in the output cotangent `g`.
 #[allow(clippy::too_many_arguments)]
 fn transpose_side(
     g: &Tensor,
@@ -210,23 +210,29 @@ fn transpose_side(
     let nb = me_batch.len();
     let me_kept = remaining(me_rank, me_contract, me_batch);
     let other_kept = remaining(other_rank, other_contract, other_batch);
-    // Positions of the other operand's free dims in the output cotangent.
+    // Positions of the other operand's free dims in `g`.
     let other_start = if swapped { nb } else { nb + me_kept.len() };
     let g_other: Vec<usize> = (other_start..other_start + other_kept.len()).collect();
-    let dims = DotDims {
-        lhs_batch: (0..nb).collect(),
-        rhs_batch: other_batch.to_vec(),
-        lhs_contract: g_other,
-        rhs_contract: other_kept,
-    };
-    let prod = g.dot_general(other, dims);
-    // `prod` dims: batch, my free dims, then the other's contracting dims in increasing order,
-    // which pair with my contracting dims sorted by their partner.
+    // The other operand's contracting dims survive in increasing order; each pairs with one of
+    // my contracting dims.
     let mut pairs: Vec<(usize, usize)> = other_contract.iter().copied().zip(me_contract.iter().copied()).collect();
     pairs.sort_unstable();
+    let partners = pairs.iter().map(|p| p.1);
+    // Contract `g` with `other` over the other's free dims, keeping my dims in the order in
+    // which I have them: `g` first for the lhs, `other` first for the rhs (so an ordinary
+    // matmul needs no transpose).
     let mut layout: Vec<usize> = me_batch.to_vec();
-    layout.extend(&me_kept);
-    layout.extend(pairs.iter().map(|p| p.1));
+    let prod = if swapped {
+        layout.extend(partners);
+        layout.extend(&me_kept);
+        let dims = DotDims { lhs_batch: other_batch.to_vec(), rhs_batch: (0..nb).collect(), lhs_contract: other_kept, rhs_contract: g_other };
+        other.dot_general(g, dims)
+    } else {
+        layout.extend(&me_kept);
+        layout.extend(partners);
+        let dims = DotDims { lhs_batch: (0..nb).collect(), rhs_batch: other_batch.to_vec(), lhs_contract: g_other, rhs_contract: other_kept };
+        g.dot_general(other, dims)
+    };
     let mut perm = vec![0; me_rank];
     for (pos, &dim) in layout.iter().enumerate() {
         perm[dim] = pos;
