@@ -76,11 +76,16 @@ pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
 fn broadcast_all(op: &str, ts: &[&Tensor]) -> Vec<Tensor> {
     let mut shape = ts[0].shape().to_vec();
     for t in &ts[1..] {
-        shape = broadcast_shapes(&shape, t.shape()).unwrap_or_else(|| {
-            op_error(op, "shapes do not broadcast", &ts.iter().map(|t| t.ty()).collect::<Vec<_>>())
-        });
+        match broadcast_shapes(&shape, t.shape()) {
+            Some(s) => shape = s,
+            None => op_error(op, "shapes do not broadcast", &ts.iter().map(|t| t.ty()).collect::<Vec<_>>()),
+        }
     }
-    ts.iter().map(|t| t.broadcast_to(&shape)).collect()
+    let mut out = Vec::with_capacity(ts.len());
+    for t in ts {
+        out.push(t.broadcast_to(&shape));
+    }
+    out
 }
 
 #[track_caller]

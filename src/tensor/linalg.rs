@@ -1,7 +1,8 @@
 //! Contractions: `dot_general`, `matmul`, and `einsum` for one or two operands (each label at
 //! most once per operand), built from reductions, one `dot_general` and a transpose.
 
-use super::trace::{apply1, op_error, Tensor};
+use super::trace::{apply1, op_error, op_error_at, Tensor};
+use std::panic::Location;
 use crate::ir::{DotDims, Prim};
 
 impl Tensor {
@@ -34,7 +35,8 @@ impl Tensor {
 #[track_caller]
 pub fn einsum(spec: &str, operands: &[&Tensor]) -> Tensor {
     let types: Vec<_> = operands.iter().map(|t| t.ty()).collect();
-    let fail = |msg: String| -> ! { op_error(&format!("einsum \"{spec}\""), &msg, &types) };
+    let at = Location::caller();
+    let fail = |msg: String| -> ! { op_error_at(&format!("einsum \"{spec}\""), &msg, &types, at) };
     let (ins, out) = spec.split_once("->").unwrap_or_else(|| fail("expected `inputs->output`".into()));
     let in_labels: Vec<Vec<char>> = ins.split(',').map(|s| s.trim().chars().collect()).collect();
     let out: Vec<char> = out.trim().chars().collect();

@@ -5,9 +5,7 @@ use crate::ir::{Prim, ReduceOp};
 
 #[track_caller]
 fn reduce(op: ReduceOp, x: &Tensor, axes: &[isize], keepdims: bool) -> Tensor {
-    let mut norm: Vec<usize> = axes.iter().map(|&a| x.axis(a)).collect();
-    norm.sort_unstable();
-    norm.dedup();
+    let norm = normalized(x, axes);
     if norm.is_empty() {
         return x.clone();
     }
@@ -17,6 +15,18 @@ fn reduce(op: ReduceOp, x: &Tensor, axes: &[isize], keepdims: bool) -> Tensor {
     }
     let kept: Vec<i64> = x.shape().iter().enumerate().map(|(d, &n)| if norm.contains(&d) { 1 } else { n }).collect();
     reduced.reshape(&kept)
+}
+
+/// Sorted, distinct, non-negative axes.
+#[track_caller]
+fn normalized(x: &Tensor, axes: &[isize]) -> Vec<usize> {
+    let mut norm = Vec::with_capacity(axes.len());
+    for &a in axes {
+        norm.push(x.axis(a));
+    }
+    norm.sort_unstable();
+    norm.dedup();
+    norm
 }
 
 fn all_axes(x: &Tensor) -> Vec<isize> {
@@ -74,9 +84,6 @@ impl Tensor {
 
     #[track_caller]
     fn count(&self, axes: &[isize]) -> f64 {
-        let mut norm: Vec<usize> = axes.iter().map(|&a| self.axis(a)).collect();
-        norm.sort_unstable();
-        norm.dedup();
-        norm.iter().map(|&a| self.shape()[a] as f64).product()
+        normalized(self, axes).iter().map(|&a| self.shape()[a] as f64).product()
     }
 }

@@ -152,14 +152,17 @@ impl Tensor {
 /// Joins tensors along `axis`.
 #[track_caller]
 pub fn concatenate(ts: &[&Tensor], axis: isize) -> Tensor {
-    let first = ts.first().unwrap_or_else(|| usage_error("concatenate of nothing"));
+    let Some(first) = ts.first() else { usage_error("concatenate of nothing") };
     apply1(Prim::Concatenate { axis: first.axis(axis) }, ts)
 }
 
 /// Stacks equally shaped tensors along a new `axis`.
 #[track_caller]
 pub fn stack(ts: &[&Tensor], axis: isize) -> Tensor {
-    let expanded: Vec<Tensor> = ts.iter().map(|t| t.expand_dims(axis)).collect();
+    let mut expanded = Vec::with_capacity(ts.len());
+    for t in ts {
+        expanded.push(t.expand_dims(axis));
+    }
     let refs: Vec<&Tensor> = expanded.iter().collect();
     let a = if axis < 0 { axis + refs.first().map_or(1, |t| t.rank() as isize) } else { axis };
     concatenate(&refs, a)

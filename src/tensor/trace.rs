@@ -112,7 +112,11 @@ impl Trace {
     /// belong to enclosing traces. Panics with op, operand types and call site on a mismatch.
     #[track_caller]
     pub fn bind(&self, prim: Prim, inputs: &[&Tensor]) -> Vec<Tensor> {
-        let ids: Vec<ValueId> = inputs.iter().map(|t| self.lift(t)).collect();
+        // Loops, not closures, keep `#[track_caller]` locations intact.
+        let mut ids = Vec::with_capacity(inputs.len());
+        for t in inputs {
+            ids.push(self.lift(t));
+        }
         let types: Vec<&Type> = inputs.iter().map(|t| &t.ty).collect();
         let out_types = match shape_rules::infer(&prim, &types) {
             Ok(t) => t,
@@ -166,7 +170,10 @@ impl Trace {
     /// caller must pass for those inputs.
     #[track_caller]
     pub fn finish(&self, outputs: &[&Tensor]) -> (Graph, Vec<Tensor>) {
-        let out_ids: Vec<ValueId> = outputs.iter().map(|t| self.lift(t)).collect();
+        let mut out_ids = Vec::with_capacity(outputs.len());
+        for t in outputs {
+            out_ids.push(self.lift(t));
+        }
         self.0.closed.set(true);
         let st = std::mem::take(&mut *self.0.state.borrow_mut());
         let mut graph = st.graph;
@@ -184,7 +191,10 @@ impl Trace {
                 best = Some(&t.trace);
             }
         }
-        best.unwrap_or_else(|| usage_error("an operation needs at least one tensor operand")).clone()
+        match best {
+            Some(t) => t.clone(),
+            None => usage_error("an operation needs at least one tensor operand"),
+        }
     }
 }
 
@@ -197,8 +207,13 @@ pub(crate) fn apply1(prim: Prim, inputs: &[&Tensor]) -> Tensor {
 /// Panics with the op name, what is wrong, the operand types and the call site.
 #[track_caller]
 pub(crate) fn op_error(op: &str, msg: &str, operands: &[&Type]) -> ! {
+    op_error_at(op, msg, operands, Location::caller())
+}
+
+/// `op_error` with an explicit call site, for use inside closures (which cannot forward
+/// `#[track_caller]`): capture `Location::caller()` in the enclosing function.
+pub(crate) fn op_error_at(op: &str, msg: &str, operands: &[&Type], at: &Location) -> ! {
     let types: Vec<String> = operands.iter().map(|t| t.to_string()).collect();
-    let at = Location::caller();
     panic!("{op}: {msg}; operands: ({}); at {}:{}:{}", types.join(", "), at.file(), at.line(), at.column())
 }
 
