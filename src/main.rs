@@ -1,1 +1,39 @@
-fn main() {}
+//! The `maxrs` command line: MaxText's conventions (`maxrs train configs/base.yml key=value ...`)
+//! on top of the library. Each subcommand lives in `cli/<name>.rs`.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "maxrs", version, about = "MaxText's job in Rust: train LLMs through XLA PJRT plugins")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the PJRT plugin, its platform and the devices it sees.
+    Devices(cli::devices::DevicesArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    // XLA's own INFO lines (one per client, per compile) drown maxrs's output; users who want
+    // them set TF_CPP_MIN_LOG_LEVEL=0. Set before any plugin is loaded, while single-threaded.
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
+    }
+    cli::init_logging();
+    let args = Args::parse();
+    let result = match args.command {
+        Command::Devices(a) => cli::devices::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -243,13 +243,7 @@ impl Client {
     /// Compiles StableHLO MLIR text for this client's devices.
     pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
         let options_bytes = options.to_proto_bytes();
-        let format = "mlir";
-        let mut program: ffi::Program = unsafe { ffi::args() };
-        // The plugin only reads the code when compiling.
-        program.code = mlir.as_ptr() as *mut _;
-        program.code_size = mlir.len();
-        program.format = format.as_ptr().cast();
-        program.format_size = format.len();
+        let program = mlir_program(mlir);
         let mut args: ffi::ClientCompileArgs = unsafe { ffi::args() };
         args.client = self.inner.raw;
         args.program = &program;
@@ -300,6 +294,18 @@ impl Client {
         Event::new(self.inner.plugin.clone(), args.done_with_host_buffer).wait()?;
         Ok(buffer)
     }
+}
+
+/// A `PJRT_Program` pointing at StableHLO MLIR text (format `mlir`); it borrows `mlir`, which
+/// the plugin only reads while compiling.
+pub(crate) fn mlir_program(mlir: &str) -> ffi::Program {
+    const FORMAT: &str = "mlir";
+    let mut program: ffi::Program = unsafe { ffi::args() };
+    program.code = mlir.as_ptr() as *mut _;
+    program.code_size = mlir.len();
+    program.format = FORMAT.as_ptr().cast();
+    program.format_size = FORMAT.len();
+    program
 }
 
 // ---- key-value store callbacks (called by the plugin, possibly from its own threads) ----

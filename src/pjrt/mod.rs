@@ -28,7 +28,17 @@ pub use plugin::{Plugin, Value};
 pub use topology::{Topology, TopologyDevice};
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Resolves a plugin spec (see [`provision::resolve_plugin`]), checks `XLA_FLAGS` against the
+/// plugin file (XLA ends the process on an unknown flag, so this must happen before loading),
+/// and loads it.
+pub fn load_plugin(spec: Option<&str>) -> anyhow::Result<(provision::ResolvedPlugin, Arc<Plugin>)> {
+    let resolved = provision::resolve_plugin(spec)?;
+    xla_flags::XlaFlags::from_env()?.validate_against_plugin(&resolved.path)?;
+    let plugin = Plugin::load(&resolved.path)?;
+    Ok((resolved, plugin))
+}
 
 /// A client of the CPU plugin with `device_count` devices, created once per process and count
 /// (tests and the CPU train path share it). The plugin is found or downloaded by `provision`.
@@ -38,8 +48,7 @@ pub fn cpu_client(device_count: usize) -> anyhow::Result<Client> {
     if let Some(client) = clients.get(&device_count) {
         return Ok(client.clone());
     }
-    let resolved = provision::resolve_plugin(Some("cpu"))?;
-    let plugin = Plugin::load(&resolved.path)?;
+    let (_, plugin) = load_plugin(Some("cpu"))?;
     let client = Client::create(&plugin, &[("cpu_device_count".into(), Value::I64(device_count as i64))], None)?;
     clients.insert(device_count, client.clone());
     Ok(client)

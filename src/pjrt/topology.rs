@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::client::describe;
+use super::client::{describe, mlir_program};
 use super::compile_options::CompileOptions;
 use super::error::Result;
 use super::executable::Executable;
@@ -86,12 +86,7 @@ impl Topology {
     /// Compiles StableHLO MLIR text for this topology without any device (deviceless AOT).
     pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<Executable> {
         let options_bytes = options.to_proto_bytes();
-        let format = "mlir";
-        let mut program: ffi::Program = unsafe { ffi::args() };
-        program.code = mlir.as_ptr() as *mut _;
-        program.code_size = mlir.len();
-        program.format = format.as_ptr().cast();
-        program.format_size = format.len();
+        let program = mlir_program(mlir);
         let mut args: ffi::CompileArgs = unsafe { ffi::args() };
         args.topology = self.raw;
         args.program = &program;

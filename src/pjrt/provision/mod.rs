@@ -132,6 +132,17 @@ pub enum PluginSource {
     Download,
 }
 
+impl fmt::Display for PluginSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PluginSource::Path => "the given path",
+            PluginSource::Python => "an installed Python package",
+            PluginSource::Cache => "the maxrs cache",
+            PluginSource::Download => "PyPI, just downloaded",
+        })
+    }
+}
+
 /// A plugin file and, when known, the package and version it came from (the AOT file header
 /// records them, since an executable only loads into the plugin build that compiled it).
 #[derive(Clone, Debug, PartialEq, Eq)]
