@@ -32,7 +32,18 @@ struct Config {
 
 impl Config {
     fn llama2_7b(layers: i64, scan_layers: bool, remat: RematPolicy) -> Config {
-        Config { layers, emb: 4096, heads: 32, head_dim: 128, mlp: 11008, vocab: 32000, seq: 2048, batch: 4, scan_layers, remat }
+        Config {
+            layers,
+            emb: 4096,
+            heads: 32,
+            head_dim: 128,
+            mlp: 11008,
+            vocab: 32000,
+            seq: 2048,
+            batch: 4,
+            scan_layers,
+            remat,
+        }
     }
 }
 
@@ -141,7 +152,7 @@ fn loss(ctx: &Trace, inp: &Tree, c: &Config, activation: Option<PartitionSpec>) 
     let positions = ctx.iota(DType::F32, &[c.seq, c.head_dim / 2], 0);
     let inv_freq: Vec<f64> = (0..c.head_dim / 2).map(|i| 10000f64.powf(-2.0 * i as f64 / c.head_dim as f64)).collect();
     let angles = positions * &ctx.constant(DType::F32, &[c.head_dim / 2], &inv_freq);
-    let causal = ctx.iota(DType::S32, &[c.seq, c.seq], 0).ge(&ctx.iota(DType::S32, &[c.seq, c.seq], 1));
+    let causal = ctx.iota(DType::S32, &[c.seq, c.seq], 0).ge(ctx.iota(DType::S32, &[c.seq, c.seq], 1));
     let mask = causal.broadcast_in_dim(&[c.batch, c.heads, c.seq, c.seq], &[2, 3]);
     let shared = Shared { cos: angles.cos(), sin: angles.sin(), mask, activation };
     let x = constrain(x, &shared);
@@ -165,8 +176,10 @@ fn loss(ctx: &Trace, inp: &Tree, c: &Config, activation: Option<PartitionSpec>) 
 
 fn loss_program(c: &Config, mesh: Option<Mesh>) -> Program {
     let rules = LogicalRules::maxtext();
-    let activation = mesh.as_ref().map(|m| rules.spec(&["activation_batch", "activation_length", "activation_embed"], m));
-    trace(&signature(c, mesh), |ctx, inp| Tree::new().with("loss", loss(ctx, inp, c, activation.clone()))).expect("the model traces")
+    let activation =
+        mesh.as_ref().map(|m| rules.spec(&["activation_batch", "activation_length", "activation_embed"], m));
+    trace(&signature(c, mesh), |ctx, inp| Tree::new().with("loss", loss(ctx, inp, c, activation.clone())))
+        .expect("the model traces")
 }
 
 fn grad_names(c: &Config) -> Vec<String> {
@@ -176,17 +189,35 @@ fn grad_names(c: &Config) -> Vec<String> {
 /// Compiles and runs a tiny configuration on the CPU plugin: the initial loss is about ln(vocab).
 fn sanity_check() {
     for scan_layers in [false, true] {
-        let c = Config { layers: 2, emb: 64, heads: 4, head_dim: 16, mlp: 128, vocab: 256, seq: 16, batch: 2, scan_layers, remat: RematPolicy::Full };
+        let c = Config {
+            layers: 2,
+            emb: 64,
+            heads: 4,
+            head_dim: 16,
+            mlp: 128,
+            vocab: 256,
+            seq: 16,
+            batch: 2,
+            scan_layers,
+            remat: RematPolicy::Full,
+        };
         let names = grad_names(&c);
-        let program = value_and_grad_program(&loss_program(&c, None), &names.iter().map(String::as_str).collect::<Vec<_>>());
+        let program =
+            value_and_grad_program(&loss_program(&c, None), &names.iter().map(String::as_str).collect::<Vec<_>>());
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
         let mut inputs = Tree::new();
         for spec in &program.inputs {
             let n = spec.ty.shape.num_elements() as usize;
             let t = match spec.ty.dtype {
-                DType::S32 => HostTensor::from_i32(&spec.ty.shape, &(0..n).map(|_| rng.gen_range(0..c.vocab as i32)).collect::<Vec<_>>()),
+                DType::S32 => HostTensor::from_i32(
+                    &spec.ty.shape,
+                    &(0..n).map(|_| rng.gen_range(0..c.vocab as i32)).collect::<Vec<_>>(),
+                ),
                 _ if spec.name.ends_with(".scale") => HostTensor::from_f32(&spec.ty.shape, &vec![1.0; n]),
-                _ => HostTensor::from_f32(&spec.ty.shape, &(0..n).map(|_| rng.gen_range(-0.03f32..0.03)).collect::<Vec<_>>()),
+                _ => HostTensor::from_f32(
+                    &spec.ty.shape,
+                    &(0..n).map(|_| rng.gen_range(-0.03f32..0.03)).collect::<Vec<_>>(),
+                ),
             };
             inputs.insert(spec.name.clone(), t);
         }
@@ -207,7 +238,9 @@ fn main() {
     sanity_check();
     let mesh = Mesh::new(&[("data", 1), ("fsdp", 8), ("tensor", 1)]);
     println!("\nllama2-7b shapes, fsdp=8 mesh with logical-rule shardings; median of {runs} runs (ms)\n");
-    println!("| layers | scan_layers | remat | trace | grad | lower | trace+grad+lower | eqns (fwd / fwd+bwd) | MLIR |");
+    println!(
+        "| layers | scan_layers | remat | trace | grad | lower | trace+grad+lower | eqns (fwd / fwd+bwd) | MLIR |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|");
     let configs = [
         (4, false, RematPolicy::Full),

@@ -34,7 +34,10 @@ pub struct Compiled {
 pub fn compile(client: &Client, program: &Program) -> Result<Compiled> {
     let mlir = to_stablehlo(program);
     let options = match &program.mesh {
-        Some(mesh) => CompileOptions { device_assignment: Some(mesh.device_ids().to_vec()), ..CompileOptions::spmd(mesh.size() as i64) },
+        Some(mesh) => CompileOptions {
+            device_assignment: Some(mesh.device_ids().to_vec()),
+            ..CompileOptions::spmd(mesh.size() as i64)
+        },
         None => CompileOptions::single_device(),
     };
     let executable = client.compile(&mlir, &options).context("compiling the lowered program")?;
@@ -43,7 +46,10 @@ pub fn compile(client: &Client, program: &Program) -> Result<Compiled> {
             .addressable_devices()
             .iter()
             .map(|d| {
-                mesh.device_ids().iter().position(|&id| id == d.id as i64).ok_or_else(|| anyhow!("device {} is not in the mesh", d.id))
+                mesh.device_ids()
+                    .iter()
+                    .position(|&id| id == d.id as i64)
+                    .ok_or_else(|| anyhow!("device {} is not in the mesh", d.id))
             })
             .collect::<Result<_>>()?,
         None => vec![0],
@@ -78,7 +84,8 @@ impl Compiled {
         let results = self.executable.execute(&args)?;
         let mut outputs = Tree::new();
         for (j, spec) in self.program.outputs.iter().enumerate() {
-            let shards: Vec<HostTensor> = results.iter().map(|list| list[j].to_host()).collect::<std::result::Result<_, _>>()?;
+            let shards: Vec<HostTensor> =
+                results.iter().map(|list| list[j].to_host()).collect::<std::result::Result<_, _>>()?;
             let global = match (&self.program.mesh, &spec.sharding) {
                 (Some(mesh), Some(sharding)) => assemble(&shards, &self.positions, mesh, sharding, &spec.ty.shape)?,
                 _ => shards.into_iter().next().ok_or_else(|| anyhow!("no output shards"))?,
@@ -100,7 +107,13 @@ pub fn shard(global: &HostTensor, mesh: &Mesh, spec: &PartitionSpec, pos: usize)
 
 /// The global array of shape `dims` from per-device blocks (`shards[d]` at mesh position
 /// `positions[d]`). Replicated copies are written over each other: they are equal.
-pub fn assemble(shards: &[HostTensor], positions: &[usize], mesh: &Mesh, spec: &PartitionSpec, dims: &[i64]) -> Result<HostTensor> {
+pub fn assemble(
+    shards: &[HostTensor],
+    positions: &[usize],
+    mesh: &Mesh,
+    spec: &PartitionSpec,
+    dims: &[i64],
+) -> Result<HostTensor> {
     let ty = shards.first().ok_or_else(|| anyhow!("no shards"))?.ty;
     let mut data = vec![0u8; dims.iter().product::<i64>() as usize * ty.byte_size()];
     for (block, &pos) in shards.iter().zip(positions) {

@@ -23,7 +23,10 @@ fn error_at(sig: &Signature, line: u32, f: impl FnOnce(&Trace, &Tree) -> Tree) -
 fn matmul_shape_mismatch_names_op_shapes_and_line() {
     let sig = signature(&[("x", DType::F32, &[4, 8]), ("w", DType::F32, &[16, 3])]);
     let msg = error_at(&sig, line!(), |_, i| Tree::new().with("y", i["x"].matmul(&i["w"])));
-    assert!(msg.starts_with("dot_general: contracting dimension 1 of lhs (size 8) != dimension 0 of rhs (size 16)"), "{msg}");
+    assert!(
+        msg.starts_with("dot_general: contracting dimension 1 of lhs (size 8) != dimension 0 of rhs (size 16)"),
+        "{msg}"
+    );
     assert!(msg.contains("operands: (f32[4,8], f32[16,3])"), "{msg}");
 }
 
@@ -60,9 +63,11 @@ fn errors_inside_a_scan_body_point_into_the_body() {
 #[test]
 fn scan_carry_must_keep_its_type() {
     let sig = signature(&[("h", DType::F32, &[4]), ("w", DType::F32, &[2, 3, 4])]);
-    let msg = error_at(&sig, line!() + 2, |_, i| {
-        let (c, _) =
-            scan(&Tree::new().with("h", i["h"].clone()), &Tree::new().with("w", i["w"].clone()), |c, x| (Tree::new().with("h", x["w"].matmul(&c["h"])), Tree::new()));
+    // The error points at the `scan` call.
+    let msg = error_at(&sig, line!() + 1, |_, i| {
+        let (c, _) = scan(&Tree::new().with("h", i["h"].clone()), &Tree::new().with("w", i["w"].clone()), |c, x| {
+            (Tree::new().with("h", x["w"].matmul(&c["h"])), Tree::new())
+        });
         c
     });
     assert!(msg.starts_with("scan: the body changes carry \"h\" from f32[4] to f32[3]"), "{msg}");
@@ -98,5 +103,8 @@ fn signature_errors() {
     assert_eq!(trace(&sig, |_, i| i.clone()).unwrap_err().to_string(), "input \"x\" is declared twice");
     sig.inputs.pop();
     sig.inputs[0].sharded(maxrs::sharding::PartitionSpec::new(&[&["data"]]));
-    assert_eq!(trace(&sig, |_, i| i.clone()).unwrap_err().to_string(), "input \"x\" is sharded but the signature has no mesh");
+    assert_eq!(
+        trace(&sig, |_, i| i.clone()).unwrap_err().to_string(),
+        "input \"x\" is sharded but the signature has no mesh"
+    );
 }

@@ -22,7 +22,10 @@ fn sharded_mlp_step() {
     sig.output_sharding("params.w1", w1_spec).output_sharding("params.w2", w2_spec).output_sharding("loss", replicated);
     let program = trace(&sig, |_, inp| {
         let (loss, grads) = value_and_grad(&inp.subtree("params"), |p| {
-            let h = inp["x"].matmul(&p["w1"]).relu().with_sharding_constraint(&PartitionSpec::new(&[&["data"], &["tensor"]]));
+            let h = inp["x"]
+                .matmul(&p["w1"])
+                .relu()
+                .with_sharding_constraint(&PartitionSpec::new(&[&["data"], &["tensor"]]));
             h.matmul(&p["w2"]).square().mean_all()
         });
         let mut out = Tree::new().with("loss", loss);

@@ -9,7 +9,11 @@ use maxrs::ir::{DType, Signature};
 use maxrs::tensor::{concatenate, einsum, trace, where_, Tensor, Trace, Tree};
 
 /// Runs `f` on f64 inputs of the given shapes (random values) and returns inputs and output.
-fn eval(shapes: &[&[i64]], seed: u64, f: impl FnOnce(&Trace, &[Tensor]) -> Tensor) -> (Vec<Vec<f64>>, Vec<f64>, Vec<i64>) {
+fn eval(
+    shapes: &[&[i64]],
+    seed: u64,
+    f: impl FnOnce(&Trace, &[Tensor]) -> Tensor,
+) -> (Vec<Vec<f64>>, Vec<f64>, Vec<i64>) {
     let mut sig = Signature::new(None);
     let mut r = rng(seed);
     let mut host = Tree::new();
@@ -108,7 +112,10 @@ fn data_movement() {
         let idx = ctx.constant(DType::S32, &[3], &[2.0, 0.0, 2.0]);
         let taken = t[0].take(&idx); // rows 2, 0, 2
         let padded = t[0].slice_strided(&[0, 1], &[3, 4], &[2, 2]).pad(9.0, &[1, 0], &[0, 1], &[0, 1]); // [2,2] -> [3,4]
-        let moved = t[0].dynamic_update_slice(&t[0].dynamic_slice(&[&ctx.scalar(1.0, DType::S32), &ctx.scalar(2.0, DType::S32)], &[2, 2]), &[&ctx.scalar(0.0, DType::S32), &ctx.scalar(0.0, DType::S32)]);
+        let moved = t[0].dynamic_update_slice(
+            &t[0].dynamic_slice(&[&ctx.scalar(1.0, DType::S32), &ctx.scalar(2.0, DType::S32)], &[2, 2]),
+            &[&ctx.scalar(0.0, DType::S32), &ctx.scalar(0.0, DType::S32)],
+        );
         let scattered = t[0].zeros_like().scatter_add(&idx, &t[0]);
         concatenate(&[&taken, &padded, &moved, &scattered], 0).transpose(&[1, 0])
     });
@@ -166,10 +173,7 @@ fn sixteen_bit_floats_and_integers() {
         let u = ctx.constant(DType::U32, &[3], &[1.0, 0x8000_0000u32 as f64, 7.0]);
         let shifted = u.shift_left(1.0).bitwise_or(u.shift_right_logical(31.0));
         let ints = ctx.iota(DType::S32, &[3], 0) * 5 - 7;
-        Tree::new()
-            .with("f", concatenate(&[&rounded, &halves, &neg_inf], 0))
-            .with("u", shifted)
-            .with("i", ints)
+        Tree::new().with("f", concatenate(&[&rounded, &halves, &neg_inf], 0)).with("u", shifted).with("i", ints)
     })
     .unwrap();
     let out = run(&p, &Tree::new());

@@ -23,7 +23,11 @@ fn threefry_known_answers() {
     for (key, count, expected) in vectors {
         let p = trace(&Signature::new(None), |ctx, _| {
             let k = ctx.constant(DType::U32, &[2], &[key[0] as f64, key[1] as f64]);
-            let (a, b) = random::threefry2x32(&k, &ctx.full(count[0] as f64, DType::U32, &[1]), &ctx.full(count[1] as f64, DType::U32, &[1]));
+            let (a, b) = random::threefry2x32(
+                &k,
+                &ctx.full(count[0] as f64, DType::U32, &[1]),
+                &ctx.full(count[1] as f64, DType::U32, &[1]),
+            );
             Tree::new().with("a", a).with("b", b)
         })
         .unwrap();
@@ -61,10 +65,18 @@ fn samplers_have_the_right_statistics() {
         let n = v.len() as f64;
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
         let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
-        (mean, var.sqrt(), v.iter().cloned().fold(f32::INFINITY, f32::min), v.iter().cloned().fold(f32::NEG_INFINITY, f32::max))
+        (
+            mean,
+            var.sqrt(),
+            v.iter().cloned().fold(f32::INFINITY, f32::min),
+            v.iter().cloned().fold(f32::NEG_INFINITY, f32::max),
+        )
     };
     let (mean, std, lo, hi) = stats(&out["uniform"].to_f32());
-    assert!((mean - 0.5).abs() < 0.05 && (std - 5.0 / 12f64.sqrt()).abs() < 0.05 && lo >= -2.0 && hi < 3.0, "{mean} {std} {lo} {hi}");
+    assert!(
+        (mean - 0.5).abs() < 0.05 && (std - 5.0 / 12f64.sqrt()).abs() < 0.05 && lo >= -2.0 && hi < 3.0,
+        "{mean} {std} {lo} {hi}"
+    );
     let (mean, std, _, _) = stats(&out["normal"].to_f32());
     assert!(mean.abs() < 0.03 && (std - 1.0).abs() < 0.03, "{mean} {std}");
     // The standard normal truncated to (-2, 2) has standard deviation 0.8796.

@@ -165,7 +165,8 @@ fn nested_scans_differentiate() {
                 let h0 = Tree::new().with("h", inp["h"].clone());
                 let out = if nested {
                     scan(&h0, p, |c, outer| {
-                        let (c2, _) = scan(c, outer, |c, inner| (Tree::new().with("h", step(&c["h"], &inner["w"])), Tree::new()));
+                        let (c2, _) =
+                            scan(c, outer, |c, inner| (Tree::new().with("h", step(&c["h"], &inner["w"])), Tree::new()));
                         (c2, Tree::new())
                     })
                     .0

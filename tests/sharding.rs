@@ -33,7 +33,10 @@ fn logical_rules_follow_maxtext() {
     let mesh = Mesh::new(&[("data", 2), ("fsdp", 4), ("tensor", 1), ("expert", 1)]);
     let rules = LogicalRules::maxtext();
     // Size-1 axes are skipped; an axis used by an earlier dimension is not reused.
-    assert_eq!(rules.spec(&["activation_batch", "activation_length", "activation_embed"], &mesh), PartitionSpec::new(&[&["data", "fsdp"], &[], &[]]));
+    assert_eq!(
+        rules.spec(&["activation_batch", "activation_length", "activation_embed"], &mesh),
+        PartitionSpec::new(&[&["data", "fsdp"], &[], &[]])
+    );
     assert_eq!(rules.spec(&["embed", "mlp"], &mesh), PartitionSpec::new(&[&["fsdp"], &[]]));
     assert_eq!(rules.spec(&["activation_batch", "embed"], &mesh), PartitionSpec::new(&[&["data", "fsdp"], &[]]));
     assert_eq!(rules.spec(&["layers", "unknown"], &mesh), PartitionSpec::new(&[&[], &[]]));
@@ -69,7 +72,10 @@ fn train_step(mesh: Option<Mesh>) -> Program {
     let mut sig = Signature::new(mesh.clone());
     let rules = LogicalRules::maxtext();
     let logical = |names: &[&str]| mesh.as_ref().map(|m| rules.spec(names, m));
-    let params = [("params.wi", vec![LAYERS, E, M], ["layers", "embed", "mlp"]), ("params.wo", vec![LAYERS, M, E], ["layers", "mlp", "embed"])];
+    let params = [
+        ("params.wi", vec![LAYERS, E, M], ["layers", "embed", "mlp"]),
+        ("params.wo", vec![LAYERS, M, E], ["layers", "mlp", "embed"]),
+    ];
     for (name, dims, names) in &params {
         let input = sig.input(name, DType::F32, dims).donated();
         if let Some(s) = logical(names) {
@@ -87,7 +93,8 @@ fn train_step(mesh: Option<Mesh>) -> Program {
         let (loss, aux, grads) = value_and_grad_with_aux(&inp.subtree("params"), |p| {
             let (c, ys) = scan(&Tree::new().with("h", x.clone()), p, |c, w| {
                 let act = c["h"].matmul(&w["wi"]).with_sharding_constraint(&spec(&[&["data", "fsdp"], &["tensor"]]));
-                let h = (&c["h"] + &act.tanh().matmul(&w["wo"])).with_sharding_constraint(&spec(&[&["data", "fsdp"], &[]]));
+                let h =
+                    (&c["h"] + &act.tanh().matmul(&w["wo"])).with_sharding_constraint(&spec(&[&["data", "fsdp"], &[]]));
                 (Tree::new().with("h", h), Tree::new().with("act", act))
             });
             let loss = c["h"].square().mean_all() + ys["act"].mean_all();
@@ -120,7 +127,10 @@ fn sharded_step_on_8_devices_matches_one_device() {
     let single = train_step(None);
     let mlir = to_stablehlo(&sharded);
     assert!(mlir.contains("mhlo.num_partitions = 8 : i32"));
-    assert!(mlir.contains(r#"sdy.sharding = #sdy.sharding<@mesh, [{}, {"fsdp"}, {"tensor"}]>, tf.aliasing_output"#), "{mlir}");
+    assert!(
+        mlir.contains(r#"sdy.sharding = #sdy.sharding<@mesh, [{}, {"fsdp"}, {"tensor"}]>, tf.aliasing_output"#),
+        "{mlir}"
+    );
     assert!(mlir.contains("sdy.sharding_constraint"));
     let a = run(&sharded, &host_inputs());
     let b = run(&single, &host_inputs());
@@ -139,8 +149,14 @@ fn sharded_step_on_8_devices_matches_one_device() {
 fn constraints_are_checked_against_the_mesh_where_written() {
     let mut sig = Signature::new(Some(Mesh::new(&[("data", 2)])));
     sig.input("x", DType::F32, &[4]);
+    let bad = spec(&[&["model"]]);
     let line = line!() + 1;
-    let err = trace(&sig, |_, i| Tree::new().with("y", i["x"].with_sharding_constraint(&spec(&[&["model"]])))).unwrap_err();
+    let err = trace(&sig, |_, i| Tree::new().with("y", i["x"].with_sharding_constraint(&bad))).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("sharding_constraint") && msg.contains("\"model\"") && msg.contains(&format!("tests/sharding.rs:{line}")), "{msg}");
+    assert!(
+        msg.contains("sharding_constraint")
+            && msg.contains("\"model\"")
+            && msg.contains(&format!("tests/sharding.rs:{line}")),
+        "{msg}"
+    );
 }

@@ -83,7 +83,8 @@ fn forward_with(dest: &Trace, graph: &Graph, args: &[Tensor], active: Vec<bool>,
     let mut extras = Vec::with_capacity(graph.eqns.len());
     for (i, eqn) in graph.eqns.iter().enumerate() {
         let (outs, extra) = substitute(i, eqn).unwrap_or_else(|| {
-            let ins: Vec<&Tensor> = eqn.inputs.iter().map(|v| env[v.index()].as_ref().expect("operand computed")).collect();
+            let ins: Vec<&Tensor> =
+                eqn.inputs.iter().map(|v| env[v.index()].as_ref().expect("operand computed")).collect();
             let ins_active: Vec<bool> = eqn.inputs.iter().map(|v| active[v.index()]).collect();
             match &eqn.prim {
                 Prim::Scan(s) if ins_active.contains(&true) => scan::forward(dest, s, &ins, &ins_active),
@@ -152,7 +153,11 @@ pub fn value_and_grad_program(program: &Program, wrt: &[&str]) -> Program {
     for ((input, grad), arg) in program.inputs.iter().zip(grads).zip(&args) {
         if wrt.contains(&input.name.as_str()) && input.ty.dtype.is_float() {
             results.push(grad.unwrap_or_else(|| arg.zeros_like()));
-            outputs.push(OutputSpec { name: format!("grad.{}", input.name), ty: input.ty.clone(), sharding: input.sharding.clone() });
+            outputs.push(OutputSpec {
+                name: format!("grad.{}", input.name),
+                ty: input.ty.clone(),
+                sharding: input.sharding.clone(),
+            });
         }
     }
     let refs: Vec<&Tensor> = results.iter().collect();

@@ -16,7 +16,14 @@ pub(crate) fn forward(dest: &Trace, r: &Remat, ins: &[&Tensor]) -> (Vec<Tensor>,
     (tape.outputs(&r.body), Extra::Remat(saved))
 }
 
-pub(crate) fn backward(dest: &Trace, r: &Remat, ins: &[&Tensor], saved: &[Tensor], cts: &[Option<Tensor>], needs: &[bool]) -> Vec<Option<Tensor>> {
+pub(crate) fn backward(
+    dest: &Trace,
+    r: &Remat,
+    ins: &[&Tensor],
+    saved: &[Tensor],
+    cts: &[Option<Tensor>],
+    needs: &[bool],
+) -> Vec<Option<Tensor>> {
     let fence_in: Vec<&Tensor> = ins.iter().copied().chain(saved).collect();
     let fenced = dest.bind(Prim::OptimizationBarrier, &fence_in);
     let (args, kept) = fenced.split_at(ins.len());

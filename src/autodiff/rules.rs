@@ -37,7 +37,7 @@ pub(crate) fn vjp(
         Prim::Reduce { op: ReduceOp::Max, axes } => {
             // The cotangent is shared equally among the positions attaining the maximum.
             let x = ins[0];
-            let hit = x.eq(&unreduce(outs[0], x.shape(), axes)).astype(x.dtype());
+            let hit = x.eq(unreduce(outs[0], x.shape(), axes)).astype(x.dtype());
             let count = unreduce(&hit.sum(&axes.iter().map(|&a| a as isize).collect::<Vec<_>>()), x.shape(), axes);
             vec![Some(unreduce(g(), x.shape(), axes) * &hit / &count)]
         }
@@ -141,7 +141,8 @@ fn binary(op: BinaryOp, x: &Tensor, y: &Tensor, out: &Tensor, g: &Tensor, needs:
         BinaryOp::Div => pick(&|| g / y, &|| -(g * out) / y),
         // Ties split the cotangent evenly, as JAX does.
         BinaryOp::Max | BinaryOp::Min => {
-            let share = |a: &Tensor, b: &Tensor| g * &where_(&a.eq(out), where_(&b.eq(out), g.full_like(0.5), 1.0), 0.0);
+            let share =
+                |a: &Tensor, b: &Tensor| g * &where_(&a.eq(out), where_(&b.eq(out), g.full_like(0.5), 1.0), 0.0);
             pick(&|| share(x, y), &|| share(y, x))
         }
         BinaryOp::Pow => pick(
@@ -151,7 +152,9 @@ fn binary(op: BinaryOp, x: &Tensor, y: &Tensor, out: &Tensor, g: &Tensor, needs:
             &|| g * &(where_(&x.eq(0.0), 1.0, x).log() * out),
         ),
         // Integer-only operations: their operands are never active.
-        BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical => vec![None, None],
+        BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical => {
+            vec![None, None]
+        }
     }
 }
 
@@ -225,12 +228,22 @@ fn transpose_side(
     let prod = if swapped {
         layout.extend(partners);
         layout.extend(&me_kept);
-        let dims = DotDims { lhs_batch: other_batch.to_vec(), rhs_batch: (0..nb).collect(), lhs_contract: other_kept, rhs_contract: g_other };
+        let dims = DotDims {
+            lhs_batch: other_batch.to_vec(),
+            rhs_batch: (0..nb).collect(),
+            lhs_contract: other_kept,
+            rhs_contract: g_other,
+        };
         other.dot_general(g, dims)
     } else {
         layout.extend(&me_kept);
         layout.extend(partners);
-        let dims = DotDims { lhs_batch: (0..nb).collect(), rhs_batch: other_batch.to_vec(), lhs_contract: g_other, rhs_contract: other_kept };
+        let dims = DotDims {
+            lhs_batch: (0..nb).collect(),
+            rhs_batch: other_batch.to_vec(),
+            lhs_contract: g_other,
+            rhs_contract: other_kept,
+        };
         g.dot_general(other, dims)
     };
     let mut perm = vec![0; me_rank];

@@ -116,7 +116,14 @@ pub(crate) fn forward(dest: &Trace, s: &Scan, ins: &[&Tensor], ins_active: &[boo
 }
 
 /// Runs the backward body in a scan of the opposite direction; returns operand cotangents.
-pub(crate) fn backward(dest: &Trace, s: &Scan, ins: &[&Tensor], outs: &[&Tensor], tape: &ScanTape, cts: &[Option<Tensor>]) -> Vec<Option<Tensor>> {
+pub(crate) fn backward(
+    dest: &Trace,
+    s: &Scan,
+    ins: &[&Tensor],
+    outs: &[&Tensor],
+    tape: &ScanTape,
+    cts: &[Option<Tensor>],
+) -> Vec<Option<Tensor>> {
     let (nk, nc) = (s.num_consts, s.num_carry);
     let ct_or_zeros = |i: usize| cts[i].clone().unwrap_or_else(|| outs[i].zeros_like());
     let mut operands: Vec<Tensor> = ins[..nk].iter().map(|&t| t.clone()).collect();

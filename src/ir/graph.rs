@@ -81,15 +81,15 @@ impl Graph {
 
     /// Number of equations including those inside scan and remat bodies (for reports).
     pub fn count_eqns(&self) -> usize {
-        self.eqns
-            .iter()
-            .map(|e| {
-                1 + match &e.prim {
-                    Prim::Scan(s) => s.body.count_eqns(),
-                    Prim::Remat(r) => r.body.count_eqns(),
-                    _ => 0,
-                }
-            })
-            .sum()
+        let mut count = self.eqns.len();
+        for eqn in &self.eqns {
+            if let Prim::Scan(s) = &eqn.prim {
+                count += s.body.count_eqns();
+            }
+            if let Prim::Remat(r) = &eqn.prim {
+                count += r.body.count_eqns();
+            }
+        }
+        count
     }
 }

@@ -17,27 +17,51 @@ pub enum Prim {
     /// `select(pred, on_true, on_false)`, all three of one shape.
     Select,
     Convert(DType),
-    Iota { ty: Type, axis: usize },
-    Constant { ty: Type, value: Literal },
+    Iota {
+        ty: Type,
+        axis: usize,
+    },
+    Constant {
+        ty: Type,
+        value: Literal,
+    },
     DotGeneral(DotDims),
-    Reduce { op: ReduceOp, axes: Vec<usize> },
+    Reduce {
+        op: ReduceOp,
+        axes: Vec<usize>,
+    },
     Reshape(Shape),
     Transpose(Vec<usize>),
     /// Operand dim `i` becomes output dim `dims[i]`; size-1 operand dims may stretch.
-    BroadcastInDim { shape: Shape, dims: Vec<usize> },
-    Slice { start: Vec<i64>, limit: Vec<i64>, strides: Vec<i64> },
+    BroadcastInDim {
+        shape: Shape,
+        dims: Vec<usize>,
+    },
+    Slice {
+        start: Vec<i64>,
+        limit: Vec<i64>,
+        strides: Vec<i64>,
+    },
     /// Operands: the array, then one s32 scalar start index per dimension.
-    DynamicSlice { sizes: Vec<i64> },
+    DynamicSlice {
+        sizes: Vec<i64>,
+    },
     /// Operands: the array, the update, then one s32 scalar start index per dimension.
     DynamicUpdateSlice,
-    Concatenate { axis: usize },
+    Concatenate {
+        axis: usize,
+    },
     /// Embedding lookup: `table[V, ...]` indexed along axis 0 by an integer array `idx[...]`,
     /// giving `[idx..., ...]`. Lowers to `stablehlo.gather`.
     Take,
     /// The transpose of `Take`: `operand[V, ...]` plus `updates[idx..., ...]` added at rows `idx`.
     ScatterAdd,
     /// Operands: the array and a scalar padding value. Padding amounts are non-negative.
-    Pad { low: Vec<i64>, high: Vec<i64>, interior: Vec<i64> },
+    Pad {
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<i64>,
+    },
     /// Identity whose cotangent is zero.
     StopGradient,
     /// Identity that tags a value for remat policies (`checkpoint_name`).

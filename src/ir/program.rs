@@ -51,7 +51,12 @@ impl Signature {
 
     /// Adds an input; chain `.sharded(spec)` / `.donated()` on the result.
     pub fn input(&mut self, name: &str, dtype: DType, dims: &[i64]) -> &mut InputSpec {
-        self.inputs.push(InputSpec { name: name.to_string(), ty: Type::new(dtype, Shape::new(dims)), sharding: None, donate: false });
+        self.inputs.push(InputSpec {
+            name: name.to_string(),
+            ty: Type::new(dtype, Shape::new(dims)),
+            sharding: None,
+            donate: false,
+        });
         self.inputs.last_mut().expect("just pushed")
     }
 

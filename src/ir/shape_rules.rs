@@ -219,9 +219,8 @@ pub fn infer(prim: &Prim, ins: &[&Type]) -> RuleResult {
             if low.iter().chain(high).chain(interior).any(|&p| p < 0) {
                 return Err("padding amounts must be non-negative".into());
             }
-            let dims: Vec<i64> = (0..t.rank())
-                .map(|d| low[d] + high[d] + t.shape[d] + (t.shape[d] - 1).max(0) * interior[d])
-                .collect();
+            let dims: Vec<i64> =
+                (0..t.rank()).map(|d| low[d] + high[d] + t.shape[d] + (t.shape[d] - 1).max(0) * interior[d]).collect();
             Ok(vec![Type::new(t.dtype, dims)])
         }
         Prim::StopGradient | Prim::Name(_) => {

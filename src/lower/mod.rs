@@ -20,9 +20,17 @@ use text::{Quoted, Ssa, TensorType};
 
 /// The StableHLO module for `program`, entry function `@main`.
 pub fn to_stablehlo(program: &Program) -> String {
-    let mut e = Emitter { out: String::with_capacity(64 * program.graph.eqns.len() + 1024), next: 0, depth: 0, mesh: program.mesh.as_ref() };
+    let mut e = Emitter {
+        out: String::with_capacity(64 * program.graph.eqns.len() + 1024),
+        next: 0,
+        depth: 0,
+        mesh: program.mesh.as_ref(),
+    };
     let partitions = program.mesh.as_ref().map_or(1, Mesh::size);
-    w(writeln!(e.out, "module @maxrs attributes {{mhlo.num_partitions = {partitions} : i32, mhlo.num_replicas = 1 : i32}} {{"));
+    w(writeln!(
+        e.out,
+        "module @maxrs attributes {{mhlo.num_partitions = {partitions} : i32, mhlo.num_replicas = 1 : i32}} {{"
+    ));
     if let Some(mesh) = &program.mesh {
         w(writeln!(e.out, "  {}", MeshDecl(mesh)));
     }
@@ -35,7 +43,10 @@ pub fn to_stablehlo(program: &Program) -> String {
         w(write!(e.out, "{}: {}", Ssa::Arg(i), TensorType(&input.ty)));
         let mut attrs = Vec::new();
         if program.mesh.is_some() {
-            attrs.push(format!("sdy.sharding = #sdy.sharding{}", Shardings { spec: input.sharding.as_ref(), rank: input.ty.rank() }));
+            attrs.push(format!(
+                "sdy.sharding = #sdy.sharding{}",
+                Shardings { spec: input.sharding.as_ref(), rank: input.ty.rank() }
+            ));
         }
         if let Some(o) = aliases[i] {
             attrs.push(format!("tf.aliasing_output = {o} : i32"));
@@ -52,7 +63,11 @@ pub fn to_stablehlo(program: &Program) -> String {
         }
         w(write!(e.out, "{} {{jax.result_info = {}", TensorType(&output.ty), Quoted(&output.name)));
         if program.mesh.is_some() {
-            w(write!(e.out, ", sdy.sharding = #sdy.sharding{}", Shardings { spec: output.sharding.as_ref(), rank: output.ty.rank() }));
+            w(write!(
+                e.out,
+                ", sdy.sharding = #sdy.sharding{}",
+                Shardings { spec: output.sharding.as_ref(), rank: output.ty.rank() }
+            ));
         }
         e.out.push('}');
     }

@@ -26,7 +26,14 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
         Prim::Binary(op) => vec![e.op(&format!("stablehlo.{} {}, {} : {t}", binary_name(*op), ins[0], ins[1]))],
         Prim::Compare(dir) => {
             let kind = compare_type(g.ty(eqn.inputs[0]).dtype);
-            let line = format!("stablehlo.compare {}, {}, {}, {kind} : ({}, {}) -> {t}", compare_name(*dir), ins[0], ins[1], in_ty(0), in_ty(1));
+            let line = format!(
+                "stablehlo.compare {}, {}, {}, {kind} : ({}, {}) -> {t}",
+                compare_name(*dir),
+                ins[0],
+                ins[1],
+                in_ty(0),
+                in_ty(1)
+            );
             vec![e.op(&line)]
         }
         Prim::Select => vec![e.op(&format!("stablehlo.select {}, {}, {} : {}, {t}", ins[0], ins[1], ins[2], in_ty(0)))],
@@ -38,7 +45,14 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
             if !d.lhs_batch.is_empty() {
                 w(write!(line, "batching_dims = {} x {}, ", List(&d.lhs_batch), List(&d.rhs_batch)));
             }
-            w(write!(line, "contracting_dims = {} x {} : ({}, {}) -> {t}", List(&d.lhs_contract), List(&d.rhs_contract), in_ty(0), in_ty(1)));
+            w(write!(
+                line,
+                "contracting_dims = {} x {} : ({}, {}) -> {t}",
+                List(&d.lhs_contract),
+                List(&d.rhs_contract),
+                in_ty(0),
+                in_ty(1)
+            ));
             vec![e.op(&line)]
         }
         Prim::Reduce { op, axes } => {
@@ -58,7 +72,9 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
             vec![e.op(&line)]
         }
         Prim::Reshape(_) => vec![e.op(&format!("stablehlo.reshape {} : ({}) -> {t}", ins[0], in_ty(0)))],
-        Prim::Transpose(perm) => vec![e.op(&format!("stablehlo.transpose {}, dims = {} : ({}) -> {t}", ins[0], List(perm), in_ty(0)))],
+        Prim::Transpose(perm) => {
+            vec![e.op(&format!("stablehlo.transpose {}, dims = {} : ({}) -> {t}", ins[0], List(perm), in_ty(0)))]
+        }
         Prim::BroadcastInDim { dims, .. } => {
             vec![e.op(&format!("stablehlo.broadcast_in_dim {}, dims = {} : ({}) -> {t}", ins[0], List(dims), in_ty(0)))]
         }
@@ -119,7 +135,11 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
         Prim::StopGradient | Prim::Name(_) => vec![ins[0]],
         Prim::ShardingConstraint(spec) => match e.mesh {
             None => vec![ins[0]],
-            Some(_) => vec![e.op(&format!("sdy.sharding_constraint {} {} : {t}", ins[0], Shardings { spec: Some(spec), rank: out.rank() }))],
+            Some(_) => vec![e.op(&format!(
+                "sdy.sharding_constraint {} {} : {t}",
+                ins[0],
+                Shardings { spec: Some(spec), rank: out.rank() }
+            ))],
         },
         Prim::OptimizationBarrier => {
             let types: Vec<String> = (0..ins.len()).map(|i| in_ty(i).to_string()).collect();
@@ -281,13 +301,24 @@ impl Emitter<'_> {
         self.indent();
         let pairs: Vec<String> = args.iter().zip(&inits).map(|(a, i)| format!("{a} = {i}")).collect();
         let type_list: Vec<String> = types.iter().map(|t| TensorType(t).to_string()).collect();
-        w(writeln!(self.out, "%{w_id}:{} = stablehlo.while({}) : {}", args.len(), pairs.join(", "), type_list.join(", ")));
+        w(writeln!(
+            self.out,
+            "%{w_id}:{} = stablehlo.while({}) : {}",
+            args.len(),
+            pairs.join(", "),
+            type_list.join(", ")
+        ));
         self.indent();
         self.out.push_str("cond {\n");
         self.depth += 1;
         let limit = self.scalar_i32(s.length);
         let pred_ty = Type::scalar(DType::Pred);
-        let go = self.op(&format!("stablehlo.compare LT, {}, {limit}, SIGNED : ({it}, {it}) -> {}", args[0], TensorType(&pred_ty), it = TensorType(&i32_ty)));
+        let go = self.op(&format!(
+            "stablehlo.compare LT, {}, {limit}, SIGNED : ({it}, {it}) -> {}",
+            args[0],
+            TensorType(&pred_ty),
+            it = TensorType(&i32_ty)
+        ));
         self.terminator_typed("stablehlo.return", &[go], &[&pred_ty]);
         self.depth -= 1;
         self.indent();
@@ -320,7 +351,11 @@ impl Emitter<'_> {
                 TensorType(&one_ty)
             ));
             let slice_ty = Type::new(stacked.dtype, &stacked.shape[1..]);
-            body_in.push(self.op(&format!("stablehlo.reshape {sliced} : ({}) -> {}", TensorType(&one_ty), TensorType(&slice_ty))));
+            body_in.push(self.op(&format!(
+                "stablehlo.reshape {sliced} : ({}) -> {}",
+                TensorType(&one_ty),
+                TensorType(&slice_ty)
+            )));
         }
         let body_out = self.graph(body, &body_in);
 
@@ -336,7 +371,8 @@ impl Emitter<'_> {
             let one_ty = Type::new(ty.dtype, sizes.clone());
             let y_ty = g.ty(eqn.outputs[nc + j]);
             let elem_ty = Type::new(y_ty.dtype, &y_ty.shape[1..]);
-            let expanded = self.op(&format!("stablehlo.reshape {y} : ({}) -> {}", TensorType(&elem_ty), TensorType(&one_ty)));
+            let expanded =
+                self.op(&format!("stablehlo.reshape {y} : ({}) -> {}", TensorType(&elem_ty), TensorType(&one_ty)));
             let starts: Vec<Ssa> = std::iter::once(index).chain(std::iter::repeat_n(zero, sizes.len() - 1)).collect();
             let mut operand_types = vec![TensorType(ty).to_string(), TensorType(&one_ty).to_string()];
             operand_types.extend(std::iter::repeat_n(TensorType(&i32_ty).to_string(), sizes.len()));

@@ -8,7 +8,9 @@ pub struct LogicalRules(Vec<(String, Vec<String>)>);
 
 impl LogicalRules {
     pub fn new(rules: &[(&str, &[&str])]) -> LogicalRules {
-        LogicalRules(rules.iter().map(|(l, axes)| (l.to_string(), axes.iter().map(|a| a.to_string()).collect())).collect())
+        LogicalRules(
+            rules.iter().map(|(l, axes)| (l.to_string(), axes.iter().map(|a| a.to_string()).collect())).collect(),
+        )
     }
 
     /// The core rows of MaxText's `base.yml` `logical_axis_rules`.

@@ -25,7 +25,10 @@ impl Trace {
     #[track_caller]
     pub fn constant(&self, dtype: DType, shape: &[i64], values: &[f64]) -> Tensor {
         values.iter().for_each(|&v| check_representable(v, dtype));
-        self.bind1(Prim::Constant { ty: Type::new(dtype, Shape::new(shape)), value: Literal::Dense(values.into()) }, &[])
+        self.bind1(
+            Prim::Constant { ty: Type::new(dtype, Shape::new(shape)), value: Literal::Dense(values.into()) },
+            &[],
+        )
     }
 
     /// Each element is its index along `axis`.

@@ -2,8 +2,8 @@
 //! most once per operand), built from reductions, one `dot_general` and a transpose.
 
 use super::trace::{apply1, op_error, op_error_at, Tensor};
-use std::panic::Location;
 use crate::ir::{DotDims, Prim};
+use std::panic::Location;
 
 impl Tensor {
     #[track_caller]
@@ -20,13 +20,24 @@ impl Tensor {
             op_error("matmul", "operands must have at least one dimension", &[self.ty(), other.ty()]);
         }
         if s <= 2 {
-            return self.dot_general(other, DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![r - 1], rhs_contract: vec![0] });
+            return self.dot_general(
+                other,
+                DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![r - 1], rhs_contract: vec![0] },
+            );
         }
         if r != s {
             op_error("matmul", "batched matmul needs operands of equal rank", &[self.ty(), other.ty()]);
         }
         let batch: Vec<usize> = (0..r - 2).collect();
-        self.dot_general(other, DotDims { lhs_batch: batch.clone(), rhs_batch: batch, lhs_contract: vec![r - 1], rhs_contract: vec![s - 2] })
+        self.dot_general(
+            other,
+            DotDims {
+                lhs_batch: batch.clone(),
+                rhs_batch: batch,
+                lhs_contract: vec![r - 1],
+                rhs_contract: vec![s - 2],
+            },
+        )
     }
 }
 
@@ -68,7 +79,10 @@ pub fn einsum(spec: &str, operands: &[&Tensor]) -> Tensor {
     // Sum out labels that appear in one operand only and not in the output.
     let mut reduced: Vec<(Tensor, Vec<char>)> = Vec::new();
     for (k, (labels, t)) in in_labels.iter().zip(operands).enumerate() {
-        let drop: Vec<isize> = (0..labels.len()).filter(|&i| !out.contains(&labels[i]) && !in_other(k, labels[i])).map(|i| i as isize).collect();
+        let drop: Vec<isize> = (0..labels.len())
+            .filter(|&i| !out.contains(&labels[i]) && !in_other(k, labels[i]))
+            .map(|i| i as isize)
+            .collect();
         let kept: Vec<char> = labels.iter().copied().filter(|c| out.contains(c) || in_other(k, *c)).collect();
         reduced.push((t.sum(&drop), kept));
     }

@@ -2,11 +2,21 @@
 //! methods, parameter `Tree`s, and the transformations `trace`, `scan`, `checkpoint`,
 //! `value_and_grad`. Model code written against this module knows nothing about StableHLO.
 //!
-//! ```ignore
-//! let program = trace(&sig, |_ctx, p| {
-//!     let h = (p["x"].matmul(&p["w"]) + &p["b"]).relu();
-//!     Tree::new().with("y", h.softmax(-1))
+//! ```
+//! use maxrs::ir::{DType, Signature};
+//! use maxrs::tensor::{trace, value_and_grad, Tree};
+//!
+//! let mut sig = Signature::new(None);
+//! sig.input("x", DType::F32, &[8, 4]);
+//! sig.input("params.w", DType::F32, &[4, 2]);
+//! let program = trace(&sig, |_ctx, inp| {
+//!     let (loss, grads) = value_and_grad(&inp.subtree("params"), |p| {
+//!         inp["x"].matmul(&p["w"]).tanh().log_softmax(-1).mean_all()
+//!     });
+//!     grads.prefixed("grad").with("loss", loss)
 //! })?;
+//! assert_eq!(program.outputs[0].name, "grad.w");
+//! # Ok::<(), maxrs::tensor::TraceError>(())
 //! ```
 
 mod creation;

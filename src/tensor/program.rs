@@ -34,7 +34,11 @@ pub fn trace(sig: &Signature, f: impl FnOnce(&Trace, &Tree) -> Tree) -> Result<P
     graph.dce();
     let outputs: Vec<OutputSpec> = outs
         .iter()
-        .map(|(name, t)| OutputSpec { name: name.to_string(), ty: t.ty().clone(), sharding: sig.output_shardings.get(name).cloned() })
+        .map(|(name, t)| OutputSpec {
+            name: name.to_string(),
+            ty: t.ty().clone(),
+            sharding: sig.output_shardings.get(name).cloned(),
+        })
         .collect();
     if let Some(mesh) = &sig.mesh {
         for o in &outputs {
@@ -44,7 +48,9 @@ pub fn trace(sig: &Signature, f: impl FnOnce(&Trace, &Tree) -> Tree) -> Result<P
         }
     }
     if let Some(name) = sig.output_shardings.keys().find(|n| outs.get(n).is_none()) {
-        return Err(TraceError(format!("a sharding is given for output \"{name}\", which the function does not return")));
+        return Err(TraceError(format!(
+            "a sharding is given for output \"{name}\", which the function does not return"
+        )));
     }
     Ok(Program { graph, inputs: sig.inputs.clone(), outputs, mesh: sig.mesh.clone() })
 }
@@ -55,10 +61,12 @@ fn check_signature(sig: &Signature) -> Result<(), TraceError> {
             return Err(TraceError(format!("input \"{}\" is declared twice", input.name)));
         }
         match (&sig.mesh, &input.sharding) {
-            (Some(mesh), Some(spec)) => {
-                spec.validate(mesh, input.ty.rank()).map_err(|m| TraceError(format!("input \"{}\": {m}", input.name)))?
+            (Some(mesh), Some(spec)) => spec
+                .validate(mesh, input.ty.rank())
+                .map_err(|m| TraceError(format!("input \"{}\": {m}", input.name)))?,
+            (None, Some(_)) => {
+                return Err(TraceError(format!("input \"{}\" is sharded but the signature has no mesh", input.name)))
             }
-            (None, Some(_)) => return Err(TraceError(format!("input \"{}\" is sharded but the signature has no mesh", input.name))),
             (_, None) => {}
         }
     }

@@ -151,7 +151,9 @@ impl Trace {
         }
         let parent = match &self.0.parent {
             Some(p) if t.trace.0.level < self.0.level => p,
-            _ => usage_error("a tensor from an unrelated trace is used here (did it escape a scan, checkpoint or grad body?)"),
+            _ => usage_error(
+                "a tensor from an unrelated trace is used here (did it escape a scan, checkpoint or grad body?)",
+            ),
         };
         let in_parent = parent.lift(t);
         let mut st = self.0.state.borrow_mut();

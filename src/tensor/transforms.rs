@@ -32,7 +32,9 @@ pub fn scan(carry: &Tree, xs: &Tree, body: impl FnOnce(&Tree, &Tree) -> (Tree, T
     for (name, t) in carry.iter() {
         match c_out.get(name) {
             Some(out) if out.ty() == t.ty() => {}
-            Some(out) => usage_error(&format!("scan: the body changes carry \"{name}\" from {} to {}", t.ty(), out.ty())),
+            Some(out) => {
+                usage_error(&format!("scan: the body changes carry \"{name}\" from {} to {}", t.ty(), out.ty()))
+            }
             None => usage_error(&format!("scan: the body does not return carry \"{name}\"")),
         }
     }
@@ -44,7 +46,8 @@ pub fn scan(carry: &Tree, xs: &Tree, body: impl FnOnce(&Tree, &Tree) -> (Tree, T
     // Captured tensors are loop constants, which come first in a scan's operands.
     graph.inputs.rotate_right(captures.len());
     let operands: Vec<&Tensor> = captures.iter().chain(carry.values()).chain(xs.values()).collect();
-    let spec = Scan { body: Arc::new(graph), length, num_consts: captures.len(), num_carry: carry.len(), reverse: false };
+    let spec =
+        Scan { body: Arc::new(graph), length, num_consts: captures.len(), num_carry: carry.len(), reverse: false };
     let results = parent.bind(Prim::Scan(spec), &operands);
     let (c, y) = results.split_at(carry.len());
     (carry.names().zip(c.iter().cloned()).collect(), ys.names().zip(y.iter().cloned()).collect())
@@ -71,7 +74,6 @@ impl RematPolicy {
             "none" => RematPolicy::None,
             "save_qkv_proj" => names(&["query_proj", "key_proj", "value_proj", "qkv_proj"]),
             "save_out_proj" => names(&["out_proj"]),
-            "save_qkv_out_proj" | "save_dot_except_mlp" => names(&["query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj"]),
             _ => return None,
         })
     }

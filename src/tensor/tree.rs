@@ -67,7 +67,13 @@ impl<T> Tree<T> {
         T: Clone,
     {
         let dotted = format!("{prefix}.");
-        Tree(self.0.range(dotted.clone()..).take_while(|(k, _)| k.starts_with(&dotted)).map(|(k, v)| (k[dotted.len()..].to_string(), v.clone())).collect())
+        Tree(
+            self.0
+                .range(dotted.clone()..)
+                .take_while(|(k, _)| k.starts_with(&dotted))
+                .map(|(k, v)| (k[dotted.len()..].to_string(), v.clone()))
+                .collect(),
+        )
     }
 
     /// The same entries with `prefix.` in front of every name.
