@@ -188,3 +188,37 @@ fn nested_scans_differentiate() {
     let b = run(&build(false), &inp).map(|_, t| t.to_f64());
     assert_same(&a, &b, "nested vs flat scan");
 }
+
+#[test]
+fn gradient_accumulation_over_microbatches_equals_the_full_batch_gradient() {
+    // MaxText's gradient accumulation: `value_and_grad` over outer parameters inside a scan
+    // body over microbatches; the mean of the microbatch gradients is the full-batch gradient.
+    let mut sig = Signature::new(None);
+    sig.input("params.w", DType::F64, &[4, 3]);
+    sig.input("params.b", DType::F64, &[3]);
+    sig.input("x", DType::F64, &[8, 4]);
+    let loss = |p: &Tree, x: &Tensor| (x.matmul(&p["w"]) + &p["b"]).tanh().log_softmax(-1).mean_all();
+    let accumulated = trace(&sig, |_, inp| {
+        let params = inp.subtree("params");
+        let zero = params.map(|_, t| t.zeros_like());
+        let microbatches = Tree::new().with("x", inp["x"].reshape(&[4, 2, 4]));
+        let (acc, _) = scan(&zero, &microbatches, |acc, mb| {
+            let (_, g) = value_and_grad(&params, |p| loss(p, &mb["x"]));
+            (acc.map(|name, a| a + &(&g[name] * 0.25)), Tree::new())
+        });
+        acc
+    })
+    .unwrap();
+    let full = trace(&sig, |_, inp| value_and_grad(&inp.subtree("params"), |p| loss(p, &inp["x"])).1).unwrap();
+    let mut r = rng(5);
+    let host: Tree<HostTensor> = sig
+        .inputs
+        .iter()
+        .map(|i| {
+            (i.name.clone(), f64_tensor(&i.ty.shape, &uniform(&mut r, i.ty.shape.num_elements() as usize, -1.0, 1.0)))
+        })
+        .collect();
+    let a = run(&accumulated, &host).map(|_, t| t.to_f64());
+    let b = run(&full, &host).map(|_, t| t.to_f64());
+    assert_same(&a, &b, "accumulated vs full batch");
+}

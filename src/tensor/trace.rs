@@ -19,7 +19,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
 use std::panic::Location;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
 /// A handle to a graph under construction. Cloning shares the same trace.
 #[derive(Clone)]
@@ -32,6 +32,9 @@ struct TraceCell {
     /// The program's mesh, for checking sharding constraints where they are written.
     mesh: Option<Rc<Mesh>>,
     closed: Cell<bool>,
+    /// The body trace currently being built below this one, if any: new bodies nest in the
+    /// deepest open trace, as JAX's dynamic trace stack does, found by walking these links.
+    open_child: RefCell<Option<Weak<TraceCell>>>,
     state: RefCell<TraceState>,
 }
 
@@ -89,11 +92,38 @@ impl Trace {
 
     /// A trace for a body called from this one.
     pub fn child(&self) -> Trace {
-        Trace::new(self.0.level + 1, Some(self.clone()), self.0.mesh.clone())
+        let child = Trace::new(self.0.level + 1, Some(self.clone()), self.0.mesh.clone());
+        *self.0.open_child.borrow_mut() = Some(Rc::downgrade(&child.0));
+        child
     }
 
     fn new(level: usize, parent: Option<Trace>, mesh: Option<Rc<Mesh>>) -> Trace {
-        Trace(Rc::new(TraceCell { level, parent, mesh, closed: Cell::new(false), state: RefCell::default() }))
+        let cell = TraceCell {
+            level,
+            parent,
+            mesh,
+            closed: Cell::new(false),
+            open_child: RefCell::new(None),
+            state: RefCell::default(),
+        };
+        Trace(Rc::new(cell))
+    }
+
+    /// The deepest trace still being built in this trace's tree: where a body traced now
+    /// (`scan`, `checkpoint`, `value_and_grad`) belongs. E.g. `value_and_grad` over outer
+    /// parameters inside a scan body nests in the scan body, so the loss may use its slices.
+    pub fn current(&self) -> Trace {
+        let mut t = self.clone();
+        while let Some(p) = t.0.parent.clone() {
+            t = p;
+        }
+        loop {
+            let next = t.0.open_child.borrow().as_ref().and_then(Weak::upgrade);
+            match next {
+                Some(child) if !child.closed.get() => t = Trace(child),
+                _ => return t,
+            }
+        }
     }
 
     pub fn mesh(&self) -> Option<&Mesh> {
@@ -177,6 +207,9 @@ impl Trace {
             out_ids.push(self.lift(t));
         }
         self.0.closed.set(true);
+        if let Some(parent) = &self.0.parent {
+            *parent.0.open_child.borrow_mut() = None;
+        }
         let st = std::mem::take(&mut *self.0.state.borrow_mut());
         let mut graph = st.graph;
         graph.inputs.extend(st.capture_inputs);

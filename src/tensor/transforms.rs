@@ -2,8 +2,9 @@
 //! `checkpoint` (remat) with its policies, `value_and_grad`, and the identity-like tags
 //! `stop_gradient`, `checkpoint_name` and `with_sharding_constraint`.
 //!
-//! Each traces its function once, in a child trace, into a closed sub-graph; tensors the
-//! function closes over are captured and passed in as extra operands.
+//! Each traces its function once, in a child of the current trace (`Trace::current`), into a
+//! closed sub-graph; tensors the function closes over are captured and passed in as extra
+//! operands.
 
 use super::trace::{usage_error, Tensor, Trace};
 use super::Tree;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 /// once and lowered to a while loop; differentiable (see `autodiff::scan`).
 #[track_caller]
 pub fn scan(carry: &Tree, xs: &Tree, body: impl FnOnce(&Tree, &Tree) -> (Tree, Tree)) -> (Tree, Tree) {
-    let parent = Trace::innermost(carry.values().chain(xs.values()));
+    let parent = Trace::innermost(carry.values().chain(xs.values())).current();
     let length = match xs.values().next() {
         Some(x) if x.rank() > 0 => x.shape()[0],
         _ => usage_error("scan needs at least one scanned tensor (with a leading axis) in xs"),
@@ -87,7 +88,7 @@ pub fn checkpoint(policy: &RematPolicy, inputs: &Tree, f: impl FnOnce(&Tree) -> 
         RematPolicy::Full => Arc::from(Vec::new()),
         RematPolicy::SaveNames(names) => names.iter().map(|n| Arc::from(n.as_str())).collect(),
     };
-    let parent = Trace::innermost(inputs.values());
+    let parent = Trace::innermost(inputs.values()).current();
     let child = parent.child();
     let args = inputs.map(|_, t| child.input(t.ty().clone()));
     let outs = f(&args);
@@ -108,7 +109,7 @@ pub fn value_and_grad(params: &Tree, f: impl FnOnce(&Tree) -> Tensor) -> (Tensor
 /// Like `value_and_grad` for `f` returning `(loss, aux)`: `(loss, aux, grads)`.
 #[track_caller]
 pub fn value_and_grad_with_aux(params: &Tree, f: impl FnOnce(&Tree) -> (Tensor, Tree)) -> (Tensor, Tree, Tree) {
-    let parent = Trace::innermost(params.values());
+    let parent = Trace::innermost(params.values()).current();
     let child = parent.child();
     let p_in = params.map(|_, t| child.input(t.ty().clone()));
     let (loss, aux) = f(&p_in);
