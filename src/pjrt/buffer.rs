@@ -30,6 +30,21 @@ pub enum ElementType {
     F64,
 }
 
+/// Each element type with its `PJRT_Buffer_Type` number (pjrt_c_api.h) and its
+/// `xla.PrimitiveType` number (xla_data.proto): the two numberings differ.
+const NUMBERING: [(ElementType, ffi::BufferType, i32); 10] = [
+    (ElementType::Pred, 1, 1),
+    (ElementType::S8, 2, 2),
+    (ElementType::S32, 4, 4),
+    (ElementType::S64, 5, 5),
+    (ElementType::U8, 6, 6),
+    (ElementType::U32, 8, 8),
+    (ElementType::F16, 10, 10),
+    (ElementType::F32, 11, 11),
+    (ElementType::F64, 12, 12),
+    (ElementType::BF16, 13, 16),
+];
+
 impl ElementType {
     pub fn byte_size(self) -> usize {
         match self {
@@ -41,34 +56,24 @@ impl ElementType {
     }
 
     pub(crate) fn to_raw(self) -> ffi::BufferType {
-        match self {
-            ElementType::Pred => 1,
-            ElementType::S8 => 2,
-            ElementType::S32 => 4,
-            ElementType::S64 => 5,
-            ElementType::U8 => 6,
-            ElementType::U32 => 8,
-            ElementType::F16 => 10,
-            ElementType::F32 => 11,
-            ElementType::F64 => 12,
-            ElementType::BF16 => 13,
-        }
+        NUMBERING.iter().find(|(ty, _, _)| *ty == self).map(|(_, raw, _)| *raw).expect("every type is numbered")
     }
 
     pub(crate) fn from_raw(raw: ffi::BufferType) -> Result<ElementType> {
-        Ok(match raw {
-            1 => ElementType::Pred,
-            2 => ElementType::S8,
-            4 => ElementType::S32,
-            5 => ElementType::S64,
-            6 => ElementType::U8,
-            8 => ElementType::U32,
-            10 => ElementType::F16,
-            11 => ElementType::F32,
-            12 => ElementType::F64,
-            13 => ElementType::BF16,
-            other => return Err(Error::invalid(format!("unsupported PJRT buffer type {other}"))),
-        })
+        NUMBERING
+            .iter()
+            .find(|(_, r, _)| *r == raw)
+            .map(|(ty, _, _)| *ty)
+            .ok_or_else(|| Error::invalid(format!("unsupported PJRT buffer type {raw}")))
+    }
+
+    /// From an `xla.PrimitiveType` number (as in HLO protos).
+    pub(crate) fn from_xla_primitive(primitive: i32) -> Result<ElementType> {
+        NUMBERING
+            .iter()
+            .find(|(_, _, p)| *p == primitive)
+            .map(|(ty, _, _)| *ty)
+            .ok_or_else(|| Error::invalid(format!("unsupported XLA element type {primitive}")))
     }
 
     /// The MLIR spelling of the type (`f32`, `bf16`, `i1`, `ui32`, ...).

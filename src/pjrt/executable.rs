@@ -188,7 +188,7 @@ fn unsupported(e: &Error) -> bool {
 
 /// The slice of XLA's `hlo.proto` / `xla_data.proto` needed to read an entry signature.
 mod hlo {
-    use super::{ElementType, Error, Result};
+    use super::{ElementType, Result};
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct ShapeProto {
@@ -220,21 +220,8 @@ mod hlo {
         pub hlo_module: Option<HloModuleProto>,
     }
 
-    /// `xla.PrimitiveType` numbers to element types.
     pub fn array_shape(shape: &ShapeProto) -> Result<(ElementType, Vec<i64>)> {
-        let ty = match shape.element_type {
-            1 => ElementType::Pred,
-            2 => ElementType::S8,
-            4 => ElementType::S32,
-            5 => ElementType::S64,
-            6 => ElementType::U8,
-            8 => ElementType::U32,
-            10 => ElementType::F16,
-            11 => ElementType::F32,
-            12 => ElementType::F64,
-            16 => ElementType::BF16,
-            other => return Err(Error::invalid(format!("unsupported XLA element type {other} in signature"))),
-        };
+        let ty = ElementType::from_xla_primitive(shape.element_type)?;
         Ok((ty, shape.dimensions.clone()))
     }
 }
