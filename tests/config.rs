@@ -19,9 +19,7 @@ fn error(list: &[&str]) -> String {
 
 fn invalid(list: &[&str], devices: usize, slices: usize) -> String {
     let c = load(list).expect("loads");
-    config::validate(&c, devices, slices)
-        .expect_err("expected a validation error")
-        .to_string()
+    config::validate(&c, devices, slices).expect_err("expected a validation error").to_string()
 }
 
 fn repo(path: &str) -> PathBuf {
@@ -40,45 +38,13 @@ fn scratch(name: &str) -> PathBuf {
 fn defaults_load_the_tiny_model() {
     let c = load(&[]).unwrap();
     assert_eq!(c.model_name, "default");
-    assert_eq!(
-        (
-            c.base_emb_dim,
-            c.base_num_query_heads,
-            c.base_num_kv_heads,
-            c.head_dim
-        ),
-        (256, 4, 2, 64)
-    );
-    assert_eq!(
-        (
-            c.base_mlp_dim,
-            c.base_num_decoder_layers,
-            c.vocab_size,
-            c.max_target_length
-        ),
-        (512, 2, 512, 128)
-    );
+    assert_eq!((c.base_emb_dim, c.base_num_query_heads, c.base_num_kv_heads, c.head_dim), (256, 4, 2, 64));
+    assert_eq!((c.base_mlp_dim, c.base_num_decoder_layers, c.vocab_size, c.max_target_length), (512, 2, 512, 128));
     // MaxText's defaults for what the model file leaves alone.
-    assert_eq!(
-        (c.dtype, c.weight_dtype, c.remat_policy),
-        (DType::Bfloat16, DType::Float32, RematPolicy::Full)
-    );
-    assert_eq!(
-        (c.adam_b1, c.adam_b2, c.adam_eps, c.adam_weight_decay),
-        (0.9, 0.95, 1e-8, 0.1)
-    );
-    assert_eq!(
-        (c.warmup_steps_fraction, c.learning_rate_final_fraction),
-        (0.1, 0.1)
-    );
-    assert_eq!(
-        (
-            c.ici_fsdp_parallelism,
-            c.ici_data_parallelism,
-            c.dcn_data_parallelism
-        ),
-        (-1, 1, -1)
-    );
+    assert_eq!((c.dtype, c.weight_dtype, c.remat_policy), (DType::Bfloat16, DType::Float32, RematPolicy::Full));
+    assert_eq!((c.adam_b1, c.adam_b2, c.adam_eps, c.adam_weight_decay), (0.9, 0.95, 1e-8, 0.1));
+    assert_eq!((c.warmup_steps_fraction, c.learning_rate_final_fraction), (0.1, 0.1));
+    assert_eq!((c.ici_fsdp_parallelism, c.ici_data_parallelism, c.dcn_data_parallelism), (-1, 1, -1));
     assert_eq!((c.plugin.as_str(), c.cpu_device_count), ("cpu", 1));
     assert!(c.scan_layers && !c.enable_dropout && !c.enable_checkpointing);
     let d = config::validate(&c, 1, 1).unwrap();
@@ -89,11 +55,7 @@ fn defaults_load_the_tiny_model() {
 fn the_config_file_on_disk_is_the_built_in_one() {
     let from_disk = config::load(Some(&repo("configs/base.yml")), &[]).unwrap();
     assert_eq!(from_disk, load(&[]).unwrap());
-    let via_args = config::load_args(&args(&[
-        repo("configs/base.yml").to_str().unwrap(),
-        "steps=7",
-    ]))
-    .unwrap();
+    let via_args = config::load_args(&args(&[repo("configs/base.yml").to_str().unwrap(), "steps=7"])).unwrap();
     assert_eq!(via_args.steps, 7);
 }
 
@@ -101,26 +63,15 @@ fn the_config_file_on_disk_is_the_built_in_one() {
 fn model_selection_overrides_base() {
     let c = load(&["model_name=llama2-7b"]).unwrap();
     assert_eq!(c.base_emb_dim, 4096);
-    assert_eq!(
-        c.max_target_length, 2048,
-        "base.yml's value where the model file is silent"
-    );
+    assert_eq!(c.max_target_length, 2048, "base.yml's value where the model file is silent");
     assert_eq!(c.per_device_batch_size, 12.0);
 }
 
 #[test]
 fn command_line_overrides_the_model() {
     let c = load(&["base_num_decoder_layers=4", "base_emb_dim=512", "steps=3"]).unwrap();
-    assert_eq!(
-        (c.base_num_decoder_layers, c.base_emb_dim, c.steps),
-        (4, 512, 3)
-    );
-    let c = load(&[
-        "model_name=llama2-7b",
-        "override_model_config=true",
-        "base_num_decoder_layers=2",
-    ])
-    .unwrap();
+    assert_eq!((c.base_num_decoder_layers, c.base_emb_dim, c.steps), (4, 512, 3));
+    let c = load(&["model_name=llama2-7b", "override_model_config=true", "base_num_decoder_layers=2"]).unwrap();
     assert_eq!((c.base_num_decoder_layers, c.base_emb_dim), (2, 4096));
     // Later arguments win.
     assert_eq!(load(&["steps=3", "steps=5"]).unwrap().steps, 5);
@@ -130,9 +81,7 @@ fn command_line_overrides_the_model() {
 fn changing_a_named_models_key_needs_override_model_config() {
     let e = error(&["model_name=llama2-7b", "base_num_decoder_layers=2"]);
     assert!(
-        e.contains("`base_num_decoder_layers`")
-            && e.contains("32")
-            && e.contains("override_model_config=true"),
+        e.contains("`base_num_decoder_layers`") && e.contains("32") && e.contains("override_model_config=true"),
         "{e}"
     );
     // Restating the model's own value is not a change (MaxText compares values).
@@ -143,22 +92,11 @@ fn changing_a_named_models_key_needs_override_model_config() {
 fn llama2_7b_values() {
     let c = load(&["model_name=llama2-7b"]).unwrap();
     assert_eq!(
-        (
-            c.base_emb_dim,
-            c.base_num_query_heads,
-            c.base_num_kv_heads,
-            c.base_mlp_dim,
-            c.base_num_decoder_layers
-        ),
+        (c.base_emb_dim, c.base_num_query_heads, c.base_num_kv_heads, c.base_mlp_dim, c.base_num_decoder_layers),
         (4096, 32, 32, 11008, 32)
     );
     assert_eq!(
-        (
-            c.vocab_size,
-            c.head_dim,
-            c.rope_max_timescale,
-            c.normalization_layer_epsilon
-        ),
+        (c.vocab_size, c.head_dim, c.rope_max_timescale, c.normalization_layer_epsilon),
         (32000, 128, 10000, 1e-5)
     );
     assert_eq!(c.mlp_activations, ["silu", "linear"]);
@@ -166,10 +104,7 @@ fn llama2_7b_values() {
     assert_eq!(config::num_params(&c), 6_738_415_616);
     // The model file's rule replaces base.yml's `norm` rule and goes last.
     let rules = config::axis_rules(&c);
-    assert_eq!(
-        rules.last().unwrap(),
-        &("norm".to_string(), vec!["fsdp".to_string()])
-    );
+    assert_eq!(rules.last().unwrap(), &("norm".to_string(), vec!["fsdp".to_string()]));
     assert_eq!(rules.iter().filter(|(name, _)| name == "norm").count(), 1);
 }
 
@@ -181,41 +116,23 @@ fn every_model_loads_and_validates() {
     }
     let c = load(&["model_name=llama2-70b"]).unwrap();
     assert_eq!(
-        (
-            c.base_emb_dim,
-            c.base_num_query_heads,
-            c.base_num_kv_heads,
-            c.base_mlp_dim,
-            c.base_num_decoder_layers
-        ),
+        (c.base_emb_dim, c.base_num_query_heads, c.base_num_kv_heads, c.base_mlp_dim, c.base_num_decoder_layers),
         (8192, 64, 8, 28672, 80)
     );
     let c = load(&["model_name=llama3-8b"]).unwrap();
-    assert_eq!(
-        (
-            c.base_num_kv_heads,
-            c.base_mlp_dim,
-            c.vocab_size,
-            c.rope_max_timescale
-        ),
-        (8, 14336, 128256, 500000)
-    );
+    assert_eq!((c.base_num_kv_heads, c.base_mlp_dim, c.vocab_size, c.rope_max_timescale), (8, 14336, 128256, 500000));
 }
 
 #[test]
 fn unknown_key_suggests_the_closest() {
     let e = error(&["per_device_batchsize=4"]);
     assert!(
-        e.contains("unknown key `per_device_batchsize`")
-            && e.contains("did you mean `per_device_batch_size`"),
+        e.contains("unknown key `per_device_batchsize`") && e.contains("did you mean `per_device_batch_size`"),
         "{e}"
     );
     assert!(e.contains("on the command line"), "{e}");
     let e = error(&["attention=flash"]);
-    assert!(
-        e.contains("unknown key `attention`") && e.contains("configs/base.yml lists the keys"),
-        "{e}"
-    );
+    assert!(e.contains("unknown key `attention`") && e.contains("configs/base.yml lists the keys"), "{e}");
     let e = error(&["ici_fdsp_parallelism=2"]);
     assert!(e.contains("`ici_fsdp_parallelism`"), "{e}");
 }
@@ -223,10 +140,7 @@ fn unknown_key_suggests_the_closest() {
 #[test]
 fn wrong_type_names_key_type_and_value() {
     let e = error(&["steps=ten"]);
-    assert!(
-        e.contains("`steps`") && e.contains("an integer") && e.contains("`ten`"),
-        "{e}"
-    );
+    assert!(e.contains("`steps`") && e.contains("an integer") && e.contains("`ten`"), "{e}");
     let e = error(&["scan_layers=maybe"]);
     assert!(e.contains("`scan_layers`") && e.contains("boolean"), "{e}");
     let e = error(&["dtype=bf16"]);
@@ -236,22 +150,14 @@ fn wrong_type_names_key_type_and_value() {
 #[test]
 fn malformed_argument_says_so() {
     let e = error(&["steps"]);
-    assert!(
-        e.contains("malformed argument `steps`") && e.contains("key=value"),
-        "{e}"
-    );
+    assert!(e.contains("malformed argument `steps`") && e.contains("key=value"), "{e}");
     assert!(error(&["=3"]).contains("malformed"));
 }
 
 #[test]
 fn maxtext_spellings_are_accepted() {
-    let c = load(&[
-        "scan_layers=False",
-        "learning_rate=3.e-4",
-        "steps=1_000",
-        "mlp_activations=['silu','linear']",
-    ])
-    .unwrap();
+    let c = load(&["scan_layers=False", "learning_rate=3.e-4", "steps=1_000", "mlp_activations=['silu','linear']"])
+        .unwrap();
     assert!(!c.scan_layers);
     assert_eq!((c.learning_rate, c.steps), (3e-4, 1000));
 }
@@ -259,57 +165,31 @@ fn maxtext_spellings_are_accepted() {
 #[test]
 fn unknown_model_lists_the_available_ones() {
     let e = error(&["model_name=llama2-7"]);
-    assert!(
-        e.contains("unknown model `llama2-7`") && e.contains("did you mean `llama2-7b`"),
-        "{e}"
-    );
+    assert!(e.contains("unknown model `llama2-7`") && e.contains("did you mean `llama2-7b`"), "{e}");
     assert!(e.contains("llama3-8b") && e.contains("default"), "{e}");
 }
 
 #[test]
 fn files_on_disk_next_to_the_config_win_and_partial_files_keep_defaults() {
     let dir = scratch("disk");
-    std::fs::write(
-        dir.join("configs/mine.yml"),
-        "steps: 10_000\nscan_layers: False\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("models/custom.yml"),
-        "base_emb_dim: 128\nlogical_axis_rules: [['embed', 'data']]\n",
-    )
-    .unwrap();
+    std::fs::write(dir.join("configs/mine.yml"), "steps: 10_000\nscan_layers: False\n").unwrap();
+    std::fs::write(dir.join("models/custom.yml"), "base_emb_dim: 128\nlogical_axis_rules: [['embed', 'data']]\n")
+        .unwrap();
     std::fs::write(dir.join("models/default.yml"), "base_emb_dim: 64\n").unwrap();
     let path = dir.join("configs/mine.yml");
     let c = config::load(Some(&path), &args(&["model_name=custom"])).unwrap();
-    assert_eq!(
-        (c.steps, c.scan_layers, c.base_emb_dim, c.head_dim),
-        (10_000, false, 128, 128)
-    );
-    let embed: Vec<_> = config::axis_rules(&c)
-        .into_iter()
-        .filter(|(n, _)| n == "embed")
-        .collect();
+    assert_eq!((c.steps, c.scan_layers, c.base_emb_dim, c.head_dim), (10_000, false, 128, 128));
+    let embed: Vec<_> = config::axis_rules(&c).into_iter().filter(|(n, _)| n == "embed").collect();
     assert_eq!(embed, vec![("embed".to_string(), vec!["data".to_string()])]);
     // A model file on disk shadows the built-in one of the same name.
     assert_eq!(config::load(Some(&path), &[]).unwrap().base_emb_dim, 64);
 
     std::fs::write(dir.join("configs/bad.yml"), "stesp: 3\n").unwrap();
-    let e = config::load(Some(&dir.join("configs/bad.yml")), &[])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("`stesp`") && e.contains("bad.yml") && e.contains("`steps`"),
-        "{e}"
-    );
+    let e = config::load(Some(&dir.join("configs/bad.yml")), &[]).unwrap_err().to_string();
+    assert!(e.contains("`stesp`") && e.contains("bad.yml") && e.contains("`steps`"), "{e}");
     std::fs::write(dir.join("configs/broken.yml"), "steps: [1\n").unwrap();
-    let e = config::load(Some(&dir.join("configs/broken.yml")), &[])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("cannot use the YAML in") && e.contains("broken.yml"),
-        "{e}"
-    );
+    let e = config::load(Some(&dir.join("configs/broken.yml")), &[]).unwrap_err().to_string();
+    assert!(e.contains("cannot use the YAML in") && e.contains("broken.yml"), "{e}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -321,17 +201,7 @@ fn mesh_fills_the_minus_one() {
     assert_eq!(d.mesh.size("tensor"), 2);
     assert_eq!(
         d.mesh.names(),
-        [
-            "data",
-            "stage",
-            "fsdp",
-            "fsdp_transpose",
-            "context",
-            "tensor",
-            "tensor_sequence",
-            "expert",
-            "autoregressive"
-        ]
+        ["data", "stage", "fsdp", "fsdp_transpose", "context", "tensor", "tensor_sequence", "expert", "autoregressive"]
     );
     assert_eq!(d.mesh.shape(), [1, 1, 4, 1, 1, 2, 1, 1, 1]);
     assert_eq!(d.mesh.num_devices(), 8);
@@ -341,11 +211,7 @@ fn mesh_fills_the_minus_one() {
 fn the_issue_meshes_fit_the_default_model_on_8_devices() {
     for mesh in [
         &["ici_fsdp_parallelism=8"][..],
-        &[
-            "ici_data_parallelism=2",
-            "ici_fsdp_parallelism=2",
-            "ici_tensor_parallelism=2",
-        ],
+        &["ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"],
     ] {
         let mut list = mesh.to_vec();
         list.extend(["dtype=float32", "cpu_device_count=8"]);
@@ -358,10 +224,7 @@ fn the_issue_meshes_fit_the_default_model_on_8_devices() {
 fn a_smaller_mesh_drops_axes_from_the_rules() {
     let c = load(&["mesh_axes=[data, fsdp, tensor]", "ici_tensor_parallelism=2"]).unwrap();
     let d = config::validate(&c, 8, 1).unwrap();
-    assert_eq!(
-        (d.mesh.names(), d.mesh.shape()),
-        (vec!["data", "fsdp", "tensor"], vec![1, 4, 2])
-    );
+    assert_eq!((d.mesh.names(), d.mesh.shape()), (vec!["data", "fsdp", "tensor"], vec![1, 4, 2]));
     let rules = config::axis_rules(&c);
     let embed = rules.iter().find(|(n, _)| n == "embed").unwrap();
     assert_eq!(embed.1, ["fsdp"]);
@@ -381,27 +244,15 @@ fn mesh_spans_slices() {
 
 #[test]
 fn mesh_product_mismatch_is_an_error() {
-    let e = invalid(
-        &["ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"],
-        8,
-        1,
-    );
+    let e = invalid(&["ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"], 8, 1);
     assert!(
-        e.contains("ici_fsdp_parallelism=2 x ici_tensor_parallelism=2")
-            && e.contains("8 devices per slice"),
+        e.contains("ici_fsdp_parallelism=2 x ici_tensor_parallelism=2") && e.contains("8 devices per slice"),
         "{e}"
     );
     let e = invalid(&["ici_tensor_parallelism=3"], 8, 1);
-    assert!(
-        e.contains("ici_fsdp_parallelism=-1 cannot be filled")
-            && e.contains("ici_tensor_parallelism=3"),
-        "{e}"
-    );
+    assert!(e.contains("ici_fsdp_parallelism=-1 cannot be filled") && e.contains("ici_tensor_parallelism=3"), "{e}");
     let e = invalid(&["ici_data_parallelism=-1"], 8, 1);
-    assert!(
-        e.contains("ici_data_parallelism, ici_fsdp_parallelism are all -1"),
-        "{e}"
-    );
+    assert!(e.contains("ici_data_parallelism, ici_fsdp_parallelism are all -1"), "{e}");
     let e = invalid(&["dcn_fsdp_parallelism=2"], 8, 1);
     assert!(e.contains("DCN") && e.contains("1 slice"), "{e}");
     let e = invalid(&["ici_tensor_parallelism=0"], 8, 1);
@@ -409,25 +260,15 @@ fn mesh_product_mismatch_is_an_error() {
     let e = invalid(&["ici_pipeline_parallelism=2"], 8, 1);
     assert!(e.contains("pipeline"), "{e}");
     let e = invalid(&["mesh_axes=[data, fsdp, tensr]"], 8, 1);
-    assert!(
-        e.contains("unknown mesh axis `tensr`") && e.contains("`tensor`"),
-        "{e}"
-    );
-    let e = invalid(
-        &["mesh_axes=[data, fsdp]", "ici_tensor_parallelism=2"],
-        8,
-        1,
-    );
+    assert!(e.contains("unknown mesh axis `tensr`") && e.contains("`tensor`"), "{e}");
+    let e = invalid(&["mesh_axes=[data, fsdp]", "ici_tensor_parallelism=2"], 8, 1);
     assert!(e.contains("`tensor` is not in mesh_axes"), "{e}");
 }
 
 #[test]
 fn heads_must_group() {
     let e = invalid(&["base_num_query_heads=4", "base_num_kv_heads=3"], 1, 1);
-    assert!(
-        e.contains("base_num_query_heads, base_num_kv_heads") && e.contains("one of 1, 2, 4"),
-        "{e}"
-    );
+    assert!(e.contains("base_num_query_heads, base_num_kv_heads") && e.contains("one of 1, 2, 4"), "{e}");
     let e = invalid(&["head_dim=0"], 1, 1);
     assert!(e.contains("head_dim=0"), "{e}");
 }
@@ -435,17 +276,8 @@ fn heads_must_group() {
 #[test]
 fn batch_must_split_over_the_batch_axes() {
     // 8 devices, 2-way tensor parallel: the batch is split 4 ways (fsdp), but 8 x 0.25 = 2.
-    let e = invalid(
-        &["ici_tensor_parallelism=2", "per_device_batch_size=0.25"],
-        8,
-        1,
-    );
-    assert!(
-        e.contains("per_device_batch_size")
-            && e.contains("= 2 sequences")
-            && e.contains("multiple of 4"),
-        "{e}"
-    );
+    let e = invalid(&["ici_tensor_parallelism=2", "per_device_batch_size=0.25"], 8, 1);
+    assert!(e.contains("per_device_batch_size") && e.contains("= 2 sequences") && e.contains("multiple of 4"), "{e}");
     // Fractional per-device batches are fine when the batch still splits.
     let c = load(&["ici_tensor_parallelism=2", "per_device_batch_size=0.5"]).unwrap();
     assert_eq!(config::validate(&c, 8, 1).unwrap().global_batch_size, 4);
@@ -456,8 +288,7 @@ fn batch_must_split_over_the_batch_axes() {
 #[test]
 fn other_inconsistencies_are_named() {
     assert!(invalid(&["steps=0"], 1, 1).contains("steps=0"));
-    assert!(invalid(&["warmup_steps_fraction=1.5"], 1, 1)
-        .contains("warmup_steps_fraction=1.5; it must be in [0, 1]"));
+    assert!(invalid(&["warmup_steps_fraction=1.5"], 1, 1).contains("warmup_steps_fraction=1.5; it must be in [0, 1]"));
     assert!(invalid(&["dataset_type=tokens"], 1, 1).contains("dataset_path"));
     assert!(invalid(&["hardware=gpu"], 1, 1).contains("plugin=cuda12 or plugin=cuda13"));
     assert!(invalid(&["plugin=cuda"], 1, 1).contains("did you mean `cuda12`"));
@@ -470,10 +301,7 @@ fn other_inconsistencies_are_named() {
 fn gradient_accumulation_multiplies_the_global_batch() {
     let c = load(&["gradient_accumulation_steps=4", "per_device_batch_size=2"]).unwrap();
     let d = config::validate(&c, 8, 1).unwrap();
-    assert_eq!(
-        (d.micro_batch_size, d.global_batch_size, d.tokens_per_step),
-        (16, 64, 64 * 128)
-    );
+    assert_eq!((d.micro_batch_size, d.global_batch_size, d.tokens_per_step), (16, 64, 64 * 128));
 }
 
 #[test]

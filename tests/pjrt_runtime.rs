@@ -88,8 +88,10 @@ fn donated_argument_is_consumed_and_others_survive() {
     assert_eq!(stats.alias_bytes, 2 * 4 * 4, "b's shard aliases the first output");
     let devices = exe.addressable_devices();
     let (a, b) = global_inputs();
-    let a_bufs: Vec<Buffer> = devices.iter().enumerate().map(|(d, dev)| client.to_device(&shard(&a, d), dev).unwrap()).collect();
-    let b_bufs: Vec<Buffer> = devices.iter().enumerate().map(|(d, dev)| client.to_device(&shard(&b, d), dev).unwrap()).collect();
+    let a_bufs: Vec<Buffer> =
+        devices.iter().enumerate().map(|(d, dev)| client.to_device(&shard(&a, d), dev).unwrap()).collect();
+    let b_bufs: Vec<Buffer> =
+        devices.iter().enumerate().map(|(d, dev)| client.to_device(&shard(&b, d), dev).unwrap()).collect();
     let args: Vec<Vec<&Buffer>> = a_bufs.iter().zip(&b_bufs).map(|(x, y)| vec![x, y]).collect();
     exe.execute(&args).unwrap();
     assert!(b_bufs.iter().all(|b| b.is_deleted().unwrap()));
@@ -104,7 +106,10 @@ fn every_element_type_round_trips_through_a_device() {
     let tensors = [
         HostTensor::from_f32(&[2, 3], &[1.5, -2.0, 3.25, 0.0, 1e-3, -7.0]),
         HostTensor::from_f64(&[3], &[1.0 / 3.0, -2.5e100, 4.0]),
-        HostTensor::from_bf16(&[2, 2], &[bf16::from_f32(1.5), bf16::from_f32(-0.375), bf16::from_f32(256.0), bf16::from_f32(3e-3)]),
+        HostTensor::from_bf16(
+            &[2, 2],
+            &[bf16::from_f32(1.5), bf16::from_f32(-0.375), bf16::from_f32(256.0), bf16::from_f32(3e-3)],
+        ),
         HostTensor::from_f16(&[2], &[half::f16::from_f32(0.5), half::f16::from_f32(-65504.0)]),
         HostTensor::from_i8(&[3], &[-128, 0, 127]),
         HostTensor::from_i32(&[2], &[i32::MIN, 42]),
@@ -142,7 +147,10 @@ func.func @main(%x: tensor<4xbf16>) -> tensor<4xbf16> {
 fn malformed_mlir_reports_the_plugins_message() {
     let client = cpu_client(1).unwrap();
     let error = client
-        .compile("func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> { %0 = stablehlo.bogus %x : tensor<4xf32> return %0 }", &CompileOptions::single_device())
+        .compile(
+            "func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> { %0 = stablehlo.bogus %x : tensor<4xf32> return %0 }",
+            &CompileOptions::single_device(),
+        )
         .err()
         .expect("malformed MLIR must not compile");
     match &error {
@@ -168,7 +176,7 @@ func.func @main(%x: tensor<2x3xf32>, %y: tensor<2x3xf32>) -> tensor<2x3xf32> {
         Err(Error::InvalidArgument(message)) => message,
         other => panic!("expected a refusal, got {other:?}"),
     };
-    let count = invalid(&[ok.clone()]);
+    let count = invalid(std::slice::from_ref(&ok));
     assert!(count.contains("takes 2 arguments") && count.contains("got 1"), "{count}");
     let shape = invalid(&[ok.clone(), HostTensor::from_f32(&[3, 2], &[1.0; 6])]);
     assert!(shape.contains("argument 1") && shape.contains("f32[2,3]") && shape.contains("f32[3,2]"), "{shape}");

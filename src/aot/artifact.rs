@@ -58,7 +58,11 @@ impl ArtifactHeader {
         let mut differ = |errors: bool, key: &str, saved: &str, current: &str| {
             if saved != current {
                 let line = format!("{key}: compiled with {saved}, this run has {current}");
-                if errors { diff.errors.push(line) } else { diff.warnings.push(line) }
+                if errors {
+                    diff.errors.push(line)
+                } else {
+                    diff.warnings.push(line)
+                }
             }
         };
         differ(true, "topology", &saved.topology, &self.topology);
@@ -91,7 +95,8 @@ pub fn write(path: &Path, header: &ArtifactHeader, executable: &[u8]) -> Result<
     let json = serde_json::to_vec_pretty(header)?;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(".{}.tmp{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("aot"), std::process::id()));
+    let tmp =
+        dir.join(format!(".{}.tmp{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("aot"), std::process::id()));
     let result = (|| -> Result<()> {
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(MAGIC)?;
@@ -112,7 +117,11 @@ pub fn write(path: &Path, header: &ArtifactHeader, executable: &[u8]) -> Result<
 pub fn read(path: &Path) -> Result<(ArtifactHeader, Vec<u8>)> {
     let bytes = std::fs::read(path).with_context(|| format!("reading compiled train step {}", path.display()))?;
     if bytes.len() < 16 || &bytes[..8] != MAGIC {
-        bail!("{} is not a maxrs compiled train step (no {:?} header); make one with `maxrs train-compile`", path.display(), std::str::from_utf8(MAGIC).unwrap());
+        bail!(
+            "{} is not a maxrs compiled train step (no {:?} header); make one with `maxrs train-compile`",
+            path.display(),
+            std::str::from_utf8(MAGIC).unwrap()
+        );
     }
     let header_len = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
     let body = 16usize.checked_add(header_len).filter(|&end| end <= bytes.len());
@@ -157,7 +166,12 @@ mod tests {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            arguments: vec![ArgumentSpec { name: "params.embed".into(), dtype: "f32".into(), shape: vec![256, 64], sharding: "[{\"fsdp\"}, {}]".into() }],
+            arguments: vec![ArgumentSpec {
+                name: "params.embed".into(),
+                dtype: "f32".into(),
+                shape: vec![256, 64],
+                sharding: "[{\"fsdp\"}, {}]".into(),
+            }],
             xla_flags: String::new(),
         }
     }

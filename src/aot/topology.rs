@@ -81,10 +81,7 @@ pub enum TopologyArgs {
     /// and `target_config` = the text of `target`'s config.
     Gpu { topology: String, target: GpuTarget },
     /// libtpu topology name (`v5e:16x16`) and named options.
-    Tpu {
-        name: String,
-        options: Vec<(&'static str, OptionValue)>,
-    },
+    Tpu { name: String, options: Vec<(&'static str, OptionValue)> },
 }
 
 /// One compilation target.
@@ -188,10 +185,7 @@ impl Tpu {
     fn chip_counts(self) -> Vec<u32> {
         match self {
             Self::V5e | Self::V6e => vec![1, 4, 8, 16, 32, 64, 128, 256],
-            Self::V4 => [4, 8, 16, 32]
-                .into_iter()
-                .chain([1, 2, 3, 4, 8, 12, 16, 32].map(|u| 64 * u))
-                .collect(),
+            Self::V4 => [4, 8, 16, 32].into_iter().chain([1, 2, 3, 4, 8, 12, 16, 32].map(|u| 64 * u)).collect(),
             // Every multiple of 64 chips up to 6144 whose torus side stays within 256 chips,
             // then the two large pods.
             Self::V5p => [4, 8, 16, 32]
@@ -250,15 +244,8 @@ fn tpu_topology(gen: Tpu, size: u32, name: &str, num_slices: u32) -> Result<Topo
     let chips = if gen.megacore() { size / 2 } else { size };
     let valid = gen.chip_counts();
     if (gen.megacore() && !size.is_multiple_of(2)) || !valid.contains(&chips) {
-        let sizes: Vec<String> = valid
-            .iter()
-            .map(|c| (if gen.megacore() { c * 2 } else { *c }).to_string())
-            .collect();
-        bail!(
-            "unknown TPU topology `{name}`: {}-N takes N in {}",
-            gen.family(),
-            sizes.join(", ")
-        );
+        let sizes: Vec<String> = valid.iter().map(|c| (if gen.megacore() { c * 2 } else { *c }).to_string()).collect();
+        bail!("unknown TPU topology `{name}`: {}-N takes N in {}", gen.family(), sizes.join(", "));
     }
     let host_bounds: [i64; 3] = if chips == 1 { [1, 1, 1] } else { [2, 2, 1] };
     let chips_per_host = host_bounds.iter().product::<i64>() as u32;
@@ -266,28 +253,12 @@ fn tpu_topology(gen: Tpu, size: u32, name: &str, num_slices: u32) -> Result<Topo
         // Slices of 64 chips and more are full tori.
         (torus_3d(chips).to_vec(), [chips >= 64; 3])
     } else {
-        (
-            torus_2d(chips).to_vec(),
-            [chips == 256, chips >= 128, false],
-        )
+        (torus_2d(chips).to_vec(), [chips == 256, chips >= 128, false])
     };
     let dims: Vec<String> = dims.iter().map(u32::to_string).collect();
     let options = vec![
-        (
-            "chip_config_name",
-            OptionValue::Str(
-                if gen.megacore() {
-                    "megacore"
-                } else {
-                    "default"
-                }
-                .into(),
-            ),
-        ),
-        (
-            "chips_per_host_bounds",
-            OptionValue::Ints(host_bounds.to_vec()),
-        ),
+        ("chip_config_name", OptionValue::Str(if gen.megacore() { "megacore" } else { "default" }.into())),
+        ("chips_per_host_bounds", OptionValue::Ints(host_bounds.to_vec())),
         ("wrap", OptionValue::Ints(wrap.map(i64::from).to_vec())),
         ("num_slices", OptionValue::Int(num_slices.into())),
     ];
@@ -300,22 +271,13 @@ fn tpu_topology(gen: Tpu, size: u32, name: &str, num_slices: u32) -> Result<Topo
         memory_bytes_per_device: Some(gen.memory_bytes()),
         devices_per_host: chips_per_host,
         hosts_per_slice: chips / chips_per_host,
-        args: TopologyArgs::Tpu {
-            name: format!("{}:{}", gen.libtpu_prefix(), dims.join("x")),
-            options,
-        },
+        args: TopologyArgs::Tpu { name: format!("{}:{}", gen.libtpu_prefix(), dims.join("x")), options },
     })
 }
 
 /// GPU hosts: for GPUs a host is the unit of fast interconnect, so slices multiply hosts
 /// (MaxText's `a3` with `compile_topology_num_slices=N` is N hosts).
-fn gpu_topology(
-    target: GpuTarget,
-    hosts: u32,
-    devices_per_host: u32,
-    name: &str,
-    num_slices: u32,
-) -> Topology {
+fn gpu_topology(target: GpuTarget, hosts: u32, devices_per_host: u32, name: &str, num_slices: u32) -> Topology {
     let all_hosts = hosts * num_slices;
     Topology {
         name: name.to_string(),
@@ -327,10 +289,7 @@ fn gpu_topology(
         memory_bytes_per_device: Some(target.memory_bytes()),
         devices_per_host,
         hosts_per_slice: hosts,
-        args: TopologyArgs::Gpu {
-            topology: format!("{all_hosts}x1x{devices_per_host}"),
-            target,
-        },
+        args: TopologyArgs::Gpu { topology: format!("{all_hosts}x1x{devices_per_host}"), target },
     }
 }
 
@@ -388,11 +347,8 @@ pub fn catalog() -> Vec<Family> {
         memory_bytes_per_device: Some(target.memory_bytes()),
     };
     let tpu = |pattern, gen: Tpu| {
-        let sizes: Vec<String> = gen
-            .chip_counts()
-            .iter()
-            .map(|c| (if gen.megacore() { c * 2 } else { *c }).to_string())
-            .collect();
+        let sizes: Vec<String> =
+            gen.chip_counts().iter().map(|c| (if gen.megacore() { c * 2 } else { *c }).to_string()).collect();
         Family {
             pattern,
             sizes: sizes.join(", "),

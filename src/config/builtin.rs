@@ -17,8 +17,5 @@ pub const MODELS: &[(&str, &str)] = &[
 
 /// The built-in text of `models/<name>.yml`.
 pub fn model(name: &str) -> Option<&'static str> {
-    MODELS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, text)| *text)
+    MODELS.iter().find(|(n, _)| *n == name).map(|(_, text)| *text)
 }

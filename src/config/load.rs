@@ -36,10 +36,8 @@ pub fn load(config_path: Option<&Path>, overrides: &[String]) -> Result<Config, 
     let cli = parse_overrides(overrides)?;
     let mut merged = schema().clone();
     if let Some(path) = config_path {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         let base = read_layer(&text, &format!("in {}", path.display()))?;
         apply(&mut merged, &base, true)?;
     }
@@ -72,8 +70,7 @@ pub fn load(config_path: Option<&Path>, overrides: &[String]) -> Result<Config, 
     }
     apply(&mut merged, &model, false)?;
     apply(&mut merged, &cli, false)?;
-    serde_yaml::from_value(Value::Mapping(merged))
-        .map_err(|e| ConfigError::invalid("config", e.to_string()))
+    serde_yaml::from_value(Value::Mapping(merged)).map_err(|e| ConfigError::invalid("config", e.to_string()))
 }
 
 type Layer = Vec<(String, Value)>;
@@ -83,45 +80,29 @@ fn parse_overrides(overrides: &[String]) -> Result<Layer, ConfigError> {
     overrides
         .iter()
         .map(|arg| {
-            let (key, value) = arg
-                .split_once('=')
-                .ok_or_else(|| ConfigError::Malformed(arg.clone()))?;
+            let (key, value) = arg.split_once('=').ok_or_else(|| ConfigError::Malformed(arg.clone()))?;
             let key = key.trim();
             if key.is_empty() {
                 return Err(ConfigError::Malformed(arg.clone()));
             }
-            Ok((
-                key.to_string(),
-                coerce(key, Value::String(value.to_string()), "on the command line")?,
-            ))
+            Ok((key.to_string(), coerce(key, Value::String(value.to_string()), "on the command line")?))
         })
         .collect()
 }
 
 /// A YAML file's keys, each checked and typed.
 fn read_layer(text: &str, origin: &str) -> Result<Layer, ConfigError> {
-    let yaml_error = |message: String| ConfigError::Yaml {
-        origin: origin.to_string(),
-        message,
+    let yaml_error = |message: String| ConfigError::Yaml { origin: origin.to_string(), message };
+    let mapping: Mapping = match serde_yaml::from_str::<Value>(text).map_err(|e| yaml_error(e.to_string()))? {
+        Value::Mapping(m) => m,
+        Value::Null => Mapping::new(),
+        other => return Err(yaml_error(format!("expected a mapping of keys to values, got {}", show(&other)))),
     };
-    let mapping: Mapping =
-        match serde_yaml::from_str::<Value>(text).map_err(|e| yaml_error(e.to_string()))? {
-            Value::Mapping(m) => m,
-            Value::Null => Mapping::new(),
-            other => {
-                return Err(yaml_error(format!(
-                    "expected a mapping of keys to values, got {}",
-                    show(&other)
-                )))
-            }
-        };
     mapping
         .into_iter()
         .map(|(key, value)| {
-            let key = key
-                .as_str()
-                .ok_or_else(|| yaml_error(format!("key {} is not a string", show(&key))))?
-                .to_string();
+            let key =
+                key.as_str().ok_or_else(|| yaml_error(format!("key {} is not a string", show(&key))))?.to_string();
             let value = coerce(&key, value, origin)?;
             Ok((key, value))
         })
@@ -131,20 +112,16 @@ fn read_layer(text: &str, origin: &str) -> Result<Layer, ConfigError> {
 /// Lays `layer` over `merged`. `logical_axis_rules` merge by name unless this is the base file or
 /// the layer sets `override_logical_axis_rules`.
 fn apply(merged: &mut Mapping, layer: &Layer, is_base: bool) -> Result<(), ConfigError> {
-    let replace_rules = is_base
-        || layer
-            .iter()
-            .any(|(k, v)| k == "override_logical_axis_rules" && *v == Value::Bool(true));
+    let replace_rules =
+        is_base || layer.iter().any(|(k, v)| k == "override_logical_axis_rules" && *v == Value::Bool(true));
     for (key, value) in layer {
         let value = if key == "logical_axis_rules" && !replace_rules {
             let typed = |v: &Value| -> Result<Vec<LogicalAxisRule>, ConfigError> {
-                serde_yaml::from_value(v.clone())
-                    .map_err(|e| ConfigError::invalid("logical_axis_rules", e.to_string()))
+                serde_yaml::from_value(v.clone()).map_err(|e| ConfigError::invalid("logical_axis_rules", e.to_string()))
             };
             let base = typed(merged.get(key.as_str()).unwrap_or(&Value::Null))?;
             let merged_rules = rules::merge(base, typed(value)?, false);
-            serde_yaml::to_value(merged_rules)
-                .map_err(|e| ConfigError::invalid("logical_axis_rules", e.to_string()))?
+            serde_yaml::to_value(merged_rules).map_err(|e| ConfigError::invalid("logical_axis_rules", e.to_string()))?
         } else {
             value.clone()
         };
@@ -163,27 +140,14 @@ fn model_source(name: &str, config_path: Option<&Path>) -> Result<(String, Strin
         None => vec![PathBuf::from("./models")],
     };
     let from_disk = || {
-        dirs.iter()
-            .map(|d| d.join(format!("{name}.yml")))
-            .find(|p| p.is_file())
-            .map(|p| {
-                std::fs::read_to_string(&p)
-                    .map(|text| (text, p.display().to_string()))
-                    .map_err(|source| ConfigError::Read {
-                        path: p.clone(),
-                        source,
-                    })
-            })
+        dirs.iter().map(|d| d.join(format!("{name}.yml"))).find(|p| p.is_file()).map(|p| {
+            std::fs::read_to_string(&p)
+                .map(|text| (text, p.display().to_string()))
+                .map_err(|source| ConfigError::Read { path: p.clone(), source })
+        })
     };
-    let built_in = || {
-        builtin::model(name)
-            .map(|text| Ok((text.to_string(), format!("built-in models/{name}.yml"))))
-    };
-    let found = if config_path.is_some() {
-        from_disk().or_else(built_in)
-    } else {
-        built_in().or_else(from_disk)
-    };
+    let built_in = || builtin::model(name).map(|text| Ok((text.to_string(), format!("built-in models/{name}.yml"))));
+    let found = if config_path.is_some() { from_disk().or_else(built_in) } else { built_in().or_else(from_disk) };
     if let Some(result) = found {
         return result;
     }

@@ -63,10 +63,7 @@ impl Mesh {
 
     /// The size of an axis; 1 for an axis the mesh does not have.
     pub fn size(&self, name: &str) -> usize {
-        self.axes
-            .iter()
-            .find(|a| a.name == name)
-            .map_or(1, MeshAxis::size)
+        self.axes.iter().find(|a| a.name == name).map_or(1, MeshAxis::size)
     }
 
     pub fn num_devices(&self) -> usize {
@@ -102,31 +99,18 @@ fn parallelism(config: &Config, axis: &str) -> (i64, i64) {
         "data" => (c.ici_data_parallelism, c.dcn_data_parallelism),
         "stage" => (c.ici_pipeline_parallelism, c.dcn_pipeline_parallelism),
         "fsdp" => (c.ici_fsdp_parallelism, c.dcn_fsdp_parallelism),
-        "fsdp_transpose" => (
-            c.ici_fsdp_transpose_parallelism,
-            c.dcn_fsdp_transpose_parallelism,
-        ),
+        "fsdp_transpose" => (c.ici_fsdp_transpose_parallelism, c.dcn_fsdp_transpose_parallelism),
         "context" => (c.ici_context_parallelism, c.dcn_context_parallelism),
         "tensor" => (c.ici_tensor_parallelism, c.dcn_tensor_parallelism),
-        "tensor_sequence" => (
-            c.ici_tensor_sequence_parallelism,
-            c.dcn_tensor_sequence_parallelism,
-        ),
+        "tensor_sequence" => (c.ici_tensor_sequence_parallelism, c.dcn_tensor_sequence_parallelism),
         "expert" => (c.ici_expert_parallelism, c.dcn_expert_parallelism),
-        "autoregressive" => (
-            c.ici_autoregressive_parallelism,
-            c.dcn_autoregressive_parallelism,
-        ),
+        "autoregressive" => (c.ici_autoregressive_parallelism, c.dcn_autoregressive_parallelism),
         _ => unreachable!("MESH_AXES and parallelism() list the same axes"),
     }
 }
 
 /// Builds the mesh for `num_devices` devices in `num_slices` slices (hosts, on GPU).
-pub(crate) fn build(
-    config: &Config,
-    num_devices: usize,
-    num_slices: usize,
-) -> Result<Mesh, ConfigError> {
+pub(crate) fn build(config: &Config, num_devices: usize, num_slices: usize) -> Result<Mesh, ConfigError> {
     if num_slices == 0 || num_devices == 0 || !num_devices.is_multiple_of(num_slices) {
         return Err(ConfigError::invalid(
             "devices",
@@ -135,10 +119,7 @@ pub(crate) fn build(
     }
     check_axis_names(config)?;
 
-    for &(axis, word) in MESH_AXES
-        .iter()
-        .filter(|(a, _)| !config.mesh_axes.iter().any(|m| m == a))
-    {
+    for &(axis, word) in MESH_AXES.iter().filter(|(a, _)| !config.mesh_axes.iter().any(|m| m == a)) {
         let (i, d) = parallelism(config, axis);
         for (key, value) in [(ici_key(word), i), (dcn_key(word), d)] {
             if value != 1 {
@@ -152,32 +133,19 @@ pub(crate) fn build(
 
     let (mut ici, mut dcn) = (Vec::new(), Vec::new());
     for name in &config.mesh_axes {
-        let word = MESH_AXES
-            .iter()
-            .find(|(a, _)| a == name)
-            .map(|(_, w)| *w)
-            .expect("names checked above");
+        let word = MESH_AXES.iter().find(|(a, _)| a == name).map(|(_, w)| *w).expect("names checked above");
         let (i, d) = parallelism(config, name);
         ici.push((ici_key(word), i));
         dcn.push((dcn_key(word), d));
     }
     let per_slice = num_devices / num_slices;
-    let ici = fill(
-        "ICI",
-        ici,
-        per_slice,
-        &format!("{per_slice} devices per slice"),
-    )?;
+    let ici = fill("ICI", ici, per_slice, &format!("{per_slice} devices per slice"))?;
     let dcn = fill("DCN", dcn, num_slices, &plural(num_slices, "slice"))?;
     let axes = config
         .mesh_axes
         .iter()
         .zip(ici.into_iter().zip(dcn))
-        .map(|(name, (ici, dcn))| MeshAxis {
-            name: name.clone(),
-            ici,
-            dcn,
-        })
+        .map(|(name, (ici, dcn))| MeshAxis { name: name.clone(), ici, dcn })
         .collect();
     Ok(Mesh { axes })
 }
@@ -186,22 +154,15 @@ fn check_axis_names(config: &Config) -> Result<(), ConfigError> {
     let known: Vec<&str> = MESH_AXES.iter().map(|(a, _)| *a).collect();
     for (i, axis) in config.mesh_axes.iter().enumerate() {
         if !known.contains(&axis.as_str()) {
-            let hint = closest(axis, known.iter().copied())
-                .map(|s| format!("; did you mean `{s}`?"))
-                .unwrap_or_default();
+            let hint =
+                closest(axis, known.iter().copied()).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
             return Err(ConfigError::invalid(
                 "mesh_axes",
-                format!(
-                    "unknown mesh axis `{axis}`{hint} (maxrs knows {})",
-                    known.join(", ")
-                ),
+                format!("unknown mesh axis `{axis}`{hint} (maxrs knows {})", known.join(", ")),
             ));
         }
         if config.mesh_axes[..i].contains(axis) {
-            return Err(ConfigError::invalid(
-                "mesh_axes",
-                format!("mesh axis `{axis}` is listed twice"),
-            ));
+            return Err(ConfigError::invalid("mesh_axes", format!("mesh axis `{axis}` is listed twice")));
         }
     }
     Ok(())
@@ -209,29 +170,16 @@ fn check_axis_names(config: &Config) -> Result<(), ConfigError> {
 
 /// Fills the one `-1` of a group so that its product is `target`, as MaxText's
 /// `fill_unspecified_mesh_axes` does, with errors that name the keys.
-fn fill(
-    group: &str,
-    values: Vec<(String, i64)>,
-    target: usize,
-    target_desc: &str,
-) -> Result<Vec<usize>, ConfigError> {
+fn fill(group: &str, values: Vec<(String, i64)>, target: usize, target_desc: &str) -> Result<Vec<usize>, ConfigError> {
     if let Some((key, v)) = values.iter().find(|(_, v)| *v == 0 || *v < -1) {
         return Err(ConfigError::invalid(
             key.as_str(),
             format!("{key}={v}; a parallelism is a positive integer, or -1 to take what the other axes leave"),
         ));
     }
-    let unset: Vec<&String> = values
-        .iter()
-        .filter(|(_, v)| *v == -1)
-        .map(|(k, _)| k)
-        .collect();
+    let unset: Vec<&String> = values.iter().filter(|(_, v)| *v == -1).map(|(k, _)| k).collect();
     if unset.len() > 1 {
-        let keys = unset
-            .iter()
-            .map(|k| k.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
+        let keys = unset.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
         return Err(ConfigError::invalid(
             keys.as_str(),
             format!("{keys} are all -1; at most one {group} axis may be -1 (set the others to explicit sizes)"),
@@ -243,10 +191,7 @@ fn fill(
         if set.is_empty() {
             "all 1".to_string()
         } else {
-            set.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(" x ")
+            set.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" x ")
         }
     };
     let mut sizes: Vec<usize> = values.iter().map(|(_, v)| (*v).max(1) as usize).collect();
@@ -260,19 +205,13 @@ fn fill(
                 ),
             ));
         }
-        let at = values
-            .iter()
-            .position(|(k, _)| k == *key)
-            .expect("key comes from values");
+        let at = values.iter().position(|(k, _)| k == *key).expect("key comes from values");
         sizes[at] = target / product;
     } else if product != target {
         let keys = if set.is_empty() {
             format!("{}_*_parallelism", group.to_lowercase())
         } else {
-            set.iter()
-                .map(|(k, _)| k.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            set.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ")
         };
         return Err(ConfigError::invalid(
             keys,

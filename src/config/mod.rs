@@ -14,9 +14,7 @@ mod value;
 
 pub use builtin::MODELS;
 pub use error::ConfigError;
-pub use keys::{
-    Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, RematPolicy, RuleAxes,
-};
+pub use keys::{Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, RematPolicy, RuleAxes};
 pub use load::{load, load_args};
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
 pub use rules::axis_rules;

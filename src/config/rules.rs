@@ -22,9 +22,7 @@ pub fn axis_rules(config: &Config) -> Vec<(String, Vec<String>)> {
 }
 
 fn in_mesh(config: &Config, axes: Vec<String>) -> Vec<String> {
-    axes.into_iter()
-        .filter(|a| config.mesh_axes.contains(a))
-        .collect()
+    axes.into_iter().filter(|a| config.mesh_axes.contains(a)).collect()
 }
 
 /// The mesh axes of the first rule for `logical` (empty if there is none).
@@ -40,18 +38,12 @@ pub(crate) fn first_rule(config: &Config, logical: &str) -> Vec<String> {
 /// Applies a later layer's rules to an earlier layer's, as MaxText's loader does: the new rows
 /// replace every earlier row with the same logical name and go at the end; with
 /// `override_logical_axis_rules` the new table replaces the whole table.
-pub(crate) fn merge(
-    base: Vec<LogicalAxisRule>,
-    new: Vec<LogicalAxisRule>,
-    replace: bool,
-) -> Vec<LogicalAxisRule> {
+pub(crate) fn merge(base: Vec<LogicalAxisRule>, new: Vec<LogicalAxisRule>, replace: bool) -> Vec<LogicalAxisRule> {
     if replace {
         return new;
     }
-    let mut merged: Vec<LogicalAxisRule> = base
-        .into_iter()
-        .filter(|LogicalAxisRule(name, _)| !new.iter().any(|r| &r.0 == name))
-        .collect();
+    let mut merged: Vec<LogicalAxisRule> =
+        base.into_iter().filter(|LogicalAxisRule(name, _)| !new.iter().any(|r| &r.0 == name)).collect();
     merged.extend(new);
     merged
 }
@@ -60,9 +52,7 @@ pub(crate) fn merge(
 pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
     let known: Vec<&str> = MESH_AXES.iter().map(|(a, _)| *a).collect();
     let unknown = |axis: &str, key: &str, place: String| {
-        let hint = closest(axis, known.iter().copied())
-            .map(|s| format!("; did you mean `{s}`?"))
-            .unwrap_or_default();
+        let hint = closest(axis, known.iter().copied()).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
         ConfigError::invalid(
             key,
             format!(
@@ -73,11 +63,7 @@ pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
     };
     for LogicalAxisRule(name, axes) in &config.logical_axis_rules {
         if let Some(axis) = axes.to_vec().iter().find(|a| !known.contains(&a.as_str())) {
-            return Err(unknown(
-                axis,
-                "logical_axis_rules",
-                format!("the rule for `{name}`"),
-            ));
+            return Err(unknown(axis, "logical_axis_rules", format!("the rule for `{name}`")));
         }
     }
     for group in &config.data_sharding {
@@ -94,27 +80,14 @@ mod tests {
     use crate::config::keys::RuleAxes;
 
     fn rule(name: &str, axes: &[&str]) -> LogicalAxisRule {
-        LogicalAxisRule(
-            name.into(),
-            RuleAxes::Many(axes.iter().map(|a| a.to_string()).collect()),
-        )
+        LogicalAxisRule(name.into(), RuleAxes::Many(axes.iter().map(|a| a.to_string()).collect()))
     }
 
     #[test]
     fn merge_replaces_rows_by_name_and_appends() {
-        let base = vec![
-            rule("norm", &["tensor"]),
-            rule("embed", &["fsdp"]),
-            rule("embed", &["context"]),
-        ];
+        let base = vec![rule("norm", &["tensor"]), rule("embed", &["fsdp"]), rule("embed", &["context"])];
         let merged = merge(base.clone(), vec![rule("embed", &["data"])], false);
-        assert_eq!(
-            merged,
-            vec![rule("norm", &["tensor"]), rule("embed", &["data"])]
-        );
-        assert_eq!(
-            merge(base, vec![rule("x", &[])], true),
-            vec![rule("x", &[])]
-        );
+        assert_eq!(merged, vec![rule("norm", &["tensor"]), rule("embed", &["data"])]);
+        assert_eq!(merge(base, vec![rule("x", &[])], true), vec![rule("x", &[])]);
     }
 }

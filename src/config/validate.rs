@@ -48,18 +48,8 @@ impl Derived {
 impl fmt::Display for Derived {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let batch_shards: usize = self.batch_axes.iter().map(|a| self.mesh.size(a)).product();
-        writeln!(
-            f,
-            "model: {} ({} parameters)",
-            self.model_name,
-            human(self.num_params)
-        )?;
-        writeln!(
-            f,
-            "devices: {} in {}",
-            self.num_devices,
-            mesh::plural(self.num_slices, "slice")
-        )?;
+        writeln!(f, "model: {} ({} parameters)", self.model_name, human(self.num_params))?;
+        writeln!(f, "devices: {} in {}", self.num_devices, mesh::plural(self.num_slices, "slice"))?;
         writeln!(f, "mesh: {}", self.mesh)?;
         writeln!(
             f,
@@ -77,21 +67,13 @@ impl fmt::Display for Derived {
             "tokens per step: {} x {} = {}",
             self.global_batch_size, self.max_target_length, self.tokens_per_step
         )?;
-        write!(
-            f,
-            "steps: {} (schedule {}, warmup {})",
-            self.steps, self.schedule_steps, self.warmup_steps
-        )
+        write!(f, "steps: {} (schedule {}, warmup {})", self.steps, self.schedule_steps, self.warmup_steps)
     }
 }
 
 /// Validates `config` for `num_devices` devices in `num_slices` slices (hosts, on GPU) and derives
 /// the run's shapes. Each error names the keys involved and what would be valid.
-pub fn validate(
-    config: &Config,
-    num_devices: usize,
-    num_slices: usize,
-) -> Result<Derived, ConfigError> {
+pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Result<Derived, ConfigError> {
     check_model(config)?;
     check_training(config)?;
     check_hardware(config)?;
@@ -100,7 +82,10 @@ pub fn validate(
     if mesh.size("stage") > 1 {
         return Err(ConfigError::invalid(
             "ici_pipeline_parallelism, dcn_pipeline_parallelism",
-            format!("the stage axis has size {}; maxrs does not implement pipeline parallelism, use fsdp or data instead", mesh.size("stage")),
+            format!(
+                "the stage axis has size {}; maxrs does not implement pipeline parallelism, use fsdp or data instead",
+                mesh.size("stage")
+            ),
         ));
     }
 
@@ -115,10 +100,8 @@ pub fn validate(
             ),
         ));
     }
-    let batch_axes: Vec<String> = rules::first_rule(config, "activation_batch")
-        .into_iter()
-        .filter(|a| config.mesh_axes.contains(a))
-        .collect();
+    let batch_axes: Vec<String> =
+        rules::first_rule(config, "activation_batch").into_iter().filter(|a| config.mesh_axes.contains(a)).collect();
     let shards: usize = batch_axes.iter().map(|a| mesh.size(a)).product();
     if !micro.is_multiple_of(shards) {
         return Err(ConfigError::invalid(
@@ -135,11 +118,8 @@ pub fn validate(
     let accumulation = config.gradient_accumulation_steps as usize;
     let global = micro * accumulation;
     let steps = config.steps as usize;
-    let schedule_steps = if config.learning_rate_schedule_steps == -1 {
-        steps
-    } else {
-        config.learning_rate_schedule_steps as usize
-    };
+    let schedule_steps =
+        if config.learning_rate_schedule_steps == -1 { steps } else { config.learning_rate_schedule_steps as usize };
     Ok(Derived {
         model_name: config.model_name.clone(),
         num_params: num_params(config),
@@ -184,10 +164,7 @@ fn positive(key: &str, value: i64) -> Result<(), ConfigError> {
     if value > 0 {
         Ok(())
     } else {
-        Err(ConfigError::invalid(
-            key,
-            format!("{key}={value}; it must be a positive integer"),
-        ))
+        Err(ConfigError::invalid(key, format!("{key}={value}; it must be a positive integer")))
     }
 }
 
@@ -195,10 +172,7 @@ fn in_range(key: &str, value: f64, range: &str, ok: bool) -> Result<(), ConfigEr
     if ok {
         Ok(())
     } else {
-        Err(ConfigError::invalid(
-            key,
-            format!("{key}={value}; it must be in {range}"),
-        ))
+        Err(ConfigError::invalid(key, format!("{key}={value}; it must be in {range}")))
     }
 }
 
@@ -216,10 +190,8 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
         positive(key, value)?;
     }
     if c.base_num_query_heads % c.base_num_kv_heads != 0 {
-        let divisors: Vec<String> = (1..=c.base_num_query_heads)
-            .filter(|d| c.base_num_query_heads % d == 0)
-            .map(|d| d.to_string())
-            .collect();
+        let divisors: Vec<String> =
+            (1..=c.base_num_query_heads).filter(|d| c.base_num_query_heads % d == 0).map(|d| d.to_string()).collect();
         return Err(ConfigError::invalid(
             "base_num_query_heads, base_num_kv_heads",
             format!(
@@ -239,17 +211,11 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
     if c.mlp_activations != ["silu", "linear"] {
         return Err(ConfigError::invalid(
             "mlp_activations",
-            format!(
-                "[{}]; maxrs implements the SwiGLU MLP only: [silu, linear]",
-                c.mlp_activations.join(", ")
-            ),
+            format!("[{}]; maxrs implements the SwiGLU MLP only: [silu, linear]", c.mlp_activations.join(", ")),
         ));
     }
     if c.enable_dropout {
-        return Err(ConfigError::invalid(
-            "enable_dropout",
-            "true, but maxrs has no dropout; set enable_dropout=false",
-        ));
+        return Err(ConfigError::invalid("enable_dropout", "true, but maxrs has no dropout; set enable_dropout=false"));
     }
     Ok(())
 }
@@ -260,46 +226,18 @@ fn check_training(c: &Config) -> Result<(), ConfigError> {
     positive("max_target_length", c.max_target_length)?;
     positive("log_period", c.log_period)?;
     if c.learning_rate_schedule_steps != -1 {
-        positive(
-            "learning_rate_schedule_steps",
-            c.learning_rate_schedule_steps,
-        )?;
+        positive("learning_rate_schedule_steps", c.learning_rate_schedule_steps)?;
     }
     let pdbs = c.per_device_batch_size;
     in_range("per_device_batch_size", pdbs, "(0, inf)", pdbs > 0.0)?;
-    in_range(
-        "learning_rate",
-        c.learning_rate,
-        "[0, inf)",
-        c.learning_rate >= 0.0,
-    )?;
+    in_range("learning_rate", c.learning_rate, "[0, inf)", c.learning_rate >= 0.0)?;
     // MaxText allows 1: warmup over the whole schedule, no cosine phase.
     let w = c.warmup_steps_fraction;
-    in_range(
-        "warmup_steps_fraction",
-        w,
-        "[0, 1]",
-        (0.0..=1.0).contains(&w),
-    )?;
+    in_range("warmup_steps_fraction", w, "[0, 1]", (0.0..=1.0).contains(&w))?;
     let f = c.learning_rate_final_fraction;
-    in_range(
-        "learning_rate_final_fraction",
-        f,
-        "[0, 1]",
-        (0.0..=1.0).contains(&f),
-    )?;
-    in_range(
-        "adam_b1",
-        c.adam_b1,
-        "[0, 1)",
-        (0.0..1.0).contains(&c.adam_b1),
-    )?;
-    in_range(
-        "adam_b2",
-        c.adam_b2,
-        "[0, 1)",
-        (0.0..1.0).contains(&c.adam_b2),
-    )?;
+    in_range("learning_rate_final_fraction", f, "[0, 1]", (0.0..=1.0).contains(&f))?;
+    in_range("adam_b1", c.adam_b1, "[0, 1)", (0.0..1.0).contains(&c.adam_b1))?;
+    in_range("adam_b2", c.adam_b2, "[0, 1)", (0.0..1.0).contains(&c.adam_b2))?;
     for (key, value) in [
         ("adam_eps", c.adam_eps),
         ("adam_eps_root", c.adam_eps_root),
@@ -339,15 +277,11 @@ fn check_hardware(c: &Config) -> Result<(), ConfigError> {
     let plugin = c.plugin.as_str();
     let is_path = plugin.contains('/') || plugin.ends_with(".so");
     if !is_path && !PLUGINS.contains(&plugin) {
-        let hint = closest(plugin, PLUGINS.iter().copied())
-            .map(|s| format!("; did you mean `{s}`?"))
-            .unwrap_or_default();
+        let hint =
+            closest(plugin, PLUGINS.iter().copied()).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
         return Err(ConfigError::invalid(
             "plugin",
-            format!(
-                "`{plugin}` is not one of {} nor a path to a PJRT plugin .so{hint}",
-                PLUGINS.join(", ")
-            ),
+            format!("`{plugin}` is not one of {} nor a path to a PJRT plugin .so{hint}", PLUGINS.join(", ")),
         ));
     }
     let fits = match c.hardware {

@@ -53,16 +53,11 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
         },
         Value::Number(n) if n.is_f64() => match &value {
             Value::Number(v) => v.as_f64().map(Value::from),
-            Value::String(s) => parse_number::<f64>(s)
-                .filter(|x| x.is_finite())
-                .map(Value::from),
+            Value::String(s) => parse_number::<f64>(s).filter(|x| x.is_finite()).map(Value::from),
             _ => None,
         },
         Value::Number(_) => match &value {
-            Value::Number(v) if v.is_f64() => v
-                .as_f64()
-                .filter(|x| x.fract() == 0.0)
-                .map(|x| Value::from(x as i64)),
+            Value::Number(v) if v.is_f64() => v.as_f64().filter(|x| x.fract() == 0.0).map(|x| Value::from(x as i64)),
             Value::Number(_) => Some(value.clone()),
             Value::String(s) => parse_number::<i64>(s).map(Value::from),
             _ => None,
@@ -185,10 +180,7 @@ mod tests {
             cli("mlp_activations", "[silu, linear]").unwrap(),
             serde_yaml::from_str::<Value>("[silu, linear]").unwrap()
         );
-        assert_eq!(
-            cli("mesh_axes", "fsdp").unwrap(),
-            serde_yaml::from_str::<Value>("[fsdp]").unwrap()
-        );
+        assert_eq!(cli("mesh_axes", "fsdp").unwrap(), serde_yaml::from_str::<Value>("[fsdp]").unwrap());
     }
 
     #[test]
@@ -203,19 +195,11 @@ mod tests {
     #[test]
     fn wrong_types_name_key_expectation_and_value() {
         let e = cli("steps", "many").unwrap_err().to_string();
-        assert!(
-            e.contains("`steps`") && e.contains("an integer") && e.contains("`many`"),
-            "{e}"
-        );
+        assert!(e.contains("`steps`") && e.contains("an integer") && e.contains("`many`"), "{e}");
         let e = cli("learning_rate", "nan").unwrap_err().to_string();
         assert!(e.contains("a number"), "{e}");
-        let e = cli("logical_axis_rules", "[[embed]]")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("logical_axis_rules") && e.contains("rows"),
-            "{e}"
-        );
+        let e = cli("logical_axis_rules", "[[embed]]").unwrap_err().to_string();
+        assert!(e.contains("logical_axis_rules") && e.contains("rows"), "{e}");
         let e = cli("data_sharding", "[[1, [2]]]").unwrap_err().to_string();
         assert!(e.contains("lists of strings"), "{e}");
     }
@@ -223,10 +207,7 @@ mod tests {
     #[test]
     fn choices_are_checked_with_a_suggestion() {
         let e = cli("remat_policy", "ful").unwrap_err().to_string();
-        assert!(
-            e.contains("full, minimal, save_qkv_proj, none") && e.contains("did you mean `full`"),
-            "{e}"
-        );
+        assert!(e.contains("full, minimal, save_qkv_proj, none") && e.contains("did you mean `full`"), "{e}");
         assert!(cli("dtype", "float32").is_ok());
     }
 }

@@ -184,9 +184,7 @@ impl Client {
             args.kv_put_user_arg = user_arg;
         }
         crate::pjrt_call!(plugin, PJRT_Client_Create, args)?;
-        Ok(Client {
-            inner: Arc::new(ClientInner { plugin: plugin.clone(), raw: args.client, _kv_store: kv_store }),
-        })
+        Ok(Client { inner: Arc::new(ClientInner { plugin: plugin.clone(), raw: args.client, _kv_store: kv_store }) })
     }
 
     pub fn plugin(&self) -> &Arc<Plugin> {
@@ -234,10 +232,7 @@ impl Client {
         if len == 0 {
             return Ok(Vec::new());
         }
-        unsafe { std::slice::from_raw_parts(raw, len) }
-            .iter()
-            .map(|&d| Device::from_raw(&self.inner, d))
-            .collect()
+        unsafe { std::slice::from_raw_parts(raw, len) }.iter().map(|&d| Device::from_raw(&self.inner, d)).collect()
     }
 
     /// Compiles StableHLO MLIR text for this client's devices.

@@ -121,10 +121,7 @@ impl CompileOptions {
         let device_assignment = self.device_assignment.as_ref().map(|ids| DeviceAssignmentProto {
             replica_count: self.num_replicas as i32,
             computation_count: self.num_partitions as i32,
-            computation_devices: ids
-                .iter()
-                .map(|&id| ComputationDevice { replica_device_ids: vec![id] })
-                .collect(),
+            computation_devices: ids.iter().map(|&id| ComputationDevice { replica_device_ids: vec![id] }).collect(),
         });
         let env_option_overrides = self
             .xla_option_overrides

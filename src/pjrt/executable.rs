@@ -161,9 +161,12 @@ impl Executable {
     /// Per-device parameter and output shapes, from the optimized module's entry computation.
     pub fn signature(&self) -> Result<Signature> {
         let (format, proto) = self.optimized_program()?;
-        let decode_error = |e: prost::DecodeError| Error::invalid(format!("cannot decode the optimized {format} program: {e}"));
+        let decode_error =
+            |e: prost::DecodeError| Error::invalid(format!("cannot decode the optimized {format} program: {e}"));
         let module = match format.as_str() {
-            "hlo_with_config" => hlo::HloModuleProtoWithConfig::decode(proto.as_slice()).map_err(decode_error)?.hlo_module,
+            "hlo_with_config" => {
+                hlo::HloModuleProtoWithConfig::decode(proto.as_slice()).map_err(decode_error)?.hlo_module
+            }
             _ => Some(hlo::HloModuleProto::decode(proto.as_slice()).map_err(decode_error)?),
         };
         // After SPMD partitioning this is the per-device signature.
@@ -271,10 +274,11 @@ impl LoadedExecutable {
         devices.executable = raw;
         crate::pjrt_call!(plugin, PJRT_LoadedExecutable_AddressableDevices, devices)?;
         if devices.num_addressable_devices > 0 {
-            loaded.devices = unsafe { std::slice::from_raw_parts(devices.addressable_devices, devices.num_addressable_devices) }
-                .iter()
-                .map(|&d| Device::from_raw(client, d))
-                .collect::<Result<_>>()?;
+            loaded.devices =
+                unsafe { std::slice::from_raw_parts(devices.addressable_devices, devices.num_addressable_devices) }
+                    .iter()
+                    .map(|&d| Device::from_raw(client, d))
+                    .collect::<Result<_>>()?;
         }
         loaded.signature = loaded.executable.signature()?;
         Ok(loaded)

@@ -99,8 +99,7 @@ macro_rules! args_struct {
     };
 }
 
-pub type CallbackError =
-    unsafe extern "C" fn(code: ErrorCode, message: *const c_char, size: usize) -> *mut Error;
+pub type CallbackError = unsafe extern "C" fn(code: ErrorCode, message: *const c_char, size: usize) -> *mut Error;
 pub type ValueDeleter = unsafe extern "C" fn(value: *mut c_char);
 
 args_struct!(ErrorDestroyArgs { error: *mut Error });

@@ -58,9 +58,8 @@ impl NamedValues {
             entry.name_size = name.len();
             match value {
                 Value::Str(s) => {
-                    let c = CString::new(s.as_str()).map_err(|_| {
-                        Error::invalid(format!("option {name}: value contains a NUL byte"))
-                    })?;
+                    let c = CString::new(s.as_str())
+                        .map_err(|_| Error::invalid(format!("option {name}: value contains a NUL byte")))?;
                     entry.value_type = ffi::NAMED_STRING;
                     entry.value.string_value = c.as_ptr();
                     entry.value_size = s.len();
@@ -165,10 +164,8 @@ static LOADED: OnceLock<Mutex<HashMap<PathBuf, Arc<Plugin>>>> = OnceLock::new();
 impl Plugin {
     /// Loads and initialises the plugin at `path`, or returns the one already loaded from there.
     pub fn load(path: &Path) -> Result<Arc<Plugin>> {
-        let key = path.canonicalize().map_err(|e| Error::Load {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let key =
+            path.canonicalize().map_err(|e| Error::Load { path: path.display().to_string(), reason: e.to_string() })?;
         let mut loaded = LOADED.get_or_init(Default::default).lock().unwrap();
         if let Some(plugin) = loaded.get(&key) {
             return Ok(plugin.clone());

@@ -10,58 +10,31 @@ fn tpu_args(t: &Topology) -> (&str, &[(&'static str, OptionValue)]) {
 #[test]
 fn a3mega_2_is_two_hosts_of_eight_h100() {
     let t = lookup("a3mega-2", 1).unwrap();
-    assert_eq!(
-        (t.num_devices(), t.num_hosts(), t.devices_per_host),
-        (16, 2, 8)
-    );
+    assert_eq!((t.num_devices(), t.num_hosts(), t.devices_per_host), (16, 2, 8));
     assert_eq!(t.platform, Platform::Cuda);
     assert_eq!(t.device_kind, "NVIDIA H100 80GB HBM3");
-    assert_eq!(
-        t.args,
-        TopologyArgs::Gpu {
-            topology: "2x1x8".into(),
-            target: GpuTarget::H100Sxm
-        }
-    );
+    assert_eq!(t.args, TopologyArgs::Gpu { topology: "2x1x8".into(), target: GpuTarget::H100Sxm });
 }
 
 #[test]
 fn gpu_names_and_maxtext_a3_slices() {
     let a3 = lookup("a3", 4).unwrap();
     assert_eq!((a3.num_devices(), a3.num_hosts()), (32, 4));
-    assert_eq!(
-        a3.args,
-        TopologyArgs::Gpu {
-            topology: "4x1x8".into(),
-            target: GpuTarget::H100Sxm
-        }
-    );
+    assert_eq!(a3.args, TopologyArgs::Gpu { topology: "4x1x8".into(), target: GpuTarget::H100Sxm });
     let ultra = lookup("a3ultra-3", 1).unwrap();
-    assert_eq!(
-        (ultra.num_devices(), ultra.memory_bytes_per_device),
-        (24, Some(151_397_597_184))
-    );
+    assert_eq!((ultra.num_devices(), ultra.memory_bytes_per_device), (24, Some(151_397_597_184)));
     assert_eq!(
         lookup("h100-1", 1).unwrap().args,
-        TopologyArgs::Gpu {
-            topology: "1x1x1".into(),
-            target: GpuTarget::H100Sxm
-        }
+        TopologyArgs::Gpu { topology: "1x1x1".into(), target: GpuTarget::H100Sxm }
     );
     assert_eq!(lookup("h100-8", 1).unwrap().num_devices(), 8);
-    assert!(lookup("h100-4", 1)
-        .unwrap_err()
-        .to_string()
-        .contains("h100-1 and h100-8"));
+    assert!(lookup("h100-4", 1).unwrap_err().to_string().contains("h100-1 and h100-8"));
 }
 
 #[test]
 fn v5e_256_two_slices() {
     let t = lookup("v5e-256", 2).unwrap();
-    assert_eq!(
-        (t.num_devices(), t.hosts_per_slice, t.devices_per_host),
-        (512, 64, 4)
-    );
+    assert_eq!((t.num_devices(), t.hosts_per_slice, t.devices_per_host), (512, 64, 4));
     let (name, options) = tpu_args(&t);
     assert_eq!(name, "v5e:16x16");
     assert_eq!(
@@ -97,10 +70,7 @@ fn tpu_names_map_like_maxtext() {
         let t = lookup(name, 1).unwrap();
         let (got, options) = tpu_args(&t);
         assert_eq!((got, t.devices_per_slice()), (topology, devices), "{name}");
-        assert!(
-            options.contains(&("wrap", OptionValue::Ints(wrap.to_vec()))),
-            "{name}: {options:?}"
-        );
+        assert!(options.contains(&("wrap", OptionValue::Ints(wrap.to_vec()))), "{name}: {options:?}");
     }
     assert_eq!(lookup("v4-8", 1).unwrap().hosts_per_slice, 1);
     assert_eq!(lookup("v5e-1", 1).unwrap().devices_per_host, 1);
@@ -120,10 +90,7 @@ fn sizes_maxtext_does_not_list_are_refused_with_the_valid_ones() {
 fn unknown_names_list_the_valid_ones() {
     for name in ["tpu-8", "a3mega", "a3mega-0", "v5e-x", "h200-8"] {
         let err = lookup(name, 1).unwrap_err().to_string();
-        assert!(
-            err.contains(name) && err.contains("a3mega-N") && err.contains("v5e-N"),
-            "{err}"
-        );
+        assert!(err.contains(name) && err.contains("a3mega-N") && err.contains("v5e-N"), "{err}");
     }
     assert!(lookup("cpu-8", 0).is_err());
 }
@@ -131,14 +98,8 @@ fn unknown_names_list_the_valid_ones() {
 #[test]
 fn cpu_topology_is_one_process() {
     let t = lookup("cpu-8", 1).unwrap();
-    assert_eq!(
-        (t.num_devices(), t.args.clone()),
-        (8, TopologyArgs::Cpu { device_count: 8 })
-    );
-    assert!(lookup("cpu-8", 2)
-        .unwrap_err()
-        .to_string()
-        .contains("cpu-16"));
+    assert_eq!((t.num_devices(), t.args.clone()), (8, TopologyArgs::Cpu { device_count: 8 }));
+    assert!(lookup("cpu-8", 2).unwrap_err().to_string().contains("cpu-16"));
 }
 
 #[test]
@@ -146,26 +107,11 @@ fn catalog_lists_every_family() {
     let patterns: Vec<_> = catalog().iter().map(|f| f.pattern).collect();
     assert_eq!(
         patterns,
-        [
-            "a3-N",
-            "a3mega-N",
-            "a3ultra-N",
-            "h100-1",
-            "h100-8",
-            "cpu-N",
-            "v4-N",
-            "v5e-N",
-            "v5p-N",
-            "v6e-N"
-        ]
+        ["a3-N", "a3mega-N", "a3ultra-N", "h100-1", "h100-8", "cpu-N", "v4-N", "v5e-N", "v5p-N", "v6e-N"]
     );
-    let v5p = catalog()
-        .into_iter()
-        .find(|f| f.pattern == "v5p-N")
-        .unwrap();
+    let v5p = catalog().into_iter().find(|f| f.pattern == "v5p-N").unwrap();
     assert!(
-        v5p.sizes.starts_with("8, 16, 32, 64, 128, 256, 384")
-            && v5p.sizes.ends_with("12288, 13824, 17920"),
+        v5p.sizes.starts_with("8, 16, 32, 64, 128, 256, 384") && v5p.sizes.ends_with("12288, 13824, 17920"),
         "{}",
         v5p.sizes
     );

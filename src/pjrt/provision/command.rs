@@ -9,12 +9,7 @@ use std::time::{Duration, Instant};
 /// the program is missing, fails, or is too slow (it is killed then). Only for short outputs:
 /// stdout is read after the exit, so more than a pipe buffer (64 KiB) would stall the child.
 pub(super) fn stdout_within(mut cmd: Command, timeout: Duration) -> Option<String> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().ok()?;
     let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {

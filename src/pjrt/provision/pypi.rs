@@ -41,28 +41,16 @@ pub(super) fn client() -> Result<Client> {
 
 /// Finds the wheel of `pin` for this machine's architecture in the index at `index_url`.
 pub(super) fn find_wheel(client: &Client, index_url: &str, pin: &WheelPin) -> Result<WheelFile> {
-    let page = format!(
-        "{}/{}/",
-        index_url.trim_end_matches('/'),
-        pin.package.to_ascii_lowercase()
-    );
-    let page_url =
-        Url::parse(&page).map_err(|e| anyhow!("invalid package index URL {page}: {e}"))?;
+    let page = format!("{}/{}/", index_url.trim_end_matches('/'), pin.package.to_ascii_lowercase());
+    let page_url = Url::parse(&page).map_err(|e| anyhow!("invalid package index URL {page}: {e}"))?;
     let response = client
         .get(page_url.clone())
         .header(ACCEPT, format!("{PEP691_JSON}, text/html;q=0.1"))
         .send()
         .and_then(|r| r.error_for_status())
         .map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(e)))?;
-    let content_type = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    let body = response
-        .text()
-        .map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(e)))?;
+    let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let body = response.text().map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(e)))?;
     let files = parse_index(&body, &content_type, &page_url)?;
     let arch = std::env::consts::ARCH;
     match pick(&files, pin.package, pin.version, arch) {
@@ -104,19 +92,15 @@ fn parse_json(body: &str, page: &Url) -> Result<Vec<WheelFile>> {
         #[serde(default)]
         hashes: std::collections::HashMap<String, String>,
     }
-    let project: Project = serde_json::from_str(body)
-        .map_err(|e| anyhow!("the package index {page} sent JSON maxrs cannot read: {e}"))?;
+    let project: Project =
+        serde_json::from_str(body).map_err(|e| anyhow!("the package index {page} sent JSON maxrs cannot read: {e}"))?;
     Ok(project
         .files
         .into_iter()
         .filter_map(|f| {
             let sha256 = f.hashes.get("sha256")?.to_ascii_lowercase();
             let url = page.join(&f.url).ok()?.to_string();
-            Some(WheelFile {
-                filename: f.filename,
-                url,
-                sha256,
-            })
+            Some(WheelFile { filename: f.filename, url, sha256 })
         })
         .collect())
 }
@@ -131,9 +115,7 @@ fn parse_html(html: &str, page: &Url) -> Vec<WheelFile> {
         let Some(tag_end) = lower[start..].find('>').map(|i| start + i) else {
             break;
         };
-        let text_end = lower[tag_end..]
-            .find("</a>")
-            .map_or(html.len(), |i| tag_end + i);
+        let text_end = lower[tag_end..].find("</a>").map_or(html.len(), |i| tag_end + i);
         pos = text_end;
         let Some(href) = attribute(&html[start..tag_end], &lower[start..tag_end], "href") else {
             continue;
@@ -141,28 +123,17 @@ fn parse_html(html: &str, page: &Url) -> Vec<WheelFile> {
         let Ok(mut url) = page.join(&unescape(href)) else {
             continue;
         };
-        let Some(sha256) = url
-            .fragment()
-            .and_then(|f| f.strip_prefix("sha256="))
-            .map(str::to_ascii_lowercase)
-        else {
+        let Some(sha256) = url.fragment().and_then(|f| f.strip_prefix("sha256=")).map(str::to_ascii_lowercase) else {
             continue;
         };
         url.set_fragment(None);
         let text = unescape(html[tag_end + 1..text_end].trim());
         let filename = if text.is_empty() {
-            url.path_segments()
-                .and_then(|mut s| s.next_back())
-                .unwrap_or("")
-                .to_string()
+            url.path_segments().and_then(|mut s| s.next_back()).unwrap_or("").to_string()
         } else {
             text
         };
-        files.push(WheelFile {
-            filename,
-            url: url.to_string(),
-            sha256,
-        });
+        files.push(WheelFile { filename, url: url.to_string(), sha256 });
     }
     files
 }
@@ -170,21 +141,14 @@ fn parse_html(html: &str, page: &Url) -> Vec<WheelFile> {
 /// The quoted value of attribute `name` in a tag (`tag` as written, `lower` its lowercase copy).
 fn attribute<'a>(tag: &'a str, lower: &str, name: &str) -> Option<&'a str> {
     let at = lower.find(&format!(" {name}="))? + name.len() + 2;
-    let quote = tag[at..]
-        .chars()
-        .next()
-        .filter(|c| *c == '"' || *c == '\'')?;
+    let quote = tag[at..].chars().next().filter(|c| *c == '"' || *c == '\'')?;
     let value = &tag[at + 1..];
     value.find(quote).map(|end| &value[..end])
 }
 
 /// The entities an index may use in URLs and file names.
 fn unescape(s: &str) -> String {
-    s.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&amp;", "&")
+    s.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&#39;", "'").replace("&amp;", "&")
 }
 
 /// The version field of a wheel file name (`{name}-{version}[-{build}]-{py}-{abi}-{platform}.whl`).
@@ -194,12 +158,7 @@ fn wheel_version(filename: &str) -> Option<&str> {
 
 /// The wheel of `package==version` for Linux on `arch`. Wheels that do not depend on the Python
 /// ABI come first; otherwise the first listed (libtpu ships one per CPython with the same library).
-pub(super) fn pick<'a>(
-    files: &'a [WheelFile],
-    package: &str,
-    version: &str,
-    arch: &str,
-) -> Option<&'a WheelFile> {
+pub(super) fn pick<'a>(files: &'a [WheelFile], package: &str, version: &str, arch: &str) -> Option<&'a WheelFile> {
     let arch_suffix = format!("_{arch}");
     let mut matching = files
         .iter()
@@ -208,10 +167,9 @@ pub(super) fn pick<'a>(
             let [name, ver, .., abi, platform] = parts[..] else {
                 return None;
             };
-            let linux_here = platform.split('.').any(|tag| {
-                (tag.starts_with("manylinux") || tag.starts_with("linux"))
-                    && tag.ends_with(&arch_suffix)
-            });
+            let linux_here = platform
+                .split('.')
+                .any(|tag| (tag.starts_with("manylinux") || tag.starts_with("linux")) && tag.ends_with(&arch_suffix));
             let fits = (parts.len() == 5 || parts.len() == 6)
                 && normalize(name) == normalize(package)
                 && ver == version
@@ -226,55 +184,31 @@ pub(super) fn pick<'a>(
 /// Downloads `file` into a temporary file in `dir`, checking its sha256. On any failure the
 /// partial file is deleted (dropped); a killed process leaves only a `.partial` name behind.
 pub(super) fn download(client: &Client, file: &WheelFile, dir: &Path) -> Result<NamedTempFile> {
-    let failed = |what: String| {
-        anyhow!(
-            "downloading {} from {} failed: {what}",
-            file.filename,
-            file.url
-        )
-    };
-    let mut response = client
-        .get(&file.url)
-        .send()
-        .and_then(|r| r.error_for_status())
-        .map_err(|e| failed(chain(e)))?;
+    let failed = |what: String| anyhow!("downloading {} from {} failed: {what}", file.filename, file.url);
+    let mut response = client.get(&file.url).send().and_then(|r| r.error_for_status()).map_err(|e| failed(chain(e)))?;
     let progress = progress_bar(&file.filename, &file.url, response.content_length());
     let mut tmp = tempfile::Builder::new()
         .prefix(".download-")
         .suffix(".partial")
         .tempfile_in(dir)
-        .map_err(|e| {
-            failed(format!(
-                "cannot create a temporary file in {}: {e}",
-                dir.display()
-            ))
-        })?;
+        .map_err(|e| failed(format!("cannot create a temporary file in {}: {e}", dir.display())))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut received = 0u64;
     loop {
-        let n = response.read(&mut buf).map_err(|e| {
-            failed(format!(
-                "connection lost after {}: {}",
-                HumanBytes(received),
-                chain(e)
-            ))
-        })?;
+        let n = response
+            .read(&mut buf)
+            .map_err(|e| failed(format!("connection lost after {}: {}", HumanBytes(received), chain(e))))?;
         if n == 0 {
             break;
         }
         hasher.update(&buf[..n]);
-        tmp.write_all(&buf[..n])
-            .map_err(|e| failed(format!("cannot write {}: {e}", tmp.path().display())))?;
+        tmp.write_all(&buf[..n]).map_err(|e| failed(format!("cannot write {}: {e}", tmp.path().display())))?;
         received += n as u64;
         progress.inc(n as u64);
     }
     progress.finish_and_clear();
-    let actual: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let actual: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
     if actual != file.sha256 {
         bail!(
             "sha256 mismatch for {} downloaded from {}: the index says {}, the {} received hash to {}; \
@@ -292,25 +226,16 @@ pub(super) fn download(client: &Client, file: &WheelFile, dir: &Path) -> Result<
 /// A byte progress bar on a terminal; elsewhere (logs, CI) one line saying what is downloaded.
 fn progress_bar(filename: &str, url: &str, total: Option<u64>) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
-        let size = total
-            .map(|t| format!(" ({})", HumanBytes(t)))
-            .unwrap_or_default();
+        let size = total.map(|t| format!(" ({})", HumanBytes(t))).unwrap_or_default();
         eprintln!("maxrs: downloading {filename}{size} from {url}");
         return ProgressBar::hidden();
     }
     let (bar, template) = match total {
-        Some(total) => (
-            ProgressBar::new(total),
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
-        ),
-        None => (
-            ProgressBar::no_length(),
-            "{msg} {spinner} {bytes} {bytes_per_sec}",
-        ),
+        Some(total) => (ProgressBar::new(total), "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}"),
+        None => (ProgressBar::no_length(), "{msg} {spinner} {bytes} {bytes_per_sec}"),
     };
-    let style = ProgressStyle::with_template(template)
-        .expect("progress templates are fixed and valid")
-        .progress_chars("=> ");
+    let style =
+        ProgressStyle::with_template(template).expect("progress templates are fixed and valid").progress_chars("=> ");
     bar.set_style(style);
     bar.set_message(format!("downloading {filename}"));
     bar

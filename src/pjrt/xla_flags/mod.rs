@@ -28,12 +28,7 @@ impl fmt::Display for XlaFlag {
         match &self.value {
             None => write!(f, "--{}", self.name),
             Some(v) if v.contains(WS) || v.starts_with(['"', '\'']) => {
-                write!(
-                    f,
-                    "--{}=\"{}\"",
-                    self.name,
-                    v.replace('\\', "\\\\").replace('"', "\\\"")
-                )
+                write!(f, "--{}=\"{}\"", self.name, v.replace('\\', "\\\\").replace('"', "\\\""))
             }
             Some(v) => write!(f, "--{}={v}", self.name),
         }
@@ -85,10 +80,7 @@ impl XlaFlags {
 
     /// The value of flag `name`: `None` when absent, `Some(None)` when given without a value.
     pub fn get(&self, name: &str) -> Option<Option<&str>> {
-        self.flags
-            .iter()
-            .find(|f| f.name == name)
-            .map(|f| f.value.as_deref())
+        self.flags.iter().find(|f| f.name == name).map(|f| f.value.as_deref())
     }
 
     /// Sets `name` (replacing an earlier value in place, so the order stays stable).
@@ -96,10 +88,7 @@ impl XlaFlags {
         let value = value.map(str::to_string);
         match self.flags.iter_mut().find(|f| f.name == name) {
             Some(flag) => flag.value = value,
-            None => self.flags.push(XlaFlag {
-                name: name.to_string(),
-                value,
-            }),
+            None => self.flags.push(XlaFlag { name: name.to_string(), value }),
         }
     }
 
@@ -163,15 +152,11 @@ impl fmt::Display for XlaFlags {
 /// character is `#` are comments (maxrs's own convention: XLA itself and `$(cat file)` do not
 /// understand comments, which is why the files in `xla_flags/` have none).
 pub fn load_flags_file(path: &Path) -> Result<XlaFlags> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| anyhow!("cannot read XLA flags file {}: {e}", path.display()))?;
-    let without_comments: String = text
-        .lines()
-        .filter(|line| !line.trim_start().starts_with('#'))
-        .collect::<Vec<_>>()
-        .join("\n");
-    XlaFlags::parse(&without_comments)
-        .map_err(|e| anyhow!("in XLA flags file {}: {e:#}", path.display()))
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow!("cannot read XLA flags file {}: {e}", path.display()))?;
+    let without_comments: String =
+        text.lines().filter(|line| !line.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n");
+    XlaFlags::parse(&without_comments).map_err(|e| anyhow!("in XLA flags file {}: {e:#}", path.display()))
 }
 
 /// Reads one flag at the start of `s` (which starts with a non-blank); returns it and the rest.
@@ -185,13 +170,8 @@ fn parse_one(s: &str) -> Result<(XlaFlag, &str)> {
         );
     }
     // XLA takes `--name="..."` as a quoted value only when the name is made of [-_A-Za-z0-9].
-    let name_end = s
-        .find(|c: char| !(c == '-' || c == '_' || c.is_ascii_alphanumeric()))
-        .unwrap_or(s.len());
-    let quote = s[name_end..]
-        .strip_prefix('=')
-        .and_then(|v| v.chars().next())
-        .filter(|c| *c == '"' || *c == '\'');
+    let name_end = s.find(|c: char| !(c == '-' || c == '_' || c.is_ascii_alphanumeric())).unwrap_or(s.len());
+    let quote = s[name_end..].strip_prefix('=').and_then(|v| v.chars().next()).filter(|c| *c == '"' || *c == '\'');
     let (arg, value, rest) = match quote {
         Some(quote) => {
             let (value, rest) = unquote(&s[name_end + 2..], quote)
@@ -205,16 +185,12 @@ fn parse_one(s: &str) -> Result<(XlaFlag, &str)> {
     };
     let name = match arg.strip_prefix("--") {
         Some(name) if !name.is_empty() && !name.starts_with('-') => name,
-        Some(_) => bail!("`{word}` is not a flag: a bare `--` or three dashes make XLA treat the rest as unknown flags"),
+        Some(_) => {
+            bail!("`{word}` is not a flag: a bare `--` or three dashes make XLA treat the rest as unknown flags")
+        }
         None => bail!("`{word}` has one dash; XLA only knows flags written with two (--{})", &arg[1..]),
     };
-    Ok((
-        XlaFlag {
-            name: name.to_string(),
-            value,
-        },
-        rest,
-    ))
+    Ok((XlaFlag { name: name.to_string(), value }, rest))
 }
 
 /// The text up to the closing `quote` and the rest after it; inside double quotes a backslash

@@ -29,8 +29,7 @@ const CHUNK: usize = 8 << 20;
 pub(crate) fn known_names(plugin: &Path) -> Result<Arc<BTreeSet<String>>> {
     type Key = (PathBuf, u64, Option<SystemTime>);
     static MEMO: OnceLock<Mutex<HashMap<Key, Arc<BTreeSet<String>>>>> = OnceLock::new();
-    let meta = std::fs::metadata(plugin)
-        .map_err(|e| anyhow!("cannot read plugin file {}: {e}", plugin.display()))?;
+    let meta = std::fs::metadata(plugin).map_err(|e| anyhow!("cannot read plugin file {}: {e}", plugin.display()))?;
     let key = (plugin.to_path_buf(), meta.len(), meta.modified().ok());
     let memo = MEMO.get_or_init(Default::default);
     if let Some(names) = memo.lock().expect("flag-name memo poisoned").get(&key) {
@@ -46,9 +45,7 @@ pub(crate) fn known_names(plugin: &Path) -> Result<Arc<BTreeSet<String>>> {
         }
     };
     let names = Arc::new(names);
-    memo.lock()
-        .expect("flag-name memo poisoned")
-        .insert(key, names.clone());
+    memo.lock().expect("flag-name memo poisoned").insert(key, names.clone());
     Ok(names)
 }
 
@@ -57,17 +54,10 @@ fn disk_cache_path((path, size, modified): &(PathBuf, u64, Option<SystemTime>)) 
     let mut hasher = Sha256::new();
     hasher.update(path.as_os_str().as_encoded_bytes());
     hasher.update(size.to_le_bytes());
-    let nanos = modified
-        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos());
+    let nanos = modified.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
     hasher.update(nanos.to_le_bytes());
-    let hex: String = hasher.finalize()[..12]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    cache_dir()
-        .join("xla-flag-names")
-        .join(format!("{hex}.txt"))
+    let hex: String = hasher.finalize()[..12].iter().map(|b| format!("{b:02x}")).collect();
+    cache_dir().join("xla-flag-names").join(format!("{hex}.txt"))
 }
 
 /// Saves the list atomically; a cache that cannot be written only costs a rescan next time.
@@ -89,16 +79,14 @@ fn store(dest: &Path, names: &BTreeSet<String>) {
 
 /// Reads the file in chunks (plugins are 200-500 MB) and collects the names.
 fn scan(plugin: &Path) -> Result<BTreeSet<String>> {
-    let mut file = File::open(plugin)
-        .map_err(|e| anyhow!("cannot open plugin file {}: {e}", plugin.display()))?;
+    let mut file = File::open(plugin).map_err(|e| anyhow!("cannot open plugin file {}: {e}", plugin.display()))?;
     let finder = memmem::Finder::new(PREFIX);
     let mut names = BTreeSet::new();
     let mut buf = vec![0u8; CHUNK + MAX_NAME];
     let mut carried = 0;
     loop {
-        let n = file
-            .read(&mut buf[carried..])
-            .map_err(|e| anyhow!("cannot read plugin file {}: {e}", plugin.display()))?;
+        let n =
+            file.read(&mut buf[carried..]).map_err(|e| anyhow!("cannot read plugin file {}: {e}", plugin.display()))?;
         let filled = carried + n;
         if n == 0 {
             // A name needs its NUL, so an unterminated tail holds none.
@@ -144,18 +132,13 @@ mod tests {
         // The first name straddles the end of the first read (CHUNK + MAX_NAME bytes).
         let mut bytes = vec![b'x'; CHUNK + MAX_NAME - 6];
         bytes.extend_from_slice(b"\0xla_cpu_enable_fast_math\0");
-        bytes.extend_from_slice(
-            b"junk_xla_tail_merged\0xla_Upper\0xla_\0xla_run_onexla_run_two\0xla_unterminated",
-        );
+        bytes.extend_from_slice(b"junk_xla_tail_merged\0xla_Upper\0xla_\0xla_run_onexla_run_two\0xla_unterminated");
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), &bytes).unwrap();
         // `scan`, not `known_names`: a temporary file has no place in the user's cache.
         let names = scan(file.path()).unwrap();
         let expected: BTreeSet<String> =
-            ["xla_cpu_enable_fast_math", "xla_tail_merged", "xla_run_two"]
-                .into_iter()
-                .map(String::from)
-                .collect();
+            ["xla_cpu_enable_fast_math", "xla_tail_merged", "xla_run_two"].into_iter().map(String::from).collect();
         assert_eq!(names, expected);
     }
 }

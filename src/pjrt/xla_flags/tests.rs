@@ -2,15 +2,13 @@ use super::*;
 use crate::pjrt::provision::{PluginName, Provisioner};
 
 fn flag(name: &str, value: Option<&str>) -> XlaFlag {
-    XlaFlag {
-        name: name.into(),
-        value: value.map(String::from),
-    }
+    XlaFlag { name: name.into(), value: value.map(String::from) }
 }
 
 #[test]
 fn parses_like_xla() {
-    let text = "  --xla_a=1\t--xla_b\n--xla_c=\"two words \\\" \\\\\" --xla_d='a \\ b' --xla_e= --xla_f=x=\"y\" --xla_a=3 ";
+    let text =
+        "  --xla_a=1\t--xla_b\n--xla_c=\"two words \\\" \\\\\" --xla_d='a \\ b' --xla_e= --xla_f=x=\"y\" --xla_a=3 ";
     let flags = XlaFlags::parse(text).unwrap();
     let expected = vec![
         flag("xla_a", Some("3")),
@@ -67,15 +65,8 @@ fn merge_lets_later_sources_win_and_keeps_order() {
 fn flags_files_allow_comment_lines() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("x.flags");
-    std::fs::write(
-        &path,
-        "# tuned for tests\n--xla_a=1\n  # indented comment\n--xla_b=\"x y\"\n",
-    )
-    .unwrap();
-    assert_eq!(
-        load_flags_file(&path).unwrap().to_env_string(),
-        "--xla_a=1 --xla_b=\"x y\""
-    );
+    std::fs::write(&path, "# tuned for tests\n--xla_a=1\n  # indented comment\n--xla_b=\"x y\"\n").unwrap();
+    assert_eq!(load_flags_file(&path).unwrap().to_env_string(), "--xla_a=1 --xla_b=\"x y\"");
     std::fs::write(&path, "--xla_a=1 oops\n").unwrap();
     let err = load_flags_file(&path).unwrap_err().to_string();
     assert!(err.contains("x.flags") && err.contains("oops"), "{err}");
@@ -98,10 +89,7 @@ fn shipped_flag_files_parse_and_have_no_comments() {
 
 /// Uses the CPU plugin (installed, cached or downloaded once, ~60 MB).
 fn cpu_plugin() -> std::path::PathBuf {
-    Provisioner::from_env()
-        .plugin(PluginName::Cpu)
-        .unwrap()
-        .path
+    Provisioner::from_env().plugin(PluginName::Cpu).unwrap().path
 }
 
 #[test]
@@ -109,26 +97,18 @@ fn cpu_flags_are_known_to_the_cpu_plugin() {
     let flags = load_flags_file(&repo_file("xla_flags/cpu.flags")).unwrap();
     let start = std::time::Instant::now();
     flags.validate_against_plugin(&cpu_plugin()).unwrap();
-    eprintln!(
-        "validated {} flags in {:?}",
-        flags.iter().count(),
-        start.elapsed()
-    );
+    eprintln!("validated {} flags in {:?}", flags.iter().count(), start.elapsed());
 }
 
 #[test]
 fn unknown_flag_is_refused_with_suggestion_and_plugin() {
     let plugin = cpu_plugin();
-    let flags = XlaFlags::parse("--xla_cpu_multi_thread_eigen=true --xla_cpu_multi_thread_eigan=false --xla_gpu_graph_level=0").unwrap();
-    let err = flags
-        .validate_against_plugin(&plugin)
-        .unwrap_err()
-        .to_string();
+    let flags =
+        XlaFlags::parse("--xla_cpu_multi_thread_eigen=true --xla_cpu_multi_thread_eigan=false --xla_gpu_graph_level=0")
+            .unwrap();
+    let err = flags.validate_against_plugin(&plugin).unwrap_err().to_string();
     assert!(err.contains("2 XLA flags are unknown"), "{err}");
-    assert!(
-        err.contains("--xla_cpu_multi_thread_eigan: did you mean --xla_cpu_multi_thread_eigen?"),
-        "{err}"
-    );
+    assert!(err.contains("--xla_cpu_multi_thread_eigan: did you mean --xla_cpu_multi_thread_eigen?"), "{err}");
     // Removed from XLA (only its reserved proto field name is left in the library).
     assert!(err.contains("--xla_gpu_graph_level"), "{err}");
     assert!(err.contains(&plugin.display().to_string()), "{err}");

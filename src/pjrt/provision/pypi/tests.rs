@@ -53,11 +53,7 @@ fn parses_pep691_json() {
 }
 
 fn file(name: &str) -> WheelFile {
-    WheelFile {
-        filename: name.into(),
-        url: format!("https://x/{name}"),
-        sha256: "00".into(),
-    }
+    WheelFile { filename: name.into(), url: format!("https://x/{name}"), sha256: "00".into() }
 }
 
 #[test]
@@ -107,12 +103,7 @@ fn serve_once(body: &'static [u8]) -> String {
             line.clear();
         }
         let mut stream = stream;
-        write!(
-            stream,
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        )
-        .unwrap();
+        write!(stream, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).unwrap();
         stream.write_all(body).unwrap();
     });
     format!("http://{addr}/demo-1.0-py3-none-any.whl")
@@ -127,20 +118,13 @@ const BODY: &[u8] = b"wheel bytes";
 const WRONG_SHA: &str = "0e5b64ae5dba4d2d8f4e1d3ff1ab8d9f35c3d6c3ab6b1d5c63fc9e5bc1a46a8f";
 
 fn body_sha() -> String {
-    Sha256::digest(BODY)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Sha256::digest(BODY).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[test]
 fn download_keeps_verified_file() {
     let dir = tempfile::tempdir().unwrap();
-    let wheel = WheelFile {
-        filename: "demo".into(),
-        url: serve_once(BODY),
-        sha256: body_sha(),
-    };
+    let wheel = WheelFile { filename: "demo".into(), url: serve_once(BODY), sha256: body_sha() };
     let tmp = download(&local_client(), &wheel, dir.path()).unwrap();
     assert_eq!(std::fs::read(tmp.path()).unwrap(), BODY);
 }
@@ -149,21 +133,8 @@ fn download_keeps_verified_file() {
 fn sha256_mismatch_is_refused_and_leaves_no_file() {
     let dir = tempfile::tempdir().unwrap();
     assert_ne!(WRONG_SHA, body_sha(), "the test needs a wrong hash");
-    let wheel = WheelFile {
-        filename: "demo".into(),
-        url: serve_once(BODY),
-        sha256: WRONG_SHA.into(),
-    };
-    let err = download(&local_client(), &wheel, dir.path())
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("sha256 mismatch") && err.contains(WRONG_SHA) && err.contains(&body_sha()),
-        "{err}"
-    );
-    assert_eq!(
-        std::fs::read_dir(dir.path()).unwrap().count(),
-        0,
-        "a rejected download must leave nothing"
-    );
+    let wheel = WheelFile { filename: "demo".into(), url: serve_once(BODY), sha256: WRONG_SHA.into() };
+    let err = download(&local_client(), &wheel, dir.path()).unwrap_err().to_string();
+    assert!(err.contains("sha256 mismatch") && err.contains(WRONG_SHA) && err.contains(&body_sha()), "{err}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "a rejected download must leave nothing");
 }
