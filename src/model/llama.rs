@@ -379,7 +379,8 @@ pub fn forward(c: &LlamaConfig, params: &Tree, tokens: &Tensor, keep_layer_outpu
     } else {
         y.matmul(&params["decoder.logits_dense.kernel"].astype(c.dtype))
     };
-    let logits = constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"]);
+    let logits =
+        constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"]);
     Forward { embeddings: x, layer_outputs, logits }
 }
 
