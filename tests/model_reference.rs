@@ -362,3 +362,41 @@ fn clone_params(p: &RefParams) -> RefParams {
         logits_dense: p.logits_dense.clone(),
     }
 }
+
+/// `init_params`: every parameter of `param_defs` with its shape and dtype, MaxText's scales
+/// (embedding stddev 1, kernels stddev sqrt(1/fan_in), norm scales 1), the same values for the
+/// same seed and different values for another seed.
+#[test]
+fn init_params_follow_the_defs_and_the_seed() {
+    use maxrs::model::llama::ParamInit;
+    use maxrs::tensor::random;
+    let c = config(true, &[]);
+    let init = |seed: u32| {
+        let program = trace(&Signature::new(None), |ctx, _| llama::init_params(&c, &random::key(ctx, seed)))
+            .expect("init traces");
+        common::run(&program, &Tree::new())
+    };
+    let (a, again, other) = (init(0), init(0), init(1));
+    let defs = llama::param_defs(&c);
+    assert_eq!(a.len(), defs.len());
+    for def in &defs {
+        let values = a[def.name.as_str()].to_f64();
+        assert_eq!(a[def.name.as_str()].dims, def.shape, "{}", def.name);
+        assert_eq!(values, again[def.name.as_str()].to_f64(), "{} is not deterministic", def.name);
+        let n = values.len() as f64;
+        let mean = values.iter().sum::<f64>() / n;
+        let std = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+        match def.init {
+            ParamInit::Ones => assert!(values.iter().all(|&v| v == 1.0), "{}", def.name),
+            ParamInit::Normal(s) => assert!((std / s - 1.0).abs() < 0.05, "{}: std {std}", def.name),
+            ParamInit::FanIn(fan_in) => {
+                let want = (1.0 / fan_in as f64).sqrt();
+                assert!((std / want - 1.0).abs() < 0.05, "{}: std {std}, expected {want}", def.name);
+                assert!(values.iter().all(|v| v.abs() <= 2.0 * want / 0.8796 + 1e-6), "{} not truncated", def.name);
+            }
+        }
+        if def.init != ParamInit::Ones {
+            assert_ne!(values, other[def.name.as_str()].to_f64(), "{} ignores the seed", def.name);
+        }
+    }
+}
