@@ -29,6 +29,7 @@ impl Config {
     fn new(model_name: &str, layers: i64, scan_layers: bool, remat: RematPolicy, batch: i64, seq: i64) -> Config {
         let overrides = [
             format!("model_name={model_name}"),
+            "override_model_config=true".to_string(),
             format!("base_num_decoder_layers={layers}"),
             format!("scan_layers={scan_layers}"),
         ];
