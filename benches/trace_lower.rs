@@ -1,4 +1,4 @@
-//! Benchmark: trace, differentiate and lower a Llama-style transformer (llama2-7b shapes:
+//! Benchmark: trace, differentiate and lower `maxrs::model::llama` (llama2-7b shapes:
 //! emb 4096, 32 heads of 128, mlp 11008, vocab 32000, seq 2048, batch 4; nothing runs) with
 //! scan_layers on and off, and print median times and MLIR sizes. Before timing, a tiny
 //! configuration of the same model is compiled and run on the CPU plugin: its initial loss must
@@ -9,198 +9,71 @@
 use maxrs::autodiff::value_and_grad_program;
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::lower::to_stablehlo;
+use maxrs::model::llama::{self, LlamaConfig};
 use maxrs::pjrt::{cpu_client, HostTensor};
 use maxrs::runtime::run_program;
-use maxrs::sharding::{LogicalRules, Mesh, PartitionSpec};
-use maxrs::tensor::{checkpoint, concatenate, einsum, scan, trace, where_, RematPolicy, Tensor, Trace, Tree};
+use maxrs::sharding::{LogicalRules, Mesh};
+use maxrs::tensor::{trace, RematPolicy, Tree};
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
+/// The model of `maxrs::model::llama` for a built-in model name, plus the batch shape.
 #[derive(Clone)]
 struct Config {
-    layers: i64,
-    emb: i64,
-    heads: i64,
-    head_dim: i64,
-    mlp: i64,
-    vocab: i64,
+    model: LlamaConfig,
     seq: i64,
     batch: i64,
-    scan_layers: bool,
-    remat: RematPolicy,
 }
 
 impl Config {
+    fn new(model_name: &str, layers: i64, scan_layers: bool, remat: RematPolicy, batch: i64, seq: i64) -> Config {
+        let overrides = [
+            format!("model_name={model_name}"),
+            "override_model_config=true".to_string(),
+            format!("base_num_decoder_layers={layers}"),
+            format!("scan_layers={scan_layers}"),
+        ];
+        let mut model = LlamaConfig::from_config(&maxrs::config::load(None, &overrides).expect("built-in config"));
+        model.remat = remat;
+        model.rules = LogicalRules::maxtext();
+        Config { model, seq, batch }
+    }
+
     fn llama2_7b(layers: i64, scan_layers: bool, remat: RematPolicy) -> Config {
-        Config {
-            layers,
-            emb: 4096,
-            heads: 32,
-            head_dim: 128,
-            mlp: 11008,
-            vocab: 32000,
-            seq: 2048,
-            batch: 4,
-            scan_layers,
-            remat,
-        }
+        Config::new("llama2-7b", layers, scan_layers, remat, 4, 2048)
     }
-}
-
-/// Per-layer parameters: name, shape, logical axis names.
-fn layer_params(c: &Config) -> Vec<(&'static str, Vec<i64>, Vec<&'static str>)> {
-    let (e, h, k, m) = (c.emb, c.heads, c.head_dim, c.mlp);
-    vec![
-        ("pre_self_attention_layer_norm.scale", vec![e], vec!["norm"]),
-        ("self_attention.query.kernel", vec![e, h, k], vec!["embed", "heads", "kv"]),
-        ("self_attention.key.kernel", vec![e, h, k], vec!["embed", "heads", "kv"]),
-        ("self_attention.value.kernel", vec![e, h, k], vec!["embed", "heads", "kv"]),
-        ("self_attention.out.kernel", vec![h, k, e], vec!["heads", "kv", "embed"]),
-        ("post_self_attention_layer_norm.scale", vec![e], vec!["norm"]),
-        ("mlp.wi_0.kernel", vec![e, m], vec!["embed", "mlp"]),
-        ("mlp.wi_1.kernel", vec![e, m], vec!["embed", "mlp"]),
-        ("mlp.wo.kernel", vec![m, e], vec!["mlp", "embed"]),
-    ]
-}
-
-/// All parameters with MaxText's names (stacked under `decoder.layers` with scan_layers).
-fn params(c: &Config) -> Vec<(String, Vec<i64>, Vec<&'static str>)> {
-    let mut out = vec![
-        ("token_embedder.embedding".to_string(), vec![c.vocab, c.emb], vec!["vocab", "embed"]),
-        ("decoder.decoder_norm.scale".to_string(), vec![c.emb], vec!["norm"]),
-        ("decoder.logits_dense.kernel".to_string(), vec![c.emb, c.vocab], vec!["embed", "vocab"]),
-    ];
-    for (name, dims, logical) in layer_params(c) {
-        if c.scan_layers {
-            let stacked = std::iter::once(c.layers).chain(dims).collect();
-            out.push((format!("decoder.layers.{name}"), stacked, std::iter::once("layers").chain(logical).collect()));
-        } else {
-            for l in 0..c.layers {
-                out.push((format!("decoder.layers_{l}.{name}"), dims.clone(), logical.clone()));
-            }
-        }
-    }
-    out
 }
 
 fn signature(c: &Config, mesh: Option<Mesh>) -> Signature {
-    let rules = LogicalRules::maxtext();
     let mut sig = Signature::new(mesh.clone());
-    for (name, dims, logical) in params(c) {
-        let input = sig.input(&format!("params.{name}"), DType::F32, &dims);
-        if let Some(m) = &mesh {
-            input.sharded(rules.spec(&logical, m));
-        }
-    }
-    for name in ["inputs", "targets"] {
+    llama::declare_params(&mut sig, &c.model, "params");
+    for name in ["inputs", "targets", "targets_segmentation"] {
         let input = sig.input(name, DType::S32, &[c.batch, c.seq]);
         if let Some(m) = &mesh {
-            input.sharded(rules.spec(&["activation_batch", "activation_length"], m));
+            input.sharded(c.model.rules.spec(&["activation_batch", "activation_length"], m));
         }
     }
     sig
 }
 
-/// Rotary embedding on `[b, t, h, k]` with precomputed `[t, k/2]` tables.
-fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
-    let (t, k) = (x.shape()[1], x.shape()[3]);
-    let shape = x.shape().to_vec();
-    let half = |v: &Tensor| v.astype(x.dtype()).broadcast_in_dim(&[shape[0], t, shape[2], k / 2], &[1, 3]);
-    let (cos, sin) = (half(cos), half(sin));
-    let (x1, x2) = (x.slice_axis(3, 0, k / 2), x.slice_axis(3, k / 2, k));
-    concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 3)
-}
-
-struct Shared {
-    cos: Tensor,
-    sin: Tensor,
-    mask: Tensor,
-    activation: Option<PartitionSpec>,
-}
-
-fn constrain(x: Tensor, s: &Shared) -> Tensor {
-    match &s.activation {
-        Some(spec) => x.with_sharding_constraint(spec),
-        None => x,
-    }
-}
-
-/// One decoder layer (bf16 activations, f32 weights cast at use).
-fn decoder_layer(x: &Tensor, p: &Tree, s: &Shared, c: &Config) -> Tensor {
-    let bf = |name: &str| p[name].astype(DType::BF16);
-    let h = x.rms_norm(&p["pre_self_attention_layer_norm.scale"], 1e-5);
-    let q = einsum("btd,dhk->bthk", &[&h, &bf("self_attention.query.kernel")]).checkpoint_name("query_proj");
-    let k = einsum("btd,dhk->bthk", &[&h, &bf("self_attention.key.kernel")]).checkpoint_name("key_proj");
-    let v = einsum("btd,dhk->bthk", &[&h, &bf("self_attention.value.kernel")]).checkpoint_name("value_proj");
-    let (q, k) = (rope(&q, &s.cos, &s.sin), rope(&k, &s.cos, &s.sin));
-    let scores = einsum("bthk,bshk->bhts", &[&q, &k]).astype(DType::F32) * (1.0 / (c.head_dim as f64).sqrt());
-    let probs = where_(&s.mask, &scores, -1e9).softmax(-1).astype(DType::BF16);
-    let attn = einsum("bhts,bshk->bthk", &[&probs, &v]);
-    let out = einsum("bthk,hkd->btd", &[&attn, &bf("self_attention.out.kernel")]).checkpoint_name("out_proj");
-    let x = constrain(x + &out, s);
-    let h = x.rms_norm(&p["post_self_attention_layer_norm.scale"], 1e-5);
-    let gate = h.matmul(&bf("mlp.wi_0.kernel")).silu();
-    let up = h.matmul(&bf("mlp.wi_1.kernel"));
-    let down = (&gate * &up).matmul(&bf("mlp.wo.kernel"));
-    constrain(&x + &down, s)
-}
-
-/// Mean next-token cross-entropy of the model.
-fn loss(ctx: &Trace, inp: &Tree, c: &Config, activation: Option<PartitionSpec>) -> Tensor {
-    let p = inp.subtree("params");
-    let x = p["token_embedder.embedding"].astype(DType::BF16).take(&inp["inputs"]);
-    let positions = ctx.iota(DType::F32, &[c.seq, c.head_dim / 2], 0);
-    let inv_freq: Vec<f64> = (0..c.head_dim / 2).map(|i| 10000f64.powf(-2.0 * i as f64 / c.head_dim as f64)).collect();
-    let angles = positions * &ctx.constant(DType::F32, &[c.head_dim / 2], &inv_freq);
-    let causal = ctx.iota(DType::S32, &[c.seq, c.seq], 0).ge(ctx.iota(DType::S32, &[c.seq, c.seq], 1));
-    let mask = causal.broadcast_in_dim(&[c.batch, c.heads, c.seq, c.seq], &[2, 3]);
-    let shared = Shared { cos: angles.cos(), sin: angles.sin(), mask, activation };
-    let x = constrain(x, &shared);
-    let block = |x: &Tensor, lp: &Tree| {
-        let args = lp.clone().with("x", x.clone());
-        checkpoint(&c.remat, &args, |a| Tree::new().with("x", decoder_layer(&a["x"], a, &shared, c)))["x"].clone()
-    };
-    let x = if c.scan_layers {
-        let (carry, _) = scan(&Tree::new().with("x", x), &p.subtree("decoder.layers"), |carry, lp| {
-            (Tree::new().with("x", block(&carry["x"], lp)), Tree::new())
-        });
-        carry["x"].clone()
-    } else {
-        (0..c.layers).fold(x, |x, l| block(&x, &p.subtree(&format!("decoder.layers_{l}"))))
-    };
-    let x = x.rms_norm(&p["decoder.decoder_norm.scale"], 1e-5);
-    let logits = x.matmul(&p["decoder.logits_dense.kernel"].astype(DType::BF16)).astype(DType::F32);
-    let targets = inp["targets"].one_hot(c.vocab, DType::F32);
-    -(targets * &logits.log_softmax(-1)).sum(&[-1]).mean_all()
-}
-
 fn loss_program(c: &Config, mesh: Option<Mesh>) -> Program {
-    let rules = LogicalRules::maxtext();
-    let activation =
-        mesh.as_ref().map(|m| rules.spec(&["activation_batch", "activation_length", "activation_embed"], m));
-    trace(&signature(c, mesh), |ctx, inp| Tree::new().with("loss", loss(ctx, inp, c, activation.clone())))
-        .expect("the model traces")
+    trace(&signature(c, mesh), |_ctx, inp| {
+        let (loss, _) = llama::loss(&c.model, &inp.subtree("params"), inp, 0.0);
+        Tree::new().with("loss", loss)
+    })
+    .expect("the model traces")
 }
 
 fn grad_names(c: &Config) -> Vec<String> {
-    params(c).into_iter().map(|(n, _, _)| format!("params.{n}")).collect()
+    llama::param_defs(&c.model).into_iter().map(|d| format!("params.{}", d.name)).collect()
 }
 
-/// Compiles and runs a tiny configuration on the CPU plugin: the initial loss is about ln(vocab).
+/// Compiles and runs the tiny default model on the CPU plugin: the initial loss with small
+/// random weights is about ln(vocab).
 fn sanity_check() {
     for scan_layers in [false, true] {
-        let c = Config {
-            layers: 2,
-            emb: 64,
-            heads: 4,
-            head_dim: 16,
-            mlp: 128,
-            vocab: 256,
-            seq: 16,
-            batch: 2,
-            scan_layers,
-            remat: RematPolicy::Full,
-        };
+        let c = Config::new("default", 2, scan_layers, RematPolicy::Full, 2, 16);
+        let vocab = c.model.vocab;
         let names = grad_names(&c);
         let program =
             value_and_grad_program(&loss_program(&c, None), &names.iter().map(String::as_str).collect::<Vec<_>>());
@@ -209,9 +82,10 @@ fn sanity_check() {
         for spec in &program.inputs {
             let n = spec.ty.shape.num_elements() as usize;
             let t = match spec.ty.dtype {
+                DType::S32 if spec.name == "targets_segmentation" => HostTensor::from_i32(&spec.ty.shape, &vec![1; n]),
                 DType::S32 => HostTensor::from_i32(
                     &spec.ty.shape,
-                    &(0..n).map(|_| rng.gen_range(0..c.vocab as i32)).collect::<Vec<_>>(),
+                    &(0..n).map(|_| rng.gen_range(0..vocab as i32)).collect::<Vec<_>>(),
                 ),
                 _ if spec.name.ends_with(".scale") => HostTensor::from_f32(&spec.ty.shape, &vec![1.0; n]),
                 _ => HostTensor::from_f32(
@@ -223,8 +97,8 @@ fn sanity_check() {
         }
         let out = run_program(&cpu_client(1).expect("CPU plugin"), &program, &inputs).expect("the tiny model runs");
         let loss = out["loss"].to_f32()[0];
-        assert!((loss - (c.vocab as f32).ln()).abs() < 0.5, "initial loss {loss}, expected about ln({})", c.vocab);
-        println!("sanity: tiny model (scan_layers={scan_layers}) compiles and runs on CPU, initial loss {loss:.3} (ln vocab = {:.3})", (c.vocab as f32).ln());
+        assert!((loss - (vocab as f32).ln()).abs() < 0.5, "initial loss {loss}, expected about ln({vocab})");
+        println!("sanity: tiny model (scan_layers={scan_layers}) compiles and runs on CPU, initial loss {loss:.3} (ln vocab = {:.3})", (vocab as f32).ln());
     }
 }
 

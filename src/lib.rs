@@ -9,6 +9,7 @@ pub mod autodiff;
 pub mod config;
 pub mod ir;
 pub mod lower;
+pub mod model;
 pub mod pjrt;
 pub mod runtime;
 pub mod sharding;

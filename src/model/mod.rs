@@ -1,0 +1,6 @@
+//! Models traced with the `tensor` API. One file per decoder family; `llama` is MaxText's
+//! `decoder_block: llama2` (and mistral, which is the same block here).
+
+pub mod llama;
+
+pub use llama::{LlamaConfig, ParamDef, ParamInit};
