@@ -154,8 +154,7 @@ impl Device {
                 peak_bytes_in_use: args.peak_bytes_in_use_is_set.then_some(args.peak_bytes_in_use),
                 bytes_limit: args.bytes_limit_is_set.then_some(args.bytes_limit),
             })),
-            Err(e) if matches!(e.code(), Some(ErrorCode::Unimplemented)) => Ok(None),
-            Err(Error::Unsupported { .. }) => Ok(None),
+            Err(e) if e.is_unsupported() => Ok(None),
             Err(e) => Err(e),
         }
     }

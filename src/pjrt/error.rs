@@ -92,6 +92,12 @@ impl Error {
         Error::InvalidArgument(message.to_string())
     }
 
+    /// True when the plugin does not offer the function: its table lacks it, or it answered
+    /// UNIMPLEMENTED. Optional queries (memory stats, cost analysis) treat this as "no data".
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, Error::Unsupported { .. }) || self.code() == Some(ErrorCode::Unimplemented)
+    }
+
     /// The plugin's status code, when the plugin raised this error.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {

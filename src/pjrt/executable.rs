@@ -109,7 +109,7 @@ impl Executable {
         match crate::pjrt_call!(self.plugin, PJRT_Executable_Fingerprint, args) {
             Ok(()) if args.executable_fingerprint.is_null() => Ok(None),
             Ok(()) => Ok(Some(unsafe { string_from(args.executable_fingerprint, args.executable_fingerprint_size) })),
-            Err(e) if unsupported(&e) => Ok(None),
+            Err(e) if e.is_unsupported() => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -134,7 +134,7 @@ impl Executable {
         args.executable = self.raw;
         match crate::pjrt_call!(self.plugin, PJRT_Executable_GetCostAnalysis, args) {
             Ok(()) => Ok(Some(unsafe { read_named_values(args.properties, args.num_properties) })),
-            Err(e) if unsupported(&e) => Ok(None),
+            Err(e) if e.is_unsupported() => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -183,10 +183,6 @@ impl Executable {
             outputs: outputs.iter().map(hlo::array_shape).collect::<Result<_>>()?,
         })
     }
-}
-
-fn unsupported(e: &Error) -> bool {
-    matches!(e, Error::Unsupported { .. }) || matches!(e.code(), Some(super::error::ErrorCode::Unimplemented))
 }
 
 /// The slice of XLA's `hlo.proto` / `xla_data.proto` needed to read an entry signature.
