@@ -69,6 +69,12 @@ impl Mesh {
     pub fn num_devices(&self) -> usize {
         self.shape().iter().product()
     }
+
+    /// The physical mesh on real devices: `granules[g]` are the device ids of slice (or host) `g`
+    /// in their local order; ICI neighbours stay inside a granule (`sharding::Mesh::hybrid`).
+    pub fn physical(&self, granules: &[Vec<i64>]) -> Result<crate::sharding::Mesh, String> {
+        crate::sharding::Mesh::hybrid(&self.names(), &self.ici_shape(), &self.dcn_shape(), granules)
+    }
 }
 
 impl fmt::Display for Mesh {
