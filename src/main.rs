@@ -16,6 +16,8 @@ struct Args {
 enum Command {
     /// Show the PJRT plugin, its platform and the devices it sees.
     Devices(cli::devices::DevicesArgs),
+    /// Train a model: `maxrs train [CONFIG] [key=value ...]` (MaxText's train.py conventions).
+    Train(cli::train::TrainArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -28,6 +30,7 @@ fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let result = match args.command {
         Command::Devices(a) => cli::devices::run(a),
+        Command::Train(a) => cli::train::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

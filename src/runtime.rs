@@ -22,6 +22,9 @@ pub fn element_type(dtype: DType) -> ElementType {
     }
 }
 
+/// A global array on the devices: one buffer per addressable device, in execution order.
+pub type DeviceArray = Vec<Buffer>;
+
 /// A program compiled for a client, with what is needed to feed and read it.
 pub struct Compiled {
     pub program: Program,
@@ -41,20 +44,7 @@ pub fn compile(client: &Client, program: &Program) -> Result<Compiled> {
         None => CompileOptions::single_device(),
     };
     let executable = client.compile(&mlir, &options).context("compiling the lowered program")?;
-    let positions = match &program.mesh {
-        Some(mesh) => executable
-            .addressable_devices()
-            .iter()
-            .map(|d| {
-                mesh.device_ids()
-                    .iter()
-                    .position(|&id| id == d.id as i64)
-                    .ok_or_else(|| anyhow!("device {} is not in the mesh", d.id))
-            })
-            .collect::<Result<_>>()?,
-        None => vec![0],
-    };
-    Ok(Compiled { program: program.clone(), executable, positions })
+    Compiled::new(program, executable)
 }
 
 /// Compiles and runs `program` once on named host inputs; returns the named outputs.
@@ -63,34 +53,101 @@ pub fn run_program(client: &Client, program: &Program, inputs: &Tree<HostTensor>
 }
 
 impl Compiled {
-    /// Runs on global host inputs (each split per its sharding); returns global outputs.
-    pub fn run(&self, client: &Client, inputs: &Tree<HostTensor>) -> Result<Tree<HostTensor>> {
+    /// Pairs a loaded executable (compiled here, or deserialized) with the program it was
+    /// compiled from.
+    pub fn new(program: &Program, executable: LoadedExecutable) -> Result<Compiled> {
+        let positions = match &program.mesh {
+            Some(mesh) => executable
+                .addressable_devices()
+                .iter()
+                .map(|d| {
+                    mesh.device_ids()
+                        .iter()
+                        .position(|&id| id == d.id as i64)
+                        .ok_or_else(|| anyhow!("device {} is not in the mesh", d.id))
+                })
+                .collect::<Result<_>>()?,
+            None => vec![0],
+        };
+        Ok(Compiled { program: program.clone(), executable, positions })
+    }
+
+    pub fn input_index(&self, name: &str) -> Result<usize> {
+        self.program
+            .inputs
+            .iter()
+            .position(|i| i.name == name)
+            .ok_or_else(|| anyhow!("the program has no input \"{name}\""))
+    }
+
+    pub fn output_index(&self, name: &str) -> Result<usize> {
+        self.program
+            .outputs
+            .iter()
+            .position(|o| o.name == name)
+            .ok_or_else(|| anyhow!("the program has no output \"{name}\""))
+    }
+
+    /// Copies the global host array for input `index` to the devices, each getting its block.
+    pub fn put(&self, client: &Client, index: usize, host: &HostTensor) -> Result<DeviceArray> {
+        let spec = &self.program.inputs[index];
+        if host.ty != element_type(spec.ty.dtype) || host.dims[..] != spec.ty.shape[..] {
+            bail!("input \"{}\" must be {}, got {}", spec.name, spec.ty, host.shape_string());
+        }
         let devices = self.executable.addressable_devices();
-        let mut per_device: Vec<Vec<Buffer>> = devices.iter().map(|_| Vec::new()).collect();
-        for spec in &self.program.inputs {
-            let host = inputs.get(&spec.name).ok_or_else(|| anyhow!("missing input \"{}\"", spec.name))?;
-            if host.ty != element_type(spec.ty.dtype) || host.dims[..] != spec.ty.shape[..] {
-                bail!("input \"{}\" must be {}, got {:?}{:?}", spec.name, spec.ty, host.ty, host.dims);
-            }
-            for (d, device) in devices.iter().enumerate() {
+        devices
+            .iter()
+            .enumerate()
+            .map(|(d, device)| {
                 let block = match (&self.program.mesh, &spec.sharding) {
                     (Some(mesh), Some(sharding)) => shard(host, mesh, sharding, self.positions[d])?,
                     _ => host.clone(),
                 };
-                per_device[d].push(client.to_device(&block, device)?);
+                Ok(client.to_device(&block, device)?)
+            })
+            .collect()
+    }
+
+    /// Runs on arrays already on the devices (one per input, in input order); returns one array
+    /// per output. Donated inputs are consumed.
+    pub fn execute(&self, args: &[&DeviceArray]) -> Result<Vec<DeviceArray>> {
+        let num_devices = self.positions.len();
+        let per_device: Vec<Vec<&Buffer>> = (0..num_devices).map(|d| args.iter().map(|a| &a[d]).collect()).collect();
+        let results = self.executable.execute(&per_device)?;
+        let mut outputs: Vec<DeviceArray> =
+            (0..self.program.outputs.len()).map(|_| Vec::with_capacity(num_devices)).collect();
+        for device_outputs in results {
+            for (j, buffer) in device_outputs.into_iter().enumerate() {
+                outputs[j].push(buffer);
             }
         }
-        let args: Vec<Vec<&Buffer>> = per_device.iter().map(|list| list.iter().collect()).collect();
-        let results = self.executable.execute(&args)?;
+        Ok(outputs)
+    }
+
+    /// The global host value of output `index` from its per-device shards.
+    pub fn fetch(&self, index: usize, array: &DeviceArray) -> Result<HostTensor> {
+        let spec = &self.program.outputs[index];
+        match (&self.program.mesh, &spec.sharding) {
+            (Some(mesh), Some(sharding)) => {
+                let shards: Vec<HostTensor> =
+                    array.iter().map(|b| b.to_host()).collect::<std::result::Result<_, _>>()?;
+                assemble(&shards, &self.positions, mesh, sharding, &spec.ty.shape)
+            }
+            _ => Ok(array.first().ok_or_else(|| anyhow!("no output shards"))?.to_host()?),
+        }
+    }
+
+    /// Runs on global host inputs (each split per its sharding); returns global outputs.
+    pub fn run(&self, client: &Client, inputs: &Tree<HostTensor>) -> Result<Tree<HostTensor>> {
+        let mut args = Vec::with_capacity(self.program.inputs.len());
+        for (i, spec) in self.program.inputs.iter().enumerate() {
+            let host = inputs.get(&spec.name).ok_or_else(|| anyhow!("missing input \"{}\"", spec.name))?;
+            args.push(self.put(client, i, host)?);
+        }
+        let results = self.execute(&args.iter().collect::<Vec<_>>())?;
         let mut outputs = Tree::new();
-        for (j, spec) in self.program.outputs.iter().enumerate() {
-            let shards: Vec<HostTensor> =
-                results.iter().map(|list| list[j].to_host()).collect::<std::result::Result<_, _>>()?;
-            let global = match (&self.program.mesh, &spec.sharding) {
-                (Some(mesh), Some(sharding)) => assemble(&shards, &self.positions, mesh, sharding, &spec.ty.shape)?,
-                _ => shards.into_iter().next().ok_or_else(|| anyhow!("no output shards"))?,
-            };
-            outputs.insert(spec.name.clone(), global);
+        for (j, array) in results.iter().enumerate() {
+            outputs.insert(self.program.outputs[j].name.clone(), self.fetch(j, array)?);
         }
         Ok(outputs)
     }

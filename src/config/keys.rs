@@ -136,6 +136,7 @@ pub struct Config {
     // Data
     pub dataset_type: DatasetType,
     pub dataset_path: String,
+    pub data_shuffle_seed: i64,
     pub per_device_batch_size: f64,
     pub max_target_length: i64,
 

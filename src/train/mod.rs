@@ -9,5 +9,8 @@
 pub mod data;
 pub mod flops;
 pub mod metrics;
+pub mod optimizer;
 pub mod params_io;
+pub mod run;
 pub mod schedule;
+pub mod step;

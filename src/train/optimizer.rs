@@ -1,0 +1,131 @@
+//! The optimizer inside the train step: MaxText's gradient clipping and `optax.adamw`, traced.
+//!
+//! Per step, on the raw gradients `g` of the parameters `p`:
+//! 1. `grad_norm = sqrt(sum of g^2 over every parameter)` (logged as `learning/grad_norm`);
+//! 2. clip by global norm (`gradient_clipping_threshold` > 0): `g * threshold / grad_norm` when
+//!    `grad_norm >= threshold`, as `optax.clip_by_global_norm`;
+//! 3. Adam moments `mu = b1 mu + (1 - b1) g`, `nu = b2 nu + (1 - b2) g^2`, bias-corrected with
+//!    the incremented count `t`: `u = (mu / (1 - b1^t)) / (sqrt(nu / (1 - b2^t) + eps_root) + eps)`;
+//! 4. decoupled weight decay on every parameter: `u += weight_decay * p`;
+//! 5. `p -= lr(count) * u`, the learning rate evaluated at the count *before* the increment
+//!    (optax's `scale_by_schedule`), so step 0 uses `lr(0)`.
+//!
+//! The schedule is computed in-graph from the step counter (`opt_state.count`), with the
+//! constants of [`LearningRateSchedule`] baked in: the host version is its reference.
+
+use std::f64::consts::PI;
+
+use crate::config::Config;
+use crate::ir::DType;
+use crate::tensor::{where_, Tensor, Tree};
+
+use super::schedule::LearningRateSchedule;
+
+/// AdamW with clipping and the learning-rate schedule, MaxText's config names.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamW {
+    pub b1: f64,
+    pub b2: f64,
+    pub eps: f64,
+    pub eps_root: f64,
+    pub weight_decay: f64,
+    /// `gradient_clipping_threshold`; 0 disables clipping.
+    pub clip_threshold: f64,
+    pub schedule: LearningRateSchedule,
+}
+
+/// The optimizer's state for one parameter tree: `mu.<name>`, `nu.<name>` (the parameter's
+/// dtype and shape) and `count` (s32 scalar, the number of updates applied).
+pub const COUNT: &str = "count";
+
+impl AdamW {
+    pub fn from_config(c: &Config) -> Result<AdamW, String> {
+        let schedule = LearningRateSchedule::new(
+            c.learning_rate,
+            c.learning_rate_final_fraction,
+            c.warmup_steps_fraction,
+            c.learning_rate_schedule_steps,
+            c.steps.max(0) as u64,
+        )?;
+        Ok(AdamW {
+            b1: c.adam_b1,
+            b2: c.adam_b2,
+            eps: c.adam_eps,
+            eps_root: c.adam_eps_root,
+            weight_decay: c.adam_weight_decay,
+            clip_threshold: c.gradient_clipping_threshold,
+            schedule,
+        })
+    }
+
+    /// The schedule at `step` (s32 scalar), as an f32 scalar: the same piecewise function as
+    /// `LearningRateSchedule::at`, with its branch points resolved at trace time.
+    pub fn learning_rate(&self, step: &Tensor) -> Tensor {
+        let s = &self.schedule;
+        let (lr, final_lr) = (s.learning_rate, s.learning_rate * s.final_fraction);
+        let (warmup, total) = (s.warmup_steps() as f64, s.schedule_steps as f64);
+        let cosine_steps = total - warmup;
+        let t = step.astype(DType::F32);
+        let warm = if warmup > 1.0 { &t * (lr / (warmup - 1.0)) } else { t.zeros_like() };
+        let pct = if cosine_steps > 1.0 { (&t - warmup) * (1.0 / (cosine_steps - 1.0)) } else { t.full_like(1.0) };
+        let a = ((pct * PI).cos() + 1.0) * 0.5;
+        let cosine = &a * lr + (1.0 - &a) * final_lr;
+        let decayed = where_(&t.lt(total), &cosine, 0.0);
+        where_(&t.lt(warmup), &warm, &decayed)
+    }
+
+    /// Zero moments and count for `params`.
+    pub fn init(&self, params: &Tree) -> Tree {
+        let mut state = Tree::new();
+        for (name, p) in params.iter() {
+            state.insert(format!("mu.{name}"), p.zeros_like());
+            state.insert(format!("nu.{name}"), p.zeros_like());
+        }
+        let ctx = params.values().next().expect("a model has parameters").trace();
+        state.with(COUNT, ctx.scalar(0.0, DType::S32))
+    }
+
+    /// One update: returns the new parameters, the new state and the metrics `grad_norm` and
+    /// `learning_rate` (f32 scalars).
+    pub fn update(&self, params: &Tree, grads: &Tree, state: &Tree) -> (Tree, Tree, Tree) {
+        let grad_norm = global_norm(grads);
+        let grads = if self.clip_threshold > 0.0 {
+            let scale = where_(&grad_norm.lt(self.clip_threshold), 1.0, &(self.clip_threshold / &grad_norm));
+            grads.map(|_, g| g * &scale.astype(g.dtype()))
+        } else {
+            grads.clone()
+        };
+        let count = &state[COUNT];
+        let lr = self.learning_rate(count);
+        let next_count = count + 1;
+        let t = next_count.astype(DType::F32);
+        // 1 - b^t, computed as 1 - exp(t ln b) in f32 like optax's `1 - decay**count`.
+        let correction = |b: f64| 1.0 - (&t * b.ln()).exp();
+        let (c1, c2) = (correction(self.b1), correction(self.b2));
+        let mut new_params = Tree::new();
+        let mut new_state = Tree::new().with(COUNT, next_count.clone());
+        for (name, p) in params.iter() {
+            let g = &grads[name];
+            let mu = &state[&format!("mu.{name}")] * self.b1 + g * (1.0 - self.b1);
+            let nu = &state[&format!("nu.{name}")] * self.b2 + g.square() * (1.0 - self.b2);
+            let mu_hat = &mu / &c1.astype(mu.dtype());
+            let nu_hat = &nu / &c2.astype(nu.dtype());
+            let update = mu_hat / ((nu_hat + self.eps_root).sqrt() + self.eps) + p * self.weight_decay;
+            new_params.insert(name, p - &(update * &lr.astype(p.dtype())));
+            new_state.insert(format!("mu.{name}"), mu);
+            new_state.insert(format!("nu.{name}"), nu);
+        }
+        let metrics = Tree::new().with("grad_norm", grad_norm).with("learning_rate", lr);
+        (new_params, new_state, metrics)
+    }
+}
+
+/// `sqrt(sum over the tree of sum(x^2))` in f32.
+pub fn global_norm(tree: &Tree) -> Tensor {
+    let squares: Vec<Tensor> = tree.values().map(|g| g.astype(DType::F32).square().sum_all()).collect();
+    let mut total = squares[0].clone();
+    for s in &squares[1..] {
+        total = total + s;
+    }
+    total.sqrt()
+}

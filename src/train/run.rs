@@ -1,0 +1,324 @@
+//! `maxrs train`'s job, start to end: plugin and devices -> validated config and mesh -> traced,
+//! lowered and compiled train step -> state initialized on the devices (or loaded from
+//! `load_parameters_path`) -> the step loop (data in, metrics out, state stays on the devices)
+//! -> a summary. [`RunReport`] returns what happened, for tests and benchmarks.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::config::{self, Config, Derived};
+use crate::ir::Program;
+use crate::lower::to_stablehlo;
+use crate::model::llama;
+use crate::pjrt::{self, Client, CompileOptions, Value};
+use crate::runtime::{self, Compiled, DeviceArray};
+
+use super::data::{BatchLoader, DataSource};
+use super::flops::{self, ModelDims, StepShape};
+use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
+use super::params_io::{load_parameters, ParamSpec};
+use super::step::{TrainStep, BATCH_INPUTS};
+
+/// Wall times of the start-up phases, in seconds.
+#[derive(Clone, Debug, Default)]
+pub struct StartupTimes {
+    /// Plugin load and client creation.
+    pub client: f64,
+    /// Tracing the train step (with its gradient) into the IR.
+    pub trace: f64,
+    /// IR to StableHLO text.
+    pub lower: f64,
+    /// XLA compile of the train step (or loading a compiled one).
+    pub compile: f64,
+    /// Building the initial state on the devices (init program or parameter file).
+    pub init: f64,
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    pub startup: StartupTimes,
+    /// Per step.
+    pub losses: Vec<f64>,
+    pub grad_norms: Vec<f64>,
+    pub learning_rates: Vec<f64>,
+    pub step_times: Vec<f64>,
+    /// TFLOPs per device per step (MaxText's formula).
+    pub tflops_per_device: f64,
+    /// Peak device memory in use after the run, when the plugin reports it.
+    pub peak_memory_bytes: Option<i64>,
+}
+
+/// The devices of a run: the plugin's client.
+pub fn client_for(c: &Config) -> Result<Client> {
+    apply_xla_flags_file(&c.xla_flags_file)?;
+    if c.plugin == "cpu" {
+        let n = usize::try_from(c.cpu_device_count)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| anyhow!("cpu_device_count={}: must be a positive number of devices", c.cpu_device_count))?;
+        return pjrt::cpu_client(n);
+    }
+    let (_, plugin) = pjrt::load_plugin(Some(&c.plugin))?;
+    Ok(Client::create(&plugin, &[] as &[(String, Value)], None)?)
+}
+
+/// Adds the flags of `xla_flags_file` (a path, or the name of a built-in set: `a3mega`, `h100`,
+/// `cpu`, as in `xla_flags/`) to `XLA_FLAGS`; flags already in `XLA_FLAGS` win.
+fn apply_xla_flags_file(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Ok(());
+    }
+    let mut flags = match builtin_flags_file(name) {
+        Some(text) => pjrt::xla_flags::XlaFlags::parse(text)?,
+        None if Path::new(name).is_file() => pjrt::xla_flags::load_flags_file(Path::new(name))?,
+        None => bail!(
+            "xla_flags_file={name}: no such file, and not a built-in set (valid: {})",
+            BUILTIN_FLAGS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        ),
+    };
+    flags.merge(&pjrt::xla_flags::XlaFlags::from_env()?);
+    // Set before the plugin is loaded (XLA reads XLA_FLAGS once, at its first use).
+    std::env::set_var("XLA_FLAGS", flags.to_env_string());
+    Ok(())
+}
+
+/// The tuned flag sets of `xla_flags/`, built in so the binary works from any directory.
+const BUILTIN_FLAGS: &[(&str, &str)] = &[
+    ("a3mega", include_str!("../../xla_flags/a3mega.flags")),
+    ("h100", include_str!("../../xla_flags/h100.flags")),
+    ("cpu", include_str!("../../xla_flags/cpu.flags")),
+];
+
+fn builtin_flags_file(name: &str) -> Option<&'static str> {
+    let stem = name.strip_prefix("xla_flags/").unwrap_or(name);
+    let stem = stem.strip_suffix(".flags").unwrap_or(stem);
+    BUILTIN_FLAGS.iter().find(|(n, _)| *n == stem).map(|(_, text)| *text)
+}
+
+/// The mesh of a single-process run on `client`'s devices: `None` for one device (a plain,
+/// unpartitioned program), else the configured mesh over the devices in id order.
+pub fn device_mesh(derived: &Derived, client: &Client) -> Result<Option<crate::sharding::Mesh>> {
+    let ids: Vec<i64> = client.addressable_devices()?.iter().map(|d| d.id as i64).collect();
+    if ids.len() == 1 {
+        return Ok(None);
+    }
+    Ok(Some(derived.mesh.physical(&[ids]).map_err(|e| anyhow!(e))?))
+}
+
+/// Trains as configured on `client`'s devices.
+pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
+    let mut report = RunReport::default();
+    let devices = client.addressable_devices()?;
+    let derived = config::validate(c, devices.len(), 1)?;
+    derived.print_summary();
+    let step = TrainStep::new(c, &derived, device_mesh(&derived, client)?).map_err(|e| anyhow!(e))?;
+
+    let t = Instant::now();
+    let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
+    report.startup.trace = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mlir = to_stablehlo(&program);
+    report.startup.lower = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let compiled = compile_step(client, &program, &mlir)?;
+    report.startup.compile = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let mut state = initial_state(c, client, &step, &compiled)?;
+    report.startup.init = t.elapsed().as_secs_f64();
+    println!(
+        "start-up: trace {:.3} s, lower {:.3} s, compile {:.3} s, init {:.3} s",
+        report.startup.trace, report.startup.lower, report.startup.compile, report.startup.init
+    );
+
+    let work = per_device_work(c, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
+    report.tflops_per_device = work.tflops;
+    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
+    let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
+    let source = DataSource::open(
+        c.dataset_type.as_str(),
+        path.as_deref(),
+        seed,
+        derived.max_target_length,
+        c.vocab_size as u32,
+    )?;
+    let mut loader = BatchLoader::new(source, derived.global_batch_size, 0, 1)?;
+    let mut writer = match c.metrics_file.as_str() {
+        "" => None,
+        path => Some(
+            MetricsWriter::open(Path::new(path), 0, &c.run_name)
+                .with_context(|| format!("metrics_file={path}: cannot open it for writing"))?,
+        ),
+    };
+    let batch_inputs: Vec<usize> =
+        BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+    let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
+    let (loss_i, norm_i, lr_i, weights_i) =
+        (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
+
+    let bar = progress_bar(derived.steps as u64);
+    let mut last = Instant::now();
+    for step_index in 0..derived.steps as u64 {
+        let batch = loader.batch(step_index)?;
+        let named = batch.named();
+        for (slot, name) in batch_inputs.iter().zip(BATCH_INPUTS) {
+            let host = named.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect("Batch has every input");
+            state[*slot] = Some(compiled.put(client, *slot, host)?);
+        }
+        let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
+        let outputs = compiled.execute(&args)?;
+        let scalar = |i: usize| -> Result<f64> { Ok(compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
+        let (loss, grad_norm, lr, weights) = (scalar(loss_i)?, scalar(norm_i)?, scalar(lr_i)?, scalar(weights_i)?);
+        let now = Instant::now();
+        let metrics = StepMetrics {
+            step: step_index,
+            loss,
+            grad_norm,
+            learning_rate: lr,
+            total_weights: weights as u64,
+            step_time_seconds: (now - last).as_secs_f64(),
+            work,
+        };
+        last = now;
+        if !loss.is_finite() {
+            bail!("step {step_index}: the loss is {loss}; stopping (try a lower learning_rate)");
+        }
+        print_line(&bar, &metrics.log_line());
+        if let Some(w) = writer.as_mut() {
+            w.write(&metrics).with_context(|| format!("writing metrics_file={}", c.metrics_file))?;
+        }
+        report.losses.push(loss);
+        report.grad_norms.push(grad_norm);
+        report.learning_rates.push(lr);
+        report.step_times.push(metrics.step_time_seconds);
+        // The step's new state becomes the next step's input, by name.
+        state = next_state(&compiled, outputs, state)?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    report.peak_memory_bytes = peak_memory(&devices);
+    print_summary(&report, &work);
+    Ok(report)
+}
+
+/// Compiles the lowered train step (SPMD over the mesh when there is one).
+fn compile_step(client: &Client, program: &Program, mlir: &str) -> Result<Compiled> {
+    let options = match &program.mesh {
+        Some(mesh) => CompileOptions {
+            device_assignment: Some(mesh.device_ids().to_vec()),
+            ..CompileOptions::spmd(mesh.size() as i64)
+        },
+        None => CompileOptions::single_device(),
+    };
+    let executable = client.compile(mlir, &options).context("compiling the train step")?;
+    Compiled::new(program, executable)
+}
+
+/// The step's inputs as device arrays (batch slots empty): parameters and optimizer state from
+/// the init program, parameters from `load_parameters_path` when given.
+fn initial_state(
+    c: &Config,
+    client: &Client,
+    step: &TrainStep,
+    compiled: &Compiled,
+) -> Result<Vec<Option<DeviceArray>>> {
+    let from_file = !c.load_parameters_path.is_empty();
+    let init = step.init(!from_file).map_err(|e| anyhow!("tracing the initializer: {e}"))?;
+    let init = runtime::compile(client, &init)?;
+    let outputs = init.execute(&[])?;
+    let mut state: Vec<Option<DeviceArray>> = compiled.program.inputs.iter().map(|_| None).collect();
+    for (spec, array) in init.program.outputs.iter().zip(outputs) {
+        state[compiled.input_index(&spec.name)?] = Some(array);
+    }
+    if from_file {
+        let expected: Vec<ParamSpec> = llama::param_defs(&step.model)
+            .into_iter()
+            .map(|d| ParamSpec { name: d.name, ty: runtime::element_type(step.model.weight_dtype), dims: d.shape })
+            .collect();
+        let params = load_parameters(Path::new(&c.load_parameters_path), &expected)?;
+        for (name, host) in &params {
+            let slot = compiled.input_index(&format!("params.{name}"))?;
+            state[slot] = Some(compiled.put(client, slot, host)?);
+        }
+        println!("loaded {} parameters from {}", params.len(), c.load_parameters_path);
+    }
+    Ok(state)
+}
+
+/// Moves the outputs that are state (same name as an input) into the input slots.
+fn next_state(
+    compiled: &Compiled,
+    outputs: Vec<DeviceArray>,
+    mut state: Vec<Option<DeviceArray>>,
+) -> Result<Vec<Option<DeviceArray>>> {
+    for (spec, array) in compiled.program.outputs.iter().zip(outputs) {
+        if let Ok(slot) = compiled.input_index(&spec.name) {
+            state[slot] = Some(array);
+        }
+    }
+    Ok(state)
+}
+
+fn per_device_work(c: &Config, derived: &Derived, device_kind: &str) -> PerDeviceWork {
+    let dims = ModelDims {
+        emb: c.base_emb_dim as u64,
+        num_query_heads: c.base_num_query_heads as u64,
+        num_kv_heads: c.base_num_kv_heads as u64,
+        head_dim: c.head_dim as u64,
+        mlp_dim: c.base_mlp_dim as u64,
+        num_layers: c.base_num_decoder_layers as u64,
+        vocab: c.vocab_size as u64,
+        mlp_activations_count: c.mlp_activations.len() as u64,
+    };
+    let shape = StepShape {
+        per_device_batch_size: derived.per_device_batch_size,
+        max_target_length: derived.max_target_length as u64,
+        gradient_accumulation_steps: derived.gradient_accumulation_steps as u64,
+    };
+    let configured = (c.peak_tflops_per_device > 0.0).then_some(c.peak_tflops_per_device);
+    PerDeviceWork {
+        tflops: flops::training_tflops_per_device(&dims, &shape).total,
+        tokens: shape.tokens_per_device(),
+        peak_tflops: flops::peak_tflops_per_device(device_kind, configured),
+    }
+}
+
+fn progress_bar(steps: u64) -> ProgressBar {
+    let bar = ProgressBar::new(steps);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} steps, {elapsed} elapsed, ~{eta} left")
+            .expect("a valid template"),
+    );
+    bar
+}
+
+/// Prints above the progress bar, or plainly when there is none (stderr is not a terminal).
+fn print_line(bar: &ProgressBar, line: &str) {
+    if bar.is_hidden() {
+        println!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
+fn peak_memory(devices: &[pjrt::Device]) -> Option<i64> {
+    devices.iter().filter_map(|d| d.memory_stats().ok().flatten()).filter_map(|s| s.peak_bytes_in_use).max()
+}
+
+fn print_summary(report: &RunReport, work: &PerDeviceWork) {
+    let (Some(first), Some(last)) = (report.losses.first(), report.losses.last()) else { return };
+    // The first step also pays for warm-up (allocations, autotuning): leave it out of the median.
+    let median = median_step_time(report.step_times.get(1..).unwrap_or(&[])).or(report.step_times.first().copied());
+    let mut line = format!("done: {} steps, loss {first:.3} -> {last:.3}", report.losses.len());
+    if let Some(m) = median {
+        line.push_str(&format!(", median step {:.4} s, {:.3} TFLOP/s/device", m, work.tflops / m));
+    }
+    if let Some(peak) = report.peak_memory_bytes {
+        line.push_str(&format!(", peak device memory {:.1} MiB", peak as f64 / (1u64 << 20) as f64));
+    }
+    println!("{line}");
+}

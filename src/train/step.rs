@@ -1,0 +1,188 @@
+//! The traced programs of a training run: `init` (parameters and optimizer state, drawn on the
+//! devices where they live) and `train_step` (loss, gradients, clipping, AdamW, schedule: one
+//! executable). Both have the same state signature, so the outputs of one feed the other and
+//! every step's outputs feed the next, never leaving the devices.
+//!
+//! Program names, which are also the names in saved files and AOT headers:
+//! - `params.<name>`: the model's parameters (`model::llama::param_defs`), sharded by the logical
+//!   axis rules, donated to the step;
+//! - `opt_state.mu.<name>`, `opt_state.nu.<name>` (sharded like the parameter), `opt_state.count`
+//!   (s32 scalar, replicated), donated;
+//! - `batch.inputs`, `batch.targets`, `batch.targets_segmentation`: s32 `[global_batch, seq]`,
+//!   rows split over the mesh axes of `activation_batch`;
+//! - outputs: the new state under the same names, and f32 scalars `metrics.loss`,
+//!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`.
+
+use crate::config::{Config, Derived};
+use crate::ir::{DType, Program, Signature};
+use crate::model::llama::{self, LlamaConfig};
+use crate::sharding::{Mesh, PartitionSpec};
+use crate::tensor::{random, scan, trace, value_and_grad_with_aux, Tensor, TraceError, Tree};
+
+use super::optimizer::{AdamW, COUNT};
+
+/// The batch arrays the step reads (the model needs no positions or input segmentation: rows
+/// are not packed).
+pub const BATCH_INPUTS: &[&str] = &["inputs", "targets", "targets_segmentation"];
+
+/// Everything that decides the traced programs.
+#[derive(Clone, Debug)]
+pub struct TrainStep {
+    pub model: LlamaConfig,
+    pub optimizer: AdamW,
+    /// Sequences per optimizer step (all micro-batches).
+    pub global_batch: i64,
+    pub seq: i64,
+    /// Micro-batches per step (`gradient_accumulation_steps`).
+    pub accumulation: i64,
+    pub z_loss_multiplier: f64,
+    pub init_weights_seed: u32,
+    /// The device mesh (none: one device, no sharding annotations).
+    pub mesh: Option<Mesh>,
+}
+
+impl TrainStep {
+    pub fn new(c: &Config, derived: &Derived, mesh: Option<Mesh>) -> Result<TrainStep, String> {
+        Ok(TrainStep {
+            model: LlamaConfig::from_config(c),
+            optimizer: AdamW::from_config(c)?,
+            global_batch: derived.global_batch_size as i64,
+            seq: derived.max_target_length as i64,
+            accumulation: derived.gradient_accumulation_steps as i64,
+            z_loss_multiplier: c.z_loss_multiplier,
+            init_weights_seed: c.init_weights_seed as u32,
+            mesh,
+        })
+    }
+
+    /// Name, dtype, shape and sharding of every state array (parameters, then optimizer state).
+    pub fn state_specs(&self) -> Vec<(String, DType, Vec<i64>, Option<PartitionSpec>)> {
+        let mut specs = Vec::new();
+        let defs = llama::param_defs(&self.model);
+        for prefix in ["params", "opt_state.mu", "opt_state.nu"] {
+            for def in &defs {
+                let sharding = self.mesh.as_ref().map(|m| self.model.rules.spec(&def.logical, m));
+                specs.push((format!("{prefix}.{}", def.name), self.model.weight_dtype, def.shape.clone(), sharding));
+            }
+        }
+        let replicated = self.mesh.as_ref().map(|_| PartitionSpec::replicated());
+        specs.push((format!("opt_state.{COUNT}"), DType::S32, vec![], replicated));
+        specs
+    }
+
+    /// The sharding of the `[global_batch, seq]` batch arrays.
+    pub fn batch_sharding(&self) -> Option<PartitionSpec> {
+        self.mesh.as_ref().map(|m| self.model.rules.spec(&["activation_batch", "activation_length"], m))
+    }
+
+    fn signature(&self) -> Signature {
+        let mut sig = Signature::new(self.mesh.clone());
+        for (name, dtype, shape, sharding) in self.state_specs() {
+            if let Some(spec) = &sharding {
+                sig.output_sharding(&name, spec.clone());
+            }
+            let input = sig.input(&name, dtype, &shape);
+            input.donated();
+            if let Some(spec) = sharding {
+                input.sharded(spec);
+            }
+        }
+        sig
+    }
+
+    /// The program that creates the initial state from `init_weights_seed`: no inputs; outputs
+    /// the step's state inputs, already sharded: all of them, or only the optimizer state when
+    /// the parameters come from elsewhere (`with_params` false).
+    pub fn init(&self, with_params: bool) -> Result<Program, TraceError> {
+        let mut sig = Signature::new(self.mesh.clone());
+        for (name, _, _, sharding) in self.state_specs() {
+            if let Some(spec) = sharding.filter(|_| with_params || !name.starts_with("params.")) {
+                sig.output_sharding(&name, spec);
+            }
+        }
+        trace(&sig, |ctx, _| {
+            let params = llama::init_params(&self.model, &random::key(ctx, self.init_weights_seed));
+            let state = self.optimizer.init(&params);
+            let mut out = state.prefixed("opt_state");
+            if with_params {
+                out.extend(params.prefixed("params"));
+            }
+            out
+        })
+    }
+
+    /// The train step: `(state, batch) -> (state, metrics)`.
+    pub fn train_step(&self) -> Result<Program, TraceError> {
+        let mut sig = self.signature();
+        for name in BATCH_INPUTS {
+            let input = sig.input(&format!("batch.{name}"), DType::S32, &[self.global_batch, self.seq]);
+            if let Some(spec) = self.batch_sharding() {
+                input.sharded(spec);
+            }
+        }
+        trace(&sig, |_, inp| {
+            let (params, state, batch) = (inp.subtree("params"), inp.subtree("opt_state"), inp.subtree("batch"));
+            let (loss, aux, grads) = self.loss_and_grads(&params, &batch);
+            let (new_params, new_state, opt_metrics) = self.optimizer.update(&params, &grads, &state);
+            let metrics = opt_metrics
+                .with("loss", loss)
+                .with("total_weights", aux["total_weights"].clone())
+                .with("z_loss", aux["z_loss"].clone());
+            let mut out = new_params.prefixed("params");
+            out.extend(new_state.prefixed("opt_state"));
+            out.extend(metrics.prefixed("metrics"));
+            out
+        })
+    }
+
+    /// The mean loss, its aux values and the gradients of the mean loss. With gradient
+    /// accumulation the batch is split into micro-batches scanned in sequence; each contributes
+    /// the gradient of its summed loss, and the sum is divided by the total token count at the
+    /// end, which equals the gradient of the whole batch's mean loss.
+    fn loss_and_grads(&self, params: &Tree, batch: &Tree) -> (Tensor, Tree, Tree) {
+        let z = self.z_loss_multiplier;
+        if self.accumulation == 1 {
+            return value_and_grad_with_aux(params, |p| llama::loss(&self.model, p, batch, z));
+        }
+        let (a, micro) = (self.accumulation, self.global_batch / self.accumulation);
+        // Row r of micro-batch k is global row r * a + k: every device keeps its own rows.
+        let micro_batches = batch.map(|_, x| {
+            let x = x.reshape(&[micro, a, self.seq]).transpose(&[1, 0, 2]);
+            match (self.mesh.as_ref(), self.batch_sharding()) {
+                (Some(_), Some(spec)) => {
+                    let spec = PartitionSpec::from_axes(vec![vec![], spec.dim(0).to_vec(), spec.dim(1).to_vec()]);
+                    x.with_sharding_constraint(&spec)
+                }
+                _ => x,
+            }
+        });
+        let f32_zero = |t: &Tensor| t.trace().scalar(0.0, DType::F32);
+        let first = params.values().next().expect("a model has parameters");
+        let carry = params
+            .map(|_, p| p.zeros_like())
+            .prefixed("grad")
+            .with("total_loss", f32_zero(first))
+            .with("total_weights", f32_zero(first))
+            .with("z_loss_sum", f32_zero(first));
+        let (sums, _) = scan(&carry, &micro_batches, |carry, mb| {
+            let (_, aux, grads) = value_and_grad_with_aux(params, |p| {
+                let (_, aux) = llama::loss(&self.model, p, mb, z);
+                (aux["total_loss"].clone(), aux)
+            });
+            let mut next: Tree =
+                grads.iter().map(|(n, g)| (format!("grad.{n}"), &carry[&format!("grad.{n}")] + g)).collect();
+            next.insert("total_loss", &carry["total_loss"] + &aux["total_loss"]);
+            next.insert("total_weights", &carry["total_weights"] + &aux["total_weights"]);
+            next.insert("z_loss_sum", &carry["z_loss_sum"] + &(&aux["z_loss"] * &aux["total_weights"]));
+            (next, Tree::new())
+        });
+        let weights = sums["total_weights"].maximum(1.0);
+        let grads = sums.subtree("grad").map(|_, g| g / &weights.astype(g.dtype()));
+        let loss = &sums["total_loss"] / &weights;
+        let aux = Tree::new()
+            .with("total_loss", sums["total_loss"].clone())
+            .with("total_weights", sums["total_weights"].clone())
+            .with("z_loss", &sums["z_loss_sum"] / &weights);
+        (loss, aux, grads)
+    }
+}
