@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod llama_ref;
+
 use maxrs::ir::Program;
 use maxrs::pjrt::{cpu_client, Client, HostTensor};
 use maxrs::runtime::run_program;
