@@ -1,0 +1,88 @@
+//! Whole training runs (`maxrs::train::run::train`) on the CPU plugin: sharded runs on 8 devices
+//! give the losses of the 1-device run, gradient accumulation gives the losses of the full batch,
+//! and a run from files (`load_parameters_path`, `dataset_type=tokens`) starts at the loss the
+//! f64 reference computes for the same parameters and rows.
+
+mod common;
+
+use common::llama_ref::{self, B, T};
+use maxrs::config;
+use maxrs::pjrt::cpu_client;
+use maxrs::train::data::write_tokens_file;
+use maxrs::train::params_io::{save_safetensors, Params};
+use maxrs::train::run::{train, RunReport};
+
+fn run(devices: usize, overrides: &[&str]) -> RunReport {
+    let mut args: Vec<String> =
+        ["dtype=float32", "steps=10", "learning_rate=3e-3"].iter().map(|s| s.to_string()).collect();
+    args.extend(overrides.iter().map(|s| s.to_string()));
+    let c = config::load(None, &args).expect("config loads");
+    train(&c, &cpu_client(devices).expect("CPU plugin")).expect("the run trains")
+}
+
+fn assert_same_losses(what: &str, got: &RunReport, want: &RunReport, tol: f64) {
+    assert_eq!(got.losses.len(), want.losses.len());
+    println!("{what}: max relative loss difference {:e}", common::max_rel_diff(&got.losses, &want.losses));
+    for (step, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
+        let rel = (a - b).abs() / b.abs();
+        assert!(rel <= tol, "{what}: step {step} loss {a} vs {b} (relative difference {rel:e})");
+    }
+}
+
+#[test]
+fn sharded_runs_match_one_device() {
+    let one = run(1, &["per_device_batch_size=8"]);
+    assert!(one.losses[9] < one.losses[0] - 0.5, "the loss falls: {:?}", one.losses);
+    let fsdp = run(8, &["per_device_batch_size=1", "ici_fsdp_parallelism=8"]);
+    assert_same_losses("fsdp=8", &fsdp, &one, 1e-5);
+    let mixed = run(
+        8,
+        &["per_device_batch_size=1", "ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"],
+    );
+    assert_same_losses("data=2 x fsdp=2 x tensor=2", &mixed, &one, 1e-5);
+}
+
+#[test]
+fn gradient_accumulation_matches_the_full_batch() {
+    let full = run(1, &["per_device_batch_size=8", "steps=4"]);
+    let accumulated = run(1, &["per_device_batch_size=4", "gradient_accumulation_steps=2", "steps=4"]);
+    assert_same_losses("2 micro-batches of 4", &accumulated, &full, 1e-5);
+}
+
+/// Parameters and tokens from files: the first step's loss (taken before any update) is the
+/// reference model's loss on those parameters and the file's first rows.
+#[test]
+fn run_from_parameter_and_token_files_starts_at_the_reference_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = llama_ref::config(true, &[]);
+    let p = llama_ref::random_params(&c, 21);
+    let params: Params = llama_ref::host_params(&c, &p)
+        .into_iter()
+        .map(|(n, t)| (n.strip_prefix("params.").unwrap().to_string(), t))
+        .collect();
+    let params_path = dir.path().join("params.safetensors");
+    save_safetensors(&params_path, &params).unwrap();
+    let mut rng = common::rng(22);
+    let rows: Vec<Vec<i32>> = (0..3 * B)
+        .map(|_| common::uniform(&mut rng, T + 1, 0.0, c.vocab as f64).into_iter().map(|x| x as i32).collect())
+        .collect();
+    let tokens_path = dir.path().join("tokens.bin");
+    write_tokens_file(&tokens_path, &rows).unwrap();
+
+    let report = run(
+        1,
+        &[
+            &format!("per_device_batch_size={B}"),
+            &format!("max_target_length={T}"),
+            "steps=2",
+            "dataset_type=tokens",
+            &format!("dataset_path={}", tokens_path.display()),
+            &format!("load_parameters_path={}", params_path.display()),
+        ],
+    );
+    let inputs: Vec<i32> = rows[..B].iter().flat_map(|r| r[..T].to_vec()).collect();
+    let targets: Vec<i32> = rows[..B].iter().flat_map(|r| r[1..].to_vec()).collect();
+    let want = llama_ref::reference(&c, &p, &inputs, &targets, &vec![1; B * T], 0.0).loss;
+    let rel = (report.losses[0] - want).abs() / want;
+    assert!(rel < 1e-5, "first loss {} vs reference {want} (relative {rel:e})", report.losses[0]);
+}
