@@ -12,7 +12,7 @@ use maxrs::lower::to_stablehlo;
 use maxrs::model::llama::{self, LlamaConfig};
 use maxrs::pjrt::{cpu_client, HostTensor};
 use maxrs::runtime::run_program;
-use maxrs::sharding::{LogicalRules, Mesh};
+use maxrs::sharding::Mesh;
 use maxrs::tensor::{trace, RematPolicy, Tree};
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
@@ -35,7 +35,6 @@ impl Config {
         ];
         let mut model = LlamaConfig::from_config(&maxrs::config::load(None, &overrides).expect("built-in config"));
         model.remat = remat;
-        model.rules = LogicalRules::maxtext();
         Config { model, seq, batch }
     }
 

@@ -9,7 +9,7 @@ use maxrs::ir::{DType, Program, Signature};
 use maxrs::lower::to_stablehlo;
 use maxrs::pjrt::HostTensor;
 use maxrs::runtime::{assemble, shard};
-use maxrs::sharding::{LogicalRules, Mesh, PartitionSpec};
+use maxrs::sharding::{Mesh, PartitionSpec};
 use maxrs::tensor::{scan, trace, value_and_grad_with_aux, Tree};
 
 #[test]
@@ -31,7 +31,7 @@ fn hybrid_mesh_keeps_ici_axes_within_a_host() {
 #[test]
 fn logical_rules_follow_maxtext() {
     let mesh = Mesh::new(&[("data", 2), ("fsdp", 4), ("tensor", 1), ("expert", 1)]);
-    let rules = LogicalRules::maxtext();
+    let rules = maxrs::config::logical_rules(&maxrs::config::load(None, &[]).unwrap());
     // Size-1 axes are skipped; an axis used by an earlier dimension is not reused.
     assert_eq!(
         rules.spec(&["activation_batch", "activation_length", "activation_embed"], &mesh),
@@ -40,6 +40,11 @@ fn logical_rules_follow_maxtext() {
     assert_eq!(rules.spec(&["embed", "mlp"], &mesh), PartitionSpec::new(&[&["fsdp"], &[]]));
     assert_eq!(rules.spec(&["activation_batch", "embed"], &mesh), PartitionSpec::new(&[&["data", "fsdp"], &[]]));
     assert_eq!(rules.spec(&["layers", "unknown"], &mesh), PartitionSpec::new(&[&[], &[]]));
+    // Fallback rows: `mlp` (earlier in the table) takes fsdp_transpose, so `embed`'s first row
+    // is blocked and its second, [fsdp, context, expert], applies.
+    let mesh = Mesh::new(&[("fsdp", 2), ("fsdp_transpose", 2), ("tensor", 2)]);
+    assert_eq!(rules.spec(&["embed", "mlp"], &mesh), PartitionSpec::new(&[&["fsdp"], &["fsdp_transpose", "tensor"]]));
+    assert_eq!(rules.spec(&["embed"], &mesh), PartitionSpec::new(&[&["fsdp", "fsdp_transpose"]]));
 }
 
 #[test]
@@ -70,7 +75,7 @@ fn spec(dims: &[&[&str]]) -> PartitionSpec {
 fn train_step(mesh: Option<Mesh>) -> Program {
     let sharded = mesh.is_some();
     let mut sig = Signature::new(mesh.clone());
-    let rules = LogicalRules::maxtext();
+    let rules = maxrs::config::logical_rules(&maxrs::config::load(None, &[]).unwrap());
     let logical = |names: &[&str]| mesh.as_ref().map(|m| rules.spec(names, m));
     let params = [
         ("params.wi", vec![LAYERS, E, M], ["layers", "embed", "mlp"]),

@@ -17,6 +17,6 @@ pub use error::ConfigError;
 pub use keys::{Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, RematPolicy, RuleAxes};
 pub use load::{load, load_args};
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
-pub use rules::axis_rules;
+pub use rules::{axis_rules, logical_rules};
 pub use validate::{num_params, validate, Derived, PLUGINS};
 pub use value::key_names;

@@ -1,6 +1,6 @@
 //! The logical axis rules table: merging it across config layers as MaxText does, checking that it
 //! names real mesh axes, and handing it out as plain rows. Turning rows into partition specs is
-//! `sharding`'s job, not this module's.
+//! `sharding::LogicalRules`'s job, not this module's.
 
 use super::error::{closest, ConfigError};
 use super::keys::{Config, LogicalAxisRule};
@@ -19,6 +19,11 @@ pub fn axis_rules(config: &Config) -> Vec<(String, Vec<String>)> {
         .iter()
         .map(|LogicalAxisRule(name, axes)| (name.clone(), in_mesh(config, axes.to_vec())))
         .collect()
+}
+
+/// The rules as the sharding code's `LogicalRules`.
+pub fn logical_rules(config: &Config) -> crate::sharding::LogicalRules {
+    crate::sharding::LogicalRules::from_rows(&axis_rules(config))
 }
 
 fn in_mesh(config: &Config, axes: Vec<String>) -> Vec<String> {

@@ -103,9 +103,6 @@ pub fn dtype(d: config::DType) -> DType {
 
 impl LlamaConfig {
     pub fn from_config(c: &Config) -> LlamaConfig {
-        let rows = config::axis_rules(c);
-        let refs: Vec<Vec<&str>> = rows.iter().map(|(_, axes)| axes.iter().map(String::as_str).collect()).collect();
-        let table: Vec<(&str, &[&str])> = rows.iter().zip(&refs).map(|((l, _), a)| (l.as_str(), &a[..])).collect();
         LlamaConfig {
             emb: c.base_emb_dim,
             heads: c.base_num_query_heads,
@@ -121,7 +118,7 @@ impl LlamaConfig {
             weight_dtype: dtype(c.weight_dtype),
             scan_layers: c.scan_layers,
             remat: remat_policy(c.remat_policy),
-            rules: LogicalRules::new(&table),
+            rules: config::logical_rules(c),
         }
     }
 }

@@ -7,50 +7,34 @@ use super::{Mesh, PartitionSpec};
 pub struct LogicalRules(Vec<(String, Vec<String>)>);
 
 impl LogicalRules {
-    pub fn new(rules: &[(&str, &[&str])]) -> LogicalRules {
-        LogicalRules(
-            rules.iter().map(|(l, axes)| (l.to_string(), axes.iter().map(|a| a.to_string()).collect())).collect(),
-        )
+    /// From `(logical name, mesh axes)` rows, e.g. `config::axis_rules`.
+    pub fn from_rows(rows: &[(String, Vec<String>)]) -> LogicalRules {
+        LogicalRules(rows.to_vec())
     }
 
-    /// The core rows of MaxText's `base.yml` `logical_axis_rules`.
-    pub fn maxtext() -> LogicalRules {
-        LogicalRules::new(&[
-            ("activation_batch", &["data", "fsdp", "fsdp_transpose", "expert"]),
-            ("activation_length", &["context"]),
-            ("activation_embed", &["tensor"]),
-            ("activation_mlp", &["tensor", "tensor_sequence"]),
-            ("activation_heads", &["tensor", "tensor_sequence"]),
-            ("activation_kv", &["tensor", "tensor_sequence"]),
-            ("activation_vocab", &["tensor", "tensor_sequence"]),
-            ("heads", &["tensor", "tensor_sequence", "autoregressive"]),
-            ("mlp", &["fsdp_transpose", "tensor", "tensor_sequence", "autoregressive"]),
-            ("embed", &["fsdp", "fsdp_transpose", "context", "expert"]),
-            ("vocab", &["tensor", "tensor_sequence", "autoregressive"]),
-            ("exp", &["expert"]),
-            ("layers", &["stage"]),
-            ("kv", &[]),
-        ])
-    }
-
-    /// The spec for an array whose dimensions have these logical names (`""` or an unknown
-    /// name: not split). Per dimension, left to right: the rule's mesh axes that the mesh has
-    /// with size > 1 and that no earlier dimension of the same array already uses.
+    /// The spec for an array whose dimensions have these logical names (`""` or a name without
+    /// a rule: not split), with flax's `logical_to_mesh_axes` semantics, which MaxText's tables
+    /// are written for: rows are tried in table order; a row for a name the array has applies
+    /// if that dimension is still unassigned and none of the row's mesh axes is assigned to
+    /// another dimension. So a later row for the same name is a fallback for when an earlier
+    /// row's axes are taken (`embed` -> `[fsdp, context, expert]` when `mlp` took
+    /// `fsdp_transpose`). Axes count as taken by name, whatever their size; the spec then leaves
+    /// out the axes the mesh lacks or has with size 1.
     pub fn spec(&self, logical: &[&str], mesh: &Mesh) -> PartitionSpec {
-        let mut used: Vec<&str> = Vec::new();
-        let mut dims = Vec::with_capacity(logical.len());
-        for name in logical {
-            let mut axes = Vec::new();
-            if let Some((_, candidates)) = self.0.iter().find(|(l, _)| l == name) {
-                for axis in candidates {
-                    if mesh.axis_size(axis).is_some_and(|s| s > 1) && !used.contains(&axis.as_str()) {
-                        used.push(axis);
-                        axes.push(axis.clone());
-                    }
-                }
+        let mut assigned: Vec<Option<&[String]>> = vec![None; logical.len()];
+        for (name, axes) in &self.0 {
+            let Some(dim) = logical.iter().position(|l| l == name) else { continue };
+            let taken = |axis: &String| assigned.iter().flatten().any(|a| a.contains(axis));
+            if assigned[dim].is_none() && !axes.iter().any(taken) {
+                assigned[dim] = Some(axes);
             }
-            dims.push(axes);
         }
+        let dims = assigned
+            .into_iter()
+            .map(|axes| {
+                axes.unwrap_or_default().iter().filter(|a| mesh.axis_size(a).is_some_and(|s| s > 1)).cloned().collect()
+            })
+            .collect();
         PartitionSpec::from_axes(dims)
     }
 }
