@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -530,6 +531,7 @@ def train(c, params, rows, log=True):
     compiled = lowered.compile()
     t_compile = time.perf_counter() - t
 
+    startup = time.perf_counter() - _IMPORT_START  # script start to the first step
     step_times, metrics = [], []
     for step in range(c.steps):
         if step > 0:
@@ -549,6 +551,7 @@ def train(c, params, rows, log=True):
         "devices": [f"{d.platform}:{d.id}" for d in devices],
         "timings_s": {
             "import": IMPORT_SECONDS,
+            "startup": startup,
             "trace": t_trace,
             "lower": t_lower,
             "compile": t_compile,
@@ -558,6 +561,7 @@ def train(c, params, rows, log=True):
         "losses": [float(m["loss"]) for m in metrics],
         "grad_norms": [float(m["grad_norm"]) for m in metrics],
         "learning_rates": [float(m["learning_rate"]) for m in metrics],
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
 
@@ -694,7 +698,8 @@ def selftest():
         result = run(paths["config"], paths["params"], paths["tokens"], paths["out"])
         with open(paths["out"]) as f:
             written = json.load(f)
-        check(set(written) == {"jax_version", "devices", "timings_s", "losses", "grad_norms", "learning_rates"}
+        check(set(written) == {"jax_version", "devices", "timings_s", "losses", "grad_norms", "learning_rates",
+                                  "peak_rss_bytes"}
               and len(written["losses"]) == c.steps, "RESULT.json has every field and one loss per step")
         check(all(math.isfinite(x) for x in result["losses"] + result["grad_norms"]), "losses and grad norms finite")
 
