@@ -16,6 +16,10 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::config::Config;
+use crate::ir::Program;
+use crate::pjrt::Plugin;
+
 const MAGIC: &[u8; 8] = b"MAXRSAOT";
 
 /// One argument of the compiled step: its name in the parameter tree, element type, global
@@ -86,6 +90,116 @@ impl ArtifactHeader {
         differ(false, "XLA flags", &format!("{:?}", saved.xla_flags), &format!("{:?}", self.xla_flags));
         differ(false, "maxrs version", &saved.maxrs_version, &self.maxrs_version);
         diff
+    }
+}
+
+/// The configuration keys whose values are compiled into the train step: model shape and
+/// numerics, batch and sequence, the mesh, and the optimizer and schedule constants.
+pub const COMPILED_KEYS: &[&str] = &[
+    "decoder_block",
+    "base_emb_dim",
+    "base_num_query_heads",
+    "base_num_kv_heads",
+    "base_mlp_dim",
+    "base_num_decoder_layers",
+    "head_dim",
+    "vocab_size",
+    "mlp_activations",
+    "normalization_layer_epsilon",
+    "rope_max_timescale",
+    "logits_via_embedding",
+    "dtype",
+    "weight_dtype",
+    "scan_layers",
+    "remat_policy",
+    "init_weights_seed",
+    "per_device_batch_size",
+    "max_target_length",
+    "gradient_accumulation_steps",
+    "steps",
+    "learning_rate",
+    "learning_rate_schedule_steps",
+    "warmup_steps_fraction",
+    "learning_rate_final_fraction",
+    "adam_b1",
+    "adam_b2",
+    "adam_eps",
+    "adam_eps_root",
+    "adam_weight_decay",
+    "gradient_clipping_threshold",
+    "z_loss_multiplier",
+    "logical_axis_rules",
+    "dcn_data_parallelism",
+    "dcn_fsdp_parallelism",
+    "dcn_fsdp_transpose_parallelism",
+    "dcn_context_parallelism",
+    "dcn_tensor_parallelism",
+    "dcn_tensor_sequence_parallelism",
+    "ici_data_parallelism",
+    "ici_fsdp_parallelism",
+    "ici_fsdp_transpose_parallelism",
+    "ici_context_parallelism",
+    "ici_tensor_parallelism",
+    "ici_tensor_sequence_parallelism",
+];
+
+/// The devices a step runs on, in a form both sides can compute: the compiling side from its
+/// target topology, the running side from its client.
+pub fn describe_devices(hosts: usize, devices_per_host: usize, device_kind: &str) -> String {
+    let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+    format!("{} x {} {device_kind}", plural(hosts, "host"), devices_per_host)
+}
+
+/// A plugin build's identity: file name, size and PJRT API version (an executable only loads
+/// into the build that compiled it; the size tells builds of one package name apart cheaply).
+pub fn plugin_identity(plugin: &Plugin) -> String {
+    let path = plugin.path();
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let (major, minor) = plugin.api_version();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    format!("{name} ({size} bytes, PJRT API {major}.{minor})")
+}
+
+/// The header of the train step `program` compiled from `config` for `devices`
+/// ([`describe_devices`]) with `plugin` ([`plugin_identity`]).
+pub fn header(
+    config: &Config,
+    program: &Program,
+    devices: String,
+    num_devices: usize,
+    plugin: String,
+    platform_version: String,
+) -> ArtifactHeader {
+    let values = serde_json::to_value(config).expect("the config serializes");
+    let config = COMPILED_KEYS
+        .iter()
+        .map(|&key| {
+            let value = match &values[key] {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (key.to_string(), value)
+        })
+        .collect();
+    let arguments = program
+        .inputs
+        .iter()
+        .map(|input| ArgumentSpec {
+            name: input.name.clone(),
+            dtype: input.ty.dtype.to_string(),
+            shape: input.ty.shape.to_vec(),
+            sharding: input.sharding.as_ref().map_or_else(|| "replicated".to_string(), |s| s.to_string()),
+        })
+        .collect();
+    ArtifactHeader {
+        maxrs_version: env!("CARGO_PKG_VERSION").to_string(),
+        plugin,
+        platform_version,
+        topology: devices,
+        num_devices,
+        config,
+        arguments,
+        xla_flags: std::env::var("XLA_FLAGS").unwrap_or_default(),
     }
 }
 

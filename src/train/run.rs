@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::aot::artifact;
 use crate::config::{self, Config, Derived};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
@@ -31,7 +32,7 @@ pub struct StartupTimes {
     pub trace: f64,
     /// IR to StableHLO text.
     pub lower: f64,
-    /// XLA compile of the train step (or loading a compiled one).
+    /// XLA compile of the train step, or loading the one `compiled_trainstep_file` names.
     pub compile: f64,
     /// Building the initial state on the devices (init program or parameter file).
     pub init: f64,
@@ -124,7 +125,10 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let mlir = to_stablehlo(&program);
     report.startup.lower = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let compiled = compile_step(client, &program, &mlir)?;
+    let compiled = match c.compiled_trainstep_file.as_str() {
+        "" => compile_step(client, &program, &mlir)?,
+        path => load_step(c, client, &program, Path::new(path))?,
+    };
     report.startup.compile = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
@@ -215,6 +219,24 @@ fn compile_step(client: &Client, program: &Program, mlir: &str) -> Result<Compil
         None => CompileOptions::single_device(),
     };
     let executable = client.compile(mlir, &options).context("compiling the train step")?;
+    Compiled::new(program, executable)
+}
+
+/// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
+/// this program, these devices and this plugin build (see `aot::artifact`).
+fn load_step(c: &Config, client: &Client, program: &Program, path: &Path) -> Result<Compiled> {
+    let devices = client.addressable_devices()?;
+    let current = artifact::header(
+        c,
+        program,
+        artifact::describe_devices(1, devices.len(), &devices[0].kind),
+        devices.len(),
+        artifact::plugin_identity(client.plugin()),
+        client.platform_version()?,
+    );
+    let bytes = artifact::load_matching(path, &current)?;
+    let executable = client.deserialize(&bytes).with_context(|| format!("loading {}", path.display()))?;
+    println!("loaded the compiled train step from {} (no compile)", path.display());
     Compiled::new(program, executable)
 }
 
