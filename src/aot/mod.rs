@@ -1,7 +1,11 @@
 //! Ahead-of-time compilation for hardware this machine does not have: the catalog of targets
-//! (`topology`), the GPU descriptions read from the CUDA plugin (`target_config`), and the file
-//! that carries a compiled train step to its target (`artifact`).
+//! (`topology`), the GPU descriptions read from the CUDA plugin (`target_config`), the
+//! per-device memory check (`memory`), and the file that carries a compiled train step to its
+//! target (`artifact`).
 
 pub mod artifact;
+pub mod memory;
 pub mod target_config;
 pub mod topology;
+
+pub use memory::MemoryReport;
