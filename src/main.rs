@@ -16,6 +16,8 @@ struct Args {
 enum Command {
     /// Show the PJRT plugin, its platform and the devices it sees.
     Devices(cli::devices::DevicesArgs),
+    /// List the ahead-of-time targets (compile_topology names) and their devices.
+    Topologies(cli::topologies::TopologiesArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -28,6 +30,7 @@ fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let result = match args.command {
         Command::Devices(a) => cli::devices::run(a),
+        Command::Topologies(a) => cli::topologies::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! Subcommand implementations and what they share: logging set-up and `key=value` parsing.
 
 pub mod devices;
+pub mod topologies;
 
 use anyhow::{bail, Result};
 
