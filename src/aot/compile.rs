@@ -138,6 +138,8 @@ impl CompileTarget {
 
     /// The device ids of each host (GPU, CPU) or slice (TPU), in increasing id order: what
     /// `config::Mesh::physical` takes to lay the mesh out so that ICI axes stay inside one.
+    /// Id order is local GPU order on a host, and row-major chip coordinates in a TPU slice
+    /// (consecutive ids are torus neighbours along the first dimension).
     pub fn granules(&self) -> &[Vec<i64>] {
         &self.granules
     }
