@@ -1,5 +1,13 @@
 //! Ahead-of-time compilation for hardware this machine does not have: the catalog of targets
-//! (`topology`) and the file that carries a compiled train step to its target (`artifact`).
+//! (`topology`), the GPU descriptions read from the CUDA plugin (`target_config`), compiling
+//! for a target (`compile`), the per-device memory check (`memory`), and the file that carries
+//! a compiled train step to its target (`artifact`).
 
 pub mod artifact;
+pub mod compile;
+pub mod memory;
+pub mod target_config;
 pub mod topology;
+
+pub use compile::CompileTarget;
+pub use memory::MemoryReport;

@@ -2,6 +2,7 @@
 
 pub mod devices;
 pub mod train;
+pub mod topologies;
 
 use anyhow::{bail, Result};
 

@@ -47,6 +47,9 @@ impl CompiledMemoryStats {
 pub struct Executable {
     plugin: Arc<Plugin>,
     raw: *mut ffi::Executable,
+    // Set for a handle taken from a loaded executable, which plugins may tie it to (the CPU
+    // plugin does): dropped after the handle.
+    _loaded: Option<Box<LoadedExecutable>>,
 }
 
 unsafe impl Send for Executable {}
@@ -64,7 +67,7 @@ impl Drop for Executable {
 
 impl Executable {
     pub(crate) fn from_raw(plugin: Arc<Plugin>, raw: *mut ffi::Executable) -> Executable {
-        Executable { plugin, raw }
+        Executable { plugin, raw, _loaded: None }
     }
 
     pub fn name(&self) -> Result<String> {
@@ -283,6 +286,16 @@ impl LoadedExecutable {
     /// The compiled artifact (serialize, memory stats, cost analysis, fingerprint).
     pub fn executable(&self) -> &Executable {
         &self.executable
+    }
+
+    /// The compiled artifact as an [`Executable`] of its own, for code that deals in those
+    /// whatever compiled them (the CPU path of AOT compilation). The handle keeps `self` alive:
+    /// with the CPU plugin it is invalid once the loaded executable is destroyed.
+    pub fn into_executable(self) -> Result<Executable> {
+        let mut get: ffi::LoadedExecutableGetExecutableArgs = unsafe { ffi::args() };
+        get.loaded_executable = self.raw;
+        crate::pjrt_call!(self.client.plugin, PJRT_LoadedExecutable_GetExecutable, get)?;
+        Ok(Executable { plugin: self.client.plugin.clone(), raw: get.executable, _loaded: Some(Box::new(self)) })
     }
 
     /// The devices the argument lists of [`LoadedExecutable::execute`] are for, in order.
