@@ -8,14 +8,17 @@
 //! "skipped: offline" and pass only when that download fails and the package index cannot be
 //! reached at all; any other failure fails them.
 
-use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+mod common;
 
-use maxrs::aot::topology::{lookup, GpuTarget, Topology};
+use std::time::Instant;
+
+use common::provision::provisioned;
+
+use maxrs::aot::topology::{lookup, GpuTarget};
 use maxrs::aot::{target_config, CompileTarget};
 use maxrs::config;
 use maxrs::ir::{DType, Program, Signature};
-use maxrs::pjrt::provision::{cuda_toolchain_dir, resolve_plugin, INDEX_ENV};
+use maxrs::pjrt::provision::resolve_plugin;
 use maxrs::pjrt::ElementType;
 use maxrs::sharding::{Mesh, PartitionSpec};
 use maxrs::tensor::{trace, value_and_grad};
@@ -50,41 +53,6 @@ fn target_mesh(target: &CompileTarget) -> Mesh {
     let cfg = config::load(None, &[]).expect("default config");
     let derived = config::validate(&cfg, target.num_devices(), target.granules().len()).expect("valid for the target");
     derived.mesh.physical(target.granules()).expect("mesh fits the target")
-}
-
-/// Whether the package index (PyPI, or `$MAXRS_PYPI_INDEX`) cannot be reached at all.
-fn offline() -> bool {
-    let index = std::env::var(INDEX_ENV).ok().filter(|s| !s.trim().is_empty());
-    let index = index.as_deref().unwrap_or("https://pypi.org/simple");
-    let (scheme, rest) = index.split_once("://").unwrap_or(("https", index));
-    let authority = rest.split('/').next().unwrap_or(rest);
-    let address = if authority.contains(':') {
-        authority.to_string()
-    } else {
-        format!("{authority}:{}", if scheme == "http" { 80 } else { 443 })
-    };
-    match address.to_socket_addrs() {
-        Ok(mut addrs) => !addrs.any(|a| TcpStream::connect_timeout(&a, Duration::from_secs(5)).is_ok()),
-        Err(_) => true,
-    }
-}
-
-/// Provisions what compiling for `topology` needs to download: its plugin and, for GPUs, the
-/// CUDA toolchain. `false` (the caller returns) only when that fails because this machine is
-/// offline.
-fn provisioned(topology: &Topology) -> bool {
-    let result = resolve_plugin(Some(topology.plugin.as_str())).and_then(|_| match topology.plugin.cuda_major() {
-        Some(cuda) => cuda_toolchain_dir(cuda).map(drop),
-        None => Ok(()),
-    });
-    match result {
-        Ok(()) => true,
-        Err(e) if offline() => {
-            println!("skipped: offline; cannot download what `{}` needs: {e:#}", topology.name);
-            false
-        }
-        Err(e) => panic!("provisioning `{}`: {e:#}", topology.name),
-    }
 }
 
 /// Compiles the step for `name` with `slices` slices and checks the executable; returns it

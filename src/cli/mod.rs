@@ -1,8 +1,9 @@
 //! Subcommand implementations and what they share: logging set-up and `key=value` parsing.
 
 pub mod devices;
-pub mod train;
 pub mod topologies;
+pub mod train;
+pub mod train_compile;
 
 use anyhow::{bail, Result};
 

@@ -1,0 +1,109 @@
+//! `maxrs train-compile`'s job (MaxText's `train_compile.py`): the train step `maxrs train` would
+//! run, traced from the same config, compiled for `compile_topology` without its hardware; the
+//! per-device memory printed and checked against the target's memory; and, with
+//! `compiled_trainstep_file`, saved with the header `maxrs train` checks before loading it.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Result};
+
+use super::artifact;
+use super::compile::CompileTarget;
+use super::memory::MemoryReport;
+use super::topology;
+use crate::config::{self, Config};
+use crate::pjrt::Plugin;
+use crate::train::step::TrainStep;
+
+/// What a compile produced.
+#[derive(Debug)]
+pub struct CompileSummary {
+    /// The target's name as looked up (`a3mega-2`, `v5e-256 x 2 slices`).
+    pub target: String,
+    pub num_devices: usize,
+    /// Plugin load and target description.
+    pub setup_seconds: f64,
+    /// Trace + lower.
+    pub trace_seconds: f64,
+    pub compile_seconds: f64,
+    pub memory: MemoryReport,
+    pub serialized_bytes: usize,
+}
+
+/// Compiles the train step of `c` for `c.compile_topology` (with
+/// `compile_topology_num_slices`); writes `c.compiled_trainstep_file` when set. Fails, after
+/// printing the memory table, when the step does not fit a device of the target.
+pub fn train_compile(c: &Config) -> Result<CompileSummary> {
+    if c.compile_topology.is_empty() {
+        bail!("compile_topology=NAME (or --topology=NAME) is required; `maxrs topologies` lists the targets");
+    }
+    // The config checks ask for compile_topology_num_slices >= 1 with compile_topology.
+    let slices = c.compile_topology_num_slices.max(1) as u32;
+    let t = Instant::now();
+    let topology = topology::lookup(&c.compile_topology, slices)?;
+    // `plugin` defaults to the CPU plugin for `maxrs train`; for another platform's target the
+    // catalog names the plugin unless the user picked one (e.g. cuda13).
+    let plugin = (c.plugin != "cpu" || topology.plugin.as_str() == "cpu").then_some(c.plugin.as_str());
+    let target = CompileTarget::new(&topology, plugin)?;
+    let setup_seconds = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let derived = config::validate(c, target.num_devices(), target.granules().len())?;
+    derived.print_summary();
+    // The same mesh rule as `maxrs train`: none on one device, else the configured mesh laid
+    // over the target's hosts (GPU) or slices (TPU).
+    let mesh = match target.num_devices() {
+        1 => None,
+        _ => Some(derived.mesh.physical(target.granules()).map_err(|e| anyhow!(e))?),
+    };
+    let step = TrainStep::new(c, &derived, mesh).map_err(|e| anyhow!(e))?;
+    let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
+    let trace_seconds = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let executable = target.compile(&program)?;
+    let compile_seconds = t.elapsed().as_secs_f64();
+    let memory = target.memory_report(&executable)?;
+    println!("{memory}");
+    memory.check()?;
+
+    let bytes = executable.serialize()?;
+    if !c.compiled_trainstep_file.is_empty() {
+        let path = Path::new(&c.compiled_trainstep_file);
+        let plugin = Plugin::load(&target.plugin().path)?;
+        let header = artifact::header(
+            c,
+            &program,
+            artifact::describe_devices(
+                topology.num_hosts() as usize,
+                topology.devices_per_host as usize,
+                topology.device_kind,
+            ),
+            target.num_devices(),
+            artifact::plugin_identity(&plugin),
+            target.platform_version().to_string(),
+        );
+        artifact::write(path, &header, &bytes)?;
+        println!("wrote the compiled train step to {} ({} bytes)", path.display(), bytes.len());
+    }
+    let summary = CompileSummary {
+        target: topology.name.clone(),
+        num_devices: target.num_devices(),
+        setup_seconds,
+        trace_seconds,
+        compile_seconds,
+        memory,
+        serialized_bytes: bytes.len(),
+    };
+    println!(
+        "compiled for {} ({} devices): set-up {:.2} s, trace + lower {:.3} s, compile {:.2} s, executable {} bytes",
+        summary.target,
+        summary.num_devices,
+        summary.setup_seconds,
+        summary.trace_seconds,
+        summary.compile_seconds,
+        summary.serialized_bytes
+    );
+    Ok(summary)
+}

@@ -1,0 +1,40 @@
+//! `maxrs train-compile [CONFIG] --topology=NAME [key=value ...]`: MaxText's `train_compile.py`
+//! (which takes `compile_topology=NAME compile_topology_num_slices=N`; both spellings work).
+
+use anyhow::{bail, Result};
+use maxrs::{aot, config};
+
+#[derive(clap::Args)]
+pub struct TrainCompileArgs {
+    /// The target (`maxrs topologies` lists them); same as compile_topology=NAME.
+    #[arg(long)]
+    topology: Option<String>,
+    /// Number of slices (TPU); same as compile_topology_num_slices=N. Default with --topology: 1.
+    #[arg(long)]
+    num_slices: Option<i64>,
+    /// A config file (default: the built-in base.yml), then key=value overrides.
+    #[arg(value_name = "CONFIG | key=value")]
+    args: Vec<String>,
+}
+
+pub fn run(a: TrainCompileArgs) -> Result<()> {
+    let mut args = a.args;
+    let default_slices = a.topology.is_some() && a.num_slices.is_none();
+    for (flag, key, value) in [
+        ("--topology", "compile_topology", a.topology),
+        ("--num-slices", "compile_topology_num_slices", a.num_slices.map(|n| n.to_string())),
+    ] {
+        let Some(value) = value else { continue };
+        if let Some(other) = args.iter().find(|x| x.starts_with(&format!("{key}=")) && **x != format!("{key}={value}"))
+        {
+            bail!("{flag}={value} and {other} disagree; give one");
+        }
+        args.push(format!("{key}={value}"));
+    }
+    if default_slices && !args.iter().any(|x| x.starts_with("compile_topology_num_slices=")) {
+        args.push("compile_topology_num_slices=1".to_string());
+    }
+    let c = config::load_args(&args)?;
+    aot::train_compile::train_compile(&c)?;
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! `maxrs train-compile` and `maxrs train compiled_trainstep_file=...`: the train step compiled
+//! for `cpu-8` and loaded by a run on 8 CPU devices reproduces a plain run's losses exactly; a
+//! run that differs in batch size, sequence length, model or devices is refused with every
+//! differing key and both values; the train step compiles for two A3 Mega hosts and two v5e-256
+//! slices from this CPU-only machine, and a configuration that cannot fit an H100 fails with
+//! needed vs available memory. GPU/TPU cases download their plugin and print "skipped: offline"
+//! only when the machine cannot reach the package index.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::provision::provisioned;
+use maxrs::aot::topology::lookup;
+use maxrs::aot::train_compile::train_compile;
+use maxrs::config::{self, Config};
+use maxrs::pjrt::cpu_client;
+use maxrs::train::run::train;
+
+const RUN: &[&str] = &["steps=5", "per_device_batch_size=2", "max_target_length=64"];
+
+fn cfg(extra: &[&str]) -> Config {
+    let args: Vec<String> = RUN.iter().chain(extra).map(|s| s.to_string()).collect();
+    config::load(None, &args).expect("config loads")
+}
+
+fn compile_cpu8(path: &Path, extra: &[&str]) {
+    let file = format!("compiled_trainstep_file={}", path.display());
+    let mut args = vec!["compile_topology=cpu-8", "compile_topology_num_slices=1", file.as_str()];
+    args.extend(extra);
+    train_compile(&cfg(&args)).expect("compiles for cpu-8");
+}
+
+#[test]
+fn cpu8_compiled_step_reproduces_a_plain_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("step.aot");
+    compile_cpu8(&path, &[]);
+    let client = cpu_client(8).unwrap();
+    let plain = train(&cfg(&[]), &client).unwrap();
+    let loaded = train(&cfg(&[&format!("compiled_trainstep_file={}", path.display())]), &client).unwrap();
+    assert_eq!(loaded.losses, plain.losses, "the loaded executable computes exactly what a compiled one does");
+    assert!(plain.losses[4] < plain.losses[0]);
+}
+
+#[test]
+fn mismatched_runs_are_refused_with_every_difference() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("step.aot");
+    compile_cpu8(&path, &[]);
+    let file = format!("compiled_trainstep_file={}", path.display());
+    let refused = |devices: usize, extra: &[&str]| -> String {
+        let mut args = vec![file.as_str()];
+        args.extend(extra);
+        let err = train(&cfg(&args), &cpu_client(devices).unwrap()).expect_err("a mismatched run is refused");
+        format!("{err:#}")
+    };
+    let err = refused(8, &["per_device_batch_size=4"]);
+    assert!(err.contains("per_device_batch_size: compiled with 2.0, this run has 4.0"), "{err}");
+    assert!(err.contains("batch.inputs s32[16, 64]") && err.contains("batch.inputs s32[32, 64]"), "{err}");
+    let err = refused(8, &["max_target_length=32"]);
+    assert!(err.contains("max_target_length: compiled with 64, this run has 32"), "{err}");
+    let err = refused(8, &["base_num_decoder_layers=3"]);
+    assert!(err.contains("base_num_decoder_layers: compiled with 2, this run has 3"), "{err}");
+    let err = refused(4, &[]);
+    assert!(err.contains("topology: compiled with 1 host x 8 cpu, this run has 1 host x 4 cpu"), "{err}");
+    assert!(err.contains("number of devices: compiled with 8, this run has 4"), "{err}");
+}
+
+/// Runs `maxrs train-compile ARGS`, or `None` when `topology`'s plugin cannot be had offline.
+fn train_compile_cli(topology: &str, slices: u32, args: &[&str]) -> Option<(bool, String, String)> {
+    if !provisioned(&lookup(topology, slices).unwrap()) {
+        return None;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_maxrs"))
+        .args(["train-compile", &format!("--topology={topology}"), &format!("--num-slices={slices}")])
+        .args(args)
+        .output()
+        .expect("run maxrs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    Some((out.status.success(), text(&out.stdout), text(&out.stderr)))
+}
+
+#[test]
+fn compiles_for_two_a3mega_hosts_on_a_cpu_only_machine() {
+    let Some((ok, stdout, stderr)) = train_compile_cli("a3mega-2", 1, &["per_device_batch_size=2"]) else { return };
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("devices: 16 in 2 slices"), "{stdout}");
+    assert!(stdout.contains("memory per device on a3mega-2 (NVIDIA H100 80GB HBM3)"), "{stdout}");
+    assert!(stdout.contains("compiled for a3mega-2 (16 devices)"), "{stdout}");
+}
+
+#[test]
+fn compiles_for_two_v5e_256_slices() {
+    let Some((ok, stdout, stderr)) = train_compile_cli("v5e-256", 2, &["per_device_batch_size=1"]) else { return };
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("devices: 512 in 2 slices"), "{stdout}");
+    assert!(stdout.contains("compiled for v5e-256"), "{stdout}");
+}
+
+#[test]
+fn a_step_that_cannot_fit_an_h100_is_an_error_with_the_numbers() {
+    let args = ["per_device_batch_size=64", "max_target_length=8192", "remat_policy=none", "dtype=float32"];
+    let Some((ok, stdout, stderr)) = train_compile_cli("h100-1", 1, &args) else { return };
+    assert!(!ok, "must not fit:\n{stdout}");
+    assert!(stderr.contains("out of memory: the compiled program needs"), "{stderr}");
+    assert!(stderr.contains("per_device_batch_size") && stderr.contains("remat_policy"), "{stderr}");
+}
