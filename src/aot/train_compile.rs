@@ -40,6 +40,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     }
     // The config checks ask for compile_topology_num_slices >= 1 with compile_topology.
     let slices = c.compile_topology_num_slices.max(1) as u32;
+    crate::pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;
     let t = Instant::now();
     let topology = topology::lookup(&c.compile_topology, slices)?;
     // `plugin` defaults to the CPU plugin for `maxrs train`; for another platform's target the
@@ -65,8 +66,8 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     let executable = target.compile(&program)?;
     let compile_seconds = t.elapsed().as_secs_f64();
     let memory = target.memory_report(&executable)?;
+    memory.check()?; // the error shows the table
     println!("{memory}");
-    memory.check()?;
 
     let bytes = executable.serialize()?;
     if !c.compiled_trainstep_file.is_empty() {

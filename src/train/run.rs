@@ -55,7 +55,7 @@ pub struct RunReport {
 
 /// The devices of a run: the plugin's client.
 pub fn client_for(c: &Config) -> Result<Client> {
-    apply_xla_flags_file(&c.xla_flags_file)?;
+    pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;
     if c.plugin == "cpu" {
         let n = usize::try_from(c.cpu_device_count)
             .ok()
@@ -65,39 +65,6 @@ pub fn client_for(c: &Config) -> Result<Client> {
     }
     let (_, plugin) = pjrt::load_plugin(Some(&c.plugin))?;
     Ok(Client::create(&plugin, &[] as &[(String, Value)], None)?)
-}
-
-/// Adds the flags of `xla_flags_file` (a path, or the name of a built-in set: `a3mega`, `h100`,
-/// `cpu`, as in `xla_flags/`) to `XLA_FLAGS`; flags already in `XLA_FLAGS` win.
-fn apply_xla_flags_file(name: &str) -> Result<()> {
-    if name.is_empty() {
-        return Ok(());
-    }
-    let mut flags = match builtin_flags_file(name) {
-        Some(text) => pjrt::xla_flags::XlaFlags::parse(text)?,
-        None if Path::new(name).is_file() => pjrt::xla_flags::load_flags_file(Path::new(name))?,
-        None => bail!(
-            "xla_flags_file={name}: no such file, and not a built-in set (valid: {})",
-            BUILTIN_FLAGS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
-        ),
-    };
-    flags.merge(&pjrt::xla_flags::XlaFlags::from_env()?);
-    // Set before the plugin is loaded (XLA reads XLA_FLAGS once, at its first use).
-    std::env::set_var("XLA_FLAGS", flags.to_env_string());
-    Ok(())
-}
-
-/// The tuned flag sets of `xla_flags/`, built in so the binary works from any directory.
-const BUILTIN_FLAGS: &[(&str, &str)] = &[
-    ("a3mega", include_str!("../../xla_flags/a3mega.flags")),
-    ("h100", include_str!("../../xla_flags/h100.flags")),
-    ("cpu", include_str!("../../xla_flags/cpu.flags")),
-];
-
-fn builtin_flags_file(name: &str) -> Option<&'static str> {
-    let stem = name.strip_prefix("xla_flags/").unwrap_or(name);
-    let stem = stem.strip_suffix(".flags").unwrap_or(stem);
-    BUILTIN_FLAGS.iter().find(|(n, _)| *n == stem).map(|(_, text)| *text)
 }
 
 /// The mesh of a single-process run on `client`'s devices: `None` for one device (a plain,

@@ -219,3 +219,36 @@ fn closest<'a>(name: &str, known: impl Iterator<Item = &'a String>) -> Option<&'
 
 #[cfg(test)]
 mod tests;
+
+/// Adds the flags of the config key `xla_flags_file` (a path, or the name of a built-in set: `a3mega`, `h100`,
+/// `cpu`, as in `xla_flags/`) to `XLA_FLAGS`; flags already in `XLA_FLAGS` win.
+pub fn apply_flags_file(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Ok(());
+    }
+    let mut flags = match builtin_flags_file(name) {
+        Some(text) => XlaFlags::parse(text)?,
+        None if Path::new(name).is_file() => load_flags_file(Path::new(name))?,
+        None => bail!(
+            "xla_flags_file={name}: no such file, and not a built-in set (valid: {})",
+            BUILTIN_FLAGS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        ),
+    };
+    flags.merge(&XlaFlags::from_env()?);
+    // Set before the plugin is loaded (XLA reads XLA_FLAGS once, at its first use).
+    std::env::set_var("XLA_FLAGS", flags.to_env_string());
+    Ok(())
+}
+
+/// The tuned flag sets of `xla_flags/`, built in so the binary works from any directory.
+const BUILTIN_FLAGS: &[(&str, &str)] = &[
+    ("a3mega", include_str!("../../../xla_flags/a3mega.flags")),
+    ("h100", include_str!("../../../xla_flags/h100.flags")),
+    ("cpu", include_str!("../../../xla_flags/cpu.flags")),
+];
+
+fn builtin_flags_file(name: &str) -> Option<&'static str> {
+    let stem = name.strip_prefix("xla_flags/").unwrap_or(name);
+    let stem = stem.strip_suffix(".flags").unwrap_or(stem);
+    BUILTIN_FLAGS.iter().find(|(n, _)| *n == stem).map(|(_, text)| *text)
+}
