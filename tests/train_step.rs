@@ -16,12 +16,12 @@ use maxrs::train::schedule::LearningRateSchedule;
 use maxrs::train::step::TrainStep;
 
 const TINY: &[&str] = &[
-    "base_emb_dim=16",
+    "base_emb_dim=8",
     "base_num_query_heads=4",
     "base_num_kv_heads=2",
-    "head_dim=4",
-    "base_mlp_dim=24",
-    "vocab_size=32",
+    "head_dim=2",
+    "base_mlp_dim=16",
+    "vocab_size=16",
     "per_device_batch_size=2",
     "max_target_length=16",
     "steps=10",
