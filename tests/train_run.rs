@@ -82,7 +82,7 @@ fn run_from_parameter_and_token_files_starts_at_the_reference_loss() {
     );
     let inputs: Vec<i32> = rows[..B].iter().flat_map(|r| r[..T].to_vec()).collect();
     let targets: Vec<i32> = rows[..B].iter().flat_map(|r| r[1..].to_vec()).collect();
-    let want = llama_ref::reference(&c, &p, &inputs, &targets, &vec![1; B * T], 0.0).loss;
+    let want = llama_ref::reference(&c, &p, &inputs, &targets, &[1; B * T], 0.0).loss;
     let rel = (report.losses[0] - want).abs() / want;
     assert!(rel < 1e-5, "first loss {} vs reference {want} (relative {rel:e})", report.losses[0]);
 }

@@ -226,7 +226,8 @@ fn peak_rss_bytes() -> Option<u64> {
 
 /// The table; `tflops` is the step's TFLOPs per device (the same work in every column).
 fn print_table(columns: &[(&str, &Column)], tflops: f64) {
-    let rows: Vec<(&str, Box<dyn Fn(&Column) -> Option<f64>>, &str)> = vec![
+    type Row<'a> = (&'a str, Box<dyn Fn(&Column) -> Option<f64>>, &'a str);
+    let rows: Vec<Row> = vec![
         ("start-up (process start to first step)", Box::new(|c| Some(c.startup)), "s"),
         ("trace", Box::new(|c| Some(c.trace)), "s"),
         ("lower", Box::new(|c| Some(c.lower)), "s"),
