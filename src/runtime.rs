@@ -35,7 +35,12 @@ pub struct Compiled {
 
 /// Lowers and compiles `program` on `client`.
 pub fn compile(client: &Client, program: &Program) -> Result<Compiled> {
-    let mlir = to_stablehlo(program);
+    compile_lowered(client, program, &to_stablehlo(program))
+}
+
+/// Compiles `program`, already lowered to `mlir`, on `client`: SPMD over the program's mesh
+/// (device assignment in mesh order), or for one device.
+pub fn compile_lowered(client: &Client, program: &Program, mlir: &str) -> Result<Compiled> {
     let options = match &program.mesh {
         Some(mesh) => CompileOptions {
             device_assignment: Some(mesh.device_ids().to_vec()),
@@ -43,7 +48,7 @@ pub fn compile(client: &Client, program: &Program) -> Result<Compiled> {
         },
         None => CompileOptions::single_device(),
     };
-    let executable = client.compile(&mlir, &options).context("compiling the lowered program")?;
+    let executable = client.compile(mlir, &options).context("compiling the lowered program")?;
     Compiled::new(program, executable)
 }
 

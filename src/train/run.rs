@@ -14,7 +14,7 @@ use crate::config::{self, Config, Derived};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::model::llama;
-use crate::pjrt::{self, Client, CompileOptions, Value};
+use crate::pjrt::{self, Client, Value};
 use crate::runtime::{self, Compiled, DeviceArray};
 
 use super::data::{BatchLoader, DataSource};
@@ -93,7 +93,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     report.startup.lower = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let compiled = match c.compiled_trainstep_file.as_str() {
-        "" => compile_step(client, &program, &mlir)?,
+        "" => runtime::compile_lowered(client, &program, &mlir).context("compiling the train step")?,
         path => load_step(c, client, &program, Path::new(path))?,
     };
     report.startup.compile = t.elapsed().as_secs_f64();
@@ -174,19 +174,6 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     report.peak_memory_bytes = peak_memory(&devices);
     print_summary(&report, &work);
     Ok(report)
-}
-
-/// Compiles the lowered train step (SPMD over the mesh when there is one).
-fn compile_step(client: &Client, program: &Program, mlir: &str) -> Result<Compiled> {
-    let options = match &program.mesh {
-        Some(mesh) => CompileOptions {
-            device_assignment: Some(mesh.device_ids().to_vec()),
-            ..CompileOptions::spmd(mesh.size() as i64)
-        },
-        None => CompileOptions::single_device(),
-    };
-    let executable = client.compile(mlir, &options).context("compiling the train step")?;
-    Compiled::new(program, executable)
 }
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
