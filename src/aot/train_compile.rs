@@ -14,7 +14,7 @@ use super::memory::MemoryReport;
 use super::topology;
 use crate::config::{self, Config};
 use crate::pjrt::Plugin;
-use crate::train::step::TrainStep;
+use crate::train::step::{step_mesh, TrainStep};
 
 /// What a compile produced.
 #[derive(Debug)]
@@ -52,12 +52,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     let t = Instant::now();
     let derived = config::validate(c, target.num_devices(), target.granules().len())?;
     derived.print_summary();
-    // The same mesh rule as `maxrs train`: none on one device, else the configured mesh laid
-    // over the target's hosts (GPU) or slices (TPU).
-    let mesh = match target.num_devices() {
-        1 => None,
-        _ => Some(derived.mesh.physical(target.granules()).map_err(|e| anyhow!(e))?),
-    };
+    let mesh = step_mesh(&derived, target.granules()).map_err(|e| anyhow!(e))?;
     let step = TrainStep::new(c, &derived, mesh).map_err(|e| anyhow!(e))?;
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
     let trace_seconds = t.elapsed().as_secs_f64();

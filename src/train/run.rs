@@ -21,7 +21,7 @@ use super::data::{BatchLoader, DataSource};
 use super::flops::{self, ModelDims, StepShape};
 use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
 use super::params_io::{load_parameters, ParamSpec};
-use super::step::{TrainStep, BATCH_INPUTS};
+use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
 
 /// Wall times of the start-up phases, in seconds.
 #[derive(Clone, Debug, Default)]
@@ -67,23 +67,16 @@ pub fn client_for(c: &Config) -> Result<Client> {
     Ok(Client::create(&plugin, &[] as &[(String, Value)], None)?)
 }
 
-/// The mesh of a single-process run on `client`'s devices: `None` for one device (a plain,
-/// unpartitioned program), else the configured mesh over the devices in id order.
-pub fn device_mesh(derived: &Derived, client: &Client) -> Result<Option<crate::sharding::Mesh>> {
-    let ids: Vec<i64> = client.addressable_devices()?.iter().map(|d| d.id as i64).collect();
-    if ids.len() == 1 {
-        return Ok(None);
-    }
-    Ok(Some(derived.mesh.physical(&[ids]).map_err(|e| anyhow!(e))?))
-}
-
 /// Trains as configured on `client`'s devices.
 pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let mut report = RunReport::default();
     let devices = client.addressable_devices()?;
     let derived = config::validate(c, devices.len(), 1)?;
     derived.print_summary();
-    let step = TrainStep::new(c, &derived, device_mesh(&derived, client)?).map_err(|e| anyhow!(e))?;
+    // One process: all devices form one granule, in id order.
+    let ids: Vec<i64> = devices.iter().map(|d| d.id as i64).collect();
+    let step =
+        TrainStep::new(c, &derived, step_mesh(&derived, &[ids]).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -131,6 +124,10 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let (loss_i, norm_i, lr_i, weights_i) =
         (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
 
+    // For each output, the input slot it feeds next step (state outputs share their input's name).
+    let carried: Vec<Option<usize>> =
+        compiled.program.outputs.iter().map(|o| compiled.input_index(&o.name).ok()).collect();
+
     let bar = progress_bar(derived.steps as u64);
     let mut last = Instant::now();
     for step_index in 0..derived.steps as u64 {
@@ -166,8 +163,12 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
         report.grad_norms.push(grad_norm);
         report.learning_rates.push(lr);
         report.step_times.push(metrics.step_time_seconds);
-        // The step's new state becomes the next step's input, by name.
-        state = next_state(&compiled, outputs, state)?;
+        // The step's new state becomes the next step's input.
+        for (slot, array) in carried.iter().zip(outputs) {
+            if let Some(slot) = slot {
+                state[*slot] = Some(array);
+            }
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -221,20 +222,6 @@ fn initial_state(
             state[slot] = Some(compiled.put(client, slot, host)?);
         }
         println!("loaded {} parameters from {}", params.len(), c.load_parameters_path);
-    }
-    Ok(state)
-}
-
-/// Moves the outputs that are state (same name as an input) into the input slots.
-fn next_state(
-    compiled: &Compiled,
-    outputs: Vec<DeviceArray>,
-    mut state: Vec<Option<DeviceArray>>,
-) -> Result<Vec<Option<DeviceArray>>> {
-    for (spec, array) in compiled.program.outputs.iter().zip(outputs) {
-        if let Ok(slot) = compiled.input_index(&spec.name) {
-            state[slot] = Some(array);
-        }
     }
     Ok(state)
 }

@@ -25,6 +25,16 @@ use super::optimizer::{AdamW, COUNT};
 /// are not packed).
 pub const BATCH_INPUTS: &[&str] = &["inputs", "targets", "targets_segmentation"];
 
+/// The mesh the step is traced on, the same rule for `maxrs train` and `maxrs train-compile`:
+/// none on one device (a plain, unpartitioned program), else the configured mesh laid over
+/// `granules`, the device ids of each host (GPU) or slice (TPU).
+pub fn step_mesh(derived: &Derived, granules: &[Vec<i64>]) -> Result<Option<Mesh>, String> {
+    match granules.iter().map(Vec::len).sum::<usize>() {
+        1 => Ok(None),
+        _ => derived.mesh.physical(granules).map(Some),
+    }
+}
+
 /// Everything that decides the traced programs.
 #[derive(Clone, Debug)]
 pub struct TrainStep {
@@ -148,12 +158,12 @@ impl TrainStep {
         // Row r of micro-batch k is global row r * a + k: every device keeps its own rows.
         let micro_batches = batch.map(|_, x| {
             let x = x.reshape(&[micro, a, self.seq]).transpose(&[1, 0, 2]);
-            match (self.mesh.as_ref(), self.batch_sharding()) {
-                (Some(_), Some(spec)) => {
+            match self.batch_sharding() {
+                Some(spec) => {
                     let spec = PartitionSpec::from_axes(vec![vec![], spec.dim(0).to_vec(), spec.dim(1).to_vec()]);
                     x.with_sharding_constraint(&spec)
                 }
-                _ => x,
+                None => x,
             }
         });
         let f32_zero = |t: &Tensor| t.trace().scalar(0.0, DType::F32);
