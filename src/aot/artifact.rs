@@ -148,8 +148,7 @@ pub const COMPILED_KEYS: &[&str] = &[
 /// The devices a step runs on, in a form both sides can compute: the compiling side from its
 /// target topology, the running side from its client.
 pub fn describe_devices(hosts: usize, devices_per_host: usize, device_kind: &str) -> String {
-    let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
-    format!("{} x {} {device_kind}", plural(hosts, "host"), devices_per_host)
+    format!("{} x {} {device_kind}", crate::config::plural(hosts, "host"), devices_per_host)
 }
 
 /// A plugin build's identity: file name, size and PJRT API version (an executable only loads

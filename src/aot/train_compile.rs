@@ -24,7 +24,7 @@ pub struct CompileSummary {
     pub num_devices: usize,
     /// Plugin load and target description.
     pub setup_seconds: f64,
-    /// Trace + lower.
+    /// Validating the config and tracing the step (lowering is part of the compile).
     pub trace_seconds: f64,
     pub compile_seconds: f64,
     pub memory: MemoryReport,
@@ -93,7 +93,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
         serialized_bytes: bytes.len(),
     };
     println!(
-        "compiled for {} ({} devices): set-up {:.2} s, trace + lower {:.3} s, compile {:.2} s, executable {} bytes",
+        "compiled for {} ({} devices): set-up {:.2} s, trace {:.3} s, compile {:.2} s, executable {} bytes",
         summary.target,
         summary.num_devices,
         summary.setup_seconds,
