@@ -196,7 +196,7 @@ impl Column {
             lower: s.lower,
             compile: s.compile,
             first_step: r.step_times[0],
-            median_step: maxrs::train::metrics::median_step_time(&r.step_times[1..]),
+            median_step: maxrs::train::metrics::median_step_time(&r.step_times),
             peak_rss,
         }
     }

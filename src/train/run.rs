@@ -274,8 +274,8 @@ fn peak_memory(devices: &[pjrt::Device]) -> Option<i64> {
 
 fn print_summary(report: &RunReport, work: &PerDeviceWork) {
     let (Some(first), Some(last)) = (report.losses.first(), report.losses.last()) else { return };
-    // The first step also pays for warm-up (allocations, autotuning): leave it out of the median.
-    let median = median_step_time(report.step_times.get(1..).unwrap_or(&[])).or(report.step_times.first().copied());
+    // `median_step_time` leaves out the first step (warm-up); a one-step run shows that step.
+    let median = median_step_time(&report.step_times).or(report.step_times.first().copied());
     let mut line = format!("done: {} steps, loss {first:.3} -> {last:.3}", report.losses.len());
     if let Some(m) = median {
         line.push_str(&format!(", median step {:.4} s, {:.3} TFLOP/s/device", m, work.tflops / m));
