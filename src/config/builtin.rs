@@ -7,12 +7,26 @@ pub const BASE_YML: &str = include_str!("../../configs/base.yml");
 /// `models/<name>.yml`, by name.
 pub const MODELS: &[(&str, &str)] = &[
     ("default", include_str!("../../models/default.yml")),
+    ("maxtext-default", include_str!("../../models/maxtext-default.yml")),
     ("llama2-7b", include_str!("../../models/llama2-7b.yml")),
     ("llama2-13b", include_str!("../../models/llama2-13b.yml")),
     ("llama2-70b", include_str!("../../models/llama2-70b.yml")),
     ("llama3-8b", include_str!("../../models/llama3-8b.yml")),
     ("llama3-70b", include_str!("../../models/llama3-70b.yml")),
+    ("llama3.1-8b", include_str!("../../models/llama3.1-8b.yml")),
+    ("llama3.1-70b", include_str!("../../models/llama3.1-70b.yml")),
+    ("llama3.1-405b", include_str!("../../models/llama3.1-405b.yml")),
+    ("llama3.3-70b", include_str!("../../models/llama3.3-70b.yml")),
     ("mistral-7b", include_str!("../../models/mistral-7b.yml")),
+    ("gemma-2b", include_str!("../../models/gemma-2b.yml")),
+    ("gemma-7b", include_str!("../../models/gemma-7b.yml")),
+    ("gemma2-2b", include_str!("../../models/gemma2-2b.yml")),
+    ("gemma2-9b", include_str!("../../models/gemma2-9b.yml")),
+    ("gemma2-27b", include_str!("../../models/gemma2-27b.yml")),
+    ("gpt3-175b", include_str!("../../models/gpt3-175b.yml")),
+    ("gpt3-22b", include_str!("../../models/gpt3-22b.yml")),
+    ("gpt3-6b", include_str!("../../models/gpt3-6b.yml")),
+    ("gpt3-52k", include_str!("../../models/gpt3-52k.yml")),
 ];
 
 /// The built-in text of `models/<name>.yml`.

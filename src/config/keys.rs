@@ -18,6 +18,9 @@ macro_rules! string_enum {
             /// Every accepted spelling, in declaration order.
             pub const VALUES: &'static [&'static str] = &[$($text),+];
 
+            /// Every value, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
             pub fn as_str(self) -> &'static str {
                 match self {
                     $(Self::$variant => $text),+
@@ -76,10 +79,20 @@ string_enum!(
 );
 
 string_enum!(
-    /// MaxText's decoder block styles that maxrs implements; mistral is llama2's block (MaxText's
-    /// mistral layer has no sliding window either).
-    DecoderBlock { Llama2 = "llama2", Mistral = "mistral" }
+    /// MaxText's decoder block styles that maxrs implements, one family file each under
+    /// `src/model/`.
+    DecoderBlock { Llama2 = "llama2", Mistral = "mistral", Gemma = "gemma", Gemma2 = "gemma2", Gpt3 = "gpt3" }
 );
+
+string_enum!(
+    /// MaxText's `rope_type`: `default` (half-split RoPE) or `llama3.1` (Llama 3.1's scaled
+    /// frequencies on interleaved pairs); `yarn` is refused by validation as not supported yet.
+    RopeType { Default = "default", Llama31 = "llama3.1", Yarn = "yarn" }
+);
+
+/// The MLP activations maxrs implements (`mlp_activations` entries; MaxText's names: `gelu` is
+/// flax's tanh approximation).
+pub const MLP_ACTIVATIONS: &[&str] = &["silu", "gelu", "relu", "linear"];
 
 /// The closed set of values of a string key, if it has one.
 pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
@@ -91,6 +104,7 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "hardware" => Some(Hardware::VALUES),
         "dataset_type" => Some(DatasetType::VALUES),
         "decoder_block" => Some(DecoderBlock::VALUES),
+        "rope_type" => Some(RopeType::VALUES),
         _ => None,
     }
 }
@@ -132,6 +146,7 @@ pub struct Config {
 
     // Model
     pub decoder_block: DecoderBlock,
+    pub global_parameter_scale: i64,
     pub base_emb_dim: i64,
     pub base_num_query_heads: i64,
     pub base_num_kv_heads: i64,
@@ -142,7 +157,17 @@ pub struct Config {
     pub mlp_activations: Vec<String>,
     pub normalization_layer_epsilon: f64,
     pub rope_max_timescale: i64,
+    pub rope_type: RopeType,
+    pub rope_use_scale: bool,
     pub logits_via_embedding: bool,
+    pub normalize_embedding_logits: bool,
+    pub final_logits_soft_cap: f64,
+    pub trainable_position_size: i64,
+    pub sliding_window_size: i64,
+    pub attn_logits_soft_cap: f64,
+    pub use_post_attn_norm: bool,
+    pub use_post_ffw_norm: bool,
+    pub fused_qkv: bool,
     pub enable_dropout: bool,
 
     // Numerics and memory

@@ -15,12 +15,12 @@ mod value;
 pub use builtin::MODELS;
 pub use error::ConfigError;
 pub use keys::{
-    Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, RematPolicy, RuleAxes,
-    WsdDecayStyle,
+    Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, RematPolicy, RopeType,
+    RuleAxes, WsdDecayStyle, MLP_ACTIVATIONS,
 };
 pub use load::{load, load_args};
 pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
 pub use rules::{axis_rules, logical_rules};
 pub use validate::{validate, Derived, PLUGINS};
-pub use value::key_names;
+pub use value::{key_names, non_default_value};

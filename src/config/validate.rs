@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::error::{closest, ConfigError};
-use super::keys::{Config, DatasetType, Hardware};
+use super::keys::{Config, DatasetType, DecoderBlock, Hardware, RopeType, MLP_ACTIVATIONS};
 use super::mesh::{self, Mesh};
 use super::rules;
 
@@ -185,14 +185,68 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
         "(0, 1)",
         c.normalization_layer_epsilon > 0.0 && c.normalization_layer_epsilon < 1.0,
     )?;
-    if c.mlp_activations != ["silu", "linear"] {
+    let unknown = c.mlp_activations.iter().find(|a| !MLP_ACTIVATIONS.contains(&a.as_str()));
+    if c.mlp_activations.is_empty() || unknown.is_some() {
+        let what = unknown.map_or("no activation".to_string(), |a| format!("`{a}` is not supported yet"));
         return Err(ConfigError::invalid(
             "mlp_activations",
-            format!("[{}]; maxrs implements the SwiGLU MLP only: [silu, linear]", c.mlp_activations.join(", ")),
+            format!(
+                "[{}]: {what}; list one or more of {} (e.g. [silu, linear] for SwiGLU)",
+                c.mlp_activations.join(", "),
+                MLP_ACTIVATIONS.join(", ")
+            ),
         ));
     }
+    check_model_variants(c)?;
     if c.enable_dropout {
         return Err(ConfigError::invalid("enable_dropout", "true, but maxrs has no dropout; set enable_dropout=false"));
+    }
+    Ok(())
+}
+
+/// The keys that select model variants (sizes scaled, RoPE type, soft caps, windows, position
+/// embeddings). Whether a family reads a key at all is the model's check (`Model::from_config`).
+fn check_model_variants(c: &Config) -> Result<(), ConfigError> {
+    // MaxText's `get_individual_scales` (src/maxtext/configs/types.py, e591f30) rejects zero and
+    // non-powers of two; a negative scale fails its log2.
+    let scale = c.global_parameter_scale;
+    if scale < 1 || scale & (scale - 1) != 0 {
+        return Err(ConfigError::invalid(
+            "global_parameter_scale",
+            format!("global_parameter_scale={scale}; it must be a power of two (1, 2, 4, 8, ...), or set the base_* sizes directly"),
+        ));
+    }
+    if c.rope_type == RopeType::Yarn {
+        return Err(ConfigError::invalid(
+            "rope_type",
+            "yarn is not supported yet; use rope_type=default or rope_type=llama3.1",
+        ));
+    }
+    if c.head_dim % 2 != 0 && c.decoder_block != DecoderBlock::Gpt3 {
+        return Err(ConfigError::invalid(
+            "head_dim",
+            format!("head_dim={}; RoPE rotates pairs of features, so it must be even", c.head_dim),
+        ));
+    }
+    for (key, value) in
+        [("attn_logits_soft_cap", c.attn_logits_soft_cap), ("final_logits_soft_cap", c.final_logits_soft_cap)]
+    {
+        in_range(key, value, "[0, inf) (0 disables it)", value >= 0.0)?;
+    }
+    if c.sliding_window_size < 0 {
+        return Err(ConfigError::invalid(
+            "sliding_window_size",
+            format!("sliding_window_size={}; it must be 0 (no window) or positive", c.sliding_window_size),
+        ));
+    }
+    if c.trainable_position_size > 0 && c.max_target_length > c.trainable_position_size {
+        return Err(ConfigError::invalid(
+            "trainable_position_size, max_target_length",
+            format!(
+                "max_target_length={} has positions beyond the {} learned position embeddings; use a max_target_length of at most {} or a larger trainable_position_size",
+                c.max_target_length, c.trainable_position_size, c.trainable_position_size
+            ),
+        ));
     }
     Ok(())
 }

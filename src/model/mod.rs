@@ -3,16 +3,24 @@
 //! - [`decoder`]: the shared decoder (`Model`): parameters and their layout, embedding, layer
 //!   stacking (scan / unroll, remat), final norm, logits, loss, parameter count, FLOPs; and the
 //!   `Family` trait a decoder family implements.
-//! - [`attention`]: RoPE, attention masks (causal, sliding window, packed documents) and
-//!   dot-product attention, shared by the families.
+//! - [`attention`]: RoPE (default and Llama 3.1's), attention masks (causal, sliding window,
+//!   packed documents) and dot-product attention (optionally soft-capped), shared by the families.
+//! - [`blocks`]: MaxText's layer blocks several families share: norms, the MLP block, the
+//!   self-attention block.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
 //! - [`params`]: parameter declarations, initialization, program inputs.
-//! - One file per family: [`llama`] (MaxText's `llama2` and `mistral` blocks).
+//! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
+//!   [`gemma2`], [`gpt3`].
 
 pub mod attention;
+pub mod blocks;
 pub mod config;
 pub mod decoder;
+pub mod gemma;
+pub mod gemma2;
+pub mod gpt3;
 pub mod llama;
+pub mod mistral;
 pub mod params;
 
 pub use config::ModelConfig;
