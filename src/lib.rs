@@ -2,10 +2,11 @@
 //!
 //! The data flows through the modules in this order:
 //! config -> model trace (`ir`, `tensor`) -> transforms (`autodiff`) -> StableHLO text (`lower`,
-//! `sharding`) -> PJRT plugin (`pjrt`) -> train loop.
+//! `sharding`) -> PJRT plugin (`pjrt`) -> train loop, across processes (`cluster`).
 
 pub mod aot;
 pub mod autodiff;
+pub mod cluster;
 pub mod config;
 pub mod ir;
 pub mod lower;
