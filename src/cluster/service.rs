@@ -204,7 +204,7 @@ impl Service {
     fn check_identity<T>(
         &self,
         request: &Request<T>,
-        task: i32,
+        task: Option<i32>,
         incarnations: Option<&Incarnations>,
     ) -> Result<(), Status> {
         let metadata = request.metadata();
@@ -235,37 +235,62 @@ impl Service {
                 ));
             }
         }
-        self.check_task(task)?;
+        if let Some(task) = task {
+            self.check_task(task)?;
+        }
         if let Some(inc) = incarnations {
             if inc.service_incarnation != 0 && inc.service_incarnation != self.incarnation {
                 let payload = proto::ServiceMismatchError { service_incarnation: self.incarnation }.encode_to_vec();
                 return Err(proto::with_payloads(
                     Code::FailedPrecondition,
                     format!(
-                        "process {task} registered with coordinator instance {:#x}, this is instance {:#x}: \
+                        "process {} registered with coordinator instance {:#x}, this is instance {:#x}: \
                          the coordinator restarted; restart the job",
+                        task.map_or("?".to_string(), |t| t.to_string()),
                         inc.service_incarnation, self.incarnation
                     ),
                     &[
-                        (proto::COORDINATION_ERROR_KEY, proto::coordination_payload(Some(task))),
+                        (proto::COORDINATION_ERROR_KEY, proto::coordination_payload(task)),
                         (proto::SERVICE_MISMATCH_KEY, payload),
                     ],
                 ));
             }
             let state = lock(&self.state);
-            let t = &state.tasks[task as usize];
-            if inc.task_incarnation != 0 && t.incarnation != 0 && inc.task_incarnation != t.incarnation {
-                return Err(coordination_status(
-                    Code::Aborted,
-                    format!(
-                        "{} sent a request as incarnation {:#x}, but it registered as {:#x}: \
-                         another process claims the same process id, or it restarted",
-                        self.name(&state, task),
-                        inc.task_incarnation,
-                        t.incarnation
-                    ),
-                    Some(task),
-                ));
+            match task {
+                Some(task) => {
+                    let t = &state.tasks[task as usize];
+                    if inc.task_incarnation != 0 && t.incarnation != 0 && inc.task_incarnation != t.incarnation {
+                        return Err(coordination_status(
+                            Code::Aborted,
+                            format!(
+                                "{} sent a request as incarnation {:#x}, but it registered as {:#x}: \
+                                 another process claims the same process id, or it restarted",
+                                self.name(&state, task),
+                                inc.task_incarnation,
+                                t.incarnation
+                            ),
+                            Some(task),
+                        ));
+                    }
+                }
+                // Key-value requests do not say which process sends them: the incarnation must
+                // be one of the job's.
+                None => {
+                    if inc.task_incarnation != 0
+                        && state.registration.done
+                        && !state.tasks.iter().any(|t| t.incarnation == inc.task_incarnation)
+                    {
+                        return Err(coordination_status(
+                            Code::Aborted,
+                            format!(
+                                "a process of incarnation {:#x} is not part of this job (it restarted, or belongs to \
+                                 another job)",
+                                inc.task_incarnation
+                            ),
+                            None,
+                        ));
+                    }
+                }
             }
         }
         Ok(())
@@ -1011,30 +1036,30 @@ where
             Ok(routes!(service, path.as_str(), request, {
                 "RegisterTask" => |s, r, m: proto::RegisterTaskRequest| -> proto::RegisterTaskResponse {
                     async {
-                        s.check_identity(&r, m.source_task_id, None)?;
+                        s.check_identity(&r, Some(m.source_task_id), None)?;
                         s.register(m.source_task_id, m.incarnation, host_of(&r)).await?;
                         Ok(proto::RegisterTaskResponse { service_incarnation: s.incarnation() })
                     }.await
                 }
                 "Heartbeat" => |s, r, m: proto::HeartbeatRequest| -> proto::HeartbeatResponse {
-                    s.check_identity(&r, m.source_task_id, m.incarnations.as_ref())
+                    s.check_identity(&r, Some(m.source_task_id), m.incarnations.as_ref())
                         .and_then(|()| s.heartbeat(m.source_task_id, m.incarnation))
                         .map(|service_incarnation| proto::HeartbeatResponse { service_incarnation })
                 }
                 "PollForError" => |s, r, m: proto::PollForErrorRequest| -> proto::PollForErrorResponse {
                     async {
-                        s.check_identity(&r, m.source_task_id, m.incarnations.as_ref())?;
+                        s.check_identity(&r, Some(m.source_task_id), m.incarnations.as_ref())?;
                         Err(s.poll_for_error(m.source_task_id).await)
                     }.await
                 }
                 "ReportErrorToService" => |s, r, m: proto::ReportErrorToServiceRequest| -> proto::ReportErrorToServiceResponse {
-                    s.check_identity(&r, m.source_task_id, m.incarnations.as_ref())
+                    s.check_identity(&r, Some(m.source_task_id), m.incarnations.as_ref())
                         .and_then(|()| s.report_error(m.source_task_id, m.error_code, &m.error_message))
                         .map(|()| proto::ReportErrorToServiceResponse {})
                 }
                 "ShutdownTask" => |s, r, m: proto::ShutdownTaskRequest| -> proto::ShutdownTaskResponse {
                     async {
-                        s.check_identity(&r, m.source_task_id, m.incarnations.as_ref())?;
+                        s.check_identity(&r, Some(m.source_task_id), m.incarnations.as_ref())?;
                         s.shutdown_task(m.source_task_id).await?;
                         Ok(proto::ShutdownTaskResponse {})
                     }.await
@@ -1042,7 +1067,7 @@ where
                 "WatchTasks" => |s, r, m: proto::WatchTasksRequest| -> proto::WatchTasksResponse {
                     async {
                         if let Some(inc) = &m.incarnations {
-                            s.check_identity(&r, inc.task_id, Some(inc))?;
+                            s.check_identity(&r, None, Some(inc))?;
                         }
                         let (task_state, version_number) = s.watch_tasks(m.version_number).await;
                         Ok(proto::WatchTasksResponse { task_state, version_number })
@@ -1089,20 +1114,20 @@ where
                 }
                 "Barrier" => |s, r, m: proto::BarrierRequest| -> proto::BarrierResponse {
                     async {
-                        s.check_identity(&r, m.source_task_id, m.incarnations.as_ref())?;
+                        s.check_identity(&r, Some(m.source_task_id), m.incarnations.as_ref())?;
                         let timeout = Duration::from_millis(m.barrier_timeout_in_ms.clamp(0, i64::MAX) as u64);
                         let counter = s.barrier(&m.barrier_id, m.counter, timeout, m.source_task_id, &m.task_ids).await?;
                         Ok(proto::BarrierResponse { counter })
                     }.await
                 }
                 "CancelBarrier" => |s, r, m: proto::CancelBarrierRequest| -> proto::CancelBarrierResponse {
-                    s.check_identity(&r, m.source_task_id, m.incarnations.as_ref())
+                    s.check_identity(&r, Some(m.source_task_id), m.incarnations.as_ref())
                         .and_then(|()| s.cancel_barrier(&m.barrier_id, m.counter, m.source_task_id))
                         .map(|()| proto::CancelBarrierResponse {})
                 }
                 "GetAliveTasks" => |s, r, m: proto::GetAliveTasksRequest| -> proto::GetAliveTasksResponse {
                     async {
-                        s.check_identity(&r, m.requesting_task_id, m.incarnations.as_ref())?;
+                        s.check_identity(&r, Some(m.requesting_task_id), m.incarnations.as_ref())?;
                         let (alive_task_ids, incarnations) = s.get_alive_tasks(m.requesting_task_id, &m.task_ids).await?;
                         Ok(proto::GetAliveTasksResponse { alive_task_ids, incarnations })
                     }.await
@@ -1118,10 +1143,7 @@ fn check_kv_identity<T>(
     request: &Request<T>,
     incarnations: Option<&Incarnations>,
 ) -> Result<(), Status> {
-    match incarnations {
-        Some(inc) => service.check_identity(request, inc.task_id, Some(inc)),
-        None => service.check_identity(request, 0, None),
-    }
+    service.check_identity(request, None, incarnations)
 }
 
 /// A running service: its own threads, its port, stopped when dropped.
