@@ -57,6 +57,21 @@ fn hostname() -> String {
 pub fn cluster_check(c: &Config, o: &CheckOptions) -> Result<()> {
     diagnostics::install(c.slow_step_stack_trace_factor, None);
     let cluster = Cluster::join(c, exit_on_cluster_error())?;
+    match check(c, o, &cluster) {
+        Ok(()) => {
+            let (n, registration) = (cluster.process_count(), cluster.registration_seconds);
+            cluster.shutdown()?;
+            println!("cluster-check: OK: {n} process(es), registration {registration:.3} s");
+            Ok(())
+        }
+        Err(e) => {
+            cluster.report_failure(&e);
+            Err(e)
+        }
+    }
+}
+
+fn check(c: &Config, o: &CheckOptions, cluster: &Cluster) -> Result<()> {
     let (rank, n) = (cluster.process_index(), cluster.process_count());
     // A CPU cluster cannot make one PJRT client across processes: each checks its own devices.
     let client = if c.plugin == "cpu" {
@@ -102,9 +117,7 @@ pub fn cluster_check(c: &Config, o: &CheckOptions) -> Result<()> {
     if let Some(kv) = cluster.client() {
         kv.wait_at_barrier("cluster_check/done", Duration::from_secs(c.shutdown_timeout_seconds.max(1) as u64), &[])?;
     }
-    let registration = cluster.registration_seconds;
-    cluster.shutdown()?;
-    println!("cluster-check: OK: {n} process(es), registration {registration:.3} s, {global} device(s) on {platform}");
+    println!("devices: {global} on {platform}");
     Ok(())
 }
 

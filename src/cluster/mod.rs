@@ -188,6 +188,16 @@ impl Cluster {
         Ok(client)
     }
 
+    /// Tells the coordinator this process failed with `error`, so that every other process stops
+    /// now with that message instead of at the heartbeat timeout.
+    pub fn report_failure(&self, error: &anyhow::Error) {
+        if let Some(client) = &self.client {
+            if let Err(e) = client.report_error(&format!("{error:#}")) {
+                tracing::warn!("could not tell the other processes about the failure: {e:#}");
+            }
+        }
+    }
+
     /// The shutdown barrier (every process finishing), then the coordinator stops.
     pub fn shutdown(mut self) -> Result<()> {
         let result = match &self.client {

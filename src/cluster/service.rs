@@ -247,7 +247,8 @@ impl Service {
                         "process {} registered with coordinator instance {:#x}, this is instance {:#x}: \
                          the coordinator restarted; restart the job",
                         task.map_or("?".to_string(), |t| t.to_string()),
-                        inc.service_incarnation, self.incarnation
+                        inc.service_incarnation,
+                        self.incarnation
                     ),
                     &[
                         (proto::COORDINATION_ERROR_KEY, proto::coordination_payload(task)),
