@@ -196,8 +196,9 @@ impl CoordinationClient {
             let result = self.block_on(unary(self.grpc.clone(), o, path!("RegisterTask"), request, Some(remaining)));
             match result {
                 Ok(response) => break response,
-                // The service refused: final (JAX retries only transport errors and restarts).
-                Err(status) if proto::is_coordination_error(&status) && status.code() != Code::Aborted => {
+                // The service refused: final. (JAX also retries ABORTED, for a restarted process
+                // waiting for a restarted coordinator; a maxrs job restarts as a whole.)
+                Err(status) if proto::is_coordination_error(&status) => {
                     bail!("process {} could not join the job: {}", o.process_id, status.message())
                 }
                 Err(status) if Instant::now() >= deadline => bail!(
