@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use maxrs::cluster::{proto, ClientOptions, Coordinator, CoordinationClient, ErrorHandler, ServiceConfig};
+use maxrs::cluster::{proto, ClientOptions, CoordinationClient, Coordinator, ErrorHandler, ServiceConfig};
 use rand::{Rng, SeedableRng};
 
 const MAXRS: &str = env!("CARGO_BIN_EXE_maxrs");
@@ -205,9 +205,17 @@ fn foreign_job_identities_are_refused() {
     other_job.job_name = "another-job".into();
     let err = CoordinationClient::new(other_job, handler.clone()).unwrap().connect().unwrap_err().to_string();
     assert!(err.contains("serves job `test-job`, but the request comes from job `another-job`"), "{err}");
-    let err = CoordinationClient::new(options(&coordinator, 0, 3), handler.clone()).unwrap().connect().unwrap_err().to_string();
+    let err = CoordinationClient::new(options(&coordinator, 0, 3), handler.clone())
+        .unwrap()
+        .connect()
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("job of 2 processes, but the request comes from a job of 3"), "{err}");
-    let err = CoordinationClient::new(options(&coordinator, 5, 2), handler.clone()).unwrap().connect().unwrap_err().to_string();
+    let err = CoordinationClient::new(options(&coordinator, 5, 2), handler.clone())
+        .unwrap()
+        .connect()
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("process 5 is not part of this job"), "{err}");
 
     // The job still forms.
@@ -312,11 +320,24 @@ fn hostile_bytes_leave_the_coordinator_serving() {
     //    registration (a random body can be a valid registration, which is not hostile).
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
         let methods = [
-            "Heartbeat", "ShutdownTask", "WatchTasks", "InsertKeyValue", "GetKeyValue", "TryGetKeyValue",
-            "IncrementKeyValue", "GetKeyValueDir", "DeleteKeyValue", "Barrier", "CancelBarrier", "GetAliveTasks",
-            "PollForError", "ReportErrorToService", "NoSuchMethod",
+            "Heartbeat",
+            "ShutdownTask",
+            "WatchTasks",
+            "InsertKeyValue",
+            "GetKeyValue",
+            "TryGetKeyValue",
+            "IncrementKeyValue",
+            "GetKeyValueDir",
+            "DeleteKeyValue",
+            "Barrier",
+            "CancelBarrier",
+            "GetAliveTasks",
+            "PollForError",
+            "ReportErrorToService",
+            "NoSuchMethod",
         ];
         for method in methods {
             for _ in 0..40 {

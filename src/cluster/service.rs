@@ -23,6 +23,9 @@
 //! [`Coordinator`] runs the service on its own threads (it is hosted by process 0, or
 //! standalone by `maxrs coordinator`).
 
+// `tonic::Status` (the gRPC layer's error) is large; it is what every call returns anyway.
+#![allow(clippy::result_large_err)]
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
@@ -568,7 +571,7 @@ impl Service {
         {
             let state = lock(&self.state);
             let t = &state.tasks[task as usize];
-            if t.state == TaskState::Disconnected && !t.grace_until.is_some_and(|g| Instant::now() < g) {
+            if t.state == TaskState::Disconnected && t.grace_until.is_none_or(|g| Instant::now() >= g) {
                 return coordination_status(
                     Code::FailedPrecondition,
                     format!("{} polls for errors without being registered", self.name(&state, task)),
