@@ -135,6 +135,41 @@ fn launch_stops_the_other_ranks_when_one_fails() {
 }
 
 #[test]
+fn a_standalone_coordinator_serves_a_job_and_exits_when_it_ends() {
+    let port = free_port();
+    let mut coordinator = Command::new(MAXRS)
+        .args(["coordinator", "--port", &port.to_string(), "--num-processes", "2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let output = Command::new(MAXRS)
+        .args(["launch", "--num-processes", "2", "--coordinator-port", &port.to_string(), "--"])
+        .args(["cluster-check", "external_coordinator=true"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{text}");
+    let status = coordinator.wait().unwrap();
+    let mut said = String::new();
+    coordinator.stdout.take().unwrap().read_to_string(&mut said).unwrap();
+    assert!(status.success(), "{said}");
+    assert!(said.contains("every process shut down"), "{said}");
+}
+
+#[test]
+fn a_multi_process_train_on_the_cpu_plugin_stops_at_start() {
+    let output = Command::new(MAXRS)
+        .args(["launch", "--num-processes", "2", "--", "train", "steps=2"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(!output.status.success());
+    assert!(text.contains("the CPU plugin cannot run one program across processes"), "{text}");
+}
+
+#[test]
 fn a_killed_process_stops_every_other_within_15_s() {
     let latency = failure_is_detected(libc::SIGKILL, 2);
     println!("kill of rank 2 of 4 (heartbeat_timeout_seconds=5): every other rank stopped after {latency:.1} s");
