@@ -469,17 +469,18 @@ impl Drop for CoordinationClient {
     }
 }
 
-/// The GPU plugin's view: keys under `gpu:` as JAX's `make_gpu_client` names them.
+/// The GPU plugin's view of the store: its keys (`local_topology/cuda/0`, NCCL ids) under `pjrt/`,
+/// apart from everything else in the job's store.
 impl crate::pjrt::KeyValueStore for CoordinationClient {
     fn get(&self, key: &str, timeout: Duration) -> std::result::Result<Vec<u8>, String> {
-        self.blocking_key_value_get(&format!("gpu:{key}"), timeout).map_err(|e| e.to_string())
+        self.blocking_key_value_get(&format!("pjrt/{key}"), timeout).map_err(|e| e.to_string())
     }
 
     fn try_get(&self, key: &str) -> std::result::Result<Option<Vec<u8>>, String> {
-        self.key_value_try_get(&format!("gpu:{key}")).map_err(|e| e.to_string())
+        self.key_value_try_get(&format!("pjrt/{key}")).map_err(|e| e.to_string())
     }
 
     fn put(&self, key: &str, value: &[u8]) -> std::result::Result<(), String> {
-        self.key_value_set(&format!("gpu:{key}"), value, true).map_err(|e| e.to_string())
+        self.key_value_set(&format!("pjrt/{key}"), value, true).map_err(|e| e.to_string())
     }
 }

@@ -1,6 +1,6 @@
 //! Which process of which job this is: the configuration keys first (`coordinator_address`,
-//! `num_processes`, `process_id`), each filling what it names, then the first cluster
-//! environment found, in this order:
+//! `num_processes`, `process_id`), each filling what it names, then the cluster environments,
+//! each value from the first of them that has it, in this order:
 //!
 //! | environment | coordinator | processes | this process | local devices |
 //! |---|---|---|---|---|
@@ -101,13 +101,16 @@ fn parse<T: std::str::FromStr>(env: &dyn Fn(&str) -> Option<String>, name: &str,
     }
 }
 
+/// `host` with its port, or with `port` (default 8476) when it has none; a bare IPv6 address is
+/// bracketed.
 fn with_port(host: &str, port: Option<u16>) -> String {
-    let has_port =
-        host.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok() && !h.ends_with(':'));
-    if has_port {
-        host.to_string()
-    } else {
-        format!("{host}:{}", port.unwrap_or(DEFAULT_PORT))
+    let port = port.unwrap_or(DEFAULT_PORT);
+    if host.matches(':').count() > 1 && !host.starts_with('[') {
+        return format!("[{host}]:{port}");
+    }
+    match host.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => host.to_string(),
+        _ => format!("{host}:{port}"),
     }
 }
 
@@ -247,17 +250,20 @@ pub fn detect(c: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<Cluste
     if c.skip_jax_distributed_system {
         return Ok(ClusterSettings { source: "skip_jax_distributed_system=true".into(), ..ClusterSettings::single() });
     }
-    let found = match jax_env(env)? {
-        Some(f) => Some(f),
-        None => match vertex_env(env)? {
-            Some(f) => Some(f),
-            None => match slurm_env(env)? {
-                Some(f) => Some(f),
-                None => jobset_env(env)?,
-            },
-        },
+    // Each value comes from the first environment that has it (a launcher may set NNODES and
+    // GPUS_PER_NODE itself and leave the rank to Slurm or Vertex AI).
+    let families: Vec<Found> =
+        [jax_env(env)?, vertex_env(env)?, slurm_env(env)?, jobset_env(env)?].into_iter().flatten().collect();
+    let first = |field: fn(&Found) -> bool| families.iter().find(|f| field(f));
+    let found = Found {
+        name: "",
+        coordinator: first(|f| f.coordinator.is_some()).and_then(|f| f.coordinator.clone()),
+        num_processes: first(|f| f.num_processes.is_some()).and_then(|f| f.num_processes),
+        process_id: first(|f| f.process_id.is_some()).and_then(|f| f.process_id),
+        local_device_ids: first(|f| f.local_device_ids.is_some()).and_then(|f| f.local_device_ids.clone()),
+        expected_local_devices: first(|f| f.expected_local_devices.is_some()).and_then(|f| f.expected_local_devices),
     };
-    let found = found.unwrap_or_default();
+    let names: Vec<&str> = families.iter().map(|f| f.name).collect();
     let mut sources = Vec::new();
     let mut pick = |key: &'static str, configured: Option<String>, from_env: Option<(String, &'static str)>| match (
         configured, from_env,
@@ -287,7 +293,7 @@ pub fn detect(c: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<Cluste
         (c.process_id >= 0).then(|| c.process_id.to_string()),
         found.process_id.map(|(n, v)| (n.to_string(), v)),
     );
-    let environment = if found.name.is_empty() { String::new() } else { format!("{}: ", found.name) };
+    let environment = if names.is_empty() { String::new() } else { format!("{}: ", names.join(" + ")) };
     let source = format!("{environment}{}", sources.join(", "));
 
     let num_processes: usize = num_processes.map(|n| n.parse().expect("a formatted usize")).unwrap_or(1);
@@ -405,6 +411,16 @@ mod tests {
         assert_eq!((s.num_processes, s.process_id, s.coordinator.as_str()), (3, 2, "h0:2222"));
         let s = detect_with(&config(&[]), &[("MASTER_ADDR", "h0"), ("RANK", "1"), ("WORLD_SIZE", "2")]).unwrap();
         assert_eq!((s.num_processes, s.process_id, s.coordinator.as_str()), (2, 1, "h0:2222"));
+    }
+
+    #[test]
+    fn values_come_from_the_first_environment_that_has_them() {
+        // A launcher sets NNODES and GPUS_PER_NODE; Vertex AI gives the coordinator and rank.
+        let spec = r#"{"cluster": {"workerpool0": ["h0:2222"], "workerpool1": ["h1:2222"]}, "task": {"type": "workerpool1", "index": 0}}"#;
+        let s = detect_with(&config(&[]), &[("NNODES", "2"), ("GPUS_PER_NODE", "8"), ("CLUSTER_SPEC", spec)]).unwrap();
+        assert_eq!((s.num_processes, s.process_id, s.coordinator.as_str()), (2, 1, "h0:2222"));
+        assert_eq!(s.expected_local_devices, Some(8));
+        assert!(s.source.contains("num_processes from NNODES") && s.source.contains("process_id from CLUSTER_SPEC"), "{}", s.source);
     }
 
     #[test]
