@@ -420,7 +420,11 @@ mod tests {
         let s = detect_with(&config(&[]), &[("NNODES", "2"), ("GPUS_PER_NODE", "8"), ("CLUSTER_SPEC", spec)]).unwrap();
         assert_eq!((s.num_processes, s.process_id, s.coordinator.as_str()), (2, 1, "h0:2222"));
         assert_eq!(s.expected_local_devices, Some(8));
-        assert!(s.source.contains("num_processes from NNODES") && s.source.contains("process_id from CLUSTER_SPEC"), "{}", s.source);
+        assert!(
+            s.source.contains("num_processes from NNODES") && s.source.contains("process_id from CLUSTER_SPEC"),
+            "{}",
+            s.source
+        );
     }
 
     #[test]
