@@ -141,7 +141,8 @@ fn jobset(job: &Job, opts: &GkeOptions, redact: bool) -> Result<Value> {
         ("command", seq([s(&job.program)])),
         ("args", Value::Sequence(job.args.iter().map(|a| s(a)).collect())),
         ("ports", seq([map([("containerPort", Value::from(COORDINATOR_PORT))])])),
-        ("resources", map([("limits", map([("nvidia.com/gpu", Value::from(gpus as u64))]))])),
+        // A quantity is a string in the Kubernetes API.
+        ("resources", map([("limits", map([("nvidia.com/gpu", s(&gpus.to_string()))]))])),
         ("env", Value::Sequence(env)),
         (
             "volumeMounts",
