@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use maxrs::submit::settings::Settings;
-use maxrs::submit::vertex_api::{JobRef, RetryPolicy, VertexApi};
+use maxrs::submit::vertex_api::{self, JobRef, RetryPolicy, VertexApi};
 use maxrs::submit::{self, auth, gke, machine, slurm, vertex, Job, Request};
 
 #[derive(clap::Args)]
@@ -206,10 +206,7 @@ fn run_vertex(a: VertexArgs) -> Result<()> {
     };
     let body = vertex::custom_job(&job, &opts)?;
     if a.common.dry_run {
-        let url = format!(
-            "https://{}-aiplatform.googleapis.com/v1/projects/{}/locations/{}/customJobs",
-            opts.region, opts.project, opts.region
-        );
+        let url = vertex_api::create_url(&vertex_api::aiplatform_endpoint(&opts.region), &opts.project, &opts.region);
         eprintln!("dry run: this is the body maxrs would POST to {url}");
         emit(&format!("{}\n", body.to_display_json()))?;
         return Ok(());

@@ -116,6 +116,17 @@ impl JobRef {
     }
 }
 
+/// Vertex AI's endpoint for `region` (or `CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM`).
+pub fn aiplatform_endpoint(region: &str) -> String {
+    std::env::var("CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM")
+        .unwrap_or_else(|_| format!("https://{region}-aiplatform.googleapis.com/"))
+}
+
+/// The URL `customJobs.create` is posted to, on the endpoint `base`.
+pub fn create_url(base: &str, project: &str, region: &str) -> String {
+    format!("{}/v1/projects/{project}/locations/{region}/customJobs", base.trim_end_matches('/'))
+}
+
 /// One log line of a job.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogLine {
@@ -138,11 +149,9 @@ pub struct VertexApi {
 impl VertexApi {
     /// A client for `region`'s endpoint (or the override variables).
     pub fn new(http: Client, token: AccessToken, region: &str, retry: RetryPolicy) -> Self {
-        let aiplatform = std::env::var("CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM")
-            .unwrap_or_else(|_| format!("https://{region}-aiplatform.googleapis.com/"));
         let logging = std::env::var("CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING")
             .unwrap_or_else(|_| "https://logging.googleapis.com/".to_string());
-        Self::with_endpoints(http, token, &aiplatform, &logging, retry)
+        Self::with_endpoints(http, token, &aiplatform_endpoint(region), &logging, retry)
     }
 
     /// A client for explicit endpoints (base URLs; `v1/` and `v2/` are appended).
@@ -157,14 +166,9 @@ impl VertexApi {
         VertexApi { http, token, aiplatform: slash(aiplatform), logging: slash(logging), retry }
     }
 
-    /// The URL a create is posted to.
-    pub fn create_url(&self, project: &str, region: &str) -> String {
-        format!("{}v1/projects/{project}/locations/{region}/customJobs", self.aiplatform)
-    }
-
     /// `customJobs.create`.
     pub fn create_custom_job(&self, project: &str, region: &str, job: &CustomJob) -> Result<JobInfo> {
-        let url = self.create_url(project, region);
+        let url = create_url(&self.aiplatform, project, region);
         let body = job.to_json();
         let text = self.send("creating the custom job", Method::POST, &url, Some(body), Retry::NotCarriedOut)?;
         serde_json::from_str(&text)

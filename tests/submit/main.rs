@@ -6,5 +6,6 @@ mod common;
 mod errors;
 mod gke;
 mod http;
+mod readme;
 mod slurm;
 mod vertex;
