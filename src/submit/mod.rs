@@ -10,8 +10,8 @@
 //!
 //! The cluster environment each launcher sets is the one maxrs's multi-process runtime reads
 //! (../shared/REFERENCE.md §2, MaxText's A3 Mega recipe): `JAX_COORDINATOR_ADDRESS`,
-//! `JAX_COORDINATOR_PORT`, `NNODES`, `NODE_RANK`, `GPUS_PER_NODE`; on Vertex AI the coordinator and
-//! rank come from Vertex's own `CLUSTER_SPEC` / `MASTER_ADDR` / `RANK`.
+//! `JAX_COORDINATOR_PORT`, `NNODES`, `NODE_RANK`, `GPUS_PER_NODE` (Slurm, GKE); on Vertex AI none of
+//! them: the runtime reads Vertex's own `CLUSTER_SPEC` (or `MASTER_ADDR` / `RANK`) instead.
 
 pub mod auth;
 pub mod gke;

@@ -5,8 +5,9 @@
 //! Vertex AI's convention for distributed training: worker pool 0 is the primary replica
 //! (exactly one), worker pool 1 holds the other N-1 with the same spec; Vertex AI gives every
 //! replica `CLUSTER_SPEC` (and `MASTER_ADDR` / `RANK`), from which maxrs's runtime takes the
-//! coordinator (the primary) and its rank. The job adds `NNODES` and `GPUS_PER_NODE`, as the
-//! A3 Mega recipe's Vertex AI job does.
+//! coordinator (the primary), the process count and its rank. The job sets none of the A3 recipe's
+//! variables (`NNODES`, `NODE_RANK`, `JAX_COORDINATOR_*`): the runtime would take them as the
+//! cluster's description and stop short of `CLUSTER_SPEC`.
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
@@ -84,11 +85,6 @@ pub struct EnvVar {
     pub value: String,
 }
 
-/// The cluster variables of a Vertex AI replica that maxrs sets itself.
-pub fn cluster_env(job: &Job) -> Vec<(String, String)> {
-    vec![("NNODES".into(), job.nodes.to_string()), ("GPUS_PER_NODE".into(), job.machine.gpus_per_node.to_string())]
-}
-
 /// The custom job body for `job`.
 pub fn custom_job(job: &Job, opts: &VertexOptions) -> Result<CustomJob> {
     let image = job.require_image("Vertex AI")?;
@@ -116,7 +112,7 @@ pub fn custom_job(job: &Job, opts: &VertexOptions) -> Result<CustomJob> {
         }
     };
     let env = job
-        .env(job.machine.container_env(), cluster_env(job))
+        .env(job.machine.container_env(), Vec::new())
         .into_iter()
         .map(|(name, value)| EnvVar { name, value })
         .collect();
