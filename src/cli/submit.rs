@@ -9,6 +9,12 @@ use maxrs::submit::settings::Settings;
 use maxrs::submit::vertex_api::{self, JobRef, RetryPolicy, VertexApi};
 use maxrs::submit::{self, auth, gke, machine, slurm, vertex, Job, Request};
 
+/// `println!` through [`emit`].
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        emit(&format!("{}\n", format_args!($($arg)*)))?
+    };
+}
 #[derive(clap::Args)]
 pub struct SubmitArgs {
     #[command(subcommand)]
@@ -215,26 +221,26 @@ fn run_vertex(a: VertexArgs) -> Result<()> {
     let created = api.create_custom_job(&opts.project, &opts.region, &body)?;
     let job_ref = JobRef { project: opts.project.clone(), region: opts.region.clone(), id: created.id().to_string() };
     let again = format!("--project {} --region {}", opts.project, opts.region);
-    println!("submitted {}: {} ({})", job.name, created.name, created.state);
-    println!("  status:  maxrs submit vertex --status {} {again}", job_ref.id);
-    println!("  logs:    maxrs submit vertex --logs {} {again}", job_ref.id);
-    println!("  console: {}", job_ref.console_url());
+    outln!("submitted {}: {} ({})", job.name, created.name, created.state);
+    outln!("  status:  maxrs submit vertex --status {} {again}", job_ref.id);
+    outln!("  logs:    maxrs submit vertex --logs {} {again}", job_ref.id);
+    outln!("  console: {}", job_ref.console_url());
     Ok(())
 }
 
 fn print_status(api: &VertexApi, job: &JobRef) -> Result<()> {
     let info = api.get_custom_job(job)?;
-    println!("job      {} ({})", info.id(), info.display_name);
-    println!("state    {}", info.state);
+    outln!("job      {} ({})", info.id(), info.display_name);
+    outln!("state    {}", info.state);
     for (label, time) in [("created", &info.create_time), ("started", &info.start_time), ("ended", &info.end_time)] {
         if let Some(t) = time {
-            println!("{label:<8} {t}");
+            outln!("{label:<8} {t}");
         }
     }
     if let Some(e) = &info.error {
-        println!("error    {} (code {})", e.message, e.code);
+        outln!("error    {} (code {})", e.message, e.code);
     }
-    println!("console  {}", job.console_url());
+    outln!("console  {}", job.console_url());
     Ok(())
 }
 
@@ -245,7 +251,7 @@ fn print_logs(api: &VertexApi, job: &JobRef, limit: usize) -> Result<()> {
     }
     for l in lines {
         let task = if l.task.is_empty() { String::new() } else { format!(" [{}]", l.task) };
-        println!("{}{task} {}", l.timestamp, l.message);
+        outln!("{}{task} {}", l.timestamp, l.message);
     }
     Ok(())
 }
@@ -280,7 +286,7 @@ fn run_slurm(a: SlurmArgs) -> Result<()> {
     }
     if a.submit && !a.common.dry_run {
         let id = slurm::submit(&script)?;
-        println!("submitted batch job {id} ({}); follow it with `squeue -j {id}`", job.name);
+        outln!("submitted batch job {id} ({}); follow it with `squeue -j {id}`", job.name);
     } else if a.output.is_none() {
         emit(&slurm::display_script(&job, &opts)?)?;
         if !a.common.dry_run {
@@ -304,8 +310,8 @@ fn run_gke(a: GkeArgs) -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     if a.apply && !a.common.dry_run {
-        println!("{}", gke::apply(&manifest)?);
-        println!(
+        outln!("{}", gke::apply(&manifest)?);
+        outln!(
             "follow it with `kubectl get jobset {0}` and `kubectl logs -f {0}-{1}-0-0-<suffix>`",
             job.name,
             gke::REPLICATED_JOB
