@@ -28,6 +28,8 @@ enum Command {
     Coordinator(cli::coordinator::CoordinatorArgs),
     /// Check a cluster: registration, key-value store, barriers, devices, collective bandwidth.
     ClusterCheck(cli::cluster_check::ClusterCheckArgs),
+    /// Run a train command on a cluster: a Vertex AI custom job, a Slurm batch script or a GKE JobSet.
+    Submit(Box<cli::submit::SubmitArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,6 +51,7 @@ fn main() -> std::process::ExitCode {
         },
         Command::Coordinator(a) => cli::coordinator::run(a),
         Command::ClusterCheck(a) => cli::cluster_check::run(a),
+        Command::Submit(a) => cli::submit::run(*a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

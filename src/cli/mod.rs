@@ -4,6 +4,7 @@ pub mod cluster_check;
 pub mod coordinator;
 pub mod devices;
 pub mod launch;
+pub mod submit;
 pub mod topologies;
 pub mod train;
 pub mod train_compile;

@@ -14,12 +14,11 @@ use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
-use crate::model::llama;
 use crate::pjrt::{self, Client};
 use crate::runtime::{self, Compiled, DeviceArray};
 
 use super::data::{host_rows, BatchLoader, DataSource};
-use super::flops::{self, ModelDims, StepShape};
+use super::flops::{self, StepShape};
 use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
 use super::params_io::{load_parameters, ParamSpec};
 use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
@@ -95,11 +94,11 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     }
     let logger = cluster.is_logger();
     let derived = config::validate(c, devices.len(), granules.len())?;
-    if logger {
-        derived.print_summary();
-    }
     let step =
         TrainStep::new(c, &derived, step_mesh(&derived, &granules).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
+    if logger {
+        derived.print_summary(step.model.num_params());
+    }
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -111,7 +110,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     diagnostics::set_phase(None, "compiling the train step");
     let compiled = match c.compiled_trainstep_file.as_str() {
         "" => runtime::compile_lowered(client, &program, &mlir).context("compiling the train step")?,
-        path => load_step(c, client, &program, &granules, Path::new(path))?,
+        path => load_step(c, client, &step, &program, &mlir, &granules, Path::new(path))?,
     };
     report.startup.compile = t.elapsed().as_secs_f64();
 
@@ -126,7 +125,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         );
     }
 
-    let work = per_device_work(c, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
+    let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
     let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
     let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
@@ -233,16 +232,28 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
 /// this program, these devices (`granules`: the device ids of each process) and this plugin
 /// build (see `aot::artifact`).
-fn load_step(c: &Config, client: &Client, program: &Program, granules: &[Vec<i64>], path: &Path) -> Result<Compiled> {
+fn load_step(
+    c: &Config,
+    client: &Client,
+    step: &TrainStep,
+    program: &Program,
+    mlir: &str,
+    granules: &[Vec<i64>],
+    path: &Path,
+) -> Result<Compiled> {
     let devices = client.addressable_devices()?;
     let num_devices = granules.iter().map(Vec::len).sum();
     let mut current = artifact::header(
         c,
+        &step.model,
         program,
-        artifact::describe_devices(granules.len(), devices.len(), &devices[0].kind),
-        num_devices,
-        artifact::plugin_identity(client.plugin()),
-        client.platform_version()?,
+        mlir,
+        artifact::Platform {
+            devices: artifact::describe_devices(granules.len(), devices.len(), &devices[0].kind),
+            num_devices,
+            plugin: artifact::plugin_identity(client.plugin()),
+            platform_version: client.platform_version()?,
+        },
     );
     current.device_ids_per_host = granules.to_vec();
     let bytes = artifact::load_matching(path, &current)?;
@@ -268,10 +279,9 @@ fn initial_state(
         state[compiled.input_index(&spec.name)?] = Some(array);
     }
     if from_file {
-        let expected: Vec<ParamSpec> = llama::param_defs(&step.model)
-            .into_iter()
-            .map(|d| ParamSpec { name: d.name, ty: runtime::element_type(step.model.weight_dtype), dims: d.shape })
-            .collect();
+        let dtype = runtime::element_type(step.model.config.weight_dtype);
+        let expected: Vec<ParamSpec> =
+            step.model.param_defs().into_iter().map(|d| ParamSpec { name: d.name, ty: dtype, dims: d.shape }).collect();
         let params = load_parameters(Path::new(&c.load_parameters_path), &expected)?;
         for (name, host) in &params {
             let slot = compiled.input_index(&format!("params.{name}"))?;
@@ -282,17 +292,7 @@ fn initial_state(
     Ok(state)
 }
 
-fn per_device_work(c: &Config, derived: &Derived, device_kind: &str) -> PerDeviceWork {
-    let dims = ModelDims {
-        emb: c.base_emb_dim as u64,
-        num_query_heads: c.base_num_query_heads as u64,
-        num_kv_heads: c.base_num_kv_heads as u64,
-        head_dim: c.head_dim as u64,
-        mlp_dim: c.base_mlp_dim as u64,
-        num_layers: c.base_num_decoder_layers as u64,
-        vocab: c.vocab_size as u64,
-        mlp_activations_count: c.mlp_activations.len() as u64,
-    };
+fn per_device_work(c: &Config, step: &TrainStep, derived: &Derived, device_kind: &str) -> PerDeviceWork {
     let shape = StepShape {
         per_device_batch_size: derived.per_device_batch_size,
         max_target_length: derived.max_target_length as u64,
@@ -300,7 +300,7 @@ fn per_device_work(c: &Config, derived: &Derived, device_kind: &str) -> PerDevic
     };
     let configured = (c.peak_tflops_per_device > 0.0).then_some(c.peak_tflops_per_device);
     PerDeviceWork {
-        tflops: flops::training_tflops_per_device(&dims, &shape).total,
+        tflops: step.model.training_tflops_per_device(&shape).total,
         tokens: shape.tokens_per_device(),
         peak_tflops: flops::peak_tflops_per_device(device_kind, configured),
     }
