@@ -35,7 +35,7 @@ pub mod service;
 pub mod settings;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -101,6 +101,12 @@ impl Cluster {
             None
         };
         let config = service_config(c, settings.num_processes);
+        let on_error = match &coordinator {
+            Some(coordinator) => {
+                hold_service_until_told(coordinator.service().clone(), config.heartbeat_timeout, on_error)
+            }
+            None => on_error,
+        };
         let client = CoordinationClient::new(
             ClientOptions {
                 address: settings.coordinator.clone(),
@@ -208,6 +214,22 @@ impl Cluster {
         self.coordinator = None;
         result
     }
+}
+
+/// Wraps the error handler of the process that hosts the coordination service: before it ends
+/// the process (and the service with it), the other processes are given up to `within` to
+/// receive the job's error, so each stops naming the process that failed rather than reporting
+/// a lost coordinator.
+fn hold_service_until_told(service: Arc<service::Service>, within: Duration, on_error: ErrorHandler) -> ErrorHandler {
+    Arc::new(move |message: &str| {
+        let deadline = Instant::now() + within;
+        while !service.error_delivered(0) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The answers are handed to the network after they are recorded.
+        std::thread::sleep(Duration::from_millis(200));
+        on_error(message)
+    })
 }
 
 /// The error handler of a maxrs process: log the failure and what this process was waiting for,
