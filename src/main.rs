@@ -8,6 +8,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "maxrs", version, about = "MaxText's job in Rust: train LLMs through XLA PJRT plugins")]
 struct Args {
+    /// More output: the resolved config with each key's source, debug logs, XLA's warnings
+    /// (-vv: XLA's info logs too).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -25,13 +29,8 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    // XLA's own INFO lines (one per client, per compile) drown maxrs's output; users who want
-    // them set TF_CPP_MIN_LOG_LEVEL=0. Set before any plugin is loaded, while single-threaded.
-    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
-        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
-    }
-    cli::init_logging();
     let args = Args::parse();
+    cli::init_logging(args.verbose);
     let result = match args.command {
         Command::Devices(a) => cli::devices::run(a),
         Command::Train(a) => cli::train::run(a),
@@ -41,7 +40,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", cli::error_report(&e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -34,7 +34,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// plugin file (XLA ends the process on an unknown flag, so this must happen before loading),
 /// and loads it.
 pub fn load_plugin(spec: Option<&str>) -> anyhow::Result<(provision::ResolvedPlugin, Arc<Plugin>)> {
-    let resolved = provision::resolve_plugin(spec)?;
+    load_chosen_plugin(&provision::choose_plugin(spec, None)?)
+}
+
+/// [`load_plugin`] for a spec chosen by [`provision::choose_plugin`].
+pub fn load_chosen_plugin(
+    choice: &provision::PluginChoice,
+) -> anyhow::Result<(provision::ResolvedPlugin, Arc<Plugin>)> {
+    let resolved = provision::resolve_choice(choice)?;
     xla_flags::XlaFlags::from_env()?.validate_against_plugin(&resolved.path)?;
     let plugin = Plugin::load(&resolved.path)?;
     Ok((resolved, plugin))

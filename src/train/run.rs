@@ -14,6 +14,8 @@ use crate::config::{self, Config, Derived};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::model::llama;
+use crate::output;
+use crate::pjrt::provision::PluginChoice;
 use crate::pjrt::{self, Client, Value};
 use crate::runtime::{self, Compiled, DeviceArray};
 
@@ -53,18 +55,37 @@ pub struct RunReport {
     pub peak_memory_bytes: Option<i64>,
 }
 
-/// The devices of a run: the plugin's client.
+/// The devices of a run: the plugin's client. The config's device-independent checks run first
+/// (a huge `cpu_device_count` would crash the plugin).
 pub fn client_for(c: &Config) -> Result<Client> {
+    config::check(c)?;
     pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;
+    let n = c.cpu_device_count as usize;
     if c.plugin == "cpu" {
-        let n = usize::try_from(c.cpu_device_count)
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| anyhow!("cpu_device_count={}: must be a positive number of devices", c.cpu_device_count))?;
         return pjrt::cpu_client(n);
     }
-    let (_, plugin) = pjrt::load_plugin(Some(&c.plugin))?;
-    Ok(Client::create(&plugin, &[] as &[(String, Value)], None)?)
+    let choice = PluginChoice { spec: c.plugin.clone(), origin: "plugin" };
+    let (_, plugin) = pjrt::load_chosen_plugin(&choice)?;
+    let client = Client::create(&plugin, &[] as &[(String, Value)], None)?;
+    // A CPU plugin given by path takes cpu_device_count as the named one does.
+    if client.platform_name()? == "cpu" && client.addressable_devices()?.len() != n {
+        drop(client);
+        let count = [("cpu_device_count".to_string(), Value::I64(n as i64))];
+        return Client::create(&plugin, &count, None).with_context(|| format!("cpu_device_count={n} on {}", c.plugin));
+    }
+    Ok(client)
+}
+
+/// Steps with a gradient norm of exactly 0 in a row before a warning: the model no longer
+/// learns (dead activations, a zero learning signal, a fully masked batch).
+const ZERO_GRAD_STEPS: usize = 10;
+
+/// Total memory of this machine, from `/proc/meminfo` (Linux); `None` elsewhere.
+fn host_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Trains as configured on `client`'s devices.
@@ -73,6 +94,29 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let devices = client.addressable_devices()?;
     let derived = config::validate(c, devices.len(), 1)?;
     derived.print_summary();
+
+    // Everything the run reads and writes is checked before the (possibly long) compile.
+    output::check_paths(c, output::Command::Train)?;
+    if let Some(bytes) = host_memory_bytes() {
+        config::check_host_memory(c, &derived, bytes, client.platform_name()? == "cpu")?;
+    }
+    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
+    let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
+    let source = DataSource::open(
+        c.dataset_type.as_str(),
+        path.as_deref(),
+        seed,
+        derived.max_target_length,
+        c.vocab_size as u32,
+    )?;
+    if !c.load_parameters_path.is_empty() {
+        std::fs::File::open(&c.load_parameters_path)
+            .map_err(|e| anyhow!("load_parameters_path={}: {e}", c.load_parameters_path))?;
+    }
+    let mut writer = match c.metrics_file.as_str() {
+        "" => None,
+        path => Some(MetricsWriter::open(Path::new(path), 0, &c.run_name)?),
+    };
     // One process: all devices form one granule, in id order.
     let ids: Vec<i64> = devices.iter().map(|d| d.id as i64).collect();
     let step =
@@ -101,23 +145,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
 
     let work = per_device_work(c, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
-    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
-    let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
-    let source = DataSource::open(
-        c.dataset_type.as_str(),
-        path.as_deref(),
-        seed,
-        derived.max_target_length,
-        c.vocab_size as u32,
-    )?;
     let mut loader = BatchLoader::new(source, derived.global_batch_size, 0, 1)?;
-    let mut writer = match c.metrics_file.as_str() {
-        "" => None,
-        path => Some(
-            MetricsWriter::open(Path::new(path), 0, &c.run_name)
-                .with_context(|| format!("metrics_file={path}: cannot open it for writing"))?,
-        ),
-    };
     let batch_inputs: Vec<usize> =
         BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
     let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
@@ -130,6 +158,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
 
     let bar = progress_bar(derived.steps as u64);
     let mut last = Instant::now();
+    let (mut non_finite_warned, mut zero_grad_steps) = (false, 0usize);
     for step_index in 0..derived.steps as u64 {
         let batch = loader.batch(step_index)?;
         let named = batch.named();
@@ -152,12 +181,29 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
             work,
         };
         last = now;
-        if !loss.is_finite() {
-            bail!("step {step_index}: the loss is {loss}; stopping (try a lower learning_rate)");
-        }
         print_line(&bar, &metrics.log_line());
         if let Some(w) = writer.as_mut() {
-            w.write(&metrics).with_context(|| format!("writing metrics_file={}", c.metrics_file))?;
+            w.write(&metrics)?;
+        }
+        // As MaxText's metric_logger: the step's metrics are written, then the run stops.
+        if !loss.is_finite() {
+            let key = if loss.is_nan() { "abort_on_nan_loss" } else { "abort_on_inf_loss" };
+            if (loss.is_nan() && c.abort_on_nan_loss) || (loss.is_infinite() && c.abort_on_inf_loss) {
+                bar.finish_and_clear();
+                bail!("step {step_index}: the loss is {loss}; stopping ({key}=true; try a lower learning_rate)");
+            }
+            if !non_finite_warned {
+                non_finite_warned = true;
+                tracing::warn!("step {step_index}: the loss is {loss}; training goes on because {key}=false");
+            }
+        }
+        zero_grad_steps = if grad_norm == 0.0 { zero_grad_steps + 1 } else { 0 };
+        if zero_grad_steps == ZERO_GRAD_STEPS {
+            tracing::warn!(
+                "the gradient norm has been 0 for {ZERO_GRAD_STEPS} steps (steps {}..={step_index}): the model \
+                 no longer learns; check learning_rate, the data and the initialization",
+                step_index + 1 - ZERO_GRAD_STEPS as u64
+            );
         }
         report.losses.push(loss);
         report.grad_norms.push(grad_norm);
