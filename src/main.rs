@@ -4,6 +4,7 @@
 mod cli;
 
 use clap::{Parser, Subcommand};
+use maxrs::pjrt::xla_flags;
 
 #[derive(Parser)]
 #[command(name = "maxrs", version, about = "MaxText's job in Rust: train LLMs through XLA PJRT plugins")]
@@ -29,6 +30,21 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // `maxrs devices | head` must end quietly like any Unix tool when the reader goes away, not
+    // panic in `println!`: take back the default SIGPIPE action that Rust's runtime replaced.
+    // SAFETY: called first thing, before any other thread exists; SIG_DFL is a valid action.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    // The XLA flag probe: this binary re-run to try XLA_FLAGS' values in a process of its own.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.len() == 3 && argv[1] == xla_flags::probe::PROBE_ARG {
+        return xla_flags::probe::probe_main(std::path::Path::new(&argv[2]));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        xla_flags::probe::enable(exe);
+    }
     let args = Args::parse();
     cli::init_logging(args.verbose);
     let result = match args.command {

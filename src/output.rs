@@ -119,10 +119,7 @@ pub fn check_output(key: &str, path: &Path) -> Result<()> {
                 bail!("{key}={shown} is {kind}; maxrs writes a regular file there: give a file path");
             }
             // Opening for append changes nothing, and tells a read-only file early.
-            OpenOptions::new()
-                .append(true)
-                .open(path)
-                .map_err(|e| anyhow!("{key}={shown} cannot be written: {e}"))?;
+            OpenOptions::new().append(true).open(path).map_err(|e| anyhow!("{key}={shown} cannot be written: {e}"))?;
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => bail!("{key}={shown}: {e}"),

@@ -28,7 +28,7 @@ fn cases() -> ProptestConfig {
 fn mutated(valid: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
     let len = valid.len();
     prop_oneof![
-        prop::collection::vec((0..len * 8), 1..8).prop_map({
+        prop::collection::vec(0..len * 8, 1..8).prop_map({
             let valid = valid.clone();
             move |bits| {
                 let mut bytes = valid.clone();

@@ -251,7 +251,10 @@ pub fn parse(bytes: &[u8]) -> Result<(ArtifactHeader, Vec<u8>)> {
     let header_len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let body = usize::try_from(header_len).ok().and_then(|n| 16usize.checked_add(n)).filter(|&end| end <= bytes.len());
     let Some(body) = body else {
-        bail!("truncated or damaged: its header claims {header_len} bytes but the file has {}; {RECOMPILE}", bytes.len());
+        bail!(
+            "truncated or damaged: its header claims {header_len} bytes but the file has {}; {RECOMPILE}",
+            bytes.len()
+        );
     };
     let header: ArtifactHeader = serde_json::from_slice(&bytes[16..body])
         .map_err(|e| anyhow!("damaged file: the header is not valid ({e}); {RECOMPILE}"))?;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::{bail, Result};
 use maxrs::config::{self, Resolved, Source};
-use maxrs::pjrt::provision::choose_plugin;
+use maxrs::pjrt::provision::{choose_plugin, resolve_choice};
 
 static VERBOSITY: AtomicU8 = AtomicU8::new(0);
 
@@ -83,6 +83,10 @@ pub fn resolve_config(args: &[String], plugin_flag: Option<&str>) -> Result<Reso
     let mut resolved = config::resolve_args(args)?;
     let key = resolved.source("plugin").is_user().then(|| resolved.config.plugin.clone());
     let choice = choose_plugin(plugin_flag, key.as_deref())?;
+    if choice.origin != "the default" {
+        // Found (or fetched) now, so that a missing file is reported with what named it.
+        resolve_choice(&choice)?;
+    }
     if choice.origin != "plugin=" && choice.origin != "the default" {
         resolved.config.plugin = choice.spec;
         resolved.set_source("plugin", Source::Setting(choice.origin.to_string()));

@@ -183,7 +183,8 @@ pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resol
         merged.apply(&file, true, &file_source())?;
         warn_model_wins(&model, &file, config_path, &model_origin);
         // With override_model_config, MaxText applies only the model keys the command line leaves alone.
-        let model: Layer = model.into_iter().filter(|(k, _)| !(override_model && cli.iter().any(|(c, _)| c == k))).collect();
+        let model: Layer =
+            model.into_iter().filter(|(k, _)| !(override_model && cli.iter().any(|(c, _)| c == k))).collect();
         merged.apply(&model, false, &model_source)?;
         merged.apply(&cli, false, &Source::CommandLine)?;
     }

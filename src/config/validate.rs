@@ -220,11 +220,7 @@ fn check_products(c: &Config, micro: usize, accumulation: usize) -> Result<(), C
     let global = micro as u128 * accumulation as u128;
     let (seq, vocab, heads) = (c.max_target_length as u128, c.vocab_size as u128, c.base_num_query_heads as u128);
     let products: [(&str, &str, u128); 4] = [
-        (
-            "per_device_batch_size, gradient_accumulation_steps",
-            "sequences per step (global batch)",
-            global,
-        ),
+        ("per_device_batch_size, gradient_accumulation_steps", "sequences per step (global batch)", global),
         (
             "per_device_batch_size, gradient_accumulation_steps, max_target_length",
             "tokens per step (global batch x max_target_length)",

@@ -42,7 +42,9 @@ pub fn load_chosen_plugin(
     choice: &provision::PluginChoice,
 ) -> anyhow::Result<(provision::ResolvedPlugin, Arc<Plugin>)> {
     let resolved = provision::resolve_choice(choice)?;
-    xla_flags::XlaFlags::from_env()?.validate_against_plugin(&resolved.path)?;
+    let flags = xla_flags::XlaFlags::from_env()?;
+    flags.validate_against_plugin(&resolved.path)?;
+    xla_flags::probe::check_values(&flags.to_env_string(), &resolved.path)?;
     let plugin = Plugin::load(&resolved.path)?;
     Ok((resolved, plugin))
 }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::aot::artifact;
@@ -21,6 +21,7 @@ use crate::runtime::{self, Compiled, DeviceArray};
 
 use super::data::{BatchLoader, DataSource};
 use super::flops::{self, ModelDims, StepShape};
+use super::health::Health;
 use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
 use super::params_io::{load_parameters, ParamSpec};
 use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
@@ -75,10 +76,6 @@ pub fn client_for(c: &Config) -> Result<Client> {
     }
     Ok(client)
 }
-
-/// Steps with a gradient norm of exactly 0 in a row before a warning: the model no longer
-/// learns (dead activations, a zero learning signal, a fully masked batch).
-const ZERO_GRAD_STEPS: usize = 10;
 
 /// Total memory of this machine, from `/proc/meminfo` (Linux); `None` elsewhere.
 fn host_memory_bytes() -> Option<u64> {
@@ -158,7 +155,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
 
     let bar = progress_bar(derived.steps as u64);
     let mut last = Instant::now();
-    let (mut non_finite_warned, mut zero_grad_steps) = (false, 0usize);
+    let mut health = Health::new(c);
     for step_index in 0..derived.steps as u64 {
         let batch = loader.batch(step_index)?;
         let named = batch.named();
@@ -185,25 +182,13 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
         if let Some(w) = writer.as_mut() {
             w.write(&metrics)?;
         }
-        // As MaxText's metric_logger: the step's metrics are written, then the run stops.
-        if !loss.is_finite() {
-            let key = if loss.is_nan() { "abort_on_nan_loss" } else { "abort_on_inf_loss" };
-            if (loss.is_nan() && c.abort_on_nan_loss) || (loss.is_infinite() && c.abort_on_inf_loss) {
-                bar.finish_and_clear();
-                bail!("step {step_index}: the loss is {loss}; stopping ({key}=true; try a lower learning_rate)");
-            }
-            if !non_finite_warned {
-                non_finite_warned = true;
-                tracing::warn!("step {step_index}: the loss is {loss}; training goes on because {key}=false");
-            }
+        // As MaxText's metric_logger: the step's metrics are written, then the run may stop.
+        let verdict = health.observe(step_index, loss, grad_norm);
+        if verdict.is_err() {
+            bar.finish_and_clear();
         }
-        zero_grad_steps = if grad_norm == 0.0 { zero_grad_steps + 1 } else { 0 };
-        if zero_grad_steps == ZERO_GRAD_STEPS {
-            tracing::warn!(
-                "the gradient norm has been 0 for {ZERO_GRAD_STEPS} steps (steps {}..={step_index}): the model \
-                 no longer learns; check learning_rate, the data and the initialization",
-                step_index + 1 - ZERO_GRAD_STEPS as u64
-            );
+        if let Some(warning) = verdict? {
+            bar.suspend(|| tracing::warn!("{warning}"));
         }
         report.losses.push(loss);
         report.grad_norms.push(grad_norm);

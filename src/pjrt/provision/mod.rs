@@ -6,8 +6,8 @@ mod command;
 mod cuda;
 mod lock;
 mod pypi;
-mod verified;
 mod python;
+mod verified;
 mod wheel;
 
 use std::fmt;

@@ -45,8 +45,7 @@ pub(super) fn extract_member(wheel: &Path, wheel_name: &str, member: &str, dest:
     tmp.as_file().sync_all().map_err(|e| anyhow!("cannot flush {}: {e}", tmp.path().display()))?;
     tmp.persist(dest).map_err(|e| anyhow!("cannot move unpacked `{member}` to {}: {}", dest.display(), e.error))?;
     // What later runs check the cached file against (see `verified`).
-    verified::record(dest, &sha256)
-        .map_err(|e| anyhow!("cannot record the checksum of {}: {e:#}", dest.display()))?;
+    verified::record(dest, &sha256).map_err(|e| anyhow!("cannot record the checksum of {}: {e:#}", dest.display()))?;
     Ok(())
 }
 
