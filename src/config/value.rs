@@ -154,6 +154,12 @@ fn describe(key: &str, default: &Value) -> String {
 pub(crate) fn show(value: &Value) -> String {
     match value {
         Value::String(s) => s.clone(),
+        // JSON has no infinities or NaN; YAML's spellings are what the user wrote.
+        Value::Number(n) if n.as_f64().is_some_and(|x| !x.is_finite()) => match n.as_f64() {
+            Some(x) if x.is_nan() => ".nan".into(),
+            Some(x) if x > 0.0 => ".inf".into(),
+            _ => "-.inf".into(),
+        },
         Value::Null => "null".into(),
         other => serde_json::to_string(other).unwrap_or_else(|_| format!("{other:?}")),
     }
@@ -202,6 +208,7 @@ mod tests {
         for bad in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
             let e = coerce("adam_eps", Value::from(bad), "in f.yml").unwrap_err().to_string();
             assert!(e.contains("`adam_eps`") && e.contains("a finite number"), "{e}");
+            assert!(e.contains(".inf`") || e.contains(".nan`"), "{e}");
         }
     }
 
