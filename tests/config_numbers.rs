@@ -91,11 +91,12 @@ fn sizes_that_crashed_or_panicked_are_refused_by_key() {
 fn a_batch_or_model_the_machine_cannot_hold_is_refused() {
     let c = config::load(None, &["per_device_batch_size=1000000".to_string()]).unwrap();
     let d = config::validate(&c, 1, 1).unwrap();
-    let e = config::check_host_memory(&c, &d, 1 << 30, true).unwrap_err().to_string();
+    let params = |c: &config::Config| maxrs::model::Model::from_config(c).unwrap().num_params();
+    let e = config::check_host_memory(&c, &d, params(&c), 1 << 30, true).unwrap_err().to_string();
     assert!(e.contains("per_device_batch_size") && e.contains("GiB"), "{e}");
     let c = config::load(None, &["model_name=llama2-70b".to_string(), "per_device_batch_size=1".to_string()]).unwrap();
     let d = config::validate(&c, 1, 1).unwrap();
-    let e = config::check_host_memory(&c, &d, 24 << 30, true).unwrap_err().to_string();
+    let e = config::check_host_memory(&c, &d, params(&c), 24 << 30, true).unwrap_err().to_string();
     assert!(e.contains("model size") && e.contains("68.98B parameters"), "{e}");
-    assert!(config::check_host_memory(&c, &d, 24 << 30, false).is_ok(), "GPU devices hold their own state");
+    assert!(config::check_host_memory(&c, &d, params(&c), 24 << 30, false).is_ok(), "GPU devices hold their own state");
 }

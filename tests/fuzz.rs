@@ -157,6 +157,7 @@ fn sample_header() -> ArtifactHeader {
         config: [("per_device_batch_size".to_string(), "4".to_string())].into_iter().collect(),
         arguments: vec![],
         xla_flags: String::new(),
+        program_fingerprint: "0f".into(),
         executable_sha256: None,
     }
 }

@@ -83,6 +83,8 @@ pub const NUMERIC_KEYS: &[(&str, Range)] = &[
     // MaxText allows 1: warmup over the whole schedule, no cosine phase.
     ("warmup_steps_fraction", closed(0.0, 1.0)),
     ("learning_rate_final_fraction", closed(0.0, 1.0)),
+    // With warmup_steps_fraction it must not exceed 1 either (checked by train::schedule).
+    ("wsd_decay_steps_fraction", closed(0.0, 1.0)),
     ("adam_b1", open_max(0.0, 1.0)),
     ("adam_b2", open_max(0.0, 1.0)),
     ("adam_eps", closed(0.0, 1.0)),

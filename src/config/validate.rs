@@ -16,7 +16,6 @@ pub const PLUGINS: &[&str] = &["cpu", "cuda12", "cuda13", "tpu"];
 #[derive(Clone, Debug, PartialEq)]
 pub struct Derived {
     pub model_name: String,
-    pub num_params: u64,
     pub num_devices: usize,
     /// Slices on TPU, hosts on GPU: the DCN groups.
     pub num_slices: usize,
@@ -40,8 +39,9 @@ pub struct Derived {
 }
 
 impl Derived {
-    /// Prints the summary `maxrs train` shows at start.
-    pub fn print_summary(&self) {
+    /// Prints the summary `maxrs train` shows at start; the parameter count is the model's.
+    pub fn print_summary(&self, num_params: u64) {
+        println!("model: {} ({} parameters)", self.model_name, human(num_params));
         println!("{self}");
     }
 }
@@ -49,7 +49,6 @@ impl Derived {
 impl fmt::Display for Derived {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let batch_shards: usize = self.batch_axes.iter().map(|a| self.mesh.size(a)).product();
-        writeln!(f, "model: {} ({} parameters)", self.model_name, human(self.num_params))?;
         writeln!(f, "devices: {} in {}", self.num_devices, mesh::plural(self.num_slices, "slice"))?;
         writeln!(f, "mesh: {}", self.mesh)?;
         writeln!(
@@ -85,9 +84,15 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
 
 /// Checks that this machine's memory (`host_bytes`) holds what a run keeps on the host: the
 /// global batch's five `int32` arrays and, when the devices are the host's own (`state_on_host`,
-/// the CPU plugin), the parameters with their two AdamW moments. A run that does not fit
-/// would be killed (or abort) after its compile; this names the keys instead.
-pub fn check_host_memory(c: &Config, d: &Derived, host_bytes: u64, state_on_host: bool) -> Result<(), ConfigError> {
+/// the CPU plugin), the model's `num_params` parameters with their two AdamW moments. A run that
+/// does not fit would be killed (or abort) after its compile; this names the keys instead.
+pub fn check_host_memory(
+    c: &Config,
+    d: &Derived,
+    num_params: u64,
+    host_bytes: u64,
+    state_on_host: bool,
+) -> Result<(), ConfigError> {
     let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
     let batch = d.global_batch_size as u128 * (d.max_target_length as u128 + 1) * 5 * 4;
     if batch > host_bytes as u128 {
@@ -106,14 +111,14 @@ pub fn check_host_memory(c: &Config, d: &Derived, host_bytes: u64, state_on_host
         super::keys::DType::Float32 => 4,
         _ => 2,
     };
-    let state = d.num_params as u128 * weight_bytes * 3;
+    let state = num_params as u128 * weight_bytes * 3;
     if state_on_host && batch + state > host_bytes as u128 {
         return Err(ConfigError::invalid(
             "model size (base_emb_dim, base_num_decoder_layers, vocab_size, ...)",
             format!(
-                "{} parameters and their AdamW moments need {:.1} GiB on the CPU devices, more than this machine's {:.1} GiB; \
-                 choose a smaller model",
-                human(d.num_params),
+                "{} parameters and their AdamW moments need {:.1} GiB on the CPU devices, more than this machine's \
+                 {:.1} GiB; choose a smaller model",
+                human(num_params),
                 gib(state),
                 gib(host_bytes as u128)
             ),
@@ -171,7 +176,6 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         if config.learning_rate_schedule_steps == -1 { steps } else { config.learning_rate_schedule_steps as usize };
     Ok(Derived {
         model_name: config.model_name.clone(),
-        num_params: num_params(config),
         num_devices,
         num_slices,
         mesh,
@@ -186,27 +190,6 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         schedule_steps,
         warmup_steps: (schedule_steps as f64 * config.warmup_steps_fraction) as usize,
     })
-}
-
-/// Parameters of the Llama-style decoder the config describes: embedding, per layer q/k/v/o
-/// projections, a gated MLP with one input projection per activation and two norms, the final
-/// norm, and the output projection unless it is the embedding.
-pub fn num_params(c: &Config) -> u64 {
-    let [e, h, kv, hd, m, l, v] = [
-        c.base_emb_dim,
-        c.base_num_query_heads,
-        c.base_num_kv_heads,
-        c.head_dim,
-        c.base_mlp_dim,
-        c.base_num_decoder_layers,
-        c.vocab_size,
-    ]
-    .map(|x| x.max(0) as u64);
-    let attention = e * h * hd + 2 * e * kv * hd + h * hd * e;
-    let mlp = c.mlp_activations.len() as u64 * e * m + m * e;
-    let layer = attention + mlp + 2 * e;
-    let unembed = if c.logits_via_embedding { 0 } else { e * v };
-    v * e + l * layer + e + unembed
 }
 
 /// Largest number of elements maxrs lets one array have: XLA sizes arrays in 64-bit bytes, so
