@@ -158,6 +158,7 @@ fn sample_header() -> ArtifactHeader {
         arguments: vec![],
         xla_flags: String::new(),
         program_fingerprint: "0f".into(),
+        device_ids_per_host: vec![(0..8).collect()],
         executable_sha256: None,
     }
 }

@@ -1,7 +1,11 @@
 //! Subcommand implementations and what they share: logging set-up, the error report,
 //! `key=value` parsing, and loading a command's config with the plugin rule applied.
 
+pub mod cluster_check;
+pub mod coordinator;
 pub mod devices;
+pub mod launch;
+pub mod submit;
 pub mod topologies;
 pub mod train;
 pub mod train_compile;

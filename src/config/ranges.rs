@@ -58,6 +58,8 @@ const MAX_HEADS: i64 = 1 << 12;
 const MAX_AXIS: i64 = 1 << 20;
 /// Largest step count: 2^40.
 const MAX_STEPS: i64 = 1 << 40;
+/// Longest timeout: a year, in seconds.
+const MAX_SECONDS: i64 = 365 * 24 * 3600;
 
 /// Every numeric key and its range. Token ids are `int32`, so `vocab_size` stops at 2^31 - 1;
 /// the init seed is a `u32` key (`random::key`).
@@ -96,6 +98,15 @@ pub const NUMERIC_KEYS: &[(&str, Range)] = &[
     // Start-up time of the CPU plugin grows with the square of this (1024: ~3 s, 4096: ~12 s).
     ("cpu_device_count", int(1, 1024)),
     ("peak_tflops_per_device", closed(0.0, 1e6)),
+    // Cluster: -1 takes the value from the launcher's environment.
+    ("num_processes", int_or_fill(0, MAX_AXIS)),
+    ("process_id", int_or_fill(0, MAX_AXIS)),
+    ("jax_distributed_initialization_timeout", int(1, MAX_SECONDS)),
+    ("heartbeat_timeout_seconds", int(1, MAX_SECONDS)),
+    ("shutdown_timeout_seconds", int(1, MAX_SECONDS)),
+    ("stack_trace_interval_seconds", int(1, MAX_SECONDS)),
+    // 0 (off) or above 1; the gap is checked in validate.rs.
+    ("slow_step_stack_trace_factor", closed(0.0, 1e6)),
     ("dcn_data_parallelism", int_or_fill(1, MAX_AXIS)),
     ("dcn_pipeline_parallelism", int_or_fill(1, MAX_AXIS)),
     ("dcn_fsdp_parallelism", int_or_fill(1, MAX_AXIS)),

@@ -79,6 +79,7 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
     check_model(config)?;
     check_training(config)?;
     check_hardware(config)?;
+    check_cluster(config)?;
     rules::check(config)
 }
 
@@ -312,6 +313,24 @@ fn check_hardware(c: &Config) -> Result<(), ConfigError> {
                 c.hardware,
                 fits.join(" or plugin=")
             ),
+        ));
+    }
+    Ok(())
+}
+
+/// The cluster keys' ranges are in `ranges.rs`; what a range cannot say is here.
+fn check_cluster(c: &Config) -> Result<(), ConfigError> {
+    if c.stack_trace_to_cloud {
+        return Err(ConfigError::invalid(
+            "stack_trace_to_cloud",
+            "true is not supported yet: maxrs logs stack traces to stderr; set stack_trace_to_cloud=false",
+        ));
+    }
+    let f = c.slow_step_stack_trace_factor;
+    if !(f == 0.0 || f > 1.0) {
+        return Err(ConfigError::invalid(
+            "slow_step_stack_trace_factor",
+            format!("slow_step_stack_trace_factor={f}; it must be 0 (off) or above 1"),
         ));
     }
     Ok(())

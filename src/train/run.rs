@@ -6,19 +6,19 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::aot::artifact;
+use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::output;
-use crate::pjrt::provision::PluginChoice;
-use crate::pjrt::{self, Client, Value};
+use crate::pjrt::{self, Client};
 use crate::runtime::{self, Compiled, DeviceArray};
 
-use super::data::{BatchLoader, DataSource};
+use super::data::{host_rows, BatchLoader, DataSource};
 use super::flops::{self, StepShape};
 use super::health::Health;
 use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
@@ -55,25 +55,9 @@ pub struct RunReport {
     pub peak_memory_bytes: Option<i64>,
 }
 
-/// The devices of a run: the plugin's client. The config's device-independent checks run first
-/// (a huge `cpu_device_count` would crash the plugin).
+/// The devices of a one-process run: the plugin's client.
 pub fn client_for(c: &Config) -> Result<Client> {
-    config::check(c)?;
-    pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;
-    let n = c.cpu_device_count as usize;
-    if c.plugin == "cpu" {
-        return pjrt::cpu_client(n);
-    }
-    let choice = PluginChoice { spec: c.plugin.clone(), origin: "plugin" };
-    let (_, plugin) = pjrt::load_chosen_plugin(&choice)?;
-    let client = Client::create(&plugin, &[] as &[(String, Value)], None)?;
-    // A CPU plugin given by path takes cpu_device_count as the named one does.
-    if client.platform_name()? == "cpu" && client.addressable_devices()?.len() != n {
-        drop(client);
-        let count = [("cpu_device_count".to_string(), Value::I64(n as i64))];
-        return Client::create(&plugin, &count, None).with_context(|| format!("cpu_device_count={n} on {}", c.plugin));
-    }
-    Ok(client)
+    Cluster::single().pjrt_client(c)
 }
 
 /// Total memory of this machine, from `/proc/meminfo` (Linux); `None` elsewhere.
@@ -84,16 +68,47 @@ fn host_memory_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Trains as configured on `client`'s devices.
+/// Trains as configured on `client`'s devices, as the only process.
 pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
+    train_in(c, client, &Cluster::single())
+}
+
+/// The device ids of each process (the mesh's DCN granules), in process order, each in id order.
+fn devices_per_process(devices: &[pjrt::Device]) -> Vec<Vec<i64>> {
+    let mut per_process: std::collections::BTreeMap<i32, Vec<i64>> = Default::default();
+    for d in devices {
+        per_process.entry(d.process_index).or_default().push(d.id as i64);
+    }
+    per_process
+        .into_values()
+        .map(|mut ids| {
+            ids.sort_unstable();
+            ids
+        })
+        .collect()
+}
+
+/// Trains as configured on every process's devices (`client.devices()`): this process is
+/// `cluster.process_index()` of `cluster.process_count()`, feeds the batch rows its devices own,
+/// and only process 0 logs and writes metrics.
+pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunReport> {
     let mut report = RunReport::default();
-    let devices = client.addressable_devices()?;
-    let derived = config::validate(c, devices.len(), 1)?;
-    // One process: all devices form one granule, in id order.
-    let ids: Vec<i64> = devices.iter().map(|d| d.id as i64).collect();
+    let devices = client.devices()?;
+    let granules = devices_per_process(&devices);
+    if granules.len() != cluster.process_count() {
+        bail!(
+            "the plugin reports devices of {} processes, but this job has {}",
+            granules.len(),
+            cluster.process_count()
+        );
+    }
+    let logger = cluster.is_logger();
+    let derived = config::validate(c, devices.len(), granules.len())?;
     let step =
-        TrainStep::new(c, &derived, step_mesh(&derived, &[ids]).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
-    derived.print_summary(step.model.num_params());
+        TrainStep::new(c, &derived, step_mesh(&derived, &granules).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
+    if logger {
+        derived.print_summary(step.model.num_params());
+    }
 
     // Everything the run reads and writes is checked before the (possibly long) compile.
     output::check_paths(c, output::Command::Train)?;
@@ -113,7 +128,9 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
         std::fs::File::open(&c.load_parameters_path)
             .map_err(|e| anyhow!("load_parameters_path={}: {e}", c.load_parameters_path))?;
     }
+    // Only process 0 writes metrics; the file is locked from here to the end of the run.
     let mut writer = match c.metrics_file.as_str() {
+        _ if !logger => None,
         "" => None,
         path => Some(MetricsWriter::open(Path::new(path), 0, &c.run_name)?),
     };
@@ -125,25 +142,44 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let mlir = to_stablehlo(&program);
     report.startup.lower = t.elapsed().as_secs_f64();
     let t = Instant::now();
+    diagnostics::set_phase(None, "compiling the train step");
     let compiled = match c.compiled_trainstep_file.as_str() {
         "" => runtime::compile_lowered(client, &program, &mlir).context("compiling the train step")?,
-        path => load_step(c, client, &step, &program, &mlir, Path::new(path))?,
+        path => load_step(c, client, &step, &program, &mlir, &granules, Path::new(path))?,
     };
     report.startup.compile = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
+    diagnostics::set_phase(None, "initializing the state");
     let mut state = initial_state(c, client, &step, &compiled)?;
     report.startup.init = t.elapsed().as_secs_f64();
-    println!(
-        "start-up: trace {:.3} s, lower {:.3} s, compile {:.3} s, init {:.3} s",
-        report.startup.trace, report.startup.lower, report.startup.compile, report.startup.init
-    );
+    if logger {
+        println!(
+            "start-up: trace {:.3} s, lower {:.3} s, compile {:.3} s, init {:.3} s",
+            report.startup.trace, report.startup.lower, report.startup.compile, report.startup.init
+        );
+    }
 
     let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
-    let mut loader = BatchLoader::new(source, derived.global_batch_size, 0, 1)?;
     let batch_inputs: Vec<usize> =
         BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+    let (p, n) = (cluster.process_index(), cluster.process_count());
+    let rows = compiled.local_rows(batch_inputs[0])?;
+    let global = derived.global_batch_size;
+    // The rows this process's devices hold: its share of the batch, or all of it when the mesh
+    // does not split the batch across processes.
+    let mut loader = if rows == (0..global) {
+        BatchLoader::new(source, global, 0, 1)?
+    } else if rows == host_rows(global, p, n)? {
+        BatchLoader::new(source, global, p, n)?
+    } else {
+        bail!(
+            "process {p} of {n} holds batch rows {rows:?} of {global}, which is neither its share {:?} nor the whole \
+             batch; shard the batch over the DCN axes in process order (dcn_data_parallelism or dcn_fsdp_parallelism)",
+            host_rows(global, p, n)?
+        );
+    };
     let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
     let (loss_i, norm_i, lr_i, weights_i) =
         (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
@@ -152,18 +188,22 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let carried: Vec<Option<usize>> =
         compiled.program.outputs.iter().map(|o| compiled.input_index(&o.name).ok()).collect();
 
-    let bar = progress_bar(derived.steps as u64);
+    let bar = if logger { progress_bar(derived.steps as u64) } else { ProgressBar::hidden() };
     let mut last = Instant::now();
     let mut health = Health::new(c);
     for step_index in 0..derived.steps as u64 {
+        diagnostics::step_started(step_index);
+        diagnostics::set_phase(Some(step_index), "reading and feeding the batch");
         let batch = loader.batch(step_index)?;
         let named = batch.named();
         for (slot, name) in batch_inputs.iter().zip(BATCH_INPUTS) {
             let host = named.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect("Batch has every input");
-            state[*slot] = Some(compiled.put(client, *slot, host)?);
+            state[*slot] = Some(compiled.put_rows(client, *slot, host, loader.rows().start as i64)?);
         }
         let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
+        diagnostics::set_phase(Some(step_index), "running the train step (XLA's collectives run inside it)");
         let outputs = compiled.execute(&args)?;
+        diagnostics::set_phase(Some(step_index), "reading the step's metrics");
         let scalar = |i: usize| -> Result<f64> { Ok(compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
         let (loss, grad_norm, lr, weights) = (scalar(loss_i)?, scalar(norm_i)?, scalar(lr_i)?, scalar(weights_i)?);
         let now = Instant::now();
@@ -177,7 +217,9 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
             work,
         };
         last = now;
-        print_line(&bar, &metrics.log_line());
+        if logger {
+            print_line(&bar, &metrics.log_line());
+        }
         if let Some(w) = writer.as_mut() {
             w.write(&metrics)?;
         }
@@ -200,36 +242,44 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
             }
         }
         bar.inc(1);
+        diagnostics::step_finished(step_index);
     }
     bar.finish_and_clear();
-    report.peak_memory_bytes = peak_memory(&devices);
-    print_summary(&report, &work);
+    diagnostics::set_phase(None, "finished training");
+    report.peak_memory_bytes = peak_memory(&client.addressable_devices()?);
+    if logger {
+        print_summary(&report, &work);
+    }
     Ok(report)
 }
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
-/// this program, these devices and this plugin build (see `aot::artifact`).
+/// this program, these devices (`granules`: the device ids of each process) and this plugin
+/// build (see `aot::artifact`).
 fn load_step(
     c: &Config,
     client: &Client,
     step: &TrainStep,
     program: &Program,
     mlir: &str,
+    granules: &[Vec<i64>],
     path: &Path,
 ) -> Result<Compiled> {
     let devices = client.addressable_devices()?;
-    let current = artifact::header(
+    let num_devices = granules.iter().map(Vec::len).sum();
+    let mut current = artifact::header(
         c,
         &step.model,
         program,
         mlir,
         artifact::Platform {
-            devices: artifact::describe_devices(1, devices.len(), &devices[0].kind),
-            num_devices: devices.len(),
+            devices: artifact::describe_devices(granules.len(), devices.len(), &devices[0].kind),
+            num_devices,
             plugin: artifact::plugin_identity(client.plugin()),
             platform_version: client.platform_version()?,
         },
     );
+    current.device_ids_per_host = granules.to_vec();
     let bytes = artifact::load_matching(path, &current)?;
     let executable = client.deserialize(&bytes).with_context(|| format!("loading {}", path.display()))?;
     println!("loaded the compiled train step from {} (no compile)", path.display());
