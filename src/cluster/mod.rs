@@ -149,6 +149,8 @@ impl Cluster {
     /// `node_id`/`num_nodes` and the coordinator's key-value store, through which the plugin
     /// builds the global device list (its `devices()`) and exchanges NCCL ids.
     pub fn pjrt_client(&self, c: &Config) -> Result<pjrt::Client> {
+        // Every key on its own first: a huge cpu_device_count would crash the plugin.
+        crate::config::check(c)?;
         pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;
         if c.plugin == "cpu" {
             if self.settings.is_multi_process() {
@@ -182,6 +184,14 @@ impl Cluster {
             pjrt::Client::create(&plugin, &options, store)?
         };
         let local = client.addressable_devices()?.len();
+        // A CPU plugin given by path takes cpu_device_count as the named one does.
+        let n = c.cpu_device_count as usize;
+        if client.platform_name()? == "cpu" && !self.settings.is_multi_process() && local != n {
+            drop(client);
+            let count = [("cpu_device_count".to_string(), Value::I64(n as i64))];
+            return pjrt::Client::create(&plugin, &count, None)
+                .with_context(|| format!("cpu_device_count={n} on the CPU plugin {}", c.plugin));
+        }
         if let Some(expected) = self.settings.expected_local_devices {
             if local != expected {
                 bail!(
