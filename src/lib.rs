@@ -12,6 +12,7 @@ pub mod config;
 pub mod ir;
 pub mod lower;
 pub mod model;
+pub mod output;
 pub mod pjrt;
 pub mod runtime;
 pub mod sharding;

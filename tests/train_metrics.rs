@@ -73,6 +73,10 @@ fn metrics_file_lines_parse_with_maxtexts_keys() {
     assert!(lines[1]["learning/loss"].is_null(), "NaN is written as null: {}", lines[1]);
     assert!(lines[1].get("perf/mfu").is_none(), "no MFU without a peak");
 
+    // While a writer holds the file, another run is refused.
+    let busy = MetricsWriter::open(&path, 0, "run2").err().expect("the file is locked");
+    assert!(busy.to_string().contains("another run") && busy.to_string().contains("metrics_file"), "{busy}");
+    drop(writer);
     // A new run from step 0 overwrites; a resumed run appends.
     MetricsWriter::open(&path, 0, "run2").unwrap().write(&metrics(0, None)).unwrap();
     MetricsWriter::open(&path, 1, "run2").unwrap().write(&metrics(1, None)).unwrap();

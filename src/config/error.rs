@@ -43,6 +43,12 @@ pub enum ConfigError {
     )]
     ModelOverride { key: String, model_origin: String, model_value: String, cli_value: String },
 
+    #[error(
+        "`{key}` in {model_origin} is not a model key; a model file sets only the model's shape \
+         (the keys config::MODEL_KEYS lists): put run settings in the config file or on the command line"
+    )]
+    NotAModelKey { key: String, model_origin: String },
+
     /// Values that are each well-typed but do not fit together (or with the devices).
     #[error("{keys}: {message}")]
     Invalid { keys: String, message: String },

@@ -109,6 +109,45 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
     }
 }
 
+/// The keys a model file (`models/<name>.yml`) may set: the model's shape and variant keys, the
+/// logical axis rules it needs, and the sequence length and optimizer settings MaxText's GPT-3
+/// files carry (the keys MaxText's own model files set, among those maxrs has). A model file that
+/// sets any other key is refused; run settings belong in the config file or on the command line. A new model key is added here as well as to `Config`.
+pub const MODEL_KEYS: &[&str] = &[
+    "decoder_block",
+    "base_emb_dim",
+    "base_num_query_heads",
+    "base_num_kv_heads",
+    "base_mlp_dim",
+    "base_num_decoder_layers",
+    "head_dim",
+    "vocab_size",
+    "mlp_activations",
+    "normalization_layer_epsilon",
+    "rope_max_timescale",
+    "rope_type",
+    "rope_use_scale",
+    "logits_via_embedding",
+    "normalize_embedding_logits",
+    "final_logits_soft_cap",
+    "trainable_position_size",
+    "sliding_window_size",
+    "attn_logits_soft_cap",
+    "use_post_attn_norm",
+    "use_post_ffw_norm",
+    "fused_qkv",
+    "enable_dropout",
+    "logical_axis_rules",
+    "override_logical_axis_rules",
+    // MaxText's GPT-3 files also set the sequence length and the optimizer they were trained with.
+    "max_target_length",
+    "adam_b1",
+    "adam_b2",
+    "adam_eps",
+    "adam_weight_decay",
+    "gradient_clipping_threshold",
+];
+
 /// The mesh axes of one logical axis rule: MaxText writes either one name or a list.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -201,6 +240,8 @@ pub struct Config {
     pub adam_weight_decay: f64,
     pub gradient_clipping_threshold: f64,
     pub z_loss_multiplier: f64,
+    pub abort_on_nan_loss: bool,
+    pub abort_on_inf_loss: bool,
 
     // Ahead-of-time compilation
     pub compiled_trainstep_file: String,

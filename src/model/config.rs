@@ -95,19 +95,9 @@ impl Rope {
     }
 }
 
-/// The powers of two `global_parameter_scale` multiplies `(emb, heads, mlp, layers)` by: with
-/// `log2(scale) = 3q + r`, emb gets `q + [r > 1]`, heads and mlp `q + [r > 0]`, layers `q`
-/// (MaxText's `get_individual_scales` in `src/maxtext/configs/types.py`, e591f30). `scale` is a
-/// positive power of two (validation checks).
-pub fn parameter_scales(scale: i64) -> (u32, u32, u32, u32) {
-    let log2 = scale.max(1).ilog2();
-    let (q, r) = (log2 / 3, log2 % 3);
-    (q + u32::from(r > 1), q + u32::from(r > 0), q + u32::from(r > 0), q)
-}
-
 impl ModelConfig {
     pub fn from_config(c: &Config) -> ModelConfig {
-        let (emb_scale, head_scale, mlp_scale, layer_scale) = parameter_scales(c.global_parameter_scale);
+        let (emb_scale, head_scale, mlp_scale, layer_scale) = config::parameter_scales(c.global_parameter_scale);
         ModelConfig {
             emb: c.base_emb_dim << emb_scale,
             heads: c.base_num_query_heads << head_scale,
@@ -186,21 +176,21 @@ mod tests {
         }
     }
 
-    /// The name lists of `get_remat_policy` / `minimal_policy` in MaxText's
-    /// `src/maxtext/layers/decoders.py` (main, e591f30).
     /// `get_individual_scales` of MaxText's `src/maxtext/configs/types.py` (e591f30), evaluated by
     /// hand: 16 = 2^4 (q 1, r 1) scales heads and mlp by 4, emb and layers by 2.
     #[test]
     fn global_parameter_scale_follows_maxtext() {
-        assert_eq!(parameter_scales(1), (0, 0, 0, 0));
-        assert_eq!(parameter_scales(2), (0, 1, 1, 0));
-        assert_eq!(parameter_scales(4), (1, 1, 1, 0));
-        assert_eq!(parameter_scales(8), (1, 1, 1, 1));
-        assert_eq!(parameter_scales(16), (1, 2, 2, 1));
-        assert_eq!(parameter_scales(32), (2, 2, 2, 1));
-        assert_eq!(parameter_scales(64), (2, 2, 2, 2));
+        assert_eq!(config::parameter_scales(1), (0, 0, 0, 0));
+        assert_eq!(config::parameter_scales(2), (0, 1, 1, 0));
+        assert_eq!(config::parameter_scales(4), (1, 1, 1, 0));
+        assert_eq!(config::parameter_scales(8), (1, 1, 1, 1));
+        assert_eq!(config::parameter_scales(16), (1, 2, 2, 1));
+        assert_eq!(config::parameter_scales(32), (2, 2, 2, 1));
+        assert_eq!(config::parameter_scales(64), (2, 2, 2, 2));
     }
 
+    /// The name lists of `get_remat_policy` / `minimal_policy` in MaxText's
+    /// `src/maxtext/layers/decoders.py` (main, e591f30).
     #[test]
     fn policies_save_maxtexts_names() {
         use config::RematPolicy as P;

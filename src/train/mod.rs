@@ -8,6 +8,7 @@
 
 pub mod data;
 pub mod flops;
+pub mod health;
 pub mod metrics;
 pub mod optimizer;
 pub mod params_io;

@@ -14,11 +14,13 @@ use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
+use crate::output;
 use crate::pjrt::{self, Client};
 use crate::runtime::{self, Compiled, DeviceArray};
 
 use super::data::{host_rows, BatchLoader, DataSource};
 use super::flops::{self, StepShape};
+use super::health::Health;
 use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
 use super::params_io::{load_parameters, ParamSpec};
 use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
@@ -56,6 +58,14 @@ pub struct RunReport {
 /// The devices of a one-process run: the plugin's client.
 pub fn client_for(c: &Config) -> Result<Client> {
     Cluster::single().pjrt_client(c)
+}
+
+/// Total memory of this machine, from `/proc/meminfo` (Linux); `None` elsewhere.
+fn host_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Trains as configured on `client`'s devices, as the only process.
@@ -100,6 +110,31 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         derived.print_summary(step.model.num_params());
     }
 
+    // Everything the run reads and writes is checked before the (possibly long) compile.
+    output::check_paths(c, output::Command::Train)?;
+    if let Some(bytes) = host_memory_bytes() {
+        config::check_host_memory(c, &derived, step.model.num_params(), bytes, client.platform_name()? == "cpu")?;
+    }
+    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
+    let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
+    let source = DataSource::open(
+        c.dataset_type.as_str(),
+        path.as_deref(),
+        seed,
+        derived.max_target_length,
+        c.vocab_size as u32,
+    )?;
+    if !c.load_parameters_path.is_empty() {
+        std::fs::File::open(&c.load_parameters_path)
+            .map_err(|e| anyhow!("load_parameters_path={}: {e}", c.load_parameters_path))?;
+    }
+    // Only process 0 writes metrics; the file is locked from here to the end of the run.
+    let mut writer = match c.metrics_file.as_str() {
+        _ if !logger => None,
+        "" => None,
+        path => Some(MetricsWriter::open(Path::new(path), 0, &c.run_name)?),
+    };
+
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
     report.startup.trace = t.elapsed().as_secs_f64();
@@ -127,15 +162,6 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
 
     let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
-    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
-    let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
-    let source = DataSource::open(
-        c.dataset_type.as_str(),
-        path.as_deref(),
-        seed,
-        derived.max_target_length,
-        c.vocab_size as u32,
-    )?;
     let batch_inputs: Vec<usize> =
         BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
     let (p, n) = (cluster.process_index(), cluster.process_count());
@@ -154,14 +180,6 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
             host_rows(global, p, n)?
         );
     };
-    let mut writer = match c.metrics_file.as_str() {
-        _ if !logger => None,
-        "" => None,
-        path => Some(
-            MetricsWriter::open(Path::new(path), 0, &c.run_name)
-                .with_context(|| format!("metrics_file={path}: cannot open it for writing"))?,
-        ),
-    };
     let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
     let (loss_i, norm_i, lr_i, weights_i) =
         (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
@@ -172,6 +190,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
 
     let bar = if logger { progress_bar(derived.steps as u64) } else { ProgressBar::hidden() };
     let mut last = Instant::now();
+    let mut health = Health::new(c);
     for step_index in 0..derived.steps as u64 {
         diagnostics::step_started(step_index);
         diagnostics::set_phase(Some(step_index), "reading and feeding the batch");
@@ -198,14 +217,19 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
             work,
         };
         last = now;
-        if !loss.is_finite() {
-            bail!("step {step_index}: the loss is {loss}; stopping (try a lower learning_rate)");
-        }
         if logger {
             print_line(&bar, &metrics.log_line());
         }
         if let Some(w) = writer.as_mut() {
-            w.write(&metrics).with_context(|| format!("writing metrics_file={}", c.metrics_file))?;
+            w.write(&metrics)?;
+        }
+        // As MaxText's metric_logger: the step's metrics are written, then the run may stop.
+        let verdict = health.observe(step_index, loss, grad_norm);
+        if verdict.is_err() {
+            bar.finish_and_clear();
+        }
+        if let Some(warning) = verdict? {
+            bar.suspend(|| tracing::warn!("{warning}"));
         }
         report.losses.push(loss);
         report.grad_norms.push(grad_norm);
