@@ -13,5 +13,6 @@ pub mod model;
 pub mod pjrt;
 pub mod runtime;
 pub mod sharding;
+pub mod storage;
 pub mod tensor;
 pub mod train;

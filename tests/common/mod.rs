@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod gcs_emulator;
 pub mod llama_ref;
 pub mod provision;
 
