@@ -6,6 +6,7 @@
 
 pub mod aot;
 pub mod autodiff;
+pub mod checkpoint;
 pub mod config;
 pub mod ir;
 pub mod lower;

@@ -15,6 +15,10 @@ pub struct TrainArgs {
 pub fn run(args: TrainArgs) -> Result<()> {
     let c = config::load_args(&args.args)?;
     let client = train::run::client_for(&c)?;
-    train::run::train(&c, &client)?;
+    let report = train::run::train(&c, &client)?;
+    if report.stopped_by == Some("SIGINT") {
+        // The shell's convention for a program ended by Ctrl-C (128 + SIGINT).
+        std::process::exit(130);
+    }
     Ok(())
 }

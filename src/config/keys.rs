@@ -59,6 +59,11 @@ string_enum!(
 );
 
 string_enum!(
+    /// maxrs's `on_checkpoint_error`: what a failed checkpoint save does to the run.
+    OnCheckpointError { Stop = "stop", Continue = "continue" }
+);
+
+string_enum!(
     /// MaxText's decoder block styles that maxrs implements; mistral is llama2's block (MaxText's
     /// mistral layer has no sliding window either).
     DecoderBlock { Llama2 = "llama2", Mistral = "mistral" }
@@ -72,7 +77,32 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "hardware" => Some(Hardware::VALUES),
         "dataset_type" => Some(DatasetType::VALUES),
         "decoder_block" => Some(DecoderBlock::VALUES),
+        "on_checkpoint_error" => Some(OnCheckpointError::VALUES),
         _ => None,
+    }
+}
+
+/// Integer keys whose value may also be `None` (MaxText's spelling; `null` in YAML).
+pub(crate) fn nullable_int(key: &str) -> bool {
+    key == "max_num_checkpoints_to_keep"
+}
+
+/// An optional integer written as MaxText does: `None` (a string to YAML), `null`, or a number.
+fn none_or_int<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(i64),
+        Text(String),
+        Null,
+    }
+    match Option::<Raw>::deserialize(deserializer)? {
+        None | Some(Raw::Null) => Ok(None),
+        Some(Raw::Int(n)) => Ok(Some(n)),
+        Some(Raw::Text(t)) if matches!(t.trim(), "None" | "none" | "null" | "") => Ok(None),
+        Some(Raw::Text(t)) => {
+            t.trim().parse().map(Some).map_err(|_| serde::de::Error::custom(format!("`{t}` is not an integer or None")))
+        }
     }
 }
 
@@ -110,6 +140,18 @@ pub struct Config {
     pub log_period: i64,
     pub enable_checkpointing: bool,
     pub load_parameters_path: String,
+    pub load_full_state_path: String,
+    pub async_checkpointing: bool,
+    pub checkpoint_period: i64,
+    #[serde(deserialize_with = "none_or_int")]
+    pub max_num_checkpoints_to_keep: Option<i64>,
+    pub save_checkpoint_on_start: bool,
+    pub save_checkpoint_on_completion: bool,
+    pub enable_autocheckpoint: bool,
+    pub on_checkpoint_error: OnCheckpointError,
+    pub enable_tensorboard: bool,
+    pub gcs_metrics: bool,
+    pub save_config_to_gcs: bool,
 
     // Model
     pub decoder_block: DecoderBlock,

@@ -45,6 +45,16 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
         expected: describe(key, default),
         value: show(value),
     };
+    if keys::nullable_int(key) {
+        let coerced = match &value {
+            Value::Null => Some(Value::Null),
+            Value::Number(n) if n.is_i64() => Some(value.clone()),
+            Value::String(s) if matches!(s.trim(), "None" | "none" | "null" | "") => Some(Value::Null),
+            Value::String(s) => parse_number::<i64>(s).map(Value::from),
+            _ => None,
+        };
+        return coerced.ok_or_else(|| wrong(&value));
+    }
     let coerced = match default {
         Value::Bool(_) => match &value {
             Value::Bool(_) => Some(value.clone()),
@@ -126,6 +136,9 @@ fn parse_list(s: &str) -> Value {
 }
 
 fn describe(key: &str, default: &Value) -> String {
+    if keys::nullable_int(key) {
+        return "an integer or None".into();
+    }
     match default {
         Value::Bool(_) => "a boolean (true or false)".into(),
         Value::Number(n) if n.is_f64() => "a number".into(),

@@ -289,3 +289,77 @@ impl StagedDir {
         remove_all(&self.staging)
     }
 }
+
+/// A file that grows by appending (metrics, TensorBoard events). Locally bytes go straight to
+/// the file; GCS objects cannot be appended to, so there the content is kept and the whole
+/// object rewritten on each [`Appender::flush`] (what TensorFlow's GCS file system does too).
+pub struct Appender {
+    location: Location,
+    inner: AppenderImpl,
+}
+
+enum AppenderImpl {
+    Local(std::fs::File),
+    Gcs { content: Vec<u8>, flushed: usize },
+}
+
+impl Appender {
+    /// Opens `location` for appending; `truncate` starts it empty, otherwise existing content
+    /// is kept. Parent directories are created.
+    pub fn open(location: &Location, truncate: bool) -> Result<Appender> {
+        let inner = match location {
+            Location::Local(path) => {
+                if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    local::create_dir_all(dir)?;
+                }
+                let mut options = std::fs::OpenOptions::new();
+                options.create(true);
+                if truncate {
+                    options.write(true).truncate(true);
+                } else {
+                    options.append(true);
+                }
+                AppenderImpl::Local(options.open(path).map_err(|e| anyhow::anyhow!("cannot open {location}: {e}"))?)
+            }
+            Location::Gcs { .. } => {
+                let content = if !truncate && is_file(location)? { read(location)? } else { Vec::new() };
+                let flushed = content.len();
+                AppenderImpl::Gcs { content, flushed }
+            }
+        };
+        Ok(Appender { location: location.clone(), inner })
+    }
+
+    /// Appends `bytes` (locally written at once, unbuffered).
+    pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
+        match &mut self.inner {
+            AppenderImpl::Local(file) => {
+                file.write_all(bytes).map_err(|e| anyhow::anyhow!("writing {}: {e}", self.location))
+            }
+            AppenderImpl::Gcs { content, .. } => {
+                content.extend_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+
+    /// Makes everything appended so far durable (locally fsync; GCS: rewrite the object).
+    pub fn flush(&mut self) -> Result<()> {
+        match &mut self.inner {
+            AppenderImpl::Local(file) => {
+                file.sync_data().map_err(|e| anyhow::anyhow!("flushing {}: {e}", self.location))
+            }
+            AppenderImpl::Gcs { content, flushed } => {
+                if *flushed < content.len() || content.is_empty() {
+                    write(&self.location, content)?;
+                    *flushed = content.len();
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+}
