@@ -96,9 +96,14 @@ fn resume_is_exact_and_bad_checkpoints_fall_back() {
     )
     .unwrap();
     let reason = |c: &config::Config, step: &str| {
-        dir::load(&Location::Local(ckpts.join(step)), &state_expected(c), &manifest::model_keys(c), false)
-            .err()
-            .map(|e| format!("{e:#}"))
+        dir::load(
+            &Location::Local(ckpts.join(step)),
+            &state_expected(c),
+            &manifest::model_keys(c, &maxrs::model::Model::from_config(c).unwrap()),
+            false,
+        )
+        .err()
+        .map(|e| format!("{e:#}"))
     };
     let r = reason(&c, "7").unwrap();
     assert!(r.contains("7/opt_state.safetensors") && r.contains("corrupt"), "{r}");

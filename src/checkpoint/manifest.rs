@@ -18,8 +18,8 @@
 //!   (maxtext `src/maxtext/common/checkpointing.py` `maybe_save_checkpoint` and
 //!   `trainers/pre_train/train.py` `get_first_step`, commit e591f30). `null` in a
 //!   parameters-only checkpoint made by `maxrs convert`.
-//! - `model`: the configuration keys that decide the model (see [`MODEL_KEYS`]), to say which
-//!   key differs when a checkpoint does not fit a run.
+//! - `model`: the configuration keys that decide the model ([`model_keys`]), to say which key
+//!   differs when a checkpoint does not fit a run.
 //! - `data`: the data pipeline's position ([`crate::checkpoint::DataState`]).
 //! - `files`: every data file with its size and CRC32C (hex), checked on restore.
 //! - `arrays`: every state array (the train step's input names) with the file and safetensors
@@ -30,29 +30,15 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
+use crate::model::Model;
 
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const FORMAT: &str = "maxrs-checkpoint";
 pub const VERSION: u32 = 1;
 
-/// The configuration keys that decide the model's parameters (names, shapes, dtypes) and its
-/// function; a checkpoint records them so a mismatch names the key.
-pub const MODEL_KEYS: &[&str] = &[
-    "decoder_block",
-    "base_emb_dim",
-    "base_num_query_heads",
-    "base_num_kv_heads",
-    "base_mlp_dim",
-    "base_num_decoder_layers",
-    "head_dim",
-    "vocab_size",
-    "mlp_activations",
-    "logits_via_embedding",
-    "normalization_layer_epsilon",
-    "rope_max_timescale",
-    "scan_layers",
-    "weight_dtype",
-];
+/// The model's configuration keys that may change between a checkpoint and the run restoring
+/// it: activation numerics and sharding, not the state.
+const RUN_TIME_KEYS: &[&str] = &["dtype", "remat_policy", "logical_axis_rules"];
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FileEntry {
@@ -87,10 +73,16 @@ pub struct Manifest {
     pub arrays: Vec<ArrayEntry>,
 }
 
-/// The values of [`MODEL_KEYS`] in `config`.
-pub fn model_keys(config: &Config) -> BTreeMap<String, serde_json::Value> {
+/// The values of the keys that decide `model` (its `config_keys`, less [`RUN_TIME_KEYS`]) in
+/// `config`.
+pub fn model_keys(config: &Config, model: &Model) -> BTreeMap<String, serde_json::Value> {
     let all = serde_json::to_value(config).expect("Config serializes");
-    MODEL_KEYS.iter().map(|k| (k.to_string(), all[*k].clone())).collect()
+    model
+        .config_keys()
+        .into_iter()
+        .filter(|k| !RUN_TIME_KEYS.contains(k))
+        .map(|k| (k.to_string(), all[k].clone()))
+        .collect()
 }
 
 /// `key: checkpoint A, this run B` for each model key whose values differ (keys one side lacks

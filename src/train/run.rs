@@ -28,7 +28,7 @@ use crate::storage::{self, Location};
 
 use super::data::{BatchLoader, DataSource};
 use super::data_position::StepIndexed;
-use super::flops::{self, ModelDims, StepShape};
+use super::flops::{self, StepShape};
 use super::metrics::{median_step_time, PerDeviceWork, StepMetrics};
 use super::outputs::{self, RunOutputs};
 use super::params_io::{load_parameters, ParamSpec};
@@ -95,11 +95,11 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let c = &Config { run_name: outputs::resolved_run_name(c), ..c.clone() };
     let devices = client.addressable_devices()?;
     let derived = config::validate(c, devices.len(), 1)?;
-    derived.print_summary();
     // One process: all devices form one granule, in id order.
     let ids: Vec<i64> = devices.iter().map(|d| d.id as i64).collect();
     let step =
         TrainStep::new(c, &derived, step_mesh(&derived, &[ids]).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
+    derived.print_summary(step.model.num_params());
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -110,7 +110,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let t = Instant::now();
     let compiled = match c.compiled_trainstep_file.as_str() {
         "" => runtime::compile_lowered(client, &program, &mlir).context("compiling the train step")?,
-        path => load_step(c, client, &program, Path::new(path))?,
+        path => load_step(c, client, &step, &program, &mlir, Path::new(path))?,
     };
     report.startup.compile = t.elapsed().as_secs_f64();
 
@@ -125,7 +125,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
         report.startup.trace, report.startup.lower, report.startup.compile, report.startup.init
     );
 
-    let work = per_device_work(c, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
+    let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
     let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
     let dataset = local_dataset(c)?;
@@ -149,7 +149,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let mut outputs = RunOutputs::open(c, start.first_step)?;
     let mut manager = checkpoints.map(|dir| CheckpointManager::new(dir, checkpoint_policy(c)));
     let state_slots = StateSlots::new(&step, &compiled)?;
-    let model_keys = checkpoint::manifest::model_keys(c);
+    let model_keys = checkpoint::manifest::model_keys(c, &step.model);
     let signals = Signals::install(c.enable_autocheckpoint)?;
 
     let batch_inputs: Vec<usize> =
@@ -393,15 +393,26 @@ impl Drop for Signals {
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
 /// this program, these devices and this plugin build (see `aot::artifact`).
-fn load_step(c: &Config, client: &Client, program: &Program, path: &Path) -> Result<Compiled> {
+fn load_step(
+    c: &Config,
+    client: &Client,
+    step: &TrainStep,
+    program: &Program,
+    mlir: &str,
+    path: &Path,
+) -> Result<Compiled> {
     let devices = client.addressable_devices()?;
     let current = artifact::header(
         c,
+        &step.model,
         program,
-        artifact::describe_devices(1, devices.len(), &devices[0].kind),
-        devices.len(),
-        artifact::plugin_identity(client.plugin()),
-        client.platform_version()?,
+        mlir,
+        artifact::Platform {
+            devices: artifact::describe_devices(1, devices.len(), &devices[0].kind),
+            num_devices: devices.len(),
+            plugin: artifact::plugin_identity(client.plugin()),
+            platform_version: client.platform_version()?,
+        },
     );
     let bytes = artifact::load_matching(path, &current)?;
     let executable = client.deserialize(&bytes).with_context(|| format!("loading {}", path.display()))?;
@@ -435,7 +446,7 @@ fn initial_state(
         .into_iter()
         .map(|(name, dtype, dims, _)| Expected { name, ty: runtime::element_type(dtype), dims })
         .collect();
-    let model_keys = checkpoint::manifest::model_keys(c);
+    let model_keys = checkpoint::manifest::model_keys(c, &step.model);
     let mut restored = None;
     if let Some(checkpoints) = checkpoints {
         checkpoints.remove_incomplete()?;
@@ -512,17 +523,7 @@ fn load_parameter_arrays(
     Ok(arrays)
 }
 
-fn per_device_work(c: &Config, derived: &Derived, device_kind: &str) -> PerDeviceWork {
-    let dims = ModelDims {
-        emb: c.base_emb_dim as u64,
-        num_query_heads: c.base_num_query_heads as u64,
-        num_kv_heads: c.base_num_kv_heads as u64,
-        head_dim: c.head_dim as u64,
-        mlp_dim: c.base_mlp_dim as u64,
-        num_layers: c.base_num_decoder_layers as u64,
-        vocab: c.vocab_size as u64,
-        mlp_activations_count: c.mlp_activations.len() as u64,
-    };
+fn per_device_work(c: &Config, step: &TrainStep, derived: &Derived, device_kind: &str) -> PerDeviceWork {
     let shape = StepShape {
         per_device_batch_size: derived.per_device_batch_size,
         max_target_length: derived.max_target_length as u64,
@@ -530,7 +531,7 @@ fn per_device_work(c: &Config, derived: &Derived, device_kind: &str) -> PerDevic
     };
     let configured = (c.peak_tflops_per_device > 0.0).then_some(c.peak_tflops_per_device);
     PerDeviceWork {
-        tflops: flops::training_tflops_per_device(&dims, &shape).total,
+        tflops: step.model.training_tflops_per_device(&shape).total,
         tokens: shape.tokens_per_device(),
         peak_tflops: flops::peak_tflops_per_device(device_kind, configured),
     }

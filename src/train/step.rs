@@ -4,7 +4,7 @@
 //! every step's outputs feed the next, never leaving the devices.
 //!
 //! Program names, which are also the names in saved files and AOT headers:
-//! - `params.<name>`: the model's parameters (`model::llama::param_defs`), sharded by the logical
+//! - `params.<name>`: the model's parameters (`Model::param_defs`), sharded by the logical
 //!   axis rules, donated to the step;
 //! - `opt_state.mu.<name>`, `opt_state.nu.<name>` (sharded like the parameter), `opt_state.count`
 //!   (s32 scalar, replicated), donated;
@@ -15,7 +15,7 @@
 
 use crate::config::{Config, Derived};
 use crate::ir::{DType, Program, Signature};
-use crate::model::llama::{self, LlamaConfig};
+use crate::model::Model;
 use crate::sharding::{Mesh, PartitionSpec};
 use crate::tensor::{random, scan, trace, value_and_grad_with_aux, Tensor, TraceError, Tree};
 
@@ -38,7 +38,7 @@ pub fn step_mesh(derived: &Derived, granules: &[Vec<i64>]) -> Result<Option<Mesh
 /// Everything that decides the traced programs.
 #[derive(Clone, Debug)]
 pub struct TrainStep {
-    pub model: LlamaConfig,
+    pub model: Model,
     pub optimizer: AdamW,
     /// Sequences per optimizer step (all micro-batches).
     pub global_batch: i64,
@@ -54,7 +54,7 @@ pub struct TrainStep {
 impl TrainStep {
     pub fn new(c: &Config, derived: &Derived, mesh: Option<Mesh>) -> Result<TrainStep, String> {
         Ok(TrainStep {
-            model: LlamaConfig::from_config(c),
+            model: Model::from_config(c)?,
             optimizer: AdamW::from_config(c)?,
             global_batch: derived.global_batch_size as i64,
             seq: derived.max_target_length as i64,
@@ -68,11 +68,16 @@ impl TrainStep {
     /// Name, dtype, shape and sharding of every state array (parameters, then optimizer state).
     pub fn state_specs(&self) -> Vec<(String, DType, Vec<i64>, Option<PartitionSpec>)> {
         let mut specs = Vec::new();
-        let defs = llama::param_defs(&self.model);
+        let defs = self.model.param_defs();
         for prefix in ["params", "opt_state.mu", "opt_state.nu"] {
             for def in &defs {
-                let sharding = self.mesh.as_ref().map(|m| self.model.rules.spec(&def.logical, m));
-                specs.push((format!("{prefix}.{}", def.name), self.model.weight_dtype, def.shape.clone(), sharding));
+                let sharding = self.mesh.as_ref().map(|m| self.model.config.rules.spec(&def.logical, m));
+                specs.push((
+                    format!("{prefix}.{}", def.name),
+                    self.model.config.weight_dtype,
+                    def.shape.clone(),
+                    sharding,
+                ));
             }
         }
         let replicated = self.mesh.as_ref().map(|_| PartitionSpec::replicated());
@@ -82,7 +87,7 @@ impl TrainStep {
 
     /// The sharding of the `[global_batch, seq]` batch arrays.
     pub fn batch_sharding(&self) -> Option<PartitionSpec> {
-        self.mesh.as_ref().map(|m| self.model.rules.spec(&["activation_batch", "activation_length"], m))
+        self.mesh.as_ref().map(|m| self.model.config.rules.spec(&["activation_batch", "activation_length"], m))
     }
 
     fn signature(&self) -> Signature {
@@ -111,7 +116,7 @@ impl TrainStep {
             }
         }
         trace(&sig, |ctx, _| {
-            let params = llama::init_params(&self.model, &random::key(ctx, self.init_weights_seed));
+            let params = self.model.init_params(&random::key(ctx, self.init_weights_seed));
             let state = self.optimizer.init(&params);
             let mut out = state.prefixed("opt_state");
             if with_params {
@@ -152,7 +157,7 @@ impl TrainStep {
     fn loss_and_grads(&self, params: &Tree, batch: &Tree) -> (Tensor, Tree, Tree) {
         let z = self.z_loss_multiplier;
         if self.accumulation == 1 {
-            return value_and_grad_with_aux(params, |p| llama::loss(&self.model, p, batch, z));
+            return value_and_grad_with_aux(params, |p| self.model.loss(p, batch, z));
         }
         let (a, micro) = (self.accumulation, self.global_batch / self.accumulation);
         // Row r of micro-batch k is global row r * a + k: every device keeps its own rows.
@@ -176,7 +181,7 @@ impl TrainStep {
             .with("z_loss_sum", f32_zero(first));
         let (sums, _) = scan(&carry, &micro_batches, |carry, mb| {
             let (_, aux, grads) = value_and_grad_with_aux(params, |p| {
-                let (_, aux) = llama::loss(&self.model, p, mb, z);
+                let (_, aux) = self.model.loss(p, mb, z);
                 (aux["total_loss"].clone(), aux)
             });
             let mut next: Tree =
