@@ -22,6 +22,8 @@ enum Command {
     TrainCompile(cli::train_compile::TrainCompileArgs),
     /// List the ahead-of-time targets (compile_topology names) and their devices.
     Topologies(cli::topologies::TopologiesArgs),
+    /// Convert Hugging Face Llama-family checkpoints to and from maxrs's parameter layout.
+    Convert(cli::convert::ConvertArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -37,6 +39,7 @@ fn main() -> std::process::ExitCode {
         Command::Train(a) => cli::train::run(a),
         Command::TrainCompile(a) => cli::train_compile::run(a),
         Command::Topologies(a) => cli::topologies::run(a),
+        Command::Convert(a) => cli::convert::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

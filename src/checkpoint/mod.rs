@@ -8,12 +8,14 @@
 //! - [`dir`]: writing one checkpoint directory atomically, reading one back with every check.
 //! - [`manager`]: the checkpoints directory of a run: steps, restore with fallback, MaxText's
 //!   save schedule, the background writer, retention, the error policy.
+//! - [`hf`]: Hugging Face checkpoint directories (`config.json`, sharded safetensors, index).
 //! - [`DataState`]: the data pipeline's position, which each checkpoint records.
 //!
 //! A checkpoint holds global arrays (every shard assembled), so it restores onto any mesh:
 //! the run puts each array onto its devices with its own sharding.
 
 pub mod dir;
+pub mod hf;
 pub mod manager;
 pub mod manifest;
 pub mod tensor_file;

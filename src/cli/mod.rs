@@ -1,5 +1,6 @@
 //! Subcommand implementations and what they share: logging set-up and `key=value` parsing.
 
+pub mod convert;
 pub mod devices;
 pub mod topologies;
 pub mod train;
