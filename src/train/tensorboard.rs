@@ -1,7 +1,7 @@
 //! TensorBoard event files, as MaxText writes them (through tensorboardX): scalars under
 //! MaxText's names (`learning/loss`, `learning/current_learning_rate`, `learning/grad_norm`,
 //! `perf/per_device_tflops_per_sec`, ...) in `base_output_directory/run_name/tensorboard/
-//! <run_name>/events.out.tfevents.<seconds>.<host>.<pid>` (maxtext `src/maxtext/utils/
+//! <run_name>/events.out.tfevents.<seconds>.<host>.<pid>.<n>` (maxtext `src/maxtext/utils/
 //! max_utils.py` `initialize_summary_writer`, `common/metric_logger.py`
 //! `write_metrics_to_tensorboard`, commit e591f30).
 //!
@@ -13,6 +13,7 @@
 //! `tag` and `simple_value` (`tensorflow/core/util/event.proto`, `framework/summary.proto`; field
 //! numbers below).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
@@ -92,7 +93,10 @@ impl EventWriter {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "localhost".into());
-        let name = format!("events.out.tfevents.{}.{host}.{}", now() as u64, std::process::id());
+        // tensorboardX's name, with a counter so two writers of one process never collide.
+        static WRITERS: AtomicU64 = AtomicU64::new(0);
+        let n = WRITERS.fetch_add(1, Ordering::Relaxed);
+        let name = format!("events.out.tfevents.{}.{host}.{}.{n}", now() as u64, std::process::id());
         let mut writer = EventWriter { file: Appender::open(&dir.join(&name), true)? };
         writer.write(&Event {
             wall_time: now(),

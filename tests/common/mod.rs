@@ -6,6 +6,7 @@
 pub mod gcs_emulator;
 pub mod llama_ref;
 pub mod provision;
+pub mod tensorboard_reader;
 
 use maxrs::ir::Program;
 use maxrs::pjrt::{cpu_client, Client, HostTensor};
