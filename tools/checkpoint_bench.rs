@@ -58,11 +58,12 @@ const MODELS: &[ModelCase] = &[
 ];
 
 fn run(model: &ModelCase, extra: &[String]) -> Result<RunReport> {
-    let mut args: Vec<String> = ["dtype=float32", "learning_rate=1e-3", "enable_tensorboard=false", "gcs_metrics=false"]
-        .iter()
-        .chain(model.keys)
-        .map(|s| s.to_string())
-        .collect();
+    let mut args: Vec<String> =
+        ["dtype=float32", "learning_rate=1e-3", "enable_tensorboard=false", "gcs_metrics=false"]
+            .iter()
+            .chain(model.keys)
+            .map(|s| s.to_string())
+            .collect();
     args.extend(extra.iter().cloned());
     let c = config::load(None, &args)?;
     train(&c, &cpu_client(1)?)
@@ -111,7 +112,10 @@ fn measure(model: &ModelCase, base: &str, storage: &str) -> Result<Row> {
     let lost = (total(&asynchronous) - total(&plain)) / saves_after_0;
 
     // Restore: read and check the newest synchronous checkpoint, then a resumed run's set-up.
-    let c = config::load(None, &model.keys.iter().map(|s| s.to_string()).chain(["dtype=float32".into()]).collect::<Vec<_>>())?;
+    let c = config::load(
+        None,
+        &model.keys.iter().map(|s| s.to_string()).chain(["dtype=float32".into()]).collect::<Vec<_>>(),
+    )?;
     let m = Model::from_config(&c).map_err(|e| anyhow::anyhow!(e))?;
     let derived = config::validate(&c, 1, 1)?;
     let step = maxrs::train::step::TrainStep::new(&c, &derived, None).map_err(|e| anyhow::anyhow!(e))?;
@@ -124,7 +128,10 @@ fn measure(model: &ModelCase, base: &str, storage: &str) -> Result<Row> {
     let t = Instant::now();
     dir::load(&newest, &expected, &manifest::model_keys(&c, &m), false)?;
     let restore_read = t.elapsed().as_secs_f64();
-    let resumed = run(model, &[&ckpt(&format!("{}-sync", model.name), false)[..], &[format!("steps={}", model.steps + 1)]].concat())?;
+    let resumed = run(
+        model,
+        &[&ckpt(&format!("{}-sync", model.name), false)[..], &[format!("steps={}", model.steps + 1)]].concat(),
+    )?;
 
     Ok(Row {
         model: format!("{} ({:.1}M)", model.name, m.num_params() as f64 / 1e6),

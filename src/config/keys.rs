@@ -101,6 +101,38 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
     }
 }
 
+/// MaxText keys of the checkpointing and run-output area that maxrs refuses, with the reason
+/// (maxtext `src/maxtext/configs/base.yml`, commit e591f30).
+pub(crate) fn not_supported_yet(key: &str) -> Option<&'static str> {
+    const ORBAX: &str = "maxrs writes safetensors checkpoints with a manifest, not Orbax's OCDBT/Zarr storage";
+    Some(match key {
+        "checkpoint_storage_target_data_file_size_bytes"
+        | "checkpoint_storage_use_ocdbt"
+        | "checkpoint_storage_use_zarr3"
+        | "checkpoint_storage_concurrent_gb"
+        | "enable_orbax_v1"
+        | "source_checkpoint_layout"
+        | "checkpoint_conversion_fn" => ORBAX,
+        "enable_continuous_checkpointing" => "checkpoints are saved every checkpoint_period steps",
+        "enable_single_replica_ckpt_restoring" | "colocated_python_checkpointing" => "one process restores everything",
+        "checkpoint_todelete_subdir" | "checkpoint_todelete_full_path" => {
+            "max_num_checkpoints_to_keep deletes old checkpoints outright"
+        }
+        "enable_emergency_checkpoint"
+        | "enable_multi_tier_checkpointing"
+        | "local_checkpoint_directory"
+        | "local_checkpoint_period"
+        | "multi_tier_checkpointing_backup_interval_minutes"
+        | "multi_tier_checkpointing_backup_interval_steps" => "there is one checkpoint directory per run",
+        "lora_input_adapters_path" | "hf_lora_adapter_path" => "maxrs has no LoRA",
+        "checkpoint_is_quantized" => "maxrs has no quantized checkpoints",
+        "use_vertex_tensorboard" | "vertex_tensorboard_project" | "vertex_tensorboard_region" | "enable_wandb" => {
+            "TensorBoard event files are written to base_output_directory/run_name/tensorboard/"
+        }
+        _ => return None,
+    })
+}
+
 /// Integer keys whose value may also be `None` (MaxText's spelling; `null` in YAML).
 pub(crate) fn nullable_int(key: &str) -> bool {
     key == "max_num_checkpoints_to_keep"
