@@ -2,6 +2,7 @@
 
 pub mod convert;
 pub mod devices;
+pub mod submit;
 pub mod topologies;
 pub mod train;
 pub mod train_compile;
