@@ -7,6 +7,7 @@
 
 pub mod aot;
 pub mod autodiff;
+pub mod checkpoint;
 pub mod cluster;
 pub mod config;
 pub mod ir;
@@ -16,6 +17,7 @@ pub mod output;
 pub mod pjrt;
 pub mod runtime;
 pub mod sharding;
+pub mod storage;
 pub mod submit;
 pub mod tensor;
 pub mod train;

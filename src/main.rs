@@ -33,6 +33,8 @@ enum Command {
     Coordinator(cli::coordinator::CoordinatorArgs),
     /// Check a cluster: registration, key-value store, barriers, devices, collective bandwidth.
     ClusterCheck(cli::cluster_check::ClusterCheckArgs),
+    /// Convert Hugging Face Llama-family checkpoints to and from maxrs's parameter layout.
+    Convert(cli::convert::ConvertArgs),
     /// Run a train command on a cluster: a Vertex AI custom job, a Slurm batch script or a GKE JobSet.
     Submit(Box<cli::submit::SubmitArgs>),
 }
@@ -66,6 +68,7 @@ fn main() -> std::process::ExitCode {
         },
         Command::Coordinator(a) => cli::coordinator::run(a),
         Command::ClusterCheck(a) => cli::cluster_check::run(a),
+        Command::Convert(a) => cli::convert::run(a),
         Command::Submit(a) => cli::submit::run(*a),
     };
     match result {

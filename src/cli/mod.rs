@@ -2,6 +2,7 @@
 //! `key=value` parsing, and loading a command's config with the plugin rule applied.
 
 pub mod cluster_check;
+pub mod convert;
 pub mod coordinator;
 pub mod devices;
 pub mod launch;

@@ -65,6 +65,7 @@ const MAX_SECONDS: i64 = 365 * 24 * 3600;
 /// the init seed is a `u32` key (`random::key`).
 pub const NUMERIC_KEYS: &[(&str, Range)] = &[
     ("log_period", int(1, MAX_STEPS)),
+    ("checkpoint_period", int(1, MAX_STEPS)),
     ("base_emb_dim", int(1, MAX_EMB)),
     ("base_num_query_heads", int(1, MAX_HEADS)),
     ("base_num_kv_heads", int(1, MAX_HEADS)),

@@ -271,11 +271,49 @@ fn check_training(c: &Config) -> Result<(), ConfigError> {
             "empty, but dataset_type=tokens reads batches from it; name a token file",
         ));
     }
-    if c.enable_checkpointing {
+    check_outputs(c)
+}
+
+/// Checkpointing and run outputs: MaxText's rules plus what maxrs needs to write anything.
+fn check_outputs(c: &Config) -> Result<(), ConfigError> {
+    if c.enable_checkpointing && c.base_output_directory.is_empty() {
         return Err(ConfigError::invalid(
-            "enable_checkpointing",
-            "true, but maxrs does not write checkpoints yet; set enable_checkpointing=false",
+            "enable_checkpointing, base_output_directory",
+            "checkpoints go to base_output_directory/run_name/checkpoints/, but base_output_directory is empty; \
+             set it (a local path or gs://bucket/path) or set enable_checkpointing=false",
         ));
+    }
+    if c.enable_autocheckpoint && !c.enable_checkpointing {
+        return Err(ConfigError::invalid(
+            "enable_autocheckpoint, enable_checkpointing",
+            "enable_autocheckpoint saves a checkpoint on SIGTERM, which needs enable_checkpointing=true",
+        ));
+    }
+    // An optional number (None keeps every checkpoint), so not in the ranges table.
+    if let Some(keep) = c.max_num_checkpoints_to_keep {
+        if keep < 1 {
+            return Err(ConfigError::invalid(
+                "max_num_checkpoints_to_keep",
+                format!("{keep}; keep at least 1 checkpoint, or None to keep them all"),
+            ));
+        }
+    }
+    if !c.load_parameters_path.is_empty() && !c.load_full_state_path.is_empty() {
+        return Err(ConfigError::invalid(
+            "load_parameters_path, load_full_state_path",
+            "both are set; as in MaxText, give at most one (parameters only, or the full training state)",
+        ));
+    }
+    for (key, value) in [
+        ("base_output_directory", &c.base_output_directory),
+        ("metrics_file", &c.metrics_file),
+        ("load_parameters_path", &c.load_parameters_path),
+        ("load_full_state_path", &c.load_full_state_path),
+        ("dataset_path", &c.dataset_path),
+    ] {
+        if !value.is_empty() {
+            crate::storage::Location::parse(value).map_err(|e| ConfigError::invalid(key, e.to_string()))?;
+        }
     }
     Ok(())
 }

@@ -12,11 +12,9 @@
 //!   `perf/per_device_tokens_per_sec`, and (maxrs only, when the peak is known) `perf/mfu` as a
 //!   fraction.
 
-use std::path::Path;
-
 use serde_json::{Map, Value};
 
-use crate::output::LockedAppend;
+use crate::storage::{Appender, Location};
 
 /// What is fixed for a run: the per-device work of a step and the device's peak.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -108,20 +106,21 @@ fn fixed3(value: f64) -> String {
     }
 }
 
-/// Writes `metrics_file`: one JSON object per step, each line written whole and unbuffered, so
-/// a crash keeps every completed step. The file is locked while the writer lives
-/// ([`crate::output::LockedAppend`]): a second run naming the same file is refused.
+/// Writes `metrics_file` (local or gs://, through [`crate::storage::Appender`]): one JSON object
+/// per step. Locally each line is written whole and unbuffered, so a crash keeps every completed
+/// step, and the file is locked while the writer lives: a second run naming it is refused. On
+/// GCS the object is rewritten on [`MetricsWriter::flush`].
 pub struct MetricsWriter {
-    file: LockedAppend,
+    file: Appender,
     run_name: String,
 }
 
 impl MetricsWriter {
-    /// Opens `path` as MaxText does: a run starting at step 0 replaces the file (at its first
-    /// line, so a run that fails earlier leaves it as it was), a run resumed from a later step
-    /// appends to it. Missing parent directories are created.
-    pub fn open(path: &Path, first_step: u64, run_name: &str) -> anyhow::Result<MetricsWriter> {
-        let file = LockedAppend::open("metrics_file", path, first_step == 0)?;
+    /// Opens `location` as MaxText does: a run starting at step 0 replaces the file (at its
+    /// first line, so a run that fails earlier leaves it as it was), a run resumed from a later
+    /// step appends to it. Missing parent directories are created.
+    pub fn open(location: &Location, first_step: u64, run_name: &str) -> anyhow::Result<MetricsWriter> {
+        let file = Appender::open("metrics_file", location, first_step == 0)?;
         Ok(MetricsWriter { file, run_name: run_name.to_owned() })
     }
 
@@ -129,6 +128,10 @@ impl MetricsWriter {
         let mut line = metrics.to_json(&self.run_name).to_string();
         line.push('\n');
         self.file.append(line.as_bytes())
+    }
+
+    pub fn flush(&mut self) -> anyhow::Result<()> {
+        self.file.flush()
     }
 }
 

