@@ -7,6 +7,7 @@
 pub mod aot;
 pub mod autodiff;
 pub mod config;
+pub mod data;
 pub mod ir;
 pub mod lower;
 pub mod model;

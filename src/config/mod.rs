@@ -14,7 +14,9 @@ mod value;
 
 pub use builtin::MODELS;
 pub use error::ConfigError;
-pub use keys::{Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, RematPolicy, RuleAxes};
+pub use keys::{
+    Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, RematPolicy, RuleAxes, TokenizerType,
+};
 pub use load::{load, load_args};
 pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};

@@ -33,6 +33,9 @@ pub fn key_names() -> impl Iterator<Item = &'static str> {
 /// written, for errors ("on the command line", "in configs/base.yml").
 pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, ConfigError> {
     let Some(default) = schema().get(key) else {
+        if let Some(reason) = keys::not_supported_yet(key) {
+            return Err(ConfigError::NotSupported { key: key.to_string(), origin: origin.to_string(), reason });
+        }
         return Err(ConfigError::UnknownKey {
             key: key.to_string(),
             origin: origin.to_string(),

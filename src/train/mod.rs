@@ -3,10 +3,9 @@
 //! - [`flops`]: MaxText's TFLOPs-per-step formula, peak TFLOP/s by device kind, MFU.
 //! - [`schedule`]: MaxText's learning-rate schedule (the reference the in-graph one must match).
 //! - [`metrics`]: per-step metrics, MaxText's log line, the `metrics_file` JSON-lines writer.
-//! - [`data`]: batches of token ids: the learnable synthetic sequence and the flat tokens file.
+//! - the batches come from `crate::data` (the input pipeline).
 //! - [`params_io`]: initial parameters from, and to, safetensors files.
 
-pub mod data;
 pub mod flops;
 pub mod metrics;
 pub mod optimizer;

@@ -3,7 +3,7 @@
 //! `load_parameters_path`) -> the step loop (data in, metrics out, state stays on the devices)
 //! -> a summary. [`RunReport`] returns what happened, for tests and benchmarks.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -17,9 +17,10 @@ use crate::model::llama;
 use crate::pjrt::{self, Client, Value};
 use crate::runtime::{self, Compiled, DeviceArray};
 
-use super::data::{BatchLoader, DataSource};
+use crate::data::{self, Batch, BatchIterator, EvalData, ProcessShare};
+
 use super::flops::{self, ModelDims, StepShape};
-use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
+use super::metrics::{median_step_time, EvalMetrics, MetricsWriter, PerDeviceWork, StepMetrics};
 use super::params_io::{load_parameters, ParamSpec};
 use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
 
@@ -47,6 +48,12 @@ pub struct RunReport {
     pub grad_norms: Vec<f64>,
     pub learning_rates: Vec<f64>,
     pub step_times: Vec<f64>,
+    /// Each eval: the train step it followed and its metrics.
+    pub evals: Vec<EvalMetrics>,
+    /// Seconds per step the loop waited for the input pipeline's next batch.
+    pub data_wait_times: Vec<f64>,
+    /// The data stream's position after the last step (what a checkpoint saves).
+    pub data_state: Option<data::DataState>,
     /// TFLOPs per device per step (MaxText's formula).
     pub tflops_per_device: f64,
     /// Peak device memory in use after the run, when the plugin reports it.
@@ -101,16 +108,11 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
 
     let work = per_device_work(c, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
-    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
-    let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
-    let source = DataSource::open(
-        c.dataset_type.as_str(),
-        path.as_deref(),
-        seed,
-        derived.max_target_length,
-        c.vocab_size as u32,
-    )?;
-    let mut loader = BatchLoader::new(source, derived.global_batch_size, 0, 1)?;
+    let mut train_data = data::open_train(c, derived.global_batch_size, ProcessShare::SINGLE, None)?;
+    let eval = match EvalData::open(c, derived.eval_batch_size, ProcessShare::SINGLE)? {
+        Some(eval_data) => Some(Evaluator::new(client, &step, &compiled, eval_data, derived.eval_batch_size)?),
+        None => None,
+    };
     let mut writer = match c.metrics_file.as_str() {
         "" => None,
         path => Some(
@@ -131,12 +133,10 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let bar = progress_bar(derived.steps as u64);
     let mut last = Instant::now();
     for step_index in 0..derived.steps as u64 {
-        let batch = loader.batch(step_index)?;
-        let named = batch.named();
-        for (slot, name) in batch_inputs.iter().zip(BATCH_INPUTS) {
-            let host = named.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect("Batch has every input");
-            state[*slot] = Some(compiled.put(client, *slot, host)?);
-        }
+        let wait = Instant::now();
+        let batch = train_data.next_batch()?.ok_or_else(|| anyhow!("the training data ended at step {step_index}"))?;
+        report.data_wait_times.push(wait.elapsed().as_secs_f64());
+        put_batch(client, &compiled, &batch_inputs, &batch, &mut state)?;
         let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
         let outputs = compiled.execute(&args)?;
         let scalar = |i: usize| -> Result<f64> { Ok(compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
@@ -169,12 +169,112 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
                 state[*slot] = Some(array);
             }
         }
+        if let Some(eval) = eval.as_ref().filter(|_| eval_due(c, step_index)) {
+            let metrics = eval.run(client, &state, step_index, c.eval_steps)?;
+            print_line(&bar, &metrics.log_line());
+            if let Some(w) = writer.as_mut() {
+                w.write_eval(&metrics).with_context(|| format!("writing metrics_file={}", c.metrics_file))?;
+            }
+            report.evals.push(metrics);
+            // The eval's time is not the next train step's.
+            last = Instant::now();
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();
+    if let Some((documents, undecodable, tokens)) = train_data.text_stats() {
+        println!("data: {documents} documents, {tokens} tokens packed so far; {undecodable} rows could not be decoded (skipped)");
+    }
+    report.data_state = Some(train_data.state());
     report.peak_memory_bytes = peak_memory(&devices);
     print_summary(&report, &work);
     Ok(report)
+}
+
+/// Copies a batch's arrays into the step's batch slots (`slots[i]` is `BATCH_INPUTS[i]`'s).
+fn put_batch(
+    client: &Client,
+    compiled: &Compiled,
+    slots: &[usize],
+    batch: &Batch,
+    state: &mut [Option<DeviceArray>],
+) -> Result<()> {
+    for (slot, name) in slots.iter().zip(BATCH_INPUTS) {
+        let host = batch.get(name).expect("a Batch has every input");
+        state[*slot] = Some(compiled.put(client, *slot, host)?);
+    }
+    Ok(())
+}
+
+/// MaxText's rule (maxtext `src/maxtext/trainers/pre_train/train.py`, main e591f30): eval after
+/// train step `s` when `s >= eval_start_step` and `(s - eval_start_step) % eval_interval == 0`.
+fn eval_due(c: &Config, step: u64) -> bool {
+    let (start, interval) = (c.eval_start_step as u64, c.eval_interval);
+    interval > 0 && step >= start && (step - start) % interval as u64 == 0
+}
+
+/// The compiled eval step and its data.
+struct Evaluator {
+    compiled: Compiled,
+    data: EvalData,
+    /// For each eval input: the train state slot holding it (parameters), or `None` (batch).
+    from_state: Vec<Option<usize>>,
+    batch_slots: Vec<usize>,
+    outputs: [usize; 3],
+}
+
+impl Evaluator {
+    fn new(client: &Client, step: &TrainStep, train: &Compiled, data: EvalData, rows: usize) -> Result<Evaluator> {
+        let program = step.eval_step(rows as i64).map_err(|e| anyhow!("tracing the eval step: {e}"))?;
+        let compiled = runtime::compile(client, &program).context("compiling the eval step")?;
+        let from_state = compiled
+            .program
+            .inputs
+            .iter()
+            .map(|i| if i.name.starts_with("params.") { train.input_index(&i.name).map(Some) } else { Ok(None) })
+            .collect::<Result<_>>()?;
+        let batch_slots =
+            BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+        let out = |n: &str| compiled.output_index(&format!("metrics.{n}"));
+        let outputs = [out("total_loss")?, out("total_weights")?, out("z_loss")?];
+        Ok(Evaluator { compiled, data, from_state, batch_slots, outputs })
+    }
+
+    /// One pass over the eval files (at most `eval_steps` batches when positive) with the
+    /// current parameters.
+    fn run(
+        &self,
+        client: &Client,
+        state: &[Option<DeviceArray>],
+        after_step: u64,
+        eval_steps: i64,
+    ) -> Result<EvalMetrics> {
+        let mut metrics = EvalMetrics { step: after_step, ..EvalMetrics::default() };
+        let mut batches: BatchIterator = self.data.batches();
+        let mut slots: Vec<Option<DeviceArray>> = self.compiled.program.inputs.iter().map(|_| None).collect();
+        while eval_steps <= 0 || (metrics.eval_steps as i64) < eval_steps {
+            let Some(batch) = batches.next_batch()? else { break };
+            put_batch(client, &self.compiled, &self.batch_slots, &batch, &mut slots)?;
+            let args: Vec<&DeviceArray> = slots
+                .iter()
+                .zip(&self.from_state)
+                .map(|(own, train_slot)| match train_slot {
+                    Some(t) => state[*t].as_ref().expect("the train state is set"),
+                    None => own.as_ref().expect("every batch input is set"),
+                })
+                .collect();
+            let outputs = self.compiled.execute(&args)?;
+            let scalar = |i: usize| -> Result<f64> { Ok(self.compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
+            metrics.total_loss += scalar(self.outputs[0])?;
+            metrics.total_weights += scalar(self.outputs[1])?;
+            metrics.z_loss_sum += scalar(self.outputs[2])?;
+            metrics.eval_steps += 1;
+        }
+        if metrics.eval_steps == 0 {
+            bail!("eval after step {after_step}: hf_eval_files gave no batch (no decodable documents)");
+        }
+        Ok(metrics)
+    }
 }
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for

@@ -21,8 +21,7 @@ use crate::tensor::{random, scan, trace, value_and_grad_with_aux, Tensor, TraceE
 
 use super::optimizer::{AdamW, COUNT};
 
-/// The batch arrays the step reads (the model needs no positions or input segmentation: rows
-/// are not packed).
+/// The batch arrays the step reads.
 pub const BATCH_INPUTS: &[&str] = &["inputs", "targets", "targets_segmentation"];
 
 /// The mesh the step is traced on, the same rule for `maxrs train` and `maxrs train-compile`:
@@ -142,6 +141,29 @@ impl TrainStep {
             out.extend(new_state.prefixed("opt_state"));
             out.extend(metrics.prefixed("metrics"));
             out
+        })
+    }
+
+    /// The eval step: `(params, batch of rows x seq) -> metrics` (loss only, no update): f32
+    /// scalars `metrics.loss`, `metrics.total_loss`, `metrics.total_weights`, `metrics.z_loss`.
+    /// The parameters are the train state's arrays, read (not donated).
+    pub fn eval_step(&self, rows: i64) -> Result<Program, TraceError> {
+        let mut sig = Signature::new(self.mesh.clone());
+        llama::declare_params(&mut sig, &self.model, "params");
+        for name in BATCH_INPUTS {
+            let input = sig.input(&format!("batch.{name}"), DType::S32, &[rows, self.seq]);
+            if let Some(spec) = self.batch_sharding() {
+                input.sharded(spec);
+            }
+        }
+        trace(&sig, |_, inp| {
+            let (loss, aux) = llama::loss(&self.model, &inp.subtree("params"), &inp.subtree("batch"), self.z_loss_multiplier);
+            Tree::new()
+                .with("loss", loss)
+                .with("total_loss", aux["total_loss"].clone())
+                .with("total_weights", aux["total_weights"].clone())
+                .with("z_loss", aux["z_loss"].clone())
+                .prefixed("metrics")
         })
     }
 
