@@ -22,6 +22,8 @@ enum Command {
     TrainCompile(cli::train_compile::TrainCompileArgs),
     /// List the ahead-of-time targets (compile_topology names) and their devices.
     Topologies(cli::topologies::TopologiesArgs),
+    /// Convert text, JSON Lines or Parquet files to a `dataset_type=tokens` file.
+    Tokenize(cli::tokenize::TokenizeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -37,6 +39,7 @@ fn main() -> std::process::ExitCode {
         Command::Train(a) => cli::train::run(a),
         Command::TrainCompile(a) => cli::train_compile::run(a),
         Command::Topologies(a) => cli::topologies::run(a),
+        Command::Tokenize(a) => cli::tokenize::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 
 use maxrs::config::{self, Config};
-use maxrs::data::{self, host_rows, write_tokens_file, BatchIterator, DataError, DataState, ProcessShare, Synthetic, TokensFile};
+use maxrs::data::{
+    self, host_rows, write_tokens_file, BatchIterator, DataError, DataState, ProcessShare, Synthetic, TokensFile,
+};
 use maxrs::pjrt::{ElementType, HostTensor};
 
 fn cfg(overrides: &[&str]) -> Config {
@@ -63,7 +65,11 @@ fn synthetic_next_token_is_determined_by_the_previous_two() {
             assert_eq!(ids.len(), 65);
             assert!(ids.iter().all(|&t| (0..vocab as i32).contains(&t)));
             for t in 2..ids.len() {
-                assert_eq!(ids[t], (2 * ids[t - 1] - ids[t - 2]).rem_euclid(vocab as i32), "step {step} row {row} t {t}");
+                assert_eq!(
+                    ids[t],
+                    (2 * ids[t - 1] - ids[t - 2]).rem_euclid(vocab as i32),
+                    "step {step} row {row} t {t}"
+                );
             }
             let stride = (ids[1] - ids[0]).rem_euclid(vocab as i32);
             assert!((1..=8).contains(&stride), "stride {stride}");
@@ -143,7 +149,8 @@ fn shuffled_tokens_visit_every_row_once_per_epoch_on_any_process_count() {
     write_tokens_file(&path, &file_rows(n, 4)).unwrap();
     let c = tokens_config(&path, true);
     let epoch_orders = |processes: usize| -> Vec<Vec<i32>> {
-        let mut its: Vec<_> = (0..processes).map(|p| data::open_train(&c, 8, share(p, processes), None).unwrap()).collect();
+        let mut its: Vec<_> =
+            (0..processes).map(|p| data::open_train(&c, 8, share(p, processes), None).unwrap()).collect();
         let mut stream = Vec::new();
         for _ in 0..(2 * n as usize / 8) {
             for it in &mut its {
@@ -172,7 +179,8 @@ fn shuffled_tokens_visit_every_row_once_per_epoch_on_any_process_count() {
 #[test]
 fn tokens_file_errors_name_the_culprit() {
     let dir = tempfile::tempdir().unwrap();
-    let open = |path: PathBuf| data::open_train(&tokens_config(&path, false), 1, ProcessShare::SINGLE, None).err().unwrap();
+    let open =
+        |path: PathBuf| data::open_train(&tokens_config(&path, false), 1, ProcessShare::SINGLE, None).err().unwrap();
     let e = open(dir.path().join("missing.bin"));
     assert!(matches!(e, DataError::Io { .. }) && e.to_string().contains("missing.bin"), "{e}");
 
@@ -183,9 +191,14 @@ fn tokens_file_errors_name_the_culprit() {
     let empty = dir.path().join("empty.bin");
     std::fs::write(&empty, b"").unwrap();
     assert!(matches!(open(empty), DataError::EmptyFile { .. }));
-    let e = data::open_train(&cfg(&["dataset_type=tokens", "dataset_path=gs://bucket/t.bin"]), 1, ProcessShare::SINGLE, None)
-        .err()
-        .unwrap();
+    let e = data::open_train(
+        &cfg(&["dataset_type=tokens", "dataset_path=gs://bucket/t.bin"]),
+        1,
+        ProcessShare::SINGLE,
+        None,
+    )
+    .err()
+    .unwrap();
     assert!(e.to_string().contains("not supported yet"), "{e}");
 
     let bad = dir.path().join("bad.bin");

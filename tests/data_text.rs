@@ -9,7 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use maxrs::config::{self, Config};
-use maxrs::data::{self, Batch, BatchIterator, DataError, DataState, ProcessShare, TextBatches, TextState, TextTokenizer};
+use maxrs::data::{
+    self, Batch, BatchIterator, DataError, DataState, ProcessShare, Split, TextBatches, TextState, TextTokenizer,
+};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
 use parquet::file::properties::WriterProperties;
@@ -32,7 +34,8 @@ fn doc_text(i: usize) -> String {
 
 /// Writes `texts` as a Parquet file with columns `id` and `text`, `per_group` rows per row group.
 fn write_parquet(path: &Path, texts: &[String], per_group: usize) {
-    let schema = Arc::new(parse_message_type("message doc { REQUIRED INT64 id; OPTIONAL BYTE_ARRAY text (UTF8); }").unwrap());
+    let schema =
+        Arc::new(parse_message_type("message doc { REQUIRED INT64 id; OPTIONAL BYTE_ARRAY text (UTF8); }").unwrap());
     let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::default())).build();
     let mut writer = SerializedFileWriter::new(File::create(path).unwrap(), schema, Arc::new(props)).unwrap();
     for (g, chunk) in texts.chunks(per_group).enumerate() {
@@ -124,7 +127,10 @@ fn documents(batch: &Batch, tok: &TextTokenizer) -> Vec<usize> {
         .iter()
         .map(|ids| {
             let text = tok.decode(ids).unwrap();
-            text.strip_prefix("doc ").and_then(|s| s.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{text:?}"))
+            text.strip_prefix("doc ")
+                .and_then(|s| s.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{text:?}"))
         })
         .collect()
 }
@@ -132,17 +138,9 @@ fn documents(batch: &Batch, tok: &TextTokenizer) -> Vec<usize> {
 fn one_epoch(c: &Config, processes: usize, packing: bool) -> Vec<Vec<Batch>> {
     (0..processes)
         .map(|p| {
-            let spec = data::text_spec(
-                c,
-                "hf_train_files",
-                &c.hf_train_files,
-                &c.train_data_columns,
-                data::load_tokenizer(c).unwrap(),
-                true,
-                false,
-                ProcessShare { index: p, count: processes },
-            )
-            .unwrap();
+            let share = ProcessShare { index: p, count: processes };
+            let mut spec = data::text_spec(c, Split::Train, data::load_tokenizer(c).unwrap(), share).unwrap();
+            spec.repeat = false;
             let mut it = TextBatches::start(spec, TextState::default(), ROWS, SEQ, packing);
             std::iter::from_fn(|| it.next_batch().unwrap()).collect()
         })
@@ -211,7 +209,11 @@ fn the_stream_is_deterministic_repeats_epochs_and_resumes_from_its_state() {
         let restored: DataState = serde_json::from_str(&state_json).unwrap();
         let mut resumed = train_stream(&c, Some(restored));
         for (i, (batch, _)) in first[k..k + 3].iter().enumerate() {
-            assert_eq!(&resumed.next_batch().unwrap().unwrap(), batch, "resumed after batch {k} (+{i}), state {state_json}");
+            assert_eq!(
+                &resumed.next_batch().unwrap().unwrap(),
+                batch,
+                "resumed after batch {k} (+{i}), state {state_json}"
+            );
         }
     }
     let other = cfg(dir.path(), &["data_shuffle_seed=12"]);

@@ -31,7 +31,8 @@ fn corpus() -> Vec<String> {
 }
 
 fn golden(name: &str) -> Vec<Vec<i32>> {
-    let all: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(data("tokenizer_golden.json")).unwrap()).unwrap();
+    let all: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data("tokenizer_golden.json")).unwrap()).unwrap();
     serde_json::from_value(all[name].clone()).unwrap()
 }
 
@@ -48,7 +49,13 @@ fn check(name: &str, path: &Path, kind: &str) -> TextTokenizer {
             (&got != want).then(|| format!("{text:?}:\n  got  {got:?}\n  want {want:?}"))
         })
         .collect();
-    assert!(mismatches.is_empty(), "{name}: {} of {} texts differ:\n{}", mismatches.len(), texts.len(), mismatches.join("\n"));
+    assert!(
+        mismatches.is_empty(),
+        "{name}: {} of {} texts differ:\n{}",
+        mismatches.len(),
+        texts.len(),
+        mismatches.join("\n")
+    );
     tokenizer
 }
 
@@ -74,7 +81,9 @@ fn huggingface_tokenizer_json_matches_the_library() {
 fn mistral_7b_sentencepiece_matches_the_library() {
     let path = match Provisioner::from_env().wheel_file(&MISTRAL) {
         Ok(path) => path,
-        Err(e) if common::provision::offline() => return println!("skipped: offline, cannot fetch the Mistral tokenizer: {e:#}"),
+        Err(e) if common::provision::offline() => {
+            return println!("skipped: offline, cannot fetch the Mistral tokenizer: {e:#}")
+        }
         Err(e) => panic!("{e:#}"),
     };
     let t = check("mistral-v1", &path, "sentencepiece");

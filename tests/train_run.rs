@@ -7,8 +7,8 @@ mod common;
 
 use common::llama_ref::{self, B, T};
 use maxrs::config;
-use maxrs::pjrt::cpu_client;
 use maxrs::data::write_tokens_file;
+use maxrs::pjrt::cpu_client;
 use maxrs::train::params_io::{save_safetensors, Params};
 use maxrs::train::run::{train, RunReport};
 

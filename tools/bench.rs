@@ -18,10 +18,10 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use maxrs::config::{self, Config};
+use maxrs::data::{self, write_tokens_file, ProcessShare};
 use maxrs::pjrt::Client;
 use maxrs::runtime;
 use maxrs::tensor::Tree;
-use maxrs::data::{self, write_tokens_file, ProcessShare};
 use maxrs::train::params_io::{save_safetensors, Params};
 use maxrs::train::run::{client_for, train, RunReport};
 use maxrs::train::step::TrainStep;

@@ -95,8 +95,14 @@ pub(crate) fn not_supported_yet(key: &str) -> Option<&'static str> {
         }
         "grain_train_files" | "grain_eval_files" | "grain_file_type" | "dataset_name" | "eval_dataset_name"
         | "train_split" | "eval_split" => Some("maxrs has no grain or tfds pipeline; use dataset_type=hf or tokens"),
-        "use_truncation" | "max_segments_per_seq" | "num_epoch" | "generate_padding_batch_train"
-        | "generate_padding_batch_eval" | "expansion_factor_real_data" | "use_sft" | "use_dpo"
+        "use_truncation"
+        | "max_segments_per_seq"
+        | "num_epoch"
+        | "generate_padding_batch_train"
+        | "generate_padding_batch_eval"
+        | "expansion_factor_real_data"
+        | "use_sft"
+        | "use_dpo"
         | "use_chat_template" => Some("maxrs always truncates documents and repeats epochs until `steps`"),
         _ => None,
     }

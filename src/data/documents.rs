@@ -224,7 +224,9 @@ impl ParquetRows {
                 .map(|i| {
                     let present = self.max_def == 0 || defs.get(i).is_some_and(|&d| d == self.max_def);
                     match present.then(|| values.next()).flatten() {
-                        Some(v) => std::str::from_utf8(v.data()).map(|s| Doc::Text(s.to_string())).unwrap_or(Doc::Undecodable),
+                        Some(v) => {
+                            std::str::from_utf8(v.data()).map(|s| Doc::Text(s.to_string())).unwrap_or(Doc::Undecodable)
+                        }
                         None => Doc::Undecodable,
                     }
                 })

@@ -47,7 +47,9 @@ pub enum DataError {
     NotText { path: PathBuf, column: String, found: String },
     #[error("{}: not a readable Parquet file: {message}", path.display())]
     CorruptParquet { path: PathBuf, message: String },
-    #[error("{what} gs://{rest}: gs:// paths are not supported yet by the input pipeline; copy the files to a local disk")]
+    #[error(
+        "{what} gs://{rest}: gs:// paths are not supported yet by the input pipeline; copy the files to a local disk"
+    )]
     RemoteNotSupported { what: String, rest: String },
 
     #[error("tokenizer_path is empty: dataset_type={dataset_type} tokenizes text and needs a tokenizer (a SentencePiece .model, or a tokenizer.json / its folder with tokenizer_type=huggingface)")]

@@ -8,6 +8,7 @@
 //! - [`text`]: `dataset_type=hf`, Parquet / JSON Lines / text files tokenized by background
 //!   workers ([`documents`] reads the files, [`tokenizer`] turns text into ids, [`packing`]
 //!   fills rows), shuffled by file and by window.
+//! - [`prepare`]: `maxrs tokenize`, text files to the `tokens` format.
 //! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam.
 //!
 //! Sharding: each process produces only its own rows of the global batch (`process_index` of
@@ -18,6 +19,7 @@ pub mod batch;
 pub mod documents;
 pub mod error;
 pub mod packing;
+pub mod prepare;
 pub mod shuffle;
 pub mod storage;
 pub mod synthetic;
@@ -132,28 +134,38 @@ pub fn load_tokenizer(c: &Config) -> Result<Arc<TextTokenizer>, DataError> {
     Ok(Arc::new(tokenizer))
 }
 
-/// The text stream over the files of `files_key` (`hf_train_files` / `hf_eval_files`).
+/// Which files a text stream reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// `hf_train_files` / `train_data_columns`, shuffled when `enable_data_shuffling`, epochs
+    /// repeating.
+    Train,
+    /// `hf_eval_files` / `eval_data_columns`, in file order, one pass.
+    Eval,
+}
+
+/// The text stream of `split` for `process`: its files found and checked (the first file must
+/// have the column).
 pub fn text_spec(
     c: &Config,
-    files_key: &'static str,
-    pattern: &str,
-    column: &[String],
+    split: Split,
     tokenizer: Arc<TextTokenizer>,
-    shuffle: bool,
-    repeat: bool,
     process: ProcessShare,
 ) -> Result<TextSpec, DataError> {
+    let (files_key, pattern, columns_key, columns) = match split {
+        Split::Train => ("hf_train_files", &c.hf_train_files, "train_data_columns", &c.train_data_columns),
+        Split::Eval => ("hf_eval_files", &c.hf_eval_files, "eval_data_columns", &c.eval_data_columns),
+    };
     if pattern.is_empty() {
         return Err(DataError::NoFilesKey { key: files_key });
     }
     let storage: Arc<dyn storage::Storage> = storage::storage_for(files_key, pattern)?.into();
     let files = storage.glob(files_key, pattern)?;
-    let column = match column {
+    let column = match columns.as_slice() {
         [one] => one.clone(),
         other => {
             return Err(DataError::BadState(format!(
-                "{}: pre-training reads one text column, got {other:?}",
-                if files_key == "hf_train_files" { "train_data_columns" } else { "eval_data_columns" }
+                "{columns_key}: pre-training reads one text column, got {other:?}"
             )))
         }
     };
@@ -164,16 +176,17 @@ pub fn text_spec(
     if process.index >= process.count {
         return Err(DataError::BadProcessIndex { process_index: process.index, process_count: process.count });
     }
+    let train = split == Split::Train;
     Ok(TextSpec {
         files,
         column,
         storage,
         tokenizer,
         max_doc_len: c.max_target_length as usize,
-        shuffle_seed: shuffle.then_some(c.data_shuffle_seed as u64),
+        shuffle_seed: (train && c.enable_data_shuffling).then_some(c.data_shuffle_seed as u64),
         process_index: process.index,
         process_count: process.count,
-        repeat,
+        repeat: train,
         workers: default_workers(),
     })
 }
@@ -189,9 +202,8 @@ pub fn open_train(
     let rows = host_rows(global_batch, process.index, process.count)?;
     let seq = c.max_target_length as usize;
     let seed = c.data_shuffle_seed as u64;
-    let mismatch = |state: DataState| {
-        DataError::BadState(format!("{state:?} cannot resume dataset_type={}", c.dataset_type))
-    };
+    let mismatch =
+        |state: DataState| DataError::BadState(format!("{state:?} cannot resume dataset_type={}", c.dataset_type));
     match c.dataset_type {
         DatasetType::Synthetic => {
             let step = match resume {
@@ -224,17 +236,7 @@ pub fn open_train(
                 Some(DataState::Hf(at)) => at,
                 Some(other) => return Err(mismatch(other)),
             };
-            let tokenizer = load_tokenizer(c)?;
-            let spec = text_spec(
-                c,
-                "hf_train_files",
-                &c.hf_train_files,
-                &c.train_data_columns,
-                tokenizer,
-                c.enable_data_shuffling,
-                true,
-                process,
-            )?;
+            let spec = text_spec(c, Split::Train, load_tokenizer(c)?, process)?;
             Ok(BatchIterator::Text(TextBatches::start(spec, at, rows.len(), seq, c.packing)))
         }
     }
@@ -255,13 +257,18 @@ impl EvalData {
             return Ok(None);
         }
         let rows = host_rows(global_batch, process.index, process.count)?;
-        let tokenizer = load_tokenizer(c)?;
-        let spec = text_spec(c, "hf_eval_files", &c.hf_eval_files, &c.eval_data_columns, tokenizer, false, false, process)?;
+        let spec = text_spec(c, Split::Eval, load_tokenizer(c)?, process)?;
         Ok(Some(EvalData { spec, rows: rows.len(), seq: c.max_target_length as usize, packing: c.packing }))
     }
 
     /// A new pass over the eval files.
     pub fn batches(&self) -> BatchIterator {
-        BatchIterator::Text(TextBatches::start(self.spec.clone(), TextState::default(), self.rows, self.seq, self.packing))
+        BatchIterator::Text(TextBatches::start(
+            self.spec.clone(),
+            TextState::default(),
+            self.rows,
+            self.seq,
+            self.packing,
+        ))
     }
 }

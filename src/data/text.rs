@@ -190,6 +190,7 @@ struct Tokenized {
 }
 
 type Job = (u64, Result<Window, DataError>);
+type WindowDocs = std::vec::IntoIter<Option<Vec<i32>>>;
 type Done = (u64, Result<Tokenized, DataError>);
 
 /// The tokenized documents of a stream, in order, from background threads (the reader and the
@@ -198,7 +199,8 @@ pub struct TokenizedDocs {
     results: Receiver<Done>,
     pending: BTreeMap<u64, Result<Tokenized, DataError>>,
     next_seq: u64,
-    current: Option<(TextState, std::vec::IntoIter<Option<Vec<i32>>>, u64)>,
+    /// The window being handed out: its start, its remaining documents, the next one's index.
+    current: Option<(TextState, WindowDocs, u64)>,
     skip: u64,
 }
 

@@ -210,7 +210,7 @@ fn put_batch(
 /// train step `s` when `s >= eval_start_step` and `(s - eval_start_step) % eval_interval == 0`.
 fn eval_due(c: &Config, step: u64) -> bool {
     let (start, interval) = (c.eval_start_step as u64, c.eval_interval);
-    interval > 0 && step >= start && (step - start) % interval as u64 == 0
+    interval > 0 && step >= start && (step - start).is_multiple_of(interval as u64)
 }
 
 /// The compiled eval step and its data.

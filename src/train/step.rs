@@ -157,7 +157,8 @@ impl TrainStep {
             }
         }
         trace(&sig, |_, inp| {
-            let (loss, aux) = llama::loss(&self.model, &inp.subtree("params"), &inp.subtree("batch"), self.z_loss_multiplier);
+            let (loss, aux) =
+                llama::loss(&self.model, &inp.subtree("params"), &inp.subtree("batch"), self.z_loss_multiplier);
             Tree::new()
                 .with("loss", loss)
                 .with("total_loss", aux["total_loss"].clone())

@@ -94,9 +94,7 @@ impl TextTokenizer {
                 ))
             }
             other => {
-                return Err(fail(format!(
-                    "tokenizer_type={other} is not one of sentencepiece, huggingface, tiktoken"
-                )))
+                return Err(fail(format!("tokenizer_type={other} is not one of sentencepiece, huggingface, tiktoken")))
             }
         };
         let as_i32 = |v: Option<u32>| v.map(|v| v as i32);

@@ -15,18 +15,19 @@
 //!   the adjacent pair whose union scores highest); byte fallback as the model says.
 //! - model `UNIGRAM`: the pieces with their scores (control and unused pieces never chosen).
 //! - user-defined pieces: matched whole before the model, as SentencePiece does.
+//!
 //! Control pieces (`<s>`, `</s>`) are never produced from text; BOS/EOS are added by the caller.
 
 use std::collections::HashMap;
 
 use prost::Message;
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::strip::Strip as DecodeStrip;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::models::unigram::Unigram;
 use tokenizers::normalizers::replace::ReplacePattern;
 use tokenizers::normalizers::{Precompiled, Prepend, Replace, Sequence};
-use tokenizers::decoders::byte_fallback::ByteFallback;
-use tokenizers::decoders::fuse::Fuse;
-use tokenizers::decoders::strip::Strip as DecodeStrip;
 use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, Tokenizer};
 
 #[derive(Clone, PartialEq, Message)]

@@ -169,9 +169,9 @@ pub(super) fn pick<'a>(files: &'a [WheelFile], package: &str, version: &str, arc
             };
             // Pure-Python wheels (`any`) carry data files maxrs reads (tokenizer models, corpora).
             let linux_here = platform == "any"
-                || platform
-                    .split('.')
-                    .any(|tag| (tag.starts_with("manylinux") || tag.starts_with("linux")) && tag.ends_with(&arch_suffix));
+                || platform.split('.').any(|tag| {
+                    (tag.starts_with("manylinux") || tag.starts_with("linux")) && tag.ends_with(&arch_suffix)
+                });
             let fits = (parts.len() == 5 || parts.len() == 6)
                 && normalize(name) == normalize(package)
                 && ver == version
