@@ -221,3 +221,34 @@ fn tokens_file_errors_name_the_culprit() {
         .unwrap();
     assert!(e.to_string().contains("cannot resume dataset_type=synthetic"), "{e}");
 }
+
+#[test]
+fn data_keys_are_validated_with_maxtext_names() {
+    let invalid = |args: &[&str]| -> String {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        match config::load(None, &args) {
+            Err(e) => e.to_string(),
+            Ok(c) => config::validate(&c, 1, 1).unwrap_err().to_string(),
+        }
+    };
+    let e = invalid(&["dataset_type=hf", "tokenizer_path=t.model"]);
+    assert!(e.contains("hf_train_files") && e.contains("empty"), "{e}");
+    let e = invalid(&["dataset_type=hf", "hf_train_files=a.parquet"]);
+    assert!(e.contains("tokenizer_path") && e.contains("empty"), "{e}");
+    let e = invalid(&["tokenizer_type=tiktoken"]);
+    assert!(e.contains("tiktoken is not supported yet"), "{e}");
+    let e = invalid(&["eval_interval=10"]);
+    assert!(e.contains("hf_eval_files") && e.contains("eval_interval=10"), "{e}");
+    let e = invalid(&["dataset_type=hf", "hf_train_files=a.parquet", "tokenizer_path=t", "train_data_columns=[a, b]"]);
+    assert!(e.contains("train_data_columns") && e.contains("exactly one"), "{e}");
+    let e = invalid(&["dataset_type=tfds"]);
+    assert!(e.contains("synthetic, tokens, hf"), "{e}");
+    for key in ["hf_path=allenai/c4", "tokenize_train_data=false", "grain_train_files=x", "num_epoch=2"] {
+        let e = invalid(&[key]);
+        assert!(e.contains("MaxText key maxrs does not support yet"), "{key}: {e}");
+    }
+    let e = invalid(&["per_device_batch_size=2", "eval_per_device_batch_size=0.5", "cpu_device_count=1"]);
+    assert!(e.contains("eval_per_device_batch_size"), "{e}");
+    let c = config::load(None, &["eval_per_device_batch_size=3".to_string()]).unwrap();
+    assert_eq!(config::validate(&c, 1, 1).unwrap().eval_batch_size, 3);
+}
