@@ -1,18 +1,20 @@
 //! The TFLOPs formula against hand-computed llama2-7b numbers and MaxText's own golden test;
 //! the peak table and MFU.
 
-use maxrs::train::flops::{mfu, peak_tflops_per_device, training_tflops_per_device, ModelDims, StepShape};
+use maxrs::model::Model;
+use maxrs::train::flops::{mfu, peak_tflops_per_device, StepShape, StepTflops};
 
-const LLAMA2_7B: ModelDims = ModelDims {
-    emb: 4096,
-    num_query_heads: 32,
-    num_kv_heads: 32,
-    head_dim: 128,
-    mlp_dim: 11008,
-    num_layers: 32,
-    vocab: 32000,
-    mlp_activations_count: 2,
-};
+/// llama2-7b (emb 4096, 32 heads of 128, 32 kv heads, mlp 11008, 32 layers, vocab 32000) from its
+/// model file, with `overrides`.
+fn llama2_7b(overrides: &[&str]) -> Model {
+    let mut args = vec!["model_name=llama2-7b".to_string(), "override_model_config=true".to_string()];
+    args.extend(overrides.iter().map(|s| s.to_string()));
+    Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap()
+}
+
+fn training_tflops_per_device(model: &Model, shape: &StepShape) -> StepTflops {
+    model.training_tflops_per_device(shape)
+}
 
 fn shape(batch: f64, seq: u64) -> StepShape {
     StepShape { per_device_batch_size: batch, max_target_length: seq, gradient_accumulation_steps: 1 }
@@ -35,7 +37,7 @@ fn llama2_7b_batch_4_seq_4096_matches_the_hand_count() {
     assert_eq!(weights, 649_502_134_370_304);
     assert_eq!(attention, 52_776_558_133_248);
 
-    let t = training_tflops_per_device(&LLAMA2_7B, &shape(4.0, 4096));
+    let t = training_tflops_per_device(&llama2_7b(&[]), &shape(4.0, 4096));
     assert_close(t.learnable_weight, 649.502134370304, 1e-12);
     assert_close(t.attention, 52.776558133248, 1e-12);
     assert_close(t.total, 702.278692503552, 1e-12);
@@ -48,23 +50,23 @@ fn llama2_7b_batch_4_seq_4096_matches_the_hand_count() {
 fn llama2_7b_agrees_with_maxtexts_golden_test() {
     for (b, s) in [(12.0, 2048u64), (4.0, 4096)] {
         let golden = 6.0 * b * s as f64 * 6.74e9 / 1e12 + 6.0 * 32.0 * b * (s * s) as f64 * 32.0 * 128.0 / 1e12;
-        let t = training_tflops_per_device(&LLAMA2_7B, &shape(b, s));
+        let t = training_tflops_per_device(&llama2_7b(&[]), &shape(b, s));
         assert_close(t.total, golden, 0.05);
     }
 }
 
 #[test]
 fn batch_and_accumulation_scale_linearly_and_gqa_shrinks_qkv() {
-    let one = training_tflops_per_device(&LLAMA2_7B, &shape(1.0, 2048));
-    let half = training_tflops_per_device(&LLAMA2_7B, &shape(0.5, 2048));
+    let one = training_tflops_per_device(&llama2_7b(&[]), &shape(1.0, 2048));
+    let half = training_tflops_per_device(&llama2_7b(&[]), &shape(0.5, 2048));
     assert_close(half.total, one.total / 2.0, 1e-12);
     let accumulated = training_tflops_per_device(
-        &LLAMA2_7B,
+        &llama2_7b(&[]),
         &StepShape { per_device_batch_size: 1.0, max_target_length: 2048, gradient_accumulation_steps: 4 },
     );
     assert_close(accumulated.total, 4.0 * one.total, 1e-12);
 
-    let gqa = ModelDims { num_kv_heads: 8, ..LLAMA2_7B };
+    let gqa = llama2_7b(&["base_num_kv_heads=8"]);
     let g = training_tflops_per_device(&gqa, &shape(1.0, 2048));
     // QKV per layer drops from (32 + 64) to (32 + 16) heads' worth; attention is unchanged.
     let saved = 2.0 * 2048.0 * 4096.0 * (64.0 - 16.0) * 128.0 * 32.0 * 3.0 / 1e12;

@@ -261,6 +261,11 @@ impl EvalData {
         Ok(Some(EvalData { spec, rows: rows.len(), seq: c.max_target_length as usize, packing: c.packing }))
     }
 
+    /// Whether its batches are packed (`packing`).
+    pub fn packed(&self) -> bool {
+        self.packing
+    }
+
     /// A new pass over the eval files.
     pub fn batches(&self) -> BatchIterator {
         BatchIterator::Text(TextBatches::start(

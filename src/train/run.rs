@@ -13,16 +13,15 @@ use crate::aot::artifact;
 use crate::config::{self, Config, Derived};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
-use crate::model::llama;
 use crate::pjrt::{self, Client, Value};
 use crate::runtime::{self, Compiled, DeviceArray};
 
 use crate::data::{self, Batch, BatchIterator, EvalData, ProcessShare};
 
-use super::flops::{self, ModelDims, StepShape};
+use super::flops::{self, StepShape};
 use super::metrics::{median_step_time, EvalMetrics, MetricsWriter, PerDeviceWork, StepMetrics};
 use super::params_io::{load_parameters, ParamSpec};
-use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
+use super::step::{batch_inputs, step_mesh, TrainStep};
 
 /// Wall times of the start-up phases, in seconds.
 #[derive(Clone, Debug, Default)]
@@ -79,11 +78,11 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let mut report = RunReport::default();
     let devices = client.addressable_devices()?;
     let derived = config::validate(c, devices.len(), 1)?;
-    derived.print_summary();
     // One process: all devices form one granule, in id order.
     let ids: Vec<i64> = devices.iter().map(|d| d.id as i64).collect();
     let step =
         TrainStep::new(c, &derived, step_mesh(&derived, &[ids]).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
+    derived.print_summary(step.model.num_params());
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -94,7 +93,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let t = Instant::now();
     let compiled = match c.compiled_trainstep_file.as_str() {
         "" => runtime::compile_lowered(client, &program, &mlir).context("compiling the train step")?,
-        path => load_step(c, client, &program, Path::new(path))?,
+        path => load_step(c, client, &step, &program, &mlir, Path::new(path))?,
     };
     report.startup.compile = t.elapsed().as_secs_f64();
 
@@ -106,7 +105,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
         report.startup.trace, report.startup.lower, report.startup.compile, report.startup.init
     );
 
-    let work = per_device_work(c, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
+    let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
     let mut train_data = data::open_train(c, derived.global_batch_size, ProcessShare::SINGLE, None)?;
     let eval = match EvalData::open(c, derived.eval_batch_size, ProcessShare::SINGLE)? {
@@ -120,8 +119,9 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
                 .with_context(|| format!("metrics_file={path}: cannot open it for writing"))?,
         ),
     };
-    let batch_inputs: Vec<usize> =
-        BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+    let batch_names = batch_inputs(step.packed);
+    let batch_slots: Vec<usize> =
+        batch_names.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
     let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
     let (loss_i, norm_i, lr_i, weights_i) =
         (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
@@ -136,7 +136,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
         let wait = Instant::now();
         let batch = train_data.next_batch()?.ok_or_else(|| anyhow!("the training data ended at step {step_index}"))?;
         report.data_wait_times.push(wait.elapsed().as_secs_f64());
-        put_batch(client, &compiled, &batch_inputs, &batch, &mut state)?;
+        put_batch(client, &compiled, &batch_slots, &batch_names, &batch, &mut state)?;
         let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
         let outputs = compiled.execute(&args)?;
         let scalar = |i: usize| -> Result<f64> { Ok(compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
@@ -191,15 +191,16 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     Ok(report)
 }
 
-/// Copies a batch's arrays into the step's batch slots (`slots[i]` is `BATCH_INPUTS[i]`'s).
+/// Copies a batch's arrays `names` into the step's input `slots`.
 fn put_batch(
     client: &Client,
     compiled: &Compiled,
     slots: &[usize],
+    names: &[&str],
     batch: &Batch,
     state: &mut [Option<DeviceArray>],
 ) -> Result<()> {
-    for (slot, name) in slots.iter().zip(BATCH_INPUTS) {
+    for (slot, name) in slots.iter().zip(names) {
         let host = batch.get(name).expect("a Batch has every input");
         state[*slot] = Some(compiled.put(client, *slot, host)?);
     }
@@ -219,13 +220,16 @@ struct Evaluator {
     data: EvalData,
     /// For each eval input: the train state slot holding it (parameters), or `None` (batch).
     from_state: Vec<Option<usize>>,
+    batch_names: Vec<&'static str>,
     batch_slots: Vec<usize>,
     outputs: [usize; 3],
 }
 
 impl Evaluator {
     fn new(client: &Client, step: &TrainStep, train: &Compiled, data: EvalData, rows: usize) -> Result<Evaluator> {
-        let program = step.eval_step(rows as i64).map_err(|e| anyhow!("tracing the eval step: {e}"))?;
+        // Eval batches are text (`hf_eval_files`): packed whenever `packing` is on.
+        let packed = data.packed();
+        let program = step.eval_step(rows as i64, packed).map_err(|e| anyhow!("tracing the eval step: {e}"))?;
         let compiled = runtime::compile(client, &program).context("compiling the eval step")?;
         let from_state = compiled
             .program
@@ -233,11 +237,12 @@ impl Evaluator {
             .iter()
             .map(|i| if i.name.starts_with("params.") { train.input_index(&i.name).map(Some) } else { Ok(None) })
             .collect::<Result<_>>()?;
+        let batch_names = batch_inputs(packed);
         let batch_slots =
-            BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+            batch_names.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
         let out = |n: &str| compiled.output_index(&format!("metrics.{n}"));
         let outputs = [out("total_loss")?, out("total_weights")?, out("z_loss")?];
-        Ok(Evaluator { compiled, data, from_state, batch_slots, outputs })
+        Ok(Evaluator { compiled, data, from_state, batch_names, batch_slots, outputs })
     }
 
     /// One pass over the eval files (at most `eval_steps` batches when positive) with the
@@ -254,7 +259,7 @@ impl Evaluator {
         let mut slots: Vec<Option<DeviceArray>> = self.compiled.program.inputs.iter().map(|_| None).collect();
         while eval_steps <= 0 || (metrics.eval_steps as i64) < eval_steps {
             let Some(batch) = batches.next_batch()? else { break };
-            put_batch(client, &self.compiled, &self.batch_slots, &batch, &mut slots)?;
+            put_batch(client, &self.compiled, &self.batch_slots, &self.batch_names, &batch, &mut slots)?;
             let args: Vec<&DeviceArray> = slots
                 .iter()
                 .zip(&self.from_state)
@@ -279,15 +284,26 @@ impl Evaluator {
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
 /// this program, these devices and this plugin build (see `aot::artifact`).
-fn load_step(c: &Config, client: &Client, program: &Program, path: &Path) -> Result<Compiled> {
+fn load_step(
+    c: &Config,
+    client: &Client,
+    step: &TrainStep,
+    program: &Program,
+    mlir: &str,
+    path: &Path,
+) -> Result<Compiled> {
     let devices = client.addressable_devices()?;
     let current = artifact::header(
         c,
+        &step.model,
         program,
-        artifact::describe_devices(1, devices.len(), &devices[0].kind),
-        devices.len(),
-        artifact::plugin_identity(client.plugin()),
-        client.platform_version()?,
+        mlir,
+        artifact::Platform {
+            devices: artifact::describe_devices(1, devices.len(), &devices[0].kind),
+            num_devices: devices.len(),
+            plugin: artifact::plugin_identity(client.plugin()),
+            platform_version: client.platform_version()?,
+        },
     );
     let bytes = artifact::load_matching(path, &current)?;
     let executable = client.deserialize(&bytes).with_context(|| format!("loading {}", path.display()))?;
@@ -312,10 +328,9 @@ fn initial_state(
         state[compiled.input_index(&spec.name)?] = Some(array);
     }
     if from_file {
-        let expected: Vec<ParamSpec> = llama::param_defs(&step.model)
-            .into_iter()
-            .map(|d| ParamSpec { name: d.name, ty: runtime::element_type(step.model.weight_dtype), dims: d.shape })
-            .collect();
+        let dtype = runtime::element_type(step.model.config.weight_dtype);
+        let expected: Vec<ParamSpec> =
+            step.model.param_defs().into_iter().map(|d| ParamSpec { name: d.name, ty: dtype, dims: d.shape }).collect();
         let params = load_parameters(Path::new(&c.load_parameters_path), &expected)?;
         for (name, host) in &params {
             let slot = compiled.input_index(&format!("params.{name}"))?;
@@ -326,17 +341,7 @@ fn initial_state(
     Ok(state)
 }
 
-fn per_device_work(c: &Config, derived: &Derived, device_kind: &str) -> PerDeviceWork {
-    let dims = ModelDims {
-        emb: c.base_emb_dim as u64,
-        num_query_heads: c.base_num_query_heads as u64,
-        num_kv_heads: c.base_num_kv_heads as u64,
-        head_dim: c.head_dim as u64,
-        mlp_dim: c.base_mlp_dim as u64,
-        num_layers: c.base_num_decoder_layers as u64,
-        vocab: c.vocab_size as u64,
-        mlp_activations_count: c.mlp_activations.len() as u64,
-    };
+fn per_device_work(c: &Config, step: &TrainStep, derived: &Derived, device_kind: &str) -> PerDeviceWork {
     let shape = StepShape {
         per_device_batch_size: derived.per_device_batch_size,
         max_target_length: derived.max_target_length as u64,
@@ -344,7 +349,7 @@ fn per_device_work(c: &Config, derived: &Derived, device_kind: &str) -> PerDevic
     };
     let configured = (c.peak_tflops_per_device > 0.0).then_some(c.peak_tflops_per_device);
     PerDeviceWork {
-        tflops: flops::training_tflops_per_device(&dims, &shape).total,
+        tflops: step.model.training_tflops_per_device(&shape).total,
         tokens: shape.tokens_per_device(),
         peak_tflops: flops::peak_tflops_per_device(device_kind, configured),
     }

@@ -4,25 +4,37 @@
 //! every step's outputs feed the next, never leaving the devices.
 //!
 //! Program names, which are also the names in saved files and AOT headers:
-//! - `params.<name>`: the model's parameters (`model::llama::param_defs`), sharded by the logical
+//! - `params.<name>`: the model's parameters (`Model::param_defs`), sharded by the logical
 //!   axis rules, donated to the step;
 //! - `opt_state.mu.<name>`, `opt_state.nu.<name>` (sharded like the parameter), `opt_state.count`
 //!   (s32 scalar, replicated), donated;
 //! - `batch.inputs`, `batch.targets`, `batch.targets_segmentation`: s32 `[global_batch, seq]`,
-//!   rows split over the mesh axes of `activation_batch`;
+//!   rows split over the mesh axes of `activation_batch`; with packed batches (`dataset_type=hf`,
+//!   `packing=true`) also `batch.inputs_position` and `batch.inputs_segmentation`, which give the
+//!   model each token's RoPE position and document (attention stays within a document);
 //! - outputs: the new state under the same names, and f32 scalars `metrics.loss`,
 //!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`.
 
-use crate::config::{Config, Derived};
+use crate::config::{Config, DatasetType, Derived};
 use crate::ir::{DType, Program, Signature};
-use crate::model::llama::{self, LlamaConfig};
+use crate::model::Model;
 use crate::sharding::{Mesh, PartitionSpec};
 use crate::tensor::{random, scan, trace, value_and_grad_with_aux, Tensor, TraceError, Tree};
 
 use super::optimizer::{AdamW, COUNT};
 
-/// The batch arrays the step reads.
+/// The batch arrays every step reads.
 pub const BATCH_INPUTS: &[&str] = &["inputs", "targets", "targets_segmentation"];
+/// The arrays a step on packed batches reads too. Unpacked rows (synthetic, token files,
+/// `packing=false`) hold one sequence from position 0, which is what the model assumes without
+/// them, so their programs stay without these inputs.
+pub const PACKED_INPUTS: &[&str] = &["inputs_position", "inputs_segmentation"];
+
+/// The batch arrays of a step on packed (`packed`) or unpacked batches.
+pub fn batch_inputs(packed: bool) -> Vec<&'static str> {
+    let extra = if packed { PACKED_INPUTS } else { &[] };
+    BATCH_INPUTS.iter().chain(extra).copied().collect()
+}
 
 /// The mesh the step is traced on, the same rule for `maxrs train` and `maxrs train-compile`:
 /// none on one device (a plain, unpartitioned program), else the configured mesh laid over
@@ -37,7 +49,7 @@ pub fn step_mesh(derived: &Derived, granules: &[Vec<i64>]) -> Result<Option<Mesh
 /// Everything that decides the traced programs.
 #[derive(Clone, Debug)]
 pub struct TrainStep {
-    pub model: LlamaConfig,
+    pub model: Model,
     pub optimizer: AdamW,
     /// Sequences per optimizer step (all micro-batches).
     pub global_batch: i64,
@@ -48,12 +60,14 @@ pub struct TrainStep {
     pub init_weights_seed: u32,
     /// The device mesh (none: one device, no sharding annotations).
     pub mesh: Option<Mesh>,
+    /// Training batches are packed documents (`dataset_type=hf` with `packing=true`).
+    pub packed: bool,
 }
 
 impl TrainStep {
     pub fn new(c: &Config, derived: &Derived, mesh: Option<Mesh>) -> Result<TrainStep, String> {
         Ok(TrainStep {
-            model: LlamaConfig::from_config(c),
+            model: Model::from_config(c)?,
             optimizer: AdamW::from_config(c)?,
             global_batch: derived.global_batch_size as i64,
             seq: derived.max_target_length as i64,
@@ -61,17 +75,23 @@ impl TrainStep {
             z_loss_multiplier: c.z_loss_multiplier,
             init_weights_seed: c.init_weights_seed as u32,
             mesh,
+            packed: c.dataset_type == DatasetType::Hf && c.packing,
         })
     }
 
     /// Name, dtype, shape and sharding of every state array (parameters, then optimizer state).
     pub fn state_specs(&self) -> Vec<(String, DType, Vec<i64>, Option<PartitionSpec>)> {
         let mut specs = Vec::new();
-        let defs = llama::param_defs(&self.model);
+        let defs = self.model.param_defs();
         for prefix in ["params", "opt_state.mu", "opt_state.nu"] {
             for def in &defs {
-                let sharding = self.mesh.as_ref().map(|m| self.model.rules.spec(&def.logical, m));
-                specs.push((format!("{prefix}.{}", def.name), self.model.weight_dtype, def.shape.clone(), sharding));
+                let sharding = self.mesh.as_ref().map(|m| self.model.config.rules.spec(&def.logical, m));
+                specs.push((
+                    format!("{prefix}.{}", def.name),
+                    self.model.config.weight_dtype,
+                    def.shape.clone(),
+                    sharding,
+                ));
             }
         }
         let replicated = self.mesh.as_ref().map(|_| PartitionSpec::replicated());
@@ -81,7 +101,7 @@ impl TrainStep {
 
     /// The sharding of the `[global_batch, seq]` batch arrays.
     pub fn batch_sharding(&self) -> Option<PartitionSpec> {
-        self.mesh.as_ref().map(|m| self.model.rules.spec(&["activation_batch", "activation_length"], m))
+        self.mesh.as_ref().map(|m| self.model.config.rules.spec(&["activation_batch", "activation_length"], m))
     }
 
     fn signature(&self) -> Signature {
@@ -110,7 +130,7 @@ impl TrainStep {
             }
         }
         trace(&sig, |ctx, _| {
-            let params = llama::init_params(&self.model, &random::key(ctx, self.init_weights_seed));
+            let params = self.model.init_params(&random::key(ctx, self.init_weights_seed));
             let state = self.optimizer.init(&params);
             let mut out = state.prefixed("opt_state");
             if with_params {
@@ -123,7 +143,7 @@ impl TrainStep {
     /// The train step: `(state, batch) -> (state, metrics)`.
     pub fn train_step(&self) -> Result<Program, TraceError> {
         let mut sig = self.signature();
-        for name in BATCH_INPUTS {
+        for name in batch_inputs(self.packed) {
             let input = sig.input(&format!("batch.{name}"), DType::S32, &[self.global_batch, self.seq]);
             if let Some(spec) = self.batch_sharding() {
                 input.sharded(spec);
@@ -146,19 +166,19 @@ impl TrainStep {
 
     /// The eval step: `(params, batch of rows x seq) -> metrics` (loss only, no update): f32
     /// scalars `metrics.loss`, `metrics.total_loss`, `metrics.total_weights`, `metrics.z_loss`.
-    /// The parameters are the train state's arrays, read (not donated).
-    pub fn eval_step(&self, rows: i64) -> Result<Program, TraceError> {
+    /// The parameters are the train state's arrays, read (not donated); `packed` as for
+    /// [`batch_inputs`].
+    pub fn eval_step(&self, rows: i64, packed: bool) -> Result<Program, TraceError> {
         let mut sig = Signature::new(self.mesh.clone());
-        llama::declare_params(&mut sig, &self.model, "params");
-        for name in BATCH_INPUTS {
+        self.model.declare_params(&mut sig, "params");
+        for name in batch_inputs(packed) {
             let input = sig.input(&format!("batch.{name}"), DType::S32, &[rows, self.seq]);
             if let Some(spec) = self.batch_sharding() {
                 input.sharded(spec);
             }
         }
         trace(&sig, |_, inp| {
-            let (loss, aux) =
-                llama::loss(&self.model, &inp.subtree("params"), &inp.subtree("batch"), self.z_loss_multiplier);
+            let (loss, aux) = self.model.loss(&inp.subtree("params"), &inp.subtree("batch"), self.z_loss_multiplier);
             Tree::new()
                 .with("loss", loss)
                 .with("total_loss", aux["total_loss"].clone())
@@ -175,7 +195,7 @@ impl TrainStep {
     fn loss_and_grads(&self, params: &Tree, batch: &Tree) -> (Tensor, Tree, Tree) {
         let z = self.z_loss_multiplier;
         if self.accumulation == 1 {
-            return value_and_grad_with_aux(params, |p| llama::loss(&self.model, p, batch, z));
+            return value_and_grad_with_aux(params, |p| self.model.loss(p, batch, z));
         }
         let (a, micro) = (self.accumulation, self.global_batch / self.accumulation);
         // Row r of micro-batch k is global row r * a + k: every device keeps its own rows.
@@ -199,7 +219,7 @@ impl TrainStep {
             .with("z_loss_sum", f32_zero(first));
         let (sums, _) = scan(&carry, &micro_batches, |carry, mb| {
             let (_, aux, grads) = value_and_grad_with_aux(params, |p| {
-                let (_, aux) = llama::loss(&self.model, p, mb, z);
+                let (_, aux) = self.model.loss(p, mb, z);
                 (aux["total_loss"].clone(), aux)
             });
             let mut next: Tree =
