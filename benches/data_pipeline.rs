@@ -86,6 +86,7 @@ fn text_pass(c: &Config, workers: usize) -> (f64, u64, u64) {
 fn main() {
     std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
     let quick = std::env::args().any(|a| a == "--quick");
+    let train_only = std::env::args().any(|a| a == "--train-only");
     let repeats = if quick { 1 } else { 3 };
     let provisioner = Provisioner::from_env();
     let tokenizer = provisioner.wheel_file(&MISTRAL).expect("fetching the Mistral tokenizer");
@@ -138,6 +139,14 @@ fn main() {
             format!("packing={packing}"),
         ])
     };
+    if !train_only {
+        throughput(&base, work.path(), cores, repeats);
+    }
+    train_comparison(work.path(), quick, repeats);
+}
+
+/// Tokens per second of each source, without training.
+fn throughput(base: &dyn Fn(&str, bool) -> Config, work: &Path, cores: usize, repeats: usize) {
     println!("\n| source ({cores} cores, rows of {SEQ}, batch {ROWS}) | workers | tokens | batches | tokens/s (median of {repeats}) |");
     println!("|---|---|---|---|---|");
     for (name, files, packing) in [
@@ -157,8 +166,8 @@ fn main() {
     }
 
     // The tokens format: the same corpus as a token file, read shuffled through the memory map.
-    let token_file = work.path().join("plays.tokens");
-    let files = data::prepare::input_files(&[work.path().join("plays.jsonl").display().to_string()]).unwrap();
+    let token_file = work.join("plays.tokens");
+    let files = data::prepare::input_files(&[work.join("plays.jsonl").display().to_string()]).unwrap();
     let c = base("plays.jsonl", true);
     let summary =
         data::prepare::tokenize_files(files, "text", data::load_tokenizer(&c).unwrap(), SEQ, &token_file, cores, false)
@@ -183,8 +192,10 @@ fn main() {
         })
         .collect();
     println!("\n| source | tokens/s (median) |\n|---|---|\n| tokens file (mmap, shuffled rows, batch {global} x {SEQ}, 4 epochs) | {:.0} |", median(passes));
+}
 
-    // The default model's train step: synthetic data vs the text pipeline.
+/// The default model's train step: synthetic data vs the text pipeline.
+fn train_comparison(work: &Path, quick: bool, repeats: usize) {
     let steps = if quick { 20 } else { 60 };
     let run = |extra: &[String]| {
         let mut args = vec![format!("steps={steps}")];
@@ -196,14 +207,22 @@ fn main() {
         let wait = median(report.data_wait_times[1..].to_vec());
         (step, wait)
     };
-    let synthetic = run(&[]);
     let small_tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/shakespeare-bpe512.model");
-    let text = run(&[
-        "dataset_type=hf".into(),
-        format!("hf_train_files={}", work.path().join("plays.jsonl").display()),
+    let text_args = [
+        "dataset_type=hf".to_string(),
+        format!("hf_train_files={}", work.join("plays.jsonl").display()),
         format!("tokenizer_path={}", small_tokenizer.display()),
-    ]);
-    println!("\n| default model, {steps} steps | median step (s) | median wait for the batch (s) |\n|---|---|---|");
+    ];
+    // Interleaved runs, so that a change in the machine's load hits both alike.
+    let (mut synthetic_runs, mut text_runs) = (Vec::new(), Vec::new());
+    for _ in 0..repeats {
+        synthetic_runs.push(run(&[]));
+        text_runs.push(run(&text_args));
+    }
+    let med = |runs: &[(f64, f64)], i: usize| median(runs.iter().map(|r| if i == 0 { r.0 } else { r.1 }).collect());
+    let synthetic = (med(&synthetic_runs, 0), med(&synthetic_runs, 1));
+    let text = (med(&text_runs, 0), med(&text_runs, 1));
+    println!("\n| default model, {steps} steps, median of {repeats} interleaved runs | median step (s) | median wait for the batch (s) |\n|---|---|---|");
     println!("| synthetic | {:.4} | {:.6} |", synthetic.0, synthetic.1);
     println!("| hf JSONL, SentencePiece, packing | {:.4} | {:.6} |", text.0, text.1);
     println!("ratio text / synthetic step time: {:.3}", text.0 / synthetic.0);
