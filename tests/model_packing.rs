@@ -87,8 +87,16 @@ fn layer(c: &Model, l: &BTreeMap<&str, Array2<f64>>, x: &Array2<f64>) -> Array2<
 }
 
 /// The packed rows: tokens, segment ids (1, 2 per row; 0 on padding), positions (restarting at 0
-/// per document), and where each document lies (row, start, length).
-fn packed(vocab: i32) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<(usize, usize, usize)>) {
+/// per document), and where each document lies.
+struct Packed {
+    tokens: Vec<i32>,
+    segs: Vec<i32>,
+    pos: Vec<i32>,
+    /// (row, start, length) of each document.
+    docs: Vec<(usize, usize, usize)>,
+}
+
+fn packed(vocab: i32) -> Packed {
     let mut rng = common::rng(31);
     let (mut tokens, mut segs, mut pos, mut docs) =
         (vec![0; ROWS * SEQ], vec![0; ROWS * SEQ], vec![0; ROWS * SEQ], Vec::new());
@@ -105,7 +113,7 @@ fn packed(vocab: i32) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<(usize, usize, usize
             start += len;
         }
     }
-    (tokens, segs, pos, docs)
+    Packed { tokens, segs, pos, docs }
 }
 
 fn layer_outputs(c: &Model, p: &RefParams, tokens: &[i32], segs: &[i32], pos: &[i32], with_segments: bool) -> Vec<f64> {
@@ -135,7 +143,7 @@ fn check(scan_layers: bool) {
     let c = llama_ref::config(scan_layers, &[]);
     let p = random_params(&c, 7);
     let e = c.config.emb as usize;
-    let (tokens, segs, pos, docs) = packed(c.config.vocab as i32);
+    let Packed { tokens, segs, pos, docs } = packed(c.config.vocab as i32);
     let packed_out = layer_outputs(&c, &p, &tokens, &segs, &pos, true);
     let plain_out = layer_outputs(&c, &p, &tokens, &segs, &pos, false);
     let per_layer = ROWS * SEQ * e;
