@@ -24,6 +24,8 @@ enum Command {
     Topologies(cli::topologies::TopologiesArgs),
     /// Convert text, JSON Lines or Parquet files to a `dataset_type=tokens` file.
     Tokenize(cli::tokenize::TokenizeArgs),
+    /// Run a train command on a cluster: a Vertex AI custom job, a Slurm batch script or a GKE JobSet.
+    Submit(Box<cli::submit::SubmitArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -40,6 +42,7 @@ fn main() -> std::process::ExitCode {
         Command::TrainCompile(a) => cli::train_compile::run(a),
         Command::Topologies(a) => cli::topologies::run(a),
         Command::Tokenize(a) => cli::tokenize::run(a),
+        Command::Submit(a) => cli::submit::run(*a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
