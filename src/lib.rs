@@ -7,8 +7,10 @@
 
 pub mod aot;
 pub mod autodiff;
+pub mod checkpoint;
 pub mod cluster;
 pub mod config;
+pub mod data;
 pub mod ir;
 pub mod lower;
 pub mod model;
@@ -16,6 +18,7 @@ pub mod output;
 pub mod pjrt;
 pub mod runtime;
 pub mod sharding;
+pub mod storage;
 pub mod submit;
 pub mod tensor;
 pub mod train;

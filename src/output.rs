@@ -57,6 +57,7 @@ pub const PATH_KEYS: &[PathKey] = &[
     PathKey { key: "compiled_trainstep_file", train: Role::Reads, train_compile: Role::Writes },
     PathKey { key: "dataset_path", train: Role::Reads, train_compile: Role::Ignores },
     PathKey { key: "load_parameters_path", train: Role::Reads, train_compile: Role::Ignores },
+    PathKey { key: "load_full_state_path", train: Role::Reads, train_compile: Role::Ignores },
     PathKey { key: "xla_flags_file", train: Role::Reads, train_compile: Role::Reads },
     PathKey { key: "plugin", train: Role::Reads, train_compile: Role::Reads },
 ];
@@ -71,7 +72,8 @@ fn path_value(c: &Config, key: &str) -> Option<PathBuf> {
             _ => None,
         };
     }
-    (!text.is_empty()).then(|| PathBuf::from(text))
+    // Remote (gs://) paths are checked by the storage layer when used.
+    (!text.is_empty() && !text.contains("://")).then(|| PathBuf::from(text))
 }
 
 /// Checks every file `command` will write (see the module docs). Run it before compiling, so a
@@ -88,7 +90,11 @@ pub fn check_paths(c: &Config, command: Command) -> Result<()> {
     // An input that is a FIFO or a device would block or never end; missing inputs are left to
     // their readers, whose errors say what the file should hold.
     for (key, path) in &inputs {
-        if let Some(kind) = std::fs::metadata(path).ok().and_then(|m| describe_special(&m.file_type())) {
+        // A checkpoint is a directory: the keys that load one take either.
+        let checkpoint_dir = key.starts_with("load_") && path.is_dir();
+        if let Some(kind) =
+            std::fs::metadata(path).ok().filter(|_| !checkpoint_dir).and_then(|m| describe_special(&m.file_type()))
+        {
             bail!("{key}={} is {kind}; maxrs reads a regular file there", path.display());
         }
     }
@@ -238,5 +244,10 @@ impl LockedAppend {
             self.truncate_pending = false;
         }
         self.file.write_all(bytes).map_err(fail)
+    }
+
+    /// Makes everything appended so far durable.
+    pub fn sync(&mut self) -> Result<()> {
+        self.file.sync_data().map_err(|e| anyhow!("{}={}: {e}", self.key, self.path.display()))
     }
 }

@@ -2,10 +2,12 @@
 //! `key=value` parsing, and loading a command's config with the plugin rule applied.
 
 pub mod cluster_check;
+pub mod convert;
 pub mod coordinator;
 pub mod devices;
 pub mod launch;
 pub mod submit;
+pub mod tokenize;
 pub mod topologies;
 pub mod train;
 pub mod train_compile;

@@ -34,10 +34,17 @@ pub fn run(args: TrainArgs) -> Result<()> {
         c.collect_stack_trace.then(|| std::time::Duration::from_secs(c.stack_trace_interval_seconds.max(1) as u64));
     cluster::diagnostics::install(c.slow_step_stack_trace_factor, interval);
     let job = cluster::Cluster::join(&c, cluster::exit_on_cluster_error())?;
-    let result = job.pjrt_client(&c).and_then(|client| train::run::train_in(&c, &client, &job));
-    if let Err(e) = &result {
-        job.report_failure(e);
-        return result.map(|_| ());
+    let report = match job.pjrt_client(&c).and_then(|client| train::run::train_in(&c, &client, &job)) {
+        Ok(report) => report,
+        Err(e) => {
+            job.report_failure(&e);
+            return Err(e);
+        }
+    };
+    job.shutdown()?;
+    if report.stopped_by == Some("SIGINT") {
+        // The shell's convention for a program ended by Ctrl-C (128 + SIGINT).
+        std::process::exit(130);
     }
-    job.shutdown()
+    Ok(())
 }

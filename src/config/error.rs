@@ -14,6 +14,9 @@ pub enum ConfigError {
     )]
     UnknownKey { key: String, origin: String, suggestion: Option<String> },
 
+    #[error("`{key}` {origin} is MaxText's, but not supported yet: {reason}")]
+    NotSupported { key: String, origin: String, reason: &'static str },
+
     #[error("`{key}` {origin} expects {expected}, got `{value}`")]
     WrongType { key: String, origin: String, expected: String, value: String },
 

@@ -75,7 +75,17 @@ string_enum!(
 
 string_enum!(
     /// Where training batches come from.
-    DatasetType { Synthetic = "synthetic", Tokens = "tokens" }
+    DatasetType { Synthetic = "synthetic", Tokens = "tokens", Hf = "hf" }
+);
+
+string_enum!(
+    /// MaxText's `tokenizer_type`.
+    TokenizerType { SentencePiece = "sentencepiece", HuggingFace = "huggingface", Tiktoken = "tiktoken" }
+);
+
+string_enum!(
+    /// maxrs's `on_checkpoint_error`: what a failed checkpoint save does to the run.
+    OnCheckpointError { Stop = "stop", Continue = "continue" }
 );
 
 string_enum!(
@@ -103,8 +113,10 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "wsd_decay_style" => Some(WsdDecayStyle::VALUES),
         "hardware" => Some(Hardware::VALUES),
         "dataset_type" => Some(DatasetType::VALUES),
+        "tokenizer_type" => Some(TokenizerType::VALUES),
         "decoder_block" => Some(DecoderBlock::VALUES),
         "rope_type" => Some(RopeType::VALUES),
+        "on_checkpoint_error" => Some(OnCheckpointError::VALUES),
         _ => None,
     }
 }
@@ -148,6 +160,80 @@ pub const MODEL_KEYS: &[&str] = &[
     "gradient_clipping_threshold",
 ];
 
+/// MaxText keys of the checkpointing, run-output and data areas that maxrs refuses, with the
+/// reason or what to do instead: loading refuses them by name rather than calling them unknown
+/// (maxtext `src/maxtext/configs/base.yml`, commit e591f30).
+pub(crate) fn not_supported_yet(key: &str) -> Option<&'static str> {
+    const ORBAX: &str = "maxrs writes safetensors checkpoints with a manifest, not Orbax's OCDBT/Zarr storage";
+    Some(match key {
+        "checkpoint_storage_target_data_file_size_bytes"
+        | "checkpoint_storage_use_ocdbt"
+        | "checkpoint_storage_use_zarr3"
+        | "checkpoint_storage_concurrent_gb"
+        | "enable_orbax_v1"
+        | "source_checkpoint_layout"
+        | "checkpoint_conversion_fn" => ORBAX,
+        "enable_continuous_checkpointing" => "checkpoints are saved every checkpoint_period steps",
+        "enable_single_replica_ckpt_restoring" | "colocated_python_checkpointing" => "one process restores everything",
+        "checkpoint_todelete_subdir" | "checkpoint_todelete_full_path" => {
+            "max_num_checkpoints_to_keep deletes old checkpoints outright"
+        }
+        "enable_emergency_checkpoint"
+        | "enable_multi_tier_checkpointing"
+        | "local_checkpoint_directory"
+        | "local_checkpoint_period"
+        | "multi_tier_checkpointing_backup_interval_minutes"
+        | "multi_tier_checkpointing_backup_interval_steps" => "there is one checkpoint directory per run",
+        "lora_input_adapters_path" | "hf_lora_adapter_path" => "maxrs has no LoRA",
+        "checkpoint_is_quantized" => "maxrs has no quantized checkpoints",
+        "use_vertex_tensorboard" | "vertex_tensorboard_project" | "vertex_tensorboard_region" | "enable_wandb" => {
+            "TensorBoard event files are written to base_output_directory/run_name/tensorboard/"
+        }
+        "hf_path" | "hf_name" | "hf_data_dir" | "hf_eval_split" | "hf_access_token" => {
+            "maxrs reads no Hub datasets; give local files with hf_train_files / hf_eval_files"
+        }
+        "tokenize_train_data" | "tokenize_eval_data" => {
+            "pre-tokenized hf columns are not read; convert with `maxrs tokenize` and use dataset_type=tokens"
+        }
+        "grain_train_files" | "grain_eval_files" | "grain_file_type" | "dataset_name" | "eval_dataset_name"
+        | "train_split" | "eval_split" => "maxrs has no grain or tfds pipeline; use dataset_type=hf or tokens",
+        "use_truncation"
+        | "max_segments_per_seq"
+        | "num_epoch"
+        | "generate_padding_batch_train"
+        | "generate_padding_batch_eval"
+        | "expansion_factor_real_data"
+        | "use_sft"
+        | "use_dpo"
+        | "use_chat_template" => "maxrs always truncates documents and repeats epochs until `steps`",
+        _ => return None,
+    })
+}
+
+/// Integer keys whose value may also be `None` (MaxText's spelling; `null` in YAML).
+pub(crate) fn nullable_int(key: &str) -> bool {
+    key == "max_num_checkpoints_to_keep"
+}
+
+/// An optional integer written as MaxText does: `None` (a string to YAML), `null`, or a number.
+fn none_or_int<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(i64),
+        Text(String),
+        Null,
+    }
+    match Option::<Raw>::deserialize(deserializer)? {
+        None | Some(Raw::Null) => Ok(None),
+        Some(Raw::Int(n)) => Ok(Some(n)),
+        Some(Raw::Text(t)) if matches!(t.trim(), "None" | "none" | "null" | "") => Ok(None),
+        Some(Raw::Text(t)) => {
+            t.trim().parse().map(Some).map_err(|_| serde::de::Error::custom(format!("`{t}` is not an integer or None")))
+        }
+    }
+}
+
 /// The mesh axes of one logical axis rule: MaxText writes either one name or a list.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -182,6 +268,18 @@ pub struct Config {
     pub log_period: i64,
     pub enable_checkpointing: bool,
     pub load_parameters_path: String,
+    pub load_full_state_path: String,
+    pub async_checkpointing: bool,
+    pub checkpoint_period: i64,
+    #[serde(deserialize_with = "none_or_int")]
+    pub max_num_checkpoints_to_keep: Option<i64>,
+    pub save_checkpoint_on_start: bool,
+    pub save_checkpoint_on_completion: bool,
+    pub enable_autocheckpoint: bool,
+    pub on_checkpoint_error: OnCheckpointError,
+    pub enable_tensorboard: bool,
+    pub gcs_metrics: bool,
+    pub save_config_to_gcs: bool,
 
     // Model
     pub decoder_block: DecoderBlock,
@@ -219,9 +317,25 @@ pub struct Config {
     // Data
     pub dataset_type: DatasetType,
     pub dataset_path: String,
+    pub hf_train_files: String,
+    pub hf_eval_files: String,
+    pub train_data_columns: Vec<String>,
+    pub eval_data_columns: Vec<String>,
+    pub tokenizer_path: String,
+    pub tokenizer_type: TokenizerType,
+    pub add_bos: bool,
+    pub add_eos: bool,
+    pub packing: bool,
+    pub enable_data_shuffling: bool,
     pub data_shuffle_seed: i64,
     pub per_device_batch_size: f64,
     pub max_target_length: i64,
+
+    // Eval
+    pub eval_interval: i64,
+    pub eval_steps: i64,
+    pub eval_start_step: i64,
+    pub eval_per_device_batch_size: f64,
 
     // Training loop and optimizer
     pub steps: i64,

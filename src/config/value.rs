@@ -43,6 +43,9 @@ pub fn non_default_value(config: &Config, key: &str) -> Option<String> {
 /// written, for errors ("on the command line", "in configs/base.yml").
 pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, ConfigError> {
     let Some(default) = schema().get(key) else {
+        if let Some(reason) = keys::not_supported_yet(key) {
+            return Err(ConfigError::NotSupported { key: key.to_string(), origin: origin.to_string(), reason });
+        }
         return Err(ConfigError::UnknownKey {
             key: key.to_string(),
             origin: origin.to_string(),
@@ -55,6 +58,16 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
         expected: describe(key, default),
         value: show(value),
     };
+    if keys::nullable_int(key) {
+        let coerced = match &value {
+            Value::Null => Some(Value::Null),
+            Value::Number(n) if n.is_i64() => Some(value.clone()),
+            Value::String(s) if matches!(s.trim(), "None" | "none" | "null" | "") => Some(Value::Null),
+            Value::String(s) => parse_number::<i64>(s).map(Value::from),
+            _ => None,
+        };
+        return coerced.ok_or_else(|| wrong(&value));
+    }
     let coerced = match default {
         Value::Bool(_) => match &value {
             Value::Bool(_) => Some(value.clone()),
@@ -144,6 +157,9 @@ fn parse_list(s: &str) -> Value {
 }
 
 fn describe(key: &str, default: &Value) -> String {
+    if keys::nullable_int(key) {
+        return "an integer or None".into();
+    }
     match default {
         Value::Bool(_) => "a boolean (true or false)".into(),
         Value::Number(n) if n.is_f64() => "a finite number".into(),
@@ -232,6 +248,15 @@ mod tests {
         assert!(e.contains("logical_axis_rules") && e.contains("rows"), "{e}");
         let e = cli("data_sharding", "[[1, [2]]]").unwrap_err().to_string();
         assert!(e.contains("lists of strings"), "{e}");
+    }
+
+    #[test]
+    fn maxtext_checkpoint_keys_maxrs_lacks_are_refused_as_not_supported() {
+        let e = cli("checkpoint_storage_use_ocdbt", "true").unwrap_err().to_string();
+        assert!(e.contains("checkpoint_storage_use_ocdbt") && e.contains("not supported yet"), "{e}");
+        assert_eq!(cli("max_num_checkpoints_to_keep", "None").unwrap(), Value::Null);
+        assert_eq!(cli("max_num_checkpoints_to_keep", "3").unwrap(), Value::from(3));
+        assert!(cli("max_num_checkpoints_to_keep", "three").unwrap_err().to_string().contains("an integer or None"));
     }
 
     #[test]

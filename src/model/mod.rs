@@ -10,7 +10,7 @@
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
 //! - [`params`]: parameter declarations, initialization, program inputs.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
-//!   [`gemma2`], [`gpt3`].
+//!   [`gemma2`], [`gpt3`]; beside Llama's, [`llama_hf`], its Hugging Face layout (`maxrs convert`).
 
 pub mod attention;
 pub mod blocks;
@@ -20,6 +20,7 @@ pub mod gemma;
 pub mod gemma2;
 pub mod gpt3;
 pub mod llama;
+pub mod llama_hf;
 pub mod mistral;
 pub mod params;
 

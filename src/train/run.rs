@@ -1,29 +1,42 @@
 //! `maxrs train`'s job, start to end: plugin and devices -> validated config and mesh -> traced,
-//! lowered and compiled train step -> state initialized on the devices (or loaded from
-//! `load_parameters_path`) -> the step loop (data in, metrics out, state stays on the devices)
-//! -> a summary. [`RunReport`] returns what happened, for tests and benchmarks.
+//! lowered and compiled train step -> state on the devices (restored from the run's newest
+//! checkpoint, `load_full_state_path` or `load_parameters_path`, else initialized) -> the step
+//! loop (data in, metrics and events out, state stays on the devices, copied off for
+//! checkpoints) -> a summary. [`RunReport`] returns what happened, for tests and benchmarks.
+//!
+//! Signals: with `enable_autocheckpoint`, SIGTERM (preemption) ends the run after the current
+//! step with a checkpoint of it; SIGINT ends it after the current step, waiting for a checkpoint
+//! write in flight (a second SIGINT exits at once).
 
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::aot::artifact;
+use crate::checkpoint::{self, CheckpointManager, Checkpoints, DataState, Expected, OnError, Policy, Saved, Snapshot};
 use crate::cluster::{diagnostics, Cluster};
-use crate::config::{self, Config, Derived};
+use crate::config::{self, Config, Derived, OnCheckpointError};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::output;
 use crate::pjrt::{self, Client};
 use crate::runtime::{self, Compiled, DeviceArray};
+use crate::storage::{self, Location};
 
-use super::data::{host_rows, BatchLoader, DataSource};
+use crate::data::{self, Batch, BatchIterator, EvalData, ProcessShare};
+
+use super::data_position::DataPosition;
 use super::flops::{self, StepShape};
 use super::health::Health;
-use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
+use super::metrics::{median_step_time, EvalMetrics, PerDeviceWork, StepMetrics};
+use super::outputs::{self, RunOutputs};
 use super::params_io::{load_parameters, ParamSpec};
-use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
+use super::step::{batch_inputs, step_mesh, TrainStep};
 
 /// Wall times of the start-up phases, in seconds.
 #[derive(Clone, Debug, Default)]
@@ -49,10 +62,27 @@ pub struct RunReport {
     pub grad_norms: Vec<f64>,
     pub learning_rates: Vec<f64>,
     pub step_times: Vec<f64>,
+    /// Each eval: the train step it followed and its metrics.
+    pub evals: Vec<EvalMetrics>,
+    /// Seconds per step the loop waited for the input pipeline's next batch.
+    pub data_wait_times: Vec<f64>,
+    /// The data stream's position after the last step (what a checkpoint saves).
+    pub data_state: Option<data::DataState>,
     /// TFLOPs per device per step (MaxText's formula).
     pub tflops_per_device: f64,
     /// Peak device memory in use after the run, when the plugin reports it.
     pub peak_memory_bytes: Option<i64>,
+    /// The first step this run executed (0, or one past the restored checkpoint's step).
+    pub first_step: u64,
+    /// Checkpoints written, in order.
+    pub checkpoints: Vec<Saved>,
+    /// Seconds the loop spent copying the state off the devices for each checkpoint: with
+    /// `async_checkpointing`, the training time a save costs.
+    pub snapshot_seconds: Vec<f64>,
+    /// Saves that failed under `on_checkpoint_error=continue`.
+    pub checkpoint_failures: Vec<String>,
+    /// The signal that ended the run early (`SIGTERM`, `SIGINT`).
+    pub stopped_by: Option<&'static str>,
 }
 
 /// The devices of a one-process run: the plugin's client.
@@ -93,12 +123,20 @@ fn devices_per_process(devices: &[pjrt::Device]) -> Vec<Vec<i64>> {
 /// and only process 0 logs and writes metrics.
 pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunReport> {
     let mut report = RunReport::default();
+    let c = &Config { run_name: outputs::resolved_run_name(c), ..c.clone() };
     let devices = client.devices()?;
     let granules = devices_per_process(&devices);
     if granules.len() != cluster.process_count() {
         bail!(
             "the plugin reports devices of {} processes, but this job has {}",
             granules.len(),
+            cluster.process_count()
+        );
+    }
+    if cluster.process_count() > 1 && (c.enable_checkpointing || !c.load_full_state_path.is_empty()) {
+        bail!(
+            "enable_checkpointing / load_full_state_path in a job of {} processes: multi-process checkpoints are not \
+             supported yet (each process would have to write the shards it holds); set enable_checkpointing=false",
             cluster.process_count()
         );
     }
@@ -112,28 +150,24 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
 
     // Everything the run reads and writes is checked before the (possibly long) compile.
     output::check_paths(c, output::Command::Train)?;
+    if !c.load_parameters_path.is_empty() {
+        if let Location::Local(path) = Location::parse(&c.load_parameters_path)? {
+            if !path.exists() {
+                bail!("load_parameters_path={}: no such file or checkpoint directory", path.display());
+            }
+        }
+    }
     if let Some(bytes) = host_memory_bytes() {
         config::check_host_memory(c, &derived, step.model.num_params(), bytes, client.platform_name()? == "cpu")?;
     }
-    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
-    let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
-    let source = DataSource::open(
-        c.dataset_type.as_str(),
-        path.as_deref(),
-        seed,
-        derived.max_target_length,
-        c.vocab_size as u32,
-    )?;
-    if !c.load_parameters_path.is_empty() {
-        std::fs::File::open(&c.load_parameters_path)
-            .map_err(|e| anyhow!("load_parameters_path={}: {e}", c.load_parameters_path))?;
-    }
-    // Only process 0 writes metrics; the file is locked from here to the end of the run.
-    let mut writer = match c.metrics_file.as_str() {
-        _ if !logger => None,
-        "" => None,
-        path => Some(MetricsWriter::open(Path::new(path), 0, &c.run_name)?),
+    // The training data opens before the compile, so a bad file or tokenizer fails early (a
+    // gs:// token file is read from a local copy: the input pipeline reads local files).
+    let dataset_copy = remote_dataset_copy(c)?;
+    let data_config = match &dataset_copy {
+        Some(path) => Config { dataset_path: path.display().to_string(), ..c.clone() },
+        None => c.clone(),
     };
+    drop(data::open_train(&data_config, derived.global_batch_size, ProcessShare::SINGLE, None)?);
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -151,8 +185,11 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
 
     let t = Instant::now();
     diagnostics::set_phase(None, "initializing the state");
-    let mut state = initial_state(c, client, &step, &compiled)?;
+    let checkpoints = run_checkpoints(c)?;
+    let start = initial_state(c, client, &step, &compiled, checkpoints.as_ref())?;
+    let mut state = start.state;
     report.startup.init = t.elapsed().as_secs_f64();
+    report.first_step = start.first_step;
     if logger {
         println!(
             "start-up: trace {:.3} s, lower {:.3} s, compile {:.3} s, init {:.3} s",
@@ -162,24 +199,46 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
 
     let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
-    let batch_inputs: Vec<usize> =
-        BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+    let batch_names = batch_inputs(step.packed);
+    let batch_slots: Vec<usize> =
+        batch_names.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
     let (p, n) = (cluster.process_index(), cluster.process_count());
-    let rows = compiled.local_rows(batch_inputs[0])?;
+    let rows = compiled.local_rows(batch_slots[0])?;
     let global = derived.global_batch_size;
     // The rows this process's devices hold: its share of the batch, or all of it when the mesh
     // does not split the batch across processes.
-    let mut loader = if rows == (0..global) {
-        BatchLoader::new(source, global, 0, 1)?
-    } else if rows == host_rows(global, p, n)? {
-        BatchLoader::new(source, global, p, n)?
+    let share = if rows == (0..global) {
+        ProcessShare::SINGLE
+    } else if rows == data::host_rows(global, p, n)? {
+        ProcessShare { index: p, count: n }
     } else {
         bail!(
             "process {p} of {n} holds batch rows {rows:?} of {global}, which is neither its share {:?} nor the whole \
              batch; shard the batch over the DCN axes in process order (dcn_data_parallelism or dcn_fsdp_parallelism)",
-            host_rows(global, p, n)?
+            data::host_rows(global, p, n)?
         );
     };
+    let first_row = rows.start as i64;
+    let mut data_position = DataPosition::new(c, global)?;
+    if let Some(data) = &start.data {
+        data_position.restore_state(data, start.first_step)?;
+    } else if start.first_step > 0 && c.dataset_type == config::DatasetType::Synthetic {
+        // A full state loaded without a data position (load_full_state_path): real data starts
+        // over, as in MaxText; the synthetic sequence is a function of the step, so it goes on.
+        data_position.state = Some(data::DataState::Synthetic { step: start.first_step });
+    }
+    let mut train_data = data::open_train(&data_config, global, share, data_position.state)?;
+    let eval = match EvalData::open(&data_config, derived.eval_batch_size, share)? {
+        Some(eval_data) => Some(Evaluator::new(client, &step, &compiled, eval_data, derived.eval_batch_size)?),
+        None => None,
+    };
+    // Only process 0 writes metrics and events; the metrics file is locked to the end of the run.
+    let mut outputs = if logger { RunOutputs::open(c, start.first_step)? } else { RunOutputs::none(c) };
+    let mut manager = checkpoints.map(|dir| CheckpointManager::new(dir, checkpoint_policy(c)));
+    let state_slots = StateSlots::new(&step, &compiled)?;
+    let model_keys = checkpoint::manifest::model_keys(c, &step.model);
+    let signals = Signals::install(c.enable_autocheckpoint)?;
+
     let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
     let (loss_i, norm_i, lr_i, weights_i) =
         (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
@@ -188,23 +247,27 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     let carried: Vec<Option<usize>> =
         compiled.program.outputs.iter().map(|o| compiled.input_index(&o.name).ok()).collect();
 
-    let bar = if logger { progress_bar(derived.steps as u64) } else { ProgressBar::hidden() };
+    let steps = derived.steps as u64;
+    if start.first_step >= steps && logger {
+        println!("the restored checkpoint already completed all {steps} steps; nothing to train");
+    }
+    let bar = if logger { progress_bar(steps.saturating_sub(start.first_step)) } else { ProgressBar::hidden() };
     let mut last = Instant::now();
+    let mut last_step = None;
     let mut health = Health::new(c);
-    for step_index in 0..derived.steps as u64 {
+    for step_index in start.first_step..steps {
         diagnostics::step_started(step_index);
         diagnostics::set_phase(Some(step_index), "reading and feeding the batch");
-        let batch = loader.batch(step_index)?;
-        let named = batch.named();
-        for (slot, name) in batch_inputs.iter().zip(BATCH_INPUTS) {
-            let host = named.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect("Batch has every input");
-            state[*slot] = Some(compiled.put_rows(client, *slot, host, loader.rows().start as i64)?);
-        }
+        let wait = Instant::now();
+        let batch = train_data.next_batch()?.ok_or_else(|| anyhow!("the training data ended at step {step_index}"))?;
+        report.data_wait_times.push(wait.elapsed().as_secs_f64());
+        data_position.state = Some(train_data.state());
+        put_batch(client, &compiled, &batch_slots, &batch_names, &batch, first_row, &mut state)?;
         let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
         diagnostics::set_phase(Some(step_index), "running the train step (XLA's collectives run inside it)");
-        let outputs = compiled.execute(&args)?;
+        let outputs_now = compiled.execute(&args)?;
         diagnostics::set_phase(Some(step_index), "reading the step's metrics");
-        let scalar = |i: usize| -> Result<f64> { Ok(compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
+        let scalar = |i: usize| -> Result<f64> { Ok(compiled.fetch(i, &outputs_now[i])?.to_f64()[0]) };
         let (loss, grad_norm, lr, weights) = (scalar(loss_i)?, scalar(norm_i)?, scalar(lr_i)?, scalar(weights_i)?);
         let now = Instant::now();
         let metrics = StepMetrics {
@@ -220,9 +283,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         if logger {
             print_line(&bar, &metrics.log_line());
         }
-        if let Some(w) = writer.as_mut() {
-            w.write(&metrics)?;
-        }
+        outputs.step(&metrics, &c.run_name).context("writing the run's metrics")?;
         // As MaxText's metric_logger: the step's metrics are written, then the run may stop.
         let verdict = health.observe(step_index, loss, grad_norm);
         if verdict.is_err() {
@@ -236,21 +297,295 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         report.learning_rates.push(lr);
         report.step_times.push(metrics.step_time_seconds);
         // The step's new state becomes the next step's input.
-        for (slot, array) in carried.iter().zip(outputs) {
+        for (slot, array) in carried.iter().zip(outputs_now) {
             if let Some(slot) = slot {
                 state[*slot] = Some(array);
             }
         }
+        last_step = Some(step_index);
+        if let Some(eval) = eval.as_ref().filter(|_| eval_due(c, step_index)) {
+            diagnostics::set_phase(Some(step_index), "evaluating");
+            let metrics = eval.run(client, &state, step_index, c.eval_steps)?;
+            if logger {
+                print_line(&bar, &metrics.log_line());
+            }
+            outputs.eval(&metrics, &c.run_name).context("writing the run's eval metrics")?;
+            report.evals.push(metrics);
+            // The eval's time is not the next train step's.
+            last = Instant::now();
+        }
         bar.inc(1);
         diagnostics::step_finished(step_index);
+
+        let stop = signals.stop_requested();
+        if let Some(manager) = manager.as_mut() {
+            let preempted = stop == Some("SIGTERM");
+            if manager.due(step_index) || preempted {
+                diagnostics::set_phase(Some(step_index), "copying the state off the devices for a checkpoint");
+                let t = Instant::now();
+                let snapshot = state_slots.snapshot(&compiled, &state, step_index, &model_keys, &data_position)?;
+                report.snapshot_seconds.push(t.elapsed().as_secs_f64());
+                manager.save(snapshot)?;
+            }
+        }
+        if let Some(signal) = stop {
+            print_line(&bar, &format!("{signal}: stopping after step {step_index}"));
+            report.stopped_by = Some(signal);
+            break;
+        }
     }
     bar.finish_and_clear();
+    if let Some((documents, undecodable, tokens)) = train_data.text_stats().filter(|_| logger) {
+        println!("data: {documents} documents, {tokens} tokens packed so far; {undecodable} rows could not be decoded (skipped)");
+    }
+    report.data_state = Some(train_data.state());
+    diagnostics::set_phase(None, "finishing: metrics, checkpoints");
+    if let Some(step_index) = last_step {
+        outputs.flush(step_index)?;
+    }
+    if let Some(mut manager) = manager {
+        if let Some(step_index) = last_step.filter(|&s| manager.policy.on_completion && !manager.has(s)) {
+            if report.stopped_by.is_none() {
+                let t = Instant::now();
+                let snapshot = state_slots.snapshot(&compiled, &state, step_index, &model_keys, &data_position)?;
+                report.snapshot_seconds.push(t.elapsed().as_secs_f64());
+                manager.save(snapshot)?;
+            }
+        }
+        manager.wait()?;
+        report.checkpoints = std::mem::take(&mut manager.saved);
+        report.checkpoint_failures = std::mem::take(&mut manager.failures);
+    }
     diagnostics::set_phase(None, "finished training");
     report.peak_memory_bytes = peak_memory(&client.addressable_devices()?);
     if logger {
         print_summary(&report, &work);
     }
     Ok(report)
+}
+
+/// The run's checkpoints directory, when `enable_checkpointing` (validation made sure
+/// `base_output_directory` is set then).
+fn run_checkpoints(c: &Config) -> Result<Option<Checkpoints>> {
+    if !c.enable_checkpointing {
+        return Ok(None);
+    }
+    let dir = outputs::run_dir(c)?.expect("validated: checkpointing has base_output_directory");
+    Ok(Some(Checkpoints::new(dir.join("checkpoints"))))
+}
+
+fn checkpoint_policy(c: &Config) -> Policy {
+    Policy {
+        period: c.checkpoint_period as u64,
+        on_start: c.save_checkpoint_on_start,
+        on_completion: c.save_checkpoint_on_completion,
+        asynchronous: c.async_checkpointing,
+        keep: c.max_num_checkpoints_to_keep.map(|n| n as usize),
+        on_error: match c.on_checkpoint_error {
+            OnCheckpointError::Stop => OnError::Stop,
+            OnCheckpointError::Continue => OnError::Continue,
+        },
+    }
+}
+
+/// A local copy of a `gs://` `dataset_path` (deleted when dropped); `None` for a local one.
+fn remote_dataset_copy(c: &Config) -> Result<Option<tempfile::TempPath>> {
+    if c.dataset_path.is_empty() {
+        return Ok(None);
+    }
+    match Location::parse(&c.dataset_path)? {
+        Location::Local(_) => Ok(None),
+        remote => Ok(Some(download(&remote)?)),
+    }
+}
+
+/// Copies a remote file into a temporary local file (deleted when dropped).
+fn download(remote: &Location) -> Result<tempfile::TempPath> {
+    let mut file = tempfile::NamedTempFile::new().context("creating a temporary file")?;
+    let mut input = storage::open_read(remote)?;
+    std::io::copy(&mut input, file.as_file_mut()).with_context(|| format!("copying {remote} to a local file"))?;
+    Ok(file.into_temp_path())
+}
+
+/// Where each state array lives: its name, its input slot and the output that carries it.
+struct StateSlots {
+    slots: Vec<(String, usize, usize)>,
+}
+
+impl StateSlots {
+    fn new(step: &TrainStep, compiled: &Compiled) -> Result<StateSlots> {
+        let slots = step
+            .state_specs()
+            .into_iter()
+            .map(|(name, ..)| Ok((name.clone(), compiled.input_index(&name)?, compiled.output_index(&name)?)))
+            .collect::<Result<_>>()?;
+        Ok(StateSlots { slots })
+    }
+
+    /// Copies the state after `step_index` off the devices (each array assembled from its
+    /// shards), with what the manifest records.
+    fn snapshot(
+        &self,
+        compiled: &Compiled,
+        state: &[Option<DeviceArray>],
+        step_index: u64,
+        model: &BTreeMap<String, serde_json::Value>,
+        data: &dyn DataState,
+    ) -> Result<Snapshot> {
+        let arrays = self
+            .slots
+            .iter()
+            .map(|(name, input, output)| {
+                let array = state[*input].as_ref().expect("state slots are always set");
+                Ok((name.clone(), compiled.fetch(*output, array)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Snapshot {
+            step: Some(step_index),
+            arrays,
+            model: model.clone(),
+            data: Some(data.save_state(step_index + 1)),
+        })
+    }
+}
+
+/// SIGTERM (with `enable_autocheckpoint`) and SIGINT, noted by flags the loop checks after each
+/// step; the handlers are removed when the run ends.
+struct Signals {
+    terminate: Arc<AtomicBool>,
+    interrupt: Arc<AtomicBool>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl Signals {
+    fn install(autocheckpoint: bool) -> Result<Signals> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        use signal_hook::flag;
+        let terminate = Arc::new(AtomicBool::new(false));
+        let interrupt = Arc::new(AtomicBool::new(false));
+        let mut ids = Vec::new();
+        let fail = |e: std::io::Error| anyhow!("cannot install a signal handler: {e}");
+        // A second SIGINT exits at once (130 = 128 + SIGINT), as an impatient user expects.
+        ids.push(flag::register_conditional_shutdown(SIGINT, 130, interrupt.clone()).map_err(fail)?);
+        ids.push(flag::register(SIGINT, interrupt.clone()).map_err(fail)?);
+        if autocheckpoint {
+            ids.push(flag::register(SIGTERM, terminate.clone()).map_err(fail)?);
+        }
+        Ok(Signals { terminate, interrupt, ids })
+    }
+
+    fn stop_requested(&self) -> Option<&'static str> {
+        if self.terminate.load(Ordering::Relaxed) {
+            Some("SIGTERM")
+        } else if self.interrupt.load(Ordering::Relaxed) {
+            Some("SIGINT")
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+/// Copies a batch's arrays `names` (this process's rows, from `first_row` of the global batch)
+/// into the step's input `slots`.
+fn put_batch(
+    client: &Client,
+    compiled: &Compiled,
+    slots: &[usize],
+    names: &[&str],
+    batch: &Batch,
+    first_row: i64,
+    state: &mut [Option<DeviceArray>],
+) -> Result<()> {
+    for (slot, name) in slots.iter().zip(names) {
+        let host = batch.get(name).expect("a Batch has every input");
+        state[*slot] = Some(compiled.put_rows(client, *slot, host, first_row)?);
+    }
+    Ok(())
+}
+
+/// MaxText's rule (maxtext `src/maxtext/trainers/pre_train/train.py`, main e591f30): eval after
+/// train step `s` when `s >= eval_start_step` and `(s - eval_start_step) % eval_interval == 0`.
+fn eval_due(c: &Config, step: u64) -> bool {
+    let (start, interval) = (c.eval_start_step as u64, c.eval_interval);
+    interval > 0 && step >= start && (step - start).is_multiple_of(interval as u64)
+}
+
+/// The compiled eval step and its data.
+struct Evaluator {
+    compiled: Compiled,
+    data: EvalData,
+    /// For each eval input: the train state slot holding it (parameters), or `None` (batch).
+    from_state: Vec<Option<usize>>,
+    batch_names: Vec<&'static str>,
+    batch_slots: Vec<usize>,
+    outputs: [usize; 3],
+}
+
+impl Evaluator {
+    fn new(client: &Client, step: &TrainStep, train: &Compiled, data: EvalData, rows: usize) -> Result<Evaluator> {
+        // Eval batches are text (`hf_eval_files`): packed whenever `packing` is on.
+        let packed = data.packed();
+        let program = step.eval_step(rows as i64, packed).map_err(|e| anyhow!("tracing the eval step: {e}"))?;
+        let compiled = runtime::compile(client, &program).context("compiling the eval step")?;
+        let from_state = compiled
+            .program
+            .inputs
+            .iter()
+            .map(|i| if i.name.starts_with("params.") { train.input_index(&i.name).map(Some) } else { Ok(None) })
+            .collect::<Result<_>>()?;
+        let batch_names = batch_inputs(packed);
+        let batch_slots =
+            batch_names.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+        let out = |n: &str| compiled.output_index(&format!("metrics.{n}"));
+        let outputs = [out("total_loss")?, out("total_weights")?, out("z_loss")?];
+        Ok(Evaluator { compiled, data, from_state, batch_names, batch_slots, outputs })
+    }
+
+    /// One pass over the eval files (at most `eval_steps` batches when positive) with the
+    /// current parameters.
+    fn run(
+        &self,
+        client: &Client,
+        state: &[Option<DeviceArray>],
+        after_step: u64,
+        eval_steps: i64,
+    ) -> Result<EvalMetrics> {
+        // This process's rows of the global eval batch.
+        let first_row = self.compiled.local_rows(self.batch_slots[0])?.start as i64;
+        let mut metrics = EvalMetrics { step: after_step, ..EvalMetrics::default() };
+        let mut batches: BatchIterator = self.data.batches();
+        let mut slots: Vec<Option<DeviceArray>> = self.compiled.program.inputs.iter().map(|_| None).collect();
+        while eval_steps <= 0 || (metrics.eval_steps as i64) < eval_steps {
+            let Some(batch) = batches.next_batch()? else { break };
+            put_batch(client, &self.compiled, &self.batch_slots, &self.batch_names, &batch, first_row, &mut slots)?;
+            let args: Vec<&DeviceArray> = slots
+                .iter()
+                .zip(&self.from_state)
+                .map(|(own, train_slot)| match train_slot {
+                    Some(t) => state[*t].as_ref().expect("the train state is set"),
+                    None => own.as_ref().expect("every batch input is set"),
+                })
+                .collect();
+            let outputs = self.compiled.execute(&args)?;
+            let scalar = |i: usize| -> Result<f64> { Ok(self.compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
+            metrics.total_loss += scalar(self.outputs[0])?;
+            metrics.total_weights += scalar(self.outputs[1])?;
+            metrics.z_loss_sum += scalar(self.outputs[2])?;
+            metrics.eval_steps += 1;
+        }
+        if metrics.eval_steps == 0 {
+            bail!("eval after step {after_step}: hf_eval_files gave no batch (no decodable documents)");
+        }
+        Ok(metrics)
+    }
 }
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
@@ -286,34 +621,107 @@ fn load_step(
     Compiled::new(program, executable)
 }
 
-/// The step's inputs as device arrays (batch slots empty): parameters and optimizer state from
-/// the init program, parameters from `load_parameters_path` when given.
+/// The state a run starts from.
+struct Start {
+    /// The step's inputs as device arrays (batch slots empty).
+    state: Vec<Option<DeviceArray>>,
+    first_step: u64,
+    /// The data position to continue from (a resumed run only).
+    data: Option<serde_json::Value>,
+}
+
+/// MaxText's order (maxtext `src/maxtext/configs/base.yml`, checkpointing section, commit
+/// e591f30): the run's own newest good checkpoint; else `load_full_state_path` (parameters,
+/// optimizer state and step; the data starts over) or `load_parameters_path` (parameters; the
+/// optimizer state is fresh); else the init program. Restored arrays are put onto this run's
+/// mesh with its shardings, whatever mesh wrote them.
 fn initial_state(
     c: &Config,
     client: &Client,
     step: &TrainStep,
     compiled: &Compiled,
-) -> Result<Vec<Option<DeviceArray>>> {
-    let from_file = !c.load_parameters_path.is_empty();
-    let init = step.init(!from_file).map_err(|e| anyhow!("tracing the initializer: {e}"))?;
+    checkpoints: Option<&Checkpoints>,
+) -> Result<Start> {
+    let expected: Vec<Expected> = step
+        .state_specs()
+        .into_iter()
+        .map(|(name, dtype, dims, _)| Expected { name, ty: runtime::element_type(dtype), dims })
+        .collect();
+    let model_keys = checkpoint::manifest::model_keys(c, &step.model);
+    let mut restored = None;
+    if let Some(checkpoints) = checkpoints {
+        checkpoints.remove_incomplete()?;
+        if let Some(loaded) = checkpoints.restore_latest(&expected, &model_keys)? {
+            let step_done =
+                loaded.manifest.step.ok_or_else(|| anyhow!("{}: the checkpoint has no step", loaded.location))?;
+            println!("resuming from the checkpoint of step {step_done} ({})", loaded.location);
+            let data = loaded.manifest.data.clone();
+            restored = Some((loaded.arrays, step_done + 1, data));
+        }
+    }
+    if restored.is_none() && !c.load_full_state_path.is_empty() {
+        let dir = Location::parse(&c.load_full_state_path)?;
+        let loaded = checkpoint::dir::load(&dir, &expected, &model_keys, false)
+            .with_context(|| format!("load_full_state_path={dir}"))?;
+        let step_done = loaded.manifest.step.ok_or_else(|| {
+            anyhow!("load_full_state_path={dir}: a parameters-only checkpoint (no step); use load_parameters_path")
+        })?;
+        println!("loaded the full state of step {step_done} from {dir}; training continues at step {}", step_done + 1);
+        restored = Some((loaded.arrays, step_done + 1, None));
+    }
+    let parameters = match restored {
+        None if !c.load_parameters_path.is_empty() => Some(load_parameter_arrays(c, &expected, &model_keys)?),
+        _ => None,
+    };
+
+    let with_params = restored.is_none() && parameters.is_none();
+    let init = step.init(with_params).map_err(|e| anyhow!("tracing the initializer: {e}"))?;
     let init = runtime::compile(client, &init)?;
     let outputs = init.execute(&[])?;
     let mut state: Vec<Option<DeviceArray>> = compiled.program.inputs.iter().map(|_| None).collect();
     for (spec, array) in init.program.outputs.iter().zip(outputs) {
         state[compiled.input_index(&spec.name)?] = Some(array);
     }
-    if from_file {
-        let dtype = runtime::element_type(step.model.config.weight_dtype);
-        let expected: Vec<ParamSpec> =
-            step.model.param_defs().into_iter().map(|d| ParamSpec { name: d.name, ty: dtype, dims: d.shape }).collect();
-        let params = load_parameters(Path::new(&c.load_parameters_path), &expected)?;
-        for (name, host) in &params {
-            let slot = compiled.input_index(&format!("params.{name}"))?;
-            state[slot] = Some(compiled.put(client, slot, host)?);
-        }
-        println!("loaded {} parameters from {}", params.len(), c.load_parameters_path);
+    let (arrays, first_step, data) = match (restored, parameters) {
+        (Some(restored), _) => restored,
+        (None, Some(params)) => (params, 0, None),
+        (None, None) => (BTreeMap::new(), 0, None),
+    };
+    for (name, host) in &arrays {
+        let slot = compiled.input_index(name)?;
+        state[slot] = Some(compiled.put(client, slot, host)?);
     }
-    Ok(state)
+    Ok(Start { state, first_step, data })
+}
+
+/// The parameters `load_parameters_path` names: a checkpoint directory (its `params`, float
+/// types converted to `weight_dtype`) or a safetensors file, local or gs://. Keys are the train
+/// step's names (`params.…`).
+fn load_parameter_arrays(
+    c: &Config,
+    expected: &[Expected],
+    model_keys: &BTreeMap<String, serde_json::Value>,
+) -> Result<BTreeMap<String, crate::pjrt::HostTensor>> {
+    let location = Location::parse(&c.load_parameters_path)?;
+    let params: Vec<Expected> = expected.iter().filter(|e| e.name.starts_with("params.")).cloned().collect();
+    let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
+    let arrays = if is_checkpoint {
+        checkpoint::dir::load(&location, &params, model_keys, true)
+            .with_context(|| format!("load_parameters_path={location}"))?
+            .arrays
+    } else {
+        let specs: Vec<ParamSpec> = params
+            .iter()
+            .map(|e| ParamSpec { name: e.name["params.".len()..].to_string(), ty: e.ty, dims: e.dims.clone() })
+            .collect();
+        let local = match &location {
+            Location::Local(path) => load_parameters(path, &specs)?,
+            remote => load_parameters(&download(remote)?, &specs)?,
+        };
+        local.into_iter().map(|(name, tensor)| (format!("params.{name}"), tensor)).collect()
+    };
+    println!("loaded {} parameters from {location}", arrays.len());
+    Ok(arrays)
 }
 
 fn per_device_work(c: &Config, step: &TrainStep, derived: &Derived, device_kind: &str) -> PerDeviceWork {

