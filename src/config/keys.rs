@@ -126,6 +126,17 @@ pub struct Config {
     pub logits_via_embedding: bool,
     pub enable_dropout: bool,
 
+    // Mixture of experts
+    pub num_experts: i64,
+    pub num_experts_per_tok: i64,
+    pub capacity_factor: f64,
+    pub sparse_matmul: bool,
+    pub megablox: bool,
+    pub load_balance_loss_weight: f64,
+    pub float32_weight_sum: bool,
+    pub float32_gate_logits: bool,
+    pub moe_dispatch_no_expert_sharding: bool,
+
     // Numerics and memory
     pub dtype: DType,
     pub weight_dtype: DType,

@@ -2,5 +2,6 @@
 //! `decoder_block: llama2` (and mistral, which is the same block here).
 
 pub mod llama;
+pub mod moe;
 
 pub use llama::{LlamaConfig, ParamDef, ParamInit};
