@@ -1,7 +1,9 @@
 //! Model FLOPs per train step, peak TFLOP/s per device kind, and MFU.
 //!
-//! The count is MaxText's `calculate_tflops_training_per_device` (maxtext_utils.py) for dense
-//! decoders with standard multi-head / grouped-query attention. It counts matmuls only, per
+//! The count is MaxText's `calculate_tflops_training_per_device` (maxtext_utils.py) for
+//! decoders with standard multi-head / grouped-query attention, dense or with routed experts
+//! (Mixtral: only the `num_experts_per_tok` active experts count, plus the router; MaxText main
+//! e591f30, `src/maxtext/utils/maxtext_utils.py`). It counts matmuls only, per
 //! device: every term uses `per_device_batch_size`, not the global batch, so the result is what
 //! one device computes when the global batch is spread evenly. Forward + backward = 3 x forward.
 //! Attention scores are counted causally (half of the full `S x S` products), as MaxText has done
@@ -26,6 +28,11 @@ pub struct ModelDims {
     pub vocab: u64,
     /// `len(mlp_activations)`: 2 for Llama's `["silu", "linear"]` (gate and up projections).
     pub mlp_activations_count: u64,
+    /// `num_experts`: more than 1 makes every layer's MLP a routed MoE block of `mlp_dim`-wide
+    /// experts.
+    pub num_experts: u64,
+    /// `num_experts_per_tok`: the experts each token runs through.
+    pub num_experts_per_tok: u64,
 }
 
 /// The per-device work of one train step.
@@ -56,7 +63,7 @@ pub struct StepTflops {
     pub attention: f64,
 }
 
-/// MaxText's `calculate_tflops_training_per_device` for a dense decoder.
+/// MaxText's `calculate_tflops_training_per_device` for a dense or a Mixtral-style MoE decoder.
 pub fn training_tflops_per_device(dims: &ModelDims, shape: &StepShape) -> StepTflops {
     let b = shape.per_device_batch_size;
     let s = shape.max_target_length as f64;
@@ -68,8 +75,13 @@ pub fn training_tflops_per_device(dims: &ModelDims, shape: &StepShape) -> StepTf
     let layers = dims.num_layers as f64;
     let vocab = dims.vocab as f64;
 
-    // One up-projection per activation (gate and up for SwiGLU) plus the down-projection.
-    let ffn = 2.0 * b * s * mlp * emb * dims.mlp_activations_count as f64 + 2.0 * b * s * mlp * emb;
+    // One up-projection per activation (gate and up for SwiGLU) plus the down-projection; with
+    // experts, per active expert, plus the router's logits (one per expert).
+    let one_mlp = 2.0 * b * s * mlp * emb * dims.mlp_activations_count as f64 + 2.0 * b * s * mlp * emb;
+    let ffn = match dims.num_experts {
+        0 | 1 => one_mlp,
+        experts => 2.0 * b * s * emb * experts as f64 + one_mlp * dims.num_experts_per_tok as f64,
+    };
     let qkv = 2.0 * b * s * emb * (heads + 2.0 * kv_heads) * hd;
     let out_projection = 2.0 * b * s * emb * heads * hd;
     let unembedding = 2.0 * b * s * emb * vocab;

@@ -236,6 +236,8 @@ fn per_device_work(c: &Config, derived: &Derived, device_kind: &str) -> PerDevic
         num_layers: c.base_num_decoder_layers as u64,
         vocab: c.vocab_size as u64,
         mlp_activations_count: c.mlp_activations.len() as u64,
+        num_experts: c.num_experts as u64,
+        num_experts_per_tok: c.num_experts_per_tok as u64,
     };
     let shape = StepShape {
         per_device_batch_size: derived.per_device_batch_size,
