@@ -60,8 +60,9 @@ string_enum!(
 
 string_enum!(
     /// MaxText's decoder block styles that maxrs implements; mistral is llama2's block (MaxText's
-    /// mistral layer has no sliding window either).
-    DecoderBlock { Llama2 = "llama2", Mistral = "mistral" }
+    /// mistral layer has no sliding window either); mixtral is llama2's with a routed MoE block
+    /// for the MLP.
+    DecoderBlock { Llama2 = "llama2", Mistral = "mistral", Mixtral = "mixtral" }
 );
 
 /// The closed set of values of a string key, if it has one.
