@@ -1,4 +1,4 @@
-//! Benchmark: trace, differentiate and lower `maxrs::model::llama` (llama2-7b shapes:
+//! Benchmark: trace, differentiate and lower the Llama decoder (`maxrs::model`; llama2-7b shapes:
 //! emb 4096, 32 heads of 128, mlp 11008, vocab 32000, seq 2048, batch 4; nothing runs) with
 //! scan_layers on and off, and print median times and MLIR sizes. Before timing, a tiny
 //! configuration of the same model is compiled and run on the CPU plugin: its initial loss must
@@ -9,47 +9,48 @@
 use maxrs::autodiff::value_and_grad_program;
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::lower::to_stablehlo;
-use maxrs::model::llama::{self, LlamaConfig};
+use maxrs::model::Model;
 use maxrs::pjrt::{cpu_client, HostTensor};
 use maxrs::runtime::run_program;
 use maxrs::sharding::Mesh;
-use maxrs::tensor::{trace, RematPolicy, Tree};
+use maxrs::tensor::{trace, Tree};
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
-/// The model of `maxrs::model::llama` for a built-in model name, plus the batch shape.
+/// The model for a built-in model name, plus the batch shape.
 #[derive(Clone)]
 struct Config {
-    model: LlamaConfig,
+    model: Model,
     seq: i64,
     batch: i64,
 }
 
 impl Config {
-    fn new(model_name: &str, layers: i64, scan_layers: bool, remat: RematPolicy, batch: i64, seq: i64) -> Config {
+    fn new(model_name: &str, layers: i64, scan_layers: bool, remat: &str, batch: i64, seq: i64) -> Config {
         let overrides = [
             format!("model_name={model_name}"),
             "override_model_config=true".to_string(),
             format!("base_num_decoder_layers={layers}"),
             format!("scan_layers={scan_layers}"),
+            format!("remat_policy={remat}"),
         ];
-        let mut model = LlamaConfig::from_config(&maxrs::config::load(None, &overrides).expect("built-in config"));
-        model.remat = remat;
+        let model = Model::from_config(&maxrs::config::load(None, &overrides).expect("built-in config"))
+            .expect("the model builds");
         Config { model, seq, batch }
     }
 
-    fn llama2_7b(layers: i64, scan_layers: bool, remat: RematPolicy) -> Config {
+    fn llama2_7b(layers: i64, scan_layers: bool, remat: &str) -> Config {
         Config::new("llama2-7b", layers, scan_layers, remat, 4, 2048)
     }
 }
 
 fn signature(c: &Config, mesh: Option<Mesh>) -> Signature {
     let mut sig = Signature::new(mesh.clone());
-    llama::declare_params(&mut sig, &c.model, "params");
+    c.model.declare_params(&mut sig, "params");
     for name in ["inputs", "targets", "targets_segmentation"] {
         let input = sig.input(name, DType::S32, &[c.batch, c.seq]);
         if let Some(m) = &mesh {
-            input.sharded(c.model.rules.spec(&["activation_batch", "activation_length"], m));
+            input.sharded(c.model.config.rules.spec(&["activation_batch", "activation_length"], m));
         }
     }
     sig
@@ -57,22 +58,22 @@ fn signature(c: &Config, mesh: Option<Mesh>) -> Signature {
 
 fn loss_program(c: &Config, mesh: Option<Mesh>) -> Program {
     trace(&signature(c, mesh), |_ctx, inp| {
-        let (loss, _) = llama::loss(&c.model, &inp.subtree("params"), inp, 0.0);
+        let (loss, _) = c.model.loss(&inp.subtree("params"), inp, 0.0);
         Tree::new().with("loss", loss)
     })
     .expect("the model traces")
 }
 
 fn grad_names(c: &Config) -> Vec<String> {
-    llama::param_defs(&c.model).into_iter().map(|d| format!("params.{}", d.name)).collect()
+    c.model.param_defs().into_iter().map(|d| format!("params.{}", d.name)).collect()
 }
 
 /// Compiles and runs the tiny default model on the CPU plugin: the initial loss with small
 /// random weights is about ln(vocab).
 fn sanity_check() {
     for scan_layers in [false, true] {
-        let c = Config::new("default", 2, scan_layers, RematPolicy::Full, 2, 16);
-        let vocab = c.model.vocab;
+        let c = Config::new("default", 2, scan_layers, "full", 2, 16);
+        let vocab = c.model.config.vocab;
         let names = grad_names(&c);
         let program =
             value_and_grad_program(&loss_program(&c, None), &names.iter().map(String::as_str).collect::<Vec<_>>());
@@ -116,15 +117,15 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let configs = [
-        (4, false, RematPolicy::Full),
-        (4, true, RematPolicy::Full),
-        (32, false, RematPolicy::Full),
-        (32, true, RematPolicy::Full),
-        (32, true, RematPolicy::None),
-        (32, true, RematPolicy::from_name("save_qkv_proj").expect("known policy")),
+        (4, false, "full"),
+        (4, true, "full"),
+        (32, false, "full"),
+        (32, true, "full"),
+        (32, true, "save_everything"),
+        (32, true, "save_qkv_proj"),
     ];
     for (layers, scan_layers, remat) in configs {
-        let c = Config::llama2_7b(layers, scan_layers, remat.clone());
+        let c = Config::llama2_7b(layers, scan_layers, remat);
         let names = grad_names(&c);
         let wrt: Vec<&str> = names.iter().map(String::as_str).collect();
         let (mut t_trace, mut t_grad, mut t_lower, mut t_total) = (vec![], vec![], vec![], vec![]);
@@ -144,13 +145,8 @@ fn main() {
             size = mlir.len();
             eqns = (forward.graph.count_eqns(), grad.graph.count_eqns());
         }
-        let remat_name = match &remat {
-            RematPolicy::Full => "full".to_string(),
-            RematPolicy::None => "none".to_string(),
-            RematPolicy::SaveNames(_) => "save_qkv_proj".to_string(),
-        };
         println!(
-            "| {layers} | {scan_layers} | {remat_name} | {:.1} | {:.1} | {:.1} | {:.1} | {} / {} | {:.0} KiB |",
+            "| {layers} | {scan_layers} | {remat} | {:.1} | {:.1} | {:.1} | {:.1} | {} / {} | {:.0} KiB |",
             median(t_trace),
             median(t_grad),
             median(t_lower),

@@ -101,7 +101,7 @@ fn llama2_7b_values() {
     );
     assert_eq!(c.mlp_activations, ["silu", "linear"]);
     // Llama 2 7B's published parameter count.
-    assert_eq!(config::num_params(&c), 6_738_415_616);
+    assert_eq!(maxrs::model::Model::from_config(&c).unwrap().num_params(), 6_738_415_616);
     // The model file's rule replaces base.yml's `norm` rule and goes last.
     let rules = config::axis_rules(&c);
     assert_eq!(rules.last().unwrap(), &("norm".to_string(), vec!["fsdp".to_string()]));
@@ -338,7 +338,6 @@ fn summary_text() {
     let c = load(&["ici_tensor_parallelism=2", "steps=50"]).unwrap();
     let text = config::validate(&c, 8, 1).unwrap().to_string();
     let expected = "\
-model: default (1.44M parameters)
 devices: 8 in 1 slice
 mesh: [data, stage, fsdp, fsdp_transpose, context, tensor, tensor_sequence, expert, autoregressive] = [1, 1, 4, 1, 1, 2, 1, 1, 1] (ici [1, 1, 4, 1, 1, 2, 1, 1, 1], dcn [1, 1, 1, 1, 1, 1, 1, 1, 1])
 batch: int(8 devices x per_device_batch_size 8) = 64 x gradient_accumulation_steps 1 = global batch 64, split 4 ways over [data, fsdp, fsdp_transpose, expert]

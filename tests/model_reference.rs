@@ -1,4 +1,4 @@
-//! The Llama model (`maxrs::model::llama`) against an independent f64 reference written here
+//! The Llama model (`maxrs::model`, `decoder_block=llama2`) against an independent f64 reference written here
 //! with ndarray: the tiny default model (emb 256, 4 query heads over 2 kv heads of 64, mlp 512,
 //! vocab 512, 2 layers) in float32 on a 2 x 16 batch, with random non-zero parameters made on the
 //! host. Embeddings, every layer's output, the logits and the loss are compared layer by layer,
@@ -9,7 +9,6 @@ mod common;
 
 use common::llama_ref::*;
 use maxrs::ir::Signature;
-use maxrs::model::llama;
 use maxrs::tensor::{trace, value_and_grad, Tree};
 use ndarray::Array2;
 
@@ -19,8 +18,8 @@ fn check_forward(scan_layers: bool, extra: &[&str], z: f64) {
     let b = batch(&c, 2);
     let program = trace(&signature(&c), |_ctx, inp| {
         let params = inp.subtree("params");
-        let fwd = llama::forward(&c, &params, &inp["inputs"], true);
-        let (loss, _) = llama::loss(&c, &params, inp, z);
+        let fwd = c.forward(&params, inp, true);
+        let (loss, _) = c.loss(&params, inp, z);
         Tree::new()
             .with("embeddings", fwd.embeddings)
             .with("layers", fwd.layer_outputs.expect("layer outputs"))
@@ -35,7 +34,7 @@ fn check_forward(scan_layers: bool, extra: &[&str], z: f64) {
     let err = scaled_err(&out["embeddings"].to_f64(), &flat(&want.embeddings));
     assert!(err < tol, "embeddings differ: {err:e}");
     let layers = out["layers"].to_f64();
-    let per = B * T * c.emb as usize;
+    let per = B * T * c.config.emb as usize;
     for (i, l) in want.layers.iter().enumerate() {
         let err = scaled_err(&layers[i * per..(i + 1) * per], &flat(l));
         println!("scan_layers={scan_layers} layer {i}: scaled error {err:e}");
@@ -73,7 +72,7 @@ fn gradient_matches_finite_differences() {
         let p = random_params(&c, 3);
         let b = batch(&c, 4);
         let program = trace(&signature(&c), |_ctx, inp| {
-            let (loss, grads) = value_and_grad(&inp.subtree("params"), |params| llama::loss(&c, params, inp, 0.0).0);
+            let (loss, grads) = value_and_grad(&inp.subtree("params"), |params| c.loss(params, inp, 0.0).0);
             grads.prefixed("grad").with("loss", loss)
         })
         .expect("the gradient traces");
@@ -117,16 +116,16 @@ fn gradient_matches_finite_differences() {
 /// same seed and different values for another seed.
 #[test]
 fn init_params_follow_the_defs_and_the_seed() {
-    use maxrs::model::llama::ParamInit;
+    use maxrs::model::ParamInit;
     use maxrs::tensor::random;
     let c = config(true, &[]);
     let init = |seed: u32| {
-        let program = trace(&Signature::new(None), |ctx, _| llama::init_params(&c, &random::key(ctx, seed)))
-            .expect("init traces");
+        let program =
+            trace(&Signature::new(None), |ctx, _| c.init_params(&random::key(ctx, seed))).expect("init traces");
         common::run(&program, &Tree::new())
     };
     let (a, again, other) = (init(0), init(0), init(1));
-    let defs = llama::param_defs(&c);
+    let defs = c.param_defs();
     assert_eq!(a.len(), defs.len());
     for def in &defs {
         let values = a[def.name.as_str()].to_f64();

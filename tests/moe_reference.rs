@@ -10,8 +10,9 @@ use common::moe_ref::{moe, MoeParams, MoeRef, Routing};
 use common::{f64_tensor, rng, run, uniform};
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::model::moe::{moe_block, param_defs, MoeConfig};
+use maxrs::model::ModelConfig;
 use maxrs::pjrt::HostTensor;
-use maxrs::sharding::{LogicalRules, Mesh};
+use maxrs::sharding::Mesh;
 use maxrs::tensor::{trace, value_and_grad_with_aux, Tree};
 use ndarray::Array2;
 
@@ -31,17 +32,22 @@ fn config(sparse_matmul: bool, capacity_factor: f64, load_balance_loss_weight: f
         float32_weight_sum: true,
         float32_gate_logits: false,
         dispatch_no_expert_sharding: false,
-        dtype: DType::F64,
-        rules: LogicalRules::from_rows(&[]),
     }
+}
+
+/// The shared numerics: `dtype` activations, MaxText's logical axis rules.
+fn model_config(dtype: DType) -> ModelConfig {
+    let mut c = ModelConfig::from_config(&maxrs::config::load(None, &[]).expect("the base config"));
+    c.dtype = dtype;
+    c
 }
 
 /// The block's output and weighted load-balancing loss, and the gradients of
 /// `sum(output * w) + loss` with respect to the parameters and the input.
 /// On a mesh, the parameters are sharded by their logical axes and `x`, `w` by the batch.
-fn program(c: &MoeConfig, batch: usize, mesh: Option<&Mesh>) -> Program {
+fn program(c: &ModelConfig, m: &MoeConfig, batch: usize, mesh: Option<&Mesh>) -> Program {
     let mut sig = Signature::new(mesh.cloned());
-    for def in param_defs(c, EMB as i64, MLP as i64) {
+    for def in param_defs(m, EMB as i64, MLP as i64) {
         let input = sig.input(&def.name, c.dtype, &def.shape);
         if let Some(mesh) = mesh {
             input.sharded(c.rules.spec(&def.logical, mesh));
@@ -56,7 +62,7 @@ fn program(c: &MoeConfig, batch: usize, mesh: Option<&Mesh>) -> Program {
     trace(&sig, |_ctx, inp| {
         let wrt: Tree = inp.iter().filter(|(n, _)| *n != "w").map(|(n, t)| (n, t.clone())).collect();
         let (loss, mut outputs, grads) = value_and_grad_with_aux(&wrt, |v| {
-            let out = moe_block(c, v, &v["x"]);
+            let out = moe_block(c, m, v, &v["x"]);
             let lb = out.load_balance_loss.unwrap_or_else(|| v["x"].trace().scalar(0.0, c.dtype));
             let loss = (&out.output * &inp["w"]).sum_all() + &lb;
             (loss, Tree::new().with("output", out.output).with("load_balance_loss", lb))
@@ -122,8 +128,8 @@ fn every_path_matches_the_reference() {
     let d = data(7, 2);
     for (sparse, cf, routing, drops) in PATHS {
         let lb_weight = 0.01;
-        let c = config(sparse, cf, lb_weight);
-        let out = run(&program(&c, 2, None), &host(&d, DType::F64));
+        let m = config(sparse, cf, lb_weight);
+        let out = run(&program(&model_config(DType::F64), &m, 2, None), &host(&d, DType::F64));
         let (_, want) = ref_loss(&d, routing, lb_weight);
         assert!(want.min_margin > 1e-3, "the test data has a near-tie in routing: {}", want.min_margin);
         assert_eq!(want.dropped > 0, drops, "{routing:?}: {} dropped, {} kept", want.dropped, want.kept);
@@ -143,8 +149,8 @@ fn gradients_match_finite_differences() {
     let d = data(11, 2);
     let lb_weight = 0.1;
     for (sparse, cf, routing, _) in [PATHS[0], PATHS[2]] {
-        let c = config(sparse, cf, lb_weight);
-        let out = run(&program(&c, 2, None), &host(&d, DType::F64));
+        let m = config(sparse, cf, lb_weight);
+        let out = run(&program(&model_config(DType::F64), &m, 2, None), &host(&d, DType::F64));
         let mut r = rng(5);
         let h = 1e-5;
         let mut checked = 0;
@@ -183,21 +189,16 @@ fn gradients_match_finite_differences() {
 /// the partitioner moves tokens with all-to-alls.
 #[test]
 fn sharded_block_equals_one_device() {
-    let config_rules = maxrs::config::logical_rules(&maxrs::config::load(None, &[]).expect("base config"));
+    let c = model_config(DType::F32);
     let batch = 8;
     let d = data(13, batch);
     let meshes = [Mesh::new(&[("expert", 8)]), Mesh::new(&[("fsdp", 4), ("expert", 2)])];
     let client = common::client();
     for (sparse, cf, peel) in [(true, -1.0, false), (false, 1.0, false), (false, 1.0, true), (false, -1.0, false)] {
-        let c = MoeConfig {
-            dtype: DType::F32,
-            dispatch_no_expert_sharding: peel,
-            rules: config_rules.clone(),
-            ..config(sparse, cf, 0.01)
-        };
-        let one = run(&program(&c, batch, None), &host(&d, DType::F32));
+        let m = MoeConfig { dispatch_no_expert_sharding: peel, ..config(sparse, cf, 0.01) };
+        let one = run(&program(&c, &m, batch, None), &host(&d, DType::F32));
         for mesh in &meshes {
-            let p = program(&c, batch, Some(mesh));
+            let p = program(&c, &m, batch, Some(mesh));
             let compiled = maxrs::runtime::compile(&client, &p).expect("the sharded block compiles");
             // The optimized module is a serialized HloModuleProto, whose opcodes are strings.
             let hlo = compiled.executable.executable().optimized_program().expect("optimized HLO").1;

@@ -1,20 +1,20 @@
 //! The TFLOPs formula against hand-computed llama2-7b numbers and MaxText's own golden test;
 //! the peak table and MFU.
 
-use maxrs::train::flops::{mfu, peak_tflops_per_device, training_tflops_per_device, ModelDims, StepShape};
+use maxrs::model::Model;
+use maxrs::train::flops::{mfu, peak_tflops_per_device, StepShape, StepTflops};
 
-const LLAMA2_7B: ModelDims = ModelDims {
-    emb: 4096,
-    num_query_heads: 32,
-    num_kv_heads: 32,
-    head_dim: 128,
-    mlp_dim: 11008,
-    num_layers: 32,
-    vocab: 32000,
-    mlp_activations_count: 2,
-    num_experts: 1,
-    num_experts_per_tok: 1,
-};
+/// llama2-7b (emb 4096, 32 heads of 128, 32 kv heads, mlp 11008, 32 layers, vocab 32000) from its
+/// model file, with `overrides`.
+fn llama2_7b(overrides: &[&str]) -> Model {
+    let mut args = vec!["model_name=llama2-7b".to_string(), "override_model_config=true".to_string()];
+    args.extend(overrides.iter().map(|s| s.to_string()));
+    Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap()
+}
+
+fn training_tflops_per_device(model: &Model, shape: &StepShape) -> StepTflops {
+    model.training_tflops_per_device(shape)
+}
 
 fn shape(batch: f64, seq: u64) -> StepShape {
     StepShape { per_device_batch_size: batch, max_target_length: seq, gradient_accumulation_steps: 1 }
@@ -37,7 +37,7 @@ fn llama2_7b_batch_4_seq_4096_matches_the_hand_count() {
     assert_eq!(weights, 649_502_134_370_304);
     assert_eq!(attention, 52_776_558_133_248);
 
-    let t = training_tflops_per_device(&LLAMA2_7B, &shape(4.0, 4096));
+    let t = training_tflops_per_device(&llama2_7b(&[]), &shape(4.0, 4096));
     assert_close(t.learnable_weight, 649.502134370304, 1e-12);
     assert_close(t.attention, 52.776558133248, 1e-12);
     assert_close(t.total, 702.278692503552, 1e-12);
@@ -50,23 +50,23 @@ fn llama2_7b_batch_4_seq_4096_matches_the_hand_count() {
 fn llama2_7b_agrees_with_maxtexts_golden_test() {
     for (b, s) in [(12.0, 2048u64), (4.0, 4096)] {
         let golden = 6.0 * b * s as f64 * 6.74e9 / 1e12 + 6.0 * 32.0 * b * (s * s) as f64 * 32.0 * 128.0 / 1e12;
-        let t = training_tflops_per_device(&LLAMA2_7B, &shape(b, s));
+        let t = training_tflops_per_device(&llama2_7b(&[]), &shape(b, s));
         assert_close(t.total, golden, 0.05);
     }
 }
 
 #[test]
 fn batch_and_accumulation_scale_linearly_and_gqa_shrinks_qkv() {
-    let one = training_tflops_per_device(&LLAMA2_7B, &shape(1.0, 2048));
-    let half = training_tflops_per_device(&LLAMA2_7B, &shape(0.5, 2048));
+    let one = training_tflops_per_device(&llama2_7b(&[]), &shape(1.0, 2048));
+    let half = training_tflops_per_device(&llama2_7b(&[]), &shape(0.5, 2048));
     assert_close(half.total, one.total / 2.0, 1e-12);
     let accumulated = training_tflops_per_device(
-        &LLAMA2_7B,
+        &llama2_7b(&[]),
         &StepShape { per_device_batch_size: 1.0, max_target_length: 2048, gradient_accumulation_steps: 4 },
     );
     assert_close(accumulated.total, 4.0 * one.total, 1e-12);
 
-    let gqa = ModelDims { num_kv_heads: 8, ..LLAMA2_7B };
+    let gqa = llama2_7b(&["base_num_kv_heads=8"]);
     let g = training_tflops_per_device(&gqa, &shape(1.0, 2048));
     // QKV per layer drops from (32 + 64) to (32 + 16) heads' worth; attention is unchanged.
     let saved = 2.0 * 2048.0 * 4096.0 * (64.0 - 16.0) * 128.0 * 32.0 * 3.0 / 1e12;
@@ -98,19 +98,9 @@ fn peak_by_device_kind_and_override() {
 /// (`tests/unit/flop_calculation_test.py::test_mixtral_8x7b_flops` at main e591f30): about
 /// `6 x B x S x 12.9e9` active parameters plus causal attention, within 5%.
 #[test]
-fn mixtral_8x7b_counts_active_experts_only() {
-    let mixtral = ModelDims {
-        emb: 4096,
-        num_query_heads: 32,
-        num_kv_heads: 8,
-        head_dim: 128,
-        mlp_dim: 14336,
-        num_layers: 32,
-        vocab: 32000,
-        mlp_activations_count: 2,
-        num_experts: 8,
-        num_experts_per_tok: 2,
-    };
+fn mixtral_8x7b_counts_the_active_experts_only() {
+    let args = ["model_name=mixtral-8x7b".to_string()];
+    let model = Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap();
     let (b, s): (u128, u128) = (4, 8192);
     let bs = b * s;
     let router = 2 * bs * 4096 * 8;
@@ -120,11 +110,13 @@ fn mixtral_8x7b_counts_active_experts_only() {
     let unembed = 2 * bs * 4096 * 32000;
     let weights = ((router + experts + qkv + out) * 32 + unembed) * 3;
     let attention = 4 * b * s * s * 32 * 128 / 2 * 32 * 3;
-    let t = training_tflops_per_device(&mixtral, &shape(4.0, 8192));
+    let t = training_tflops_per_device(&model, &shape(4.0, 8192));
     assert_close(t.learnable_weight, weights as f64 / 1e12, 1e-12);
     assert_close(t.attention, attention as f64 / 1e12, 1e-12);
 
     let golden_attention = 2.0 * 3.0 * 32.0 * 4.0 * 8192f64.powi(2) * 32.0 * 128.0 / 1e12;
     let golden = 6.0 * 4.0 * 8192.0 * 12.9e9 / 1e12 + golden_attention;
     assert_close(t.total, golden, 5e-2);
+    // 46.7B parameters in all (Mistral's figure for Mixtral 8x7B).
+    assert_close(model.num_params() as f64, 46.7e9, 1e-2);
 }

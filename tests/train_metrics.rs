@@ -9,6 +9,7 @@ fn metrics(step: u64, peak: Option<f64>) -> StepMetrics {
         grad_norm: 1.25,
         learning_rate: 3e-4,
         total_weights: 8192,
+        moe_lb_loss: None,
         step_time_seconds: 0.5,
         work: PerDeviceWork { tflops: 6.15, tokens: 2000.0, peak_tflops: peak },
     }
@@ -30,6 +31,13 @@ fn log_line_is_maxtexts() {
         metrics(3, Some(24.6)).log_line(),
         "completed step: 3, seconds: 0.500, TFLOP/s/device: 12.300, Tokens/s/device: 4000.000, total_weights: 8192, loss: 5.123, MFU: 50.00%"
     );
+    let moe = StepMetrics { moe_lb_loss: Some(0.0123456), ..metrics(3, Some(24.6)) };
+    assert_eq!(
+        moe.log_line(),
+        "completed step: 3, seconds: 0.500, TFLOP/s/device: 12.300, Tokens/s/device: 4000.000, total_weights: 8192, loss: 5.123, moe_lb_loss: 0.012346, MFU: 50.00%"
+    );
+    assert_eq!(moe.to_json("r")["learning/moe_lb_loss"], 0.0123456);
+    assert!(metrics(3, None).to_json("r").get("learning/moe_lb_loss").is_none());
     let nan = StepMetrics { loss: f64::NAN, ..metrics(0, None) };
     assert!(nan.log_line().ends_with("loss: nan"), "{}", nan.log_line());
 }

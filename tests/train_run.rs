@@ -64,7 +64,7 @@ fn run_from_parameter_and_token_files_starts_at_the_reference_loss() {
     save_safetensors(&params_path, &params).unwrap();
     let mut rng = common::rng(22);
     let rows: Vec<Vec<i32>> = (0..3 * B)
-        .map(|_| common::uniform(&mut rng, T + 1, 0.0, c.vocab as f64).into_iter().map(|x| x as i32).collect())
+        .map(|_| common::uniform(&mut rng, T + 1, 0.0, c.config.vocab as f64).into_iter().map(|x| x as i32).collect())
         .collect();
     let tokens_path = dir.path().join("tokens.bin");
     write_tokens_file(&tokens_path, &rows).unwrap();

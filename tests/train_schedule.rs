@@ -1,69 +1,173 @@
-//! The host learning-rate schedule at MaxText's boundaries.
+//! The learning-rate schedule against golden values from MaxText's own construction, and the
+//! traced schedule (what the train step computes from its counter) against the host one.
+//!
+//! The golden values were computed with optax 0.2.8 / JAX 0.12.0.1 (float64) by re-creating
+//! `create_learning_rate_schedule` of `src/maxtext/utils/maxtext_utils.py` (MaxText main,
+//! e591f30, 2026-08-22): `optax.join_schedules` over `optax.linear_schedule(0, lr, W)`, its
+//! `make_cos_schedule`, `optax.constant_schedule(lr)` and, for WSD,
+//! `optax.linear_schedule(lr, final, D - 1)` or the cosine.
 
+mod common;
+
+use maxrs::config::WsdDecayStyle;
+use maxrs::ir::{DType, Signature};
+use maxrs::tensor::{trace, Tree};
 use maxrs::train::schedule::LearningRateSchedule;
 
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-12 * b.abs().max(1e-12)
+/// (learning_rate, final_fraction, warmup_fraction, wsd, schedule_steps, steps, [(step, lr)]).
+type Case = (f64, f64, f64, Option<(f64, WsdDecayStyle)>, i64, i64, &'static [(u64, f64)]);
+
+const CASES: &[(&str, Case)] = &[
+    (
+        "cosine, 101 steps: W = int(10.1) = 10, the peak at step 10",
+        (
+            1e-3,
+            0.1,
+            0.1,
+            None,
+            101,
+            101,
+            &[
+                (0, 0.0),
+                (1, 9.999999999999994e-05),
+                (5, 0.0005),
+                (9, 0.0009000000000000001),
+                (10, 0.001),
+                (11, 0.000999725872158593),
+                (55, 0.00055),
+                (99, 0.00010027412784140692),
+                (100, 0.0001),
+            ],
+        ),
+    ),
+    (
+        "cosine with a zero tail (schedule 50 of 100 steps)",
+        (
+            1.0,
+            0.1,
+            0.1,
+            None,
+            50,
+            100,
+            &[(0, 0.0), (4, 0.8), (5, 1.0), (6, 0.9988534515746141), (49, 0.1), (50, 0.0), (99, 0.0)],
+        ),
+    ),
+    (
+        "a schedule longer than the run",
+        (
+            1.0,
+            0.1,
+            0.1,
+            None,
+            200,
+            100,
+            &[(0, 0.0), (19, 0.95), (20, 1.0), (21, 0.9999306949224985), (99, 0.6324589372294618)],
+        ),
+    ),
+    ("no warmup", (2.0, 0.5, 0.0, None, 10, 10, &[(0, 2.0), (1, 1.9698463103929542), (9, 1.0)])),
+    ("a one-step warmup", (2.0, 0.5, 0.1, None, 10, 10, &[(0, 0.0), (1, 2.0), (2, 1.9619397662556435), (9, 1.0)])),
+    (
+        "all warmup: the peak is never reached",
+        (2.0, 0.5, 1.0, None, 5, 5, &[(0, 0.0), (1, 0.3999999999999999), (4, 1.6)]),
+    ),
+    (
+        "wsd, linear decay over the last 20%",
+        (
+            1.0,
+            0.1,
+            0.1,
+            Some((0.2, WsdDecayStyle::Linear)),
+            100,
+            100,
+            &[
+                (0, 0.0),
+                (9, 0.9),
+                (10, 1.0),
+                (11, 1.0),
+                (50, 1.0),
+                (79, 1.0),
+                (80, 1.0),
+                (81, 0.9526315789473685),
+                (90, 0.5263157894736843),
+                (99, 0.1),
+            ],
+        ),
+    ),
+    (
+        "wsd, cosine decay, zero tail",
+        (
+            1.0,
+            0.1,
+            0.1,
+            Some((0.2, WsdDecayStyle::Cosine)),
+            100,
+            110,
+            &[
+                (0, 0.0),
+                (10, 1.0),
+                (79, 1.0),
+                (80, 1.0),
+                (81, 0.9938625865312251),
+                (90, 0.5128392945374505),
+                (99, 0.1),
+                (100, 0.0),
+                (109, 0.0),
+            ],
+        ),
+    ),
+    (
+        "wsd with a one-step linear decay (optax's zero-step transition holds its start)",
+        (1.0, 0.1, 0.0, Some((0.1, WsdDecayStyle::Linear)), 10, 10, &[(0, 1.0), (8, 1.0), (9, 1.0)]),
+    ),
+];
+
+fn schedule(case: &Case) -> LearningRateSchedule {
+    let (lr, ff, wf, wsd, ss, steps, _) = *case;
+    LearningRateSchedule::new(lr, ff, wf, wsd, ss, steps).unwrap()
 }
 
 #[test]
-fn warmup_cosine_and_boundaries() {
-    // MaxText defaults: 10% warmup, cosine to 10% of the peak. 101 steps: W = int(10.1) = 10,
-    // cosine over C = 91 steps with pct = (step - 10) / 90, so step 55 is exactly halfway.
-    let s = LearningRateSchedule::new(1e-3, 0.1, 0.1, -1, 101).unwrap();
-    assert_eq!(s.schedule_steps, 101);
-    assert_eq!(s.warmup_steps(), 10);
-    assert_eq!(s.at(0), 0.0);
-    assert!(close(s.at(1), 1e-3 / 9.0));
-    assert!(close(s.at(9), 1e-3), "end of warmup reaches the peak: {}", s.at(9));
-    assert!(close(s.at(10), 1e-3), "the cosine starts at the peak: {}", s.at(10));
-    assert!(close(s.at(55), 0.5 * (1e-3 + 1e-4)), "middle of the cosine: {}", s.at(55));
-    assert!(close(s.at(100), 1e-4), "last step ends at the final fraction: {}", s.at(100));
-    for step in 10..100 {
-        assert!(s.at(step + 1) <= s.at(step), "decays monotonically after warmup (step {step})");
+fn host_schedule_matches_maxtexts() {
+    for (name, case) in CASES {
+        let s = schedule(case);
+        for &(step, want) in case.6 {
+            let got = s.at(step);
+            assert!((got - want).abs() <= 1e-12 * want.abs().max(1e-12), "{name}: step {step}: {got} vs {want}");
+        }
     }
 }
 
 #[test]
-fn shorter_schedule_leaves_a_zero_tail_longer_one_never_finishes() {
-    let short = LearningRateSchedule::new(1.0, 0.1, 0.1, 50, 100).unwrap();
-    assert!(close(short.at(49), 0.1));
-    assert_eq!(short.at(50), 0.0);
-    assert_eq!(short.at(99), 0.0);
-
-    let long = LearningRateSchedule::new(1.0, 0.1, 0.1, 200, 100).unwrap();
-    assert_eq!(long.warmup_steps(), 20);
-    assert!(long.at(99) > 0.5, "halfway through its cosine: {}", long.at(99));
-}
-
-#[test]
-fn degenerate_warmups() {
-    // No warmup: the cosine starts at step 0.
-    let none = LearningRateSchedule::new(2.0, 0.5, 0.0, -1, 10).unwrap();
-    assert_eq!(none.at(0), 2.0);
-    assert!(close(none.at(9), 1.0));
-    // One warmup step is optax's zero-length linear schedule: 0.
-    let one = LearningRateSchedule::new(2.0, 0.5, 0.1, -1, 10).unwrap();
-    assert_eq!(one.warmup_steps(), 1);
-    assert_eq!(one.at(0), 0.0);
-    assert_eq!(one.at(1), 2.0);
-    // All warmup: no cosine; the peak is held at the end.
-    let all = LearningRateSchedule::new(2.0, 0.5, 1.0, -1, 5).unwrap();
-    assert!(close(all.at(4), 2.0));
-    // A single-step cosine sits at the final value.
-    let single = LearningRateSchedule::new(2.0, 0.5, 0.5, -1, 3).unwrap();
-    assert_eq!(single.warmup_steps(), 1);
-    assert!(close(single.at(1), 2.0) && close(single.at(2), 1.0));
+fn traced_schedule_matches_the_host_one_at_every_step() {
+    for (name, case) in CASES {
+        let s = schedule(case);
+        let steps = case.5;
+        let mut sig = Signature::new(None);
+        sig.input("steps", DType::S32, &[steps]);
+        let program = trace(&sig, |_, inp| {
+            let (_, lrs) = maxrs::tensor::scan(&Tree::new(), &Tree::new().with("t", inp["steps"].clone()), |_, x| {
+                (Tree::new(), Tree::new().with("lr", s.traced(&x["t"])))
+            });
+            lrs
+        })
+        .unwrap();
+        let ids: Vec<i32> = (0..steps as i32).collect();
+        let out = common::run(&program, &Tree::new().with("steps", maxrs::pjrt::HostTensor::from_i32(&[steps], &ids)));
+        for (step, got) in out["lr"].to_f64().into_iter().enumerate() {
+            let want = s.at(step as u64);
+            assert!((got - want).abs() <= 1e-6 * want.abs().max(1e-6), "{name}: step {step}: traced {got} vs {want}");
+        }
+    }
 }
 
 #[test]
 fn bad_values_name_the_key() {
-    let err = LearningRateSchedule::new(1.0, 0.1, 1.5, -1, 10).unwrap_err();
-    assert!(err.contains("warmup_steps_fraction=1.5"), "{err}");
-    let err = LearningRateSchedule::new(1.0, 0.1, 0.1, 0, 10).unwrap_err();
-    assert!(err.contains("learning_rate_schedule_steps=0"), "{err}");
-    let err = LearningRateSchedule::new(-1.0, 0.1, 0.1, -1, 10).unwrap_err();
-    assert!(err.contains("learning_rate=-1"), "{err}");
-    let err = LearningRateSchedule::new(1.0, 0.1, 0.1, -1, 0).unwrap_err();
-    assert!(err.contains("steps=0"), "{err}");
+    let new = |w: f64, wsd, ss: i64, steps: i64| LearningRateSchedule::new(1.0, 0.1, w, wsd, ss, steps).unwrap_err();
+    assert!(new(1.5, None, -1, 10).contains("warmup_steps_fraction=1.5"));
+    assert!(new(0.1, None, 0, 10).contains("learning_rate_schedule_steps=0"));
+    assert!(new(0.1, None, -1, 0).contains("steps=0"));
+    let e = new(0.5, Some((0.6, WsdDecayStyle::Linear)), -1, 10);
+    assert!(e.contains("wsd_decay_steps_fraction=0.6") && e.contains("warmup_steps_fraction=0.5"), "{e}");
+    let e = LearningRateSchedule::new(-1.0, 0.1, 0.1, None, -1, 10).unwrap_err();
+    assert!(e.contains("learning_rate=-1"), "{e}");
 }

@@ -43,7 +43,7 @@ fn run_config(scan_layers: bool, clip: f64, z: f64) -> Config {
 }
 
 /// d loss / d p for every element of `p`, by central differences of the f64 reference.
-fn finite_difference_grads(c: &maxrs::model::llama::LlamaConfig, p: &RefParams, b: &Batch, z: f64) -> RefParams {
+fn finite_difference_grads(c: &maxrs::model::Model, p: &RefParams, b: &Batch, z: f64) -> RefParams {
     let mut work = clone_params(p);
     let mut grads = map_params(p, |_| 0.0);
     let h = 1e-5;
@@ -68,7 +68,7 @@ fn finite_difference_grads(c: &maxrs::model::llama::LlamaConfig, p: &RefParams, 
 }
 
 /// The tree `host_params` makes, renamed from `params.` to `prefix.`.
-fn renamed(c: &maxrs::model::llama::LlamaConfig, p: &RefParams, prefix: &str) -> Tree<HostTensor> {
+fn renamed(c: &maxrs::model::Model, p: &RefParams, prefix: &str) -> Tree<HostTensor> {
     host_params(c, p)
         .into_iter()
         .map(|(n, t)| (format!("{prefix}.{}", n.strip_prefix("params.").unwrap()), t))
@@ -93,7 +93,7 @@ fn check_step(scan_layers: bool) {
         param_matrices_mut(&mut g2).iter().map(|m| m.iter().map(|x| x * x).sum::<f64>()).sum::<f64>().sqrt();
     let clip = 0.5 * norm; // clipping is active
     let cfg = run_config(scan_layers, clip, z);
-    let schedule = LearningRateSchedule::new(0.01, cfg.learning_rate_final_fraction, 0.2, -1, 10).unwrap();
+    let schedule = LearningRateSchedule::new(0.01, cfg.learning_rate_final_fraction, 0.2, None, -1, 10).unwrap();
     let lr = schedule.at(count);
     let (b1, b2, eps, eps_root, wd) =
         (cfg.adam_b1, cfg.adam_b2, cfg.adam_eps, cfg.adam_eps_root, cfg.adam_weight_decay);

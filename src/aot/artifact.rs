@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::ir::Program;
+use crate::model::Model;
 use crate::pjrt::Plugin;
 
 const MAGIC: &[u8; 8] = b"MAXRSAOT";
@@ -45,6 +46,9 @@ pub struct ArtifactHeader {
     /// Configuration values that change the compiled program (`per_device_batch_size`, ...).
     pub config: BTreeMap<String, String>,
     pub arguments: Vec<ArgumentSpec>,
+    /// [`program_fingerprint`] of the lowered step (empty in files from before it existed).
+    #[serde(default)]
+    pub program_fingerprint: String,
     pub xla_flags: String,
 }
 
@@ -89,31 +93,21 @@ impl ArtifactHeader {
                 differ(true, &format!("argument {i}"), &s, &c);
             }
         }
+        // The keys and arguments above name what differs; the fingerprint also catches a setting
+        // that changes the step without being listed.
+        if !saved.program_fingerprint.is_empty() {
+            differ(true, "traced program (StableHLO sha256)", &saved.program_fingerprint, &self.program_fingerprint);
+        }
         differ(false, "XLA flags", &format!("{:?}", saved.xla_flags), &format!("{:?}", self.xla_flags));
         differ(false, "maxrs version", &saved.maxrs_version, &self.maxrs_version);
         diff
     }
 }
 
-/// The configuration keys whose values are compiled into the train step: model shape and
-/// numerics, batch and sequence, the mesh, and the optimizer and schedule constants.
-pub const COMPILED_KEYS: &[&str] = &[
-    "decoder_block",
-    "base_emb_dim",
-    "base_num_query_heads",
-    "base_num_kv_heads",
-    "base_mlp_dim",
-    "base_num_decoder_layers",
-    "head_dim",
-    "vocab_size",
-    "mlp_activations",
-    "normalization_layer_epsilon",
-    "rope_max_timescale",
-    "logits_via_embedding",
-    "dtype",
-    "weight_dtype",
-    "scan_layers",
-    "remat_policy",
+/// The configuration keys of the training setup compiled into the step besides the model's own
+/// (`Model::config_keys`): batch and sequence, initialization, the optimizer and schedule
+/// constants. The mesh keys (`ici_*`, `dcn_*`) are added by prefix.
+pub const TRAIN_KEYS: &[&str] = &[
     "init_weights_seed",
     "per_device_batch_size",
     "max_target_length",
@@ -121,8 +115,11 @@ pub const COMPILED_KEYS: &[&str] = &[
     "steps",
     "learning_rate",
     "learning_rate_schedule_steps",
+    "lr_schedule_type",
     "warmup_steps_fraction",
     "learning_rate_final_fraction",
+    "wsd_decay_steps_fraction",
+    "wsd_decay_style",
     "adam_b1",
     "adam_b2",
     "adam_eps",
@@ -130,20 +127,14 @@ pub const COMPILED_KEYS: &[&str] = &[
     "adam_weight_decay",
     "gradient_clipping_threshold",
     "z_loss_multiplier",
-    "logical_axis_rules",
-    "dcn_data_parallelism",
-    "dcn_fsdp_parallelism",
-    "dcn_fsdp_transpose_parallelism",
-    "dcn_context_parallelism",
-    "dcn_tensor_parallelism",
-    "dcn_tensor_sequence_parallelism",
-    "ici_data_parallelism",
-    "ici_fsdp_parallelism",
-    "ici_fsdp_transpose_parallelism",
-    "ici_context_parallelism",
-    "ici_tensor_parallelism",
-    "ici_tensor_sequence_parallelism",
 ];
+
+/// A digest of the lowered program: equal exactly when the two sides traced the same step, so a
+/// setting that changes the step without being a listed key is caught too.
+pub fn program_fingerprint(mlir: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(mlir.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// The devices a step runs on, in a form both sides can compute: the compiling side from its
 /// target topology, the running side from its client.
@@ -161,18 +152,24 @@ pub fn plugin_identity(plugin: &Plugin) -> String {
     format!("{name} ({size} bytes, PJRT API {major}.{minor})")
 }
 
-/// The header of the train step `program` compiled from `config` for `devices`
-/// ([`describe_devices`]) with `plugin` ([`plugin_identity`]).
-pub fn header(
-    config: &Config,
-    program: &Program,
-    devices: String,
-    num_devices: usize,
-    plugin: String,
-    platform_version: String,
-) -> ArtifactHeader {
+/// Where a step is compiled for, or runs: both sides describe it the same way.
+pub struct Platform {
+    /// [`describe_devices`].
+    pub devices: String,
+    pub num_devices: usize,
+    /// [`plugin_identity`].
+    pub plugin: String,
+    /// The platform version the plugin reports.
+    pub platform_version: String,
+}
+
+/// The header of the train step `program` (of `model`, lowered to `mlir`) compiled from
+/// `config` for `platform`.
+pub fn header(config: &Config, model: &Model, program: &Program, mlir: &str, platform: Platform) -> ArtifactHeader {
     let values = serde_json::to_value(config).expect("the config serializes");
-    let config = COMPILED_KEYS
+    let mesh_keys = crate::config::key_names().filter(|k| k.starts_with("ici_") || k.starts_with("dcn_"));
+    let keys: Vec<&str> = model.config_keys().into_iter().chain(TRAIN_KEYS.iter().copied()).chain(mesh_keys).collect();
+    let config = keys
         .iter()
         .map(|&key| {
             let value = match &values[key] {
@@ -194,12 +191,13 @@ pub fn header(
         .collect();
     ArtifactHeader {
         maxrs_version: env!("CARGO_PKG_VERSION").to_string(),
-        plugin,
-        platform_version,
-        topology: devices,
-        num_devices,
+        plugin: platform.plugin,
+        platform_version: platform.platform_version,
+        topology: platform.devices,
+        num_devices: platform.num_devices,
         config,
         arguments,
+        program_fingerprint: program_fingerprint(mlir),
         xla_flags: std::env::var("XLA_FLAGS").unwrap_or_default(),
     }
 }
@@ -287,6 +285,7 @@ mod tests {
                 shape: vec![256, 64],
                 sharding: "[{\"fsdp\"}, {}]".into(),
             }],
+            program_fingerprint: "0f".into(),
             xla_flags: String::new(),
         }
     }

@@ -198,11 +198,15 @@ impl CompileTarget {
 
     /// Lowers `program` to StableHLO and compiles it for the target.
     pub fn compile(&self, program: &Program) -> Result<Executable> {
+        self.compile_lowered(program, &to_stablehlo(program))
+    }
+
+    /// Compiles `program`, already lowered to `mlir`, for the target.
+    pub fn compile_lowered(&self, program: &Program, mlir: &str) -> Result<Executable> {
         let options = self.compile_options(program)?;
-        let mlir = to_stablehlo(program);
         let compiled = match &self.backend {
-            Backend::Deviceless(topology) => topology.compile(&mlir, &options),
-            Backend::Client(client) => client.compile(&mlir, &options).and_then(LoadedExecutable::into_executable),
+            Backend::Deviceless(topology) => topology.compile(mlir, &options),
+            Backend::Client(client) => client.compile(mlir, &options).and_then(LoadedExecutable::into_executable),
         };
         compiled.with_context(|| format!("compiling for topology `{}`", self.topology.name))
     }

@@ -13,6 +13,7 @@ use super::compile::CompileTarget;
 use super::memory::MemoryReport;
 use super::topology;
 use crate::config::{self, Config};
+use crate::lower::to_stablehlo;
 use crate::pjrt::Plugin;
 use crate::train::step::{step_mesh, TrainStep};
 
@@ -51,14 +52,15 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
 
     let t = Instant::now();
     let derived = config::validate(c, target.num_devices(), target.granules().len())?;
-    derived.print_summary();
     let mesh = step_mesh(&derived, target.granules()).map_err(|e| anyhow!(e))?;
     let step = TrainStep::new(c, &derived, mesh).map_err(|e| anyhow!(e))?;
+    derived.print_summary(step.model.num_params());
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
     let trace_seconds = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let executable = target.compile(&program)?;
+    let mlir = to_stablehlo(&program);
+    let executable = target.compile_lowered(&program, &mlir)?;
     let compile_seconds = t.elapsed().as_secs_f64();
     let memory = target.memory_report(&executable)?;
     memory.check()?; // the error shows the table
@@ -70,15 +72,19 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
         let plugin = Plugin::load(&target.plugin().path)?;
         let header = artifact::header(
             c,
+            &step.model,
             &program,
-            artifact::describe_devices(
-                topology.num_hosts() as usize,
-                topology.devices_per_host as usize,
-                topology.device_kind,
-            ),
-            target.num_devices(),
-            artifact::plugin_identity(&plugin),
-            target.platform_version().to_string(),
+            &mlir,
+            artifact::Platform {
+                devices: artifact::describe_devices(
+                    topology.num_hosts() as usize,
+                    topology.devices_per_host as usize,
+                    topology.device_kind,
+                ),
+                num_devices: target.num_devices(),
+                plugin: artifact::plugin_identity(&plugin),
+                platform_version: target.platform_version().to_string(),
+            },
         );
         artifact::write(path, &header, &bytes)?;
         println!("wrote the compiled train step to {} ({} bytes)", path.display(), bytes.len());

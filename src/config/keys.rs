@@ -43,9 +43,26 @@ string_enum!(
     RematPolicy {
         Full = "full",
         Minimal = "minimal",
+        MinimalWithContext = "minimal_with_context",
+        MinimalFlash = "minimal_flash",
+        SaveDotWithContextExceptMlp = "save_dot_with_context_except_mlp",
+        SaveDotExceptMlpwi = "save_dot_except_mlpwi",
+        SaveDotExceptMlp = "save_dot_except_mlp",
         SaveQkvProj = "save_qkv_proj",
+        SaveOutProj = "save_out_proj",
         None = "none",
+        SaveEverything = "save_everything",
     }
+);
+
+string_enum!(
+    /// MaxText's `lr_schedule_type`: warmup then cosine decay, or warmup-stable-decay.
+    LrScheduleType { Cosine = "cosine", Wsd = "wsd" }
+);
+
+string_enum!(
+    /// MaxText's `wsd_decay_style`: the shape of the WSD schedule's decay.
+    WsdDecayStyle { Linear = "linear", Cosine = "cosine" }
 );
 
 string_enum!(
@@ -70,6 +87,8 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
     match key {
         "dtype" | "weight_dtype" => Some(DType::VALUES),
         "remat_policy" => Some(RematPolicy::VALUES),
+        "lr_schedule_type" => Some(LrScheduleType::VALUES),
+        "wsd_decay_style" => Some(WsdDecayStyle::VALUES),
         "hardware" => Some(Hardware::VALUES),
         "dataset_type" => Some(DatasetType::VALUES),
         "decoder_block" => Some(DecoderBlock::VALUES),
@@ -157,8 +176,11 @@ pub struct Config {
     pub gradient_accumulation_steps: i64,
     pub learning_rate: f64,
     pub learning_rate_schedule_steps: i64,
+    pub lr_schedule_type: LrScheduleType,
     pub warmup_steps_fraction: f64,
     pub learning_rate_final_fraction: f64,
+    pub wsd_decay_steps_fraction: f64,
+    pub wsd_decay_style: WsdDecayStyle,
     pub adam_b1: f64,
     pub adam_b2: f64,
     pub adam_eps: f64,

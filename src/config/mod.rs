@@ -14,10 +14,13 @@ mod value;
 
 pub use builtin::MODELS;
 pub use error::ConfigError;
-pub use keys::{Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, RematPolicy, RuleAxes};
+pub use keys::{
+    Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, RematPolicy, RuleAxes,
+    WsdDecayStyle,
+};
 pub use load::{load, load_args};
 pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
 pub use rules::{axis_rules, logical_rules};
-pub use validate::{num_params, validate, Derived, PLUGINS};
+pub use validate::{validate, Derived, PLUGINS};
 pub use value::key_names;

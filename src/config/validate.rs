@@ -15,7 +15,6 @@ pub const PLUGINS: &[&str] = &["cpu", "cuda12", "cuda13", "tpu"];
 #[derive(Clone, Debug, PartialEq)]
 pub struct Derived {
     pub model_name: String,
-    pub num_params: u64,
     pub num_devices: usize,
     /// Slices on TPU, hosts on GPU: the DCN groups.
     pub num_slices: usize,
@@ -39,8 +38,9 @@ pub struct Derived {
 }
 
 impl Derived {
-    /// Prints the summary `maxrs train` shows at start.
-    pub fn print_summary(&self) {
+    /// Prints the summary `maxrs train` shows at start; the parameter count is the model's.
+    pub fn print_summary(&self, num_params: u64) {
+        println!("model: {} ({} parameters)", self.model_name, human(num_params));
         println!("{self}");
     }
 }
@@ -48,7 +48,6 @@ impl Derived {
 impl fmt::Display for Derived {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let batch_shards: usize = self.batch_axes.iter().map(|a| self.mesh.size(a)).product();
-        writeln!(f, "model: {} ({} parameters)", self.model_name, human(self.num_params))?;
         writeln!(f, "devices: {} in {}", self.num_devices, mesh::plural(self.num_slices, "slice"))?;
         writeln!(f, "mesh: {}", self.mesh)?;
         writeln!(
@@ -135,7 +134,6 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         if config.learning_rate_schedule_steps == -1 { steps } else { config.learning_rate_schedule_steps as usize };
     Ok(Derived {
         model_name: config.model_name.clone(),
-        num_params: num_params(config),
         num_devices,
         num_slices,
         mesh,
@@ -150,27 +148,6 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         schedule_steps,
         warmup_steps: (schedule_steps as f64 * config.warmup_steps_fraction) as usize,
     })
-}
-
-/// Parameters of the Llama-style decoder the config describes: embedding, per layer q/k/v/o
-/// projections, a gated MLP with one input projection per activation and two norms, the final
-/// norm, and the output projection unless it is the embedding.
-pub fn num_params(c: &Config) -> u64 {
-    let [e, h, kv, hd, m, l, v] = [
-        c.base_emb_dim,
-        c.base_num_query_heads,
-        c.base_num_kv_heads,
-        c.head_dim,
-        c.base_mlp_dim,
-        c.base_num_decoder_layers,
-        c.vocab_size,
-    ]
-    .map(|x| x.max(0) as u64);
-    let attention = e * h * hd + 2 * e * kv * hd + h * hd * e;
-    let mlp = c.mlp_activations.len() as u64 * e * m + m * e;
-    let layer = attention + mlp + 2 * e;
-    let unembed = if c.logits_via_embedding { 0 } else { e * v };
-    v * e + l * layer + e + unembed
 }
 
 fn positive(key: &str, value: i64) -> Result<(), ConfigError> {

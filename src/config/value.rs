@@ -207,7 +207,7 @@ mod tests {
     #[test]
     fn choices_are_checked_with_a_suggestion() {
         let e = cli("remat_policy", "ful").unwrap_err().to_string();
-        assert!(e.contains("full, minimal, save_qkv_proj, none") && e.contains("did you mean `full`"), "{e}");
+        assert!(e.contains("full, minimal, minimal_with_context") && e.contains("did you mean `full`"), "{e}");
         assert!(cli("dtype", "float32").is_ok());
     }
 }

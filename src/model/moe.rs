@@ -37,13 +37,27 @@
 //! `in_axis=0, out_axis=1`, so JAX's `variance_scaling` counts `experts x (the remaining dim)` as
 //! the fan-in.
 
-use super::{ParamDef, ParamInit};
+use super::decoder::constrain;
+use super::{ModelConfig, ParamDef, ParamInit};
 use crate::config::Config;
 use crate::ir::DType;
-use crate::sharding::{LogicalRules, PartitionSpec};
+use crate::sharding::PartitionSpec;
 use crate::tensor::{einsum, Tensor, Tree};
 
-/// What the block needs from the run's configuration (MaxText's key names).
+/// The configuration keys the block reads (besides `ModelConfig`'s), MaxText's names.
+pub const MOE_KEYS: &[&str] = &[
+    "num_experts",
+    "num_experts_per_tok",
+    "capacity_factor",
+    "sparse_matmul",
+    "load_balance_loss_weight",
+    "float32_weight_sum",
+    "float32_gate_logits",
+    "moe_dispatch_no_expert_sharding",
+];
+
+/// What the block needs from the run's configuration besides `ModelConfig` (MaxText's key
+/// names).
 #[derive(Clone, Debug)]
 pub struct MoeConfig {
     pub num_experts: i64,
@@ -58,8 +72,6 @@ pub struct MoeConfig {
     /// `moe_dispatch_no_expert_sharding`: keep the `expert` mesh axis off the batch dim of the
     /// dispatched tokens, so the expert matmuls stay expert-parallel (all-to-all).
     pub dispatch_no_expert_sharding: bool,
-    pub dtype: DType,
-    pub rules: LogicalRules,
 }
 
 impl MoeConfig {
@@ -73,16 +85,6 @@ impl MoeConfig {
             float32_weight_sum: c.float32_weight_sum,
             float32_gate_logits: c.float32_gate_logits,
             dispatch_no_expert_sharding: c.moe_dispatch_no_expert_sharding,
-            dtype: super::llama::dtype(c.dtype),
-            rules: crate::config::logical_rules(c),
-        }
-    }
-
-    /// MaxText's "float32" for router softmaxes, sums and losses: f32, or f64 for an f64 model.
-    fn wide(&self) -> DType {
-        match self.dtype {
-            DType::F64 => DType::F64,
-            DType::F32 | DType::BF16 | DType::F16 | DType::S32 | DType::U32 | DType::Pred => DType::F32,
         }
     }
 
@@ -93,9 +95,17 @@ impl MoeConfig {
     }
 }
 
+/// MaxText's "float32" for router softmaxes, sums and losses: f32, or f64 for an f64 model.
+fn wide(c: &ModelConfig) -> DType {
+    match c.dtype {
+        DType::F64 => DType::F64,
+        DType::F32 | DType::BF16 | DType::F16 | DType::S32 | DType::U32 | DType::Pred => DType::F32,
+    }
+}
+
 /// The block's parameters, relative to it, for `emb`-wide tokens and `mlp`-wide experts.
-pub fn param_defs(c: &MoeConfig, emb: i64, mlp: i64) -> Vec<ParamDef> {
-    let e = c.num_experts;
+pub fn param_defs(m: &MoeConfig, emb: i64, mlp: i64) -> Vec<ParamDef> {
+    let e = m.num_experts;
     let def = |name: &str, shape: &[i64], logical: &[&'static str], init| ParamDef {
         name: name.to_string(),
         shape: shape.to_vec(),
@@ -118,21 +128,21 @@ pub struct MoeOutput {
 }
 
 /// The block on `x: [batch, seq, emb]` (in `dtype`) with its parameters `p`.
-pub fn moe_block(c: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOutput {
-    let gate_dtype = if c.float32_gate_logits { c.wide() } else { c.dtype };
+pub fn moe_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOutput {
+    let gate_dtype = if m.float32_gate_logits { wide(c) } else { c.dtype };
     let logits = x.astype(gate_dtype).matmul(&p["gate.kernel"].astype(gate_dtype));
     let logits = constrain(c, logits, &["activation_batch_moe", "activation_length_moe", ""]);
-    let (top_logits, experts) = logits.top_k(c.num_experts_per_tok);
-    let weights = top_logits.astype(c.wide()).softmax(-1).astype(c.dtype);
-    let load_balance_loss = (c.load_balance_loss_weight > 0.0).then(|| load_balance_loss(c, &logits, &experts));
+    let (top_logits, experts) = logits.top_k(m.num_experts_per_tok);
+    let weights = top_logits.astype(wide(c)).softmax(-1).astype(c.dtype);
+    let load_balance_loss = (m.load_balance_loss_weight > 0.0).then(|| load_balance_loss(c, m, &logits, &experts));
     let w = |name: &str| p[name].astype(c.dtype);
     let (wi_0, wi_1, wo) = (w("wi_0"), w("wi_1"), w("wo"));
-    let output = if c.sparse_matmul {
-        dropless(c, x, &weights, &experts, &wi_0, &wi_1, &wo)
-    } else if c.capacity_factor > 0.0 {
-        dropping(c, x, &weights, &experts, &wi_0, &wi_1, &wo)
+    let output = if m.sparse_matmul {
+        dropless(c, m, x, &weights, &experts, &wi_0, &wi_1, &wo)
+    } else if m.capacity_factor > 0.0 {
+        dropping(c, m, x, &weights, &experts, &wi_0, &wi_1, &wo)
     } else {
-        every_expert(c, x, &weights, &experts, &wi_0, &wi_1, &wo)
+        every_expert(c, m, x, &weights, &experts, &wi_0, &wi_1, &wo)
     };
     MoeOutput { output, load_balance_loss }
 }
@@ -140,24 +150,25 @@ pub fn moe_block(c: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOutput {
 /// `mean_{b,e}(density[b,e] x probability[b,e]) x E^2 x weight`, where `density` is the fraction
 /// of sequence `b`'s tokens assigned to expert `e` (counting each of the k choices) and
 /// `probability` the mean softmax probability of `e` over the sequence.
-fn load_balance_loss(c: &MoeConfig, logits: &Tensor, experts: &Tensor) -> Tensor {
-    let probs = logits.astype(c.wide()).softmax(-1).astype(c.dtype).astype(c.wide());
-    let assigned = experts.one_hot(c.num_experts, c.wide()).sum(&[2]);
+fn load_balance_loss(c: &ModelConfig, m: &MoeConfig, logits: &Tensor, experts: &Tensor) -> Tensor {
+    let probs = logits.astype(wide(c)).softmax(-1).astype(c.dtype).astype(wide(c));
+    let assigned = experts.one_hot(m.num_experts, wide(c)).sum(&[2]);
     let density = assigned.mean(&[1]);
     let density_prob = probs.mean(&[1]);
-    let e = c.num_experts as f64;
-    (density * &density_prob).mean_all() * (e * e * c.load_balance_loss_weight)
+    let e = m.num_experts as f64;
+    (density * &density_prob).mean_all() * (e * e * m.load_balance_loss_weight)
 }
 
 /// SwiGLU on the two up-projections, in `dtype`.
-fn activation(c: &MoeConfig, gate: &Tensor, up: &Tensor) -> Tensor {
+fn activation(c: &ModelConfig, gate: &Tensor, up: &Tensor) -> Tensor {
     (gate.silu() * up).astype(c.dtype)
 }
 
 /// Sorts the `tokens x k` assignments by expert, runs each expert on its rows, and sums each
 /// token's k results with its routing weights.
 fn dropless(
-    c: &MoeConfig,
+    c: &ModelConfig,
+    m: &MoeConfig,
     x: &Tensor,
     weights: &Tensor,
     experts: &Tensor,
@@ -166,32 +177,33 @@ fn dropless(
     wo: &Tensor,
 ) -> Tensor {
     let (b, s, emb) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-    let k = c.num_experts_per_tok;
+    let k = m.num_experts_per_tok;
     let tokens = x.reshape(&[b * s, emb]);
     let flat = experts.reshape(&[b * s * k]);
     // Assignment `i` is token `i / k`'s choice `i % k`; `order` lists them grouped by expert.
     let order = flat.argsort(0);
     let sorted = tokens.take(&(&order / k as i32));
-    let group_sizes = flat.one_hot(c.num_experts, DType::S32).sum(&[0]);
+    let group_sizes = flat.one_hot(m.num_experts, DType::S32).sum(&[0]);
     let gate = sorted.ragged_dot(wi_0, &group_sizes).checkpoint_name("moe_mlpwi_0");
     let up = sorted.ragged_dot(wi_1, &group_sizes).checkpoint_name("moe_mlpwi_1");
     let out = activation(c, &gate, &up).ragged_dot(wo, &group_sizes).checkpoint_name("moe_mlpwo");
     let unsorted = out.take(&order.argsort(0)).reshape(&[b * s, k, emb]);
-    let sum_dtype = if c.float32_weight_sum { c.wide() } else { c.dtype };
+    let sum_dtype = if m.float32_weight_sum { wide(c) } else { c.dtype };
     let combined =
         einsum("tke,tk->te", &[&unsorted.astype(sum_dtype), &weights.reshape(&[b * s, k]).astype(sum_dtype)]);
     combined.reshape(&[b, s, emb]).astype(c.dtype)
 }
 
 /// The routing weights as a dense `[batch, seq, experts]` array (zero for unchosen experts).
-fn dense_weights(c: &MoeConfig, weights: &Tensor, experts: &Tensor) -> Tensor {
-    (experts.one_hot(c.num_experts, c.dtype) * &weights.expand_dims(-1)).sum(&[2])
+fn dense_weights(c: &ModelConfig, m: &MoeConfig, weights: &Tensor, experts: &Tensor) -> Tensor {
+    (experts.one_hot(m.num_experts, c.dtype) * &weights.expand_dims(-1)).sum(&[2])
 }
 
 /// Capacity-limited experts: per sequence, expert `e` takes the first `C` assignments to it in
 /// (position, choice) order; a dropped assignment contributes nothing.
 fn dropping(
-    c: &MoeConfig,
+    c: &ModelConfig,
+    m: &MoeConfig,
     x: &Tensor,
     weights: &Tensor,
     experts: &Tensor,
@@ -200,8 +212,8 @@ fn dropping(
     wo: &Tensor,
 ) -> Tensor {
     let (b, s) = (x.shape()[0], x.shape()[1]);
-    let (e, k) = (c.num_experts, c.num_experts_per_tok);
-    let cap = c.capacity(s);
+    let (e, k) = (m.num_experts, m.num_experts_per_tok);
+    let cap = m.capacity(s);
     // 1-based arrival order of each assignment at its expert, counted over (position, choice).
     let chosen = experts.one_hot(e, DType::S32);
     let arrivals = chosen.reshape(&[b, s * k, e]).cumsum(1).reshape(&[b, s, k, e]);
@@ -210,12 +222,13 @@ fn dropping(
     let slot = (&chosen * &arrivals).sum(&[2]) * &kept_any;
     // Slot 0 means "not taken"; slots 1..=C are the capacity positions.
     let position = slot.one_hot(cap + 1, c.dtype).slice_axis(-1, 1, cap + 1);
-    let routed = dense_weights(c, weights, experts) * &kept_any.astype(c.dtype);
+    let routed = dense_weights(c, m, weights, experts) * &kept_any.astype(c.dtype);
     let mask_axes = ["activation_batch_moe", "activation_norm_length_moe", "", ""];
     let combine = constrain(c, routed.expand_dims(-1) * &position, &mask_axes);
     let dispatch = constrain(c, combine.ne(0.0).astype(c.dtype), &mask_axes);
     let expert_axes = |last: &'static str| ["activation_exp", "activation_batch_moe", "", last];
-    let tokens = constrain_dispatch(c, einsum("bsm,bsec->ebcm", &[x, &dispatch]), &expert_axes("activation_embed_moe"));
+    let tokens =
+        constrain_dispatch(c, m, einsum("bsm,bsec->ebcm", &[x, &dispatch]), &expert_axes("activation_embed_moe"));
     // With expert parallelism, MaxText pins the kernels to their expert sharding here, so the
     // partitioner gathers their embed dim rather than moving the experts
     // (`maybe_all_gather_kernel_weight_in_expert_parallelism`).
@@ -227,9 +240,9 @@ fn dropping(
     let wi_0 = kernel(wi_0, &["exp", "", "mlp"]);
     let wi_1 = kernel(wi_1, &["exp", "", "mlp"]);
     let wo = kernel(wo, &["exp", "mlp", ""]);
-    let gate = constrain_dispatch(c, einsum("ebcm,emh->ebch", &[&tokens, &wi_0]), &expert_axes("activation_mlp"))
+    let gate = constrain_dispatch(c, m, einsum("ebcm,emh->ebch", &[&tokens, &wi_0]), &expert_axes("activation_mlp"))
         .checkpoint_name("moe_mlpwi_0");
-    let up = constrain_dispatch(c, einsum("ebcm,emh->ebch", &[&tokens, &wi_1]), &expert_axes("activation_mlp"))
+    let up = constrain_dispatch(c, m, einsum("ebcm,emh->ebch", &[&tokens, &wi_1]), &expert_axes("activation_mlp"))
         .checkpoint_name("moe_mlpwi_1");
     let out = einsum("ebch,ehm->ebcm", &[&activation(c, &gate, &up), &wo]);
     let out = constrain(c, out, &expert_axes("activation_embed_moe")).checkpoint_name("moe_mlpwo");
@@ -238,7 +251,8 @@ fn dropping(
 
 /// Every expert on every token, weighted by the routing weights.
 fn every_expert(
-    c: &MoeConfig,
+    c: &ModelConfig,
+    m: &MoeConfig,
     x: &Tensor,
     weights: &Tensor,
     experts: &Tensor,
@@ -250,25 +264,17 @@ fn every_expert(
     let gate = einsum("bsm,emh->bseh", &[&x, wi_0]).checkpoint_name("mlpwi_0");
     let up = einsum("bsm,emh->bseh", &[&x, wi_1]).checkpoint_name("mlpwi_1");
     let out = einsum("bseh,ehm->bsem", &[&activation(c, &gate, &up), wo]).checkpoint_name("mlpwo");
-    let sum_dtype = if c.float32_weight_sum { c.wide() } else { c.dtype };
-    let dense = dense_weights(c, weights, experts);
+    let sum_dtype = if m.float32_weight_sum { wide(c) } else { c.dtype };
+    let dense = dense_weights(c, m, weights, experts);
     einsum("bsem,bse->bsm", &[&out.astype(sum_dtype), &dense.astype(sum_dtype)]).astype(c.dtype)
-}
-
-/// Pins an activation's sharding by logical axis names (no-op without a mesh).
-fn constrain(c: &MoeConfig, x: Tensor, logical: &[&str]) -> Tensor {
-    match x.trace().mesh().cloned() {
-        Some(mesh) => x.with_sharding_constraint(&c.rules.spec(logical, &mesh)),
-        None => x,
-    }
 }
 
 /// `constrain` for the dispatched tokens `[E, B, C, ...]`. With `dispatch_no_expert_sharding`
 /// each dim is resolved on its own and the `expert` mesh axis is taken off the batch dim
 /// (MaxText's `_maybe_shard_moe_dispatch`), leaving it to the experts; otherwise the joint
 /// resolution gives `expert` to the batch, whose rule comes first.
-fn constrain_dispatch(c: &MoeConfig, x: Tensor, logical: &[&str]) -> Tensor {
-    if !c.dispatch_no_expert_sharding {
+fn constrain_dispatch(c: &ModelConfig, m: &MoeConfig, x: Tensor, logical: &[&str]) -> Tensor {
+    if !m.dispatch_no_expert_sharding {
         return constrain(c, x, logical);
     }
     let Some(mesh) = x.trace().mesh().cloned() else { return x };

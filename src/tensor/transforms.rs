@@ -66,20 +66,6 @@ pub enum RematPolicy {
     SaveNames(Vec<String>),
 }
 
-impl RematPolicy {
-    /// MaxText's `remat_policy` names that map onto these policies.
-    pub fn from_name(name: &str) -> Option<RematPolicy> {
-        let names = |ns: &[&str]| RematPolicy::SaveNames(ns.iter().map(|n| n.to_string()).collect());
-        Some(match name {
-            "full" => RematPolicy::Full,
-            "none" => RematPolicy::None,
-            "save_qkv_proj" => names(&["query_proj", "key_proj", "value_proj", "qkv_proj"]),
-            "save_out_proj" => names(&["out_proj"]),
-            _ => return None,
-        })
-    }
-}
-
 /// Applies `f` to `inputs` as a rematerialization region under `policy`.
 #[track_caller]
 pub fn checkpoint(policy: &RematPolicy, inputs: &Tree, f: impl FnOnce(&Tree) -> Tree) -> Tree {

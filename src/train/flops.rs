@@ -1,39 +1,10 @@
-//! Model FLOPs per train step, peak TFLOP/s per device kind, and MFU.
+//! The shape of one train step's work per device, peak TFLOP/s per device kind, and MFU.
 //!
-//! The count is MaxText's `calculate_tflops_training_per_device` (maxtext_utils.py) for
-//! decoders with standard multi-head / grouped-query attention, dense or with routed experts
-//! (Mixtral: only the `num_experts_per_tok` active experts count, plus the router; MaxText main
-//! e591f30, `src/maxtext/utils/maxtext_utils.py`). It counts matmuls only, per
-//! device: every term uses `per_device_batch_size`, not the global batch, so the result is what
-//! one device computes when the global batch is spread evenly. Forward + backward = 3 x forward.
-//! Attention scores are counted causally (half of the full `S x S` products), as MaxText has done
-//! since 2025 (following Megatron-LM and NeMo); MaxText's older, non-causal figures are higher.
-
-/// The model dimensions the FLOP count depends on (MaxText's config names in the docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ModelDims {
-    /// `emb_dim`.
-    pub emb: u64,
-    /// `num_query_heads`.
-    pub num_query_heads: u64,
-    /// `num_kv_heads`.
-    pub num_kv_heads: u64,
-    /// `head_dim`.
-    pub head_dim: u64,
-    /// `mlp_dim`.
-    pub mlp_dim: u64,
-    /// `num_decoder_layers`.
-    pub num_layers: u64,
-    /// `vocab_size`.
-    pub vocab: u64,
-    /// `len(mlp_activations)`: 2 for Llama's `["silu", "linear"]` (gate and up projections).
-    pub mlp_activations_count: u64,
-    /// `num_experts`: more than 1 makes every layer's MLP a routed MoE block of `mlp_dim`-wide
-    /// experts.
-    pub num_experts: u64,
-    /// `num_experts_per_tok`: the experts each token runs through.
-    pub num_experts_per_tok: u64,
-}
+//! The FLOP count itself is the model's (`Model::training_tflops_per_device`, MaxText's
+//! `calculate_tflops_training_per_device`): matmuls only, per device (every term uses
+//! `per_device_batch_size`, not the global batch), forward + backward = 3 x forward, attention
+//! scores counted causally (half of the full `S x S` products), as MaxText has done since 2025
+//! (following Megatron-LM and NeMo); MaxText's older, non-causal figures are higher.
 
 /// The per-device work of one train step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,37 +32,6 @@ pub struct StepTflops {
     pub learnable_weight: f64,
     /// The activation-activation matmuls of attention (`QK^T` and `PV`), causal.
     pub attention: f64,
-}
-
-/// MaxText's `calculate_tflops_training_per_device` for a dense or a Mixtral-style MoE decoder.
-pub fn training_tflops_per_device(dims: &ModelDims, shape: &StepShape) -> StepTflops {
-    let b = shape.per_device_batch_size;
-    let s = shape.max_target_length as f64;
-    let emb = dims.emb as f64;
-    let mlp = dims.mlp_dim as f64;
-    let heads = dims.num_query_heads as f64;
-    let kv_heads = dims.num_kv_heads as f64;
-    let hd = dims.head_dim as f64;
-    let layers = dims.num_layers as f64;
-    let vocab = dims.vocab as f64;
-
-    // One up-projection per activation (gate and up for SwiGLU) plus the down-projection; with
-    // experts, per active expert, plus the router's logits (one per expert).
-    let one_mlp = 2.0 * b * s * mlp * emb * dims.mlp_activations_count as f64 + 2.0 * b * s * mlp * emb;
-    let ffn = match dims.num_experts {
-        0 | 1 => one_mlp,
-        experts => 2.0 * b * s * emb * experts as f64 + one_mlp * dims.num_experts_per_tok as f64,
-    };
-    let qkv = 2.0 * b * s * emb * (heads + 2.0 * kv_heads) * hd;
-    let out_projection = 2.0 * b * s * emb * heads * hd;
-    let unembedding = 2.0 * b * s * emb * vocab;
-    // QK^T and PV: 2 matmuls x 2 FLOPs per multiply-add; the causal mask halves the useful work.
-    let causal_attention = 4.0 * b * s * s * heads * hd / 2.0;
-
-    let accumulation = shape.gradient_accumulation_steps as f64;
-    let learnable_weight = ((ffn + qkv + out_projection) * layers + unembedding) * 3.0 / 1e12 * accumulation;
-    let attention = causal_attention * layers * 3.0 / 1e12 * accumulation;
-    StepTflops { total: learnable_weight + attention, learnable_weight, attention }
 }
 
 /// Dense bf16 peak TFLOP/s of one device, from the PJRT device kind (`Device::kind()`), unless

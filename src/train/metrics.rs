@@ -3,14 +3,15 @@
 //! Names and formats follow MaxText's `metric_logger.py` so existing tooling reads maxrs runs:
 //! - log line: `completed step: 3, seconds: 0.512, TFLOP/s/device: 12.300, Tokens/s/device:
 //!   4000.000, total_weights: 8192, loss: 5.123` (three decimals, as MaxText's `:.3f`); maxrs
-//!   appends `, MFU: 45.10%` when the device's peak is known (MaxText appends its optional fields
-//!   after `loss` too, so parsers that look fields up by name keep working);
+//!   appends `, moe_lb_loss: 0.010000` (six decimals, as MaxText) for models with experts and
+//!   `, MFU: 45.10%` when the device's peak is known (MaxText appends its optional fields after
+//!   `loss` too, so parsers that look fields up by name keep working);
 //! - metrics file: one JSON object per step, every value a float (the step too: `"step": 3.0`,
 //!   as MaxText writes it), plus `run_name`. Keys: `step`, `learning/loss`, `learning/grad_norm`,
 //!   `learning/current_learning_rate`, `learning/total_weights`, `perf/step_time_seconds`,
 //!   `perf/per_device_tflops`, `perf/per_device_tflops_per_sec`, `perf/per_device_tokens`,
-//!   `perf/per_device_tokens_per_sec`, and (maxrs only, when the peak is known) `perf/mfu` as a
-//!   fraction.
+//!   `perf/per_device_tokens_per_sec`, `learning/moe_lb_loss` for models with experts, and
+//!   (maxrs only, when the peak is known) `perf/mfu` as a fraction.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -39,6 +40,8 @@ pub struct StepMetrics {
     pub learning_rate: f64,
     /// Number of target tokens the loss counted (sum of the loss mask over the global batch).
     pub total_weights: u64,
+    /// The MoE load-balancing loss (part of `loss`), for models with experts.
+    pub moe_lb_loss: Option<f64>,
     pub step_time_seconds: f64,
     pub work: PerDeviceWork,
 }
@@ -68,6 +71,9 @@ impl StepMetrics {
             self.total_weights,
             fixed3(self.loss),
         );
+        if let Some(lb) = self.moe_lb_loss {
+            line.push_str(&format!(", moe_lb_loss: {lb:.6}"));
+        }
         if let Some(mfu) = self.mfu() {
             line.push_str(&format!(", MFU: {:.2}%", mfu * 100.0));
         }
@@ -85,6 +91,9 @@ impl StepMetrics {
         put("learning/grad_norm", self.grad_norm);
         put("learning/current_learning_rate", self.learning_rate);
         put("learning/total_weights", self.total_weights as f64);
+        if let Some(lb) = self.moe_lb_loss {
+            put("learning/moe_lb_loss", lb);
+        }
         put("perf/step_time_seconds", self.step_time_seconds);
         put("perf/per_device_tflops", self.work.tflops);
         put("perf/per_device_tflops_per_sec", self.tflops_per_sec_per_device());

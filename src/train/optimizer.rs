@@ -13,8 +13,6 @@
 //! The schedule is computed in-graph from the step counter (`opt_state.count`), with the
 //! constants of [`LearningRateSchedule`] baked in: the host version is its reference.
 
-use std::f64::consts::PI;
-
 use crate::config::Config;
 use crate::ir::DType;
 use crate::tensor::{where_, Tensor, Tree};
@@ -40,13 +38,7 @@ pub const COUNT: &str = "count";
 
 impl AdamW {
     pub fn from_config(c: &Config) -> Result<AdamW, String> {
-        let schedule = LearningRateSchedule::new(
-            c.learning_rate,
-            c.learning_rate_final_fraction,
-            c.warmup_steps_fraction,
-            c.learning_rate_schedule_steps,
-            c.steps.max(0) as u64,
-        )?;
+        let schedule = LearningRateSchedule::from_config(c)?;
         Ok(AdamW {
             b1: c.adam_b1,
             b2: c.adam_b2,
@@ -56,22 +48,6 @@ impl AdamW {
             clip_threshold: c.gradient_clipping_threshold,
             schedule,
         })
-    }
-
-    /// The schedule at `step` (s32 scalar), as an f32 scalar: the same piecewise function as
-    /// `LearningRateSchedule::at`, with its branch points resolved at trace time.
-    pub fn learning_rate(&self, step: &Tensor) -> Tensor {
-        let s = &self.schedule;
-        let (lr, final_lr) = (s.learning_rate, s.learning_rate * s.final_fraction);
-        let (warmup, total) = (s.warmup_steps() as f64, s.schedule_steps as f64);
-        let cosine_steps = total - warmup;
-        let t = step.astype(DType::F32);
-        let warm = if warmup > 1.0 { &t * (lr / (warmup - 1.0)) } else { t.zeros_like() };
-        let pct = if cosine_steps > 1.0 { (&t - warmup) * (1.0 / (cosine_steps - 1.0)) } else { t.full_like(1.0) };
-        let a = ((pct * PI).cos() + 1.0) * 0.5;
-        let cosine = &a * lr + (1.0 - &a) * final_lr;
-        let decayed = where_(&t.lt(total), &cosine, 0.0);
-        where_(&t.lt(warmup), &warm, &decayed)
     }
 
     /// Zero moments and count for `params`.
@@ -96,7 +72,7 @@ impl AdamW {
             grads.clone()
         };
         let count = &state[COUNT];
-        let lr = self.learning_rate(count);
+        let lr = self.schedule.traced(count);
         let next_count = count + 1;
         let t = next_count.astype(DType::F32);
         // 1 - b^t, computed as 1 - exp(t ln b) in f32 like optax's `1 - decay**count`.

@@ -13,12 +13,11 @@ use crate::aot::artifact;
 use crate::config::{self, Config, Derived};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
-use crate::model::llama;
 use crate::pjrt::{self, Client, Value};
 use crate::runtime::{self, Compiled, DeviceArray};
 
 use super::data::{BatchLoader, DataSource};
-use super::flops::{self, ModelDims, StepShape};
+use super::flops::{self, StepShape};
 use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
 use super::params_io::{load_parameters, ParamSpec};
 use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
@@ -72,11 +71,11 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let mut report = RunReport::default();
     let devices = client.addressable_devices()?;
     let derived = config::validate(c, devices.len(), 1)?;
-    derived.print_summary();
     // One process: all devices form one granule, in id order.
     let ids: Vec<i64> = devices.iter().map(|d| d.id as i64).collect();
     let step =
         TrainStep::new(c, &derived, step_mesh(&derived, &[ids]).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
+    derived.print_summary(step.model.num_params());
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -87,7 +86,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let t = Instant::now();
     let compiled = match c.compiled_trainstep_file.as_str() {
         "" => runtime::compile_lowered(client, &program, &mlir).context("compiling the train step")?,
-        path => load_step(c, client, &program, Path::new(path))?,
+        path => load_step(c, client, &step, &program, &mlir, Path::new(path))?,
     };
     report.startup.compile = t.elapsed().as_secs_f64();
 
@@ -99,7 +98,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
         report.startup.trace, report.startup.lower, report.startup.compile, report.startup.init
     );
 
-    let work = per_device_work(c, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
+    let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
     let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
     let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
@@ -123,6 +122,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
     let (loss_i, norm_i, lr_i, weights_i) =
         (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
+    let lb_i = metric("moe_lb_loss").ok();
 
     // For each output, the input slot it feeds next step (state outputs share their input's name).
     let carried: Vec<Option<usize>> =
@@ -148,6 +148,7 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
             grad_norm,
             learning_rate: lr,
             total_weights: weights as u64,
+            moe_lb_loss: lb_i.map(scalar).transpose()?,
             step_time_seconds: (now - last).as_secs_f64(),
             work,
         };
@@ -179,15 +180,26 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
 /// this program, these devices and this plugin build (see `aot::artifact`).
-fn load_step(c: &Config, client: &Client, program: &Program, path: &Path) -> Result<Compiled> {
+fn load_step(
+    c: &Config,
+    client: &Client,
+    step: &TrainStep,
+    program: &Program,
+    mlir: &str,
+    path: &Path,
+) -> Result<Compiled> {
     let devices = client.addressable_devices()?;
     let current = artifact::header(
         c,
+        &step.model,
         program,
-        artifact::describe_devices(1, devices.len(), &devices[0].kind),
-        devices.len(),
-        artifact::plugin_identity(client.plugin()),
-        client.platform_version()?,
+        mlir,
+        artifact::Platform {
+            devices: artifact::describe_devices(1, devices.len(), &devices[0].kind),
+            num_devices: devices.len(),
+            plugin: artifact::plugin_identity(client.plugin()),
+            platform_version: client.platform_version()?,
+        },
     );
     let bytes = artifact::load_matching(path, &current)?;
     let executable = client.deserialize(&bytes).with_context(|| format!("loading {}", path.display()))?;
@@ -212,10 +224,9 @@ fn initial_state(
         state[compiled.input_index(&spec.name)?] = Some(array);
     }
     if from_file {
-        let expected: Vec<ParamSpec> = llama::param_defs(&step.model)
-            .into_iter()
-            .map(|d| ParamSpec { name: d.name, ty: runtime::element_type(step.model.weight_dtype), dims: d.shape })
-            .collect();
+        let dtype = runtime::element_type(step.model.config.weight_dtype);
+        let expected: Vec<ParamSpec> =
+            step.model.param_defs().into_iter().map(|d| ParamSpec { name: d.name, ty: dtype, dims: d.shape }).collect();
         let params = load_parameters(Path::new(&c.load_parameters_path), &expected)?;
         for (name, host) in &params {
             let slot = compiled.input_index(&format!("params.{name}"))?;
@@ -226,19 +237,7 @@ fn initial_state(
     Ok(state)
 }
 
-fn per_device_work(c: &Config, derived: &Derived, device_kind: &str) -> PerDeviceWork {
-    let dims = ModelDims {
-        emb: c.base_emb_dim as u64,
-        num_query_heads: c.base_num_query_heads as u64,
-        num_kv_heads: c.base_num_kv_heads as u64,
-        head_dim: c.head_dim as u64,
-        mlp_dim: c.base_mlp_dim as u64,
-        num_layers: c.base_num_decoder_layers as u64,
-        vocab: c.vocab_size as u64,
-        mlp_activations_count: c.mlp_activations.len() as u64,
-        num_experts: c.num_experts as u64,
-        num_experts_per_tok: c.num_experts_per_tok as u64,
-    };
+fn per_device_work(c: &Config, step: &TrainStep, derived: &Derived, device_kind: &str) -> PerDeviceWork {
     let shape = StepShape {
         per_device_batch_size: derived.per_device_batch_size,
         max_target_length: derived.max_target_length as u64,
@@ -246,7 +245,7 @@ fn per_device_work(c: &Config, derived: &Derived, device_kind: &str) -> PerDevic
     };
     let configured = (c.peak_tflops_per_device > 0.0).then_some(c.peak_tflops_per_device);
     PerDeviceWork {
-        tflops: flops::training_tflops_per_device(&dims, &shape).total,
+        tflops: step.model.training_tflops_per_device(&shape).total,
         tokens: shape.tokens_per_device(),
         peak_tflops: flops::peak_tflops_per_device(device_kind, configured),
     }

@@ -4,18 +4,19 @@
 //! every step's outputs feed the next, never leaving the devices.
 //!
 //! Program names, which are also the names in saved files and AOT headers:
-//! - `params.<name>`: the model's parameters (`model::llama::param_defs`), sharded by the logical
+//! - `params.<name>`: the model's parameters (`Model::param_defs`), sharded by the logical
 //!   axis rules, donated to the step;
 //! - `opt_state.mu.<name>`, `opt_state.nu.<name>` (sharded like the parameter), `opt_state.count`
 //!   (s32 scalar, replicated), donated;
 //! - `batch.inputs`, `batch.targets`, `batch.targets_segmentation`: s32 `[global_batch, seq]`,
 //!   rows split over the mesh axes of `activation_batch`;
 //! - outputs: the new state under the same names, and f32 scalars `metrics.loss`,
-//!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`.
+//!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`, and
+//!   `metrics.<name>` for each auxiliary loss the model's layers report (`moe_lb_loss`).
 
 use crate::config::{Config, Derived};
 use crate::ir::{DType, Program, Signature};
-use crate::model::llama::{self, LlamaConfig};
+use crate::model::Model;
 use crate::sharding::{Mesh, PartitionSpec};
 use crate::tensor::{random, scan, trace, value_and_grad_with_aux, Tensor, TraceError, Tree};
 
@@ -38,7 +39,7 @@ pub fn step_mesh(derived: &Derived, granules: &[Vec<i64>]) -> Result<Option<Mesh
 /// Everything that decides the traced programs.
 #[derive(Clone, Debug)]
 pub struct TrainStep {
-    pub model: LlamaConfig,
+    pub model: Model,
     pub optimizer: AdamW,
     /// Sequences per optimizer step (all micro-batches).
     pub global_batch: i64,
@@ -54,7 +55,7 @@ pub struct TrainStep {
 impl TrainStep {
     pub fn new(c: &Config, derived: &Derived, mesh: Option<Mesh>) -> Result<TrainStep, String> {
         Ok(TrainStep {
-            model: LlamaConfig::from_config(c),
+            model: Model::from_config(c)?,
             optimizer: AdamW::from_config(c)?,
             global_batch: derived.global_batch_size as i64,
             seq: derived.max_target_length as i64,
@@ -68,11 +69,16 @@ impl TrainStep {
     /// Name, dtype, shape and sharding of every state array (parameters, then optimizer state).
     pub fn state_specs(&self) -> Vec<(String, DType, Vec<i64>, Option<PartitionSpec>)> {
         let mut specs = Vec::new();
-        let defs = llama::param_defs(&self.model);
+        let defs = self.model.param_defs();
         for prefix in ["params", "opt_state.mu", "opt_state.nu"] {
             for def in &defs {
-                let sharding = self.mesh.as_ref().map(|m| self.model.rules.spec(&def.logical, m));
-                specs.push((format!("{prefix}.{}", def.name), self.model.weight_dtype, def.shape.clone(), sharding));
+                let sharding = self.mesh.as_ref().map(|m| self.model.config.rules.spec(&def.logical, m));
+                specs.push((
+                    format!("{prefix}.{}", def.name),
+                    self.model.config.weight_dtype,
+                    def.shape.clone(),
+                    sharding,
+                ));
             }
         }
         let replicated = self.mesh.as_ref().map(|_| PartitionSpec::replicated());
@@ -82,7 +88,7 @@ impl TrainStep {
 
     /// The sharding of the `[global_batch, seq]` batch arrays.
     pub fn batch_sharding(&self) -> Option<PartitionSpec> {
-        self.mesh.as_ref().map(|m| self.model.rules.spec(&["activation_batch", "activation_length"], m))
+        self.mesh.as_ref().map(|m| self.model.config.rules.spec(&["activation_batch", "activation_length"], m))
     }
 
     fn signature(&self) -> Signature {
@@ -111,7 +117,7 @@ impl TrainStep {
             }
         }
         trace(&sig, |ctx, _| {
-            let params = llama::init_params(&self.model, &random::key(ctx, self.init_weights_seed));
+            let params = self.model.init_params(&random::key(ctx, self.init_weights_seed));
             let state = self.optimizer.init(&params);
             let mut out = state.prefixed("opt_state");
             if with_params {
@@ -134,10 +140,11 @@ impl TrainStep {
             let (params, state, batch) = (inp.subtree("params"), inp.subtree("opt_state"), inp.subtree("batch"));
             let (loss, aux, grads) = self.loss_and_grads(&params, &batch);
             let (new_params, new_state, opt_metrics) = self.optimizer.update(&params, &grads, &state);
-            let metrics = opt_metrics
+            let mut metrics = opt_metrics
                 .with("loss", loss)
                 .with("total_weights", aux["total_weights"].clone())
                 .with("z_loss", aux["z_loss"].clone());
+            metrics.extend(aux.subtree("aux_losses"));
             let mut out = new_params.prefixed("params");
             out.extend(new_state.prefixed("opt_state"));
             out.extend(metrics.prefixed("metrics"));
@@ -148,11 +155,15 @@ impl TrainStep {
     /// The mean loss, its aux values and the gradients of the mean loss. With gradient
     /// accumulation the batch is split into micro-batches scanned in sequence; each contributes
     /// the gradient of its summed loss, and the sum is divided by the total token count at the
-    /// end, which equals the gradient of the whole batch's mean loss.
+    /// end, which equals the gradient of the whole batch's mean loss. The layers' auxiliary
+    /// losses count as their mean over micro-batches (as MaxText reports them); each
+    /// micro-batch's are scaled by `tokens / micro-batches` before that division so that the
+    /// gradient is the reported loss's. (MaxText's accumulation divides their gradient by the
+    /// token count too, which weights them far less than the loss it reports.)
     fn loss_and_grads(&self, params: &Tree, batch: &Tree) -> (Tensor, Tree, Tree) {
         let z = self.z_loss_multiplier;
         if self.accumulation == 1 {
-            return value_and_grad_with_aux(params, |p| llama::loss(&self.model, p, batch, z));
+            return value_and_grad_with_aux(params, |p| self.model.loss(p, batch, z));
         }
         let (a, micro) = (self.accumulation, self.global_batch / self.accumulation);
         // Row r of micro-batch k is global row r * a + k: every device keeps its own rows.
@@ -167,6 +178,8 @@ impl TrainStep {
             }
         });
         let f32_zero = |t: &Tensor| t.trace().scalar(0.0, DType::F32);
+        let step_weights = batch["targets_segmentation"].ne(0).astype(DType::F32).sum_all();
+        let aux_scale = step_weights.maximum(1.0) / a as f64;
         let first = params.values().next().expect("a model has parameters");
         let carry = params
             .map(|_, p| p.zeros_like())
@@ -174,25 +187,34 @@ impl TrainStep {
             .with("total_loss", f32_zero(first))
             .with("total_weights", f32_zero(first))
             .with("z_loss_sum", f32_zero(first));
-        let (sums, _) = scan(&carry, &micro_batches, |carry, mb| {
+        let (sums, per_micro_batch) = scan(&carry, &micro_batches, |carry, mb| {
             let (_, aux, grads) = value_and_grad_with_aux(params, |p| {
-                let (_, aux) = llama::loss(&self.model, p, mb, z);
-                (aux["total_loss"].clone(), aux)
+                let (_, aux) = self.model.loss(p, mb, z);
+                let mut objective = aux["total_loss"].clone();
+                for (_, value) in aux.subtree("aux_losses").iter() {
+                    objective = objective + &(value * &aux_scale);
+                }
+                (objective, aux)
             });
             let mut next: Tree =
                 grads.iter().map(|(n, g)| (format!("grad.{n}"), &carry[&format!("grad.{n}")] + g)).collect();
             next.insert("total_loss", &carry["total_loss"] + &aux["total_loss"]);
             next.insert("total_weights", &carry["total_weights"] + &aux["total_weights"]);
             next.insert("z_loss_sum", &carry["z_loss_sum"] + &(&aux["z_loss"] * &aux["total_weights"]));
-            (next, Tree::new())
+            (next, aux.subtree("aux_losses").prefixed("aux_losses"))
         });
         let weights = sums["total_weights"].maximum(1.0);
         let grads = sums.subtree("grad").map(|_, g| g / &weights.astype(g.dtype()));
-        let loss = &sums["total_loss"] / &weights;
-        let aux = Tree::new()
+        let aux_losses = per_micro_batch.subtree("aux_losses").map(|_, per| per.mean(&[0]));
+        let mut loss = &sums["total_loss"] / &weights;
+        for (_, value) in aux_losses.iter() {
+            loss = loss + value;
+        }
+        let mut aux = Tree::new()
             .with("total_loss", sums["total_loss"].clone())
             .with("total_weights", sums["total_weights"].clone())
             .with("z_loss", &sums["z_loss_sum"] / &weights);
+        aux.extend(aux_losses.prefixed("aux_losses"));
         (loss, aux, grads)
     }
 }

@@ -5,7 +5,7 @@
 
 use super::{rng, uniform};
 use maxrs::ir::{DType, Signature};
-use maxrs::model::llama::{self, LlamaConfig};
+use maxrs::model::Model;
 use maxrs::pjrt::HostTensor;
 use maxrs::tensor::Tree;
 use ndarray::{s, Array2, Axis};
@@ -15,13 +15,13 @@ use std::collections::BTreeMap;
 pub const B: usize = 2;
 pub const T: usize = 16;
 
-pub fn config(scan_layers: bool, extra: &[&str]) -> LlamaConfig {
+pub fn config(scan_layers: bool, extra: &[&str]) -> Model {
     let mut overrides: Vec<String> =
         vec!["dtype=float32".into(), "weight_dtype=float32".into(), format!("scan_layers={scan_layers}")];
     overrides.extend(extra.iter().map(|s| s.to_string()));
     let c = maxrs::config::load(None, &overrides).expect("config loads");
-    let c = LlamaConfig::from_config(&c);
-    assert!(c.kv_heads < c.heads, "the test must exercise grouped-query attention");
+    let c = Model::from_config(&c).expect("the model builds");
+    assert!(c.config.kv_heads < c.config.heads, "the test must exercise grouped-query attention");
     c
 }
 
@@ -34,21 +34,21 @@ pub struct RefParams {
     pub logits_dense: Option<Array2<f64>>,
 }
 
-pub fn random_params(c: &LlamaConfig, seed: u64) -> RefParams {
+pub fn random_params(c: &Model, seed: u64) -> RefParams {
     let mut rng = rng(seed);
     let (e, hd, kvd, m, v) = (
-        c.emb as usize,
-        (c.heads * c.head_dim) as usize,
-        (c.kv_heads * c.head_dim) as usize,
-        c.mlp as usize,
-        c.vocab as usize,
+        c.config.emb as usize,
+        (c.config.heads * c.config.head_dim) as usize,
+        (c.config.kv_heads * c.config.head_dim) as usize,
+        c.config.mlp as usize,
+        c.config.vocab as usize,
     );
     let mut mat = |rows: usize, cols: usize, lo: f64, hi: f64| {
         Array2::from_shape_vec((rows, cols), uniform(&mut rng, rows * cols, lo, hi)).unwrap()
     };
     // Kernels: uniform with a fan-in scale, so activations stay O(1) through the layers.
     let mut layers = Vec::new();
-    for _ in 0..c.layers {
+    for _ in 0..c.config.layers {
         let mut l = BTreeMap::new();
         for (name, rows, cols) in [
             ("self_attention.query.kernel", e, hd),
@@ -67,18 +67,18 @@ pub fn random_params(c: &LlamaConfig, seed: u64) -> RefParams {
         layers.push(l);
     }
     let a = 1.7 / (e as f64).sqrt();
-    let logits_dense = (!c.logits_via_embedding).then(|| mat(e, v, -a, a));
+    let logits_dense = (!c.config.logits_via_embedding).then(|| mat(e, v, -a, a));
     RefParams { embedding: mat(v, e, -1.0, 1.0), layers, final_norm: mat(1, e, 0.5, 1.5), logits_dense }
 }
 
 /// The parameters as program inputs `params.<name>` in the model's layout.
-pub fn host_params(c: &LlamaConfig, p: &RefParams) -> Tree<HostTensor> {
+pub fn host_params(c: &Model, p: &RefParams) -> Tree<HostTensor> {
     let mut out = Tree::new();
     let f32t = |dims: &[i64], values: Vec<f64>| {
         HostTensor::from_f32(dims, &values.iter().map(|&x| x as f32).collect::<Vec<_>>())
     };
     let flat = |a: &Array2<f64>| a.iter().copied().collect::<Vec<f64>>();
-    let defs = llama::param_defs(c);
+    let defs = c.param_defs();
     for def in &defs {
         let values: Vec<f64> = if def.name == "token_embedder.embedding" {
             flat(&p.embedding)
@@ -117,14 +117,14 @@ pub fn rms_norm(x: &Array2<f64>, scale: &Array2<f64>, eps: f64) -> Array2<f64> {
 }
 
 /// Half-split RoPE on every head of `x: [B*T, heads*head_dim]`.
-pub fn rope(c: &LlamaConfig, x: &Array2<f64>, heads: usize) -> Array2<f64> {
-    let d = c.head_dim as usize;
+pub fn rope(c: &Model, x: &Array2<f64>, heads: usize) -> Array2<f64> {
+    let d = c.config.head_dim as usize;
     let mut y = x.clone();
     for r in 0..B * T {
         let pos = (r % T) as f64;
         for h in 0..heads {
             for i in 0..d / 2 {
-                let angle = pos / c.rope_max_timescale.powf(2.0 * i as f64 / d as f64);
+                let angle = pos / c.config.rope_max_timescale.powf(2.0 * i as f64 / d as f64);
                 let (x1, x2) = (x[[r, h * d + i]], x[[r, h * d + i + d / 2]]);
                 y[[r, h * d + i]] = x1 * angle.cos() - x2 * angle.sin();
                 y[[r, h * d + i + d / 2]] = x2 * angle.cos() + x1 * angle.sin();
@@ -134,8 +134,8 @@ pub fn rope(c: &LlamaConfig, x: &Array2<f64>, heads: usize) -> Array2<f64> {
     y
 }
 
-pub fn attention(c: &LlamaConfig, l: &BTreeMap<&str, Array2<f64>>, h: &Array2<f64>) -> Array2<f64> {
-    let (heads, kvh, d) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
+pub fn attention(c: &Model, l: &BTreeMap<&str, Array2<f64>>, h: &Array2<f64>) -> Array2<f64> {
+    let (heads, kvh, d) = (c.config.heads as usize, c.config.kv_heads as usize, c.config.head_dim as usize);
     let q = rope(c, &h.dot(&l["self_attention.query.kernel"]), heads) / (d as f64).sqrt();
     let k = rope(c, &h.dot(&l["self_attention.key.kernel"]), kvh);
     let v = h.dot(&l["self_attention.value.kernel"]);
@@ -160,10 +160,10 @@ pub fn attention(c: &LlamaConfig, l: &BTreeMap<&str, Array2<f64>>, h: &Array2<f6
     out.dot(&l["self_attention.out.kernel"])
 }
 
-pub fn layer(c: &LlamaConfig, l: &BTreeMap<&str, Array2<f64>>, x: &Array2<f64>) -> Array2<f64> {
-    let h = rms_norm(x, &l["pre_self_attention_layer_norm.scale"], c.eps);
+pub fn layer(c: &Model, l: &BTreeMap<&str, Array2<f64>>, x: &Array2<f64>) -> Array2<f64> {
+    let h = rms_norm(x, &l["pre_self_attention_layer_norm.scale"], c.config.eps);
     let x = x + &attention(c, l, &h);
-    let h = rms_norm(&x, &l["post_self_attention_layer_norm.scale"], c.eps);
+    let h = rms_norm(&x, &l["post_self_attention_layer_norm.scale"], c.config.eps);
     let gate = h.dot(&l["mlp.wi_0.kernel"]).mapv(|g| g / (1.0 + (-g).exp()));
     let up = h.dot(&l["mlp.wi_1.kernel"]);
     &x + &(gate * up).dot(&l["mlp.wo.kernel"])
@@ -176,8 +176,8 @@ pub struct RefOut {
     pub loss: f64,
 }
 
-pub fn reference(c: &LlamaConfig, p: &RefParams, tokens: &[i32], targets: &[i32], seg: &[i32], z: f64) -> RefOut {
-    let e = c.emb as usize;
+pub fn reference(c: &Model, p: &RefParams, tokens: &[i32], targets: &[i32], seg: &[i32], z: f64) -> RefOut {
+    let e = c.config.emb as usize;
     let mut x = Array2::<f64>::zeros((B * T, e));
     for (r, &tok) in tokens.iter().enumerate() {
         x.row_mut(r).assign(&p.embedding.row(tok as usize));
@@ -188,7 +188,7 @@ pub fn reference(c: &LlamaConfig, p: &RefParams, tokens: &[i32], targets: &[i32]
         x = layer(c, l, &x);
         layers.push(x.clone());
     }
-    let y = rms_norm(&x, &p.final_norm, c.eps);
+    let y = rms_norm(&x, &p.final_norm, c.config.eps);
     let logits = match &p.logits_dense {
         Some(w) => y.dot(w),
         None => y.dot(&p.embedding.t()),
@@ -216,9 +216,9 @@ pub struct Batch {
     pub seg: Vec<i32>,
 }
 
-pub fn batch(c: &LlamaConfig, seed: u64) -> Batch {
+pub fn batch(c: &Model, seed: u64) -> Batch {
     let mut rng = rng(seed);
-    let v = c.vocab as i32;
+    let v = c.config.vocab as i32;
     let tokens = (0..B * T).map(|_| rng.gen_range(0..v)).collect();
     let targets = (0..B * T).map(|_| rng.gen_range(0..v)).collect();
     // The last 3 positions of the second row are padding.
@@ -226,16 +226,16 @@ pub fn batch(c: &LlamaConfig, seed: u64) -> Batch {
     Batch { tokens, targets, seg }
 }
 
-pub fn signature(c: &LlamaConfig) -> Signature {
+pub fn signature(c: &Model) -> Signature {
     let mut sig = Signature::new(None);
-    llama::declare_params(&mut sig, c, "params");
+    c.declare_params(&mut sig, "params");
     for name in ["inputs", "targets", "targets_segmentation"] {
         sig.input(name, DType::S32, &[B as i64, T as i64]);
     }
     sig
 }
 
-pub fn inputs(c: &LlamaConfig, p: &RefParams, b: &Batch) -> Tree<HostTensor> {
+pub fn inputs(c: &Model, p: &RefParams, b: &Batch) -> Tree<HostTensor> {
     let mut inputs = host_params(c, p);
     let dims = [B as i64, T as i64];
     inputs.insert("inputs", HostTensor::from_i32(&dims, &b.tokens));

@@ -1,0 +1,172 @@
+//! `ModelConfig`: what every decoder family reads from the run's `Config` (sizes, numerics,
+//! layer stacking, remat, sharding rules), and MaxText's `remat_policy` names as tracer policies.
+//! A family's own keys (a sliding window, soft caps, experts) are read by the family itself.
+
+use crate::config::{self, Config};
+use crate::ir::DType;
+use crate::sharding::LogicalRules;
+use crate::tensor::RematPolicy;
+
+/// The sizes and numerics every decoder family shares.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub emb: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head_dim: i64,
+    pub mlp: i64,
+    pub layers: i64,
+    pub vocab: i64,
+    /// `mlp_activations`: one input projection per entry, multiplied together (`[silu, linear]`
+    /// is SwiGLU).
+    pub mlp_activations: Vec<String>,
+    pub eps: f64,
+    pub rope_max_timescale: f64,
+    pub logits_via_embedding: bool,
+    /// Activations.
+    pub dtype: DType,
+    /// Parameters.
+    pub weight_dtype: DType,
+    pub scan_layers: bool,
+    /// Per-layer rematerialization.
+    pub remat: RematPolicy,
+    /// Logical axis rules for activation sharding constraints (applied only when tracing on a mesh).
+    pub rules: LogicalRules,
+}
+
+/// The configuration keys `ModelConfig` reads: compiled into every train step, whatever the
+/// family (a family lists its own keys besides, `Family::config_keys`).
+pub const SHARED_KEYS: &[&str] = &[
+    "decoder_block",
+    "base_emb_dim",
+    "base_num_query_heads",
+    "base_num_kv_heads",
+    "base_mlp_dim",
+    "base_num_decoder_layers",
+    "head_dim",
+    "vocab_size",
+    "mlp_activations",
+    "normalization_layer_epsilon",
+    "rope_max_timescale",
+    "logits_via_embedding",
+    "dtype",
+    "weight_dtype",
+    "scan_layers",
+    "remat_policy",
+    "logical_axis_rules",
+];
+
+impl ModelConfig {
+    pub fn from_config(c: &Config) -> ModelConfig {
+        ModelConfig {
+            emb: c.base_emb_dim,
+            heads: c.base_num_query_heads,
+            kv_heads: c.base_num_kv_heads,
+            head_dim: c.head_dim,
+            mlp: c.base_mlp_dim,
+            layers: c.base_num_decoder_layers,
+            vocab: c.vocab_size,
+            mlp_activations: c.mlp_activations.clone(),
+            eps: c.normalization_layer_epsilon,
+            rope_max_timescale: c.rope_max_timescale as f64,
+            logits_via_embedding: c.logits_via_embedding,
+            dtype: dtype(c.dtype),
+            weight_dtype: dtype(c.weight_dtype),
+            scan_layers: c.scan_layers,
+            remat: remat_policy(c.remat_policy),
+            rules: config::logical_rules(c),
+        }
+    }
+}
+
+pub fn dtype(d: config::DType) -> DType {
+    match d {
+        config::DType::Bfloat16 => DType::BF16,
+        config::DType::Float32 => DType::F32,
+        config::DType::Float16 => DType::F16,
+    }
+}
+
+/// MaxText's `remat_policy` as a tracer policy (`get_remat_policy` in
+/// `src/maxtext/layers/decoders.py`, MaxText main at e591f30): every named policy saves the
+/// values the model tags with `checkpoint_name` under those names and recomputes the rest.
+/// `full` and `none` both give `jax.checkpoint` no policy, which saves nothing: MaxText's `none`
+/// still wraps each layer in remat. `save_everything` is maxrs's own: no remat region at all.
+pub fn remat_policy(policy: config::RematPolicy) -> RematPolicy {
+    use config::RematPolicy as P;
+    const QKV: &[&str] = &["query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj"];
+    const MINIMAL: &[&str] = &[
+        "query_proj",
+        "value_proj",
+        "key_proj",
+        "kv_proj",
+        "qkv_proj",
+        "out_proj",
+        "mlpwi_0",
+        "mlpwi_1",
+        "mlpwi",
+        "mlpwo",
+    ];
+    let names = |groups: &[&[&str]]| RematPolicy::SaveNames(groups.concat().iter().map(|n| n.to_string()).collect());
+    match policy {
+        P::Full | P::None => RematPolicy::Full,
+        P::SaveEverything => RematPolicy::None,
+        P::Minimal => names(&[MINIMAL]),
+        P::MinimalWithContext | P::MinimalFlash => names(&[MINIMAL, &["context"]]),
+        P::SaveDotWithContextExceptMlp => names(&[QKV, &["context", "out_proj"]]),
+        P::SaveDotExceptMlpwi => names(&[QKV, &["out_proj", "mlpwo"]]),
+        P::SaveDotExceptMlp => names(&[QKV, &["out_proj"]]),
+        P::SaveQkvProj => names(&[QKV]),
+        P::SaveOutProj => names(&[&["out_proj"]]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn saved(policy: config::RematPolicy) -> Vec<String> {
+        match remat_policy(policy) {
+            RematPolicy::SaveNames(names) => names,
+            other => panic!("{policy}: {other:?}"),
+        }
+    }
+
+    /// The name lists of `get_remat_policy` / `minimal_policy` in MaxText's
+    /// `src/maxtext/layers/decoders.py` (main, e591f30).
+    #[test]
+    fn policies_save_maxtexts_names() {
+        use config::RematPolicy as P;
+        assert_eq!(remat_policy(P::Full), RematPolicy::Full);
+        assert_eq!(remat_policy(P::None), RematPolicy::Full, "MaxText's none is a remat with no policy");
+        assert_eq!(remat_policy(P::SaveEverything), RematPolicy::None);
+        let minimal = [
+            "query_proj",
+            "value_proj",
+            "key_proj",
+            "kv_proj",
+            "qkv_proj",
+            "out_proj",
+            "mlpwi_0",
+            "mlpwi_1",
+            "mlpwi",
+            "mlpwo",
+        ];
+        assert_eq!(saved(P::Minimal), minimal);
+        let with_context: Vec<&str> = minimal.iter().copied().chain(["context"]).collect();
+        assert_eq!(saved(P::MinimalWithContext), with_context);
+        assert_eq!(saved(P::MinimalFlash), with_context);
+        let qkv = ["query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj"];
+        assert_eq!(saved(P::SaveQkvProj), qkv);
+        let mut names = qkv.to_vec();
+        names.extend(["context", "out_proj"]);
+        assert_eq!(saved(P::SaveDotWithContextExceptMlp), names);
+        let mut names = qkv.to_vec();
+        names.extend(["out_proj", "mlpwo"]);
+        assert_eq!(saved(P::SaveDotExceptMlpwi), names);
+        let mut names = qkv.to_vec();
+        names.push("out_proj");
+        assert_eq!(saved(P::SaveDotExceptMlp), names);
+        assert_eq!(saved(P::SaveOutProj), ["out_proj"]);
+    }
+}
