@@ -127,6 +127,19 @@ pub struct MoeOutput {
     pub load_balance_loss: Option<Tensor>,
 }
 
+/// Where the router sends each token: `[batch, seq, k]` weights (in `dtype`) and s32 expert ids.
+struct Routes {
+    weights: Tensor,
+    experts: Tensor,
+}
+
+/// The experts' kernels, in `dtype`: `wi_0`, `wi_1` `[E, emb, mlp]`, `wo` `[E, mlp, emb]`.
+struct Kernels {
+    wi_0: Tensor,
+    wi_1: Tensor,
+    wo: Tensor,
+}
+
 /// The block on `x: [batch, seq, emb]` (in `dtype`) with its parameters `p`.
 pub fn moe_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOutput {
     let gate_dtype = if m.float32_gate_logits { wide(c) } else { c.dtype };
@@ -136,13 +149,14 @@ pub fn moe_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOut
     let weights = top_logits.astype(wide(c)).softmax(-1).astype(c.dtype);
     let load_balance_loss = (m.load_balance_loss_weight > 0.0).then(|| load_balance_loss(c, m, &logits, &experts));
     let w = |name: &str| p[name].astype(c.dtype);
-    let (wi_0, wi_1, wo) = (w("wi_0"), w("wi_1"), w("wo"));
+    let kernels = Kernels { wi_0: w("wi_0"), wi_1: w("wi_1"), wo: w("wo") };
+    let routes = Routes { weights, experts };
     let output = if m.sparse_matmul {
-        dropless(c, m, x, &weights, &experts, &wi_0, &wi_1, &wo)
+        dropless(c, m, x, &routes, &kernels)
     } else if m.capacity_factor > 0.0 {
-        dropping(c, m, x, &weights, &experts, &wi_0, &wi_1, &wo)
+        dropping(c, m, x, &routes, &kernels)
     } else {
-        every_expert(c, m, x, &weights, &experts, &wi_0, &wi_1, &wo)
+        every_expert(c, m, x, &routes, &kernels)
     };
     MoeOutput { output, load_balance_loss }
 }
@@ -166,16 +180,9 @@ fn activation(c: &ModelConfig, gate: &Tensor, up: &Tensor) -> Tensor {
 
 /// Sorts the `tokens x k` assignments by expert, runs each expert on its rows, and sums each
 /// token's k results with its routing weights.
-fn dropless(
-    c: &ModelConfig,
-    m: &MoeConfig,
-    x: &Tensor,
-    weights: &Tensor,
-    experts: &Tensor,
-    wi_0: &Tensor,
-    wi_1: &Tensor,
-    wo: &Tensor,
-) -> Tensor {
+fn dropless(c: &ModelConfig, m: &MoeConfig, x: &Tensor, routes: &Routes, kernels: &Kernels) -> Tensor {
+    let (weights, experts) = (&routes.weights, &routes.experts);
+    let (wi_0, wi_1, wo) = (&kernels.wi_0, &kernels.wi_1, &kernels.wo);
     let (b, s, emb) = (x.shape()[0], x.shape()[1], x.shape()[2]);
     let k = m.num_experts_per_tok;
     let tokens = x.reshape(&[b * s, emb]);
@@ -201,16 +208,9 @@ fn dense_weights(c: &ModelConfig, m: &MoeConfig, weights: &Tensor, experts: &Ten
 
 /// Capacity-limited experts: per sequence, expert `e` takes the first `C` assignments to it in
 /// (position, choice) order; a dropped assignment contributes nothing.
-fn dropping(
-    c: &ModelConfig,
-    m: &MoeConfig,
-    x: &Tensor,
-    weights: &Tensor,
-    experts: &Tensor,
-    wi_0: &Tensor,
-    wi_1: &Tensor,
-    wo: &Tensor,
-) -> Tensor {
+fn dropping(c: &ModelConfig, m: &MoeConfig, x: &Tensor, routes: &Routes, kernels: &Kernels) -> Tensor {
+    let (weights, experts) = (&routes.weights, &routes.experts);
+    let (wi_0, wi_1, wo) = (&kernels.wi_0, &kernels.wi_1, &kernels.wo);
     let (b, s) = (x.shape()[0], x.shape()[1]);
     let (e, k) = (m.num_experts, m.num_experts_per_tok);
     let cap = m.capacity(s);
@@ -250,16 +250,9 @@ fn dropping(
 }
 
 /// Every expert on every token, weighted by the routing weights.
-fn every_expert(
-    c: &ModelConfig,
-    m: &MoeConfig,
-    x: &Tensor,
-    weights: &Tensor,
-    experts: &Tensor,
-    wi_0: &Tensor,
-    wi_1: &Tensor,
-    wo: &Tensor,
-) -> Tensor {
+fn every_expert(c: &ModelConfig, m: &MoeConfig, x: &Tensor, routes: &Routes, kernels: &Kernels) -> Tensor {
+    let (weights, experts) = (&routes.weights, &routes.experts);
+    let (wi_0, wi_1, wo) = (&kernels.wi_0, &kernels.wi_1, &kernels.wo);
     let x = constrain(c, x.clone(), &["activation_batch_moe", "activation_norm_length_moe", "activation_embed_moe"]);
     let gate = einsum("bsm,emh->bseh", &[&x, wi_0]).checkpoint_name("mlpwi_0");
     let up = einsum("bsm,emh->bseh", &[&x, wi_1]).checkpoint_name("mlpwi_1");

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod llama_ref;
+pub mod mixtral_ref;
 pub mod moe_ref;
 pub mod provision;
 
