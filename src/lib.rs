@@ -2,7 +2,7 @@
 //!
 //! The data flows through the modules in this order:
 //! config -> model trace (`ir`, `tensor`) -> transforms (`autodiff`) -> StableHLO text (`lower`,
-//! `sharding`) -> PJRT plugin (`pjrt`) -> train loop.
+//! `sharding`) -> PJRT plugin (`pjrt`) -> train loop; `submit` sends a train command to a cluster.
 
 pub mod aot;
 pub mod autodiff;
@@ -13,5 +13,6 @@ pub mod model;
 pub mod pjrt;
 pub mod runtime;
 pub mod sharding;
+pub mod submit;
 pub mod tensor;
 pub mod train;

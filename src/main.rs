@@ -22,6 +22,8 @@ enum Command {
     TrainCompile(cli::train_compile::TrainCompileArgs),
     /// List the ahead-of-time targets (compile_topology names) and their devices.
     Topologies(cli::topologies::TopologiesArgs),
+    /// Run a train command on a cluster: a Vertex AI custom job, a Slurm batch script or a GKE JobSet.
+    Submit(Box<cli::submit::SubmitArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -37,6 +39,7 @@ fn main() -> std::process::ExitCode {
         Command::Train(a) => cli::train::run(a),
         Command::TrainCompile(a) => cli::train_compile::run(a),
         Command::Topologies(a) => cli::topologies::run(a),
+        Command::Submit(a) => cli::submit::run(*a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

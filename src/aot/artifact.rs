@@ -309,6 +309,18 @@ mod tests {
     }
 
     #[test]
+    fn a_different_program_is_refused_even_when_no_listed_key_differs() {
+        let mut other = header();
+        other.program_fingerprint = "1e".into();
+        let err = other.differences(&header()).errors.join("\n");
+        assert!(err.contains("traced program (StableHLO sha256): compiled with 0f, this run has 1e"), "{err}");
+        // Files from before the fingerprint existed are judged by their keys alone.
+        let mut old = header();
+        old.program_fingerprint.clear();
+        assert!(other.differences(&old).errors.is_empty());
+    }
+
+    #[test]
     fn foreign_and_truncated_files_are_refused() {
         let dir = std::env::temp_dir().join(format!("maxrs-aot-bad-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

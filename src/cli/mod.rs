@@ -1,6 +1,7 @@
 //! Subcommand implementations and what they share: logging set-up and `key=value` parsing.
 
 pub mod devices;
+pub mod submit;
 pub mod topologies;
 pub mod train;
 pub mod train_compile;
