@@ -2,17 +2,22 @@
 //!
 //! The data flows through the modules in this order:
 //! config -> model trace (`ir`, `tensor`) -> transforms (`autodiff`) -> StableHLO text (`lower`,
-//! `sharding`) -> PJRT plugin (`pjrt`) -> train loop; `submit` sends a train command to a cluster.
+//! `sharding`) -> PJRT plugin (`pjrt`) -> train loop, across processes (`cluster`); `submit` sends a
+//! train command to a cluster.
 
 pub mod aot;
 pub mod autodiff;
+pub mod checkpoint;
+pub mod cluster;
 pub mod config;
 pub mod ir;
 pub mod lower;
 pub mod model;
+pub mod output;
 pub mod pjrt;
 pub mod runtime;
 pub mod sharding;
+pub mod storage;
 pub mod submit;
 pub mod tensor;
 pub mod train;

@@ -39,6 +39,9 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     if c.compile_topology.is_empty() {
         bail!("compile_topology=NAME (or --topology=NAME) is required; `maxrs topologies` lists the targets");
     }
+    // Before any download or compile: the keys on their own, and the files read and written.
+    config::check(c)?;
+    crate::output::check_paths(c, crate::output::Command::TrainCompile)?;
     // The config checks ask for compile_topology_num_slices >= 1 with compile_topology.
     let slices = c.compile_topology_num_slices.max(1) as u32;
     crate::pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;
@@ -70,7 +73,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     if !c.compiled_trainstep_file.is_empty() {
         let path = Path::new(&c.compiled_trainstep_file);
         let plugin = Plugin::load(&target.plugin().path)?;
-        let header = artifact::header(
+        let mut header = artifact::header(
             c,
             &step.model,
             &program,
@@ -86,6 +89,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
                 platform_version: target.platform_version().to_string(),
             },
         );
+        header.device_ids_per_host = target.granules().to_vec();
         artifact::write(path, &header, &bytes)?;
         println!("wrote the compiled train step to {} ({} bytes)", path.display(), bytes.len());
     }

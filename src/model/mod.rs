@@ -9,13 +9,15 @@
 //! - [`params`]: parameter declarations, initialization, program inputs.
 //! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
 //!   computations, load-balancing loss), shared by MoE families.
-//! - One file per family: [`llama`] (MaxText's `llama2` and `mistral` blocks), [`mixtral`]
-//!   (`mixtral`: Llama's attention and a routed MoE block).
+//! - One file per family: [`llama`] (MaxText's `llama2` and `mistral` blocks), and beside it
+//!   [`llama_hf`], its Hugging Face layout (`maxrs convert`); [`mixtral`] (`mixtral`: Llama's
+//!   attention and a routed MoE block).
 
 pub mod attention;
 pub mod config;
 pub mod decoder;
 pub mod llama;
+pub mod llama_hf;
 pub mod mixtral;
 pub mod moe;
 pub mod params;

@@ -6,6 +6,11 @@
 //! `client` / `buffer` / `executable` / `topology` (RAII handles) and `compile_options` (the
 //! protobuf PJRT compiles with). `provision` finds or downloads plugin files; `xla_flags`
 //! checks `XLA_FLAGS` against a plugin before it is loaded (an unknown flag kills the process).
+//!
+//! Every `unsafe` block and impl says in a `// SAFETY:` comment why it is sound (the lint below
+//! makes it a compile error not to), args structs come from the one safe constructor
+//! [`ffi::args`], and `ffi` checks its struct layouts against `pjrt_c_api.h` at compile time.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod buffer;
 pub mod client;
@@ -34,8 +39,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// plugin file (XLA ends the process on an unknown flag, so this must happen before loading),
 /// and loads it.
 pub fn load_plugin(spec: Option<&str>) -> anyhow::Result<(provision::ResolvedPlugin, Arc<Plugin>)> {
-    let resolved = provision::resolve_plugin(spec)?;
-    xla_flags::XlaFlags::from_env()?.validate_against_plugin(&resolved.path)?;
+    load_chosen_plugin(&provision::choose_plugin(spec, None)?)
+}
+
+/// [`load_plugin`] for a spec chosen by [`provision::choose_plugin`].
+pub fn load_chosen_plugin(
+    choice: &provision::PluginChoice,
+) -> anyhow::Result<(provision::ResolvedPlugin, Arc<Plugin>)> {
+    let resolved = provision::resolve_choice(choice)?;
+    let flags = xla_flags::XlaFlags::from_env()?;
+    flags.validate_against_plugin(&resolved.path)?;
+    xla_flags::probe::check_values(&flags.to_env_string(), &resolved.path)?;
     let plugin = Plugin::load(&resolved.path)?;
     Ok((resolved, plugin))
 }

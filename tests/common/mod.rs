@@ -3,10 +3,12 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod gcs_emulator;
 pub mod llama_ref;
 pub mod mixtral_ref;
 pub mod moe_ref;
 pub mod provision;
+pub mod tensorboard_reader;
 
 use maxrs::ir::Program;
 use maxrs::pjrt::{cpu_client, Client, HostTensor};
