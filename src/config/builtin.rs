@@ -27,6 +27,8 @@ pub const MODELS: &[(&str, &str)] = &[
     ("gpt3-22b", include_str!("../../models/gpt3-22b.yml")),
     ("gpt3-6b", include_str!("../../models/gpt3-6b.yml")),
     ("gpt3-52k", include_str!("../../models/gpt3-52k.yml")),
+    ("mixtral-8x7b", include_str!("../../models/mixtral-8x7b.yml")),
+    ("mixtral-8x22b", include_str!("../../models/mixtral-8x22b.yml")),
 ];
 
 /// The built-in text of `models/<name>.yml`.

@@ -90,8 +90,15 @@ string_enum!(
 
 string_enum!(
     /// MaxText's decoder block styles that maxrs implements, one family file each under
-    /// `src/model/`.
-    DecoderBlock { Llama2 = "llama2", Mistral = "mistral", Gemma = "gemma", Gemma2 = "gemma2", Gpt3 = "gpt3" }
+    /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP.
+    DecoderBlock {
+        Llama2 = "llama2",
+        Mistral = "mistral",
+        Gemma = "gemma",
+        Gemma2 = "gemma2",
+        Gpt3 = "gpt3",
+        Mixtral = "mixtral",
+    }
 );
 
 string_enum!(
@@ -149,6 +156,11 @@ pub const MODEL_KEYS: &[&str] = &[
     "use_post_ffw_norm",
     "fused_qkv",
     "enable_dropout",
+    "num_experts",
+    "num_experts_per_tok",
+    "capacity_factor",
+    "sparse_matmul",
+    "load_balance_loss_weight",
     "logical_axis_rules",
     "override_logical_axis_rules",
     // MaxText's GPT-3 files also set the sequence length and the optimizer they were trained with.
@@ -306,6 +318,17 @@ pub struct Config {
     pub use_post_ffw_norm: bool,
     pub fused_qkv: bool,
     pub enable_dropout: bool,
+
+    // Mixture of experts
+    pub num_experts: i64,
+    pub num_experts_per_tok: i64,
+    pub capacity_factor: f64,
+    pub sparse_matmul: bool,
+    pub megablox: bool,
+    pub load_balance_loss_weight: f64,
+    pub float32_weight_sum: bool,
+    pub float32_gate_logits: bool,
+    pub moe_dispatch_no_expert_sharding: bool,
 
     // Numerics and memory
     pub dtype: DType,

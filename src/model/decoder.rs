@@ -2,10 +2,11 @@
 //! declares one layer's parameters and computes one layer; the shared decoder stacks the layers
 //! (scanned over stacked parameters with `scan_layers`, unrolled otherwise, each layer a
 //! `checkpoint` region under the remat policy), and owns the token (and learned position)
-//! embedding, the final norm (of the family's kind), the logits, the loss, the parameter list
-//! and count, and the FLOP count. The train step, the initializer, TFLOPs, the AOT artifact's
-//! compiled keys and the parameter-file check all ask a `Model` instead of knowing any family's
-//! layout.
+//! embedding, the final norm (of the family's kind), the logits, the loss (with the layers'
+//! auxiliary losses, e.g. MoE load balancing, averaged over layers and added as MaxText adds
+//! them), the parameter list and count, and the FLOP count. The train step, the initializer,
+//! TFLOPs, the AOT artifact's compiled keys and the parameter-file check all ask a `Model`
+//! instead of knowing any family's layout.
 //!
 //! Shared parameters (names as in a MaxText checkpoint's `params` tree):
 //!
@@ -37,8 +38,9 @@ use crate::train::flops::{StepShape, StepTflops};
 use super::attention::LayerContext;
 use super::blocks::{Activation, Norm};
 use super::config::SHARED_KEYS;
+use super::moe;
 use super::params::{self, ParamDef, ParamInit};
-use super::{gemma, gemma2, gpt3, llama, mistral, ModelConfig};
+use super::{gemma, gemma2, gpt3, llama, mistral, mixtral, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
@@ -54,7 +56,7 @@ pub trait Family: fmt::Debug + Send + Sync {
 
     /// One decoder layer on the residual stream `x: [batch, seq, emb]` (in `dtype`) with that
     /// layer's parameters `p`.
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> Tensor;
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput;
 
     /// Forward FLOPs of one layer for `tokens` tokens in sequences of `seq`: matmuls against
     /// weights, and attention's activation-activation matmuls (MaxText's split).
@@ -64,6 +66,22 @@ pub trait Family: fmt::Debug + Send + Sync {
     /// family, with `normalization_layer_epsilon`.
     fn final_norm(&self, c: &ModelConfig) -> Norm {
         Norm::Rms { eps: c.eps }
+    }
+}
+
+/// One layer's result: the new residual stream and its auxiliary losses, named f32 scalars
+/// (already weighted; every layer of a model reports the same names). The decoder averages each
+/// over the layers and adds it to the loss, as MaxText's `loss_fn` does with the `moe_lb_loss`
+/// intermediates.
+pub struct LayerOutput {
+    pub x: Tensor,
+    pub aux_losses: Tree,
+}
+
+impl LayerOutput {
+    /// A layer without auxiliary losses.
+    pub fn new(x: Tensor) -> LayerOutput {
+        LayerOutput { x, aux_losses: Tree::new() }
     }
 }
 
@@ -80,11 +98,17 @@ pub struct LayerFlops {
 /// q/k/v, `2 * tokens * emb * heads * head_dim` for the output projection; attention's `QK^T` and
 /// `PV` counted causally, `4 * tokens * seq * heads * head_dim / 2`.
 pub fn dense_layer_flops(c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
-    let [e, h, kv, d, m] = [c.emb, c.heads, c.kv_heads, c.head_dim, c.mlp].map(|x| x as f64);
-    let ffn = 2.0 * tokens * m * e * (c.mlp_activations.len() as f64 + 1.0);
+    let ffn = 2.0 * tokens * c.mlp as f64 * c.emb as f64 * (c.mlp_activations.len() as f64 + 1.0);
+    let attention = attention_flops(c, tokens, seq);
+    LayerFlops { weights: ffn + attention.weights, attention: attention.attention }
+}
+
+/// The attention terms of `dense_layer_flops` alone (for families whose MLP differs: Mixtral).
+pub fn attention_flops(c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    let [e, h, kv, d] = [c.emb, c.heads, c.kv_heads, c.head_dim].map(|x| x as f64);
     let qkv = 2.0 * tokens * e * (h + 2.0 * kv) * d;
     let out = 2.0 * tokens * e * h * d;
-    LayerFlops { weights: ffn + qkv + out, attention: 4.0 * tokens * seq * h * d / 2.0 }
+    LayerFlops { weights: qkv + out, attention: 4.0 * tokens * seq * h * d / 2.0 }
 }
 
 /// The keys of each family (`Family::config_keys`), known before the family is built.
@@ -95,6 +119,7 @@ fn family_keys(block: DecoderBlock) -> &'static [&'static str] {
         DecoderBlock::Gemma => gemma::KEYS,
         DecoderBlock::Gemma2 => gemma2::KEYS,
         DecoderBlock::Gpt3 => gpt3::KEYS,
+        DecoderBlock::Mixtral => moe::MOE_KEYS,
     }
 }
 
@@ -125,6 +150,7 @@ fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
         DecoderBlock::Gemma => Arc::new(gemma::Gemma),
         DecoderBlock::Gemma2 => Arc::new(gemma2::Gemma2::from_config(c)?),
         DecoderBlock::Gpt3 => Arc::new(gpt3::Gpt3::from_config(c, mc)?),
+        DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral::from_config(c, mc)?),
     })
 }
 
@@ -169,6 +195,8 @@ pub struct Forward {
     pub layer_outputs: Option<Tensor>,
     /// `[batch, seq, vocab]`, f32.
     pub logits: Tensor,
+    /// Each auxiliary loss the layers report (`LayerOutput::aux_losses`), averaged over layers.
+    pub aux_losses: Tree,
 }
 
 /// `[batch, seq, emb]` activations' logical axes.
@@ -262,31 +290,45 @@ impl Model {
             x = x + &params["decoder.position_embedder.embedding"].astype(c.dtype).take(&ctx.positions);
         }
         let x = constrain(c, x, BTE);
-        let layer = |x: &Tensor, p: &Tree| -> Tensor {
+        // A layer's region returns `x` and its auxiliary losses under `aux.`.
+        let layer = |x: &Tensor, p: &Tree| -> Tree {
             // The layer's parameters and its input are the region's inputs: with `full` only they
             // are kept for the backward pass, everything inside is recomputed.
             let inputs = p.clone().prefixed("params").with("x", x.clone());
-            let out = checkpoint(&c.remat, &inputs, |a| {
-                Tree::new().with("x", self.family.layer(c, &a.subtree("params"), &a["x"], &ctx))
-            });
-            out["x"].clone()
+            checkpoint(&c.remat, &inputs, |a| {
+                let out = self.family.layer(c, &a.subtree("params"), &a["x"], &ctx);
+                out.aux_losses.prefixed("aux").with("x", out.x)
+            })
         };
-        let (y, layer_outputs) = if c.scan_layers {
+        let (y, layer_outputs, aux_losses) = if c.scan_layers {
             let (carry, ys) = scan(&Tree::new().with("x", x.clone()), &params.subtree("decoder.layers"), |carry, p| {
-                let y = layer(&carry["x"], p);
-                let ys = if keep_layer_outputs { Tree::new().with("x", y.clone()) } else { Tree::new() };
-                (Tree::new().with("x", y), ys)
+                let out = layer(&carry["x"], p);
+                let mut ys = out.subtree("aux").prefixed("aux");
+                if keep_layer_outputs {
+                    ys.insert("x", out["x"].clone());
+                }
+                (Tree::new().with("x", out["x"].clone()), ys)
             });
-            (carry["x"].clone(), ys.get("x").cloned())
+            let aux = ys.subtree("aux").map(|_, per_layer| per_layer.mean(&[0]));
+            (carry["x"].clone(), ys.get("x").cloned(), aux)
         } else {
             let mut outs = Vec::new();
+            let mut aux_sums = Tree::new();
             let mut y = x.clone();
             for i in 0..c.layers {
-                y = layer(&y, &params.subtree(&format!("decoder.layers_{i}")));
+                let out = layer(&y, &params.subtree(&format!("decoder.layers_{i}")));
+                for (name, value) in out.subtree("aux").iter() {
+                    let sum = match aux_sums.get(name) {
+                        Some(sum) => sum + value,
+                        None => value.clone(),
+                    };
+                    aux_sums.insert(name, sum);
+                }
+                y = out["x"].clone();
                 outs.push(y.clone());
             }
             let stacked = keep_layer_outputs.then(|| stack(&outs.iter().collect::<Vec<_>>(), 0));
-            (y, stacked)
+            (y, stacked, aux_sums.map(|_, sum| sum / c.layers as f64))
         };
         let y = self.family.final_norm(c).apply(params, "decoder.decoder_norm", &y);
         let logits = if c.logits_via_embedding {
@@ -303,18 +345,25 @@ impl Model {
         };
         let logits =
             constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"]);
-        Forward { embeddings: x, layer_outputs, logits }
+        Forward { embeddings: x, layer_outputs, logits, aux_losses }
     }
 
     /// MaxText's loss on a batch tree with `inputs`, `targets` (s32 `[batch, seq]`) and
     /// `targets_segmentation` (s32, 0 = padding): per token `logsumexp(logits) - logits[target]`
     /// plus `z_loss_multiplier * logsumexp^2`, masked by `targets_segmentation != 0`, summed and
-    /// divided by the number of unmasked tokens. Returns the loss and an aux tree with
-    /// `total_loss` (the masked sum), `total_weights` (the token count) and `z_loss` (its masked
-    /// mean part of the loss), all f32 scalars.
+    /// divided by the number of unmasked tokens; plus the layers' auxiliary losses. Returns the
+    /// loss and an aux tree with `total_loss` (the masked sum), `total_weights` (the token
+    /// count), `z_loss` (its masked mean part of the loss) and `aux_losses.<name>` (each
+    /// auxiliary loss, averaged over layers), all f32 scalars.
     pub fn loss(&self, params: &Tree, batch: &Tree, z_loss_multiplier: f64) -> (Tensor, Tree) {
-        let logits = self.forward(params, batch, false).logits;
-        loss_from_logits(&logits, &batch["targets"], &batch["targets_segmentation"], z_loss_multiplier)
+        let forward = self.forward(params, batch, false);
+        let (mut loss, mut aux) =
+            loss_from_logits(&forward.logits, &batch["targets"], &batch["targets_segmentation"], z_loss_multiplier);
+        for (_, value) in forward.aux_losses.iter() {
+            loss = loss + &value.astype(DType::F32);
+        }
+        aux.extend(forward.aux_losses.map(|_, v| v.astype(DType::F32)).prefixed("aux_losses"));
+        (loss, aux)
     }
 
     /// TFLOPs of one train step on one device (MaxText's `calculate_tflops_training_per_device`

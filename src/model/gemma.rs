@@ -36,7 +36,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm, SelfAttention};
-use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, BTE};
+use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::ParamDef;
 use super::ModelConfig;
 
@@ -65,12 +65,12 @@ impl Family for Gemma {
     }
 
     /// `x + attention(norm(x))`, then `+ mlp(norm(.))`.
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> Tensor {
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         let norm = Norm::Rms { eps: LAYER_NORM_EPS };
         let h = norm.apply(p, "pre_self_attention_norm", x);
         let x = constrain(c, x + &SelfAttention::default().apply(c, p, "self_attention", &h, ctx), BTE);
         let h = norm.apply(p, "pre_ffw_norm", &x);
-        constrain(c, &x + &Mlp::new(c, false, None).apply(c, p, "mlp", &h), BTE)
+        LayerOutput::new(constrain(c, &x + &Mlp::new(c, false, None).apply(c, p, "mlp", &h), BTE))
     }
 
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {

@@ -34,7 +34,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::{AttendOptions, LayerContext};
 use super::blocks::{Mlp, Norm, SelfAttention};
-use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, BTE};
+use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::gemma::LAYER_NORM_EPS;
 use super::params::ParamDef;
 use super::ModelConfig;
@@ -119,9 +119,9 @@ impl Family for Gemma2 {
         defs
     }
 
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> Tensor {
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         let x = self.half(c, p, x, ctx, "local");
-        self.half(c, p, &x, ctx, "global")
+        LayerOutput::new(self.half(c, p, &x, ctx, "global"))
     }
 
     /// MaxText's `calculate_gemma2_tflops_training_per_device`: twice the dense weight terms,

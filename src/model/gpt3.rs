@@ -34,7 +34,7 @@ use crate::tensor::{einsum, Tensor, Tree};
 
 use super::attention::{attend, LayerContext};
 use super::blocks::{Mlp, Norm};
-use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, BTE};
+use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
 
@@ -101,10 +101,10 @@ impl Family for Gpt3 {
     }
 
     /// `x + attention(norm(x))`, then `+ mlp(.)` (the MLP block norms its input itself).
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> Tensor {
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         let h = Gpt3::norm(c).apply(p, "pre_self_attention_norm", x);
         let x = constrain(c, x + &self.attention(c, p, &h, ctx), BTE);
-        constrain(c, &x + &Gpt3::mlp(c).apply(c, p, "mlp", &x), BTE)
+        LayerOutput::new(constrain(c, &x + &Gpt3::mlp(c).apply(c, p, "mlp", &x), BTE))
     }
 
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {

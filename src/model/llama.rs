@@ -38,7 +38,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm, SelfAttention};
-use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, BTE};
+use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::ParamDef;
 use super::ModelConfig;
 
@@ -58,8 +58,8 @@ impl Family for Llama {
         layer_params(c)
     }
 
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> Tensor {
-        layer(c, p, x, ctx, &SelfAttention::default())
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+        LayerOutput::new(layer(c, p, x, ctx, &SelfAttention::default()))
     }
 
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
@@ -69,19 +69,37 @@ impl Family for Llama {
 
 /// The layer's parameters (the table above), in the order they are drawn.
 pub(super) fn layer_params(c: &ModelConfig) -> Vec<ParamDef> {
+    let mut defs = attention_params(c);
+    defs.extend(Mlp::new(c, false, None).params("mlp", c.emb, c.mlp));
+    defs
+}
+
+/// The attention half's parameters (shared with Mixtral, whose MaxText layer has the same
+/// attention): the two norms (the second normalizes the MLP's input) and the projections.
+pub(super) fn attention_params(c: &ModelConfig) -> Vec<ParamDef> {
     let norm = Norm::Rms { eps: c.eps };
     let mut defs = norm.params("pre_self_attention_layer_norm", c.emb);
     defs.extend(SelfAttention::params("self_attention", c));
     defs.extend(norm.params("post_self_attention_layer_norm", c.emb));
-    defs.extend(Mlp::new(c, false, None).params("mlp", c.emb, c.mlp));
     defs
 }
 
 /// `x + attention(norm(x))`, then `+ mlp(norm(.))`, with `attention`'s window and options.
 pub(super) fn layer(c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext, attention: &SelfAttention) -> Tensor {
-    let norm = Norm::Rms { eps: c.eps };
-    let h = norm.apply(p, "pre_self_attention_layer_norm", x);
-    let x = constrain(c, x + &attention.apply(c, p, "self_attention", &h, ctx), BTE);
-    let h = norm.apply(p, "post_self_attention_layer_norm", &x);
+    let x = attention_half(c, p, x, ctx, attention);
+    let h = Norm::Rms { eps: c.eps }.apply(p, "post_self_attention_layer_norm", &x);
     constrain(c, &x + &Mlp::new(c, false, None).apply(c, p, "mlp", &h), BTE)
+}
+
+/// `x + attention(norm(x))`: the residual stream after attention, before the MLP's norm (Mixtral's
+/// too).
+pub(super) fn attention_half(
+    c: &ModelConfig,
+    p: &Tree,
+    x: &Tensor,
+    ctx: &LayerContext,
+    attention: &SelfAttention,
+) -> Tensor {
+    let h = Norm::Rms { eps: c.eps }.apply(p, "pre_self_attention_layer_norm", x);
+    constrain(c, x + &attention.apply(c, p, "self_attention", &h, ctx), BTE)
 }

@@ -120,8 +120,8 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
 pub fn check_model(c: &Config, model: &Model) -> Result<()> {
     if !matches!(c.decoder_block, DecoderBlock::Llama2 | DecoderBlock::Mistral) {
         bail!(
-            "decoder_block={}: maxrs converts the Llama family (llama2, mistral) to Hugging Face's layout; \
-             {} is not supported yet",
+            "decoder_block={}: converting {} to Hugging Face's layout is not supported yet (maxrs converts \
+             the Llama family: llama2, mistral)",
             c.decoder_block,
             c.decoder_block
         );

@@ -14,7 +14,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::{AttendOptions, LayerContext};
 use super::blocks::SelfAttention;
-use super::decoder::{dense_layer_flops, Family, LayerFlops};
+use super::decoder::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::params::ParamDef;
 use super::{llama, ModelConfig};
 
@@ -43,8 +43,14 @@ impl Family for Mistral {
         llama::layer_params(c)
     }
 
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> Tensor {
-        llama::layer(c, p, x, ctx, &SelfAttention { window: self.window, options: AttendOptions::default() })
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+        LayerOutput::new(llama::layer(
+            c,
+            p,
+            x,
+            ctx,
+            &SelfAttention { window: self.window, options: AttendOptions::default() },
+        ))
     }
 
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {

@@ -9,8 +9,11 @@
 //!   self-attention block.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
 //! - [`params`]: parameter declarations, initialization, program inputs.
+//! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
+//!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
-//!   [`gemma2`], [`gpt3`]; beside Llama's, [`llama_hf`], its Hugging Face layout (`maxrs convert`).
+//!   [`gemma2`], [`gpt3`], [`mixtral`] (Llama's attention and a routed MoE block); beside Llama's,
+//!   [`llama_hf`], its Hugging Face layout (`maxrs convert`).
 
 pub mod attention;
 pub mod blocks;
@@ -22,8 +25,10 @@ pub mod gpt3;
 pub mod llama;
 pub mod llama_hf;
 pub mod mistral;
+pub mod mixtral;
+pub mod moe;
 pub mod params;
 
 pub use config::ModelConfig;
-pub use decoder::{loss_from_logits, Family, Forward, LayerFlops, Model};
+pub use decoder::{loss_from_logits, Family, Forward, LayerFlops, LayerOutput, Model};
 pub use params::{ParamDef, ParamInit};
