@@ -56,6 +56,18 @@ string_enum!(
 );
 
 string_enum!(
+    /// MaxText's `attention`: how attention is computed (see `model::attention::AttentionImpl`
+    /// for what each kind maps to in maxrs).
+    AttentionKernel {
+        Autoselected = "autoselected",
+        DotProduct = "dot_product",
+        Flash = "flash",
+        CudnnFlashTe = "cudnn_flash_te",
+        CudnnFlashJax = "cudnn_flash_jax",
+    }
+);
+
+string_enum!(
     /// MaxText's `lr_schedule_type`: warmup then cosine decay, or warmup-stable-decay.
     LrScheduleType { Cosine = "cosine", Wsd = "wsd" }
 );
@@ -86,6 +98,7 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
     match key {
         "dtype" | "weight_dtype" => Some(DType::VALUES),
         "remat_policy" => Some(RematPolicy::VALUES),
+        "attention" => Some(AttentionKernel::VALUES),
         "lr_schedule_type" => Some(LrScheduleType::VALUES),
         "wsd_decay_style" => Some(WsdDecayStyle::VALUES),
         "hardware" => Some(Hardware::VALUES),
@@ -144,6 +157,7 @@ pub struct Config {
     pub rope_max_timescale: i64,
     pub logits_via_embedding: bool,
     pub enable_dropout: bool,
+    pub attention: AttentionKernel,
 
     // Numerics and memory
     pub dtype: DType,
@@ -151,6 +165,8 @@ pub struct Config {
     pub scan_layers: bool,
     pub remat_policy: RematPolicy,
     pub init_weights_seed: i64,
+    pub logits_dot_in_fp32: bool,
+    pub use_iota_embed: bool,
 
     // Data
     pub dataset_type: DatasetType,

@@ -4,12 +4,14 @@
 //!   stacking (scan / unroll, remat), final norm, logits, loss, parameter count, FLOPs; and the
 //!   `Family` trait a decoder family implements.
 //! - [`attention`]: RoPE, attention masks (causal, sliding window, packed documents) and
-//!   dot-product attention, shared by the families.
+//!   attention (`attend`), shared by the families; [`blockwise`]: the memory-efficient
+//!   blockwise attention with its own backward pass.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
 //! - [`params`]: parameter declarations, initialization, program inputs.
 //! - One file per family: [`llama`] (MaxText's `llama2` and `mistral` blocks).
 
 pub mod attention;
+pub mod blockwise;
 pub mod config;
 pub mod decoder;
 pub mod llama;
