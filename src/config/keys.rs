@@ -68,6 +68,12 @@ string_enum!(
 );
 
 string_enum!(
+    /// MaxText's `profiler`: none, an XPlane trace (TensorBoard's profile plugin), or the CUDA
+    /// profiler API around the profiled steps (for Nsight Systems).
+    ProfilerKind { None = "", Xplane = "xplane", Nsys = "nsys" }
+);
+
+string_enum!(
     /// MaxText's `lr_schedule_type`: warmup then cosine decay, or warmup-stable-decay.
     LrScheduleType { Cosine = "cosine", Wsd = "wsd" }
 );
@@ -99,6 +105,7 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "dtype" | "weight_dtype" => Some(DType::VALUES),
         "remat_policy" => Some(RematPolicy::VALUES),
         "attention" => Some(AttentionKernel::VALUES),
+        "profiler" => Some(ProfilerKind::VALUES),
         "lr_schedule_type" => Some(LrScheduleType::VALUES),
         "wsd_decay_style" => Some(WsdDecayStyle::VALUES),
         "hardware" => Some(Hardware::VALUES),
@@ -140,6 +147,9 @@ pub struct Config {
     pub base_output_directory: String,
     pub metrics_file: String,
     pub log_period: i64,
+    pub profiler: ProfilerKind,
+    pub skip_first_n_steps_for_profiler: i64,
+    pub profiler_steps: i64,
     pub enable_checkpointing: bool,
     pub load_parameters_path: String,
 

@@ -15,8 +15,8 @@ mod value;
 pub use builtin::MODELS;
 pub use error::ConfigError;
 pub use keys::{
-    AttentionKernel, Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, RematPolicy,
-    RuleAxes, WsdDecayStyle,
+    AttentionKernel, Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, ProfilerKind,
+    RematPolicy, RuleAxes, WsdDecayStyle,
 };
 pub use load::{load, load_args};
 pub(crate) use mesh::plural;

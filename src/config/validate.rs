@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::error::{closest, ConfigError};
-use super::keys::{Config, DatasetType, Hardware};
+use super::keys::{Config, DatasetType, Hardware, ProfilerKind};
 use super::mesh::{self, Mesh};
 use super::rules;
 
@@ -202,6 +202,28 @@ fn check_training(c: &Config) -> Result<(), ConfigError> {
     positive("gradient_accumulation_steps", c.gradient_accumulation_steps)?;
     positive("max_target_length", c.max_target_length)?;
     positive("log_period", c.log_period)?;
+    positive("profiler_steps", c.profiler_steps)?;
+    if c.skip_first_n_steps_for_profiler < 0 {
+        return Err(ConfigError::invalid(
+            "skip_first_n_steps_for_profiler",
+            format!("{}; it must be 0 or more", c.skip_first_n_steps_for_profiler),
+        ));
+    }
+    if c.profiler != ProfilerKind::None && c.skip_first_n_steps_for_profiler >= c.steps {
+        return Err(ConfigError::invalid(
+            "skip_first_n_steps_for_profiler, steps",
+            format!(
+                "profiler={} would start at step {}, but the run has {} steps; lower skip_first_n_steps_for_profiler",
+                c.profiler, c.skip_first_n_steps_for_profiler, c.steps
+            ),
+        ));
+    }
+    if c.profiler == ProfilerKind::Xplane && c.base_output_directory.is_empty() {
+        return Err(ConfigError::invalid(
+            "base_output_directory",
+            "empty, but profiler=xplane writes its trace under base_output_directory/run_name/tensorboard; name a directory",
+        ));
+    }
     if c.learning_rate_schedule_steps != -1 {
         positive("learning_rate_schedule_steps", c.learning_rate_schedule_steps)?;
     }

@@ -58,6 +58,18 @@ impl fmt::Display for AttentionImpl {
     }
 }
 
+/// The start-up line that says what `attention=kernel` became.
+pub fn describe(kernel: AttentionKernel, how: AttentionImpl) -> String {
+    let note = match kernel {
+        AttentionKernel::CudnnFlashTe | AttentionKernel::CudnnFlashJax => {
+            "; maxrs has no Transformer Engine and does not emit XLA's cuDNN fused attention (`__cudnn$fmha` custom calls) yet"
+        }
+        AttentionKernel::Flash => "; MaxText's Pallas (GPU) and Splash (TPU) kernels are not in maxrs",
+        AttentionKernel::Autoselected | AttentionKernel::DotProduct => "",
+    };
+    format!("attention: {kernel} -> {how}{note}")
+}
+
 /// The largest block of at most `BLOCK` tokens that divides `seq` (all of it when shorter).
 fn block_size(seq: i64) -> i64 {
     (1..=BLOCK.min(seq)).rev().find(|b| seq % b == 0).unwrap_or(seq)

@@ -109,6 +109,10 @@ args_struct!(PluginInitializeArgs {});
 args_struct!(PluginAttributesArgs { attributes: *const NamedValue, num_attributes: usize });
 args_struct!(EventDestroyArgs { event: *mut Event });
 args_struct!(EventAwaitArgs { event: *mut Event });
+/// Called once when an event is ready; it owns `error` (null when the event succeeded).
+pub type EventOnReadyCallback = unsafe extern "C" fn(error: *mut Error, user_arg: *mut c_void);
+args_struct!(EventOnReadyArgs { event: *mut Event, callback: Option<EventOnReadyCallback>, user_arg: *mut c_void });
+args_struct!(BufferReadyEventArgs { buffer: *mut Buffer, event: *mut Event });
 args_struct!(KvGetCallbackArgs {
     key: *const c_char,
     key_size: usize,
@@ -346,7 +350,7 @@ pub struct Api {
     pub PJRT_Event_IsReady: Skip,
     pub PJRT_Event_Error: Skip,
     pub PJRT_Event_Await: Fn<EventAwaitArgs>,
-    pub PJRT_Event_OnReady: Skip,
+    pub PJRT_Event_OnReady: Fn<EventOnReadyArgs>,
 
     pub PJRT_Client_Create: Fn<ClientCreateArgs>,
     pub PJRT_Client_Destroy: Fn<ClientDestroyArgs>,
@@ -416,7 +420,7 @@ pub struct Api {
     pub PJRT_Buffer_CopyToDevice: Skip,
     pub PJRT_Buffer_ToHostBuffer: Fn<BufferToHostBufferArgs>,
     pub PJRT_Buffer_IsOnCpu: Skip,
-    pub PJRT_Buffer_ReadyEvent: Skip,
+    pub PJRT_Buffer_ReadyEvent: Fn<BufferReadyEventArgs>,
     pub PJRT_Buffer_UnsafePointer: Skip,
     pub PJRT_Buffer_IncreaseExternalReferenceCount: Skip,
     pub PJRT_Buffer_DecreaseExternalReferenceCount: Skip,

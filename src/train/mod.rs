@@ -5,12 +5,15 @@
 //! - [`metrics`]: per-step metrics, MaxText's log line, the `metrics_file` JSON-lines writer.
 //! - [`data`]: batches of token ids: the learnable synthetic sequence and the flat tokens file.
 //! - [`params_io`]: initial parameters from, and to, safetensors files.
+//! - [`profiler`]: MaxText's `profiler` key (an XPlane trace through the plugin, or Nsight's
+//!   capture range) over the profiled steps.
 
 pub mod data;
 pub mod flops;
 pub mod metrics;
 pub mod optimizer;
 pub mod params_io;
+pub mod profiler;
 pub mod run;
 pub mod schedule;
 pub mod step;

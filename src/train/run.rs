@@ -13,13 +13,14 @@ use crate::aot::artifact;
 use crate::config::{self, Config, Derived};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
-use crate::pjrt::{self, Client, Value};
+use crate::pjrt::{self, Client, ReadyTime, Value};
 use crate::runtime::{self, Compiled, DeviceArray};
 
 use super::data::{BatchLoader, DataSource};
 use super::flops::{self, StepShape};
-use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
+use super::metrics::{median_step_time_after, MetricsWriter, PerDeviceWork, StepMetrics};
 use super::params_io::{load_parameters, ParamSpec};
+use super::profiler::StepProfiler;
 use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
 
 /// Wall times of the start-up phases, in seconds.
@@ -50,11 +51,17 @@ pub struct RunReport {
     pub tflops_per_device: f64,
     /// Peak device memory in use after the run, when the plugin reports it.
     pub peak_memory_bytes: Option<i64>,
+    /// The share of wall time the devices had finished a step and the host had not yet
+    /// dispatched the next (steps after the first `perf_skipped_steps`), when measurable.
+    pub device_idle_fraction: Option<f64>,
+    /// Steps left out of the performance summary (`skip_first_n_steps_for_profiler`).
+    pub perf_skipped_steps: usize,
 }
 
 /// The devices of a run: the plugin's client.
 pub fn client_for(c: &Config) -> Result<Client> {
-    pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;
+    // One process, one host: `xla_flags_file=a3mega` picks the 1-node set.
+    pjrt::xla_flags::apply_flags_file(&c.xla_flags_file, 1)?;
     if c.plugin == "cpu" {
         let n = usize::try_from(c.cpu_device_count)
             .ok()
@@ -76,6 +83,9 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let step =
         TrainStep::new(c, &derived, step_mesh(&derived, &[ids]).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
     derived.print_summary(step.model.num_params());
+    println!("{}", crate::model::attention::describe(c.attention, step.model.config.attention));
+    // Before the compile: a profiler that cannot work fails the run now.
+    let mut profiler = StepProfiler::new(c, client.plugin(), derived.steps as u64)?;
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -117,59 +127,53 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
                 .with_context(|| format!("metrics_file={path}: cannot open it for writing"))?,
         ),
     };
-    let batch_inputs: Vec<usize> =
-        BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
-    let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
-    let (loss_i, norm_i, lr_i, weights_i) =
-        (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
-
-    // For each output, the input slot it feeds next step (state outputs share their input's name).
-    let carried: Vec<Option<usize>> =
-        compiled.program.outputs.iter().map(|o| compiled.input_index(&o.name).ok()).collect();
+    let slots = Slots::of(&compiled)?;
 
     let bar = progress_bar(derived.steps as u64);
-    let mut last = Instant::now();
-    for step_index in 0..derived.steps as u64 {
-        let batch = loader.batch(step_index)?;
-        let named = batch.named();
-        for (slot, name) in batch_inputs.iter().zip(BATCH_INPUTS) {
-            let host = named.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect("Batch has every input");
-            state[*slot] = Some(compiled.put(client, *slot, host)?);
-        }
-        let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
-        let outputs = compiled.execute(&args)?;
-        let scalar = |i: usize| -> Result<f64> { Ok(compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
-        let (loss, grad_norm, lr, weights) = (scalar(loss_i)?, scalar(norm_i)?, scalar(lr_i)?, scalar(weights_i)?);
-        let now = Instant::now();
-        let metrics = StepMetrics {
-            step: step_index,
-            loss,
-            grad_norm,
-            learning_rate: lr,
-            total_weights: weights as u64,
-            step_time_seconds: (now - last).as_secs_f64(),
-            work,
-        };
-        last = now;
-        if !loss.is_finite() {
-            bail!("step {step_index}: the loss is {loss}; stopping (try a lower learning_rate)");
-        }
+    let mut timing = DeviceTiming::new(c.skip_first_n_steps_for_profiler.max(0) as usize);
+    let mut log = |metrics: StepMetrics, report: &mut RunReport| -> Result<()> {
         print_line(&bar, &metrics.log_line());
         if let Some(w) = writer.as_mut() {
             w.write(&metrics).with_context(|| format!("writing metrics_file={}", c.metrics_file))?;
         }
-        report.losses.push(loss);
-        report.grad_norms.push(grad_norm);
-        report.learning_rates.push(lr);
+        report.losses.push(metrics.loss);
+        report.grad_norms.push(metrics.grad_norm);
+        report.learning_rates.push(metrics.learning_rate);
         report.step_times.push(metrics.step_time_seconds);
-        // The step's new state becomes the next step's input.
-        for (slot, array) in carried.iter().zip(outputs) {
-            if let Some(slot) = slot {
-                state[*slot] = Some(array);
-            }
-        }
         bar.inc(1);
+        Ok(())
+    };
+    // The host stays one step ahead: step k is dispatched, then step k + 1's batch goes to the
+    // devices and step k - 1's metrics come back while step k runs.
+    let mut next_batch = Some(transfer_batch(client, &compiled, &mut loader, &slots, 0)?);
+    let mut in_flight: Option<InFlight> = None;
+    for step_index in 0..derived.steps as u64 {
+        if let Some(p) = profiler.as_mut().filter(|p| p.starts_at(step_index)) {
+            if let Some(flight) = in_flight.take() {
+                log(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report)?;
+            }
+            p.start()?;
+        }
+        let batch = next_batch.take().expect("each step's batch is transferred before it runs");
+        let flight = dispatch(&compiled, &mut state, batch, &slots, step_index)?;
+        if step_index + 1 < derived.steps as u64 {
+            next_batch = Some(transfer_batch(client, &compiled, &mut loader, &slots, step_index + 1)?);
+        }
+        if let Some(previous) = in_flight.replace(flight) {
+            log(finish(&compiled, &slots, previous, &mut timing, work)?, &mut report)?;
+        }
+        if let Some(p) = profiler.as_mut().filter(|p| p.stops_after(step_index)) {
+            if let Some(flight) = in_flight.take() {
+                log(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report)?;
+            }
+            p.stop()?;
+        }
     }
+    if let Some(flight) = in_flight.take() {
+        log(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report)?;
+    }
+    report.device_idle_fraction = timing.idle_fraction();
+    report.perf_skipped_steps = timing.skip;
     bar.finish_and_clear();
     report.peak_memory_bytes = peak_memory(&devices);
     print_summary(&report, &work);
@@ -273,14 +277,164 @@ fn peak_memory(devices: &[pjrt::Device]) -> Option<i64> {
 
 fn print_summary(report: &RunReport, work: &PerDeviceWork) {
     let (Some(first), Some(last)) = (report.losses.first(), report.losses.last()) else { return };
-    // `median_step_time` leaves out the first step (warm-up); a one-step run shows that step.
-    let median = median_step_time(&report.step_times).or(report.step_times.first().copied());
+    // The first `skip_first_n_steps_for_profiler` steps (compilation, warm-up) are left out; a
+    // run with no step after them shows its last step.
+    let median =
+        median_step_time_after(&report.step_times, report.perf_skipped_steps).or(report.step_times.last().copied());
     let mut line = format!("done: {} steps, loss {first:.3} -> {last:.3}", report.losses.len());
     if let Some(m) = median {
         line.push_str(&format!(", median step {:.4} s, {:.3} TFLOP/s/device", m, work.tflops / m));
+    }
+    if let Some(idle) = report.device_idle_fraction {
+        line.push_str(&format!(", device waiting for the host {:.1}% of the time", idle * 100.0));
     }
     if let Some(peak) = report.peak_memory_bytes {
         line.push_str(&format!(", peak device memory {:.1} MiB", peak as f64 / (1u64 << 20) as f64));
     }
     println!("{line}");
+}
+
+/// Where the loop's inputs and outputs are in the compiled step.
+struct Slots {
+    /// The batch inputs, in `BATCH_INPUTS` order.
+    batch: Vec<usize>,
+    /// `loss`, `grad_norm`, `learning_rate`, `total_weights`.
+    metrics: [usize; 4],
+    /// For each output, the input slot it feeds next step (state outputs share their input's
+    /// name).
+    carried: Vec<Option<usize>>,
+}
+
+impl Slots {
+    fn of(compiled: &Compiled) -> Result<Slots> {
+        let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
+        Ok(Slots {
+            batch: BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?,
+            metrics: [metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?],
+            carried: compiled.program.outputs.iter().map(|o| compiled.input_index(&o.name).ok()).collect(),
+        })
+    }
+}
+
+/// Step `step`'s batch, read on the host and copied to the devices.
+fn transfer_batch(
+    client: &Client,
+    compiled: &Compiled,
+    loader: &mut BatchLoader,
+    slots: &Slots,
+    step: u64,
+) -> Result<Vec<(usize, DeviceArray)>> {
+    let batch = loader.batch(step)?;
+    let named = batch.named();
+    slots
+        .batch
+        .iter()
+        .zip(BATCH_INPUTS)
+        .map(|(&slot, name)| {
+            let host = named.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect("Batch has every input");
+            Ok((slot, compiled.put(client, slot, host)?))
+        })
+        .collect()
+}
+
+/// A dispatched step whose metrics have not been read.
+struct InFlight {
+    step: u64,
+    /// The metric outputs, in `Slots::metrics` order.
+    metrics: Vec<DeviceArray>,
+    /// When the step's loss became ready, where the plugin reports it.
+    done: Option<ReadyTime>,
+    dispatched: Instant,
+}
+
+/// Starts step `step` on `batch`; its new state replaces the old in `state` (the devices run it
+/// in order), its metrics stay on the devices until `finish`.
+fn dispatch(
+    compiled: &Compiled,
+    state: &mut [Option<DeviceArray>],
+    batch: Vec<(usize, DeviceArray)>,
+    slots: &Slots,
+    step: u64,
+) -> Result<InFlight> {
+    for (slot, array) in batch {
+        state[slot] = Some(array);
+    }
+    let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
+    let dispatched = Instant::now();
+    let mut outputs: Vec<Option<DeviceArray>> = compiled.execute(&args)?.into_iter().map(Some).collect();
+    for (output, slot) in outputs.iter_mut().zip(&slots.carried) {
+        if let Some(slot) = slot {
+            state[*slot] = output.take();
+        }
+    }
+    let metrics: Vec<DeviceArray> =
+        slots.metrics.iter().map(|&i| outputs[i].take().expect("metrics are not carried")).collect();
+    let done = metrics[0].first().and_then(|b| b.ready_time().ok());
+    Ok(InFlight { step, metrics, done, dispatched })
+}
+
+/// Reads a dispatched step's metrics (waiting for it) and times it.
+fn finish(
+    compiled: &Compiled,
+    slots: &Slots,
+    flight: InFlight,
+    timing: &mut DeviceTiming,
+    work: PerDeviceWork,
+) -> Result<StepMetrics> {
+    let mut values = [0.0; 4];
+    for ((value, &index), array) in values.iter_mut().zip(&slots.metrics).zip(&flight.metrics) {
+        *value = compiled.fetch(index, array)?.to_f64()[0];
+    }
+    let [loss, grad_norm, learning_rate, weights] = values;
+    let done = flight.done.as_ref().and_then(ReadyTime::get).unwrap_or_else(Instant::now);
+    let step_time_seconds = timing.completed(flight.dispatched, done);
+    if !loss.is_finite() {
+        bail!("step {}: the loss is {loss}; stopping (try a lower learning_rate)", flight.step);
+    }
+    Ok(StepMetrics {
+        step: flight.step,
+        loss,
+        grad_norm,
+        learning_rate,
+        total_weights: weights as u64,
+        step_time_seconds,
+        work,
+    })
+}
+
+/// When each step finished on the devices, and how long they waited for the host before the
+/// next: step `k` took from step `k - 1`'s completion (step 0: its dispatch) to its own, and
+/// the devices were idle for the part of that before step `k` was dispatched.
+struct DeviceTiming {
+    /// Steps left out of the idle share (`skip_first_n_steps_for_profiler`).
+    skip: usize,
+    last_done: Option<Instant>,
+    /// Per completed step: (wall seconds, idle seconds).
+    steps: Vec<(f64, f64)>,
+}
+
+impl DeviceTiming {
+    fn new(skip: usize) -> DeviceTiming {
+        DeviceTiming { skip, last_done: None, steps: Vec::new() }
+    }
+
+    /// Records a step dispatched at `dispatched` and done at `done`; returns its step time.
+    fn completed(&mut self, dispatched: Instant, done: Instant) -> f64 {
+        let start = self.last_done.unwrap_or(dispatched);
+        let wall = done.saturating_duration_since(start).as_secs_f64();
+        let idle = match self.last_done {
+            Some(previous) => dispatched.saturating_duration_since(previous).as_secs_f64(),
+            None => 0.0,
+        };
+        self.last_done = Some(done.max(start));
+        self.steps.push((wall, idle.min(wall)));
+        wall
+    }
+
+    /// Idle over wall time of the steps after the skipped ones.
+    fn idle_fraction(&self) -> Option<f64> {
+        let counted = self.steps.get(self.skip..).filter(|s| !s.is_empty())?;
+        let wall: f64 = counted.iter().map(|s| s.0).sum();
+        (wall > 0.0).then(|| counted.iter().map(|s| s.1).sum::<f64>() / wall)
+    }
 }
