@@ -110,6 +110,24 @@ struct ProfileOptions {
     enable_hlo_proto: bool,
 }
 
+/// `tensorflow.profiler.XSpace` (`tsl/profiler/protobuf/xplane.proto`), as far as maxrs reads it:
+/// the planes' ids and names (a device or the host each) and the hosts.
+#[derive(Clone, PartialEq, Message)]
+pub struct XSpace {
+    #[prost(message, repeated, tag = "1")]
+    pub planes: Vec<XPlane>,
+    #[prost(string, repeated, tag = "4")]
+    pub hostnames: Vec<String>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct XPlane {
+    #[prost(int64, tag = "1")]
+    pub id: i64,
+    #[prost(string, tag = "2")]
+    pub name: String,
+}
+
 /// A running profiling session of one plugin.
 pub struct Profiler {
     plugin: Arc<Plugin>,
@@ -171,11 +189,21 @@ impl Profiler {
         // memory of its own session and points `buffer` at it (XLA's `PluginTracer::CollectData`
         // reads it the same way); it stays valid until the session is destroyed.
         self.check("PLUGIN_Profiler_CollectData", unsafe { self.table().collect_data.map(|f| f(&mut args)) })?;
-        let data = match (args.buffer.is_null(), args.buffer_size_in_bytes) {
+        let mut data = match (args.buffer.is_null(), args.buffer_size_in_bytes) {
             (_, 0) | (true, _) => Vec::new(),
             // SAFETY: see above; the bytes are copied before `self` (the session) is dropped.
             (false, n) => unsafe { std::slice::from_raw_parts(args.buffer, n) }.to_vec(),
         };
+        // XLA's plugin profiler allocates one byte more than the XSpace and reports it (a zero,
+        // which no protobuf parser accepts as a tag): keep only what parses.
+        if XSpace::decode(data.as_slice()).is_err() && data.last() == Some(&0) {
+            data.pop();
+        }
+        XSpace::decode(data.as_slice()).map_err(|e| Error::Plugin {
+            function: "PLUGIN_Profiler_CollectData",
+            code: ErrorCode::DataLoss,
+            message: format!("the trace is not a serialized XSpace: {e}"),
+        })?;
         Ok(data)
     }
 

@@ -140,3 +140,14 @@ fn a3mega_sets_follow_the_node_count() {
     let two = std::fs::read_to_string(repo_file("xla_flags/a3mega-2.flags")).unwrap();
     assert_eq!(std::fs::read_to_string(repo_file("xla_flags/a3mega.flags")).unwrap(), two);
 }
+
+/// Every GPU set's flag names are in the CUDA plugin maxrs fetches (downloaded once, ~490 MB,
+/// as the AOT tests do).
+#[test]
+fn gpu_flag_files_are_known_to_the_cuda_plugin() {
+    let plugin = Provisioner::from_env().plugin(PluginName::Cuda12).unwrap().path;
+    for name in ["a3mega-1", "a3mega-2", "a3mega-4", "a3mega-8", "a3mega-16", "h100"] {
+        let flags = load_flags_file(&repo_file(&format!("xla_flags/{name}.flags"))).unwrap();
+        flags.validate_against_plugin(&plugin).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    }
+}
