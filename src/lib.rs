@@ -2,10 +2,12 @@
 //!
 //! The data flows through the modules in this order:
 //! config -> model trace (`ir`, `tensor`) -> transforms (`autodiff`) -> StableHLO text (`lower`,
-//! `sharding`) -> PJRT plugin (`pjrt`) -> train loop.
+//! `sharding`) -> PJRT plugin (`pjrt`) -> train loop, across processes (`cluster`); `submit` sends a
+//! train command to a cluster.
 
 pub mod aot;
 pub mod autodiff;
+pub mod cluster;
 pub mod config;
 pub mod ir;
 pub mod lower;
@@ -13,5 +15,6 @@ pub mod model;
 pub mod pjrt;
 pub mod runtime;
 pub mod sharding;
+pub mod submit;
 pub mod tensor;
 pub mod train;

@@ -22,6 +22,14 @@ enum Command {
     TrainCompile(cli::train_compile::TrainCompileArgs),
     /// List the ahead-of-time targets (compile_topology names) and their devices.
     Topologies(cli::topologies::TopologiesArgs),
+    /// Run N local processes of one job: `maxrs launch --num-processes N -- train ...`.
+    Launch(cli::launch::LaunchArgs),
+    /// Serve a job's coordination service on its own (instead of process 0).
+    Coordinator(cli::coordinator::CoordinatorArgs),
+    /// Check a cluster: registration, key-value store, barriers, devices, collective bandwidth.
+    ClusterCheck(cli::cluster_check::ClusterCheckArgs),
+    /// Run a train command on a cluster: a Vertex AI custom job, a Slurm batch script or a GKE JobSet.
+    Submit(Box<cli::submit::SubmitArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -37,6 +45,13 @@ fn main() -> std::process::ExitCode {
         Command::Train(a) => cli::train::run(a),
         Command::TrainCompile(a) => cli::train_compile::run(a),
         Command::Topologies(a) => cli::topologies::run(a),
+        Command::Launch(a) => match cli::launch::run(a) {
+            Ok(code) => return std::process::ExitCode::from(code),
+            Err(e) => Err(e),
+        },
+        Command::Coordinator(a) => cli::coordinator::run(a),
+        Command::ClusterCheck(a) => cli::cluster_check::run(a),
+        Command::Submit(a) => cli::submit::run(*a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -113,6 +113,60 @@ impl Compiled {
             .collect()
     }
 
+    /// The rows (first dimension) of input `index` that this process's devices hold: all of
+    /// them on one process; on several, the span of the blocks of its devices.
+    pub fn local_rows(&self, index: usize) -> Result<std::ops::Range<usize>> {
+        let spec = &self.program.inputs[index];
+        let rows = *spec.ty.shape.first().ok_or_else(|| anyhow!("input \"{}\" has no rows", spec.name))?;
+        let (Some(mesh), Some(sharding)) = (&self.program.mesh, &spec.sharding) else { return Ok(0..rows as usize) };
+        let (mut first, mut end) = (rows, 0);
+        for &pos in &self.positions {
+            let bounds = mesh.shard_bounds(sharding, &spec.ty.shape, pos).map_err(|e| anyhow!(e))?;
+            first = first.min(bounds[0].0);
+            end = end.max(bounds[0].0 + bounds[0].1);
+        }
+        Ok(first as usize..end as usize)
+    }
+
+    /// Like [`Compiled::put`] for a process that holds only some rows of the global array:
+    /// `local` is rows `first_row..` of it, and must contain every block of this process's devices.
+    pub fn put_rows(&self, client: &Client, index: usize, local: &HostTensor, first_row: i64) -> Result<DeviceArray> {
+        let spec = &self.program.inputs[index];
+        let global = &spec.ty.shape;
+        let rows = local.dims.first().copied().unwrap_or(0);
+        if local.ty != element_type(spec.ty.dtype) || local.dims[1..] != global[1..] || first_row + rows > global[0] {
+            bail!("rows {first_row}.. of input \"{}\" ({}) cannot be {}", spec.name, spec.ty, local.shape_string());
+        }
+        let devices = self.executable.addressable_devices();
+        devices
+            .iter()
+            .enumerate()
+            .map(|(d, device)| {
+                let block = match (&self.program.mesh, &spec.sharding) {
+                    (Some(mesh), Some(sharding)) => {
+                        let mut bounds =
+                            mesh.shard_bounds(sharding, global, self.positions[d]).map_err(|e| anyhow!(e))?;
+                        bounds[0].0 -= first_row;
+                        if bounds[0].0 < 0 || bounds[0].0 + bounds[0].1 > rows {
+                            bail!(
+                                "device {} holds rows {}..{} of \"{}\", outside this process's rows {first_row}..{}",
+                                device.id,
+                                bounds[0].0 + first_row,
+                                bounds[0].0 + first_row + bounds[0].1,
+                                spec.name,
+                                first_row + rows
+                            );
+                        }
+                        block_of(local, &bounds)
+                    }
+                    _ if first_row == 0 && rows == global[0] => local.clone(),
+                    _ => bail!("input \"{}\" is not sharded, so every process needs all of its rows", spec.name),
+                };
+                Ok(client.to_device(&block, device)?)
+            })
+            .collect()
+    }
+
     /// Runs on arrays already on the devices (one per input, in input order); returns one array
     /// per output. Donated inputs are consumed.
     pub fn execute(&self, args: &[&DeviceArray]) -> Result<Vec<DeviceArray>> {
@@ -161,10 +215,15 @@ impl Compiled {
 /// The block of `global` that the device at mesh position `pos` holds under `spec`.
 pub fn shard(global: &HostTensor, mesh: &Mesh, spec: &PartitionSpec, pos: usize) -> Result<HostTensor> {
     let bounds = mesh.shard_bounds(spec, &global.dims, pos).map_err(|e| anyhow!(e))?;
+    Ok(block_of(global, &bounds))
+}
+
+/// The dense block of `array` at `bounds` ((start, length) per dimension).
+fn block_of(array: &HostTensor, bounds: &[(i64, i64)]) -> HostTensor {
     let dims: Vec<i64> = bounds.iter().map(|b| b.1).collect();
-    let mut data = vec![0u8; dims.iter().product::<i64>() as usize * global.ty.byte_size()];
-    copy_block(&mut data, &global.data, &global.dims, &bounds, global.ty.byte_size(), Direction::Gather);
-    Ok(HostTensor::new(global.ty, &dims, data))
+    let mut data = vec![0u8; dims.iter().product::<i64>() as usize * array.ty.byte_size()];
+    copy_block(&mut data, &array.data, &array.dims, bounds, array.ty.byte_size(), Direction::Gather);
+    HostTensor::new(array.ty, &dims, data)
 }
 
 /// The global array of shape `dims` from per-device blocks (`shards[d]` at mesh position

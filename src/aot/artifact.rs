@@ -50,6 +50,10 @@ pub struct ArtifactHeader {
     #[serde(default)]
     pub program_fingerprint: String,
     pub xla_flags: String,
+    /// The device ids of each host (process), in process order: the device assignment the step
+    /// was compiled with. Empty in files written before multi-host runs (then not checked).
+    #[serde(default)]
+    pub device_ids_per_host: Vec<Vec<i64>>,
 }
 
 /// A mismatch between a saved executable and the current run.
@@ -76,6 +80,15 @@ impl ArtifactHeader {
         differ(true, "topology", &saved.topology, &self.topology);
         differ(true, "number of devices", &saved.num_devices.to_string(), &self.num_devices.to_string());
         differ(true, "plugin", &saved.plugin, &self.plugin);
+        if !saved.device_ids_per_host.is_empty() && !self.device_ids_per_host.is_empty() {
+            let show = |hosts: &[Vec<i64>]| hosts.iter().map(|ids| id_ranges(ids)).collect::<Vec<_>>().join(" | ");
+            differ(
+                true,
+                "device ids per host (process)",
+                &show(&saved.device_ids_per_host),
+                &show(&self.device_ids_per_host),
+            );
+        }
         // The platform version is informative only: the plugin identity already pins the build, and
         // a deviceless topology and a real client may word it differently.
         differ(false, "plugin platform version", &saved.platform_version, &self.platform_version);
@@ -102,6 +115,21 @@ impl ArtifactHeader {
         differ(false, "maxrs version", &saved.maxrs_version, &self.maxrs_version);
         diff
     }
+}
+
+/// `[0, 1, 2, 5]` as `0-2,5`.
+fn id_ranges(ids: &[i64]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j > i { format!("{}-{}", ids[i], ids[j]) } else { ids[i].to_string() });
+        i = j + 1;
+    }
+    parts.join(",")
 }
 
 /// The configuration keys of the training setup compiled into the step besides the model's own
@@ -199,6 +227,7 @@ pub fn header(config: &Config, model: &Model, program: &Program, mlir: &str, pla
         arguments,
         program_fingerprint: program_fingerprint(mlir),
         xla_flags: std::env::var("XLA_FLAGS").unwrap_or_default(),
+        device_ids_per_host: Vec::new(),
     }
 }
 
@@ -287,6 +316,7 @@ mod tests {
             }],
             program_fingerprint: "0f".into(),
             xla_flags: String::new(),
+            device_ids_per_host: vec![(0..8).collect()],
         }
     }
 
@@ -305,6 +335,11 @@ mod tests {
         assert!(err.contains("per_device_batch_size: compiled with 4, this run has 8"), "{err}");
         assert!(err.contains("topology: compiled with cpu-8, this run has cpu-4"), "{err}");
         assert!(!err.contains("XLA flags"), "flags only warn: {err}");
+
+        let mut two_hosts = header();
+        two_hosts.device_ids_per_host = vec![(0..4).collect(), (4..8).collect()];
+        let err = load_matching(&path, &two_hosts).unwrap_err().to_string();
+        assert!(err.contains("device ids per host (process): compiled with 0-7, this run has 0-3 | 4-7"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -76,7 +76,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     if !c.compiled_trainstep_file.is_empty() {
         let path = Path::new(&c.compiled_trainstep_file);
         let plugin = Plugin::load(&target.plugin().path)?;
-        let header = artifact::header(
+        let mut header = artifact::header(
             c,
             &step.model,
             &program,
@@ -92,6 +92,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
                 platform_version: target.platform_version().to_string(),
             },
         );
+        header.device_ids_per_host = target.granules().to_vec();
         artifact::write(path, &header, &bytes)?;
         println!("wrote the compiled train step to {} ({} bytes)", path.display(), bytes.len());
     }

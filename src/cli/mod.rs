@@ -1,6 +1,10 @@
 //! Subcommand implementations and what they share: logging set-up and `key=value` parsing.
 
+pub mod cluster_check;
+pub mod coordinator;
 pub mod devices;
+pub mod launch;
+pub mod submit;
 pub mod topologies;
 pub mod train;
 pub mod train_compile;

@@ -2,7 +2,7 @@
 //! it trains the built-in tiny default model on one CPU device.
 
 use anyhow::Result;
-use maxrs::{config, train};
+use maxrs::{cluster, config, train};
 
 #[derive(clap::Args)]
 pub struct TrainArgs {
@@ -14,7 +14,14 @@ pub struct TrainArgs {
 
 pub fn run(args: TrainArgs) -> Result<()> {
     let c = config::load_args(&args.args)?;
-    let client = train::run::client_for(&c)?;
-    train::run::train(&c, &client)?;
-    Ok(())
+    let interval =
+        c.collect_stack_trace.then(|| std::time::Duration::from_secs(c.stack_trace_interval_seconds.max(1) as u64));
+    cluster::diagnostics::install(c.slow_step_stack_trace_factor, interval);
+    let job = cluster::Cluster::join(&c, cluster::exit_on_cluster_error())?;
+    let result = job.pjrt_client(&c).and_then(|client| train::run::train_in(&c, &client, &job));
+    if let Err(e) = &result {
+        job.report_failure(e);
+        return result.map(|_| ());
+    }
+    job.shutdown()
 }

@@ -215,6 +215,22 @@ pub struct Config {
     pub xla_flags_file: String,
     pub peak_tflops_per_device: f64,
 
+    // Multi-process jobs (src/cluster)
+    pub coordinator_address: String,
+    pub num_processes: i64,
+    pub process_id: i64,
+    pub external_coordinator: bool,
+    pub jax_distributed_initialization_timeout: i64,
+    pub skip_jax_distributed_system: bool,
+    pub heartbeat_timeout_seconds: i64,
+    pub shutdown_timeout_seconds: i64,
+
+    // Hang diagnostics
+    pub collect_stack_trace: bool,
+    pub stack_trace_to_cloud: bool,
+    pub stack_trace_interval_seconds: i64,
+    pub slow_step_stack_trace_factor: f64,
+
     // Parallelism
     pub mesh_axes: Vec<String>,
     pub logical_axis_rules: Vec<LogicalAxisRule>,

@@ -76,6 +76,7 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
     check_model(config)?;
     check_training(config)?;
     check_hardware(config)?;
+    check_cluster(config)?;
     rules::check(config)?;
     let mesh = mesh::build(config, num_devices, num_slices)?;
     if mesh.size("stage") > 1 {
@@ -298,6 +299,34 @@ fn check_hardware(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
+    Ok(())
+}
+
+fn check_cluster(c: &Config) -> Result<(), ConfigError> {
+    for (key, value) in [
+        ("jax_distributed_initialization_timeout", c.jax_distributed_initialization_timeout),
+        ("heartbeat_timeout_seconds", c.heartbeat_timeout_seconds),
+        ("shutdown_timeout_seconds", c.shutdown_timeout_seconds),
+        ("stack_trace_interval_seconds", c.stack_trace_interval_seconds),
+    ] {
+        positive(key, value)?;
+    }
+    for (key, value) in [("num_processes", c.num_processes), ("process_id", c.process_id)] {
+        if value < -1 {
+            return Err(ConfigError::invalid(
+                key,
+                format!("{key}={value}; use -1 (from the environment) or a number >= 0"),
+            ));
+        }
+    }
+    if c.stack_trace_to_cloud {
+        return Err(ConfigError::invalid(
+            "stack_trace_to_cloud",
+            "true is not supported yet: maxrs logs stack traces to stderr; set stack_trace_to_cloud=false",
+        ));
+    }
+    let f = c.slow_step_stack_trace_factor;
+    in_range("slow_step_stack_trace_factor", f, "0 (off) or (1, inf)", f == 0.0 || f > 1.0)?;
     Ok(())
 }
 

@@ -240,7 +240,7 @@ impl Event {
         if self.raw.is_null() {
             return Ok(());
         }
-        let mut args: ffi::EventAwaitArgs = unsafe { ffi::args() };
+        let mut args: ffi::EventAwaitArgs = ffi::args();
         args.event = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_Event_Await, args)
         // Dropping `self` destroys the event.
@@ -252,7 +252,7 @@ impl Drop for Event {
         if self.raw.is_null() {
             return;
         }
-        let mut args: ffi::EventDestroyArgs = unsafe { ffi::args() };
+        let mut args: ffi::EventDestroyArgs = ffi::args();
         args.event = self.raw;
         if let Err(e) = crate::pjrt_call!(self.plugin, PJRT_Event_Destroy, args) {
             tracing::warn!("destroying a PJRT event: {e}");
@@ -267,31 +267,34 @@ pub struct Buffer {
 }
 
 // PJRT buffers may be used from any thread.
+// SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for Buffer {}
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
     pub fn element_type(&self) -> Result<ElementType> {
-        let mut args: ffi::BufferElementTypeArgs = unsafe { ffi::args() };
+        let mut args: ffi::BufferElementTypeArgs = ffi::args();
         args.buffer = self.raw;
         crate::pjrt_call!(self.client.plugin, PJRT_Buffer_ElementType, args)?;
         ElementType::from_raw(args.buffer_type)
     }
 
     pub fn dims(&self) -> Result<Vec<i64>> {
-        let mut args: ffi::BufferDimensionsArgs = unsafe { ffi::args() };
+        let mut args: ffi::BufferDimensionsArgs = ffi::args();
         args.buffer = self.raw;
         crate::pjrt_call!(self.client.plugin, PJRT_Buffer_Dimensions, args)?;
         Ok(if args.num_dims == 0 {
             Vec::new()
         } else {
+            // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the object, which is alive here.
             unsafe { std::slice::from_raw_parts(args.dims, args.num_dims) }.to_vec()
         })
     }
 
     /// The id of the device holding the buffer.
     pub fn device_id(&self) -> Result<i32> {
-        let mut args: ffi::BufferDeviceArgs = unsafe { ffi::args() };
+        let mut args: ffi::BufferDeviceArgs = ffi::args();
         args.buffer = self.raw;
         crate::pjrt_call!(self.client.plugin, PJRT_Buffer_Device, args)?;
         super::client::device_id(&self.client.plugin, args.device)
@@ -299,7 +302,7 @@ impl Buffer {
 
     /// True once the buffer was donated to an execution (its memory now belongs to an output).
     pub fn is_deleted(&self) -> Result<bool> {
-        let mut args: ffi::BufferIsDeletedArgs = unsafe { ffi::args() };
+        let mut args: ffi::BufferIsDeletedArgs = ffi::args();
         args.buffer = self.raw;
         crate::pjrt_call!(self.client.plugin, PJRT_Buffer_IsDeleted, args)?;
         Ok(args.is_deleted)
@@ -311,7 +314,7 @@ impl Buffer {
         let dims = self.dims()?;
         let count: i64 = dims.iter().product();
         let mut data = vec![0u8; count as usize * ty.byte_size()];
-        let mut args: ffi::BufferToHostBufferArgs = unsafe { ffi::args() };
+        let mut args: ffi::BufferToHostBufferArgs = ffi::args();
         args.src = self.raw;
         args.dst = data.as_mut_ptr().cast();
         args.dst_size = data.len();
@@ -363,15 +366,13 @@ impl Buffer {
     /// Starts recording when this buffer's data becomes ready (see [`ReadyTime`]).
     pub fn ready_time(&self) -> Result<ReadyTime> {
         let plugin = self.client.plugin.clone();
-        // SAFETY: a zeroed args struct with its size set, as the header asks.
-        let mut args: ffi::BufferReadyEventArgs = unsafe { ffi::args() };
+        let mut args: ffi::BufferReadyEventArgs = ffi::args();
         args.buffer = self.raw;
         crate::pjrt_call!(plugin, PJRT_Buffer_ReadyEvent, args)?;
         let event = Event::new(plugin.clone(), args.event);
         let slot = Arc::new(Mutex::new(None));
         let state = Box::new(ReadyCallbackState { slot: slot.clone(), plugin: plugin.clone() });
-        // SAFETY: as above.
-        let mut on_ready: ffi::EventOnReadyArgs = unsafe { ffi::args() };
+        let mut on_ready: ffi::EventOnReadyArgs = ffi::args();
         on_ready.event = event.raw;
         on_ready.callback = Some(record_ready);
         on_ready.user_arg = Box::into_raw(state).cast();
@@ -386,7 +387,7 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        let mut args: ffi::BufferDestroyArgs = unsafe { ffi::args() };
+        let mut args: ffi::BufferDestroyArgs = ffi::args();
         args.buffer = self.raw;
         if let Err(e) = crate::pjrt_call!(self.client.plugin, PJRT_Buffer_Destroy, args) {
             tracing::warn!("destroying a PJRT buffer: {e}");

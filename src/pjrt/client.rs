@@ -31,12 +31,14 @@ pub(crate) struct ClientInner {
     _kv_store: Option<Box<Arc<dyn KeyValueStore>>>,
 }
 
+// SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for ClientInner {}
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
 unsafe impl Sync for ClientInner {}
 
 impl Drop for ClientInner {
     fn drop(&mut self) {
-        let mut args: ffi::ClientDestroyArgs = unsafe { ffi::args() };
+        let mut args: ffi::ClientDestroyArgs = ffi::args();
         args.client = self.raw;
         if let Err(e) = crate::pjrt_call!(self.plugin, PJRT_Client_Destroy, args) {
             tracing::warn!("destroying the PJRT client: {e}");
@@ -62,7 +64,9 @@ pub struct Device {
     pub attributes: Vec<(String, Value)>,
 }
 
+// SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for Device {}
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
 unsafe impl Sync for Device {}
 
 impl std::fmt::Debug for Device {
@@ -92,35 +96,37 @@ pub(crate) struct Description {
 }
 
 pub(crate) fn describe(plugin: &Plugin, raw: *mut ffi::DeviceDescription) -> Result<Description> {
-    let mut id: ffi::DeviceDescriptionIdArgs = unsafe { ffi::args() };
+    let mut id: ffi::DeviceDescriptionIdArgs = ffi::args();
     id.device_description = raw;
     crate::pjrt_call!(plugin, PJRT_DeviceDescription_Id, id)?;
-    let mut process: ffi::DeviceDescriptionProcessIndexArgs = unsafe { ffi::args() };
+    let mut process: ffi::DeviceDescriptionProcessIndexArgs = ffi::args();
     process.device_description = raw;
     crate::pjrt_call!(plugin, PJRT_DeviceDescription_ProcessIndex, process)?;
-    let mut kind: ffi::DeviceDescriptionKindArgs = unsafe { ffi::args() };
+    let mut kind: ffi::DeviceDescriptionKindArgs = ffi::args();
     kind.device_description = raw;
     crate::pjrt_call!(plugin, PJRT_DeviceDescription_Kind, kind)?;
-    let mut attributes: ffi::DeviceDescriptionAttributesArgs = unsafe { ffi::args() };
+    let mut attributes: ffi::DeviceDescriptionAttributesArgs = ffi::args();
     attributes.device_description = raw;
     crate::pjrt_call!(plugin, PJRT_DeviceDescription_Attributes, attributes)?;
     Ok(Description {
         id: id.id,
         process_index: process.process_index,
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
         kind: unsafe { string_from(kind.device_kind, kind.device_kind_size) },
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
         attributes: unsafe { read_named_values(attributes.attributes, attributes.num_attributes) },
     })
 }
 
 fn description_of(plugin: &Plugin, device: *mut ffi::Device) -> Result<*mut ffi::DeviceDescription> {
-    let mut args: ffi::DeviceGetDescriptionArgs = unsafe { ffi::args() };
+    let mut args: ffi::DeviceGetDescriptionArgs = ffi::args();
     args.device = device;
     crate::pjrt_call!(plugin, PJRT_Device_GetDescription, args)?;
     Ok(args.device_description)
 }
 
 pub(crate) fn device_id(plugin: &Plugin, device: *mut ffi::Device) -> Result<i32> {
-    let mut id: ffi::DeviceDescriptionIdArgs = unsafe { ffi::args() };
+    let mut id: ffi::DeviceDescriptionIdArgs = ffi::args();
     id.device_description = description_of(plugin, device)?;
     crate::pjrt_call!(plugin, PJRT_DeviceDescription_Id, id)?;
     Ok(id.id)
@@ -130,7 +136,7 @@ impl Device {
     pub(crate) fn from_raw(client: &Arc<ClientInner>, raw: *mut ffi::Device) -> Result<Device> {
         let plugin = &client.plugin;
         let description = describe(plugin, description_of(plugin, raw)?)?;
-        let mut addressable: ffi::DeviceIsAddressableArgs = unsafe { ffi::args() };
+        let mut addressable: ffi::DeviceIsAddressableArgs = ffi::args();
         addressable.device = raw;
         crate::pjrt_call!(plugin, PJRT_Device_IsAddressable, addressable)?;
         Ok(Device {
@@ -146,7 +152,7 @@ impl Device {
 
     /// Allocator statistics; `Ok(None)` when the plugin does not track them (CPU).
     pub fn memory_stats(&self) -> Result<Option<DeviceMemoryStats>> {
-        let mut args: ffi::DeviceMemoryStatsArgs = unsafe { ffi::args() };
+        let mut args: ffi::DeviceMemoryStatsArgs = ffi::args();
         args.device = self.raw;
         match crate::pjrt_call!(self.client.plugin, PJRT_Device_MemoryStats, args) {
             Ok(()) => Ok(Some(DeviceMemoryStats {
@@ -169,7 +175,7 @@ impl Client {
         kv_store: Option<Arc<dyn KeyValueStore>>,
     ) -> Result<Client> {
         let named = NamedValues::new(options)?;
-        let mut args: ffi::ClientCreateArgs = unsafe { ffi::args() };
+        let mut args: ffi::ClientCreateArgs = ffi::args();
         args.create_options = named.as_ptr();
         args.num_options = named.len();
         let kv_store = kv_store.map(Box::new);
@@ -191,21 +197,23 @@ impl Client {
     }
 
     pub fn platform_name(&self) -> Result<String> {
-        let mut args: ffi::ClientPlatformNameArgs = unsafe { ffi::args() };
+        let mut args: ffi::ClientPlatformNameArgs = ffi::args();
         args.client = self.inner.raw;
         crate::pjrt_call!(self.inner.plugin, PJRT_Client_PlatformName, args)?;
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
         Ok(unsafe { string_from(args.platform_name, args.platform_name_size) })
     }
 
     pub fn platform_version(&self) -> Result<String> {
-        let mut args: ffi::ClientPlatformVersionArgs = unsafe { ffi::args() };
+        let mut args: ffi::ClientPlatformVersionArgs = ffi::args();
         args.client = self.inner.raw;
         crate::pjrt_call!(self.inner.plugin, PJRT_Client_PlatformVersion, args)?;
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
         Ok(unsafe { string_from(args.platform_version, args.platform_version_size) })
     }
 
     pub fn process_index(&self) -> Result<i32> {
-        let mut args: ffi::ClientProcessIndexArgs = unsafe { ffi::args() };
+        let mut args: ffi::ClientProcessIndexArgs = ffi::args();
         args.client = self.inner.raw;
         crate::pjrt_call!(self.inner.plugin, PJRT_Client_ProcessIndex, args)?;
         Ok(args.process_index)
@@ -213,7 +221,7 @@ impl Client {
 
     /// Every device of the job, across processes.
     pub fn devices(&self) -> Result<Vec<Device>> {
-        let mut args: ffi::ClientDevicesArgs = unsafe { ffi::args() };
+        let mut args: ffi::ClientDevicesArgs = ffi::args();
         args.client = self.inner.raw;
         crate::pjrt_call!(self.inner.plugin, PJRT_Client_Devices, args)?;
         self.wrap_devices(args.devices, args.num_devices)
@@ -221,7 +229,7 @@ impl Client {
 
     /// The devices this process drives.
     pub fn addressable_devices(&self) -> Result<Vec<Device>> {
-        let mut args: ffi::ClientDevicesArgs = unsafe { ffi::args() };
+        let mut args: ffi::ClientDevicesArgs = ffi::args();
         args.client = self.inner.raw;
         crate::pjrt_call!(self.inner.plugin, PJRT_Client_AddressableDevices, args)?;
         self.wrap_devices(args.devices, args.num_devices)
@@ -231,6 +239,7 @@ impl Client {
         if len == 0 {
             return Ok(Vec::new());
         }
+        // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the object, which is alive here.
         unsafe { std::slice::from_raw_parts(raw, len) }.iter().map(|&d| Device::from_raw(&self.inner, d)).collect()
     }
 
@@ -238,7 +247,7 @@ impl Client {
     pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
         let options_bytes = options.to_proto_bytes();
         let program = mlir_program(mlir);
-        let mut args: ffi::ClientCompileArgs = unsafe { ffi::args() };
+        let mut args: ffi::ClientCompileArgs = ffi::args();
         args.client = self.inner.raw;
         args.program = &program;
         args.compile_options = options_bytes.as_ptr().cast();
@@ -249,7 +258,7 @@ impl Client {
 
     /// Loads an executable serialized by [`super::Executable::serialize`] (same plugin build).
     pub fn deserialize(&self, bytes: &[u8]) -> Result<LoadedExecutable> {
-        let mut args: ffi::ExecutableDeserializeAndLoadArgs = unsafe { ffi::args() };
+        let mut args: ffi::ExecutableDeserializeAndLoadArgs = ffi::args();
         args.client = self.inner.raw;
         args.serialized_executable = bytes.as_ptr().cast();
         args.serialized_executable_size = bytes.len();
@@ -274,7 +283,7 @@ impl Client {
                 super::buffer::shape_string(ty, dims)
             )));
         }
-        let mut args: ffi::ClientBufferFromHostBufferArgs = unsafe { ffi::args() };
+        let mut args: ffi::ClientBufferFromHostBufferArgs = ffi::args();
         args.client = self.inner.raw;
         args.data = data.as_ptr().cast();
         args.buffer_type = ty.to_raw();
@@ -294,7 +303,7 @@ impl Client {
 /// the plugin only reads while compiling.
 pub(crate) fn mlir_program(mlir: &str) -> ffi::Program {
     const FORMAT: &str = "mlir";
-    let mut program: ffi::Program = unsafe { ffi::args() };
+    let mut program: ffi::Program = ffi::args();
     program.code = mlir.as_ptr() as *mut _;
     program.code_size = mlir.len();
     program.format = FORMAT.as_ptr().cast();
@@ -312,6 +321,7 @@ fn leak_value(value: Vec<u8>) -> (*mut std::ffi::c_char, usize) {
     block.extend_from_slice(&len.to_le_bytes());
     block.extend_from_slice(&value);
     let block = Box::into_raw(block.into_boxed_slice()) as *mut u8;
+    // SAFETY: `block` is 8 + len bytes long, so offset 8 is within it or one past its end.
     (unsafe { block.add(8) } as *mut std::ffi::c_char, len)
 }
 
@@ -391,8 +401,10 @@ mod tests {
     fn leaked_values_round_trip_through_the_deleter() {
         let (ptr, len) = leak_value(b"local_topology/cuda/0".to_vec());
         assert_eq!(len, 21);
+        // SAFETY: `leak_value` returned a pointer to `len` initialized bytes, not yet freed.
         let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
         assert_eq!(bytes, b"local_topology/cuda/0");
+        // SAFETY: `ptr` came from `leak_value` and is freed once.
         unsafe { free_value(ptr) };
     }
 }

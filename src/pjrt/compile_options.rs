@@ -82,7 +82,8 @@ pub struct CompileOptions {
     pub num_partitions: i64,
     pub use_spmd_partitioning: bool,
     pub use_shardy_partitioner: bool,
-    /// Device id per partition (one replica). `None` lets the plugin choose its default.
+    /// Device ids, replica-major (`replica * num_partitions + partition`). `None` lets the
+    /// plugin choose its default.
     pub device_assignment: Option<Vec<i64>>,
     pub process_index: i64,
     pub process_count: i64,
@@ -118,10 +119,19 @@ impl CompileOptions {
     }
 
     pub fn to_proto(&self) -> CompileOptionsProto {
-        let device_assignment = self.device_assignment.as_ref().map(|ids| DeviceAssignmentProto {
-            replica_count: self.num_replicas as i32,
-            computation_count: self.num_partitions as i32,
-            computation_devices: ids.iter().map(|&id| ComputationDevice { replica_device_ids: vec![id] }).collect(),
+        // `ids` lists the devices replica-major: replica r, partition p runs on
+        // ids[r * num_partitions + p]; the proto holds one list of replicas per partition.
+        let device_assignment = self.device_assignment.as_ref().map(|ids| {
+            let partitions = self.num_partitions.max(1) as usize;
+            DeviceAssignmentProto {
+                replica_count: self.num_replicas as i32,
+                computation_count: self.num_partitions as i32,
+                computation_devices: (0..partitions)
+                    .map(|p| ComputationDevice {
+                        replica_device_ids: ids.iter().skip(p).step_by(partitions).copied().collect(),
+                    })
+                    .collect(),
+            }
         });
         let env_option_overrides = self
             .xla_option_overrides

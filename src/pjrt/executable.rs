@@ -52,12 +52,14 @@ pub struct Executable {
     _loaded: Option<Box<LoadedExecutable>>,
 }
 
+// SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for Executable {}
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
 unsafe impl Sync for Executable {}
 
 impl Drop for Executable {
     fn drop(&mut self) {
-        let mut args: ffi::ExecutableDestroyArgs = unsafe { ffi::args() };
+        let mut args: ffi::ExecutableDestroyArgs = ffi::args();
         args.executable = self.raw;
         if let Err(e) = crate::pjrt_call!(self.plugin, PJRT_Executable_Destroy, args) {
             tracing::warn!("destroying a PJRT executable: {e}");
@@ -71,21 +73,22 @@ impl Executable {
     }
 
     pub fn name(&self) -> Result<String> {
-        let mut args: ffi::ExecutableNameArgs = unsafe { ffi::args() };
+        let mut args: ffi::ExecutableNameArgs = ffi::args();
         args.executable = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_Executable_Name, args)?;
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
         Ok(unsafe { string_from(args.executable_name, args.executable_name_size) })
     }
 
     pub fn num_partitions(&self) -> Result<usize> {
-        let mut args: ffi::ExecutableNumPartitionsArgs = unsafe { ffi::args() };
+        let mut args: ffi::ExecutableNumPartitionsArgs = ffi::args();
         args.executable = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_Executable_NumPartitions, args)?;
         Ok(args.num_partitions)
     }
 
     pub fn num_outputs(&self) -> Result<usize> {
-        let mut args: ffi::ExecutableNumOutputsArgs = unsafe { ffi::args() };
+        let mut args: ffi::ExecutableNumOutputsArgs = ffi::args();
         args.executable = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_Executable_NumOutputs, args)?;
         Ok(args.num_outputs)
@@ -93,13 +96,15 @@ impl Executable {
 
     /// Bytes that [`super::Client::deserialize`] turns back into a loaded executable.
     pub fn serialize(&self) -> Result<Vec<u8>> {
-        let mut args: ffi::ExecutableSerializeArgs = unsafe { ffi::args() };
+        let mut args: ffi::ExecutableSerializeArgs = ffi::args();
         args.executable = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_Executable_Serialize, args)?;
+        // SAFETY: the plugin returned these serialized bytes with their length in the successful call above; they live until the deleter runs below.
         let bytes = unsafe {
             std::slice::from_raw_parts(args.serialized_bytes as *const u8, args.serialized_bytes_size).to_vec()
         };
         if let Some(deleter) = args.serialized_executable_deleter {
+            // SAFETY: the plugin's own deleter for the serialized executable it returned; called exactly once, after the bytes were copied.
             unsafe { deleter(args.serialized_executable) };
         }
         Ok(bytes)
@@ -107,10 +112,11 @@ impl Executable {
 
     /// A fingerprint of the compiled code, when the plugin computes one.
     pub fn fingerprint(&self) -> Result<Option<String>> {
-        let mut args: ffi::ExecutableFingerprintArgs = unsafe { ffi::args() };
+        let mut args: ffi::ExecutableFingerprintArgs = ffi::args();
         args.executable = self.raw;
         match crate::pjrt_call!(self.plugin, PJRT_Executable_Fingerprint, args) {
             Ok(()) if args.executable_fingerprint.is_null() => Ok(None),
+            // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
             Ok(()) => Ok(Some(unsafe { string_from(args.executable_fingerprint, args.executable_fingerprint_size) })),
             Err(e) if e.is_unsupported() => Ok(None),
             Err(e) => Err(e),
@@ -118,7 +124,7 @@ impl Executable {
     }
 
     pub fn compiled_memory_stats(&self) -> Result<CompiledMemoryStats> {
-        let mut args: ffi::ExecutableGetCompiledMemoryStatsArgs = unsafe { ffi::args() };
+        let mut args: ffi::ExecutableGetCompiledMemoryStatsArgs = ffi::args();
         args.executable = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_Executable_GetCompiledMemoryStats, args)?;
         Ok(CompiledMemoryStats {
@@ -133,9 +139,10 @@ impl Executable {
 
     /// XLA's cost analysis (`flops`, `bytes accessed`, ...); `Ok(None)` where the plugin has none.
     pub fn cost_analysis(&self) -> Result<Option<Vec<(String, Value)>>> {
-        let mut args: ffi::ExecutableGetCostAnalysisArgs = unsafe { ffi::args() };
+        let mut args: ffi::ExecutableGetCostAnalysisArgs = ffi::args();
         args.executable = self.raw;
         match crate::pjrt_call!(self.plugin, PJRT_Executable_GetCostAnalysis, args) {
+            // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
             Ok(()) => Ok(Some(unsafe { read_named_values(args.properties, args.num_properties) })),
             Err(e) if e.is_unsupported() => Ok(None),
             Err(e) => Err(e),
@@ -146,10 +153,10 @@ impl Executable {
     /// (`xla.HloModuleProto`) or `hlo_with_config` (`xla.HloModuleProtoWithConfig`).
     pub fn optimized_program(&self) -> Result<(String, Vec<u8>)> {
         let format = "hlo";
-        let mut program: ffi::Program = unsafe { ffi::args() };
+        let mut program: ffi::Program = ffi::args();
         program.format = format.as_ptr().cast();
         program.format_size = format.len();
-        let mut args: ffi::ExecutableOptimizedProgramArgs = unsafe { ffi::args() };
+        let mut args: ffi::ExecutableOptimizedProgramArgs = ffi::args();
         args.executable = self.raw;
         args.program = &mut program;
         crate::pjrt_call!(self.plugin, PJRT_Executable_OptimizedProgram, args)?;
@@ -157,6 +164,7 @@ impl Executable {
         program.code = code.as_mut_ptr().cast();
         crate::pjrt_call!(self.plugin, PJRT_Executable_OptimizedProgram, args)?;
         code.truncate(program.code_size);
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
         let format = unsafe { string_from(program.format, program.format_size) };
         Ok((format, code))
     }
@@ -237,12 +245,14 @@ pub struct LoadedExecutable {
     signature: Signature,
 }
 
+// SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for LoadedExecutable {}
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
 unsafe impl Sync for LoadedExecutable {}
 
 impl Drop for LoadedExecutable {
     fn drop(&mut self) {
-        let mut args: ffi::LoadedExecutableDestroyArgs = unsafe { ffi::args() };
+        let mut args: ffi::LoadedExecutableDestroyArgs = ffi::args();
         args.executable = self.raw;
         if let Err(e) = crate::pjrt_call!(self.client.plugin, PJRT_LoadedExecutable_Destroy, args) {
             tracing::warn!("destroying a PJRT loaded executable: {e}");
@@ -253,10 +263,10 @@ impl Drop for LoadedExecutable {
 impl LoadedExecutable {
     pub(crate) fn from_raw(client: &Arc<ClientInner>, raw: *mut ffi::LoadedExecutable) -> Result<LoadedExecutable> {
         let plugin = &client.plugin;
-        let mut get: ffi::LoadedExecutableGetExecutableArgs = unsafe { ffi::args() };
+        let mut get: ffi::LoadedExecutableGetExecutableArgs = ffi::args();
         get.loaded_executable = raw;
         if let Err(e) = crate::pjrt_call!(plugin, PJRT_LoadedExecutable_GetExecutable, get) {
-            let mut destroy: ffi::LoadedExecutableDestroyArgs = unsafe { ffi::args() };
+            let mut destroy: ffi::LoadedExecutableDestroyArgs = ffi::args();
             destroy.executable = raw;
             let _ = crate::pjrt_call!(plugin, PJRT_LoadedExecutable_Destroy, destroy);
             return Err(e);
@@ -269,11 +279,12 @@ impl LoadedExecutable {
             devices: Vec::new(),
             signature: Signature { parameters: Vec::new(), outputs: Vec::new() },
         };
-        let mut devices: ffi::LoadedExecutableAddressableDevicesArgs = unsafe { ffi::args() };
+        let mut devices: ffi::LoadedExecutableAddressableDevicesArgs = ffi::args();
         devices.executable = raw;
         crate::pjrt_call!(plugin, PJRT_LoadedExecutable_AddressableDevices, devices)?;
         if devices.num_addressable_devices > 0 {
             loaded.devices =
+                // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the object, which is alive here.
                 unsafe { std::slice::from_raw_parts(devices.addressable_devices, devices.num_addressable_devices) }
                     .iter()
                     .map(|&d| Device::from_raw(client, d))
@@ -292,7 +303,7 @@ impl LoadedExecutable {
     /// whatever compiled them (the CPU path of AOT compilation). The handle keeps `self` alive:
     /// with the CPU plugin it is invalid once the loaded executable is destroyed.
     pub fn into_executable(self) -> Result<Executable> {
-        let mut get: ffi::LoadedExecutableGetExecutableArgs = unsafe { ffi::args() };
+        let mut get: ffi::LoadedExecutableGetExecutableArgs = ffi::args();
         get.loaded_executable = self.raw;
         crate::pjrt_call!(self.client.plugin, PJRT_LoadedExecutable_GetExecutable, get)?;
         Ok(Executable { plugin: self.client.plugin.clone(), raw: get.executable, _loaded: Some(Box::new(self)) })
@@ -354,8 +365,8 @@ impl LoadedExecutable {
         let output_ptrs: Vec<*mut *mut ffi::Buffer> = outputs.iter_mut().map(|l| l.as_mut_ptr()).collect();
         let mut events: Vec<*mut ffi::Event> = vec![std::ptr::null_mut(); num_devices];
 
-        let mut options: ffi::ExecuteOptions = unsafe { ffi::args() };
-        let mut call: ffi::LoadedExecutableExecuteArgs = unsafe { ffi::args() };
+        let mut options: ffi::ExecuteOptions = ffi::args();
+        let mut call: ffi::LoadedExecutableExecuteArgs = ffi::args();
         call.executable = self.raw;
         call.options = &mut options;
         call.argument_lists = arg_ptrs.as_ptr();

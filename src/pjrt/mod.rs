@@ -6,6 +6,11 @@
 //! `client` / `buffer` / `executable` / `topology` (RAII handles), `compile_options` (the
 //! protobuf PJRT compiles with) and `profiler` (the plugin's profiler extension). `provision` finds or downloads plugin files; `xla_flags`
 //! checks `XLA_FLAGS` against a plugin before it is loaded (an unknown flag kills the process).
+//!
+//! Every `unsafe` block and impl says in a `// SAFETY:` comment why it is sound (the lint below
+//! makes it a compile error not to), args structs come from the one safe constructor
+//! [`ffi::args`], and `ffi` checks its struct layouts against `pjrt_c_api.h` at compile time.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod buffer;
 pub mod client;

@@ -16,7 +16,9 @@ pub struct Topology {
     raw: *mut ffi::TopologyDescription,
 }
 
+// SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for Topology {}
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
 unsafe impl Sync for Topology {}
 
 /// One device of a topology.
@@ -30,7 +32,7 @@ pub struct TopologyDevice {
 
 impl Drop for Topology {
     fn drop(&mut self) {
-        let mut args: ffi::TopologyDestroyArgs = unsafe { ffi::args() };
+        let mut args: ffi::TopologyDestroyArgs = ffi::args();
         args.topology = self.raw;
         if let Err(e) = crate::pjrt_call!(self.plugin, PJRT_TopologyDescription_Destroy, args) {
             tracing::warn!("destroying a PJRT topology: {e}");
@@ -44,7 +46,7 @@ impl Topology {
     /// `v5e:16x16` plus `chips_per_host_bounds`, `wrap`, `num_slices`).
     pub fn create(plugin: &Arc<Plugin>, name: &str, options: &[(String, Value)]) -> Result<Topology> {
         let named = NamedValues::new(options)?;
-        let mut args: ffi::TopologyCreateArgs = unsafe { ffi::args() };
+        let mut args: ffi::TopologyCreateArgs = ffi::args();
         args.topology_name = name.as_ptr().cast();
         args.topology_name_size = name.len();
         args.create_options = named.as_ptr();
@@ -54,26 +56,29 @@ impl Topology {
     }
 
     pub fn platform_name(&self) -> Result<String> {
-        let mut args: ffi::TopologyPlatformNameArgs = unsafe { ffi::args() };
+        let mut args: ffi::TopologyPlatformNameArgs = ffi::args();
         args.topology = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_TopologyDescription_PlatformName, args)?;
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
         Ok(unsafe { string_from(args.platform_name, args.platform_name_size) })
     }
 
     pub fn platform_version(&self) -> Result<String> {
-        let mut args: ffi::TopologyPlatformVersionArgs = unsafe { ffi::args() };
+        let mut args: ffi::TopologyPlatformVersionArgs = ffi::args();
         args.topology = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_TopologyDescription_PlatformVersion, args)?;
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
         Ok(unsafe { string_from(args.platform_version, args.platform_version_size) })
     }
 
     pub fn devices(&self) -> Result<Vec<TopologyDevice>> {
-        let mut args: ffi::TopologyGetDeviceDescriptionsArgs = unsafe { ffi::args() };
+        let mut args: ffi::TopologyGetDeviceDescriptionsArgs = ffi::args();
         args.topology = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_TopologyDescription_GetDeviceDescriptions, args)?;
         if args.num_descriptions == 0 {
             return Ok(Vec::new());
         }
+        // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the object, which is alive here.
         unsafe { std::slice::from_raw_parts(args.descriptions, args.num_descriptions) }
             .iter()
             .map(|&raw| {
@@ -87,7 +92,7 @@ impl Topology {
     pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<Executable> {
         let options_bytes = options.to_proto_bytes();
         let program = mlir_program(mlir);
-        let mut args: ffi::CompileArgs = unsafe { ffi::args() };
+        let mut args: ffi::CompileArgs = ffi::args();
         args.topology = self.raw;
         args.program = &program;
         args.compile_options = options_bytes.as_ptr().cast();

@@ -10,13 +10,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::aot::artifact;
+use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
-use crate::pjrt::{self, Client, ReadyTime, Value};
+use crate::pjrt::{self, Client, ReadyTime};
 use crate::runtime::{self, Compiled, DeviceArray};
 
-use super::data::{BatchLoader, DataSource};
+use super::data::{host_rows, BatchLoader, DataSource};
 use super::flops::{self, StepShape};
 use super::metrics::{median_step_time_after, MetricsWriter, PerDeviceWork, StepMetrics};
 use super::params_io::{load_parameters, ParamSpec};
@@ -58,32 +59,53 @@ pub struct RunReport {
     pub perf_skipped_steps: usize,
 }
 
-/// The devices of a run: the plugin's client.
+/// The devices of a one-process run: the plugin's client.
 pub fn client_for(c: &Config) -> Result<Client> {
-    // One process, one host: `xla_flags_file=a3mega` picks the 1-node set.
-    pjrt::xla_flags::apply_flags_file(&c.xla_flags_file, 1)?;
-    if c.plugin == "cpu" {
-        let n = usize::try_from(c.cpu_device_count)
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| anyhow!("cpu_device_count={}: must be a positive number of devices", c.cpu_device_count))?;
-        return pjrt::cpu_client(n);
-    }
-    let (_, plugin) = pjrt::load_plugin(Some(&c.plugin))?;
-    Ok(Client::create(&plugin, &[] as &[(String, Value)], None)?)
+    Cluster::single().pjrt_client(c)
 }
 
-/// Trains as configured on `client`'s devices.
+/// Trains as configured on `client`'s devices, as the only process.
 pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
+    train_in(c, client, &Cluster::single())
+}
+
+/// The device ids of each process (the mesh's DCN granules), in process order, each in id order.
+fn devices_per_process(devices: &[pjrt::Device]) -> Vec<Vec<i64>> {
+    let mut per_process: std::collections::BTreeMap<i32, Vec<i64>> = Default::default();
+    for d in devices {
+        per_process.entry(d.process_index).or_default().push(d.id as i64);
+    }
+    per_process
+        .into_values()
+        .map(|mut ids| {
+            ids.sort_unstable();
+            ids
+        })
+        .collect()
+}
+
+/// Trains as configured on every process's devices (`client.devices()`): this process is
+/// `cluster.process_index()` of `cluster.process_count()`, feeds the batch rows its devices own,
+/// and only process 0 logs and writes metrics.
+pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunReport> {
     let mut report = RunReport::default();
-    let devices = client.addressable_devices()?;
-    let derived = config::validate(c, devices.len(), 1)?;
-    // One process: all devices form one granule, in id order.
-    let ids: Vec<i64> = devices.iter().map(|d| d.id as i64).collect();
+    let devices = client.devices()?;
+    let granules = devices_per_process(&devices);
+    if granules.len() != cluster.process_count() {
+        bail!(
+            "the plugin reports devices of {} processes, but this job has {}",
+            granules.len(),
+            cluster.process_count()
+        );
+    }
+    let logger = cluster.is_logger();
+    let derived = config::validate(c, devices.len(), granules.len())?;
     let step =
-        TrainStep::new(c, &derived, step_mesh(&derived, &[ids]).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
-    derived.print_summary(step.model.num_params());
-    println!("{}", crate::model::attention::describe(c.attention, step.model.config.attention));
+        TrainStep::new(c, &derived, step_mesh(&derived, &granules).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
+    if logger {
+        derived.print_summary(step.model.num_params());
+        println!("{}", crate::model::attention::describe(c.attention, step.model.config.attention));
+    }
     // Before the compile: a profiler that cannot work fails the run now.
     let mut profiler = StepProfiler::new(c, client.plugin(), derived.steps as u64)?;
 
@@ -94,19 +116,23 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     let mlir = to_stablehlo(&program);
     report.startup.lower = t.elapsed().as_secs_f64();
     let t = Instant::now();
+    diagnostics::set_phase(None, "compiling the train step");
     let compiled = match c.compiled_trainstep_file.as_str() {
         "" => runtime::compile_lowered(client, &program, &mlir).context("compiling the train step")?,
-        path => load_step(c, client, &step, &program, &mlir, Path::new(path))?,
+        path => load_step(c, client, &step, &program, &mlir, &granules, Path::new(path))?,
     };
     report.startup.compile = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
+    diagnostics::set_phase(None, "initializing the state");
     let mut state = initial_state(c, client, &step, &compiled)?;
     report.startup.init = t.elapsed().as_secs_f64();
-    println!(
-        "start-up: trace {:.3} s, lower {:.3} s, compile {:.3} s, init {:.3} s",
-        report.startup.trace, report.startup.lower, report.startup.compile, report.startup.init
-    );
+    if logger {
+        println!(
+            "start-up: trace {:.3} s, lower {:.3} s, compile {:.3} s, init {:.3} s",
+            report.startup.trace, report.startup.lower, report.startup.compile, report.startup.init
+        );
+    }
 
     let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
@@ -119,8 +145,26 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
         derived.max_target_length,
         c.vocab_size as u32,
     )?;
-    let mut loader = BatchLoader::new(source, derived.global_batch_size, 0, 1)?;
+    let batch_inputs: Vec<usize> =
+        BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+    let (p, n) = (cluster.process_index(), cluster.process_count());
+    let rows = compiled.local_rows(batch_inputs[0])?;
+    let global = derived.global_batch_size;
+    // The rows this process's devices hold: its share of the batch, or all of it when the mesh
+    // does not split the batch across processes.
+    let mut loader = if rows == (0..global) {
+        BatchLoader::new(source, global, 0, 1)?
+    } else if rows == host_rows(global, p, n)? {
+        BatchLoader::new(source, global, p, n)?
+    } else {
+        bail!(
+            "process {p} of {n} holds batch rows {rows:?} of {global}, which is neither its share {:?} nor the whole \
+             batch; shard the batch over the DCN axes in process order (dcn_data_parallelism or dcn_fsdp_parallelism)",
+            host_rows(global, p, n)?
+        );
+    };
     let mut writer = match c.metrics_file.as_str() {
+        _ if !logger => None,
         "" => None,
         path => Some(
             MetricsWriter::open(Path::new(path), 0, &c.run_name)
@@ -129,10 +173,12 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     };
     let slots = Slots::of(&compiled)?;
 
-    let bar = progress_bar(derived.steps as u64);
+    let bar = if logger { progress_bar(derived.steps as u64) } else { ProgressBar::hidden() };
     let mut timing = DeviceTiming::new(c.skip_first_n_steps_for_profiler.max(0) as usize);
     let mut log = |metrics: StepMetrics, report: &mut RunReport| -> Result<()> {
-        print_line(&bar, &metrics.log_line());
+        if logger {
+            print_line(&bar, &metrics.log_line());
+        }
         if let Some(w) = writer.as_mut() {
             w.write(&metrics).with_context(|| format!("writing metrics_file={}", c.metrics_file))?;
         }
@@ -162,6 +208,8 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
         if let Some(previous) = in_flight.replace(flight) {
             log(finish(&compiled, &slots, previous, &mut timing, work)?, &mut report)?;
         }
+        // For hang diagnostics the current step is the one whose metrics are awaited next.
+        diagnostics::step_started(step_index);
         if let Some(p) = profiler.as_mut().filter(|p| p.stops_after(step_index)) {
             if let Some(flight) = in_flight.take() {
                 log(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report)?;
@@ -175,34 +223,41 @@ pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     report.device_idle_fraction = timing.idle_fraction();
     report.perf_skipped_steps = timing.skip;
     bar.finish_and_clear();
-    report.peak_memory_bytes = peak_memory(&devices);
-    print_summary(&report, &work);
+    diagnostics::set_phase(None, "finished training");
+    report.peak_memory_bytes = peak_memory(&client.addressable_devices()?);
+    if logger {
+        print_summary(&report, &work);
+    }
     Ok(report)
 }
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
-/// this program, these devices and this plugin build (see `aot::artifact`).
+/// this program, these devices (`granules`: the device ids of each process) and this plugin
+/// build (see `aot::artifact`).
 fn load_step(
     c: &Config,
     client: &Client,
     step: &TrainStep,
     program: &Program,
     mlir: &str,
+    granules: &[Vec<i64>],
     path: &Path,
 ) -> Result<Compiled> {
     let devices = client.addressable_devices()?;
-    let current = artifact::header(
+    let num_devices = granules.iter().map(Vec::len).sum();
+    let mut current = artifact::header(
         c,
         &step.model,
         program,
         mlir,
         artifact::Platform {
-            devices: artifact::describe_devices(1, devices.len(), &devices[0].kind),
-            num_devices: devices.len(),
+            devices: artifact::describe_devices(granules.len(), devices.len(), &devices[0].kind),
+            num_devices,
             plugin: artifact::plugin_identity(client.plugin()),
             platform_version: client.platform_version()?,
         },
     );
+    current.device_ids_per_host = granules.to_vec();
     let bytes = artifact::load_matching(path, &current)?;
     let executable = client.deserialize(&bytes).with_context(|| format!("loading {}", path.display()))?;
     println!("loaded the compiled train step from {} (no compile)", path.display());
@@ -324,15 +379,17 @@ fn transfer_batch(
     slots: &Slots,
     step: u64,
 ) -> Result<Vec<(usize, DeviceArray)>> {
+    diagnostics::set_phase(Some(step), "reading and feeding the batch");
     let batch = loader.batch(step)?;
     let named = batch.named();
+    let first_row = loader.rows().start as i64;
     slots
         .batch
         .iter()
         .zip(BATCH_INPUTS)
         .map(|(&slot, name)| {
             let host = named.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect("Batch has every input");
-            Ok((slot, compiled.put(client, slot, host)?))
+            Ok((slot, compiled.put_rows(client, slot, host, first_row)?))
         })
         .collect()
 }
@@ -360,6 +417,7 @@ fn dispatch(
         state[slot] = Some(array);
     }
     let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
+    diagnostics::set_phase(Some(step), "running the train step (XLA's collectives run inside it)");
     let dispatched = Instant::now();
     let mut outputs: Vec<Option<DeviceArray>> = compiled.execute(&args)?.into_iter().map(Some).collect();
     for (output, slot) in outputs.iter_mut().zip(&slots.carried) {
@@ -381,6 +439,7 @@ fn finish(
     timing: &mut DeviceTiming,
     work: PerDeviceWork,
 ) -> Result<StepMetrics> {
+    diagnostics::set_phase(Some(flight.step), "reading the step's metrics");
     let mut values = [0.0; 4];
     for ((value, &index), array) in values.iter_mut().zip(&slots.metrics).zip(&flight.metrics) {
         *value = compiled.fetch(index, array)?.to_f64()[0];
@@ -388,6 +447,7 @@ fn finish(
     let [loss, grad_norm, learning_rate, weights] = values;
     let done = flight.done.as_ref().and_then(ReadyTime::get).unwrap_or_else(Instant::now);
     let step_time_seconds = timing.completed(flight.dispatched, done);
+    diagnostics::step_finished(flight.step);
     if !loss.is_finite() {
         bail!("step {}: the loss is {loss}; stopping (try a lower learning_rate)", flight.step);
     }

@@ -270,6 +270,11 @@ const BUILTIN_FLAGS: &[(&str, &str)] = &[
     ("cpu", include_str!("../../../xla_flags/cpu.flags")),
 ];
 
+/// A built-in flag set of `xla_flags/` by name (`a3mega`, `h100`, `cpu`), parsed.
+pub fn builtin_flag_set(name: &str) -> Option<XlaFlags> {
+    builtin_flags_file(name).map(|text| XlaFlags::parse(text).expect("the built-in flag sets parse (tests check)"))
+}
+
 fn builtin_flags_file(name: &str) -> Option<&'static str> {
     let stem = name.strip_prefix("xla_flags/").unwrap_or(name);
     let stem = stem.strip_suffix(".flags").unwrap_or(stem);

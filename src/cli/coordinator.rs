@@ -1,0 +1,46 @@
+//! `maxrs coordinator --port P --num-processes N [key=value ...]`: a job's coordination service
+//! on its own, for launchers that run it apart from the workers (which then set
+//! `external_coordinator=true`). Takes the cluster keys (`heartbeat_timeout_seconds`,
+//! `jax_distributed_initialization_timeout`, `shutdown_timeout_seconds`, `run_name`); exits 0
+//! once every process has shut down, 1 when the job failed.
+
+use std::net::SocketAddr;
+
+use anyhow::{bail, Result};
+use maxrs::{cluster, config};
+
+#[derive(clap::Args)]
+pub struct CoordinatorArgs {
+    /// The port to listen on (every interface).
+    #[arg(long)]
+    port: u16,
+    /// Processes in the job.
+    #[arg(long)]
+    num_processes: usize,
+    /// Cluster keys as key=value (e.g. heartbeat_timeout_seconds=30).
+    #[arg(value_name = "key=value")]
+    args: Vec<String>,
+}
+
+pub fn run(a: CoordinatorArgs) -> Result<()> {
+    if a.num_processes == 0 {
+        bail!("--num-processes must be at least 1");
+    }
+    let c = config::load(None, &a.args)?;
+    config::validate(&c, 1, 1)?;
+    let bind = SocketAddr::from(([0, 0, 0, 0], a.port));
+    let coordinator = cluster::Coordinator::start(bind, cluster::service_config(&c, a.num_processes))?;
+    println!(
+        "coordinator: serving job `{}` of {} processes on {}",
+        cluster::job_name(&c),
+        a.num_processes,
+        coordinator.address()
+    );
+    match coordinator.wait_finished() {
+        Ok(()) => {
+            println!("coordinator: every process shut down");
+            Ok(())
+        }
+        Err(message) => bail!("the job failed: {message}"),
+    }
+}

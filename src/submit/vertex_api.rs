@@ -1,0 +1,432 @@
+//! The Vertex AI and Cloud Logging REST calls `maxrs submit vertex` makes:
+//! `projects.locations.customJobs.create` and `.get` (`https://{region}-aiplatform.googleapis.com/v1/`),
+//! and Cloud Logging's `entries.list` (`https://logging.googleapis.com/v2/entries:list`) for the
+//! job's logs (`resource.type="ml_job"`).
+//!
+//! Retries: a 429 (rate limit) or 503 (unavailable) means the request was not carried out, so it is
+//! sent again after the `Retry-After` the API gives, or an exponential backoff. Any other error of
+//! a create is final, a 500 included: the job may exist, and a second create would start a second
+//! job. Reads (`get`, `entries.list`) also retry 500, 502 and 504. Errors carry the API's own
+//! message. The token goes only into the `Authorization` header.
+//!
+//! `CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM` and `CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING` (gcloud's
+//! variables) replace the endpoints, e.g. for a private endpoint or a local test server.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use reqwest::blocking::{Client, Response};
+use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+
+use super::auth::AccessToken;
+use super::vertex::CustomJob;
+
+/// How often and how long to retry a request the API did not carry out.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    /// Tries in all, the first included.
+    pub attempts: u32,
+    pub base_delay: Duration,
+    /// Cap on one wait, `Retry-After` included.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { attempts: 5, base_delay: Duration::from_secs(2), max_delay: Duration::from_secs(60) }
+    }
+}
+
+impl RetryPolicy {
+    fn backoff(&self, attempt: u32) -> Duration {
+        self.base_delay.saturating_mul(1 << attempt.saturating_sub(1).min(16)).min(self.max_delay)
+    }
+}
+
+/// A custom job as the API describes it (the fields maxrs shows).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobInfo {
+    /// `projects/{number}/locations/{region}/customJobs/{id}`.
+    pub name: String,
+    #[serde(default)]
+    pub display_name: String,
+    #[serde(default)]
+    pub state: String,
+    pub create_time: Option<String>,
+    pub start_time: Option<String>,
+    pub end_time: Option<String>,
+    pub error: Option<ApiStatus>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct ApiStatus {
+    #[serde(default)]
+    pub code: i64,
+    #[serde(default)]
+    pub message: String,
+}
+
+impl JobInfo {
+    /// The job's numeric id (the last part of its name).
+    pub fn id(&self) -> &str {
+        self.name.rsplit('/').next().unwrap_or(&self.name)
+    }
+}
+
+/// A job named by id (with the project and region given separately) or by its full resource name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRef {
+    pub project: String,
+    pub region: String,
+    pub id: String,
+}
+
+impl JobRef {
+    /// `JOB` is `123` (then `project` and `region` are needed) or
+    /// `projects/P/locations/R/customJobs/123`.
+    pub fn parse(job: &str, project: Option<&str>, region: Option<&str>) -> Result<JobRef> {
+        let parts: Vec<&str> = job.trim_matches('/').split('/').collect();
+        if let ["projects", p, "locations", r, "customJobs", id] = parts.as_slice() {
+            return Ok(JobRef { project: p.to_string(), region: r.to_string(), id: id.to_string() });
+        }
+        if parts.len() != 1 || !job.chars().all(|c| c.is_ascii_digit()) || job.is_empty() {
+            bail!(
+                "{job:?} is not a Vertex AI custom job: give its id (digits) or projects/P/locations/R/customJobs/ID"
+            );
+        }
+        let (Some(project), Some(region)) = (project, region) else {
+            bail!("job {job}: give --project and --region (or the full name projects/P/locations/R/customJobs/{job})");
+        };
+        Ok(JobRef { project: project.into(), region: region.into(), id: job.into() })
+    }
+
+    pub fn name(&self) -> String {
+        format!("projects/{}/locations/{}/customJobs/{}", self.project, self.region, self.id)
+    }
+
+    /// The job's page in the Google Cloud console.
+    pub fn console_url(&self) -> String {
+        format!(
+            "https://console.cloud.google.com/vertex-ai/locations/{}/training/{}/cpu?project={}",
+            self.region, self.id, self.project
+        )
+    }
+}
+
+/// Vertex AI's endpoint for `region` (or `CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM`).
+pub fn aiplatform_endpoint(region: &str) -> String {
+    std::env::var("CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM")
+        .unwrap_or_else(|_| format!("https://{region}-aiplatform.googleapis.com/"))
+}
+
+/// The URL `customJobs.create` is posted to, on the endpoint `base`.
+pub fn create_url(base: &str, project: &str, region: &str) -> String {
+    format!("{}/v1/projects/{project}/locations/{region}/customJobs", base.trim_end_matches('/'))
+}
+
+/// One log line of a job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogLine {
+    pub timestamp: String,
+    pub severity: String,
+    /// The replica (`workerpool0-0`), when the entry names it.
+    pub task: String,
+    pub message: String,
+}
+
+/// The REST client.
+pub struct VertexApi {
+    http: Client,
+    token: AccessToken,
+    aiplatform: String,
+    logging: String,
+    retry: RetryPolicy,
+}
+
+impl VertexApi {
+    /// A client for `region`'s endpoint (or the override variables).
+    pub fn new(http: Client, token: AccessToken, region: &str, retry: RetryPolicy) -> Self {
+        let logging = std::env::var("CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING")
+            .unwrap_or_else(|_| "https://logging.googleapis.com/".to_string());
+        Self::with_endpoints(http, token, &aiplatform_endpoint(region), &logging, retry)
+    }
+
+    /// A client for explicit endpoints (base URLs; `v1/` and `v2/` are appended).
+    pub fn with_endpoints(
+        http: Client,
+        token: AccessToken,
+        aiplatform: &str,
+        logging: &str,
+        retry: RetryPolicy,
+    ) -> Self {
+        let slash = |u: &str| format!("{}/", u.trim_end_matches('/'));
+        VertexApi { http, token, aiplatform: slash(aiplatform), logging: slash(logging), retry }
+    }
+
+    /// `customJobs.create`.
+    pub fn create_custom_job(&self, project: &str, region: &str, job: &CustomJob) -> Result<JobInfo> {
+        let url = create_url(&self.aiplatform, project, region);
+        let body = job.to_json();
+        let text = self.send("creating the custom job", Method::POST, &url, Some(body), Retry::NotCarriedOut)?;
+        serde_json::from_str(&text)
+            .map_err(|e| anyhow!("Vertex AI accepted the job but its answer is not a CustomJob ({e}): {}", clip(&text)))
+    }
+
+    /// `customJobs.get`.
+    pub fn get_custom_job(&self, job: &JobRef) -> Result<JobInfo> {
+        let url = format!("{}v1/{}", self.aiplatform, job.name());
+        let text = self.send(&format!("reading job {}", job.id), Method::GET, &url, None, Retry::Idempotent)?;
+        serde_json::from_str(&text)
+            .map_err(|e| anyhow!("the answer for job {} is not a CustomJob ({e}): {}", job.id, clip(&text)))
+    }
+
+    /// The job's log lines, oldest first, at most `limit`.
+    pub fn logs(&self, job: &JobRef, limit: usize) -> Result<Vec<LogLine>> {
+        let url = format!("{}v2/entries:list", self.logging);
+        let filter = format!("resource.type=\"ml_job\" AND resource.labels.job_id=\"{}\"", job.id);
+        let mut lines = Vec::new();
+        let mut page_token: Option<String> = None;
+        loop {
+            let mut request = serde_json::json!({
+                "resourceNames": [format!("projects/{}", job.project)],
+                "filter": filter,
+                "orderBy": "timestamp asc",
+                "pageSize": limit.clamp(1, 1000),
+            });
+            if let Some(t) = &page_token {
+                request["pageToken"] = serde_json::Value::from(t.as_str());
+            }
+            let text =
+                self.send("reading the job's logs", Method::POST, &url, Some(request.to_string()), Retry::Idempotent)?;
+            let page: EntriesPage = serde_json::from_str(&text)
+                .map_err(|e| anyhow!("Cloud Logging's answer is not an entry list ({e})"))?;
+            lines.extend(page.entries.into_iter().map(LogEntry::into_line));
+            match page.next_page_token.filter(|t| !t.is_empty()) {
+                Some(t) if lines.len() < limit => page_token = Some(t),
+                _ => break,
+            }
+        }
+        lines.truncate(limit);
+        Ok(lines)
+    }
+
+    /// Sends one request, retrying what `retry` allows; the body of a 2xx answer, or an error
+    /// naming `what`, the status and the API's message.
+    fn send(&self, what: &str, method: Method, url: &str, body: Option<String>, retry: Retry) -> Result<String> {
+        let attempts = self.retry.attempts.max(1);
+        for attempt in 1..=attempts {
+            let mut request = self.http.request(method.clone(), url).bearer_auth(self.token.secret());
+            if let Some(body) = &body {
+                request = request.header(CONTENT_TYPE, "application/json; charset=utf-8").body(body.clone());
+            }
+            let response = match request.send() {
+                Ok(r) => r,
+                // Nothing reached the server: safe to try again whatever the request.
+                Err(e) if e.is_connect() && attempt < attempts => {
+                    let wait = self.retry.backoff(attempt);
+                    eprintln!("{what}: cannot connect ({}); retrying in {wait:?} ({attempt}/{attempts})", chain(&e));
+                    std::thread::sleep(wait);
+                    continue;
+                }
+                Err(e) => bail!("{what}: no answer from {}: {}", host(url), chain(&e)),
+            };
+            let status = response.status();
+            if status.is_success() {
+                return response.text().map_err(|e| anyhow!("{what}: cannot read the answer: {}", chain(&e)));
+            }
+            if retry.allows(status) && attempt < attempts {
+                let wait =
+                    retry_after(&response).unwrap_or_else(|| self.retry.backoff(attempt)).min(self.retry.max_delay);
+                eprintln!("{what}: {} answered {status}; retrying in {wait:?} ({attempt}/{attempts})", host(url));
+                std::thread::sleep(wait);
+                continue;
+            }
+            let text = response.text().unwrap_or_default();
+            return Err(api_error(what, status, &text, retry, attempt));
+        }
+        unreachable!("the loop returns on its last attempt")
+    }
+}
+
+/// Which failed answers a request may be sent again after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Retry {
+    /// Only answers that mean the request was not carried out (429, 503): for creates.
+    NotCarriedOut,
+    /// Also server errors (500, 502, 504): for reads.
+    Idempotent,
+}
+
+impl Retry {
+    fn allows(self, status: StatusCode) -> bool {
+        match status.as_u16() {
+            429 | 503 => true,
+            500 | 502 | 504 => self == Retry::Idempotent,
+            _ => false,
+        }
+    }
+}
+
+/// The wait a `Retry-After: <seconds>` header asks for.
+fn retry_after(response: &Response) -> Option<Duration> {
+    let value = response.headers().get(RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// Google's error body: `{"error": {"code": 403, "message": "...", "status": "PERMISSION_DENIED"}}`.
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    status: String,
+}
+
+fn api_error(what: &str, status: StatusCode, text: &str, retry: Retry, attempts: u32) -> anyhow::Error {
+    let (api_status, message) = match serde_json::from_str::<ErrorBody>(text) {
+        Ok(b) => (b.error.status, b.error.message),
+        Err(_) => (String::new(), clip(text)),
+    };
+    let code = status.as_u16();
+    let label = if api_status.is_empty() { format!("HTTP {code}") } else { format!("HTTP {code} {api_status}") };
+    let hint = match code {
+        400 => "the request was refused as invalid; the message says which field".to_string(),
+        401 => "the access token was not accepted: refresh your credentials (`gcloud auth application-default login`)"
+            .to_string(),
+        403 => {
+            "the account lacks permission (it needs roles/aiplatform.user on the project, and roles/logging.viewer for \
+                logs), or the API is not enabled (`gcloud services enable aiplatform.googleapis.com`)"
+                .to_string()
+        }
+        404 => "check --project and --region (and the job id)".to_string(),
+        429 | 503 => format!("still refused after {attempts} attempts; try again later or ask for more quota"),
+        500..=599 if retry == Retry::NotCarriedOut => "the job may or may not have been created: look with \
+            `gcloud ai custom-jobs list` (or the console) before submitting again"
+            .to_string(),
+        _ => String::new(),
+    };
+    let hint = if hint.is_empty() { String::new() } else { format!(" ({hint})") };
+    anyhow!("{what} failed: {label}: {message}{hint}")
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EntriesPage {
+    #[serde(default)]
+    entries: Vec<LogEntry>,
+    next_page_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LogEntry {
+    #[serde(default)]
+    timestamp: String,
+    #[serde(default)]
+    severity: String,
+    text_payload: Option<String>,
+    json_payload: Option<serde_json::Value>,
+    #[serde(default)]
+    labels: serde_json::Map<String, serde_json::Value>,
+    resource: Option<serde_json::Value>,
+}
+
+impl LogEntry {
+    fn into_line(self) -> LogLine {
+        let message = match (self.text_payload, self.json_payload) {
+            (Some(t), _) => t,
+            (None, Some(j)) => match j.get("message").and_then(|m| m.as_str()) {
+                Some(m) => m.to_string(),
+                None => j.to_string(),
+            },
+            (None, None) => String::new(),
+        };
+        let resource_labels = self.resource.as_ref().and_then(|r| r.get("labels")).and_then(|l| l.as_object());
+        let task = self
+            .labels
+            .iter()
+            .chain(resource_labels.into_iter().flatten())
+            .find(|(k, _)| k.ends_with("task_name"))
+            .and_then(|(_, v)| v.as_str())
+            .unwrap_or_default()
+            .to_string();
+        LogLine { timestamp: self.timestamp, severity: self.severity, task, message: message.trim_end().to_string() }
+    }
+}
+
+fn host(url: &str) -> String {
+    reqwest::Url::parse(url).ok().and_then(|u| u.host_str().map(str::to_string)).unwrap_or_else(|| url.to_string())
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// At most 500 characters of an answer, for error messages.
+fn clip(text: &str) -> String {
+    let t = text.trim();
+    match t.char_indices().nth(500) {
+        Some((i, _)) => format!("{}...", &t[..i]),
+        None => t.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_refs() {
+        let r = JobRef::parse("projects/p/locations/us-central1/customJobs/42", None, None).unwrap();
+        assert_eq!((r.project.as_str(), r.region.as_str(), r.id.as_str()), ("p", "us-central1", "42"));
+        assert_eq!(JobRef::parse("42", Some("p"), Some("r")).unwrap().name(), "projects/p/locations/r/customJobs/42");
+        assert!(JobRef::parse("42", None, Some("r")).unwrap_err().to_string().contains("--project"));
+        assert!(JobRef::parse("abc", Some("p"), Some("r")).is_err());
+    }
+
+    #[test]
+    fn errors_carry_the_api_message_and_a_hint() {
+        let body = r#"{"error": {"code": 403, "message": "Permission 'aiplatform.customJobs.create' denied", "status": "PERMISSION_DENIED"}}"#;
+        let e = api_error("creating the custom job", StatusCode::FORBIDDEN, body, Retry::NotCarriedOut, 1).to_string();
+        assert!(e.contains("HTTP 403 PERMISSION_DENIED: Permission 'aiplatform.customJobs.create' denied"), "{e}");
+        assert!(e.contains("roles/aiplatform.user"), "{e}");
+        let e = api_error("x", StatusCode::INTERNAL_SERVER_ERROR, "oops", Retry::NotCarriedOut, 1).to_string();
+        assert!(e.contains("HTTP 500: oops") && e.contains("may or may not have been created"), "{e}");
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let p = RetryPolicy { attempts: 9, base_delay: Duration::from_secs(2), max_delay: Duration::from_secs(10) };
+        assert_eq!([1, 2, 3, 4].map(|a| p.backoff(a).as_secs()), [2, 4, 8, 10]);
+    }
+
+    #[test]
+    fn log_entries_become_lines() {
+        let page: EntriesPage = serde_json::from_str(
+            r#"{"entries": [
+                {"timestamp": "t1", "severity": "INFO", "textPayload": "step 1\n", "labels": {"ml.googleapis.com/task_name": "workerpool0-0"}},
+                {"timestamp": "t2", "jsonPayload": {"message": "hello"}, "resource": {"labels": {"task_name": "workerpool1-0"}}}
+            ]}"#,
+        )
+        .unwrap();
+        let lines: Vec<LogLine> = page.entries.into_iter().map(LogEntry::into_line).collect();
+        assert_eq!(lines[0].message, "step 1");
+        assert_eq!(lines[0].task, "workerpool0-0");
+        assert_eq!((lines[1].task.as_str(), lines[1].message.as_str()), ("workerpool1-0", "hello"));
+    }
+}

@@ -1,0 +1,43 @@
+//! The README's "Submitting to a cluster" examples are the outputs of today's binary.
+
+use crate::common::{maxrs, repo, with_seed, IMAGE};
+
+/// The fenced block that follows `<summary>{summary}</summary>` in the README.
+fn readme_block(summary: &str) -> String {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let at = readme.find(&format!("<summary>{summary}</summary>")).unwrap_or_else(|| panic!("no {summary} block"));
+    let fence = at + readme[at..].find("```").unwrap();
+    let body = fence + readme[fence..].find('\n').unwrap() + 1;
+    let end = body + readme[body..].find("\n```").unwrap();
+    readme[body..end].to_string()
+}
+
+#[test]
+fn the_readme_shows_the_current_dry_run_outputs() {
+    let home = tempfile::tempdir().unwrap();
+    let cases: [(&str, Vec<&str>); 3] = [
+        (
+            "the custom job JSON",
+            vec![
+                "submit",
+                "vertex",
+                "--nodes",
+                "2",
+                "--image",
+                IMAGE,
+                "--project",
+                "my-project",
+                "--region",
+                "us-central1",
+                "--dry-run",
+            ],
+        ),
+        ("the sbatch script", vec!["submit", "slurm", "--nodes", "2", "--partition", "a3mega", "--dry-run"]),
+        ("the JobSet manifest", vec!["submit", "gke", "--nodes", "2", "--image", IMAGE, "--dry-run"]),
+    ];
+    for (summary, args) in cases {
+        let run = maxrs(&with_seed(&args), home.path(), &[]);
+        assert!(run.ok, "{}", run.all());
+        assert_eq!(readme_block(summary), run.stdout.trim_end(), "README block `{summary}` is out of date");
+    }
+}
