@@ -106,8 +106,9 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         derived.print_summary(step.model.num_params());
         println!("{}", crate::model::attention::describe(c.attention, step.model.config.attention));
     }
-    // Before the compile: a profiler that cannot work fails the run now.
-    let mut profiler = StepProfiler::new(c, client.plugin(), derived.steps as u64)?;
+    // Before the compile: a profiler that cannot work fails the run now. As in MaxText (without
+    // `upload_all_profiler_results`), process 0 profiles.
+    let mut profiler = if logger { StepProfiler::new(c, client.plugin(), derived.steps as u64)? } else { None };
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
