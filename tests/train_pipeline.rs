@@ -64,10 +64,12 @@ fn xplane_trace_lands_where_tensorboard_reads_it() {
     let mut profiler = StepProfiler::new(&c, &plugin, 5).unwrap().expect("profiling was asked for");
     assert!(!profiler.starts_at(1) && profiler.starts_at(2) && profiler.stops_after(3) && !profiler.stops_after(2));
     profiler.start().unwrap();
-    let path = profiler.stop().unwrap().expect("an xplane trace");
+    let trace = profiler.stop().unwrap().expect("an xplane trace");
+    let path = trace.local_path().expect("a local directory").to_path_buf();
     let run = path.parent().unwrap();
     assert_eq!(run.parent().unwrap(), dir.path().join("traced/tensorboard/plugins/profile"));
-    assert_eq!(tensorboard_dir(&c), dir.path().join("traced/tensorboard"));
+    let tensorboard = tensorboard_dir(&c).unwrap().expect("base_output_directory is set");
+    assert_eq!(tensorboard.local_path(), Some(dir.path().join("traced/tensorboard").as_path()));
     assert!(path.file_name().unwrap().to_str().unwrap().ends_with(".xplane.pb"));
     let space = XSpace::decode(std::fs::read(&path).unwrap().as_slice()).unwrap();
     assert!(space.planes.iter().any(|p| p.name.starts_with("/host")), "{space:?}");

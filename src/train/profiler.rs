@@ -6,26 +6,28 @@
 //! - `xplane`: the PJRT plugin's own profiler (`pjrt::Profiler`); the trace is written where
 //!   `jax.profiler.start_trace(tensorboard_dir)` writes it and TensorBoard's profile plugin
 //!   looks: `base_output_directory/run_name/tensorboard/plugins/profile/<YYYY_MM_DD_HH_MM_SS>/
-//!   <host>.xplane.pb`.
+//!   <host>.xplane.pb` (a local directory or `gs://`, through `storage`).
 //! - `nsys`: `cudaProfilerStart()` / `cudaProfilerStop()` from `libcudart`, which Nsight Systems
 //!   started with `--capture-range=cudaProfilerApi` uses to bracket its capture; without
 //!   `libcudart` (or outside Nsight) it has no effect, as in MaxText.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
+use super::outputs;
 use crate::config::{Config, ProfilerKind};
 use crate::pjrt::{self, Plugin};
+use crate::storage::{self, Location};
 
 /// The profiled step range and what profiles it.
 pub struct StepProfiler {
     kind: ProfilerKind,
     first: u64,
     last: u64,
-    tensorboard_dir: PathBuf,
+    /// Where traces go (`xplane`): `tensorboard_dir/plugins/profile`.
+    profiles: Option<Location>,
     plugin: Arc<Plugin>,
     session: Option<Session>,
 }
@@ -35,9 +37,10 @@ enum Session {
     Nsys(libloading::Library),
 }
 
-/// The directory TensorBoard reads a run from: `base_output_directory/run_name/tensorboard`.
-pub fn tensorboard_dir(c: &Config) -> PathBuf {
-    Path::new(&c.base_output_directory).join(&c.run_name).join("tensorboard")
+/// The directory TensorBoard reads a run from: `base_output_directory/run_name/tensorboard`
+/// (MaxText's `tensorboard_dir`), when the run has an output directory.
+pub fn tensorboard_dir(c: &Config) -> Result<Option<Location>> {
+    Ok(outputs::run_dir(c)?.map(|dir| dir.join("tensorboard")))
 }
 
 impl StepProfiler {
@@ -49,7 +52,7 @@ impl StepProfiler {
         }
         let first = c.skip_first_n_steps_for_profiler as u64;
         let last = (first + c.profiler_steps as u64 - 1).min(steps.saturating_sub(1));
-        let dir = tensorboard_dir(c).join("plugins").join("profile");
+        let mut profiles = None;
         if c.profiler == ProfilerKind::Xplane {
             if !pjrt::Profiler::available(plugin) {
                 bail!(
@@ -58,17 +61,17 @@ impl StepProfiler {
                     plugin.path().display()
                 );
             }
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("profiler=xplane: cannot create {}", dir.display()))?;
+            let dir = tensorboard_dir(c)?
+                .ok_or_else(|| anyhow!("profiler=xplane needs base_output_directory"))?
+                .join("plugins")
+                .join("profile");
+            if let Some(path) = dir.local_path() {
+                std::fs::create_dir_all(path)
+                    .with_context(|| format!("profiler=xplane: cannot create {}", path.display()))?;
+            }
+            profiles = Some(dir);
         }
-        Ok(Some(StepProfiler {
-            kind: c.profiler,
-            first,
-            last,
-            tensorboard_dir: tensorboard_dir(c),
-            plugin: plugin.clone(),
-            session: None,
-        }))
+        Ok(Some(StepProfiler { kind: c.profiler, first, last, profiles, plugin: plugin.clone(), session: None }))
     }
 
     /// Whether profiling starts before `step`.
@@ -97,7 +100,7 @@ impl StepProfiler {
     }
 
     /// Stops profiling; returns the trace file written, for `xplane`.
-    pub fn stop(&mut self) -> Result<Option<PathBuf>> {
+    pub fn stop(&mut self) -> Result<Option<Location>> {
         match self.session.take() {
             None => Ok(None),
             Some(Session::Nsys(library)) => {
@@ -106,11 +109,11 @@ impl StepProfiler {
             }
             Some(Session::Xplane(profiler)) => {
                 let trace = profiler.stop().context("profiler=xplane: collecting the trace")?;
-                let run = self.tensorboard_dir.join("plugins").join("profile").join(timestamp(SystemTime::now()));
-                std::fs::create_dir_all(&run).with_context(|| format!("creating {}", run.display()))?;
-                let path = run.join(format!("{}.xplane.pb", hostname()));
-                std::fs::write(&path, trace).with_context(|| format!("writing {}", path.display()))?;
-                println!("profiler=xplane: wrote {}", path.display());
+                let profiles = self.profiles.as_ref().expect("xplane has a trace directory");
+                let run = profiles.join(&timestamp(SystemTime::now()));
+                let path = run.join(&format!("{}.xplane.pb", hostname()));
+                storage::write(&path, &trace).with_context(|| format!("profiler=xplane: writing {path}"))?;
+                println!("profiler=xplane: wrote {path}");
                 Ok(Some(path))
             }
         }
@@ -153,16 +156,7 @@ fn hostname() -> String {
 pub fn timestamp(at: SystemTime) -> String {
     let secs = at.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
     let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's `civil_from_days`).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = outputs::civil_from_days(days);
     format!("{year:04}_{month:02}_{day:02}_{:02}_{:02}_{:02}", rest / 3600, rest % 3600 / 60, rest % 60)
 }
 

@@ -2,6 +2,7 @@
 //! under stand-in Slurm commands, the GKE JobSet checked against Kubernetes' types, and the
 //! `--dry-run` outputs as snapshots. No test reaches the network or needs a GPU.
 
+mod cluster_meet;
 mod common;
 mod errors;
 mod gke;
