@@ -7,6 +7,7 @@ pub mod coordinator;
 pub mod devices;
 pub mod launch;
 pub mod submit;
+pub mod tokenize;
 pub mod topologies;
 pub mod train;
 pub mod train_compile;

@@ -17,7 +17,7 @@ pub use builtin::MODELS;
 pub use error::ConfigError;
 pub use keys::{
     AttentionKernel, Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
-    OnCheckpointError, ProfilerKind, RematPolicy, RuleAxes, WsdDecayStyle, MODEL_KEYS,
+    OnCheckpointError, ProfilerKind, RematPolicy, RuleAxes, TokenizerType, WsdDecayStyle, MODEL_KEYS,
 };
 pub use load::{load, load_args, resolve, resolve_args, Resolved, Source};
 pub(crate) use mesh::plural;

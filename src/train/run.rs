@@ -15,7 +15,7 @@
 //! when the signal is seen.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,15 +34,16 @@ use crate::pjrt::{self, Client, ReadyTime};
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::storage::{self, Location};
 
-use super::data::{host_rows, BatchLoader, DataSource};
-use super::data_position::StepIndexed;
+use crate::data::{self, Batch, BatchIterator, EvalData, ProcessShare};
+
+use super::data_position::DataPosition;
 use super::flops::{self, StepShape};
 use super::health::Health;
-use super::metrics::{median_step_time_after, PerDeviceWork, StepMetrics};
+use super::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
 use super::outputs::{self, RunOutputs};
 use super::params_io::{load_parameters, ParamSpec};
 use super::profiler::StepProfiler;
-use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
+use super::step::{batch_inputs, step_mesh, TrainStep};
 
 /// Wall times of the start-up phases, in seconds.
 #[derive(Clone, Debug, Default)]
@@ -68,6 +69,12 @@ pub struct RunReport {
     pub grad_norms: Vec<f64>,
     pub learning_rates: Vec<f64>,
     pub step_times: Vec<f64>,
+    /// Each eval: the train step it followed and its metrics.
+    pub evals: Vec<EvalMetrics>,
+    /// Seconds per step the loop waited for the input pipeline's next batch.
+    pub data_wait_times: Vec<f64>,
+    /// The data stream's position after the last step (what a checkpoint saves).
+    pub data_state: Option<data::DataState>,
     /// TFLOPs per device per step (MaxText's formula).
     pub tflops_per_device: f64,
     /// Peak device memory in use after the run, when the plugin reports it.
@@ -166,15 +173,14 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     if let Some(bytes) = host_memory_bytes() {
         config::check_host_memory(c, &derived, step.model.num_params(), bytes, client.platform_name()? == "cpu")?;
     }
-    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
-    let dataset = local_dataset(c)?;
-    let source = DataSource::open(
-        c.dataset_type.as_str(),
-        dataset.as_ref().map(|d| d.path()),
-        seed,
-        derived.max_target_length,
-        c.vocab_size as u32,
-    )?;
+    // The training data opens before the compile, so a bad file or tokenizer fails early (a
+    // gs:// token file is read from a local copy: the input pipeline reads local files).
+    let dataset_copy = remote_dataset_copy(c)?;
+    let data_config = match &dataset_copy {
+        Some(path) => Config { dataset_path: path.display().to_string(), ..c.clone() },
+        None => c.clone(),
+    };
+    drop(data::open_train(&data_config, derived.global_batch_size, ProcessShare::SINGLE, None)?);
 
     // Before the compile: a profiler that cannot work fails the run now. As in MaxText (without
     // `upload_all_profiler_results`), process 0 profiles.
@@ -210,33 +216,39 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
 
     let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
-    let batch_inputs: Vec<usize> =
-        BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+    let batch_names = batch_inputs(step.packed);
+    let batch_slots: Vec<usize> =
+        batch_names.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
     let (p, n) = (cluster.process_index(), cluster.process_count());
-    let rows = compiled.local_rows(batch_inputs[0])?;
+    let rows = compiled.local_rows(batch_slots[0])?;
     let global = derived.global_batch_size;
     // The rows this process's devices hold: its share of the batch, or all of it when the mesh
     // does not split the batch across processes.
-    let mut loader = if rows == (0..global) {
-        BatchLoader::new(source, global, 0, 1)?
-    } else if rows == host_rows(global, p, n)? {
-        BatchLoader::new(source, global, p, n)?
+    let share = if rows == (0..global) {
+        ProcessShare::SINGLE
+    } else if rows == data::host_rows(global, p, n)? {
+        ProcessShare { index: p, count: n }
     } else {
         bail!(
             "process {p} of {n} holds batch rows {rows:?} of {global}, which is neither its share {:?} nor the whole \
              batch; shard the batch over the DCN axes in process order (dcn_data_parallelism or dcn_fsdp_parallelism)",
-            host_rows(global, p, n)?
+            data::host_rows(global, p, n)?
         );
     };
-    let mut data_position = StepIndexed {
-        dataset_type: c.dataset_type.to_string(),
-        dataset_path: c.dataset_path.clone(),
-        data_shuffle_seed: c.data_shuffle_seed,
-        global_batch: derived.global_batch_size,
-    };
+    let first_row = rows.start as i64;
+    let mut data_position = DataPosition::new(c, global)?;
     if let Some(data) = &start.data {
         data_position.restore_state(data, start.first_step)?;
+    } else if start.first_step > 0 && c.dataset_type == config::DatasetType::Synthetic {
+        // A full state loaded without a data position (load_full_state_path): real data starts
+        // over, as in MaxText; the synthetic sequence is a function of the step, so it goes on.
+        data_position.state = Some(data::DataState::Synthetic { step: start.first_step });
     }
+    let mut train_data = data::open_train(&data_config, global, share, data_position.state)?;
+    let eval = match EvalData::open(&data_config, derived.eval_batch_size, share)? {
+        Some(eval_data) => Some(Evaluator::new(client, &step, &compiled, eval_data, derived.eval_batch_size)?),
+        None => None,
+    };
     // Only process 0 writes metrics and events; the metrics file is locked to the end of the run.
     let mut outputs = if logger { RunOutputs::open(c, start.first_step)? } else { RunOutputs::none(c) };
     let mut manager = checkpoints.map(|dir| CheckpointManager::new(dir, checkpoint_policy(c)));
@@ -244,7 +256,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     let model_keys = checkpoint::manifest::model_keys(c, &step.model);
     let signals = Signals::install(c.enable_autocheckpoint)?;
 
-    let slots = Slots::of(&compiled)?;
+    let slots = Slots::of(&compiled, batch_names, batch_slots)?;
 
     let steps = derived.steps as u64;
     if start.first_step >= steps && logger {
@@ -256,7 +268,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     let mut last_step = None;
     // A finished step's metrics: logged and written (process 0), then judged (as MaxText's
     // metric_logger: the step's metrics are written, then the run may stop).
-    let mut record = |metrics: StepMetrics, report: &mut RunReport| -> Result<()> {
+    let mut record = |metrics: StepMetrics, report: &mut RunReport, outputs: &mut RunOutputs| -> Result<()> {
         if logger {
             print_line(&bar, &metrics.log_line());
         }
@@ -276,45 +288,62 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         bar.inc(1);
         Ok(())
     };
+    let mut feed = Feed { data: &mut train_data, first_row };
     let mut next_batch = match start.first_step < steps {
-        true => Some(transfer_batch(client, &compiled, &mut loader, &slots, start.first_step)?),
+        true => Some(feed.transfer(client, &compiled, &slots, start.first_step)?),
         false => None,
     };
     let mut in_flight: Option<InFlight> = None;
     for step_index in start.first_step..steps {
         if let Some(p) = profiler.as_mut().filter(|p| p.starts_at(step_index)) {
             if let Some(flight) = in_flight.take() {
-                record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report)?;
+                record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
             }
             p.start()?;
         }
         let batch = next_batch.take().expect("each step's batch is transferred before it runs");
-        let flight = dispatch(&compiled, &mut state, batch, &slots, step_index)?;
+        // From now on the devices hold this step's state; a checkpoint of it records the data
+        // position after this step's batch (not after the next one, already read ahead).
+        data_position.state = Some(batch.data_state);
+        report.data_wait_times.push(batch.wait_seconds);
+        let flight = dispatch(&compiled, &mut state, batch.arrays, &slots, step_index)?;
         // A signal seen now stops the run after this step.
         let stop = signals.stop_requested();
         let preempted = stop == Some("SIGTERM");
         let checkpoint = manager.as_ref().is_some_and(|m| m.due(step_index) || preempted);
         let profile_ends = profiler.as_ref().is_some_and(|p| p.stops_after(step_index));
+        let eval_now = eval.is_some() && eval_due(c, step_index);
         if stop.is_none() && step_index + 1 < steps {
-            next_batch = Some(transfer_batch(client, &compiled, &mut loader, &slots, step_index + 1)?);
+            next_batch = Some(feed.transfer(client, &compiled, &slots, step_index + 1)?);
         }
         if let Some(previous) = in_flight.replace(flight) {
-            record(finish(&compiled, &slots, previous, &mut timing, work)?, &mut report)?;
+            record(finish(&compiled, &slots, previous, &mut timing, work)?, &mut report, &mut outputs)?;
         }
         // For hang diagnostics the current step is the one whose metrics are awaited next.
         diagnostics::step_started(step_index);
-        if !(checkpoint || profile_ends || stop.is_some()) {
+        if !(checkpoint || eval_now || profile_ends || stop.is_some()) {
             continue;
         }
-        // The host needs this step finished (and, for a checkpoint, its state) before the next
-        // step replaces that state.
+        // The host needs this step finished (and, for an eval or a checkpoint, its state) before
+        // the next step replaces that state.
         if let Some(flight) = in_flight.take() {
-            record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report)?;
+            record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
         }
         if profile_ends {
             if let Some(p) = profiler.as_mut() {
                 p.stop()?;
             }
+        }
+        if let Some(eval) = eval.as_ref().filter(|_| eval_now) {
+            diagnostics::set_phase(Some(step_index), "evaluating");
+            let metrics = eval.run(client, &state, step_index, c.eval_steps)?;
+            if logger {
+                print_line(&bar, &metrics.log_line());
+            }
+            outputs.eval(&metrics, &c.run_name).context("writing the run's eval metrics")?;
+            report.evals.push(metrics);
+            // The eval's time is not the next train step's.
+            timing.pause();
         }
         if let Some(manager) = manager.as_mut().filter(|_| checkpoint) {
             diagnostics::set_phase(Some(step_index), "copying the state off the devices for a checkpoint");
@@ -332,11 +361,16 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         }
     }
     if let Some(flight) = in_flight.take() {
-        record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report)?;
+        record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
     }
     report.device_idle_fraction = timing.idle_fraction();
     report.perf_skipped_steps = timing.skip;
     bar.finish_and_clear();
+    if let Some((documents, undecodable, tokens)) = train_data.text_stats().filter(|_| logger) {
+        println!("data: {documents} documents, {tokens} tokens packed so far; {undecodable} rows could not be decoded (skipped)");
+    }
+    // The position after the last step run (the pipeline itself may have read ahead).
+    report.data_state = data_position.state;
     diagnostics::set_phase(None, "finishing: metrics, checkpoints");
     if let Some(step_index) = last_step {
         outputs.flush(step_index)?;
@@ -386,29 +420,14 @@ fn checkpoint_policy(c: &Config) -> Policy {
     }
 }
 
-/// A `dataset_path` on the local disk: the path itself, or a copy of a `gs://` file in a
-/// temporary directory (today's token-file reader seeks in a local file).
-enum LocalDataset {
-    Path(PathBuf),
-    Copy(tempfile::TempPath),
-}
-
-impl LocalDataset {
-    fn path(&self) -> &Path {
-        match self {
-            LocalDataset::Path(p) => p,
-            LocalDataset::Copy(p) => p,
-        }
-    }
-}
-
-fn local_dataset(c: &Config) -> Result<Option<LocalDataset>> {
+/// A local copy of a `gs://` `dataset_path` (deleted when dropped); `None` for a local one.
+fn remote_dataset_copy(c: &Config) -> Result<Option<tempfile::TempPath>> {
     if c.dataset_path.is_empty() {
         return Ok(None);
     }
     match Location::parse(&c.dataset_path)? {
-        Location::Local(path) => Ok(Some(LocalDataset::Path(path))),
-        remote => Ok(Some(LocalDataset::Copy(download(&remote)?))),
+        Location::Local(_) => Ok(None),
+        remote => Ok(Some(download(&remote)?)),
     }
 }
 
@@ -503,6 +522,101 @@ impl Drop for Signals {
         for id in self.ids.drain(..) {
             signal_hook::low_level::unregister(id);
         }
+    }
+}
+
+/// Copies a batch's arrays `names` (this process's rows, from `first_row` of the global batch)
+/// into the step's input `slots`.
+fn put_batch(
+    client: &Client,
+    compiled: &Compiled,
+    slots: &[usize],
+    names: &[&str],
+    batch: &Batch,
+    first_row: i64,
+    state: &mut [Option<DeviceArray>],
+) -> Result<()> {
+    for (slot, name) in slots.iter().zip(names) {
+        let host = batch.get(name).expect("a Batch has every input");
+        state[*slot] = Some(compiled.put_rows(client, *slot, host, first_row)?);
+    }
+    Ok(())
+}
+
+/// MaxText's rule (maxtext `src/maxtext/trainers/pre_train/train.py`, main e591f30): eval after
+/// train step `s` when `s >= eval_start_step` and `(s - eval_start_step) % eval_interval == 0`.
+fn eval_due(c: &Config, step: u64) -> bool {
+    let (start, interval) = (c.eval_start_step as u64, c.eval_interval);
+    interval > 0 && step >= start && (step - start).is_multiple_of(interval as u64)
+}
+
+/// The compiled eval step and its data.
+struct Evaluator {
+    compiled: Compiled,
+    data: EvalData,
+    /// For each eval input: the train state slot holding it (parameters), or `None` (batch).
+    from_state: Vec<Option<usize>>,
+    batch_names: Vec<&'static str>,
+    batch_slots: Vec<usize>,
+    outputs: [usize; 3],
+}
+
+impl Evaluator {
+    fn new(client: &Client, step: &TrainStep, train: &Compiled, data: EvalData, rows: usize) -> Result<Evaluator> {
+        // Eval batches are text (`hf_eval_files`): packed whenever `packing` is on.
+        let packed = data.packed();
+        let program = step.eval_step(rows as i64, packed).map_err(|e| anyhow!("tracing the eval step: {e}"))?;
+        let compiled = runtime::compile(client, &program).context("compiling the eval step")?;
+        let from_state = compiled
+            .program
+            .inputs
+            .iter()
+            .map(|i| if i.name.starts_with("params.") { train.input_index(&i.name).map(Some) } else { Ok(None) })
+            .collect::<Result<_>>()?;
+        let batch_names = batch_inputs(packed);
+        let batch_slots =
+            batch_names.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+        let out = |n: &str| compiled.output_index(&format!("metrics.{n}"));
+        let outputs = [out("total_loss")?, out("total_weights")?, out("z_loss")?];
+        Ok(Evaluator { compiled, data, from_state, batch_names, batch_slots, outputs })
+    }
+
+    /// One pass over the eval files (at most `eval_steps` batches when positive) with the
+    /// current parameters.
+    fn run(
+        &self,
+        client: &Client,
+        state: &[Option<DeviceArray>],
+        after_step: u64,
+        eval_steps: i64,
+    ) -> Result<EvalMetrics> {
+        // This process's rows of the global eval batch.
+        let first_row = self.compiled.local_rows(self.batch_slots[0])?.start as i64;
+        let mut metrics = EvalMetrics { step: after_step, ..EvalMetrics::default() };
+        let mut batches: BatchIterator = self.data.batches();
+        let mut slots: Vec<Option<DeviceArray>> = self.compiled.program.inputs.iter().map(|_| None).collect();
+        while eval_steps <= 0 || (metrics.eval_steps as i64) < eval_steps {
+            let Some(batch) = batches.next_batch()? else { break };
+            put_batch(client, &self.compiled, &self.batch_slots, &self.batch_names, &batch, first_row, &mut slots)?;
+            let args: Vec<&DeviceArray> = slots
+                .iter()
+                .zip(&self.from_state)
+                .map(|(own, train_slot)| match train_slot {
+                    Some(t) => state[*t].as_ref().expect("the train state is set"),
+                    None => own.as_ref().expect("every batch input is set"),
+                })
+                .collect();
+            let outputs = self.compiled.execute(&args)?;
+            let scalar = |i: usize| -> Result<f64> { Ok(self.compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
+            metrics.total_loss += scalar(self.outputs[0])?;
+            metrics.total_weights += scalar(self.outputs[1])?;
+            metrics.z_loss_sum += scalar(self.outputs[2])?;
+            metrics.eval_steps += 1;
+        }
+        if metrics.eval_steps == 0 {
+            bail!("eval after step {after_step}: hf_eval_files gave no batch (no decodable documents)");
+        }
+        Ok(metrics)
     }
 }
 
@@ -699,7 +813,8 @@ fn print_summary(report: &RunReport, work: &PerDeviceWork) {
 
 /// Where the loop's inputs and outputs are in the compiled step.
 struct Slots {
-    /// The batch inputs, in `BATCH_INPUTS` order.
+    /// The batch inputs (`batch_inputs(packed)`) and their slots.
+    batch_names: Vec<&'static str>,
     batch: Vec<usize>,
     /// `loss`, `grad_norm`, `learning_rate`, `total_weights`.
     metrics: [usize; 4],
@@ -709,37 +824,49 @@ struct Slots {
 }
 
 impl Slots {
-    fn of(compiled: &Compiled) -> Result<Slots> {
+    fn of(compiled: &Compiled, batch_names: Vec<&'static str>, batch: Vec<usize>) -> Result<Slots> {
         let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
         Ok(Slots {
-            batch: BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?,
+            batch_names,
+            batch,
             metrics: [metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?],
             carried: compiled.program.outputs.iter().map(|o| compiled.input_index(&o.name).ok()).collect(),
         })
     }
 }
 
-/// Step `step`'s batch, read on the host and copied to the devices.
-fn transfer_batch(
-    client: &Client,
-    compiled: &Compiled,
-    loader: &mut BatchLoader,
-    slots: &Slots,
-    step: u64,
-) -> Result<Vec<(usize, DeviceArray)>> {
-    diagnostics::set_phase(Some(step), "reading and feeding the batch");
-    let batch = loader.batch(step)?;
-    let named = batch.named();
-    let first_row = loader.rows().start as i64;
-    slots
-        .batch
-        .iter()
-        .zip(BATCH_INPUTS)
-        .map(|(&slot, name)| {
-            let host = named.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect("Batch has every input");
-            Ok((slot, compiled.put_rows(client, slot, host, first_row)?))
-        })
-        .collect()
+/// The training data and this process's first row of the global batch.
+struct Feed<'a> {
+    data: &'a mut BatchIterator,
+    first_row: i64,
+}
+
+/// A step's batch on the devices, with the data position after it.
+struct StepBatch {
+    arrays: Vec<(usize, DeviceArray)>,
+    data_state: data::DataState,
+    /// How long the input pipeline took to deliver it.
+    wait_seconds: f64,
+}
+
+impl Feed<'_> {
+    /// Step `step`'s batch, read from the input pipeline and copied to the devices.
+    fn transfer(&mut self, client: &Client, compiled: &Compiled, slots: &Slots, step: u64) -> Result<StepBatch> {
+        diagnostics::set_phase(Some(step), "reading and feeding the batch");
+        let wait = Instant::now();
+        let batch = self.data.next_batch()?.ok_or_else(|| anyhow!("the training data ended at step {step}"))?;
+        let wait_seconds = wait.elapsed().as_secs_f64();
+        let arrays = slots
+            .batch
+            .iter()
+            .zip(&slots.batch_names)
+            .map(|(&slot, name)| {
+                let host = batch.get(name).expect("a Batch has every input");
+                Ok((slot, compiled.put_rows(client, slot, host, self.first_row)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(StepBatch { arrays, data_state: self.data.state(), wait_seconds })
+    }
 }
 
 /// A dispatched step whose metrics have not been read.
