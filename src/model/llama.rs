@@ -109,7 +109,7 @@ fn attention(c: &ModelConfig, p: &Tree, h: &Tensor, ctx: &LayerContext) -> Tenso
     // Explicit query scaling (see the module docs).
     let q = rope(&q, ctx) * (1.0 / (c.head_dim as f64).sqrt());
     let k = rope(&k, ctx);
-    let out = attend(&q, &k, &v, &ctx.mask(None));
+    let out = attend(&q, &k, &v, &ctx.mask(None), c.attention);
     einsum("bthk,hkd->btd", &[&out, &w("self_attention.out.kernel")]).checkpoint_name("out_proj")
 }
 
