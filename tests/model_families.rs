@@ -124,6 +124,12 @@ fn mistral_sliding_window() {
     let plain =
         reference(&spec(Family::Llama, RopeRef::HalfSplit, 1e-5), &m, &random_params(&windowed, &m, 1), &batch(&m, 2));
     assert!(scaled_err(&plain.logits.iter().copied().collect::<Vec<_>>(), &want.logits) > 1e-2);
+    // The same through blockwise attention (attention=flash), whose mask skips whole key blocks.
+    check_forward(
+        "mistral window 5 blockwise",
+        &shrunk("mistral-7b", &["sliding_window_size=5", "attention=flash", "max_target_length=16"]),
+        &windowed,
+    );
     // MaxText's mistral files leave the window at 0: plain causal attention.
     check_forward("mistral no window", &shrunk("mistral-7b", &[]), &spec(Family::Llama, RopeRef::HalfSplit, 1e-5));
     check_gradient(
@@ -191,6 +197,25 @@ fn gemma2() {
         let m = shrunk("gemma2-2b", &[&caps[..], &[scan]].concat());
         check_forward(&format!("gemma2 {scan}"), &m, &s);
     }
+    // Blockwise attention has no soft cap: asked for by name it is refused; without a cap it
+    // computes the global layers' f32 query-key product.
+    let args: Vec<String> = ["model_name=gemma2-2b", "override_model_config=true", "attention=flash"]
+        .iter()
+        .chain(SIZES)
+        .chain(&caps)
+        .map(|a| a.to_string())
+        .collect();
+    let e = Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap_err();
+    assert!(e.contains("attention=flash") && e.contains("attn_logits_soft_cap"), "{e}");
+    let uncapped = Spec { attn_cap: None, ..s.clone() };
+    let flash = [
+        "sliding_window_size=5",
+        "final_logits_soft_cap=2.0",
+        "attn_logits_soft_cap=0",
+        "attention=flash",
+        "max_target_length=16",
+    ];
+    check_forward("gemma2 blockwise", &shrunk("gemma2-2b", &flash), &uncapped);
     let m = shrunk("gemma2-2b", &caps);
     // Each of the window and the two caps changes the function at these sizes.
     let (p, b) = (random_params(&s, &m, 1), batch(&m, 2));

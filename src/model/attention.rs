@@ -1,13 +1,81 @@
 //! What attention is, for every family: the per-batch context the layers share (RoPE tables for
-//! each token's position, the mask of which keys each query may see) and dot-product attention
-//! over grouped-query heads, optionally soft-capped. Families compute their own projections (or
-//! use `blocks::SelfAttention`) and call `attend` / `attend_with`.
+//! each token's position, the mask of which keys each query may see) and attention over
+//! grouped-query heads (optionally soft-capped), computed the way the `attention` key asks
+//! (`AttentionImpl`): dot-product attention over the whole `[seq, seq]` score matrix, or
+//! blockwise attention (`super::blockwise`) with an online softmax over key/value blocks.
+//! Families compute their own projections (or use `blocks::SelfAttention`) and call `attend` /
+//! `attend_with`.
 
+use std::fmt;
+
+use crate::config::{AttentionKernel, Hardware};
 use crate::ir::DType;
 use crate::tensor::{concatenate, einsum, where_, Tensor, Tree};
 
 use super::config::Rope;
-use super::ModelConfig;
+use super::{blockwise, ModelConfig};
+
+/// How `attend` computes attention, resolved from MaxText's `attention` key and the hardware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionImpl {
+    /// Scores for every query and key at once: `[batch, heads, seq, seq]` in memory.
+    DotProduct,
+    /// An online softmax over key/value blocks of `block` tokens, per query block of the same
+    /// size, with its own backward pass: memory `O(seq)` per query block.
+    Blockwise { block: i64 },
+}
+
+/// Query and key/value block size of blockwise attention (MaxText's splash attention default
+/// block sizes, `sa_block_q`/`sa_block_kv`, are 512 too).
+pub const BLOCK: i64 = 512;
+
+impl AttentionImpl {
+    /// What `attention` means on `hardware` for sequences of `seq` tokens. MaxText's
+    /// `autoselected` is dot-product attention on CPU and for sequences under 128 tokens, flash
+    /// attention otherwise (`AttentionOp.apply_attention` in `src/maxtext/layers/attention_op.py`,
+    /// main at e591f30). maxrs's memory-efficient attention is its blockwise kernel, which stands
+    /// for `flash` (MaxText: a Pallas Triton kernel on GPU, Splash on TPU), `cudnn_flash_te`
+    /// (Transformer Engine's cuDNN attention) and `cudnn_flash_jax` (XLA's cuDNN fused attention).
+    pub fn resolve(kernel: AttentionKernel, hardware: Hardware, seq: i64) -> AttentionImpl {
+        let blockwise = AttentionImpl::Blockwise { block: block_size(seq) };
+        match kernel {
+            AttentionKernel::DotProduct => AttentionImpl::DotProduct,
+            AttentionKernel::Autoselected if hardware == Hardware::Cpu || seq < 128 => AttentionImpl::DotProduct,
+            AttentionKernel::Autoselected
+            | AttentionKernel::Flash
+            | AttentionKernel::CudnnFlashTe
+            | AttentionKernel::CudnnFlashJax => blockwise,
+        }
+    }
+}
+
+impl fmt::Display for AttentionImpl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttentionImpl::DotProduct => write!(f, "dot-product attention ([batch, heads, seq, seq] scores)"),
+            AttentionImpl::Blockwise { block } => {
+                write!(f, "blockwise attention (online softmax over {block}-token key/value blocks)")
+            }
+        }
+    }
+}
+
+/// The start-up line that says what `attention=kernel` became.
+pub fn describe(kernel: AttentionKernel, how: AttentionImpl) -> String {
+    let note = match kernel {
+        AttentionKernel::CudnnFlashTe | AttentionKernel::CudnnFlashJax => {
+            "; maxrs has no Transformer Engine and does not emit XLA's cuDNN fused attention (`__cudnn$fmha` custom calls) yet"
+        }
+        AttentionKernel::Flash => "; MaxText's Pallas (GPU) and Splash (TPU) kernels are not in maxrs",
+        AttentionKernel::Autoselected | AttentionKernel::DotProduct => "",
+    };
+    format!("attention: {kernel} -> {how}{note}")
+}
+
+/// The largest block of at most `BLOCK` tokens that divides `seq` (all of it when shorter).
+fn block_size(seq: i64) -> i64 {
+    (1..=BLOCK.min(seq)).rev().find(|b| seq % b == 0).unwrap_or(seq)
+}
 
 /// The large negative score masked positions get (MaxText's `DEFAULT_MASK_VALUE`).
 pub const MASK_VALUE: f64 = -0.7 * f32::MAX as f64;
@@ -57,22 +125,47 @@ impl LayerContext {
         }
     }
 
-    /// `pred[1 or batch, seq, seq]`: true where query `t` may attend to key `s`: `s <= t`, within
-    /// `window` tokens when given (`t - s < window`), and in the same document when packed.
-    pub fn mask(&self, window: Option<i64>) -> Tensor {
-        let t = self.positions.shape()[1];
-        let ctx = self.positions.trace();
-        let (query, key) = (ctx.iota(DType::S32, &[1, t, t], 1), ctx.iota(DType::S32, &[1, t, t], 2));
+    /// Which keys each query may see: causal, within `window` tokens when given, and in the same
+    /// document when the batch is packed.
+    pub fn mask(&self, window: Option<i64>) -> Mask {
+        Mask { window, segments: self.segments.clone() }
+    }
+}
+
+/// Which keys each query may see: key `s` is visible to query `t` when `s <= t`, `t - s <
+/// window` (with a window), and both are in the same document (with segments). Dot-product
+/// attention builds it whole, blockwise attention one block at a time (`allowed`).
+#[derive(Clone)]
+pub struct Mask {
+    pub window: Option<i64>,
+    /// `s32[batch, seq]`: each token's document, when the batch is packed.
+    pub segments: Option<Tensor>,
+}
+
+impl Mask {
+    /// `pred[1 or batch, queries, keys]` for query positions `query: s32[queries]` and key
+    /// positions `key: s32[keys]`, with their documents `query_segments: s32[batch, queries]` and
+    /// `key_segments: s32[batch, keys]` when packed.
+    pub fn allowed(&self, query: &Tensor, key: &Tensor, segments: Option<(&Tensor, &Tensor)>) -> Tensor {
+        let (tq, tk) = (query.shape()[0], key.shape()[0]);
+        let query = query.broadcast_in_dim(&[1, tq, tk], &[1]);
+        let key = key.broadcast_in_dim(&[1, tq, tk], &[2]);
         let mut allowed = key.le(&query);
-        if let Some(w) = window {
+        if let Some(w) = self.window {
             allowed = allowed.bitwise_and((&query - &key).lt(w as f64));
         }
-        if let Some(seg) = &self.segments {
-            let b = seg.shape()[0];
-            let same = seg.broadcast_in_dim(&[b, t, t], &[0, 1]).eq(seg.broadcast_in_dim(&[b, t, t], &[0, 2]));
-            allowed = same.bitwise_and(&allowed);
+        if let Some((sq, sk)) = segments {
+            let b = sq.shape()[0];
+            let same = sq.broadcast_in_dim(&[b, tq, tk], &[0, 1]).eq(sk.broadcast_in_dim(&[b, tq, tk], &[0, 2]));
+            allowed = same.bitwise_and(allowed.broadcast_in_dim(&[b, tq, tk], &[0, 1, 2]));
         }
         allowed
+    }
+
+    /// `pred[1 or batch, seq, seq]` for a sequence of `seq` tokens on `like`'s trace.
+    fn dense(&self, like: &Tensor, seq: i64) -> Tensor {
+        let positions = like.trace().iota(DType::S32, &[seq], 0);
+        self.allowed(&positions, &positions, self.segments.as_ref().map(|s| (s, s)))
     }
 }
 
@@ -128,30 +221,58 @@ pub struct AttendOptions {
     pub float32_qk_product: bool,
 }
 
-/// Dot-product attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over
-/// keys and values `k, v: [batch, seq, kv_heads, head_dim]` under `mask` (`LayerContext::mask`);
-/// query head `i` uses key/value head `i / (heads / kv_heads)`. Scores and softmax are f32; the
-/// result, `[batch, seq, heads, head_dim]` in `q`'s dtype, is tagged `context` (MaxText's name,
-/// which `minimal_with_context` saves).
-pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Tensor {
-    attend_with(q, k, v, mask, &AttendOptions::default())
+/// Attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over keys and values
+/// `k, v: [batch, seq, kv_heads, head_dim]` under `mask`, computed as `how` says; query head `i`
+/// uses key/value head `i / (heads / kv_heads)`. Scores and softmax are f32; the result,
+/// `[batch, seq, heads, head_dim]` in `q`'s dtype, is tagged `context` (MaxText's name, which
+/// `minimal_with_context` saves). Blockwise attention's softmax statistics are tagged `context`
+/// too, as MaxText's cuDNN attention tags its `lse`: a policy that saves the context then never
+/// recomputes attention in the backward pass.
+pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, how: AttentionImpl) -> Tensor {
+    attend_with(q, k, v, mask, how, &AttendOptions::default())
 }
 
-/// `attend` with `options`: soft-capped scores, an f32 query-key product.
-pub fn attend_with(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, options: &AttendOptions) -> Tensor {
-    let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-    let kv_heads = k.shape()[2];
-    let (q, k) = match options.float32_qk_product {
+/// `attend` with `options`: soft-capped scores (dot-product attention only: the families refuse
+/// a soft cap with blockwise attention), an f32 query-key product.
+pub fn attend_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    how: AttentionImpl,
+    options: &AttendOptions,
+) -> Tensor {
+    let (qk, kk) = match options.float32_qk_product {
         true => (q.astype(DType::F32), k.astype(DType::F32)),
         false => (q.clone(), k.clone()),
     };
+    match how {
+        AttentionImpl::DotProduct => {
+            dot_product(&qk, &kk, v, mask, options.logits_soft_cap).astype(q.dtype()).checkpoint_name("context")
+        }
+        AttentionImpl::Blockwise { block } => {
+            assert!(options.logits_soft_cap.is_none(), "blockwise attention has no soft cap (the family refuses it)");
+            // The kernel's matmuls take one dtype: with an f32 query-key product, f32 values too.
+            let vk = if options.float32_qk_product { v.astype(DType::F32) } else { v.clone() };
+            let (out, lse) = blockwise::attention(&qk, &kk, &vk, mask, block);
+            lse.checkpoint_name("context");
+            out.astype(q.dtype()).checkpoint_name("context")
+        }
+    }
+}
+
+/// Scores for every query and key at once, `[batch, kv_heads, group, seq, seq]`, soft-capped at
+/// `cap * tanh(scores / cap)` before masking when `soft_cap` is given.
+fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, soft_cap: Option<f64>) -> Tensor {
+    let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let kv_heads = k.shape()[2];
     let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
-    let scores = einsum("btngk,bsnk->bngts", &[&q, &k]).astype(DType::F32);
-    let scores = match options.logits_soft_cap {
+    let scores = einsum("btngk,bsnk->bngts", &[&q, k]).astype(DType::F32);
+    let scores = match soft_cap {
         Some(cap) => (scores / cap).tanh() * cap,
         None => scores,
     };
-    let mask = mask.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
+    let mask = mask.dense(&scores, t).broadcast_in_dim(scores.shape(), &[0, 3, 4]);
     let probs = where_(&mask, &scores, MASK_VALUE).softmax(-1).astype(v.dtype());
-    einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, d]).checkpoint_name("context")
+    einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, d])
 }

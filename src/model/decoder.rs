@@ -32,6 +32,7 @@ use std::sync::Arc;
 
 use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, Signature};
+use crate::sharding::PartitionSpec;
 use crate::tensor::{checkpoint, einsum, scan, stack, Tensor, Tree};
 use crate::train::flops::{StepShape, StepTflops};
 
@@ -148,7 +149,7 @@ fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
         DecoderBlock::Llama2 => Arc::new(llama::Llama),
         DecoderBlock::Mistral => Arc::new(mistral::Mistral::from_config(c)),
         DecoderBlock::Gemma => Arc::new(gemma::Gemma),
-        DecoderBlock::Gemma2 => Arc::new(gemma2::Gemma2::from_config(c)?),
+        DecoderBlock::Gemma2 => Arc::new(gemma2::Gemma2::from_config(c, mc)?),
         DecoderBlock::Gpt3 => Arc::new(gpt3::Gpt3::from_config(c, mc)?),
         DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral::from_config(c, mc)?),
     })
@@ -285,9 +286,10 @@ impl Model {
         let c = &self.config;
         let ctx = LayerContext::new(c, batch);
         let embedding = params["token_embedder.embedding"].astype(c.dtype);
-        let mut x = embedding.take(&batch["inputs"]);
+        let mut x = embed(c, &embedding, &batch["inputs"]);
         if c.trainable_position_size.is_some() {
-            x = x + &params["decoder.position_embedder.embedding"].astype(c.dtype).take(&ctx.positions);
+            let positions = params["decoder.position_embedder.embedding"].astype(c.dtype);
+            x = x + &embed(c, &positions, &ctx.positions);
         }
         let x = constrain(c, x, BTE);
         // A layer's region returns `x` and its auxiliary losses under `aux.`.
@@ -331,8 +333,13 @@ impl Model {
             (y, stacked, aux_sums.map(|_, sum| sum / c.layers as f64))
         };
         let y = self.family.final_norm(c).apply(params, "decoder.decoder_norm", &y);
+        // MaxText's `logits_dot_in_fp32` (`Decoder._apply_output_head` in
+        // `src/maxtext/layers/decoders.py`, main at e591f30): the output projection in f32. Tied
+        // to the embedding it is `jnp.dot(y, table.astype(bf16).T, preferred_element_type=f32)`:
+        // the same products of bf16 operands, summed in f32.
+        let in_f32 = |x: &Tensor| if c.logits_dot_in_fp32 { x.astype(DType::F32) } else { x.clone() };
         let logits = if c.logits_via_embedding {
-            let mut logits = einsum("btd,vd->btv", &[&y, &embedding]);
+            let mut logits = einsum("btd,vd->btv", &[&in_f32(&y), &in_f32(&embedding)]);
             if c.normalize_embedding_logits {
                 logits = logits * (1.0 / (c.emb as f64).sqrt());
             }
@@ -341,7 +348,9 @@ impl Model {
                 None => logits,
             }
         } else {
-            y.matmul(&params["decoder.logits_dense.kernel"].astype(c.dtype))
+            let kernel = &params["decoder.logits_dense.kernel"];
+            let kernel = if c.logits_dot_in_fp32 { kernel.astype(DType::F32) } else { kernel.astype(c.dtype) };
+            in_f32(&y).matmul(&kernel)
         };
         let logits =
             constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"]);
@@ -380,6 +389,31 @@ impl Model {
         let attention = layer.attention * c.layers as f64 * scale;
         StepTflops { total: learnable_weight + attention, learnable_weight, attention }
     }
+}
+
+/// The embeddings `[batch, seq, emb]` of `tokens` (or positions) from `table: [rows, emb]` (in `dtype`).
+///
+/// With `use_iota_embed` (MaxText's `Embed.__call__` in `src/maxtext/layers/embeddings.py`,
+/// main at e591f30) a one-hot matmul, `one_hot(tokens) @ table`, whose gradient is a matmul too.
+/// Otherwise a gather, whose gradient is a scatter-add into the table. The table's `embed`
+/// dimension is sharded (over `fsdp`) while activations shard the batch over the same axes; the
+/// gather's result is first laid out with the table's `embed` sharding and the batch over the
+/// remaining batch axes, so that both the lookup and, in the backward pass, the scatter-add work
+/// on matching shards: going from batch-sharded activations straight to the table's layout is
+/// an "involuntary full rematerialization" for XLA's SPMD partitioner (it replicates the whole
+/// `[batch, seq, emb]` cotangent first).
+fn embed(c: &ModelConfig, table: &Tensor, tokens: &Tensor) -> Tensor {
+    if c.use_iota_embed {
+        return tokens.one_hot(table.shape()[0], c.dtype).matmul(table);
+    }
+    let looked_up = table.take(tokens);
+    let Some(mesh) = looked_up.trace().mesh().cloned() else { return looked_up };
+    let table_spec = c.rules.spec(&["vocab", "embed"], &mesh);
+    let embed_axes = table_spec.dim(1).to_vec();
+    let activation = c.rules.spec(BTE, &mesh);
+    let batch_axes: Vec<String> = activation.dim(0).iter().filter(|a| !embed_axes.contains(a)).cloned().collect();
+    let spec = PartitionSpec::from_axes(vec![batch_axes, vec![], embed_axes]);
+    looked_up.with_sharding_constraint(&spec)
 }
 
 /// Pins an activation's sharding by logical axis names (no-op without a mesh).

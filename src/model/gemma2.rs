@@ -29,10 +29,10 @@
 //! | `mlp_<h>.wo.kernel` | [mlp, emb] | mlp, embed | fan_in |
 //! | `post_ffw_norm_<h>.scale` (with `use_post_ffw_norm`) | [emb] | norm | ones |
 
-use crate::config::Config;
+use crate::config::{AttentionKernel, Config};
 use crate::tensor::{Tensor, Tree};
 
-use super::attention::{AttendOptions, LayerContext};
+use super::attention::{AttendOptions, AttentionImpl, LayerContext};
 use super::blocks::{Mlp, Norm, SelfAttention};
 use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::gemma::LAYER_NORM_EPS;
@@ -51,28 +51,44 @@ pub struct Gemma2 {
     pub soft_cap: Option<f64>,
     pub post_attn_norm: bool,
     pub post_ffw_norm: bool,
+    /// Dot-product attention where the model's would be blockwise: `attention=autoselected` with a
+    /// soft cap (maxrs's blockwise attention has none).
+    pub how: Option<AttentionImpl>,
 }
 
 impl Gemma2 {
-    pub fn from_config(c: &Config) -> Result<Gemma2, String> {
+    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Gemma2, String> {
         if c.sliding_window_size <= 0 {
             return Err(format!(
                 "sliding_window_size={}: gemma2's local layers attend over a window of that many tokens; set it to a positive size (4096 in the Gemma 2 model files)",
                 c.sliding_window_size
             ));
         }
+        let soft_cap = (c.attn_logits_soft_cap > 0.0).then_some(c.attn_logits_soft_cap);
+        let blockwise = matches!(mc.attention, AttentionImpl::Blockwise { .. });
+        let how = match (soft_cap, blockwise) {
+            (Some(_), true) if c.attention == AttentionKernel::Autoselected => Some(AttentionImpl::DotProduct),
+            (Some(cap), true) => {
+                return Err(format!(
+                    "attention={}: maxrs's blockwise attention has no attn_logits_soft_cap ({cap}) yet; use attention=dot_product (or autoselected, which picks it for gemma2)",
+                    c.attention
+                ))
+            }
+            _ => None,
+        };
         Ok(Gemma2 {
             window: c.sliding_window_size,
-            soft_cap: (c.attn_logits_soft_cap > 0.0).then_some(c.attn_logits_soft_cap),
+            soft_cap,
             post_attn_norm: c.use_post_attn_norm,
             post_ffw_norm: c.use_post_ffw_norm,
+            how,
         })
     }
 
     /// The attention of the local (`local`) or global half.
     fn attention(&self, local: bool) -> SelfAttention {
         let options = AttendOptions { logits_soft_cap: self.soft_cap, float32_qk_product: !local };
-        SelfAttention { window: local.then_some(self.window), options }
+        SelfAttention { window: local.then_some(self.window), options, how: self.how }
     }
 
     fn half_params(&self, c: &ModelConfig, half: &str) -> Vec<ParamDef> {

@@ -134,7 +134,7 @@ impl Gpt3 {
         };
         let q = (q * (1.0 / (c.head_dim as f64).sqrt())).checkpoint_name("query_proj");
         let (k, v) = (k.checkpoint_name("key_proj"), v.checkpoint_name("value_proj"));
-        let out = attend(&q, &k, &v, &ctx.mask(None));
+        let out = attend(&q, &k, &v, &ctx.mask(None), c.attention);
         (einsum("bthk,hkd->btd", &[&out, &param("out.kernel")]) + &param("out.bias")).checkpoint_name("out_proj")
     }
 }

@@ -12,7 +12,7 @@
 use crate::config::Config;
 use crate::tensor::{Tensor, Tree};
 
-use super::attention::{AttendOptions, LayerContext};
+use super::attention::LayerContext;
 use super::blocks::SelfAttention;
 use super::decoder::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::params::ParamDef;
@@ -44,13 +44,7 @@ impl Family for Mistral {
     }
 
     fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
-        LayerOutput::new(llama::layer(
-            c,
-            p,
-            x,
-            ctx,
-            &SelfAttention { window: self.window, options: AttendOptions::default() },
-        ))
+        LayerOutput::new(llama::layer(c, p, x, ctx, &SelfAttention { window: self.window, ..SelfAttention::default() }))
     }
 
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {

@@ -4,7 +4,8 @@
 //!   stacking (scan / unroll, remat), final norm, logits, loss, parameter count, FLOPs; and the
 //!   `Family` trait a decoder family implements.
 //! - [`attention`]: RoPE (default and Llama 3.1's), attention masks (causal, sliding window,
-//!   packed documents) and dot-product attention (optionally soft-capped), shared by the families.
+//!   packed documents) and attention (`attend`, optionally soft-capped), shared by the families;
+//!   [`blockwise`]: the memory-efficient blockwise attention with its own backward pass.
 //! - [`blocks`]: MaxText's layer blocks several families share: norms, the MLP block, the
 //!   self-attention block.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
@@ -17,6 +18,7 @@
 
 pub mod attention;
 pub mod blocks;
+pub mod blockwise;
 pub mod config;
 pub mod decoder;
 pub mod gemma;
