@@ -42,13 +42,6 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    // `maxrs devices | head` must end quietly like any Unix tool when the reader goes away, not
-    // panic in `println!`: take back the default SIGPIPE action that Rust's runtime replaced.
-    // SAFETY: called first thing, before any other thread exists; SIG_DFL is a valid action.
-    #[cfg(unix)]
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     // The XLA flag probe: this binary re-run to try XLA_FLAGS' values in a process of its own.
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv.len() == 3 && argv[1] == xla_flags::probe::PROBE_ARG {
@@ -58,6 +51,17 @@ fn main() -> std::process::ExitCode {
         xla_flags::probe::enable(exe);
     }
     let args = Args::parse();
+    // `maxrs devices | head` must end quietly like any Unix tool when the reader goes away, not
+    // panic in `println!`: the listing commands take back the default SIGPIPE action that Rust's
+    // runtime replaced. The others keep it ignored: a peer closing a socket (the coordination
+    // service, GCS) must be an error they report, not a silent death by signal.
+    if matches!(args.command, Command::Devices(_) | Command::Topologies(_)) {
+        // SAFETY: called before this process starts any thread; SIG_DFL is a valid action.
+        #[cfg(unix)]
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     cli::init_logging(args.verbose);
     let result = match args.command {
         Command::Devices(a) => cli::devices::run(a),

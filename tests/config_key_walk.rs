@@ -1,7 +1,7 @@
 //! Every key of `configs/base.yml` does something, or is refused: no key is accepted and
 //! ignored. Each key is classified below, and the class is proved:
 //! - `Program(value)`: setting it changes the traced train step or init program (their StableHLO);
-//!   `ProgramVs(value, other, with)`: `value` and `other` give different programs, both with the
+//! - `ProgramVs(value, other, with)`: `value` and `other` give different programs, both with the
 //!   keys `with` set (where the default alone cannot vary: mesh axes that must multiply out);
 //! - `Derives(value, other, with, slices)`: `value` and `other` give different derived settings
 //!   (mesh, batch sizes) on 8 devices in `slices` slices;
@@ -13,6 +13,7 @@
 //! - `Runtime(why)`: it steers the run itself (files, data, loop, cluster); the proof is that code
 //!   outside `src/config/` reads the field, and the reason says what it does. These keys are
 //!   exercised by their own tests (checkpoint, data, cluster, ...).
+//!
 //! A key of base.yml missing from the table fails the test, so a new key must be classified.
 
 use std::collections::BTreeMap;
@@ -317,11 +318,11 @@ fn every_key_of_base_yml_does_something_or_is_refused() {
                     Ok(()) => Some(format!("{key}={value} is accepted; the table says it is refused")),
                 }
             }
-            KernelChoice(_) => {
+            KernelChoice(why) => {
                 let both = load(&set("true")).and_then(|_| load(&set("false")));
-                both.err().map(|e| format!("{key}: both values should load: {e}"))
+                both.err().map(|e| format!("{key} ({why}): both values should load: {e}"))
             }
-            Runtime(_) => {
+            Runtime(why) => {
                 let field = format!(".{key}");
                 let read = outside_config.iter().any(|(_, text)| {
                     text.match_indices(&field).any(|(i, _)| {
@@ -329,7 +330,7 @@ fn every_key_of_base_yml_does_something_or_is_refused() {
                         !next.is_some_and(|ch| ch.is_alphanumeric() || ch == '_')
                     })
                 });
-                (!read).then(|| format!("{key}: no code outside src/config reads the field"))
+                (!read).then(|| format!("{key} ({why}): no code outside src/config reads the field"))
             }
         };
         failures.extend(failure);
