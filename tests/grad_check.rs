@@ -6,11 +6,11 @@
 mod common;
 
 use common::{f64_tensor, max_rel_diff, rng, run, uniform};
-use maxrs::ir::{DType, DotDims, Signature};
+use maxrs::ir::{DType, DotDims, GatherDims, Prim, RaggedDotMode, Signature};
 use maxrs::pjrt::HostTensor;
 use maxrs::runtime::compile;
 use maxrs::tensor::{
-    checkpoint, concatenate, einsum, scan, trace, value_and_grad, where_, RematPolicy, Tensor, Trace, Tree,
+    checkpoint, concatenate, einsum, scan, sort, trace, value_and_grad, where_, RematPolicy, Tensor, Trace, Tree,
 };
 
 type Fun = Box<dyn Fn(&Trace, &[Tensor]) -> Tensor>;
@@ -43,6 +43,16 @@ fn s(dims: &'static [i64], range: (f64, f64)) -> (&'static [i64], f64, f64) {
 fn idx(ctx: &Trace, dims: &[i64], values: &[i32]) -> Tensor {
     ctx.constant(DType::S32, dims, &values.iter().map(|&v| v as f64).collect::<Vec<_>>())
 }
+
+/// A ragged dot in any of its forms (the API exposes the non-contracting one; the others are
+/// its gradients).
+fn ragged(mode: RaggedDotMode, lhs: &Tensor, rhs: &Tensor, sizes: &Tensor) -> Tensor {
+    lhs.trace().bind1(Prim::RaggedDot(mode), &[lhs, rhs, sizes])
+}
+
+/// Group sizes with an empty group, a group of several tiles (tiles are at least 8 rows) and
+/// rows past the last group.
+const GROUPS: [i32; 3] = [9, 0, 10];
 
 fn cases() -> Vec<Case> {
     let a23 = s(&[2, 3], ANY);
@@ -109,6 +119,46 @@ fn cases() -> Vec<Case> {
         case("take", &[s(&[5, 3], ANY)], |c, x| x[0].take(&idx(c, &[2, 2], &[1, 4, 1, 0]))),
         case("scatter_add", &[s(&[5, 3], ANY), s(&[3, 3], ANY)], |c, x| {
             x[0].scatter_add(&idx(c, &[3], &[3, 1, 3]), &x[1])
+        }),
+        case("take_along_axis", &[s(&[3, 4], ANY)], |c, x| {
+            x[0].take_along_axis(&idx(c, &[3, 2], &[3, 0, 1, 1, 2, 0]), 1)
+        }),
+        case("take_along_axis_0", &[s(&[3, 4], ANY)], |c, x| {
+            x[0].take_along_axis(&idx(c, &[2, 4], &[2, 0, 1, 1, 0, 0, 2, 1]), 0)
+        }),
+        case("scatter_add_along_axis", &[s(&[3, 4], ANY), s(&[3, 2], ANY)], |c, x| {
+            x[0].scatter_add_along_axis(&idx(c, &[3, 2], &[3, 3, 1, 0, 2, 2]), &x[1], 1)
+        }),
+        case("gather_batched_window", &[s(&[2, 5, 3], ANY)], |c, x| {
+            // Per batch row b, rows indices[b, i] of operand[b]: [2, 4, 3].
+            let dims = GatherDims {
+                offset_dims: vec![2],
+                collapsed_slice_dims: vec![1],
+                operand_batching_dims: vec![0],
+                start_indices_batching_dims: vec![0],
+                start_index_map: vec![1],
+                index_vector_dim: 2,
+                slice_sizes: vec![1, 1, 3],
+            };
+            x[0].gather(&idx(c, &[2, 4, 1], &[4, 0, 4, 2, 1, 1, 3, 0]), dims)
+        }),
+        case("sort_with_payload", &[s(&[3, 4], ANY), s(&[3, 4], ANY)], |_, x| {
+            let sorted = sort(&[&x[0], &x[1]], 1, false);
+            concatenate(&[&sorted[0], &sorted[1]], 1)
+        }),
+        case("sort_descending_axis_0", &[s(&[4, 3], ANY)], |_, x| sort(&[&x[0]], 0, true).remove(0)),
+        case("argsort_take", &[s(&[3, 4], ANY), s(&[3, 4], ANY)], |_, x| x[1].take_along_axis(&x[0].argsort(1), 1)),
+        case("top_k", &[s(&[3, 5], ANY)], |_, x| x[0].top_k(2).0),
+        case("cumsum", &[s(&[3, 4], ANY)], |_, x| x[0].cumsum(1)),
+        case("cumsum_reverse", &[s(&[3, 4], ANY)], |_, x| x[0].cumsum_reverse(0)),
+        case("ragged_dot", &[s(&[20, 3], ANY), s(&[3, 3, 2], ANY)], |c, x| {
+            x[0].ragged_dot(&x[1], &idx(c, &[3], &GROUPS))
+        }),
+        case("ragged_dot_transposed", &[s(&[20, 3], ANY), s(&[3, 2, 3], ANY)], |c, x| {
+            ragged(RaggedDotMode::NonContracting { rhs_transposed: true }, &x[0], &x[1], &idx(c, &[3], &GROUPS))
+        }),
+        case("ragged_dot_contracting", &[s(&[20, 3], ANY), s(&[20, 2], ANY)], |c, x| {
+            ragged(RaggedDotMode::Contracting, &x[0], &x[1], &idx(c, &[3], &GROUPS))
         }),
         case("pad", &[a23, s(&[], ANY)], |_, x| x[0].pad(&x[1], &[1, 0], &[0, 2], &[1, 1])),
         case("checkpoint_name", &[a23], |_, x| x[0].checkpoint_name("h").sin()),

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{f64_tensor, max_rel_diff, rng, run, uniform};
-use maxrs::ir::{DType, Signature};
-use maxrs::tensor::{concatenate, einsum, trace, where_, Tensor, Trace, Tree};
+use maxrs::ir::{DType, GatherDims, Prim, RaggedDotMode, Signature};
+use maxrs::tensor::{concatenate, einsum, sort, trace, where_, Tensor, Trace, Tree};
 
 /// Runs `f` on f64 inputs of the given shapes (random values) and returns inputs and output.
 fn eval(
@@ -191,4 +191,140 @@ fn sixteen_bit_floats_and_integers() {
     assert_eq!(out["f"].to_f32(), want);
     assert_eq!(out["u"].to_u32(), vec![2, 1, 14]);
     assert_eq!(out["i"].to_i32(), vec![-7, -2, 3]);
+}
+
+fn ints(ctx: &Trace, dims: &[i64], values: &[i32]) -> Tensor {
+    ctx.constant(DType::S32, dims, &values.iter().map(|&v| v as f64).collect::<Vec<_>>())
+}
+
+/// Stable sorts (ties keep their order), descending sorts, payloads, argsort and top_k (ties:
+/// lower index first) against Rust's stable sort.
+#[test]
+fn sorting_and_top_k() {
+    // Rows of keys with ties; a random payload rides along.
+    let keys = [0.5, -1.0, 0.5, 2.0, -1.0, 0.5, 3.0, 3.0, -2.0, 0.0, 3.0, 1.0];
+    let (x, y, dims) = eval(&[&[2, 6]], 4, |ctx, t| {
+        let k = ctx.constant(DType::F64, &[2, 6], &keys);
+        let up = sort(&[&k, &t[0]], 1, false);
+        let down = sort(&[&k, &t[0]], 1, true);
+        let order = k.argsort(1).astype(DType::F64);
+        let (top, top_idx) = k.top_k(3);
+        let top = concatenate(&[&top, &top_idx.astype(DType::F64)], 1);
+        concatenate(&[&up[0], &up[1], &down[0], &down[1], &order, &top], 1)
+    });
+    assert_eq!(dims, vec![2, 36]);
+    for row in 0..2 {
+        let k = &keys[row * 6..row * 6 + 6];
+        let p = &x[0][row * 6..row * 6 + 6];
+        let mut up: Vec<usize> = (0..6).collect();
+        up.sort_by(|&a, &b| k[a].partial_cmp(&k[b]).unwrap());
+        let mut down: Vec<usize> = (0..6).collect();
+        down.sort_by(|&a, &b| k[b].partial_cmp(&k[a]).unwrap());
+        let mut want: Vec<f64> = up.iter().map(|&i| k[i]).collect();
+        want.extend(up.iter().map(|&i| p[i]));
+        want.extend(down.iter().map(|&i| k[i]));
+        want.extend(down.iter().map(|&i| p[i]));
+        want.extend(up.iter().map(|&i| i as f64));
+        want.extend(down[..3].iter().map(|&i| k[i]));
+        want.extend(down[..3].iter().map(|&i| i as f64));
+        assert_eq!(&y[row * 36..row * 36 + 36], &want[..], "row {row}");
+    }
+}
+
+#[test]
+fn cumulative_sums() {
+    let p = trace(&Signature::new(None), |ctx, _| {
+        let i = ints(ctx, &[2, 3], &[1, 2, 3, 4, 5, 6]);
+        let f = ctx.constant(DType::F32, &[2, 3], &[0.5, 1.0, -2.0, 4.0, 0.25, 8.0]);
+        Tree::new()
+            .with("i", concatenate(&[&i.cumsum(1), &i.cumsum_reverse(1), &i.cumsum(0)], 1))
+            .with("f", concatenate(&[&f.cumsum(1), &f.cumsum_reverse(0)], 1))
+    })
+    .unwrap();
+    let out = run(&p, &Tree::new());
+    assert_eq!(out["i"].to_i32(), vec![1, 3, 6, 6, 5, 3, 1, 2, 3, 4, 9, 15, 15, 11, 6, 5, 7, 9]);
+    assert_eq!(out["f"].to_f32(), vec![0.5, 1.5, -0.5, 4.5, 1.25, 6.0, 4.0, 4.25, 12.25, 4.0, 0.25, 8.0]);
+}
+
+/// `take_along_axis` on both axes, `scatter_add_along_axis` with repeated positions, and a
+/// gather with batching and window dims, against their index definitions.
+#[test]
+fn gathers_and_scatters_along_axes() {
+    let idx1 = [3, 0, 1, 1, 2, 0];
+    let idx0 = [2, 0, 1, 1, 0, 0, 2, 1];
+    let rows = [4, 0, 4, 2, 1, 1, 3, 0];
+    let (x, y, _) = eval(&[&[3, 4], &[3, 2], &[2, 5, 3]], 5, |ctx, t| {
+        let along1 = t[0].take_along_axis(&ints(ctx, &[3, 2], &idx1), 1).reshape(&[-1]);
+        let along0 = t[0].take_along_axis(&ints(ctx, &[2, 4], &idx0), 0).reshape(&[-1]);
+        let scattered = t[0].scatter_add_along_axis(&ints(ctx, &[3, 2], &idx1), &t[1], 1).reshape(&[-1]);
+        let dims = GatherDims {
+            offset_dims: vec![2],
+            collapsed_slice_dims: vec![1],
+            operand_batching_dims: vec![0],
+            start_indices_batching_dims: vec![0],
+            start_index_map: vec![1],
+            index_vector_dim: 2,
+            slice_sizes: vec![1, 1, 3],
+        };
+        let batched = t[2].gather(&ints(ctx, &[2, 4, 1], &rows), dims).reshape(&[-1]);
+        concatenate(&[&along1, &along0, &scattered, &batched], 0)
+    });
+    let a = &x[0];
+    let mut want: Vec<f64> = (0..6).map(|j| a[(j / 2) * 4 + idx1[j] as usize]).collect();
+    want.extend((0..8).map(|j| a[idx0[j] as usize * 4 + j % 4]));
+    let mut scattered = a.clone();
+    for j in 0..6 {
+        scattered[(j / 2) * 4 + idx1[j] as usize] += x[1][j];
+    }
+    want.extend(scattered);
+    for b in 0..2 {
+        for i in 0..4 {
+            let r = rows[b * 4 + i] as usize;
+            want.extend((0..3).map(|c| x[2][b * 15 + r * 3 + c]));
+        }
+    }
+    assert!(max_rel_diff(&y, &want) < 1e-15);
+}
+
+/// Every form of `ragged_dot` against per-row products, with an empty group, groups spanning
+/// several tiles (tiles have at most 128 rows) and rows in no group.
+#[test]
+fn ragged_dot_forms_match_brute_force() {
+    let (m, k, n) = (300usize, 3usize, 2usize);
+    let sizes = [150, 0, 140];
+    let group_of = |r: usize| match r {
+        r if r < 150 => Some(0),
+        r if r < 290 => Some(2),
+        _ => None,
+    };
+    let (x, y, _) = eval(&[&[m as i64, k as i64], &[3, k as i64, n as i64], &[m as i64, n as i64]], 6, |ctx, t| {
+        let sizes = ints(ctx, &[3], &sizes);
+        let bind = |mode, a: &Tensor, b: &Tensor| ctx.bind1(Prim::RaggedDot(mode), &[a, b, &sizes]);
+        let rows = t[0].ragged_dot(&t[1], &sizes).reshape(&[-1]);
+        // rhs as [G, N, K]: the same products against the transposed weights.
+        let transposed =
+            bind(RaggedDotMode::NonContracting { rhs_transposed: true }, &t[0], &t[1].transpose(&[0, 2, 1]));
+        let groups = bind(RaggedDotMode::Contracting, &t[0], &t[2]).reshape(&[-1]);
+        concatenate(&[&rows, &transposed.reshape(&[-1]), &groups], 0)
+    });
+    let (lhs, w, rhs) = (&x[0], &x[1], &x[2]);
+    let mut want = vec![0.0; 2 * m * n];
+    for r in 0..m {
+        if let Some(g) = group_of(r) {
+            for c in 0..n {
+                let v: f64 = (0..k).map(|i| lhs[r * k + i] * w[g * k * n + i * n + c]).sum();
+                want[r * n + c] = v;
+                want[m * n + r * n + c] = v;
+            }
+        }
+    }
+    for g in 0..3 {
+        for i in 0..k {
+            for c in 0..n {
+                want.push((0..m).filter(|&r| group_of(r) == Some(g)).map(|r| lhs[r * k + i] * rhs[r * n + c]).sum());
+            }
+        }
+    }
+    let err = max_rel_diff(&y, &want);
+    assert!(err < 1e-12, "max relative difference {err:e}");
 }

@@ -51,8 +51,12 @@ fn outputs_active(eqn: &Eqn, ins: &[bool]) -> Vec<bool> {
         | Prim::DynamicSlice { .. }
         | Prim::DynamicUpdateSlice
         | Prim::Concatenate { .. }
-        | Prim::Take
-        | Prim::ScatterAdd
+        | Prim::Gather(_)
+        | Prim::ScatterAdd(_)
+        | Prim::Sort { .. }
+        | Prim::TopK { .. }
+        | Prim::Cumsum { .. }
+        | Prim::RaggedDot(_)
         | Prim::Pad { .. }
         | Prim::Name(_)
         | Prim::ShardingConstraint(_)

@@ -3,8 +3,8 @@
 //! (`None`: zero, or not differentiable — integer, boolean and index operands).
 
 use super::{remat, scan, Extra};
-use crate::ir::{BinaryOp, DotDims, Prim, ReduceOp, UnaryOp};
-use crate::tensor::{where_, Tensor, Trace};
+use crate::ir::{BinaryOp, DType, DotDims, GatherDims, Prim, RaggedDotMode, ReduceOp, ScatterDims, UnaryOp};
+use crate::tensor::{sort, where_, Tensor, Trace};
 use std::f64::consts::PI;
 
 pub(crate) fn vjp(
@@ -86,8 +86,35 @@ pub(crate) fn vjp(
                 })
                 .collect()
         }
-        Prim::Take => vec![only(0, &|| ins[0].zeros_like().scatter_add(ins[1], g())), None],
-        Prim::ScatterAdd => vec![only(0, &|| g().clone()), None, only(2, &|| g().take(ins[1]))],
+        Prim::Gather(d) => {
+            vec![only(0, &|| ins[0].zeros_like().scatter_add_with(ins[1], g(), gather_transpose(d))), None]
+        }
+        Prim::ScatterAdd(d) => {
+            vec![only(0, &|| g().clone()), None, only(2, &|| g().gather(ins[1], scatter_transpose(d, ins[2].shape())))]
+        }
+        Prim::Sort { axis, descending } => {
+            // Every result is its operand permuted along `axis`: send each cotangent back
+            // through the permutation, found by sorting positions along with the keys.
+            let a = *axis as isize;
+            let positions = dest.iota(DType::S32, ins[0].shape(), *axis);
+            let perm = sort(&[ins[0], &positions], a, *descending).remove(1);
+            ins.iter()
+                .zip(cts)
+                .zip(needs)
+                .map(|((x, ct), &need)| match (need, ct) {
+                    (true, Some(ct)) => Some(x.zeros_like().scatter_add_along_axis(&perm, ct, a)),
+                    _ => None,
+                })
+                .collect()
+        }
+        Prim::TopK { .. } => {
+            let values_ct = cts[0].as_ref().expect("only the values carry a cotangent");
+            vec![Some(ins[0].zeros_like().scatter_add_along_axis(outs[1], values_ct, -1))]
+        }
+        // Each input reaches the outputs at and after it (before it, for `reverse`).
+        Prim::Cumsum { axis, reverse: false } => vec![Some(g().cumsum_reverse(*axis as isize))],
+        Prim::Cumsum { axis, reverse: true } => vec![Some(g().cumsum(*axis as isize))],
+        Prim::RaggedDot(mode) => ragged_dot(dest, *mode, ins, g(), needs),
         Prim::Pad { low, high, interior } => {
             let g = g();
             let limit: Vec<i64> = (0..g.rank()).map(|d| g.shape()[d] - high[d]).collect();
@@ -156,6 +183,63 @@ fn binary(op: BinaryOp, x: &Tensor, y: &Tensor, out: &Tensor, g: &Tensor, needs:
             vec![None, None]
         }
     }
+}
+
+/// The scatter that adds a gather's cotangent back where the gather read it (JAX's
+/// `_gather_transpose_rule`).
+fn gather_transpose(d: &GatherDims) -> ScatterDims {
+    ScatterDims {
+        update_window_dims: d.offset_dims.clone(),
+        inserted_window_dims: d.collapsed_slice_dims.clone(),
+        input_batching_dims: d.operand_batching_dims.clone(),
+        scatter_indices_batching_dims: d.start_indices_batching_dims.clone(),
+        scatter_dims_to_operand_dims: d.start_index_map.clone(),
+        index_vector_dim: d.index_vector_dim,
+    }
+}
+
+/// The gather that reads a scatter's cotangent where the updates went (JAX's
+/// `_scatter_add_transpose_rule`): slices of the update window's sizes.
+fn scatter_transpose(d: &ScatterDims, updates: &[i64]) -> GatherDims {
+    let mut window = d.update_window_dims.iter();
+    let rank = d.inserted_window_dims.len() + d.input_batching_dims.len() + d.update_window_dims.len();
+    let slice_sizes = (0..rank)
+        .map(|r| match d.inserted_window_dims.contains(&r) || d.input_batching_dims.contains(&r) {
+            true => 1,
+            false => updates[*window.next().expect("one window dim per kept operand dim")],
+        })
+        .collect();
+    GatherDims {
+        offset_dims: d.update_window_dims.clone(),
+        collapsed_slice_dims: d.inserted_window_dims.clone(),
+        operand_batching_dims: d.input_batching_dims.clone(),
+        start_indices_batching_dims: d.scatter_indices_batching_dims.clone(),
+        start_index_map: d.scatter_dims_to_operand_dims.clone(),
+        index_vector_dim: d.index_vector_dim,
+        slice_sizes,
+    }
+}
+
+/// Cotangents of a ragged dot's `lhs` and `rhs`: again ragged dots over the same groups.
+/// With `out[m] = lhs[m] @ W[g]`, `d lhs[m] = g[m] @ W[g]^T` and `d W[g] = lhs[rows of g]^T @
+/// g[rows of g]` (the contracting form); the contracting form's own cotangents are
+/// non-contracting products with the cotangent as the weights.
+fn ragged_dot(dest: &Trace, mode: RaggedDotMode, ins: &[&Tensor], g: &Tensor, needs: &[bool]) -> Vec<Option<Tensor>> {
+    let (lhs, rhs, sizes) = (ins[0], ins[1], ins[2]);
+    let bind = |mode, a: &Tensor, b: &Tensor| dest.bind1(Prim::RaggedDot(mode), &[a, b, sizes]);
+    let non_contracting = |rhs_transposed| RaggedDotMode::NonContracting { rhs_transposed };
+    let (d_lhs, d_rhs): (&dyn Fn() -> Tensor, &dyn Fn() -> Tensor) = match mode {
+        RaggedDotMode::NonContracting { rhs_transposed: false } => {
+            (&|| bind(non_contracting(true), g, rhs), &|| bind(RaggedDotMode::Contracting, lhs, g))
+        }
+        RaggedDotMode::NonContracting { rhs_transposed: true } => {
+            (&|| bind(non_contracting(false), g, rhs), &|| bind(RaggedDotMode::Contracting, g, lhs))
+        }
+        RaggedDotMode::Contracting => {
+            (&|| bind(non_contracting(true), rhs, g), &|| bind(non_contracting(false), lhs, g))
+        }
+    };
+    vec![needs[0].then(d_lhs), needs[1].then(d_rhs), None]
 }
 
 /// Broadcasts a reduced cotangent back over the reduced `axes` of `shape`.

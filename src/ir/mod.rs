@@ -11,6 +11,9 @@ mod types;
 
 pub use dtype::DType;
 pub use graph::{Eqn, Graph, ValueId};
-pub use prim::{BinaryOp, Comparison, DotDims, Literal, Prim, ReduceOp, Remat, Scan, UnaryOp};
+pub use prim::{
+    BinaryOp, Comparison, DotDims, GatherDims, Literal, Prim, RaggedDotMode, ReduceOp, Remat, Scan, ScatterDims,
+    UnaryOp,
+};
 pub use program::{InputSpec, OutputSpec, Program, Signature};
 pub use types::{Shape, Type};

@@ -51,11 +51,33 @@ pub enum Prim {
     Concatenate {
         axis: usize,
     },
-    /// Embedding lookup: `table[V, ...]` indexed along axis 0 by an integer array `idx[...]`,
-    /// giving `[idx..., ...]`. Lowers to `stablehlo.gather`.
-    Take,
-    /// The transpose of `Take`: `operand[V, ...]` plus `updates[idx..., ...]` added at rows `idx`.
-    ScatterAdd,
+    /// `stablehlo.gather`: operands `operand`, integer `indices`; slices of `operand` at the
+    /// positions `indices` give (row lookup, `take_along_axis`, ...).
+    Gather(GatherDims),
+    /// `stablehlo.scatter` with addition, the transpose of `Gather`: operands `operand`,
+    /// integer `indices`, `updates`; `updates` added into `operand` at `indices` (repeated
+    /// positions accumulate, out-of-range ones are dropped).
+    ScatterAdd(ScatterDims),
+    /// Stable sort of every operand along `axis` by the order of operand 0 (the keys); all
+    /// operands have one shape. Floats compare in IEEE total order.
+    Sort {
+        axis: usize,
+        descending: bool,
+    },
+    /// The `k` largest entries along the last axis, in decreasing order (ties: lower index
+    /// first): results `values` and their s32 `indices`.
+    TopK {
+        k: i64,
+    },
+    /// Inclusive cumulative sum along `axis` (from the end with `reverse`).
+    Cumsum {
+        axis: usize,
+        reverse: bool,
+    },
+    /// A grouped matrix product over consecutive row groups (XLA's ragged dot): operands `lhs`,
+    /// `rhs`, and `group_sizes: s32[G]`, the sizes of consecutive groups of rows of `lhs`
+    /// (rows past their sum belong to no group).
+    RaggedDot(RaggedDotMode),
     /// Operands: the array and a scalar padding value. Padding amounts are non-negative.
     Pad {
         low: Vec<i64>,
@@ -136,6 +158,48 @@ pub struct DotDims {
     pub rhs_contract: Vec<usize>,
 }
 
+/// Dimension numbers of `gather` (StableHLO's, plus the slice sizes). The result has the
+/// batch dimensions of `indices` (all but `index_vector_dim`, in order) at the positions not in
+/// `offset_dims`, and the slice's dimensions not collapsed or batched at `offset_dims`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatherDims {
+    pub offset_dims: Vec<usize>,
+    /// Operand dims of slice size 1 that the result drops.
+    pub collapsed_slice_dims: Vec<usize>,
+    /// Operand dims paired with `start_indices_batching_dims`: element `i` of one reads
+    /// element `i` of the other (as a batched `take_along_axis`).
+    pub operand_batching_dims: Vec<usize>,
+    pub start_indices_batching_dims: Vec<usize>,
+    /// The operand dims that the index vector's entries index, in order.
+    pub start_index_map: Vec<usize>,
+    /// The dim of `indices` holding index vectors; `indices.rank` means a trailing 1.
+    pub index_vector_dim: usize,
+    pub slice_sizes: Vec<i64>,
+}
+
+/// Dimension numbers of `scatter` (StableHLO's): the mirror of `GatherDims`, with the update
+/// window at `update_window_dims` of `updates`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScatterDims {
+    pub update_window_dims: Vec<usize>,
+    pub inserted_window_dims: Vec<usize>,
+    pub input_batching_dims: Vec<usize>,
+    pub scatter_indices_batching_dims: Vec<usize>,
+    pub scatter_dims_to_operand_dims: Vec<usize>,
+    pub index_vector_dim: usize,
+}
+
+/// The two forms of `RaggedDot`, the second being the first's weight gradient. Row `m` belongs
+/// to group `g` when `sum(group_sizes[..g]) <= m < sum(group_sizes[..=g])`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RaggedDotMode {
+    /// `lhs[M,K]` and `rhs[G,K,N]` (`[G,N,K]` when `rhs_transposed`) give `out[M,N]`, row `m`
+    /// of group `g` being `lhs[m] @ rhs[g]` (`rhs[g]^T`); rows in no group are zero.
+    NonContracting { rhs_transposed: bool },
+    /// `lhs[M,K]` and `rhs[M,N]` give `out[G,K,N]`, `out[g] = lhs[rows of g]^T @ rhs[rows of g]`.
+    Contracting,
+}
+
 /// Constant contents. Integers up to 2^53 and every f32/bf16/f16 value are exact in an f64.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Literal {
@@ -200,8 +264,12 @@ impl Prim {
             Prim::DynamicSlice { .. } => "dynamic_slice",
             Prim::DynamicUpdateSlice => "dynamic_update_slice",
             Prim::Concatenate { .. } => "concatenate",
-            Prim::Take => "take",
-            Prim::ScatterAdd => "scatter_add",
+            Prim::Gather(_) => "gather",
+            Prim::ScatterAdd(_) => "scatter_add",
+            Prim::Sort { .. } => "sort",
+            Prim::TopK { .. } => "top_k",
+            Prim::Cumsum { .. } => "cumsum",
+            Prim::RaggedDot(_) => "ragged_dot",
             Prim::Pad { .. } => "pad",
             Prim::StopGradient => "stop_gradient",
             Prim::Name(_) => "checkpoint_name",

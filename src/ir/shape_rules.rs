@@ -2,7 +2,9 @@
 //! saying what does not fit. Called for every equation at trace time; the tracer adds the op
 //! name, the operand types and the caller's location to the message.
 
-use super::{BinaryOp, DType, DotDims, Literal, Prim, ReduceOp, Shape, Type, UnaryOp};
+use super::{
+    BinaryOp, DType, DotDims, GatherDims, Literal, Prim, RaggedDotMode, ReduceOp, ScatterDims, Shape, Type, UnaryOp,
+};
 
 pub type RuleResult = Result<Vec<Type>, String>;
 
@@ -183,29 +185,55 @@ pub fn infer(prim: &Prim, ins: &[&Type]) -> RuleResult {
             dims[*axis] = total;
             Ok(vec![Type::new(first.dtype, dims)])
         }
-        Prim::Take => {
+        Prim::Gather(dims) => {
             arity(ins, 2)?;
-            let (table, idx) = (ins[0], ins[1]);
-            if table.rank() == 0 {
-                return Err("the table must have at least one dimension".into());
-            }
-            if !idx.dtype.is_integer() {
-                return Err("indices must be s32 or u32".into());
-            }
-            let dims: Vec<i64> = idx.shape.iter().chain(&table.shape[1..]).copied().collect();
-            Ok(vec![Type::new(table.dtype, dims)])
+            gather(dims, ins[0], ins[1])
         }
-        Prim::ScatterAdd => {
+        Prim::ScatterAdd(dims) => {
             arity(ins, 3)?;
-            let (operand, idx, upd) = (ins[0], ins[1], ins[2]);
-            if operand.rank() == 0 || !idx.dtype.is_integer() || !operand.dtype.is_float() {
-                return Err("needs a float operand with at least one dimension and integer indices".into());
+            scatter(dims, ins[0], ins[1], ins[2])
+        }
+        Prim::Sort { axis, .. } => {
+            let keys = ins.first().ok_or("nothing to sort")?;
+            if *axis >= keys.rank() {
+                return Err(format!("axis {axis} out of range"));
             }
-            let want: Vec<i64> = idx.shape.iter().chain(&operand.shape[1..]).copied().collect();
-            if upd.dtype != operand.dtype || *upd.shape != want[..] {
-                return Err(format!("updates must be {}", Type::new(operand.dtype, want)));
+            if ins.iter().any(|t| t.shape != keys.shape) {
+                return Err("the operands differ in shape".into());
             }
-            Ok(vec![operand.clone()])
+            if keys.dtype == DType::Pred {
+                return Err("cannot sort by pred keys".into());
+            }
+            Ok(ins.iter().map(|t| (*t).clone()).collect())
+        }
+        Prim::TopK { k } => {
+            arity(ins, 1)?;
+            let t = ins[0];
+            let n = *t.shape.last().ok_or("the operand must have at least one dimension")?;
+            if !t.dtype.is_float() && t.dtype != DType::S32 {
+                return Err(format!("unsupported element type {}", t.dtype));
+            }
+            if *k < 1 || *k > n {
+                return Err(format!("k = {k} must be in 1..={n}"));
+            }
+            let mut dims = t.shape.to_vec();
+            *dims.last_mut().expect("rank >= 1") = *k;
+            Ok(vec![Type::new(t.dtype, dims.clone()), Type::new(DType::S32, dims)])
+        }
+        Prim::Cumsum { axis, .. } => {
+            arity(ins, 1)?;
+            let t = ins[0];
+            if *axis >= t.rank() {
+                return Err(format!("axis {axis} out of range"));
+            }
+            if !t.dtype.is_float() && t.dtype != DType::S32 {
+                return Err(format!("unsupported element type {}", t.dtype));
+            }
+            Ok(vec![t.clone()])
+        }
+        Prim::RaggedDot(mode) => {
+            arity(ins, 3)?;
+            ragged_dot(*mode, ins[0], ins[1], ins[2])
         }
         Prim::Pad { low, high, interior } => {
             arity(ins, 2)?;
@@ -331,4 +359,156 @@ fn dot_general(d: &DotDims, lhs: &Type, rhs: &Type) -> RuleResult {
     dims.extend((0..lhs.rank()).filter(|a| !lhs_used.contains(a)).map(|a| lhs.shape[a]));
     dims.extend((0..rhs.rank()).filter(|a| !rhs_used.contains(a)).map(|a| rhs.shape[a]));
     Ok(vec![Type { dtype: lhs.dtype, shape: Shape::from(dims) }])
+}
+
+/// Sizes and checks shared by gather and scatter: the index vector length must match the
+/// indexed operand dims; indexed, collapsed and batching dims must be valid and disjoint; the
+/// batching dims of both sides must pair up. Returns the batch (scatter) dims of `indices`.
+#[allow(clippy::too_many_arguments)]
+fn index_dims(
+    operand: &Type,
+    indices: &Type,
+    index_vector_dim: usize,
+    index_map: &[usize],
+    dropped: &[usize],
+    operand_batching: &[usize],
+    indices_batching: &[usize],
+) -> Result<Vec<usize>, String> {
+    if !indices.dtype.is_integer() {
+        return Err("indices must be s32 or u32".into());
+    }
+    if index_vector_dim > indices.rank() {
+        return Err(format!("index_vector_dim {index_vector_dim} out of range"));
+    }
+    let index_len = if index_vector_dim == indices.rank() { 1 } else { indices.shape[index_vector_dim] };
+    if index_map.len() as i64 != index_len {
+        return Err(format!("index vectors of length {index_len} for {} indexed dims", index_map.len()));
+    }
+    distinct_in_range(index_map, operand.rank(), "indexed operand dims")?;
+    let removed: Vec<usize> = dropped.iter().chain(operand_batching).copied().collect();
+    distinct_in_range(&removed, operand.rank(), "collapsed and batching operand dims")?;
+    if index_map.iter().any(|d| operand_batching.contains(d)) {
+        return Err("an operand batching dim is also indexed".into());
+    }
+    if operand_batching.len() != indices_batching.len() {
+        return Err("operand and indices batching dims differ in number".into());
+    }
+    distinct_in_range(indices_batching, indices.rank(), "indices batching dims")?;
+    if indices_batching.contains(&index_vector_dim) {
+        return Err("index_vector_dim is a batching dim".into());
+    }
+    for (&o, &i) in operand_batching.iter().zip(indices_batching) {
+        if operand.shape[o] != indices.shape[i] {
+            return Err(format!("batching dim {o} of the operand and {i} of the indices differ in size"));
+        }
+    }
+    Ok((0..indices.rank()).filter(|&d| d != index_vector_dim).collect())
+}
+
+/// Positions `0..rank` split into `window` (given, strictly increasing) and the rest.
+fn window_positions(window: &[usize], rank: usize, what: &str) -> Result<(), String> {
+    if window.windows(2).any(|w| w[0] >= w[1]) || window.last().is_some_and(|&d| d >= rank) {
+        return Err(format!("{what} {window:?} are not increasing dimensions below {rank}"));
+    }
+    Ok(())
+}
+
+fn gather(d: &GatherDims, operand: &Type, indices: &Type) -> RuleResult {
+    let batch = index_dims(
+        operand,
+        indices,
+        d.index_vector_dim,
+        &d.start_index_map,
+        &d.collapsed_slice_dims,
+        &d.operand_batching_dims,
+        &d.start_indices_batching_dims,
+    )?;
+    if d.slice_sizes.len() != operand.rank()
+        || d.slice_sizes.iter().zip(operand.shape.iter()).any(|(s, n)| *s < 0 || s > n)
+    {
+        return Err(format!("slice sizes {:?} do not fit the operand", d.slice_sizes));
+    }
+    let removed: Vec<usize> = d.collapsed_slice_dims.iter().chain(&d.operand_batching_dims).copied().collect();
+    if removed.iter().any(|&r| d.slice_sizes[r] != 1) {
+        return Err("collapsed and batching dims must have slice size 1".into());
+    }
+    let window: Vec<usize> = (0..operand.rank()).filter(|r| !removed.contains(r)).collect();
+    if window.len() != d.offset_dims.len() {
+        return Err(format!("{} offset dims for {} slice dims", d.offset_dims.len(), window.len()));
+    }
+    let rank = batch.len() + window.len();
+    window_positions(&d.offset_dims, rank, "offset dims")?;
+    let (mut w, mut b) = (window.iter(), batch.iter());
+    let dims: Vec<i64> = (0..rank)
+        .map(|pos| match d.offset_dims.contains(&pos) {
+            true => d.slice_sizes[*w.next().expect("counted")],
+            false => indices.shape[*b.next().expect("counted")],
+        })
+        .collect();
+    Ok(vec![Type::new(operand.dtype, dims)])
+}
+
+fn scatter(d: &ScatterDims, operand: &Type, indices: &Type, updates: &Type) -> RuleResult {
+    if !operand.dtype.is_float() || updates.dtype != operand.dtype {
+        return Err("needs a float operand and updates of the same type".into());
+    }
+    let batch = index_dims(
+        operand,
+        indices,
+        d.index_vector_dim,
+        &d.scatter_dims_to_operand_dims,
+        &d.inserted_window_dims,
+        &d.input_batching_dims,
+        &d.scatter_indices_batching_dims,
+    )?;
+    let removed: Vec<usize> = d.inserted_window_dims.iter().chain(&d.input_batching_dims).copied().collect();
+    let window: Vec<usize> = (0..operand.rank()).filter(|r| !removed.contains(r)).collect();
+    if window.len() != d.update_window_dims.len() || updates.rank() != batch.len() + window.len() {
+        return Err(format!("updates {updates} do not have one dim per scatter and window dim"));
+    }
+    window_positions(&d.update_window_dims, updates.rank(), "update window dims")?;
+    let (mut w, mut b) = (window.iter(), batch.iter());
+    for pos in 0..updates.rank() {
+        let size = updates.shape[pos];
+        let limit = if d.update_window_dims.contains(&pos) {
+            operand.shape[*w.next().expect("counted")]
+        } else {
+            let want = indices.shape[*b.next().expect("counted")];
+            if size != want {
+                return Err(format!("update dim {pos} (size {size}) differs from its indices dim (size {want})"));
+            }
+            want
+        };
+        if size > limit {
+            return Err(format!("update window dim {pos} (size {size}) exceeds the operand's (size {limit})"));
+        }
+    }
+    Ok(vec![operand.clone()])
+}
+
+fn ragged_dot(mode: RaggedDotMode, lhs: &Type, rhs: &Type, sizes: &Type) -> RuleResult {
+    if lhs.dtype != rhs.dtype || !lhs.dtype.is_float() {
+        return Err("lhs and rhs must be floats of one type".into());
+    }
+    if sizes.dtype != DType::S32 || sizes.rank() != 1 || lhs.rank() != 2 {
+        return Err("needs lhs[M,K] and group_sizes s32[G]".into());
+    }
+    let (m, k, g) = (lhs.shape[0], lhs.shape[1], sizes.shape[0]);
+    match mode {
+        RaggedDotMode::NonContracting { rhs_transposed } => {
+            let (kk, n) = match (rhs_transposed, &rhs.shape[..]) {
+                (false, &[gg, kk, n]) if gg == g => (kk, n),
+                (true, &[gg, n, kk]) if gg == g => (kk, n),
+                _ => return Err(format!("rhs must be [G={g}, K, N] ([G, N, K] transposed)")),
+            };
+            if kk != k {
+                return Err(format!("contracting sizes differ: lhs {k}, rhs {kk}"));
+            }
+            Ok(vec![Type::new(lhs.dtype, [m, n])])
+        }
+        RaggedDotMode::Contracting => match rhs.shape[..] {
+            [mm, n] if mm == m => Ok(vec![Type::new(lhs.dtype, [g, k, n])]),
+            _ => Err(format!("rhs must be [M={m}, N]")),
+        },
+    }
 }

@@ -1,5 +1,6 @@
 //! The StableHLO spelling of every primitive, in one exhaustive match. Simple ops use the
-//! pretty syntax; gather and scatter use the generic form. Identity-like primitives
+//! pretty syntax; gather, scatter, sort and reduce_window use the generic form (the ops with a
+//! combiner region share `region_op`), and `ragged_dot` becomes loops (`ragged`). Identity-like primitives
 //! (`stop_gradient`, `checkpoint_name`, and sharding constraints without a mesh) emit nothing.
 
 use super::shardy::Shardings;
@@ -104,24 +105,104 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
             let types: Vec<String> = (0..ins.len()).map(|i| in_ty(i).to_string()).collect();
             vec![e.op(&format!("stablehlo.concatenate {}, dim = {axis} : ({}) -> {t}", join(ins), types.join(", ")))]
         }
-        Prim::Take => {
-            let (table, idx) = (g.ty(eqn.inputs[0]), g.ty(eqn.inputs[1]));
-            let m = idx.rank();
-            let offset: Vec<usize> = (m..m + table.rank() - 1).collect();
-            let mut sizes = table.shape.to_vec();
-            sizes[0] = 1;
-            let line = format!(
-                "\"stablehlo.gather\"({}, {}) {{dimension_numbers = #stablehlo.gather<{}collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {m}>, slice_sizes = {}, indices_are_sorted = false}} : ({}, {}) -> {t}",
+        Prim::Gather(d) => {
+            let mut fields = Vec::new();
+            push_dims(&mut fields, "offset_dims", &d.offset_dims);
+            push_dims(&mut fields, "collapsed_slice_dims", &d.collapsed_slice_dims);
+            push_dims(&mut fields, "operand_batching_dims", &d.operand_batching_dims);
+            push_dims(&mut fields, "start_indices_batching_dims", &d.start_indices_batching_dims);
+            push_dims(&mut fields, "start_index_map", &d.start_index_map);
+            fields.push(format!("index_vector_dim = {}", d.index_vector_dim));
+            vec![e.op(&format!(
+                "\"stablehlo.gather\"({}, {}) {{dimension_numbers = #stablehlo.gather<{}>, slice_sizes = {}, indices_are_sorted = false}} : ({}, {}) -> {t}",
                 ins[0],
                 ins[1],
-                if offset.is_empty() { String::new() } else { format!("offset_dims = {}, ", List(&offset)) },
-                I64Array(&sizes),
+                fields.join(", "),
+                I64Array(&d.slice_sizes),
                 in_ty(0),
                 in_ty(1)
-            );
-            vec![e.op(&line)]
+            ))]
         }
-        Prim::ScatterAdd => vec![e.scatter_add(g, eqn, ins)],
+        Prim::ScatterAdd(d) => {
+            let mut fields = Vec::new();
+            push_dims(&mut fields, "update_window_dims", &d.update_window_dims);
+            push_dims(&mut fields, "inserted_window_dims", &d.inserted_window_dims);
+            push_dims(&mut fields, "input_batching_dims", &d.input_batching_dims);
+            push_dims(&mut fields, "scatter_indices_batching_dims", &d.scatter_indices_batching_dims);
+            push_dims(&mut fields, "scatter_dims_to_operand_dims", &d.scatter_dims_to_operand_dims);
+            fields.push(format!("index_vector_dim = {}", d.index_vector_dim));
+            let attrs = format!(
+                "scatter_dimension_numbers = #stablehlo.scatter<{}>, indices_are_sorted = false, unique_indices = false",
+                fields.join(", ")
+            );
+            let types: Vec<String> = (0..3).map(|i| in_ty(i).to_string()).collect();
+            let elem = Type::scalar(out.dtype);
+            let r = e.region_op("stablehlo.scatter", ins, &[&elem, &elem], &[&elem], |e, args| {
+                vec![e.op(&format!("stablehlo.add {}, {} : {}", args[0], args[1], TensorType(&elem)))]
+            });
+            e.close_region_op(&attrs, &format!("({}) -> {t}", types.join(", ")));
+            vec![r]
+        }
+        Prim::Sort { axis, descending } => {
+            let key = g.ty(eqn.inputs[0]);
+            let scalars: Vec<Type> =
+                eqn.inputs.iter().flat_map(|&v| [Type::scalar(g.ty(v).dtype), Type::scalar(g.ty(v).dtype)]).collect();
+            let refs: Vec<&Type> = scalars.iter().collect();
+            let direction = if *descending { "GT" } else { "LT" };
+            let kind = if key.dtype.is_float() { "TOTALORDER" } else { compare_type(key.dtype) };
+            let pred = Type::scalar(DType::Pred);
+            let first = e.fresh();
+            let results: Vec<Ssa> = (0..ins.len() as u32)
+                .map(|k| if ins.len() == 1 { Ssa::Value(first) } else { Ssa::Result(first, k) })
+                .collect();
+            e.region_op_named(first, ins.len(), "stablehlo.sort", ins, &refs, &[&pred], |e, args| {
+                let elem = TensorType(&scalars[0]);
+                vec![e.op(&format!(
+                    "stablehlo.compare {direction}, {}, {}, {kind} : ({elem}, {elem}) -> {}",
+                    args[0],
+                    args[1],
+                    TensorType(&pred)
+                ))]
+            });
+            let types: Vec<String> = (0..ins.len()).map(|i| in_ty(i).to_string()).collect();
+            e.close_region_op(
+                &format!("dimension = {axis} : i64, is_stable = true"),
+                &format!("({}) -> ({})", types.join(", "), types.join(", ")),
+            );
+            results
+        }
+        Prim::TopK { k } => {
+            let indices = TensorType(g.ty(eqn.outputs[1]));
+            e.multi(2, &format!("chlo.top_k({}, k = {k}) : {} -> ({t}, {indices})", ins[0], in_ty(0)))
+        }
+        Prim::Cumsum { axis, reverse } => {
+            let n = out.shape[*axis];
+            let mut window = vec![1; out.rank()];
+            window[*axis] = n;
+            let padding: Vec<String> = (0..out.rank())
+                .map(|d| match (d == *axis, reverse) {
+                    (false, _) => "[0, 0]".to_string(),
+                    (true, false) => format!("[{}, 0]", n - 1),
+                    (true, true) => format!("[0, {}]", n - 1),
+                })
+                .collect();
+            let elem = Type::scalar(out.dtype);
+            let init = e.constant(&elem, &Literal::Splat(0.0));
+            let r = e.region_op("stablehlo.reduce_window", &[ins[0], init], &[&elem, &elem], &[&elem], |e, args| {
+                vec![e.op(&format!("stablehlo.add {}, {} : {}", args[0], args[1], TensorType(&elem)))]
+            });
+            e.close_region_op(
+                &format!(
+                    "window_dimensions = {}, padding = dense<[{}]> : tensor<{}x2xi64>",
+                    I64Array(&window),
+                    padding.join(", "),
+                    out.rank()
+                ),
+                &format!("({}, {}) -> {t}", in_ty(0), TensorType(&elem)),
+            );
+            vec![r]
+        }
+        Prim::RaggedDot(mode) => vec![e.ragged_dot(*mode, g, eqn, ins)],
         Prim::Pad { low, high, interior } => vec![e.op(&format!(
             "stablehlo.pad {}, {}, low = {}, high = {}, interior = {} : ({}, {}) -> {t}",
             ins[0],
@@ -147,6 +228,13 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
         }
         Prim::Scan(s) => e.scan(s, g, eqn, ins),
         Prim::Remat(r) => e.graph(&r.body, ins),
+    }
+}
+
+/// `name = [..]`, left out when empty (as MLIR prints these attributes).
+fn push_dims(fields: &mut Vec<String>, name: &str, dims: &[usize]) {
+    if !dims.is_empty() {
+        fields.push(format!("{name} = {}", List(dims)));
     }
 }
 
@@ -222,7 +310,7 @@ fn join(values: &[Ssa]) -> String {
 
 impl Emitter<'_> {
     /// Writes `%n = <body>` and returns `%n`.
-    fn op(&mut self, body: &str) -> Ssa {
+    pub(super) fn op(&mut self, body: &str) -> Ssa {
         let r = self.fresh();
         self.indent();
         w(writeln!(self.out, "%{r} = {body}"));
@@ -240,42 +328,62 @@ impl Emitter<'_> {
         (0..count as u32).map(|k| Ssa::Result(r, k)).collect()
     }
 
-    fn constant(&mut self, ty: &Type, value: &Literal) -> Ssa {
+    pub(super) fn constant(&mut self, ty: &Type, value: &Literal) -> Ssa {
         let mut body = String::from("stablehlo.constant ");
         dense(&mut body, ty, value);
         w(write!(body, " : {}", TensorType(ty)));
         self.op(&body)
     }
 
-    fn scalar_i32(&mut self, v: i64) -> Ssa {
+    pub(super) fn scalar_i32(&mut self, v: i64) -> Ssa {
         self.constant(&Type::scalar(DType::S32), &Literal::Splat(v as f64))
     }
 
-    fn scatter_add(&mut self, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Ssa {
-        let (operand, idx, upd) = (g.ty(eqn.inputs[0]), g.ty(eqn.inputs[1]), g.ty(eqn.inputs[2]));
-        let m = idx.rank();
-        let window: Vec<usize> = (m..m + operand.rank() - 1).collect();
-        let elem = Type::scalar(operand.dtype);
-        let (r, a, b, s) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
-        self.indent();
-        w(writeln!(self.out, "%{r} = \"stablehlo.scatter\"({}, {}, {}) ({{", ins[0], ins[1], ins[2]));
-        self.indent();
-        w(writeln!(self.out, "^bb0(%{a}: {et}, %{b}: {et}):", et = TensorType(&elem)));
-        self.indent();
-        w(writeln!(self.out, "  %{s} = stablehlo.add %{a}, %{b} : {}", TensorType(&elem)));
-        self.indent();
-        w(writeln!(self.out, "  stablehlo.return %{s} : {}", TensorType(&elem)));
-        self.indent();
-        w(writeln!(
-            self.out,
-            "}}) {{scatter_dimension_numbers = #stablehlo.scatter<{}inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = {m}>, indices_are_sorted = false, unique_indices = false}} : ({}, {}, {}) -> {}",
-            if window.is_empty() { String::new() } else { format!("update_window_dims = {}, ", List(&window)) },
-            TensorType(operand),
-            TensorType(idx),
-            TensorType(upd),
-            TensorType(operand)
-        ));
+    /// Writes `%r = "<name>"(<operands>) ({ ^bb0(<block_args>): <body> })` — a one-block region
+    /// returning what `body` gives, of types `returns` — and leaves the line open for
+    /// `close_region_op`. Returns `%r`.
+    fn region_op(
+        &mut self,
+        name: &str,
+        operands: &[Ssa],
+        block_args: &[&Type],
+        returns: &[&Type],
+        body: impl FnOnce(&mut Self, &[Ssa]) -> Vec<Ssa>,
+    ) -> Ssa {
+        let r = self.fresh();
+        self.region_op_named(r, 1, name, operands, block_args, returns, body);
         Ssa::Value(r)
+    }
+
+    /// `region_op` with `count` results named `%r` (`%r:count` when more than one).
+    #[allow(clippy::too_many_arguments)]
+    fn region_op_named(
+        &mut self,
+        r: u32,
+        count: usize,
+        name: &str,
+        operands: &[Ssa],
+        block_args: &[&Type],
+        returns: &[&Type],
+        body: impl FnOnce(&mut Self, &[Ssa]) -> Vec<Ssa>,
+    ) {
+        let args: Vec<Ssa> = block_args.iter().map(|_| Ssa::Value(self.fresh())).collect();
+        let arity = if count == 1 { String::new() } else { format!(":{count}") };
+        self.indent();
+        w(writeln!(self.out, "%{r}{arity} = \"{name}\"({}) ({{", join(operands)));
+        self.indent();
+        let params: Vec<String> = args.iter().zip(block_args).map(|(a, t)| format!("{a}: {}", TensorType(t))).collect();
+        w(writeln!(self.out, "^bb0({}):", params.join(", ")));
+        self.depth += 1;
+        let results = body(self, &args);
+        self.terminator_typed("stablehlo.return", &results, returns);
+        self.depth -= 1;
+    }
+
+    /// Ends an op opened by `region_op`: `}) {<attrs>} : <signature>`.
+    fn close_region_op(&mut self, attrs: &str, signature: &str) {
+        self.indent();
+        w(writeln!(self.out, "}}) {{{attrs}}} : {signature}"));
     }
 
     /// A scan as `stablehlo.while` over `(i, consts, carry, xs, ys)`: the body slices

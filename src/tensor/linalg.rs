@@ -1,14 +1,24 @@
-//! Contractions: `dot_general`, `matmul`, and `einsum` for one or two operands (each label at
-//! most once per operand), built from reductions, one `dot_general` and a transpose.
+//! Contractions: `dot_general`, `matmul`, `einsum` for one or two operands (each label at
+//! most once per operand, built from reductions, one `dot_general` and a transpose), and the
+//! grouped matmul `ragged_dot`.
 
 use super::trace::{apply1, op_error, op_error_at, Tensor};
-use crate::ir::{DotDims, Prim};
+use crate::ir::{DotDims, Prim, RaggedDotMode};
 use std::panic::Location;
 
 impl Tensor {
     #[track_caller]
     pub fn dot_general(&self, other: &Tensor, dims: DotDims) -> Tensor {
         apply1(Prim::DotGeneral(dims), &[self, other])
+    }
+
+    /// A grouped matmul (XLA's `ragged_dot`): `self[M,K]` holds consecutive groups of rows of
+    /// sizes `group_sizes: s32[G]`, and row `m` of group `g` is multiplied by `rhs[g]`
+    /// (`rhs: [G,K,N]`), giving `[M,N]`; rows past `sum(group_sizes)` are zero. This is how
+    /// tokens sorted by expert meet their expert's weights.
+    #[track_caller]
+    pub fn ragged_dot(&self, rhs: &Tensor, group_sizes: &Tensor) -> Tensor {
+        apply1(Prim::RaggedDot(RaggedDotMode::NonContracting { rhs_transposed: false }), &[self, rhs, group_sizes])
     }
 
     /// `[..., m, k] @ [k, n] -> [..., m, n]`, or a batched product of equal-rank operands

@@ -21,12 +21,14 @@
 
 mod creation;
 mod elementwise;
+mod indexing;
 mod linalg;
 mod nn;
 mod program;
 pub mod random;
 mod reduce;
 mod shape_ops;
+mod sorting;
 mod trace;
 mod transforms;
 mod tree;
@@ -35,6 +37,7 @@ pub use elementwise::{broadcast_shapes, where_, IntoOperand, Operand};
 pub use linalg::einsum;
 pub use program::{trace, TraceError};
 pub use shape_ops::{concatenate, stack};
+pub use sorting::sort;
 pub use trace::{Tensor, Trace};
 pub use transforms::{checkpoint, scan, value_and_grad, value_and_grad_with_aux, RematPolicy};
 pub use tree::Tree;

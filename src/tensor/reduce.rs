@@ -1,4 +1,5 @@
-//! Reductions over axes: sum, max and mean, with or without keeping the reduced dimensions.
+//! Reductions over axes: sum, max and mean, with or without keeping the reduced dimensions;
+//! and the cumulative sum, which keeps them.
 
 use super::trace::{apply1, Tensor};
 use crate::ir::{Prim, ReduceOp};
@@ -80,6 +81,18 @@ impl Tensor {
     #[track_caller]
     pub fn max_all(&self) -> Tensor {
         self.max(&all_axes(self))
+    }
+
+    /// The inclusive cumulative sum along `axis`: `out[i] = x[0] + ... + x[i]` (float or s32).
+    #[track_caller]
+    pub fn cumsum(&self, axis: isize) -> Tensor {
+        apply1(Prim::Cumsum { axis: self.axis(axis), reverse: false }, &[self])
+    }
+
+    /// The cumulative sum from the end along `axis`: `out[i] = x[i] + ... + x[n-1]`.
+    #[track_caller]
+    pub fn cumsum_reverse(&self, axis: isize) -> Tensor {
+        apply1(Prim::Cumsum { axis: self.axis(axis), reverse: true }, &[self])
     }
 
     #[track_caller]

@@ -1,5 +1,5 @@
 //! Operations that move data without arithmetic: reshape, transpose, broadcast, slicing,
-//! padding, concatenation, and row gather/scatter (`take`, `scatter_add`).
+//! padding and concatenation. (Gathers and scatters are in `indexing`.)
 
 use super::elementwise::{IntoOperand, Operand};
 use super::trace::{apply1, op_error, usage_error, Tensor};
@@ -132,20 +132,6 @@ impl Tensor {
             Operand::Scalar(x) => self.trace().scalar(x, self.dtype()),
         };
         apply1(Prim::Pad { low: low.to_vec(), high: high.to_vec(), interior: interior.to_vec() }, &[self, &v])
-    }
-
-    /// Rows of `self` (a table indexed along axis 0) at integer `indices`: shape
-    /// `indices.shape ++ self.shape[1..]` (embedding lookup).
-    #[track_caller]
-    pub fn take(&self, indices: &Tensor) -> Tensor {
-        apply1(Prim::Take, &[self, indices])
-    }
-
-    /// `self` with `updates` (shaped `indices.shape ++ self.shape[1..]`) added at rows `indices`;
-    /// repeated indices accumulate. The transpose of `take`.
-    #[track_caller]
-    pub fn scatter_add(&self, indices: &Tensor, updates: &Tensor) -> Tensor {
-        apply1(Prim::ScatterAdd, &[self, indices, updates])
     }
 }
 
