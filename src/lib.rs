@@ -9,6 +9,7 @@ pub mod aot;
 pub mod autodiff;
 pub mod cluster;
 pub mod config;
+pub mod inference;
 pub mod ir;
 pub mod lower;
 pub mod model;

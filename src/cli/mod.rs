@@ -2,6 +2,7 @@
 
 pub mod cluster_check;
 pub mod coordinator;
+pub mod decode;
 pub mod devices;
 pub mod launch;
 pub mod submit;

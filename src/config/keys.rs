@@ -81,6 +81,17 @@ string_enum!(
     DecoderBlock { Llama2 = "llama2", Mistral = "mistral" }
 );
 
+string_enum!(
+    /// MaxText's `decode_sampling_strategy`: how `maxrs decode` picks each next token.
+    SamplingStrategy {
+        Greedy = "greedy",
+        Weighted = "weighted",
+        Nucleus = "nucleus",
+        Topk = "topk",
+        Composite = "composite",
+    }
+);
+
 /// The closed set of values of a string key, if it has one.
 pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
     match key {
@@ -91,6 +102,7 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "hardware" => Some(Hardware::VALUES),
         "dataset_type" => Some(DatasetType::VALUES),
         "decoder_block" => Some(DecoderBlock::VALUES),
+        "decode_sampling_strategy" => Some(SamplingStrategy::VALUES),
         _ => None,
     }
 }
@@ -176,6 +188,16 @@ pub struct Config {
     pub adam_weight_decay: f64,
     pub gradient_clipping_threshold: f64,
     pub z_loss_multiplier: f64,
+
+    // Decoding (maxrs decode)
+    pub prompt: Vec<String>,
+    pub max_prefill_predict_length: i64,
+    pub autoregressive_decode_assert: String,
+    pub decode_sampling_strategy: SamplingStrategy,
+    pub decode_sampling_nucleus_p: f64,
+    pub decode_sampling_top_k: i64,
+    pub decode_sampling_temperature: f64,
+    pub decode_seed: i64,
 
     // Ahead-of-time compilation
     pub compiled_trainstep_file: String,

@@ -16,11 +16,11 @@ pub use builtin::MODELS;
 pub use error::ConfigError;
 pub use keys::{
     Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, RematPolicy, RuleAxes,
-    WsdDecayStyle,
+    SamplingStrategy, WsdDecayStyle,
 };
 pub use load::{load, load_args};
 pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
 pub use rules::{axis_rules, logical_rules};
-pub use validate::{validate, Derived, PLUGINS};
+pub use validate::{validate, validate_decode, Derived, PLUGINS};
 pub use value::key_names;

@@ -32,7 +32,7 @@
 
 use crate::tensor::{einsum, Tensor, Tree};
 
-use super::attention::{attend, rope, LayerContext};
+use super::attention::{rope, LayerContext};
 use super::decoder::{constrain, Family, LayerFlops, BTE};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
@@ -92,7 +92,7 @@ fn attention(c: &ModelConfig, p: &Tree, h: &Tensor, ctx: &LayerContext) -> Tenso
     // Explicit query scaling (see the module docs).
     let q = rope(&q, ctx) * (1.0 / (c.head_dim as f64).sqrt());
     let k = rope(&k, ctx);
-    let out = attend(&q, &k, &v, &ctx.mask(None));
+    let out = ctx.attend(&q, &k, &v, None);
     einsum("bthk,hkd->btd", &[&out, &w("self_attention.out.kernel")]).checkpoint_name("out_proj")
 }
 
