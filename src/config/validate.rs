@@ -161,7 +161,7 @@ pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
     let (temperature, p, k) =
         (config.decode_sampling_temperature, config.decode_sampling_nucleus_p, config.decode_sampling_top_k);
     let divides = matches!(strategy, SamplingStrategy::Weighted | SamplingStrategy::Nucleus | SamplingStrategy::Topk);
-    if divides && !(temperature > 0.0) {
+    if divides && (temperature <= 0.0 || temperature.is_nan()) {
         return Err(ConfigError::invalid(
             "decode_sampling_temperature",
             format!(

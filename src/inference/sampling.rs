@@ -55,7 +55,7 @@ impl Sampling {
                 let sorted = crate::tensor::sort(&[logits], -1, true).remove(0);
                 let cutoff = nucleus_size(&sorted, p) - 1;
                 let cutoff_logit = select_along_last(&sorted, &cutoff);
-                let kept = where_(&logits.lt(&cutoff_logit.expand_dims(-1)), NEG_INF, logits);
+                let kept = where_(&logits.lt(cutoff_logit.expand_dims(-1)), NEG_INF, logits);
                 categorical(key, &(kept / temperature))
             }
             Sampling::TopK { k, temperature } => {
@@ -67,7 +67,7 @@ impl Sampling {
                 let (values, indices) = logits.top_k(k);
                 let size = nucleus_size(&values, p);
                 let rank = logits.trace().iota(DType::S32, values.shape(), values.rank() - 1);
-                let kept = where_(&rank.lt(&size.expand_dims(-1)), &values, NEG_INF);
+                let kept = where_(&rank.lt(size.expand_dims(-1)), &values, NEG_INF);
                 let chosen = categorical(key, &(kept / temperature.max(1e-6)));
                 select_along_last(&indices, &chosen)
             }
@@ -87,7 +87,7 @@ fn nucleus_size(sorted: &Tensor, p: f64) -> Tensor {
 /// `x[..., index[...]]` for `x: [..., n]` and an s32 `index: [...]`.
 fn select_along_last(x: &Tensor, index: &Tensor) -> Tensor {
     let positions = x.trace().iota(DType::S32, x.shape(), x.rank() - 1);
-    let hit = positions.eq(&index.expand_dims(-1));
+    let hit = positions.eq(index.expand_dims(-1));
     let zero = x.zeros_like();
     where_(&hit, x, &zero).sum(&[-1])
 }

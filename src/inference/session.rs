@@ -78,8 +78,8 @@ pub struct Session {
     generate: Compiled,
     /// The parameters by input name (`params.<name>`), shared by both programs.
     params: HashMap<String, DeviceArray>,
-    /// `decode_seed`.
-    seed: u32,
+    /// The sampling seed (`decode_seed`): prefill's key is `PRNGKey(seed)`.
+    pub seed: u32,
     pub startup: DecodeStartup,
     client: Client,
 }
@@ -108,6 +108,13 @@ impl Session {
         engine.check_cache_sharding().map_err(|e| anyhow!(e))?;
         let mut startup = DecodeStartup::default();
         let t = Instant::now();
+        // A parameter file is read first: a file for another model fails before compiling.
+        let host_params = match &params {
+            ParamSource::File(path) => Some(read_params(&engine.model, path)?),
+            ParamSource::Host(_) | ParamSource::Init(_) => None,
+        };
+        startup.params = t.elapsed().as_secs_f64();
+        let t = Instant::now();
         let prefill = engine.prefill().map_err(|e| anyhow!("tracing the prefill program: {e}"))?;
         let generate = engine
             .generate(&Engine::cache_specs(&prefill), steps_per_call)
@@ -121,8 +128,13 @@ impl Session {
         let generate = runtime::compile_lowered(client, &generate, &generate_mlir).context("compiling generate")?;
         startup.compile = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let params = device_params(&engine.model, client, &prefill, params)?;
-        startup.params = t.elapsed().as_secs_f64();
+        let params = match (params, host_params) {
+            (ParamSource::Init(seed), _) => init_params(&engine.model, client, seed, &prefill)?,
+            (ParamSource::Host(tree), _) => put_params(&engine.model, client, &prefill, tree)?,
+            (ParamSource::File(_), Some(tree)) => put_params(&engine.model, client, &prefill, &tree)?,
+            (ParamSource::File(_), None) => unreachable!("a file is read before compiling"),
+        };
+        startup.params += t.elapsed().as_secs_f64();
         Ok(Session { engine, prefill, generate, params, seed: c.decode_seed as u32, startup, client: client.clone() })
     }
 
@@ -213,26 +225,30 @@ impl Session {
     }
 }
 
-/// The parameters on the devices, laid out as `prefill`'s `params.*` inputs.
-fn device_params(
+/// A parameter file's arrays, checked against `model`'s parameters.
+fn read_params(model: &Model, path: &Path) -> Result<Tree<HostTensor>> {
+    let params = load_parameters(path, &expected_params(model)).map_err(|e| match e {
+        ParamsError::Mismatch(m) => anyhow!("{}", one_line_mismatch(&m)),
+        other => anyhow!(other),
+    })?;
+    Ok(params.into_iter().collect())
+}
+
+fn expected_params(model: &Model) -> Vec<ParamSpec> {
+    let dtype = runtime::element_type(model.config.weight_dtype);
+    model.param_defs().into_iter().map(|d| ParamSpec { name: d.name, ty: dtype, dims: d.shape }).collect()
+}
+
+/// Host parameters (by name, without the `params.` prefix) on the devices, laid out as
+/// `prefill`'s `params.*` inputs.
+fn put_params(
     model: &Model,
     client: &Client,
     prefill: &Compiled,
-    source: ParamSource,
+    host: &Tree<HostTensor>,
 ) -> Result<HashMap<String, DeviceArray>> {
-    let dtype = runtime::element_type(model.config.weight_dtype);
-    let expected: Vec<ParamSpec> =
-        model.param_defs().into_iter().map(|d| ParamSpec { name: d.name, ty: dtype, dims: d.shape }).collect();
-    let host = match source {
-        ParamSource::Init(seed) => return init_params(model, client, seed, prefill),
-        ParamSource::File(path) => load_parameters(path, &expected).map_err(|e| match e {
-            ParamsError::Mismatch(m) => anyhow!("{}", one_line_mismatch(&m)),
-            other => anyhow!(other),
-        })?,
-        ParamSource::Host(tree) => tree.iter().map(|(n, t)| (n.to_string(), t.clone())).collect(),
-    };
     let mut params = HashMap::new();
-    for spec in &expected {
+    for spec in expected_params(model) {
         let value = host.get(&spec.name).ok_or_else(|| anyhow!("parameter \"{}\" is missing", spec.name))?;
         let name = format!("params.{}", spec.name);
         let index = prefill.input_index(&name)?;

@@ -102,7 +102,7 @@ impl Tensor {
     pub fn argmax(&self, axis: isize) -> Tensor {
         let a = self.axis(axis);
         let n = self.shape()[a];
-        let is_max = self.eq(&self.max_keepdims(&[axis]).broadcast_to(self.shape()));
+        let is_max = self.eq(self.max_keepdims(&[axis]));
         let index = self.trace().iota(DType::S32, self.shape(), a);
         // The smallest index where the value is the max: -max(-index) over those positions.
         -where_(&is_max, -index, -(n as f64)).max(&[axis])
