@@ -7,15 +7,18 @@
 
 pub mod aot;
 pub mod autodiff;
+pub mod checkpoint;
 pub mod cluster;
 pub mod config;
 pub mod inference;
 pub mod ir;
 pub mod lower;
 pub mod model;
+pub mod output;
 pub mod pjrt;
 pub mod runtime;
 pub mod sharding;
+pub mod storage;
 pub mod submit;
 pub mod tensor;
 pub mod train;

@@ -4,10 +4,15 @@
 mod cli;
 
 use clap::{Parser, Subcommand};
+use maxrs::pjrt::xla_flags;
 
 #[derive(Parser)]
 #[command(name = "maxrs", version, about = "MaxText's job in Rust: train LLMs through XLA PJRT plugins")]
 struct Args {
+    /// More output: the resolved config with each key's source, debug logs, XLA's warnings
+    /// (-vv: XLA's info logs too).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -30,18 +35,30 @@ enum Command {
     Coordinator(cli::coordinator::CoordinatorArgs),
     /// Check a cluster: registration, key-value store, barriers, devices, collective bandwidth.
     ClusterCheck(cli::cluster_check::ClusterCheckArgs),
+    /// Convert Hugging Face Llama-family checkpoints to and from maxrs's parameter layout.
+    Convert(cli::convert::ConvertArgs),
     /// Run a train command on a cluster: a Vertex AI custom job, a Slurm batch script or a GKE JobSet.
     Submit(Box<cli::submit::SubmitArgs>),
 }
 
 fn main() -> std::process::ExitCode {
-    // XLA's own INFO lines (one per client, per compile) drown maxrs's output; users who want
-    // them set TF_CPP_MIN_LOG_LEVEL=0. Set before any plugin is loaded, while single-threaded.
-    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
-        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
+    // `maxrs devices | head` must end quietly like any Unix tool when the reader goes away, not
+    // panic in `println!`: take back the default SIGPIPE action that Rust's runtime replaced.
+    // SAFETY: called first thing, before any other thread exists; SIG_DFL is a valid action.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    cli::init_logging();
+    // The XLA flag probe: this binary re-run to try XLA_FLAGS' values in a process of its own.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.len() == 3 && argv[1] == xla_flags::probe::PROBE_ARG {
+        return xla_flags::probe::probe_main(std::path::Path::new(&argv[2]));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        xla_flags::probe::enable(exe);
+    }
     let args = Args::parse();
+    cli::init_logging(args.verbose);
     let result = match args.command {
         Command::Devices(a) => cli::devices::run(a),
         Command::Train(a) => cli::train::run(a),
@@ -54,12 +71,13 @@ fn main() -> std::process::ExitCode {
         },
         Command::Coordinator(a) => cli::coordinator::run(a),
         Command::ClusterCheck(a) => cli::cluster_check::run(a),
+        Command::Convert(a) => cli::convert::run(a),
         Command::Submit(a) => cli::submit::run(*a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", cli::error_report(&e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -21,7 +21,8 @@ fn lists_eight_cpu_devices() {
 fn bad_options_name_the_culprit() {
     let out = maxrs(&["devices", "cpu_device_count=zero"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cpu_device_count must be a positive integer, got \"zero\""));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cpu_device_count=zero; it must be an integer in [1, 1024]"), "{stderr}");
     let out = maxrs(&["devices", "--plugin", "rocm"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("valid names are cpu, cuda12, cuda13, tpu"));
 }

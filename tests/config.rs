@@ -53,10 +53,64 @@ fn defaults_load_the_tiny_model() {
 
 #[test]
 fn the_config_file_on_disk_is_the_built_in_one() {
-    let from_disk = config::load(Some(&repo("configs/base.yml")), &[]).unwrap();
-    assert_eq!(from_disk, load(&[]).unwrap());
+    let named = ["model_name=llama2-7b".to_string()];
+    let from_disk = config::load(Some(&repo("configs/base.yml")), &named).unwrap();
+    assert_eq!(from_disk, config::load(None, &named).unwrap());
+    // Naming configs/base.yml sets every key, so models/default.yml (defaults below the user's
+    // file) gives way to base.yml's model and full-size run settings: MaxText's default model.
+    let default = config::load(Some(&repo("configs/base.yml")), &[]).unwrap();
+    assert_eq!((default.steps, default.max_target_length, default.base_emb_dim), (150001, 2048, 2048));
     let via_args = config::load_args(&args(&[repo("configs/base.yml").to_str().unwrap(), "steps=7"])).unwrap();
     assert_eq!(via_args.steps, 7);
+}
+
+#[test]
+fn a_users_config_file_beats_the_default_models_quick_start() {
+    // The case: these values used to vanish under models/default.yml's.
+    let dir = scratch("quick");
+    let path = dir.join("configs/my.yml");
+    std::fs::write(&path, "steps: 3\nper_device_batch_size: 2\nmax_target_length: 64\nbase_emb_dim: 128\n").unwrap();
+    let r = config::resolve(Some(&path), &args(&["learning_rate=0.01"])).unwrap();
+    let c = &r.config;
+    assert_eq!((c.steps, c.per_device_batch_size, c.max_target_length, c.base_emb_dim), (3, 2.0, 64, 128));
+    assert_eq!(c.learning_rate, 0.01);
+    assert_eq!(r.source("steps"), &config::Source::ConfigFile(path.clone()));
+    assert_eq!(r.source("learning_rate"), &config::Source::CommandLine);
+    assert_eq!(r.source("head_dim"), &config::Source::Model("built-in models/default.yml".into()));
+    assert_eq!(r.source("adam_b1"), &config::Source::Default);
+    // Without a file, the quick-start settings apply.
+    assert_eq!((load(&[]).unwrap().steps, load(&[]).unwrap().per_device_batch_size), (100, 8.0));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_named_model_file_wins_over_the_config_files_model_keys_only() {
+    // MaxText's rule (pyconfig.py at e591f30): merge(config file, model file, command line).
+    let dir = scratch("named");
+    let path = dir.join("configs/my.yml");
+    std::fs::write(&path, "model_name: llama2-7b\nbase_emb_dim: 512\nsteps: 3\n").unwrap();
+    let r = config::resolve(Some(&path), &[]).unwrap();
+    assert_eq!((r.config.base_emb_dim, r.config.steps), (4096, 3));
+    assert_eq!(r.source("base_emb_dim"), &config::Source::Model("built-in models/llama2-7b.yml".into()));
+    // A model file sets model keys only.
+    std::fs::write(dir.join("models/sneaky.yml"), "base_emb_dim: 64\nsteps: 5\n").unwrap();
+    let e = config::load(Some(&path), &args(&["model_name=sneaky"])).unwrap_err().to_string();
+    assert!(e.contains("`steps`") && e.contains("sneaky.yml") && e.contains("not a model key"), "{e}");
+    // override_model_config lets the command line win.
+    let c = config::load(Some(&path), &args(&["override_model_config=true", "base_emb_dim=1024"])).unwrap();
+    assert_eq!(c.base_emb_dim, 1024);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_listing_shows_every_key_with_its_source() {
+    let r = config::resolve(None, &args(&["steps=7"])).unwrap();
+    let listing = r.listing();
+    assert_eq!(listing.lines().count(), config::key_names().count());
+    let steps = listing.lines().find(|l| l.starts_with("steps ")).unwrap();
+    assert!(steps.contains("= 7") && steps.ends_with("(command line)"), "{steps}");
+    let emb = listing.lines().find(|l| l.starts_with("base_emb_dim ")).unwrap();
+    assert!(emb.ends_with("(built-in models/default.yml)"), "{emb}");
 }
 
 #[test]
@@ -288,7 +342,8 @@ fn batch_must_split_over_the_batch_axes() {
 #[test]
 fn other_inconsistencies_are_named() {
     assert!(invalid(&["steps=0"], 1, 1).contains("steps=0"));
-    assert!(invalid(&["warmup_steps_fraction=1.5"], 1, 1).contains("warmup_steps_fraction=1.5; it must be in [0, 1]"));
+    assert!(invalid(&["warmup_steps_fraction=1.5"], 1, 1)
+        .contains("warmup_steps_fraction=1.5; it must be a number in [0, 1]"));
     assert!(invalid(&["dataset_type=tokens"], 1, 1).contains("dataset_path"));
     assert!(invalid(&["hardware=gpu"], 1, 1).contains("plugin=cuda12 or plugin=cuda13"));
     assert!(invalid(&["plugin=cuda"], 1, 1).contains("did you mean `cuda12`"));

@@ -38,7 +38,7 @@ fn log_line_is_maxtexts() {
 fn metrics_file_lines_parse_with_maxtexts_keys() {
     let dir = temp_dir("keys");
     let path = dir.join("nested/metrics.txt");
-    let mut writer = MetricsWriter::open(&path, 0, "run1").unwrap();
+    let mut writer = MetricsWriter::open(&path.as_path().into(), 0, "run1").unwrap();
     writer.write(&metrics(0, Some(24.6))).unwrap();
     writer.write(&StepMetrics { loss: f64::NAN, ..metrics(1, None) }).unwrap();
 
@@ -73,9 +73,13 @@ fn metrics_file_lines_parse_with_maxtexts_keys() {
     assert!(lines[1]["learning/loss"].is_null(), "NaN is written as null: {}", lines[1]);
     assert!(lines[1].get("perf/mfu").is_none(), "no MFU without a peak");
 
+    // While a writer holds the file, another run is refused.
+    let busy = MetricsWriter::open(&path.as_path().into(), 0, "run2").err().expect("the file is locked");
+    assert!(busy.to_string().contains("another run") && busy.to_string().contains("metrics_file"), "{busy}");
+    drop(writer);
     // A new run from step 0 overwrites; a resumed run appends.
-    MetricsWriter::open(&path, 0, "run2").unwrap().write(&metrics(0, None)).unwrap();
-    MetricsWriter::open(&path, 1, "run2").unwrap().write(&metrics(1, None)).unwrap();
+    MetricsWriter::open(&path.as_path().into(), 0, "run2").unwrap().write(&metrics(0, None)).unwrap();
+    MetricsWriter::open(&path.as_path().into(), 1, "run2").unwrap().write(&metrics(1, None)).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     let steps: Vec<f64> =
         text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_f64().unwrap()).collect();
@@ -89,7 +93,7 @@ fn open_error_names_the_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let blocker = dir.join("file");
     std::fs::write(&blocker, b"x").unwrap();
-    let err = MetricsWriter::open(&blocker.join("metrics.txt"), 0, "r").err().unwrap();
+    let err = MetricsWriter::open(&blocker.join("metrics.txt").as_path().into(), 0, "r").err().unwrap();
     assert!(err.to_string().contains("metrics_file"), "{err}");
     assert!(err.to_string().contains(&blocker.display().to_string()), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();

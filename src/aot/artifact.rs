@@ -2,7 +2,9 @@
 //! compiled for, then the plugin's serialized executable.
 //!
 //! Layout: the 8-byte magic `MAXRSAOT`, a little-endian u64 header length, the header as JSON
-//! (readable with `head -c`), then the executable bytes to the end of the file.
+//! (readable with `head -c`), then the executable bytes to the end of the file. The header holds
+//! the sha256 of the executable bytes, checked before they reach the plugin: a damaged
+//! executable can crash the plugin or, worse, load and compute something else.
 //!
 //! Loading compares the header with what the current run would compile: differing shapes,
 //! topology or configuration are an error listing every differing key with both values; a
@@ -13,12 +15,14 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::ir::Program;
 use crate::model::Model;
+use crate::output;
 use crate::pjrt::Plugin;
 
 const MAGIC: &[u8; 8] = b"MAXRSAOT";
@@ -54,6 +58,9 @@ pub struct ArtifactHeader {
     /// was compiled with. Empty in files written before multi-host runs (then not checked).
     #[serde(default)]
     pub device_ids_per_host: Vec<Vec<i64>>,
+    /// sha256 of the executable bytes, hex; set by [`write`]. Files from before it have none.
+    #[serde(default)]
+    pub executable_sha256: Option<String>,
 }
 
 /// A mismatch between a saved executable and the current run.
@@ -160,8 +167,7 @@ pub const TRAIN_KEYS: &[&str] = &[
 /// A digest of the lowered program: equal exactly when the two sides traced the same step, so a
 /// setting that changes the step without being a listed key is caught too.
 pub fn program_fingerprint(mlir: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(mlir.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    sha256_hex(mlir.as_bytes())
 }
 
 /// The devices a step runs on, in a form both sides can compute: the compiling side from its
@@ -228,51 +234,65 @@ pub fn header(config: &Config, model: &Model, program: &Program, mlir: &str, pla
         program_fingerprint: program_fingerprint(mlir),
         xla_flags: std::env::var("XLA_FLAGS").unwrap_or_default(),
         device_ids_per_host: Vec::new(),
+        executable_sha256: None,
     }
 }
 
-/// Writes header + executable to `path` through a temporary file in the same directory, so an
-/// interrupted write never leaves a truncated file where a good one was.
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes header + executable to `path` atomically ([`output::write_atomic`]), so an
+/// interrupted write never leaves a truncated file where a good one was. The header gets the
+/// executable's checksum.
 pub fn write(path: &Path, header: &ArtifactHeader, executable: &[u8]) -> Result<()> {
-    let json = serde_json::to_vec_pretty(header)?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp =
-        dir.join(format!(".{}.tmp{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("aot"), std::process::id()));
-    let result = (|| -> Result<()> {
-        let mut file = std::fs::File::create(&tmp)?;
+    let header = ArtifactHeader { executable_sha256: Some(sha256_hex(executable)), ..header.clone() };
+    let json = serde_json::to_vec_pretty(&header)?;
+    output::write_atomic(path, |file| {
         file.write_all(MAGIC)?;
         file.write_all(&(json.len() as u64).to_le_bytes())?;
         file.write_all(&json)?;
-        file.write_all(executable)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("writing compiled train step to {}", path.display()))
+        file.write_all(executable)
+    })
+    .with_context(|| format!("writing compiled train step to {}", path.display()))
 }
 
-/// Reads a file written by [`write`].
+/// Reads a file written by [`write`]: the header, and the executable bytes once their checksum
+/// matches the header's.
 pub fn read(path: &Path) -> Result<(ArtifactHeader, Vec<u8>)> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading compiled train step {}", path.display()))?;
-    if bytes.len() < 16 || &bytes[..8] != MAGIC {
-        bail!(
-            "{} is not a maxrs compiled train step (no {:?} header); make one with `maxrs train-compile`",
-            path.display(),
-            std::str::from_utf8(MAGIC).unwrap()
-        );
+    let meta = std::fs::metadata(path).with_context(|| format!("reading compiled train step {}", path.display()))?;
+    if !meta.is_file() {
+        bail!("compiled_trainstep_file={} is not a regular file", path.display());
     }
-    let header_len = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
-    let body = 16usize.checked_add(header_len).filter(|&end| end <= bytes.len());
+    let bytes = std::fs::read(path).with_context(|| format!("reading compiled train step {}", path.display()))?;
+    parse(&bytes).map_err(|e| anyhow!("compiled_trainstep_file={}: {e}", path.display()))
+}
+
+/// Splits and checks the bytes of a compiled-train-step file (see the module docs).
+pub fn parse(bytes: &[u8]) -> Result<(ArtifactHeader, Vec<u8>)> {
+    const RECOMPILE: &str = "recompile it with `maxrs train-compile` and the same settings";
+    if bytes.len() < 16 || &bytes[..8] != MAGIC {
+        bail!("not a maxrs compiled train step (no MAXRSAOT header); make one with `maxrs train-compile`");
+    }
+    let header_len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let body = usize::try_from(header_len).ok().and_then(|n| 16usize.checked_add(n)).filter(|&end| end <= bytes.len());
     let Some(body) = body else {
-        bail!("{} is truncated: its header claims {header_len} bytes but the file has {}", path.display(), bytes.len());
+        bail!(
+            "truncated or damaged: its header claims {header_len} bytes but the file has {}; {RECOMPILE}",
+            bytes.len()
+        );
     };
     let header: ArtifactHeader = serde_json::from_slice(&bytes[16..body])
-        .with_context(|| format!("{}: the header is not valid", path.display()))?;
-    Ok((header, bytes[body..].to_vec()))
+        .map_err(|e| anyhow!("damaged file: the header is not valid ({e}); {RECOMPILE}"))?;
+    let executable = &bytes[body..];
+    match &header.executable_sha256 {
+        None => bail!("the header has no checksum of the executable (written by an older maxrs); {RECOMPILE}"),
+        Some(expected) if *expected != sha256_hex(executable) => bail!(
+            "damaged file: the executable's sha256 does not match the one in its header, so it was changed \
+             after it was written; {RECOMPILE}"
+        ),
+        Some(_) => Ok((header, executable.to_vec())),
+    }
 }
 
 /// Reads `path` and checks it against `current`: returns the executable bytes, logging
@@ -317,6 +337,7 @@ mod tests {
             program_fingerprint: "0f".into(),
             xla_flags: String::new(),
             device_ids_per_host: vec![(0..8).collect()],
+            executable_sha256: None,
         }
     }
 
@@ -369,5 +390,29 @@ mod tests {
         std::fs::write(&truncated, bytes).unwrap();
         assert!(read(&truncated).unwrap_err().to_string().contains("truncated"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Every single-bit flip in the executable bytes is caught before the bytes are returned.
+    #[test]
+    fn damaged_executables_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("step.aot");
+        let executable: Vec<u8> = (0..64u8).collect();
+        write(&path, &header(), &executable).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let start = good.len() - executable.len();
+        for bit in 0..executable.len() * 8 {
+            let mut bad = good.clone();
+            bad[start + bit / 8] ^= 1 << (bit % 8);
+            let e = parse(&bad).unwrap_err().to_string();
+            assert!(e.contains("damaged file") && e.contains("maxrs train-compile"), "bit {bit}: {e}");
+        }
+        let mut old = header();
+        old.executable_sha256 = None;
+        let json = serde_json::to_vec(&old).unwrap();
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&json);
+        assert!(parse(&bytes).unwrap_err().to_string().contains("no checksum"));
     }
 }

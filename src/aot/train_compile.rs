@@ -39,6 +39,9 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     if c.compile_topology.is_empty() {
         bail!("compile_topology=NAME (or --topology=NAME) is required; `maxrs topologies` lists the targets");
     }
+    // Before any download or compile: the keys on their own, and the files read and written.
+    config::check(c)?;
+    crate::output::check_paths(c, crate::output::Command::TrainCompile)?;
     // The config checks ask for compile_topology_num_slices >= 1 with compile_topology.
     let slices = c.compile_topology_num_slices.max(1) as u32;
     crate::pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;

@@ -1,33 +1,39 @@
 //! `maxrs devices`: which plugin maxrs loads, what platform it is, and the devices it sees.
 
 use anyhow::{bail, Context, Result};
+use maxrs::pjrt::provision::choose_plugin;
 use maxrs::pjrt::{self, Client, Value};
 
 #[derive(clap::Args)]
 pub struct DevicesArgs {
-    /// Plugin: a path to a .so or a name (cpu, cuda12, cuda13, tpu). Default: $MAXRS_PJRT_PLUGIN, else cpu.
+    /// Plugin: a path to a .so or a name (cpu, cuda12, cuda13, tpu); same as plugin=P.
+    /// Default: $MAXRS_PJRT_PLUGIN, else cpu.
     #[arg(long)]
     plugin: Option<String>,
-    /// Client options as key=value (CPU plugin: cpu_device_count=N).
+    /// plugin=P, and client options as key=value (CPU plugin: cpu_device_count=N).
     options: Vec<String>,
 }
 
 pub fn run(args: DevicesArgs) -> Result<()> {
     let mut create_options = Vec::new();
+    let mut plugin_key = None;
     for (key, value) in super::parse_key_values(&args.options)? {
         match key.as_str() {
+            "plugin" => plugin_key = Some(value),
             "cpu_device_count" => {
+                let range = maxrs::config::range("cpu_device_count").expect("a numeric key");
                 let n: i64 = value
                     .parse()
                     .ok()
-                    .filter(|n| *n > 0)
-                    .with_context(|| format!("cpu_device_count must be a positive integer, got {value:?}"))?;
+                    .filter(|n| range.contains(*n as f64))
+                    .with_context(|| format!("cpu_device_count={value}; it must be {range}"))?;
                 create_options.push((key, Value::I64(n)));
             }
-            other => bail!("unknown option {other:?} for `maxrs devices`; valid: cpu_device_count=N"),
+            other => bail!("unknown option {other:?} for `maxrs devices`; valid: plugin=P, cpu_device_count=N"),
         }
     }
-    let (resolved, plugin) = pjrt::load_plugin(args.plugin.as_deref())?;
+    let choice = choose_plugin(args.plugin.as_deref(), plugin_key.as_deref())?;
+    let (resolved, plugin) = pjrt::load_chosen_plugin(&choice)?;
     let client = Client::create(&plugin, &create_options, None)?;
 
     let origin = match (&resolved.package, &resolved.version) {

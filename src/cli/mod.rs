@@ -1,6 +1,8 @@
-//! Subcommand implementations and what they share: logging set-up and `key=value` parsing.
+//! Subcommand implementations and what they share: logging set-up, the error report,
+//! `key=value` parsing, and loading a command's config with the plugin rule applied.
 
 pub mod cluster_check;
+pub mod convert;
 pub mod coordinator;
 pub mod decode;
 pub mod devices;
@@ -10,13 +12,64 @@ pub mod topologies;
 pub mod train;
 pub mod train_compile;
 
-use anyhow::{bail, Result};
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU8, Ordering};
 
-/// Logs go to stderr; `RUST_LOG` picks the level (default: info for maxrs, warn for the rest).
-pub fn init_logging() {
+use anyhow::{bail, Result};
+use maxrs::config::{self, Resolved, Source};
+use maxrs::pjrt::provision::{choose_plugin, resolve_choice};
+
+static VERBOSITY: AtomicU8 = AtomicU8::new(0);
+
+/// How many `-v` were given.
+pub fn verbosity() -> u8 {
+    VERBOSITY.load(Ordering::Relaxed)
+}
+
+/// Whether stderr may carry colours: a terminal, and `NO_COLOR` unset (no-color.org).
+pub fn color() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Sets the log levels, before any plugin is loaded (XLA reads `TF_CPP_MIN_LOG_LEVEL` once):
+/// - XLA's own C++ logging (absl): errors only by default, which hides the warnings XLA prints
+///   in every multi-device run (Shardy, "All log messages before absl::InitializeLog()");
+///   `-v` shows warnings, `-vv` everything; a `TF_CPP_MIN_LOG_LEVEL` the user set wins.
+/// - maxrs's logs go to stderr: `RUST_LOG` picks the level (default: info for maxrs, warn for
+///   the rest; `-v`: debug for maxrs), plain text unless stderr is a colour terminal.
+pub fn init_logging(verbosity: u8) {
+    VERBOSITY.store(verbosity, Ordering::Relaxed);
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        let level = 2u8.saturating_sub(verbosity);
+        // Single-threaded here: no plugin or logger thread exists yet.
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", level.to_string());
+    }
+    let default = if verbosity > 0 { "warn,maxrs=debug" } else { "warn,maxrs=info" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,maxrs=info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(color())
+        .with_target(false)
+        .init();
+}
+
+/// The error and its causes on one line, each cause once: a message that already quotes its
+/// cause (`dataset_path=x: No such file (os error 2)`) does not get it appended again.
+pub fn error_report(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// Splits `key=value` arguments, refusing anything else with a message naming it.
@@ -27,4 +80,25 @@ pub fn parse_key_values(args: &[String]) -> Result<Vec<(String, String)>> {
             _ => bail!("expected key=value, got {arg:?}"),
         })
         .collect()
+}
+
+/// Loads a `train`/`train-compile` command line (config file, `key=value`), applies the plugin
+/// rule (`--plugin`, `plugin=`, `MAXRS_PJRT_PLUGIN`; see `provision::choose_plugin`), and shows
+/// the resolved config with its sources when asked (`--print-config`, or `-v`).
+pub fn resolve_config(args: &[String], plugin_flag: Option<&str>) -> Result<Resolved> {
+    let mut resolved = config::resolve_args(args)?;
+    let key = resolved.source("plugin").is_user().then(|| resolved.config.plugin.clone());
+    let choice = choose_plugin(plugin_flag, key.as_deref())?;
+    if choice.origin != "the default" {
+        // Found (or fetched) now, so that a missing file is reported with what named it.
+        resolve_choice(&choice)?;
+    }
+    if choice.origin != "plugin=" && choice.origin != "the default" {
+        resolved.config.plugin = choice.spec;
+        resolved.set_source("plugin", Source::Setting(choice.origin.to_string()));
+    }
+    if verbosity() > 0 {
+        println!("{}", resolved.listing());
+    }
+    Ok(resolved)
 }

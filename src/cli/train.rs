@@ -6,6 +6,13 @@ use maxrs::{cluster, config, train};
 
 #[derive(clap::Args)]
 pub struct TrainArgs {
+    /// Plugin: a path to a .so or a name (cpu, cuda12, cuda13, tpu); same as plugin=P.
+    /// Default: the plugin key if set, else $MAXRS_PJRT_PLUGIN, else cpu.
+    #[arg(long)]
+    plugin: Option<String>,
+    /// Print every resolved config key, its value and where it came from, and exit.
+    #[arg(long)]
+    print_config: bool,
     /// A config file (MaxText's configs/base.yml convention; default: the built-in base.yml),
     /// then key=value overrides.
     #[arg(value_name = "CONFIG | key=value")]
@@ -13,15 +20,31 @@ pub struct TrainArgs {
 }
 
 pub fn run(args: TrainArgs) -> Result<()> {
-    let c = config::load_args(&args.args)?;
+    let resolved = super::resolve_config(&args.args, args.plugin.as_deref())?;
+    if args.print_config {
+        if super::verbosity() == 0 {
+            println!("{}", resolved.listing());
+        }
+        return Ok(());
+    }
+    let c = resolved.config;
+    // Every key on its own before anything starts (a huge cpu_device_count crashes the plugin).
+    config::check(&c)?;
     let interval =
         c.collect_stack_trace.then(|| std::time::Duration::from_secs(c.stack_trace_interval_seconds.max(1) as u64));
     cluster::diagnostics::install(c.slow_step_stack_trace_factor, interval);
     let job = cluster::Cluster::join(&c, cluster::exit_on_cluster_error())?;
-    let result = job.pjrt_client(&c).and_then(|client| train::run::train_in(&c, &client, &job));
-    if let Err(e) = &result {
-        job.report_failure(e);
-        return result.map(|_| ());
+    let report = match job.pjrt_client(&c).and_then(|client| train::run::train_in(&c, &client, &job)) {
+        Ok(report) => report,
+        Err(e) => {
+            job.report_failure(&e);
+            return Err(e);
+        }
+    };
+    job.shutdown()?;
+    if report.stopped_by == Some("SIGINT") {
+        // The shell's convention for a program ended by Ctrl-C (128 + SIGINT).
+        std::process::exit(130);
     }
-    job.shutdown()
+    Ok(())
 }

@@ -2,7 +2,7 @@
 //! (which takes `compile_topology=NAME compile_topology_num_slices=N`; both spellings work).
 
 use anyhow::{bail, Result};
-use maxrs::{aot, config};
+use maxrs::aot;
 
 #[derive(clap::Args)]
 pub struct TrainCompileArgs {
@@ -12,6 +12,13 @@ pub struct TrainCompileArgs {
     /// Number of slices (TPU); same as compile_topology_num_slices=N. Default with --topology: 1.
     #[arg(long)]
     num_slices: Option<i64>,
+    /// Plugin to compile with (default: the plugin key if set, else $MAXRS_PJRT_PLUGIN, else
+    /// the target's own: cuda12 for GPUs, tpu for TPUs).
+    #[arg(long)]
+    plugin: Option<String>,
+    /// Print every resolved config key, its value and where it came from, and exit.
+    #[arg(long)]
+    print_config: bool,
     /// A config file (default: the built-in base.yml), then key=value overrides.
     #[arg(value_name = "CONFIG | key=value")]
     args: Vec<String>,
@@ -34,7 +41,13 @@ pub fn run(a: TrainCompileArgs) -> Result<()> {
     if default_slices && !args.iter().any(|x| x.starts_with("compile_topology_num_slices=")) {
         args.push("compile_topology_num_slices=1".to_string());
     }
-    let c = config::load_args(&args)?;
-    aot::train_compile::train_compile(&c)?;
+    let resolved = super::resolve_config(&args, a.plugin.as_deref())?;
+    if a.print_config {
+        if super::verbosity() == 0 {
+            println!("{}", resolved.listing());
+        }
+        return Ok(());
+    }
+    aot::train_compile::train_compile(&resolved.config)?;
     Ok(())
 }

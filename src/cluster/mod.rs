@@ -35,7 +35,7 @@ pub mod service;
 pub mod settings;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -101,6 +101,12 @@ impl Cluster {
             None
         };
         let config = service_config(c, settings.num_processes);
+        let on_error = match &coordinator {
+            Some(coordinator) => {
+                hold_service_until_told(coordinator.service().clone(), config.heartbeat_timeout, on_error)
+            }
+            None => on_error,
+        };
         let client = CoordinationClient::new(
             ClientOptions {
                 address: settings.coordinator.clone(),
@@ -143,6 +149,8 @@ impl Cluster {
     /// `node_id`/`num_nodes` and the coordinator's key-value store, through which the plugin
     /// builds the global device list (its `devices()`) and exchanges NCCL ids.
     pub fn pjrt_client(&self, c: &Config) -> Result<pjrt::Client> {
+        // Every key on its own first: a huge cpu_device_count would crash the plugin.
+        crate::config::check(c)?;
         pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;
         if c.plugin == "cpu" {
             if self.settings.is_multi_process() {
@@ -176,6 +184,14 @@ impl Cluster {
             pjrt::Client::create(&plugin, &options, store)?
         };
         let local = client.addressable_devices()?.len();
+        // A CPU plugin given by path takes cpu_device_count as the named one does.
+        let n = c.cpu_device_count as usize;
+        if client.platform_name()? == "cpu" && !self.settings.is_multi_process() && local != n {
+            drop(client);
+            let count = [("cpu_device_count".to_string(), Value::I64(n as i64))];
+            return pjrt::Client::create(&plugin, &count, None)
+                .with_context(|| format!("cpu_device_count={n} on the CPU plugin {}", c.plugin));
+        }
         if let Some(expected) = self.settings.expected_local_devices {
             if local != expected {
                 bail!(
@@ -208,6 +224,22 @@ impl Cluster {
         self.coordinator = None;
         result
     }
+}
+
+/// Wraps the error handler of the process that hosts the coordination service: before it ends
+/// the process (and the service with it), the other processes are given up to `within` to
+/// receive the job's error, so each stops naming the process that failed rather than reporting
+/// a lost coordinator.
+fn hold_service_until_told(service: Arc<service::Service>, within: Duration, on_error: ErrorHandler) -> ErrorHandler {
+    Arc::new(move |message: &str| {
+        let deadline = Instant::now() + within;
+        while !service.error_delivered(0) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The answers are handed to the network after they are recorded.
+        std::thread::sleep(Duration::from_millis(200));
+        on_error(message)
+    })
 }
 
 /// The error handler of a maxrs process: log the failure and what this process was waiting for,

@@ -107,6 +107,8 @@ struct State {
     aliveness: Vec<Aliveness>,
     /// The first error that stops the job, sent to every poller and heartbeat.
     job_error: Option<Status>,
+    /// The tasks that have been handed `job_error` (by a poll or a heartbeat answer).
+    told: BTreeSet<i32>,
     stopped: bool,
 }
 
@@ -167,6 +169,7 @@ impl Service {
                 registration: Registration { deadline: None, waiters: BTreeMap::new(), failed: None, done: false },
                 aliveness: Vec::new(),
                 job_error: None,
+                told: BTreeSet::new(),
                 stopped: false,
             }),
             config,
@@ -533,8 +536,9 @@ impl Service {
         if state.stopped {
             return Err(Self::stopped_error("the heartbeat"));
         }
-        if let Some(error) = &state.job_error {
-            return Err(error.clone());
+        if let Some(error) = state.job_error.clone() {
+            state.told.insert(task);
+            return Err(error);
         }
         let name = self.name(&state, task);
         let t = &mut state.tasks[task as usize];
@@ -584,11 +588,25 @@ impl Service {
         let cancelled = || Status::cancelled("the coordination service is shutting down");
         tokio::select! {
             error = rx.wait_for(|e| e.is_some()) => match error {
-                Ok(error) => error.clone().expect("waited for Some"),
+                Ok(error) => {
+                    let error = error.clone().expect("waited for Some");
+                    lock(&self.state).told.insert(task);
+                    error
+                }
                 Err(_) => cancelled(),
             },
             _ = stopping.wait_for(|s| *s) => cancelled(),
         }
+    }
+
+    /// Whether every connected task other than `except` has been handed the job's error (a task
+    /// that failed itself needs no telling).
+    pub fn error_delivered(&self, except: i32) -> bool {
+        let state = lock(&self.state);
+        state.job_error.is_some()
+            && (0..state.tasks.len() as i32)
+                .filter(|&t| t != except && state.tasks[t as usize].state == TaskState::Connected)
+                .all(|t| state.told.contains(&t))
     }
 
     pub fn report_error(&self, task: i32, code: i32, message: &str) -> Result<(), Status> {

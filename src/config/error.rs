@@ -14,6 +14,9 @@ pub enum ConfigError {
     )]
     UnknownKey { key: String, origin: String, suggestion: Option<String> },
 
+    #[error("`{key}` {origin} is MaxText's, but not supported yet: {reason}")]
+    NotSupported { key: String, origin: String, reason: &'static str },
+
     #[error("`{key}` {origin} expects {expected}, got `{value}`")]
     WrongType { key: String, origin: String, expected: String, value: String },
 
@@ -42,6 +45,12 @@ pub enum ConfigError {
          as in MaxText, add override_model_config=true to change a model's keys"
     )]
     ModelOverride { key: String, model_origin: String, model_value: String, cli_value: String },
+
+    #[error(
+        "`{key}` in {model_origin} is not a model key; a model file sets only the model's shape \
+         (the keys config::MODEL_KEYS lists): put run settings in the config file or on the command line"
+    )]
+    NotAModelKey { key: String, model_origin: String },
 
     /// Values that are each well-typed but do not fit together (or with the devices).
     #[error("{keys}: {message}")]

@@ -76,6 +76,11 @@ string_enum!(
 );
 
 string_enum!(
+    /// maxrs's `on_checkpoint_error`: what a failed checkpoint save does to the run.
+    OnCheckpointError { Stop = "stop", Continue = "continue" }
+);
+
+string_enum!(
     /// MaxText's decoder block styles that maxrs implements; mistral is llama2's block (MaxText's
     /// mistral layer has no sliding window either).
     DecoderBlock { Llama2 = "llama2", Mistral = "mistral" }
@@ -103,7 +108,85 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "dataset_type" => Some(DatasetType::VALUES),
         "decoder_block" => Some(DecoderBlock::VALUES),
         "decode_sampling_strategy" => Some(SamplingStrategy::VALUES),
+        "on_checkpoint_error" => Some(OnCheckpointError::VALUES),
         _ => None,
+    }
+}
+
+/// The keys a model file (`models/<name>.yml`) may set: the model's shape and the logical axis
+/// rules it needs (the keys MaxText's own model files set, among those maxrs has). A model file
+/// that sets any other key is refused; run settings belong in the config file or on the command
+/// line. A new model key is added here as well as to `Config`.
+pub const MODEL_KEYS: &[&str] = &[
+    "decoder_block",
+    "base_emb_dim",
+    "base_num_query_heads",
+    "base_num_kv_heads",
+    "base_mlp_dim",
+    "base_num_decoder_layers",
+    "head_dim",
+    "vocab_size",
+    "mlp_activations",
+    "normalization_layer_epsilon",
+    "rope_max_timescale",
+    "logits_via_embedding",
+    "enable_dropout",
+    "logical_axis_rules",
+    "override_logical_axis_rules",
+];
+/// MaxText keys of the checkpointing and run-output area that maxrs refuses, with the reason
+/// (maxtext `src/maxtext/configs/base.yml`, commit e591f30).
+pub(crate) fn not_supported_yet(key: &str) -> Option<&'static str> {
+    const ORBAX: &str = "maxrs writes safetensors checkpoints with a manifest, not Orbax's OCDBT/Zarr storage";
+    Some(match key {
+        "checkpoint_storage_target_data_file_size_bytes"
+        | "checkpoint_storage_use_ocdbt"
+        | "checkpoint_storage_use_zarr3"
+        | "checkpoint_storage_concurrent_gb"
+        | "enable_orbax_v1"
+        | "source_checkpoint_layout"
+        | "checkpoint_conversion_fn" => ORBAX,
+        "enable_continuous_checkpointing" => "checkpoints are saved every checkpoint_period steps",
+        "enable_single_replica_ckpt_restoring" | "colocated_python_checkpointing" => "one process restores everything",
+        "checkpoint_todelete_subdir" | "checkpoint_todelete_full_path" => {
+            "max_num_checkpoints_to_keep deletes old checkpoints outright"
+        }
+        "enable_emergency_checkpoint"
+        | "enable_multi_tier_checkpointing"
+        | "local_checkpoint_directory"
+        | "local_checkpoint_period"
+        | "multi_tier_checkpointing_backup_interval_minutes"
+        | "multi_tier_checkpointing_backup_interval_steps" => "there is one checkpoint directory per run",
+        "lora_input_adapters_path" | "hf_lora_adapter_path" => "maxrs has no LoRA",
+        "checkpoint_is_quantized" => "maxrs has no quantized checkpoints",
+        "use_vertex_tensorboard" | "vertex_tensorboard_project" | "vertex_tensorboard_region" | "enable_wandb" => {
+            "TensorBoard event files are written to base_output_directory/run_name/tensorboard/"
+        }
+        _ => return None,
+    })
+}
+
+/// Integer keys whose value may also be `None` (MaxText's spelling; `null` in YAML).
+pub(crate) fn nullable_int(key: &str) -> bool {
+    key == "max_num_checkpoints_to_keep"
+}
+
+/// An optional integer written as MaxText does: `None` (a string to YAML), `null`, or a number.
+fn none_or_int<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(i64),
+        Text(String),
+        Null,
+    }
+    match Option::<Raw>::deserialize(deserializer)? {
+        None | Some(Raw::Null) => Ok(None),
+        Some(Raw::Int(n)) => Ok(Some(n)),
+        Some(Raw::Text(t)) if matches!(t.trim(), "None" | "none" | "null" | "") => Ok(None),
+        Some(Raw::Text(t)) => {
+            t.trim().parse().map(Some).map_err(|_| serde::de::Error::custom(format!("`{t}` is not an integer or None")))
+        }
     }
 }
 
@@ -141,6 +224,18 @@ pub struct Config {
     pub log_period: i64,
     pub enable_checkpointing: bool,
     pub load_parameters_path: String,
+    pub load_full_state_path: String,
+    pub async_checkpointing: bool,
+    pub checkpoint_period: i64,
+    #[serde(deserialize_with = "none_or_int")]
+    pub max_num_checkpoints_to_keep: Option<i64>,
+    pub save_checkpoint_on_start: bool,
+    pub save_checkpoint_on_completion: bool,
+    pub enable_autocheckpoint: bool,
+    pub on_checkpoint_error: OnCheckpointError,
+    pub enable_tensorboard: bool,
+    pub gcs_metrics: bool,
+    pub save_config_to_gcs: bool,
 
     // Model
     pub decoder_block: DecoderBlock,
@@ -188,6 +283,8 @@ pub struct Config {
     pub adam_weight_decay: f64,
     pub gradient_clipping_threshold: f64,
     pub z_loss_multiplier: f64,
+    pub abort_on_nan_loss: bool,
+    pub abort_on_inf_loss: bool,
 
     // Decoding (maxrs decode)
     pub prompt: Vec<String>,

@@ -1,76 +1,256 @@
-//! Loading a `Config` the way MaxText's `pyconfig` does: base config, then
-//! `models/<model_name>.yml`, then `key=value` arguments; `logical_axis_rules` merge by logical
-//! name instead of being replaced; a model's keys change on the command line only with
-//! `override_model_config=true`.
+//! Loading a `Config` the way MaxText's `pyconfig` does, and remembering where each value came
+//! from ([`Resolved`], shown by `--print-config`).
+//!
+//! Precedence, lowest first (MaxText's rule, `src/maxtext/configs/pyconfig.py`
+//! `_initialize_pydantic` at main e591f30: `merge(base_yml_config, model_cfg, overrides_cfg)`,
+//! with `validate_no_keys_overridden_twice` refusing a command-line value that contradicts the
+//! model file unless `override_model_config=True`):
+//! - a named model (`model_name=llama2-7b`): built-in `configs/base.yml` defaults, the user's
+//!   config file, `models/<model_name>.yml` (model keys only: the config file's model keys act
+//!   as defaults), `key=value` arguments (contradicting the model file is an error unless
+//!   `override_model_config=true`);
+//! - the `default` model (MaxText has no file for it: its keys are base.yml's): built-in
+//!   defaults, `models/default.yml` (the tiny model and its quick-start run settings), the
+//!   user's config file, `key=value`. So whatever the user writes wins over the quick-start.
+//!
+//! `logical_axis_rules` merge by logical name instead of being replaced (MaxText's
+//! `_merge_logical_axis_rules`), except in the config file, which is MaxText's base table.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde_yaml::{Mapping, Value};
 
 use super::builtin;
 use super::error::{closest, ConfigError};
-use super::keys::{Config, LogicalAxisRule};
+use super::keys::{Config, LogicalAxisRule, MODEL_KEYS};
 use super::rules;
 use super::value::{coerce, schema, show};
 
-/// The model whose file may be overridden freely: in MaxText the default model has no file at all.
+/// The model whose file holds defaults rather than a fixed architecture: in MaxText the default
+/// model has no file at all, so everything the user writes applies to it.
 const DEFAULT_MODEL: &str = "default";
+
+/// Where a key's value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The built-in `configs/base.yml`.
+    Default,
+    /// The user's config file.
+    ConfigFile(PathBuf),
+    /// A model file (its description: a path or `built-in models/<name>.yml`).
+    Model(String),
+    /// A `key=value` argument.
+    CommandLine,
+    /// An environment variable or a command-line flag that stands for a key (`--plugin`,
+    /// `MAXRS_PJRT_PLUGIN`, `--topology`).
+    Setting(String),
+}
+
+impl Source {
+    /// Whether the user chose this value (config file, command line, flag or environment),
+    /// rather than it being a default.
+    pub fn is_user(&self) -> bool {
+        matches!(self, Source::ConfigFile(_) | Source::CommandLine | Source::Setting(_))
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => f.write_str("configs/base.yml default"),
+            Source::ConfigFile(path) => write!(f, "{}", path.display()),
+            Source::Model(origin) => f.write_str(origin),
+            Source::CommandLine => f.write_str("command line"),
+            Source::Setting(what) => f.write_str(what),
+        }
+    }
+}
+
+/// A loaded config with the source of every key.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    pub config: Config,
+    pub sources: BTreeMap<String, Source>,
+}
+
+impl Resolved {
+    /// Where `key` got its value (`Default` for a key nothing set).
+    pub fn source(&self, key: &str) -> &Source {
+        self.sources.get(key).unwrap_or(&Source::Default)
+    }
+
+    /// Records that `key` was set to its current value by `source` (for values that come from
+    /// outside the config layers, such as `--plugin`).
+    pub fn set_source(&mut self, key: &str, source: Source) {
+        self.sources.insert(key.to_string(), source);
+    }
+
+    /// Every key, its value and its source, one per line in `Config` field order.
+    pub fn listing(&self) -> String {
+        let values = match serde_yaml::to_value(&self.config) {
+            Ok(Value::Mapping(m)) => m,
+            _ => Mapping::new(),
+        };
+        let rows: Vec<(String, String, String)> = super::value::key_names()
+            .map(|key| {
+                let value = values.get(key).map(show_compact).unwrap_or_default();
+                (key.to_string(), value, self.source(key).to_string())
+            })
+            .collect();
+        let key_width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+        let value_width = rows.iter().map(|r| r.1.len()).filter(|w| *w <= 40).max().unwrap_or(0);
+        rows.iter()
+            .map(|(k, v, s)| format!("{k:<key_width$} = {v:<value_width$}  ({s})"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// A value on one line: lists in flow style, strings quoted only when empty.
+fn show_compact(value: &Value) -> String {
+    match value {
+        Value::String(s) if s.is_empty() => "\"\"".into(),
+        other => show(other),
+    }
+}
 
 /// Loads MaxText's command line: an optional config file first (any argument without `=`, as in
 /// `maxrs train configs/base.yml steps=10`), then `key=value` overrides.
 pub fn load_args(args: &[String]) -> Result<Config, ConfigError> {
+    Ok(resolve_args(args)?.config)
+}
+
+/// [`load_args`], keeping the source of each value.
+pub fn resolve_args(args: &[String]) -> Result<Resolved, ConfigError> {
     match args.split_first() {
-        Some((first, rest)) if !first.contains('=') => load(Some(Path::new(first)), rest),
-        _ => load(None, args),
+        Some((first, rest)) if !first.contains('=') => resolve(Some(Path::new(first)), rest),
+        _ => resolve(None, args),
     }
 }
 
-/// Loads the config file at `config_path` (the built-in `configs/base.yml` if `None`), the model
-/// it selects, and the `key=value` `overrides`, later ones winning.
+/// Loads the config file at `config_path` (none: only the built-in defaults), the model it
+/// selects, and the `key=value` `overrides`, later ones winning; see the module docs for the
+/// order.
 ///
 /// A file given here may list only some keys; the others keep the built-in defaults. The model file
 /// is looked for next to a given config file (`<dir>/models/`, then `<dir>/../models/`, MaxText's
 /// places) before the built-in copies; without a config file, built-in copies come first, then
 /// `./models/`.
 pub fn load(config_path: Option<&Path>, overrides: &[String]) -> Result<Config, ConfigError> {
-    let cli = parse_overrides(overrides)?;
-    let mut merged = schema().clone();
-    if let Some(path) = config_path {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-        let base = read_layer(&text, &format!("in {}", path.display()))?;
-        apply(&mut merged, &base, true)?;
-    }
+    Ok(resolve(config_path, overrides)?.config)
+}
 
-    let cli_value = |key: &str| cli.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v);
-    let model_name = match cli_value("model_name").or_else(|| merged.get("model_name")) {
-        Some(Value::String(name)) => name.clone(),
+/// [`load`], keeping the source of each value.
+pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resolved, ConfigError> {
+    let cli = parse_overrides(overrides)?;
+    let file: Layer = match config_path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+            read_layer(&text, &format!("in {}", path.display()))?
+        }
+        None => Vec::new(),
+    };
+    let file_source = || Source::ConfigFile(config_path.map(Path::to_path_buf).unwrap_or_default());
+
+    let value_of = |key: &str| {
+        let last = |layer: &Layer| layer.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        last(&cli).or_else(|| last(&file))
+    };
+    let model_name = match value_of("model_name") {
+        Some(Value::String(name)) => name,
         _ => DEFAULT_MODEL.to_string(),
     };
     let (text, model_origin) = model_source(&model_name, config_path)?;
     let model = read_layer(&text, &format!("in {model_origin}"))?;
+    let model_source = Source::Model(model_origin.clone());
 
-    let override_model = matches!(
-        cli_value("override_model_config").or_else(|| merged.get("override_model_config")),
-        Some(Value::Bool(true))
-    );
-    if model_name != DEFAULT_MODEL && !override_model {
-        for (key, cli_v) in &cli {
-            if let Some((_, model_v)) = model.iter().find(|(k, _)| k == key) {
-                if model_v != cli_v {
-                    return Err(ConfigError::ModelOverride {
-                        key: key.clone(),
-                        model_origin: model_origin.clone(),
-                        model_value: show(model_v),
-                        cli_value: show(cli_v),
-                    });
-                }
+    let mut merged = Merged::defaults();
+    if model_name == DEFAULT_MODEL {
+        merged.apply(&model, false, &model_source)?;
+        merged.apply(&file, true, &file_source())?;
+        merged.apply(&cli, false, &Source::CommandLine)?;
+    } else {
+        if let Some((key, _)) = model.iter().find(|(k, _)| !MODEL_KEYS.contains(&k.as_str())) {
+            return Err(ConfigError::NotAModelKey { key: key.clone(), model_origin });
+        }
+        let override_model = matches!(value_of("override_model_config"), Some(Value::Bool(true)));
+        if !override_model {
+            check_model_not_contradicted(&model, &cli, &model_origin)?;
+        }
+        merged.apply(&file, true, &file_source())?;
+        warn_model_wins(&model, &file, config_path, &model_origin);
+        // With override_model_config, MaxText applies only the model keys the command line leaves alone.
+        let model: Layer =
+            model.into_iter().filter(|(k, _)| !(override_model && cli.iter().any(|(c, _)| c == k))).collect();
+        merged.apply(&model, false, &model_source)?;
+        merged.apply(&cli, false, &Source::CommandLine)?;
+    }
+    let config = serde_yaml::from_value(Value::Mapping(merged.values))
+        .map_err(|e| ConfigError::invalid("config", e.to_string()))?;
+    Ok(Resolved { config, sources: merged.sources })
+}
+
+/// A `key=value` that differs from the model file's value is refused (MaxText's
+/// `validate_no_keys_overridden_twice` compares values, so restating the model's value is fine).
+fn check_model_not_contradicted(model: &Layer, cli: &Layer, model_origin: &str) -> Result<(), ConfigError> {
+    for (key, cli_v) in cli {
+        if let Some((_, model_v)) = model.iter().find(|(k, _)| k == key) {
+            if model_v != cli_v {
+                return Err(ConfigError::ModelOverride {
+                    key: key.clone(),
+                    model_origin: model_origin.to_string(),
+                    model_value: show(model_v),
+                    cli_value: show(cli_v),
+                });
             }
         }
     }
-    apply(&mut merged, &model, false)?;
-    apply(&mut merged, &cli, false)?;
-    serde_yaml::from_value(Value::Mapping(merged)).map_err(|e| ConfigError::invalid("config", e.to_string()))
+    Ok(())
+}
+
+/// The model file wins over the config file's model keys (MaxText's rule); say so when the config
+/// file chose a value of its own (one that is not base.yml's default), so it does not vanish
+/// silently.
+fn warn_model_wins(model: &Layer, file: &Layer, config_path: Option<&Path>, model_origin: &str) {
+    let Some(path) = config_path else { return };
+    for (key, file_v) in file {
+        let Some((_, model_v)) = model.iter().find(|(k, _)| k == key) else { continue };
+        if file_v != model_v && schema().get(key.as_str()) != Some(file_v) {
+            tracing::warn!(
+                "{} sets {key}={}, but {model_origin} sets {} and wins (a model file overrides the config \
+                 file's model keys, as in MaxText); to change it pass {key}={} override_model_config=true",
+                path.display(),
+                show(file_v),
+                show(model_v),
+                show(file_v)
+            );
+        }
+    }
+}
+
+/// The values merged so far and the layer each came from.
+struct Merged {
+    values: Mapping,
+    sources: BTreeMap<String, Source>,
+}
+
+impl Merged {
+    fn defaults() -> Merged {
+        Merged { values: schema().clone(), sources: BTreeMap::new() }
+    }
+
+    /// Lays `layer` over the values. `logical_axis_rules` merge by name unless this is the base
+    /// table (the config file) or the layer sets `override_logical_axis_rules`.
+    fn apply(&mut self, layer: &Layer, is_base: bool, source: &Source) -> Result<(), ConfigError> {
+        apply(&mut self.values, layer, is_base)?;
+        for (key, _) in layer {
+            self.sources.insert(key.clone(), source.clone());
+        }
+        Ok(())
+    }
 }
 
 type Layer = Vec<(String, Value)>;

@@ -8,6 +8,7 @@ mod error;
 mod keys;
 mod load;
 mod mesh;
+mod ranges;
 mod rules;
 mod validate;
 mod value;
@@ -15,12 +16,13 @@ mod value;
 pub use builtin::MODELS;
 pub use error::ConfigError;
 pub use keys::{
-    Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, RematPolicy, RuleAxes,
-    SamplingStrategy, WsdDecayStyle,
+    Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, OnCheckpointError,
+    RematPolicy, RuleAxes, SamplingStrategy, WsdDecayStyle, MODEL_KEYS,
 };
-pub use load::{load, load_args};
+pub use load::{load, load_args, resolve, resolve_args, Resolved, Source};
 pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
+pub use ranges::{range, Range, NUMERIC_KEYS};
 pub use rules::{axis_rules, logical_rules};
-pub use validate::{validate, validate_decode, Derived, PLUGINS};
+pub use validate::{check, check_host_memory, validate, validate_decode, Derived, PLUGINS};
 pub use value::key_names;

@@ -6,6 +6,7 @@ use std::fmt;
 use super::error::{closest, ConfigError};
 use super::keys::{Config, DatasetType, Hardware, SamplingStrategy};
 use super::mesh::{self, Mesh};
+use super::ranges;
 use super::rules;
 
 /// The PJRT plugins maxrs can fetch by name; anything else must be a path to a plugin `.so`.
@@ -70,14 +71,67 @@ impl fmt::Display for Derived {
     }
 }
 
-/// Validates `config` for `num_devices` devices in `num_slices` slices (hosts, on GPU) and derives
-/// the run's shapes. Each error names the keys involved and what would be valid.
-pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Result<Derived, ConfigError> {
+/// The checks that need no devices: every numeric key in its range, the model's shape, training
+/// and hardware keys, the axis rules. Run before a plugin is loaded (a huge `cpu_device_count`
+/// would crash it) and again by [`validate`].
+pub fn check(config: &Config) -> Result<(), ConfigError> {
+    ranges::check(config)?;
     check_model(config)?;
     check_training(config)?;
     check_hardware(config)?;
     check_cluster(config)?;
-    rules::check(config)?;
+    rules::check(config)
+}
+
+/// Checks that this machine's memory (`host_bytes`) holds what a run keeps on the host: the
+/// global batch's five `int32` arrays and, when the devices are the host's own (`state_on_host`,
+/// the CPU plugin), the model's `num_params` parameters with their two AdamW moments. A run that
+/// does not fit would be killed (or abort) after its compile; this names the keys instead.
+pub fn check_host_memory(
+    c: &Config,
+    d: &Derived,
+    num_params: u64,
+    host_bytes: u64,
+    state_on_host: bool,
+) -> Result<(), ConfigError> {
+    let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+    let batch = d.global_batch_size as u128 * (d.max_target_length as u128 + 1) * 5 * 4;
+    if batch > host_bytes as u128 {
+        return Err(ConfigError::invalid(
+            "per_device_batch_size, max_target_length, gradient_accumulation_steps",
+            format!(
+                "the host batch of {} x {} tokens needs {:.1} GiB, more than this machine's {:.1} GiB; reduce them",
+                d.global_batch_size,
+                d.max_target_length,
+                gib(batch),
+                gib(host_bytes as u128)
+            ),
+        ));
+    }
+    let weight_bytes: u128 = match c.weight_dtype {
+        super::keys::DType::Float32 => 4,
+        _ => 2,
+    };
+    let state = num_params as u128 * weight_bytes * 3;
+    if state_on_host && batch + state > host_bytes as u128 {
+        return Err(ConfigError::invalid(
+            "model size (base_emb_dim, base_num_decoder_layers, vocab_size, ...)",
+            format!(
+                "{} parameters and their AdamW moments need {:.1} GiB on the CPU devices, more than this machine's \
+                 {:.1} GiB; choose a smaller model",
+                human(num_params),
+                gib(state),
+                gib(host_bytes as u128)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates `config` for `num_devices` devices in `num_slices` slices (hosts, on GPU) and derives
+/// the run's shapes. Each error names the keys involved and what would be valid.
+pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Result<Derived, ConfigError> {
+    check(config)?;
     let mesh = mesh::build(config, num_devices, num_slices)?;
     if mesh.size("stage") > 1 {
         return Err(ConfigError::invalid(
@@ -116,6 +170,7 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
     }
 
     let accumulation = config.gradient_accumulation_steps as usize;
+    check_products(config, micro, accumulation)?;
     let global = micro * accumulation;
     let steps = config.steps as usize;
     let schedule_steps =
@@ -149,12 +204,6 @@ pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
             format!(
                 "max_prefill_predict_length={prefill}: the prompts are padded to it, and the cache has max_target_length={target}                  positions; set it to 1..={target}"
             ),
-        ));
-    }
-    if !(0..=u32::MAX as i64).contains(&config.decode_seed) {
-        return Err(ConfigError::invalid(
-            "decode_seed",
-            format!("decode_seed={}: a PRNG seed in 0..=4294967295", config.decode_seed),
         ));
     }
     let strategy = config.decode_sampling_strategy;
@@ -196,35 +245,46 @@ pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn positive(key: &str, value: i64) -> Result<(), ConfigError> {
-    if value > 0 {
-        Ok(())
-    } else {
-        Err(ConfigError::invalid(key, format!("{key}={value}; it must be a positive integer")))
-    }
-}
+/// Largest number of elements maxrs lets one array have: XLA sizes arrays in 64-bit bytes, so
+/// 2^60 elements of up to 8 bytes stay representable.
+const MAX_ELEMENTS: u128 = 1 << 60;
 
-fn in_range(key: &str, value: f64, range: &str, ok: bool) -> Result<(), ConfigError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::invalid(key, format!("{key}={value}; it must be in {range}")))
+/// The sizes that grow as products of keys: the global batch and tokens per step, and the
+/// largest activations of one micro-batch (logits: batch x sequence x vocabulary; attention
+/// scores: batch x heads x sequence^2). Each must stay within [`MAX_ELEMENTS`].
+fn check_products(c: &Config, micro: usize, accumulation: usize) -> Result<(), ConfigError> {
+    let global = micro as u128 * accumulation as u128;
+    let (seq, vocab, heads) = (c.max_target_length as u128, c.vocab_size as u128, c.base_num_query_heads as u128);
+    let products: [(&str, &str, u128); 4] = [
+        ("per_device_batch_size, gradient_accumulation_steps", "sequences per step (global batch)", global),
+        (
+            "per_device_batch_size, gradient_accumulation_steps, max_target_length",
+            "tokens per step (global batch x max_target_length)",
+            global * seq,
+        ),
+        (
+            "per_device_batch_size, max_target_length, vocab_size",
+            "logits of one micro-batch (batch x max_target_length x vocab_size)",
+            micro as u128 * seq * vocab,
+        ),
+        (
+            "per_device_batch_size, max_target_length, base_num_query_heads",
+            "attention scores of one micro-batch (batch x heads x max_target_length^2)",
+            micro as u128 * heads * seq * seq,
+        ),
+    ];
+    for (keys, what, value) in products {
+        if value > MAX_ELEMENTS {
+            return Err(ConfigError::invalid(
+                keys,
+                format!("the {what} come to {value} values, more than the 2^60 one array can hold; reduce them"),
+            ));
+        }
     }
+    Ok(())
 }
 
 fn check_model(c: &Config) -> Result<(), ConfigError> {
-    for (key, value) in [
-        ("base_emb_dim", c.base_emb_dim),
-        ("base_num_query_heads", c.base_num_query_heads),
-        ("base_num_kv_heads", c.base_num_kv_heads),
-        ("base_mlp_dim", c.base_mlp_dim),
-        ("base_num_decoder_layers", c.base_num_decoder_layers),
-        ("head_dim", c.head_dim),
-        ("vocab_size", c.vocab_size),
-        ("rope_max_timescale", c.rope_max_timescale),
-    ] {
-        positive(key, value)?;
-    }
     if c.base_num_query_heads % c.base_num_kv_heads != 0 {
         let divisors: Vec<String> =
             (1..=c.base_num_query_heads).filter(|d| c.base_num_query_heads % d == 0).map(|d| d.to_string()).collect();
@@ -238,12 +298,12 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
-    in_range(
-        "normalization_layer_epsilon",
-        c.normalization_layer_epsilon,
-        "(0, 1)",
-        c.normalization_layer_epsilon > 0.0 && c.normalization_layer_epsilon < 1.0,
-    )?;
+    if c.head_dim % 2 != 0 {
+        return Err(ConfigError::invalid(
+            "head_dim",
+            format!("head_dim={}; rotary embeddings rotate pairs of dimensions, so it must be even", c.head_dim),
+        ));
+    }
     if c.mlp_activations != ["silu", "linear"] {
         return Err(ConfigError::invalid(
             "mlp_activations",
@@ -257,50 +317,60 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
 }
 
 fn check_training(c: &Config) -> Result<(), ConfigError> {
-    positive("steps", c.steps)?;
-    positive("gradient_accumulation_steps", c.gradient_accumulation_steps)?;
-    positive("max_target_length", c.max_target_length)?;
-    positive("log_period", c.log_period)?;
-    if c.learning_rate_schedule_steps != -1 {
-        positive("learning_rate_schedule_steps", c.learning_rate_schedule_steps)?;
-    }
-    let pdbs = c.per_device_batch_size;
-    in_range("per_device_batch_size", pdbs, "(0, inf)", pdbs > 0.0)?;
-    in_range("learning_rate", c.learning_rate, "[0, inf)", c.learning_rate >= 0.0)?;
-    // MaxText allows 1: warmup over the whole schedule, no cosine phase.
-    let w = c.warmup_steps_fraction;
-    in_range("warmup_steps_fraction", w, "[0, 1]", (0.0..=1.0).contains(&w))?;
-    let f = c.learning_rate_final_fraction;
-    in_range("learning_rate_final_fraction", f, "[0, 1]", (0.0..=1.0).contains(&f))?;
-    in_range("adam_b1", c.adam_b1, "[0, 1)", (0.0..1.0).contains(&c.adam_b1))?;
-    in_range("adam_b2", c.adam_b2, "[0, 1)", (0.0..1.0).contains(&c.adam_b2))?;
-    for (key, value) in [
-        ("adam_eps", c.adam_eps),
-        ("adam_eps_root", c.adam_eps_root),
-        ("adam_weight_decay", c.adam_weight_decay),
-        ("gradient_clipping_threshold", c.gradient_clipping_threshold),
-        ("z_loss_multiplier", c.z_loss_multiplier),
-        ("peak_tflops_per_device", c.peak_tflops_per_device),
-    ] {
-        in_range(key, value, "[0, inf)", value >= 0.0)?;
-    }
     if c.dataset_type == DatasetType::Tokens && c.dataset_path.is_empty() {
         return Err(ConfigError::invalid(
             "dataset_path",
             "empty, but dataset_type=tokens reads batches from it; name a token file",
         ));
     }
-    if c.enable_checkpointing {
+    check_outputs(c)
+}
+
+/// Checkpointing and run outputs: MaxText's rules plus what maxrs needs to write anything.
+fn check_outputs(c: &Config) -> Result<(), ConfigError> {
+    if c.enable_checkpointing && c.base_output_directory.is_empty() {
         return Err(ConfigError::invalid(
-            "enable_checkpointing",
-            "true, but maxrs does not write checkpoints yet; set enable_checkpointing=false",
+            "enable_checkpointing, base_output_directory",
+            "checkpoints go to base_output_directory/run_name/checkpoints/, but base_output_directory is empty; \
+             set it (a local path or gs://bucket/path) or set enable_checkpointing=false",
         ));
+    }
+    if c.enable_autocheckpoint && !c.enable_checkpointing {
+        return Err(ConfigError::invalid(
+            "enable_autocheckpoint, enable_checkpointing",
+            "enable_autocheckpoint saves a checkpoint on SIGTERM, which needs enable_checkpointing=true",
+        ));
+    }
+    // An optional number (None keeps every checkpoint), so not in the ranges table.
+    if let Some(keep) = c.max_num_checkpoints_to_keep {
+        if keep < 1 {
+            return Err(ConfigError::invalid(
+                "max_num_checkpoints_to_keep",
+                format!("{keep}; keep at least 1 checkpoint, or None to keep them all"),
+            ));
+        }
+    }
+    if !c.load_parameters_path.is_empty() && !c.load_full_state_path.is_empty() {
+        return Err(ConfigError::invalid(
+            "load_parameters_path, load_full_state_path",
+            "both are set; as in MaxText, give at most one (parameters only, or the full training state)",
+        ));
+    }
+    for (key, value) in [
+        ("base_output_directory", &c.base_output_directory),
+        ("metrics_file", &c.metrics_file),
+        ("load_parameters_path", &c.load_parameters_path),
+        ("load_full_state_path", &c.load_full_state_path),
+        ("dataset_path", &c.dataset_path),
+    ] {
+        if !value.is_empty() {
+            crate::storage::Location::parse(value).map_err(|e| ConfigError::invalid(key, e.to_string()))?;
+        }
     }
     Ok(())
 }
 
 fn check_hardware(c: &Config) -> Result<(), ConfigError> {
-    positive("cpu_device_count", c.cpu_device_count)?;
     if !c.compile_topology.is_empty() && c.compile_topology_num_slices < 1 {
         return Err(ConfigError::invalid(
             "compile_topology_num_slices",
@@ -338,23 +408,8 @@ fn check_hardware(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The cluster keys' ranges are in `ranges.rs`; what a range cannot say is here.
 fn check_cluster(c: &Config) -> Result<(), ConfigError> {
-    for (key, value) in [
-        ("jax_distributed_initialization_timeout", c.jax_distributed_initialization_timeout),
-        ("heartbeat_timeout_seconds", c.heartbeat_timeout_seconds),
-        ("shutdown_timeout_seconds", c.shutdown_timeout_seconds),
-        ("stack_trace_interval_seconds", c.stack_trace_interval_seconds),
-    ] {
-        positive(key, value)?;
-    }
-    for (key, value) in [("num_processes", c.num_processes), ("process_id", c.process_id)] {
-        if value < -1 {
-            return Err(ConfigError::invalid(
-                key,
-                format!("{key}={value}; use -1 (from the environment) or a number >= 0"),
-            ));
-        }
-    }
     if c.stack_trace_to_cloud {
         return Err(ConfigError::invalid(
             "stack_trace_to_cloud",
@@ -362,7 +417,12 @@ fn check_cluster(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     let f = c.slow_step_stack_trace_factor;
-    in_range("slow_step_stack_trace_factor", f, "0 (off) or (1, inf)", f == 0.0 || f > 1.0)?;
+    if !(f == 0.0 || f > 1.0) {
+        return Err(ConfigError::invalid(
+            "slow_step_stack_trace_factor",
+            format!("slow_step_stack_trace_factor={f}; it must be 0 (off) or above 1"),
+        ));
+    }
     Ok(())
 }
 

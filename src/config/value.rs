@@ -33,6 +33,9 @@ pub fn key_names() -> impl Iterator<Item = &'static str> {
 /// written, for errors ("on the command line", "in configs/base.yml").
 pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, ConfigError> {
     let Some(default) = schema().get(key) else {
+        if let Some(reason) = keys::not_supported_yet(key) {
+            return Err(ConfigError::NotSupported { key: key.to_string(), origin: origin.to_string(), reason });
+        }
         return Err(ConfigError::UnknownKey {
             key: key.to_string(),
             origin: origin.to_string(),
@@ -45,20 +48,31 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
         expected: describe(key, default),
         value: show(value),
     };
+    if keys::nullable_int(key) {
+        let coerced = match &value {
+            Value::Null => Some(Value::Null),
+            Value::Number(n) if n.is_i64() => Some(value.clone()),
+            Value::String(s) if matches!(s.trim(), "None" | "none" | "null" | "") => Some(Value::Null),
+            Value::String(s) => parse_number::<i64>(s).map(Value::from),
+            _ => None,
+        };
+        return coerced.ok_or_else(|| wrong(&value));
+    }
     let coerced = match default {
         Value::Bool(_) => match &value {
             Value::Bool(_) => Some(value.clone()),
             Value::String(s) => parse_bool(s).map(Value::Bool),
             _ => None,
         },
+        // YAML's `.inf` and `.nan` are numbers too: no key takes them.
         Value::Number(n) if n.is_f64() => match &value {
-            Value::Number(v) => v.as_f64().map(Value::from),
+            Value::Number(v) => v.as_f64().filter(|x| x.is_finite()).map(Value::from),
             Value::String(s) => parse_number::<f64>(s).filter(|x| x.is_finite()).map(Value::from),
             _ => None,
         },
         Value::Number(_) => match &value {
-            Value::Number(v) if v.is_f64() => v.as_f64().filter(|x| x.fract() == 0.0).map(|x| Value::from(x as i64)),
-            Value::Number(_) => Some(value.clone()),
+            Value::Number(v) if v.is_f64() => v.as_f64().and_then(exact_i64).map(Value::from),
+            Value::Number(v) => v.as_i64().map(Value::from),
             Value::String(s) => parse_number::<i64>(s).map(Value::from),
             _ => None,
         },
@@ -116,6 +130,13 @@ fn check_structure(key: &str, value: &Value) -> Result<(), serde_yaml::Error> {
     serde_yaml::from_value::<Config>(Value::Mapping(probe)).map(|_| ())
 }
 
+/// A float that is exactly an `i64` (`1000.0`, `1e3`); `None` for fractions, non-finite values
+/// and values out of range, which a cast would silently round or saturate.
+fn exact_i64(x: f64) -> Option<i64> {
+    // 2^63 is the first float past i64::MAX; every float below it in magnitude converts exactly.
+    (x.fract() == 0.0 && x.abs() < 9_223_372_036_854_775_808.0).then_some(x as i64)
+}
+
 /// MaxText's YAML loader accepts Python's spellings of booleans as well as YAML's.
 fn parse_bool(s: &str) -> Option<bool> {
     match s.trim() {
@@ -140,9 +161,12 @@ fn parse_list(s: &str) -> Value {
 }
 
 fn describe(key: &str, default: &Value) -> String {
+    if keys::nullable_int(key) {
+        return "an integer or None".into();
+    }
     match default {
         Value::Bool(_) => "a boolean (true or false)".into(),
-        Value::Number(n) if n.is_f64() => "a number".into(),
+        Value::Number(n) if n.is_f64() => "a finite number".into(),
         Value::Number(_) => "an integer".into(),
         Value::String(_) => "a string".into(),
         Value::Sequence(_) if key == "logical_axis_rules" => {
@@ -160,6 +184,12 @@ fn describe(key: &str, default: &Value) -> String {
 pub(crate) fn show(value: &Value) -> String {
     match value {
         Value::String(s) => s.clone(),
+        // JSON has no infinities or NaN; YAML's spellings are what the user wrote.
+        Value::Number(n) if n.as_f64().is_some_and(|x| !x.is_finite()) => match n.as_f64() {
+            Some(x) if x.is_nan() => ".nan".into(),
+            Some(x) if x > 0.0 => ".inf".into(),
+            _ => "-.inf".into(),
+        },
         Value::Null => "null".into(),
         other => serde_json::to_string(other).unwrap_or_else(|_| format!("{other:?}")),
     }
@@ -205,6 +235,12 @@ mod tests {
         let i = coerce("steps", Value::from(1000.0), "in f.yml").unwrap();
         assert_eq!(i, Value::from(1000));
         assert!(coerce("steps", Value::from(10.5), "in f.yml").is_err());
+        assert!(coerce("steps", Value::from(1e30), "in f.yml").is_err(), "no saturating cast");
+        for bad in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+            let e = coerce("adam_eps", Value::from(bad), "in f.yml").unwrap_err().to_string();
+            assert!(e.contains("`adam_eps`") && e.contains("a finite number"), "{e}");
+            assert!(e.contains(".inf`") || e.contains(".nan`"), "{e}");
+        }
     }
 
     #[test]
@@ -212,11 +248,20 @@ mod tests {
         let e = cli("steps", "many").unwrap_err().to_string();
         assert!(e.contains("`steps`") && e.contains("an integer") && e.contains("`many`"), "{e}");
         let e = cli("learning_rate", "nan").unwrap_err().to_string();
-        assert!(e.contains("a number"), "{e}");
+        assert!(e.contains("a finite number"), "{e}");
         let e = cli("logical_axis_rules", "[[embed]]").unwrap_err().to_string();
         assert!(e.contains("logical_axis_rules") && e.contains("rows"), "{e}");
         let e = cli("data_sharding", "[[1, [2]]]").unwrap_err().to_string();
         assert!(e.contains("lists of strings"), "{e}");
+    }
+
+    #[test]
+    fn maxtext_checkpoint_keys_maxrs_lacks_are_refused_as_not_supported() {
+        let e = cli("checkpoint_storage_use_ocdbt", "true").unwrap_err().to_string();
+        assert!(e.contains("checkpoint_storage_use_ocdbt") && e.contains("not supported yet"), "{e}");
+        assert_eq!(cli("max_num_checkpoints_to_keep", "None").unwrap(), Value::Null);
+        assert_eq!(cli("max_num_checkpoints_to_keep", "3").unwrap(), Value::from(3));
+        assert!(cli("max_num_checkpoints_to_keep", "three").unwrap_err().to_string().contains("an integer or None"));
     }
 
     #[test]

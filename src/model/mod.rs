@@ -7,12 +7,14 @@
 //!   dot-product attention, shared by the families.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
 //! - [`params`]: parameter declarations, initialization, program inputs.
-//! - One file per family: [`llama`] (MaxText's `llama2` and `mistral` blocks).
+//! - One file per family: [`llama`] (MaxText's `llama2` and `mistral` blocks), and beside it
+//!   [`llama_hf`], its Hugging Face layout (`maxrs convert`).
 
 pub mod attention;
 pub mod config;
 pub mod decoder;
 pub mod llama;
+pub mod llama_hf;
 pub mod params;
 
 pub use config::ModelConfig;

@@ -39,8 +39,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// plugin file (XLA ends the process on an unknown flag, so this must happen before loading),
 /// and loads it.
 pub fn load_plugin(spec: Option<&str>) -> anyhow::Result<(provision::ResolvedPlugin, Arc<Plugin>)> {
-    let resolved = provision::resolve_plugin(spec)?;
-    xla_flags::XlaFlags::from_env()?.validate_against_plugin(&resolved.path)?;
+    load_chosen_plugin(&provision::choose_plugin(spec, None)?)
+}
+
+/// [`load_plugin`] for a spec chosen by [`provision::choose_plugin`].
+pub fn load_chosen_plugin(
+    choice: &provision::PluginChoice,
+) -> anyhow::Result<(provision::ResolvedPlugin, Arc<Plugin>)> {
+    let resolved = provision::resolve_choice(choice)?;
+    let flags = xla_flags::XlaFlags::from_env()?;
+    flags.validate_against_plugin(&resolved.path)?;
+    xla_flags::probe::check_values(&flags.to_env_string(), &resolved.path)?;
     let plugin = Plugin::load(&resolved.path)?;
     Ok((resolved, plugin))
 }

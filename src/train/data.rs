@@ -192,7 +192,8 @@ impl TokensFile {
         let io = |source| DataError::Io { path: path.to_owned(), source };
         let file = File::open(path).map_err(io)?;
         let size = file.metadata().map_err(io)?.len();
-        let row_bytes = 4 * (max_target_length as u64 + 1);
+        // Saturating: an absurd length gives a row no file matches (an error below), not an overflow.
+        let row_bytes = 4u64.saturating_mul((max_target_length as u64).saturating_add(1));
         if size % row_bytes != 0 {
             return Err(DataError::RaggedFile { path: path.to_owned(), size, row_bytes, max_target_length });
         }

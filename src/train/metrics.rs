@@ -12,11 +12,9 @@
 //!   `perf/per_device_tokens_per_sec`, and (maxrs only, when the peak is known) `perf/mfu` as a
 //!   fraction.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-
 use serde_json::{Map, Value};
+
+use crate::storage::{Appender, Location};
 
 /// What is fixed for a run: the per-device work of a step and the device's peak.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -108,40 +106,32 @@ fn fixed3(value: f64) -> String {
     }
 }
 
-/// Writes `metrics_file`: one JSON object per step, each line written whole and unbuffered, so
-/// a crash keeps every completed step.
+/// Writes `metrics_file` (local or gs://, through [`crate::storage::Appender`]): one JSON object
+/// per step. Locally each line is written whole and unbuffered, so a crash keeps every completed
+/// step, and the file is locked while the writer lives: a second run naming it is refused. On
+/// GCS the object is rewritten on [`MetricsWriter::flush`].
 pub struct MetricsWriter {
-    path: PathBuf,
-    file: File,
+    file: Appender,
     run_name: String,
 }
 
 impl MetricsWriter {
-    /// Opens `path` as MaxText does: a run starting at step 0 truncates the file, a run resumed
-    /// from a later step appends to it. Missing parent directories are created.
-    pub fn open(path: &Path, first_step: u64, run_name: &str) -> std::io::Result<MetricsWriter> {
-        let with_path =
-            |e: std::io::Error| std::io::Error::new(e.kind(), format!("metrics_file {}: {e}", path.display()));
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(with_path)?;
-        }
-        let mut options = OpenOptions::new();
-        options.create(true);
-        if first_step == 0 {
-            options.write(true).truncate(true);
-        } else {
-            options.append(true);
-        }
-        let file = options.open(path).map_err(with_path)?;
-        Ok(MetricsWriter { path: path.to_owned(), file, run_name: run_name.to_owned() })
+    /// Opens `location` as MaxText does: a run starting at step 0 replaces the file (at its
+    /// first line, so a run that fails earlier leaves it as it was), a run resumed from a later
+    /// step appends to it. Missing parent directories are created.
+    pub fn open(location: &Location, first_step: u64, run_name: &str) -> anyhow::Result<MetricsWriter> {
+        let file = Appender::open("metrics_file", location, first_step == 0)?;
+        Ok(MetricsWriter { file, run_name: run_name.to_owned() })
     }
 
-    pub fn write(&mut self, metrics: &StepMetrics) -> std::io::Result<()> {
+    pub fn write(&mut self, metrics: &StepMetrics) -> anyhow::Result<()> {
         let mut line = metrics.to_json(&self.run_name).to_string();
         line.push('\n');
-        self.file
-            .write_all(line.as_bytes())
-            .map_err(|e| std::io::Error::new(e.kind(), format!("metrics_file {}: {e}", self.path.display())))
+        self.file.append(line.as_bytes())
+    }
+
+    pub fn flush(&mut self) -> anyhow::Result<()> {
+        self.file.flush()
     }
 }
 

@@ -4,13 +4,19 @@
 //! - [`schedule`]: MaxText's learning-rate schedule (the reference the in-graph one must match).
 //! - [`metrics`]: per-step metrics, MaxText's log line, the `metrics_file` JSON-lines writer.
 //! - [`data`]: batches of token ids: the learnable synthetic sequence and the flat tokens file.
+//! - [`data_position`]: the data position a checkpoint records for those loaders.
 //! - [`params_io`]: initial parameters from, and to, safetensors files.
+//! - [`outputs`], [`tensorboard`]: the run directory's config, metrics and TensorBoard events.
 
 pub mod data;
+pub mod data_position;
 pub mod flops;
+pub mod health;
 pub mod metrics;
 pub mod optimizer;
+pub mod outputs;
 pub mod params_io;
 pub mod run;
 pub mod schedule;
 pub mod step;
+pub mod tensorboard;

@@ -81,7 +81,7 @@ impl fmt::Display for Mismatch {
     }
 }
 
-fn to_dtype(ty: ElementType) -> Dtype {
+pub(crate) fn to_dtype(ty: ElementType) -> Dtype {
     match ty {
         ElementType::Pred => Dtype::BOOL,
         ElementType::S8 => Dtype::I8,
@@ -96,7 +96,7 @@ fn to_dtype(ty: ElementType) -> Dtype {
     }
 }
 
-fn from_dtype(dtype: Dtype) -> Option<ElementType> {
+pub(crate) fn from_dtype(dtype: Dtype) -> Option<ElementType> {
     Some(match dtype {
         Dtype::BOOL => ElementType::Pred,
         Dtype::I8 => ElementType::S8,
@@ -112,7 +112,7 @@ fn from_dtype(dtype: Dtype) -> Option<ElementType> {
     })
 }
 
-fn is_float(ty: ElementType) -> bool {
+pub(crate) fn is_float(ty: ElementType) -> bool {
     matches!(ty, ElementType::F16 | ElementType::BF16 | ElementType::F32 | ElementType::F64)
 }
 
@@ -126,7 +126,7 @@ fn found_string(dtype: Dtype, shape: &[usize]) -> String {
 }
 
 /// Converts between float element types (the caller checked both are floats).
-fn convert_float(tensor: &HostTensor, to: ElementType) -> HostTensor {
+pub(crate) fn convert_float(tensor: &HostTensor, to: ElementType) -> HostTensor {
     let values = tensor.to_f64();
     match to {
         ElementType::F64 => HostTensor::from_f64(&tensor.dims, &values),

@@ -1,25 +1,39 @@
 //! `maxrs train`'s job, start to end: plugin and devices -> validated config and mesh -> traced,
-//! lowered and compiled train step -> state initialized on the devices (or loaded from
-//! `load_parameters_path`) -> the step loop (data in, metrics out, state stays on the devices)
-//! -> a summary. [`RunReport`] returns what happened, for tests and benchmarks.
+//! lowered and compiled train step -> state on the devices (restored from the run's newest
+//! checkpoint, `load_full_state_path` or `load_parameters_path`, else initialized) -> the step
+//! loop (data in, metrics and events out, state stays on the devices, copied off for
+//! checkpoints) -> a summary. [`RunReport`] returns what happened, for tests and benchmarks.
+//!
+//! Signals: with `enable_autocheckpoint`, SIGTERM (preemption) ends the run after the current
+//! step with a checkpoint of it; SIGINT ends it after the current step, waiting for a checkpoint
+//! write in flight (a second SIGINT exits at once).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::aot::artifact;
+use crate::checkpoint::{self, CheckpointManager, Checkpoints, DataState, Expected, OnError, Policy, Saved, Snapshot};
 use crate::cluster::{diagnostics, Cluster};
-use crate::config::{self, Config, Derived};
+use crate::config::{self, Config, Derived, OnCheckpointError};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
+use crate::output;
 use crate::pjrt::{self, Client};
 use crate::runtime::{self, Compiled, DeviceArray};
+use crate::storage::{self, Location};
 
 use super::data::{host_rows, BatchLoader, DataSource};
+use super::data_position::StepIndexed;
 use super::flops::{self, StepShape};
-use super::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
+use super::health::Health;
+use super::metrics::{median_step_time, PerDeviceWork, StepMetrics};
+use super::outputs::{self, RunOutputs};
 use super::params_io::{load_parameters, ParamSpec};
 use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
 
@@ -51,11 +65,30 @@ pub struct RunReport {
     pub tflops_per_device: f64,
     /// Peak device memory in use after the run, when the plugin reports it.
     pub peak_memory_bytes: Option<i64>,
+    /// The first step this run executed (0, or one past the restored checkpoint's step).
+    pub first_step: u64,
+    /// Checkpoints written, in order.
+    pub checkpoints: Vec<Saved>,
+    /// Seconds the loop spent copying the state off the devices for each checkpoint: with
+    /// `async_checkpointing`, the training time a save costs.
+    pub snapshot_seconds: Vec<f64>,
+    /// Saves that failed under `on_checkpoint_error=continue`.
+    pub checkpoint_failures: Vec<String>,
+    /// The signal that ended the run early (`SIGTERM`, `SIGINT`).
+    pub stopped_by: Option<&'static str>,
 }
 
 /// The devices of a one-process run: the plugin's client.
 pub fn client_for(c: &Config) -> Result<Client> {
     Cluster::single().pjrt_client(c)
+}
+
+/// Total memory of this machine, from `/proc/meminfo` (Linux); `None` elsewhere.
+fn host_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Trains as configured on `client`'s devices, as the only process.
@@ -83,12 +116,20 @@ fn devices_per_process(devices: &[pjrt::Device]) -> Vec<Vec<i64>> {
 /// and only process 0 logs and writes metrics.
 pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunReport> {
     let mut report = RunReport::default();
+    let c = &Config { run_name: outputs::resolved_run_name(c), ..c.clone() };
     let devices = client.devices()?;
     let granules = devices_per_process(&devices);
     if granules.len() != cluster.process_count() {
         bail!(
             "the plugin reports devices of {} processes, but this job has {}",
             granules.len(),
+            cluster.process_count()
+        );
+    }
+    if cluster.process_count() > 1 && (c.enable_checkpointing || !c.load_full_state_path.is_empty()) {
+        bail!(
+            "enable_checkpointing / load_full_state_path in a job of {} processes: multi-process checkpoints are not \
+             supported yet (each process would have to write the shards it holds); set enable_checkpointing=false",
             cluster.process_count()
         );
     }
@@ -99,6 +140,28 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     if logger {
         derived.print_summary(step.model.num_params());
     }
+
+    // Everything the run reads and writes is checked before the (possibly long) compile.
+    output::check_paths(c, output::Command::Train)?;
+    if !c.load_parameters_path.is_empty() {
+        if let Location::Local(path) = Location::parse(&c.load_parameters_path)? {
+            if !path.exists() {
+                bail!("load_parameters_path={}: no such file or checkpoint directory", path.display());
+            }
+        }
+    }
+    if let Some(bytes) = host_memory_bytes() {
+        config::check_host_memory(c, &derived, step.model.num_params(), bytes, client.platform_name()? == "cpu")?;
+    }
+    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
+    let dataset = local_dataset(c)?;
+    let source = DataSource::open(
+        c.dataset_type.as_str(),
+        dataset.as_ref().map(|d| d.path()),
+        seed,
+        derived.max_target_length,
+        c.vocab_size as u32,
+    )?;
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -116,8 +179,11 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
 
     let t = Instant::now();
     diagnostics::set_phase(None, "initializing the state");
-    let mut state = initial_state(c, client, &step, &compiled)?;
+    let checkpoints = run_checkpoints(c)?;
+    let start = initial_state(c, client, &step, &compiled, checkpoints.as_ref())?;
+    let mut state = start.state;
     report.startup.init = t.elapsed().as_secs_f64();
+    report.first_step = start.first_step;
     if logger {
         println!(
             "start-up: trace {:.3} s, lower {:.3} s, compile {:.3} s, init {:.3} s",
@@ -127,15 +193,6 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
 
     let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
-    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
-    let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
-    let source = DataSource::open(
-        c.dataset_type.as_str(),
-        path.as_deref(),
-        seed,
-        derived.max_target_length,
-        c.vocab_size as u32,
-    )?;
     let batch_inputs: Vec<usize> =
         BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
     let (p, n) = (cluster.process_index(), cluster.process_count());
@@ -154,14 +211,22 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
             host_rows(global, p, n)?
         );
     };
-    let mut writer = match c.metrics_file.as_str() {
-        _ if !logger => None,
-        "" => None,
-        path => Some(
-            MetricsWriter::open(Path::new(path), 0, &c.run_name)
-                .with_context(|| format!("metrics_file={path}: cannot open it for writing"))?,
-        ),
+    let mut data_position = StepIndexed {
+        dataset_type: c.dataset_type.to_string(),
+        dataset_path: c.dataset_path.clone(),
+        data_shuffle_seed: c.data_shuffle_seed,
+        global_batch: derived.global_batch_size,
     };
+    if let Some(data) = &start.data {
+        data_position.restore_state(data, start.first_step)?;
+    }
+    // Only process 0 writes metrics and events; the metrics file is locked to the end of the run.
+    let mut outputs = if logger { RunOutputs::open(c, start.first_step)? } else { RunOutputs::none(c) };
+    let mut manager = checkpoints.map(|dir| CheckpointManager::new(dir, checkpoint_policy(c)));
+    let state_slots = StateSlots::new(&step, &compiled)?;
+    let model_keys = checkpoint::manifest::model_keys(c, &step.model);
+    let signals = Signals::install(c.enable_autocheckpoint)?;
+
     let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
     let (loss_i, norm_i, lr_i, weights_i) =
         (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
@@ -170,9 +235,15 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     let carried: Vec<Option<usize>> =
         compiled.program.outputs.iter().map(|o| compiled.input_index(&o.name).ok()).collect();
 
-    let bar = if logger { progress_bar(derived.steps as u64) } else { ProgressBar::hidden() };
+    let steps = derived.steps as u64;
+    if start.first_step >= steps && logger {
+        println!("the restored checkpoint already completed all {steps} steps; nothing to train");
+    }
+    let bar = if logger { progress_bar(steps.saturating_sub(start.first_step)) } else { ProgressBar::hidden() };
     let mut last = Instant::now();
-    for step_index in 0..derived.steps as u64 {
+    let mut last_step = None;
+    let mut health = Health::new(c);
+    for step_index in start.first_step..steps {
         diagnostics::step_started(step_index);
         diagnostics::set_phase(Some(step_index), "reading and feeding the batch");
         let batch = loader.batch(step_index)?;
@@ -183,9 +254,9 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         }
         let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
         diagnostics::set_phase(Some(step_index), "running the train step (XLA's collectives run inside it)");
-        let outputs = compiled.execute(&args)?;
+        let outputs_now = compiled.execute(&args)?;
         diagnostics::set_phase(Some(step_index), "reading the step's metrics");
-        let scalar = |i: usize| -> Result<f64> { Ok(compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
+        let scalar = |i: usize| -> Result<f64> { Ok(compiled.fetch(i, &outputs_now[i])?.to_f64()[0]) };
         let (loss, grad_norm, lr, weights) = (scalar(loss_i)?, scalar(norm_i)?, scalar(lr_i)?, scalar(weights_i)?);
         let now = Instant::now();
         let metrics = StepMetrics {
@@ -198,35 +269,217 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
             work,
         };
         last = now;
-        if !loss.is_finite() {
-            bail!("step {step_index}: the loss is {loss}; stopping (try a lower learning_rate)");
-        }
         if logger {
             print_line(&bar, &metrics.log_line());
         }
-        if let Some(w) = writer.as_mut() {
-            w.write(&metrics).with_context(|| format!("writing metrics_file={}", c.metrics_file))?;
+        outputs.step(&metrics, &c.run_name).context("writing the run's metrics")?;
+        // As MaxText's metric_logger: the step's metrics are written, then the run may stop.
+        let verdict = health.observe(step_index, loss, grad_norm);
+        if verdict.is_err() {
+            bar.finish_and_clear();
+        }
+        if let Some(warning) = verdict? {
+            bar.suspend(|| tracing::warn!("{warning}"));
         }
         report.losses.push(loss);
         report.grad_norms.push(grad_norm);
         report.learning_rates.push(lr);
         report.step_times.push(metrics.step_time_seconds);
         // The step's new state becomes the next step's input.
-        for (slot, array) in carried.iter().zip(outputs) {
+        for (slot, array) in carried.iter().zip(outputs_now) {
             if let Some(slot) = slot {
                 state[*slot] = Some(array);
             }
         }
+        last_step = Some(step_index);
         bar.inc(1);
         diagnostics::step_finished(step_index);
+
+        let stop = signals.stop_requested();
+        if let Some(manager) = manager.as_mut() {
+            let preempted = stop == Some("SIGTERM");
+            if manager.due(step_index) || preempted {
+                diagnostics::set_phase(Some(step_index), "copying the state off the devices for a checkpoint");
+                let t = Instant::now();
+                let snapshot = state_slots.snapshot(&compiled, &state, step_index, &model_keys, &data_position)?;
+                report.snapshot_seconds.push(t.elapsed().as_secs_f64());
+                manager.save(snapshot)?;
+            }
+        }
+        if let Some(signal) = stop {
+            print_line(&bar, &format!("{signal}: stopping after step {step_index}"));
+            report.stopped_by = Some(signal);
+            break;
+        }
     }
     bar.finish_and_clear();
+    diagnostics::set_phase(None, "finishing: metrics, checkpoints");
+    if let Some(step_index) = last_step {
+        outputs.flush(step_index)?;
+    }
+    if let Some(mut manager) = manager {
+        if let Some(step_index) = last_step.filter(|&s| manager.policy.on_completion && !manager.has(s)) {
+            if report.stopped_by.is_none() {
+                let t = Instant::now();
+                let snapshot = state_slots.snapshot(&compiled, &state, step_index, &model_keys, &data_position)?;
+                report.snapshot_seconds.push(t.elapsed().as_secs_f64());
+                manager.save(snapshot)?;
+            }
+        }
+        manager.wait()?;
+        report.checkpoints = std::mem::take(&mut manager.saved);
+        report.checkpoint_failures = std::mem::take(&mut manager.failures);
+    }
     diagnostics::set_phase(None, "finished training");
     report.peak_memory_bytes = peak_memory(&client.addressable_devices()?);
     if logger {
         print_summary(&report, &work);
     }
     Ok(report)
+}
+
+/// The run's checkpoints directory, when `enable_checkpointing` (validation made sure
+/// `base_output_directory` is set then).
+fn run_checkpoints(c: &Config) -> Result<Option<Checkpoints>> {
+    if !c.enable_checkpointing {
+        return Ok(None);
+    }
+    let dir = outputs::run_dir(c)?.expect("validated: checkpointing has base_output_directory");
+    Ok(Some(Checkpoints::new(dir.join("checkpoints"))))
+}
+
+fn checkpoint_policy(c: &Config) -> Policy {
+    Policy {
+        period: c.checkpoint_period as u64,
+        on_start: c.save_checkpoint_on_start,
+        on_completion: c.save_checkpoint_on_completion,
+        asynchronous: c.async_checkpointing,
+        keep: c.max_num_checkpoints_to_keep.map(|n| n as usize),
+        on_error: match c.on_checkpoint_error {
+            OnCheckpointError::Stop => OnError::Stop,
+            OnCheckpointError::Continue => OnError::Continue,
+        },
+    }
+}
+
+/// A `dataset_path` on the local disk: the path itself, or a copy of a `gs://` file in a
+/// temporary directory (today's token-file reader seeks in a local file).
+enum LocalDataset {
+    Path(PathBuf),
+    Copy(tempfile::TempPath),
+}
+
+impl LocalDataset {
+    fn path(&self) -> &Path {
+        match self {
+            LocalDataset::Path(p) => p,
+            LocalDataset::Copy(p) => p,
+        }
+    }
+}
+
+fn local_dataset(c: &Config) -> Result<Option<LocalDataset>> {
+    if c.dataset_path.is_empty() {
+        return Ok(None);
+    }
+    match Location::parse(&c.dataset_path)? {
+        Location::Local(path) => Ok(Some(LocalDataset::Path(path))),
+        remote => Ok(Some(LocalDataset::Copy(download(&remote)?))),
+    }
+}
+
+/// Copies a remote file into a temporary local file (deleted when dropped).
+fn download(remote: &Location) -> Result<tempfile::TempPath> {
+    let mut file = tempfile::NamedTempFile::new().context("creating a temporary file")?;
+    let mut input = storage::open_read(remote)?;
+    std::io::copy(&mut input, file.as_file_mut()).with_context(|| format!("copying {remote} to a local file"))?;
+    Ok(file.into_temp_path())
+}
+
+/// Where each state array lives: its name, its input slot and the output that carries it.
+struct StateSlots {
+    slots: Vec<(String, usize, usize)>,
+}
+
+impl StateSlots {
+    fn new(step: &TrainStep, compiled: &Compiled) -> Result<StateSlots> {
+        let slots = step
+            .state_specs()
+            .into_iter()
+            .map(|(name, ..)| Ok((name.clone(), compiled.input_index(&name)?, compiled.output_index(&name)?)))
+            .collect::<Result<_>>()?;
+        Ok(StateSlots { slots })
+    }
+
+    /// Copies the state after `step_index` off the devices (each array assembled from its
+    /// shards), with what the manifest records.
+    fn snapshot(
+        &self,
+        compiled: &Compiled,
+        state: &[Option<DeviceArray>],
+        step_index: u64,
+        model: &BTreeMap<String, serde_json::Value>,
+        data: &dyn DataState,
+    ) -> Result<Snapshot> {
+        let arrays = self
+            .slots
+            .iter()
+            .map(|(name, input, output)| {
+                let array = state[*input].as_ref().expect("state slots are always set");
+                Ok((name.clone(), compiled.fetch(*output, array)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Snapshot {
+            step: Some(step_index),
+            arrays,
+            model: model.clone(),
+            data: Some(data.save_state(step_index + 1)),
+        })
+    }
+}
+
+/// SIGTERM (with `enable_autocheckpoint`) and SIGINT, noted by flags the loop checks after each
+/// step; the handlers are removed when the run ends.
+struct Signals {
+    terminate: Arc<AtomicBool>,
+    interrupt: Arc<AtomicBool>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl Signals {
+    fn install(autocheckpoint: bool) -> Result<Signals> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        use signal_hook::flag;
+        let terminate = Arc::new(AtomicBool::new(false));
+        let interrupt = Arc::new(AtomicBool::new(false));
+        let mut ids = Vec::new();
+        let fail = |e: std::io::Error| anyhow!("cannot install a signal handler: {e}");
+        // A second SIGINT exits at once (130 = 128 + SIGINT), as an impatient user expects.
+        ids.push(flag::register_conditional_shutdown(SIGINT, 130, interrupt.clone()).map_err(fail)?);
+        ids.push(flag::register(SIGINT, interrupt.clone()).map_err(fail)?);
+        if autocheckpoint {
+            ids.push(flag::register(SIGTERM, terminate.clone()).map_err(fail)?);
+        }
+        Ok(Signals { terminate, interrupt, ids })
+    }
+
+    fn stop_requested(&self) -> Option<&'static str> {
+        if self.terminate.load(Ordering::Relaxed) {
+            Some("SIGTERM")
+        } else if self.interrupt.load(Ordering::Relaxed) {
+            Some("SIGINT")
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for Signals {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
 }
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
@@ -262,34 +515,107 @@ fn load_step(
     Compiled::new(program, executable)
 }
 
-/// The step's inputs as device arrays (batch slots empty): parameters and optimizer state from
-/// the init program, parameters from `load_parameters_path` when given.
+/// The state a run starts from.
+struct Start {
+    /// The step's inputs as device arrays (batch slots empty).
+    state: Vec<Option<DeviceArray>>,
+    first_step: u64,
+    /// The data position to continue from (a resumed run only).
+    data: Option<serde_json::Value>,
+}
+
+/// MaxText's order (maxtext `src/maxtext/configs/base.yml`, checkpointing section, commit
+/// e591f30): the run's own newest good checkpoint; else `load_full_state_path` (parameters,
+/// optimizer state and step; the data starts over) or `load_parameters_path` (parameters; the
+/// optimizer state is fresh); else the init program. Restored arrays are put onto this run's
+/// mesh with its shardings, whatever mesh wrote them.
 fn initial_state(
     c: &Config,
     client: &Client,
     step: &TrainStep,
     compiled: &Compiled,
-) -> Result<Vec<Option<DeviceArray>>> {
-    let from_file = !c.load_parameters_path.is_empty();
-    let init = step.init(!from_file).map_err(|e| anyhow!("tracing the initializer: {e}"))?;
+    checkpoints: Option<&Checkpoints>,
+) -> Result<Start> {
+    let expected: Vec<Expected> = step
+        .state_specs()
+        .into_iter()
+        .map(|(name, dtype, dims, _)| Expected { name, ty: runtime::element_type(dtype), dims })
+        .collect();
+    let model_keys = checkpoint::manifest::model_keys(c, &step.model);
+    let mut restored = None;
+    if let Some(checkpoints) = checkpoints {
+        checkpoints.remove_incomplete()?;
+        if let Some(loaded) = checkpoints.restore_latest(&expected, &model_keys)? {
+            let step_done =
+                loaded.manifest.step.ok_or_else(|| anyhow!("{}: the checkpoint has no step", loaded.location))?;
+            println!("resuming from the checkpoint of step {step_done} ({})", loaded.location);
+            let data = loaded.manifest.data.clone();
+            restored = Some((loaded.arrays, step_done + 1, data));
+        }
+    }
+    if restored.is_none() && !c.load_full_state_path.is_empty() {
+        let dir = Location::parse(&c.load_full_state_path)?;
+        let loaded = checkpoint::dir::load(&dir, &expected, &model_keys, false)
+            .with_context(|| format!("load_full_state_path={dir}"))?;
+        let step_done = loaded.manifest.step.ok_or_else(|| {
+            anyhow!("load_full_state_path={dir}: a parameters-only checkpoint (no step); use load_parameters_path")
+        })?;
+        println!("loaded the full state of step {step_done} from {dir}; training continues at step {}", step_done + 1);
+        restored = Some((loaded.arrays, step_done + 1, None));
+    }
+    let parameters = match restored {
+        None if !c.load_parameters_path.is_empty() => Some(load_parameter_arrays(c, &expected, &model_keys)?),
+        _ => None,
+    };
+
+    let with_params = restored.is_none() && parameters.is_none();
+    let init = step.init(with_params).map_err(|e| anyhow!("tracing the initializer: {e}"))?;
     let init = runtime::compile(client, &init)?;
     let outputs = init.execute(&[])?;
     let mut state: Vec<Option<DeviceArray>> = compiled.program.inputs.iter().map(|_| None).collect();
     for (spec, array) in init.program.outputs.iter().zip(outputs) {
         state[compiled.input_index(&spec.name)?] = Some(array);
     }
-    if from_file {
-        let dtype = runtime::element_type(step.model.config.weight_dtype);
-        let expected: Vec<ParamSpec> =
-            step.model.param_defs().into_iter().map(|d| ParamSpec { name: d.name, ty: dtype, dims: d.shape }).collect();
-        let params = load_parameters(Path::new(&c.load_parameters_path), &expected)?;
-        for (name, host) in &params {
-            let slot = compiled.input_index(&format!("params.{name}"))?;
-            state[slot] = Some(compiled.put(client, slot, host)?);
-        }
-        println!("loaded {} parameters from {}", params.len(), c.load_parameters_path);
+    let (arrays, first_step, data) = match (restored, parameters) {
+        (Some(restored), _) => restored,
+        (None, Some(params)) => (params, 0, None),
+        (None, None) => (BTreeMap::new(), 0, None),
+    };
+    for (name, host) in &arrays {
+        let slot = compiled.input_index(name)?;
+        state[slot] = Some(compiled.put(client, slot, host)?);
     }
-    Ok(state)
+    Ok(Start { state, first_step, data })
+}
+
+/// The parameters `load_parameters_path` names: a checkpoint directory (its `params`, float
+/// types converted to `weight_dtype`) or a safetensors file, local or gs://. Keys are the train
+/// step's names (`params.…`).
+fn load_parameter_arrays(
+    c: &Config,
+    expected: &[Expected],
+    model_keys: &BTreeMap<String, serde_json::Value>,
+) -> Result<BTreeMap<String, crate::pjrt::HostTensor>> {
+    let location = Location::parse(&c.load_parameters_path)?;
+    let params: Vec<Expected> = expected.iter().filter(|e| e.name.starts_with("params.")).cloned().collect();
+    let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
+    let arrays = if is_checkpoint {
+        checkpoint::dir::load(&location, &params, model_keys, true)
+            .with_context(|| format!("load_parameters_path={location}"))?
+            .arrays
+    } else {
+        let specs: Vec<ParamSpec> = params
+            .iter()
+            .map(|e| ParamSpec { name: e.name["params.".len()..].to_string(), ty: e.ty, dims: e.dims.clone() })
+            .collect();
+        let local = match &location {
+            Location::Local(path) => load_parameters(path, &specs)?,
+            remote => load_parameters(&download(remote)?, &specs)?,
+        };
+        local.into_iter().map(|(name, tensor)| (format!("params.{name}"), tensor)).collect()
+    };
+    println!("loaded {} parameters from {location}", arrays.len());
+    Ok(arrays)
 }
 
 fn per_device_work(c: &Config, step: &TrainStep, derived: &Derived, device_kind: &str) -> PerDeviceWork {

@@ -3,8 +3,10 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod gcs_emulator;
 pub mod llama_ref;
 pub mod provision;
+pub mod tensorboard_reader;
 
 use maxrs::ir::Program;
 use maxrs::pjrt::{cpu_client, Client, HostTensor};

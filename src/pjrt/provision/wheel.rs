@@ -1,12 +1,15 @@
 //! Unpacking one file of a wheel (a zip) into place atomically: it is written under a temporary
 //! name next to its destination and renamed, so an interrupted run never leaves a partial file
-//! under the name that later runs take as a finished one.
+//! under the name that later runs take as a finished one. Its sha256, taken while unpacking from
+//! the verified wheel, is recorded next to it (`verified`).
 
 use std::fs::File;
 use std::io;
 use std::path::Path;
 
 use anyhow::{anyhow, Result};
+
+use super::verified;
 
 /// Permissions of an unpacked file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,12 +36,16 @@ pub(super) fn extract_member(wheel: &Path, wheel_name: &str, member: &str, dest:
         .prefix(".unpack-")
         .tempfile_in(dir)
         .map_err(|e| anyhow!("cannot create a temporary file in {}: {e}", dir.display()))?;
-    io::copy(&mut entry, &mut tmp)
+    let mut hashing = verified::HashingWriter::new(&mut tmp);
+    io::copy(&mut entry, &mut hashing)
         .map_err(|e| anyhow!("unpacking `{member}` from {wheel_name} to {} failed: {e}", dir.display()))?;
+    let sha256 = hashing.finish();
     set_mode(tmp.as_file(), mode)?;
     // Data must be on disk before the rename makes the file visible under its final name.
     tmp.as_file().sync_all().map_err(|e| anyhow!("cannot flush {}: {e}", tmp.path().display()))?;
     tmp.persist(dest).map_err(|e| anyhow!("cannot move unpacked `{member}` to {}: {}", dest.display(), e.error))?;
+    // What later runs check the cached file against (see `verified`).
+    verified::record(dest, &sha256).map_err(|e| anyhow!("cannot record the checksum of {}: {e:#}", dest.display()))?;
     Ok(())
 }
 
@@ -85,9 +92,10 @@ mod tests {
             use std::os::unix::fs::PermissionsExt;
             assert_eq!(std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777, 0o755);
         }
-        let names: Vec<_> =
+        let mut names: Vec<_> =
             std::fs::read_dir(dest.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("tool")]);
+        names.sort();
+        assert_eq!(names, ["tool", "tool.sha256"].map(std::ffi::OsString::from), "no temporary files left");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! environment value, and checked against the plugin file before the plugin is loaded — XLA ends
 //! the whole process (exit 1) on an unknown flag instead of returning an error.
 
+pub mod probe;
 mod scan;
 
 use std::fmt;

@@ -138,3 +138,15 @@ fn sha256_mismatch_is_refused_and_leaves_no_file() {
     assert!(err.contains("sha256 mismatch") && err.contains(WRONG_SHA) && err.contains(&body_sha()), "{err}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "a rejected download must leave nothing");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, failure_persistence: None, ..Default::default() })]
+
+    /// Index pages are untrusted bytes from the network (or a mirror): any body parses to a
+    /// list or an error, never a panic.
+    #[test]
+    fn index_pages_never_panic(body in "(<[aA] [hH][rR][eE][fF]=['\"]?[^>]{0,40}>?[^<]{0,20}(</a>)?|[^<]{0,10}|&[a-z#0-9]{0,5};?){0,8}") {
+        let _ = parse_index(&body, "text/html", &page());
+        let _ = parse_index(&body, PEP691_JSON, &page());
+    }
+}

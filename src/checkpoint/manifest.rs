@@ -1,0 +1,113 @@
+//! `manifest.json`: what a checkpoint directory holds, written last (its presence commits the
+//! checkpoint on GCS). Example:
+//!
+//! ```json
+//! {
+//!   "format": "maxrs-checkpoint", "version": 1, "maxrs_version": "0.1.0",
+//!   "step": 199,
+//!   "model": {"base_emb_dim": 256, "base_num_query_heads": 4, ..., "weight_dtype": "float32"},
+//!   "data": {"kind": "step_indexed", "next_step": 200, ...},
+//!   "files": [{"name": "params.safetensors", "bytes": 4196424, "crc32c": "9b1c0f3e"}, ...],
+//!   "arrays": [{"name": "params.token_embedder.embedding", "file": "params.safetensors",
+//!               "key": "token_embedder.embedding", "dtype": "F32", "shape": [512, 256]}, ...]
+//! }
+//! ```
+//!
+//! - `step`: the last completed step (0-based), MaxText's numbering: the checkpoint of step `s`
+//!   holds the state after step `s`'s update, and a run resumed from it starts at step `s + 1`
+//!   (maxtext `src/maxtext/common/checkpointing.py` `maybe_save_checkpoint` and
+//!   `trainers/pre_train/train.py` `get_first_step`, commit e591f30). `null` in a
+//!   parameters-only checkpoint made by `maxrs convert`.
+//! - `model`: the configuration keys that decide the model ([`model_keys`]), to say which key
+//!   differs when a checkpoint does not fit a run.
+//! - `data`: the data pipeline's position ([`crate::checkpoint::DataState`]).
+//! - `files`: every data file with its size and CRC32C (hex), checked on restore.
+//! - `arrays`: every state array (the train step's input names) with the file and safetensors
+//!   key that hold it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::model::Model;
+
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const FORMAT: &str = "maxrs-checkpoint";
+pub const VERSION: u32 = 1;
+
+/// The model's configuration keys that may change between a checkpoint and the run restoring
+/// it: activation numerics and sharding, not the state.
+const RUN_TIME_KEYS: &[&str] = &["dtype", "remat_policy", "logical_axis_rules"];
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub name: String,
+    pub bytes: u64,
+    /// CRC32C of the whole file, 8 hex digits.
+    pub crc32c: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ArrayEntry {
+    /// The train step's name (`params.…`, `opt_state.mu.…`, `opt_state.count`).
+    pub name: String,
+    pub file: String,
+    /// The tensor's name inside `file`.
+    pub key: String,
+    /// safetensors dtype name (`F32`, `BF16`, `I32`, ...).
+    pub dtype: String,
+    pub shape: Vec<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    pub maxrs_version: String,
+    pub step: Option<u64>,
+    pub model: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    pub data: Option<serde_json::Value>,
+    pub files: Vec<FileEntry>,
+    pub arrays: Vec<ArrayEntry>,
+}
+
+/// The values of the keys that decide `model` (its `config_keys`, less [`RUN_TIME_KEYS`]) in
+/// `config`.
+pub fn model_keys(config: &Config, model: &Model) -> BTreeMap<String, serde_json::Value> {
+    let all = serde_json::to_value(config).expect("Config serializes");
+    model
+        .config_keys()
+        .into_iter()
+        .filter(|k| !RUN_TIME_KEYS.contains(k))
+        .map(|k| (k.to_string(), all[k].clone()))
+        .collect()
+}
+
+/// `key: checkpoint A, this run B` for each model key whose values differ (keys one side lacks
+/// are left out: older or converted checkpoints may record fewer).
+pub fn model_differences(
+    saved: &BTreeMap<String, serde_json::Value>,
+    current: &BTreeMap<String, serde_json::Value>,
+) -> Vec<String> {
+    saved
+        .iter()
+        .filter_map(|(key, value)| match current.get(key) {
+            Some(now) if !same_value(now, value) => Some(format!("{key}: checkpoint {value}, this run {now}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Numbers compare by value (YAML may give `10000` where JSON gave `10000.0`).
+fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+pub fn crc_hex(crc: u32) -> String {
+    format!("{crc:08x}")
+}

@@ -1,0 +1,355 @@
+//! `gs://` through the Cloud Storage JSON API (<https://cloud.google.com/storage/docs/json_api>),
+//! the API Google's own client libraries use, over blocking `reqwest`:
+//! - small files: one `uploadType=media` request; streamed files: a resumable upload session
+//!   (`uploadType=resumable`), sent in `PART_BYTES` chunks and completed by the last one, so the
+//!   object appears only when whole; an abandoned session is cancelled;
+//! - reads: `alt=media`, streamed; listings: `prefix` + `delimiter=/`, every page;
+//! - idempotent requests are retried on 429, 5xx and transport errors with exponential backoff.
+//!
+//! Credentials: Application Default Credentials through `gcp_auth` (a service account key named
+//! by `GOOGLE_APPLICATION_CREDENTIALS`, gcloud's user credentials, the metadata server), with
+//! the `devstorage.read_write` scope. `STORAGE_EMULATOR_HOST=http://host:port` sends every request
+//! to that emulator instead, without credentials (as Google's client libraries do).
+
+use std::io::Read;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use reqwest::blocking::{Client, RequestBuilder, Response};
+use reqwest::{StatusCode, Url};
+
+use super::Entry;
+
+/// The environment variable Google's client libraries read to reach an emulator.
+pub const EMULATOR_ENV: &str = "STORAGE_EMULATOR_HOST";
+const GCS: &str = "https://storage.googleapis.com";
+const SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_write";
+
+/// Chunk of a resumable upload (a multiple of 256 KiB, as the API requires).
+const PART_BYTES: usize = 16 << 20;
+const ATTEMPTS: u32 = 5;
+
+/// The endpoint and how requests authenticate, fixed for the process at first use.
+struct Service {
+    base: String,
+    http: Client,
+    /// `None` for an emulator.
+    auth: Option<Auth>,
+}
+
+struct Auth {
+    runtime: tokio::runtime::Runtime,
+    provider: Arc<dyn gcp_auth::TokenProvider>,
+}
+
+fn service() -> Result<&'static Service> {
+    static SERVICE: OnceLock<Result<Service, String>> = OnceLock::new();
+    SERVICE.get_or_init(|| connect().map_err(|e| format!("{e:#}"))).as_ref().map_err(|e| anyhow!("{e}"))
+}
+
+fn connect() -> Result<Service> {
+    let http = Client::builder()
+        .user_agent(concat!("maxrs/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(300))
+        .build()
+        .map_err(|e| anyhow!("cannot create an HTTP client for GCS: {e}"))?;
+    if let Some(host) = std::env::var(EMULATOR_ENV).ok().filter(|h| !h.trim().is_empty()) {
+        let base = if host.contains("://") { host } else { format!("http://{host}") };
+        return Ok(Service { base: base.trim_end_matches('/').to_string(), http, auth: None });
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow!("cannot start the runtime GCS authentication needs: {e}"))?;
+    let provider = runtime.block_on(gcp_auth::provider()).map_err(|e| {
+        anyhow!(
+            "gs:// needs Google Cloud credentials and none were found ({e}); run `gcloud auth \
+             application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file"
+        )
+    })?;
+    Ok(Service { base: GCS.to_string(), http, auth: Some(Auth { runtime, provider }) })
+}
+
+impl Service {
+    fn url(&self, path: &[&str], query: &[(&str, &str)]) -> Url {
+        let mut url = Url::parse(&self.base).expect("a valid base URL");
+        url.path_segments_mut().expect("an http(s) base").pop_if_empty().extend(path);
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        url
+    }
+
+    fn object_url(&self, bucket: &str, key: &str, query: &[(&str, &str)]) -> Url {
+        // The object name is one path segment: its `/` are percent-encoded.
+        self.url(&["storage", "v1", "b", bucket, "o", key], query)
+    }
+
+    fn authorized(&self, request: RequestBuilder) -> Result<RequestBuilder> {
+        match &self.auth {
+            None => Ok(request),
+            Some(auth) => {
+                let token = auth
+                    .runtime
+                    .block_on(auth.provider.token(&[SCOPE]))
+                    .map_err(|e| anyhow!("GCS credentials: {e}"))?;
+                Ok(request.bearer_auth(token.as_str()))
+            }
+        }
+    }
+
+    /// Sends the request `make` builds, retrying transient failures; returns the response
+    /// (any status) or the last transport error.
+    fn send(&self, what: &str, make: impl Fn() -> RequestBuilder) -> Result<Response> {
+        let mut delay = Duration::from_millis(250);
+        for attempt in 1..=ATTEMPTS {
+            let result = self.authorized(make())?.send();
+            let retry = match &result {
+                Ok(r) => r.status() == StatusCode::TOO_MANY_REQUESTS || r.status().is_server_error(),
+                Err(e) => e.is_connect() || e.is_timeout() || e.is_request(),
+            };
+            if !retry || attempt == ATTEMPTS {
+                return result.map_err(|e| anyhow!("{what}: {}", chain(&e)));
+            }
+            tracing::debug!("{what}: attempt {attempt} failed; retrying in {delay:?}");
+            std::thread::sleep(delay);
+            delay *= 2;
+        }
+        unreachable!("the last attempt returns")
+    }
+}
+
+/// A failed response as one line: status and the API's error message.
+fn status_error(what: &str, response: Response) -> anyhow::Error {
+    let status = response.status();
+    let body = response.text().unwrap_or_default();
+    let message = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| body.chars().take(200).collect::<String>().replace('\n', " "));
+    anyhow!("{what}: HTTP {status}: {message}")
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+pub(super) fn put(bucket: &str, key: &str, bytes: &[u8]) -> Result<()> {
+    let service = service()?;
+    let what = format!("writing gs://{bucket}/{key}");
+    let url = service.url(&["upload", "storage", "v1", "b", bucket, "o"], &[("uploadType", "media"), ("name", key)]);
+    let response = service.send(&what, || {
+        service.http.post(url.clone()).header("content-type", "application/octet-stream").body(bytes.to_vec())
+    })?;
+    if !response.status().is_success() {
+        return Err(status_error(&what, response));
+    }
+    Ok(())
+}
+
+pub(super) fn exists(bucket: &str, key: &str) -> Result<bool> {
+    let service = service()?;
+    let what = format!("looking up gs://{bucket}/{key}");
+    let url = service.object_url(bucket, key, &[("fields", "name")]);
+    let response = service.send(&what, || service.http.get(url.clone()))?;
+    match response.status() {
+        StatusCode::NOT_FOUND => Ok(false),
+        s if s.is_success() => Ok(true),
+        _ => Err(status_error(&what, response)),
+    }
+}
+
+pub(super) fn list_dir(bucket: &str, key: &str) -> Result<Vec<Entry>> {
+    let prefix = if key.is_empty() { String::new() } else { format!("{key}/") };
+    let mut entries = Vec::new();
+    let strip = |name: &str| name.strip_prefix(&prefix).unwrap_or(name).trim_end_matches('/').to_string();
+    list(bucket, &prefix, true, |page| {
+        for p in page["prefixes"].as_array().into_iter().flatten().filter_map(|p| p.as_str()) {
+            entries.push(Entry { name: strip(p), is_dir: true });
+        }
+        for item in page["items"].as_array().into_iter().flatten() {
+            if let Some(name) = item["name"].as_str().filter(|n| *n != prefix) {
+                entries.push(Entry { name: strip(name), is_dir: false });
+            }
+        }
+    })?;
+    Ok(entries)
+}
+
+/// Every page of a listing of `prefix`, with `/` as delimiter or recursively.
+fn list(bucket: &str, prefix: &str, delimited: bool, mut on_page: impl FnMut(&serde_json::Value)) -> Result<()> {
+    let service = service()?;
+    let what = format!("listing gs://{bucket}/{prefix}");
+    let mut token = String::new();
+    loop {
+        let mut query = vec![("prefix", prefix), ("fields", "items(name),prefixes,nextPageToken")];
+        if delimited {
+            query.push(("delimiter", "/"));
+        }
+        if !token.is_empty() {
+            query.push(("pageToken", token.as_str()));
+        }
+        let url = service.url(&["storage", "v1", "b", bucket, "o"], &query);
+        let response = service.send(&what, || service.http.get(url.clone()))?;
+        if !response.status().is_success() {
+            return Err(status_error(&what, response));
+        }
+        let page: serde_json::Value = response.json_value(&what)?;
+        on_page(&page);
+        match page["nextPageToken"].as_str() {
+            Some(next) if !next.is_empty() => token = next.to_string(),
+            _ => return Ok(()),
+        }
+    }
+}
+
+trait JsonBody {
+    fn json_value(self, what: &str) -> Result<serde_json::Value>;
+}
+
+impl JsonBody for Response {
+    fn json_value(self, what: &str) -> Result<serde_json::Value> {
+        let text = self.text().map_err(|e| anyhow!("{what}: {}", chain(&e)))?;
+        serde_json::from_str(&text).map_err(|e| anyhow!("{what}: unreadable answer ({e})"))
+    }
+}
+
+pub(super) fn remove_prefix(bucket: &str, key: &str) -> Result<()> {
+    let service = service()?;
+    let mut names = vec![key.to_string()];
+    list(bucket, &format!("{key}/"), false, |page| {
+        names.extend(
+            page["items"].as_array().into_iter().flatten().filter_map(|i| i["name"].as_str().map(String::from)),
+        );
+    })?;
+    for name in names {
+        let what = format!("deleting gs://{bucket}/{name}");
+        let url = service.object_url(bucket, &name, &[]);
+        let response = service.send(&what, || service.http.delete(url.clone()))?;
+        if !(response.status().is_success() || response.status() == StatusCode::NOT_FOUND) {
+            return Err(status_error(&what, response));
+        }
+    }
+    Ok(())
+}
+
+/// A resumable upload: bytes are buffered into `PART_BYTES` chunks, each sent as it fills; the
+/// last chunk (sent by `finish`) states the total size, which completes the object.
+pub(super) struct ObjectUpload {
+    what: String,
+    session: Option<Url>,
+    buffer: Vec<u8>,
+    sent: u64,
+}
+
+impl ObjectUpload {
+    pub(super) fn start(bucket: &str, key: &str) -> Result<ObjectUpload> {
+        let service = service()?;
+        let what = format!("writing gs://{bucket}/{key}");
+        let url =
+            service.url(&["upload", "storage", "v1", "b", bucket, "o"], &[("uploadType", "resumable"), ("name", key)]);
+        let response = service.send(&what, || service.http.post(url.clone()).header("content-length", "0"))?;
+        if !response.status().is_success() {
+            return Err(status_error(&what, response));
+        }
+        let location = response
+            .headers()
+            .get("location")
+            .and_then(|l| l.to_str().ok())
+            .ok_or_else(|| anyhow!("{what}: the upload session has no Location"))?;
+        let session = Url::parse(location).map_err(|e| anyhow!("{what}: bad upload session URL: {e}"))?;
+        Ok(ObjectUpload { what, session: Some(session), buffer: Vec::with_capacity(PART_BYTES), sent: 0 })
+    }
+
+    /// Sends the buffer as the next chunk; `last` states the total size.
+    fn send_chunk(&mut self, last: bool) -> Result<()> {
+        let service = service()?;
+        let session = self.session.clone().expect("open until finished");
+        let len = self.buffer.len() as u64;
+        let total = if last { (self.sent + len).to_string() } else { "*".to_string() };
+        let range = if len == 0 {
+            format!("bytes */{total}")
+        } else {
+            format!("bytes {}-{}/{total}", self.sent, self.sent + len - 1)
+        };
+        let body = std::mem::take(&mut self.buffer);
+        // Not retried: a resent chunk would need the session's status first. A failed save is
+        // reported and the next save starts afresh.
+        let response = service.authorized(service.http.put(session).header("content-range", range).body(body))?.send();
+        let response = response.map_err(|e| anyhow!("{}: {}", self.what, chain(&e)))?;
+        let done = response.status().is_success();
+        let more = response.status().as_u16() == 308;
+        if (last && !done) || (!last && !more) {
+            return Err(status_error(&self.what, response));
+        }
+        self.sent += len;
+        self.buffer = Vec::with_capacity(PART_BYTES);
+        Ok(())
+    }
+
+    pub(super) fn write(&mut self, mut buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len();
+        while !buf.is_empty() {
+            let take = (PART_BYTES - self.buffer.len()).min(buf.len());
+            self.buffer.extend_from_slice(&buf[..take]);
+            buf = &buf[take..];
+            if self.buffer.len() == PART_BYTES {
+                self.send_chunk(false).map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+            }
+        }
+        Ok(n)
+    }
+
+    pub(super) fn finish(mut self) -> Result<u64> {
+        self.send_chunk(true)?;
+        self.session = None;
+        Ok(self.sent)
+    }
+}
+
+impl Drop for ObjectUpload {
+    fn drop(&mut self) {
+        // Cancels the session (the API answers 499), so no object appears.
+        if let (Some(session), Ok(service)) = (self.session.take(), service()) {
+            if let Ok(request) = service.authorized(service.http.delete(session)) {
+                let _ = request.send();
+            }
+        }
+    }
+}
+
+/// Reads an object front to back as it streams in.
+pub(super) struct ObjectReader {
+    response: Response,
+}
+
+impl ObjectReader {
+    pub(super) fn open(bucket: &str, key: &str) -> Result<ObjectReader> {
+        let service = service()?;
+        let what = format!("reading gs://{bucket}/{key}");
+        let url = service.object_url(bucket, key, &[("alt", "media")]);
+        let response = service.send(&what, || service.http.get(url.clone()))?;
+        if response.status() == StatusCode::NOT_FOUND {
+            bail!("{what}: no such object");
+        }
+        if !response.status().is_success() {
+            return Err(status_error(&what, response));
+        }
+        Ok(ObjectReader { response })
+    }
+}
+
+impl Read for ObjectReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.response.read(buf)
+    }
+}

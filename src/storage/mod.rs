@@ -1,0 +1,351 @@
+//! The one storage seam: every file maxrs reads or writes for a run (checkpoints, parameter
+//! files, datasets, metrics, TensorBoard events, the resolved config) is named by a
+//! [`Location`], a local path or a `gs://bucket/key` URL, and goes through the functions here.
+//!
+//! What callers can rely on, on both backends:
+//! - [`write`] / [`create`]: a file appears under its name only when complete. Locally it is
+//!   written to a temporary sibling, fsynced and renamed (the parent directory is fsynced too);
+//!   on GCS an object upload is atomic by itself (a resumable upload becomes visible only when
+//!   completed; an abandoned one is cancelled).
+//! - [`StagedDir`]: a directory whose contents appear together. Locally it is a temporary sibling
+//!   directory renamed into place; GCS has no directories to rename, so there the caller must
+//!   write a commit file last (checkpoints write their manifest last) and readers must treat a
+//!   directory without it as incomplete. This is Orbax's choice too: `AtomicRenameTemporaryPath`
+//!   locally, `CommitFileTemporaryPath` (a `commit_success.txt`) where renames are not atomic
+//!   (google/orbax `checkpoint/orbax/checkpoint/_src/path/atomicity.py`, commit 08ec2b4).
+//! - [`open_read`]: a sequential reader (GCS streams the object); [`list_dir`] lists the
+//!   immediate children of a directory (GCS: the `/`-delimited prefixes and objects).
+//!
+//! GCS goes through its JSON API (see `gcs.rs`) with Application Default Credentials
+//! (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's application default credentials, the metadata
+//! server). `STORAGE_EMULATOR_HOST=http://host:port` (the variable Google's client libraries
+//! honour) sends every request to a GCS emulator such as fake-gcs-server, without credentials.
+//! Errors name the location and the operation, in one line.
+
+mod gcs;
+mod local;
+
+use std::fmt;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+/// Where a file or directory lives.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Location {
+    Local(PathBuf),
+    /// An object (or a `/`-separated prefix acting as a directory) in a GCS bucket. `key` has no
+    /// leading or trailing `/`; empty is the bucket's root.
+    Gcs {
+        bucket: String,
+        key: String,
+    },
+}
+
+impl Location {
+    /// `gs://bucket/key...` or a local path. Other URL schemes are refused rather than taken as
+    /// relative paths.
+    pub fn parse(text: &str) -> Result<Location> {
+        if let Some(rest) = text.strip_prefix("gs://") {
+            let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                bail!("{text}: a gs:// location needs a bucket name (gs://BUCKET/PATH)");
+            }
+            return Ok(Location::Gcs { bucket: bucket.to_string(), key: key.trim_matches('/').to_string() });
+        }
+        if let Some((scheme, _)) = text.split_once("://") {
+            bail!("{text}: `{scheme}://` is not supported; use a local path or gs://BUCKET/PATH");
+        }
+        if text.is_empty() {
+            bail!("an empty path names no file");
+        }
+        Ok(Location::Local(PathBuf::from(text)))
+    }
+
+    /// The child `name` (which may contain `/`).
+    pub fn join(&self, name: &str) -> Location {
+        match self {
+            Location::Local(path) => Location::Local(path.join(name)),
+            Location::Gcs { bucket, key } => {
+                let name = name.trim_matches('/');
+                let key = if key.is_empty() { name.to_string() } else { format!("{key}/{name}") };
+                Location::Gcs { bucket: bucket.clone(), key }
+            }
+        }
+    }
+
+    /// The last component of the name.
+    pub fn file_name(&self) -> String {
+        match self {
+            Location::Local(path) => path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            Location::Gcs { key, .. } => key.rsplit('/').next().unwrap_or("").to_string(),
+        }
+    }
+
+    /// The directory holding this location (a bucket's root has none).
+    pub fn parent(&self) -> Option<Location> {
+        match self {
+            Location::Local(path) => path.parent().map(|p| Location::Local(p.to_path_buf())),
+            Location::Gcs { bucket, key } if !key.is_empty() => Some(Location::Gcs {
+                bucket: bucket.clone(),
+                key: key.rsplit_once('/').map(|(parent, _)| parent.to_string()).unwrap_or_default(),
+            }),
+            Location::Gcs { .. } => None,
+        }
+    }
+
+    pub fn is_local(&self) -> bool {
+        matches!(self, Location::Local(_))
+    }
+
+    pub fn local_path(&self) -> Option<&Path> {
+        match self {
+            Location::Local(path) => Some(path),
+            Location::Gcs { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Local(path) => write!(f, "{}", path.display()),
+            Location::Gcs { bucket, key } => write!(f, "gs://{bucket}/{key}"),
+        }
+    }
+}
+
+impl From<&Path> for Location {
+    fn from(path: &Path) -> Location {
+        Location::Local(path.to_path_buf())
+    }
+}
+
+/// A file being written; it appears under its name only after [`ObjectWriter::finish`]. Dropping
+/// it unfinished discards what was written.
+pub struct ObjectWriter {
+    inner: WriterImpl,
+}
+
+enum WriterImpl {
+    Local(local::FileWriter),
+    Gcs(gcs::ObjectUpload),
+}
+
+impl ObjectWriter {
+    /// Makes the file visible, complete, under its name (locally: fsync, rename, fsync the
+    /// directory). Returns the number of bytes written.
+    pub fn finish(self) -> Result<u64> {
+        match self.inner {
+            WriterImpl::Local(w) => w.finish(),
+            WriterImpl::Gcs(w) => w.finish(),
+        }
+    }
+}
+
+impl Write for ObjectWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match &mut self.inner {
+            WriterImpl::Local(w) => w.write(buf),
+            WriterImpl::Gcs(w) => w.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.inner {
+            WriterImpl::Local(w) => w.flush(),
+            WriterImpl::Gcs(_) => Ok(()),
+        }
+    }
+}
+
+/// Starts writing the file at `location` (parent directories are created as needed).
+pub fn create(location: &Location) -> Result<ObjectWriter> {
+    let inner = match location {
+        Location::Local(path) => WriterImpl::Local(local::FileWriter::create(path)?),
+        Location::Gcs { bucket, key } => WriterImpl::Gcs(gcs::ObjectUpload::start(bucket, key)?),
+    };
+    Ok(ObjectWriter { inner })
+}
+
+/// Writes `bytes` as the whole file at `location`, atomically (see the module docs).
+pub fn write(location: &Location, bytes: &[u8]) -> Result<()> {
+    match location {
+        Location::Gcs { bucket, key } => gcs::put(bucket, key, bytes),
+        Location::Local(_) => {
+            let mut writer = create(location)?;
+            writer.write_all(bytes).map_err(|e| anyhow::anyhow!("writing {location}: {e}"))?;
+            writer.finish().map(drop)
+        }
+    }
+}
+
+/// The whole file at `location`.
+pub fn read(location: &Location) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    open_read(location)?.read_to_end(&mut bytes).map_err(|e| anyhow::anyhow!("reading {location}: {e}"))?;
+    Ok(bytes)
+}
+
+/// A sequential reader of the file at `location`.
+pub fn open_read(location: &Location) -> Result<Box<dyn Read + Send>> {
+    match location {
+        Location::Local(path) => Ok(Box::new(local::open(path)?)),
+        Location::Gcs { bucket, key } => Ok(Box::new(gcs::ObjectReader::open(bucket, key)?)),
+    }
+}
+
+/// Whether a file exists at `location` (a directory is not a file).
+pub fn is_file(location: &Location) -> Result<bool> {
+    match location {
+        Location::Local(path) => Ok(path.is_file()),
+        Location::Gcs { bucket, key } => gcs::exists(bucket, key),
+    }
+}
+
+/// One entry of a directory listing.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Entry {
+    pub name: String,
+    pub is_dir: bool,
+}
+
+/// The immediate children of the directory at `location`, sorted by name; an absent directory
+/// lists as empty.
+pub fn list_dir(location: &Location) -> Result<Vec<Entry>> {
+    let mut entries = match location {
+        Location::Local(path) => local::list_dir(path)?,
+        Location::Gcs { bucket, key } => gcs::list_dir(bucket, key)?,
+    };
+    entries.sort();
+    Ok(entries)
+}
+
+/// Deletes the file or directory tree at `location` (nothing there is not an error).
+pub fn remove_all(location: &Location) -> Result<()> {
+    match location {
+        Location::Local(path) => local::remove_all(path),
+        Location::Gcs { bucket, key } => gcs::remove_prefix(bucket, key),
+    }
+}
+
+/// A directory being filled whose contents appear together at `final_location` on
+/// [`StagedDir::commit`] (see the module docs for what that means on GCS).
+pub struct StagedDir {
+    staging: Location,
+    final_location: Location,
+}
+
+/// The suffix of a local staging directory: `<name>.maxrs-tmp`. Like Orbax's
+/// `.orbax-checkpoint-tmp`, a directory with it is never complete and may be deleted.
+pub const STAGING_SUFFIX: &str = ".maxrs-tmp";
+
+impl StagedDir {
+    /// Starts a directory for `final_location` whose file `commit_file` is written last, removing
+    /// what an interrupted earlier attempt left (locally its staging directory; on GCS the
+    /// uncommitted objects under the final name, where it wrote). Fails when `final_location`
+    /// already exists (locally) or has its commit file (GCS).
+    pub fn start(final_location: &Location, commit_file: &str) -> Result<StagedDir> {
+        let staging = match final_location {
+            Location::Local(path) => {
+                if path.exists() {
+                    bail!("{}: already exists; not overwriting it", path.display());
+                }
+                let mut name = path.file_name().unwrap_or_default().to_os_string();
+                name.push(STAGING_SUFFIX);
+                let staging = path.with_file_name(name);
+                local::remove_all(&staging)?;
+                local::create_dir_all(&staging)?;
+                Location::Local(staging)
+            }
+            Location::Gcs { bucket, key } => {
+                if gcs::exists(bucket, &format!("{key}/{commit_file}"))? {
+                    bail!("{final_location}: already exists (it has {commit_file}); not overwriting it");
+                }
+                gcs::remove_prefix(bucket, key)?;
+                final_location.clone()
+            }
+        };
+        Ok(StagedDir { staging, final_location: final_location.clone() })
+    }
+
+    /// Where to write the directory's files until it is committed.
+    pub fn path(&self) -> &Location {
+        &self.staging
+    }
+
+    /// Makes the directory visible under its final name (locally: fsync the staging directory,
+    /// rename it, fsync the parent).
+    pub fn commit(self) -> Result<Location> {
+        if let (Location::Local(staging), Location::Local(target)) = (&self.staging, &self.final_location) {
+            local::commit_dir(staging, target)?;
+        }
+        Ok(self.final_location)
+    }
+
+    /// Deletes what was written (a failed save).
+    pub fn abandon(self) -> Result<()> {
+        remove_all(&self.staging)
+    }
+}
+
+/// A file that grows by appending (metrics, TensorBoard events). Locally bytes go straight to
+/// the file; GCS objects cannot be appended to, so there the content is kept and the whole
+/// object rewritten on each [`Appender::flush`] (what TensorFlow's GCS file system does too).
+pub struct Appender {
+    location: Location,
+    inner: AppenderImpl,
+}
+
+enum AppenderImpl {
+    Local(crate::output::LockedAppend),
+    Gcs { content: Vec<u8>, flushed: usize },
+}
+
+impl Appender {
+    /// Opens `location`, the value of config key `key`, for appending; `truncate` starts it
+    /// empty (locally at the first write, so a run that fails earlier leaves the old content),
+    /// otherwise existing content is kept. Parent directories are created. A local file is
+    /// locked while the appender lives: a second run naming it is refused.
+    pub fn open(key: &str, location: &Location, truncate: bool) -> Result<Appender> {
+        let inner = match location {
+            Location::Local(path) => AppenderImpl::Local(crate::output::LockedAppend::open(key, path, truncate)?),
+            Location::Gcs { .. } => {
+                let content = if !truncate && is_file(location)? { read(location)? } else { Vec::new() };
+                let flushed = content.len();
+                AppenderImpl::Gcs { content, flushed }
+            }
+        };
+        Ok(Appender { location: location.clone(), inner })
+    }
+
+    /// Appends `bytes` (locally written at once, unbuffered).
+    pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
+        match &mut self.inner {
+            AppenderImpl::Local(file) => file.append(bytes),
+            AppenderImpl::Gcs { content, .. } => {
+                content.extend_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+
+    /// Makes everything appended so far durable (locally fsync; GCS: rewrite the object).
+    pub fn flush(&mut self) -> Result<()> {
+        match &mut self.inner {
+            AppenderImpl::Local(file) => file.sync(),
+            AppenderImpl::Gcs { content, flushed } => {
+                if *flushed < content.len() || content.is_empty() {
+                    write(&self.location, content)?;
+                    *flushed = content.len();
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+}
