@@ -8,12 +8,17 @@
 mod common;
 
 use common::llama_ref::{host_params, random_params};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use maxrs::checkpoint;
 use maxrs::config::{self, Config, Derived};
 use maxrs::inference::{Generation, ParamSource, Sampling, Session};
 use maxrs::ir::{DType, Signature};
 use maxrs::model::attention::{KvCache, LayerCache, LayerContext};
 use maxrs::model::Model;
 use maxrs::pjrt::HostTensor;
+use maxrs::storage::Location;
 use maxrs::tensor::{trace, Tree};
 use maxrs::train::step::step_mesh;
 
@@ -244,16 +249,31 @@ fn maxrs(args: &[&str]) -> (bool, String, String) {
     (out.status.success(), text(&out.stdout), text(&out.stderr))
 }
 
-/// `maxrs decode` as a user runs it: a parameter file and a prompt give the output and the
-/// timings; weighted sampling repeats itself with the same `decode_seed`.
-#[test]
-fn cli_decodes_a_parameter_file_reproducibly() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("params.safetensors");
-    let c = load(&[]);
-    let host: std::collections::BTreeMap<String, HostTensor> = params(&c).into_iter().collect();
+/// Writes `c`'s parameters into `dir` twice: as a safetensors file and as a checkpoint directory
+/// of step 1, as `maxrs train` saves one (its writer, its model keys); returns both paths.
+fn save_params(c: &Config, dir: &Path) -> (PathBuf, PathBuf) {
+    let host: BTreeMap<String, HostTensor> = params(c).into_iter().collect();
+    let file = dir.join("params.safetensors");
     maxrs::train::params_io::save_safetensors(&file, &host).unwrap();
-    let run = |seed: &str| {
+    let step_dir = dir.join("checkpoints/1");
+    let snapshot = checkpoint::Snapshot {
+        step: Some(1),
+        arrays: host.into_iter().map(|(name, t)| (format!("params.{name}"), t)).collect(),
+        model: checkpoint::manifest::model_keys(c, &Model::from_config(c).unwrap()),
+        data: None,
+    };
+    checkpoint::dir::save(&Location::Local(step_dir.clone()), &snapshot).unwrap();
+    (file, step_dir)
+}
+
+/// `maxrs decode` as a user runs it: a parameter file or a checkpoint directory and a prompt
+/// give the output and the timings, the same for both; weighted sampling repeats itself with the
+/// same `decode_seed`.
+#[test]
+fn cli_decodes_a_parameter_file_or_checkpoint_reproducibly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, checkpoint) = save_params(&load(&[]), dir.path());
+    let run = |seed: &str, path: &Path| {
         let args = [
             "decode",
             "dtype=float32",
@@ -264,7 +284,7 @@ fn cli_decodes_a_parameter_file_reproducibly() {
             "decode_sampling_strategy=weighted",
             "prompt=[1 2 3, 7]",
             seed,
-            &format!("load_parameters_path={}", file.display()),
+            &format!("load_parameters_path={}", path.display()),
         ];
         let (ok, stdout, stderr) = maxrs(&args);
         assert!(ok, "{stdout}\n{stderr}");
@@ -281,18 +301,20 @@ fn cli_decodes_a_parameter_file_reproducibly() {
         );
         outputs
     };
-    assert_eq!(run("decode_seed=5"), run("decode_seed=5"), "the same decode_seed samples the same tokens");
+    assert_eq!(
+        run("decode_seed=5", &file),
+        run("decode_seed=5", &checkpoint),
+        "the same parameters and decode_seed sample the same tokens"
+    );
 }
 
 /// Bad input stops with one line that names the culprit.
 #[test]
 fn cli_bad_input_is_one_line_naming_the_culprit() {
     let dir = tempfile::tempdir().unwrap();
-    let other = dir.path().join("other.safetensors");
-    let c = load(&["base_num_decoder_layers=3", "base_emb_dim=128"]);
-    let host: std::collections::BTreeMap<String, HostTensor> = params(&c).into_iter().collect();
-    maxrs::train::params_io::save_safetensors(&other, &host).unwrap();
+    let (other, other_checkpoint) = save_params(&load(&["base_num_decoder_layers=3", "base_emb_dim=128"]), dir.path());
     let other_arg = format!("load_parameters_path={}", other.display());
+    let other_checkpoint_arg = format!("load_parameters_path={}", other_checkpoint.display());
     let cases: &[(&[&str], &str)] = &[
         (&["decode", "prompt="], "is empty: give at least one token"),
         (&["decode", "prompt=1 2 3 4 5", "max_prefill_predict_length=4"], "more than max_prefill_predict_length=4"),
@@ -306,6 +328,7 @@ fn cli_bad_input_is_one_line_naming_the_culprit() {
         ),
         (&["decode", "prompt=1", "decode_sampling_strategy=beam"], "greedy, weighted, nucleus, topk, composite"),
         (&["decode", "prompt=1", &other_arg], "not this model's parameters"),
+        (&["decode", "prompt=1", &other_checkpoint_arg], "base_emb_dim: checkpoint 128, this run 256"),
     ];
     for (args, want) in cases {
         let (ok, stdout, stderr) = maxrs(args);

@@ -2,8 +2,6 @@
 //! the compiled session with its parameters -> prefill and generate -> the prompts' outputs and
 //! the timings printed (MaxText's `decode.py` prints `Input `...` -> `...``).
 
-use std::path::Path;
-
 use anyhow::{anyhow, bail, Result};
 
 use crate::config::{self, Config};
@@ -43,7 +41,7 @@ pub fn decode(c: &Config, client: &Client) -> Result<DecodeReport> {
             );
             ParamSource::Init(c.init_weights_seed as u32)
         }
-        path => ParamSource::File(Path::new(path)),
+        path => ParamSource::Load(path),
     };
     let session = Session::new(c, &derived, mesh, client, source, STEPS_PER_CALL)?;
     let e = &session.engine;

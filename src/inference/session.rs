@@ -3,11 +3,11 @@
 //! prefill, then generate calls, the cache staying on the devices and donated to each call).
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use crate::checkpoint::{self, Expected};
 use crate::config::{Config, Derived};
 use crate::ir::Signature;
 use crate::lower::to_stablehlo;
@@ -15,8 +15,10 @@ use crate::model::Model;
 use crate::pjrt::{Client, HostTensor};
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::sharding::Mesh;
+use crate::storage::{self, Location};
 use crate::tensor::{random, trace, Tree};
 use crate::train::params_io::{load_parameters, ParamSpec, ParamsError};
+use crate::train::run::download;
 
 use super::programs::Engine;
 use super::sampling::Sampling;
@@ -63,8 +65,9 @@ impl Generation {
 
 /// Where the parameters come from.
 pub enum ParamSource<'a> {
-    /// A safetensors file in maxrs's layout (`load_parameters_path`).
-    File(&'a Path),
+    /// `load_parameters_path`: a checkpoint directory `maxrs train` wrote (its parameters), or a
+    /// safetensors file in maxrs's layout; local or `gs://`.
+    Load(&'a str),
     /// Host arrays by parameter name (tests, benchmarks).
     Host(&'a Tree<HostTensor>),
     /// Drawn on the devices from `init_weights_seed`, as training's initial parameters.
@@ -110,7 +113,7 @@ impl Session {
         let t = Instant::now();
         // A parameter file is read first: a file for another model fails before compiling.
         let host_params = match &params {
-            ParamSource::File(path) => Some(read_params(&engine.model, path)?),
+            ParamSource::Load(path) => Some(read_params(c, &engine.model, path)?),
             ParamSource::Host(_) | ParamSource::Init(_) => None,
         };
         startup.params = t.elapsed().as_secs_f64();
@@ -131,8 +134,8 @@ impl Session {
         let params = match (params, host_params) {
             (ParamSource::Init(seed), _) => init_params(&engine.model, client, seed, &prefill)?,
             (ParamSource::Host(tree), _) => put_params(&engine.model, client, &prefill, tree)?,
-            (ParamSource::File(_), Some(tree)) => put_params(&engine.model, client, &prefill, &tree)?,
-            (ParamSource::File(_), None) => unreachable!("a file is read before compiling"),
+            (ParamSource::Load(_), Some(tree)) => put_params(&engine.model, client, &prefill, &tree)?,
+            (ParamSource::Load(_), None) => unreachable!("a file is read before compiling"),
         };
         startup.params += t.elapsed().as_secs_f64();
         Ok(Session { engine, prefill, generate, params, seed: c.decode_seed as u32, startup, client: client.clone() })
@@ -225,9 +228,37 @@ impl Session {
     }
 }
 
-/// A parameter file's arrays, checked against `model`'s parameters.
-fn read_params(model: &Model, path: &Path) -> Result<Tree<HostTensor>> {
-    let params = load_parameters(path, &expected_params(model)).map_err(|e| match e {
+/// The parameters `load_parameters_path` names, checked against `model`'s: a checkpoint
+/// directory (its `params.*` arrays, as `maxrs train` restores them: the model keys it recorded
+/// must match, float types are converted to `weight_dtype`) or a safetensors file in maxrs's
+/// layout. Errors are one line.
+fn read_params(c: &Config, model: &Model, path: &str) -> Result<Tree<HostTensor>> {
+    let location = Location::parse(path)?;
+    if storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))? {
+        let expected: Vec<Expected> = expected_params(model)
+            .into_iter()
+            .map(|p| Expected { name: format!("params.{}", p.name), ty: p.ty, dims: p.dims })
+            .collect();
+        let loaded = checkpoint::dir::load(&location, &expected, &checkpoint::manifest::model_keys(c, model), true)
+            .map_err(|e| {
+                anyhow!(
+                    "load_parameters_path={location}: {}",
+                    format!("{e:#}").replace(":\n  ", ": ").replace("\n  ", "; ")
+                )
+            })?;
+        let step = loaded.manifest.step.map_or(String::new(), |s| format!(" (step {s})"));
+        println!("loaded {} parameters from the checkpoint {location}{step}", loaded.arrays.len());
+        return Ok(loaded
+            .arrays
+            .into_iter()
+            .map(|(name, tensor)| (name.strip_prefix("params.").unwrap_or(&name).to_string(), tensor))
+            .collect());
+    }
+    let file = match &location {
+        Location::Local(file) => load_parameters(file, &expected_params(model)),
+        remote => load_parameters(&download(remote)?, &expected_params(model)),
+    };
+    let params = file.map_err(|e| match e {
         ParamsError::Mismatch(m) => anyhow!("{}", one_line_mismatch(&m)),
         other => anyhow!(other),
     })?;
