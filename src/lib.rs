@@ -10,6 +10,7 @@ pub mod autodiff;
 pub mod checkpoint;
 pub mod cluster;
 pub mod config;
+pub mod data;
 pub mod inference;
 pub mod ir;
 pub mod lower;

@@ -37,6 +37,8 @@ enum Command {
     ClusterCheck(cli::cluster_check::ClusterCheckArgs),
     /// Convert Hugging Face Llama-family checkpoints to and from maxrs's parameter layout.
     Convert(cli::convert::ConvertArgs),
+    /// Convert text, JSON Lines or Parquet files to a `dataset_type=tokens` file.
+    Tokenize(cli::tokenize::TokenizeArgs),
     /// Run a train command on a cluster: a Vertex AI custom job, a Slurm batch script or a GKE JobSet.
     Submit(Box<cli::submit::SubmitArgs>),
 }
@@ -72,6 +74,7 @@ fn main() -> std::process::ExitCode {
         Command::Coordinator(a) => cli::coordinator::run(a),
         Command::ClusterCheck(a) => cli::cluster_check::run(a),
         Command::Convert(a) => cli::convert::run(a),
+        Command::Tokenize(a) => cli::tokenize::run(a),
         Command::Submit(a) => cli::submit::run(*a),
     };
     match result {

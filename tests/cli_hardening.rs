@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use maxrs::train::data::write_tokens_file;
+use maxrs::data::write_tokens_file;
 
 fn maxrs(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_maxrs"));

@@ -11,8 +11,9 @@ use std::path::Path;
 
 use maxrs::aot::artifact::{self, ArtifactHeader};
 use maxrs::config;
+use maxrs::data::tokens::TokensBatches;
+use maxrs::data::TokensFile;
 use maxrs::pjrt::{ElementType, HostTensor};
-use maxrs::train::data::{DataSource, TokensFile};
 use maxrs::train::params_io::{load_parameters, save_safetensors, ParamSpec, Params};
 use proptest::prelude::*;
 
@@ -127,12 +128,13 @@ proptest! {
     ) {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), "tokens.bin", &bytes);
-        if let Ok(mut file) = TokensFile::open(&path, seq, vocab) {
+        if let Ok(file) = TokensFile::open(&path, seq, vocab) {
             for row in 0..file.num_rows().min(8) {
                 let _ = file.row(row);
             }
+            let mut batches = TokensBatches::new(file, 2, 0..2, Some(7), 0);
+            let _ = batches.next_batch();
         }
-        let _ = DataSource::open("tokens", Some(&path), 0, seq, vocab);
     }
 
     #[test]

@@ -7,8 +7,8 @@ mod common;
 
 use common::llama_ref::{self, B, T};
 use maxrs::config;
+use maxrs::data::write_tokens_file;
 use maxrs::pjrt::cpu_client;
-use maxrs::train::data::write_tokens_file;
 use maxrs::train::params_io::{save_safetensors, Params};
 use maxrs::train::run::{train, RunReport};
 
@@ -76,6 +76,7 @@ fn run_from_parameter_and_token_files_starts_at_the_reference_loss() {
             &format!("max_target_length={T}"),
             "steps=2",
             "dataset_type=tokens",
+            "enable_data_shuffling=false",
             &format!("dataset_path={}", tokens_path.display()),
             &format!("load_parameters_path={}", params_path.display()),
         ],

@@ -18,10 +18,10 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use maxrs::config::{self, Config};
+use maxrs::data::{self, write_tokens_file, ProcessShare};
 use maxrs::pjrt::Client;
 use maxrs::runtime;
 use maxrs::tensor::Tree;
-use maxrs::train::data::{write_tokens_file, BatchLoader, DataSource};
 use maxrs::train::params_io::{save_safetensors, Params};
 use maxrs::train::run::{client_for, train, RunReport};
 use maxrs::train::step::TrainStep;
@@ -80,17 +80,10 @@ fn with_shared_inputs(c: &Config, args: &[String], dir: &Path, client: &Client) 
     let params_path = dir.join("params.safetensors");
     save_safetensors(&params_path, &params)?;
 
-    let source = DataSource::open(
-        "synthetic",
-        None,
-        c.data_shuffle_seed as u64,
-        derived.max_target_length,
-        c.vocab_size as u32,
-    )?;
-    let mut loader = BatchLoader::new(source, derived.global_batch_size, 0, 1)?;
+    let mut synthetic = data::open_train(c, derived.global_batch_size, ProcessShare::SINGLE, None)?;
     let mut rows = Vec::new();
-    for s in 0..derived.steps as u64 {
-        let batch = loader.batch(s)?;
+    for _ in 0..derived.steps {
+        let batch = synthetic.next_batch()?.expect("the synthetic stream never ends");
         let (inputs, targets) = (batch.inputs.to_i32(), batch.targets.to_i32());
         let seq = derived.max_target_length;
         for (input, target) in inputs.chunks(seq).zip(targets.chunks(seq)) {
@@ -104,6 +97,7 @@ fn with_shared_inputs(c: &Config, args: &[String], dir: &Path, client: &Client) 
     args.extend([
         format!("load_parameters_path={}", params_path.display()),
         "dataset_type=tokens".to_string(),
+        "enable_data_shuffling=false".to_string(),
         format!("dataset_path={}", tokens_path.display()),
     ]);
     Ok(config::load_args(&args)?)

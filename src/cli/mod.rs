@@ -8,6 +8,7 @@ pub mod decode;
 pub mod devices;
 pub mod launch;
 pub mod submit;
+pub mod tokenize;
 pub mod topologies;
 pub mod train;
 pub mod train_compile;

@@ -72,7 +72,12 @@ string_enum!(
 
 string_enum!(
     /// Where training batches come from.
-    DatasetType { Synthetic = "synthetic", Tokens = "tokens" }
+    DatasetType { Synthetic = "synthetic", Tokens = "tokens", Hf = "hf" }
+);
+
+string_enum!(
+    /// MaxText's `tokenizer_type`.
+    TokenizerType { SentencePiece = "sentencepiece", HuggingFace = "huggingface", Tiktoken = "tiktoken" }
 );
 
 string_enum!(
@@ -106,6 +111,7 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "wsd_decay_style" => Some(WsdDecayStyle::VALUES),
         "hardware" => Some(Hardware::VALUES),
         "dataset_type" => Some(DatasetType::VALUES),
+        "tokenizer_type" => Some(TokenizerType::VALUES),
         "decoder_block" => Some(DecoderBlock::VALUES),
         "decode_sampling_strategy" => Some(SamplingStrategy::VALUES),
         "on_checkpoint_error" => Some(OnCheckpointError::VALUES),
@@ -134,7 +140,9 @@ pub const MODEL_KEYS: &[&str] = &[
     "logical_axis_rules",
     "override_logical_axis_rules",
 ];
-/// MaxText keys of the checkpointing and run-output area that maxrs refuses, with the reason
+
+/// MaxText keys of the checkpointing, run-output and data areas that maxrs refuses, with the
+/// reason or what to do instead: loading refuses them by name rather than calling them unknown
 /// (maxtext `src/maxtext/configs/base.yml`, commit e591f30).
 pub(crate) fn not_supported_yet(key: &str) -> Option<&'static str> {
     const ORBAX: &str = "maxrs writes safetensors checkpoints with a manifest, not Orbax's OCDBT/Zarr storage";
@@ -162,6 +170,23 @@ pub(crate) fn not_supported_yet(key: &str) -> Option<&'static str> {
         "use_vertex_tensorboard" | "vertex_tensorboard_project" | "vertex_tensorboard_region" | "enable_wandb" => {
             "TensorBoard event files are written to base_output_directory/run_name/tensorboard/"
         }
+        "hf_path" | "hf_name" | "hf_data_dir" | "hf_eval_split" | "hf_access_token" => {
+            "maxrs reads no Hub datasets; give local files with hf_train_files / hf_eval_files"
+        }
+        "tokenize_train_data" | "tokenize_eval_data" => {
+            "pre-tokenized hf columns are not read; convert with `maxrs tokenize` and use dataset_type=tokens"
+        }
+        "grain_train_files" | "grain_eval_files" | "grain_file_type" | "dataset_name" | "eval_dataset_name"
+        | "train_split" | "eval_split" => "maxrs has no grain or tfds pipeline; use dataset_type=hf or tokens",
+        "use_truncation"
+        | "max_segments_per_seq"
+        | "num_epoch"
+        | "generate_padding_batch_train"
+        | "generate_padding_batch_eval"
+        | "expansion_factor_real_data"
+        | "use_sft"
+        | "use_dpo"
+        | "use_chat_template" => "maxrs always truncates documents and repeats epochs until `steps`",
         _ => return None,
     })
 }
@@ -262,9 +287,25 @@ pub struct Config {
     // Data
     pub dataset_type: DatasetType,
     pub dataset_path: String,
+    pub hf_train_files: String,
+    pub hf_eval_files: String,
+    pub train_data_columns: Vec<String>,
+    pub eval_data_columns: Vec<String>,
+    pub tokenizer_path: String,
+    pub tokenizer_type: TokenizerType,
+    pub add_bos: bool,
+    pub add_eos: bool,
+    pub packing: bool,
+    pub enable_data_shuffling: bool,
     pub data_shuffle_seed: i64,
     pub per_device_batch_size: f64,
     pub max_target_length: i64,
+
+    // Eval
+    pub eval_interval: i64,
+    pub eval_steps: i64,
+    pub eval_start_step: i64,
+    pub eval_per_device_batch_size: f64,
 
     // Training loop and optimizer
     pub steps: i64,

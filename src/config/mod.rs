@@ -17,7 +17,7 @@ pub use builtin::MODELS;
 pub use error::ConfigError;
 pub use keys::{
     Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, OnCheckpointError,
-    RematPolicy, RuleAxes, SamplingStrategy, WsdDecayStyle, MODEL_KEYS,
+    RematPolicy, RuleAxes, SamplingStrategy, TokenizerType, WsdDecayStyle, MODEL_KEYS,
 };
 pub use load::{load, load_args, resolve, resolve_args, Resolved, Source};
 pub(crate) use mesh::plural;

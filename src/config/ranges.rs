@@ -80,6 +80,12 @@ pub const NUMERIC_KEYS: &[(&str, Range)] = &[
     ("per_device_batch_size", open_min(0.0, (1 << 24) as f64)),
     ("max_target_length", int(1, 1 << 24)),
     ("steps", int(1, MAX_STEPS)),
+    // Eval: -1 (or 0) turns eval off / reads the eval files to their end.
+    ("eval_interval", int_or_fill(0, MAX_STEPS)),
+    ("eval_steps", int_or_fill(0, MAX_STEPS)),
+    ("eval_start_step", int(0, MAX_STEPS)),
+    // 0: per_device_batch_size.
+    ("eval_per_device_batch_size", closed(0.0, (1 << 24) as f64)),
     ("gradient_accumulation_steps", int(1, 1 << 20)),
     ("learning_rate", closed(0.0, 1e3)),
     ("learning_rate_schedule_steps", int_or_fill(1, MAX_STEPS)),

@@ -76,6 +76,19 @@ pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
             return Err(unknown(axis, "data_sharding", "data_sharding".into()));
         }
     }
+    // MaxText lays the input batch out over `data_sharding`; maxrs shards it by the logical rules
+    // (`activation_batch`), which is the same layout for MaxText's default: every mesh axis.
+    let covers_mesh = |group: &Vec<String>| config.mesh_axes.iter().all(|a| group.contains(a));
+    if config.data_sharding.len() != 1 || !covers_mesh(&config.data_sharding[0]) {
+        return Err(ConfigError::invalid(
+            "data_sharding",
+            format!(
+                "{:?}: another input layout than all mesh axes ({:?}) is not supported yet; maxrs shards the batch by \
+                 the logical axis rule of activation_batch",
+                config.data_sharding, config.mesh_axes
+            ),
+        ));
+    }
     Ok(())
 }
 

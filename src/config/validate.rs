@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::error::{closest, ConfigError};
-use super::keys::{Config, DatasetType, Hardware, SamplingStrategy};
+use super::keys::{Config, DatasetType, Hardware, SamplingStrategy, TokenizerType};
 use super::mesh::{self, Mesh};
 use super::ranges;
 use super::rules;
@@ -28,6 +28,9 @@ pub struct Derived {
     pub gradient_accumulation_steps: usize,
     /// Sequences per optimizer step: micro_batch_size x gradient_accumulation_steps.
     pub global_batch_size: usize,
+    /// Sequences per eval step: int(num_devices x eval_per_device_batch_size), or the micro
+    /// batch when that key is 0.
+    pub eval_batch_size: usize,
     pub max_target_length: usize,
     /// global_batch_size x max_target_length.
     pub tokens_per_step: usize,
@@ -169,6 +172,21 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         ));
     }
 
+    let eval_batch = if config.eval_per_device_batch_size > 0.0 {
+        let rows = (num_devices as f64 * config.eval_per_device_batch_size) as usize;
+        if rows < 1 || !rows.is_multiple_of(shards) {
+            return Err(ConfigError::invalid(
+                "eval_per_device_batch_size",
+                format!(
+                    "int({num_devices} devices x {}) = {rows} sequences; an eval batch needs a positive multiple of the {shards} batch shards",
+                    config.eval_per_device_batch_size
+                ),
+            ));
+        }
+        rows
+    } else {
+        micro
+    };
     let accumulation = config.gradient_accumulation_steps as usize;
     check_products(config, micro, accumulation)?;
     let global = micro * accumulation;
@@ -185,6 +203,7 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         micro_batch_size: micro,
         gradient_accumulation_steps: accumulation,
         global_batch_size: global,
+        eval_batch_size: eval_batch,
         max_target_length: config.max_target_length as usize,
         tokens_per_step: global * config.max_target_length as usize,
         steps,
@@ -202,7 +221,8 @@ pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid(
             "max_prefill_predict_length",
             format!(
-                "max_prefill_predict_length={prefill}: the prompts are padded to it, and the cache has max_target_length={target}                  positions; set it to 1..={target}"
+                "max_prefill_predict_length={prefill}: the prompts are padded to it, and the cache has max_target_length={target} \
+                 positions; set it to 1..={target}"
             ),
         ));
     }
@@ -214,7 +234,8 @@ pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid(
             "decode_sampling_temperature",
             format!(
-                "decode_sampling_temperature={temperature}: decode_sampling_strategy={strategy} divides the logits by it,                  so it must be positive (decode_sampling_strategy=greedy takes the most likely token)"
+                "decode_sampling_temperature={temperature}: decode_sampling_strategy={strategy} divides the logits by it, \
+                 so it must be positive (decode_sampling_strategy=greedy takes the most likely token)"
             ),
         ));
     }
@@ -223,7 +244,8 @@ pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid(
             "decode_sampling_top_k",
             format!(
-                "decode_sampling_top_k={k}: decode_sampling_strategy={strategy} samples from that many most likely tokens;                  set it to 1..={} (vocab_size)",
+                "decode_sampling_top_k={k}: decode_sampling_strategy={strategy} samples from that many most likely tokens; \
+                 set it to 1..={} (vocab_size)",
                 config.vocab_size
             ),
         ));
@@ -232,7 +254,8 @@ pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid(
             "decode_sampling_nucleus_p",
             format!(
-                "decode_sampling_nucleus_p={p}: decode_sampling_strategy=nucleus keeps the most likely tokens up to that                  cumulative probability; set it to a value in [0, 1]"
+                "decode_sampling_nucleus_p={p}: decode_sampling_strategy=nucleus keeps the most likely tokens up to that \
+                 cumulative probability; set it to a value in [0, 1]"
             ),
         ));
     }
@@ -323,6 +346,7 @@ fn check_training(c: &Config) -> Result<(), ConfigError> {
             "empty, but dataset_type=tokens reads batches from it; name a token file",
         ));
     }
+    check_data(c)?;
     check_outputs(c)
 }
 
@@ -366,6 +390,57 @@ fn check_outputs(c: &Config) -> Result<(), ConfigError> {
         if !value.is_empty() {
             crate::storage::Location::parse(value).map_err(|e| ConfigError::invalid(key, e.to_string()))?;
         }
+    }
+    Ok(())
+}
+
+/// The data and eval keys that must agree before any file is opened (files, columns and the
+/// tokenizer itself are checked by `data` when the run opens them).
+fn check_data(c: &Config) -> Result<(), ConfigError> {
+    if c.tokenizer_type == TokenizerType::Tiktoken {
+        return Err(ConfigError::invalid(
+            "tokenizer_type",
+            "tiktoken is not supported yet; use the model's tokenizer.json with tokenizer_type=huggingface",
+        ));
+    }
+    let needs_text = |what: &str| -> Result<(), ConfigError> {
+        if c.tokenizer_path.is_empty() {
+            return Err(ConfigError::invalid(
+                "tokenizer_path",
+                format!("empty, but {what} tokenizes text; name a SentencePiece .model or a tokenizer.json"),
+            ));
+        }
+        Ok(())
+    };
+    if c.dataset_type == DatasetType::Hf {
+        if c.hf_train_files.is_empty() {
+            return Err(ConfigError::invalid(
+                "hf_train_files",
+                "empty, but dataset_type=hf reads it; give a file or glob of .parquet, .jsonl or .txt files",
+            ));
+        }
+        needs_text("dataset_type=hf")?;
+        one_column("train_data_columns", &c.train_data_columns)?;
+    }
+    if c.eval_interval > 0 {
+        if c.hf_eval_files.is_empty() {
+            return Err(ConfigError::invalid(
+                "hf_eval_files",
+                format!("empty, but eval_interval={} evaluates on it; give a file or glob", c.eval_interval),
+            ));
+        }
+        needs_text("eval")?;
+        one_column("eval_data_columns", &c.eval_data_columns)?;
+    }
+    Ok(())
+}
+
+fn one_column(key: &str, columns: &[String]) -> Result<(), ConfigError> {
+    if columns.len() != 1 {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{columns:?}: pre-training reads exactly one text column, e.g. {key}=[text]"),
+        ));
     }
     Ok(())
 }

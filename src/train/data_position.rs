@@ -1,54 +1,81 @@
-//! The data position of today's loaders ([`super::data::BatchLoader`]): their batches depend
-//! only on the step index (and the dataset, seed and global batch), so the position a
-//! checkpoint records is the next step, together with what identifies the stream; resuming with
-//! a different stream is refused instead of silently reading other rows.
+//! The data position a checkpoint records: the input pipeline's [`data::DataState`] after the
+//! last batch the run consumed, together with what identifies the stream (dataset, files,
+//! tokenizer, seed, global batch, packing). Resuming with a different stream is refused instead
+//! of silently reading other rows.
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Value};
 
 use crate::checkpoint::DataState;
+use crate::config::Config;
+use crate::data;
 
-/// What makes the step-indexed batch stream of a run.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StepIndexed {
-    pub dataset_type: String,
-    pub dataset_path: String,
-    pub data_shuffle_seed: i64,
-    pub global_batch: usize,
+/// The keys whose values make the stream; a resumed run must have the same ones.
+const IDENTITY: &[&str] = &[
+    "dataset_type",
+    "dataset_path",
+    "hf_train_files",
+    "train_data_columns",
+    "tokenizer_path",
+    "add_bos",
+    "add_eos",
+    "packing",
+    "enable_data_shuffling",
+    "data_shuffle_seed",
+    "max_target_length",
+];
+
+const KIND: &str = "input_pipeline";
+
+/// The identity of a run's stream and where it stands.
+#[derive(Clone, Debug)]
+pub struct DataPosition {
+    identity: Value,
+    /// After the last delivered batch; `None` before the first.
+    pub state: Option<data::DataState>,
 }
 
-const KIND: &str = "step_indexed";
+impl DataPosition {
+    pub fn new(c: &Config, global_batch: usize) -> Result<DataPosition> {
+        let values = serde_json::to_value(c)?;
+        let mut identity = serde_json::Map::new();
+        for key in IDENTITY {
+            identity.insert(key.to_string(), values.get(*key).cloned().unwrap_or(Value::Null));
+        }
+        identity.insert("global_batch".into(), json!(global_batch));
+        Ok(DataPosition { identity: Value::Object(identity), state: None })
+    }
+}
 
-impl DataState for StepIndexed {
+impl DataState for DataPosition {
     fn save_state(&self, next_step: u64) -> Value {
-        json!({
-            "kind": KIND,
-            "next_step": next_step,
-            "dataset_type": self.dataset_type,
-            "dataset_path": self.dataset_path,
-            "data_shuffle_seed": self.data_shuffle_seed,
-            "global_batch": self.global_batch,
-        })
+        json!({ "kind": KIND, "next_step": next_step, "stream": self.identity, "state": self.state })
     }
 
-    fn restore_state(&mut self, state: &Value, next_step: u64) -> Result<()> {
-        if state["kind"] != KIND {
-            bail!("the checkpoint's data position is of kind {}, this run's loader reads {KIND}", state["kind"]);
+    fn restore_state(&mut self, saved: &Value, next_step: u64) -> Result<()> {
+        if saved["kind"] != KIND {
+            bail!("the checkpoint's data position is of kind {}, this run's pipeline writes {KIND}", saved["kind"]);
         }
-        let saved = self.save_state(next_step);
-        let differences: Vec<String> =
-            ["next_step", "dataset_type", "dataset_path", "data_shuffle_seed", "global_batch"]
-                .iter()
-                .filter(|k| state[**k] != saved[**k])
-                .map(|k| format!("{k}: checkpoint {}, this run {}", state[*k], saved[*k]))
-                .collect();
+        if saved["next_step"] != json!(next_step) {
+            bail!(
+                "the checkpoint's data position is for step {}, the run resumes at step {next_step}",
+                saved["next_step"]
+            );
+        }
+        let keys = self.identity.as_object().expect("an object").keys();
+        let differences: Vec<String> = keys
+            .filter(|k| saved["stream"][k.as_str()] != self.identity[k.as_str()])
+            .map(|k| format!("{k}: checkpoint {}, this run {}", saved["stream"][k.as_str()], self.identity[k.as_str()]))
+            .collect();
         if !differences.is_empty() {
             bail!(
                 "the checkpoint's data stream differs from this run's ({}); resuming would read other rows than the \
-                 checkpointed run: use the same dataset and global batch, or start a new run_name",
+                 checkpointed run: use the same data keys and global batch, or start a new run_name",
                 differences.join("; ")
             );
         }
+        self.state = serde_json::from_value(saved["state"].clone())
+            .map_err(|e| anyhow!("the checkpoint's data position cannot be read: {e}"))?;
         Ok(())
     }
 }

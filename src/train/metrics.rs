@@ -97,6 +97,59 @@ impl StepMetrics {
     }
 }
 
+/// One eval's totals over its batches, reported as MaxText's metric logger reports them
+/// (maxtext `src/maxtext/common/metric_logger.py` `_finalize_eval_metrics` and
+/// `_log_eval_metrics`, main e591f30): `eval/avg_loss` = total loss / total weights,
+/// `eval/avg_perplexity` = exp of that, `eval/avg_z_loss` = the z-losses' mean over eval steps.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EvalMetrics {
+    /// The train step after which the eval ran.
+    pub step: u64,
+    pub total_loss: f64,
+    pub total_weights: f64,
+    pub z_loss_sum: f64,
+    pub eval_steps: u64,
+}
+
+impl EvalMetrics {
+    /// MaxText's EPS in the division keeps an eval without tokens finite.
+    pub fn avg_loss(&self) -> f64 {
+        self.total_loss / (self.total_weights + 1e-8)
+    }
+
+    pub fn avg_z_loss(&self) -> f64 {
+        self.z_loss_sum / self.eval_steps.max(1) as f64
+    }
+
+    /// `Completed eval after train step 9, loss=4.123, perplexity=61.753, total_weights=8188.0, avg_z_loss=0.000`.
+    pub fn log_line(&self) -> String {
+        format!(
+            "Completed eval after train step {}, loss={}, perplexity={}, total_weights={:?}, avg_z_loss={}",
+            self.step,
+            fixed3(self.avg_loss()),
+            fixed3(self.avg_loss().exp()),
+            self.total_weights,
+            fixed3(self.avg_z_loss())
+        )
+    }
+
+    pub fn to_json(&self, run_name: &str) -> Value {
+        let mut object = Map::new();
+        let mut put = |key: &str, value: f64| {
+            object.insert(key.to_owned(), serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number));
+        };
+        put("eval/avg_loss", self.avg_loss());
+        put("eval/avg_perplexity", self.avg_loss().exp());
+        put("eval/total_loss", self.total_loss);
+        put("eval/total_weights", self.total_weights);
+        put("eval/avg_z_loss", self.avg_z_loss());
+        put("eval/steps", self.eval_steps as f64);
+        put("step", self.step as f64);
+        object.insert("run_name".to_owned(), Value::String(run_name.to_owned()));
+        Value::Object(object)
+    }
+}
+
 /// Python's `f"{x:.3f}"`: Rust prints NaN as `NaN`, Python as `nan`; log scrapers match the latter.
 fn fixed3(value: f64) -> String {
     if value.is_nan() {
@@ -125,7 +178,16 @@ impl MetricsWriter {
     }
 
     pub fn write(&mut self, metrics: &StepMetrics) -> anyhow::Result<()> {
-        let mut line = metrics.to_json(&self.run_name).to_string();
+        self.write_line(metrics.to_json(&self.run_name))
+    }
+
+    /// An eval's line (keys `eval/...`, and the train `step` it followed).
+    pub fn write_eval(&mut self, metrics: &EvalMetrics) -> anyhow::Result<()> {
+        self.write_line(metrics.to_json(&self.run_name))
+    }
+
+    fn write_line(&mut self, object: Value) -> anyhow::Result<()> {
+        let mut line = object.to_string();
         line.push('\n');
         self.file.append(line.as_bytes())
     }

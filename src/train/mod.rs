@@ -3,12 +3,11 @@
 //! - [`flops`]: MaxText's TFLOPs-per-step formula, peak TFLOP/s by device kind, MFU.
 //! - [`schedule`]: MaxText's learning-rate schedule (the reference the in-graph one must match).
 //! - [`metrics`]: per-step metrics, MaxText's log line, the `metrics_file` JSON-lines writer.
-//! - [`data`]: batches of token ids: the learnable synthetic sequence and the flat tokens file.
-//! - [`data_position`]: the data position a checkpoint records for those loaders.
+//! - [`data_position`]: the data position a checkpoint records (the input pipeline of
+//!   `crate::data` makes the batches).
 //! - [`params_io`]: initial parameters from, and to, safetensors files.
 //! - [`outputs`], [`tensorboard`]: the run directory's config, metrics and TensorBoard events.
 
-pub mod data;
 pub mod data_position;
 pub mod flops;
 pub mod health;

@@ -12,7 +12,7 @@
 
 use anyhow::{Context, Result};
 
-use super::metrics::{MetricsWriter, StepMetrics};
+use super::metrics::{EvalMetrics, MetricsWriter, StepMetrics};
 use super::tensorboard::EventWriter;
 use crate::config::Config;
 use crate::storage::{self, Location};
@@ -51,6 +51,16 @@ pub fn run_dir(c: &Config) -> Result<Option<Location>> {
         return Ok(None);
     }
     Ok(Some(Location::parse(&c.base_output_directory)?.join(&c.run_name)))
+}
+
+/// The numeric `group/name` entries of a metrics line: what TensorBoard plots.
+fn scalars(json: &serde_json::Value) -> Vec<(String, f64)> {
+    json.as_object()
+        .expect("metrics are an object")
+        .iter()
+        .filter(|(k, _)| k.contains('/'))
+        .filter_map(|(k, v)| v.as_f64().map(|v| (k.clone(), v)))
+        .collect()
 }
 
 /// The writers of one run's metrics and events.
@@ -114,17 +124,22 @@ impl RunOutputs {
             lines.push(json.to_string());
         }
         if let Some(events) = &mut self.events {
-            let scalars: Vec<(String, f64)> = json
-                .as_object()
-                .expect("metrics are an object")
-                .iter()
-                .filter(|(k, _)| k.contains('/'))
-                .filter_map(|(k, v)| v.as_f64().map(|v| (k.clone(), v)))
-                .collect();
-            events.scalars(step, &scalars)?;
+            events.scalars(step, &scalars(&json))?;
         }
         if boundary {
             self.flush(step)?;
+        }
+        Ok(())
+    }
+
+    /// Records an eval's metrics (`eval/...`, at the train step it followed): a metrics-file
+    /// line and TensorBoard scalars.
+    pub fn eval(&mut self, metrics: &EvalMetrics, run_name: &str) -> Result<()> {
+        if let Some(file) = &mut self.metrics_file {
+            file.write_eval(metrics)?;
+        }
+        if let Some(events) = &mut self.events {
+            events.scalars(metrics.step, &scalars(&metrics.to_json(run_name)))?;
         }
         Ok(())
     }

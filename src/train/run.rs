@@ -9,7 +9,7 @@
 //! write in flight (a second SIGINT exits at once).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,14 +28,15 @@ use crate::pjrt::{self, Client};
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::storage::{self, Location};
 
-use super::data::{host_rows, BatchLoader, DataSource};
-use super::data_position::StepIndexed;
+use crate::data::{self, Batch, BatchIterator, EvalData, ProcessShare};
+
+use super::data_position::DataPosition;
 use super::flops::{self, StepShape};
 use super::health::Health;
-use super::metrics::{median_step_time, PerDeviceWork, StepMetrics};
+use super::metrics::{median_step_time, EvalMetrics, PerDeviceWork, StepMetrics};
 use super::outputs::{self, RunOutputs};
 use super::params_io::{load_parameters, ParamSpec};
-use super::step::{step_mesh, TrainStep, BATCH_INPUTS};
+use super::step::{batch_inputs, step_mesh, TrainStep};
 
 /// Wall times of the start-up phases, in seconds.
 #[derive(Clone, Debug, Default)]
@@ -61,6 +62,12 @@ pub struct RunReport {
     pub grad_norms: Vec<f64>,
     pub learning_rates: Vec<f64>,
     pub step_times: Vec<f64>,
+    /// Each eval: the train step it followed and its metrics.
+    pub evals: Vec<EvalMetrics>,
+    /// Seconds per step the loop waited for the input pipeline's next batch.
+    pub data_wait_times: Vec<f64>,
+    /// The data stream's position after the last step (what a checkpoint saves).
+    pub data_state: Option<data::DataState>,
     /// TFLOPs per device per step (MaxText's formula).
     pub tflops_per_device: f64,
     /// Peak device memory in use after the run, when the plugin reports it.
@@ -153,15 +160,14 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     if let Some(bytes) = host_memory_bytes() {
         config::check_host_memory(c, &derived, step.model.num_params(), bytes, client.platform_name()? == "cpu")?;
     }
-    let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
-    let dataset = local_dataset(c)?;
-    let source = DataSource::open(
-        c.dataset_type.as_str(),
-        dataset.as_ref().map(|d| d.path()),
-        seed,
-        derived.max_target_length,
-        c.vocab_size as u32,
-    )?;
+    // The training data opens before the compile, so a bad file or tokenizer fails early (a
+    // gs:// token file is read from a local copy: the input pipeline reads local files).
+    let dataset_copy = remote_dataset_copy(c)?;
+    let data_config = match &dataset_copy {
+        Some(path) => Config { dataset_path: path.display().to_string(), ..c.clone() },
+        None => c.clone(),
+    };
+    drop(data::open_train(&data_config, derived.global_batch_size, ProcessShare::SINGLE, None)?);
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -193,33 +199,39 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
 
     let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
-    let batch_inputs: Vec<usize> =
-        BATCH_INPUTS.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+    let batch_names = batch_inputs(step.packed);
+    let batch_slots: Vec<usize> =
+        batch_names.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
     let (p, n) = (cluster.process_index(), cluster.process_count());
-    let rows = compiled.local_rows(batch_inputs[0])?;
+    let rows = compiled.local_rows(batch_slots[0])?;
     let global = derived.global_batch_size;
     // The rows this process's devices hold: its share of the batch, or all of it when the mesh
     // does not split the batch across processes.
-    let mut loader = if rows == (0..global) {
-        BatchLoader::new(source, global, 0, 1)?
-    } else if rows == host_rows(global, p, n)? {
-        BatchLoader::new(source, global, p, n)?
+    let share = if rows == (0..global) {
+        ProcessShare::SINGLE
+    } else if rows == data::host_rows(global, p, n)? {
+        ProcessShare { index: p, count: n }
     } else {
         bail!(
             "process {p} of {n} holds batch rows {rows:?} of {global}, which is neither its share {:?} nor the whole \
              batch; shard the batch over the DCN axes in process order (dcn_data_parallelism or dcn_fsdp_parallelism)",
-            host_rows(global, p, n)?
+            data::host_rows(global, p, n)?
         );
     };
-    let mut data_position = StepIndexed {
-        dataset_type: c.dataset_type.to_string(),
-        dataset_path: c.dataset_path.clone(),
-        data_shuffle_seed: c.data_shuffle_seed,
-        global_batch: derived.global_batch_size,
-    };
+    let first_row = rows.start as i64;
+    let mut data_position = DataPosition::new(c, global)?;
     if let Some(data) = &start.data {
         data_position.restore_state(data, start.first_step)?;
+    } else if start.first_step > 0 && c.dataset_type == config::DatasetType::Synthetic {
+        // A full state loaded without a data position (load_full_state_path): real data starts
+        // over, as in MaxText; the synthetic sequence is a function of the step, so it goes on.
+        data_position.state = Some(data::DataState::Synthetic { step: start.first_step });
     }
+    let mut train_data = data::open_train(&data_config, global, share, data_position.state)?;
+    let eval = match EvalData::open(&data_config, derived.eval_batch_size, share)? {
+        Some(eval_data) => Some(Evaluator::new(client, &step, &compiled, eval_data, derived.eval_batch_size)?),
+        None => None,
+    };
     // Only process 0 writes metrics and events; the metrics file is locked to the end of the run.
     let mut outputs = if logger { RunOutputs::open(c, start.first_step)? } else { RunOutputs::none(c) };
     let mut manager = checkpoints.map(|dir| CheckpointManager::new(dir, checkpoint_policy(c)));
@@ -246,12 +258,11 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     for step_index in start.first_step..steps {
         diagnostics::step_started(step_index);
         diagnostics::set_phase(Some(step_index), "reading and feeding the batch");
-        let batch = loader.batch(step_index)?;
-        let named = batch.named();
-        for (slot, name) in batch_inputs.iter().zip(BATCH_INPUTS) {
-            let host = named.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect("Batch has every input");
-            state[*slot] = Some(compiled.put_rows(client, *slot, host, loader.rows().start as i64)?);
-        }
+        let wait = Instant::now();
+        let batch = train_data.next_batch()?.ok_or_else(|| anyhow!("the training data ended at step {step_index}"))?;
+        report.data_wait_times.push(wait.elapsed().as_secs_f64());
+        data_position.state = Some(train_data.state());
+        put_batch(client, &compiled, &batch_slots, &batch_names, &batch, first_row, &mut state)?;
         let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
         diagnostics::set_phase(Some(step_index), "running the train step (XLA's collectives run inside it)");
         let outputs_now = compiled.execute(&args)?;
@@ -292,6 +303,17 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
             }
         }
         last_step = Some(step_index);
+        if let Some(eval) = eval.as_ref().filter(|_| eval_due(c, step_index)) {
+            diagnostics::set_phase(Some(step_index), "evaluating");
+            let metrics = eval.run(client, &state, step_index, c.eval_steps)?;
+            if logger {
+                print_line(&bar, &metrics.log_line());
+            }
+            outputs.eval(&metrics, &c.run_name).context("writing the run's eval metrics")?;
+            report.evals.push(metrics);
+            // The eval's time is not the next train step's.
+            last = Instant::now();
+        }
         bar.inc(1);
         diagnostics::step_finished(step_index);
 
@@ -313,6 +335,10 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         }
     }
     bar.finish_and_clear();
+    if let Some((documents, undecodable, tokens)) = train_data.text_stats().filter(|_| logger) {
+        println!("data: {documents} documents, {tokens} tokens packed so far; {undecodable} rows could not be decoded (skipped)");
+    }
+    report.data_state = Some(train_data.state());
     diagnostics::set_phase(None, "finishing: metrics, checkpoints");
     if let Some(step_index) = last_step {
         outputs.flush(step_index)?;
@@ -362,29 +388,14 @@ fn checkpoint_policy(c: &Config) -> Policy {
     }
 }
 
-/// A `dataset_path` on the local disk: the path itself, or a copy of a `gs://` file in a
-/// temporary directory (today's token-file reader seeks in a local file).
-enum LocalDataset {
-    Path(PathBuf),
-    Copy(tempfile::TempPath),
-}
-
-impl LocalDataset {
-    fn path(&self) -> &Path {
-        match self {
-            LocalDataset::Path(p) => p,
-            LocalDataset::Copy(p) => p,
-        }
-    }
-}
-
-fn local_dataset(c: &Config) -> Result<Option<LocalDataset>> {
+/// A local copy of a `gs://` `dataset_path` (deleted when dropped); `None` for a local one.
+fn remote_dataset_copy(c: &Config) -> Result<Option<tempfile::TempPath>> {
     if c.dataset_path.is_empty() {
         return Ok(None);
     }
     match Location::parse(&c.dataset_path)? {
-        Location::Local(path) => Ok(Some(LocalDataset::Path(path))),
-        remote => Ok(Some(LocalDataset::Copy(download(&remote)?))),
+        Location::Local(_) => Ok(None),
+        remote => Ok(Some(download(&remote)?)),
     }
 }
 
@@ -479,6 +490,101 @@ impl Drop for Signals {
         for id in self.ids.drain(..) {
             signal_hook::low_level::unregister(id);
         }
+    }
+}
+
+/// Copies a batch's arrays `names` (this process's rows, from `first_row` of the global batch)
+/// into the step's input `slots`.
+fn put_batch(
+    client: &Client,
+    compiled: &Compiled,
+    slots: &[usize],
+    names: &[&str],
+    batch: &Batch,
+    first_row: i64,
+    state: &mut [Option<DeviceArray>],
+) -> Result<()> {
+    for (slot, name) in slots.iter().zip(names) {
+        let host = batch.get(name).expect("a Batch has every input");
+        state[*slot] = Some(compiled.put_rows(client, *slot, host, first_row)?);
+    }
+    Ok(())
+}
+
+/// MaxText's rule (maxtext `src/maxtext/trainers/pre_train/train.py`, main e591f30): eval after
+/// train step `s` when `s >= eval_start_step` and `(s - eval_start_step) % eval_interval == 0`.
+fn eval_due(c: &Config, step: u64) -> bool {
+    let (start, interval) = (c.eval_start_step as u64, c.eval_interval);
+    interval > 0 && step >= start && (step - start).is_multiple_of(interval as u64)
+}
+
+/// The compiled eval step and its data.
+struct Evaluator {
+    compiled: Compiled,
+    data: EvalData,
+    /// For each eval input: the train state slot holding it (parameters), or `None` (batch).
+    from_state: Vec<Option<usize>>,
+    batch_names: Vec<&'static str>,
+    batch_slots: Vec<usize>,
+    outputs: [usize; 3],
+}
+
+impl Evaluator {
+    fn new(client: &Client, step: &TrainStep, train: &Compiled, data: EvalData, rows: usize) -> Result<Evaluator> {
+        // Eval batches are text (`hf_eval_files`): packed whenever `packing` is on.
+        let packed = data.packed();
+        let program = step.eval_step(rows as i64, packed).map_err(|e| anyhow!("tracing the eval step: {e}"))?;
+        let compiled = runtime::compile(client, &program).context("compiling the eval step")?;
+        let from_state = compiled
+            .program
+            .inputs
+            .iter()
+            .map(|i| if i.name.starts_with("params.") { train.input_index(&i.name).map(Some) } else { Ok(None) })
+            .collect::<Result<_>>()?;
+        let batch_names = batch_inputs(packed);
+        let batch_slots =
+            batch_names.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
+        let out = |n: &str| compiled.output_index(&format!("metrics.{n}"));
+        let outputs = [out("total_loss")?, out("total_weights")?, out("z_loss")?];
+        Ok(Evaluator { compiled, data, from_state, batch_names, batch_slots, outputs })
+    }
+
+    /// One pass over the eval files (at most `eval_steps` batches when positive) with the
+    /// current parameters.
+    fn run(
+        &self,
+        client: &Client,
+        state: &[Option<DeviceArray>],
+        after_step: u64,
+        eval_steps: i64,
+    ) -> Result<EvalMetrics> {
+        // This process's rows of the global eval batch.
+        let first_row = self.compiled.local_rows(self.batch_slots[0])?.start as i64;
+        let mut metrics = EvalMetrics { step: after_step, ..EvalMetrics::default() };
+        let mut batches: BatchIterator = self.data.batches();
+        let mut slots: Vec<Option<DeviceArray>> = self.compiled.program.inputs.iter().map(|_| None).collect();
+        while eval_steps <= 0 || (metrics.eval_steps as i64) < eval_steps {
+            let Some(batch) = batches.next_batch()? else { break };
+            put_batch(client, &self.compiled, &self.batch_slots, &self.batch_names, &batch, first_row, &mut slots)?;
+            let args: Vec<&DeviceArray> = slots
+                .iter()
+                .zip(&self.from_state)
+                .map(|(own, train_slot)| match train_slot {
+                    Some(t) => state[*t].as_ref().expect("the train state is set"),
+                    None => own.as_ref().expect("every batch input is set"),
+                })
+                .collect();
+            let outputs = self.compiled.execute(&args)?;
+            let scalar = |i: usize| -> Result<f64> { Ok(self.compiled.fetch(i, &outputs[i])?.to_f64()[0]) };
+            metrics.total_loss += scalar(self.outputs[0])?;
+            metrics.total_weights += scalar(self.outputs[1])?;
+            metrics.z_loss_sum += scalar(self.outputs[2])?;
+            metrics.eval_steps += 1;
+        }
+        if metrics.eval_steps == 0 {
+            bail!("eval after step {after_step}: hf_eval_files gave no batch (no decodable documents)");
+        }
+        Ok(metrics)
     }
 }
 

@@ -9,11 +9,13 @@
 //! - `opt_state.mu.<name>`, `opt_state.nu.<name>` (sharded like the parameter), `opt_state.count`
 //!   (s32 scalar, replicated), donated;
 //! - `batch.inputs`, `batch.targets`, `batch.targets_segmentation`: s32 `[global_batch, seq]`,
-//!   rows split over the mesh axes of `activation_batch`;
+//!   rows split over the mesh axes of `activation_batch`; with packed batches (`dataset_type=hf`,
+//!   `packing=true`) also `batch.inputs_position` and `batch.inputs_segmentation`, which give the
+//!   model each token's RoPE position and document (attention stays within a document);
 //! - outputs: the new state under the same names, and f32 scalars `metrics.loss`,
 //!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`.
 
-use crate::config::{Config, Derived};
+use crate::config::{Config, DatasetType, Derived};
 use crate::ir::{DType, Program, Signature};
 use crate::model::Model;
 use crate::sharding::{Mesh, PartitionSpec};
@@ -21,9 +23,18 @@ use crate::tensor::{random, scan, trace, value_and_grad_with_aux, Tensor, TraceE
 
 use super::optimizer::{AdamW, COUNT};
 
-/// The batch arrays the step reads (the model needs no positions or input segmentation: rows
-/// are not packed).
+/// The batch arrays every step reads.
 pub const BATCH_INPUTS: &[&str] = &["inputs", "targets", "targets_segmentation"];
+/// The arrays a step on packed batches reads too. Unpacked rows (synthetic, token files,
+/// `packing=false`) hold one sequence from position 0, which is what the model assumes without
+/// them, so their programs stay without these inputs.
+pub const PACKED_INPUTS: &[&str] = &["inputs_position", "inputs_segmentation"];
+
+/// The batch arrays of a step on packed (`packed`) or unpacked batches.
+pub fn batch_inputs(packed: bool) -> Vec<&'static str> {
+    let extra = if packed { PACKED_INPUTS } else { &[] };
+    BATCH_INPUTS.iter().chain(extra).copied().collect()
+}
 
 /// The mesh the step is traced on, the same rule for `maxrs train` and `maxrs train-compile`:
 /// none on one device (a plain, unpartitioned program), else the configured mesh laid over
@@ -49,6 +60,8 @@ pub struct TrainStep {
     pub init_weights_seed: u32,
     /// The device mesh (none: one device, no sharding annotations).
     pub mesh: Option<Mesh>,
+    /// Training batches are packed documents (`dataset_type=hf` with `packing=true`).
+    pub packed: bool,
 }
 
 impl TrainStep {
@@ -62,6 +75,7 @@ impl TrainStep {
             z_loss_multiplier: c.z_loss_multiplier,
             init_weights_seed: c.init_weights_seed as u32,
             mesh,
+            packed: c.dataset_type == DatasetType::Hf && c.packing,
         })
     }
 
@@ -129,7 +143,7 @@ impl TrainStep {
     /// The train step: `(state, batch) -> (state, metrics)`.
     pub fn train_step(&self) -> Result<Program, TraceError> {
         let mut sig = self.signature();
-        for name in BATCH_INPUTS {
+        for name in batch_inputs(self.packed) {
             let input = sig.input(&format!("batch.{name}"), DType::S32, &[self.global_batch, self.seq]);
             if let Some(spec) = self.batch_sharding() {
                 input.sharded(spec);
@@ -147,6 +161,30 @@ impl TrainStep {
             out.extend(new_state.prefixed("opt_state"));
             out.extend(metrics.prefixed("metrics"));
             out
+        })
+    }
+
+    /// The eval step: `(params, batch of rows x seq) -> metrics` (loss only, no update): f32
+    /// scalars `metrics.loss`, `metrics.total_loss`, `metrics.total_weights`, `metrics.z_loss`.
+    /// The parameters are the train state's arrays, read (not donated); `packed` as for
+    /// [`batch_inputs`].
+    pub fn eval_step(&self, rows: i64, packed: bool) -> Result<Program, TraceError> {
+        let mut sig = Signature::new(self.mesh.clone());
+        self.model.declare_params(&mut sig, "params");
+        for name in batch_inputs(packed) {
+            let input = sig.input(&format!("batch.{name}"), DType::S32, &[rows, self.seq]);
+            if let Some(spec) = self.batch_sharding() {
+                input.sharded(spec);
+            }
+        }
+        trace(&sig, |_, inp| {
+            let (loss, aux) = self.model.loss(&inp.subtree("params"), &inp.subtree("batch"), self.z_loss_multiplier);
+            Tree::new()
+                .with("loss", loss)
+                .with("total_loss", aux["total_loss"].clone())
+                .with("total_weights", aux["total_weights"].clone())
+                .with("z_loss", aux["z_loss"].clone())
+                .prefixed("metrics")
         })
     }
 

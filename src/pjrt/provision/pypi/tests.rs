@@ -66,6 +66,7 @@ fn picks_pinned_linux_wheel_for_arch() {
         "nvidia_cuda_nvcc-13.0.88-py3-none-win_amd64.whl",
         "libtpu-0.0.52-cp311-cp311-manylinux_2_31_x86_64.whl",
         "libtpu-0.0.52-cp312-cp312-manylinux_2_31_x86_64.whl",
+        "mistral_common-1.13.1-py3-none-any.whl",
     ]
     .into_iter()
     .map(file)
@@ -88,6 +89,11 @@ fn picks_pinned_linux_wheel_for_arch() {
         Some("libtpu-0.0.52-cp311-cp311-manylinux_2_31_x86_64.whl")
     );
     assert_eq!(pick(&files, "libtpu", "0.0.52", "aarch64"), None);
+    assert_eq!(
+        name(pick(&files, "mistral-common", "1.13.1", "aarch64")).as_deref(),
+        Some("mistral_common-1.13.1-py3-none-any.whl"),
+        "pure-Python wheels fit every machine"
+    );
     assert_eq!(pick(&files, "jax-cuda12-pjrt", "0.12", "x86_64"), None);
 }
 

@@ -1,0 +1,76 @@
+//! The input pipeline's errors: each names the file, key or value at fault and what would be valid.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("dataset_type=tokens needs dataset_path=FILE (a flat file of little-endian int32 token ids)")]
+    MissingPath,
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "dataset_path={}: size {size} bytes is not a multiple of the row size {row_bytes} bytes \
+         ((max_target_length {max_target_length} + 1) int32 ids of 4 bytes)",
+        path.display()
+    )]
+    RaggedFile { path: PathBuf, size: u64, row_bytes: u64, max_target_length: usize },
+    #[error("dataset_path={}: the file is empty; it needs at least one row of {row_len} int32 ids", path.display())]
+    EmptyFile { path: PathBuf, row_len: usize },
+    #[error(
+        "{}: row {row}, position {position}: token id {value} is outside [0, {vocab}) (vocab_size={vocab})",
+        path.display()
+    )]
+    TokenOutOfRange { path: PathBuf, row: u64, position: usize, value: i64, vocab: u32 },
+    #[error("vocab_size={0}: the synthetic dataset needs at least 2 tokens")]
+    VocabTooSmall(u32),
+    #[error("max_target_length=0: a row needs at least one token")]
+    ZeroLength,
+    #[error("global batch of {global_batch} rows cannot be split evenly over {process_count} processes")]
+    UnevenHosts { global_batch: usize, process_count: usize },
+    #[error("process_index={process_index} is not below process_count={process_count}")]
+    BadProcessIndex { process_index: usize, process_count: usize },
+
+    #[error("{key} is empty: dataset_type=hf needs a file or glob of Parquet, JSON Lines or text files")]
+    NoFilesKey { key: &'static str },
+    #[error("{key}={pattern}: {message}")]
+    BadGlob { key: &'static str, pattern: String, message: String },
+    #[error("{key}={pattern} matches no file")]
+    EmptyGlob { key: &'static str, pattern: String },
+    #[error(
+        "{}: unknown file type; expected .parquet, .jsonl / .json (JSON Lines, optionally .gz) or .txt / .md (text)",
+        path.display()
+    )]
+    UnknownFormat { path: PathBuf },
+    #[error("{}: no column `{column}` (train_data_columns); the columns there are: {}", path.display(), available.join(", "))]
+    NoColumn { path: PathBuf, column: String, available: Vec<String> },
+    #[error("{}: column `{column}` holds {found}, not text; pick a string column with train_data_columns", path.display())]
+    NotText { path: PathBuf, column: String, found: String },
+    #[error("{}: not a readable Parquet file: {message}", path.display())]
+    CorruptParquet { path: PathBuf, message: String },
+    #[error(
+        "{what} gs://{rest}: gs:// paths are not supported yet by the input pipeline; copy the files to a local disk"
+    )]
+    RemoteNotSupported { what: String, rest: String },
+
+    #[error("tokenizer_path is empty: dataset_type={dataset_type} tokenizes text and needs a tokenizer (a SentencePiece .model, or a tokenizer.json / its folder with tokenizer_type=huggingface)")]
+    NoTokenizer { dataset_type: String },
+    #[error("tokenizer_path={}: {message}", path.display())]
+    Tokenizer { path: PathBuf, message: String },
+    #[error(
+        "tokenizer_path={}: the tokenizer has {tokenizer} tokens but the model's vocab_size is {vocab}; \
+         use a model with vocab_size >= {tokenizer} (e.g. vocab_size={tokenizer}) or a smaller tokenizer",
+        path.display()
+    )]
+    VocabMismatch { path: PathBuf, tokenizer: usize, vocab: usize },
+
+    #[error("data iterator state: {0}")]
+    BadState(String),
+    #[error("the input pipeline's background worker stopped: {0}")]
+    Worker(String),
+}
+
+impl DataError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> DataError {
+        DataError::Io { path: path.into(), source }
+    }
+}

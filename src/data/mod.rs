@@ -1,0 +1,279 @@
+//! The input pipeline: everything between the configuration's data keys and the arrays of one
+//! train or eval step. The train loop asks a [`BatchIterator`] for the next [`Batch`] and, to
+//! save it with a checkpoint, for its [`DataState`].
+//!
+//! - [`batch`]: the step's arrays (MaxText's names) and how rows become them.
+//! - [`synthetic`]: `dataset_type=synthetic`, a learnable sequence.
+//! - [`tokens`]: `dataset_type=tokens`, a memory-mapped file of token ids, shuffled by row.
+//! - [`text`]: `dataset_type=hf`, Parquet / JSON Lines / text files tokenized by background
+//!   workers ([`documents`] reads the files, [`tokenizer`] turns text into ids, [`packing`]
+//!   fills rows), shuffled by file and by window.
+//! - [`prepare`]: `maxrs tokenize`, text files to the `tokens` format.
+//! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam.
+//!
+//! Sharding: each process produces only its own rows of the global batch (`process_index` of
+//! `process_count`): for `synthetic` and `tokens` a contiguous block of the global batch's rows,
+//! for `hf` its share of the files (or of the rows, with fewer files than processes).
+
+pub mod batch;
+pub mod documents;
+pub mod error;
+pub mod packing;
+pub mod prepare;
+pub mod shuffle;
+pub mod storage;
+pub mod synthetic;
+pub mod text;
+pub mod tokenizer;
+pub mod tokens;
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Config, DatasetType};
+
+pub use batch::{Batch, PackedRow};
+pub use error::DataError;
+pub use synthetic::Synthetic;
+pub use text::{TextBatches, TextSpec, TextState};
+pub use tokenizer::TextTokenizer;
+pub use tokens::{write_tokens_file, TokensFile};
+
+/// Where a data stream is: enough to resume it exactly (a checkpoint saves it as JSON).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "dataset_type", rename_all = "snake_case")]
+pub enum DataState {
+    /// The next step of the synthetic sequence.
+    Synthetic { step: u64 },
+    /// Rows of the token file's global stream consumed by all processes.
+    Tokens { position: u64 },
+    /// The next document of this process's text stream.
+    Hf(TextState),
+}
+
+/// Which of the processes of a job this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessShare {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl ProcessShare {
+    pub const SINGLE: ProcessShare = ProcessShare { index: 0, count: 1 };
+}
+
+/// The rows `process_index` feeds out of a global batch of `global_batch` rows: the
+/// `process_index`-th of `process_count` equal contiguous blocks.
+pub fn host_rows(global_batch: usize, process_index: usize, process_count: usize) -> Result<Range<usize>, DataError> {
+    if process_index >= process_count {
+        return Err(DataError::BadProcessIndex { process_index, process_count });
+    }
+    if !global_batch.is_multiple_of(process_count) {
+        return Err(DataError::UnevenHosts { global_batch, process_count });
+    }
+    let per_host = global_batch / process_count;
+    Ok(process_index * per_host..(process_index + 1) * per_host)
+}
+
+/// This process's batches, whatever the source.
+pub enum BatchIterator {
+    Synthetic(synthetic::SyntheticBatches),
+    Tokens(tokens::TokensBatches),
+    Text(TextBatches),
+}
+
+impl BatchIterator {
+    /// The next batch; `None` only when a non-repeating (eval) stream has ended.
+    pub fn next_batch(&mut self) -> Result<Option<Batch>, DataError> {
+        match self {
+            BatchIterator::Synthetic(s) => Ok(Some(s.next_batch())),
+            BatchIterator::Tokens(t) => t.next_batch().map(Some),
+            BatchIterator::Text(t) => t.next_batch(),
+        }
+    }
+
+    /// The position after the last delivered batch.
+    pub fn state(&self) -> DataState {
+        match self {
+            BatchIterator::Synthetic(s) => s.state(),
+            BatchIterator::Tokens(t) => t.state(),
+            BatchIterator::Text(t) => DataState::Hf(t.state()),
+        }
+    }
+
+    /// For text streams: documents packed, undecodable rows, tokens packed so far.
+    pub fn text_stats(&self) -> Option<(u64, u64, u64)> {
+        match self {
+            BatchIterator::Text(t) => Some(t.stats()),
+            _ => None,
+        }
+    }
+}
+
+/// Tokenizer threads: one per core, at most 8 (the packer and reader are light).
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 8)
+}
+
+/// Loads `tokenizer_path` and checks it against `vocab_size`.
+pub fn load_tokenizer(c: &Config) -> Result<Arc<TextTokenizer>, DataError> {
+    if c.tokenizer_path.is_empty() {
+        return Err(DataError::NoTokenizer { dataset_type: c.dataset_type.to_string() });
+    }
+    let tokenizer = TextTokenizer::load(&c.tokenizer_path, c.tokenizer_type.as_str(), c.add_bos, c.add_eos)?;
+    if tokenizer.vocab_size() > c.vocab_size as usize {
+        return Err(DataError::VocabMismatch {
+            path: tokenizer.path().to_path_buf(),
+            tokenizer: tokenizer.vocab_size(),
+            vocab: c.vocab_size as usize,
+        });
+    }
+    Ok(Arc::new(tokenizer))
+}
+
+/// Which files a text stream reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// `hf_train_files` / `train_data_columns`, shuffled when `enable_data_shuffling`, epochs
+    /// repeating.
+    Train,
+    /// `hf_eval_files` / `eval_data_columns`, in file order, one pass.
+    Eval,
+}
+
+/// The text stream of `split` for `process`: its files found and checked (the first file must
+/// have the column).
+pub fn text_spec(
+    c: &Config,
+    split: Split,
+    tokenizer: Arc<TextTokenizer>,
+    process: ProcessShare,
+) -> Result<TextSpec, DataError> {
+    let (files_key, pattern, columns_key, columns) = match split {
+        Split::Train => ("hf_train_files", &c.hf_train_files, "train_data_columns", &c.train_data_columns),
+        Split::Eval => ("hf_eval_files", &c.hf_eval_files, "eval_data_columns", &c.eval_data_columns),
+    };
+    if pattern.is_empty() {
+        return Err(DataError::NoFilesKey { key: files_key });
+    }
+    let storage: Arc<dyn storage::Storage> = storage::storage_for(files_key, pattern)?.into();
+    let files = storage.glob(files_key, pattern)?;
+    let column = match columns.as_slice() {
+        [one] => one.clone(),
+        other => {
+            return Err(DataError::BadState(format!(
+                "{columns_key}: pre-training reads one text column, got {other:?}"
+            )))
+        }
+    };
+    for path in &files {
+        documents::Format::of(path)?;
+    }
+    documents::check_file(storage.as_ref(), &files[0], &column)?;
+    if process.index >= process.count {
+        return Err(DataError::BadProcessIndex { process_index: process.index, process_count: process.count });
+    }
+    let train = split == Split::Train;
+    Ok(TextSpec {
+        files,
+        column,
+        storage,
+        tokenizer,
+        max_doc_len: c.max_target_length as usize,
+        shuffle_seed: (train && c.enable_data_shuffling).then_some(c.data_shuffle_seed as u64),
+        process_index: process.index,
+        process_count: process.count,
+        repeat: train,
+        workers: default_workers(),
+    })
+}
+
+/// The training stream of this process for a global batch of `global_batch` rows, from the
+/// start or from `resume`.
+pub fn open_train(
+    c: &Config,
+    global_batch: usize,
+    process: ProcessShare,
+    resume: Option<DataState>,
+) -> Result<BatchIterator, DataError> {
+    let rows = host_rows(global_batch, process.index, process.count)?;
+    let seq = c.max_target_length as usize;
+    let seed = c.data_shuffle_seed as u64;
+    let mismatch =
+        |state: DataState| DataError::BadState(format!("{state:?} cannot resume dataset_type={}", c.dataset_type));
+    match c.dataset_type {
+        DatasetType::Synthetic => {
+            let step = match resume {
+                None => 0,
+                Some(DataState::Synthetic { step }) => step,
+                Some(other) => return Err(mismatch(other)),
+            };
+            let source = Synthetic::new(seed, c.vocab_size as u32, seq)?;
+            Ok(BatchIterator::Synthetic(synthetic::SyntheticBatches::new(source, rows, step)))
+        }
+        DatasetType::Tokens => {
+            if c.dataset_path.is_empty() {
+                return Err(DataError::MissingPath);
+            }
+            if let Some(rest) = c.dataset_path.strip_prefix("gs://") {
+                return Err(DataError::RemoteNotSupported { what: "dataset_path".into(), rest: rest.into() });
+            }
+            let position = match resume {
+                None => 0,
+                Some(DataState::Tokens { position }) => position,
+                Some(other) => return Err(mismatch(other)),
+            };
+            let file = TokensFile::open(Path::new(&c.dataset_path), seq, c.vocab_size as u32)?;
+            let shuffle = c.enable_data_shuffling.then_some(seed);
+            Ok(BatchIterator::Tokens(tokens::TokensBatches::new(file, global_batch, rows, shuffle, position)))
+        }
+        DatasetType::Hf => {
+            let at = match resume {
+                None => TextState::default(),
+                Some(DataState::Hf(at)) => at,
+                Some(other) => return Err(mismatch(other)),
+            };
+            let spec = text_spec(c, Split::Train, load_tokenizer(c)?, process)?;
+            Ok(BatchIterator::Text(TextBatches::start(spec, at, rows.len(), seq, c.packing)))
+        }
+    }
+}
+
+/// The eval data: a fresh pass over `hf_eval_files` in file order for each eval.
+pub struct EvalData {
+    spec: TextSpec,
+    rows: usize,
+    seq: usize,
+    packing: bool,
+}
+
+impl EvalData {
+    /// `None` when eval is off (`eval_interval <= 0`).
+    pub fn open(c: &Config, global_batch: usize, process: ProcessShare) -> Result<Option<EvalData>, DataError> {
+        if c.eval_interval <= 0 {
+            return Ok(None);
+        }
+        let rows = host_rows(global_batch, process.index, process.count)?;
+        let spec = text_spec(c, Split::Eval, load_tokenizer(c)?, process)?;
+        Ok(Some(EvalData { spec, rows: rows.len(), seq: c.max_target_length as usize, packing: c.packing }))
+    }
+
+    /// Whether its batches are packed (`packing`).
+    pub fn packed(&self) -> bool {
+        self.packing
+    }
+
+    /// A new pass over the eval files.
+    pub fn batches(&self) -> BatchIterator {
+        BatchIterator::Text(TextBatches::start(
+            self.spec.clone(),
+            TextState::default(),
+            self.rows,
+            self.seq,
+            self.packing,
+        ))
+    }
+}

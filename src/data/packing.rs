@@ -1,0 +1,107 @@
+//! Rows from tokenized documents. With `packing=true` (MaxText's default) documents are placed
+//! first-fit into the batch's rows, as grain's `PackAndBatchOperation` that MaxText's Hugging
+//! Face pipeline uses (maxtext `src/maxtext/input_pipeline/hf_data_processing.py`, main
+//! e591f30): a document goes into the first row with room for it; when no row has room and the
+//! batch has all its rows, the batch is complete and the document starts the next one. Each
+//! document is a segment of its row (ids 1, 2, ... in placement order) with positions restarting
+//! at 0. With `packing=false` each document gets a row of its own, padded. Documents are at most
+//! a row long (the tokenizer truncates them), and a complete batch's unused room is padding
+//! (segment 0, the pad id).
+
+use super::batch::PackedRow;
+
+/// Fills one batch of `rows` rows of `seq_len` tokens.
+#[derive(Debug)]
+pub struct Packer {
+    seq_len: usize,
+    rows: usize,
+    packing: bool,
+    pad_id: i32,
+    building: Vec<PackedRow>,
+}
+
+impl Packer {
+    pub fn new(seq_len: usize, rows: usize, packing: bool, pad_id: i32) -> Packer {
+        Packer { seq_len, rows, packing, pad_id, building: Vec::with_capacity(rows) }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.building.is_empty()
+    }
+
+    /// Adds `doc` (non-empty, at most `seq_len` ids) if the batch has room for it; false when
+    /// it does not (the batch is then complete: take it with [`Packer::finish`]).
+    pub fn add(&mut self, doc: &[i32]) -> bool {
+        debug_assert!(!doc.is_empty() && doc.len() <= self.seq_len);
+        let row = if self.packing {
+            self.building.iter().position(|r| self.seq_len - r.ids.len() >= doc.len())
+        } else {
+            None
+        };
+        let row = match row {
+            Some(r) => r,
+            None if self.building.len() < self.rows => {
+                self.building.push(PackedRow::default());
+                self.building.len() - 1
+            }
+            None => return false,
+        };
+        let r = &mut self.building[row];
+        let segment = r.segments.last().copied().unwrap_or(0) + 1;
+        r.ids.extend_from_slice(doc);
+        r.segments.extend(std::iter::repeat_n(segment, doc.len()));
+        r.positions.extend(0..doc.len() as i32);
+        true
+    }
+
+    /// True when no further document of any length fits.
+    pub fn is_full(&self) -> bool {
+        self.building.len() == self.rows && self.building.iter().all(|r| !self.packing || r.ids.len() == self.seq_len)
+    }
+
+    /// The batch's rows, padded to `seq_len` (missing rows are all padding); resets the packer.
+    pub fn finish(&mut self) -> Vec<PackedRow> {
+        let mut rows = std::mem::take(&mut self.building);
+        rows.resize_with(self.rows, PackedRow::default);
+        for r in &mut rows {
+            let pad = self.seq_len - r.ids.len();
+            r.ids.extend(std::iter::repeat_n(self.pad_id, pad));
+            r.segments.extend(std::iter::repeat_n(0, pad));
+            r.positions.extend(std::iter::repeat_n(0, pad));
+        }
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_fit_packs_segments_with_restarting_positions() {
+        let mut p = Packer::new(6, 2, true, 0);
+        assert!(p.add(&[1, 2, 3]));
+        assert!(p.add(&[4, 5, 6, 7])); // does not fit row 0 (3 left): opens row 1
+        assert!(p.add(&[8, 9])); // fits row 0
+        assert!(!p.add(&[10, 11, 12])); // no room: batch complete
+        let rows = p.finish();
+        assert_eq!(rows[0].ids, [1, 2, 3, 8, 9, 0]);
+        assert_eq!(rows[0].segments, [1, 1, 1, 2, 2, 0]);
+        assert_eq!(rows[0].positions, [0, 1, 2, 0, 1, 0]);
+        assert_eq!(rows[1].ids, [4, 5, 6, 7, 0, 0]);
+        assert_eq!(rows[1].segments, [1, 1, 1, 1, 0, 0]);
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn without_packing_each_document_has_its_row() {
+        let mut p = Packer::new(4, 2, false, 9);
+        assert!(p.add(&[1]));
+        assert!(p.add(&[2, 3]));
+        assert!(p.is_full());
+        assert!(!p.add(&[4]));
+        let rows = p.finish();
+        assert_eq!(rows[0].ids, [1, 9, 9, 9]);
+        assert_eq!(rows[1].segments, [1, 1, 0, 0]);
+    }
+}

@@ -1,0 +1,138 @@
+//! `maxrs tokenize`: text, JSON Lines and Parquet files to the `tokens` format, once, for corpora
+//! trained on many times. The documents are read in file order and tokenized by the same
+//! background workers and tokenizer rules as `dataset_type=hf` (BOS/EOS per `add_bos` /
+//! `add_eos`, no truncation), then concatenated and cut into rows of `max_target_length + 1`
+//! ids: the token format has no segment ids, so a row may span documents (their BOS/EOS mark
+//! the boundaries). The incomplete last row is dropped and reported. The output appears under
+//! its name only when complete (written to a temporary file beside it, then renamed).
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::error::DataError;
+use super::storage::{LocalFiles, Storage};
+use super::text::{TextSpec, TextState, TokenizedDocs};
+use super::tokenizer::TextTokenizer;
+
+/// What a conversion did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenizeSummary {
+    pub files: usize,
+    pub documents: u64,
+    pub undecodable: u64,
+    pub tokens: u64,
+    pub rows: u64,
+    /// Tokens of the incomplete last row, not written.
+    pub dropped_tokens: u64,
+    pub seconds: f64,
+}
+
+impl std::fmt::Display for TokenizeSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} files, {} documents ({} undecodable, skipped), {} tokens in {:.2} s ({:.0} tokens/s): {} rows written, \
+             {} tokens of the incomplete last row dropped",
+            self.files,
+            self.documents,
+            self.undecodable,
+            self.tokens,
+            self.seconds,
+            self.tokens as f64 / self.seconds.max(1e-9),
+            self.rows,
+            self.dropped_tokens
+        )
+    }
+}
+
+/// The files matching each input (a file or a glob), sorted and without repeats.
+pub fn input_files(inputs: &[String]) -> Result<Vec<PathBuf>, DataError> {
+    let mut files = Vec::new();
+    for input in inputs {
+        super::storage::storage_for("input", input)?;
+        files.extend(LocalFiles.glob("input", input)?);
+    }
+    files.sort();
+    files.dedup();
+    for file in &files {
+        super::documents::Format::of(file)?;
+    }
+    Ok(files)
+}
+
+/// Converts `files` (column `column`) to a token file at `output` with rows of `seq_len + 1` ids.
+pub fn tokenize_files(
+    files: Vec<PathBuf>,
+    column: &str,
+    tokenizer: Arc<TextTokenizer>,
+    seq_len: usize,
+    output: &Path,
+    workers: usize,
+    show_progress: bool,
+) -> Result<TokenizeSummary, DataError> {
+    let started = Instant::now();
+    let storage: Arc<dyn Storage> = Arc::new(LocalFiles);
+    if let Some(first) = files.first() {
+        super::documents::check_file(storage.as_ref(), first, column)?;
+    }
+    let mut summary = TokenizeSummary { files: files.len(), ..TokenizeSummary::default() };
+    let spec = TextSpec {
+        files,
+        column: column.to_string(),
+        storage,
+        tokenizer,
+        max_doc_len: usize::MAX,
+        shuffle_seed: None,
+        process_index: 0,
+        process_count: 1,
+        repeat: false,
+        workers,
+    };
+    let dir = output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = tempfile::Builder::new().prefix(".tokenize-").tempfile_in(dir).map_err(|e| DataError::io(dir, e))?;
+    let mut writer = BufWriter::with_capacity(1 << 20, tmp.as_file());
+    let bar = if show_progress { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
+    bar.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").expect("a valid template"));
+    let row_len = seq_len + 1;
+    let mut pending: Vec<i32> = Vec::with_capacity(2 * row_len);
+    let mut docs = TokenizedDocs::start(&spec, TextState::default());
+    while let Some((_, ids)) = docs.next_doc()? {
+        let Some(ids) = ids else {
+            summary.undecodable += 1;
+            continue;
+        };
+        summary.documents += 1;
+        summary.tokens += ids.len() as u64;
+        pending.extend_from_slice(&ids);
+        let full = pending.len() / row_len * row_len;
+        if full > 0 {
+            let bytes: Vec<u8> = pending[..full].iter().flat_map(|id| id.to_le_bytes()).collect();
+            writer.write_all(&bytes).map_err(|e| DataError::io(output, e))?;
+            summary.rows += (full / row_len) as u64;
+            pending.drain(..full);
+        }
+        if summary.documents.is_multiple_of(1024) {
+            let rate = summary.tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            bar.set_message(format!("{} documents, {} tokens, {rate:.0} tokens/s", summary.documents, summary.tokens));
+        }
+    }
+    bar.finish_and_clear();
+    writer.flush().map_err(|e| DataError::io(output, e))?;
+    drop(writer);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // A temporary file is private (0600); the token file is an ordinary one.
+        let perms = std::fs::Permissions::from_mode(0o644);
+        tmp.as_file().set_permissions(perms).map_err(|e| DataError::io(output, e))?;
+    }
+    tmp.as_file().sync_all().map_err(|e| DataError::io(output, e))?;
+    tmp.persist(output).map_err(|e| DataError::io(output, e.error))?;
+    summary.dropped_tokens = pending.len() as u64;
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
+}

@@ -1,0 +1,436 @@
+//! `dataset_type=hf`: documents from Parquet / JSON Lines / text files, tokenized on the fly by
+//! background workers and packed into batches, with a small resumable position.
+//!
+//! # The document stream
+//! Epoch `e` visits the files (`hf_train_files`, sorted) in an order shuffled by
+//! (`data_shuffle_seed`, `e`) when `enable_data_shuffling` is on (the file-level shuffle), and
+//! splits them between processes: with at least as many files as processes, process `p` reads
+//! files `p, p + P, p + 2P, ...` of that order; with fewer, every process reads every file and
+//! keeps the rows `r` with `r % P == p`. Either way each row is read by exactly one process
+//! once per epoch. The kept rows are cut into windows of [`SHUFFLE_WINDOW`] documents and each
+//! window is shuffled by (`data_shuffle_seed`, `e`, where the window starts) (the window-level
+//! shuffle, like a shuffle buffer, but reproducible from the window's start alone). Training
+//! repeats epochs with new orders; eval reads one epoch in file order.
+//!
+//! # Threads
+//! A reader thread reads windows and hands them to tokenizer workers over a bounded queue; a
+//! packer thread puts the tokenized windows back in order, packs them ([`super::packing`]) and
+//! keeps [`PREFETCH_BATCHES`] batches ready in a bounded queue. The train loop only takes the
+//! next batch. Dropping the iterator closes the queues and every thread ends.
+//!
+//! # The position
+//! [`TextState`] names the next document not yet in a delivered batch: epoch, file (index in this
+//! process's files of that epoch), the row where its window starts, and how many documents of
+//! that window are already used. Restarting from it re-reads that window and skips them, so a
+//! resumed stream continues exactly where the saved one stopped.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use serde::{Deserialize, Serialize};
+
+use super::batch::Batch;
+use super::documents::{read_file, Doc, Rows};
+use super::error::DataError;
+use super::packing::Packer;
+use super::shuffle::{key, shuffle};
+use super::storage::Storage;
+use super::tokenizer::TextTokenizer;
+
+/// Documents per shuffled window (Hugging Face datasets' default shuffle buffer is 1000).
+pub const SHUFFLE_WINDOW: usize = 1000;
+/// Documents per unit of tokenizer work when not shuffling.
+const PLAIN_WINDOW: usize = 64;
+/// Batches the packer keeps ready ahead of the train loop.
+pub const PREFETCH_BATCHES: usize = 4;
+
+/// Where the stream is (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TextState {
+    pub epoch: u64,
+    pub file: u64,
+    pub row: u64,
+    pub taken: u64,
+}
+
+/// What a text stream reads and how it cuts it.
+#[derive(Clone)]
+pub struct TextSpec {
+    /// Every file of the dataset, sorted (the same list on every process).
+    pub files: Vec<PathBuf>,
+    pub column: String,
+    pub storage: Arc<dyn Storage>,
+    pub tokenizer: Arc<TextTokenizer>,
+    /// Longest document kept, in tokens (longer ones are truncated): `max_target_length`.
+    pub max_doc_len: usize,
+    /// `Some(data_shuffle_seed)` to shuffle.
+    pub shuffle_seed: Option<u64>,
+    pub process_index: usize,
+    pub process_count: usize,
+    /// Start a new epoch at the end (training) or end the stream (eval, `maxrs tokenize`).
+    pub repeat: bool,
+    /// Tokenizer threads.
+    pub workers: usize,
+}
+
+/// Counters shared with the background threads.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub documents: AtomicU64,
+    pub undecodable: AtomicU64,
+    pub tokens: AtomicU64,
+}
+
+impl Stats {
+    pub fn get(&self) -> (u64, u64, u64) {
+        (
+            self.documents.load(Ordering::Relaxed),
+            self.undecodable.load(Ordering::Relaxed),
+            self.tokens.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The files process `p` reads in `epoch`, and the row filter when files are shared.
+fn epoch_files(spec: &TextSpec, epoch: u64) -> (Vec<usize>, Option<(u64, u64)>) {
+    let mut order: Vec<usize> = (0..spec.files.len()).collect();
+    if let Some(seed) = spec.shuffle_seed {
+        shuffle(&mut order, key(&[seed, epoch, 0xF11E]));
+    }
+    let (p, n) = (spec.process_index, spec.process_count);
+    if order.len() >= n {
+        (order.into_iter().skip(p).step_by(n).collect(), None)
+    } else {
+        (order, Some((p as u64, n as u64)))
+    }
+}
+
+/// Reads this process's rows in stream order from a position.
+struct Cursor {
+    spec: TextSpec,
+    epoch: u64,
+    files: Vec<usize>,
+    filter: Option<(u64, u64)>,
+    file: u64,
+    row: u64,
+    rows: Option<Rows>,
+    /// Rows to skip in the first file opened (resuming inside a file).
+    skip: u64,
+}
+
+impl Cursor {
+    fn new(spec: TextSpec, at: TextState) -> Cursor {
+        let (files, filter) = epoch_files(&spec, at.epoch);
+        Cursor { spec, epoch: at.epoch, files, filter, file: at.file, row: 0, rows: None, skip: at.row }
+    }
+
+    fn position(&self) -> TextState {
+        TextState { epoch: self.epoch, file: self.file, row: self.row + self.skip, taken: 0 }
+    }
+
+    /// The next kept row of this epoch, or `None` at the epoch's end.
+    fn next(&mut self) -> Result<Option<Doc>, DataError> {
+        loop {
+            if self.file as usize >= self.files.len() {
+                return Ok(None);
+            }
+            if self.rows.is_none() {
+                let path = &self.spec.files[self.files[self.file as usize]];
+                let mut rows = read_file(self.spec.storage.as_ref(), path, &self.spec.column)?;
+                self.row = 0;
+                while self.skip > 0 {
+                    self.skip -= 1;
+                    match rows.next().transpose()? {
+                        Some(_) => self.row += 1,
+                        None => break,
+                    }
+                }
+                self.skip = 0;
+                self.rows = Some(rows);
+            }
+            let row = self.row;
+            match self.rows.as_mut().expect("opened above").next().transpose()? {
+                Some(doc) => {
+                    self.row += 1;
+                    if self.filter.is_none_or(|(p, n)| row % n == p) {
+                        return Ok(Some(doc));
+                    }
+                }
+                None => {
+                    self.rows = None;
+                    self.file += 1;
+                    self.row = 0;
+                }
+            }
+        }
+    }
+
+    fn next_epoch(&mut self) {
+        self.epoch += 1;
+        (self.files, self.filter) = epoch_files(&self.spec, self.epoch);
+        (self.file, self.row, self.rows, self.skip) = (0, 0, None, 0);
+    }
+}
+
+/// A window of documents for the tokenizer workers.
+struct Window {
+    seq: u64,
+    start: TextState,
+    docs: Vec<Doc>,
+}
+
+/// A tokenized window: `None` for a row that could not be decoded or tokenized.
+struct Tokenized {
+    start: TextState,
+    docs: Vec<Option<Vec<i32>>>,
+}
+
+type Job = (u64, Result<Window, DataError>);
+type WindowDocs = std::vec::IntoIter<Option<Vec<i32>>>;
+type Done = (u64, Result<Tokenized, DataError>);
+
+/// The tokenized documents of a stream, in order, from background threads (the reader and the
+/// tokenizer workers). Each item is `(position of the document, its ids or None)`.
+pub struct TokenizedDocs {
+    results: Receiver<Done>,
+    pending: BTreeMap<u64, Result<Tokenized, DataError>>,
+    next_seq: u64,
+    /// The window being handed out: its start, its remaining documents, the next one's index.
+    current: Option<(TextState, WindowDocs, u64)>,
+    skip: u64,
+}
+
+impl TokenizedDocs {
+    pub fn start(spec: &TextSpec, at: TextState) -> TokenizedDocs {
+        let workers = spec.workers.max(1);
+        let (job_tx, job_rx) = sync_channel::<Job>(2 * workers);
+        let (done_tx, done_rx) = sync_channel::<Done>(2 * workers);
+        let reader_spec = spec.clone();
+        thread::Builder::new()
+            .name("maxrs-data-reader".into())
+            .spawn(move || read_windows(reader_spec, at, job_tx))
+            .expect("spawning the data reader thread");
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        for i in 0..workers {
+            let (jobs, done, tokenizer, max_len) =
+                (job_rx.clone(), done_tx.clone(), spec.tokenizer.clone(), spec.max_doc_len);
+            thread::Builder::new()
+                .name(format!("maxrs-tokenizer-{i}"))
+                .spawn(move || tokenize_windows(&jobs, &done, &tokenizer, max_len))
+                .expect("spawning a tokenizer thread");
+        }
+        TokenizedDocs { results: done_rx, pending: BTreeMap::new(), next_seq: 0, current: None, skip: at.taken }
+    }
+
+    /// The next document: its position (`taken` = its index in its window) and its ids.
+    #[allow(clippy::type_complexity)]
+    pub fn next_doc(&mut self) -> Result<Option<(TextState, Option<Vec<i32>>)>, DataError> {
+        loop {
+            if let Some((start, docs, index)) = self.current.as_mut() {
+                if let Some(doc) = docs.next() {
+                    let at = TextState { taken: *index, ..*start };
+                    *index += 1;
+                    if self.skip > 0 {
+                        self.skip -= 1;
+                        continue;
+                    }
+                    return Ok(Some((at, doc)));
+                }
+                self.current = None;
+            }
+            while !self.pending.contains_key(&self.next_seq) {
+                match self.results.recv() {
+                    Ok((seq, result)) => {
+                        self.pending.insert(seq, result);
+                    }
+                    Err(_) => return Ok(None),
+                }
+            }
+            let window = self.pending.remove(&self.next_seq).expect("checked above")?;
+            self.next_seq += 1;
+            self.current = Some((window.start, window.docs.into_iter(), 0));
+        }
+    }
+}
+
+fn read_windows(spec: TextSpec, at: TextState, jobs: SyncSender<Job>) {
+    let size = if spec.shuffle_seed.is_some() { SHUFFLE_WINDOW } else { PLAIN_WINDOW };
+    let mut cursor = Cursor::new(spec.clone(), at);
+    let mut seq = 0u64;
+    let mut epoch_had_rows = false;
+    loop {
+        let start = cursor.position();
+        let mut docs = Vec::with_capacity(size);
+        let mut at_end = false;
+        while docs.len() < size {
+            match cursor.next() {
+                Ok(Some(doc)) => docs.push(doc),
+                Ok(None) => {
+                    at_end = true;
+                    break;
+                }
+                Err(e) => {
+                    let _ = jobs.send((seq, Err(e)));
+                    return;
+                }
+            }
+        }
+        epoch_had_rows |= !docs.is_empty();
+        if !docs.is_empty() {
+            if let Some(seed) = spec.shuffle_seed {
+                shuffle(&mut docs, key(&[seed, start.epoch, start.file, start.row]));
+            }
+            if jobs.send((seq, Ok(Window { seq, start, docs }))).is_err() {
+                return;
+            }
+            seq += 1;
+        }
+        if at_end {
+            if !spec.repeat {
+                return;
+            }
+            if !epoch_had_rows {
+                let error = DataError::Worker(format!(
+                    "epoch {} gave this process (index {} of {}) no rows; the files are empty",
+                    cursor.epoch, spec.process_index, spec.process_count
+                ));
+                let _ = jobs.send((seq, Err(error)));
+                return;
+            }
+            cursor.next_epoch();
+            epoch_had_rows = false;
+        }
+    }
+}
+
+fn tokenize_windows(jobs: &Mutex<Receiver<Job>>, done: &SyncSender<Done>, tokenizer: &TextTokenizer, max_len: usize) {
+    loop {
+        let job = match jobs.lock() {
+            Ok(rx) => rx.recv(),
+            Err(_) => return,
+        };
+        let Ok((seq, window)) = job else { return };
+        let result = window.map(|w| {
+            debug_assert_eq!(w.seq, seq);
+            let docs = w
+                .docs
+                .iter()
+                .map(|doc| match doc {
+                    Doc::Text(text) => tokenizer.encode_document(text, max_len).ok(),
+                    Doc::Undecodable => None,
+                })
+                .collect();
+            Tokenized { start: w.start, docs }
+        });
+        if done.send((seq, result)).is_err() {
+            return;
+        }
+    }
+}
+
+/// A delivered batch and the stream position after it.
+type Delivery = Result<(Batch, TextState), DataError>;
+
+/// This process's batches of a text dataset (see the module docs).
+pub struct TextBatches {
+    batches: Receiver<Delivery>,
+    state: TextState,
+    stats: Arc<Stats>,
+    finished: bool,
+}
+
+impl TextBatches {
+    /// Starts the background threads at `at` (the default state is the beginning). `rows` is
+    /// this process's rows per batch, `seq_len` = `max_target_length`.
+    pub fn start(spec: TextSpec, at: TextState, rows: usize, seq_len: usize, packing: bool) -> TextBatches {
+        let stats = Arc::new(Stats::default());
+        let (tx, rx) = sync_channel::<Delivery>(PREFETCH_BATCHES);
+        let thread_stats = stats.clone();
+        thread::Builder::new()
+            .name("maxrs-packer".into())
+            .spawn(move || {
+                let pad = spec.tokenizer.pad_id();
+                let bos = spec.tokenizer.bos_id();
+                let mut docs = TokenizedDocs::start(&spec, at);
+                let mut packer = Packer::new(seq_len, rows, packing, pad);
+                let deliver = |packer: &mut Packer, after: TextState| {
+                    tx.send(Ok((Batch::from_documents(&packer.finish(), seq_len, pad, bos), after))).is_ok()
+                };
+                let mut last = at;
+                loop {
+                    match docs.next_doc() {
+                        Ok(Some((position, ids))) => {
+                            last = TextState { taken: position.taken + 1, ..position };
+                            let Some(ids) = ids else {
+                                thread_stats.undecodable.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            };
+                            if ids.is_empty() {
+                                continue;
+                            }
+                            if !packer.add(&ids) {
+                                if !deliver(&mut packer, position) {
+                                    return;
+                                }
+                                packer.add(&ids);
+                            }
+                            thread_stats.documents.fetch_add(1, Ordering::Relaxed);
+                            thread_stats.tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                            if packer.is_full() && !deliver(&mut packer, last) {
+                                return;
+                            }
+                        }
+                        Ok(None) => {
+                            if !packer.is_empty() {
+                                deliver(&mut packer, last);
+                            }
+                            return;
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    }
+                }
+            })
+            .expect("spawning the packer thread");
+        TextBatches { batches: rx, state: at, stats, finished: false }
+    }
+
+    /// The next batch, or `None` when a non-repeating stream has ended (its last batch is
+    /// padded with empty rows).
+    pub fn next_batch(&mut self) -> Result<Option<Batch>, DataError> {
+        if self.finished {
+            return Ok(None);
+        }
+        match self.batches.recv() {
+            Ok(Ok((batch, after))) => {
+                self.state = after;
+                Ok(Some(batch))
+            }
+            Ok(Err(e)) => {
+                self.finished = true;
+                Err(e)
+            }
+            Err(_) => {
+                self.finished = true;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The position after the last delivered batch.
+    pub fn state(&self) -> TextState {
+        self.state
+    }
+
+    /// Documents packed, rows that could not be decoded, tokens packed, so far (the packer
+    /// runs ahead of the delivered batches by up to the prefetch).
+    pub fn stats(&self) -> (u64, u64, u64) {
+        self.stats.get()
+    }
+}

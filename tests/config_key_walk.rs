@@ -1,0 +1,298 @@
+//! Every key of `configs/base.yml` does something, or is refused: no key is accepted and
+//! ignored. Each key is classified below, and the class is proved:
+//! - `Program(value)`: setting it changes the traced train step or init program (their StableHLO);
+//!   `ProgramVs(value, other, with)`: `value` and `other` give different programs, both with the
+//!   keys `with` set (where the default alone cannot vary: mesh axes that must multiply out);
+//! - `Derives(value, other, with, slices)`: `value` and `other` give different derived settings
+//!   (mesh, batch sizes) on 8 devices in `slices` slices;
+//! - `Resolves(value)`: setting it changes other resolved keys (a model choice);
+//! - `Allows(overrides)`: the overrides are refused without the key set to true, accepted with it;
+//! - `Refused(value)`: that value is refused with an error naming the key;
+//! - `Runtime(why)`: it steers the run itself (files, data, loop, cluster); the proof is that code
+//!   outside `src/config/` reads the field, and the reason says what it does. These keys are
+//!   exercised by their own tests (checkpoint, data, cluster, ...).
+//! A key of base.yml missing from the table fails the test, so a new key must be classified.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use maxrs::config::{self, Config};
+use maxrs::lower::to_stablehlo;
+use maxrs::train::step::TrainStep;
+
+enum Effect {
+    Program(&'static str),
+    ProgramVs(&'static str, &'static str, &'static [&'static str]),
+    Derives(&'static str, &'static str, &'static [&'static str], usize),
+    Resolves(&'static str),
+    Allows(&'static [&'static str]),
+    Refused(&'static str),
+    Runtime(&'static str),
+}
+use Effect::*;
+
+const KEYS: &[(&str, Effect)] = &[
+    ("run_name", Runtime("names the run's directory under base_output_directory and the metrics' run_name")),
+    ("model_name", Resolves("llama2-7b")),
+    ("override_model_config", Allows(&["model_name=llama2-7b", "base_emb_dim=128"])),
+    (
+        "override_logical_axis_rules",
+        ProgramVs("true", "false", &["logical_axis_rules=[[embed, [tensor]], [mlp, [tensor]]]"]),
+    ),
+    ("base_output_directory", Runtime("run directory: checkpoints, metrics chunks, TensorBoard events, config")),
+    ("metrics_file", Runtime("one JSON line of metrics per step")),
+    ("log_period", Runtime("how often metrics chunks and TensorBoard events are flushed")),
+    ("enable_tensorboard", Runtime("writes TensorBoard event files")),
+    ("gcs_metrics", Runtime("writes metrics chunks into the run directory")),
+    ("save_config_to_gcs", Runtime("writes the resolved config into the run directory")),
+    ("enable_checkpointing", Runtime("saves checkpoints")),
+    ("async_checkpointing", Runtime("writes checkpoints on a background thread")),
+    ("checkpoint_period", Runtime("steps between checkpoints")),
+    ("max_num_checkpoints_to_keep", Runtime("retention of old checkpoints")),
+    ("save_checkpoint_on_start", Runtime("a checkpoint before the first step")),
+    ("save_checkpoint_on_completion", Runtime("a checkpoint after the last step")),
+    ("enable_autocheckpoint", Runtime("SIGTERM saves a checkpoint and stops")),
+    ("on_checkpoint_error", Runtime("stop or continue when a save fails")),
+    ("load_parameters_path", Runtime("initial parameters from a file or checkpoint")),
+    ("load_full_state_path", Runtime("initial state (parameters, optimizer, step) from a checkpoint")),
+    ("decoder_block", Refused("gemma3")),
+    ("base_emb_dim", Program("128")),
+    ("base_num_query_heads", Program("8")),
+    ("base_num_kv_heads", Program("4")),
+    ("base_mlp_dim", Program("256")),
+    ("base_num_decoder_layers", Program("3")),
+    ("head_dim", Program("32")),
+    ("vocab_size", Program("1024")),
+    ("mlp_activations", Refused("[gelu, linear]")),
+    ("normalization_layer_epsilon", Program("1.0e-6")),
+    ("rope_max_timescale", Program("500000")),
+    ("logits_via_embedding", Program("true")),
+    ("enable_dropout", Refused("true")),
+    ("dtype", Program("float32")),
+    ("weight_dtype", Program("bfloat16")),
+    ("scan_layers", Program("false")),
+    ("remat_policy", Program("minimal")),
+    ("init_weights_seed", Program("7")),
+    ("dataset_type", Refused("tfds")),
+    ("dataset_path", Runtime("the token file of dataset_type=tokens")),
+    ("hf_train_files", Runtime("the text files of dataset_type=hf")),
+    ("hf_eval_files", Runtime("the eval files")),
+    ("train_data_columns", Runtime("the text column read from Parquet/JSONL")),
+    ("eval_data_columns", Runtime("the eval text column")),
+    ("tokenizer_path", Runtime("the tokenizer")),
+    ("tokenizer_type", Refused("tiktoken")),
+    ("add_bos", Runtime("BOS added by the tokenizer")),
+    ("add_eos", Runtime("EOS added by the tokenizer")),
+    ("packing", Runtime("packs documents into rows (and feeds segment ids to the step)")),
+    ("enable_data_shuffling", Runtime("shuffles files and documents")),
+    ("data_shuffle_seed", Runtime("the shuffle's and the synthetic data's seed")),
+    ("per_device_batch_size", Program("4")),
+    ("max_target_length", Program("64")),
+    ("eval_interval", Runtime("steps between evals")),
+    ("eval_steps", Runtime("batches per eval")),
+    ("eval_start_step", Runtime("first step followed by an eval")),
+    ("eval_per_device_batch_size", Derives("2", "0", &[], 1)),
+    ("steps", Program("50")),
+    ("gradient_accumulation_steps", Program("2")),
+    ("learning_rate", Program("3e-4")),
+    ("learning_rate_schedule_steps", Program("500")),
+    ("lr_schedule_type", Program("wsd")),
+    ("warmup_steps_fraction", Program("0.3")),
+    ("learning_rate_final_fraction", Program("0.5")),
+    ("wsd_decay_steps_fraction", Runtime("the WSD schedule's decay share (with lr_schedule_type=wsd)")),
+    ("wsd_decay_style", Runtime("the WSD schedule's decay shape (with lr_schedule_type=wsd)")),
+    ("adam_b1", Program("0.8")),
+    ("adam_b2", Program("0.9")),
+    ("adam_eps", Program("1e-6")),
+    ("adam_eps_root", Program("1e-9")),
+    ("adam_weight_decay", Program("0.5")),
+    ("gradient_clipping_threshold", Program("0.5")),
+    ("z_loss_multiplier", Program("1e-4")),
+    ("abort_on_nan_loss", Runtime("stops the run on a NaN loss")),
+    ("abort_on_inf_loss", Runtime("stops the run on an infinite loss")),
+    ("prompt", Runtime("maxrs decode's prompts")),
+    ("max_prefill_predict_length", Runtime("maxrs decode's prefill length (prompts padded to it)")),
+    ("autoregressive_decode_assert", Runtime("maxrs decode checks the first prompt's output")),
+    ("decode_sampling_strategy", Runtime("how maxrs decode picks each token")),
+    ("decode_sampling_nucleus_p", Runtime("maxrs decode's nucleus")),
+    ("decode_sampling_top_k", Runtime("maxrs decode's top k")),
+    ("decode_sampling_temperature", Runtime("maxrs decode's temperature")),
+    ("decode_seed", Runtime("maxrs decode's sampling key")),
+    ("compiled_trainstep_file", Runtime("saves (train-compile) or loads (train) the compiled step")),
+    ("compile_topology", Runtime("train-compile's target")),
+    ("compile_topology_num_slices", Runtime("train-compile's number of slices")),
+    ("hardware", Refused("tpu_multislice")),
+    ("plugin", Refused("nosuchplugin")),
+    ("cpu_device_count", Runtime("devices of the CPU plugin")),
+    ("xla_flags_file", Runtime("XLA flags for the compile")),
+    ("peak_tflops_per_device", Runtime("MFU's denominator")),
+    ("coordinator_address", Runtime("the coordination service's address")),
+    ("num_processes", Runtime("processes of the job")),
+    ("process_id", Runtime("this process's rank")),
+    ("external_coordinator", Runtime("the coordination service runs outside process 0")),
+    ("jax_distributed_initialization_timeout", Runtime("how long processes wait for each other")),
+    ("skip_jax_distributed_system", Runtime("a one-process job ignores the launcher's environment")),
+    ("heartbeat_timeout_seconds", Runtime("failure detection")),
+    ("shutdown_timeout_seconds", Runtime("the shutdown barrier")),
+    ("collect_stack_trace", Runtime("periodic stack traces")),
+    ("stack_trace_to_cloud", Refused("true")),
+    ("stack_trace_interval_seconds", Runtime("period of the stack traces")),
+    ("slow_step_stack_trace_factor", Runtime("stack traces of a slow step")),
+    ("mesh_axes", Program("[data, stage, fsdp, fsdp_transpose, context, tensor, tensor_sequence, expert]")),
+    ("logical_axis_rules", Program("[[embed, [tensor]]]")),
+    ("data_sharding", Refused("[[data, fsdp]]")),
+    ("dcn_data_parallelism", Derives("1", "2", &["dcn_fsdp_parallelism=-1"], 2)),
+    ("dcn_pipeline_parallelism", Refused("2")),
+    ("dcn_fsdp_parallelism", Derives("2", "1", &[], 2)),
+    ("dcn_fsdp_transpose_parallelism", Derives("2", "1", &[], 2)),
+    ("dcn_context_parallelism", Derives("2", "1", &[], 2)),
+    ("dcn_tensor_parallelism", Derives("2", "1", &[], 2)),
+    ("dcn_tensor_sequence_parallelism", Derives("2", "1", &[], 2)),
+    ("dcn_expert_parallelism", Derives("2", "1", &[], 2)),
+    ("dcn_autoregressive_parallelism", Derives("2", "1", &[], 2)),
+    ("ici_data_parallelism", Program("2")),
+    ("ici_pipeline_parallelism", Refused("2")),
+    ("ici_fsdp_parallelism", ProgramVs("2", "1", &["ici_data_parallelism=-1"])),
+    ("ici_fsdp_transpose_parallelism", Program("2")),
+    ("ici_context_parallelism", Program("2")),
+    ("ici_tensor_parallelism", Program("2")),
+    ("ici_tensor_sequence_parallelism", Program("2")),
+    ("ici_expert_parallelism", Program("2")),
+    ("ici_autoregressive_parallelism", Program("2")),
+];
+
+/// Devices the mesh keys are checked on: the default mesh puts them all on fsdp.
+const DEVICES: usize = 8;
+
+fn base_keys() -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/base.yml")).unwrap();
+    let yaml: serde_yaml::Mapping = serde_yaml::from_str(&text).unwrap();
+    yaml.keys().map(|k| k.as_str().expect("keys are strings").to_string()).collect()
+}
+
+fn load(overrides: &[String]) -> Result<Config, String> {
+    let c = config::load(None, overrides).map_err(|e| e.to_string())?;
+    config::check(&c).map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
+/// The StableHLO of the train step and init program of `overrides` on [`DEVICES`] devices.
+fn programs(overrides: &[String]) -> Result<String, String> {
+    let c = load(overrides)?;
+    let derived = config::validate(&c, DEVICES, 1).map_err(|e| e.to_string())?;
+    let ids: Vec<i64> = (0..DEVICES as i64).collect();
+    let mesh = maxrs::train::step::step_mesh(&derived, &[ids]).map_err(|e| e.to_string())?;
+    let step = TrainStep::new(&c, &derived, mesh).map_err(|e| e.to_string())?;
+    let train = step.train_step().map_err(|e| e.to_string())?;
+    let init = step.init(true).map_err(|e| e.to_string())?;
+    Ok(format!("{}\n{}", to_stablehlo(&train), to_stablehlo(&init)))
+}
+
+/// The derived settings of `overrides` on [`DEVICES`] devices in `slices` slices.
+fn derived(overrides: &[String], slices: usize) -> Result<String, String> {
+    let c = load(overrides)?;
+    config::validate(&c, DEVICES, slices).map(|d| format!("{d:?}")).map_err(|e| e.to_string())
+}
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path, out: &mut Vec<(String, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push((path.display().to_string(), std::fs::read_to_string(&path).unwrap()));
+        }
+    }
+}
+
+#[test]
+fn every_key_of_base_yml_does_something_or_is_refused() {
+    let table: BTreeMap<&str, &Effect> = KEYS.iter().map(|(k, e)| (*k, e)).collect();
+    let keys = base_keys();
+    let unclassified: Vec<&String> = keys.iter().filter(|k| !table.contains_key(k.as_str())).collect();
+    assert!(unclassified.is_empty(), "keys of configs/base.yml without a row in this test's KEYS: {unclassified:?}");
+    let stale: Vec<&&str> = table.keys().filter(|k| !keys.iter().any(|b| b == *k)).collect();
+    assert!(stale.is_empty(), "KEYS rows for keys that are not in configs/base.yml: {stale:?}");
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    let outside_config: Vec<&(String, String)> =
+        files.iter().filter(|(path, _)| !path.contains("/src/config/")).collect();
+    let baseline = programs(&[]).expect("the default config traces");
+    let default_config = load(&[]).unwrap();
+    let mut failures = Vec::new();
+    for (key, effect) in KEYS {
+        let set = |value: &str| vec![format!("{key}={value}")];
+        let failure = match effect {
+            Program(value) => match programs(&set(value)) {
+                Ok(text) if text != baseline => None,
+                Ok(_) => Some(format!("{key}={value} leaves the train step and init program unchanged")),
+                Err(e) => Some(format!("{key}={value} should trace: {e}")),
+            },
+            ProgramVs(value, other, with) => {
+                let with: Vec<String> = with.iter().map(|s| s.to_string()).collect();
+                let both = programs(&[&with[..], &set(value)].concat())
+                    .and_then(|a| programs(&[&with[..], &set(other)].concat()).map(|b| (a, b)));
+                match both {
+                    Ok((a, b)) if a != b => None,
+                    Ok(_) => Some(format!("{key}={value} and {key}={other} (with {with:?}) give the same programs")),
+                    Err(e) => Some(format!("{key}={value} / {other} with {with:?} should trace: {e}")),
+                }
+            }
+            Derives(value, other, with, slices) => {
+                let with: Vec<String> = with.iter().map(|s| s.to_string()).collect();
+                let both = derived(&[&with[..], &set(value)].concat(), *slices)
+                    .and_then(|a| derived(&[&with[..], &set(other)].concat(), *slices).map(|b| (a, b)));
+                match both {
+                    Ok((a, b)) if a != b => None,
+                    Ok(_) => Some(format!("{key}={value} and {key}={other} (with {with:?}) derive the same settings")),
+                    Err(e) => Some(format!("{key}={value} / {other} with {with:?} should validate: {e}")),
+                }
+            }
+            Allows(overrides) => {
+                let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+                match (load(&overrides), load(&[&set("true")[..], &overrides].concat())) {
+                    (Err(_), Ok(_)) => None,
+                    (without, with) => Some(format!(
+                        "{key}: {overrides:?} should be refused without it and accepted with it; got {:?} / {:?}",
+                        without.err(),
+                        with.err()
+                    )),
+                }
+            }
+            Resolves(value) => match load(&set(value)) {
+                Ok(c) => {
+                    let (mut got, mut default) =
+                        (serde_json::to_value(&c).unwrap(), serde_json::to_value(&default_config).unwrap());
+                    got.as_object_mut().unwrap().remove(*key);
+                    default.as_object_mut().unwrap().remove(*key);
+                    (got == default).then(|| format!("{key}={value} changes no other key"))
+                }
+                Err(e) => Some(format!("{key}={value} should load: {e}")),
+            },
+            Refused(value) => {
+                let result = load(&set(value))
+                    .and_then(|c| config::validate(&c, DEVICES, 1).map(|_| ()).map_err(|e| e.to_string()));
+                match result {
+                    Err(e) if e.contains(key) => None,
+                    Err(e) => Some(format!("{key}={value} is refused, but the error does not name the key: {e}")),
+                    Ok(()) => Some(format!("{key}={value} is accepted; the table says it is refused")),
+                }
+            }
+            Runtime(_) => {
+                let field = format!(".{key}");
+                let read = outside_config.iter().any(|(_, text)| {
+                    text.match_indices(&field).any(|(i, _)| {
+                        let next = text[i + field.len()..].chars().next();
+                        !next.is_some_and(|ch| ch.is_alphanumeric() || ch == '_')
+                    })
+                });
+                (!read).then(|| format!("{key}: no code outside src/config reads the field"))
+            }
+        };
+        failures.extend(failure);
+    }
+    assert!(failures.is_empty(), "{} keys fail:\n{}", failures.len(), failures.join("\n"));
+}
