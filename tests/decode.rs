@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use maxrs::checkpoint;
 use maxrs::config::{self, Config, Derived};
+use maxrs::data::tokenizer::TextTokenizer;
 use maxrs::inference::{Generation, ParamSource, Sampling, Session};
 use maxrs::ir::{DType, Signature};
 use maxrs::model::attention::{KvCache, LayerCache, LayerContext};
@@ -266,46 +267,72 @@ fn save_params(c: &Config, dir: &Path) -> (PathBuf, PathBuf) {
     (file, step_dir)
 }
 
-/// `maxrs decode` as a user runs it: a parameter file or a checkpoint directory and a prompt
-/// give the output and the timings, the same for both; weighted sampling repeats itself with the
-/// same `decode_seed`.
+/// The SentencePiece tokenizer (512 tokens, the default model's vocabulary) of the data tests.
+fn tokenizer_path() -> String {
+    format!("{}/tests/data/shakespeare-bpe512.model", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `maxrs decode` as a user runs it, twice with the same parameters and `decode_seed` (weighted
+/// sampling): from a safetensors file with prompts written as token ids (the tokenizer's ids of
+/// two texts, BOS first), and from a checkpoint directory with the texts and `tokenizer_path`.
+/// Both print the outputs and the timings; the second's text is the tokenizer's decoding of the
+/// first's ids up to EOS, so the parameters, the samples, the prompt encoding and the EOS stop
+/// agree.
 #[test]
-fn cli_decodes_a_parameter_file_or_checkpoint_reproducibly() {
+fn cli_decodes_ids_from_a_file_and_text_from_a_checkpoint_alike() {
     let dir = tempfile::tempdir().unwrap();
     let (file, checkpoint) = save_params(&load(&[]), dir.path());
-    let run = |seed: &str, path: &Path| {
-        let args = [
+    let tokenizer = TextTokenizer::load(&tokenizer_path(), "sentencepiece", true, true).unwrap();
+    let texts = ["To be or not", "I love to"];
+    let ids: Vec<Vec<i32>> =
+        texts.iter().map(|t| [vec![tokenizer.bos_id().unwrap()], tokenizer.encode_text(t).unwrap()].concat()).collect();
+    let join = |ids: &[i32]| ids.iter().map(i32::to_string).collect::<Vec<_>>().join(" ");
+    let run = |prompt: String, extra: &[String]| -> Vec<(String, String)> {
+        let mut args = [
             "decode",
             "dtype=float32",
             "weight_dtype=float32",
             "per_device_batch_size=2",
-            "max_prefill_predict_length=4",
-            "max_target_length=12",
+            "max_prefill_predict_length=8",
+            "max_target_length=16",
             "decode_sampling_strategy=weighted",
-            "prompt=[1 2 3, 7]",
-            seed,
-            &format!("load_parameters_path={}", path.display()),
-        ];
-        let (ok, stdout, stderr) = maxrs(&args);
+            "decode_seed=5",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.push(prompt);
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = maxrs(&args.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(ok, "{stdout}\n{stderr}");
-        let outputs: Vec<String> = stdout.lines().filter(|l| l.starts_with("Input `")).map(str::to_string).collect();
-        assert_eq!(outputs.len(), 2, "{stdout}");
-        assert!(outputs[0].starts_with("Input `1 2 3` -> `") && outputs[1].starts_with("Input `7` -> `"), "{stdout}");
-        for l in outputs.iter() {
-            let generated = l.rsplit("-> `").next().unwrap().trim_end_matches('`');
-            assert_eq!(generated.split(' ').count(), 9, "the first token and 12 - 4 generate steps: {l}");
-        }
         assert!(
             stdout.contains("prefill: ") && stdout.contains("per-token latency") && stdout.contains("tokens/s"),
             "{stdout}"
         );
+        let outputs: Vec<(String, String)> = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("Input `")?.strip_suffix('`')?.split_once("` -> `"))
+            .map(|(i, o)| (i.to_string(), o.to_string()))
+            .collect();
+        assert_eq!(outputs.len(), 2, "{stdout}");
         outputs
     };
-    assert_eq!(
-        run("decode_seed=5", &file),
-        run("decode_seed=5", &checkpoint),
-        "the same parameters and decode_seed sample the same tokens"
+    let by_ids = run(
+        format!("prompt=[{}]", ids.iter().map(|p| join(p)).collect::<Vec<_>>().join(", ")),
+        &[format!("load_parameters_path={}", file.display())],
     );
+    let by_text = run(
+        format!("prompt=[{}]", texts.join(", ")),
+        &[format!("load_parameters_path={}", checkpoint.display()), format!("tokenizer_path={}", tokenizer_path())],
+    );
+    let eos = tokenizer.eos_id().unwrap();
+    for (row, ((input, generated), (text_in, text_out))) in by_ids.iter().zip(&by_text).enumerate() {
+        assert_eq!(input, &join(&ids[row]));
+        assert_eq!(text_in, texts[row]);
+        let generated: Vec<i32> = generated.split(' ').map(|t| t.parse().unwrap()).collect();
+        assert_eq!(generated.len(), 9, "the first token and 16 - 8 generate steps: {generated:?}");
+        let until_eos = generated.iter().position(|&t| t == eos).map_or(&generated[..], |e| &generated[..=e]);
+        assert_eq!(text_out, &tokenizer.decode(until_eos).unwrap(), "row {row}: {generated:?}");
+    }
 }
 
 /// Bad input stops with one line that names the culprit.

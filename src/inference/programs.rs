@@ -62,7 +62,8 @@ impl Engine {
             let shards: usize = axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1)).product();
             if size % shards as i64 != 0 {
                 return Err(format!(
-                    "the key/value cache's {logical} dimension ({size}) does not split over the {shards} devices of mesh                      axes [{}] (the {logical} rule of logical_axis_rules); use parallelism that divides it",
+                    "the key/value cache's {logical} dimension ({size}) does not split over the {shards} devices of mesh \
+                     axes [{}] (the {logical} rule of logical_axis_rules); use parallelism that divides it",
                     axes.join(", ")
                 ));
             }
