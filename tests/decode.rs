@@ -342,6 +342,7 @@ fn cli_bad_input_is_one_line_naming_the_culprit() {
     let (other, other_checkpoint) = save_params(&load(&["base_num_decoder_layers=3", "base_emb_dim=128"]), dir.path());
     let other_arg = format!("load_parameters_path={}", other.display());
     let other_checkpoint_arg = format!("load_parameters_path={}", other_checkpoint.display());
+    let tokenizer = format!("tokenizer_path={}", tokenizer_path());
     let cases: &[(&[&str], &str)] = &[
         (&["decode", "prompt="], "is empty: give at least one token"),
         (&["decode", "prompt=1 2 3 4 5", "max_prefill_predict_length=4"], "more than max_prefill_predict_length=4"),
@@ -356,6 +357,11 @@ fn cli_bad_input_is_one_line_naming_the_culprit() {
         (&["decode", "prompt=1", "decode_sampling_strategy=beam"], "greedy, weighted, nucleus, topk, composite"),
         (&["decode", "prompt=1", &other_arg], "not this model's parameters"),
         (&["decode", "prompt=1", &other_checkpoint_arg], "base_emb_dim: checkpoint 128, this run 256"),
+        (&["decode", "prompt=To be", &tokenizer, "vocab_size=256"], "the tokenizer has 512 tokens"),
+        (
+            &["decode", "prompt=To be or not to be", &tokenizer, "max_prefill_predict_length=4"],
+            "more than max_prefill_predict_length=4",
+        ),
     ];
     for (args, want) in cases {
         let (ok, stdout, stderr) = maxrs(args);
