@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use maxrs::config::{self, Config, ConfigError, DType, RematPolicy};
+use maxrs::config::{self, Config, ConfigError, DType, DecoderBlock, RematPolicy};
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
@@ -175,6 +175,35 @@ fn every_model_loads_and_validates() {
     );
     let c = load(&["model_name=llama3-8b"]).unwrap();
     assert_eq!((c.base_num_kv_heads, c.base_mlp_dim, c.vocab_size, c.rope_max_timescale), (8, 14336, 128256, 500000));
+    let c = load(&["model_name=mixtral-8x7b"]).unwrap();
+    assert_eq!((c.num_experts, c.num_experts_per_tok, c.base_num_kv_heads, c.base_mlp_dim), (8, 2, 8, 14336));
+    assert_eq!(
+        (c.decoder_block, c.rope_max_timescale, c.capacity_factor, c.sparse_matmul),
+        (DecoderBlock::Mixtral, 1000000, -1.0, true)
+    );
+    let c = load(&["model_name=mixtral-8x22b"]).unwrap();
+    assert_eq!(
+        (c.base_emb_dim, c.base_num_query_heads, c.base_num_decoder_layers, c.vocab_size),
+        (6144, 48, 56, 32768)
+    );
+}
+
+/// The mixture-of-experts keys: experts need the Mixtral block, top-k fits in the experts, the
+/// experts split over the expert axis, and dropping needs MaxText's dispatch path.
+#[test]
+fn moe_keys_are_checked() {
+    let e = invalid(&["num_experts=8", "num_experts_per_tok=2"], 1, 1);
+    assert!(e.contains("num_experts=8 needs a block with experts: decoder_block=mixtral"), "{e}");
+    let e = invalid(&["decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=5"], 1, 1);
+    assert!(e.contains("num_experts_per_tok=5") && e.contains("num_experts=4"), "{e}");
+    let e = invalid(&["model_name=mixtral-8x7b", "capacity_factor=1.25"], 1, 1);
+    assert!(e.contains("capacity_factor=1.25 drops tokens only with sparse_matmul=false"), "{e}");
+    let ok = load(&["model_name=mixtral-8x7b", "capacity_factor=1.25", "sparse_matmul=false"]).unwrap();
+    config::validate(&ok, 8, 1).unwrap();
+    let e = invalid(&["model_name=mixtral-8x7b", "ici_expert_parallelism=16", "ici_fsdp_parallelism=1"], 16, 1);
+    assert!(e.contains("8 experts do not split over the 16 shards of the expert mesh axis"), "{e}");
+    let e = invalid(&["model_name=mixtral-8x7b", "load_balance_loss_weight=-0.1"], 1, 1);
+    assert!(e.contains("load_balance_loss_weight=-0.1"), "{e}");
 }
 
 #[test]

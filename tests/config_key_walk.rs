@@ -8,6 +8,8 @@
 //! - `Resolves(value)`: setting it changes other resolved keys (a model choice);
 //! - `Allows(overrides)`: the overrides are refused without the key set to true, accepted with it;
 //! - `Refused(value)`: that value is refused with an error naming the key;
+//! - `KernelChoice(why)`: MaxText's choice between kernels of the same math; maxrs has one
+//!   implementation, so both values load and compute the same (the reason says which);
 //! - `Runtime(why)`: it steers the run itself (files, data, loop, cluster); the proof is that code
 //!   outside `src/config/` reads the field, and the reason says what it does. These keys are
 //!   exercised by their own tests (checkpoint, data, cluster, ...).
@@ -27,8 +29,21 @@ enum Effect {
     Resolves(&'static str),
     Allows(&'static [&'static str]),
     Refused(&'static str),
+    KernelChoice(&'static str),
     Runtime(&'static str),
 }
+
+/// A small Mixtral: the context of the MoE keys.
+const MOE: &[&str] = &["decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2"];
+/// The dropping path with experts split over the expert axis.
+const MOE_EXPERT_PARALLEL: &[&str] = &[
+    "decoder_block=mixtral",
+    "num_experts=4",
+    "num_experts_per_tok=2",
+    "sparse_matmul=false",
+    "capacity_factor=1.25",
+    "ici_expert_parallelism=2",
+];
 use Effect::*;
 
 const KEYS: &[(&str, Effect)] = &[
@@ -73,6 +88,15 @@ const KEYS: &[(&str, Effect)] = &[
     ("scan_layers", Program("false")),
     ("remat_policy", Program("minimal")),
     ("init_weights_seed", Program("7")),
+    ("num_experts", ProgramVs("4", "2", &["decoder_block=mixtral", "num_experts_per_tok=2"])),
+    ("num_experts_per_tok", ProgramVs("2", "1", &["decoder_block=mixtral", "num_experts=4"])),
+    ("capacity_factor", ProgramVs("1.25", "2.0", &["decoder_block=mixtral", "num_experts=4", "sparse_matmul=false"])),
+    ("sparse_matmul", ProgramVs("false", "true", MOE)),
+    ("megablox", KernelChoice("MaxText's Pallas grouped matmul (true) or jax.lax.ragged_dot (false); maxrs lowers ragged_dot to tiled dense products either way")),
+    ("load_balance_loss_weight", ProgramVs("0.01", "0.0", MOE)),
+    ("float32_weight_sum", ProgramVs("false", "true", MOE)),
+    ("float32_gate_logits", ProgramVs("true", "false", MOE)),
+    ("moe_dispatch_no_expert_sharding", ProgramVs("true", "false", MOE_EXPERT_PARALLEL)),
     ("dataset_type", Refused("tfds")),
     ("dataset_path", Runtime("the token file of dataset_type=tokens")),
     ("hf_train_files", Runtime("the text files of dataset_type=hf")),
@@ -280,6 +304,10 @@ fn every_key_of_base_yml_does_something_or_is_refused() {
                     Err(e) => Some(format!("{key}={value} is refused, but the error does not name the key: {e}")),
                     Ok(()) => Some(format!("{key}={value} is accepted; the table says it is refused")),
                 }
+            }
+            KernelChoice(_) => {
+                let both = load(&set("true")).and_then(|_| load(&set("false")));
+                both.err().map(|e| format!("{key}: both values should load: {e}"))
             }
             Runtime(_) => {
                 let field = format!(".{key}");

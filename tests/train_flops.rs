@@ -93,3 +93,30 @@ fn peak_by_device_kind_and_override() {
     assert_eq!(peak_tflops_per_device("NVIDIA H100 80GB HBM3", Some(798.0)), Some(798.0));
     assert_close(mfu(494.5, 989.0), 0.5, 1e-12);
 }
+
+/// mixtral-8x7b: the hand count (router plus 2 of 8 experts), and MaxText's golden test
+/// (`tests/unit/flop_calculation_test.py::test_mixtral_8x7b_flops` at main e591f30): about
+/// `6 x B x S x 12.9e9` active parameters plus causal attention, within 5%.
+#[test]
+fn mixtral_8x7b_counts_the_active_experts_only() {
+    let args = ["model_name=mixtral-8x7b".to_string()];
+    let model = Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap();
+    let (b, s): (u128, u128) = (4, 8192);
+    let bs = b * s;
+    let router = 2 * bs * 4096 * 8;
+    let experts = 2 * 3 * 2 * bs * 14336 * 4096;
+    let qkv = 2 * bs * 4096 * (32 + 2 * 8) * 128;
+    let out = 2 * bs * 4096 * 32 * 128;
+    let unembed = 2 * bs * 4096 * 32000;
+    let weights = ((router + experts + qkv + out) * 32 + unembed) * 3;
+    let attention = 4 * b * s * s * 32 * 128 / 2 * 32 * 3;
+    let t = training_tflops_per_device(&model, &shape(4.0, 8192));
+    assert_close(t.learnable_weight, weights as f64 / 1e12, 1e-12);
+    assert_close(t.attention, attention as f64 / 1e12, 1e-12);
+
+    let golden_attention = 2.0 * 3.0 * 32.0 * 4.0 * 8192f64.powi(2) * 32.0 * 128.0 / 1e12;
+    let golden = 6.0 * 4.0 * 8192.0 * 12.9e9 / 1e12 + golden_attention;
+    assert_close(t.total, golden, 5e-2);
+    // 46.7B parameters in all (Mistral's figure for Mixtral 8x7B).
+    assert_close(model.num_params() as f64, 46.7e9, 1e-2);
+}

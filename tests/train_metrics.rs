@@ -1,6 +1,6 @@
 //! The log line's format, the metrics file's keys and truncate/append rule, the median helper.
 
-use maxrs::train::metrics::{median_step_time, MetricsWriter, PerDeviceWork, StepMetrics};
+use maxrs::train::metrics::{median_step_time, EvalMetrics, MetricsWriter, PerDeviceWork, StepMetrics};
 
 fn metrics(step: u64, peak: Option<f64>) -> StepMetrics {
     StepMetrics {
@@ -9,6 +9,7 @@ fn metrics(step: u64, peak: Option<f64>) -> StepMetrics {
         grad_norm: 1.25,
         learning_rate: 3e-4,
         total_weights: 8192,
+        moe_lb_loss: None,
         step_time_seconds: 0.5,
         work: PerDeviceWork { tflops: 6.15, tokens: 2000.0, peak_tflops: peak },
     }
@@ -30,8 +31,29 @@ fn log_line_is_maxtexts() {
         metrics(3, Some(24.6)).log_line(),
         "completed step: 3, seconds: 0.500, TFLOP/s/device: 12.300, Tokens/s/device: 4000.000, total_weights: 8192, loss: 5.123, MFU: 50.00%"
     );
+    let moe = StepMetrics { moe_lb_loss: Some(0.0123456), ..metrics(3, Some(24.6)) };
+    assert_eq!(
+        moe.log_line(),
+        "completed step: 3, seconds: 0.500, TFLOP/s/device: 12.300, Tokens/s/device: 4000.000, total_weights: 8192, loss: 5.123, moe_lb_loss: 0.012346, MFU: 50.00%"
+    );
+    assert_eq!(moe.to_json("r")["learning/moe_lb_loss"], 0.0123456);
+    assert!(metrics(3, None).to_json("r").get("learning/moe_lb_loss").is_none());
     let nan = StepMetrics { loss: f64::NAN, ..metrics(0, None) };
     assert!(nan.log_line().ends_with("loss: nan"), "{}", nan.log_line());
+}
+
+/// MaxText's `record_eval_metrics`: the load-balancing loss summed over eval steps and averaged
+/// per step, beside (not inside) `eval/avg_loss`.
+#[test]
+fn eval_reports_the_load_balancing_loss_for_models_with_experts() {
+    let dense = EvalMetrics { step: 9, total_loss: 40.0, total_weights: 10.0, eval_steps: 2, ..Default::default() };
+    let moe = EvalMetrics { moe_lb_loss_sum: Some(0.03), ..dense.clone() };
+    assert!(dense.to_json("r").get("eval/avg_moe_lb_loss").is_none());
+    assert!(!dense.log_line().contains("moe_lb_loss"), "{}", dense.log_line());
+    let json = moe.to_json("r");
+    assert_eq!((json["eval/moe_lb_loss"].as_f64(), json["eval/avg_moe_lb_loss"].as_f64()), (Some(0.03), Some(0.015)));
+    assert_eq!(json["eval/avg_loss"].as_f64(), dense.to_json("r")["eval/avg_loss"].as_f64());
+    assert!(moe.log_line().ends_with(", avg_z_loss=0.000, avg_moe_lb_loss=0.015000"), "{}", moe.log_line());
 }
 
 #[test]

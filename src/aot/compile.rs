@@ -21,6 +21,14 @@ use crate::pjrt::{self, Client, CompileOptions, Executable, LoadedExecutable, Pl
 /// The XLA option naming the folder with `ptxas` and `libdevice`.
 const CUDA_DATA_DIR: &str = "xla_gpu_cuda_data_dir";
 
+/// XLA's GPU compiler turns large sorts (from 2^14 or so keys, e.g. the MoE dropless path's
+/// argsort of a long batch's assignments) into CUB radix sorts, and asks the CUDA runtime for
+/// their scratch size while compiling; a deviceless compile has no CUDA runtime and fails
+/// ("CUDA Runtime error: Error loading CUDA libraries"). For programs with a sort (and only
+/// those: the option changes nothing else) the GPU compile turns it off, unless `XLA_FLAGS`
+/// sets it, and XLA sorts with its own kernels (the same result; stable sorts stay stable).
+const CUB_RADIX_SORT: &str = "xla_gpu_enable_cub_radix_sort";
+
 /// A target ready to compile for.
 pub struct CompileTarget {
     topology: Topology,
@@ -32,6 +40,8 @@ pub struct CompileTarget {
     memory_bytes_per_device: Option<u64>,
     /// XLA options every compile for this target carries.
     xla_overrides: Vec<(String, String)>,
+    /// GPU without `XLA_FLAGS` naming [`CUB_RADIX_SORT`]: programs with a sort turn it off.
+    disable_cub_sort: bool,
 }
 
 enum Backend {
@@ -63,16 +73,19 @@ impl CompileTarget {
         }
         let (resolved, plugin) = pjrt::load_plugin(Some(spec))?;
         let mut xla_overrides = Vec::new();
+        let mut disable_cub_sort = false;
         let backend = match &topology.args {
             TopologyArgs::Cpu { device_count } => {
                 let options = [("cpu_device_count".to_string(), Value::I64((*device_count).into()))];
                 Backend::Client(Client::create(&plugin, &options, None)?)
             }
             TopologyArgs::Gpu { topology: shape, target } => {
-                if XlaFlags::from_env()?.get(CUDA_DATA_DIR).is_none() {
+                let flags = XlaFlags::from_env()?;
+                if flags.get(CUDA_DATA_DIR).is_none() {
                     let toolchain = cuda_toolchain_dir(cuda_major(&plugin, &resolved)?)?;
                     xla_overrides.push((CUDA_DATA_DIR.to_string(), toolchain.display().to_string()));
                 }
+                disable_cub_sort = flags.get(CUB_RADIX_SORT).is_none();
                 let options = [
                     ("topology".to_string(), Value::Str(shape.clone())),
                     ("target_config".to_string(), Value::Str(gpu_target_config(plugin.path(), *target)?.to_string())),
@@ -114,6 +127,7 @@ impl CompileTarget {
             platform_version,
             memory_bytes_per_device: limits.min().or(topology.memory_bytes_per_device),
             xla_overrides,
+            disable_cub_sort,
         })
     }
 
@@ -203,7 +217,10 @@ impl CompileTarget {
 
     /// Compiles `program`, already lowered to `mlir`, for the target.
     pub fn compile_lowered(&self, program: &Program, mlir: &str) -> Result<Executable> {
-        let options = self.compile_options(program)?;
+        let mut options = self.compile_options(program)?;
+        if self.disable_cub_sort && has_sort(mlir) {
+            options.xla_option_overrides.push((CUB_RADIX_SORT.to_string(), "false".to_string()));
+        }
         let compiled = match &self.backend {
             Backend::Deviceless(topology) => topology.compile(mlir, &options),
             Backend::Client(client) => client.compile(mlir, &options).and_then(LoadedExecutable::into_executable),
@@ -219,6 +236,12 @@ impl CompileTarget {
             device: format!("{} ({})", self.topology.name, self.topology.device_kind),
         })
     }
+}
+
+/// Whether the lowered program sorts: `stablehlo.sort`, or `chlo.top_k`, which XLA may expand
+/// into a sort.
+fn has_sort(mlir: &str) -> bool {
+    mlir.contains("stablehlo.sort") || mlir.contains("chlo.top_k")
 }
 
 fn platform_of(plugin: PluginName) -> Platform {

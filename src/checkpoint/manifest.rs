@@ -37,8 +37,19 @@ pub const FORMAT: &str = "maxrs-checkpoint";
 pub const VERSION: u32 = 1;
 
 /// The model's configuration keys that may change between a checkpoint and the run restoring
-/// it: activation numerics and sharding, not the state.
-const RUN_TIME_KEYS: &[&str] = &["dtype", "remat_policy", "logical_axis_rules"];
+/// it: activation numerics and sharding, not the state. Of the mixture-of-experts keys only the
+/// expert counts shape the parameters; how tokens are routed and weighted may change on resume.
+const RUN_TIME_KEYS: &[&str] = &[
+    "dtype",
+    "remat_policy",
+    "logical_axis_rules",
+    "capacity_factor",
+    "sparse_matmul",
+    "load_balance_loss_weight",
+    "float32_weight_sum",
+    "float32_gate_logits",
+    "moe_dispatch_no_expert_sharding",
+];
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FileEntry {

@@ -13,6 +13,8 @@ pub const MODELS: &[(&str, &str)] = &[
     ("llama3-8b", include_str!("../../models/llama3-8b.yml")),
     ("llama3-70b", include_str!("../../models/llama3-70b.yml")),
     ("mistral-7b", include_str!("../../models/mistral-7b.yml")),
+    ("mixtral-8x7b", include_str!("../../models/mixtral-8x7b.yml")),
+    ("mixtral-8x22b", include_str!("../../models/mixtral-8x22b.yml")),
 ];
 
 /// The built-in text of `models/<name>.yml`.

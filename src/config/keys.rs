@@ -87,8 +87,9 @@ string_enum!(
 
 string_enum!(
     /// MaxText's decoder block styles that maxrs implements; mistral is llama2's block (MaxText's
-    /// mistral layer has no sliding window either).
-    DecoderBlock { Llama2 = "llama2", Mistral = "mistral" }
+    /// mistral layer has no sliding window either); mixtral is llama2's with a routed MoE block
+    /// for the MLP.
+    DecoderBlock { Llama2 = "llama2", Mistral = "mistral", Mixtral = "mixtral" }
 );
 
 string_enum!(
@@ -137,6 +138,11 @@ pub const MODEL_KEYS: &[&str] = &[
     "rope_max_timescale",
     "logits_via_embedding",
     "enable_dropout",
+    "num_experts",
+    "num_experts_per_tok",
+    "capacity_factor",
+    "sparse_matmul",
+    "load_balance_loss_weight",
     "logical_axis_rules",
     "override_logical_axis_rules",
 ];
@@ -276,6 +282,17 @@ pub struct Config {
     pub rope_max_timescale: i64,
     pub logits_via_embedding: bool,
     pub enable_dropout: bool,
+
+    // Mixture of experts
+    pub num_experts: i64,
+    pub num_experts_per_tok: i64,
+    pub capacity_factor: f64,
+    pub sparse_matmul: bool,
+    pub megablox: bool,
+    pub load_balance_loss_weight: f64,
+    pub float32_weight_sum: bool,
+    pub float32_gate_logits: bool,
+    pub moe_dispatch_no_expert_sharding: bool,
 
     // Numerics and memory
     pub dtype: DType,

@@ -75,6 +75,11 @@ pub const NUMERIC_KEYS: &[(&str, Range)] = &[
     ("vocab_size", int(2, i32::MAX as i64)),
     ("normalization_layer_epsilon", open(0.0, 1.0)),
     ("rope_max_timescale", int(1, 1 << 53)),
+    ("num_experts", int(1, MAX_HEADS)),
+    ("num_experts_per_tok", int(1, MAX_HEADS)),
+    // <= 0: no capacity limit (MaxText's default -1); above, a multiple of the even share.
+    ("capacity_factor", closed(-1.0, 1e3)),
+    ("load_balance_loss_weight", closed(0.0, 1e3)),
     ("init_weights_seed", int(0, u32::MAX as i64)),
     ("data_shuffle_seed", int(0, i64::MAX)),
     ("per_device_batch_size", open_min(0.0, (1 << 24) as f64)),

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::error::{closest, ConfigError};
-use super::keys::{Config, DatasetType, Hardware, SamplingStrategy, TokenizerType};
+use super::keys::{Config, DatasetType, DecoderBlock, Hardware, SamplingStrategy, TokenizerType};
 use super::mesh::{self, Mesh};
 use super::ranges;
 use super::rules;
@@ -80,6 +80,7 @@ impl fmt::Display for Derived {
 pub fn check(config: &Config) -> Result<(), ConfigError> {
     ranges::check(config)?;
     check_model(config)?;
+    check_moe(config)?;
     check_training(config)?;
     check_hardware(config)?;
     check_cluster(config)?;
@@ -142,6 +143,18 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
             format!(
                 "the stage axis has size {}; maxrs does not implement pipeline parallelism, use fsdp or data instead",
                 mesh.size("stage")
+            ),
+        ));
+    }
+
+    let experts = mesh.size("expert");
+    if config.decoder_block == DecoderBlock::Mixtral && config.num_experts % experts as i64 != 0 {
+        return Err(ConfigError::invalid(
+            "num_experts",
+            format!(
+                "{} experts do not split over the {experts} shards of the expert mesh axis \
+                 (ici_expert_parallelism x dcn_expert_parallelism); use an expert parallelism that divides {}",
+                config.num_experts, config.num_experts
             ),
         ));
     }
@@ -335,6 +348,40 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
     }
     if c.enable_dropout {
         return Err(ConfigError::invalid("enable_dropout", "true, but maxrs has no dropout; set enable_dropout=false"));
+    }
+    Ok(())
+}
+
+/// The mixture-of-experts keys: experts only in the Mixtral block, top-k within the experts,
+/// and token dropping only where MaxText drops (the dispatch path, `sparse_matmul=false`).
+fn check_moe(c: &Config) -> Result<(), ConfigError> {
+    if c.num_experts > 1 && c.decoder_block != DecoderBlock::Mixtral {
+        return Err(ConfigError::invalid(
+            "num_experts",
+            format!(
+                "num_experts={} needs a block with experts: decoder_block=mixtral (decoder_block={} has one MLP)",
+                c.num_experts, c.decoder_block
+            ),
+        ));
+    }
+    if c.num_experts_per_tok > c.num_experts {
+        return Err(ConfigError::invalid(
+            "num_experts_per_tok",
+            format!(
+                "num_experts_per_tok={} routes each token to more experts than there are (num_experts={})",
+                c.num_experts_per_tok, c.num_experts
+            ),
+        ));
+    }
+    if c.capacity_factor > 0.0 && c.sparse_matmul {
+        return Err(ConfigError::invalid(
+            "capacity_factor",
+            format!(
+                "capacity_factor={} drops tokens only with sparse_matmul=false (MaxText's sparse_matmul path is \
+                 dropless and ignores it); set sparse_matmul=false, or capacity_factor=-1",
+                c.capacity_factor
+            ),
+        ));
     }
     Ok(())
 }

@@ -2,7 +2,9 @@
 //! declares one layer's parameters and computes one layer; the shared decoder stacks the layers
 //! (scanned over stacked parameters with `scan_layers`, unrolled otherwise, each layer a
 //! `checkpoint` region under the remat policy), and owns the token embedding, the final norm,
-//! the logits, the loss, the parameter list and count, and the FLOP count. The train step, the
+//! the logits, the loss (with the layers' auxiliary losses, e.g. MoE load balancing, averaged
+//! over layers and added as MaxText adds them), the parameter list and count, and the FLOP
+//! count. The train step, the
 //! initializer, TFLOPs, the AOT artifact's compiled keys and the parameter-file check all ask a
 //! `Model` instead of knowing any family's layout.
 //!
@@ -28,8 +30,9 @@ use crate::train::flops::{StepShape, StepTflops};
 
 use super::attention::{KvCache, LayerCache, LayerContext};
 use super::config::SHARED_KEYS;
+use super::moe::MoeConfig;
 use super::params::{self, ParamDef, ParamInit};
-use super::{llama, ModelConfig};
+use super::{llama, mixtral, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
@@ -45,11 +48,27 @@ pub trait Family: fmt::Debug + Send + Sync {
 
     /// One decoder layer on the residual stream `x: [batch, seq, emb]` (in `dtype`) with that
     /// layer's parameters `p`.
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> Tensor;
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput;
 
     /// Forward FLOPs of one layer for `tokens` tokens in sequences of `seq`: matmuls against
     /// weights, and attention's activation-activation matmuls (MaxText's split).
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops;
+}
+
+/// One layer's result: the new residual stream and its auxiliary losses, named f32 scalars
+/// (already weighted; every layer of a model reports the same names). The decoder averages each
+/// over the layers and adds it to the loss, as MaxText's `loss_fn` does with the `moe_lb_loss`
+/// intermediates.
+pub struct LayerOutput {
+    pub x: Tensor,
+    pub aux_losses: Tree,
+}
+
+impl LayerOutput {
+    /// A layer without auxiliary losses.
+    pub fn new(x: Tensor) -> LayerOutput {
+        LayerOutput { x, aux_losses: Tree::new() }
+    }
 }
 
 /// Forward FLOPs of one layer, split as MaxText's `calculate_tflops_training_per_device`.
@@ -63,6 +82,7 @@ pub struct LayerFlops {
 fn family(c: &Config) -> Result<Arc<dyn Family>, String> {
     Ok(match c.decoder_block {
         DecoderBlock::Llama2 | DecoderBlock::Mistral => Arc::new(llama::Llama),
+        DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral { moe: MoeConfig::from_config(c) }),
     })
 }
 
@@ -81,6 +101,8 @@ pub struct Forward {
     pub layer_outputs: Option<Tensor>,
     /// `[batch, seq, vocab]`, f32.
     pub logits: Tensor,
+    /// Each auxiliary loss the layers report (`LayerOutput::aux_losses`), averaged over layers.
+    pub aux_losses: Tree,
 }
 
 /// `[batch, seq, emb]` activations' logical axes.
@@ -155,33 +177,47 @@ impl Model {
         let c = &self.config;
         let x = self.embed(params, &batch["inputs"]);
         let ctx = LayerContext::new(c, batch);
-        let layer = |x: &Tensor, p: &Tree| -> Tensor {
+        // A layer's region returns `x` and its auxiliary losses under `aux.`.
+        let layer = |x: &Tensor, p: &Tree| -> Tree {
             // The layer's parameters and its input are the region's inputs: with `full` only they
             // are kept for the backward pass, everything inside is recomputed.
             let inputs = p.clone().prefixed("params").with("x", x.clone());
-            let out = checkpoint(&c.remat, &inputs, |a| {
-                Tree::new().with("x", self.family.layer(c, &a.subtree("params"), &a["x"], &ctx))
-            });
-            out["x"].clone()
+            checkpoint(&c.remat, &inputs, |a| {
+                let out = self.family.layer(c, &a.subtree("params"), &a["x"], &ctx);
+                out.aux_losses.prefixed("aux").with("x", out.x)
+            })
         };
-        let (y, layer_outputs) = if c.scan_layers {
+        let (y, layer_outputs, aux_losses) = if c.scan_layers {
             let (carry, ys) = scan(&Tree::new().with("x", x.clone()), &params.subtree("decoder.layers"), |carry, p| {
-                let y = layer(&carry["x"], p);
-                let ys = if keep_layer_outputs { Tree::new().with("x", y.clone()) } else { Tree::new() };
-                (Tree::new().with("x", y), ys)
+                let out = layer(&carry["x"], p);
+                let mut ys = out.subtree("aux").prefixed("aux");
+                if keep_layer_outputs {
+                    ys.insert("x", out["x"].clone());
+                }
+                (Tree::new().with("x", out["x"].clone()), ys)
             });
-            (carry["x"].clone(), ys.get("x").cloned())
+            let aux = ys.subtree("aux").map(|_, per_layer| per_layer.mean(&[0]));
+            (carry["x"].clone(), ys.get("x").cloned(), aux)
         } else {
             let mut outs = Vec::new();
+            let mut aux_sums = Tree::new();
             let mut y = x.clone();
             for i in 0..c.layers {
-                y = layer(&y, &params.subtree(&format!("decoder.layers_{i}")));
+                let out = layer(&y, &params.subtree(&format!("decoder.layers_{i}")));
+                for (name, value) in out.subtree("aux").iter() {
+                    let sum = match aux_sums.get(name) {
+                        Some(sum) => sum + value,
+                        None => value.clone(),
+                    };
+                    aux_sums.insert(name, sum);
+                }
+                y = out["x"].clone();
                 outs.push(y.clone());
             }
             let stacked = keep_layer_outputs.then(|| stack(&outs.iter().collect::<Vec<_>>(), 0));
-            (y, stacked)
+            (y, stacked, aux_sums.map(|_, sum| sum / c.layers as f64))
         };
-        Forward { embeddings: x, layer_outputs, logits: self.head(params, &y) }
+        Forward { embeddings: x, layer_outputs, logits: self.head(params, &y), aux_losses }
     }
 
     /// The token embeddings `[batch, seq, emb]` (in `dtype`) of `tokens: s32[batch, seq]`.
@@ -231,7 +267,7 @@ impl Model {
             CacheStep::Prefill { len } => {
                 let fill = |x: &Tensor, p: &Tree| -> (Tensor, Tree) {
                     let layer_ctx = ctx.with_cache(LayerCache::Fill { len, filled: Vec::new() });
-                    let y = self.family.layer(c, p, x, &layer_ctx);
+                    let y = self.family.layer(c, p, x, &layer_ctx).x;
                     let Some(LayerCache::Fill { filled, .. }) = layer_ctx.into_cache() else { unreachable!() };
                     (y, cache_tree(filled))
                 };
@@ -265,7 +301,7 @@ impl Model {
                     let caches = cache_slots(cache);
                     let expected = caches.len();
                     let layer_ctx = ctx.with_cache(LayerCache::Update { layer: layer.clone(), caches, used: 0 });
-                    let y = self.family.layer(c, p, x, &layer_ctx);
+                    let y = self.family.layer(c, p, x, &layer_ctx).x;
                     let Some(LayerCache::Update { caches, used, .. }) = layer_ctx.into_cache() else { unreachable!() };
                     assert_eq!(
                         used, expected,
@@ -297,12 +333,19 @@ impl Model {
     /// MaxText's loss on a batch tree with `inputs`, `targets` (s32 `[batch, seq]`) and
     /// `targets_segmentation` (s32, 0 = padding): per token `logsumexp(logits) - logits[target]`
     /// plus `z_loss_multiplier * logsumexp^2`, masked by `targets_segmentation != 0`, summed and
-    /// divided by the number of unmasked tokens. Returns the loss and an aux tree with
-    /// `total_loss` (the masked sum), `total_weights` (the token count) and `z_loss` (its masked
-    /// mean part of the loss), all f32 scalars.
+    /// divided by the number of unmasked tokens; plus the layers' auxiliary losses. Returns the
+    /// loss and an aux tree with `total_loss` (the masked sum), `total_weights` (the token
+    /// count), `z_loss` (its masked mean part of the loss) and `aux_losses.<name>` (each
+    /// auxiliary loss, averaged over layers), all f32 scalars.
     pub fn loss(&self, params: &Tree, batch: &Tree, z_loss_multiplier: f64) -> (Tensor, Tree) {
-        let logits = self.forward(params, batch, false).logits;
-        loss_from_logits(&logits, &batch["targets"], &batch["targets_segmentation"], z_loss_multiplier)
+        let forward = self.forward(params, batch, false);
+        let (mut loss, mut aux) =
+            loss_from_logits(&forward.logits, &batch["targets"], &batch["targets_segmentation"], z_loss_multiplier);
+        for (_, value) in forward.aux_losses.iter() {
+            loss = loss + &value.astype(DType::F32);
+        }
+        aux.extend(forward.aux_losses.map(|_, v| v.astype(DType::F32)).prefixed("aux_losses"));
+        (loss, aux)
     }
 
     /// TFLOPs of one train step on one device (MaxText's `calculate_tflops_training_per_device`

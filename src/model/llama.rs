@@ -33,7 +33,7 @@
 use crate::tensor::{einsum, Tensor, Tree};
 
 use super::attention::{rope, LayerContext};
-use super::decoder::{constrain, Family, LayerFlops, BTE};
+use super::decoder::{constrain, Family, LayerFlops, LayerOutput, BTE};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
 
@@ -43,43 +43,60 @@ pub struct Llama;
 
 impl Family for Llama {
     fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
-        let (e, h, kv, d, m) = (c.emb, c.heads, c.kv_heads, c.head_dim, c.mlp);
-        vec![
-            ParamDef::new("pre_self_attention_layer_norm.scale", &[e], &["norm"], ParamInit::Ones),
-            ParamDef::new("self_attention.query.kernel", &[e, h, d], &["embed", "heads", "kv"], ParamInit::FanIn(e)),
-            ParamDef::new("self_attention.key.kernel", &[e, kv, d], &["embed", "kv_heads", "kv"], ParamInit::FanIn(e)),
-            ParamDef::new(
-                "self_attention.value.kernel",
-                &[e, kv, d],
-                &["embed", "kv_heads", "kv"],
-                ParamInit::FanIn(e),
-            ),
-            ParamDef::new("self_attention.out.kernel", &[h, d, e], &["heads", "kv", "embed"], ParamInit::FanIn(h * d)),
-            ParamDef::new("post_self_attention_layer_norm.scale", &[e], &["norm"], ParamInit::Ones),
+        let (e, m) = (c.emb, c.mlp);
+        let mut defs = attention_params(c);
+        defs.extend([
             ParamDef::new("mlp.wi_0.kernel", &[e, m], &["embed", "mlp"], ParamInit::FanIn(e)),
             ParamDef::new("mlp.wi_1.kernel", &[e, m], &["embed", "mlp"], ParamInit::FanIn(e)),
             ParamDef::new("mlp.wo.kernel", &[m, e], &["mlp", "embed"], ParamInit::FanIn(m)),
-        ]
+        ]);
+        defs
     }
 
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> Tensor {
-        let h = x.rms_norm(&p["pre_self_attention_layer_norm.scale"], c.eps);
-        let x = constrain(c, x + &attention(c, p, &h, ctx), BTE);
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+        let x = attention_block(c, p, x, ctx);
         let h = x.rms_norm(&p["post_self_attention_layer_norm.scale"], c.eps);
-        constrain(c, &x + &mlp(c, p, &h), BTE)
+        LayerOutput::new(constrain(c, &x + &mlp(c, p, &h), BTE))
     }
 
     /// MaxText's dense terms: `2 * tokens * mlp * emb` per MLP projection (one per activation, and
-    /// the output), `2 * tokens * emb * (heads + 2 kv_heads) * head_dim` for q/k/v,
-    /// `2 * tokens * emb * heads * head_dim` for the output projection; attention's `QK^T` and
-    /// `PV` counted causally, `4 * tokens * seq * heads * head_dim / 2`.
+    /// the output), and the attention terms of `attention_flops`.
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
-        let [e, h, kv, d, m] = [c.emb, c.heads, c.kv_heads, c.head_dim, c.mlp].map(|x| x as f64);
-        let ffn = 2.0 * tokens * m * e * (c.mlp_activations.len() as f64 + 1.0);
-        let qkv = 2.0 * tokens * e * (h + 2.0 * kv) * d;
-        let out = 2.0 * tokens * e * h * d;
-        LayerFlops { weights: ffn + qkv + out, attention: 4.0 * tokens * seq * h * d / 2.0 }
+        let ffn = 2.0 * tokens * c.mlp as f64 * c.emb as f64 * (c.mlp_activations.len() as f64 + 1.0);
+        let attention = attention_flops(c, tokens, seq);
+        LayerFlops { weights: ffn + attention.weights, attention: attention.attention }
     }
+}
+
+/// The attention half of a layer's parameters (shared with Mixtral, whose MaxText layer has
+/// the same attention): the two norms and the q/k/v/out kernels.
+pub(super) fn attention_params(c: &ModelConfig) -> Vec<ParamDef> {
+    let (e, h, kv, d) = (c.emb, c.heads, c.kv_heads, c.head_dim);
+    vec![
+        ParamDef::new("pre_self_attention_layer_norm.scale", &[e], &["norm"], ParamInit::Ones),
+        ParamDef::new("self_attention.query.kernel", &[e, h, d], &["embed", "heads", "kv"], ParamInit::FanIn(e)),
+        ParamDef::new("self_attention.key.kernel", &[e, kv, d], &["embed", "kv_heads", "kv"], ParamInit::FanIn(e)),
+        ParamDef::new("self_attention.value.kernel", &[e, kv, d], &["embed", "kv_heads", "kv"], ParamInit::FanIn(e)),
+        ParamDef::new("self_attention.out.kernel", &[h, d, e], &["heads", "kv", "embed"], ParamInit::FanIn(h * d)),
+        ParamDef::new("post_self_attention_layer_norm.scale", &[e], &["norm"], ParamInit::Ones),
+    ]
+}
+
+/// The first half of a layer: `x + attention(rms_norm(x))` (the residual stream after
+/// attention, before the MLP's norm).
+pub(super) fn attention_block(c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> Tensor {
+    let h = x.rms_norm(&p["pre_self_attention_layer_norm.scale"], c.eps);
+    constrain(c, x + &attention(c, p, &h, ctx), BTE)
+}
+
+/// MaxText's attention terms: `2 * tokens * emb * (heads + 2 kv_heads) * head_dim` for q/k/v and
+/// `2 * tokens * emb * heads * head_dim` for the output projection (weights); `QK^T` and `PV`
+/// counted causally, `4 * tokens * seq * heads * head_dim / 2` (attention).
+pub(super) fn attention_flops(c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    let [e, h, kv, d] = [c.emb, c.heads, c.kv_heads, c.head_dim].map(|x| x as f64);
+    let qkv = 2.0 * tokens * e * (h + 2.0 * kv) * d;
+    let out = 2.0 * tokens * e * h * d;
+    LayerFlops { weights: qkv + out, attention: 4.0 * tokens * seq * h * d / 2.0 }
 }
 
 /// Grouped-query causal self-attention on the normed input `h: [batch, seq, emb]`; returns

@@ -3,14 +3,15 @@
 //! Names and formats follow MaxText's `metric_logger.py` so existing tooling reads maxrs runs:
 //! - log line: `completed step: 3, seconds: 0.512, TFLOP/s/device: 12.300, Tokens/s/device:
 //!   4000.000, total_weights: 8192, loss: 5.123` (three decimals, as MaxText's `:.3f`); maxrs
-//!   appends `, MFU: 45.10%` when the device's peak is known (MaxText appends its optional fields
-//!   after `loss` too, so parsers that look fields up by name keep working);
+//!   appends `, moe_lb_loss: 0.010000` (six decimals, as MaxText) for models with experts and
+//!   `, MFU: 45.10%` when the device's peak is known (MaxText appends its optional fields after
+//!   `loss` too, so parsers that look fields up by name keep working);
 //! - metrics file: one JSON object per step, every value a float (the step too: `"step": 3.0`,
 //!   as MaxText writes it), plus `run_name`. Keys: `step`, `learning/loss`, `learning/grad_norm`,
 //!   `learning/current_learning_rate`, `learning/total_weights`, `perf/step_time_seconds`,
 //!   `perf/per_device_tflops`, `perf/per_device_tflops_per_sec`, `perf/per_device_tokens`,
-//!   `perf/per_device_tokens_per_sec`, and (maxrs only, when the peak is known) `perf/mfu` as a
-//!   fraction.
+//!   `perf/per_device_tokens_per_sec`, `learning/moe_lb_loss` for models with experts, and
+//!   (maxrs only, when the peak is known) `perf/mfu` as a fraction.
 
 use serde_json::{Map, Value};
 
@@ -37,6 +38,8 @@ pub struct StepMetrics {
     pub learning_rate: f64,
     /// Number of target tokens the loss counted (sum of the loss mask over the global batch).
     pub total_weights: u64,
+    /// The MoE load-balancing loss (part of `loss`), for models with experts.
+    pub moe_lb_loss: Option<f64>,
     pub step_time_seconds: f64,
     pub work: PerDeviceWork,
 }
@@ -66,6 +69,9 @@ impl StepMetrics {
             self.total_weights,
             fixed3(self.loss),
         );
+        if let Some(lb) = self.moe_lb_loss {
+            line.push_str(&format!(", moe_lb_loss: {lb:.6}"));
+        }
         if let Some(mfu) = self.mfu() {
             line.push_str(&format!(", MFU: {:.2}%", mfu * 100.0));
         }
@@ -83,6 +89,9 @@ impl StepMetrics {
         put("learning/grad_norm", self.grad_norm);
         put("learning/current_learning_rate", self.learning_rate);
         put("learning/total_weights", self.total_weights as f64);
+        if let Some(lb) = self.moe_lb_loss {
+            put("learning/moe_lb_loss", lb);
+        }
         put("perf/step_time_seconds", self.step_time_seconds);
         put("perf/per_device_tflops", self.work.tflops);
         put("perf/per_device_tflops_per_sec", self.tflops_per_sec_per_device());
@@ -100,7 +109,10 @@ impl StepMetrics {
 /// One eval's totals over its batches, reported as MaxText's metric logger reports them
 /// (maxtext `src/maxtext/common/metric_logger.py` `_finalize_eval_metrics` and
 /// `_log_eval_metrics`, main e591f30): `eval/avg_loss` = total loss / total weights,
-/// `eval/avg_perplexity` = exp of that, `eval/avg_z_loss` = the z-losses' mean over eval steps.
+/// `eval/avg_perplexity` = exp of that, `eval/avg_z_loss` = the z-losses' mean over eval steps;
+/// for models with experts `eval/moe_lb_loss` (the sum) and `eval/avg_moe_lb_loss` (the mean
+/// over eval steps) of the load-balancing loss, which `eval/avg_loss` leaves out, as MaxText's
+/// `record_eval_metrics` does.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EvalMetrics {
     /// The train step after which the eval ran.
@@ -108,6 +120,8 @@ pub struct EvalMetrics {
     pub total_loss: f64,
     pub total_weights: f64,
     pub z_loss_sum: f64,
+    /// The load-balancing losses' sum over eval steps, for models with experts.
+    pub moe_lb_loss_sum: Option<f64>,
     pub eval_steps: u64,
 }
 
@@ -121,16 +135,25 @@ impl EvalMetrics {
         self.z_loss_sum / self.eval_steps.max(1) as f64
     }
 
-    /// `Completed eval after train step 9, loss=4.123, perplexity=61.753, total_weights=8188.0, avg_z_loss=0.000`.
+    pub fn avg_moe_lb_loss(&self) -> Option<f64> {
+        self.moe_lb_loss_sum.map(|sum| sum / self.eval_steps.max(1) as f64)
+    }
+
+    /// `Completed eval after train step 9, loss=4.123, perplexity=61.753, total_weights=8188.0, avg_z_loss=0.000`
+    /// (then `, avg_moe_lb_loss=0.010000` for models with experts).
     pub fn log_line(&self) -> String {
-        format!(
+        let line = format!(
             "Completed eval after train step {}, loss={}, perplexity={}, total_weights={:?}, avg_z_loss={}",
             self.step,
             fixed3(self.avg_loss()),
             fixed3(self.avg_loss().exp()),
             self.total_weights,
             fixed3(self.avg_z_loss())
-        )
+        );
+        match self.avg_moe_lb_loss() {
+            Some(lb) => format!("{line}, avg_moe_lb_loss={lb:.6}"),
+            None => line,
+        }
     }
 
     pub fn to_json(&self, run_name: &str) -> Value {
@@ -143,6 +166,10 @@ impl EvalMetrics {
         put("eval/total_loss", self.total_loss);
         put("eval/total_weights", self.total_weights);
         put("eval/avg_z_loss", self.avg_z_loss());
+        if let (Some(sum), Some(avg)) = (self.moe_lb_loss_sum, self.avg_moe_lb_loss()) {
+            put("eval/moe_lb_loss", sum);
+            put("eval/avg_moe_lb_loss", avg);
+        }
         put("eval/steps", self.eval_steps as f64);
         put("step", self.step as f64);
         object.insert("run_name".to_owned(), Value::String(run_name.to_owned()));

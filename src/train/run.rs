@@ -242,6 +242,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
     let (loss_i, norm_i, lr_i, weights_i) =
         (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
+    let lb_i = metric("moe_lb_loss").ok();
 
     // For each output, the input slot it feeds next step (state outputs share their input's name).
     let carried: Vec<Option<usize>> =
@@ -276,6 +277,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
             grad_norm,
             learning_rate: lr,
             total_weights: weights as u64,
+            moe_lb_loss: lb_i.map(scalar).transpose()?,
             step_time_seconds: (now - last).as_secs_f64(),
             work,
         };
@@ -527,6 +529,8 @@ struct Evaluator {
     batch_names: Vec<&'static str>,
     batch_slots: Vec<usize>,
     outputs: [usize; 3],
+    /// The load-balancing loss's output, for models with experts.
+    lb_output: Option<usize>,
 }
 
 impl Evaluator {
@@ -546,7 +550,8 @@ impl Evaluator {
             batch_names.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
         let out = |n: &str| compiled.output_index(&format!("metrics.{n}"));
         let outputs = [out("total_loss")?, out("total_weights")?, out("z_loss")?];
-        Ok(Evaluator { compiled, data, from_state, batch_names, batch_slots, outputs })
+        let lb_output = out("moe_lb_loss").ok();
+        Ok(Evaluator { compiled, data, from_state, batch_names, batch_slots, outputs, lb_output })
     }
 
     /// One pass over the eval files (at most `eval_steps` batches when positive) with the
@@ -579,6 +584,9 @@ impl Evaluator {
             metrics.total_loss += scalar(self.outputs[0])?;
             metrics.total_weights += scalar(self.outputs[1])?;
             metrics.z_loss_sum += scalar(self.outputs[2])?;
+            if let Some(i) = self.lb_output {
+                *metrics.moe_lb_loss_sum.get_or_insert(0.0) += scalar(i)?;
+            }
             metrics.eval_steps += 1;
         }
         if metrics.eval_steps == 0 {

@@ -13,7 +13,8 @@
 //!   `packing=true`) also `batch.inputs_position` and `batch.inputs_segmentation`, which give the
 //!   model each token's RoPE position and document (attention stays within a document);
 //! - outputs: the new state under the same names, and f32 scalars `metrics.loss`,
-//!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`.
+//!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`, and
+//!   `metrics.<name>` for each auxiliary loss the model's layers report (`moe_lb_loss`).
 
 use crate::config::{Config, DatasetType, Derived};
 use crate::ir::{DType, Program, Signature};
@@ -153,10 +154,11 @@ impl TrainStep {
             let (params, state, batch) = (inp.subtree("params"), inp.subtree("opt_state"), inp.subtree("batch"));
             let (loss, aux, grads) = self.loss_and_grads(&params, &batch);
             let (new_params, new_state, opt_metrics) = self.optimizer.update(&params, &grads, &state);
-            let metrics = opt_metrics
+            let mut metrics = opt_metrics
                 .with("loss", loss)
                 .with("total_weights", aux["total_weights"].clone())
                 .with("z_loss", aux["z_loss"].clone());
+            metrics.extend(aux.subtree("aux_losses"));
             let mut out = new_params.prefixed("params");
             out.extend(new_state.prefixed("opt_state"));
             out.extend(metrics.prefixed("metrics"));
@@ -165,7 +167,8 @@ impl TrainStep {
     }
 
     /// The eval step: `(params, batch of rows x seq) -> metrics` (loss only, no update): f32
-    /// scalars `metrics.loss`, `metrics.total_loss`, `metrics.total_weights`, `metrics.z_loss`.
+    /// scalars `metrics.loss`, `metrics.total_loss`, `metrics.total_weights`, `metrics.z_loss`,
+    /// and `metrics.<name>` for each auxiliary loss (as the train step).
     /// The parameters are the train state's arrays, read (not donated); `packed` as for
     /// [`batch_inputs`].
     pub fn eval_step(&self, rows: i64, packed: bool) -> Result<Program, TraceError> {
@@ -179,19 +182,24 @@ impl TrainStep {
         }
         trace(&sig, |_, inp| {
             let (loss, aux) = self.model.loss(&inp.subtree("params"), &inp.subtree("batch"), self.z_loss_multiplier);
-            Tree::new()
+            let mut metrics = Tree::new()
                 .with("loss", loss)
                 .with("total_loss", aux["total_loss"].clone())
                 .with("total_weights", aux["total_weights"].clone())
-                .with("z_loss", aux["z_loss"].clone())
-                .prefixed("metrics")
+                .with("z_loss", aux["z_loss"].clone());
+            metrics.extend(aux.subtree("aux_losses"));
+            metrics.prefixed("metrics")
         })
     }
 
     /// The mean loss, its aux values and the gradients of the mean loss. With gradient
     /// accumulation the batch is split into micro-batches scanned in sequence; each contributes
     /// the gradient of its summed loss, and the sum is divided by the total token count at the
-    /// end, which equals the gradient of the whole batch's mean loss.
+    /// end, which equals the gradient of the whole batch's mean loss. The layers' auxiliary
+    /// losses count as their mean over micro-batches (as MaxText reports them); each
+    /// micro-batch's are scaled by `tokens / micro-batches` before that division so that the
+    /// gradient is the reported loss's. (MaxText's accumulation divides their gradient by the
+    /// token count too, which weights them far less than the loss it reports.)
     fn loss_and_grads(&self, params: &Tree, batch: &Tree) -> (Tensor, Tree, Tree) {
         let z = self.z_loss_multiplier;
         if self.accumulation == 1 {
@@ -210,6 +218,8 @@ impl TrainStep {
             }
         });
         let f32_zero = |t: &Tensor| t.trace().scalar(0.0, DType::F32);
+        let step_weights = batch["targets_segmentation"].ne(0).astype(DType::F32).sum_all();
+        let aux_scale = step_weights.maximum(1.0) / a as f64;
         let first = params.values().next().expect("a model has parameters");
         let carry = params
             .map(|_, p| p.zeros_like())
@@ -217,25 +227,34 @@ impl TrainStep {
             .with("total_loss", f32_zero(first))
             .with("total_weights", f32_zero(first))
             .with("z_loss_sum", f32_zero(first));
-        let (sums, _) = scan(&carry, &micro_batches, |carry, mb| {
+        let (sums, per_micro_batch) = scan(&carry, &micro_batches, |carry, mb| {
             let (_, aux, grads) = value_and_grad_with_aux(params, |p| {
                 let (_, aux) = self.model.loss(p, mb, z);
-                (aux["total_loss"].clone(), aux)
+                let mut objective = aux["total_loss"].clone();
+                for (_, value) in aux.subtree("aux_losses").iter() {
+                    objective = objective + &(value * &aux_scale);
+                }
+                (objective, aux)
             });
             let mut next: Tree =
                 grads.iter().map(|(n, g)| (format!("grad.{n}"), &carry[&format!("grad.{n}")] + g)).collect();
             next.insert("total_loss", &carry["total_loss"] + &aux["total_loss"]);
             next.insert("total_weights", &carry["total_weights"] + &aux["total_weights"]);
             next.insert("z_loss_sum", &carry["z_loss_sum"] + &(&aux["z_loss"] * &aux["total_weights"]));
-            (next, Tree::new())
+            (next, aux.subtree("aux_losses").prefixed("aux_losses"))
         });
         let weights = sums["total_weights"].maximum(1.0);
         let grads = sums.subtree("grad").map(|_, g| g / &weights.astype(g.dtype()));
-        let loss = &sums["total_loss"] / &weights;
-        let aux = Tree::new()
+        let aux_losses = per_micro_batch.subtree("aux_losses").map(|_, per| per.mean(&[0]));
+        let mut loss = &sums["total_loss"] / &weights;
+        for (_, value) in aux_losses.iter() {
+            loss = loss + value;
+        }
+        let mut aux = Tree::new()
             .with("total_loss", sums["total_loss"].clone())
             .with("total_weights", sums["total_weights"].clone())
             .with("z_loss", &sums["z_loss_sum"] / &weights);
+        aux.extend(aux_losses.prefixed("aux_losses"));
         (loss, aux, grads)
     }
 }

@@ -5,6 +5,8 @@
 
 pub mod gcs_emulator;
 pub mod llama_ref;
+pub mod mixtral_ref;
+pub mod moe_ref;
 pub mod provision;
 pub mod tensorboard_reader;
 

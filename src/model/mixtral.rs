@@ -1,0 +1,82 @@
+//! The Mixtral decoder layer (MaxText's `decoder_block: mixtral`, `src/maxtext/models/mixtral.py`
+//! at main e591f30): Llama 2's pre-norm grouped-query attention with RoPE, then, instead of the
+//! MLP, the routed mixture-of-experts block of `moe.rs` (`MoeBlock_0`). Embedding, stacking, final
+//! norm, logits and loss are the shared decoder's; the block's load-balancing loss is the layer's
+//! auxiliary loss `moe_lb_loss` (with more than one expert), which the decoder averages over the
+//! layers and adds to the loss.
+//!
+//! One layer's parameters (stacked on a leading `layers` axis by the decoder): Llama's
+//! `pre_self_attention_layer_norm.scale`, `self_attention.{query,key,value,out}.kernel` and
+//! `post_self_attention_layer_norm.scale` (see `llama.rs`), and
+//!
+//! | name | shape | logical axes | init |
+//! |---|---|---|---|
+//! | `MoeBlock_0.gate.kernel` | [emb, experts] | embed, - | fan_in (emb) |
+//! | `MoeBlock_0.wi_0` | [experts, emb, mlp] | exp, embed_moe, mlp_moe | fan_in (experts x mlp) |
+//! | `MoeBlock_0.wi_1` | [experts, emb, mlp] | exp, embed_moe, mlp_moe | fan_in (experts x mlp) |
+//! | `MoeBlock_0.wo` | [experts, mlp, emb] | exp, mlp_moe, embed_moe | fan_in (experts x emb) |
+//!
+//! The experts are `base_mlp_dim` wide, as MaxText's Mixtral layer builds them.
+
+use crate::ir::DType;
+use crate::tensor::{Tensor, Tree};
+
+use super::attention::LayerContext;
+use super::decoder::{constrain, Family, LayerFlops, LayerOutput};
+use super::llama::{attention_block, attention_flops, attention_params};
+use super::moe::{self, moe_block, MoeConfig, MOE_KEYS};
+use super::params::ParamDef;
+use super::ModelConfig;
+
+/// The residual stream's logical axes in MaxText's Mixtral layer (`activation_axis_names`).
+const ACTIVATIONS: &[&str] = &["activation_batch", "activation_norm_length", "activation_embed"];
+
+/// The Mixtral layer: Llama's attention and a routed MoE block.
+#[derive(Debug)]
+pub struct Mixtral {
+    pub moe: MoeConfig,
+}
+
+impl Family for Mixtral {
+    fn config_keys(&self) -> &'static [&'static str] {
+        MOE_KEYS
+    }
+
+    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
+        let mut defs = attention_params(c);
+        defs.extend(
+            moe::param_defs(&self.moe, c.emb, c.mlp)
+                .into_iter()
+                .map(|def| ParamDef { name: format!("MoeBlock_0.{}", def.name), ..def }),
+        );
+        defs
+    }
+
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+        let x = attention_block(c, p, x, ctx);
+        let h = constrain(c, x.rms_norm(&p["post_self_attention_layer_norm.scale"], c.eps), ACTIVATIONS);
+        let block = moe_block(c, &self.moe, &p.subtree("MoeBlock_0"), &h);
+        let out = constrain(c, &x + &constrain(c, block.output, ACTIVATIONS), ACTIVATIONS);
+        // MaxText adds the load-balancing loss only with several experts (`loss_fn`), and logs it
+        // (as 0 when its weight is 0) in that case only.
+        let mut aux_losses = Tree::new();
+        if self.moe.num_experts > 1 {
+            let loss = block.load_balance_loss.unwrap_or_else(|| x.trace().scalar(0.0, DType::F32));
+            aux_losses.insert("moe_lb_loss", loss);
+        }
+        LayerOutput { x: out, aux_losses }
+    }
+
+    /// MaxText's MoE terms (`calculate_tflops_training_per_device`, the non-DeepSeek branch): the
+    /// router `2 * tokens * emb * experts`, and `num_experts_per_tok` expert MLPs of
+    /// `2 * tokens * mlp * emb` per projection — the active experts only, as the dropless
+    /// computation does; plus Llama's attention terms.
+    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+        let (e, m) = (c.emb as f64, c.mlp as f64);
+        let router = 2.0 * tokens * e * self.moe.num_experts as f64;
+        let expert = 2.0 * tokens * m * e * (c.mlp_activations.len() as f64 + 1.0);
+        let ffn = router + expert * self.moe.num_experts_per_tok as f64;
+        let attention = attention_flops(c, tokens, seq);
+        LayerFlops { weights: ffn + attention.weights, attention: attention.attention }
+    }
+}

@@ -1,0 +1,204 @@
+//! The Mixtral model (`decoder_block=mixtral`) against the f64 reference in
+//! `common/mixtral_ref.rs`, on a tiny configuration in float32 (emb 64, 2 layers, 4 experts,
+//! top-2): every layer's output, the logits, and the loss with the load-balancing
+//! term, for the dropless path (scanned layers) and the dropping path (unrolled layers, a
+//! capacity that drops); the gradient against finite differences of the reference loss. Then
+//! training runs: 8 devices (expert 8; expert 2 x fsdp 4) give the 1-device losses, gradient
+//! accumulation the full batch's, and the tiny Mixtral of the JaxPP fork's tests trains.
+
+mod common;
+
+use common::llama_ref::{self, scaled_err, signature, B, T};
+use common::mixtral_ref::{self, config, inputs, random_params, MixtralParams};
+use common::moe_ref::Routing;
+use maxrs::model::Model;
+use maxrs::pjrt::cpu_client;
+use maxrs::tensor::{trace, value_and_grad_with_aux};
+use maxrs::train::run::{self, RunReport};
+use ndarray::Array2;
+
+const LB_WEIGHT: f64 = 0.01;
+
+/// (scan_layers, keys, the reference's routing)
+fn paths() -> [(bool, Vec<String>, Routing); 2] {
+    let lb = format!("load_balance_loss_weight={LB_WEIGHT}");
+    [
+        (true, vec![lb.clone()], Routing::Dropless),
+        (false, vec![lb, "sparse_matmul=false".into(), "capacity_factor=1.0".into()], Routing::Capacity(1.0)),
+    ]
+}
+
+fn model(scan_layers: bool, keys: &[String]) -> Model {
+    config(scan_layers, &keys.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// Per path, one program computes every layer's output, the logits, the loss and its aux
+/// terms, and the gradient; the forward values must match the reference and the gradient the
+/// reference's finite differences at elements of the router, the experts and attention.
+#[test]
+fn model_matches_reference() {
+    for (scan_layers, keys, routing) in paths() {
+        let c = model(scan_layers, &keys);
+        let p = random_params(&c, 21);
+        let b = llama_ref::batch(&c, 22);
+        let program = trace(&signature(&c), |_ctx, inp| {
+            let params = inp.subtree("params");
+            let fwd = c.forward(&params, inp, true);
+            let (loss, aux, grads) = value_and_grad_with_aux(&params, |params| c.loss(params, inp, 0.0));
+            grads
+                .prefixed("grad")
+                .with("layers", fwd.layer_outputs.expect("layer outputs"))
+                .with("logits", fwd.logits)
+                .with("loss", loss)
+                .with("moe_lb_loss", aux["aux_losses.moe_lb_loss"].clone())
+        })
+        .expect("the model traces");
+        let out = common::run(&program, &inputs(&c, &p, &b));
+        let want = mixtral_ref::reference(&c, &p, &b, 2, routing, LB_WEIGHT);
+        assert!(want.min_margin > 1e-3, "the test data has a near-tie in routing: {}", want.min_margin);
+        if let Routing::Capacity(_) = routing {
+            assert!(want.dropped > 0, "the capacity drops nothing");
+        }
+        let flat = |a: &Array2<f64>| a.iter().copied().collect::<Vec<_>>();
+        let layers = out["layers"].to_f64();
+        let per = B * T * c.config.emb as usize;
+        for (i, l) in want.layers.iter().enumerate() {
+            let err = scaled_err(&layers[i * per..(i + 1) * per], &flat(l));
+            println!("{routing:?} layer {i}: scaled error {err:e}");
+            assert!(err < 1e-4, "{routing:?}: layer {i} differs: {err:e}");
+        }
+        let err = scaled_err(&out["logits"].to_f64(), &flat(&want.logits));
+        assert!(err < 1e-4, "{routing:?}: logits differ: {err:e}");
+        let lb = out["moe_lb_loss"].to_f64()[0];
+        assert!((lb - LB_WEIGHT * want.load_balance).abs() < 1e-7, "load balance {lb} vs {}", want.load_balance);
+        let loss = out["loss"].to_f64()[0];
+        let rel = (loss - want.loss).abs() / want.loss;
+        println!("{routing:?}: loss {loss} vs reference {} (rel {rel:e}), {} dropped", want.loss, want.dropped);
+        assert!(rel < 1e-5, "{routing:?}: loss {loss} vs {}", want.loss);
+
+        let loss_at = |p: &MixtralParams| mixtral_ref::reference(&c, p, &b, 2, routing, LB_WEIGHT).loss;
+        // (layer, parameter, flat index within the layer's tensor)
+        let probes: &[(usize, &str, usize)] = &[
+            (0, "MoeBlock_0.gate.kernel", 37),
+            (1, "MoeBlock_0.gate.kernel", 200),
+            (0, "MoeBlock_0.wi_0", 12345),
+            (1, "MoeBlock_0.wi_1", 20_001),
+            (0, "MoeBlock_0.wo", 7_777),
+            (1, "self_attention.query.kernel", 2042),
+        ];
+        for &(layer, name, i) in probes {
+            let h = 1e-4;
+            let shifted = |delta: f64| {
+                let mut q = MixtralParams { base: llama_ref::clone_params(&p.base), moe: p.moe.clone() };
+                let slot = match name.strip_prefix("MoeBlock_0.") {
+                    Some("gate.kernel") => &mut q.moe[layer].gate.as_slice_mut().unwrap()[i],
+                    Some("wi_0") => &mut q.moe[layer].wi_0.as_slice_mut().unwrap()[i],
+                    Some("wi_1") => &mut q.moe[layer].wi_1.as_slice_mut().unwrap()[i],
+                    Some("wo") => &mut q.moe[layer].wo.as_slice_mut().unwrap()[i],
+                    _ => &mut q.base.layers[layer].get_mut(name).unwrap().as_slice_mut().unwrap()[i],
+                };
+                *slot += delta;
+                loss_at(&q)
+            };
+            let fd = (shifted(h) - shifted(-h)) / (2.0 * h);
+            let (grad_name, per_layer) = match scan_layers {
+                true => (format!("grad.decoder.layers.{name}"), c.config.layers as usize),
+                false => (format!("grad.decoder.layers_{layer}.{name}"), 1),
+            };
+            let grad = out[grad_name.as_str()].to_f64();
+            let g = grad[if scan_layers { layer } else { 0 } * grad.len() / per_layer + i];
+            println!("{routing:?} d loss / d {name}[{layer}][{i}]: traced {g:e}, finite difference {fd:e}");
+            assert!(
+                (g - fd).abs() <= 1e-3 * fd.abs() + 1e-6,
+                "{routing:?} {name}: traced {g} vs finite difference {fd}"
+            );
+        }
+    }
+}
+
+fn train(devices: usize, overrides: &[&str]) -> RunReport {
+    let mut args: Vec<String> = [
+        "decoder_block=mixtral",
+        "num_experts=8",
+        "num_experts_per_tok=2",
+        "base_emb_dim=64",
+        "head_dim=16",
+        "base_mlp_dim=96",
+        "vocab_size=128",
+        "max_target_length=32",
+        "dtype=float32",
+        "steps=4",
+        "learning_rate=3e-3",
+        "load_balance_loss_weight=0.01",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(overrides.iter().map(|s| s.to_string()));
+    let c = maxrs::config::load(None, &args).expect("config loads");
+    run::train(&c, &cpu_client(devices).expect("CPU plugin")).expect("the run trains")
+}
+
+fn assert_same_losses(what: &str, got: &RunReport, want: &RunReport) {
+    println!(
+        "{what}: losses {:?}, max relative difference {:e}",
+        got.losses,
+        common::max_rel_diff(&got.losses, &want.losses)
+    );
+    for (step, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
+        let rel = (a - b).abs() / b.abs();
+        assert!(rel <= 1e-5, "{what}: step {step} loss {a} vs {b} (relative difference {rel:e})");
+    }
+}
+
+/// On 8 CPU devices, the dropless path with the experts split 8 ways and the dropping path
+/// (expert-parallel dispatch) with experts split 2 ways next to 4-way FSDP give the 1-device
+/// losses within 1e-5 (f32), the load-balancing term included; and two micro-batches give the
+/// full batch's losses (the load-balancing term counts as its mean over micro-batches, in the
+/// loss and in the gradient).
+#[test]
+fn sharded_and_accumulated_runs_match_one_device() {
+    let one = ["per_device_batch_size=8"];
+    let dropless = train(1, &one);
+    let accumulated = train(1, &["per_device_batch_size=4", "gradient_accumulation_steps=2"]);
+    assert_same_losses("dropless, 2 micro-batches of 4", &accumulated, &dropless);
+    let eight = ["per_device_batch_size=1", "ici_fsdp_parallelism=1", "ici_expert_parallelism=8"];
+    assert_same_losses("dropless, expert 8", &train(8, &eight), &dropless);
+    let dropping = ["sparse_matmul=false", "capacity_factor=1.0", "moe_dispatch_no_expert_sharding=true"];
+    let mixed = ["per_device_batch_size=1", "ici_fsdp_parallelism=4", "ici_expert_parallelism=2"];
+    let with = |a: &[&'static str]| a.iter().chain(&dropping).copied().collect::<Vec<&str>>();
+    assert_same_losses("dropping, expert 2 x fsdp 4", &train(8, &with(&mixed)), &train(1, &with(&one)));
+}
+
+/// The tiny Mixtral of the JaxPP fork's tests (emb 1024, 2 heads of 16, 8 experts of 896, top-2,
+/// 2 layers, sequences of 64) with a 512-token vocabulary instead of 32000 to keep CI fast,
+/// trains on CPU: the loss falls.
+#[test]
+fn jaxpp_tiny_mixtral_trains() {
+    let args: Vec<String> = [
+        "model_name=mixtral-8x7b",
+        "override_model_config=true",
+        "base_emb_dim=1024",
+        "base_num_query_heads=2",
+        "base_num_kv_heads=2",
+        "base_mlp_dim=896",
+        "base_num_decoder_layers=2",
+        "head_dim=16",
+        "num_experts=8",
+        "num_experts_per_tok=2",
+        "vocab_size=512",
+        "max_target_length=64",
+        "per_device_batch_size=8",
+        "dtype=float32",
+        "steps=10",
+        "learning_rate=1e-3",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let c = maxrs::config::load(None, &args).expect("config loads");
+    let report = run::train(&c, &cpu_client(1).expect("CPU plugin")).expect("the run trains");
+    println!("losses {:?}", report.losses);
+    let (first, last) = (report.losses[0], report.losses[9]);
+    assert!(last < first - 1.0, "the loss falls: {:?}", report.losses);
+}
