@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use maxrs::checkpoint;
-use maxrs::config::{self, Config, Derived};
+use maxrs::config::{self, Config, DecoderBlock, Derived};
 use maxrs::data::tokenizer::TextTokenizer;
 use maxrs::inference::{Generation, ParamSource, Sampling, Session};
 use maxrs::ir::{DType, Signature};
@@ -20,7 +20,7 @@ use maxrs::model::attention::{KvCache, LayerCache, LayerContext};
 use maxrs::model::Model;
 use maxrs::pjrt::HostTensor;
 use maxrs::storage::Location;
-use maxrs::tensor::{trace, Tree};
+use maxrs::tensor::{random, trace, Tree};
 use maxrs::train::step::step_mesh;
 
 /// Prompts of different lengths (the longest fills the prefill) and one idle batch row.
@@ -39,11 +39,16 @@ fn load(extra: &[&str]) -> Config {
     config::load(None, &overrides).expect("config loads")
 }
 
-/// The default model's parameters, random, as host arrays by name (the same for every test).
+/// The model's parameters, random, as host arrays by name (the same for every test): the Llama
+/// reference's draw, or for Mixtral the init program's (seed 7; its router and experts random).
 fn params(c: &Config) -> Tree<HostTensor> {
     let model = Model::from_config(c).unwrap();
     assert!(model.config.kv_heads < model.config.heads, "the test must exercise grouped-query attention");
-    host_params(&model, &random_params(&model, 7)).subtree("params")
+    if c.decoder_block != DecoderBlock::Mixtral {
+        return host_params(&model, &random_params(&model, 7)).subtree("params");
+    }
+    let init = trace(&Signature::new(None), |ctx, _| model.init_params(&random::key(ctx, 7))).unwrap();
+    common::run(&init, &Tree::new())
 }
 
 fn session(c: &Config, devices: usize, steps_per_call: i64) -> Session {
@@ -106,6 +111,15 @@ fn greedy_decoding_equals_the_full_forward_pass() {
         let end = full.iter().position(|&t| t == eos).map_or(full.len(), |i| i + 1);
         assert_eq!(cut, &full[..end], "EOS {eos} ends the sequence after it");
     }
+}
+
+/// Mixtral (routed experts, dropless: each token's experts do not depend on the others) decodes
+/// through the same cache: greedy decoding equals its full forward pass.
+#[test]
+fn mixtral_greedy_decoding_equals_the_full_forward_pass() {
+    let c = load(&["decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2", "per_device_batch_size=4"]);
+    let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
+    check_against_full_forward(&c, &g);
 }
 
 /// The same on 4 devices (kv heads and the cache over `autoregressive`, the batch over `fsdp`),
