@@ -56,7 +56,10 @@ fn bad_input_names_the_culprit() {
     let cases: &[(&[&str], &str)] = &[
         (&["train", "per_device_batch_sise=4"], "per_device_batch_size"),
         (&["train", "cpu_device_count=8", "ici_fsdp_parallelism=3"], "ici_fsdp_parallelism"),
-        (&["train", "xla_flags_file=a3megaa"], "valid: a3mega, h100, cpu"),
+        (
+            &["train", "xla_flags_file=a3megaa"],
+            "valid: a3mega, a3mega-1, a3mega-2, a3mega-4, a3mega-8, a3mega-16, h100, cpu",
+        ),
         (&["train", "load_parameters_path=/nonexistent/params.safetensors"], "/nonexistent/params.safetensors"),
         (&["train", "dataset_type=tokens"], "dataset_path"),
         (&["train", "configs/nope.yml"], "configs/nope.yml"),

@@ -214,8 +214,8 @@ fn unknown_key_suggests_the_closest() {
         "{e}"
     );
     assert!(e.contains("on the command line"), "{e}");
-    let e = error(&["attention=flash"]);
-    assert!(e.contains("unknown key `attention`") && e.contains("configs/base.yml lists the keys"), "{e}");
+    let e = error(&["frobnicate_kernels=flash"]);
+    assert!(e.contains("unknown key `frobnicate_kernels`") && e.contains("configs/base.yml lists the keys"), "{e}");
     let e = error(&["ici_fdsp_parallelism=2"]);
     assert!(e.contains("`ici_fsdp_parallelism`"), "{e}");
 }

@@ -11,9 +11,10 @@ use anyhow::{anyhow, bail, Result};
 use super::artifact;
 use super::compile::CompileTarget;
 use super::memory::MemoryReport;
-use super::topology;
-use crate::config::{self, Config};
+use super::topology::{self, Platform};
+use crate::config::{self, Config, Hardware};
 use crate::lower::to_stablehlo;
+use crate::model::attention::describe;
 use crate::pjrt::Plugin;
 use crate::train::step::{step_mesh, TrainStep};
 
@@ -44,20 +45,25 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     crate::output::check_paths(c, crate::output::Command::TrainCompile)?;
     // The config checks ask for compile_topology_num_slices >= 1 with compile_topology.
     let slices = c.compile_topology_num_slices.max(1) as u32;
-    crate::pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;
     let t = Instant::now();
     let topology = topology::lookup(&c.compile_topology, slices)?;
+    crate::pjrt::xla_flags::apply_flags_file(&c.xla_flags_file, topology.num_hosts())?;
     // `plugin` defaults to the CPU plugin for `maxrs train`; for another platform's target the
     // catalog names the plugin unless the user picked one (e.g. cuda13).
     let plugin = (c.plugin != "cpu" || topology.plugin.as_str() == "cpu").then_some(c.plugin.as_str());
     let target = CompileTarget::new(&topology, plugin)?;
     let setup_seconds = t.elapsed().as_secs_f64();
 
+    // What the step computes may depend on the hardware (MaxText's autoselected attention):
+    // it is the target's, whatever the machine compiling it is.
+    let plugin_name = plugin.unwrap_or(topology.plugin.as_str()).to_string();
+    let c = &Config { hardware: hardware_of(topology.platform), plugin: plugin_name, ..c.clone() };
     let t = Instant::now();
     let derived = config::validate(c, target.num_devices(), target.granules().len())?;
     let mesh = step_mesh(&derived, target.granules()).map_err(|e| anyhow!(e))?;
     let step = TrainStep::new(c, &derived, mesh).map_err(|e| anyhow!(e))?;
     derived.print_summary(step.model.num_params());
+    println!("{}", describe(c.attention, step.model.config.attention));
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
     let trace_seconds = t.elapsed().as_secs_f64();
 
@@ -112,4 +118,13 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
         summary.serialized_bytes
     );
     Ok(summary)
+}
+
+/// MaxText's `hardware` value for a target platform.
+fn hardware_of(platform: Platform) -> Hardware {
+    match platform {
+        Platform::Cuda => Hardware::Gpu,
+        Platform::Tpu => Hardware::Tpu,
+        Platform::Cpu => Hardware::Cpu,
+    }
 }

@@ -60,7 +60,8 @@ fn outputs_active(eqn: &Eqn, ins: &[bool]) -> Vec<bool> {
         | Prim::Pad { .. }
         | Prim::Name(_)
         | Prim::ShardingConstraint(_)
-        | Prim::OptimizationBarrier => vec![true; eqn.outputs.len()],
+        | Prim::OptimizationBarrier
+        | Prim::Composite(_) => vec![true; eqn.outputs.len()],
     }
 }
 

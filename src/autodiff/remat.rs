@@ -2,7 +2,10 @@
 //! values tagged with a name the policy saves are kept for later. Backward: the body is
 //! recomputed from its operands behind an optimization barrier (so XLA cannot merge the
 //! recomputation with the forward pass), with the saved values substituted for their tags,
-//! and then differentiated. Recomputation that only fed saved values is dead and removed.
+//! and then differentiated. Recomputation that only fed saved values is dead and removed. A
+//! composite whose results are all saved (blockwise attention's output and statistics under
+//! `minimal_with_context`) is not recomputed at all: its backward pass reads only operands and
+//! results.
 
 use super::{activity, Extra};
 use crate::ir::{Prim, Remat};
@@ -28,11 +31,32 @@ pub(crate) fn backward(
     let fenced = dest.bind(Prim::OptimizationBarrier, &fence_in);
     let (args, kept) = fenced.split_at(ins.len());
     let saved_at = saved_eqns(r);
+    let composites = saved_composites(r, &saved_at);
     let active = activity::analyze(&r.body, needs);
     let tape = super::forward_with(dest, &r.body, args, active, &mut |i, _| {
-        saved_at.iter().position(|&j| j == i).map(|p| (vec![kept[p].clone()], Extra::None))
+        if let Some(p) = saved_at.iter().position(|&j| j == i) {
+            return Some((vec![kept[p].clone()], Extra::None));
+        }
+        let (_, picks) = composites.iter().find(|(j, _)| *j == i)?;
+        Some((picks.iter().map(|&p| kept[p].clone()).collect(), Extra::None))
     });
     super::backward(dest, &r.body, &tape, cts)
+}
+
+/// The body's composites whose every result is tagged with a saved name: per composite, its
+/// equation index and, per result, the position of its saved value in `saved_at`'s order.
+fn saved_composites(r: &Remat, saved_at: &[usize]) -> Vec<(usize, Vec<usize>)> {
+    let body = &r.body;
+    body.eqns
+        .iter()
+        .enumerate()
+        .filter(|(_, eqn)| matches!(eqn.prim, Prim::Composite(_)))
+        .filter_map(|(i, eqn)| {
+            let picks: Option<Vec<usize>> =
+                eqn.outputs.iter().map(|out| saved_at.iter().position(|&j| body.eqns[j].inputs[0] == *out)).collect();
+            picks.map(|p| (i, p))
+        })
+        .collect()
 }
 
 /// Indices of the body's `Name` equations whose tag the policy saves.

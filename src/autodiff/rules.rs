@@ -3,7 +3,7 @@
 //! (`None`: zero, or not differentiable — integer, boolean and index operands).
 
 use super::{remat, scan, Extra};
-use crate::ir::{BinaryOp, DType, DotDims, GatherDims, Prim, RaggedDotMode, ReduceOp, ScatterDims, UnaryOp};
+use crate::ir::{BinaryOp, Composite, DType, DotDims, GatherDims, Prim, RaggedDotMode, ReduceOp, ScatterDims, UnaryOp};
 use crate::tensor::{sort, where_, Tensor, Trace};
 use std::f64::consts::PI;
 
@@ -132,11 +132,35 @@ pub(crate) fn vjp(
             Extra::Scan(tape) => scan::backward(dest, s, ins, outs, tape, cts),
             Extra::None | Extra::Remat(_) => unreachable!("an active scan is recorded with its scan tape"),
         },
+        Prim::Composite(c) => composite(dest, c, ins, outs, cts, needs),
         Prim::Remat(r) => match extra {
             Extra::Remat(saved) => remat::backward(dest, r, ins, saved, cts, needs),
             Extra::None | Extra::Scan(_) => unreachable!("an active remat region is recorded with its saved values"),
         },
     }
+}
+
+/// The composite's own backward graph, evaluated on operands, results and result cotangents
+/// (zeros where a result has none); it returns one cotangent per float operand.
+fn composite(
+    dest: &Trace,
+    c: &Composite,
+    ins: &[&Tensor],
+    outs: &[&Tensor],
+    cts: &[Option<Tensor>],
+    needs: &[bool],
+) -> Vec<Option<Tensor>> {
+    let mut args: Vec<Tensor> = ins.iter().chain(outs).map(|&t| t.clone()).collect();
+    args.extend(cts.iter().zip(outs).map(|(ct, out)| ct.clone().unwrap_or_else(|| out.zeros_like())));
+    let tape = super::forward_with(dest, &c.backward, &args, vec![false; c.backward.types.len()], &mut |_, _| None);
+    let mut float_cts = tape.outputs(&c.backward).into_iter();
+    ins.iter()
+        .zip(needs)
+        .map(|(x, &need)| {
+            let ct = x.dtype().is_float().then(|| float_cts.next().expect("one cotangent per float operand"));
+            ct.filter(|_| need)
+        })
+        .collect()
 }
 
 fn unary(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Option<Tensor> {

@@ -151,7 +151,8 @@ impl Cluster {
     pub fn pjrt_client(&self, c: &Config) -> Result<pjrt::Client> {
         // Every key on its own first: a huge cpu_device_count would crash the plugin.
         crate::config::check(c)?;
-        pjrt::xla_flags::apply_flags_file(&c.xla_flags_file)?;
+        // `xla_flags_file=a3mega` picks the set for the job's node count (one process a host).
+        pjrt::xla_flags::apply_flags_file(&c.xla_flags_file, self.process_count() as u32)?;
         if c.plugin == "cpu" {
             if self.settings.is_multi_process() {
                 bail!(

@@ -56,6 +56,24 @@ string_enum!(
 );
 
 string_enum!(
+    /// MaxText's `attention`: how attention is computed (see `model::attention::AttentionImpl`
+    /// for what each kind maps to in maxrs).
+    AttentionKernel {
+        Autoselected = "autoselected",
+        DotProduct = "dot_product",
+        Flash = "flash",
+        CudnnFlashTe = "cudnn_flash_te",
+        CudnnFlashJax = "cudnn_flash_jax",
+    }
+);
+
+string_enum!(
+    /// MaxText's `profiler`: none, an XPlane trace (TensorBoard's profile plugin), or the CUDA
+    /// profiler API around the profiled steps (for Nsight Systems).
+    ProfilerKind { None = "", Xplane = "xplane", Nsys = "nsys" }
+);
+
+string_enum!(
     /// MaxText's `lr_schedule_type`: warmup then cosine decay, or warmup-stable-decay.
     LrScheduleType { Cosine = "cosine", Wsd = "wsd" }
 );
@@ -108,6 +126,8 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
     match key {
         "dtype" | "weight_dtype" => Some(DType::VALUES),
         "remat_policy" => Some(RematPolicy::VALUES),
+        "attention" => Some(AttentionKernel::VALUES),
+        "profiler" => Some(ProfilerKind::VALUES),
         "lr_schedule_type" => Some(LrScheduleType::VALUES),
         "wsd_decay_style" => Some(WsdDecayStyle::VALUES),
         "hardware" => Some(Hardware::VALUES),
@@ -253,6 +273,9 @@ pub struct Config {
     pub base_output_directory: String,
     pub metrics_file: String,
     pub log_period: i64,
+    pub profiler: ProfilerKind,
+    pub skip_first_n_steps_for_profiler: i64,
+    pub profiler_steps: i64,
     pub enable_checkpointing: bool,
     pub load_parameters_path: String,
     pub load_full_state_path: String,
@@ -282,6 +305,7 @@ pub struct Config {
     pub rope_max_timescale: i64,
     pub logits_via_embedding: bool,
     pub enable_dropout: bool,
+    pub attention: AttentionKernel,
 
     // Mixture of experts
     pub num_experts: i64,
@@ -300,6 +324,8 @@ pub struct Config {
     pub scan_layers: bool,
     pub remat_policy: RematPolicy,
     pub init_weights_seed: i64,
+    pub logits_dot_in_fp32: bool,
+    pub use_iota_embed: bool,
 
     // Data
     pub dataset_type: DatasetType,

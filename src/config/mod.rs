@@ -16,8 +16,8 @@ mod value;
 pub use builtin::MODELS;
 pub use error::ConfigError;
 pub use keys::{
-    Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, OnCheckpointError,
-    RematPolicy, RuleAxes, SamplingStrategy, TokenizerType, WsdDecayStyle, MODEL_KEYS,
+    AttentionKernel, Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
+    OnCheckpointError, ProfilerKind, RematPolicy, RuleAxes, SamplingStrategy, TokenizerType, WsdDecayStyle, MODEL_KEYS,
 };
 pub use load::{load, load_args, resolve, resolve_args, Resolved, Source};
 pub(crate) use mesh::plural;

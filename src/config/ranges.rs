@@ -66,6 +66,9 @@ const MAX_SECONDS: i64 = 365 * 24 * 3600;
 pub const NUMERIC_KEYS: &[(&str, Range)] = &[
     ("log_period", int(1, MAX_STEPS)),
     ("checkpoint_period", int(1, MAX_STEPS)),
+    // MaxText's profiler window: profile steps skip .. skip + profiler_steps - 1.
+    ("skip_first_n_steps_for_profiler", int(0, MAX_STEPS)),
+    ("profiler_steps", int(1, MAX_STEPS)),
     ("base_emb_dim", int(1, MAX_EMB)),
     ("base_num_query_heads", int(1, MAX_HEADS)),
     ("base_num_kv_heads", int(1, MAX_HEADS)),

@@ -78,7 +78,10 @@ pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
     }
     // MaxText lays the input batch out over `data_sharding`; maxrs shards it by the logical rules
     // (`activation_batch`), which is the same layout for MaxText's default: every mesh axis.
-    let covers_mesh = |group: &Vec<String>| config.mesh_axes.iter().all(|a| group.contains(a));
+    // (Unknown mesh axes are named by the mesh check.)
+    let covers_mesh = |group: &Vec<String>| {
+        config.mesh_axes.iter().filter(|a| known.contains(&a.as_str())).all(|a| group.contains(a))
+    };
     if config.data_sharding.len() != 1 || !covers_mesh(&config.data_sharding[0]) {
         return Err(ConfigError::invalid(
             "data_sharding",

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::error::{closest, ConfigError};
-use super::keys::{Config, DatasetType, DecoderBlock, Hardware, SamplingStrategy, TokenizerType};
+use super::keys::{Config, DatasetType, DecoderBlock, Hardware, ProfilerKind, SamplingStrategy, TokenizerType};
 use super::mesh::{self, Mesh};
 use super::ranges;
 use super::rules;
@@ -387,6 +387,21 @@ fn check_moe(c: &Config) -> Result<(), ConfigError> {
 }
 
 fn check_training(c: &Config) -> Result<(), ConfigError> {
+    if c.profiler != ProfilerKind::None && c.skip_first_n_steps_for_profiler >= c.steps {
+        return Err(ConfigError::invalid(
+            "skip_first_n_steps_for_profiler, steps",
+            format!(
+                "profiler={} would start at step {}, but the run has {} steps; lower skip_first_n_steps_for_profiler",
+                c.profiler, c.skip_first_n_steps_for_profiler, c.steps
+            ),
+        ));
+    }
+    if c.profiler == ProfilerKind::Xplane && c.base_output_directory.is_empty() {
+        return Err(ConfigError::invalid(
+            "base_output_directory",
+            "empty, but profiler=xplane writes its trace under base_output_directory/run_name/tensorboard; name a directory",
+        ));
+    }
     if c.dataset_type == DatasetType::Tokens && c.dataset_path.is_empty() {
         return Err(ConfigError::invalid(
             "dataset_path",

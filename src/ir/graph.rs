@@ -79,7 +79,8 @@ impl Graph {
         self.inputs.iter().map(|v| live[v.index()]).collect()
     }
 
-    /// Number of equations including those inside scan and remat bodies (for reports).
+    /// Number of equations including those inside scan, remat and composite (forward) bodies (for
+    /// reports).
     pub fn count_eqns(&self) -> usize {
         let mut count = self.eqns.len();
         for eqn in &self.eqns {
@@ -88,6 +89,9 @@ impl Graph {
             }
             if let Prim::Remat(r) = &eqn.prim {
                 count += r.body.count_eqns();
+            }
+            if let Prim::Composite(c) = &eqn.prim {
+                count += c.forward.count_eqns();
             }
         }
         count

@@ -95,6 +95,8 @@ pub enum Prim {
     OptimizationBarrier,
     Scan(Scan),
     Remat(Remat),
+    /// A function with its own backward pass (JAX's `custom_vjp`), e.g. blockwise attention.
+    Composite(Composite),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,6 +230,19 @@ pub struct Remat {
     pub saved_names: Arc<[Arc<str>]>,
 }
 
+/// A function given with its own backward pass, as JAX's `custom_vjp`: `forward` maps the
+/// operands to the results (it is inlined where the composite is used); `backward` maps
+/// `operands ++ results ++ result cotangents` to one cotangent per float operand, in operand
+/// order. The backward pass reads only operands and results, so a remat policy that saves the
+/// results never recomputes the forward.
+#[derive(Clone, Debug)]
+pub struct Composite {
+    /// What it computes, for errors and reports (`blockwise_attention`).
+    pub name: Arc<str>,
+    pub forward: Arc<Graph>,
+    pub backward: Arc<Graph>,
+}
+
 /// Sub-graphs compare by identity: two scans are the same primitive only if they share a body.
 impl PartialEq for Scan {
     fn eq(&self, other: &Scan) -> bool {
@@ -240,6 +255,12 @@ impl PartialEq for Scan {
 impl PartialEq for Remat {
     fn eq(&self, other: &Remat) -> bool {
         Arc::ptr_eq(&self.body, &other.body) && self.saved_names == other.saved_names
+    }
+}
+
+impl PartialEq for Composite {
+    fn eq(&self, other: &Composite) -> bool {
+        Arc::ptr_eq(&self.forward, &other.forward) && Arc::ptr_eq(&self.backward, &other.backward)
     }
 }
 
@@ -277,6 +298,7 @@ impl Prim {
             Prim::OptimizationBarrier => "optimization_barrier",
             Prim::Scan(_) => "scan",
             Prim::Remat(_) => "checkpoint",
+            Prim::Composite(_) => "composite",
         }
     }
 }

@@ -301,6 +301,13 @@ pub fn infer(prim: &Prim, ins: &[&Type]) -> RuleResult {
             }
             Ok(remat.body.output_types())
         }
+        Prim::Composite(c) => {
+            let want = c.forward.input_types();
+            if ins.len() != want.len() || ins.iter().zip(&want).any(|(a, b)| *a != b) {
+                return Err(format!("operand types do not match the inputs of composite {}", c.name));
+            }
+            Ok(c.forward.output_types())
+        }
     }
 }
 

@@ -6,8 +6,8 @@
 //! get `tf.aliasing_output` (XLA turns it into input/output aliasing); arguments carry their
 //! names as locations and results as `jax.result_info`, so XLA dumps stay readable. Each
 //! primitive is written by `ops` (one exhaustive match); scans become `stablehlo.while` loops,
-//! ragged dots loops of dense products (`ragged`), and remat regions are inlined (their
-//! recomputation was made explicit by autodiff).
+//! ragged dots loops of dense products (`ragged`), and remat regions and composites are inlined
+//! (their recomputation and backward passes were made explicit by autodiff).
 
 mod ops;
 mod ragged;

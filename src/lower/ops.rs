@@ -228,6 +228,7 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
         }
         Prim::Scan(s) => e.scan(s, g, eqn, ins),
         Prim::Remat(r) => e.graph(&r.body, ins),
+        Prim::Composite(c) => e.graph(&c.forward, ins),
     }
 }
 

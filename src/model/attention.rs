@@ -1,15 +1,82 @@
 //! What attention is, for every family: the per-batch context the layers share (RoPE tables for
-//! each token's position, the mask of which keys each query may see, and when decoding the
-//! key/value cache) and dot-product attention over grouped-query heads. Families compute their
-//! own projections and call `LayerContext::attend`, which is where decoding's cache is read and
-//! written: no family knows whether it runs in training, in prefill or in a generate step.
+//! each token's position, the mask of which keys each query may see) and attention over
+//! grouped-query heads, computed the way the `attention` key asks (`AttentionImpl`): dot-product
+//! attention over the whole `[seq, seq]` score matrix, or blockwise attention
+//! (`super::blockwise`) with an online softmax over key/value blocks. Families compute their own
+//! projections and call `LayerContext::attend`, which is also where decoding's key/value cache is
+//! read and written: no family knows whether it runs in training, in prefill or in a generate
+//! step.
 
 use std::cell::RefCell;
+use std::fmt;
 
+use crate::config::{AttentionKernel, Hardware};
 use crate::ir::DType;
 use crate::tensor::{concatenate, einsum, where_, Tensor, Tree};
 
-use super::ModelConfig;
+use super::{blockwise, ModelConfig};
+
+/// How `attend` computes attention, resolved from MaxText's `attention` key and the hardware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionImpl {
+    /// Scores for every query and key at once: `[batch, heads, seq, seq]` in memory.
+    DotProduct,
+    /// An online softmax over key/value blocks of `block` tokens, per query block of the same
+    /// size, with its own backward pass: memory `O(seq)` per query block.
+    Blockwise { block: i64 },
+}
+
+/// Query and key/value block size of blockwise attention (MaxText's splash attention default
+/// block sizes, `sa_block_q`/`sa_block_kv`, are 512 too).
+pub const BLOCK: i64 = 512;
+
+impl AttentionImpl {
+    /// What `attention` means on `hardware` for sequences of `seq` tokens. MaxText's
+    /// `autoselected` is dot-product attention on CPU and for sequences under 128 tokens, flash
+    /// attention otherwise (`AttentionOp.apply_attention` in `src/maxtext/layers/attention_op.py`,
+    /// main at e591f30). maxrs's memory-efficient attention is its blockwise kernel, which stands
+    /// for `flash` (MaxText: a Pallas Triton kernel on GPU, Splash on TPU), `cudnn_flash_te`
+    /// (Transformer Engine's cuDNN attention) and `cudnn_flash_jax` (XLA's cuDNN fused attention).
+    pub fn resolve(kernel: AttentionKernel, hardware: Hardware, seq: i64) -> AttentionImpl {
+        let blockwise = AttentionImpl::Blockwise { block: block_size(seq) };
+        match kernel {
+            AttentionKernel::DotProduct => AttentionImpl::DotProduct,
+            AttentionKernel::Autoselected if hardware == Hardware::Cpu || seq < 128 => AttentionImpl::DotProduct,
+            AttentionKernel::Autoselected
+            | AttentionKernel::Flash
+            | AttentionKernel::CudnnFlashTe
+            | AttentionKernel::CudnnFlashJax => blockwise,
+        }
+    }
+}
+
+impl fmt::Display for AttentionImpl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttentionImpl::DotProduct => write!(f, "dot-product attention ([batch, heads, seq, seq] scores)"),
+            AttentionImpl::Blockwise { block } => {
+                write!(f, "blockwise attention (online softmax over {block}-token key/value blocks)")
+            }
+        }
+    }
+}
+
+/// The start-up line that says what `attention=kernel` became.
+pub fn describe(kernel: AttentionKernel, how: AttentionImpl) -> String {
+    let note = match kernel {
+        AttentionKernel::CudnnFlashTe | AttentionKernel::CudnnFlashJax => {
+            "; maxrs has no Transformer Engine and does not emit XLA's cuDNN fused attention (`__cudnn$fmha` custom calls) yet"
+        }
+        AttentionKernel::Flash => "; MaxText's Pallas (GPU) and Splash (TPU) kernels are not in maxrs",
+        AttentionKernel::Autoselected | AttentionKernel::DotProduct => "",
+    };
+    format!("attention: {kernel} -> {how}{note}")
+}
+
+/// The largest block of at most `BLOCK` tokens that divides `seq` (all of it when shorter).
+fn block_size(seq: i64) -> i64 {
+    (1..=BLOCK.min(seq)).rev().find(|b| seq % b == 0).unwrap_or(seq)
+}
 
 /// The large negative score masked positions get (MaxText's `DEFAULT_MASK_VALUE`).
 pub const MASK_VALUE: f64 = -0.7 * f32::MAX as f64;
@@ -24,6 +91,8 @@ pub struct LayerContext {
     pub positions: Tensor,
     /// `s32[batch, seq]`: each token's document (`inputs_segmentation`), when the batch is packed.
     pub segments: Option<Tensor>,
+    /// How attention is computed (`ModelConfig::attention`).
+    pub how: AttentionImpl,
     /// Decoding: the key/value cache this layer's attention calls fill or update (set by the
     /// shared decoder for each layer, `with_cache`).
     cache: Option<RefCell<LayerCache>>,
@@ -74,6 +143,7 @@ impl LayerContext {
             sin: angles.sin(),
             positions,
             segments: batch.get("inputs_segmentation").cloned(),
+            how: c.attention,
             cache: None,
         }
     }
@@ -85,6 +155,7 @@ impl LayerContext {
             sin: self.sin.clone(),
             positions: self.positions.clone(),
             segments: self.segments.clone(),
+            how: self.how,
             cache: Some(RefCell::new(cache)),
         }
     }
@@ -97,18 +168,20 @@ impl LayerContext {
     /// Self-attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over keys
     /// and values `k, v: [batch, seq, kv_heads, head_dim]` of the same tokens, causal and within
     /// `window` tokens when given: the one entry point families call. Outside decoding it is
-    /// `attend` under `mask(window)`. When decoding, the shared decoder has attached this
-    /// layer's cache: prefill attends the same way and records `k`, `v`; a generate step writes
-    /// `k`, `v` at the tokens' positions and attends over every cached position up to each query's
-    /// (and within `window`), so each query sees exactly the keys the full sequence would give it.
+    /// `attend` under `mask(window)`, computed as `how` says. When decoding, the shared decoder
+    /// has attached this layer's cache: prefill attends the same way and records `k`, `v`; a
+    /// generate step writes `k`, `v` at the tokens' positions and attends (dot-product: one query
+    /// per row) over every cached position up to each query's (and within `window`), so each
+    /// query sees exactly the keys the full sequence would give it.
     pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, window: Option<i64>) -> Tensor {
-        let Some(cache) = &self.cache else { return attend(q, k, v, &self.mask(window)) };
+        let how = fitted(self.how, q.shape()[1]);
+        let Some(cache) = &self.cache else { return attend(q, k, v, &self.mask(window), how) };
         match &mut *cache.borrow_mut() {
             LayerCache::Fill { len, filled } => {
                 let t = k.shape()[1];
                 let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
                 filled.push(KvCache { key: pad(k), value: pad(v) });
-                attend(q, k, v, &self.mask(window))
+                attend(q, k, v, &self.mask(window), how)
             }
             LayerCache::Update { layer, caches, used } => {
                 let Some(slot) = caches.get_mut(*used) else {
@@ -118,7 +191,7 @@ impl LayerContext {
                 slot.key = write_rows(&slot.key, k, layer, &self.positions);
                 slot.value = write_rows(&slot.value, v, layer, &self.positions);
                 let (keys, values) = (layer_of(&slot.key, layer), layer_of(&slot.value, layer));
-                attend(q, &keys, &values, &self.cache_mask(window, keys.shape()[1]))
+                dot_product(q, &keys, &values, &self.cache_mask(window, keys.shape()[1])).checkpoint_name("context")
             }
         }
     }
@@ -136,22 +209,47 @@ impl LayerContext {
         allowed
     }
 
-    /// `pred[1 or batch, seq, seq]`: true where query `t` may attend to key `s`: `s <= t`, within
-    /// `window` tokens when given (`t - s < window`), and in the same document when packed.
-    pub fn mask(&self, window: Option<i64>) -> Tensor {
-        let t = self.positions.shape()[1];
-        let ctx = self.positions.trace();
-        let (query, key) = (ctx.iota(DType::S32, &[1, t, t], 1), ctx.iota(DType::S32, &[1, t, t], 2));
+    /// Which keys each query may see: causal, within `window` tokens when given, and in the same
+    /// document when the batch is packed.
+    pub fn mask(&self, window: Option<i64>) -> Mask {
+        Mask { window, segments: self.segments.clone() }
+    }
+}
+
+/// Which keys each query may see: key `s` is visible to query `t` when `s <= t`, `t - s <
+/// window` (with a window), and both are in the same document (with segments). Dot-product
+/// attention builds it whole, blockwise attention one block at a time (`allowed`).
+#[derive(Clone)]
+pub struct Mask {
+    pub window: Option<i64>,
+    /// `s32[batch, seq]`: each token's document, when the batch is packed.
+    pub segments: Option<Tensor>,
+}
+
+impl Mask {
+    /// `pred[1 or batch, queries, keys]` for query positions `query: s32[queries]` and key
+    /// positions `key: s32[keys]`, with their documents `query_segments: s32[batch, queries]` and
+    /// `key_segments: s32[batch, keys]` when packed.
+    pub fn allowed(&self, query: &Tensor, key: &Tensor, segments: Option<(&Tensor, &Tensor)>) -> Tensor {
+        let (tq, tk) = (query.shape()[0], key.shape()[0]);
+        let query = query.broadcast_in_dim(&[1, tq, tk], &[1]);
+        let key = key.broadcast_in_dim(&[1, tq, tk], &[2]);
         let mut allowed = key.le(&query);
-        if let Some(w) = window {
+        if let Some(w) = self.window {
             allowed = allowed.bitwise_and((&query - &key).lt(w as f64));
         }
-        if let Some(seg) = &self.segments {
-            let b = seg.shape()[0];
-            let same = seg.broadcast_in_dim(&[b, t, t], &[0, 1]).eq(seg.broadcast_in_dim(&[b, t, t], &[0, 2]));
-            allowed = same.bitwise_and(&allowed);
+        if let Some((sq, sk)) = segments {
+            let b = sq.shape()[0];
+            let same = sq.broadcast_in_dim(&[b, tq, tk], &[0, 1]).eq(sk.broadcast_in_dim(&[b, tq, tk], &[0, 2]));
+            allowed = same.bitwise_and(allowed.broadcast_in_dim(&[b, tq, tk], &[0, 1, 2]));
         }
         allowed
+    }
+
+    /// `pred[1 or batch, seq, seq]` for a sequence of `seq` tokens on `like`'s trace.
+    fn dense(&self, like: &Tensor, seq: i64) -> Tensor {
+        let positions = like.trace().iota(DType::S32, &[seq], 0);
+        self.allowed(&positions, &positions, self.segments.as_ref().map(|s| (s, s)))
     }
 }
 
@@ -167,19 +265,44 @@ pub fn rope(x: &Tensor, ctx: &LayerContext) -> Tensor {
     concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 3).astype(x.dtype())
 }
 
-/// Dot-product attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over
-/// keys and values `k, v: [batch, seq, kv_heads, head_dim]` under `mask` (`LayerContext::mask`);
-/// query head `i` uses key/value head `i / (heads / kv_heads)`. Scores and softmax are f32; the
-/// result, `[batch, seq, heads, head_dim]` in `q`'s dtype, is tagged `context` (MaxText's name,
-/// which `minimal_with_context` saves).
-pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Tensor {
+/// Attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over keys and values
+/// `k, v: [batch, seq, kv_heads, head_dim]` under `mask`, computed as `how` says; query head `i`
+/// uses key/value head `i / (heads / kv_heads)`. Scores and softmax are f32; the result,
+/// `[batch, seq, heads, head_dim]` in `q`'s dtype, is tagged `context` (MaxText's name, which
+/// `minimal_with_context` saves). Blockwise attention's softmax statistics are tagged `context`
+/// too, as MaxText's cuDNN attention tags its `lse`: a policy that saves the context then never
+/// recomputes attention in the backward pass.
+pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, how: AttentionImpl) -> Tensor {
+    match how {
+        AttentionImpl::DotProduct => dot_product(q, k, v, &mask.dense(q, q.shape()[1])).checkpoint_name("context"),
+        AttentionImpl::Blockwise { block } => {
+            let (out, lse) = blockwise::attention(q, k, v, mask, block);
+            lse.checkpoint_name("context");
+            out.checkpoint_name("context")
+        }
+    }
+}
+
+/// Scores for every query and key at once, `[batch, kv_heads, group, queries, keys]`, under
+/// `allowed: pred[1 or batch, queries, keys]`.
+fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor) -> Tensor {
     let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let kv_heads = k.shape()[2];
     let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
     let scores = einsum("btngk,bsnk->bngts", &[&q, k]).astype(DType::F32);
-    let mask = mask.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
+    let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
     let probs = where_(&mask, &scores, MASK_VALUE).softmax(-1).astype(v.dtype());
-    einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, d]).checkpoint_name("context")
+    einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, d])
+}
+
+/// `how` for a sequence of `seq` queries: blockwise attention's block shrunk to a divisor of
+/// `seq` when the configured one (sized for `max_target_length`) does not divide it, as in
+/// prefill over `max_prefill_predict_length` tokens.
+fn fitted(how: AttentionImpl, seq: i64) -> AttentionImpl {
+    match how {
+        AttentionImpl::Blockwise { block } if seq % block != 0 => AttentionImpl::Blockwise { block: block_size(seq) },
+        other => other,
+    }
 }
 
 /// `cache: [layers, batch, len, kv_heads, head_dim]` with row `b` of `new: [batch, seq, kv_heads,

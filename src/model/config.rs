@@ -7,6 +7,8 @@ use crate::ir::DType;
 use crate::sharding::LogicalRules;
 use crate::tensor::RematPolicy;
 
+use super::attention::AttentionImpl;
+
 /// The sizes and numerics every decoder family shares.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -28,6 +30,12 @@ pub struct ModelConfig {
     /// Parameters.
     pub weight_dtype: DType,
     pub scan_layers: bool,
+    /// How attention is computed (`attention`, resolved for `hardware` and the sequence length).
+    pub attention: AttentionImpl,
+    /// The logits as an f32 matmul (MaxText's `logits_dot_in_fp32`).
+    pub logits_dot_in_fp32: bool,
+    /// The token embedding as a one-hot matmul instead of a gather (MaxText's `use_iota_embed`).
+    pub use_iota_embed: bool,
     /// Per-layer rematerialization.
     pub remat: RematPolicy,
     /// Logical axis rules for activation sharding constraints (applied only when tracing on a mesh).
@@ -52,6 +60,9 @@ pub const SHARED_KEYS: &[&str] = &[
     "dtype",
     "weight_dtype",
     "scan_layers",
+    "attention",
+    "logits_dot_in_fp32",
+    "use_iota_embed",
     "remat_policy",
     "logical_axis_rules",
 ];
@@ -73,6 +84,9 @@ impl ModelConfig {
             dtype: dtype(c.dtype),
             weight_dtype: dtype(c.weight_dtype),
             scan_layers: c.scan_layers,
+            attention: AttentionImpl::resolve(c.attention, c.hardware, c.max_target_length),
+            logits_dot_in_fp32: c.logits_dot_in_fp32,
+            use_iota_embed: c.use_iota_embed,
             remat: remat_policy(c.remat_policy),
             rules: config::logical_rules(c),
         }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use crate::config::{Config, DecoderBlock};
 use crate::ir::{DType, Signature};
+use crate::sharding::PartitionSpec;
 use crate::tensor::{checkpoint, einsum, scan, stack, Tensor, Tree};
 use crate::train::flops::{StepShape, StepTflops};
 
@@ -223,7 +224,7 @@ impl Model {
     /// The token embeddings `[batch, seq, emb]` (in `dtype`) of `tokens: s32[batch, seq]`.
     fn embed(&self, params: &Tree, tokens: &Tensor) -> Tensor {
         let c = &self.config;
-        constrain(c, params["token_embedder.embedding"].astype(c.dtype).take(tokens), BTE)
+        constrain(c, embed(c, &params["token_embedder.embedding"].astype(c.dtype), tokens), BTE)
     }
 
     /// The f32 logits `[batch, seq, vocab]` of the last layer's output `y: [batch, seq, emb]`:
@@ -231,10 +232,17 @@ impl Model {
     pub fn head(&self, params: &Tree, y: &Tensor) -> Tensor {
         let c = &self.config;
         let y = y.rms_norm(&params["decoder.decoder_norm.scale"], c.eps);
+        // MaxText's `logits_dot_in_fp32` (`Decoder._apply_output_head` in
+        // `src/maxtext/layers/decoders.py`, main at e591f30): the output projection in f32. Tied
+        // to the embedding it is `jnp.dot(y, table.astype(bf16).T, preferred_element_type=f32)`:
+        // the same products of bf16 operands, summed in f32.
+        let in_f32 = |x: &Tensor| if c.logits_dot_in_fp32 { x.astype(DType::F32) } else { x.clone() };
         let logits = if c.logits_via_embedding {
-            einsum("btd,vd->btv", &[&y, &params["token_embedder.embedding"].astype(c.dtype)])
+            einsum("btd,vd->btv", &[&in_f32(&y), &in_f32(&params["token_embedder.embedding"].astype(c.dtype))])
         } else {
-            y.matmul(&params["decoder.logits_dense.kernel"].astype(c.dtype))
+            let kernel = &params["decoder.logits_dense.kernel"];
+            let kernel = if c.logits_dot_in_fp32 { kernel.astype(DType::F32) } else { kernel.astype(c.dtype) };
+            in_f32(&y).matmul(&kernel)
         };
         constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"])
     }
@@ -387,6 +395,31 @@ fn cache_slots(tree: &Tree) -> Vec<KvCache> {
     (0..tree.len() / 2)
         .map(|i| KvCache { key: tree[&format!("{i}.key")].clone(), value: tree[&format!("{i}.value")].clone() })
         .collect()
+}
+
+/// The embeddings `[batch, seq, emb]` of `tokens` from `table: [vocab, emb]` (in `dtype`).
+///
+/// With `use_iota_embed` (MaxText's `Embed.__call__` in `src/maxtext/layers/embeddings.py`,
+/// main at e591f30) a one-hot matmul, `one_hot(tokens) @ table`, whose gradient is a matmul too.
+/// Otherwise a gather, whose gradient is a scatter-add into the table. The table's `embed`
+/// dimension is sharded (over `fsdp`) while activations shard the batch over the same axes; the
+/// gather's result is first laid out with the table's `embed` sharding and the batch over the
+/// remaining batch axes, so that both the lookup and, in the backward pass, the scatter-add work
+/// on matching shards: going from batch-sharded activations straight to the table's layout is
+/// an "involuntary full rematerialization" for XLA's SPMD partitioner (it replicates the whole
+/// `[batch, seq, emb]` cotangent first).
+fn embed(c: &ModelConfig, table: &Tensor, tokens: &Tensor) -> Tensor {
+    if c.use_iota_embed {
+        return tokens.one_hot(c.vocab, c.dtype).matmul(table);
+    }
+    let looked_up = table.take(tokens);
+    let Some(mesh) = looked_up.trace().mesh().cloned() else { return looked_up };
+    let table_spec = c.rules.spec(&["vocab", "embed"], &mesh);
+    let embed_axes = table_spec.dim(1).to_vec();
+    let activation = c.rules.spec(BTE, &mesh);
+    let batch_axes: Vec<String> = activation.dim(0).iter().filter(|a| !embed_axes.contains(a)).cloned().collect();
+    let spec = PartitionSpec::from_axes(vec![batch_axes, vec![], embed_axes]);
+    looked_up.with_sharding_constraint(&spec)
 }
 
 /// Pins an activation's sharding by logical axis names (no-op without a mesh).

@@ -4,7 +4,8 @@
 //!   stacking (scan / unroll, remat), final norm, logits, loss, parameter count, FLOPs; and the
 //!   `Family` trait a decoder family implements.
 //! - [`attention`]: RoPE, attention masks (causal, sliding window, packed documents) and
-//!   dot-product attention, shared by the families.
+//!   attention (`attend`), shared by the families; [`blockwise`]: the memory-efficient
+//!   blockwise attention with its own backward pass.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
 //! - [`params`]: parameter declarations, initialization, program inputs.
 //! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
@@ -14,6 +15,7 @@
 //!   attention and a routed MoE block).
 
 pub mod attention;
+pub mod blockwise;
 pub mod config;
 pub mod decoder;
 pub mod llama;

@@ -6,7 +6,9 @@
 //! host bytes until the plugin says it is done with them, device -> host writes straight into
 //! the new tensor's storage.
 
-use std::sync::Arc;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use half::{bf16, f16};
 
@@ -319,6 +321,67 @@ impl Buffer {
         crate::pjrt_call!(self.client.plugin, PJRT_Buffer_ToHostBuffer, args)?;
         Event::new(self.client.plugin.clone(), args.event).wait()?;
         Ok(HostTensor { ty, dims, data })
+    }
+}
+
+/// When a buffer's data became ready, recorded by the plugin's completion callback on whatever
+/// thread the plugin signals from, so that the host can tell afterwards whether the device
+/// waited for it.
+pub struct ReadyTime {
+    slot: Arc<Mutex<Option<Instant>>>,
+    /// Kept until the time is read: the callback was registered on it.
+    _event: Event,
+}
+
+impl ReadyTime {
+    /// The instant the buffer became ready, once it has.
+    pub fn get(&self) -> Option<Instant> {
+        *self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the completion callback receives: where to write, and the plugin to destroy the error.
+struct ReadyCallbackState {
+    slot: Arc<Mutex<Option<Instant>>>,
+    plugin: Arc<Plugin>,
+}
+
+/// Records the ready instant and frees the callback's state and error.
+///
+/// # Safety
+/// `user_arg` is the `Box<ReadyCallbackState>` leaked by `Buffer::ready_time`, passed exactly
+/// once; `error` is null or an error the plugin hands over.
+unsafe extern "C" fn record_ready(error: *mut ffi::Error, user_arg: *mut c_void) {
+    let now = Instant::now();
+    // SAFETY: see the function's contract: the box is ours again, once.
+    let state = unsafe { Box::from_raw(user_arg.cast::<ReadyCallbackState>()) };
+    *state.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+    // SAFETY: the callback owns `error` (pjrt_c_api.h, PJRT_Event_OnReadyCallback).
+    if let Err(e) = unsafe { state.plugin.check("PJRT_Event_OnReady callback", error) } {
+        tracing::warn!("a step's output failed: {e}");
+    }
+}
+
+impl Buffer {
+    /// Starts recording when this buffer's data becomes ready (see [`ReadyTime`]).
+    pub fn ready_time(&self) -> Result<ReadyTime> {
+        let plugin = self.client.plugin.clone();
+        let mut args: ffi::BufferReadyEventArgs = ffi::args();
+        args.buffer = self.raw;
+        crate::pjrt_call!(plugin, PJRT_Buffer_ReadyEvent, args)?;
+        let event = Event::new(plugin.clone(), args.event);
+        let slot = Arc::new(Mutex::new(None));
+        let state = Box::new(ReadyCallbackState { slot: slot.clone(), plugin: plugin.clone() });
+        let mut on_ready: ffi::EventOnReadyArgs = ffi::args();
+        on_ready.event = event.raw;
+        on_ready.callback = Some(record_ready);
+        on_ready.user_arg = Box::into_raw(state).cast();
+        if let Err(e) = crate::pjrt_call!(plugin, PJRT_Event_OnReady, on_ready) {
+            // SAFETY: the plugin refused the callback, so the state is still ours alone.
+            drop(unsafe { Box::from_raw(on_ready.user_arg.cast::<ReadyCallbackState>()) });
+            return Err(e);
+        }
+        Ok(ReadyTime { slot, _event: event })
     }
 }
 

@@ -123,6 +123,10 @@ args_struct!(PluginInitializeArgs {});
 args_struct!(PluginAttributesArgs { attributes: *const NamedValue, num_attributes: usize });
 args_struct!(EventDestroyArgs { event: *mut Event });
 args_struct!(EventAwaitArgs { event: *mut Event });
+/// Called once when an event is ready; it owns `error` (null when the event succeeded).
+pub type EventOnReadyCallback = unsafe extern "C" fn(error: *mut Error, user_arg: *mut c_void);
+args_struct!(EventOnReadyArgs { event: *mut Event, callback: Option<EventOnReadyCallback>, user_arg: *mut c_void });
+args_struct!(BufferReadyEventArgs { buffer: *mut Buffer, event: *mut Event });
 args_struct!(KvGetCallbackArgs {
     key: *const c_char,
     key_size: usize,
@@ -360,7 +364,7 @@ pub struct Api {
     pub PJRT_Event_IsReady: Skip,
     pub PJRT_Event_Error: Skip,
     pub PJRT_Event_Await: Fn<EventAwaitArgs>,
-    pub PJRT_Event_OnReady: Skip,
+    pub PJRT_Event_OnReady: Fn<EventOnReadyArgs>,
 
     pub PJRT_Client_Create: Fn<ClientCreateArgs>,
     pub PJRT_Client_Destroy: Fn<ClientDestroyArgs>,
@@ -430,7 +434,7 @@ pub struct Api {
     pub PJRT_Buffer_CopyToDevice: Skip,
     pub PJRT_Buffer_ToHostBuffer: Fn<BufferToHostBufferArgs>,
     pub PJRT_Buffer_IsOnCpu: Skip,
-    pub PJRT_Buffer_ReadyEvent: Skip,
+    pub PJRT_Buffer_ReadyEvent: Fn<BufferReadyEventArgs>,
     pub PJRT_Buffer_UnsafePointer: Skip,
     pub PJRT_Buffer_IncreaseExternalReferenceCount: Skip,
     pub PJRT_Buffer_DecreaseExternalReferenceCount: Skip,
@@ -485,6 +489,8 @@ layout!(PluginInitializeArgs = 16 { struct_size: 0, extension_start: 8, });
 layout!(PluginAttributesArgs = 32 { struct_size: 0, extension_start: 8, attributes: 16, num_attributes: 24, });
 layout!(EventDestroyArgs = 24 { struct_size: 0, extension_start: 8, event: 16, });
 layout!(EventAwaitArgs = 24 { struct_size: 0, extension_start: 8, event: 16, });
+layout!(EventOnReadyArgs = 40 { struct_size: 0, extension_start: 8, event: 16, callback: 24, user_arg: 32, });
+layout!(BufferReadyEventArgs = 32 { struct_size: 0, extension_start: 8, buffer: 16, event: 24, });
 layout!(KvGetCallbackArgs = 80 { struct_size: 0, extension_start: 8, key: 16, key_size: 24, timeout_in_ms: 32, callback_error: 40, user_arg: 48, value: 56, value_size: 64, value_deleter_callback: 72, });
 layout!(KvTryGetCallbackArgs = 72 { struct_size: 0, extension_start: 8, key: 16, key_size: 24, callback_error: 32, user_arg: 40, value: 48, value_size: 56, value_deleter_callback: 64, });
 layout!(KvPutCallbackArgs = 64 { struct_size: 0, extension_start: 8, key: 16, key_size: 24, value: 32, value_size: 40, callback_error: 48, user_arg: 56, });

@@ -3,8 +3,8 @@
 //! this module talks to them through the safe types re-exported here.
 //!
 //! Layout: `ffi` (raw C declarations) -> `plugin` (loading, the checked call path, errors) ->
-//! `client` / `buffer` / `executable` / `topology` (RAII handles) and `compile_options` (the
-//! protobuf PJRT compiles with). `provision` finds or downloads plugin files; `xla_flags`
+//! `client` / `buffer` / `executable` / `topology` (RAII handles), `compile_options` (the
+//! protobuf PJRT compiles with) and `profiler` (the plugin's profiler extension). `provision` finds or downloads plugin files; `xla_flags`
 //! checks `XLA_FLAGS` against a plugin before it is loaded (an unknown flag kills the process).
 //!
 //! Every `unsafe` block and impl says in a `// SAFETY:` comment why it is sound (the lint below
@@ -20,16 +20,18 @@ pub mod executable;
 #[doc(hidden)]
 pub mod ffi;
 pub mod plugin;
+pub mod profiler;
 pub mod provision;
 pub mod topology;
 pub mod xla_flags;
 
-pub use buffer::{shape_string, Buffer, ElementType, HostTensor};
+pub use buffer::{shape_string, Buffer, ElementType, HostTensor, ReadyTime};
 pub use client::{Client, Device, DeviceMemoryStats, KeyValueStore};
 pub use compile_options::CompileOptions;
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{CompiledMemoryStats, Executable, LoadedExecutable, Signature};
 pub use plugin::{Plugin, Value};
+pub use profiler::Profiler;
 pub use topology::{Topology, TopologyDevice};
 
 use std::collections::HashMap;

@@ -210,6 +210,12 @@ impl Plugin {
         unsafe { &*self.api }
     }
 
+    /// The first of the plugin's extensions (`PJRT_Api.extension_start`, a chain of
+    /// `PJRT_Extension_Base` headers), or null.
+    pub(crate) fn extension_start(&self) -> *const std::ffi::c_void {
+        self.api().extension_start.cast_const().cast()
+    }
+
     /// The PJRT C API version the plugin implements (major, minor).
     pub fn api_version(&self) -> (i32, i32) {
         let v = &self.api().pjrt_api_version;

@@ -1,5 +1,6 @@
 //! Function transformations in the spirit of JAX: `scan` (MaxText's scan_layers),
-//! `checkpoint` (remat) with its policies, `value_and_grad`, and the identity-like tags
+//! `checkpoint` (remat) with its policies, `value_and_grad`, `composite` (a function with its own
+//! backward pass, JAX's `custom_vjp`), and the identity-like tags
 //! `stop_gradient`, `checkpoint_name` and `with_sharding_constraint`.
 //!
 //! Each traces its function once, in a child of the current trace (`Trace::current`), into a
@@ -9,7 +10,7 @@
 use super::trace::{usage_error, Tensor, Trace};
 use super::Tree;
 use crate::autodiff;
-use crate::ir::{Prim, Remat, Scan, Type};
+use crate::ir::{Composite, Prim, Remat, Scan, Type};
 use crate::sharding::PartitionSpec;
 use std::sync::Arc;
 
@@ -82,6 +83,46 @@ pub fn checkpoint(policy: &RematPolicy, inputs: &Tree, f: impl FnOnce(&Tree) -> 
     let operands: Vec<&Tensor> = inputs.values().chain(&captures).collect();
     let results = parent.bind(Prim::Remat(Remat { body: Arc::new(graph), saved_names }), &operands);
     outs.names().zip(results).collect()
+}
+
+/// Applies `forward` to `inputs` as one operation whose backward pass is `backward` instead of
+/// the derivative of `forward` (JAX's `custom_vjp`): `backward(inputs, results, result
+/// cotangents)` returns one cotangent per float input, in input order. Both functions are traced
+/// once, on fresh inputs of the same types, and must be closed: they may not use tensors from
+/// outside (create constants inside). Used where the backward pass is cheaper written by hand,
+/// as in blockwise attention, which recomputes its scores block by block.
+#[track_caller]
+pub fn composite(
+    name: &str,
+    inputs: &[&Tensor],
+    forward: impl FnOnce(&[Tensor]) -> Vec<Tensor>,
+    backward: impl FnOnce(&[Tensor], &[Tensor], &[Tensor]) -> Vec<Tensor>,
+) -> Vec<Tensor> {
+    let parent = Trace::innermost(inputs.iter().copied());
+    let mesh = parent.mesh().cloned();
+    let tf = Trace::root(mesh.clone());
+    let f_ins: Vec<Tensor> = inputs.iter().map(|t| tf.input(t.ty().clone())).collect();
+    let f_outs = forward(&f_ins);
+    let (fwd, captures) = tf.finish(&f_outs.iter().collect::<Vec<_>>());
+    debug_assert!(captures.is_empty(), "a root trace captures nothing");
+    let tb = Trace::root(mesh);
+    let b_ins: Vec<Tensor> = inputs.iter().map(|t| tb.input(t.ty().clone())).collect();
+    let b_outs: Vec<Tensor> = f_outs.iter().map(|t| tb.input(t.ty().clone())).collect();
+    let b_cts: Vec<Tensor> = f_outs.iter().map(|t| tb.input(t.ty().clone())).collect();
+    let cts = backward(&b_ins, &b_outs, &b_cts);
+    let floats: Vec<&Tensor> = inputs.iter().copied().filter(|t| t.dtype().is_float()).collect();
+    if cts.len() != floats.len() || cts.iter().zip(&floats).any(|(ct, x)| ct.ty() != x.ty()) {
+        let got: Vec<String> = cts.iter().map(|t| t.ty().to_string()).collect();
+        let want: Vec<String> = floats.iter().map(|t| t.ty().to_string()).collect();
+        usage_error(&format!(
+            "composite {name}: the backward pass returns [{}], but the float inputs are [{}]",
+            got.join(", "),
+            want.join(", ")
+        ));
+    }
+    let (bwd, _) = tb.finish(&cts.iter().collect::<Vec<_>>());
+    let prim = Composite { name: Arc::from(name), forward: Arc::new(fwd), backward: Arc::new(bwd) };
+    parent.bind(Prim::Composite(prim), inputs)
 }
 
 /// The value of `f(params)` (a float scalar) and its gradient with respect to every float

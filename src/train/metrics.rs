@@ -227,7 +227,13 @@ impl MetricsWriter {
 /// Median step time over all steps but the first, which includes compilation and warm-up.
 /// `None` with fewer than two steps.
 pub fn median_step_time(step_times_seconds: &[f64]) -> Option<f64> {
-    let mut times: Vec<f64> = step_times_seconds.get(1..)?.to_vec();
+    median_step_time_after(step_times_seconds, 1)
+}
+
+/// Median step time over the steps after the first `skip` (MaxText's
+/// `skip_first_n_steps_for_profiler`). `None` when no step is left.
+pub fn median_step_time_after(step_times_seconds: &[f64], skip: usize) -> Option<f64> {
+    let mut times: Vec<f64> = step_times_seconds.get(skip..)?.to_vec();
     if times.is_empty() {
         return None;
     }

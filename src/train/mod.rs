@@ -7,6 +7,8 @@
 //!   `crate::data` makes the batches).
 //! - [`params_io`]: initial parameters from, and to, safetensors files.
 //! - [`outputs`], [`tensorboard`]: the run directory's config, metrics and TensorBoard events.
+//! - [`profiler`]: MaxText's `profiler` key (an XPlane trace through the plugin, or Nsight's
+//!   capture range) over the profiled steps.
 
 pub mod data_position;
 pub mod flops;
@@ -15,6 +17,7 @@ pub mod metrics;
 pub mod optimizer;
 pub mod outputs;
 pub mod params_io;
+pub mod profiler;
 pub mod run;
 pub mod schedule;
 pub mod step;

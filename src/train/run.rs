@@ -4,9 +4,15 @@
 //! loop (data in, metrics and events out, state stays on the devices, copied off for
 //! checkpoints) -> a summary. [`RunReport`] returns what happened, for tests and benchmarks.
 //!
+//! The host stays a step ahead of the devices: step k + 1 is dispatched before step k's metrics
+//! are read, and step k + 1's batch is put on the devices while step k runs. Where the host needs
+//! the state after step k (a checkpoint, an eval, the profiler's clean edges, a stop), the loop
+//! finishes step k before dispatching the next, which replaces (donates) that state.
+//!
 //! Signals: with `enable_autocheckpoint`, SIGTERM (preemption) ends the run after the current
 //! step with a checkpoint of it; SIGINT ends it after the current step, waiting for a checkpoint
-//! write in flight (a second SIGINT exits at once).
+//! write in flight (a second SIGINT exits at once). The current step is the last one dispatched
+//! when the signal is seen.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,7 +30,7 @@ use crate::config::{self, Config, Derived, OnCheckpointError};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::output;
-use crate::pjrt::{self, Client};
+use crate::pjrt::{self, Client, ReadyTime};
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::storage::{self, Location};
 
@@ -33,9 +39,10 @@ use crate::data::{self, Batch, BatchIterator, EvalData, ProcessShare};
 use super::data_position::DataPosition;
 use super::flops::{self, StepShape};
 use super::health::Health;
-use super::metrics::{median_step_time, EvalMetrics, PerDeviceWork, StepMetrics};
+use super::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
 use super::outputs::{self, RunOutputs};
 use super::params_io::{load_parameters, ParamSpec};
+use super::profiler::StepProfiler;
 use super::step::{batch_inputs, step_mesh, TrainStep};
 
 /// Wall times of the start-up phases, in seconds.
@@ -83,6 +90,11 @@ pub struct RunReport {
     pub checkpoint_failures: Vec<String>,
     /// The signal that ended the run early (`SIGTERM`, `SIGINT`).
     pub stopped_by: Option<&'static str>,
+    /// The share of wall time the devices had finished a step and the host had not yet
+    /// dispatched the next (steps after the first `perf_skipped_steps`), when measurable.
+    pub device_idle_fraction: Option<f64>,
+    /// Steps left out of the performance summary (`skip_first_n_steps_for_profiler`).
+    pub perf_skipped_steps: usize,
 }
 
 /// The devices of a one-process run: the plugin's client.
@@ -146,6 +158,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         TrainStep::new(c, &derived, step_mesh(&derived, &granules).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
     if logger {
         derived.print_summary(step.model.num_params());
+        println!("{}", crate::model::attention::describe(c.attention, step.model.config.attention));
     }
 
     // Everything the run reads and writes is checked before the (possibly long) compile.
@@ -168,6 +181,10 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         None => c.clone(),
     };
     drop(data::open_train(&data_config, derived.global_batch_size, ProcessShare::SINGLE, None)?);
+
+    // Before the compile: a profiler that cannot work fails the run now. As in MaxText (without
+    // `upload_all_profiler_results`), process 0 profiles.
+    let mut profiler = if logger { StepProfiler::new(c, client.plugin(), derived.steps as u64)? } else { None };
 
     let t = Instant::now();
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -239,73 +256,85 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     let model_keys = checkpoint::manifest::model_keys(c, &step.model);
     let signals = Signals::install(c.enable_autocheckpoint)?;
 
-    let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
-    let (loss_i, norm_i, lr_i, weights_i) =
-        (metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?);
-    let lb_i = metric("moe_lb_loss").ok();
-
-    // For each output, the input slot it feeds next step (state outputs share their input's name).
-    let carried: Vec<Option<usize>> =
-        compiled.program.outputs.iter().map(|o| compiled.input_index(&o.name).ok()).collect();
+    let slots = Slots::of(&compiled, batch_names, batch_slots)?;
 
     let steps = derived.steps as u64;
     if start.first_step >= steps && logger {
         println!("the restored checkpoint already completed all {steps} steps; nothing to train");
     }
     let bar = if logger { progress_bar(steps.saturating_sub(start.first_step)) } else { ProgressBar::hidden() };
-    let mut last = Instant::now();
-    let mut last_step = None;
+    let mut timing = DeviceTiming::new(c.skip_first_n_steps_for_profiler.max(0) as usize);
     let mut health = Health::new(c);
-    for step_index in start.first_step..steps {
-        diagnostics::step_started(step_index);
-        diagnostics::set_phase(Some(step_index), "reading and feeding the batch");
-        let wait = Instant::now();
-        let batch = train_data.next_batch()?.ok_or_else(|| anyhow!("the training data ended at step {step_index}"))?;
-        report.data_wait_times.push(wait.elapsed().as_secs_f64());
-        data_position.state = Some(train_data.state());
-        put_batch(client, &compiled, &batch_slots, &batch_names, &batch, first_row, &mut state)?;
-        let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
-        diagnostics::set_phase(Some(step_index), "running the train step (XLA's collectives run inside it)");
-        let outputs_now = compiled.execute(&args)?;
-        diagnostics::set_phase(Some(step_index), "reading the step's metrics");
-        let scalar = |i: usize| -> Result<f64> { Ok(compiled.fetch(i, &outputs_now[i])?.to_f64()[0]) };
-        let (loss, grad_norm, lr, weights) = (scalar(loss_i)?, scalar(norm_i)?, scalar(lr_i)?, scalar(weights_i)?);
-        let now = Instant::now();
-        let metrics = StepMetrics {
-            step: step_index,
-            loss,
-            grad_norm,
-            learning_rate: lr,
-            total_weights: weights as u64,
-            moe_lb_loss: lb_i.map(scalar).transpose()?,
-            step_time_seconds: (now - last).as_secs_f64(),
-            work,
-        };
-        last = now;
+    let mut last_step = None;
+    // A finished step's metrics: logged and written (process 0), then judged (as MaxText's
+    // metric_logger: the step's metrics are written, then the run may stop).
+    let mut record = |metrics: StepMetrics, report: &mut RunReport, outputs: &mut RunOutputs| -> Result<()> {
         if logger {
             print_line(&bar, &metrics.log_line());
         }
         outputs.step(&metrics, &c.run_name).context("writing the run's metrics")?;
-        // As MaxText's metric_logger: the step's metrics are written, then the run may stop.
-        let verdict = health.observe(step_index, loss, grad_norm);
+        let verdict = health.observe(metrics.step, metrics.loss, metrics.grad_norm);
         if verdict.is_err() {
             bar.finish_and_clear();
         }
         if let Some(warning) = verdict? {
             bar.suspend(|| tracing::warn!("{warning}"));
         }
-        report.losses.push(loss);
-        report.grad_norms.push(grad_norm);
-        report.learning_rates.push(lr);
+        report.losses.push(metrics.loss);
+        report.grad_norms.push(metrics.grad_norm);
+        report.learning_rates.push(metrics.learning_rate);
         report.step_times.push(metrics.step_time_seconds);
-        // The step's new state becomes the next step's input.
-        for (slot, array) in carried.iter().zip(outputs_now) {
-            if let Some(slot) = slot {
-                state[*slot] = Some(array);
+        last_step = Some(metrics.step);
+        bar.inc(1);
+        Ok(())
+    };
+    let mut feed = Feed { data: &mut train_data, first_row };
+    let mut next_batch = match start.first_step < steps {
+        true => Some(feed.transfer(client, &compiled, &slots, start.first_step)?),
+        false => None,
+    };
+    let mut in_flight: Option<InFlight> = None;
+    for step_index in start.first_step..steps {
+        if let Some(p) = profiler.as_mut().filter(|p| p.starts_at(step_index)) {
+            if let Some(flight) = in_flight.take() {
+                record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
+            }
+            p.start()?;
+        }
+        let batch = next_batch.take().expect("each step's batch is transferred before it runs");
+        // From now on the devices hold this step's state; a checkpoint of it records the data
+        // position after this step's batch (not after the next one, already read ahead).
+        data_position.state = Some(batch.data_state);
+        report.data_wait_times.push(batch.wait_seconds);
+        let flight = dispatch(&compiled, &mut state, batch.arrays, &slots, step_index)?;
+        // A signal seen now stops the run after this step.
+        let stop = signals.stop_requested();
+        let preempted = stop == Some("SIGTERM");
+        let checkpoint = manager.as_ref().is_some_and(|m| m.due(step_index) || preempted);
+        let profile_ends = profiler.as_ref().is_some_and(|p| p.stops_after(step_index));
+        let eval_now = eval.is_some() && eval_due(c, step_index);
+        if stop.is_none() && step_index + 1 < steps {
+            next_batch = Some(feed.transfer(client, &compiled, &slots, step_index + 1)?);
+        }
+        if let Some(previous) = in_flight.replace(flight) {
+            record(finish(&compiled, &slots, previous, &mut timing, work)?, &mut report, &mut outputs)?;
+        }
+        // For hang diagnostics the current step is the one whose metrics are awaited next.
+        diagnostics::step_started(step_index);
+        if !(checkpoint || eval_now || profile_ends || stop.is_some()) {
+            continue;
+        }
+        // The host needs this step finished (and, for an eval or a checkpoint, its state) before
+        // the next step replaces that state.
+        if let Some(flight) = in_flight.take() {
+            record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
+        }
+        if profile_ends {
+            if let Some(p) = profiler.as_mut() {
+                p.stop()?;
             }
         }
-        last_step = Some(step_index);
-        if let Some(eval) = eval.as_ref().filter(|_| eval_due(c, step_index)) {
+        if let Some(eval) = eval.as_ref().filter(|_| eval_now) {
             diagnostics::set_phase(Some(step_index), "evaluating");
             let metrics = eval.run(client, &state, step_index, c.eval_steps)?;
             if logger {
@@ -314,21 +343,16 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
             outputs.eval(&metrics, &c.run_name).context("writing the run's eval metrics")?;
             report.evals.push(metrics);
             // The eval's time is not the next train step's.
-            last = Instant::now();
+            timing.pause();
         }
-        bar.inc(1);
-        diagnostics::step_finished(step_index);
-
-        let stop = signals.stop_requested();
-        if let Some(manager) = manager.as_mut() {
-            let preempted = stop == Some("SIGTERM");
-            if manager.due(step_index) || preempted {
-                diagnostics::set_phase(Some(step_index), "copying the state off the devices for a checkpoint");
-                let t = Instant::now();
-                let snapshot = state_slots.snapshot(&compiled, &state, step_index, &model_keys, &data_position)?;
-                report.snapshot_seconds.push(t.elapsed().as_secs_f64());
-                manager.save(snapshot)?;
-            }
+        if let Some(manager) = manager.as_mut().filter(|_| checkpoint) {
+            diagnostics::set_phase(Some(step_index), "copying the state off the devices for a checkpoint");
+            let t = Instant::now();
+            let snapshot = state_slots.snapshot(&compiled, &state, step_index, &model_keys, &data_position)?;
+            report.snapshot_seconds.push(t.elapsed().as_secs_f64());
+            manager.save(snapshot)?;
+            // The copy is the checkpoint's cost (`snapshot_seconds`), not the next step's time.
+            timing.pause();
         }
         if let Some(signal) = stop {
             print_line(&bar, &format!("{signal}: stopping after step {step_index}"));
@@ -336,11 +360,17 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
             break;
         }
     }
+    if let Some(flight) = in_flight.take() {
+        record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
+    }
+    report.device_idle_fraction = timing.idle_fraction();
+    report.perf_skipped_steps = timing.skip;
     bar.finish_and_clear();
     if let Some((documents, undecodable, tokens)) = train_data.text_stats().filter(|_| logger) {
         println!("data: {documents} documents, {tokens} tokens packed so far; {undecodable} rows could not be decoded (skipped)");
     }
-    report.data_state = Some(train_data.state());
+    // The position after the last step run (the pipeline itself may have read ahead).
+    report.data_state = data_position.state;
     diagnostics::set_phase(None, "finishing: metrics, checkpoints");
     if let Some(step_index) = last_step {
         outputs.flush(step_index)?;
@@ -770,14 +800,192 @@ fn peak_memory(devices: &[pjrt::Device]) -> Option<i64> {
 
 fn print_summary(report: &RunReport, work: &PerDeviceWork) {
     let (Some(first), Some(last)) = (report.losses.first(), report.losses.last()) else { return };
-    // `median_step_time` leaves out the first step (warm-up); a one-step run shows that step.
-    let median = median_step_time(&report.step_times).or(report.step_times.first().copied());
+    // The first `skip_first_n_steps_for_profiler` steps (compilation, warm-up) are left out; a
+    // run with no step after them shows its last step.
+    let median =
+        median_step_time_after(&report.step_times, report.perf_skipped_steps).or(report.step_times.last().copied());
     let mut line = format!("done: {} steps, loss {first:.3} -> {last:.3}", report.losses.len());
     if let Some(m) = median {
         line.push_str(&format!(", median step {:.4} s, {:.3} TFLOP/s/device", m, work.tflops / m));
+    }
+    if let Some(idle) = report.device_idle_fraction {
+        line.push_str(&format!(", device waiting for the host {:.1}% of the time", idle * 100.0));
     }
     if let Some(peak) = report.peak_memory_bytes {
         line.push_str(&format!(", peak device memory {:.1} MiB", peak as f64 / (1u64 << 20) as f64));
     }
     println!("{line}");
+}
+
+/// Where the loop's inputs and outputs are in the compiled step.
+struct Slots {
+    /// The batch inputs (`batch_inputs(packed)`) and their slots.
+    batch_names: Vec<&'static str>,
+    batch: Vec<usize>,
+    /// `loss`, `grad_norm`, `learning_rate`, `total_weights`, and `moe_lb_loss` for models with
+    /// experts.
+    metrics: Vec<usize>,
+    /// For each output, the input slot it feeds next step (state outputs share their input's
+    /// name).
+    carried: Vec<Option<usize>>,
+}
+
+impl Slots {
+    fn of(compiled: &Compiled, batch_names: Vec<&'static str>, batch: Vec<usize>) -> Result<Slots> {
+        let metric = |name: &str| compiled.output_index(&format!("metrics.{name}"));
+        Ok(Slots {
+            batch_names,
+            batch,
+            metrics: [metric("loss")?, metric("grad_norm")?, metric("learning_rate")?, metric("total_weights")?]
+                .into_iter()
+                .chain(metric("moe_lb_loss").ok())
+                .collect(),
+            carried: compiled.program.outputs.iter().map(|o| compiled.input_index(&o.name).ok()).collect(),
+        })
+    }
+}
+
+/// The training data and this process's first row of the global batch.
+struct Feed<'a> {
+    data: &'a mut BatchIterator,
+    first_row: i64,
+}
+
+/// A step's batch on the devices, with the data position after it.
+struct StepBatch {
+    arrays: Vec<(usize, DeviceArray)>,
+    data_state: data::DataState,
+    /// How long the input pipeline took to deliver it.
+    wait_seconds: f64,
+}
+
+impl Feed<'_> {
+    /// Step `step`'s batch, read from the input pipeline and copied to the devices.
+    fn transfer(&mut self, client: &Client, compiled: &Compiled, slots: &Slots, step: u64) -> Result<StepBatch> {
+        diagnostics::set_phase(Some(step), "reading and feeding the batch");
+        let wait = Instant::now();
+        let batch = self.data.next_batch()?.ok_or_else(|| anyhow!("the training data ended at step {step}"))?;
+        let wait_seconds = wait.elapsed().as_secs_f64();
+        let arrays = slots
+            .batch
+            .iter()
+            .zip(&slots.batch_names)
+            .map(|(&slot, name)| {
+                let host = batch.get(name).expect("a Batch has every input");
+                Ok((slot, compiled.put_rows(client, slot, host, self.first_row)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(StepBatch { arrays, data_state: self.data.state(), wait_seconds })
+    }
+}
+
+/// A dispatched step whose metrics have not been read.
+struct InFlight {
+    step: u64,
+    /// The metric outputs, in `Slots::metrics` order.
+    metrics: Vec<DeviceArray>,
+    /// When the step's loss became ready, where the plugin reports it.
+    done: Option<ReadyTime>,
+    dispatched: Instant,
+}
+
+/// Starts step `step` on `batch`; its new state replaces the old in `state` (the devices run it
+/// in order), its metrics stay on the devices until `finish`.
+fn dispatch(
+    compiled: &Compiled,
+    state: &mut [Option<DeviceArray>],
+    batch: Vec<(usize, DeviceArray)>,
+    slots: &Slots,
+    step: u64,
+) -> Result<InFlight> {
+    for (slot, array) in batch {
+        state[slot] = Some(array);
+    }
+    let args: Vec<&DeviceArray> = state.iter().map(|a| a.as_ref().expect("every input is set")).collect();
+    diagnostics::set_phase(Some(step), "running the train step (XLA's collectives run inside it)");
+    let dispatched = Instant::now();
+    let mut outputs: Vec<Option<DeviceArray>> = compiled.execute(&args)?.into_iter().map(Some).collect();
+    for (output, slot) in outputs.iter_mut().zip(&slots.carried) {
+        if let Some(slot) = slot {
+            state[*slot] = output.take();
+        }
+    }
+    let metrics: Vec<DeviceArray> =
+        slots.metrics.iter().map(|&i| outputs[i].take().expect("metrics are not carried")).collect();
+    let done = metrics[0].first().and_then(|b| b.ready_time().ok());
+    Ok(InFlight { step, metrics, done, dispatched })
+}
+
+/// Reads a dispatched step's metrics (waiting for it) and times it.
+fn finish(
+    compiled: &Compiled,
+    slots: &Slots,
+    flight: InFlight,
+    timing: &mut DeviceTiming,
+    work: PerDeviceWork,
+) -> Result<StepMetrics> {
+    diagnostics::set_phase(Some(flight.step), "reading the step's metrics");
+    let values = slots
+        .metrics
+        .iter()
+        .zip(&flight.metrics)
+        .map(|(&index, array)| Ok(compiled.fetch(index, array)?.to_f64()[0]))
+        .collect::<Result<Vec<f64>>>()?;
+    let (loss, grad_norm, learning_rate, weights) = (values[0], values[1], values[2], values[3]);
+    let done = flight.done.as_ref().and_then(ReadyTime::get).unwrap_or_else(Instant::now);
+    let step_time_seconds = timing.completed(flight.dispatched, done);
+    diagnostics::step_finished(flight.step);
+    Ok(StepMetrics {
+        step: flight.step,
+        loss,
+        grad_norm,
+        learning_rate,
+        total_weights: weights as u64,
+        moe_lb_loss: values.get(4).copied(),
+        step_time_seconds,
+        work,
+    })
+}
+
+/// When each step finished on the devices, and how long they waited for the host before the
+/// next: step `k` took from step `k - 1`'s completion (step 0: its dispatch) to its own, and
+/// the devices were idle for the part of that before step `k` was dispatched.
+struct DeviceTiming {
+    /// Steps left out of the idle share (`skip_first_n_steps_for_profiler`).
+    skip: usize,
+    last_done: Option<Instant>,
+    /// Per completed step: (wall seconds, idle seconds).
+    steps: Vec<(f64, f64)>,
+}
+
+impl DeviceTiming {
+    fn new(skip: usize) -> DeviceTiming {
+        DeviceTiming { skip, last_done: None, steps: Vec::new() }
+    }
+
+    /// Records a step dispatched at `dispatched` and done at `done`; returns its step time.
+    fn completed(&mut self, dispatched: Instant, done: Instant) -> f64 {
+        let start = self.last_done.unwrap_or(dispatched);
+        let wall = done.saturating_duration_since(start).as_secs_f64();
+        let idle = match self.last_done {
+            Some(previous) => dispatched.saturating_duration_since(previous).as_secs_f64(),
+            None => 0.0,
+        };
+        self.last_done = Some(done.max(start));
+        self.steps.push((wall, idle.min(wall)));
+        wall
+    }
+
+    /// The host did work it was asked for (a checkpoint copy) with the devices drained: the next
+    /// step is timed from its own dispatch, and the gap is not counted as idle.
+    fn pause(&mut self) {
+        self.last_done = None;
+    }
+
+    /// Idle over wall time of the steps after the skipped ones.
+    fn idle_fraction(&self) -> Option<f64> {
+        let counted = self.steps.get(self.skip..).filter(|s| !s.is_empty())?;
+        let wall: f64 = counted.iter().map(|s| s.0).sum();
+        (wall > 0.0).then(|| counted.iter().map(|s| s.1).sum::<f64>() / wall)
+    }
 }

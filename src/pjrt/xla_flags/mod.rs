@@ -221,17 +221,22 @@ fn closest<'a>(name: &str, known: impl Iterator<Item = &'a String>) -> Option<&'
 #[cfg(test)]
 mod tests;
 
-/// Adds the flags of the config key `xla_flags_file` (a path, or the name of a built-in set: `a3mega`, `h100`,
-/// `cpu`, as in `xla_flags/`) to `XLA_FLAGS`; flags already in `XLA_FLAGS` win.
-pub fn apply_flags_file(name: &str) -> Result<()> {
+/// Adds the flags of the config key `xla_flags_file` (a path, or the name of a built-in set as in
+/// `xla_flags/`: `a3mega-N`, `h100`, `cpu`, and `a3mega`, which picks the `a3mega-N` set for the
+/// run's `nodes`, see `a3mega_for_nodes`) to `XLA_FLAGS`; flags already in `XLA_FLAGS` win.
+pub fn apply_flags_file(name: &str, nodes: u32) -> Result<()> {
     if name.is_empty() {
         return Ok(());
     }
-    let mut flags = match builtin_flags_file(name) {
+    let picked = match name.strip_prefix("xla_flags/").unwrap_or(name).trim_end_matches(".flags") {
+        "a3mega" => a3mega_for_nodes(nodes),
+        _ => name,
+    };
+    let mut flags = match builtin_flags_file(picked) {
         Some(text) => XlaFlags::parse(text)?,
         None if Path::new(name).is_file() => load_flags_file(Path::new(name))?,
         None => bail!(
-            "xla_flags_file={name}: no such file, and not a built-in set (valid: {})",
+            "xla_flags_file={name}: no such file, and not a built-in set (valid: a3mega, {})",
             BUILTIN_FLAGS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
         ),
     };
@@ -241,9 +246,27 @@ pub fn apply_flags_file(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The A3 Mega set for a job of `nodes` hosts: MaxText's llama2-7b GPU scripts
+/// (`src/maxtext/configs/gpu/a3/llama_2_7b/{1,2,4,8,16}vm.sh`, main at e591f30) differ only in the
+/// combine thresholds: all-reduce 128 MiB on 1 node, 64 MiB on 2, 512 MiB on 4, 1 GiB on 8 and
+/// 16 (and reduce-scatter 128 MiB on 16). Other node counts take the largest listed size below.
+pub fn a3mega_for_nodes(nodes: u32) -> &'static str {
+    match nodes {
+        0 | 1 => "a3mega-1",
+        2 | 3 => "a3mega-2",
+        4..=7 => "a3mega-4",
+        8..=15 => "a3mega-8",
+        _ => "a3mega-16",
+    }
+}
+
 /// The tuned flag sets of `xla_flags/`, built in so the binary works from any directory.
 const BUILTIN_FLAGS: &[(&str, &str)] = &[
-    ("a3mega", include_str!("../../../xla_flags/a3mega.flags")),
+    ("a3mega-1", include_str!("../../../xla_flags/a3mega-1.flags")),
+    ("a3mega-2", include_str!("../../../xla_flags/a3mega-2.flags")),
+    ("a3mega-4", include_str!("../../../xla_flags/a3mega-4.flags")),
+    ("a3mega-8", include_str!("../../../xla_flags/a3mega-8.flags")),
+    ("a3mega-16", include_str!("../../../xla_flags/a3mega-16.flags")),
     ("h100", include_str!("../../../xla_flags/h100.flags")),
     ("cpu", include_str!("../../../xla_flags/cpu.flags")),
 ];

@@ -78,7 +78,7 @@ fn repo_file(rel: &str) -> std::path::PathBuf {
 
 #[test]
 fn shipped_flag_files_parse_and_have_no_comments() {
-    for name in ["cpu", "h100", "a3mega"] {
+    for name in ["cpu", "h100", "a3mega", "a3mega-1", "a3mega-2", "a3mega-4", "a3mega-8", "a3mega-16"] {
         let path = repo_file(&format!("xla_flags/{name}.flags"));
         let text = std::fs::read_to_string(&path).unwrap();
         // `XLA_FLAGS="$(cat file)"` and XLA's own file reading do not skip comments.
@@ -112,4 +112,42 @@ fn unknown_flag_is_refused_with_suggestion_and_plugin() {
     // Removed from XLA (only its reserved proto field name is left in the library).
     assert!(err.contains("--xla_gpu_graph_level"), "{err}");
     assert!(err.contains(&plugin.display().to_string()), "{err}");
+}
+
+/// MaxText's per-node-count thresholds (`src/maxtext/configs/gpu/a3/llama_2_7b/<N>vm.sh`, main at
+/// e591f30); `a3mega` is the 2-node set.
+#[test]
+fn a3mega_sets_follow_the_node_count() {
+    const MIB: u64 = 1 << 20;
+    for (nodes, all_reduce, reduce_scatter) in [
+        (1, 128 * MIB, 64 * MIB),
+        (2, 64 * MIB, 64 * MIB),
+        (4, 512 * MIB, 64 * MIB),
+        (8, 1024 * MIB, 64 * MIB),
+        (16, 1024 * MIB, 128 * MIB),
+    ] {
+        let name = a3mega_for_nodes(nodes);
+        assert_eq!(name, format!("a3mega-{nodes}"));
+        let flags = load_flags_file(&repo_file(&format!("xla_flags/{name}.flags"))).unwrap();
+        let value = |flag: &str| flags.get(flag).flatten().map(|v| v.parse::<u64>().unwrap());
+        assert_eq!(value("xla_gpu_all_reduce_combine_threshold_bytes"), Some(all_reduce), "{name}");
+        assert_eq!(value("xla_gpu_reduce_scatter_combine_threshold_bytes"), Some(reduce_scatter), "{name}");
+        assert_eq!(value("xla_gpu_all_gather_combine_threshold_bytes"), Some(128 * MIB), "{name}");
+        assert_eq!(flags.get("xla_gpu_pipeline_all_gather"), Some(Some("on")), "{name}");
+    }
+    assert_eq!(a3mega_for_nodes(3), "a3mega-2");
+    assert_eq!(a3mega_for_nodes(32), "a3mega-16");
+    let two = std::fs::read_to_string(repo_file("xla_flags/a3mega-2.flags")).unwrap();
+    assert_eq!(std::fs::read_to_string(repo_file("xla_flags/a3mega.flags")).unwrap(), two);
+}
+
+/// Every GPU set's flag names are in the CUDA plugin maxrs fetches (downloaded once, ~490 MB,
+/// as the AOT tests do).
+#[test]
+fn gpu_flag_files_are_known_to_the_cuda_plugin() {
+    let plugin = Provisioner::from_env().plugin(PluginName::Cuda12).unwrap().path;
+    for name in ["a3mega-1", "a3mega-2", "a3mega-4", "a3mega-8", "a3mega-16", "h100"] {
+        let flags = load_flags_file(&repo_file(&format!("xla_flags/{name}.flags"))).unwrap();
+        flags.validate_against_plugin(&plugin).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    }
 }

@@ -1,0 +1,248 @@
+//! Blockwise attention: the memory-efficient attention behind MaxText's `flash`,
+//! `cudnn_flash_te` and `cudnn_flash_jax` kinds, written with the tensor API so it runs on every
+//! backend. The algorithm is FlashAttention-2's (Dao, 2023) in XLA terms:
+//!
+//! - **Forward.** The queries are cut into blocks of `block` tokens. For each query block (a
+//!   loop unrolled at trace time, so causal and sliding-window attention skip the key blocks no
+//!   query of the block can see), a `scan` over the visible key/value blocks keeps a running
+//!   maximum `m`, normalizer `l` and unnormalized output `acc` per query (the online softmax):
+//!   `m' = max(m, rowmax(s))`, `p = exp(s - m')`, `l' = l e^(m - m') + rowsum(p)`,
+//!   `acc' = acc e^(m - m') + p v`. The output is `acc / l`; the log-sum-exp `m + log l` is kept
+//!   for the backward pass. Memory per query block: its scores against one key block.
+//! - **Backward** (a `composite`, so autodiff does not keep per-block residuals): per query
+//!   block, the scan over the same key blocks recomputes `p = exp(s - lse)` and accumulates
+//!   `dq` in its carry while emitting each key block's `dk`, `dv` contributions, which are added
+//!   into the full `dk`, `dv`: `dv += pᵀ do`, `ds = p (do vᵀ - δ)` with `δ = rowsum(do ∘ o)`,
+//!   `dq += ds k`, `dk += dsᵀ q`.
+//!
+//! Matmul operands stay in the input dtype (bf16 in training); scores, the softmax and every
+//! accumulator are f32, as in dot-product attention. Masked scores get `MASK_VALUE` like
+//! dot-product attention's, so a query whose first visible block is entirely masked carries a
+//! harmless running state until the block that holds the query itself, which it always sees.
+
+use crate::ir::DType;
+use crate::tensor::{composite, concatenate, einsum, scan, where_, Tensor, Tree};
+
+use super::attention::{Mask, MASK_VALUE};
+
+/// Blockwise attention of `q: [batch, seq, heads, head_dim]` (already scaled) over `k, v:
+/// [batch, seq, kv_heads, head_dim]` under `mask`, with query and key blocks of `block` tokens
+/// (which must divide `seq`). Returns the output, `[batch, seq, heads, head_dim]` in `q`'s
+/// dtype, and the f32 log-sum-exp of each query's scores, `[batch, heads, seq]`.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, block: i64) -> (Tensor, Tensor) {
+    let seq = q.shape()[1];
+    assert!(block > 0 && seq % block == 0, "blockwise attention: block {block} does not divide seq {seq}");
+    let layout = Layout::new(q, k, block, mask.window);
+    let mut inputs = vec![q, k, v];
+    inputs.extend(mask.segments.as_ref());
+    let results = composite(
+        "blockwise_attention",
+        &inputs,
+        |ins| {
+            let (out, lse) = forward(&layout, &ins[0], &ins[1], &ins[2], ins.get(3));
+            vec![out, lse]
+        },
+        |ins, outs, cts| {
+            let grads = Grads { out: &outs[0], lse: &outs[1], d_out: &cts[0], d_lse: &cts[1] };
+            let (dq, dk, dv) = backward(&layout, &ins[0], &ins[1], &ins[2], ins.get(3), &grads);
+            vec![dq, dk, dv]
+        },
+    );
+    (results[0].clone(), results[1].clone())
+}
+
+/// Sizes and the key blocks each query block visits.
+#[derive(Clone, Copy)]
+struct Layout {
+    batch: i64,
+    seq: i64,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    block: i64,
+    blocks: i64,
+    window: Option<i64>,
+    /// Scores, softmax and accumulators: f32, or f64 for f64 inputs.
+    acc: DType,
+}
+
+impl Layout {
+    fn new(q: &Tensor, k: &Tensor, block: i64, window: Option<i64>) -> Layout {
+        let (batch, seq, heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+        let acc = if q.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+        Layout { batch, seq, heads, kv_heads: k.shape()[2], head_dim, block, blocks: seq / block, window, acc }
+    }
+
+    fn group(&self) -> i64 {
+        self.heads / self.kv_heads
+    }
+
+    /// The key blocks `lo..hi` that query block `j` may see: up to the block holding its last
+    /// query (causal), from the block holding the first key its first query's window reaches.
+    fn key_blocks(&self, j: i64) -> (i64, i64) {
+        let first_query = j * self.block;
+        let hi = (first_query + self.block - 1) / self.block + 1;
+        let lo = self.window.map_or(0, |w| (first_query - w + 1).max(0) / self.block);
+        (lo, hi)
+    }
+}
+
+/// The per-block views every pass uses: queries `[batch, seq, kv_heads, group, head_dim]`, keys
+/// and values stacked by block `[blocks, batch, block, kv_heads, head_dim]`, key positions
+/// `[blocks, block]`, key documents `[blocks, batch, block]`.
+struct Blocks {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_positions: Tensor,
+    key_segments: Option<Tensor>,
+}
+
+impl Blocks {
+    fn new(l: &Layout, q: &Tensor, k: &Tensor, v: &Tensor, segments: Option<&Tensor>) -> Blocks {
+        let by_block =
+            |x: &Tensor| x.reshape(&[l.batch, l.blocks, l.block, l.kv_heads, l.head_dim]).transpose(&[1, 0, 2, 3, 4]);
+        Blocks {
+            q: q.reshape(&[l.batch, l.seq, l.kv_heads, l.group(), l.head_dim]),
+            k: by_block(k),
+            v: by_block(v),
+            key_positions: q.trace().iota(DType::S32, &[l.seq], 0).reshape(&[l.blocks, l.block]),
+            key_segments: segments.map(|s| s.reshape(&[l.batch, l.blocks, l.block]).transpose(&[1, 0, 2])),
+        }
+    }
+
+    /// The scanned inputs for key blocks `lo..hi`.
+    fn key_range(&self, lo: i64, hi: i64) -> Tree {
+        let mut xs = Tree::new()
+            .with("k", self.k.slice_axis(0, lo, hi))
+            .with("v", self.v.slice_axis(0, lo, hi))
+            .with("pos", self.key_positions.slice_axis(0, lo, hi));
+        if let Some(seg) = &self.key_segments {
+            xs.insert("seg", seg.slice_axis(0, lo, hi));
+        }
+        xs
+    }
+}
+
+/// One query block: its queries `[batch, block, kv_heads, group, head_dim]`, positions and
+/// documents.
+struct QueryBlock {
+    q: Tensor,
+    positions: Tensor,
+    segments: Option<Tensor>,
+}
+
+impl QueryBlock {
+    fn new(l: &Layout, blocks: &Blocks, segments: Option<&Tensor>, j: i64) -> QueryBlock {
+        let start = j * l.block;
+        let positions = blocks.q.trace().iota(DType::S32, &[l.block], 0) + start as f64;
+        QueryBlock {
+            q: blocks.q.slice_axis(1, start, start + l.block),
+            positions,
+            segments: segments.map(|s| s.slice_axis(1, start, start + l.block)),
+        }
+    }
+
+    /// Scores (in the accumulation dtype) against one key block, masked: `[batch, kv_heads, group, block, block]`, and
+    /// the mask.
+    fn scores(&self, l: &Layout, x: &Tree) -> (Tensor, Tensor) {
+        let s = einsum("bqngd,bknd->bngqk", &[&self.q, &x["k"]]).astype(l.acc);
+        let mask = Mask { window: l.window, segments: None };
+        let segments = self.segments.as_ref().zip(x.get("seg"));
+        let allowed = mask.allowed(&self.positions, &x["pos"], segments).broadcast_in_dim(s.shape(), &[0, 3, 4]);
+        (where_(&allowed, &s, MASK_VALUE), allowed)
+    }
+}
+
+/// `x` with a trailing axis of 1, to broadcast a per-query value over keys or features.
+fn per_query(x: &Tensor) -> Tensor {
+    x.expand_dims(-1)
+}
+
+fn forward(l: &Layout, q: &Tensor, k: &Tensor, v: &Tensor, segments: Option<&Tensor>) -> (Tensor, Tensor) {
+    let blocks = Blocks::new(l, q, k, v, segments);
+    let (b, n, g, bq, d) = (l.batch, l.kv_heads, l.group(), l.block, l.head_dim);
+    let ctx = q.trace();
+    let (mut outs, mut lses) = (Vec::new(), Vec::new());
+    for j in 0..l.blocks {
+        let query = QueryBlock::new(l, &blocks, segments, j);
+        let (lo, hi) = l.key_blocks(j);
+        let carry = Tree::new()
+            .with("m", ctx.full(MASK_VALUE, l.acc, &[b, n, g, bq]))
+            .with("l", ctx.zeros(l.acc, &[b, n, g, bq]))
+            .with("acc", ctx.zeros(l.acc, &[b, n, g, bq, d]));
+        let (state, _) = scan(&carry, &blocks.key_range(lo, hi), |c, x| {
+            let (s, _) = query.scores(l, x);
+            let m = c["m"].maximum(s.max(&[-1]));
+            let p = (&s - &per_query(&m)).exp();
+            let correction = (&c["m"] - &m).exp();
+            let pv = einsum("bngqk,bknd->bngqd", &[&p.astype(v.dtype()), &x["v"]]).astype(l.acc);
+            let next = Tree::new()
+                .with("l", &c["l"] * &correction + p.sum(&[-1]))
+                .with("acc", &c["acc"] * &per_query(&correction) + pv)
+                .with("m", m);
+            (next, Tree::new())
+        });
+        let out = &state["acc"] / &per_query(&state["l"]);
+        outs.push(out.transpose(&[0, 3, 1, 2, 4]).reshape(&[b, bq, l.heads, d]));
+        lses.push(&state["m"] + &state["l"].log());
+    }
+    let out = concatenate(&outs.iter().collect::<Vec<_>>(), 1).astype(q.dtype());
+    let lse = concatenate(&lses.iter().collect::<Vec<_>>(), 3).reshape(&[b, l.heads, l.seq]);
+    (out, lse)
+}
+
+/// The forward results and their cotangents.
+struct Grads<'a> {
+    out: &'a Tensor,
+    lse: &'a Tensor,
+    d_out: &'a Tensor,
+    d_lse: &'a Tensor,
+}
+
+fn backward(
+    l: &Layout,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    segments: Option<&Tensor>,
+    grads: &Grads,
+) -> (Tensor, Tensor, Tensor) {
+    let blocks = Blocks::new(l, q, k, v, segments);
+    let (b, n, g, bq, d) = (l.batch, l.kv_heads, l.group(), l.block, l.head_dim);
+    let by_query = |x: &Tensor| x.reshape(&[b, l.seq, n, g, d]);
+    let d_out = by_query(grads.d_out);
+    // δ = rowsum(do ∘ o), less the log-sum-exp's own cotangent (d lse / d s = p).
+    let delta = (d_out.astype(l.acc) * by_query(grads.out).astype(l.acc)).sum(&[-1]).transpose(&[0, 2, 3, 1])
+        - grads.d_lse.reshape(&[b, n, g, l.seq]);
+    let lse = grads.lse.reshape(&[b, n, g, l.seq]);
+    let ctx = q.trace();
+    let mut dk = ctx.zeros(l.acc, &[l.blocks, b, bq, n, d]);
+    let mut dv = dk.clone();
+    let mut dqs = Vec::new();
+    for j in 0..l.blocks {
+        let query = QueryBlock::new(l, &blocks, segments, j);
+        let (lo, hi) = l.key_blocks(j);
+        let rows = |x: &Tensor, axis: isize| x.slice_axis(axis, j * bq, (j + 1) * bq);
+        let (d_out_j, lse_j, delta_j) = (rows(&d_out, 1), rows(&lse, 3), rows(&delta, 3));
+        let carry = Tree::new().with("dq", ctx.zeros(l.acc, &[b, n, g, bq, d]));
+        let (state, per_block) = scan(&carry, &blocks.key_range(lo, hi), |c, x| {
+            let (s, allowed) = query.scores(l, x);
+            let p = where_(&allowed, (&s - &per_query(&lse_j)).exp(), 0.0);
+            let dv_i = einsum("bngqk,bqngd->bknd", &[&p.astype(v.dtype()), &d_out_j]).astype(l.acc);
+            let dp = einsum("bqngd,bknd->bngqk", &[&d_out_j, &x["v"]]).astype(l.acc);
+            let ds = (&p * &(dp - per_query(&delta_j))).astype(q.dtype());
+            let dq = &c["dq"] + &einsum("bngqk,bknd->bngqd", &[&ds, &x["k"]]).astype(l.acc);
+            let dk_i = einsum("bngqk,bqngd->bknd", &[&ds, &query.q]).astype(l.acc);
+            (Tree::new().with("dq", dq), Tree::new().with("dk", dk_i).with("dv", dv_i))
+        });
+        let place = |x: &Tensor| x.pad(0.0, &[lo, 0, 0, 0, 0], &[l.blocks - hi, 0, 0, 0, 0], &[0; 5]);
+        dk = dk + place(&per_block["dk"]);
+        dv = dv + place(&per_block["dv"]);
+        dqs.push(state["dq"].transpose(&[0, 3, 1, 2, 4]).reshape(&[b, bq, l.heads, d]));
+    }
+    let unblock =
+        |x: Tensor, like: &Tensor| x.transpose(&[1, 0, 2, 3, 4]).reshape(&[b, l.seq, n, d]).astype(like.dtype());
+    let dq = concatenate(&dqs.iter().collect::<Vec<_>>(), 1).astype(q.dtype());
+    (dq, unblock(dk, k), unblock(dv, v))
+}
