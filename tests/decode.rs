@@ -113,6 +113,15 @@ fn greedy_decoding_equals_the_full_forward_pass() {
     }
 }
 
+/// With `attention=flash` (blockwise attention: the full forward in blocks of the cache length,
+/// prefill in blocks of the prefill length) greedy decoding still equals the full forward pass.
+#[test]
+fn blockwise_attention_greedy_decoding_equals_the_full_forward_pass() {
+    let c = load(&["attention=flash", "per_device_batch_size=4"]);
+    let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
+    check_against_full_forward(&c, &g);
+}
+
 /// Mixtral (routed experts, dropless: each token's experts do not depend on the others) decodes
 /// through the same cache: greedy decoding equals its full forward pass.
 #[test]
