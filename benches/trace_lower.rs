@@ -1,6 +1,7 @@
 //! Benchmark: trace, differentiate and lower the Llama decoder (`maxrs::model`; llama2-7b shapes:
 //! emb 4096, 32 heads of 128, mlp 11008, vocab 32000, seq 2048, batch 4; nothing runs) with
-//! scan_layers on and off, and print median times and MLIR sizes. Before timing, a tiny
+//! scan_layers on and off, and print median times and MLIR sizes; then the same for the largest
+//! model file of each family (scanned, full remat) with its parameter count. Before timing, a tiny
 //! configuration of the same model is compiled and run on the CPU plugin: its initial loss must
 //! be close to ln(vocab), so the benchmarked graph is a real, valid program.
 //!
@@ -41,6 +42,16 @@ impl Config {
 
     fn llama2_7b(layers: i64, scan_layers: bool, remat: &str) -> Config {
         Config::new("llama2-7b", layers, scan_layers, remat, 4, 2048)
+    }
+
+    /// A model file as it is (plus `extra`), scanned with full remat.
+    fn model_file(model_name: &str, extra: &[&str], batch: i64, seq: i64) -> Config {
+        let mut overrides =
+            vec![format!("model_name={model_name}"), "scan_layers=true".into(), "remat_policy=full".into()];
+        overrides.extend(extra.iter().map(|s| s.to_string()));
+        let model = Model::from_config(&maxrs::config::load(None, &overrides).expect("built-in config"))
+            .expect("the model builds");
+        Config { model, seq, batch }
     }
 }
 
@@ -107,6 +118,31 @@ fn median(mut v: Vec<Duration>) -> f64 {
     v[v.len() / 2].as_secs_f64() * 1e3
 }
 
+/// Median trace, grad, lower and total milliseconds of `runs` runs, the equation counts and the
+/// MLIR size.
+fn measure(c: &Config, mesh: &Mesh, runs: usize) -> ([f64; 4], (usize, usize), usize) {
+    let names = grad_names(c);
+    let wrt: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (mut t_trace, mut t_grad, mut t_lower, mut t_total) = (vec![], vec![], vec![], vec![]);
+    let (mut size, mut eqns) = (0, (0, 0));
+    for _ in 0..runs {
+        let start = Instant::now();
+        let forward = loss_program(c, Some(mesh.clone()));
+        let traced = Instant::now();
+        let grad = value_and_grad_program(&forward, &wrt);
+        let differentiated = Instant::now();
+        let mlir = to_stablehlo(&grad);
+        let lowered = Instant::now();
+        t_trace.push(traced - start);
+        t_grad.push(differentiated - traced);
+        t_lower.push(lowered - differentiated);
+        t_total.push(lowered - start);
+        size = mlir.len();
+        eqns = (forward.graph.count_eqns(), grad.graph.count_eqns());
+    }
+    ([median(t_trace), median(t_grad), median(t_lower), median(t_total)], eqns, size)
+}
+
 fn main() {
     let runs: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(7);
     sanity_check();
@@ -126,31 +162,35 @@ fn main() {
     ];
     for (layers, scan_layers, remat) in configs {
         let c = Config::llama2_7b(layers, scan_layers, remat);
-        let names = grad_names(&c);
-        let wrt: Vec<&str> = names.iter().map(String::as_str).collect();
-        let (mut t_trace, mut t_grad, mut t_lower, mut t_total) = (vec![], vec![], vec![], vec![]);
-        let (mut size, mut eqns) = (0, (0, 0));
-        for _ in 0..runs {
-            let start = Instant::now();
-            let forward = loss_program(&c, Some(mesh.clone()));
-            let traced = Instant::now();
-            let grad = value_and_grad_program(&forward, &wrt);
-            let differentiated = Instant::now();
-            let mlir = to_stablehlo(&grad);
-            let lowered = Instant::now();
-            t_trace.push(traced - start);
-            t_grad.push(differentiated - traced);
-            t_lower.push(lowered - differentiated);
-            t_total.push(lowered - start);
-            size = mlir.len();
-            eqns = (forward.graph.count_eqns(), grad.graph.count_eqns());
-        }
+        let ([trace, grad, lower, total], eqns, size) = measure(&c, &mesh, runs);
         println!(
-            "| {layers} | {scan_layers} | {remat} | {:.1} | {:.1} | {:.1} | {:.1} | {} / {} | {:.0} KiB |",
-            median(t_trace),
-            median(t_grad),
-            median(t_lower),
-            median(t_total),
+            "| {layers} | {scan_layers} | {remat} | {trace:.1} | {grad:.1} | {lower:.1} | {total:.1} | {} / {} | {:.0} KiB |",
+            eqns.0,
+            eqns.1,
+            size as f64 / 1024.0
+        );
+    }
+
+    println!("\nthe largest model file of each family, scanned, full remat, batch 4 x seq 2048, same mesh; median of {runs} runs (ms)\n");
+    println!("| model | decoder_block | parameters | trace | grad | lower | trace+grad+lower | eqns (fwd / fwd+bwd) | MLIR |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let models: [(&str, &[&str]); 7] = [
+        ("llama3.1-405b", &[]),
+        ("mistral-7b", &[]),
+        ("gemma-7b", &[]),
+        ("gemma2-27b", &[]),
+        ("gpt3-175b", &[]),
+        ("maxtext-default", &["global_parameter_scale=16"]),
+        ("llama2-7b", &[]),
+    ];
+    for (name, extra) in models {
+        let c = Config::model_file(name, extra, 4, 2048);
+        let ([trace, grad, lower, total], eqns, size) = measure(&c, &mesh, runs);
+        let block = maxrs::config::load(None, &[format!("model_name={name}")]).expect("config").decoder_block;
+        println!(
+            "| {name}{} | {block} | {:.2}B | {trace:.1} | {grad:.1} | {lower:.1} | {total:.1} | {} / {} | {:.0} KiB |",
+            if extra.is_empty() { String::new() } else { format!(" {}", extra.join(" ")) },
+            c.model.num_params() as f64 / 1e9,
             eqns.0,
             eqns.1,
             size as f64 / 1024.0

@@ -101,7 +101,14 @@ fn compiles_for_two_v5e_256_slices() {
 
 #[test]
 fn a_step_that_cannot_fit_an_h100_is_an_error_with_the_numbers() {
-    let args = ["per_device_batch_size=64", "max_target_length=8192", "remat_policy=none", "dtype=float32"];
+    // Dot-product attention: its [batch, heads, seq, seq] scores (autoselected would pick blockwise).
+    let args = [
+        "per_device_batch_size=64",
+        "max_target_length=8192",
+        "remat_policy=none",
+        "dtype=float32",
+        "attention=dot_product",
+    ];
     let Some((ok, stdout, stderr)) = train_compile_cli("h100-1", 1, &args) else { return };
     assert!(!ok, "must not fit:\n{stdout}");
     assert!(stderr.contains("out of memory: the compiled program needs"), "{stderr}");

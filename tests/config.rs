@@ -400,3 +400,102 @@ tokens per step: 64 x 128 = 8192
 steps: 50 (schedule 50, warmup 5)";
     assert_eq!(text, expected);
 }
+
+fn model(list: &[&str]) -> Result<maxrs::model::Model, String> {
+    maxrs::model::Model::from_config(&load(list).expect("loads"))
+}
+
+/// The family model files give the published parameter counts: Hugging Face's for Llama 3.1,
+/// Mistral 7B and Gemma, plus MaxText's vocabulary padding for Gemma (256128 rows instead of
+/// 256000: 128 x emb more); GPT-3's 175B and the JaxPP fork's 52k test model.
+#[test]
+fn family_model_files_give_the_published_sizes() {
+    for (name, published) in [
+        ("llama3.1-8b", 8_030_261_248u64),
+        ("llama3.1-70b", 70_553_706_496),
+        ("llama3.1-405b", 405_853_388_800),
+        ("llama3.3-70b", 70_553_706_496),
+        ("mistral-7b", 7_241_732_096),
+        ("gemma-2b", 2_506_172_416 + 128 * 2048),
+        ("gemma-7b", 8_537_680_896 + 128 * 3072),
+        ("gemma2-2b", 2_614_341_888 + 128 * 2304),
+        ("gemma2-9b", 9_241_705_984 + 128 * 3584),
+        ("gemma2-27b", 27_227_128_320 + 128 * 4608),
+    ] {
+        assert_eq!(model(&[&format!("model_name={name}")]).unwrap().num_params(), published, "{name}");
+    }
+    let gpt3 = model(&["model_name=gpt3-175b"]).unwrap().num_params() as f64;
+    assert!((gpt3 / 175e9 - 1.0).abs() < 0.005, "gpt3-175b: {gpt3}");
+    assert!((52_000..53_000).contains(&model(&["model_name=gpt3-52k"]).unwrap().num_params()));
+    let c = load(&["model_name=gemma2-2b"]).unwrap();
+    assert_eq!(
+        (c.base_num_decoder_layers, c.sliding_window_size, c.attn_logits_soft_cap, c.final_logits_soft_cap),
+        (13, 4096, 50.0, 30.0)
+    );
+    assert!(c.use_post_attn_norm && c.use_post_ffw_norm && c.logits_via_embedding && c.normalize_embedding_logits);
+    let c = load(&["model_name=gpt3-175b"]).unwrap();
+    assert!(c.fused_qkv && !c.normalize_embedding_logits);
+    assert_eq!((c.trainable_position_size, c.mlp_activations.as_slice()), (16384, &["gelu".to_string()][..]));
+}
+
+/// MaxText's default model scaled by `global_parameter_scale=16` (the seed's AOT example): emb x2,
+/// heads and mlp x4, layers x2, head_dim unchanged; about 16B parameters.
+#[test]
+fn global_parameter_scale_scales_maxtexts_default_model() {
+    let m = model(&["model_name=maxtext-default", "global_parameter_scale=16"]).unwrap();
+    let c = &m.config;
+    assert_eq!((c.emb, c.heads, c.kv_heads, c.mlp, c.layers, c.head_dim), (4096, 64, 64, 28672, 32, 128));
+    assert!((m.num_params() as f64 / 16e9 - 1.0).abs() < 0.05, "{}", m.num_params());
+    assert_eq!(model(&["model_name=maxtext-default"]).unwrap().config.emb, 2048);
+    let e = invalid(&["global_parameter_scale=3"], 1, 1);
+    assert!(e.contains("global_parameter_scale") && e.contains("power of two"), "{e}");
+    for scale in ["0", "-2", "8192"] {
+        let e = invalid(&[&format!("global_parameter_scale={scale}")], 1, 1);
+        assert!(e.contains("global_parameter_scale") && e.contains("[1, 4096]"), "{e}");
+    }
+    // The scaled sizes keep the base_* ranges: 4096 = 2^12 doubles the layers 4 times.
+    let e = invalid(&["global_parameter_scale=4096", "base_num_decoder_layers=4096"], 1, 1);
+    assert!(e.contains("scales base_num_decoder_layers=4096 to 65536"), "{e}");
+}
+
+/// A key only some families read is refused, naming the families that use it, where MaxText would
+/// silently ignore it; the families' own constraints are errors naming the key.
+#[test]
+fn family_keys_are_refused_where_they_do_nothing() {
+    let e = model(&["sliding_window_size=64"]).unwrap_err();
+    assert!(
+        e.contains("sliding_window_size=64") && e.contains("decoder_block=llama2") && e.contains("mistral, gemma2"),
+        "{e}"
+    );
+    // Mixtral's experts are SwiGLU only.
+    let e =
+        model(&["decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2", "mlp_activations=[gelu, linear]"])
+            .unwrap_err();
+    assert!(e.contains("mlp_activations") && e.contains("mixtral"), "{e}");
+    let e = model(&["model_name=gemma-2b", "fused_qkv=true"]).unwrap_err();
+    assert!(e.contains("fused_qkv=true") && e.contains("gpt3"), "{e}");
+    for key in ["attn_logits_soft_cap=30.0", "use_post_attn_norm=true", "use_post_ffw_norm=true"] {
+        assert!(model(&["model_name=mistral-7b", key]).unwrap_err().contains("gemma2"), "{key}");
+    }
+    // Tied-logit options on untied logits, Llama 3.1's scaling switch on the default RoPE.
+    for key in ["normalize_embedding_logits=false", "final_logits_soft_cap=30.0"] {
+        assert!(model(&[key]).unwrap_err().contains("logits_via_embedding"), "{key}");
+    }
+    assert!(model(&["rope_use_scale=false"]).unwrap_err().contains("rope_use_scale"));
+    let e = model(&["model_name=gemma2-2b", "override_model_config=true", "sliding_window_size=0"]).unwrap_err();
+    assert!(e.contains("sliding_window_size=0") && e.contains("positive"), "{e}");
+    let e = model(&["model_name=gpt3-52k", "override_model_config=true", "base_num_kv_heads=1"]).unwrap_err();
+    assert!(e.contains("base_num_kv_heads=1"), "{e}");
+    assert!(model(&["model_name=gpt3-52k", "rope_type=llama3.1"]).unwrap_err().contains("no RoPE"));
+    // Validation of the values themselves.
+    assert!(invalid(&["rope_type=yarn"], 1, 1).contains("not supported yet"));
+    assert!(invalid(&["mlp_activations=[swish, linear]"], 1, 1).contains("`swish` is not supported yet"));
+    assert!(invalid(&["sliding_window_size=-1"], 1, 1).contains("sliding_window_size"));
+    assert!(invalid(&["attn_logits_soft_cap=-1.0"], 1, 1).contains("attn_logits_soft_cap"));
+    let e = invalid(&["trainable_position_size=64", "max_target_length=128"], 1, 1);
+    assert!(e.contains("trainable_position_size") && e.contains("max_target_length=128"), "{e}");
+    // A model named llama3.1-* gets Llama 3.1's RoPE without rope_type, as in MaxText.
+    use maxrs::model::config::Rope;
+    assert_eq!(model(&["model_name=llama3.1-8b"]).unwrap().config.rope, Rope::Llama31 { use_scale: true });
+    assert_eq!(model(&["model_name=llama3-8b"]).unwrap().config.rope, Rope::Default);
+}

@@ -74,6 +74,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("load_parameters_path", Runtime("initial parameters from a file or checkpoint")),
     ("load_full_state_path", Runtime("initial state (parameters, optimizer, step) from a checkpoint")),
     ("decoder_block", Refused("gemma3")),
+    ("global_parameter_scale", Program("2")),
     ("base_emb_dim", Program("128")),
     ("base_num_query_heads", Program("8")),
     ("base_num_kv_heads", Program("4")),
@@ -81,10 +82,20 @@ const KEYS: &[(&str, Effect)] = &[
     ("base_num_decoder_layers", Program("3")),
     ("head_dim", Program("32")),
     ("vocab_size", Program("1024")),
-    ("mlp_activations", Refused("[gelu, linear]")),
+    ("mlp_activations", Program("[gelu, linear]")),
     ("normalization_layer_epsilon", Program("1.0e-6")),
     ("rope_max_timescale", Program("500000")),
+    ("rope_type", Program("llama3.1")),
+    ("rope_use_scale", ProgramVs("false", "true", &["rope_type=llama3.1"])),
     ("logits_via_embedding", Program("true")),
+    ("normalize_embedding_logits", ProgramVs("false", "true", &["logits_via_embedding=true"])),
+    ("final_logits_soft_cap", ProgramVs("30.0", "0.0", &["logits_via_embedding=true"])),
+    ("trainable_position_size", Program("2048")),
+    ("sliding_window_size", ProgramVs("16", "0", &["decoder_block=mistral"])),
+    ("attn_logits_soft_cap", ProgramVs("50.0", "0.0", GEMMA2)),
+    ("use_post_attn_norm", ProgramVs("true", "false", GEMMA2)),
+    ("use_post_ffw_norm", ProgramVs("true", "false", GEMMA2)),
+    ("fused_qkv", ProgramVs("true", "false", &["decoder_block=gpt3", "base_num_kv_heads=4"])),
     ("enable_dropout", Refused("true")),
     ("attention", Program("flash")),
     ("dtype", Program("float32")),
@@ -190,6 +201,9 @@ const KEYS: &[(&str, Effect)] = &[
     ("ici_expert_parallelism", Program("2")),
     ("ici_autoregressive_parallelism", Program("2")),
 ];
+
+/// The gemma2 family on the default model's sizes (its local layers need a window).
+const GEMMA2: &[&str] = &["decoder_block=gemma2", "sliding_window_size=16"];
 
 /// Devices the mesh keys are checked on: the default mesh puts them all on fsdp.
 const DEVICES: usize = 8;

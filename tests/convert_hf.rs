@@ -344,4 +344,15 @@ fn unsupported_hf_configs_are_refused_naming_the_key() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("mlp.gate_proj.weight"), "{err}");
+    // Other families and Llama 3.1's interleaved RoPE are refused before any file is read.
+    for (model, want) in
+        [("model_name=gemma-2b", "decoder_block=gemma"), ("model_name=llama3.1-8b", "rope_type=llama3.1")]
+    {
+        let out = Command::new(MAXRS)
+            .args(["convert", "to-hf", "params.safetensors", d.path().join("z").to_str().unwrap(), model])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want) && err.contains("not supported yet"), "{err}");
+    }
 }

@@ -16,7 +16,7 @@ use maxrs::config::{self, Config, DecoderBlock, Derived};
 use maxrs::data::tokenizer::TextTokenizer;
 use maxrs::inference::{Generation, ParamSource, Sampling, Session};
 use maxrs::ir::{DType, Signature};
-use maxrs::model::attention::{KvCache, LayerCache, LayerContext};
+use maxrs::model::attention::{AttendOptions, KvCache, LayerCache, LayerContext};
 use maxrs::model::Model;
 use maxrs::pjrt::HostTensor;
 use maxrs::storage::Location;
@@ -157,6 +157,7 @@ fn sliding_window_attention_through_the_cache_equals_the_full_mask() {
     let mc = Model::from_config(&c).unwrap().config;
     let (b, t, p, window) = (2i64, 10i64, 4i64, 3i64);
     let (h, kv, d) = (mc.heads, mc.kv_heads, mc.head_dim);
+    let opts = AttendOptions::default();
     let mut sig = Signature::new(None);
     sig.input("q", DType::F32, &[b, t, h, d]);
     sig.input("k", DType::F32, &[b, t, kv, d]);
@@ -164,12 +165,19 @@ fn sliding_window_attention_through_the_cache_equals_the_full_mask() {
     let program = trace(&sig, |ctx, inp| {
         let tokens = |n: i64| ctx.zeros(DType::S32, &[b, n]);
         let (q, k, v) = (&inp["q"], &inp["k"], &inp["v"]);
-        let full = LayerContext::new(&mc, &Tree::new().with("inputs", tokens(t))).attend(q, k, v, Some(window));
+        let full = LayerContext::new(&mc, &Tree::new().with("inputs", tokens(t))).attend(
+            q,
+            k,
+            v,
+            Some(window),
+            mc.attention,
+            &opts,
+        );
 
         let prefill = LayerContext::new(&mc, &Tree::new().with("inputs", tokens(p)))
             .with_cache(LayerCache::Fill { len: t, filled: Vec::new() });
         let first = |x: &maxrs::tensor::Tensor| x.slice_axis(1, 0, p);
-        let mut outputs = vec![prefill.attend(&first(q), &first(k), &first(v), Some(window))];
+        let mut outputs = vec![prefill.attend(&first(q), &first(k), &first(v), Some(window), mc.attention, &opts)];
         let Some(LayerCache::Fill { filled, .. }) = prefill.into_cache() else { unreachable!() };
         let stacked = |x: &maxrs::tensor::Tensor| x.reshape(&[1, b, t, kv, d]);
         let mut cache = KvCache { key: stacked(&filled[0].key), value: stacked(&filled[0].value) };
@@ -183,7 +191,7 @@ fn sliding_window_attention_through_the_cache_equals_the_full_mask() {
                 used: 0,
             });
             let at = |x: &maxrs::tensor::Tensor| x.slice_axis(1, pos, pos + 1);
-            outputs.push(step.attend(&at(q), &at(k), &at(v), Some(window)));
+            outputs.push(step.attend(&at(q), &at(k), &at(v), Some(window), mc.attention, &opts));
             let Some(LayerCache::Update { mut caches, .. }) = step.into_cache() else { unreachable!() };
             cache = caches.remove(0);
         }

@@ -112,39 +112,64 @@ fn gradient_matches_finite_differences() {
 }
 
 /// `init_params`: every parameter of `param_defs` with its shape and dtype, MaxText's scales
-/// (embedding stddev 1, kernels stddev sqrt(1/fan_in), norm scales 1), the same values for the
-/// same seed and different values for another seed.
+/// (embedding stddev 1, kernels stddev sqrt(1/fan_in), truncated or not, norm scales 1, biases and
+/// GPT-3's norm scales 0), the same values for the same seed and different values for another
+/// seed; for the Llama model and a small GPT-3 (the other initializers).
 #[test]
 fn init_params_follow_the_defs_and_the_seed() {
-    use maxrs::model::ParamInit;
+    use maxrs::model::{Model, ParamInit};
     use maxrs::tensor::random;
-    let c = config(true, &[]);
-    let init = |seed: u32| {
-        let program =
-            trace(&Signature::new(None), |ctx, _| c.init_params(&random::key(ctx, seed))).expect("init traces");
-        common::run(&program, &Tree::new())
-    };
-    let (a, again, other) = (init(0), init(0), init(1));
-    let defs = c.param_defs();
-    assert_eq!(a.len(), defs.len());
-    for def in &defs {
-        let values = a[def.name.as_str()].to_f64();
-        assert_eq!(a[def.name.as_str()].dims, def.shape, "{}", def.name);
-        assert_eq!(values, again[def.name.as_str()].to_f64(), "{} is not deterministic", def.name);
-        let n = values.len() as f64;
-        let mean = values.iter().sum::<f64>() / n;
-        let std = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
-        match def.init {
-            ParamInit::Ones => assert!(values.iter().all(|&v| v == 1.0), "{}", def.name),
-            ParamInit::Normal(s) => assert!((std / s - 1.0).abs() < 0.05, "{}: std {std}", def.name),
-            ParamInit::FanIn(fan_in) => {
-                let want = (1.0 / fan_in as f64).sqrt();
-                assert!((std / want - 1.0).abs() < 0.05, "{}: std {std}, expected {want}", def.name);
-                assert!(values.iter().all(|v| v.abs() <= 2.0 * want / 0.8796 + 1e-6), "{} not truncated", def.name);
+    let gpt3 = [
+        "model_name=gpt3-52k",
+        "override_model_config=true",
+        "base_emb_dim=128",
+        "base_mlp_dim=256",
+        "vocab_size=512",
+        "trainable_position_size=256",
+        "max_target_length=64",
+    ];
+    let gpt3 = Model::from_config(&maxrs::config::load(None, &gpt3.map(String::from)).unwrap()).unwrap();
+    for c in [config(true, &[]), gpt3] {
+        let init = |seed: u32| {
+            let program =
+                trace(&Signature::new(None), |ctx, _| c.init_params(&random::key(ctx, seed))).expect("init traces");
+            common::run(&program, &Tree::new())
+        };
+        let (a, again, other) = (init(0), init(0), init(1));
+        let defs = c.param_defs();
+        assert_eq!(a.len(), defs.len());
+        for def in &defs {
+            let values = a[def.name.as_str()].to_f64();
+            assert_eq!(a[def.name.as_str()].dims, def.shape, "{}", def.name);
+            assert_eq!(values, again[def.name.as_str()].to_f64(), "{} is not deterministic", def.name);
+            let n = values.len() as f64;
+            let mean = values.iter().sum::<f64>() / n;
+            let std = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+            let constant = match def.init {
+                ParamInit::Ones => Some(1.0),
+                ParamInit::Zeros => Some(0.0),
+                ParamInit::Normal(s) => {
+                    assert!((std / s - 1.0).abs() < 0.05, "{}: std {std}", def.name);
+                    None
+                }
+                ParamInit::FanIn(fan_in) => {
+                    let want = (1.0 / fan_in as f64).sqrt();
+                    assert!((std / want - 1.0).abs() < 0.05, "{}: std {std}, expected {want}", def.name);
+                    assert!(values.iter().all(|v| v.abs() <= 2.0 * want / 0.8796 + 1e-6), "{} not truncated", def.name);
+                    None
+                }
+                ParamInit::FanInNormal(fan_in) => {
+                    let want = (1.0 / fan_in as f64).sqrt();
+                    assert!((std / want - 1.0).abs() < 0.05, "{}: std {std}, expected {want}", def.name);
+                    // Untruncated: a sample this large has values beyond 2 stddev.
+                    assert!(values.iter().any(|v| v.abs() > 2.0 * want), "{} looks truncated", def.name);
+                    None
+                }
+            };
+            match constant {
+                Some(k) => assert!(values.iter().all(|&v| v == k), "{}", def.name),
+                None => assert_ne!(values, other[def.name.as_str()].to_f64(), "{} ignores the seed", def.name),
             }
-        }
-        if def.init != ParamInit::Ones {
-            assert_ne!(values, other[def.name.as_str()].to_f64(), "{} ignores the seed", def.name);
         }
     }
 }

@@ -94,6 +94,50 @@ fn peak_by_device_kind_and_override() {
     assert_close(mfu(494.5, 989.0), 0.5, 1e-12);
 }
 
+fn model(name: &str) -> Model {
+    Model::from_config(&maxrs::config::load(None, &[format!("model_name={name}")]).unwrap()).unwrap()
+}
+
+/// gemma2-2b under MaxText's `calculate_gemma2_tflops_training_per_device` (maxtext_utils.py,
+/// e591f30), by hand: each of the 13 stacked layers is a local and a global layer (twice the
+/// weight terms), global attention causal over the sequence, local attention over the window.
+#[test]
+fn gemma2_counts_pairs_of_local_and_global_layers() {
+    for seq in [8192u128, 2048] {
+        let (e, h, kv, d, m, l, v) = (2304u128, 8u128, 4u128, 256u128, 9216u128, 13u128, 256128u128);
+        let bs = seq; // per_device_batch_size 1
+        let ffn = 3 * 2 * bs * m * e; // gelu and linear inputs, output
+        let qkv = 2 * bs * e * (h + 2 * kv) * d;
+        let proj = 2 * bs * e * h * d;
+        let weights = ((ffn + qkv + proj) * l * 2 + 2 * bs * e * v) * 3;
+        let w = 4096.min(seq);
+        let global = 2 * seq * seq * h * d;
+        let local = 4 * (seq * w - w * w / 2) * h * d;
+        let attention = (global + local) * l * 3;
+        let t = training_tflops_per_device(&model("gemma2-2b"), &shape(1.0, seq as u64));
+        assert_close(t.learnable_weight, weights as f64 / 1e12, 1e-12);
+        assert_close(t.attention, attention as f64 / 1e12, 1e-12);
+    }
+}
+
+/// gpt3-6b and gemma-7b under the dense formula: one MLP input for GPT-3's gelu, two for GeGLU.
+#[test]
+fn gpt3_and_gemma_use_the_dense_formula() {
+    for (name, e, h, d, m, l, v, acts) in [
+        ("gpt3-6b", 3072u128, 12u128, 256u128, 12288u128, 48u128, 32768u128, 1u128),
+        ("gemma-7b", 3072, 16, 256, 24576, 28, 256128, 2),
+    ] {
+        let seq = 1024u128;
+        let ffn = (acts + 1) * 2 * seq * m * e;
+        let attn_weights = 2 * seq * e * 3 * h * d + 2 * seq * e * h * d;
+        let weights = ((ffn + attn_weights) * l + 2 * seq * e * v) * 3;
+        let attention = 4 * seq * seq * h * d / 2 * l * 3;
+        let t = training_tflops_per_device(&model(name), &shape(1.0, seq as u64));
+        assert_close(t.learnable_weight, weights as f64 / 1e12, 1e-12);
+        assert_close(t.attention, attention as f64 / 1e12, 1e-12);
+    }
+}
+
 /// mixtral-8x7b: the hand count (router plus 2 of 8 experts), and MaxText's golden test
 /// (`tests/unit/flop_calculation_test.py::test_mixtral_8x7b_flops` at main e591f30): about
 /// `6 x B x S x 12.9e9` active parameters plus causal attention, within 5%.

@@ -87,3 +87,35 @@ fn run_from_parameter_and_token_files_starts_at_the_reference_loss() {
     let rel = (report.losses[0] - want).abs() / want;
     assert!(rel < 1e-5, "first loss {} vs reference {want} (relative {rel:e})", report.losses[0]);
 }
+
+/// A shrunken model of every family trains on the synthetic data: the loss falls.
+#[test]
+fn every_family_trains_with_a_falling_loss() {
+    for (model, extra) in [
+        ("mistral-7b", &["sliding_window_size=8"][..]),
+        ("llama3.1-8b", &[]),
+        ("gemma-2b", &["base_num_kv_heads=1"]),
+        ("gemma2-2b", &["sliding_window_size=8"]),
+        ("gpt3-52k", &["base_num_kv_heads=4"]),
+    ] {
+        let mut args = vec![
+            format!("model_name={model}"),
+            "override_model_config=true".into(),
+            "base_num_decoder_layers=2".into(),
+            "base_emb_dim=64".into(),
+            "base_num_query_heads=4".into(),
+            "base_num_kv_heads=2".into(),
+            "head_dim=16".into(),
+            "base_mlp_dim=128".into(),
+            "vocab_size=128".into(),
+            "per_device_batch_size=8".into(),
+            "max_target_length=32".into(),
+            "steps=20".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let report = run(1, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let (first, last) = (report.losses[0], report.losses[report.losses.len() - 1]);
+        println!("{model}: loss {first:.3} -> {last:.3}");
+        assert!(last < first - 0.5, "{model}: the loss does not fall: {:?}", report.losses);
+    }
+}

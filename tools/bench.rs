@@ -36,6 +36,18 @@ fn main() -> Result<()> {
         bail!("unknown option {flag}; usage: tools/bench [CONFIG] [key=value ...] [--vs-jax]");
     }
     let c = config::load_args(&args)?;
+    if vs_jax {
+        // jax_train.py is maxrs's Llama model (llama2 block, default RoPE) and nothing else.
+        let llama = maxrs::model::Model::from_config(&c).map_err(|e| anyhow!(e))?;
+        if c.decoder_block != config::DecoderBlock::Llama2
+            || llama.config.rope != maxrs::model::config::Rope::Default
+            || c.global_parameter_scale != 1
+            || c.trainable_position_size > 0
+            || c.mlp_activations != ["silu", "linear"]
+        {
+            bail!("--vs-jax compares the Llama model only: decoder_block=llama2 with the default RoPE, SwiGLU, no global_parameter_scale or position embeddings");
+        }
+    }
     let client = client_for(&c)?;
     let client_seconds = started.elapsed().as_secs_f64();
     let num_devices = client.addressable_devices()?.len();

@@ -355,7 +355,8 @@ def forward(c, params, tokens, mesh=None):
             x = layer(x, {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)})
     y = rms_norm(x, params["decoder.decoder_norm.scale"], c.eps, dt)
     if c.logits_via_embedding:
-        logits = jnp.einsum("btd,vd->btv", y, embedding)
+        # MaxText's normalize_embedding_logits (on by default): tied logits over sqrt(emb).
+        logits = jnp.einsum("btd,vd->btv", y, embedding) / jnp.sqrt(jnp.asarray(c.emb, dt))
     else:
         logits = y @ params["decoder.logits_dense.kernel"].astype(dt)
     return constrain(logits.astype(F32))
@@ -638,7 +639,8 @@ def reference_loss_f64(c, params, batch):
         g = h @ p["mlp.wi_0.kernel"]
         x = x + (g / (1.0 + np.exp(-g)) * (h @ p["mlp.wi_1.kernel"])) @ p["mlp.wo.kernel"]
     y = norm(x, P64["decoder.decoder_norm.scale"])
-    logits = y @ (P64["token_embedder.embedding"].T if c.logits_via_embedding else P64["decoder.logits_dense.kernel"])
+    logits = (y @ P64["token_embedder.embedding"].T / np.sqrt(c.emb) if c.logits_via_embedding
+              else y @ P64["decoder.logits_dense.kernel"])
     mx = logits.max(axis=-1, keepdims=True)
     lse = np.log(np.exp(logits - mx).sum(axis=-1)) + mx[..., 0]
     tgt = np.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]

@@ -210,9 +210,9 @@ pub fn to_hf(
         all_args.extend(args.iter().cloned());
     }
     let (c, model) = model_config(&all_args)?;
+    llama_hf::check_model(&c, &model)?;
     let weight = crate::runtime::element_type(model.config.weight_dtype);
     let ty = dtype.map(element_type).transpose()?.unwrap_or(weight);
-    let hf_config = llama_hf::hf_config(&c, dtype_name(ty))?;
     let expected: Vec<Expected> = model
         .param_defs()
         .into_iter()
@@ -242,7 +242,7 @@ pub fn to_hf(
         cast(params, ty)
     };
     let tensors = llama_hf::to_hf(&model, &params)?;
-    let files = write(dst, &hf_config, &tensors, max_shard_bytes)?;
+    let files = write(dst, &llama_hf::hf_config(&c, &model, dtype_name(ty)), &tensors, max_shard_bytes)?;
     let bytes = tensors.values().map(|t| t.data.len() as u64).sum();
     let model_args = manifest::model_keys(&c, &model).iter().map(|(k, v)| format!("{k}={}", plain(v))).collect();
     Ok(Converted { model_args, tensors: tensors.len(), bytes, files })

@@ -18,6 +18,9 @@ macro_rules! string_enum {
             /// Every accepted spelling, in declaration order.
             pub const VALUES: &'static [&'static str] = &[$($text),+];
 
+            /// Every value, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
             pub fn as_str(self) -> &'static str {
                 match self {
                     $(Self::$variant => $text),+
@@ -104,10 +107,16 @@ string_enum!(
 );
 
 string_enum!(
-    /// MaxText's decoder block styles that maxrs implements; mistral is llama2's block (MaxText's
-    /// mistral layer has no sliding window either); mixtral is llama2's with a routed MoE block
-    /// for the MLP.
-    DecoderBlock { Llama2 = "llama2", Mistral = "mistral", Mixtral = "mixtral" }
+    /// MaxText's decoder block styles that maxrs implements, one family file each under
+    /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP.
+    DecoderBlock {
+        Llama2 = "llama2",
+        Mistral = "mistral",
+        Gemma = "gemma",
+        Gemma2 = "gemma2",
+        Gpt3 = "gpt3",
+        Mixtral = "mixtral",
+    }
 );
 
 string_enum!(
@@ -120,6 +129,16 @@ string_enum!(
         Composite = "composite",
     }
 );
+
+string_enum!(
+    /// MaxText's `rope_type`: `default` (half-split RoPE) or `llama3.1` (Llama 3.1's scaled
+    /// frequencies on interleaved pairs); `yarn` is refused by validation as not supported yet.
+    RopeType { Default = "default", Llama31 = "llama3.1", Yarn = "yarn" }
+);
+
+/// The MLP activations maxrs implements (`mlp_activations` entries; MaxText's names: `gelu` is
+/// flax's tanh approximation).
+pub const MLP_ACTIVATIONS: &[&str] = &["silu", "gelu", "relu", "linear"];
 
 /// The closed set of values of a string key, if it has one.
 pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
@@ -135,15 +154,16 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "tokenizer_type" => Some(TokenizerType::VALUES),
         "decoder_block" => Some(DecoderBlock::VALUES),
         "decode_sampling_strategy" => Some(SamplingStrategy::VALUES),
+        "rope_type" => Some(RopeType::VALUES),
         "on_checkpoint_error" => Some(OnCheckpointError::VALUES),
         _ => None,
     }
 }
 
-/// The keys a model file (`models/<name>.yml`) may set: the model's shape and the logical axis
-/// rules it needs (the keys MaxText's own model files set, among those maxrs has). A model file
-/// that sets any other key is refused; run settings belong in the config file or on the command
-/// line. A new model key is added here as well as to `Config`.
+/// The keys a model file (`models/<name>.yml`) may set: the model's shape and variant keys, the
+/// logical axis rules it needs, and the sequence length and optimizer settings MaxText's GPT-3
+/// files carry (the keys MaxText's own model files set, among those maxrs has). A model file that
+/// sets any other key is refused; run settings belong in the config file or on the command line. A new model key is added here as well as to `Config`.
 pub const MODEL_KEYS: &[&str] = &[
     "decoder_block",
     "base_emb_dim",
@@ -156,7 +176,19 @@ pub const MODEL_KEYS: &[&str] = &[
     "mlp_activations",
     "normalization_layer_epsilon",
     "rope_max_timescale",
+    "rope_type",
+    "rope_use_scale",
     "logits_via_embedding",
+    "normalize_embedding_logits",
+    "final_logits_soft_cap",
+    "trainable_position_size",
+    "sliding_window_size",
+    "attn_logits_soft_cap",
+    "use_post_attn_norm",
+    "use_post_ffw_norm",
+    "fused_qkv",
+    "use_iota_embed",
+    "logits_dot_in_fp32",
     "enable_dropout",
     "num_experts",
     "num_experts_per_tok",
@@ -165,6 +197,13 @@ pub const MODEL_KEYS: &[&str] = &[
     "load_balance_loss_weight",
     "logical_axis_rules",
     "override_logical_axis_rules",
+    // MaxText's GPT-3 files also set the sequence length and the optimizer they were trained with.
+    "max_target_length",
+    "adam_b1",
+    "adam_b2",
+    "adam_eps",
+    "adam_weight_decay",
+    "gradient_clipping_threshold",
 ];
 
 /// MaxText keys of the checkpointing, run-output and data areas that maxrs refuses, with the
@@ -293,6 +332,7 @@ pub struct Config {
 
     // Model
     pub decoder_block: DecoderBlock,
+    pub global_parameter_scale: i64,
     pub base_emb_dim: i64,
     pub base_num_query_heads: i64,
     pub base_num_kv_heads: i64,
@@ -303,7 +343,17 @@ pub struct Config {
     pub mlp_activations: Vec<String>,
     pub normalization_layer_epsilon: f64,
     pub rope_max_timescale: i64,
+    pub rope_type: RopeType,
+    pub rope_use_scale: bool,
     pub logits_via_embedding: bool,
+    pub normalize_embedding_logits: bool,
+    pub final_logits_soft_cap: f64,
+    pub trainable_position_size: i64,
+    pub sliding_window_size: i64,
+    pub attn_logits_soft_cap: f64,
+    pub use_post_attn_norm: bool,
+    pub use_post_ffw_norm: bool,
+    pub fused_qkv: bool,
     pub enable_dropout: bool,
     pub attention: AttentionKernel,
 

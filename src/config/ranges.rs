@@ -78,6 +78,14 @@ pub const NUMERIC_KEYS: &[(&str, Range)] = &[
     ("vocab_size", int(2, i32::MAX as i64)),
     ("normalization_layer_epsilon", open(0.0, 1.0)),
     ("rope_max_timescale", int(1, 1 << 53)),
+    // A power of two (checked in validate.rs), and the scaled sizes stay within the base_* ranges.
+    ("global_parameter_scale", int(1, 1 << 12)),
+    // 0 (or -1, MaxText's default) disables learned position embeddings.
+    ("trainable_position_size", int_or_fill(0, 1 << 24)),
+    ("sliding_window_size", int(0, 1 << 24)),
+    // 0 disables a soft cap.
+    ("attn_logits_soft_cap", closed(0.0, 1e9)),
+    ("final_logits_soft_cap", closed(0.0, 1e9)),
     ("num_experts", int(1, MAX_HEADS)),
     ("num_experts_per_tok", int(1, MAX_HEADS)),
     // <= 0: no capacity limit (MaxText's default -1); above, a multiple of the even share.

@@ -4,7 +4,10 @@
 use std::fmt;
 
 use super::error::{closest, ConfigError};
-use super::keys::{Config, DatasetType, DecoderBlock, Hardware, ProfilerKind, SamplingStrategy, TokenizerType};
+use super::keys::{
+    Config, DatasetType, DecoderBlock, Hardware, ProfilerKind, RopeType, SamplingStrategy, TokenizerType,
+    MLP_ACTIVATIONS,
+};
 use super::mesh::{self, Mesh};
 use super::ranges;
 use super::rules;
@@ -290,7 +293,9 @@ const MAX_ELEMENTS: u128 = 1 << 60;
 /// scores: batch x heads x sequence^2). Each must stay within [`MAX_ELEMENTS`].
 fn check_products(c: &Config, micro: usize, accumulation: usize) -> Result<(), ConfigError> {
     let global = micro as u128 * accumulation as u128;
-    let (seq, vocab, heads) = (c.max_target_length as u128, c.vocab_size as u128, c.base_num_query_heads as u128);
+    // The query heads as global_parameter_scale scales them (a range-checked power of two).
+    let heads = (c.base_num_query_heads as u128) << parameter_scales(c.global_parameter_scale).1;
+    let (seq, vocab) = (c.max_target_length as u128, c.vocab_size as u128);
     let products: [(&str, &str, u128); 4] = [
         ("per_device_batch_size, gradient_accumulation_steps", "sequences per step (global batch)", global),
         (
@@ -334,20 +339,85 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if c.head_dim % 2 != 0 {
+    let unknown = c.mlp_activations.iter().find(|a| !MLP_ACTIVATIONS.contains(&a.as_str()));
+    if c.mlp_activations.is_empty() || unknown.is_some() {
+        let what = unknown.map_or("no activation".to_string(), |a| format!("`{a}` is not supported yet"));
+        return Err(ConfigError::invalid(
+            "mlp_activations",
+            format!(
+                "[{}]: {what}; list one or more of {} (e.g. [silu, linear] for SwiGLU)",
+                c.mlp_activations.join(", "),
+                MLP_ACTIVATIONS.join(", ")
+            ),
+        ));
+    }
+    check_model_variants(c)?;
+    if c.enable_dropout {
+        return Err(ConfigError::invalid("enable_dropout", "true, but maxrs has no dropout; set enable_dropout=false"));
+    }
+    Ok(())
+}
+
+/// The powers of two `global_parameter_scale` multiplies `(emb, heads, mlp, layers)` by: with
+/// `log2(scale) = 3q + r`, emb gets `q + [r > 1]`, heads and mlp `q + [r > 0]`, layers `q`
+/// (MaxText's `get_individual_scales` in `src/maxtext/configs/types.py`, e591f30). `scale` is a
+/// positive power of two (validation checks).
+pub fn parameter_scales(scale: i64) -> (u32, u32, u32, u32) {
+    let log2 = scale.max(1).ilog2();
+    let (q, r) = (log2 / 3, log2 % 3);
+    (q + u32::from(r > 1), q + u32::from(r > 0), q + u32::from(r > 0), q)
+}
+
+/// The keys that select model variants (sizes scaled, RoPE type, soft caps, windows, position
+/// embeddings). Whether a family reads a key at all is the model's check (`Model::from_config`).
+fn check_model_variants(c: &Config) -> Result<(), ConfigError> {
+    // MaxText's `get_individual_scales` (src/maxtext/configs/types.py, e591f30) rejects zero and
+    // non-powers of two; a negative scale fails its log2.
+    let scale = c.global_parameter_scale;
+    if scale < 1 || scale & (scale - 1) != 0 {
+        return Err(ConfigError::invalid(
+            "global_parameter_scale",
+            format!("global_parameter_scale={scale}; it must be a power of two (1, 2, 4, 8, ...), or set the base_* sizes directly"),
+        ));
+    }
+    // The scaled sizes stay within the base_* keys' ranges, so no size computed from them overflows.
+    let (emb, heads, mlp, layers) = parameter_scales(scale);
+    for (key, value, shift) in [
+        ("base_emb_dim", c.base_emb_dim, emb),
+        ("base_num_query_heads", c.base_num_query_heads, heads),
+        ("base_num_kv_heads", c.base_num_kv_heads, heads),
+        ("base_mlp_dim", c.base_mlp_dim, mlp),
+        ("base_num_decoder_layers", c.base_num_decoder_layers, layers),
+    ] {
+        let range = ranges::range(key).expect("a numeric key");
+        let scaled = value << shift;
+        if !range.contains(scaled as f64) {
+            return Err(ConfigError::invalid(
+                "global_parameter_scale",
+                format!("global_parameter_scale={scale} scales {key}={value} to {scaled}, beyond its range ({range}); use a smaller scale"),
+            ));
+        }
+    }
+    if c.rope_type == RopeType::Yarn {
+        return Err(ConfigError::invalid(
+            "rope_type",
+            "yarn is not supported yet; use rope_type=default or rope_type=llama3.1",
+        ));
+    }
+    if c.head_dim % 2 != 0 && c.decoder_block != DecoderBlock::Gpt3 {
         return Err(ConfigError::invalid(
             "head_dim",
             format!("head_dim={}; rotary embeddings rotate pairs of dimensions, so it must be even", c.head_dim),
         ));
     }
-    if c.mlp_activations != ["silu", "linear"] {
+    if c.trainable_position_size > 0 && c.max_target_length > c.trainable_position_size {
         return Err(ConfigError::invalid(
-            "mlp_activations",
-            format!("[{}]; maxrs implements the SwiGLU MLP only: [silu, linear]", c.mlp_activations.join(", ")),
+            "trainable_position_size, max_target_length",
+            format!(
+                "max_target_length={} has positions beyond the {} learned position embeddings; use a max_target_length of at most {} or a larger trainable_position_size",
+                c.max_target_length, c.trainable_position_size, c.trainable_position_size
+            ),
         ));
-    }
-    if c.enable_dropout {
-        return Err(ConfigError::invalid("enable_dropout", "true, but maxrs has no dropout; set enable_dropout=false"));
     }
     Ok(())
 }

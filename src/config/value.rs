@@ -29,6 +29,16 @@ pub fn key_names() -> impl Iterator<Item = &'static str> {
     schema().keys().filter_map(Value::as_str)
 }
 
+/// `key`'s value in `config`, as text, when it differs from the default in `configs/base.yml`
+/// (`None` when it is the default, or no such key exists).
+pub fn non_default_value(config: &Config, key: &str) -> Option<String> {
+    let value = match serde_yaml::to_value(config) {
+        Ok(Value::Mapping(m)) => m.get(key).cloned()?,
+        _ => return None,
+    };
+    (schema().get(key)? != &value).then(|| show(&value))
+}
+
 /// Checks that `key` exists and converts `value` to its type. `origin` says where the value was
 /// written, for errors ("on the command line", "in configs/base.yml").
 pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, ConfigError> {

@@ -1,11 +1,11 @@
 //! What attention is, for every family: the per-batch context the layers share (RoPE tables for
 //! each token's position, the mask of which keys each query may see) and attention over
-//! grouped-query heads, computed the way the `attention` key asks (`AttentionImpl`): dot-product
-//! attention over the whole `[seq, seq]` score matrix, or blockwise attention
-//! (`super::blockwise`) with an online softmax over key/value blocks. Families compute their own
-//! projections and call `LayerContext::attend`, which is also where decoding's key/value cache is
-//! read and written: no family knows whether it runs in training, in prefill or in a generate
-//! step.
+//! grouped-query heads (optionally soft-capped), computed the way the `attention` key asks
+//! (`AttentionImpl`): dot-product attention over the whole `[seq, seq]` score matrix, or
+//! blockwise attention (`super::blockwise`) with an online softmax over key/value blocks.
+//! Families compute their own projections (or use `blocks::SelfAttention`) and call
+//! `LayerContext::attend`, which is also where decoding's key/value cache is read and written:
+//! no family knows whether it runs in training, in prefill or in a generate step.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -14,6 +14,7 @@ use crate::config::{AttentionKernel, Hardware};
 use crate::ir::DType;
 use crate::tensor::{concatenate, einsum, where_, Tensor, Tree};
 
+use super::config::Rope;
 use super::{blockwise, ModelConfig};
 
 /// How `attend` computes attention, resolved from MaxText's `attention` key and the hardware.
@@ -91,8 +92,8 @@ pub struct LayerContext {
     pub positions: Tensor,
     /// `s32[batch, seq]`: each token's document (`inputs_segmentation`), when the batch is packed.
     pub segments: Option<Tensor>,
-    /// How attention is computed (`ModelConfig::attention`).
-    pub how: AttentionImpl,
+    /// RoPE rotates interleaved pairs `(x[2i], x[2i+1])` (Llama 3.1) instead of the two halves.
+    pub interleaved_rope: bool,
     /// Decoding: the key/value cache this layer's attention calls fill or update (set by the
     /// shared decoder for each layer, `with_cache`).
     cache: Option<RefCell<LayerCache>>,
@@ -134,8 +135,15 @@ impl LayerContext {
         // MaxText's timescales: `max_timescale^(2i / head_dim)` for `i < head_dim / 2`; the angle
         // of position `p` is `p / timescale`.
         let half = c.head_dim / 2;
-        let inv_timescale: Vec<f64> =
-            (0..half).map(|i| c.rope_max_timescale.powf(-2.0 * i as f64 / c.head_dim as f64)).collect();
+        let inv_timescale: Vec<f64> = (0..half)
+            .map(|i| {
+                let frequency = c.rope_max_timescale.powf(-2.0 * i as f64 / c.head_dim as f64);
+                match c.rope {
+                    Rope::Llama31 { use_scale: true } => llama31_scaled_frequency(frequency),
+                    Rope::Llama31 { use_scale: false } | Rope::Default => frequency,
+                }
+            })
+            .collect();
         let angles = positions.astype(DType::F32).broadcast_in_dim(&[b, t, half], &[0, 1])
             * &ctx.constant(DType::F32, &[half], &inv_timescale);
         LayerContext {
@@ -143,7 +151,7 @@ impl LayerContext {
             sin: angles.sin(),
             positions,
             segments: batch.get("inputs_segmentation").cloned(),
-            how: c.attention,
+            interleaved_rope: matches!(c.rope, Rope::Llama31 { .. }),
             cache: None,
         }
     }
@@ -155,7 +163,7 @@ impl LayerContext {
             sin: self.sin.clone(),
             positions: self.positions.clone(),
             segments: self.segments.clone(),
-            how: self.how,
+            interleaved_rope: self.interleaved_rope,
             cache: Some(RefCell::new(cache)),
         }
     }
@@ -167,21 +175,29 @@ impl LayerContext {
 
     /// Self-attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over keys
     /// and values `k, v: [batch, seq, kv_heads, head_dim]` of the same tokens, causal and within
-    /// `window` tokens when given: the one entry point families call. Outside decoding it is
-    /// `attend` under `mask(window)`, computed as `how` says. When decoding, the shared decoder
-    /// has attached this layer's cache: prefill attends the same way and records `k`, `v`; a
-    /// generate step writes `k`, `v` at the tokens' positions and attends (dot-product: one query
-    /// per row) over every cached position up to each query's (and within `window`), so each
-    /// query sees exactly the keys the full sequence would give it.
-    pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, window: Option<i64>) -> Tensor {
-        let how = fitted(self.how, q.shape()[1]);
-        let Some(cache) = &self.cache else { return attend(q, k, v, &self.mask(window), how) };
+    /// `window` tokens when given, computed as `how` says with `options`: the one entry point
+    /// families call. Outside decoding it is `attend_with` under `mask(window)`. When decoding,
+    /// the shared decoder has attached this layer's cache: prefill attends the same way and
+    /// records `k`, `v`; a generate step writes `k`, `v` at the tokens' positions and attends
+    /// (dot-product: one query per row) over every cached position up to each query's (and within
+    /// `window`), so each query sees exactly the keys the full sequence would give it.
+    pub fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<i64>,
+        how: AttentionImpl,
+        options: &AttendOptions,
+    ) -> Tensor {
+        let how = fitted(how, q.shape()[1]);
+        let Some(cache) = &self.cache else { return attend_with(q, k, v, &self.mask(window), how, options) };
         match &mut *cache.borrow_mut() {
             LayerCache::Fill { len, filled } => {
                 let t = k.shape()[1];
                 let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
                 filled.push(KvCache { key: pad(k), value: pad(v) });
-                attend(q, k, v, &self.mask(window), how)
+                attend_with(q, k, v, &self.mask(window), how, options)
             }
             LayerCache::Update { layer, caches, used } => {
                 let Some(slot) = caches.get_mut(*used) else {
@@ -191,7 +207,14 @@ impl LayerContext {
                 slot.key = write_rows(&slot.key, k, layer, &self.positions);
                 slot.value = write_rows(&slot.value, v, layer, &self.positions);
                 let (keys, values) = (layer_of(&slot.key, layer), layer_of(&slot.value, layer));
-                dot_product(q, &keys, &values, &self.cache_mask(window, keys.shape()[1])).checkpoint_name("context")
+                let (qk, kk) = match options.float32_qk_product {
+                    true => (q.astype(DType::F32), keys.astype(DType::F32)),
+                    false => (q.clone(), keys),
+                };
+                let allowed = self.cache_mask(window, kk.shape()[1]);
+                dot_product(&qk, &kk, &values, &allowed, options.logits_soft_cap)
+                    .astype(q.dtype())
+                    .checkpoint_name("context")
             }
         }
     }
@@ -253,16 +276,56 @@ impl Mask {
     }
 }
 
-/// Rotary position embedding of `x: [batch, seq, heads, head_dim]`, MaxText's half-split
-/// convention: with `x = [x1, x2]` split in halves of the head dimension,
-/// `[x1 cos - x2 sin, x2 cos + x1 sin]`. Computed in f32, returned in `x`'s dtype.
+/// Llama 3.1's frequency scaling (Meta's `apply_scaling`; MaxText's
+/// `LLaMARotaryEmbedding._apply_scaling_factor` in `src/maxtext/layers/embeddings.py`, e591f30):
+/// frequencies whose wavelength is under 8192 / 4 tokens are kept, those over 8192 divided by 8,
+/// and those in between interpolated smoothly.
+pub fn llama31_scaled_frequency(frequency: f64) -> f64 {
+    const FACTOR: f64 = 8.0;
+    const LOW_FREQ_FACTOR: f64 = 1.0;
+    const HIGH_FREQ_FACTOR: f64 = 4.0;
+    const OLD_CONTEXT: f64 = 8192.0;
+    let wavelength = 2.0 * std::f64::consts::PI / frequency;
+    if wavelength < OLD_CONTEXT / HIGH_FREQ_FACTOR {
+        frequency
+    } else if wavelength > OLD_CONTEXT / LOW_FREQ_FACTOR {
+        frequency / FACTOR
+    } else {
+        let smooth = (OLD_CONTEXT / wavelength - LOW_FREQ_FACTOR) / (HIGH_FREQ_FACTOR - LOW_FREQ_FACTOR);
+        (1.0 - smooth) * frequency / FACTOR + smooth * frequency
+    }
+}
+
+/// Rotary position embedding of `x: [batch, seq, heads, head_dim]`. MaxText's default is the
+/// half-split convention: with `x = [x1, x2]` split in halves of the head dimension,
+/// `[x1 cos - x2 sin, x2 cos + x1 sin]`; Llama 3.1's (`ctx.interleaved_rope`) rotates the pairs
+/// `(x[2i], x[2i+1])` by the same angles. Computed in f32, returned in `x`'s dtype.
 pub fn rope(x: &Tensor, ctx: &LayerContext) -> Tensor {
     let (b, t, h, k) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
-    let table = |v: &Tensor| v.broadcast_in_dim(&[b, t, h, k / 2], &[0, 1, 3]);
-    let (cos, sin) = (table(&ctx.cos), table(&ctx.sin));
     let xf = x.astype(DType::F32);
-    let (x1, x2) = (xf.slice_axis(3, 0, k / 2), xf.slice_axis(3, k / 2, k));
-    concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 3).astype(x.dtype())
+    let rotated = if ctx.interleaved_rope {
+        let pairs = [b, t, h, k / 2, 1];
+        let table = |v: &Tensor| v.broadcast_in_dim(&pairs, &[0, 1, 3]);
+        let (cos, sin) = (table(&ctx.cos), table(&ctx.sin));
+        let xp = xf.reshape(&[b, t, h, k / 2, 2]);
+        let (x1, x2) = (xp.slice_axis(4, 0, 1), xp.slice_axis(4, 1, 2));
+        concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 4).reshape(&[b, t, h, k])
+    } else {
+        let table = |v: &Tensor| v.broadcast_in_dim(&[b, t, h, k / 2], &[0, 1, 3]);
+        let (cos, sin) = (table(&ctx.cos), table(&ctx.sin));
+        let (x1, x2) = (xf.slice_axis(3, 0, k / 2), xf.slice_axis(3, k / 2, k));
+        concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 3)
+    };
+    rotated.astype(x.dtype())
+}
+
+/// What `attend_with` does besides the plain softmax attention of `attend`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttendOptions {
+    /// Scores become `cap * tanh(scores / cap)` before masking (MaxText's `attn_logits_soft_cap`).
+    pub logits_soft_cap: Option<f64>,
+    /// Queries and keys are cast to f32 before their product (MaxText's `float32_qk_product`).
+    pub float32_qk_product: bool,
 }
 
 /// Attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over keys and values
@@ -273,23 +336,51 @@ pub fn rope(x: &Tensor, ctx: &LayerContext) -> Tensor {
 /// too, as MaxText's cuDNN attention tags its `lse`: a policy that saves the context then never
 /// recomputes attention in the backward pass.
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, how: AttentionImpl) -> Tensor {
+    attend_with(q, k, v, mask, how, &AttendOptions::default())
+}
+
+/// `attend` with `options`: soft-capped scores (dot-product attention only: the families refuse
+/// a soft cap with blockwise attention), an f32 query-key product.
+pub fn attend_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    how: AttentionImpl,
+    options: &AttendOptions,
+) -> Tensor {
+    let (qk, kk) = match options.float32_qk_product {
+        true => (q.astype(DType::F32), k.astype(DType::F32)),
+        false => (q.clone(), k.clone()),
+    };
     match how {
-        AttentionImpl::DotProduct => dot_product(q, k, v, &mask.dense(q, q.shape()[1])).checkpoint_name("context"),
+        AttentionImpl::DotProduct => {
+            let allowed = mask.dense(&qk, qk.shape()[1]);
+            dot_product(&qk, &kk, v, &allowed, options.logits_soft_cap).astype(q.dtype()).checkpoint_name("context")
+        }
         AttentionImpl::Blockwise { block } => {
-            let (out, lse) = blockwise::attention(q, k, v, mask, block);
+            assert!(options.logits_soft_cap.is_none(), "blockwise attention has no soft cap (the family refuses it)");
+            // The kernel's matmuls take one dtype: with an f32 query-key product, f32 values too.
+            let vk = if options.float32_qk_product { v.astype(DType::F32) } else { v.clone() };
+            let (out, lse) = blockwise::attention(&qk, &kk, &vk, mask, block);
             lse.checkpoint_name("context");
-            out.checkpoint_name("context")
+            out.astype(q.dtype()).checkpoint_name("context")
         }
     }
 }
 
-/// Scores for every query and key at once, `[batch, kv_heads, group, queries, keys]`, under
-/// `allowed: pred[1 or batch, queries, keys]`.
-fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor) -> Tensor {
+/// Scores for every query and key at once, `[batch, kv_heads, group, queries, keys]`, soft-capped
+/// at `cap * tanh(scores / cap)` when `soft_cap` is given, under `allowed: pred[1 or batch,
+/// queries, keys]`.
+fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: Option<f64>) -> Tensor {
     let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let kv_heads = k.shape()[2];
     let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
     let scores = einsum("btngk,bsnk->bngts", &[&q, k]).astype(DType::F32);
+    let scores = match soft_cap {
+        Some(cap) => (scores / cap).tanh() * cap,
+        None => scores,
+    };
     let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
     let probs = where_(&mask, &scores, MASK_VALUE).softmax(-1).astype(v.dtype());
     einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, d])

@@ -1,6 +1,7 @@
-//! `ModelConfig`: what every decoder family reads from the run's `Config` (sizes, numerics,
-//! layer stacking, remat, sharding rules), and MaxText's `remat_policy` names as tracer policies.
-//! A family's own keys (a sliding window, soft caps, experts) are read by the family itself.
+//! `ModelConfig`: what every decoder family reads from the run's `Config` (sizes scaled by
+//! `global_parameter_scale`, numerics, RoPE, embedding and logits options, layer stacking, remat,
+//! sharding rules), and MaxText's `remat_policy` names as tracer policies. A family's own keys
+//! (a sliding window, soft caps, experts) are read by the family itself.
 
 use crate::config::{self, Config};
 use crate::ir::DType;
@@ -9,7 +10,8 @@ use crate::tensor::RematPolicy;
 
 use super::attention::AttentionImpl;
 
-/// The sizes and numerics every decoder family shares.
+/// The sizes and numerics every decoder family shares. Sizes are the effective ones (MaxText's
+/// `emb_dim`, `num_query_heads`, ...: the `base_*` keys scaled by `global_parameter_scale`).
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
     pub emb: i64,
@@ -24,7 +26,14 @@ pub struct ModelConfig {
     pub mlp_activations: Vec<String>,
     pub eps: f64,
     pub rope_max_timescale: f64,
+    pub rope: Rope,
     pub logits_via_embedding: bool,
+    /// With `logits_via_embedding`: the logits are divided by `sqrt(emb)`.
+    pub normalize_embedding_logits: bool,
+    /// With `logits_via_embedding`: `cap * tanh(logits / cap)`.
+    pub final_logits_soft_cap: Option<f64>,
+    /// Learned position embeddings for this many positions (`trainable_position_size > 0`).
+    pub trainable_position_size: Option<i64>,
     /// Activations.
     pub dtype: DType,
     /// Parameters.
@@ -46,6 +55,7 @@ pub struct ModelConfig {
 /// family (a family lists its own keys besides, `Family::config_keys`).
 pub const SHARED_KEYS: &[&str] = &[
     "decoder_block",
+    "global_parameter_scale",
     "base_emb_dim",
     "base_num_query_heads",
     "base_num_kv_heads",
@@ -56,7 +66,12 @@ pub const SHARED_KEYS: &[&str] = &[
     "mlp_activations",
     "normalization_layer_epsilon",
     "rope_max_timescale",
+    "rope_type",
+    "rope_use_scale",
     "logits_via_embedding",
+    "normalize_embedding_logits",
+    "final_logits_soft_cap",
+    "trainable_position_size",
     "dtype",
     "weight_dtype",
     "scan_layers",
@@ -67,20 +82,49 @@ pub const SHARED_KEYS: &[&str] = &[
     "logical_axis_rules",
 ];
 
+/// How RoPE turns positions into rotations (MaxText's `rope_type`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rope {
+    /// MaxText's `RotaryEmbedding`: timescales `rope_max_timescale^(2i / head_dim)`, applied to
+    /// the two halves of the head dimension.
+    Default,
+    /// MaxText's `LLaMARotaryEmbedding`: the same timescales, with Llama 3.1's frequency scaling
+    /// when `use_scale` (`rope_use_scale`), applied to interleaved pairs `(x[2i], x[2i+1])`.
+    Llama31 { use_scale: bool },
+}
+
+impl Rope {
+    /// MaxText picks the Llama 3.1 rotary embedding when `rope_type` is `llama3.1` or the model's
+    /// name starts with `llama3.1` (`init_rotary_embedding` in `src/maxtext/layers/attentions.py`,
+    /// e591f30).
+    pub fn from_config(c: &Config) -> Rope {
+        if c.rope_type == config::RopeType::Llama31 || c.model_name.starts_with("llama3.1") {
+            Rope::Llama31 { use_scale: c.rope_use_scale }
+        } else {
+            Rope::Default
+        }
+    }
+}
+
 impl ModelConfig {
     pub fn from_config(c: &Config) -> ModelConfig {
+        let (emb_scale, head_scale, mlp_scale, layer_scale) = config::parameter_scales(c.global_parameter_scale);
         ModelConfig {
-            emb: c.base_emb_dim,
-            heads: c.base_num_query_heads,
-            kv_heads: c.base_num_kv_heads,
+            emb: c.base_emb_dim << emb_scale,
+            heads: c.base_num_query_heads << head_scale,
+            kv_heads: c.base_num_kv_heads << head_scale,
             head_dim: c.head_dim,
-            mlp: c.base_mlp_dim,
-            layers: c.base_num_decoder_layers,
+            mlp: c.base_mlp_dim << mlp_scale,
+            layers: c.base_num_decoder_layers << layer_scale,
             vocab: c.vocab_size,
             mlp_activations: c.mlp_activations.clone(),
             eps: c.normalization_layer_epsilon,
             rope_max_timescale: c.rope_max_timescale as f64,
+            rope: Rope::from_config(c),
             logits_via_embedding: c.logits_via_embedding,
+            normalize_embedding_logits: c.normalize_embedding_logits,
+            final_logits_soft_cap: (c.final_logits_soft_cap > 0.0).then_some(c.final_logits_soft_cap),
+            trainable_position_size: (c.trainable_position_size > 0).then_some(c.trainable_position_size),
             dtype: dtype(c.dtype),
             weight_dtype: dtype(c.weight_dtype),
             scan_layers: c.scan_layers,
@@ -144,6 +188,19 @@ mod tests {
             RematPolicy::SaveNames(names) => names,
             other => panic!("{policy}: {other:?}"),
         }
+    }
+
+    /// `get_individual_scales` of MaxText's `src/maxtext/configs/types.py` (e591f30), evaluated by
+    /// hand: 16 = 2^4 (q 1, r 1) scales heads and mlp by 4, emb and layers by 2.
+    #[test]
+    fn global_parameter_scale_follows_maxtext() {
+        assert_eq!(config::parameter_scales(1), (0, 0, 0, 0));
+        assert_eq!(config::parameter_scales(2), (0, 1, 1, 0));
+        assert_eq!(config::parameter_scales(4), (1, 1, 1, 0));
+        assert_eq!(config::parameter_scales(8), (1, 1, 1, 1));
+        assert_eq!(config::parameter_scales(16), (1, 2, 2, 1));
+        assert_eq!(config::parameter_scales(32), (2, 2, 2, 1));
+        assert_eq!(config::parameter_scales(64), (2, 2, 2, 2));
     }
 
     /// The name lists of `get_remat_policy` / `minimal_policy` in MaxText's

@@ -1,12 +1,12 @@
 //! The decoder seam: what every decoder family shares, written once. A family (`Family`)
 //! declares one layer's parameters and computes one layer; the shared decoder stacks the layers
 //! (scanned over stacked parameters with `scan_layers`, unrolled otherwise, each layer a
-//! `checkpoint` region under the remat policy), and owns the token embedding, the final norm,
-//! the logits, the loss (with the layers' auxiliary losses, e.g. MoE load balancing, averaged
-//! over layers and added as MaxText adds them), the parameter list and count, and the FLOP
-//! count. The train step, the
-//! initializer, TFLOPs, the AOT artifact's compiled keys and the parameter-file check all ask a
-//! `Model` instead of knowing any family's layout.
+//! `checkpoint` region under the remat policy), and owns the token (and learned position)
+//! embedding, the final norm (of the family's kind), the logits, the loss (with the layers'
+//! auxiliary losses, e.g. MoE load balancing, averaged over layers and added as MaxText adds
+//! them), the parameter list and count, and the FLOP count. The train step, the initializer,
+//! TFLOPs, the AOT artifact's compiled keys and the parameter-file check all ask a `Model`
+//! instead of knowing any family's layout.
 //!
 //! Shared parameters (names as in a MaxText checkpoint's `params` tree):
 //!
@@ -14,26 +14,34 @@
 //! |---|---|---|---|
 //! | `token_embedder.embedding` | [vocab, emb] | vocab, embed | normal(1.0) |
 //! | `decoder.layers.<layer param>` | [layers, ...] | layers, ... | the family's |
-//! | `decoder.decoder_norm.scale` | [emb] | norm | ones |
+//! | `decoder.decoder_norm.scale` | [emb] | norm | ones (zeros for gpt3's LayerNorm) |
+//! | `decoder.decoder_norm.bias` (gpt3's LayerNorm only) | [emb] | norm | zeros |
 //! | `decoder.logits_dense.kernel` | [emb, vocab] | embed, vocab | fan_in (absent with `logits_via_embedding`) |
+//! | `decoder.position_embedder.embedding` (with `trainable_position_size` > 0) | [trainable_position_size, emb] | vocab, embed | normal(1.0) |
 //!
 //! With `scan_layers=false` layer `i`'s parameters are `decoder.layers_{i}.<layer param>`
 //! without the leading axis (MaxText's unscanned names).
+//!
+//! Embedding and logits follow MaxText's `Decoder` (`src/maxtext/layers/decoders.py`, e591f30):
+//! learned position embeddings are added to the token embeddings; with `logits_via_embedding`
+//! the logits are `y @ embedding^T`, divided by `sqrt(emb)` with `normalize_embedding_logits`,
+//! then soft-capped with `final_logits_soft_cap`.
 
 use std::fmt;
 use std::sync::Arc;
 
-use crate::config::{Config, DecoderBlock};
+use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
 use crate::tensor::{checkpoint, einsum, scan, stack, Tensor, Tree};
 use crate::train::flops::{StepShape, StepTflops};
 
 use super::attention::{KvCache, LayerCache, LayerContext};
+use super::blocks::{Activation, Norm};
 use super::config::SHARED_KEYS;
-use super::moe::MoeConfig;
+use super::moe;
 use super::params::{self, ParamDef, ParamInit};
-use super::{llama, mixtral, ModelConfig};
+use super::{gemma, gemma2, gpt3, llama, mistral, mixtral, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
@@ -54,6 +62,12 @@ pub trait Family: fmt::Debug + Send + Sync {
     /// Forward FLOPs of one layer for `tokens` tokens in sequences of `seq`: matmuls against
     /// weights, and attention's activation-activation matmuls (MaxText's split).
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops;
+
+    /// The decoder's final norm (`decoder.decoder_norm`): MaxText's `get_norm_layer` of the
+    /// family, with `normalization_layer_epsilon`.
+    fn final_norm(&self, c: &ModelConfig) -> Norm {
+        Norm::Rms { eps: c.eps }
+    }
 }
 
 /// One layer's result: the new residual stream and its auxiliary losses, named f32 scalars
@@ -79,12 +93,92 @@ pub struct LayerFlops {
     pub attention: f64,
 }
 
+/// MaxText's dense per-layer terms (`calculate_tflops_training_per_device` in
+/// `src/maxtext/utils/maxtext_utils.py`, e591f30): `2 * tokens * mlp * emb` per MLP projection
+/// (one per activation, and the output), `2 * tokens * emb * (heads + 2 kv_heads) * head_dim` for
+/// q/k/v, `2 * tokens * emb * heads * head_dim` for the output projection; attention's `QK^T` and
+/// `PV` counted causally, `4 * tokens * seq * heads * head_dim / 2`.
+pub fn dense_layer_flops(c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    let ffn = 2.0 * tokens * c.mlp as f64 * c.emb as f64 * (c.mlp_activations.len() as f64 + 1.0);
+    let attention = attention_flops(c, tokens, seq);
+    LayerFlops { weights: ffn + attention.weights, attention: attention.attention }
+}
+
+/// The attention terms of `dense_layer_flops` alone (for families whose MLP differs: Mixtral).
+pub fn attention_flops(c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    let [e, h, kv, d] = [c.emb, c.heads, c.kv_heads, c.head_dim].map(|x| x as f64);
+    let qkv = 2.0 * tokens * e * (h + 2.0 * kv) * d;
+    let out = 2.0 * tokens * e * h * d;
+    LayerFlops { weights: qkv + out, attention: 4.0 * tokens * seq * h * d / 2.0 }
+}
+
+/// The keys of each family (`Family::config_keys`), known before the family is built.
+fn family_keys(block: DecoderBlock) -> &'static [&'static str] {
+    match block {
+        DecoderBlock::Llama2 => llama::KEYS,
+        DecoderBlock::Mistral => mistral::KEYS,
+        DecoderBlock::Gemma => gemma::KEYS,
+        DecoderBlock::Gemma2 => gemma2::KEYS,
+        DecoderBlock::Gpt3 => gpt3::KEYS,
+        DecoderBlock::Mixtral => moe::MOE_KEYS,
+    }
+}
+
 /// The family `decoder_block` names, with its own keys read from `c`.
-fn family(c: &Config) -> Result<Arc<dyn Family>, String> {
+fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
+    // A key only some families read is ignored by the others in MaxText; maxrs refuses a
+    // non-default value of it instead.
+    let all = DecoderBlock::ALL.iter().copied();
+    let mut optional: Vec<&str> = all.clone().flat_map(family_keys).copied().collect();
+    optional.sort();
+    optional.dedup();
+    for key in optional {
+        if family_keys(c.decoder_block).contains(&key) {
+            continue;
+        }
+        if let Some(value) = config::non_default_value(c, key) {
+            let users: Vec<&str> = all.clone().filter(|b| family_keys(*b).contains(&key)).map(|b| b.as_str()).collect();
+            return Err(format!(
+                "{key}={value}: decoder_block={} does not use {key} (MaxText ignores it there); it applies to decoder_block {}",
+                c.decoder_block,
+                users.join(", ")
+            ));
+        }
+    }
     Ok(match c.decoder_block {
-        DecoderBlock::Llama2 | DecoderBlock::Mistral => Arc::new(llama::Llama),
-        DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral { moe: MoeConfig::from_config(c) }),
+        DecoderBlock::Llama2 => Arc::new(llama::Llama),
+        DecoderBlock::Mistral => Arc::new(mistral::Mistral::from_config(c)),
+        DecoderBlock::Gemma => Arc::new(gemma::Gemma),
+        DecoderBlock::Gemma2 => Arc::new(gemma2::Gemma2::from_config(c, mc)?),
+        DecoderBlock::Gpt3 => Arc::new(gpt3::Gpt3::from_config(c, mc)?),
+        DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral::from_config(c, mc)?),
     })
+}
+
+/// Checks of the shared keys that only mean something together with others.
+fn check_shared(c: &Config, mc: &ModelConfig) -> Result<(), String> {
+    if let Some(bad) = mc.mlp_activations.iter().find(|a| Activation::parse(a).is_none()) {
+        return Err(format!(
+            "mlp_activations: `{bad}` is not supported yet; use {}",
+            config::MLP_ACTIVATIONS.join(", ")
+        ));
+    }
+    if !mc.logits_via_embedding {
+        for key in ["normalize_embedding_logits", "final_logits_soft_cap"] {
+            if let Some(value) = config::non_default_value(c, key) {
+                return Err(format!(
+                    "{key}={value}: it applies to the tied logits of logits_via_embedding=true only (MaxText ignores it otherwise)"
+                ));
+            }
+        }
+    }
+    if !matches!(mc.rope, super::config::Rope::Llama31 { .. }) && !c.rope_use_scale {
+        return Err(
+            "rope_use_scale=false: it applies to Llama 3.1's RoPE only (rope_type=llama3.1 or a llama3.1 model_name); MaxText ignores it otherwise"
+                .to_string(),
+        );
+    }
+    Ok(())
 }
 
 /// A decoder: the shared configuration and the family's layer.
@@ -110,8 +204,12 @@ pub struct Forward {
 pub const BTE: &[&str] = &["activation_batch", "activation_length", "activation_embed"];
 
 impl Model {
+    /// The model `c` describes. Errors name the key that a family cannot use.
     pub fn from_config(c: &Config) -> Result<Model, String> {
-        Ok(Model { config: ModelConfig::from_config(c), family: family(c)? })
+        let config = ModelConfig::from_config(c);
+        check_shared(c, &config)?;
+        let family = family(c, &config)?;
+        Ok(Model { config, family })
     }
 
     /// Every configuration key the traced model depends on.
@@ -142,13 +240,22 @@ impl Model {
                 }
             }
         }
-        defs.push(ParamDef::new("decoder.decoder_norm.scale", &[c.emb], &["norm"], ParamInit::Ones));
+        defs.extend(self.family.final_norm(c).params("decoder.decoder_norm", c.emb));
         if !c.logits_via_embedding {
             defs.push(ParamDef::new(
                 "decoder.logits_dense.kernel",
                 &[c.emb, c.vocab],
                 &["embed", "vocab"],
                 ParamInit::FanIn(c.emb),
+            ));
+        }
+        // Last, so that the models without it draw every other parameter as before.
+        if let Some(positions) = c.trainable_position_size {
+            defs.push(ParamDef::new(
+                "decoder.position_embedder.embedding",
+                &[positions, c.emb],
+                &["vocab", "embed"],
+                ParamInit::Normal(1.0),
             ));
         }
         defs
@@ -172,12 +279,13 @@ impl Model {
 
     /// Embeds `batch["inputs"]` (`s32[batch, seq]`), runs the decoder layers and the final
     /// norm, and returns f32 logits. `inputs_position` and `inputs_segmentation`, when the batch
-    /// has them, give each token's RoPE position and document. With `keep_layer_outputs` the
-    /// output of every layer is returned too (for tests; it costs memory).
+    /// has them, give each token's position (RoPE, learned position embeddings) and document.
+    /// With `keep_layer_outputs` the output of every layer is returned too (for tests; it costs
+    /// memory).
     pub fn forward(&self, params: &Tree, batch: &Tree, keep_layer_outputs: bool) -> Forward {
         let c = &self.config;
-        let x = self.embed(params, &batch["inputs"]);
         let ctx = LayerContext::new(c, batch);
+        let x = self.embed(params, &batch["inputs"], &ctx.positions);
         // A layer's region returns `x` and its auxiliary losses under `aux.`.
         let layer = |x: &Tensor, p: &Tree| -> Tree {
             // The layer's parameters and its input are the region's inputs: with `full` only they
@@ -221,24 +329,38 @@ impl Model {
         Forward { embeddings: x, layer_outputs, logits: self.head(params, &y), aux_losses }
     }
 
-    /// The token embeddings `[batch, seq, emb]` (in `dtype`) of `tokens: s32[batch, seq]`.
-    fn embed(&self, params: &Tree, tokens: &Tensor) -> Tensor {
+    /// The embeddings `[batch, seq, emb]` (in `dtype`) of `tokens: s32[batch, seq]` at
+    /// `positions` (learned position embeddings are added when the model has them).
+    fn embed(&self, params: &Tree, tokens: &Tensor, positions: &Tensor) -> Tensor {
         let c = &self.config;
-        constrain(c, embed(c, &params["token_embedder.embedding"].astype(c.dtype), tokens), BTE)
+        let mut x = embed(c, &params["token_embedder.embedding"].astype(c.dtype), tokens);
+        if c.trainable_position_size.is_some() {
+            let table = params["decoder.position_embedder.embedding"].astype(c.dtype);
+            x = x + &embed(c, &table, positions);
+        }
+        constrain(c, x, BTE)
     }
 
     /// The f32 logits `[batch, seq, vocab]` of the last layer's output `y: [batch, seq, emb]`:
-    /// the final norm, then the output projection (or the embedding, tied).
+    /// the family's final norm, then the output projection (or the embedding, tied).
     pub fn head(&self, params: &Tree, y: &Tensor) -> Tensor {
         let c = &self.config;
-        let y = y.rms_norm(&params["decoder.decoder_norm.scale"], c.eps);
+        let y = self.family.final_norm(c).apply(params, "decoder.decoder_norm", y);
         // MaxText's `logits_dot_in_fp32` (`Decoder._apply_output_head` in
         // `src/maxtext/layers/decoders.py`, main at e591f30): the output projection in f32. Tied
         // to the embedding it is `jnp.dot(y, table.astype(bf16).T, preferred_element_type=f32)`:
         // the same products of bf16 operands, summed in f32.
         let in_f32 = |x: &Tensor| if c.logits_dot_in_fp32 { x.astype(DType::F32) } else { x.clone() };
         let logits = if c.logits_via_embedding {
-            einsum("btd,vd->btv", &[&in_f32(&y), &in_f32(&params["token_embedder.embedding"].astype(c.dtype))])
+            let mut logits =
+                einsum("btd,vd->btv", &[&in_f32(&y), &in_f32(&params["token_embedder.embedding"].astype(c.dtype))]);
+            if c.normalize_embedding_logits {
+                logits = logits * (1.0 / (c.emb as f64).sqrt());
+            }
+            match c.final_logits_soft_cap {
+                Some(cap) => (logits / cap).tanh() * cap,
+                None => logits,
+            }
         } else {
             let kernel = &params["decoder.logits_dense.kernel"];
             let kernel = if c.logits_dot_in_fp32 { kernel.astype(DType::F32) } else { kernel.astype(c.dtype) };
@@ -265,7 +387,7 @@ impl Model {
     /// which the decoder attaches each layer's cache. No remat: there is no backward pass.
     pub fn decode(&self, params: &Tree, tokens: &Tensor, positions: &Tensor, step: CacheStep) -> (Tensor, Tree) {
         let c = &self.config;
-        let x = self.embed(params, tokens);
+        let x = self.embed(params, tokens, positions);
         let ctx = LayerContext::new(
             c,
             &Tree::new().with("inputs", tokens.clone()).with("inputs_position", positions.clone()),
@@ -397,7 +519,7 @@ fn cache_slots(tree: &Tree) -> Vec<KvCache> {
         .collect()
 }
 
-/// The embeddings `[batch, seq, emb]` of `tokens` from `table: [vocab, emb]` (in `dtype`).
+/// The embeddings `[batch, seq, emb]` of `tokens` (or positions) from `table: [rows, emb]` (in `dtype`).
 ///
 /// With `use_iota_embed` (MaxText's `Embed.__call__` in `src/maxtext/layers/embeddings.py`,
 /// main at e591f30) a one-hot matmul, `one_hot(tokens) @ table`, whose gradient is a matmul too.
@@ -410,7 +532,7 @@ fn cache_slots(tree: &Tree) -> Vec<KvCache> {
 /// `[batch, seq, emb]` cotangent first).
 fn embed(c: &ModelConfig, table: &Tensor, tokens: &Tensor) -> Tensor {
     if c.use_iota_embed {
-        return tokens.one_hot(c.vocab, c.dtype).matmul(table);
+        return tokens.one_hot(table.shape()[0], c.dtype).matmul(table);
     }
     let looked_up = table.take(tokens);
     let Some(mesh) = looked_up.trace().mesh().cloned() else { return looked_up };

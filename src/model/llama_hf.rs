@@ -38,8 +38,9 @@ use std::collections::BTreeMap;
 use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Value};
 
+use super::config::Rope;
 use super::Model;
-use crate::config::Config;
+use crate::config::{Config, DecoderBlock};
 use crate::pjrt::HostTensor;
 
 /// One layer's tensors: maxrs name (relative to the layer), Hugging Face name (relative to
@@ -83,12 +84,12 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
             bail!("config.json: {bias}=true; the Llama family here has no biases");
         }
     }
-    if let Some(window) = hf["sliding_window"].as_i64() {
-        println!(
-            "note: config.json has sliding_window={window}; maxrs's mistral block (like MaxText's) attends to the whole \
-             sequence, which is the same for max_target_length <= {window}"
-        );
-    }
+    // Mistral's banded causal mask (a key at most `window - 1` tokens back), as maxrs's mistral
+    // block applies `sliding_window_size`.
+    let window = match (block, hf["sliding_window"].as_i64()) {
+        ("mistral", Some(window)) => window,
+        _ => 0,
+    };
     let (emb, heads) = (int("hidden_size")?, int("num_attention_heads")?);
     let head_dim = hf["head_dim"].as_i64().unwrap_or(emb / heads);
     let theta = hf["rope_theta"].as_f64().unwrap_or(10000.0);
@@ -109,30 +110,47 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         ("rope_max_timescale".into(), (theta as i64).to_string()),
         ("logits_via_embedding".into(), hf["tie_word_embeddings"].as_bool().unwrap_or(false).to_string()),
         ("mlp_activations".into(), "[silu, linear]".into()),
+        ("sliding_window_size".into(), window.to_string()),
     ])
 }
 
+/// Refuses a model this layout does not describe: another family, Llama 3.1's RoPE (it rotates
+/// interleaved pairs, Hugging Face's the two halves: the query and key weights would need a
+/// permutation).
+pub fn check_model(c: &Config, model: &Model) -> Result<()> {
+    if !matches!(c.decoder_block, DecoderBlock::Llama2 | DecoderBlock::Mistral) {
+        bail!(
+            "decoder_block={}: converting {} to Hugging Face's layout is not supported yet (maxrs converts \
+             the Llama family: llama2, mistral)",
+            c.decoder_block,
+            c.decoder_block
+        );
+    }
+    if model.config.rope != Rope::Default {
+        bail!("rope_type=llama3.1: Llama 3.1's interleaved RoPE in Hugging Face's layout is not supported yet");
+    }
+    Ok(())
+}
+
 /// The Hugging Face `config.json` of the model `c` describes, with weights of `torch_dtype`.
-/// Mixtral checkpoints are refused: their experts have no mapping here yet.
-pub fn hf_config(c: &Config, torch_dtype: &str) -> Result<Value> {
+/// (`check_model` has accepted the model.)
+pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     let (architecture, model_type) = match c.decoder_block {
-        crate::config::DecoderBlock::Mistral => ("MistralForCausalLM", "mistral"),
-        crate::config::DecoderBlock::Llama2 => ("LlamaForCausalLM", "llama"),
-        crate::config::DecoderBlock::Mixtral => bail!(
-            "decoder_block=mixtral: converting Mixtral to Hugging Face's layout is not supported yet \
-             (maxrs converts the Llama family: llama2, mistral)"
-        ),
+        DecoderBlock::Mistral => ("MistralForCausalLM", "mistral"),
+        _ => ("LlamaForCausalLM", "llama"),
     };
-    Ok(json!({
+    // The sizes after `global_parameter_scale`.
+    let m = &model.config;
+    let mut config = json!({
         "architectures": [architecture],
         "model_type": model_type,
-        "hidden_size": c.base_emb_dim,
-        "num_attention_heads": c.base_num_query_heads,
-        "num_key_value_heads": c.base_num_kv_heads,
-        "head_dim": c.head_dim,
-        "intermediate_size": c.base_mlp_dim,
-        "num_hidden_layers": c.base_num_decoder_layers,
-        "vocab_size": c.vocab_size,
+        "hidden_size": m.emb,
+        "num_attention_heads": m.heads,
+        "num_key_value_heads": m.kv_heads,
+        "head_dim": m.head_dim,
+        "intermediate_size": m.mlp,
+        "num_hidden_layers": m.layers,
+        "vocab_size": m.vocab,
         "rms_norm_eps": c.normalization_layer_epsilon,
         "rope_theta": c.rope_max_timescale as f64,
         "tie_word_embeddings": c.logits_via_embedding,
@@ -141,7 +159,12 @@ pub fn hf_config(c: &Config, torch_dtype: &str) -> Result<Value> {
         "mlp_bias": false,
         "max_position_embeddings": c.max_target_length,
         "torch_dtype": torch_dtype,
-    }))
+    });
+    if c.decoder_block == DecoderBlock::Mistral {
+        // Hugging Face's MistralConfig defaults an absent window to 4096.
+        config["sliding_window"] = if c.sliding_window_size > 0 { json!(c.sliding_window_size) } else { Value::Null };
+    }
+    config
 }
 
 /// Every (maxrs parameter name, Hugging Face name, split), per layer for unstacked names; a

@@ -18,12 +18,14 @@
 //!
 //! The experts are `base_mlp_dim` wide, as MaxText's Mixtral layer builds them.
 
+use crate::config::Config;
 use crate::ir::DType;
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
-use super::decoder::{constrain, Family, LayerFlops, LayerOutput};
-use super::llama::{attention_block, attention_flops, attention_params};
+use super::blocks::{Norm, SelfAttention};
+use super::decoder::{attention_flops, constrain, Family, LayerFlops, LayerOutput};
+use super::llama::{attention_half, attention_params};
 use super::moe::{self, moe_block, MoeConfig, MOE_KEYS};
 use super::params::ParamDef;
 use super::ModelConfig;
@@ -35,6 +37,20 @@ const ACTIVATIONS: &[&str] = &["activation_batch", "activation_norm_length", "ac
 #[derive(Debug)]
 pub struct Mixtral {
     pub moe: MoeConfig,
+}
+
+impl Mixtral {
+    /// The layer `c` describes. The experts are SwiGLU MLPs (`moe.rs`), so other
+    /// `mlp_activations` are refused.
+    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Mixtral, String> {
+        if mc.mlp_activations != ["silu", "linear"] {
+            return Err(format!(
+                "mlp_activations=[{}]: mixtral's experts are SwiGLU MLPs, [silu, linear]; other activations are not supported yet",
+                mc.mlp_activations.join(", ")
+            ));
+        }
+        Ok(Mixtral { moe: MoeConfig::from_config(c) })
+    }
 }
 
 impl Family for Mixtral {
@@ -53,8 +69,8 @@ impl Family for Mixtral {
     }
 
     fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
-        let x = attention_block(c, p, x, ctx);
-        let h = constrain(c, x.rms_norm(&p["post_self_attention_layer_norm.scale"], c.eps), ACTIVATIONS);
+        let x = attention_half(c, p, x, ctx, &SelfAttention::default());
+        let h = constrain(c, Norm::Rms { eps: c.eps }.apply(p, "post_self_attention_layer_norm", &x), ACTIVATIONS);
         let block = moe_block(c, &self.moe, &p.subtree("MoeBlock_0"), &h);
         let out = constrain(c, &x + &constrain(c, block.output, ACTIVATIONS), ACTIVATIONS);
         // MaxText adds the load-balancing loss only with several experts (`loss_fn`), and logs it

@@ -3,23 +3,30 @@
 //! - [`decoder`]: the shared decoder (`Model`): parameters and their layout, embedding, layer
 //!   stacking (scan / unroll, remat), final norm, logits, loss, parameter count, FLOPs; and the
 //!   `Family` trait a decoder family implements.
-//! - [`attention`]: RoPE, attention masks (causal, sliding window, packed documents) and
-//!   attention (`attend`), shared by the families; [`blockwise`]: the memory-efficient
-//!   blockwise attention with its own backward pass.
+//! - [`attention`]: RoPE (default and Llama 3.1's), attention masks (causal, sliding window,
+//!   packed documents) and attention (`attend`, optionally soft-capped), shared by the families;
+//!   [`blockwise`]: the memory-efficient blockwise attention with its own backward pass.
+//! - [`blocks`]: MaxText's layer blocks several families share: norms, the MLP block, the
+//!   self-attention block.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
 //! - [`params`]: parameter declarations, initialization, program inputs.
 //! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
 //!   computations, load-balancing loss), shared by MoE families.
-//! - One file per family: [`llama`] (MaxText's `llama2` and `mistral` blocks), and beside it
-//!   [`llama_hf`], its Hugging Face layout (`maxrs convert`); [`mixtral`] (`mixtral`: Llama's
-//!   attention and a routed MoE block).
+//! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
+//!   [`gemma2`], [`gpt3`], [`mixtral`] (Llama's attention and a routed MoE block); beside Llama's,
+//!   [`llama_hf`], its Hugging Face layout (`maxrs convert`).
 
 pub mod attention;
+pub mod blocks;
 pub mod blockwise;
 pub mod config;
 pub mod decoder;
+pub mod gemma;
+pub mod gemma2;
+pub mod gpt3;
 pub mod llama;
 pub mod llama_hf;
+pub mod mistral;
 pub mod mixtral;
 pub mod moe;
 pub mod params;

@@ -11,11 +11,16 @@ use crate::tensor::{random, Tensor, Tree};
 #[derive(Clone, Debug, PartialEq)]
 pub enum ParamInit {
     Ones,
+    /// Zeros (biases; GPT-3's LayerNorm scale, applied as `scale + 1`).
+    Zeros,
     /// `normal(stddev)`.
     Normal(f64),
     /// `variance_scaling(1.0, "fan_in", "truncated_normal")` with this fan-in: a normal truncated
     /// to ±2 with stddev `sqrt(1 / fan_in) / 0.8796` (MaxText's kernel initializer).
     FanIn(i64),
+    /// `variance_scaling(1.0, "fan_in", "normal")`: an untruncated normal with stddev
+    /// `sqrt(1 / fan_in)` (MaxText's GPT-3 attention kernels).
+    FanInNormal(i64),
 }
 
 /// One parameter: full dotted name, shape, logical axis name per dimension, initializer.
@@ -60,11 +65,15 @@ pub fn init(defs: &[ParamDef], dtype: DType, key: &Tensor) -> Tree {
             let k = random::fold_in(key, i as u32);
             let value = match def.init {
                 ParamInit::Ones => key.trace().full(1.0, dtype, &def.shape),
+                ParamInit::Zeros => key.trace().zeros(dtype, &def.shape),
                 ParamInit::Normal(std) => random::normal(&k, &def.shape, DType::F32) * std,
                 ParamInit::FanIn(fan_in) => {
                     // The stddev of a standard normal truncated to (-2, 2) is 0.8796...
                     let std = (1.0 / fan_in as f64).sqrt() / 0.879_625_661_034_239_8;
                     random::truncated_normal(&k, -2.0, 2.0, &def.shape, DType::F32) * std
+                }
+                ParamInit::FanInNormal(fan_in) => {
+                    random::normal(&k, &def.shape, DType::F32) * (1.0 / fan_in as f64).sqrt()
                 }
             };
             (def.name.clone(), value.astype(dtype))

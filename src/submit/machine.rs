@@ -10,13 +10,12 @@
 //! - On Slurm (Cluster Toolkit's A3 Mega image) the profile and plugin live in `/var/lib/tcpxo/lib64`
 //!   and the NICs have PCI names: GoogleCloudPlatform/cluster-toolkit
 //!   `examples/machine-learning/a3-megagpu-8g/nccl-tests/run-nccl-tests.sh` at 2452d0dc.
-//! - XLA flags: `xla_flags/a3mega.flags`, with the all-reduce combine threshold MaxText's A3 scripts
-//!   set per node count (AI-Hypercomputer/maxtext `src/maxtext/configs/gpu/a3/llama_2_7b/{1,2,4,8,16}vm.sh`,
-//!   2vm.sh at 0143f053, 1vm.sh and 8vm.sh at 23be6e4f, 4vm.sh at 8c1eb182).
+//! - XLA flags: the built-in `xla_flags/a3mega-N.flags` set for the job's node count
+//!   (`xla_flags::a3mega_for_nodes`: MaxText's `src/maxtext/configs/gpu/a3/llama_2_7b/{1,2,4,8,16}vm.sh`).
 
 use anyhow::{bail, Result};
 
-use crate::pjrt::xla_flags::{builtin_flag_set, XlaFlags};
+use crate::pjrt::xla_flags::{a3mega_for_nodes, builtin_flag_set, XlaFlags};
 
 /// One machine type.
 #[derive(Debug)]
@@ -124,24 +123,14 @@ impl MachineType {
         vec!["/var/lib/tcpxo/lib64"]
     }
 
-    /// The tuned XLA flags for `nodes` of these machines: the built-in set with the all-reduce
-    /// combine threshold MaxText's A3 scripts use for that node count.
+    /// The tuned XLA flags for `nodes` of these machines: the built-in set for that node count
+    /// (the same one `xla_flags_file=a3mega` picks inside the job).
     pub fn xla_flags(&self, nodes: usize) -> XlaFlags {
-        let mut flags = builtin_flag_set(self.xla_flag_set).expect("MACHINE_TYPES names built-in flag sets");
-        flags.set("xla_gpu_all_reduce_combine_threshold_bytes", Some(&all_reduce_threshold(nodes).to_string()));
-        flags
-    }
-}
-
-/// MaxText's all-reduce combine threshold by node count: 1vm.sh 128 MiB, 2vm.sh 64 MiB, 4vm.sh
-/// 512 MiB, 8vm.sh and 16vm.sh 1 GiB. A count without a script takes the next larger script's value.
-pub fn all_reduce_threshold(nodes: usize) -> u64 {
-    const MIB: u64 = 1 << 20;
-    match nodes {
-        0 | 1 => 128 * MIB,
-        2 => 64 * MIB,
-        3 | 4 => 512 * MIB,
-        _ => 1024 * MIB,
+        let name = match self.xla_flag_set {
+            "a3mega" => a3mega_for_nodes(u32::try_from(nodes).unwrap_or(u32::MAX)),
+            other => other,
+        };
+        builtin_flag_set(name).expect("MACHINE_TYPES names built-in flag sets")
     }
 }
 
@@ -150,23 +139,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn thresholds_follow_maxtexts_scripts() {
-        // The values written in MaxText's 1vm/2vm/4vm/8vm/16vm.sh.
-        assert_eq!(all_reduce_threshold(1), 134217728);
-        assert_eq!(all_reduce_threshold(2), 67108864);
-        assert_eq!(all_reduce_threshold(4), 536870912);
-        assert_eq!(all_reduce_threshold(8), 1073741824);
-        assert_eq!(all_reduce_threshold(16), 1073741824);
-        assert_eq!(all_reduce_threshold(3), 536870912);
-    }
-
-    #[test]
-    fn flags_for_two_nodes_keep_the_set_and_change_the_threshold() {
+    fn flags_follow_the_node_count() {
+        // The all-reduce combine thresholds written in MaxText's 1vm/2vm/4vm/8vm/16vm.sh.
         let m = machine_type("a3-megagpu-8g").unwrap();
-        let flags = m.xla_flags(2);
-        assert_eq!(flags.get("xla_gpu_all_reduce_combine_threshold_bytes"), Some(Some("67108864")));
-        assert_eq!(flags.get("xla_gpu_enable_latency_hiding_scheduler"), Some(Some("true")));
-        assert_eq!(flags.iter().count(), builtin_flag_set("a3mega").unwrap().iter().count());
+        for (nodes, bytes) in
+            [(1, "134217728"), (2, "67108864"), (4, "536870912"), (8, "1073741824"), (16, "1073741824")]
+        {
+            let flags = m.xla_flags(nodes);
+            assert_eq!(flags.get("xla_gpu_all_reduce_combine_threshold_bytes"), Some(Some(bytes)), "{nodes} nodes");
+            assert_eq!(flags.get("xla_gpu_enable_latency_hiding_scheduler"), Some(Some("true")));
+        }
     }
 
     #[test]

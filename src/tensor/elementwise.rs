@@ -266,6 +266,14 @@ impl Tensor {
         self * &self.sigmoid()
     }
 
+    /// The tanh approximation of GELU, `x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))`:
+    /// `jax.nn.gelu`'s default, which MaxText's `gelu` activation is.
+    #[track_caller]
+    pub fn gelu(&self) -> Tensor {
+        let inner = (self + &(self * self * self * 0.044_715)) * (2.0 / std::f64::consts::PI).sqrt();
+        self * &((inner.tanh() + 1.0) * 0.5)
+    }
+
     #[track_caller]
     pub fn relu(&self) -> Tensor {
         self.maximum(0.0)

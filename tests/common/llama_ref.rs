@@ -189,9 +189,10 @@ pub fn reference(c: &Model, p: &RefParams, tokens: &[i32], targets: &[i32], seg:
         layers.push(x.clone());
     }
     let y = rms_norm(&x, &p.final_norm, c.config.eps);
+    // Tied logits are divided by sqrt(emb): MaxText's normalize_embedding_logits, on by default.
     let logits = match &p.logits_dense {
         Some(w) => y.dot(w),
-        None => y.dot(&p.embedding.t()),
+        None => y.dot(&p.embedding.t()) / (e as f64).sqrt(),
     };
     let (mut total, mut weights) = (0.0, 0.0);
     for (r, row) in logits.axis_iter(Axis(0)).enumerate() {

@@ -1,0 +1,215 @@
+//! MaxText's layer blocks that several families share, each as its parameters (named relative to
+//! the block's prefix, MaxText's names) and its computation:
+//!
+//! - [`Norm`]: `RMSNorm` (`<name>.scale`) and GPT-3's `LayerNorm` (`<name>.scale`, applied as
+//!   `scale + 1`, and `<name>.bias`) — MaxText's `get_norm_layer`;
+//! - [`Mlp`]: `MlpBlock`, one input projection per activation (`wi` for one, `wi_0`, `wi_1`, ...
+//!   for several) multiplied together, then `wo`; optional biases and pre-norm (GPT-3);
+//! - [`SelfAttention`]: `Attention`'s query, key, value and output projections around RoPE and
+//!   `LayerContext::attend` (sliding window, soft cap, f32 query-key product; dot-product or
+//!   blockwise; the key/value cache when decoding).
+//!
+//! Numerics as MaxText's: weights are cast to `dtype` where used; RMSNorm statistics, RoPE and
+//! the softmax are f32; GPT-3's LayerNorm reduces in `dtype` (`reductions_in_fp32=False`).
+
+use crate::tensor::{einsum, Tensor, Tree};
+
+use super::attention::{rope, AttendOptions, AttentionImpl, LayerContext};
+use super::params::{ParamDef, ParamInit};
+use super::ModelConfig;
+
+/// A normalization layer and its epsilon.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Norm {
+    /// `x / sqrt(mean(x^2) + eps) * scale` (statistics in f32); `scale` starts at ones.
+    Rms { eps: f64 },
+    /// MaxText's `Gpt3LayerNorm`: `(x - mean) / sqrt(var + eps) * (scale + 1) + bias`, computed in
+    /// the activations' dtype; `scale` and `bias` start at zeros.
+    Gpt3LayerNorm { eps: f64 },
+}
+
+impl Norm {
+    /// The parameters of the norm called `name` over `features`.
+    pub fn params(&self, name: &str, features: i64) -> Vec<ParamDef> {
+        match self {
+            Norm::Rms { .. } => vec![ParamDef::new(&format!("{name}.scale"), &[features], &["norm"], ParamInit::Ones)],
+            Norm::Gpt3LayerNorm { .. } => vec![
+                ParamDef::new(&format!("{name}.scale"), &[features], &["norm"], ParamInit::Zeros),
+                ParamDef::new(&format!("{name}.bias"), &[features], &["norm"], ParamInit::Zeros),
+            ],
+        }
+    }
+
+    /// The norm called `name` (parameters in `p`) over the last axis of `x`.
+    pub fn apply(&self, p: &Tree, name: &str, x: &Tensor) -> Tensor {
+        let scale = &p[format!("{name}.scale").as_str()];
+        match *self {
+            Norm::Rms { eps } => x.rms_norm(scale, eps),
+            Norm::Gpt3LayerNorm { eps } => {
+                let dtype = x.dtype();
+                let centered = x - &x.mean_keepdims(&[-1]);
+                let var = centered.square().mean_keepdims(&[-1]);
+                let normed = centered * &(var + eps).rsqrt();
+                normed * &(scale.astype(dtype) + 1.0) + &p[format!("{name}.bias").as_str()].astype(dtype)
+            }
+        }
+    }
+}
+
+/// An MLP activation (`mlp_activations` entry).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    Silu,
+    /// flax's `gelu`: the tanh approximation.
+    Gelu,
+    Relu,
+    Linear,
+}
+
+impl Activation {
+    /// MaxText's name (`config::MLP_ACTIVATIONS` lists those maxrs implements).
+    pub fn parse(name: &str) -> Option<Activation> {
+        Some(match name {
+            "silu" => Activation::Silu,
+            "gelu" => Activation::Gelu,
+            "relu" => Activation::Relu,
+            "linear" => Activation::Linear,
+            _ => return None,
+        })
+    }
+
+    fn apply(self, x: &Tensor) -> Tensor {
+        match self {
+            Activation::Silu => x.silu(),
+            Activation::Gelu => x.gelu(),
+            Activation::Relu => x.relu(),
+            Activation::Linear => x.clone(),
+        }
+    }
+}
+
+/// MaxText's `MlpBlock`: `(act_0(h @ wi_0) * act_1(h @ wi_1) * ...) @ wo`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mlp {
+    pub activations: Vec<Activation>,
+    /// Biases on every projection (`wi*.bias`: [mlp], `wo.bias`: [emb]).
+    pub use_bias: bool,
+    /// A norm of the input inside the block (`mlp_layer_norm`), as GPT-3's.
+    pub pre_norm: Option<Norm>,
+}
+
+impl Mlp {
+    /// The block for `c.mlp_activations` (names checked by `Model::from_config`).
+    pub fn new(c: &ModelConfig, use_bias: bool, pre_norm: Option<Norm>) -> Mlp {
+        let activations = c.mlp_activations.iter().filter_map(|a| Activation::parse(a)).collect();
+        Mlp { activations, use_bias, pre_norm }
+    }
+
+    /// MaxText's names of the input projections: `wi` when there is one, else `wi_0`, `wi_1`, ...
+    fn input_names(&self) -> Vec<String> {
+        match self.activations.len() {
+            1 => vec!["wi".to_string()],
+            n => (0..n).map(|i| format!("wi_{i}")).collect(),
+        }
+    }
+
+    /// The block's parameters under `prefix` (e.g. `mlp`).
+    pub fn params(&self, prefix: &str, emb: i64, mlp: i64) -> Vec<ParamDef> {
+        let mut defs = self.pre_norm.map(|n| n.params(&format!("{prefix}.mlp_layer_norm"), emb)).unwrap_or_default();
+        let mut dense = |name: &str, fan_in: i64, out: i64, logical: [&'static str; 2]| {
+            defs.push(ParamDef::new(
+                &format!("{prefix}.{name}.kernel"),
+                &[fan_in, out],
+                &logical,
+                ParamInit::FanIn(fan_in),
+            ));
+            if self.use_bias {
+                defs.push(ParamDef::new(&format!("{prefix}.{name}.bias"), &[out], &logical[1..], ParamInit::Zeros));
+            }
+        };
+        for name in self.input_names() {
+            dense(&name, emb, mlp, ["embed", "mlp"]);
+        }
+        dense("wo", mlp, emb, ["mlp", "embed"]);
+        defs
+    }
+
+    /// The block on `h: [batch, seq, emb]`. Each input projection is tagged `mlp<name>` and the
+    /// output `mlpwo` (MaxText's `checkpoint_name`s, which remat policies save).
+    pub fn apply(&self, c: &ModelConfig, p: &Tree, prefix: &str, h: &Tensor) -> Tensor {
+        let dense = |name: &str, x: &Tensor| {
+            let y = x.matmul(&p[format!("{prefix}.{name}.kernel").as_str()].astype(c.dtype));
+            match self.use_bias {
+                true => y + &p[format!("{prefix}.{name}.bias").as_str()].astype(c.dtype),
+                false => y,
+            }
+        };
+        let h = match self.pre_norm {
+            Some(norm) => norm.apply(p, &format!("{prefix}.mlp_layer_norm"), h),
+            None => h.clone(),
+        };
+        let hidden = self
+            .input_names()
+            .iter()
+            .zip(&self.activations)
+            .map(|(name, act)| act.apply(&dense(name, &h).checkpoint_name(&format!("mlp{name}"))))
+            .reduce(|a, b| a * &b)
+            .expect("an MLP has at least one activation");
+        dense("wo", &hidden).checkpoint_name("mlpwo")
+    }
+}
+
+/// MaxText's `Attention` block for self-attention: grouped-query projections, RoPE on queries and
+/// keys, queries scaled by `1 / sqrt(head_dim)` at run time (see the README's parameter layout),
+/// causal attention (`LayerContext::attend`), output projection.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SelfAttention {
+    /// Keys at most this many tokens back (`t - s < window`), besides causality.
+    pub window: Option<i64>,
+    pub options: AttendOptions,
+    /// How attention is computed when the family overrides the model's (`ModelConfig::attention`).
+    pub how: Option<AttentionImpl>,
+}
+
+impl SelfAttention {
+    /// The block's parameters under `prefix` (e.g. `self_attention`).
+    pub fn params(prefix: &str, c: &ModelConfig) -> Vec<ParamDef> {
+        let (e, h, kv, d) = (c.emb, c.heads, c.kv_heads, c.head_dim);
+        let def = |name: &str, shape: &[i64], logical: &[&'static str], fan_in: i64| {
+            ParamDef::new(&format!("{prefix}.{name}.kernel"), shape, logical, ParamInit::FanIn(fan_in))
+        };
+        vec![
+            def("query", &[e, h, d], &["embed", "heads", "kv"], e),
+            def("key", &[e, kv, d], &["embed", "kv_heads", "kv"], e),
+            def("value", &[e, kv, d], &["embed", "kv_heads", "kv"], e),
+            def("out", &[h, d, e], &["heads", "kv", "embed"], h * d),
+        ]
+    }
+
+    /// The block on the normed input `h: [batch, seq, emb]`; returns `[batch, seq, emb]`.
+    pub fn apply(&self, c: &ModelConfig, p: &Tree, prefix: &str, h: &Tensor, ctx: &LayerContext) -> Tensor {
+        let w = |name: &str| p[format!("{prefix}.{name}.kernel").as_str()].astype(c.dtype);
+        let q = einsum("btd,dhk->bthk", &[h, &w("query")]).checkpoint_name("query_proj");
+        let k = einsum("btd,dhk->bthk", &[h, &w("key")]).checkpoint_name("key_proj");
+        let v = einsum("btd,dhk->bthk", &[h, &w("value")]).checkpoint_name("value_proj");
+        let q = rope(&q, ctx) * (1.0 / (c.head_dim as f64).sqrt());
+        let k = rope(&k, ctx);
+        let how = self.how.unwrap_or(c.attention);
+        let out = ctx.attend(&q, &k, &v, self.window, how, &self.options);
+        einsum("bthk,hkd->btd", &[&out, &w("out")]).checkpoint_name("out_proj")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every activation name the configuration accepts has an implementation here.
+    #[test]
+    fn every_accepted_activation_parses() {
+        for name in crate::config::MLP_ACTIVATIONS {
+            assert!(Activation::parse(name).is_some(), "{name}");
+        }
+        assert_eq!(Activation::parse("swish"), None);
+    }
+}

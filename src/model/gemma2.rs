@@ -1,0 +1,154 @@
+//! The Gemma 2 decoder layer (MaxText's `decoder_block: gemma2`, `Gemma2DecoderLayer` in
+//! `src/maxtext/models/gemma2.py`, e591f30), top to bottom: its parameters, the layer, its FLOPs.
+//!
+//! Gemma 2 alternates a local layer (attention over the last `sliding_window_size` tokens) and a
+//! global one. As in MaxText, one decoder "layer" here is such a pair, so
+//! `base_num_decoder_layers` counts pairs (`gemma2-2b`'s 13 are its 26 layers) and the scan runs
+//! over pairs (MaxText's scan length is `num_decoder_layers / inhomogeneous_layer_cycle_interval`,
+//! and the Gemma 2 model files leave the interval at 1). Each half is a Gemma layer (`gemma.rs`:
+//! the same reparametrized norms and embedding, GeGLU, tied logits) with attention scores
+//! soft-capped (`attn_logits_soft_cap`) and, with `use_post_attn_norm` / `use_post_ffw_norm`,
+//! an RMSNorm on the attention and MLP outputs before each residual add. The global half computes
+//! the query-key product in f32, as MaxText's does. The final logits are soft-capped by the
+//! shared decoder (`final_logits_soft_cap`).
+//!
+//! One layer's (pair's) parameters, for `<h>` in `local`, `global` (stacked on a leading
+//! `layers` axis by the decoder):
+//!
+//! | name | shape | logical axes | init |
+//! |---|---|---|---|
+//! | `pre_self_attention_norm_<h>.scale` | [emb] | norm | ones |
+//! | `self_attention_<h>.query.kernel` | [emb, heads, head_dim] | embed, heads, kv | fan_in |
+//! | `self_attention_<h>.key.kernel` | [emb, kv_heads, head_dim] | embed, kv_heads, kv | fan_in |
+//! | `self_attention_<h>.value.kernel` | [emb, kv_heads, head_dim] | embed, kv_heads, kv | fan_in |
+//! | `self_attention_<h>.out.kernel` | [heads, head_dim, emb] | heads, kv, embed | fan_in |
+//! | `post_self_attention_norm_<h>.scale` (with `use_post_attn_norm`) | [emb] | norm | ones |
+//! | `pre_ffw_norm_<h>.scale` | [emb] | norm | ones |
+//! | `mlp_<h>.wi_0.kernel` (gelu) | [emb, mlp] | embed, mlp | fan_in |
+//! | `mlp_<h>.wi_1.kernel` (linear) | [emb, mlp] | embed, mlp | fan_in |
+//! | `mlp_<h>.wo.kernel` | [mlp, emb] | mlp, embed | fan_in |
+//! | `post_ffw_norm_<h>.scale` (with `use_post_ffw_norm`) | [emb] | norm | ones |
+
+use crate::config::{AttentionKernel, Config};
+use crate::tensor::{Tensor, Tree};
+
+use super::attention::{AttendOptions, AttentionImpl, LayerContext};
+use super::blocks::{Mlp, Norm, SelfAttention};
+use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
+use super::gemma::LAYER_NORM_EPS;
+use super::params::ParamDef;
+use super::ModelConfig;
+
+/// The keys the family reads besides the shared ones.
+pub const KEYS: &[&str] = &["sliding_window_size", "attn_logits_soft_cap", "use_post_attn_norm", "use_post_ffw_norm"];
+
+/// A local and a global Gemma 2 layer.
+#[derive(Debug)]
+pub struct Gemma2 {
+    /// The local layer's window (`sliding_window_size`).
+    pub window: i64,
+    /// `attn_logits_soft_cap` when positive.
+    pub soft_cap: Option<f64>,
+    pub post_attn_norm: bool,
+    pub post_ffw_norm: bool,
+    /// Dot-product attention where the model's would be blockwise: `attention=autoselected` with a
+    /// soft cap (maxrs's blockwise attention has none).
+    pub how: Option<AttentionImpl>,
+}
+
+impl Gemma2 {
+    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Gemma2, String> {
+        if c.sliding_window_size <= 0 {
+            return Err(format!(
+                "sliding_window_size={}: gemma2's local layers attend over a window of that many tokens; set it to a positive size (4096 in the Gemma 2 model files)",
+                c.sliding_window_size
+            ));
+        }
+        let soft_cap = (c.attn_logits_soft_cap > 0.0).then_some(c.attn_logits_soft_cap);
+        let blockwise = matches!(mc.attention, AttentionImpl::Blockwise { .. });
+        let how = match (soft_cap, blockwise) {
+            (Some(_), true) if c.attention == AttentionKernel::Autoselected => Some(AttentionImpl::DotProduct),
+            (Some(cap), true) => {
+                return Err(format!(
+                    "attention={}: maxrs's blockwise attention has no attn_logits_soft_cap ({cap}) yet; use attention=dot_product (or autoselected, which picks it for gemma2)",
+                    c.attention
+                ))
+            }
+            _ => None,
+        };
+        Ok(Gemma2 {
+            window: c.sliding_window_size,
+            soft_cap,
+            post_attn_norm: c.use_post_attn_norm,
+            post_ffw_norm: c.use_post_ffw_norm,
+            how,
+        })
+    }
+
+    /// The attention of the local (`local`) or global half.
+    fn attention(&self, local: bool) -> SelfAttention {
+        let options = AttendOptions { logits_soft_cap: self.soft_cap, float32_qk_product: !local };
+        SelfAttention { window: local.then_some(self.window), options, how: self.how }
+    }
+
+    fn half_params(&self, c: &ModelConfig, half: &str) -> Vec<ParamDef> {
+        let norm = Norm::Rms { eps: LAYER_NORM_EPS };
+        let mut defs = norm.params(&format!("pre_self_attention_norm_{half}"), c.emb);
+        defs.extend(SelfAttention::params(&format!("self_attention_{half}"), c));
+        if self.post_attn_norm {
+            defs.extend(norm.params(&format!("post_self_attention_norm_{half}"), c.emb));
+        }
+        defs.extend(norm.params(&format!("pre_ffw_norm_{half}"), c.emb));
+        defs.extend(Mlp::new(c, false, None).params(&format!("mlp_{half}"), c.emb, c.mlp));
+        if self.post_ffw_norm {
+            defs.extend(norm.params(&format!("post_ffw_norm_{half}"), c.emb));
+        }
+        defs
+    }
+
+    /// One half: `x + post_norm(attention(norm(x)))`, then `+ post_norm(mlp(norm(.)))`.
+    fn half(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext, half: &str) -> Tensor {
+        let norm = Norm::Rms { eps: LAYER_NORM_EPS };
+        let h = norm.apply(p, &format!("pre_self_attention_norm_{half}"), x);
+        let mut a = self.attention(half == "local").apply(c, p, &format!("self_attention_{half}"), &h, ctx);
+        if self.post_attn_norm {
+            a = norm.apply(p, &format!("post_self_attention_norm_{half}"), &a);
+        }
+        let x = constrain(c, x + &a, BTE);
+        let h = norm.apply(p, &format!("pre_ffw_norm_{half}"), &x);
+        let mut m = Mlp::new(c, false, None).apply(c, p, &format!("mlp_{half}"), &h);
+        if self.post_ffw_norm {
+            m = norm.apply(p, &format!("post_ffw_norm_{half}"), &m);
+        }
+        constrain(c, &x + &m, BTE)
+    }
+}
+
+impl Family for Gemma2 {
+    fn config_keys(&self) -> &'static [&'static str] {
+        KEYS
+    }
+
+    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
+        let mut defs = self.half_params(c, "local");
+        defs.extend(self.half_params(c, "global"));
+        defs
+    }
+
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+        let x = self.half(c, p, x, ctx, "local");
+        LayerOutput::new(self.half(c, p, &x, ctx, "global"))
+    }
+
+    /// MaxText's `calculate_gemma2_tflops_training_per_device`: twice the dense weight terms,
+    /// causal global attention `2 * batch * seq^2 * heads * head_dim` and local attention
+    /// `4 * batch * (seq * w - w^2 / 2) * heads * head_dim` with `w = min(window, seq)`.
+    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+        let dense = dense_layer_flops(c, tokens, seq);
+        let (batch, heads_dim) = (tokens / seq, (c.heads * c.head_dim) as f64);
+        let w = (self.window as f64).min(seq);
+        let global = 2.0 * batch * seq * seq * heads_dim;
+        let local = 4.0 * batch * (seq * w - 0.5 * w * w) * heads_dim;
+        LayerFlops { weights: 2.0 * dense.weights, attention: global + local }
+    }
+}

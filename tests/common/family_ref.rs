@@ -1,0 +1,480 @@
+//! An independent f64 reference of the decoder families, written with ndarray on `[B*T, features]`
+//! matrices (row = b*T + t) from each model's own published formulation, not from maxrs's code:
+//!
+//! - Llama 2 / Mistral: pre-RMSNorm, grouped-query attention with half-split RoPE, SwiGLU;
+//!   Mistral's sliding window `t - w < s <= t`;
+//! - Llama 3.1: Meta's `apply_scaling` of the RoPE frequencies, rotations of interleaved pairs
+//!   (Meta's complex-number form);
+//! - Gemma: embeddings times `sqrt(emb)`, RMSNorms times `(1 + scale)`, GeGLU with the tanh GELU,
+//!   tied logits `y @ E^T`;
+//! - Gemma 2: Gemma's layer twice per stacked layer (local with a window, then global), attention
+//!   scores `cap * tanh(s / cap)`, post-attention and post-FFN norms, final logits soft-capped;
+//! - GPT-3: LayerNorm `(x - mean) / sqrt(var + eps) * g + b`, learned position embeddings added to
+//!   the token embeddings, fused query/key/value with biases, no RoPE, GELU MLP with biases and its
+//!   own LayerNorm.
+//!
+//! Parameters are held in maxrs's (MaxText's) stored layout, and the reference undoes MaxText's
+//! reparametrizations where it reads them (`unfold`): Gemma's stored embedding is `E * sqrt(emb)`
+//! and stored norm scales `1 + scale`; GPT-3's stored LayerNorm scale is `g - 1`. Finite
+//! differences of the reference loss are then taken in stored coordinates, like maxrs's gradients.
+
+use super::{rng, uniform};
+use maxrs::ir::{DType, Signature};
+use maxrs::model::Model;
+use maxrs::pjrt::HostTensor;
+use maxrs::tensor::Tree;
+use ndarray::{s, Array2, Axis};
+use rand::Rng;
+use std::collections::BTreeMap;
+
+pub const B: usize = 2;
+pub const T: usize = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Family {
+    Llama,
+    Gemma,
+    Gemma2,
+    Gpt3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeRef {
+    None,
+    HalfSplit,
+    /// Meta's Llama 3.1 RoPE, with or without the frequency scaling.
+    Llama31 {
+        scaled: bool,
+    },
+}
+
+/// What the reference computes, stated by each test (not read from maxrs's family code).
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub family: Family,
+    pub rope: RopeRef,
+    /// Mistral's window, or Gemma 2's local window.
+    pub window: Option<usize>,
+    pub attn_cap: Option<f64>,
+    pub final_cap: Option<f64>,
+    pub post_norms: bool,
+    pub fused_qkv: bool,
+    /// The final norm's epsilon (and every norm's, except Gemma's layer norms: 1e-6).
+    pub eps: f64,
+}
+
+/// The model from `model_name` shrunk by `overrides`, in float32.
+pub fn model(model_name: &str, overrides: &[&str]) -> Model {
+    let mut args: Vec<String> = vec![
+        format!("model_name={model_name}"),
+        "override_model_config=true".into(),
+        "dtype=float32".into(),
+        "weight_dtype=float32".into(),
+    ];
+    args.extend(overrides.iter().map(|s| s.to_string()));
+    let c = maxrs::config::load(None, &args).expect("config loads");
+    Model::from_config(&c).expect("the model builds")
+}
+
+/// Parameters in the model's stored layout as f64 matrices: top-level ones by full name, layer
+/// ones by their name inside the (stacked) layer. Kernels are flattened to 2-D (`[emb, heads *
+/// head_dim]`, `[heads * head_dim, emb]`, `[emb, 3 * heads * head_dim]`, ...), vectors are `[1, n]`.
+#[derive(Clone)]
+pub struct RefParams {
+    pub top: BTreeMap<String, Array2<f64>>,
+    pub layers: Vec<BTreeMap<String, Array2<f64>>>,
+}
+
+/// The 2-D shape a parameter is held in: vectors as one row, else the first dimension (the
+/// first two for GPT-3's `[heads, head_dim, emb]` output kernel and every `out.kernel`) as rows.
+fn matrix_shape(name: &str, shape: &[i64]) -> (usize, usize) {
+    let n: i64 = shape.iter().product();
+    let rows = match shape.len() {
+        1 => 1,
+        _ if name.ends_with("out.kernel") => shape[0] * shape[1],
+        _ if name.ends_with(".bias") => 1,
+        _ => shape[0],
+    };
+    (rows as usize, (n / rows) as usize)
+}
+
+/// Random parameters for `spec`'s family: kernels uniform with a fan-in scale (activations stay
+/// O(1)), norm scales around their identity value, biases and embeddings O(1).
+pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
+    let mut rng = rng(seed);
+    let mut draw = |name: &str, shape: &[i64]| {
+        let (rows, cols) = matrix_shape(name, shape);
+        let (lo, hi) = if name.ends_with(".scale") {
+            match spec.family {
+                // GPT-3's stored scale is g - 1 (identity at 0), the others' are the gain.
+                Family::Gpt3 => (-0.5, 0.5),
+                Family::Llama | Family::Gemma | Family::Gemma2 => (0.5, 1.5),
+            }
+        } else if name.ends_with(".bias") || name.ends_with("embedding") {
+            (-0.5, 0.5)
+        } else {
+            let a = 1.7 / (rows as f64).sqrt();
+            (-a, a)
+        };
+        Array2::from_shape_vec((rows, cols), uniform(&mut rng, rows * cols, lo, hi)).unwrap()
+    };
+    let mut p = RefParams { top: BTreeMap::new(), layers: vec![BTreeMap::new(); m.config.layers as usize] };
+    for def in m.param_defs() {
+        if let Some(rest) = def.name.strip_prefix("decoder.layers.") {
+            for layer in p.layers.iter_mut() {
+                layer.insert(rest.to_string(), draw(rest, &def.shape[1..]));
+            }
+        } else if let Some(rest) = def.name.strip_prefix("decoder.layers_") {
+            let (i, name) = rest.split_once('.').unwrap();
+            p.layers[i.parse::<usize>().unwrap()].insert(name.to_string(), draw(name, &def.shape));
+        } else {
+            p.top.insert(def.name.clone(), draw(&def.name, &def.shape));
+        }
+    }
+    p
+}
+
+/// The parameters as program inputs `params.<name>` in the model's layout.
+pub fn host_params(m: &Model, p: &RefParams) -> Tree<HostTensor> {
+    let mut out = Tree::new();
+    let flat = |a: &Array2<f64>| a.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+    for def in m.param_defs() {
+        let values: Vec<f32> = if let Some(rest) = def.name.strip_prefix("decoder.layers.") {
+            p.layers.iter().flat_map(|l| flat(&l[rest])).collect()
+        } else if let Some(rest) = def.name.strip_prefix("decoder.layers_") {
+            let (i, name) = rest.split_once('.').unwrap();
+            flat(&p.layers[i.parse::<usize>().unwrap()][name])
+        } else {
+            flat(&p.top[&def.name])
+        };
+        assert_eq!(values.len() as i64, def.shape.iter().product::<i64>(), "{}", def.name);
+        out.insert(format!("params.{}", def.name), HostTensor::from_f32(&def.shape, &values));
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building blocks, in f64.
+// ---------------------------------------------------------------------------------------------
+
+fn rms_norm(x: &Array2<f64>, gain: &Array2<f64>, eps: f64) -> Array2<f64> {
+    let mut y = x.clone();
+    for mut row in y.rows_mut() {
+        let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / row.len() as f64 + eps).sqrt();
+        for (v, g) in row.iter_mut().zip(gain.iter()) {
+            *v *= inv * g;
+        }
+    }
+    y
+}
+
+fn layer_norm(x: &Array2<f64>, g: &Array2<f64>, b: &Array2<f64>, eps: f64) -> Array2<f64> {
+    let mut y = x.clone();
+    for mut row in y.rows_mut() {
+        let n = row.len() as f64;
+        let mean = row.iter().sum::<f64>() / n;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+        for ((v, g), b) in row.iter_mut().zip(g.iter()).zip(b.iter()) {
+            *v = (*v - mean) / (var + eps).sqrt() * g + b;
+        }
+    }
+    y
+}
+
+fn gelu_tanh(x: f64) -> f64 {
+    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+}
+
+fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+fn add_row(x: &Array2<f64>, bias: &Array2<f64>) -> Array2<f64> {
+    x + &bias.row(0)
+}
+
+/// Meta's `apply_scaling` (llama-models, `reference_impl/model.py`): scale factor 8, low and high
+/// frequency factors 1 and 4, original context 8192.
+fn llama31_scale(freq: f64) -> f64 {
+    let (factor, low, high, old) = (8.0, 1.0, 4.0, 8192.0);
+    let wavelen = 2.0 * std::f64::consts::PI / freq;
+    if wavelen < old / high {
+        freq
+    } else if wavelen > old / low {
+        freq / factor
+    } else {
+        let smooth = (old / wavelen - low) / (high - low);
+        (1.0 - smooth) * freq / factor + smooth * freq
+    }
+}
+
+/// RoPE on every head of `x: [B*T, heads*head_dim]`.
+fn rope(spec: &Spec, theta: f64, d: usize, x: &Array2<f64>, heads: usize) -> Array2<f64> {
+    let mut y = x.clone();
+    for r in 0..B * T {
+        let pos = (r % T) as f64;
+        for h in 0..heads {
+            for i in 0..d / 2 {
+                let freq = 1.0 / theta.powf(2.0 * i as f64 / d as f64);
+                let (a, b) = match spec.rope {
+                    RopeRef::None => return x.clone(),
+                    RopeRef::HalfSplit => (h * d + i, h * d + i + d / 2),
+                    RopeRef::Llama31 { .. } => (h * d + 2 * i, h * d + 2 * i + 1),
+                };
+                let freq = match spec.rope {
+                    RopeRef::Llama31 { scaled: true } => llama31_scale(freq),
+                    _ => freq,
+                };
+                // (x_a + i x_b) * e^{i pos freq}
+                let (c, s) = ((pos * freq).cos(), (pos * freq).sin());
+                y[[r, a]] = x[[r, a]] * c - x[[r, b]] * s;
+                y[[r, b]] = x[[r, b]] * c + x[[r, a]] * s;
+            }
+        }
+    }
+    y
+}
+
+/// Softmax attention of already-scaled `q` over `k`, `v` (grouped heads), causal, within
+/// `window` tokens back when given, scores soft-capped by `cap` when given.
+fn attend(
+    q: &Array2<f64>,
+    k: &Array2<f64>,
+    v: &Array2<f64>,
+    (heads, kvh, d): (usize, usize, usize),
+    window: Option<usize>,
+    cap: Option<f64>,
+) -> Array2<f64> {
+    let mut out = Array2::<f64>::zeros((B * T, heads * d));
+    for b in 0..B {
+        for hh in 0..heads {
+            let g = hh / (heads / kvh);
+            for t in 0..T {
+                let first = window.map_or(0, |w| (t + 1).saturating_sub(w));
+                let qi = q.slice(s![b * T + t, hh * d..(hh + 1) * d]);
+                let scores: Vec<f64> = (first..=t)
+                    .map(|u| {
+                        let s = qi.dot(&k.slice(s![b * T + u, g * d..(g + 1) * d]));
+                        cap.map_or(s, |c| c * (s / c).tanh())
+                    })
+                    .collect();
+                let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let ex: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                let z: f64 = ex.iter().sum();
+                for (j, e) in ex.iter().enumerate() {
+                    let vu = v.slice(s![b * T + first + j, g * d..(g + 1) * d]);
+                    out.slice_mut(s![b * T + t, hh * d..(hh + 1) * d]).scaled_add(e / z, &vu);
+                }
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The families.
+// ---------------------------------------------------------------------------------------------
+
+/// Query/key/value/out attention with RoPE (Llama, Mistral, Gemma, Gemma 2).
+fn rope_attention(
+    spec: &Spec,
+    m: &Model,
+    l: &BTreeMap<String, Array2<f64>>,
+    prefix: &str,
+    h: &Array2<f64>,
+    window: Option<usize>,
+) -> Array2<f64> {
+    let c = &m.config;
+    let (heads, kvh, d) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
+    let w = |n: &str| &l[&format!("{prefix}.{n}.kernel")];
+    let theta = c.rope_max_timescale;
+    let q = rope(spec, theta, d, &h.dot(w("query")), heads) / (d as f64).sqrt();
+    let k = rope(spec, theta, d, &h.dot(w("key")), kvh);
+    let v = h.dot(w("value"));
+    attend(&q, &k, &v, (heads, kvh, d), window, spec.attn_cap).dot(w("out"))
+}
+
+/// `act_0(h wi_0) * act_1(h wi_1) wo` (Llama: silu x linear; Gemma: tanh GELU x linear).
+fn gated_mlp(l: &BTreeMap<String, Array2<f64>>, prefix: &str, h: &Array2<f64>, act: fn(f64) -> f64) -> Array2<f64> {
+    let gate = h.dot(&l[&format!("{prefix}.wi_0.kernel")]).mapv(act);
+    let up = h.dot(&l[&format!("{prefix}.wi_1.kernel")]);
+    (gate * up).dot(&l[&format!("{prefix}.wo.kernel")])
+}
+
+/// Gemma's own norm scale from MaxText's stored one (`1 + scale`).
+fn gemma_scale(stored: &Array2<f64>) -> Array2<f64> {
+    stored - 1.0
+}
+
+/// Gemma's RMSNorm: `x / rms(x) * (1 + scale)`.
+fn gemma_norm(x: &Array2<f64>, scale: &Array2<f64>, eps: f64) -> Array2<f64> {
+    rms_norm(x, &(scale + 1.0), eps)
+}
+
+/// GPT-3's LayerNorm, its gain `g` being MaxText's stored scale + 1.
+fn gpt3_ln(l: &BTreeMap<String, Array2<f64>>, name: &str, x: &Array2<f64>, eps: f64) -> Array2<f64> {
+    let g = &l[&format!("{name}.scale")] + 1.0;
+    layer_norm(x, &g, &l[&format!("{name}.bias")], eps)
+}
+
+/// One Gemma layer (Gemma 2: one half, named by `suffix`).
+fn gemma_layer(
+    spec: &Spec,
+    m: &Model,
+    l: &BTreeMap<String, Array2<f64>>,
+    x: &Array2<f64>,
+    suffix: &str,
+    window: Option<usize>,
+) -> Array2<f64> {
+    let eps = 1e-6;
+    let norm = |name: &str, x: &Array2<f64>| gemma_norm(x, &gemma_scale(&l[&format!("{name}{suffix}.scale")]), eps);
+    let mut a =
+        rope_attention(spec, m, l, &format!("self_attention{suffix}"), &norm("pre_self_attention_norm", x), window);
+    if spec.post_norms {
+        a = norm("post_self_attention_norm", &a);
+    }
+    let x = x + &a;
+    let mut f = gated_mlp(l, &format!("mlp{suffix}"), &norm("pre_ffw_norm", &x), gelu_tanh);
+    if spec.post_norms {
+        f = norm("post_ffw_norm", &f);
+    }
+    &x + &f
+}
+
+fn gpt3_layer(spec: &Spec, m: &Model, l: &BTreeMap<String, Array2<f64>>, x: &Array2<f64>) -> Array2<f64> {
+    let c = &m.config;
+    let (heads, d) = (c.heads as usize, c.head_dim as usize);
+    let h = gpt3_ln(l, "pre_self_attention_norm", x, spec.eps);
+    let proj = |name: &str| {
+        add_row(&h.dot(&l[&format!("self_attention.{name}.kernel")]), &l[&format!("self_attention.{name}.bias")])
+    };
+    let (q, k, v) = if spec.fused_qkv {
+        let qkv = proj("qkv_proj");
+        let n = heads * d;
+        (
+            qkv.slice(s![.., 0..n]).to_owned(),
+            qkv.slice(s![.., n..2 * n]).to_owned(),
+            qkv.slice(s![.., 2 * n..]).to_owned(),
+        )
+    } else {
+        (proj("query"), proj("key"), proj("value"))
+    };
+    let q = q / (d as f64).sqrt();
+    let a = attend(&q, &k, &v, (heads, heads, d), None, None).dot(&l["self_attention.out.kernel"]);
+    let x = x + &add_row(&a, &l["self_attention.out.bias"]);
+    let h = gpt3_ln(l, "mlp.mlp_layer_norm", &x, spec.eps);
+    let hidden = add_row(&h.dot(&l["mlp.wi.kernel"]), &l["mlp.wi.bias"]).mapv(gelu_tanh);
+    &x + &add_row(&hidden.dot(&l["mlp.wo.kernel"]), &l["mlp.wo.bias"])
+}
+
+pub struct RefOut {
+    pub embeddings: Array2<f64>,
+    pub layers: Vec<Array2<f64>>,
+    pub logits: Array2<f64>,
+    pub loss: f64,
+}
+
+pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
+    let c = &m.config;
+    let e = c.emb as usize;
+    let table = &p.top["token_embedder.embedding"];
+    // Gemma's own embedding table is MaxText's stored one over sqrt(emb); Gemma scales by sqrt(emb).
+    let (table_own, input_scale) = match spec.family {
+        Family::Gemma | Family::Gemma2 => (table / (e as f64).sqrt(), (e as f64).sqrt()),
+        Family::Llama | Family::Gpt3 => (table.clone(), 1.0),
+    };
+    let mut x = Array2::<f64>::zeros((B * T, e));
+    for (r, &tok) in b.tokens.iter().enumerate() {
+        x.row_mut(r).assign(&(&table_own.row(tok as usize) * input_scale));
+        if let Some(pos) = p.top.get("decoder.position_embedder.embedding") {
+            x.row_mut(r).scaled_add(1.0, &pos.row(r % T));
+        }
+    }
+    let embeddings = x.clone();
+    let mut layers = Vec::new();
+    for l in &p.layers {
+        x = match spec.family {
+            Family::Llama => {
+                let norm = |name: &str, x: &Array2<f64>| rms_norm(x, &l[&format!("{name}.scale")], spec.eps);
+                let x = &x
+                    + &rope_attention(
+                        spec,
+                        m,
+                        l,
+                        "self_attention",
+                        &norm("pre_self_attention_layer_norm", &x),
+                        spec.window,
+                    );
+                &x + &gated_mlp(l, "mlp", &norm("post_self_attention_layer_norm", &x), silu)
+            }
+            Family::Gemma => gemma_layer(spec, m, l, &x, "", None),
+            Family::Gemma2 => {
+                let x = gemma_layer(spec, m, l, &x, "_local", spec.window);
+                gemma_layer(spec, m, l, &x, "_global", None)
+            }
+            Family::Gpt3 => gpt3_layer(spec, m, l, &x),
+        };
+        layers.push(x.clone());
+    }
+    let y = match spec.family {
+        Family::Llama => rms_norm(&x, &p.top["decoder.decoder_norm.scale"], spec.eps),
+        Family::Gemma | Family::Gemma2 => gemma_norm(&x, &gemma_scale(&p.top["decoder.decoder_norm.scale"]), spec.eps),
+        Family::Gpt3 => gpt3_ln(&p.top, "decoder.decoder_norm", &x, spec.eps),
+    };
+    let mut logits = match p.top.get("decoder.logits_dense.kernel") {
+        Some(w) => y.dot(w),
+        None => y.dot(&table_own.t()),
+    };
+    if let Some(cap) = spec.final_cap {
+        logits.mapv_inplace(|v| cap * (v / cap).tanh());
+    }
+    let (mut total, mut weights) = (0.0, 0.0);
+    for (r, row) in logits.axis_iter(Axis(0)).enumerate() {
+        if b.seg[r] == 0 {
+            continue;
+        }
+        let mx = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let log_z = mx + row.iter().map(|v| (v - mx).exp()).sum::<f64>().ln();
+        total += log_z - row[b.targets[r] as usize];
+        weights += 1.0;
+    }
+    RefOut { embeddings, layers, logits, loss: total / weights }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches and program inputs.
+// ---------------------------------------------------------------------------------------------
+
+pub struct Batch {
+    pub tokens: Vec<i32>,
+    pub targets: Vec<i32>,
+    pub seg: Vec<i32>,
+}
+
+pub fn batch(m: &Model, seed: u64) -> Batch {
+    let mut rng = rng(seed);
+    let v = m.config.vocab as i32;
+    let tokens = (0..B * T).map(|_| rng.gen_range(0..v)).collect();
+    let targets = (0..B * T).map(|_| rng.gen_range(0..v)).collect();
+    // The last 3 positions of the second row are padding.
+    let seg = (0..B * T).map(|r| if r >= 2 * T - 3 { 0 } else { 1 }).collect();
+    Batch { tokens, targets, seg }
+}
+
+pub fn signature(m: &Model) -> Signature {
+    let mut sig = Signature::new(None);
+    m.declare_params(&mut sig, "params");
+    for name in ["inputs", "targets", "targets_segmentation"] {
+        sig.input(name, DType::S32, &[B as i64, T as i64]);
+    }
+    sig
+}
+
+pub fn inputs(m: &Model, p: &RefParams, b: &Batch) -> Tree<HostTensor> {
+    let mut inputs = host_params(m, p);
+    let dims = [B as i64, T as i64];
+    inputs.insert("inputs", HostTensor::from_i32(&dims, &b.tokens));
+    inputs.insert("targets", HostTensor::from_i32(&dims, &b.targets));
+    inputs.insert("targets_segmentation", HostTensor::from_i32(&dims, &b.seg));
+    inputs
+}

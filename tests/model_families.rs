@@ -1,0 +1,271 @@
+//! The decoder families (`decoder_block` mistral, gemma, gemma2, gpt3, and llama2 with Llama 3.1's
+//! RoPE) against the independent f64 reference of `common/family_ref.rs`, each from its MaxText
+//! model file shrunk to a tiny size (emb 32, 2 stacked layers, vocab 64) in float32 on a 2 x 16
+//! batch with random non-zero parameters: embeddings, every layer's output, the logits and the
+//! loss, scanned and unrolled; the gradient of the loss against central differences of the
+//! reference loss for the parameters each family adds (windows, soft caps, post norms, biases,
+//! LayerNorms, learned positions, the tied and rescaled Gemma embedding, Llama 3.1's RoPE).
+
+mod common;
+
+use common::family_ref::*;
+use maxrs::model::Model;
+use maxrs::tensor::{trace, value_and_grad, Tree};
+use ndarray::Array2;
+
+const SIZES: &[&str] = &[
+    "base_emb_dim=32",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=2",
+    "head_dim=8",
+    "base_mlp_dim=48",
+    "base_num_decoder_layers=2",
+    "vocab_size=64",
+];
+
+fn shrunk(model_name: &str, extra: &[&str]) -> Model {
+    let args: Vec<&str> = SIZES.iter().chain(extra).copied().collect();
+    model(model_name, &args)
+}
+
+/// max |a - b| over max |b|.
+fn scaled_err(got: &[f64], want: &Array2<f64>) -> f64 {
+    let want: Vec<f64> = want.iter().copied().collect();
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
+    got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale
+}
+
+/// Embeddings, every layer, logits and loss of `m` against the reference of `spec`.
+fn check_forward(label: &str, m: &Model, spec: &Spec) -> RefOut {
+    let p = random_params(spec, m, 1);
+    let b = batch(m, 2);
+    let program = trace(&signature(m), |_ctx, inp| {
+        let params = inp.subtree("params");
+        let fwd = m.forward(&params, inp, true);
+        let (loss, _) = m.loss(&params, inp, 0.0);
+        Tree::new()
+            .with("embeddings", fwd.embeddings)
+            .with("layers", fwd.layer_outputs.expect("layer outputs"))
+            .with("logits", fwd.logits)
+            .with("loss", loss)
+    })
+    .expect("the model traces");
+    let out = common::run(&program, &inputs(m, &p, &b));
+    let want = reference(spec, m, &p, &b);
+    let tol = 1e-4;
+    let err = scaled_err(&out["embeddings"].to_f64(), &want.embeddings);
+    assert!(err < tol, "{label}: embeddings differ: {err:e}");
+    let layers = out["layers"].to_f64();
+    let per = B * T * m.config.emb as usize;
+    for (i, l) in want.layers.iter().enumerate() {
+        let err = scaled_err(&layers[i * per..(i + 1) * per], l);
+        assert!(err < tol, "{label}: layer {i} output differs: {err:e}");
+    }
+    let err = scaled_err(&out["logits"].to_f64(), &want.logits);
+    assert!(err < tol, "{label}: logits differ: {err:e}");
+    let loss = out["loss"].to_f64()[0];
+    let rel = (loss - want.loss).abs() / want.loss.abs();
+    println!("{label}: logits scaled error {err:e}, loss {loss} vs reference {} (rel {rel:e})", want.loss);
+    assert!(rel < tol, "{label}: loss {loss} vs reference {}", want.loss);
+    want
+}
+
+/// A parameter element: `layer` (None: a top-level parameter), the name, and the element's index
+/// in the row-major flattening of one layer's (or the top-level) tensor.
+type Probe = (Option<usize>, &'static str, usize);
+
+/// `value_and_grad`'s gradient at each probe against central differences of the reference loss.
+fn check_gradient(label: &str, m: &Model, spec: &Spec, probes: &[Probe]) {
+    let p = random_params(spec, m, 3);
+    let b = batch(m, 4);
+    let program = trace(&signature(m), |_ctx, inp| {
+        let (loss, grads) = value_and_grad(&inp.subtree("params"), |params| m.loss(params, inp, 0.0).0);
+        grads.prefixed("grad").with("loss", loss)
+    })
+    .expect("the gradient traces");
+    let out = common::run(&program, &inputs(m, &p, &b));
+    for &(layer, name, index) in probes {
+        let h = 1e-4;
+        let nudged = |delta: f64| {
+            let mut q = p.clone();
+            let a = match layer {
+                Some(li) => q.layers[li].get_mut(name),
+                None => q.top.get_mut(name),
+            };
+            let a = a.unwrap_or_else(|| panic!("{label}: no parameter {name}"));
+            let cols = a.ncols();
+            a[[index / cols, index % cols]] += delta;
+            reference(spec, m, &q, &b).loss
+        };
+        let fd = (nudged(h) - nudged(-h)) / (2.0 * h);
+        let (grad_name, offset) = match layer {
+            Some(li) if m.config.scan_layers => (format!("grad.decoder.layers.{name}"), li * p.layers[li][name].len()),
+            Some(li) => (format!("grad.decoder.layers_{li}.{name}"), 0),
+            None => (format!("grad.{name}"), 0),
+        };
+        let g = out[grad_name.as_str()].to_f64()[offset + index];
+        println!("{label}: d loss / d {name}[{layer:?}][{index}]: traced {g:e}, finite difference {fd:e}");
+        assert!(fd.abs() > 1e-7, "{label}: {name}[{index}] does not affect the loss; pick another probe");
+        assert!((g - fd).abs() <= 2e-3 * fd.abs() + 1e-6, "{label}: {name}: traced {g} vs finite difference {fd}");
+    }
+}
+
+fn spec(family: Family, rope: RopeRef, eps: f64) -> Spec {
+    Spec { family, rope, window: None, attn_cap: None, final_cap: None, post_norms: false, fused_qkv: false, eps }
+}
+
+#[test]
+fn mistral_sliding_window() {
+    let m = shrunk("mistral-7b", &["sliding_window_size=5"]);
+    let windowed = Spec { window: Some(5), ..spec(Family::Llama, RopeRef::HalfSplit, 1e-5) };
+    let want = check_forward("mistral window 5", &m, &windowed);
+    // The window matters on 16 tokens: the unwindowed reference is another function.
+    let plain =
+        reference(&spec(Family::Llama, RopeRef::HalfSplit, 1e-5), &m, &random_params(&windowed, &m, 1), &batch(&m, 2));
+    assert!(scaled_err(&plain.logits.iter().copied().collect::<Vec<_>>(), &want.logits) > 1e-2);
+    // The same through blockwise attention (attention=flash), whose mask skips whole key blocks.
+    check_forward(
+        "mistral window 5 blockwise",
+        &shrunk("mistral-7b", &["sliding_window_size=5", "attention=flash", "max_target_length=16"]),
+        &windowed,
+    );
+    // MaxText's mistral files leave the window at 0: plain causal attention.
+    check_forward("mistral no window", &shrunk("mistral-7b", &[]), &spec(Family::Llama, RopeRef::HalfSplit, 1e-5));
+    check_gradient(
+        "mistral",
+        &m,
+        &windowed,
+        &[(Some(0), "self_attention.query.kernel", 37), (Some(1), "self_attention.key.kernel", 101)],
+    );
+}
+
+/// Llama 3.1's RoPE with head_dim 16 and theta 500000: its 8 frequencies have wavelengths from 6
+/// to ~1e6 tokens, so all three cases of the scaling (kept, interpolated, divided by 8) occur.
+#[test]
+fn llama31_rope() {
+    let sizes = ["head_dim=16"];
+    let scaled = spec(Family::Llama, RopeRef::Llama31 { scaled: true }, 1e-5);
+    let m = shrunk("llama3.1-8b", &sizes);
+    check_forward("llama3.1-8b", &m, &scaled);
+    check_forward("llama3.3-70b", &shrunk("llama3.3-70b", &sizes), &scaled);
+    let unscaled = spec(Family::Llama, RopeRef::Llama31 { scaled: false }, 1e-5);
+    check_forward(
+        "llama3.1 rope_use_scale=false",
+        &shrunk("llama3.1-8b", &["head_dim=16", "rope_use_scale=false"]),
+        &unscaled,
+    );
+    check_forward("llama2 rope_type=llama3.1", &shrunk("llama2-7b", &["head_dim=16", "rope_type=llama3.1"]), &scaled);
+    check_gradient(
+        "llama3.1",
+        &m,
+        &scaled,
+        &[(Some(0), "self_attention.key.kernel", 77), (Some(1), "self_attention.query.kernel", 300)],
+    );
+}
+
+#[test]
+fn gemma() {
+    // A final-norm epsilon unlike the layer norms' fixed 1e-6, and multi-query attention.
+    let m = shrunk("gemma-2b", &["base_num_kv_heads=1", "normalization_layer_epsilon=1e-3"]);
+    let s = spec(Family::Gemma, RopeRef::HalfSplit, 1e-3);
+    check_forward("gemma", &m, &s);
+    check_gradient(
+        "gemma",
+        &m,
+        &s,
+        &[
+            (None, "token_embedder.embedding", 333),
+            (None, "decoder.decoder_norm.scale", 5),
+            (Some(1), "pre_ffw_norm.scale", 7),
+            (Some(0), "mlp.wi_0.kernel", 200),
+        ],
+    );
+}
+
+#[test]
+fn gemma2() {
+    let caps = ["sliding_window_size=5", "attn_logits_soft_cap=1.5", "final_logits_soft_cap=2.0"];
+    let s = Spec {
+        window: Some(5),
+        attn_cap: Some(1.5),
+        final_cap: Some(2.0),
+        post_norms: true,
+        ..spec(Family::Gemma2, RopeRef::HalfSplit, 1e-6)
+    };
+    for scan in ["scan_layers=true", "scan_layers=false"] {
+        let m = shrunk("gemma2-2b", &[&caps[..], &[scan]].concat());
+        check_forward(&format!("gemma2 {scan}"), &m, &s);
+    }
+    // Blockwise attention has no soft cap: asked for by name it is refused; without a cap it
+    // computes the global layers' f32 query-key product.
+    let args: Vec<String> = ["model_name=gemma2-2b", "override_model_config=true", "attention=flash"]
+        .iter()
+        .chain(SIZES)
+        .chain(&caps)
+        .map(|a| a.to_string())
+        .collect();
+    let e = Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap_err();
+    assert!(e.contains("attention=flash") && e.contains("attn_logits_soft_cap"), "{e}");
+    let uncapped = Spec { attn_cap: None, ..s.clone() };
+    let flash = [
+        "sliding_window_size=5",
+        "final_logits_soft_cap=2.0",
+        "attn_logits_soft_cap=0",
+        "attention=flash",
+        "max_target_length=16",
+    ];
+    check_forward("gemma2 blockwise", &shrunk("gemma2-2b", &flash), &uncapped);
+    let m = shrunk("gemma2-2b", &caps);
+    // Each of the window and the two caps changes the function at these sizes.
+    let (p, b) = (random_params(&s, &m, 1), batch(&m, 2));
+    let logits = reference(&s, &m, &p, &b).logits;
+    for without in [
+        Spec { window: None, ..s.clone() },
+        Spec { attn_cap: None, ..s.clone() },
+        Spec { final_cap: None, ..s.clone() },
+    ] {
+        let other = reference(&without, &m, &p, &b).logits;
+        assert!(scaled_err(&other.iter().copied().collect::<Vec<_>>(), &logits) > 1e-3, "{without:?} changes nothing");
+    }
+    check_gradient(
+        "gemma2",
+        &m,
+        &s,
+        &[
+            (Some(0), "self_attention_local.query.kernel", 45),
+            (Some(1), "self_attention_global.key.kernel", 90),
+            (Some(0), "post_self_attention_norm_local.scale", 3),
+            (Some(1), "post_ffw_norm_global.scale", 11),
+            (None, "token_embedder.embedding", 1000),
+        ],
+    );
+}
+
+#[test]
+fn gpt3() {
+    let sizes = ["base_num_kv_heads=4", "trainable_position_size=16", "max_target_length=16"];
+    let fused = Spec { fused_qkv: true, ..spec(Family::Gpt3, RopeRef::None, 1e-5) };
+    for scan in ["scan_layers=true", "scan_layers=false"] {
+        let m = shrunk("gpt3-52k", &[&sizes[..], &[scan]].concat());
+        check_forward(&format!("gpt3 fused {scan}"), &m, &fused);
+    }
+    let separate = Spec { fused_qkv: false, ..fused.clone() };
+    check_forward("gpt3 fused_qkv=false", &shrunk("gpt3-52k", &[&sizes[..], &["fused_qkv=false"]].concat()), &separate);
+    let m = shrunk("gpt3-52k", &sizes);
+    check_gradient(
+        "gpt3",
+        &m,
+        &fused,
+        &[
+            (Some(0), "self_attention.qkv_proj.bias", 70),
+            (Some(1), "self_attention.qkv_proj.kernel", 500),
+            (Some(0), "pre_self_attention_norm.scale", 9),
+            (Some(1), "mlp.mlp_layer_norm.bias", 4),
+            (Some(0), "mlp.wi.bias", 17),
+            (Some(1), "self_attention.out.bias", 30),
+            (None, "decoder.decoder_norm.bias", 2),
+            (None, "decoder.position_embedder.embedding", 100),
+        ],
+    );
+}
