@@ -40,11 +40,11 @@ fn load(extra: &[&str]) -> Config {
 }
 
 /// The model's parameters, random, as host arrays by name (the same for every test): the Llama
-/// reference's draw, or for Mixtral the init program's (seed 7; its router and experts random).
+/// reference's draw, or for the other families the init program's (seed 7).
 fn params(c: &Config) -> Tree<HostTensor> {
     let model = Model::from_config(c).unwrap();
     assert!(model.config.kv_heads < model.config.heads, "the test must exercise grouped-query attention");
-    if c.decoder_block != DecoderBlock::Mixtral {
+    if c.decoder_block == DecoderBlock::Llama2 {
         return host_params(&model, &random_params(&model, 7)).subtree("params");
     }
     let init = trace(&Signature::new(None), |ctx, _| model.init_params(&random::key(ctx, 7))).unwrap();
@@ -129,6 +129,33 @@ fn mixtral_greedy_decoding_equals_the_full_forward_pass() {
     let c = load(&["decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2", "per_device_batch_size=4"]);
     let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
     check_against_full_forward(&c, &g);
+}
+
+/// The other families decode through the same cache: Gemma 2 (local and global layers, two
+/// attention calls per scanned pair, attention and final-logit soft caps, tied logits) and Gemma
+/// (GeGLU, scaled embeddings, tied logits): greedy decoding equals each full forward pass.
+#[test]
+fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
+    let gemma2 = [
+        "decoder_block=gemma2",
+        "sliding_window_size=4",
+        "attn_logits_soft_cap=50.0",
+        "final_logits_soft_cap=30.0",
+        "logits_via_embedding=true",
+        "mlp_activations=[gelu, linear]",
+        "per_device_batch_size=4",
+    ];
+    let gemma = [
+        "decoder_block=gemma",
+        "logits_via_embedding=true",
+        "mlp_activations=[gelu, linear]",
+        "per_device_batch_size=4",
+    ];
+    for extra in [&gemma2[..], &gemma[..]] {
+        let c = load(extra);
+        let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
+        check_against_full_forward(&c, &g);
+    }
 }
 
 /// The same on 4 devices (kv heads and the cache over `autoregressive`, the batch over `fsdp`),
