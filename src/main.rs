@@ -23,6 +23,8 @@ enum Command {
     Devices(cli::devices::DevicesArgs),
     /// Train a model: `maxrs train [CONFIG] [key=value ...]` (MaxText's train.py conventions).
     Train(cli::train::TrainArgs),
+    /// Generate from prompts with a key/value cache: `maxrs decode [CONFIG] [key=value ...]` (MaxText's decode.py).
+    Decode(cli::decode::DecodeArgs),
     /// Compile the train step for a target without its hardware (MaxText's train_compile.py).
     TrainCompile(cli::train_compile::TrainCompileArgs),
     /// List the ahead-of-time targets (compile_topology names) and their devices.
@@ -66,6 +68,7 @@ fn main() -> std::process::ExitCode {
     let result = match args.command {
         Command::Devices(a) => cli::devices::run(a),
         Command::Train(a) => cli::train::run(a),
+        Command::Decode(a) => cli::decode::run(a),
         Command::TrainCompile(a) => cli::train_compile::run(a),
         Command::Topologies(a) => cli::topologies::run(a),
         Command::Launch(a) => match cli::launch::run(a) {

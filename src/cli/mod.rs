@@ -4,6 +4,7 @@
 pub mod cluster_check;
 pub mod convert;
 pub mod coordinator;
+pub mod decode;
 pub mod devices;
 pub mod launch;
 pub mod submit;

@@ -120,6 +120,17 @@ string_enum!(
 );
 
 string_enum!(
+    /// MaxText's `decode_sampling_strategy`: how `maxrs decode` picks each next token.
+    SamplingStrategy {
+        Greedy = "greedy",
+        Weighted = "weighted",
+        Nucleus = "nucleus",
+        Topk = "topk",
+        Composite = "composite",
+    }
+);
+
+string_enum!(
     /// MaxText's `rope_type`: `default` (half-split RoPE) or `llama3.1` (Llama 3.1's scaled
     /// frequencies on interleaved pairs); `yarn` is refused by validation as not supported yet.
     RopeType { Default = "default", Llama31 = "llama3.1", Yarn = "yarn" }
@@ -142,6 +153,7 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "dataset_type" => Some(DatasetType::VALUES),
         "tokenizer_type" => Some(TokenizerType::VALUES),
         "decoder_block" => Some(DecoderBlock::VALUES),
+        "decode_sampling_strategy" => Some(SamplingStrategy::VALUES),
         "rope_type" => Some(RopeType::VALUES),
         "on_checkpoint_error" => Some(OnCheckpointError::VALUES),
         _ => None,
@@ -407,6 +419,16 @@ pub struct Config {
     pub z_loss_multiplier: f64,
     pub abort_on_nan_loss: bool,
     pub abort_on_inf_loss: bool,
+
+    // Decoding (maxrs decode)
+    pub prompt: Vec<String>,
+    pub max_prefill_predict_length: i64,
+    pub autoregressive_decode_assert: String,
+    pub decode_sampling_strategy: SamplingStrategy,
+    pub decode_sampling_nucleus_p: f64,
+    pub decode_sampling_top_k: i64,
+    pub decode_sampling_temperature: f64,
+    pub decode_seed: i64,
 
     // Ahead-of-time compilation
     pub compiled_trainstep_file: String,

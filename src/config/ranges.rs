@@ -117,6 +117,13 @@ pub const NUMERIC_KEYS: &[(&str, Range)] = &[
     ("adam_weight_decay", closed(0.0, 1e3)),
     ("gradient_clipping_threshold", closed(0.0, 1e9)),
     ("z_loss_multiplier", closed(0.0, 1e3)),
+    // Decoding; what each sampling strategy needs of them is checked in validate_decode.
+    ("max_prefill_predict_length", int(1, 1 << 24)),
+    ("decode_sampling_nucleus_p", closed(-1.0, 1.0)),
+    ("decode_sampling_top_k", int(0, i32::MAX as i64)),
+    ("decode_sampling_temperature", closed(0.0, 1e6)),
+    // A u32 PRNG key, like init_weights_seed.
+    ("decode_seed", int(0, u32::MAX as i64)),
     ("compile_topology_num_slices", int_or_fill(1, 1 << 12)),
     // Start-up time of the CPU plugin grows with the square of this (1024: ~3 s, 4096: ~12 s).
     ("cpu_device_count", int(1, 1024)),

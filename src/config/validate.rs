@@ -5,7 +5,8 @@ use std::fmt;
 
 use super::error::{closest, ConfigError};
 use super::keys::{
-    Config, DatasetType, DecoderBlock, Hardware, ProfilerKind, RopeType, TokenizerType, MLP_ACTIVATIONS,
+    Config, DatasetType, DecoderBlock, Hardware, ProfilerKind, RopeType, SamplingStrategy, TokenizerType,
+    MLP_ACTIVATIONS,
 };
 use super::mesh::{self, Mesh};
 use super::ranges;
@@ -225,6 +226,62 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         schedule_steps,
         warmup_steps: (schedule_steps as f64 * config.warmup_steps_fraction) as usize,
     })
+}
+
+/// Checks the keys only `maxrs decode` reads (MaxText's `decode.py` / `inference_utils.sampling`
+/// checks, main at e591f30, plus the ones that keep a sample well defined), for a model whose
+/// config is otherwise valid.
+pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
+    let (prefill, target) = (config.max_prefill_predict_length, config.max_target_length);
+    if prefill < 1 || prefill > target {
+        return Err(ConfigError::invalid(
+            "max_prefill_predict_length",
+            format!(
+                "max_prefill_predict_length={prefill}: the prompts are padded to it, and the cache has max_target_length={target} \
+                 positions; set it to 1..={target}"
+            ),
+        ));
+    }
+    let strategy = config.decode_sampling_strategy;
+    let (temperature, p, k) =
+        (config.decode_sampling_temperature, config.decode_sampling_nucleus_p, config.decode_sampling_top_k);
+    let divides = matches!(strategy, SamplingStrategy::Weighted | SamplingStrategy::Nucleus | SamplingStrategy::Topk);
+    if divides && (temperature <= 0.0 || temperature.is_nan()) {
+        return Err(ConfigError::invalid(
+            "decode_sampling_temperature",
+            format!(
+                "decode_sampling_temperature={temperature}: decode_sampling_strategy={strategy} divides the logits by it, \
+                 so it must be positive (decode_sampling_strategy=greedy takes the most likely token)"
+            ),
+        ));
+    }
+    if matches!(strategy, SamplingStrategy::Topk | SamplingStrategy::Composite) && !(1..=config.vocab_size).contains(&k)
+    {
+        return Err(ConfigError::invalid(
+            "decode_sampling_top_k",
+            format!(
+                "decode_sampling_top_k={k}: decode_sampling_strategy={strategy} samples from that many most likely tokens; \
+                 set it to 1..={} (vocab_size)",
+                config.vocab_size
+            ),
+        ));
+    }
+    if strategy == SamplingStrategy::Nucleus && p < 0.0 {
+        return Err(ConfigError::invalid(
+            "decode_sampling_nucleus_p",
+            format!(
+                "decode_sampling_nucleus_p={p}: decode_sampling_strategy=nucleus keeps the most likely tokens up to that \
+                 cumulative probability; set it to a value in [0, 1]"
+            ),
+        ));
+    }
+    if strategy == SamplingStrategy::Composite && !(p > 0.0 && p <= 1.0) {
+        return Err(ConfigError::invalid(
+            "decode_sampling_nucleus_p",
+            format!("decode_sampling_nucleus_p={p}: decode_sampling_strategy=composite needs it in (0, 1]"),
+        ));
+    }
+    Ok(())
 }
 
 /// Largest number of elements maxrs lets one array have: XLA sizes arrays in 64-bit bytes, so

@@ -93,11 +93,25 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
             Value::Null => Some(Value::String(String::new())),
             _ => None,
         },
-        Value::Sequence(_) => match &value {
-            Value::Sequence(_) => Some(value.clone()),
-            Value::String(s) => Some(parse_list(s)),
-            _ => None,
-        },
+        Value::Sequence(items) => {
+            let list = match &value {
+                Value::Sequence(_) => Some(value.clone()),
+                Value::String(s) => Some(parse_list(s)),
+                _ => None,
+            };
+            // In a list of strings, numbers are strings as they are for a string key (`prompt=[1 2, 3]`).
+            match (items.first(), list) {
+                (Some(Value::String(_)), Some(Value::Sequence(list))) => Some(Value::Sequence(
+                    list.into_iter()
+                        .map(|item| match item {
+                            Value::Number(n) => Value::String(n.to_string()),
+                            other => other,
+                        })
+                        .collect(),
+                )),
+                (_, list) => list,
+            }
+        }
         _ => None,
     };
     let coerced = coerced.ok_or_else(|| wrong(&value))?;
@@ -221,6 +235,7 @@ mod tests {
             serde_yaml::from_str::<Value>("[silu, linear]").unwrap()
         );
         assert_eq!(cli("mesh_axes", "fsdp").unwrap(), serde_yaml::from_str::<Value>("[fsdp]").unwrap());
+        assert_eq!(cli("prompt", "[1 2, 3]").unwrap(), serde_yaml::from_str::<Value>("['1 2', '3']").unwrap());
     }
 
     #[test]

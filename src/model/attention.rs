@@ -3,9 +3,11 @@
 //! grouped-query heads (optionally soft-capped), computed the way the `attention` key asks
 //! (`AttentionImpl`): dot-product attention over the whole `[seq, seq]` score matrix, or
 //! blockwise attention (`super::blockwise`) with an online softmax over key/value blocks.
-//! Families compute their own projections (or use `blocks::SelfAttention`) and call `attend` /
-//! `attend_with`.
+//! Families compute their own projections (or use `blocks::SelfAttention`) and call
+//! `LayerContext::attend`, which is also where decoding's key/value cache is read and written:
+//! no family knows whether it runs in training, in prefill or in a generate step.
 
+use std::cell::RefCell;
 use std::fmt;
 
 use crate::config::{AttentionKernel, Hardware};
@@ -92,6 +94,34 @@ pub struct LayerContext {
     pub segments: Option<Tensor>,
     /// RoPE rotates interleaved pairs `(x[2i], x[2i+1])` (Llama 3.1) instead of the two halves.
     pub interleaved_rope: bool,
+    /// Decoding: the key/value cache this layer's attention calls fill or update (set by the
+    /// shared decoder for each layer, `with_cache`).
+    cache: Option<RefCell<LayerCache>>,
+}
+
+/// One attention call's key/value cache, `[layers, batch, cache_len, kv_heads, head_dim]` each
+/// (MaxText's logical axes `layers, cache_batch, cache_sequence, cache_heads, cache_kv`): the keys
+/// and values of every layer, stacked, so that a generate step updates them in place.
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    pub key: Tensor,
+    pub value: Tensor,
+}
+
+/// The logical axes of a `KvCache` array (MaxText's `cache_*` names).
+pub const CACHE_AXES: &[&str] = &["layers", "cache_batch", "cache_sequence", "cache_heads", "cache_kv"];
+
+/// What decoding gives one layer: the caches of its attention calls, in call order.
+#[derive(Debug)]
+pub enum LayerCache {
+    /// Prefill: the tokens are a prompt from position 0; each call attends over the prompt's own
+    /// keys and values (exactly as in training) and records them, padded to `len` positions, as
+    /// this layer's `[batch, len, kv_heads, head_dim]` cache (`filled`, in call order).
+    Fill { len: i64, filled: Vec<KvCache> },
+    /// A generate step: each call writes its tokens' keys and values into layer `layer` of the
+    /// next cache of `caches` (at each row's position) and attends over everything cached up to
+    /// the query's position; `used` counts the calls so far.
+    Update { layer: Tensor, caches: Vec<KvCache>, used: usize },
 }
 
 impl LayerContext {
@@ -122,7 +152,84 @@ impl LayerContext {
             positions,
             segments: batch.get("inputs_segmentation").cloned(),
             interleaved_rope: matches!(c.rope, Rope::Llama31 { .. }),
+            cache: None,
         }
+    }
+
+    /// The same context with `cache` for one layer's attention calls (decoding).
+    pub fn with_cache(&self, cache: LayerCache) -> LayerContext {
+        LayerContext {
+            cos: self.cos.clone(),
+            sin: self.sin.clone(),
+            positions: self.positions.clone(),
+            segments: self.segments.clone(),
+            interleaved_rope: self.interleaved_rope,
+            cache: Some(RefCell::new(cache)),
+        }
+    }
+
+    /// The layer's cache after its attention calls (none outside decoding).
+    pub fn into_cache(self) -> Option<LayerCache> {
+        self.cache.map(RefCell::into_inner)
+    }
+
+    /// Self-attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over keys
+    /// and values `k, v: [batch, seq, kv_heads, head_dim]` of the same tokens, causal and within
+    /// `window` tokens when given, computed as `how` says with `options`: the one entry point
+    /// families call. Outside decoding it is `attend_with` under `mask(window)`. When decoding,
+    /// the shared decoder has attached this layer's cache: prefill attends the same way and
+    /// records `k`, `v`; a generate step writes `k`, `v` at the tokens' positions and attends
+    /// (dot-product: one query per row) over every cached position up to each query's (and within
+    /// `window`), so each query sees exactly the keys the full sequence would give it.
+    pub fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<i64>,
+        how: AttentionImpl,
+        options: &AttendOptions,
+    ) -> Tensor {
+        let how = fitted(how, q.shape()[1]);
+        let Some(cache) = &self.cache else { return attend_with(q, k, v, &self.mask(window), how, options) };
+        match &mut *cache.borrow_mut() {
+            LayerCache::Fill { len, filled } => {
+                let t = k.shape()[1];
+                let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
+                filled.push(KvCache { key: pad(k), value: pad(v) });
+                attend_with(q, k, v, &self.mask(window), how, options)
+            }
+            LayerCache::Update { layer, caches, used } => {
+                let Some(slot) = caches.get_mut(*used) else {
+                    panic!("the layer makes more attention calls than the cache has ({})", caches.len())
+                };
+                *used += 1;
+                slot.key = write_rows(&slot.key, k, layer, &self.positions);
+                slot.value = write_rows(&slot.value, v, layer, &self.positions);
+                let (keys, values) = (layer_of(&slot.key, layer), layer_of(&slot.value, layer));
+                let (qk, kk) = match options.float32_qk_product {
+                    true => (q.astype(DType::F32), keys.astype(DType::F32)),
+                    false => (q.clone(), keys),
+                };
+                let allowed = self.cache_mask(window, kk.shape()[1]);
+                dot_product(&qk, &kk, &values, &allowed, options.logits_soft_cap)
+                    .astype(q.dtype())
+                    .checkpoint_name("context")
+            }
+        }
+    }
+
+    /// `pred[batch, seq, len]`: which of `len` cache positions each token's query sees: those at
+    /// or before its position, within `window` tokens when given.
+    fn cache_mask(&self, window: Option<i64>, len: i64) -> Tensor {
+        let (b, t) = (self.positions.shape()[0], self.positions.shape()[1]);
+        let query = self.positions.broadcast_in_dim(&[b, t, len], &[0, 1]);
+        let key = self.positions.trace().iota(DType::S32, &[b, t, len], 2);
+        let mut allowed = key.le(&query);
+        if let Some(w) = window {
+            allowed = allowed.bitwise_and((&query - &key).lt(w as f64));
+        }
+        allowed
     }
 
     /// Which keys each query may see: causal, within `window` tokens when given, and in the same
@@ -248,7 +355,8 @@ pub fn attend_with(
     };
     match how {
         AttentionImpl::DotProduct => {
-            dot_product(&qk, &kk, v, mask, options.logits_soft_cap).astype(q.dtype()).checkpoint_name("context")
+            let allowed = mask.dense(&qk, qk.shape()[1]);
+            dot_product(&qk, &kk, v, &allowed, options.logits_soft_cap).astype(q.dtype()).checkpoint_name("context")
         }
         AttentionImpl::Blockwise { block } => {
             assert!(options.logits_soft_cap.is_none(), "blockwise attention has no soft cap (the family refuses it)");
@@ -261,9 +369,10 @@ pub fn attend_with(
     }
 }
 
-/// Scores for every query and key at once, `[batch, kv_heads, group, seq, seq]`, soft-capped at
-/// `cap * tanh(scores / cap)` before masking when `soft_cap` is given.
-fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, soft_cap: Option<f64>) -> Tensor {
+/// Scores for every query and key at once, `[batch, kv_heads, group, queries, keys]`, soft-capped
+/// at `cap * tanh(scores / cap)` when `soft_cap` is given, under `allowed: pred[1 or batch,
+/// queries, keys]`.
+fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: Option<f64>) -> Tensor {
     let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let kv_heads = k.shape()[2];
     let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
@@ -272,7 +381,42 @@ fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, soft_cap: Option
         Some(cap) => (scores / cap).tanh() * cap,
         None => scores,
     };
-    let mask = mask.dense(&scores, t).broadcast_in_dim(scores.shape(), &[0, 3, 4]);
+    let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
     let probs = where_(&mask, &scores, MASK_VALUE).softmax(-1).astype(v.dtype());
     einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, d])
+}
+
+/// `how` for a sequence of `seq` queries: blockwise attention's block shrunk to a divisor of
+/// `seq` when the configured one (sized for `max_target_length`) does not divide it, as in
+/// prefill over `max_prefill_predict_length` tokens.
+fn fitted(how: AttentionImpl, seq: i64) -> AttentionImpl {
+    match how {
+        AttentionImpl::Blockwise { block } if seq % block != 0 => AttentionImpl::Blockwise { block: block_size(seq) },
+        other => other,
+    }
+}
+
+/// `cache: [layers, batch, len, kv_heads, head_dim]` with row `b` of `new: [batch, seq, kv_heads,
+/// head_dim]` written in layer `layer` from position `positions[b, 0]` on (one in-place
+/// `dynamic_update_slice` per row: rows may be at different positions).
+fn write_rows(cache: &Tensor, new: &Tensor, layer: &Tensor, positions: &Tensor) -> Tensor {
+    let [b, t, kv, d] = [new.shape()[0], new.shape()[1], new.shape()[2], new.shape()[3]];
+    let ctx = cache.trace();
+    let zero = ctx.scalar(0.0, DType::S32);
+    let mut out = cache.clone();
+    for row in 0..b {
+        let update = new.slice_axis(0, row, row + 1).reshape(&[1, 1, t, kv, d]).astype(cache.dtype());
+        let start = positions.slice(&[row, 0], &[row + 1, 1]).reshape(&[]);
+        let at = ctx.scalar(row as f64, DType::S32);
+        out = out.dynamic_update_slice(&update, &[layer, &at, &start, &zero, &zero]);
+    }
+    out
+}
+
+/// Layer `layer` of a stacked cache: `[batch, len, kv_heads, head_dim]`.
+fn layer_of(cache: &Tensor, layer: &Tensor) -> Tensor {
+    let zero = cache.trace().scalar(0.0, DType::S32);
+    let mut sizes = cache.shape().to_vec();
+    sizes[0] = 1;
+    cache.dynamic_slice(&[layer, &zero, &zero, &zero, &zero], &sizes).reshape(&cache.shape()[1..])
 }

@@ -6,14 +6,15 @@
 //! - [`Mlp`]: `MlpBlock`, one input projection per activation (`wi` for one, `wi_0`, `wi_1`, ...
 //!   for several) multiplied together, then `wo`; optional biases and pre-norm (GPT-3);
 //! - [`SelfAttention`]: `Attention`'s query, key, value and output projections around RoPE and
-//!   `attend_with` (sliding window, soft cap, f32 query-key product; dot-product or blockwise).
+//!   `LayerContext::attend` (sliding window, soft cap, f32 query-key product; dot-product or
+//!   blockwise; the key/value cache when decoding).
 //!
 //! Numerics as MaxText's: weights are cast to `dtype` where used; RMSNorm statistics, RoPE and
 //! the softmax are f32; GPT-3's LayerNorm reduces in `dtype` (`reductions_in_fp32=False`).
 
 use crate::tensor::{einsum, Tensor, Tree};
 
-use super::attention::{attend_with, rope, AttendOptions, AttentionImpl, LayerContext};
+use super::attention::{rope, AttendOptions, AttentionImpl, LayerContext};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
 
@@ -160,7 +161,7 @@ impl Mlp {
 
 /// MaxText's `Attention` block for self-attention: grouped-query projections, RoPE on queries and
 /// keys, queries scaled by `1 / sqrt(head_dim)` at run time (see the README's parameter layout),
-/// causal attention (`attend_with`), output projection.
+/// causal attention (`LayerContext::attend`), output projection.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SelfAttention {
     /// Keys at most this many tokens back (`t - s < window`), besides causality.
@@ -194,7 +195,7 @@ impl SelfAttention {
         let q = rope(&q, ctx) * (1.0 / (c.head_dim as f64).sqrt());
         let k = rope(&k, ctx);
         let how = self.how.unwrap_or(c.attention);
-        let out = attend_with(&q, &k, &v, &ctx.mask(self.window), how, &self.options);
+        let out = ctx.attend(&q, &k, &v, self.window, how, &self.options);
         einsum("bthk,hkd->btd", &[&out, &w("out")]).checkpoint_name("out_proj")
     }
 }

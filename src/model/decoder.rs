@@ -36,7 +36,7 @@ use crate::sharding::PartitionSpec;
 use crate::tensor::{checkpoint, einsum, scan, stack, Tensor, Tree};
 use crate::train::flops::{StepShape, StepTflops};
 
-use super::attention::LayerContext;
+use super::attention::{KvCache, LayerCache, LayerContext};
 use super::blocks::{Activation, Norm};
 use super::config::SHARED_KEYS;
 use super::moe;
@@ -285,13 +285,7 @@ impl Model {
     pub fn forward(&self, params: &Tree, batch: &Tree, keep_layer_outputs: bool) -> Forward {
         let c = &self.config;
         let ctx = LayerContext::new(c, batch);
-        let embedding = params["token_embedder.embedding"].astype(c.dtype);
-        let mut x = embed(c, &embedding, &batch["inputs"]);
-        if c.trainable_position_size.is_some() {
-            let positions = params["decoder.position_embedder.embedding"].astype(c.dtype);
-            x = x + &embed(c, &positions, &ctx.positions);
-        }
-        let x = constrain(c, x, BTE);
+        let x = self.embed(params, &batch["inputs"], &ctx.positions);
         // A layer's region returns `x` and its auxiliary losses under `aux.`.
         let layer = |x: &Tensor, p: &Tree| -> Tree {
             // The layer's parameters and its input are the region's inputs: with `full` only they
@@ -332,14 +326,34 @@ impl Model {
             let stacked = keep_layer_outputs.then(|| stack(&outs.iter().collect::<Vec<_>>(), 0));
             (y, stacked, aux_sums.map(|_, sum| sum / c.layers as f64))
         };
-        let y = self.family.final_norm(c).apply(params, "decoder.decoder_norm", &y);
+        Forward { embeddings: x, layer_outputs, logits: self.head(params, &y), aux_losses }
+    }
+
+    /// The embeddings `[batch, seq, emb]` (in `dtype`) of `tokens: s32[batch, seq]` at
+    /// `positions` (learned position embeddings are added when the model has them).
+    fn embed(&self, params: &Tree, tokens: &Tensor, positions: &Tensor) -> Tensor {
+        let c = &self.config;
+        let mut x = embed(c, &params["token_embedder.embedding"].astype(c.dtype), tokens);
+        if c.trainable_position_size.is_some() {
+            let table = params["decoder.position_embedder.embedding"].astype(c.dtype);
+            x = x + &embed(c, &table, positions);
+        }
+        constrain(c, x, BTE)
+    }
+
+    /// The f32 logits `[batch, seq, vocab]` of the last layer's output `y: [batch, seq, emb]`:
+    /// the family's final norm, then the output projection (or the embedding, tied).
+    pub fn head(&self, params: &Tree, y: &Tensor) -> Tensor {
+        let c = &self.config;
+        let y = self.family.final_norm(c).apply(params, "decoder.decoder_norm", y);
         // MaxText's `logits_dot_in_fp32` (`Decoder._apply_output_head` in
         // `src/maxtext/layers/decoders.py`, main at e591f30): the output projection in f32. Tied
         // to the embedding it is `jnp.dot(y, table.astype(bf16).T, preferred_element_type=f32)`:
         // the same products of bf16 operands, summed in f32.
         let in_f32 = |x: &Tensor| if c.logits_dot_in_fp32 { x.astype(DType::F32) } else { x.clone() };
         let logits = if c.logits_via_embedding {
-            let mut logits = einsum("btd,vd->btv", &[&in_f32(&y), &in_f32(&embedding)]);
+            let mut logits =
+                einsum("btd,vd->btv", &[&in_f32(&y), &in_f32(&params["token_embedder.embedding"].astype(c.dtype))]);
             if c.normalize_embedding_logits {
                 logits = logits * (1.0 / (c.emb as f64).sqrt());
             }
@@ -352,9 +366,98 @@ impl Model {
             let kernel = if c.logits_dot_in_fp32 { kernel.astype(DType::F32) } else { kernel.astype(c.dtype) };
             in_f32(&y).matmul(&kernel)
         };
-        let logits =
-            constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"]);
-        Forward { embeddings: x, layer_outputs, logits, aux_losses }
+        constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"])
+    }
+
+    /// Decoding with a key/value cache: the decoder layers on `tokens: s32[batch, seq]` at
+    /// `positions: s32[batch, seq]`; returns the last layer's output `[batch, seq, emb]` (`head`
+    /// turns the rows wanted into logits) and the cache afterwards. The cache is a tree with
+    /// `<i>.key` and `<i>.value` for the `i`-th attention call of a layer, each `[layers, batch,
+    /// len, kv_heads, head_dim]` in `dtype` (`KvCache`, logical axes `CACHE_AXES`).
+    ///
+    /// - `CacheStep::Prefill { len }`: the tokens are prompts starting at position 0 (rows may
+    ///   end in padding: causal attention keeps it out of the real tokens); the layers run as
+    ///   in training and the cache is created, `len` positions long, holding the tokens' keys
+    ///   and values at their positions.
+    /// - `CacheStep::Generate(cache)`: `cache` (from prefill or an earlier step) is updated at
+    ///   the tokens' positions, in place (it is carried through the layer loop and each layer
+    ///   writes only its rows), and each token attends over the cached positions up to its own.
+    ///
+    /// The family's layer is the training one: its attention calls `LayerContext::attend`, to
+    /// which the decoder attaches each layer's cache. No remat: there is no backward pass.
+    pub fn decode(&self, params: &Tree, tokens: &Tensor, positions: &Tensor, step: CacheStep) -> (Tensor, Tree) {
+        let c = &self.config;
+        let x = self.embed(params, tokens, positions);
+        let ctx = LayerContext::new(
+            c,
+            &Tree::new().with("inputs", tokens.clone()).with("inputs_position", positions.clone()),
+        );
+        let layer_params = |i: i64| params.subtree(&format!("decoder.layers_{i}"));
+        match step {
+            CacheStep::Prefill { len } => {
+                let fill = |x: &Tensor, p: &Tree| -> (Tensor, Tree) {
+                    let layer_ctx = ctx.with_cache(LayerCache::Fill { len, filled: Vec::new() });
+                    let y = self.family.layer(c, p, x, &layer_ctx).x;
+                    let Some(LayerCache::Fill { filled, .. }) = layer_ctx.into_cache() else { unreachable!() };
+                    (y, cache_tree(filled))
+                };
+                if c.scan_layers {
+                    let (carry, cache) =
+                        scan(&Tree::new().with("x", x), &params.subtree("decoder.layers"), |carry, p| {
+                            let (y, cache) = fill(&carry["x"], p);
+                            (Tree::new().with("x", y), cache)
+                        });
+                    (carry["x"].clone(), cache)
+                } else {
+                    let mut y = x;
+                    let mut per_layer = Vec::new();
+                    for i in 0..c.layers {
+                        let (out, cache) = fill(&y, &layer_params(i));
+                        y = out;
+                        per_layer.push(cache);
+                    }
+                    let stacked = per_layer[0]
+                        .names()
+                        .map(|name| {
+                            let layers: Vec<&Tensor> = per_layer.iter().map(|t| &t[name]).collect();
+                            (name.to_string(), stack(&layers, 0))
+                        })
+                        .collect();
+                    (y, stacked)
+                }
+            }
+            CacheStep::Generate(cache) => {
+                let update = |x: &Tensor, p: &Tree, layer: &Tensor, cache: &Tree| -> (Tensor, Tree) {
+                    let caches = cache_slots(cache);
+                    let expected = caches.len();
+                    let layer_ctx = ctx.with_cache(LayerCache::Update { layer: layer.clone(), caches, used: 0 });
+                    let y = self.family.layer(c, p, x, &layer_ctx).x;
+                    let Some(LayerCache::Update { caches, used, .. }) = layer_ctx.into_cache() else { unreachable!() };
+                    assert_eq!(
+                        used, expected,
+                        "the layer made {used} attention calls, but the cache is for {expected}"
+                    );
+                    (y, cache_tree(caches))
+                };
+                if c.scan_layers {
+                    let s32 = |v: f64| x.trace().scalar(v, DType::S32);
+                    let carry = cache.clone().prefixed("cache").with("x", x.clone()).with("layer", s32(0.0));
+                    let (carry, _) = scan(&carry, &params.subtree("decoder.layers"), |carry, p| {
+                        let (y, cache) = update(&carry["x"], p, &carry["layer"], &carry.subtree("cache"));
+                        let next = cache.prefixed("cache").with("x", y).with("layer", &carry["layer"] + 1.0);
+                        (next, Tree::new())
+                    });
+                    (carry["x"].clone(), carry.subtree("cache"))
+                } else {
+                    let (mut y, mut cache) = (x, cache.clone());
+                    for i in 0..c.layers {
+                        let layer = y.trace().scalar(i as f64, DType::S32);
+                        (y, cache) = update(&y, &layer_params(i), &layer, &cache);
+                    }
+                    (y, cache)
+                }
+            }
+        }
     }
 
     /// MaxText's loss on a batch tree with `inputs`, `targets` (s32 `[batch, seq]`) and
@@ -389,6 +492,31 @@ impl Model {
         let attention = layer.attention * c.layers as f64 * scale;
         StepTflops { total: learnable_weight + attention, learnable_weight, attention }
     }
+}
+
+/// What `Model::decode` does with the key/value cache.
+pub enum CacheStep<'a> {
+    /// Create it, `len` positions long, from prompts.
+    Prefill { len: i64 },
+    /// Update this one (a tree `Model::decode` returned).
+    Generate(&'a Tree),
+}
+
+/// The cache tree of a layer's attention calls, in call order: `<i>.key`, `<i>.value`.
+fn cache_tree(caches: Vec<KvCache>) -> Tree {
+    let mut tree = Tree::new();
+    for (i, cache) in caches.into_iter().enumerate() {
+        tree.insert(format!("{i}.key"), cache.key);
+        tree.insert(format!("{i}.value"), cache.value);
+    }
+    tree
+}
+
+/// The inverse of `cache_tree`.
+fn cache_slots(tree: &Tree) -> Vec<KvCache> {
+    (0..tree.len() / 2)
+        .map(|i| KvCache { key: tree[&format!("{i}.key")].clone(), value: tree[&format!("{i}.value")].clone() })
+        .collect()
 }
 
 /// The embeddings `[batch, seq, emb]` of `tokens` (or positions) from `table: [rows, emb]` (in `dtype`).

@@ -32,7 +32,7 @@
 use crate::config::{self, Config};
 use crate::tensor::{einsum, Tensor, Tree};
 
-use super::attention::{attend, LayerContext};
+use super::attention::{AttendOptions, LayerContext};
 use super::blocks::{Mlp, Norm};
 use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::{ParamDef, ParamInit};
@@ -134,7 +134,7 @@ impl Gpt3 {
         };
         let q = (q * (1.0 / (c.head_dim as f64).sqrt())).checkpoint_name("query_proj");
         let (k, v) = (k.checkpoint_name("key_proj"), v.checkpoint_name("value_proj"));
-        let out = attend(&q, &k, &v, &ctx.mask(None), c.attention);
+        let out = ctx.attend(&q, &k, &v, None, c.attention, &AttendOptions::default());
         (einsum("bthk,hkd->btd", &[&out, &param("out.kernel")]) + &param("out.bias")).checkpoint_name("out_proj")
     }
 }

@@ -1,8 +1,9 @@
 //! Reductions over axes: sum, max and mean, with or without keeping the reduced dimensions;
-//! and the cumulative sum, which keeps them.
+//! the cumulative sum, which keeps them; `argmax`.
 
+use super::elementwise::where_;
 use super::trace::{apply1, Tensor};
-use crate::ir::{Prim, ReduceOp};
+use crate::ir::{DType, Prim, ReduceOp};
 
 #[track_caller]
 fn reduce(op: ReduceOp, x: &Tensor, axes: &[isize], keepdims: bool) -> Tensor {
@@ -93,6 +94,18 @@ impl Tensor {
     #[track_caller]
     pub fn cumsum_reverse(&self, axis: isize) -> Tensor {
         apply1(Prim::Cumsum { axis: self.axis(axis), reverse: true }, &[self])
+    }
+
+    /// The s32 index of the largest value along `axis` (removed), the first one when several
+    /// are equal (`jnp.argmax`). Composed from a max, a comparison and a max of negated indices.
+    #[track_caller]
+    pub fn argmax(&self, axis: isize) -> Tensor {
+        let a = self.axis(axis);
+        let n = self.shape()[a];
+        let is_max = self.eq(self.max_keepdims(&[axis]));
+        let index = self.trace().iota(DType::S32, self.shape(), a);
+        // The smallest index where the value is the max: -max(-index) over those positions.
+        -where_(&is_max, -index, -(n as f64)).max(&[axis])
     }
 
     #[track_caller]

@@ -432,7 +432,7 @@ fn remote_dataset_copy(c: &Config) -> Result<Option<tempfile::TempPath>> {
 }
 
 /// Copies a remote file into a temporary local file (deleted when dropped).
-fn download(remote: &Location) -> Result<tempfile::TempPath> {
+pub fn download(remote: &Location) -> Result<tempfile::TempPath> {
     let mut file = tempfile::NamedTempFile::new().context("creating a temporary file")?;
     let mut input = storage::open_read(remote)?;
     std::io::copy(&mut input, file.as_file_mut()).with_context(|| format!("copying {remote} to a local file"))?;

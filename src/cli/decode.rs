@@ -1,0 +1,19 @@
+//! `maxrs decode [CONFIG] [key=value ...]`: MaxText's `decode.py` command line: prefill the
+//! prompts, generate with a key/value cache, print the outputs and the timings.
+
+use anyhow::Result;
+use maxrs::{config, inference, train};
+
+#[derive(clap::Args)]
+pub struct DecodeArgs {
+    /// A config file (MaxText's configs/base.yml convention; default: the built-in base.yml),
+    /// then key=value overrides (prompt, max_prefill_predict_length, load_parameters_path, ...).
+    #[arg(value_name = "CONFIG | key=value")]
+    args: Vec<String>,
+}
+
+pub fn run(args: DecodeArgs) -> Result<()> {
+    let c = config::load_args(&args.args)?;
+    let client = train::run::client_for(&c)?;
+    inference::run::decode(&c, &client).map(|_| ())
+}
