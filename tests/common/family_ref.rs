@@ -19,16 +19,13 @@
 //! differences of the reference loss are then taken in stored coordinates, like maxrs's gradients.
 
 use super::{rng, uniform};
-use maxrs::ir::{DType, Signature};
 use maxrs::model::Model;
 use maxrs::pjrt::HostTensor;
 use maxrs::tensor::Tree;
 use ndarray::{s, Array2, Axis};
-use rand::Rng;
 use std::collections::BTreeMap;
 
-pub const B: usize = 2;
-pub const T: usize = 16;
+pub use super::llama_ref::{B, T};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Family {
@@ -445,30 +442,9 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
 // Batches and program inputs.
 // ---------------------------------------------------------------------------------------------
 
-pub struct Batch {
-    pub tokens: Vec<i32>,
-    pub targets: Vec<i32>,
-    pub seg: Vec<i32>,
-}
-
-pub fn batch(m: &Model, seed: u64) -> Batch {
-    let mut rng = rng(seed);
-    let v = m.config.vocab as i32;
-    let tokens = (0..B * T).map(|_| rng.gen_range(0..v)).collect();
-    let targets = (0..B * T).map(|_| rng.gen_range(0..v)).collect();
-    // The last 3 positions of the second row are padding.
-    let seg = (0..B * T).map(|r| if r >= 2 * T - 3 { 0 } else { 1 }).collect();
-    Batch { tokens, targets, seg }
-}
-
-pub fn signature(m: &Model) -> Signature {
-    let mut sig = Signature::new(None);
-    m.declare_params(&mut sig, "params");
-    for name in ["inputs", "targets", "targets_segmentation"] {
-        sig.input(name, DType::S32, &[B as i64, T as i64]);
-    }
-    sig
-}
+// The batch and the traced program's signature are the Llama reference's.
+#[allow(unused_imports)] // Not every test binary that includes `common` uses them.
+pub use super::llama_ref::{batch, signature, Batch};
 
 pub fn inputs(m: &Model, p: &RefParams, b: &Batch) -> Tree<HostTensor> {
     let mut inputs = host_params(m, p);
