@@ -163,7 +163,8 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
 /// The keys a model file (`models/<name>.yml`) may set: the model's shape and variant keys, the
 /// logical axis rules it needs, and the sequence length and optimizer settings MaxText's GPT-3
 /// files carry (the keys MaxText's own model files set, among those maxrs has). A model file that
-/// sets any other key is refused; run settings belong in the config file or on the command line. A new model key is added here as well as to `Config`.
+/// sets any other key is refused; run settings belong in the config file or on the command line.
+/// A new model key is added here as well as to `Config`.
 pub const MODEL_KEYS: &[&str] = &[
     "decoder_block",
     "base_emb_dim",

@@ -18,6 +18,11 @@ pub const SEED: &[&str] = &[
 
 pub const IMAGE: &str = "us-docker.pkg.dev/my-project/maxrs/maxrs:latest";
 
+/// `maxrs submit vertex` for the seed's 2 nodes in `my-project`, `us-central1` (before `--` and
+/// any extra flags such as `--dry-run`).
+pub const VERTEX_2_NODES: &[&str] =
+    &["submit", "vertex", "--nodes", "2", "--image", IMAGE, "--project", "my-project", "--region", "us-central1"];
+
 pub struct Run {
     pub ok: bool,
     pub stdout: String,

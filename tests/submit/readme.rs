@@ -1,6 +1,6 @@
 //! The README's "Submitting to a cluster" examples are the outputs of today's binary.
 
-use crate::common::{maxrs, repo, with_seed, IMAGE};
+use crate::common::{maxrs, repo, with_seed, IMAGE, VERTEX_2_NODES};
 
 /// The fenced block that follows `<summary>{summary}</summary>` in the README.
 fn readme_block(summary: &str) -> String {
@@ -16,22 +16,7 @@ fn readme_block(summary: &str) -> String {
 fn the_readme_shows_the_current_dry_run_outputs() {
     let home = tempfile::tempdir().unwrap();
     let cases: [(&str, Vec<&str>); 3] = [
-        (
-            "the custom job JSON",
-            vec![
-                "submit",
-                "vertex",
-                "--nodes",
-                "2",
-                "--image",
-                IMAGE,
-                "--project",
-                "my-project",
-                "--region",
-                "us-central1",
-                "--dry-run",
-            ],
-        ),
+        ("the custom job JSON", [VERTEX_2_NODES, &["--dry-run"]].concat()),
         ("the sbatch script", vec!["submit", "slurm", "--nodes", "2", "--partition", "a3mega", "--dry-run"]),
         ("the JobSet manifest", vec!["submit", "gke", "--nodes", "2", "--image", IMAGE, "--dry-run"]),
     ];

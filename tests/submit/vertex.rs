@@ -10,7 +10,7 @@ use maxrs::submit::vertex_api::{JobRef, RetryPolicy, VertexApi};
 use maxrs::submit::{Job, Request};
 use serde_json::Value;
 
-use crate::common::{maxrs, with_seed, IMAGE, SEED};
+use crate::common::{maxrs, with_seed, IMAGE, SEED, VERTEX_2_NODES};
 use crate::http::{FakeServer, Reply};
 
 const CREATED: &str = r#"{"name": "projects/123456/locations/us-central1/customJobs/4567", "displayName": "maxrs-llama2-7b", "state": "JOB_STATE_PENDING", "createTime": "2026-11-23T10:00:00Z"}"#;
@@ -180,18 +180,7 @@ fn the_cli_submits_with_the_token_and_never_prints_it() {
     let token = "ya29.secret-token-never-shown";
     let env =
         [("GOOGLE_OAUTH_ACCESS_TOKEN", token), ("CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM", server.url.as_str())];
-    let args = with_seed(&[
-        "submit",
-        "vertex",
-        "--nodes",
-        "2",
-        "--image",
-        IMAGE,
-        "--project",
-        "my-project",
-        "--region",
-        "us-central1",
-    ]);
+    let args = with_seed(VERTEX_2_NODES);
     let run = maxrs(&args, home.path(), &env);
     assert!(run.ok, "{}", run.all());
     assert!(
@@ -323,18 +312,7 @@ fn a_service_account_key_gets_a_token_through_gcp_auth() {
         ("GOOGLE_APPLICATION_CREDENTIALS", key_file.to_str().unwrap()),
         ("CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM", server.url.as_str()),
     ];
-    let args = with_seed(&[
-        "submit",
-        "vertex",
-        "--nodes",
-        "2",
-        "--image",
-        IMAGE,
-        "--project",
-        "my-project",
-        "--region",
-        "us-central1",
-    ]);
+    let args = with_seed(VERTEX_2_NODES);
     let run = maxrs(&args, dir.path(), &env);
     assert!(run.ok, "{}", run.all());
     let requests = server.requests();
@@ -349,19 +327,7 @@ fn a_service_account_key_gets_a_token_through_gcp_auth() {
 #[test]
 fn dry_run_prints_the_body_and_sends_nothing() {
     let home = tempfile::tempdir().unwrap();
-    let args = with_seed(&[
-        "submit",
-        "vertex",
-        "--nodes",
-        "2",
-        "--image",
-        IMAGE,
-        "--project",
-        "my-project",
-        "--region",
-        "us-central1",
-        "--dry-run",
-    ]);
+    let args = with_seed(&[VERTEX_2_NODES, &["--dry-run"]].concat());
     // No credentials and no endpoint: a dry run needs neither.
     let run = maxrs(&args, home.path(), &[]);
     assert!(run.ok, "{}", run.all());
