@@ -12,7 +12,7 @@
 //! `MAXRS_BENCH_PYTHON` picks the interpreter for the virtualenv (default: `python3.12` when
 //! present, for the jaxlib whose XLA matches the CPU plugin's, else `python3`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -26,6 +26,10 @@ use maxrs::train::params_io::{save_safetensors, Params};
 use maxrs::train::run::{client_for, train, RunReport};
 use maxrs::train::step::TrainStep;
 use serde_json::{json, Value};
+
+#[path = "jax_venv.rs"]
+mod jax_venv;
+use jax_venv::{jax_python, tools_dir};
 
 fn main() -> Result<()> {
     let started = Instant::now();
@@ -147,39 +151,6 @@ fn run_jax(c: &Config, dir: &Path, num_devices: usize) -> Result<Value> {
         bail!("tools/jax_train.py failed ({status})");
     }
     Ok(serde_json::from_str(&std::fs::read_to_string(&out_path)?)?)
-}
-
-fn tools_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tools")
-}
-
-/// The virtualenv's python, creating the virtualenv and installing the pinned requirements when
-/// they are missing or changed.
-fn jax_python() -> Result<PathBuf> {
-    let venv = tools_dir().join(".venv-jax");
-    let python = venv.join("bin/python");
-    let requirements = tools_dir().join("requirements-jax.txt");
-    let wanted = std::fs::read_to_string(&requirements)?;
-    let stamp = venv.join("installed-requirements.txt");
-    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
-        return Ok(python);
-    }
-    let base = std::env::var("MAXRS_BENCH_PYTHON").unwrap_or_else(|_| {
-        let has = |p: &str| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success());
-        if has("python3.12") { "python3.12" } else { "python3" }.to_string()
-    });
-    println!("creating {} with {base} and installing {}", venv.display(), requirements.display());
-    let run = |cmd: &mut Command| -> Result<()> {
-        let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
-        if !status.success() {
-            bail!("{cmd:?} failed ({status})");
-        }
-        Ok(())
-    };
-    run(Command::new(&base).args(["-m", "venv"]).arg(&venv))?;
-    run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "-r"]).arg(&requirements))?;
-    std::fs::write(&stamp, wanted)?;
-    Ok(python)
 }
 
 /// One column of the table, in seconds / TFLOP/s / bytes.

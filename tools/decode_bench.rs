@@ -16,7 +16,7 @@
 //! `tools/requirements-jax.txt`, see tools/README.md), and the table gets JAX's column, the time
 //! ratios and whether the tokens are equal. Only `scan_layers=true`, greedy or weighted sampling.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -31,6 +31,10 @@ use maxrs::train::params_io::save_safetensors;
 use maxrs::train::run::client_for;
 use maxrs::train::step::step_mesh;
 use serde_json::{json, Value};
+
+#[path = "jax_venv.rs"]
+mod jax_venv;
+use jax_venv::{jax_python, tools_dir};
 
 const USAGE: &str =
     "usage: tools/decode_bench [CONFIG] [key=value ...] [--steps-per-call 1,4,...] [--repeats N] [--vs-jax]";
@@ -241,39 +245,6 @@ fn run_jax(
         tokens_per_second: made as f64 / f("generate_total")?,
     };
     Ok((row, tokens))
-}
-
-fn tools_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tools")
-}
-
-/// The virtualenv's python (as tools/bench.rs makes it: the pinned requirements, python3.12
-/// when present or `MAXRS_BENCH_PYTHON`).
-fn jax_python() -> Result<PathBuf> {
-    let venv = tools_dir().join(".venv-jax");
-    let python = venv.join("bin/python");
-    let requirements = tools_dir().join("requirements-jax.txt");
-    let wanted = std::fs::read_to_string(&requirements)?;
-    let stamp = venv.join("installed-requirements.txt");
-    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
-        return Ok(python);
-    }
-    let base = std::env::var("MAXRS_BENCH_PYTHON").unwrap_or_else(|_| {
-        let has = |p: &str| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success());
-        if has("python3.12") { "python3.12" } else { "python3" }.to_string()
-    });
-    println!("creating {} with {base} and installing {}", venv.display(), requirements.display());
-    for cmd in [
-        Command::new(&base).args(["-m", "venv"]).arg(&venv),
-        Command::new(&python).args(["-m", "pip", "install", "--quiet", "-r"]).arg(&requirements),
-    ] {
-        let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
-        if !status.success() {
-            bail!("{cmd:?} failed ({status})");
-        }
-    }
-    std::fs::write(&stamp, wanted)?;
-    Ok(python)
 }
 
 fn take_flag(args: &mut Vec<String>, flag: &str) -> bool {
