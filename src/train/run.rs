@@ -173,14 +173,16 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     if let Some(bytes) = host_memory_bytes() {
         config::check_host_memory(c, &derived, step.model.num_params(), bytes, client.platform_name()? == "cpu")?;
     }
-    // The training data opens before the compile, so a bad file or tokenizer fails early (a
-    // gs:// token file is read from a local copy: the input pipeline reads local files).
+    // The training data opens before the compile, so a bad file or tokenizer fails early and the
+    // pipeline reads ahead while XLA compiles (a gs:// token file is read from a local copy: the
+    // input pipeline reads local files). A resumed run or a process feeding only its share
+    // reopens it below, once its position and rows are known.
     let dataset_copy = remote_dataset_copy(c)?;
     let data_config = match &dataset_copy {
         Some(path) => Config { dataset_path: path.display().to_string(), ..c.clone() },
         None => c.clone(),
     };
-    drop(data::open_train(&data_config, derived.global_batch_size, ProcessShare::SINGLE, None)?);
+    let fresh_data = data::open_train(&data_config, derived.global_batch_size, ProcessShare::SINGLE, None)?;
 
     // Before the compile: a profiler that cannot work fails the run now. As in MaxText (without
     // `upload_all_profiler_results`), process 0 profiles.
@@ -244,7 +246,13 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         // over, as in MaxText; the synthetic sequence is a function of the step, so it goes on.
         data_position.state = Some(data::DataState::Synthetic { step: start.first_step });
     }
-    let mut train_data = data::open_train(&data_config, global, share, data_position.state)?;
+    let mut train_data = match (share, data_position.state) {
+        (ProcessShare::SINGLE, None) => fresh_data,
+        (share, state) => {
+            drop(fresh_data);
+            data::open_train(&data_config, global, share, state)?
+        }
+    };
     let eval = match EvalData::open(&data_config, derived.eval_batch_size, share)? {
         Some(eval_data) => Some(Evaluator::new(client, &step, &compiled, eval_data, derived.eval_batch_size)?),
         None => None,
