@@ -40,6 +40,8 @@ pub struct PathKey {
     pub key: &'static str,
     pub train: Role,
     pub train_compile: Role,
+    /// A directory is a valid value too (a checkpoint).
+    pub directory: bool,
 }
 
 impl PathKey {
@@ -53,13 +55,13 @@ impl PathKey {
 
 /// Every key that names a file. `plugin` is a file only when it is a path (not a plugin name).
 pub const PATH_KEYS: &[PathKey] = &[
-    PathKey { key: "metrics_file", train: Role::Writes, train_compile: Role::Ignores },
-    PathKey { key: "compiled_trainstep_file", train: Role::Reads, train_compile: Role::Writes },
-    PathKey { key: "dataset_path", train: Role::Reads, train_compile: Role::Ignores },
-    PathKey { key: "load_parameters_path", train: Role::Reads, train_compile: Role::Ignores },
-    PathKey { key: "load_full_state_path", train: Role::Reads, train_compile: Role::Ignores },
-    PathKey { key: "xla_flags_file", train: Role::Reads, train_compile: Role::Reads },
-    PathKey { key: "plugin", train: Role::Reads, train_compile: Role::Reads },
+    PathKey { key: "metrics_file", train: Role::Writes, train_compile: Role::Ignores, directory: false },
+    PathKey { key: "compiled_trainstep_file", train: Role::Reads, train_compile: Role::Writes, directory: false },
+    PathKey { key: "dataset_path", train: Role::Reads, train_compile: Role::Ignores, directory: false },
+    PathKey { key: "load_parameters_path", train: Role::Reads, train_compile: Role::Ignores, directory: true },
+    PathKey { key: "load_full_state_path", train: Role::Reads, train_compile: Role::Ignores, directory: true },
+    PathKey { key: "xla_flags_file", train: Role::Reads, train_compile: Role::Reads, directory: false },
+    PathKey { key: "plugin", train: Role::Reads, train_compile: Role::Reads, directory: false },
 ];
 
 /// The value of path key `key` in `c`, if set (empty means unset).
@@ -79,35 +81,36 @@ fn path_value(c: &Config, key: &str) -> Option<PathBuf> {
 /// Checks every file `command` will write (see the module docs). Run it before compiling, so a
 /// bad path costs nothing.
 pub fn check_paths(c: &Config, command: Command) -> Result<()> {
-    let with_role = |role: Role| -> Vec<(&'static str, PathBuf)> {
+    let with_role = |role: Role| -> Vec<(PathKey, PathBuf)> {
         PATH_KEYS
             .iter()
             .filter(|k| k.role(command) == role)
-            .filter_map(|k| path_value(c, k.key).map(|p| (k.key, p)))
+            .filter_map(|k| path_value(c, k.key).map(|p| (*k, p)))
             .collect()
     };
     let (inputs, outputs) = (with_role(Role::Reads), with_role(Role::Writes));
     // An input that is a FIFO or a device would block or never end; missing inputs are left to
     // their readers, whose errors say what the file should hold.
-    for (key, path) in &inputs {
-        // A checkpoint is a directory: the keys that load one take either.
-        let checkpoint_dir = key.starts_with("load_") && path.is_dir();
+    for (k, path) in &inputs {
+        let allowed_dir = k.directory && path.is_dir();
         if let Some(kind) =
-            std::fs::metadata(path).ok().filter(|_| !checkpoint_dir).and_then(|m| describe_special(&m.file_type()))
+            std::fs::metadata(path).ok().filter(|_| !allowed_dir).and_then(|m| describe_special(&m.file_type()))
         {
-            bail!("{key}={} is {kind}; maxrs reads a regular file there", path.display());
+            bail!("{}={} is {kind}; maxrs reads a regular file there", k.key, path.display());
         }
     }
-    for (i, (key, path)) in outputs.iter().enumerate() {
-        check_output(key, path)?;
+    for (i, (k, path)) in outputs.iter().enumerate() {
+        check_output(k.key, path)?;
         let earlier_outputs = outputs[..i].iter();
-        for (other_key, other) in inputs.iter().chain(earlier_outputs) {
-            if same_file(path, other) {
+        for (other, other_path) in inputs.iter().chain(earlier_outputs) {
+            if same_file(path, other_path) {
                 bail!(
-                    "{key}={} is the same file as {other_key}={}; writing it would destroy what the run reads or \
-                     writes there: give {key} a path of its own",
+                    "{key}={} is the same file as {}={}; writing it would destroy what the run reads or writes \
+                     there: give {key} a path of its own",
                     path.display(),
-                    other.display()
+                    other.key,
+                    other_path.display(),
+                    key = k.key,
                 );
             }
         }
