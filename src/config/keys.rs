@@ -76,6 +76,13 @@ string_enum!(
 );
 
 string_enum!(
+    /// The order in which each pipeline stage runs its forward and backward work (`pipeline_schedule`,
+    /// the JaxPP fork's `schedule`): all forwards then all backwards, or one forward one backward
+    /// after a warm-up (interleaved over the repeats when `num_pipeline_repeats` > 1).
+    PipelineSchedule { Gpipe = "gpipe", OneFOneB = "1f1b", Interleaved1F1B = "interleaved_1f1b" }
+);
+
+string_enum!(
     /// MaxText's decoder block styles that maxrs implements; mistral is llama2's block (MaxText's
     /// mistral layer has no sliding window either).
     DecoderBlock { Llama2 = "llama2", Mistral = "mistral" }
@@ -91,6 +98,7 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "hardware" => Some(Hardware::VALUES),
         "dataset_type" => Some(DatasetType::VALUES),
         "decoder_block" => Some(DecoderBlock::VALUES),
+        "pipeline_schedule" => Some(PipelineSchedule::VALUES),
         _ => None,
     }
 }
@@ -227,4 +235,19 @@ pub struct Config {
     pub ici_tensor_sequence_parallelism: i64,
     pub ici_expert_parallelism: i64,
     pub ici_autoregressive_parallelism: i64,
+
+    // Pipeline parallelism (the `stage` axis; src/config/pipeline.rs)
+    pub num_layers_per_pipeline_stage: i64,
+    pub num_pipeline_repeats: i64,
+    pub pipeline_parallel_layers: i64,
+    pub num_pipeline_microbatches: i64,
+    pub pipeline_schedule: PipelineSchedule,
+    pub pipeline_delay_activation_forwarding: bool,
+    pub pipeline_fsdp_ag_once: bool,
+    pub pipeline_fsdp_ag_per_repeat: bool,
+    pub scan_pipeline_iterations: bool,
+    pub scan_pipeline_repeats: bool,
+    pub scan_layers_per_stage: bool,
+    pub set_remat_policy_on_pipeline_iterations: bool,
+    pub set_remat_policy_on_layers_per_stage: bool,
 }

@@ -8,6 +8,7 @@ mod error;
 mod keys;
 mod load;
 mod mesh;
+mod pipeline;
 mod rules;
 mod validate;
 mod value;
@@ -15,12 +16,13 @@ mod value;
 pub use builtin::MODELS;
 pub use error::ConfigError;
 pub use keys::{
-    Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, RematPolicy, RuleAxes,
-    WsdDecayStyle,
+    Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, PipelineSchedule, RematPolicy,
+    RuleAxes, WsdDecayStyle,
 };
 pub use load::{load, load_args};
 pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
+pub use pipeline::PipelinePlan;
 pub use rules::{axis_rules, logical_rules};
 pub use validate::{validate, Derived, PLUGINS};
 pub use value::key_names;

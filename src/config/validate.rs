@@ -6,6 +6,7 @@ use std::fmt;
 use super::error::{closest, ConfigError};
 use super::keys::{Config, DatasetType, Hardware};
 use super::mesh::{self, Mesh};
+use super::pipeline::{self, PipelinePlan};
 use super::rules;
 
 /// The PJRT plugins maxrs can fetch by name; anything else must be a path to a plugin `.so`.
@@ -24,6 +25,8 @@ pub struct Derived {
     pub per_device_batch_size: f64,
     /// Sequences per forward and backward pass: int(num_devices x per_device_batch_size).
     pub micro_batch_size: usize,
+    /// The pipeline, when the `stage` axis is larger than 1.
+    pub pipeline: Option<PipelinePlan>,
     pub gradient_accumulation_steps: usize,
     /// Sequences per optimizer step: micro_batch_size x gradient_accumulation_steps.
     pub global_batch_size: usize,
@@ -66,6 +69,9 @@ impl fmt::Display for Derived {
             "tokens per step: {} x {} = {}",
             self.global_batch_size, self.max_target_length, self.tokens_per_step
         )?;
+        if let Some(pipeline) = &self.pipeline {
+            writeln!(f, "{pipeline}")?;
+        }
         write!(f, "steps: {} (schedule {}, warmup {})", self.steps, self.schedule_steps, self.warmup_steps)
     }
 }
@@ -79,15 +85,6 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
     check_cluster(config)?;
     rules::check(config)?;
     let mesh = mesh::build(config, num_devices, num_slices)?;
-    if mesh.size("stage") > 1 {
-        return Err(ConfigError::invalid(
-            "ici_pipeline_parallelism, dcn_pipeline_parallelism",
-            format!(
-                "the stage axis has size {}; maxrs does not implement pipeline parallelism, use fsdp or data instead",
-                mesh.size("stage")
-            ),
-        ));
-    }
 
     let micro = (num_devices as f64 * config.per_device_batch_size) as usize;
     if micro < 1 {
@@ -115,6 +112,8 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         ));
     }
 
+    let pipeline = pipeline::plan(config, &mesh, num_slices, micro, shards)?;
+
     let accumulation = config.gradient_accumulation_steps as usize;
     let global = micro * accumulation;
     let steps = config.steps as usize;
@@ -128,6 +127,7 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         batch_axes,
         per_device_batch_size: config.per_device_batch_size,
         micro_batch_size: micro,
+        pipeline,
         gradient_accumulation_steps: accumulation,
         global_batch_size: global,
         max_target_length: config.max_target_length as usize,

@@ -19,11 +19,12 @@
 //! without the leading axis (MaxText's unscanned names).
 
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::config::{Config, DecoderBlock};
 use crate::ir::{DType, Signature};
-use crate::tensor::{checkpoint, einsum, scan, stack, Tensor, Tree};
+use crate::tensor::{checkpoint, einsum, scan, scan_reverse, stack, value_and_grad, Tensor, Tree};
 use crate::train::flops::{StepShape, StepTflops};
 
 use super::attention::LayerContext;
@@ -81,6 +82,19 @@ pub struct Forward {
     pub layer_outputs: Option<Tensor>,
     /// `[batch, seq, vocab]`, f32.
     pub logits: Tensor,
+}
+
+/// The part of the decoder a parameter belongs to ([`Model::param_role`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamRole {
+    /// The token embedding (before layer 0).
+    Embedding,
+    /// Stacked over every layer on a leading `layers` axis (`scan_layers`).
+    StackedLayers,
+    /// Of one layer (unscanned).
+    Layer(i64),
+    /// The final norm and output projection (after the last layer).
+    Head,
 }
 
 /// `[batch, seq, emb]` activations' logical axes.
@@ -153,8 +167,7 @@ impl Model {
     /// output of every layer is returned too (for tests; it costs memory).
     pub fn forward(&self, params: &Tree, batch: &Tree, keep_layer_outputs: bool) -> Forward {
         let c = &self.config;
-        let embedding = params["token_embedder.embedding"].astype(c.dtype);
-        let x = constrain(c, embedding.take(&batch["inputs"]), BTE);
+        let x = self.embed(params, batch);
         let ctx = LayerContext::new(c, batch);
         let layer = |x: &Tensor, p: &Tree| -> Tensor {
             // The layer's parameters and its input are the region's inputs: with `full` only they
@@ -182,15 +195,119 @@ impl Model {
             let stacked = keep_layer_outputs.then(|| stack(&outs.iter().collect::<Vec<_>>(), 0));
             (y, stacked)
         };
+        Forward { embeddings: x, layer_outputs, logits: self.logits(params, &y) }
+    }
+
+    /// The token embeddings of `batch["inputs"]` (`s32[batch, seq]`): `[batch, seq, emb]` in
+    /// `dtype`, the input of layer 0.
+    pub fn embed(&self, params: &Tree, batch: &Tree) -> Tensor {
+        let c = &self.config;
+        let embedding = params["token_embedder.embedding"].astype(c.dtype);
+        constrain(c, embedding.take(&batch["inputs"]), BTE)
+    }
+
+    /// The final norm and the f32 logits `[batch, seq, vocab]` of the last layer's output `y`.
+    pub fn logits(&self, params: &Tree, y: &Tensor) -> Tensor {
+        let c = &self.config;
         let y = y.rms_norm(&params["decoder.decoder_norm.scale"], c.eps);
         let logits = if c.logits_via_embedding {
-            einsum("btd,vd->btv", &[&y, &embedding])
+            einsum("btd,vd->btv", &[&y, &params["token_embedder.embedding"].astype(c.dtype)])
         } else {
             y.matmul(&params["decoder.logits_dense.kernel"].astype(c.dtype))
         };
-        let logits =
-            constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"]);
-        Forward { embeddings: x, layer_outputs, logits }
+        constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"])
+    }
+
+    /// The final norm, logits and [`Model::loss`]'s loss and aux values of the last layer's
+    /// output `y` on `batch`.
+    pub fn head_loss(&self, params: &Tree, y: &Tensor, batch: &Tree, z_loss_multiplier: f64) -> (Tensor, Tree) {
+        let logits = self.logits(params, y);
+        loss_from_logits(&logits, &batch["targets"], &batch["targets_segmentation"], z_loss_multiplier)
+    }
+
+    /// Which part of the decoder the parameter `name` (a name of [`Model::param_defs`]) belongs
+    /// to: how a pipeline splits the parameters over its stages.
+    pub fn param_role(&self, name: &str) -> ParamRole {
+        if name.starts_with("token_embedder.") {
+            ParamRole::Embedding
+        } else if name.starts_with("decoder.layers.") {
+            ParamRole::StackedLayers
+        } else if let Some(index) =
+            name.strip_prefix("decoder.layers_").and_then(|rest| rest.split('.').next()).and_then(|i| i.parse().ok())
+        {
+            ParamRole::Layer(index)
+        } else {
+            ParamRole::Head
+        }
+    }
+
+    /// Runs the contiguous decoder layers `layers` on `x` (a pipeline stage's share): `params`
+    /// holds their parameters under the model's names (`decoder.layers.*` stacked over just these
+    /// layers with `scan_layers`, else `decoder.layers_{i}.*`). Returns the last layer's output
+    /// and every layer's input stacked, `[layers, batch, seq, emb]`: what
+    /// [`Model::layers_backward`] needs, the values `remat_policy=full` keeps.
+    pub fn layers_forward(&self, params: &Tree, layers: Range<i64>, x: &Tensor, ctx: &LayerContext) -> (Tensor, Tensor) {
+        let c = &self.config;
+        if c.scan_layers {
+            let stacked = params.subtree("decoder.layers");
+            let (carry, inputs) = scan(&Tree::new().with("x", x.clone()), &stacked, |carry, p| {
+                let x = &carry["x"];
+                (Tree::new().with("x", self.family.layer(c, p, x, ctx)), Tree::new().with("x", x.clone()))
+            });
+            (carry["x"].clone(), inputs["x"].clone())
+        } else {
+            let mut inputs = Vec::new();
+            let mut y = x.clone();
+            for i in layers {
+                inputs.push(y.clone());
+                y = self.family.layer(c, &params.subtree(&format!("decoder.layers_{i}")), &y, ctx);
+            }
+            (y, stack(&inputs.iter().collect::<Vec<_>>(), 0))
+        }
+    }
+
+    /// The backward pass of [`Model::layers_forward`] from the layers' saved inputs
+    /// (`[layers, batch, seq, emb]`) and the cotangent `ct` of the last layer's output: each
+    /// layer is recomputed from its input and differentiated, last to first, as the train step
+    /// does under `remat_policy=full`. Returns the cotangent of the first layer's input and the
+    /// gradient of every parameter of `params`, under the same names.
+    pub fn layers_backward(
+        &self,
+        params: &Tree,
+        layers: Range<i64>,
+        inputs: &Tensor,
+        ct: &Tensor,
+        ctx: &LayerContext,
+    ) -> (Tensor, Tree) {
+        let c = &self.config;
+        // The vector-Jacobian product of one layer: the gradient of <layer(p, x), ct>.
+        let layer_vjp = |p: &Tree, x: &Tensor, ct: &Tensor| -> (Tensor, Tree) {
+            let args = p.clone().prefixed("params").with("x", x.clone());
+            let (_, grads) = value_and_grad(&args, |a| {
+                let y = self.family.layer(c, &a.subtree("params"), &a["x"], ctx);
+                (y.astype(DType::F32) * ct.astype(DType::F32)).sum_all()
+            });
+            (grads["x"].clone(), grads.subtree("params"))
+        };
+        if c.scan_layers {
+            let xs = params.subtree("decoder.layers").prefixed("params").with("x", inputs.clone());
+            let (carry, grads) = scan_reverse(&Tree::new().with("ct", ct.clone()), &xs, |carry, xs| {
+                let (dx, dp) = layer_vjp(&xs.subtree("params"), &xs["x"], &carry["ct"]);
+                (Tree::new().with("ct", dx), dp)
+            });
+            (carry["ct"].clone(), grads.prefixed("decoder.layers"))
+        } else {
+            let mut ct = ct.clone();
+            let mut grads = Tree::new();
+            for (k, i) in layers.enumerate().collect::<Vec<_>>().into_iter().rev() {
+                let name = format!("decoder.layers_{i}");
+                let x = inputs.slice_axis(0, k as i64, k as i64 + 1).squeeze(0);
+                let (dx, dp) = layer_vjp(&params.subtree(&name), &x, &ct);
+                grads.extend(dp.prefixed(&name));
+                ct = dx;
+            }
+            (ct, grads)
+        }
     }
 
     /// MaxText's loss on a batch tree with `inputs`, `targets` (s32 `[batch, seq]`) and

@@ -16,5 +16,5 @@ pub mod llama;
 pub mod params;
 
 pub use config::ModelConfig;
-pub use decoder::{loss_from_logits, Family, Forward, LayerFlops, Model};
+pub use decoder::{loss_from_logits, Family, Forward, LayerFlops, Model, ParamRole};
 pub use params::{ParamDef, ParamInit};

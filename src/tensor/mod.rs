@@ -36,5 +36,5 @@ pub use linalg::einsum;
 pub use program::{trace, TraceError};
 pub use shape_ops::{concatenate, stack};
 pub use trace::{Tensor, Trace};
-pub use transforms::{checkpoint, scan, value_and_grad, value_and_grad_with_aux, RematPolicy};
+pub use transforms::{checkpoint, scan, scan_reverse, value_and_grad, value_and_grad_with_aux, RematPolicy};
 pub use tree::Tree;

@@ -13,6 +13,7 @@ use crate::aot::artifact;
 use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived};
 use crate::ir::Program;
+use crate::model::Model;
 use crate::lower::to_stablehlo;
 use crate::pjrt::{self, Client};
 use crate::runtime::{self, Compiled, DeviceArray};
@@ -51,6 +52,8 @@ pub struct RunReport {
     pub tflops_per_device: f64,
     /// Peak device memory in use after the run, when the plugin reports it.
     pub peak_memory_bytes: Option<i64>,
+    /// With pipeline parallelism: the measured bubble of each step.
+    pub pipeline: Option<super::pipeline::run::PipelineReport>,
 }
 
 /// The devices of a one-process run: the plugin's client.
@@ -94,6 +97,9 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     }
     let logger = cluster.is_logger();
     let derived = config::validate(c, devices.len(), granules.len())?;
+    if derived.pipeline.is_some() {
+        return super::pipeline::run::train(c, client, &derived, &granules);
+    }
     let step =
         TrainStep::new(c, &derived, step_mesh(&derived, &granules).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
     if logger {
@@ -125,7 +131,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         );
     }
 
-    let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
+    let work = per_device_work(c, &step.model, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
     let seed = u64::try_from(c.data_shuffle_seed).map_err(|_| anyhow!("data_shuffle_seed must be >= 0"))?;
     let path = (!c.dataset_path.is_empty()).then(|| PathBuf::from(&c.dataset_path));
@@ -292,7 +298,7 @@ fn initial_state(
     Ok(state)
 }
 
-fn per_device_work(c: &Config, step: &TrainStep, derived: &Derived, device_kind: &str) -> PerDeviceWork {
+pub(super) fn per_device_work(c: &Config, model: &Model, derived: &Derived, device_kind: &str) -> PerDeviceWork {
     let shape = StepShape {
         per_device_batch_size: derived.per_device_batch_size,
         max_target_length: derived.max_target_length as u64,
@@ -300,13 +306,13 @@ fn per_device_work(c: &Config, step: &TrainStep, derived: &Derived, device_kind:
     };
     let configured = (c.peak_tflops_per_device > 0.0).then_some(c.peak_tflops_per_device);
     PerDeviceWork {
-        tflops: step.model.training_tflops_per_device(&shape).total,
+        tflops: model.training_tflops_per_device(&shape).total,
         tokens: shape.tokens_per_device(),
         peak_tflops: flops::peak_tflops_per_device(device_kind, configured),
     }
 }
 
-fn progress_bar(steps: u64) -> ProgressBar {
+pub(super) fn progress_bar(steps: u64) -> ProgressBar {
     let bar = ProgressBar::new(steps);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps, {elapsed} elapsed, ~{eta} left")
@@ -316,7 +322,7 @@ fn progress_bar(steps: u64) -> ProgressBar {
 }
 
 /// Prints above the progress bar, or plainly when there is none (stderr is not a terminal).
-fn print_line(bar: &ProgressBar, line: &str) {
+pub(super) fn print_line(bar: &ProgressBar, line: &str) {
     if bar.is_hidden() {
         println!("{line}");
     } else {
@@ -324,11 +330,11 @@ fn print_line(bar: &ProgressBar, line: &str) {
     }
 }
 
-fn peak_memory(devices: &[pjrt::Device]) -> Option<i64> {
+pub(super) fn peak_memory(devices: &[pjrt::Device]) -> Option<i64> {
     devices.iter().filter_map(|d| d.memory_stats().ok().flatten()).filter_map(|s| s.peak_bytes_in_use).max()
 }
 
-fn print_summary(report: &RunReport, work: &PerDeviceWork) {
+pub(super) fn print_summary(report: &RunReport, work: &PerDeviceWork) {
     let (Some(first), Some(last)) = (report.losses.first(), report.losses.last()) else { return };
     // `median_step_time` leaves out the first step (warm-up); a one-step run shows that step.
     let median = median_step_time(&report.step_times).or(report.step_times.first().copied());
