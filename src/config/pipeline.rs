@@ -90,6 +90,7 @@ pub(crate) fn plan(
 ) -> Result<Option<PipelinePlan>, ConfigError> {
     let stages = mesh.size("stage");
     if stages == 1 {
+        check_unused(c)?;
         return Ok(None);
     }
     if c.dcn_pipeline_parallelism > 1 || num_slices > 1 {
@@ -225,6 +226,28 @@ pub(crate) fn plan(
         microbatch_size,
         schedule: c.pipeline_schedule,
     }))
+}
+
+/// Without a `stage` axis the pipeline keys do nothing (as in MaxText); one set to another
+/// value than its default is most likely a forgotten `ici_pipeline_parallelism`, so it is named.
+fn check_unused(c: &Config) -> Result<(), ConfigError> {
+    let set = [
+        ("num_layers_per_pipeline_stage", c.num_layers_per_pipeline_stage != 1),
+        ("num_pipeline_repeats", c.num_pipeline_repeats != -1),
+        ("pipeline_parallel_layers", c.pipeline_parallel_layers != -1),
+        ("num_pipeline_microbatches", c.num_pipeline_microbatches != -1),
+        ("pipeline_schedule", c.pipeline_schedule != PipelineSchedule::OneFOneB),
+    ];
+    match set.iter().find(|(_, changed)| *changed) {
+        Some((key, _)) => Err(ConfigError::invalid(
+            *key,
+            format!(
+                "{key} is set but there are no pipeline stages (ici_pipeline_parallelism=1), so it would do nothing; \
+                 set ici_pipeline_parallelism > 1 or leave {key} at its default"
+            ),
+        )),
+        None => check_spmd_options(c),
+    }
 }
 
 /// What the pipelined loop does not do yet: it trains and logs, but does not checkpoint,
