@@ -136,7 +136,8 @@ impl ArtifactHeader {
         match (&saved.pipeline, &self.pipeline) {
             (Some(saved), Some(current)) => {
                 differ(true, "pipeline schedule", &saved.schedule, &current.schedule);
-                let names = |p: &PipelineSection| p.executables.iter().map(|e| e.0.clone()).collect::<Vec<_>>().join(", ");
+                let names =
+                    |p: &PipelineSection| p.executables.iter().map(|e| e.0.clone()).collect::<Vec<_>>().join(", ");
                 differ(true, "pipeline programs", &names(saved), &names(current));
                 differ(true, "pipeline tasks", &format!("{:?}", saved.tasks), &format!("{:?}", current.tasks));
             }

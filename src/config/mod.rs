@@ -8,8 +8,8 @@ mod error;
 mod keys;
 mod load;
 mod mesh;
-mod ranges;
 mod pipeline;
+mod ranges;
 mod rules;
 mod validate;
 mod value;
@@ -18,14 +18,14 @@ pub use builtin::MODELS;
 pub use error::ConfigError;
 pub use keys::{
     AttentionKernel, Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
-    OnCheckpointError, ProfilerKind, RematPolicy, RopeType, RuleAxes, SamplingStrategy, TokenizerType, WsdDecayStyle,
-    MLP_ACTIVATIONS, MODEL_KEYS, PipelineSchedule,
+    OnCheckpointError, PipelineSchedule, ProfilerKind, RematPolicy, RopeType, RuleAxes, SamplingStrategy,
+    TokenizerType, WsdDecayStyle, MLP_ACTIVATIONS, MODEL_KEYS,
 };
 pub use load::{load, load_args, resolve, resolve_args, Resolved, Source};
 pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
-pub use ranges::{range, Range, NUMERIC_KEYS};
 pub use pipeline::PipelinePlan;
+pub use ranges::{range, Range, NUMERIC_KEYS};
 pub use rules::{axis_rules, logical_rules};
 pub use validate::{check, check_host_memory, parameter_scales, validate, validate_decode, Derived, PLUGINS};
 pub use value::{key_names, non_default_value};

@@ -9,8 +9,8 @@ use super::keys::{
     MLP_ACTIVATIONS,
 };
 use super::mesh::{self, Mesh};
-use super::ranges;
 use super::pipeline::{self, PipelinePlan};
+use super::ranges;
 use super::rules;
 
 /// The PJRT plugins maxrs can fetch by name; anything else must be a path to a plugin `.so`.

@@ -70,7 +70,13 @@ impl AdamW {
     /// [`AdamW::update`] of part of the parameters, given the global norm of every parameter's
     /// gradient (f32 scalar): a pipeline stage updates its own parameters, clipped by the norm
     /// over all stages.
-    pub fn update_with_norm(&self, params: &Tree, grads: &Tree, state: &Tree, grad_norm: &Tensor) -> (Tree, Tree, Tree) {
+    pub fn update_with_norm(
+        &self,
+        params: &Tree,
+        grads: &Tree,
+        state: &Tree,
+        grad_norm: &Tensor,
+    ) -> (Tree, Tree, Tree) {
         let grads = if self.clip_threshold > 0.0 {
             let scale = where_(&grad_norm.lt(self.clip_threshold), 1.0, &(self.clip_threshold / grad_norm));
             grads.map(|_, g| g * &scale.astype(g.dtype()))

@@ -28,8 +28,8 @@ use crate::checkpoint::{self, CheckpointManager, Checkpoints, DataState, Expecte
 use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived, OnCheckpointError};
 use crate::ir::Program;
-use crate::model::Model;
 use crate::lower::to_stablehlo;
+use crate::model::Model;
 use crate::output;
 use crate::pjrt::{self, Client, ReadyTime};
 use crate::runtime::{self, Compiled, DeviceArray};
@@ -749,7 +749,7 @@ fn initial_state(
 /// The parameters `load_parameters_path` names: a checkpoint directory (its `params`, float
 /// types converted to `weight_dtype`) or a safetensors file, local or gs://. Keys are the train
 /// step's names (`params.…`).
-fn load_parameter_arrays(
+pub(super) fn load_parameter_arrays(
     c: &Config,
     expected: &[Expected],
     model_keys: &BTreeMap<String, serde_json::Value>,

@@ -44,7 +44,10 @@ pub struct StageMemory {
 
 impl StageMemory {
     pub fn needed_bytes(&self) -> u64 {
-        self.state_bytes + self.residual_bytes * self.in_flight as u64 + 2 * self.activation_bytes + self.transient_bytes
+        self.state_bytes
+            + self.residual_bytes * self.in_flight as u64
+            + 2 * self.activation_bytes
+            + self.transient_bytes
     }
 }
 
@@ -236,7 +239,8 @@ pub fn train_compile(
     plan_name: &str,
     devices: String,
 ) -> Result<PipelineCompile> {
-    let programs: Vec<StagePrograms> = (0..step.layout.stages).map(|s| step.stage_programs(s)).collect::<Result<_>>()?;
+    let programs: Vec<StagePrograms> =
+        (0..step.layout.stages).map(|s| step.stage_programs(s)).collect::<Result<_>>()?;
     let lowered = lowered(step, &programs);
     let mut executables = Vec::new();
     for (name, program, mlir) in &lowered {
@@ -246,8 +250,10 @@ pub fn train_compile(
     let mut offset = 0;
     for (stage, p) in programs.iter().enumerate() {
         let count = program_names(stage, &step.layout).len();
-        let stats =
-            executables[offset..offset + count].iter().map(|e| e.compiled_memory_stats()).collect::<Result<Vec<_>, _>>()?;
+        let stats = executables[offset..offset + count]
+            .iter()
+            .map(|e| e.compiled_memory_stats())
+            .collect::<Result<Vec<_>, _>>()?;
         stages.push(stage_memory(stage, p, &stats, schedule)?);
         offset += count;
     }

@@ -22,11 +22,11 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::layout::StageLayout;
 use super::programs::{PipelineStep, StagePrograms, GRAD, MU, NU, PARAMS};
 use super::schedule::{Pass, Schedule, Task, Timeline};
+use crate::data::Batch;
 use crate::ir::Program;
 use crate::pjrt::{Client, Device, HostTensor};
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::tensor::Tree;
-use crate::data::Batch;
 use crate::train::optimizer::COUNT;
 use crate::train::step::batch_inputs;
 
@@ -158,9 +158,10 @@ impl Pipeline {
             .map(|(index, programs)| {
                 let devices = programs.forward[0].executable.addressable_devices().to_vec();
                 let ids: Vec<i32> = devices.iter().map(|d| d.id).collect();
-                if let Some(other) = programs.all().find(|p| {
-                    p.executable.addressable_devices().iter().map(|d| d.id).collect::<Vec<_>>() != ids
-                }) {
+                if let Some(other) = programs
+                    .all()
+                    .find(|p| p.executable.addressable_devices().iter().map(|d| d.id).collect::<Vec<_>>() != ids)
+                {
                     bail!(
                         "stage {index}'s programs run on different devices ({ids:?} and {:?})",
                         other.executable.addressable_devices().iter().map(|d| d.id).collect::<Vec<_>>()
@@ -297,7 +298,10 @@ impl Pipeline {
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a stage's thread panicked")))).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a stage's thread panicked"))))
+                .collect()
         });
         // Report the stage that failed first, not the ones that stopped because of it.
         if reports.iter().any(Result::is_err) {
@@ -317,7 +321,8 @@ impl Pipeline {
         let weights = total_weights.max(1.0);
         let mut aux_losses = BTreeMap::new();
         for (name, sum) in reports.iter().flat_map(|r| &r.aux) {
-            *aux_losses.entry(name.clone()).or_insert(0.0) += sum / (microbatches * self.step.model.config.layers as f64);
+            *aux_losses.entry(name.clone()).or_insert(0.0) +=
+                sum / (microbatches * self.step.model.config.layers as f64);
         }
         let sumsq: Vec<f64> = self.on_every_stage(|stage, client| stage.gradient_sumsq(client, total_weights))?;
         let grad_norm = sumsq.iter().sum::<f64>().sqrt();
@@ -344,7 +349,10 @@ impl Pipeline {
         let f = &f;
         std::thread::scope(|scope| {
             let handles: Vec<_> = self.stages.iter_mut().map(|stage| scope.spawn(move || f(stage, client))).collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a stage's thread panicked")))).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a stage's thread panicked"))))
+                .collect()
         })
     }
 }
@@ -391,7 +399,12 @@ impl StepContext<'_> {
 
 impl Stage {
     /// The stage's tasks of every accumulation pass, in the schedule's order.
-    fn run_tasks(&mut self, ctx: &StepContext, inbox: &Receiver<Message>, outboxes: &[Sender<Message>]) -> Result<StageReport> {
+    fn run_tasks(
+        &mut self,
+        ctx: &StepContext,
+        inbox: &Receiver<Message>,
+        outboxes: &[Sender<Message>],
+    ) -> Result<StageReport> {
         let mut report = StageReport::default();
         let loop_start = ctx.now();
         let mut pending: HashMap<Key, DeviceArray> = HashMap::new();
@@ -495,7 +508,10 @@ impl Stage {
                 }
             }
             if let Some((chunk, microbatch)) = residuals.keys().next() {
-                bail!("stage {}: the schedule never ran the backward of chunk {chunk}, microbatch {microbatch}", self.index);
+                bail!(
+                    "stage {}: the schedule never ran the backward of chunk {chunk}, microbatch {microbatch}",
+                    self.index
+                );
             }
         }
         report.total = ctx.now() - loop_start;
@@ -515,8 +531,10 @@ impl Stage {
     /// The squared norm of the stage's gradients of the mean loss.
     fn gradient_sumsq(&mut self, client: &Client, total_weights: f64) -> Result<f64> {
         let norm = &self.programs.norm;
-        let weights = norm.put(client, norm.input_index("total_weights")?, &HostTensor::from_f32(&[], &[total_weights as f32]))?;
-        let outputs = execute_named(norm, |name| if name == "total_weights" { Some(&weights) } else { self.state.get(name) })?;
+        let weights =
+            norm.put(client, norm.input_index("total_weights")?, &HostTensor::from_f32(&[], &[total_weights as f32]))?;
+        let outputs =
+            execute_named(norm, |name| if name == "total_weights" { Some(&weights) } else { self.state.get(name) })?;
         let (name, array) = outputs.into_iter().next().ok_or_else(|| anyhow!("the norm program has no output"))?;
         Ok(norm.fetch(norm.output_index(&name)?, &array)?.to_f64()[0])
     }
@@ -524,7 +542,8 @@ impl Stage {
     /// The optimizer update; returns the learning rate it used.
     fn update(&mut self, client: &Client, total_weights: f64, grad_norm: f64) -> Result<f64> {
         let update = &self.programs.update;
-        let scalar = |name: &str, v: f64| update.put(client, update.input_index(name)?, &HostTensor::from_f32(&[], &[v as f32]));
+        let scalar =
+            |name: &str, v: f64| update.put(client, update.input_index(name)?, &HostTensor::from_f32(&[], &[v as f32]));
         let (weights, norm) = (scalar("total_weights", total_weights)?, scalar("grad_norm", grad_norm)?);
         let outputs = execute_named(update, |name| match name {
             "total_weights" => Some(&weights),
@@ -613,8 +632,11 @@ fn split_batch(batch: &Batch, count: usize, packed: bool) -> Result<Vec<HashMap<
                     let row_bytes = t.data.len() / rows.max(1);
                     let mut dims = t.dims.clone();
                     dims[0] = (rows / count) as i64;
-                    let data: Vec<u8> =
-                        (k..rows).step_by(count).flat_map(|r| &t.data[r * row_bytes..(r + 1) * row_bytes]).copied().collect();
+                    let data: Vec<u8> = (k..rows)
+                        .step_by(count)
+                        .flat_map(|r| &t.data[r * row_bytes..(r + 1) * row_bytes])
+                        .copied()
+                        .collect();
                     (name.to_string(), HostTensor::new(t.ty, &dims, data))
                 })
                 .collect()

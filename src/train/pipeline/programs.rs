@@ -2,20 +2,23 @@
 //! devices:
 //!
 //! - **forward** `chunk.{c}.forward`: `params.*` (the parameters the chunk reads), `batch.inputs`
-//!   (and `batch.targets`, `batch.targets_segmentation` on the last chunk), `activation` (the
+//!   (with packing also `batch.inputs_position` and `batch.inputs_segmentation`; and
+//!   `batch.targets`, `batch.targets_segmentation` on the last chunk), `activation` (the
 //!   previous chunk's output, `[microbatch, seq, emb]`, donated; the first chunk embeds the
-//!   tokens instead) -> `activation` (the chunk's output, for the next chunk) and
+//!   tokens instead) -> `activation` (the chunk's output, for the next chunk),
 //!   `residual.layer_inputs` (`[layers of the chunk, microbatch, seq, emb]`, kept on the stage
-//!   for the backward pass). The last chunk also runs the final norm, the logits and the loss and
-//!   differentiates them at once: its outputs are `residual.cotangent` (the loss's gradient with
-//!   respect to the last layer's output), the summed `metrics.total_loss`,
-//!   `metrics.total_weights` and `metrics.z_loss_sum`, and `grad.*` of the head's parameters
-//!   (accumulators, donated).
-//! - **backward** `chunk.{c}.backward`: `params.*`, `batch.inputs`, `residual.layer_inputs`,
-//!   `cotangent` (the next chunk's input gradient; `residual.cotangent` on the last chunk) and the
-//!   `grad.*` accumulators (donated) -> `cotangent` (for the previous chunk; the first chunk
-//!   adds it to the embedding's gradient instead) and the accumulators plus this microbatch's
-//!   gradients of the summed loss. Each layer is recomputed from its saved input
+//!   for the backward pass) and `metrics.aux.<name>` (each auxiliary loss of the layers, e.g.
+//!   MoE's `moe_lb_loss`, summed over the chunk's layers). The last chunk also runs the final
+//!   norm, the logits and the loss and differentiates them at once: its outputs are
+//!   `residual.cotangent` (the loss's gradient with respect to the last layer's output), the
+//!   summed `metrics.total_loss`, `metrics.total_weights` and `metrics.z_loss_sum`, and `grad.*`
+//!   of the head's parameters (accumulators, donated).
+//! - **backward** `chunk.{c}.backward`: `params.*`, the batch's token arrays,
+//!   `residual.layer_inputs`, `cotangent` (the next chunk's input gradient; `residual.cotangent`
+//!   on the last chunk), `aux_weight` (the weight of the layers' auxiliary losses in the summed
+//!   loss) and the `grad.*` accumulators (donated) -> `cotangent` (for the previous chunk; the
+//!   first chunk adds it to the embeddings' gradients instead) and the accumulators plus this
+//!   microbatch's gradients of the summed loss. Each layer is recomputed from its saved input
 //!   (`Model::layers_backward`).
 //!
 //! Per stage: **norm** `stage.{s}.norm` (`grad.*`, `total_weights` -> `sumsq`, the squared norm

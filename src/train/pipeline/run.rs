@@ -11,17 +11,18 @@ use anyhow::{anyhow, Context, Result};
 use super::executor::{Pipeline, StageExecutables};
 use super::programs::{PipelineStep, StagePrograms};
 use super::schedule::Schedule;
+use crate::checkpoint::{self, Expected};
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
+use crate::data::{self, ProcessShare};
 use crate::lower::to_stablehlo;
+use crate::output;
 use crate::pjrt::Client;
 use crate::runtime::{self, Compiled};
-use crate::data::{self, ProcessShare};
-use crate::output;
+use crate::tensor::Tree;
 use crate::train::health::Health;
 use crate::train::metrics::{median_step_time_after, StepMetrics};
 use crate::train::outputs::RunOutputs;
-use crate::train::params_io::{load_parameters, ParamSpec};
 use crate::train::run::{self, RunReport, StartupTimes};
 use crate::train::step::step_mesh;
 
@@ -51,7 +52,8 @@ pub fn build(
     startup: &mut StartupTimes,
 ) -> Result<Pipeline> {
     let plan = derived.pipeline.as_ref().ok_or_else(|| anyhow!("the config has no pipeline"))?;
-    let mesh = step_mesh(derived, granules).map_err(|e| anyhow!(e))?.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
+    let mesh =
+        step_mesh(derived, granules).map_err(|e| anyhow!(e))?.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
     let step = PipelineStep::new(c, derived, mesh)?;
     let schedule = Schedule::new(plan);
     schedule.simulate(|_, _| 1.0).map_err(|e| anyhow!("pipeline_schedule={}: {e}", plan.schedule))?;
@@ -90,7 +92,9 @@ pub fn build(
             startup.lower = lowering;
             executables
         }
-        path => super::aot::load(c, client, &step, &schedule, plan.schedule_name(), &programs, granules, Path::new(path))?,
+        path => {
+            super::aot::load(c, client, &step, &schedule, plan.schedule_name(), &programs, granules, Path::new(path))?
+        }
     };
     startup.compile = t.elapsed().as_secs_f64() - startup.lower;
 
@@ -99,14 +103,18 @@ pub fn build(
     let mut pipeline = Pipeline::new(client, step, schedule, executables, derived.gradient_accumulation_steps)?;
     let parameters = match c.load_parameters_path.as_str() {
         "" => None,
-        path => {
+        _ => {
+            // The same loader as the unpipelined run's (a safetensors file or a checkpoint's
+            // parameters, local or gs://), then split over the stages by `initialize`.
             let model = &pipeline.step.model;
             let dtype = runtime::element_type(model.config.weight_dtype);
-            let expected: Vec<ParamSpec> =
-                model.param_defs().into_iter().map(|d| ParamSpec { name: d.name, ty: dtype, dims: d.shape }).collect();
-            let params = load_parameters(Path::new(path), &expected)?;
-            println!("loaded {} parameters from {path}", params.len());
-            Some(params.into_iter().collect::<crate::tensor::Tree<_>>())
+            let expected: Vec<Expected> = model
+                .param_defs()
+                .into_iter()
+                .map(|d| Expected { name: format!("params.{}", d.name), ty: dtype, dims: d.shape })
+                .collect();
+            let arrays = run::load_parameter_arrays(c, &expected, &checkpoint::manifest::model_keys(c, model))?;
+            Some(arrays.into_iter().map(|(name, t)| (name["params.".len()..].to_string(), t)).collect::<Tree<_>>())
         }
     };
     pipeline.initialize(parameters.as_ref())?;

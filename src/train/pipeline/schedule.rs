@@ -167,7 +167,10 @@ impl Schedule {
         let expected = 2 * chunks * self.microbatches;
         let count: usize = self.per_stage.iter().map(Vec::len).sum();
         if count != expected || self.per_stage.len() != self.stages {
-            return Err(format!("the schedule has {count} tasks on {} stages; expected {expected}", self.per_stage.len()));
+            return Err(format!(
+                "the schedule has {count} tasks on {} stages; expected {expected}",
+                self.per_stage.len()
+            ));
         }
         let index = |t: &Task| (t.chunk * self.microbatches + t.microbatch) * 2 + (t.pass == Pass::Backward) as usize;
         let mut done: Vec<Option<f64>> = vec![None; expected];
