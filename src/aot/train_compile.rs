@@ -84,7 +84,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
             topology.devices_per_host as usize,
             topology.device_kind,
         );
-        let compiled = pipeline::aot::train_compile(c, &target, &step, &schedule, plan.schedule_name(), devices)?;
+        let compiled = pipeline::aot::train_compile(c, &target, &step, &schedule, devices)?;
         let summary = CompileSummary {
             target: topology.name.clone(),
             num_devices: target.num_devices(),

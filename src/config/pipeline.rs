@@ -49,13 +49,9 @@ impl PipelinePlan {
         (p - 1.0) / (self.repeats as f64 * self.microbatches as f64 + p - 1.0)
     }
 
-    /// The schedule's name as it runs: `1f1b` over several repeats is the interleaved 1F1B.
+    /// The schedule's name as it runs ([`PipelineSchedule::running_name`]).
     pub fn schedule_name(&self) -> &'static str {
-        match (self.schedule, self.repeats) {
-            (PipelineSchedule::Gpipe, _) => "gpipe",
-            (_, 1) => "1f1b",
-            _ => "interleaved_1f1b",
-        }
+        self.schedule.running_name(self.repeats)
     }
 }
 
@@ -75,6 +71,18 @@ impl fmt::Display for PipelinePlan {
             self.schedule_name(),
             100.0 * self.theoretical_bubble()
         )
+    }
+}
+
+impl PipelineSchedule {
+    /// The name of this schedule as it runs over `repeats` layer groups per stage: `1f1b` over
+    /// several repeats is the interleaved 1F1B.
+    pub fn running_name(self, repeats: usize) -> &'static str {
+        match (self, repeats) {
+            (PipelineSchedule::Gpipe, _) => "gpipe",
+            (_, 1) => "1f1b",
+            _ => "interleaved_1f1b",
+        }
     }
 }
 

@@ -168,11 +168,11 @@ pub fn stage_memory(
 }
 
 /// The header section describing `schedule` and the executables `names` (with their lengths).
-fn section(plan_name: &str, schedule: &Schedule, executables: Vec<(String, u64)>) -> PipelineSection {
+fn section(schedule: &Schedule, executables: Vec<(String, u64)>) -> PipelineSection {
     PipelineSection {
         schedule: format!(
-            "{plan_name}, {} stages x {} repeats, {} microbatches",
-            schedule.stages, schedule.repeats, schedule.microbatches
+            "{}, {} stages x {} repeats, {} microbatches",
+            schedule.name, schedule.stages, schedule.repeats, schedule.microbatches
         ),
         tasks: schedule.per_stage.iter().map(|tasks| tasks.iter().map(|t| t.to_string()).collect()).collect(),
         executables,
@@ -198,7 +198,6 @@ fn header(
     c: &Config,
     step: &PipelineStep,
     schedule: &Schedule,
-    plan_name: &str,
     lowered: &[(String, Program, String)],
     lengths: &[u64],
     platform: Platform,
@@ -217,7 +216,7 @@ fn header(
         })
         .collect();
     let executables = lowered.iter().map(|l| l.0.clone()).zip(lengths.iter().copied()).collect();
-    h.pipeline = Some(section(plan_name, schedule, executables));
+    h.pipeline = Some(section(schedule, executables));
     h
 }
 
@@ -236,7 +235,6 @@ pub fn train_compile(
     target: &CompileTarget,
     step: &PipelineStep,
     schedule: &Schedule,
-    plan_name: &str,
     devices: String,
 ) -> Result<PipelineCompile> {
     let programs: Vec<StagePrograms> =
@@ -258,7 +256,7 @@ pub fn train_compile(
         offset += count;
     }
     let memory = PipelineMemory {
-        schedule: plan_name.to_string(),
+        schedule: schedule.name.clone(),
         stages,
         capacity: target.memory_bytes_per_device(),
         device: format!("{} ({})", target.topology().name, target.topology().device_kind),
@@ -279,7 +277,7 @@ pub fn train_compile(
             plugin: artifact::plugin_identity(&plugin),
             platform_version: target.platform_version().to_string(),
         };
-        let mut h = header(c, step, schedule, plan_name, &lowered, &lengths, platform);
+        let mut h = header(c, step, schedule, &lowered, &lengths, platform);
         h.device_ids_per_host = target.granules().to_vec();
         artifact::write(path, &h, &serialized.concat())?;
         println!(
@@ -299,7 +297,6 @@ pub fn load(
     client: &Client,
     step: &PipelineStep,
     schedule: &Schedule,
-    plan_name: &str,
     programs: &[StagePrograms],
     granules: &[Vec<i64>],
     path: &Path,
@@ -321,7 +318,7 @@ pub fn load(
         plugin: artifact::plugin_identity(client.plugin()),
         platform_version: client.platform_version()?,
     };
-    let mut current = header(c, step, schedule, plan_name, &lowered, &lengths, platform);
+    let mut current = header(c, step, schedule, &lowered, &lengths, platform);
     current.device_ids_per_host = granules.to_vec();
     artifact::check_matching(path, &saved, &current)?;
     if lengths.iter().sum::<u64>() != bytes.len() as u64 {

@@ -422,7 +422,7 @@ impl Stage {
             let mut residuals: HashMap<(usize, usize), HashMap<String, DeviceArray>> = HashMap::new();
             for task in &ctx.schedule.per_stage[self.index] {
                 let global = pass * microbatches + task.microbatch;
-                if !batches.contains_key(&task.microbatch) {
+                if let std::collections::hash_map::Entry::Vacant(entry) = batches.entry(task.microbatch) {
                     // Only the arrays the stage's programs read (the targets on the last stage).
                     let mut arrays = HashMap::new();
                     for (name, host) in &ctx.micro[global] {
@@ -430,7 +430,7 @@ impl Stage {
                             arrays.insert(format!("batch.{name}"), array);
                         }
                     }
-                    batches.insert(task.microbatch, arrays);
+                    entry.insert(arrays);
                 }
                 let key = (pass, *task);
                 let waited = ctx.now();
@@ -607,7 +607,7 @@ fn execute_named<'a>(
 /// same global batch gives the same microbatches either way.
 fn split_batch(batch: &Batch, count: usize, packed: bool) -> Result<Vec<HashMap<String, HostTensor>>> {
     let rows = batch.inputs.dims[0] as usize;
-    if count == 0 || rows % count != 0 {
+    if count == 0 || !rows.is_multiple_of(count) {
         bail!("a batch of {rows} rows does not split into {count} microbatches");
     }
     let arrays: Vec<(&str, &HostTensor)> = batch_inputs(packed)

@@ -92,9 +92,7 @@ pub fn build(
             startup.lower = lowering;
             executables
         }
-        path => {
-            super::aot::load(c, client, &step, &schedule, plan.schedule_name(), &programs, granules, Path::new(path))?
-        }
+        path => super::aot::load(c, client, &step, &schedule, &programs, granules, Path::new(path))?,
     };
     startup.compile = t.elapsed().as_secs_f64() - startup.lower;
 

@@ -56,6 +56,8 @@ impl std::fmt::Display for Task {
 /// Every stage's tasks in the order it runs them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Schedule {
+    /// As it runs: `gpipe`, `1f1b`, or `interleaved_1f1b` (1f1b over several repeats).
+    pub name: String,
     pub stages: usize,
     pub repeats: usize,
     pub microbatches: usize,
@@ -126,7 +128,8 @@ impl Schedule {
                 forwards.chain(backwards).collect()
             })
             .collect();
-        Schedule { stages, repeats, microbatches, per_stage }
+        let name = PipelineSchedule::Gpipe.running_name(repeats).into();
+        Schedule { name, stages, repeats, microbatches, per_stage }
     }
 
     /// 1F1B, interleaved over the repeats when there are several (see the module docs).
@@ -150,7 +153,8 @@ impl Schedule {
                 order
             })
             .collect();
-        Schedule { stages, repeats, microbatches, per_stage }
+        let name = PipelineSchedule::OneFOneB.running_name(repeats).into();
+        Schedule { name, stages, repeats, microbatches, per_stage }
     }
 
     /// Chunks (virtual stages) in pipeline order.
