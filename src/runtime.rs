@@ -41,15 +41,20 @@ pub fn compile(client: &Client, program: &Program) -> Result<Compiled> {
 /// Compiles `program`, already lowered to `mlir`, on `client`: SPMD over the program's mesh
 /// (device assignment in mesh order), or for one device.
 pub fn compile_lowered(client: &Client, program: &Program, mlir: &str) -> Result<Compiled> {
-    let options = match &program.mesh {
+    let executable = client.compile(mlir, &compile_options(program)).context("compiling the lowered program")?;
+    Compiled::new(program, executable)
+}
+
+/// What [`compile_lowered`] tells the plugin: SPMD over the program's mesh, devices assigned in
+/// mesh order.
+pub fn compile_options(program: &Program) -> CompileOptions {
+    match &program.mesh {
         Some(mesh) => CompileOptions {
             device_assignment: Some(mesh.device_ids().to_vec()),
             ..CompileOptions::spmd(mesh.size() as i64)
         },
         None => CompileOptions::single_device(),
-    };
-    let executable = client.compile(mlir, &options).context("compiling the lowered program")?;
-    Compiled::new(program, executable)
+    }
 }
 
 /// Compiles and runs `program` once on named host inputs; returns the named outputs.

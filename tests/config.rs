@@ -340,8 +340,8 @@ fn mesh_product_mismatch_is_an_error() {
     assert!(e.contains("DCN") && e.contains("1 slice"), "{e}");
     let e = invalid(&["ici_tensor_parallelism=0"], 8, 1);
     assert!(e.contains("ici_tensor_parallelism=0"), "{e}");
-    let e = invalid(&["ici_pipeline_parallelism=2"], 8, 1);
-    assert!(e.contains("pipeline"), "{e}");
+    let e = invalid(&["ici_pipeline_parallelism=4"], 8, 1);
+    assert!(e.contains("base_num_decoder_layers, ici_pipeline_parallelism, num_layers_per_pipeline_stage"), "{e}");
     let e = invalid(&["mesh_axes=[data, fsdp, tensr]"], 8, 1);
     assert!(e.contains("unknown mesh axis `tensr`") && e.contains("`tensor`"), "{e}");
     let e = invalid(&["mesh_axes=[data, fsdp]", "ici_tensor_parallelism=2"], 8, 1);

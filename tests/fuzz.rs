@@ -161,6 +161,7 @@ fn sample_header() -> ArtifactHeader {
         xla_flags: String::new(),
         program_fingerprint: "0f".into(),
         device_ids_per_host: vec![(0..8).collect()],
+        pipeline: None,
         executable_sha256: None,
     }
 }

@@ -61,6 +61,21 @@ pub struct ArtifactHeader {
     /// sha256 of the executable bytes, hex; set by [`write`]. Files from before it have none.
     #[serde(default)]
     pub executable_sha256: Option<String>,
+    /// A pipelined step (`ici_pipeline_parallelism > 1`): its schedule and the executables the
+    /// file holds one after the other. Absent for the one-executable step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<PipelineSection>,
+}
+
+/// What a pipelined step's file holds besides the common header (see `train::pipeline::aot`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipelineSection {
+    /// The schedule as it runs: e.g. `1f1b`, 4 stages x 2 repeats, 8 microbatches.
+    pub schedule: String,
+    /// Each stage's tasks in order (`F3.0` = forward of chunk 3 on microbatch 0).
+    pub tasks: Vec<Vec<String>>,
+    /// The executables, in file order: name and length in bytes.
+    pub executables: Vec<(String, u64)>,
 }
 
 /// A mismatch between a saved executable and the current run.
@@ -117,6 +132,22 @@ impl ArtifactHeader {
         // that changes the step without being listed.
         if !saved.program_fingerprint.is_empty() {
             differ(true, "traced program (StableHLO sha256)", &saved.program_fingerprint, &self.program_fingerprint);
+        }
+        match (&saved.pipeline, &self.pipeline) {
+            (Some(saved), Some(current)) => {
+                differ(true, "pipeline schedule", &saved.schedule, &current.schedule);
+                let names =
+                    |p: &PipelineSection| p.executables.iter().map(|e| e.0.clone()).collect::<Vec<_>>().join(", ");
+                differ(true, "pipeline programs", &names(saved), &names(current));
+                differ(true, "pipeline tasks", &format!("{:?}", saved.tasks), &format!("{:?}", current.tasks));
+            }
+            (None, None) => {}
+            (saved, _) => {
+                let describe = |p: Option<&PipelineSection>| {
+                    p.map_or_else(|| "no pipeline".to_string(), |p| format!("pipeline {}", p.schedule))
+                };
+                differ(true, "pipeline", &describe(saved.as_ref()), &describe(self.pipeline.as_ref()));
+            }
         }
         differ(false, "XLA flags", &format!("{:?}", saved.xla_flags), &format!("{:?}", self.xla_flags));
         differ(false, "maxrs version", &saved.maxrs_version, &self.maxrs_version);
@@ -235,6 +266,7 @@ pub fn header(config: &Config, model: &Model, program: &Program, mlir: &str, pla
         xla_flags: std::env::var("XLA_FLAGS").unwrap_or_default(),
         device_ids_per_host: Vec::new(),
         executable_sha256: None,
+        pipeline: None,
     }
 }
 
@@ -299,7 +331,14 @@ pub fn parse(bytes: &[u8]) -> Result<(ArtifactHeader, Vec<u8>)> {
 /// warnings, or an error listing every difference.
 pub fn load_matching(path: &Path, current: &ArtifactHeader) -> Result<Vec<u8>> {
     let (saved, executable) = read(path)?;
-    let diff = current.differences(&saved);
+    check_matching(path, &saved, current)?;
+    Ok(executable)
+}
+
+/// Checks the header `saved` read from `path` against `current`: logs warnings, or returns an
+/// error listing every difference.
+pub fn check_matching(path: &Path, saved: &ArtifactHeader, current: &ArtifactHeader) -> Result<()> {
+    let diff = current.differences(saved);
     for warning in &diff.warnings {
         tracing::warn!("{}: {warning} (the compiled values are used)", path.display());
     }
@@ -310,7 +349,7 @@ pub fn load_matching(path: &Path, current: &ArtifactHeader) -> Result<Vec<u8>> {
             diff.errors.join("\n  ")
         );
     }
-    Ok(executable)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -338,6 +377,7 @@ mod tests {
             xla_flags: String::new(),
             device_ids_per_host: vec![(0..8).collect()],
             executable_sha256: None,
+            pipeline: None,
         }
     }
 

@@ -171,6 +171,12 @@ impl CompileTarget {
     /// What the compile of `program` is told: SPMD over the program's mesh, devices assigned
     /// in mesh order, one process per host, and the target's XLA option overrides.
     pub fn compile_options(&self, program: &Program) -> Result<CompileOptions> {
+        self.options(program, false)
+    }
+
+    /// The options of [`CompileTarget::compile_options`]; with `part`, the program's mesh may
+    /// cover only some of the target's devices (a pipeline stage's).
+    fn options(&self, program: &Program, part: bool) -> Result<CompileOptions> {
         let name = &self.topology.name;
         let (ids, mut options) = match &program.mesh {
             Some(mesh) => (mesh.device_ids().to_vec(), CompileOptions::spmd(mesh.size() as i64)),
@@ -181,7 +187,7 @@ impl CompileTarget {
                 self.num_devices()
             ),
         };
-        if ids.len() != self.num_devices() {
+        if ids.len() != self.num_devices() && !part {
             bail!(
                 "the program's mesh has {} devices, but `{name}` has {}: build the mesh for {} devices in {} \
                  groups of {}",
@@ -226,6 +232,17 @@ impl CompileTarget {
             Backend::Client(client) => client.compile(mlir, &options).and_then(LoadedExecutable::into_executable),
         };
         compiled.with_context(|| format!("compiling for topology `{}`", self.topology.name))
+    }
+
+    /// Compiles `program`, already lowered to `mlir`, for the devices of its mesh, which may
+    /// be a part of the target's (a pipeline stage's devices).
+    pub fn compile_part_lowered(&self, program: &Program, mlir: &str) -> Result<Executable> {
+        let options = self.options(program, true)?;
+        let compiled = match &self.backend {
+            Backend::Deviceless(topology) => topology.compile(mlir, &options),
+            Backend::Client(client) => client.compile(mlir, &options).and_then(LoadedExecutable::into_executable),
+        };
+        compiled.with_context(|| format!("compiling for part of topology `{}`", self.topology.name))
     }
 
     /// The per-device memory of `executable` against this target's device memory.

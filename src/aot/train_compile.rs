@@ -16,6 +16,7 @@ use crate::config::{self, Config, Hardware};
 use crate::lower::to_stablehlo;
 use crate::model::attention::describe;
 use crate::pjrt::Plugin;
+use crate::train::pipeline::{self, aot::PipelineMemory, PipelineStep, Schedule};
 use crate::train::step::{step_mesh, TrainStep};
 
 /// What a compile produced.
@@ -29,8 +30,17 @@ pub struct CompileSummary {
     /// Validating the config and tracing the step (lowering is part of the compile).
     pub trace_seconds: f64,
     pub compile_seconds: f64,
-    pub memory: MemoryReport,
+    pub memory: CompiledMemory,
     pub serialized_bytes: usize,
+}
+
+/// The memory a compiled step needs per device.
+#[derive(Debug)]
+pub enum CompiledMemory {
+    /// The one-executable step.
+    Step(MemoryReport),
+    /// Each stage of a pipelined step, under its schedule.
+    Pipeline(PipelineMemory),
 }
 
 /// Compiles the train step of `c` for `c.compile_topology` (with
@@ -61,6 +71,42 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     let t = Instant::now();
     let derived = config::validate(c, target.num_devices(), target.granules().len())?;
     let mesh = step_mesh(&derived, target.granules()).map_err(|e| anyhow!(e))?;
+    if let Some(plan) = &derived.pipeline {
+        let mesh = mesh.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
+        let step = PipelineStep::new(c, &derived, mesh)?;
+        derived.print_summary(step.model.num_params());
+        let schedule = Schedule::new(plan);
+        schedule.simulate(|_, _| 1.0).map_err(|e| anyhow!("pipeline_schedule={}: {e}", plan.schedule))?;
+        let trace_seconds = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let devices = artifact::describe_devices(
+            topology.num_hosts() as usize,
+            topology.devices_per_host as usize,
+            topology.device_kind,
+        );
+        let compiled = pipeline::aot::train_compile(c, &target, &step, &schedule, devices)?;
+        let summary = CompileSummary {
+            target: topology.name.clone(),
+            num_devices: target.num_devices(),
+            setup_seconds,
+            trace_seconds,
+            compile_seconds: t.elapsed().as_secs_f64(),
+            memory: CompiledMemory::Pipeline(compiled.memory),
+            serialized_bytes: compiled.serialized_bytes,
+        };
+        println!(
+            "compiled {} pipeline programs for {} ({} devices): set-up {:.2} s, trace {:.3} s, compile {:.2} s, \
+             executables {} bytes",
+            compiled.programs,
+            summary.target,
+            summary.num_devices,
+            summary.setup_seconds,
+            summary.trace_seconds,
+            summary.compile_seconds,
+            summary.serialized_bytes
+        );
+        return Ok(summary);
+    }
     let step = TrainStep::new(c, &derived, mesh).map_err(|e| anyhow!(e))?;
     derived.print_summary(step.model.num_params());
     println!("{}", describe(c.attention, step.model.config.attention));
@@ -105,7 +151,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
         setup_seconds,
         trace_seconds,
         compile_seconds,
-        memory,
+        memory: CompiledMemory::Step(memory),
         serialized_bytes: bytes.len(),
     };
     println!(

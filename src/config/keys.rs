@@ -102,6 +102,13 @@ string_enum!(
 );
 
 string_enum!(
+    /// The order in which each pipeline stage runs its forward and backward work (`pipeline_schedule`,
+    /// the JaxPP fork's `schedule`): all forwards then all backwards, or one forward one backward
+    /// after a warm-up (interleaved over the repeats when `num_pipeline_repeats` > 1).
+    PipelineSchedule { Gpipe = "gpipe", OneFOneB = "1f1b", Interleaved1F1B = "interleaved_1f1b" }
+);
+
+string_enum!(
     /// maxrs's `on_checkpoint_error`: what a failed checkpoint save does to the run.
     OnCheckpointError { Stop = "stop", Continue = "continue" }
 );
@@ -156,6 +163,7 @@ pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
         "decode_sampling_strategy" => Some(SamplingStrategy::VALUES),
         "rope_type" => Some(RopeType::VALUES),
         "on_checkpoint_error" => Some(OnCheckpointError::VALUES),
+        "pipeline_schedule" => Some(PipelineSchedule::VALUES),
         _ => None,
     }
 }
@@ -481,4 +489,19 @@ pub struct Config {
     pub ici_tensor_sequence_parallelism: i64,
     pub ici_expert_parallelism: i64,
     pub ici_autoregressive_parallelism: i64,
+
+    // Pipeline parallelism (the `stage` axis; src/config/pipeline.rs)
+    pub num_layers_per_pipeline_stage: i64,
+    pub num_pipeline_repeats: i64,
+    pub pipeline_parallel_layers: i64,
+    pub num_pipeline_microbatches: i64,
+    pub pipeline_schedule: PipelineSchedule,
+    pub pipeline_delay_activation_forwarding: bool,
+    pub pipeline_fsdp_ag_once: bool,
+    pub pipeline_fsdp_ag_per_repeat: bool,
+    pub scan_pipeline_iterations: bool,
+    pub scan_pipeline_repeats: bool,
+    pub scan_layers_per_stage: bool,
+    pub set_remat_policy_on_pipeline_iterations: bool,
+    pub set_remat_policy_on_layers_per_stage: bool,
 }

@@ -8,6 +8,7 @@ mod error;
 mod keys;
 mod load;
 mod mesh;
+mod pipeline;
 mod ranges;
 mod rules;
 mod validate;
@@ -17,12 +18,13 @@ pub use builtin::MODELS;
 pub use error::ConfigError;
 pub use keys::{
     AttentionKernel, Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
-    OnCheckpointError, ProfilerKind, RematPolicy, RopeType, RuleAxes, SamplingStrategy, TokenizerType, WsdDecayStyle,
-    MLP_ACTIVATIONS, MODEL_KEYS,
+    OnCheckpointError, PipelineSchedule, ProfilerKind, RematPolicy, RopeType, RuleAxes, SamplingStrategy,
+    TokenizerType, WsdDecayStyle, MLP_ACTIVATIONS, MODEL_KEYS,
 };
 pub use load::{load, load_args, resolve, resolve_args, Resolved, Source};
 pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
+pub use pipeline::PipelinePlan;
 pub use ranges::{range, Range, NUMERIC_KEYS};
 pub use rules::{axis_rules, logical_rules};
 pub use validate::{check, check_host_memory, parameter_scales, validate, validate_decode, Derived, PLUGINS};

@@ -103,6 +103,10 @@ pub const NUMERIC_KEYS: &[(&str, Range)] = &[
     // 0: per_device_batch_size.
     ("eval_per_device_batch_size", closed(0.0, (1 << 24) as f64)),
     ("gradient_accumulation_steps", int(1, 1 << 20)),
+    ("num_layers_per_pipeline_stage", int(1, MAX_HEADS)),
+    ("num_pipeline_repeats", int_or_fill(1, MAX_HEADS)),
+    ("pipeline_parallel_layers", int_or_fill(1, MAX_HEADS)),
+    ("num_pipeline_microbatches", int_or_fill(1, 1 << 20)),
     ("learning_rate", closed(0.0, 1e3)),
     ("learning_rate_schedule_steps", int_or_fill(1, MAX_STEPS)),
     // MaxText allows 1: warmup over the whole schedule, no cosine phase.

@@ -9,6 +9,7 @@ use super::keys::{
     MLP_ACTIVATIONS,
 };
 use super::mesh::{self, Mesh};
+use super::pipeline::{self, PipelinePlan};
 use super::ranges;
 use super::rules;
 
@@ -28,6 +29,8 @@ pub struct Derived {
     pub per_device_batch_size: f64,
     /// Sequences per forward and backward pass: int(num_devices x per_device_batch_size).
     pub micro_batch_size: usize,
+    /// The pipeline, when the `stage` axis is larger than 1.
+    pub pipeline: Option<PipelinePlan>,
     pub gradient_accumulation_steps: usize,
     /// Sequences per optimizer step: micro_batch_size x gradient_accumulation_steps.
     pub global_batch_size: usize,
@@ -73,6 +76,9 @@ impl fmt::Display for Derived {
             "tokens per step: {} x {} = {}",
             self.global_batch_size, self.max_target_length, self.tokens_per_step
         )?;
+        if let Some(pipeline) = &self.pipeline {
+            writeln!(f, "{pipeline}")?;
+        }
         write!(f, "steps: {} (schedule {}, warmup {})", self.steps, self.schedule_steps, self.warmup_steps)
     }
 }
@@ -140,15 +146,6 @@ pub fn check_host_memory(
 pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Result<Derived, ConfigError> {
     check(config)?;
     let mesh = mesh::build(config, num_devices, num_slices)?;
-    if mesh.size("stage") > 1 {
-        return Err(ConfigError::invalid(
-            "ici_pipeline_parallelism, dcn_pipeline_parallelism",
-            format!(
-                "the stage axis has size {}; maxrs does not implement pipeline parallelism, use fsdp or data instead",
-                mesh.size("stage")
-            ),
-        ));
-    }
 
     let experts = mesh.size("expert");
     if config.decoder_block == DecoderBlock::Mixtral && config.num_experts % experts as i64 != 0 {
@@ -203,6 +200,8 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
     } else {
         micro
     };
+    let pipeline = pipeline::plan(config, &mesh, num_slices, micro, shards)?;
+
     let accumulation = config.gradient_accumulation_steps as usize;
     check_products(config, micro, accumulation)?;
     let global = micro * accumulation;
@@ -217,6 +216,7 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         batch_axes,
         per_device_batch_size: config.per_device_batch_size,
         micro_batch_size: micro,
+        pipeline,
         gradient_accumulation_steps: accumulation,
         global_batch_size: global,
         eval_batch_size: eval_batch,

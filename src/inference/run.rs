@@ -30,6 +30,13 @@ pub struct DecodeReport {
 pub fn decode(c: &Config, client: &Client) -> Result<DecodeReport> {
     let devices = client.devices()?;
     let derived = config::validate(c, devices.len(), 1)?;
+    if let Some(plan) = &derived.pipeline {
+        bail!(
+            "ici_pipeline_parallelism={}: pipeline stages are for training; decoding with them is not supported yet, set \
+             ici_pipeline_parallelism=1 (fsdp or tensor parallelism shard the model for decoding)",
+            plan.stages
+        );
+    }
     config::validate_decode(c)?;
     let tokenizer = if c.tokenizer_path.is_empty() { None } else { Some(load_tokenizer(c)?) };
     let prompts = prompt_ids(c, derived.micro_batch_size, tokenizer.as_deref())?;

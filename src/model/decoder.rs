@@ -28,12 +28,13 @@
 //! then soft-capped with `final_logits_soft_cap`.
 
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
-use crate::tensor::{checkpoint, einsum, scan, stack, Tensor, Tree};
+use crate::tensor::{checkpoint, einsum, scan, scan_reverse, stack, value_and_grad, Tensor, Tree};
 use crate::train::flops::{StepShape, StepTflops};
 
 use super::attention::{KvCache, LayerCache, LayerContext};
@@ -200,6 +201,19 @@ pub struct Forward {
     pub aux_losses: Tree,
 }
 
+/// The part of the decoder a parameter belongs to ([`Model::param_role`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamRole {
+    /// The token embedding (before layer 0).
+    Embedding,
+    /// Stacked over every layer on a leading `layers` axis (`scan_layers`).
+    StackedLayers,
+    /// Of one layer (unscanned).
+    Layer(i64),
+    /// The final norm and output projection (after the last layer).
+    Head,
+}
+
 /// `[batch, seq, emb]` activations' logical axes.
 pub const BTE: &[&str] = &["activation_batch", "activation_length", "activation_embed"];
 
@@ -331,7 +345,7 @@ impl Model {
 
     /// The embeddings `[batch, seq, emb]` (in `dtype`) of `tokens: s32[batch, seq]` at
     /// `positions` (learned position embeddings are added when the model has them).
-    fn embed(&self, params: &Tree, tokens: &Tensor, positions: &Tensor) -> Tensor {
+    pub fn embed(&self, params: &Tree, tokens: &Tensor, positions: &Tensor) -> Tensor {
         let c = &self.config;
         let mut x = embed(c, &params["token_embedder.embedding"].astype(c.dtype), tokens);
         if c.trainable_position_size.is_some() {
@@ -457,6 +471,124 @@ impl Model {
                     (y, cache)
                 }
             }
+        }
+    }
+
+    /// The final norm, logits and [`loss_from_logits`]'s summed loss and aux values of the last
+    /// layer's output `y` on `batch` (a pipeline's last stage; the layers' auxiliary losses are
+    /// the stages' to add).
+    pub fn head_loss(&self, params: &Tree, y: &Tensor, batch: &Tree, z_loss_multiplier: f64) -> (Tensor, Tree) {
+        let logits = self.head(params, y);
+        loss_from_logits(&logits, &batch["targets"], &batch["targets_segmentation"], z_loss_multiplier)
+    }
+
+    /// Which part of the decoder the parameter `name` (a name of [`Model::param_defs`]) belongs
+    /// to: how a pipeline splits the parameters over its stages.
+    pub fn param_role(&self, name: &str) -> ParamRole {
+        if name.starts_with("token_embedder.") || name.starts_with("decoder.position_embedder.") {
+            ParamRole::Embedding
+        } else if name.starts_with("decoder.layers.") {
+            ParamRole::StackedLayers
+        } else if let Some(index) =
+            name.strip_prefix("decoder.layers_").and_then(|rest| rest.split('.').next()).and_then(|i| i.parse().ok())
+        {
+            ParamRole::Layer(index)
+        } else {
+            ParamRole::Head
+        }
+    }
+
+    /// Runs the contiguous decoder layers `layers` on `x` (a pipeline stage's share): `params`
+    /// holds their parameters under the model's names (`decoder.layers.*` stacked over just these
+    /// layers with `scan_layers`, else `decoder.layers_{i}.*`). Returns the last layer's output,
+    /// every layer's input stacked, `[layers, batch, seq, emb]` (what [`Model::layers_backward`]
+    /// needs, the values `remat_policy=full` keeps), and each auxiliary loss summed over these
+    /// layers (the decoder's loss adds their mean over all layers).
+    pub fn layers_forward(
+        &self,
+        params: &Tree,
+        layers: Range<i64>,
+        x: &Tensor,
+        ctx: &LayerContext,
+    ) -> (Tensor, Tensor, Tree) {
+        let c = &self.config;
+        if c.scan_layers {
+            let stacked = params.subtree("decoder.layers");
+            let (carry, ys) = scan(&Tree::new().with("x", x.clone()), &stacked, |carry, p| {
+                let x = &carry["x"];
+                let out = self.family.layer(c, p, x, ctx);
+                (Tree::new().with("x", out.x), out.aux_losses.prefixed("aux").with("x", x.clone()))
+            });
+            let aux = ys.subtree("aux").map(|_, per_layer| per_layer.sum(&[0]));
+            (carry["x"].clone(), ys["x"].clone(), aux)
+        } else {
+            let mut inputs = Vec::new();
+            let mut aux_sums = Tree::new();
+            let mut y = x.clone();
+            for i in layers {
+                inputs.push(y.clone());
+                let out = self.family.layer(c, &params.subtree(&format!("decoder.layers_{i}")), &y, ctx);
+                for (name, value) in out.aux_losses.iter() {
+                    let sum = match aux_sums.get(name) {
+                        Some(sum) => sum + value,
+                        None => value.clone(),
+                    };
+                    aux_sums.insert(name, sum);
+                }
+                y = out.x;
+            }
+            (y, stack(&inputs.iter().collect::<Vec<_>>(), 0), aux_sums)
+        }
+    }
+
+    /// The backward pass of [`Model::layers_forward`] from the layers' saved inputs
+    /// (`[layers, batch, seq, emb]`) and the cotangent `ct` of the last layer's output: each
+    /// layer is recomputed from its input and differentiated, last to first, as the train step
+    /// does under `remat_policy=full`. Each layer's auxiliary losses enter with weight
+    /// `aux_weight` (an f32 scalar). Returns the cotangent of the first layer's input and the
+    /// gradient of every parameter of `params`, under the same names.
+    pub fn layers_backward(
+        &self,
+        params: &Tree,
+        layers: Range<i64>,
+        inputs: &Tensor,
+        ct: &Tensor,
+        aux_weight: &Tensor,
+        ctx: &LayerContext,
+    ) -> (Tensor, Tree) {
+        let c = &self.config;
+        // The vector-Jacobian product of one layer: the gradient of <layer(p, x), ct> plus its
+        // weighted auxiliary losses.
+        let layer_vjp = |p: &Tree, x: &Tensor, ct: &Tensor| -> (Tensor, Tree) {
+            let args = p.clone().prefixed("params").with("x", x.clone());
+            let (_, grads) = value_and_grad(&args, |a| {
+                let out = self.family.layer(c, &a.subtree("params"), &a["x"], ctx);
+                let mut objective = (out.x.astype(DType::F32) * ct.astype(DType::F32)).sum_all();
+                for (_, value) in out.aux_losses.iter() {
+                    objective = objective + &(value * aux_weight);
+                }
+                objective
+            });
+            (grads["x"].clone(), grads.subtree("params"))
+        };
+        if c.scan_layers {
+            let xs = params.subtree("decoder.layers").prefixed("params").with("x", inputs.clone());
+            let (carry, grads) = scan_reverse(&Tree::new().with("ct", ct.clone()), &xs, |carry, xs| {
+                let (dx, dp) = layer_vjp(&xs.subtree("params"), &xs["x"], &carry["ct"]);
+                (Tree::new().with("ct", dx), dp)
+            });
+            (carry["ct"].clone(), grads.prefixed("decoder.layers"))
+        } else {
+            let mut ct = ct.clone();
+            let mut grads = Tree::new();
+            for (k, i) in layers.enumerate().collect::<Vec<_>>().into_iter().rev() {
+                let name = format!("decoder.layers_{i}");
+                let x = inputs.slice_axis(0, k as i64, k as i64 + 1).squeeze(0);
+                let (dx, dp) = layer_vjp(&params.subtree(&name), &x, &ct);
+                grads.extend(dp.prefixed(&name));
+                ct = dx;
+            }
+            (ct, grads)
         }
     }
 

@@ -32,5 +32,5 @@ pub mod moe;
 pub mod params;
 
 pub use config::ModelConfig;
-pub use decoder::{loss_from_logits, CacheStep, Family, Forward, LayerFlops, LayerOutput, Model};
+pub use decoder::{loss_from_logits, CacheStep, Family, Forward, LayerFlops, LayerOutput, Model, ParamRole};
 pub use params::{ParamDef, ParamInit};

@@ -308,6 +308,18 @@ impl Buffer {
         Ok(args.is_deleted)
     }
 
+    /// Copies the buffer to `device` of the same client (`PJRT_Buffer_CopyToDevice`). Returns at
+    /// once: the copy runs in the background, and a program that reads the new buffer waits for
+    /// it. Dropping `self` meanwhile is safe: the plugin keeps the source memory until the copy
+    /// is done.
+    pub fn copy_to_device(&self, device: &super::Device) -> Result<Buffer> {
+        let mut args: ffi::BufferCopyToDeviceArgs = ffi::args();
+        args.buffer = self.raw;
+        args.dst_device = device.raw;
+        crate::pjrt_call!(self.client.plugin, PJRT_Buffer_CopyToDevice, args)?;
+        Ok(Buffer { client: self.client.clone(), raw: args.dst_buffer })
+    }
+
     /// Copies the buffer to host memory (waits for the copy to finish).
     pub fn to_host(&self) -> Result<HostTensor> {
         let ty = self.element_type()?;

@@ -258,10 +258,24 @@ impl Client {
 
     /// Loads an executable serialized by [`super::Executable::serialize`] (same plugin build).
     pub fn deserialize(&self, bytes: &[u8]) -> Result<LoadedExecutable> {
+        self.deserialize_with(bytes, None)
+    }
+
+    /// [`Client::deserialize`] with compile options that replace the serialized ones: e.g. the
+    /// same program on other devices (`device_assignment`), without compiling it again.
+    pub fn deserialize_with_options(&self, bytes: &[u8], options: &CompileOptions) -> Result<LoadedExecutable> {
+        self.deserialize_with(bytes, Some(&options.to_proto_bytes()))
+    }
+
+    fn deserialize_with(&self, bytes: &[u8], options: Option<&[u8]>) -> Result<LoadedExecutable> {
         let mut args: ffi::ExecutableDeserializeAndLoadArgs = ffi::args();
         args.client = self.inner.raw;
         args.serialized_executable = bytes.as_ptr().cast();
         args.serialized_executable_size = bytes.len();
+        if let Some(options) = options {
+            args.overridden_serialized_compile_options = options.as_ptr().cast();
+            args.overridden_serialized_compile_options_size = options.len();
+        }
         crate::pjrt_call!(self.inner.plugin, PJRT_Executable_DeserializeAndLoad, args)?;
         LoadedExecutable::from_raw(&self.inner, args.loaded_executable)
     }

@@ -309,6 +309,7 @@ args_struct!(BufferElementTypeArgs { buffer: *mut Buffer, buffer_type: BufferTyp
 args_struct!(BufferDimensionsArgs { buffer: *mut Buffer, dims: *const i64, num_dims: usize });
 args_struct!(BufferDeviceArgs { buffer: *mut Buffer, device: *mut Device });
 args_struct!(BufferIsDeletedArgs { buffer: *mut Buffer, is_deleted: bool });
+args_struct!(BufferCopyToDeviceArgs { buffer: *mut Buffer, dst_device: *mut Device, dst_buffer: *mut Buffer });
 args_struct!(BufferToHostBufferArgs {
     src: *mut Buffer,
     host_layout: *mut c_void,
@@ -431,7 +432,7 @@ pub struct Api {
     pub PJRT_Buffer_Memory: Skip,
     pub PJRT_Buffer_Delete: Skip,
     pub PJRT_Buffer_IsDeleted: Fn<BufferIsDeletedArgs>,
-    pub PJRT_Buffer_CopyToDevice: Skip,
+    pub PJRT_Buffer_CopyToDevice: Fn<BufferCopyToDeviceArgs>,
     pub PJRT_Buffer_ToHostBuffer: Fn<BufferToHostBufferArgs>,
     pub PJRT_Buffer_IsOnCpu: Skip,
     pub PJRT_Buffer_ReadyEvent: Fn<BufferReadyEventArgs>,
@@ -532,6 +533,7 @@ layout!(BufferElementTypeArgs = 32 { struct_size: 0, extension_start: 8, buffer:
 layout!(BufferDimensionsArgs = 40 { struct_size: 0, extension_start: 8, buffer: 16, dims: 24, num_dims: 32, });
 layout!(BufferDeviceArgs = 32 { struct_size: 0, extension_start: 8, buffer: 16, device: 24, });
 layout!(BufferIsDeletedArgs = 32 { struct_size: 0, extension_start: 8, buffer: 16, is_deleted: 24, });
+layout!(BufferCopyToDeviceArgs = 40 { struct_size: 0, extension_start: 8, buffer: 16, dst_device: 24, dst_buffer: 32, });
 layout!(BufferToHostBufferArgs = 56 { struct_size: 0, extension_start: 8, src: 16, host_layout: 24, dst: 32, dst_size: 40, event: 48, });
 layout!(TopologyCreateArgs = 56 { struct_size: 0, extension_start: 8, topology_name: 16, topology_name_size: 24, create_options: 32, num_options: 40, topology: 48, });
 layout!(TopologyDestroyArgs = 24 { struct_size: 0, extension_start: 8, topology: 16, });

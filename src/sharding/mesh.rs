@@ -68,6 +68,20 @@ impl Mesh {
         &self.devices
     }
 
+    /// The devices at `index` along axis `name`, as a mesh with the same axes in which `name` has
+    /// size 1 (a pipeline stage's devices: shardings written for the whole mesh mean the same
+    /// on it, minus that axis).
+    pub fn slice(&self, name: &str, index: usize) -> Result<Mesh, String> {
+        let k = self.axes.iter().position(|a| a.0 == name).ok_or_else(|| format!("the mesh has no axis `{name}`"))?;
+        if index >= self.axes[k].1 {
+            return Err(format!("index {index} is outside mesh axis `{name}` of size {}", self.axes[k].1));
+        }
+        let mut axes = self.axes.clone();
+        axes[k].1 = 1;
+        let devices = (0..self.devices.len()).filter(|&pos| self.coords(pos)[k] == index).map(|pos| self.devices[pos]);
+        Ok(Mesh { axes, devices: devices.collect() })
+    }
+
     /// Mesh coordinates (one per axis) of the device at row-major position `pos`.
     pub fn coords(&self, mut pos: usize) -> Vec<usize> {
         let mut c = vec![0; self.axes.len()];

@@ -39,5 +39,5 @@ pub use program::{trace, TraceError};
 pub use shape_ops::{concatenate, stack};
 pub use sorting::sort;
 pub use trace::{Tensor, Trace};
-pub use transforms::{checkpoint, composite, scan, value_and_grad, value_and_grad_with_aux, RematPolicy};
+pub use transforms::{checkpoint, composite, scan, scan_reverse, value_and_grad, value_and_grad_with_aux, RematPolicy};
 pub use tree::Tree;

@@ -19,6 +19,23 @@ use std::sync::Arc;
 /// once and lowered to a while loop; differentiable (see `autodiff::scan`).
 #[track_caller]
 pub fn scan(carry: &Tree, xs: &Tree, body: impl FnOnce(&Tree, &Tree) -> (Tree, Tree)) -> (Tree, Tree) {
+    scan_in_order(carry, xs, false, body)
+}
+
+/// `scan` from the last element of `xs` to the first (`jax.lax.scan(..., reverse=True)`):
+/// `ys[i]` is still the body's output for `xs[i]`.
+#[track_caller]
+pub fn scan_reverse(carry: &Tree, xs: &Tree, body: impl FnOnce(&Tree, &Tree) -> (Tree, Tree)) -> (Tree, Tree) {
+    scan_in_order(carry, xs, true, body)
+}
+
+#[track_caller]
+fn scan_in_order(
+    carry: &Tree,
+    xs: &Tree,
+    reverse: bool,
+    body: impl FnOnce(&Tree, &Tree) -> (Tree, Tree),
+) -> (Tree, Tree) {
     let parent = Trace::innermost(carry.values().chain(xs.values())).current();
     let length = match xs.values().next() {
         Some(x) if x.rank() > 0 => x.shape()[0],
@@ -48,8 +65,7 @@ pub fn scan(carry: &Tree, xs: &Tree, body: impl FnOnce(&Tree, &Tree) -> (Tree, T
     // Captured tensors are loop constants, which come first in a scan's operands.
     graph.inputs.rotate_right(captures.len());
     let operands: Vec<&Tensor> = captures.iter().chain(carry.values()).chain(xs.values()).collect();
-    let spec =
-        Scan { body: Arc::new(graph), length, num_consts: captures.len(), num_carry: carry.len(), reverse: false };
+    let spec = Scan { body: Arc::new(graph), length, num_consts: captures.len(), num_carry: carry.len(), reverse };
     let results = parent.bind(Prim::Scan(spec), &operands);
     let (c, y) = results.split_at(carry.len());
     (carry.names().zip(c.iter().cloned()).collect(), ys.names().zip(y.iter().cloned()).collect())

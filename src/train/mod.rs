@@ -9,6 +9,7 @@
 //! - [`outputs`], [`tensorboard`]: the run directory's config, metrics and TensorBoard events.
 //! - [`profiler`]: MaxText's `profiler` key (an XPlane trace through the plugin, or Nsight's
 //!   capture range) over the profiled steps.
+//! - [`pipeline`]: pipeline parallelism: per-stage programs, schedules, and the host that drives them.
 
 pub mod data_position;
 pub mod flops;
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod optimizer;
 pub mod outputs;
 pub mod params_io;
+pub mod pipeline;
 pub mod profiler;
 pub mod run;
 pub mod schedule;

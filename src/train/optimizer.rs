@@ -64,9 +64,21 @@ impl AdamW {
     /// One update: returns the new parameters, the new state and the metrics `grad_norm` and
     /// `learning_rate` (f32 scalars).
     pub fn update(&self, params: &Tree, grads: &Tree, state: &Tree) -> (Tree, Tree, Tree) {
-        let grad_norm = global_norm(grads);
+        self.update_with_norm(params, grads, state, &global_norm(grads))
+    }
+
+    /// [`AdamW::update`] of part of the parameters, given the global norm of every parameter's
+    /// gradient (f32 scalar): a pipeline stage updates its own parameters, clipped by the norm
+    /// over all stages.
+    pub fn update_with_norm(
+        &self,
+        params: &Tree,
+        grads: &Tree,
+        state: &Tree,
+        grad_norm: &Tensor,
+    ) -> (Tree, Tree, Tree) {
         let grads = if self.clip_threshold > 0.0 {
-            let scale = where_(&grad_norm.lt(self.clip_threshold), 1.0, &(self.clip_threshold / &grad_norm));
+            let scale = where_(&grad_norm.lt(self.clip_threshold), 1.0, &(self.clip_threshold / grad_norm));
             grads.map(|_, g| g * &scale.astype(g.dtype()))
         } else {
             grads.clone()
@@ -91,7 +103,7 @@ impl AdamW {
             new_state.insert(format!("mu.{name}"), mu);
             new_state.insert(format!("nu.{name}"), nu);
         }
-        let metrics = Tree::new().with("grad_norm", grad_norm).with("learning_rate", lr);
+        let metrics = Tree::new().with("grad_norm", grad_norm.clone()).with("learning_rate", lr);
         (new_params, new_state, metrics)
     }
 }

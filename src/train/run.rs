@@ -29,6 +29,7 @@ use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived, OnCheckpointError};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
+use crate::model::Model;
 use crate::output;
 use crate::pjrt::{self, Client, ReadyTime};
 use crate::runtime::{self, Compiled, DeviceArray};
@@ -95,6 +96,8 @@ pub struct RunReport {
     pub device_idle_fraction: Option<f64>,
     /// Steps left out of the performance summary (`skip_first_n_steps_for_profiler`).
     pub perf_skipped_steps: usize,
+    /// With pipeline parallelism: the measured bubble of each step.
+    pub pipeline: Option<super::pipeline::run::PipelineReport>,
 }
 
 /// The devices of a one-process run: the plugin's client.
@@ -154,6 +157,9 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     }
     let logger = cluster.is_logger();
     let derived = config::validate(c, devices.len(), granules.len())?;
+    if derived.pipeline.is_some() {
+        return super::pipeline::run::train(c, client, &derived, &granules);
+    }
     let step =
         TrainStep::new(c, &derived, step_mesh(&derived, &granules).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
     if logger {
@@ -216,7 +222,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         );
     }
 
-    let work = per_device_work(c, &step, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
+    let work = per_device_work(c, &step.model, &derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
     let batch_names = batch_inputs(step.packed);
     let batch_slots: Vec<usize> =
@@ -743,7 +749,7 @@ fn initial_state(
 /// The parameters `load_parameters_path` names: a checkpoint directory (its `params`, float
 /// types converted to `weight_dtype`) or a safetensors file, local or gs://. Keys are the train
 /// step's names (`params.…`).
-fn load_parameter_arrays(
+pub(super) fn load_parameter_arrays(
     c: &Config,
     expected: &[Expected],
     model_keys: &BTreeMap<String, serde_json::Value>,
@@ -770,7 +776,7 @@ fn load_parameter_arrays(
     Ok(arrays)
 }
 
-fn per_device_work(c: &Config, step: &TrainStep, derived: &Derived, device_kind: &str) -> PerDeviceWork {
+pub(super) fn per_device_work(c: &Config, model: &Model, derived: &Derived, device_kind: &str) -> PerDeviceWork {
     let shape = StepShape {
         per_device_batch_size: derived.per_device_batch_size,
         max_target_length: derived.max_target_length as u64,
@@ -778,13 +784,13 @@ fn per_device_work(c: &Config, step: &TrainStep, derived: &Derived, device_kind:
     };
     let configured = (c.peak_tflops_per_device > 0.0).then_some(c.peak_tflops_per_device);
     PerDeviceWork {
-        tflops: step.model.training_tflops_per_device(&shape).total,
+        tflops: model.training_tflops_per_device(&shape).total,
         tokens: shape.tokens_per_device(),
         peak_tflops: flops::peak_tflops_per_device(device_kind, configured),
     }
 }
 
-fn progress_bar(steps: u64) -> ProgressBar {
+pub(super) fn progress_bar(steps: u64) -> ProgressBar {
     let bar = ProgressBar::new(steps);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps, {elapsed} elapsed, ~{eta} left")
@@ -794,7 +800,7 @@ fn progress_bar(steps: u64) -> ProgressBar {
 }
 
 /// Prints above the progress bar, or plainly when there is none (stderr is not a terminal).
-fn print_line(bar: &ProgressBar, line: &str) {
+pub(super) fn print_line(bar: &ProgressBar, line: &str) {
     if bar.is_hidden() {
         println!("{line}");
     } else {
@@ -802,11 +808,11 @@ fn print_line(bar: &ProgressBar, line: &str) {
     }
 }
 
-fn peak_memory(devices: &[pjrt::Device]) -> Option<i64> {
+pub(super) fn peak_memory(devices: &[pjrt::Device]) -> Option<i64> {
     devices.iter().filter_map(|d| d.memory_stats().ok().flatten()).filter_map(|s| s.peak_bytes_in_use).max()
 }
 
-fn print_summary(report: &RunReport, work: &PerDeviceWork) {
+pub(super) fn print_summary(report: &RunReport, work: &PerDeviceWork) {
     let (Some(first), Some(last)) = (report.losses.first(), report.losses.last()) else { return };
     // The first `skip_first_n_steps_for_profiler` steps (compilation, warm-up) are left out; a
     // run with no step after them shows its last step.

@@ -1,0 +1,645 @@
+//! Running a pipelined step on the devices. Each stage is driven by a host thread of its own,
+//! which runs the stage's tasks in the schedule's order: a task starts as soon as its input
+//! arrived (the previous chunk's activation, the next chunk's input gradient); its output is
+//! handed to the stage that needs it with a device-to-device copy (`PJRT_Buffer_CopyToDevice`,
+//! which returns at once: the copy overlaps the sender's next task, and the receiving program
+//! waits for it), then the sender drops its own buffer. Every program donates what it consumes
+//! (the activation it transforms, the saved layer inputs, the gradient accumulators), so an
+//! activation is copied exactly once, from one stage to the next.
+//!
+//! After the last microbatch each stage computes its gradients' squared norm; the host adds
+//! them (the global norm over every stage, as the unpipelined step clips by) and each stage
+//! updates its own parameters. Each task's start and end are recorded: the stages' idle
+//! fraction is the measured bubble.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::layout::StageLayout;
+use super::programs::{PipelineStep, StagePrograms, GRAD, MU, NU, PARAMS};
+use super::schedule::{Pass, Schedule, Task, Timeline};
+use crate::data::Batch;
+use crate::ir::Program;
+use crate::pjrt::{Client, Device, HostTensor};
+use crate::runtime::{self, Compiled, DeviceArray};
+use crate::tensor::Tree;
+use crate::train::optimizer::COUNT;
+use crate::train::step::batch_inputs;
+
+/// A stage's compiled programs (the order of [`StagePrograms`]).
+pub struct StageExecutables {
+    pub forward: Vec<Compiled>,
+    pub backward: Vec<Compiled>,
+    pub norm: Compiled,
+    pub update: Compiled,
+}
+
+impl StageExecutables {
+    /// Stage `stage`'s executables: `compile(name, program)` for each of its programs, named as
+    /// [`program_names`] lists them.
+    pub fn build(
+        stage: usize,
+        layout: &StageLayout,
+        programs: &StagePrograms,
+        mut compile: impl FnMut(&str, &Program) -> Result<Compiled>,
+    ) -> Result<StageExecutables> {
+        let chunks = layout.stage_chunks(stage);
+        let mut each = |pass: &str, programs: &[Program]| -> Result<Vec<Compiled>> {
+            chunks.iter().zip(programs).map(|(c, p)| compile(&format!("chunk.{c}.{pass}"), p)).collect()
+        };
+        let forward = each("forward", &programs.forward)?;
+        let backward = each("backward", &programs.backward)?;
+        Ok(StageExecutables {
+            forward,
+            backward,
+            norm: compile(&format!("stage.{stage}.norm"), &programs.norm)?,
+            update: compile(&format!("stage.{stage}.update"), &programs.update)?,
+        })
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Compiled> {
+        self.forward.iter().chain(&self.backward).chain([&self.norm, &self.update])
+    }
+}
+
+/// The names of stage `stage`'s programs, in the order [`StageExecutables::build`] compiles them.
+pub fn program_names(stage: usize, layout: &StageLayout) -> Vec<String> {
+    let chunks = layout.stage_chunks(stage);
+    let mut names: Vec<String> = ["forward", "backward"]
+        .iter()
+        .flat_map(|pass| chunks.iter().map(move |c| format!("chunk.{c}.{pass}")))
+        .collect();
+    names.push(format!("stage.{stage}.norm"));
+    names.push(format!("stage.{stage}.update"));
+    names
+}
+
+/// One stage: its devices, programs and arrays.
+struct Stage {
+    index: usize,
+    /// The order of every per-device list of the stage's programs.
+    devices: Vec<Device>,
+    /// Each device's position in the stage's mesh.
+    positions: Vec<usize>,
+    programs: StageExecutables,
+    /// `params.*`, `opt_state.*`, `grad.*`.
+    state: HashMap<String, DeviceArray>,
+}
+
+/// An activation or input gradient on its way to the task that reads it.
+struct Message {
+    key: Key,
+    array: DeviceArray,
+}
+
+/// (accumulation pass, task that reads it).
+type Key = (usize, Task);
+
+/// What a stage did during a step.
+#[derive(Default)]
+struct StageReport {
+    tasks: Vec<(Task, f64, f64)>,
+    /// Seconds waiting for inputs, and executing.
+    waiting: f64,
+    executing: f64,
+    /// The whole task loop.
+    total: f64,
+    /// Per microbatch of the last chunk: total_loss, total_weights, z_loss_sum.
+    losses: Vec<[f64; 3]>,
+    /// Each auxiliary loss (`moe_lb_loss`) summed over the stage's layers and the microbatches.
+    aux: BTreeMap<String, f64>,
+}
+
+/// The results of one pipelined step.
+#[derive(Clone, Debug, Default)]
+pub struct StepResult {
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub learning_rate: f64,
+    pub total_weights: f64,
+    pub z_loss: f64,
+    /// Each auxiliary loss of the layers (`moe_lb_loss`), averaged over layers and microbatches
+    /// (part of `loss`).
+    pub aux_losses: BTreeMap<String, f64>,
+    /// When each stage ran each task (all accumulation passes), from the first task's start.
+    pub timeline: Timeline,
+    /// Host time per microbatch spent on scheduling (neither executing nor waiting for an
+    /// input), averaged over the stages.
+    pub host_overhead_per_microbatch: f64,
+}
+
+/// The compiled pipeline and its state on the devices.
+pub struct Pipeline {
+    pub step: PipelineStep,
+    pub schedule: Schedule,
+    client: Client,
+    stages: Vec<Stage>,
+    passes: usize,
+}
+
+impl Pipeline {
+    /// A pipeline of `step`'s programs compiled as `executables` (one per stage) on `client`,
+    /// running `schedule`; `passes` accumulation passes per step. The state is empty until
+    /// [`Pipeline::initialize`].
+    pub fn new(
+        client: &Client,
+        step: PipelineStep,
+        schedule: Schedule,
+        executables: Vec<StageExecutables>,
+        passes: usize,
+    ) -> Result<Pipeline> {
+        let stages = executables
+            .into_iter()
+            .enumerate()
+            .map(|(index, programs)| {
+                let devices = programs.forward[0].executable.addressable_devices().to_vec();
+                let ids: Vec<i32> = devices.iter().map(|d| d.id).collect();
+                if let Some(other) = programs
+                    .all()
+                    .find(|p| p.executable.addressable_devices().iter().map(|d| d.id).collect::<Vec<_>>() != ids)
+                {
+                    bail!(
+                        "stage {index}'s programs run on different devices ({ids:?} and {:?})",
+                        other.executable.addressable_devices().iter().map(|d| d.id).collect::<Vec<_>>()
+                    );
+                }
+                let mesh = &step.stage_meshes[index];
+                let positions = ids
+                    .iter()
+                    .map(|&id| {
+                        mesh.device_ids()
+                            .iter()
+                            .position(|&m| m == id as i64)
+                            .ok_or_else(|| anyhow!("device {id} is not one of stage {index}'s"))
+                    })
+                    .collect::<Result<_>>()?;
+                Ok(Stage { index, devices, positions, programs, state: HashMap::new() })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Pipeline { step, schedule, client: client.clone(), stages, passes })
+    }
+
+    /// Names of the arrays stage `stage` keeps.
+    fn state_names(&self, stage: usize) -> Vec<String> {
+        let defs = self.step.layout.stage_params(&self.step.model, stage);
+        let mut names: Vec<String> = [PARAMS, MU, NU, GRAD]
+            .iter()
+            .flat_map(|prefix| defs.iter().map(move |d| format!("{prefix}.{}", d.name)))
+            .collect();
+        names.push(format!("opt_state.{COUNT}"));
+        names
+    }
+
+    /// Creates the state: the initializer runs over every device and each stage keeps its
+    /// devices' part of what it holds; with `parameters` (the model's full layout, from
+    /// `load_parameters_path`) the parameters come from there instead.
+    pub fn initialize(&mut self, parameters: Option<&Tree<HostTensor>>) -> Result<()> {
+        let init = self.step.init(parameters.is_none()).map_err(|e| anyhow!("tracing the initializer: {e}"))?;
+        let init = runtime::compile(&self.client, &init)?;
+        let ids: Vec<i32> = init.executable.addressable_devices().iter().map(|d| d.id).collect();
+        let outputs = init.execute(&[])?;
+        let wanted: Vec<Vec<String>> = (0..self.stages.len()).map(|s| self.state_names(s)).collect();
+        for (spec, array) in init.program.outputs.iter().zip(outputs) {
+            let mut buffers: Vec<Option<_>> = array.into_iter().map(Some).collect();
+            for stage in &mut self.stages {
+                if !wanted[stage.index].contains(&spec.name) {
+                    continue;
+                }
+                let mine = stage
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        let at = ids.iter().position(|&id| id == d.id);
+                        at.and_then(|i| buffers[i].take())
+                            .ok_or_else(|| anyhow!("the initializer left no \"{}\" on device {}", spec.name, d.id))
+                    })
+                    .collect::<Result<DeviceArray>>()?;
+                stage.state.insert(spec.name.clone(), mine);
+            }
+        }
+        if let Some(full) = parameters {
+            for stage in &mut self.stages {
+                let update = &stage.programs.update;
+                for (name, host) in self.step.layout.split(&self.step.model, full, stage.index)?.iter() {
+                    let name = format!("{PARAMS}.{name}");
+                    let array = update.put(&self.client, update.input_index(&name)?, host)?;
+                    stage.state.insert(name, array);
+                }
+            }
+        }
+        for stage in &self.stages {
+            if let Some(missing) = wanted[stage.index].iter().find(|n| !stage.state.contains_key(*n)) {
+                bail!("stage {} has no \"{missing}\" after initialization", stage.index);
+            }
+        }
+        Ok(())
+    }
+
+    /// The parameters in the model's full layout, copied from every stage.
+    pub fn parameters(&self) -> Result<Tree<HostTensor>> {
+        let per_stage = self
+            .stages
+            .iter()
+            .map(|stage| {
+                let update = &stage.programs.update;
+                let mut tree = Tree::new();
+                for def in self.step.layout.stage_params(&self.step.model, stage.index) {
+                    let name = format!("{PARAMS}.{}", def.name);
+                    let array = stage.state.get(&name).ok_or_else(|| anyhow!("no {name} on stage {}", stage.index))?;
+                    tree.insert(def.name, update.fetch(update.output_index(&name)?, array)?);
+                }
+                Ok(tree)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.step.layout.join(&self.step.model, &per_stage)
+    }
+
+    /// One optimizer step on `batch` (the global batch): every accumulation pass through the
+    /// pipeline, then the norm and the update.
+    pub fn step(&mut self, batch: &Batch) -> Result<StepResult> {
+        let micro = split_batch(batch, self.passes * self.schedule.microbatches, self.step.packed)?;
+        // The layers' auxiliary losses count as their mean over layers and microbatches (as the
+        // unpipelined step's gradient accumulation counts them); each backward weighs its
+        // layers' by `tokens / (microbatches x layers)` because the gradients are of the summed
+        // loss and are divided by the token count at the end.
+        let microbatches = (self.passes * self.schedule.microbatches) as f64;
+        let tokens = batch.targets_segmentation.to_f64().iter().filter(|&&s| s != 0.0).count() as f64;
+        let aux_weight = tokens.max(1.0) / (microbatches * self.step.model.config.layers as f64);
+        let ctx = StepContext {
+            aux_weight,
+            schedule: &self.schedule,
+            layout: &self.step.layout,
+            micro: &micro,
+            passes: self.passes,
+            client: &self.client,
+            devices: self.stages.iter().map(|s| (s.devices.clone(), s.positions.clone())).collect(),
+            abort: AtomicBool::new(false),
+            start: Instant::now(),
+        };
+        let (senders, receivers): (Vec<Sender<Message>>, Vec<Receiver<Message>>) =
+            (0..self.stages.len()).map(|_| channel()).unzip();
+        let reports: Vec<Result<StageReport>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .stages
+                .iter_mut()
+                .zip(receivers)
+                .map(|(stage, inbox)| {
+                    let (ctx, senders) = (&ctx, senders.clone());
+                    scope.spawn(move || {
+                        let report = stage.run_tasks(ctx, &inbox, &senders);
+                        if report.is_err() {
+                            ctx.abort.store(true, Ordering::SeqCst);
+                        }
+                        report
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a stage's thread panicked"))))
+                .collect()
+        });
+        // Report the stage that failed first, not the ones that stopped because of it.
+        if reports.iter().any(Result::is_err) {
+            let mut errors: Vec<anyhow::Error> = reports.into_iter().filter_map(Result::err).collect();
+            let first = errors.iter().position(|e| !e.to_string().contains(STOPPED)).unwrap_or(0);
+            return Err(errors.swap_remove(first));
+        }
+        let reports: Vec<StageReport> = reports.into_iter().map(Result::unwrap).collect();
+
+        let mut sums = [0.0f64; 3];
+        for l in &reports.last().expect("a pipeline has stages").losses {
+            for k in 0..3 {
+                sums[k] += l[k];
+            }
+        }
+        let [total_loss, total_weights, z_loss_sum] = sums;
+        let weights = total_weights.max(1.0);
+        let mut aux_losses = BTreeMap::new();
+        for (name, sum) in reports.iter().flat_map(|r| &r.aux) {
+            *aux_losses.entry(name.clone()).or_insert(0.0) +=
+                sum / (microbatches * self.step.model.config.layers as f64);
+        }
+        let sumsq: Vec<f64> = self.on_every_stage(|stage, client| stage.gradient_sumsq(client, total_weights))?;
+        let grad_norm = sumsq.iter().sum::<f64>().sqrt();
+        let rates = self.on_every_stage(|stage, client| stage.update(client, total_weights, grad_norm))?;
+
+        let overhead = reports.iter().map(|r| (r.total - r.executing - r.waiting).max(0.0)).sum::<f64>()
+            / reports.len() as f64
+            / microbatches;
+        Ok(StepResult {
+            loss: total_loss / weights + aux_losses.values().sum::<f64>(),
+            aux_losses,
+            grad_norm,
+            learning_rate: rates[0],
+            total_weights,
+            z_loss: z_loss_sum / weights,
+            timeline: Timeline { per_stage: reports.into_iter().map(|r| r.tasks).collect() },
+            host_overhead_per_microbatch: overhead,
+        })
+    }
+
+    /// Runs `f` on every stage at once (one thread each); the results in stage order.
+    fn on_every_stage<T: Send>(&mut self, f: impl Fn(&mut Stage, &Client) -> Result<T> + Sync) -> Result<Vec<T>> {
+        let client = &self.client;
+        let f = &f;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = self.stages.iter_mut().map(|stage| scope.spawn(move || f(stage, client))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a stage's thread panicked"))))
+                .collect()
+        })
+    }
+}
+
+/// What every stage's thread reads during a step.
+struct StepContext<'a> {
+    schedule: &'a Schedule,
+    layout: &'a StageLayout,
+    /// Per microbatch (all passes): the batch arrays by name (`inputs`, `targets`, ...).
+    micro: &'a [HashMap<String, HostTensor>],
+    passes: usize,
+    client: &'a Client,
+    /// Per stage: its devices and their positions in its mesh.
+    devices: Vec<(Vec<Device>, Vec<usize>)>,
+    /// The backward programs' `aux_weight`.
+    aux_weight: f64,
+    /// Set when a stage fails: the others stop waiting.
+    abort: AtomicBool,
+    start: Instant,
+}
+
+/// How an error says that a stage stopped because another failed.
+const STOPPED: &str = "stopped because another stage failed";
+
+impl StepContext<'_> {
+    fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// Copies `array` (on stage `from`'s devices) to stage `to`'s devices: each block to the
+    /// device at the same position of the other stage's mesh.
+    fn copy_between(&self, array: &DeviceArray, from: usize, to: usize) -> Result<DeviceArray> {
+        let (src_positions, (dst_devices, dst_positions)) = (&self.devices[from].1, &self.devices[to]);
+        dst_devices
+            .iter()
+            .zip(dst_positions)
+            .map(|(device, position)| {
+                let i = src_positions.iter().position(|p| p == position).expect("stages have meshes of one shape");
+                Ok(array[i].copy_to_device(device)?)
+            })
+            .collect()
+    }
+}
+
+impl Stage {
+    /// The stage's tasks of every accumulation pass, in the schedule's order.
+    fn run_tasks(
+        &mut self,
+        ctx: &StepContext,
+        inbox: &Receiver<Message>,
+        outboxes: &[Sender<Message>],
+    ) -> Result<StageReport> {
+        let mut report = StageReport::default();
+        let loop_start = ctx.now();
+        let mut pending: HashMap<Key, DeviceArray> = HashMap::new();
+        let microbatches = ctx.schedule.microbatches;
+        let backward = &self.programs.backward[0];
+        let aux_weight = backward.put(
+            ctx.client,
+            backward.input_index("aux_weight")?,
+            &HostTensor::from_f32(&[], &[ctx.aux_weight as f32]),
+        )?;
+        for pass in 0..ctx.passes {
+            // Per microbatch, the batch arrays on this stage's devices (put when first needed).
+            let mut batches: HashMap<usize, HashMap<String, DeviceArray>> = HashMap::new();
+            // Per (chunk, microbatch): what the forward keeps for the backward.
+            let mut residuals: HashMap<(usize, usize), HashMap<String, DeviceArray>> = HashMap::new();
+            for task in &ctx.schedule.per_stage[self.index] {
+                let global = pass * microbatches + task.microbatch;
+                if let std::collections::hash_map::Entry::Vacant(entry) = batches.entry(task.microbatch) {
+                    // Only the arrays the stage's programs read (the targets on the last stage).
+                    let mut arrays = HashMap::new();
+                    for (name, host) in &ctx.micro[global] {
+                        if let Some(array) = self.put_batch(ctx.client, name, host)? {
+                            arrays.insert(format!("batch.{name}"), array);
+                        }
+                    }
+                    entry.insert(arrays);
+                }
+                let key = (pass, *task);
+                let waited = ctx.now();
+                let input = match (task.pass, ctx.layout.is_first(task.chunk), ctx.layout.is_last(task.chunk)) {
+                    (Pass::Forward, true, _) => None,
+                    (Pass::Backward, _, true) => None,
+                    _ => Some(wait_for(ctx, inbox, &mut pending, key)?),
+                };
+                report.waiting += ctx.now() - waited;
+                let repeat = ctx.layout.repeat_of(task.chunk);
+                let batch = &batches[&task.microbatch];
+                let (program, mut locals) = match task.pass {
+                    Pass::Forward => {
+                        let mut locals = HashMap::new();
+                        if let Some(x) = input {
+                            locals.insert("activation".to_string(), x);
+                        }
+                        (&self.programs.forward[repeat], locals)
+                    }
+                    Pass::Backward => {
+                        let mut locals = residuals
+                            .remove(&(task.chunk, task.microbatch))
+                            .ok_or_else(|| anyhow!("stage {}: {task} runs before its forward", self.index))?;
+                        if let Some(ct) = input {
+                            locals.insert("cotangent".to_string(), ct);
+                        }
+                        (&self.programs.backward[repeat], locals)
+                    }
+                };
+                let started = ctx.now();
+                let outputs = execute_named(program, |name| match name {
+                    "aux_weight" => Some(&aux_weight),
+                    _ => batch.get(name).or_else(|| locals.get(name)).or_else(|| self.state.get(name)),
+                })
+                .with_context(|| format!("stage {} running {task}", self.index))?;
+                let ended = ctx.now();
+                locals.clear();
+                report.executing += ended - started;
+                report.tasks.push((*task, started, ended));
+
+                let mut kept = HashMap::new();
+                let mut metrics = [0.0; 3];
+                for (name, array) in outputs {
+                    if name.starts_with("grad.") {
+                        self.state.insert(name, array);
+                    } else if name.starts_with("residual.") {
+                        kept.insert(name, array);
+                    } else if let Some(aux) = name.strip_prefix("metrics.aux.") {
+                        let value = program.fetch(program.output_index(&name)?, &array)?.to_f64()[0];
+                        *report.aux.entry(aux.to_string()).or_insert(0.0) += value;
+                    } else if let Some(metric) = name.strip_prefix("metrics.") {
+                        let k = ["total_loss", "total_weights", "z_loss_sum"]
+                            .iter()
+                            .position(|m| *m == metric)
+                            .ok_or_else(|| anyhow!("unexpected output {name}"))?;
+                        metrics[k] = program.fetch(program.output_index(&name)?, &array)?.to_f64()[0];
+                    } else {
+                        // "activation" for the next chunk, "cotangent" for the previous one.
+                        let (to_chunk, pass_of) = match task.pass {
+                            Pass::Forward => (task.chunk + 1, Pass::Forward),
+                            Pass::Backward => (task.chunk - 1, Pass::Backward),
+                        };
+                        let to = ctx.layout.stage_of(to_chunk);
+                        let array = ctx.copy_between(&array, self.index, to)?;
+                        let next = Task { pass: pass_of, chunk: to_chunk, microbatch: task.microbatch };
+                        // A closed inbox means that stage already stopped; its error is reported.
+                        let _ = outboxes[to].send(Message { key: (pass, next), array });
+                    }
+                }
+                if task.pass == Pass::Forward {
+                    residuals.insert((task.chunk, task.microbatch), kept);
+                    if ctx.layout.is_last(task.chunk) {
+                        report.losses.push(metrics);
+                    }
+                }
+            }
+            if let Some((chunk, microbatch)) = residuals.keys().next() {
+                bail!(
+                    "stage {}: the schedule never ran the backward of chunk {chunk}, microbatch {microbatch}",
+                    self.index
+                );
+            }
+        }
+        report.total = ctx.now() - loop_start;
+        Ok(report)
+    }
+
+    /// Copies the microbatch array `batch.{name}` to the stage's devices, if a program of the
+    /// stage reads it.
+    fn put_batch(&self, client: &Client, name: &str, host: &HostTensor) -> Result<Option<DeviceArray>> {
+        let input = format!("batch.{name}");
+        match self.programs.all().find(|p| p.input_index(&input).is_ok()) {
+            Some(program) => Ok(Some(program.put(client, program.input_index(&input)?, host)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The squared norm of the stage's gradients of the mean loss.
+    fn gradient_sumsq(&mut self, client: &Client, total_weights: f64) -> Result<f64> {
+        let norm = &self.programs.norm;
+        let weights =
+            norm.put(client, norm.input_index("total_weights")?, &HostTensor::from_f32(&[], &[total_weights as f32]))?;
+        let outputs =
+            execute_named(norm, |name| if name == "total_weights" { Some(&weights) } else { self.state.get(name) })?;
+        let (name, array) = outputs.into_iter().next().ok_or_else(|| anyhow!("the norm program has no output"))?;
+        Ok(norm.fetch(norm.output_index(&name)?, &array)?.to_f64()[0])
+    }
+
+    /// The optimizer update; returns the learning rate it used.
+    fn update(&mut self, client: &Client, total_weights: f64, grad_norm: f64) -> Result<f64> {
+        let update = &self.programs.update;
+        let scalar =
+            |name: &str, v: f64| update.put(client, update.input_index(name)?, &HostTensor::from_f32(&[], &[v as f32]));
+        let (weights, norm) = (scalar("total_weights", total_weights)?, scalar("grad_norm", grad_norm)?);
+        let outputs = execute_named(update, |name| match name {
+            "total_weights" => Some(&weights),
+            "grad_norm" => Some(&norm),
+            _ => self.state.get(name),
+        })
+        .with_context(|| format!("stage {}'s optimizer update", self.index))?;
+        let mut rate = f64::NAN;
+        for (name, array) in outputs {
+            if name == "metrics.learning_rate" {
+                rate = update.fetch(update.output_index(&name)?, &array)?.to_f64()[0];
+            } else {
+                self.state.insert(name, array);
+            }
+        }
+        Ok(rate)
+    }
+}
+
+/// Waits until the array for `key` arrived, keeping others that arrive meanwhile.
+fn wait_for(
+    ctx: &StepContext,
+    inbox: &Receiver<Message>,
+    pending: &mut HashMap<Key, DeviceArray>,
+    key: Key,
+) -> Result<DeviceArray> {
+    loop {
+        if let Some(array) = pending.remove(&key) {
+            return Ok(array);
+        }
+        match inbox.recv_timeout(Duration::from_millis(50)) {
+            Ok(message) => {
+                pending.insert(message.key, message.array);
+            }
+            Err(RecvTimeoutError::Timeout) if ctx.abort.load(Ordering::SeqCst) => bail!("{STOPPED}"),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => bail!("{STOPPED}"),
+        }
+    }
+}
+
+/// Runs `program` on the arrays `lookup` finds for its inputs (by name); returns its outputs by
+/// name. Donated inputs are consumed.
+fn execute_named<'a>(
+    program: &Compiled,
+    lookup: impl Fn(&str) -> Option<&'a DeviceArray>,
+) -> Result<Vec<(String, DeviceArray)>> {
+    let args = program
+        .program
+        .inputs
+        .iter()
+        .map(|input| lookup(&input.name).ok_or_else(|| anyhow!("no array for input \"{}\"", input.name)))
+        .collect::<Result<Vec<_>>>()?;
+    let outputs = program.execute(&args)?;
+    Ok(program.program.outputs.iter().map(|o| o.name.clone()).zip(outputs).collect())
+}
+
+/// The global batch split into `count` microbatches, each the batch arrays by name
+/// (`batch_inputs(packed)`). Row `r` of microbatch `k` is global row `r x count + k`, as the
+/// unpipelined step splits a batch for gradient accumulation (`TrainStep::loss_and_grads`): the
+/// same global batch gives the same microbatches either way.
+fn split_batch(batch: &Batch, count: usize, packed: bool) -> Result<Vec<HashMap<String, HostTensor>>> {
+    let rows = batch.inputs.dims[0] as usize;
+    if count == 0 || !rows.is_multiple_of(count) {
+        bail!("a batch of {rows} rows does not split into {count} microbatches");
+    }
+    let arrays: Vec<(&str, &HostTensor)> = batch_inputs(packed)
+        .into_iter()
+        .map(|name| {
+            let array = match name {
+                "inputs" => &batch.inputs,
+                "targets" => &batch.targets,
+                "targets_segmentation" => &batch.targets_segmentation,
+                "inputs_position" => &batch.inputs_position,
+                "inputs_segmentation" => &batch.inputs_segmentation,
+                other => unreachable!("batch_inputs has no {other}"),
+            };
+            (name, array)
+        })
+        .collect();
+    Ok((0..count)
+        .map(|k| {
+            arrays
+                .iter()
+                .map(|(name, t)| {
+                    let row_bytes = t.data.len() / rows.max(1);
+                    let mut dims = t.dims.clone();
+                    dims[0] = (rows / count) as i64;
+                    let data: Vec<u8> = (k..rows)
+                        .step_by(count)
+                        .flat_map(|r| &t.data[r * row_bytes..(r + 1) * row_bytes])
+                        .copied()
+                        .collect();
+                    (name.to_string(), HostTensor::new(t.ty, &dims, data))
+                })
+                .collect()
+        })
+        .collect())
+}

@@ -1,0 +1,424 @@
+//! The traced programs of a pipelined train step. Per chunk (virtual stage), on its stage's
+//! devices:
+//!
+//! - **forward** `chunk.{c}.forward`: `params.*` (the parameters the chunk reads), `batch.inputs`
+//!   (with packing also `batch.inputs_position` and `batch.inputs_segmentation`; and
+//!   `batch.targets`, `batch.targets_segmentation` on the last chunk), `activation` (the
+//!   previous chunk's output, `[microbatch, seq, emb]`, donated; the first chunk embeds the
+//!   tokens instead) -> `activation` (the chunk's output, for the next chunk),
+//!   `residual.layer_inputs` (`[layers of the chunk, microbatch, seq, emb]`, kept on the stage
+//!   for the backward pass) and `metrics.aux.<name>` (each auxiliary loss of the layers, e.g.
+//!   MoE's `moe_lb_loss`, summed over the chunk's layers). The last chunk also runs the final
+//!   norm, the logits and the loss and differentiates them at once: its outputs are
+//!   `residual.cotangent` (the loss's gradient with respect to the last layer's output), the
+//!   summed `metrics.total_loss`, `metrics.total_weights` and `metrics.z_loss_sum`, and `grad.*`
+//!   of the head's parameters (accumulators, donated).
+//! - **backward** `chunk.{c}.backward`: `params.*`, the batch's token arrays,
+//!   `residual.layer_inputs`, `cotangent` (the next chunk's input gradient; `residual.cotangent`
+//!   on the last chunk), `aux_weight` (the weight of the layers' auxiliary losses in the summed
+//!   loss) and the `grad.*` accumulators (donated) -> `cotangent` (for the previous chunk; the
+//!   first chunk adds it to the embeddings' gradients instead) and the accumulators plus this
+//!   microbatch's gradients of the summed loss. Each layer is recomputed from its saved input
+//!   (`Model::layers_backward`).
+//!
+//! Per stage: **norm** `stage.{s}.norm` (`grad.*`, `total_weights` -> `sumsq`, the squared norm
+//! of the stage's gradients of the mean loss) and **update** `stage.{s}.update` (`params.*`,
+//! `opt_state.*`, `grad.*` donated, `total_weights`, `grad_norm` -> the new parameters and
+//! optimizer state, zeroed accumulators and `metrics.learning_rate`): the unpipelined step's
+//! clipping, AdamW and schedule, with the norm over every stage. And once, on every device,
+//! **init**: the unpipelined initializer's parameters (same draws), their optimizer state and
+//! zero accumulators, with stacked layers in stage-major order and split over the `stage` axis,
+//! so each stage's devices end up holding exactly that stage's arrays.
+
+use anyhow::{anyhow, Result};
+
+use super::layout::StageLayout;
+use crate::config::{Config, DatasetType, Derived};
+use crate::ir::{DType, Program, Signature};
+use crate::model::attention::LayerContext;
+use crate::model::decoder::BTE;
+use crate::model::{Model, ParamDef, ParamRole};
+use crate::sharding::{Mesh, PartitionSpec};
+use crate::tensor::{random, trace, value_and_grad, value_and_grad_with_aux, Tensor, TraceError, Tree};
+use crate::train::optimizer::{AdamW, COUNT};
+use crate::train::step::batch_inputs;
+
+/// Everything that decides a pipelined step's programs.
+#[derive(Clone, Debug)]
+pub struct PipelineStep {
+    pub model: Model,
+    pub optimizer: AdamW,
+    pub layout: StageLayout,
+    /// Sequences per microbatch.
+    pub microbatch: i64,
+    pub seq: i64,
+    pub z_loss_multiplier: f64,
+    pub init_weights_seed: u32,
+    /// Batches are packed documents (`inputs_position`, `inputs_segmentation` too).
+    pub packed: bool,
+    /// Every device of the pipeline.
+    pub mesh: Mesh,
+    /// Each stage's devices (`mesh` at that index of the `stage` axis).
+    pub stage_meshes: Vec<Mesh>,
+}
+
+/// The programs one stage runs.
+pub struct StagePrograms {
+    /// Per chunk the stage runs, in [`StageLayout::stage_chunks`] order.
+    pub forward: Vec<Program>,
+    pub backward: Vec<Program>,
+    pub norm: Program,
+    pub update: Program,
+}
+
+/// Names of a stage's arrays.
+pub const PARAMS: &str = "params";
+pub const GRAD: &str = "grad";
+pub const MU: &str = "opt_state.mu";
+pub const NU: &str = "opt_state.nu";
+
+impl PipelineStep {
+    /// The step of a validated pipelined config on `mesh` (the whole mesh, with its `stage`
+    /// axis).
+    pub fn new(c: &Config, derived: &Derived, mesh: Mesh) -> Result<PipelineStep> {
+        let plan = derived.pipeline.as_ref().ok_or_else(|| anyhow!("the config has no pipeline"))?;
+        let layout = StageLayout::new(plan);
+        let stage_meshes = (0..layout.stages).map(|s| layout.stage_mesh(&mesh, s)).collect::<Result<_>>()?;
+        Ok(PipelineStep {
+            model: Model::from_config(c).map_err(|e| anyhow!(e))?,
+            optimizer: AdamW::from_config(c).map_err(|e| anyhow!(e))?,
+            layout,
+            microbatch: plan.microbatch_size as i64,
+            seq: derived.max_target_length as i64,
+            z_loss_multiplier: c.z_loss_multiplier,
+            init_weights_seed: c.init_weights_seed as u32,
+            packed: c.dataset_type == DatasetType::Hf && c.packing,
+            mesh,
+            stage_meshes,
+        })
+    }
+
+    /// A parameter's sharding inside a stage (the logical rules; the `stage` axis has size 1
+    /// there, so it never appears).
+    pub fn param_spec(&self, def: &ParamDef) -> PartitionSpec {
+        self.model.config.rules.spec(&def.logical, &self.stage_meshes[0])
+    }
+
+    /// The sharding of `[microbatch, seq, emb]` activations inside a stage.
+    pub fn activation_spec(&self) -> PartitionSpec {
+        self.model.config.rules.spec(BTE, &self.stage_meshes[0])
+    }
+
+    /// The sharding of `[microbatch, seq]` token arrays inside a stage.
+    pub fn batch_spec(&self) -> PartitionSpec {
+        self.model.config.rules.spec(&["activation_batch", "activation_length"], &self.stage_meshes[0])
+    }
+
+    /// The sharding of `[layers, microbatch, seq, emb]` saved layer inputs.
+    fn residual_spec(&self) -> PartitionSpec {
+        let act = self.activation_spec();
+        PartitionSpec::from_axes([vec![]].into_iter().chain((0..3).map(|d| act.dim(d).to_vec())).collect())
+    }
+
+    fn activation_shape(&self) -> [i64; 3] {
+        [self.microbatch, self.seq, self.model.config.emb]
+    }
+
+    fn is_stacked(&self, def: &ParamDef) -> bool {
+        self.model.param_role(&def.name) == ParamRole::StackedLayers
+    }
+
+    /// Declares `{prefix}.{name}` inputs for `defs` (donated when asked), with those outputs'
+    /// shardings when they are donated (so each aliases its input).
+    fn declare(&self, sig: &mut Signature, prefix: &str, defs: &[ParamDef], donated: bool) {
+        for def in defs {
+            let name = format!("{prefix}.{}", def.name);
+            let spec = self.param_spec(def);
+            let input = sig.input(&name, self.model.config.weight_dtype, &def.shape);
+            input.sharded(spec.clone());
+            if donated {
+                input.donated();
+                sig.output_sharding(&name, spec);
+            }
+        }
+    }
+
+    /// The microbatch's arrays a chunk reads: the tokens (and packing's positions and segments);
+    /// `with_targets` (the last chunk, which computes the loss) the targets too.
+    fn declare_batch(&self, sig: &mut Signature, with_targets: bool) {
+        let names = batch_inputs(self.packed);
+        for name in names.iter().filter(|n| with_targets || !n.starts_with("targets")) {
+            sig.input(&format!("batch.{name}"), DType::S32, &[self.microbatch, self.seq]).sharded(self.batch_spec());
+        }
+    }
+
+    /// The layer parameters of `chunk` under the model's names: with several repeats, the
+    /// chunk's rows of the stage's stacked arrays.
+    fn chunk_layer_params(&self, params: &Tree, chunk: usize) -> Tree {
+        let rows = self.layout.chunk_rows(chunk);
+        params
+            .iter()
+            .map(|(name, p)| match self.model.param_role(name) {
+                ParamRole::StackedLayers if self.layout.repeats > 1 => {
+                    (name.to_string(), p.slice_axis(0, rows.start, rows.end))
+                }
+                _ => (name.to_string(), p.clone()),
+            })
+            .collect()
+    }
+
+    /// `acc + g`, where `g` is the gradient of `chunk`'s rows when `name` is stacked over
+    /// several repeats.
+    fn accumulate(&self, name: &str, acc: &Tensor, g: &Tensor, chunk: usize) -> Tensor {
+        match self.model.param_role(name) {
+            ParamRole::StackedLayers if self.layout.repeats > 1 => {
+                let rows = self.layout.chunk_rows(chunk);
+                let ctx = acc.trace();
+                let mut starts = vec![ctx.scalar(rows.start as f64, DType::S32)];
+                starts.extend((1..acc.rank()).map(|_| ctx.scalar(0.0, DType::S32)));
+                let updated = acc.slice_axis(0, rows.start, rows.end) + g;
+                acc.dynamic_update_slice(&updated, &starts.iter().collect::<Vec<_>>())
+            }
+            _ => acc + g,
+        }
+    }
+
+    fn head_defs(&self, chunk: usize) -> Vec<ParamDef> {
+        let defs = self.layout.chunk_params(&self.model, chunk);
+        defs.into_iter().filter(|d| self.model.param_role(&d.name) == ParamRole::Head).collect()
+    }
+
+    /// The forward program of `chunk` (see the module docs).
+    pub fn forward(&self, chunk: usize) -> Result<Program, TraceError> {
+        let (first, last) = (self.layout.is_first(chunk), self.layout.is_last(chunk));
+        let mesh = &self.stage_meshes[self.layout.stage_of(chunk)];
+        let c = &self.model.config;
+        let mut sig = Signature::new(Some(mesh.clone()));
+        self.declare(&mut sig, PARAMS, &self.layout.chunk_params(&self.model, chunk), false);
+        self.declare_batch(&mut sig, last);
+        let act = self.activation_spec();
+        if !first {
+            sig.input("activation", c.dtype, &self.activation_shape()).sharded(act.clone()).donated();
+        }
+        if last {
+            self.declare(&mut sig, GRAD, &self.head_defs(chunk), true);
+            sig.output_sharding("residual.cotangent", act.clone());
+            for name in ["total_loss", "total_weights", "z_loss_sum"] {
+                sig.output_sharding(&format!("metrics.{name}"), PartitionSpec::replicated());
+            }
+        } else {
+            sig.output_sharding("activation", act.clone());
+        }
+        sig.output_sharding("residual.layer_inputs", self.residual_spec());
+        let layers = self.layout.chunk_layers(chunk);
+        trace(&sig, |_, inp| {
+            let (params, batch) = (inp.subtree(PARAMS), inp.subtree("batch"));
+            let context = LayerContext::new(c, &batch);
+            let x = if first {
+                self.model.embed(&params, &batch["inputs"], &context.positions)
+            } else {
+                inp["activation"].clone()
+            };
+            let (y, inputs, aux_sums) =
+                self.model.layers_forward(&self.chunk_layer_params(&params, chunk), layers, &x, &context);
+            let mut out = Tree::new().with("residual.layer_inputs", inputs);
+            out.extend(aux_sums.prefixed("metrics.aux"));
+            if !last {
+                return out.with("activation", y);
+            }
+            // The head: forward and backward at once, its gradients straight into the accumulators.
+            let head: Tree = params
+                .iter()
+                .filter(|(n, _)| self.model.param_role(n) == ParamRole::Head)
+                .map(|(n, p)| (n, p.clone()))
+                .collect();
+            let args = head.prefixed(PARAMS).with("y", y);
+            let z = self.z_loss_multiplier;
+            let (_, aux, grads) = value_and_grad_with_aux(&args, |a| {
+                let (_, aux) = self.model.head_loss(&a.subtree(PARAMS), &a["y"], &batch, z);
+                (aux["total_loss"].clone(), aux)
+            });
+            for (name, g) in grads.subtree(PARAMS).iter() {
+                let acc = &inp[&format!("{GRAD}.{name}")];
+                out.insert(format!("{GRAD}.{name}"), self.accumulate(name, acc, g, chunk));
+            }
+            out.insert("residual.cotangent", grads["y"].clone());
+            out.insert("metrics.total_loss", aux["total_loss"].clone());
+            out.insert("metrics.total_weights", aux["total_weights"].clone());
+            out.insert("metrics.z_loss_sum", &aux["z_loss"] * &aux["total_weights"]);
+            out
+        })
+    }
+
+    /// The backward program of `chunk` (see the module docs).
+    pub fn backward(&self, chunk: usize) -> Result<Program, TraceError> {
+        let (first, last) = (self.layout.is_first(chunk), self.layout.is_last(chunk));
+        let mesh = &self.stage_meshes[self.layout.stage_of(chunk)];
+        let c = &self.model.config;
+        let defs = self.layout.chunk_params(&self.model, chunk);
+        let mut sig = Signature::new(Some(mesh.clone()));
+        self.declare(&mut sig, PARAMS, &defs, false);
+        self.declare_batch(&mut sig, false);
+        let residual_shape = [&[self.layout.layers_per_stage as i64][..], &self.activation_shape()].concat();
+        sig.input("residual.layer_inputs", c.dtype, &residual_shape).sharded(self.residual_spec()).donated();
+        let act = self.activation_spec();
+        let cotangent = if last { "residual.cotangent" } else { "cotangent" };
+        sig.input(cotangent, c.dtype, &self.activation_shape()).sharded(act.clone()).donated();
+        let accumulated: Vec<ParamDef> =
+            defs.into_iter().filter(|d| self.model.param_role(&d.name) != ParamRole::Head).collect();
+        self.declare(&mut sig, GRAD, &accumulated, true);
+        sig.input("aux_weight", DType::F32, &[]);
+        if !first {
+            sig.output_sharding("cotangent", act);
+        }
+        let layers = self.layout.chunk_layers(chunk);
+        trace(&sig, |_, inp| {
+            let (params, batch) = (inp.subtree(PARAMS), inp.subtree("batch"));
+            let context = LayerContext::new(c, &batch);
+            let layer_params = self.chunk_layer_params(&params, chunk);
+            let (dx, mut grads) = self.model.layers_backward(
+                &layer_params,
+                layers,
+                &inp["residual.layer_inputs"],
+                &inp[cotangent],
+                &inp["aux_weight"],
+                &context,
+            );
+            let mut out = Tree::new();
+            if first {
+                let embedding: Tree = params
+                    .iter()
+                    .filter(|(n, _)| self.model.param_role(n) == ParamRole::Embedding)
+                    .map(|(n, p)| (n, p.clone()))
+                    .collect();
+                let (_, g) = value_and_grad(&embedding, |p| {
+                    let x = self.model.embed(p, &batch["inputs"], &context.positions);
+                    (x.astype(DType::F32) * dx.astype(DType::F32)).sum_all()
+                });
+                grads.extend(g);
+            } else {
+                out.insert("cotangent", dx);
+            }
+            for def in &accumulated {
+                let acc = &inp[&format!("{GRAD}.{}", def.name)];
+                out.insert(format!("{GRAD}.{}", def.name), self.accumulate(&def.name, acc, &grads[&def.name], chunk));
+            }
+            out
+        })
+    }
+
+    /// The squared norm of stage `stage`'s gradients of the mean loss (see the module docs).
+    pub fn norm(&self, stage: usize) -> Result<Program, TraceError> {
+        let mut sig = Signature::new(Some(self.stage_meshes[stage].clone()));
+        self.declare(&mut sig, GRAD, &self.layout.stage_params(&self.model, stage), false);
+        sig.input("total_weights", DType::F32, &[]);
+        sig.output_sharding("sumsq", PartitionSpec::replicated());
+        trace(&sig, |_, inp| {
+            let weights = inp["total_weights"].maximum(1.0);
+            let squares: Vec<Tensor> = inp
+                .subtree(GRAD)
+                .values()
+                .map(|g| (g / &weights.astype(g.dtype())).astype(DType::F32).square().sum_all())
+                .collect();
+            let mut total = squares[0].clone();
+            for s in &squares[1..] {
+                total = total + s;
+            }
+            Tree::new().with("sumsq", total)
+        })
+    }
+
+    /// Stage `stage`'s optimizer update (see the module docs).
+    pub fn update(&self, stage: usize) -> Result<Program, TraceError> {
+        let defs = self.layout.stage_params(&self.model, stage);
+        let mut sig = Signature::new(Some(self.stage_meshes[stage].clone()));
+        for prefix in [PARAMS, MU, NU, GRAD] {
+            self.declare(&mut sig, prefix, &defs, true);
+        }
+        let count = format!("opt_state.{COUNT}");
+        sig.input(&count, DType::S32, &[]).donated();
+        sig.output_sharding(&count, PartitionSpec::replicated());
+        sig.input("total_weights", DType::F32, &[]);
+        sig.input("grad_norm", DType::F32, &[]);
+        sig.output_sharding("metrics.learning_rate", PartitionSpec::replicated());
+        trace(&sig, |_, inp| {
+            let weights = inp["total_weights"].maximum(1.0);
+            let acc = inp.subtree(GRAD);
+            let grads = acc.map(|_, g| g / &weights.astype(g.dtype()));
+            let (params, state) = (inp.subtree(PARAMS), inp.subtree("opt_state"));
+            let (params, state, metrics) = self.optimizer.update_with_norm(&params, &grads, &state, &inp["grad_norm"]);
+            let mut out = params.prefixed(PARAMS);
+            out.extend(state.prefixed("opt_state"));
+            out.extend(acc.map(|_, g| g.zeros_like()).prefixed(GRAD));
+            out.insert("metrics.learning_rate", metrics["learning_rate"].clone());
+            out
+        })
+    }
+
+    /// A parameter's sharding over every device for the initializer: as inside a stage, and
+    /// stacked layers split over the `stage` axis (rows in stage-major order).
+    pub fn init_spec(&self, def: &ParamDef) -> PartitionSpec {
+        let spec = self.param_spec(def);
+        if !self.is_stacked(def) {
+            return spec;
+        }
+        let mut dims: Vec<Vec<String>> = (0..def.shape.len()).map(|d| spec.dim(d).to_vec()).collect();
+        dims[0].insert(0, "stage".to_string());
+        PartitionSpec::from_axes(dims)
+    }
+
+    /// The initializer over every device (see the module docs): `params.*` (unless
+    /// `with_params` is false: the parameters come from a file), `opt_state.*` and `grad.*`
+    /// under the model's names, stacked layers in stage-major order.
+    pub fn init(&self, with_params: bool) -> Result<Program, TraceError> {
+        let defs = self.model.param_defs();
+        let mut sig = Signature::new(Some(self.mesh.clone()));
+        for def in &defs {
+            let spec = self.init_spec(def);
+            for prefix in [PARAMS, MU, NU, GRAD] {
+                if with_params || prefix != PARAMS {
+                    sig.output_sharding(&format!("{prefix}.{}", def.name), spec.clone());
+                }
+            }
+        }
+        sig.output_sharding(&format!("opt_state.{COUNT}"), PartitionSpec::replicated());
+        let order: Vec<f64> = self.layout.stage_major_order().into_iter().map(|l| l as f64).collect();
+        trace(&sig, |ctx, _| {
+            let drawn = self.model.init_params(&random::key(ctx, self.init_weights_seed));
+            let params: Tree = drawn
+                .iter()
+                .map(|(name, p)| match self.model.param_role(name) {
+                    ParamRole::StackedLayers if self.layout.repeats > 1 => {
+                        let rows = ctx.constant(DType::S32, &[order.len() as i64], &order);
+                        (name.to_string(), p.take(&rows))
+                    }
+                    _ => (name.to_string(), p.clone()),
+                })
+                .collect();
+            let mut out = self.optimizer.init(&params).prefixed("opt_state");
+            out.extend(params.map(|_, p| p.zeros_like()).prefixed(GRAD));
+            if with_params {
+                out.extend(params.prefixed(PARAMS));
+            }
+            out
+        })
+    }
+
+    /// Every program of stage `stage`.
+    pub fn stage_programs(&self, stage: usize) -> Result<StagePrograms> {
+        let chunks = self.layout.stage_chunks(stage);
+        let traced = |what: &str, r: Result<Program, TraceError>| r.map_err(|e| anyhow!("tracing {what}: {e}"));
+        Ok(StagePrograms {
+            forward: chunks
+                .iter()
+                .map(|&c| traced(&format!("chunk {c}'s forward"), self.forward(c)))
+                .collect::<Result<_>>()?,
+            backward: chunks
+                .iter()
+                .map(|&c| traced(&format!("chunk {c}'s backward"), self.backward(c)))
+                .collect::<Result<_>>()?,
+            norm: traced(&format!("stage {stage}'s gradient norm"), self.norm(stage))?,
+            update: traced(&format!("stage {stage}'s update"), self.update(stage))?,
+        })
+    }
+}

@@ -1,0 +1,295 @@
+//! Pipeline schedules: the order in which each stage runs its tasks, a forward or a backward
+//! pass of one chunk (virtual stage) on one microbatch, and a simulator that times an order
+//! under given task costs (to check that it cannot deadlock, to compute its bubble and how many
+//! microbatches' activations each stage keeps at once).
+//!
+//! - **gpipe** (Huang et al. 2019, GPipe): every forward, then every backward in reverse; with
+//!   several repeats, the forwards go round the stages repeat by repeat (MaxText's circular
+//!   pipeline).
+//! - **1f1b** (Narayanan et al. 2021, PipeDream-Flush / Megatron-LM): stage `s` of `p` runs
+//!   `p - s - 1` warm-up forwards, then alternates one forward and one backward, then drains the
+//!   remaining backwards; at most `p - s` microbatches are in flight on stage `s`. With `v > 1`
+//!   repeats it is Megatron-LM's interleaved 1F1B (`get_forward_backward_func` with virtual
+//!   pipeline stages): forwards walk the chunks `p` microbatches at a time, the warm-up is
+//!   `2 (p - s - 1) + (v - 1) p` forwards, and the bubble shrinks by `v`.
+//!
+//! With equal costs per chunk (forward `f`, backward `b`) and free transfers both have the
+//! bubble `(p - 1) / (v m + p - 1)` for `m` microbatches (the tests check it by simulation).
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{PipelinePlan, PipelineSchedule};
+
+/// Forward or backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Pass {
+    Forward,
+    Backward,
+}
+
+/// One unit of work of one stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Task {
+    pub pass: Pass,
+    /// The virtual stage (layer group) in pipeline order.
+    pub chunk: usize,
+    pub microbatch: usize,
+}
+
+impl Task {
+    fn forward(chunk: usize, microbatch: usize) -> Task {
+        Task { pass: Pass::Forward, chunk, microbatch }
+    }
+
+    fn backward(chunk: usize, microbatch: usize) -> Task {
+        Task { pass: Pass::Backward, chunk, microbatch }
+    }
+}
+
+impl std::fmt::Display for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let pass = if self.pass == Pass::Forward { "F" } else { "B" };
+        write!(f, "{pass}{}.{}", self.chunk, self.microbatch)
+    }
+}
+
+/// Every stage's tasks in the order it runs them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// As it runs: `gpipe`, `1f1b`, or `interleaved_1f1b` (1f1b over several repeats).
+    pub name: String,
+    pub stages: usize,
+    pub repeats: usize,
+    pub microbatches: usize,
+    pub per_stage: Vec<Vec<Task>>,
+}
+
+/// When each task ran (or would run), per stage, in seconds from the start.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timeline {
+    pub per_stage: Vec<Vec<(Task, f64, f64)>>,
+}
+
+impl Timeline {
+    /// First start to last end over every stage.
+    pub fn span(&self) -> f64 {
+        let all = self.per_stage.iter().flatten();
+        let start = all.clone().map(|t| t.1).fold(f64::INFINITY, f64::min);
+        let end = all.map(|t| t.2).fold(f64::NEG_INFINITY, f64::max);
+        if end > start {
+            end - start
+        } else {
+            0.0
+        }
+    }
+
+    /// The fraction of the span each stage was idle.
+    pub fn idle_fractions(&self) -> Vec<f64> {
+        let span = self.span();
+        self.per_stage
+            .iter()
+            .map(|tasks| {
+                let busy: f64 = tasks.iter().map(|t| t.2 - t.1).sum();
+                if span > 0.0 {
+                    1.0 - busy / span
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+
+    /// The bubble: the stages' mean idle fraction.
+    pub fn bubble(&self) -> f64 {
+        let idle = self.idle_fractions();
+        idle.iter().sum::<f64>() / idle.len().max(1) as f64
+    }
+}
+
+impl Schedule {
+    /// The schedule a plan asks for.
+    pub fn new(plan: &PipelinePlan) -> Schedule {
+        match plan.schedule {
+            PipelineSchedule::Gpipe => Schedule::gpipe(plan.stages, plan.repeats, plan.microbatches),
+            PipelineSchedule::OneFOneB | PipelineSchedule::Interleaved1F1B => {
+                Schedule::one_forward_one_backward(plan.stages, plan.repeats, plan.microbatches)
+            }
+        }
+    }
+
+    /// All forwards (repeat by repeat, microbatches in order), then all backwards in reverse.
+    pub fn gpipe(stages: usize, repeats: usize, microbatches: usize) -> Schedule {
+        let per_stage = (0..stages)
+            .map(|s| {
+                let chunks: Vec<usize> = (0..repeats).map(|r| r * stages + s).collect();
+                let forwards = chunks.iter().flat_map(|&c| (0..microbatches).map(move |i| Task::forward(c, i)));
+                let backwards =
+                    chunks.iter().rev().flat_map(|&c| (0..microbatches).rev().map(move |i| Task::backward(c, i)));
+                forwards.chain(backwards).collect()
+            })
+            .collect();
+        let name = PipelineSchedule::Gpipe.running_name(repeats).into();
+        Schedule { name, stages, repeats, microbatches, per_stage }
+    }
+
+    /// 1F1B, interleaved over the repeats when there are several (see the module docs).
+    pub fn one_forward_one_backward(stages: usize, repeats: usize, microbatches: usize) -> Schedule {
+        let (p, v, m) = (stages, repeats, microbatches);
+        let total = m * v;
+        // The k-th forward (backward) of a stage: chunks advance every `p` microbatches.
+        let microbatch = |k: usize| if v == 1 { k } else { (k / (p * v)) * p + k % p };
+        let repeat_forward = |k: usize| if v == 1 { 0 } else { (k / p) % v };
+        let per_stage = (0..p)
+            .map(|s| {
+                let forward = |k: usize| Task::forward(repeat_forward(k) * p + s, microbatch(k));
+                let backward = |k: usize| Task::backward((v - 1 - repeat_forward(k)) * p + s, microbatch(k));
+                let warmup = if v == 1 { (p - s - 1).min(total) } else { (2 * (p - s - 1) + (v - 1) * p).min(total) };
+                let mut order: Vec<Task> = (0..warmup).map(forward).collect();
+                for k in 0..total - warmup {
+                    order.push(forward(warmup + k));
+                    order.push(backward(k));
+                }
+                order.extend((total - warmup..total).map(backward));
+                order
+            })
+            .collect();
+        let name = PipelineSchedule::OneFOneB.running_name(repeats).into();
+        Schedule { name, stages, repeats, microbatches, per_stage }
+    }
+
+    /// Chunks (virtual stages) in pipeline order.
+    pub fn chunks(&self) -> usize {
+        self.stages * self.repeats
+    }
+
+    /// Runs the orders against each other with `cost(stage, task)` seconds per task and free
+    /// transfers: a task starts when its stage is free and its input exists (the previous
+    /// chunk's forward, the next chunk's backward, its own forward). Errors when the orders
+    /// deadlock or miss a task.
+    pub fn simulate(&self, cost: impl Fn(usize, &Task) -> f64) -> Result<Timeline, String> {
+        let chunks = self.chunks();
+        let expected = 2 * chunks * self.microbatches;
+        let count: usize = self.per_stage.iter().map(Vec::len).sum();
+        if count != expected || self.per_stage.len() != self.stages {
+            return Err(format!(
+                "the schedule has {count} tasks on {} stages; expected {expected}",
+                self.per_stage.len()
+            ));
+        }
+        let index = |t: &Task| (t.chunk * self.microbatches + t.microbatch) * 2 + (t.pass == Pass::Backward) as usize;
+        let mut done: Vec<Option<f64>> = vec![None; expected];
+        let mut next = vec![0usize; self.stages];
+        let mut free = vec![0.0f64; self.stages];
+        let mut timeline = Timeline { per_stage: vec![Vec::new(); self.stages] };
+        let mut finished = 0;
+        while finished < expected {
+            let mut progressed = false;
+            for s in 0..self.stages {
+                let Some(task) = self.per_stage[s].get(next[s]) else { continue };
+                if task.chunk >= chunks || task.microbatch >= self.microbatches || task.chunk % self.stages != s {
+                    return Err(format!("stage {s} cannot run {task}"));
+                }
+                let deps: Vec<Task> = match task.pass {
+                    Pass::Forward if task.chunk == 0 => vec![],
+                    Pass::Forward => vec![Task::forward(task.chunk - 1, task.microbatch)],
+                    Pass::Backward if task.chunk + 1 == chunks => vec![Task::forward(task.chunk, task.microbatch)],
+                    Pass::Backward => vec![
+                        Task::forward(task.chunk, task.microbatch),
+                        Task::backward(task.chunk + 1, task.microbatch),
+                    ],
+                };
+                let ready: Option<Vec<f64>> = deps.iter().map(|d| done[index(d)]).collect();
+                let Some(ready) = ready else { continue };
+                if done[index(task)].is_some() {
+                    return Err(format!("stage {s} runs {task} twice"));
+                }
+                let start = ready.into_iter().fold(free[s], f64::max);
+                let end = start + cost(s, task);
+                done[index(task)] = Some(end);
+                free[s] = end;
+                timeline.per_stage[s].push((*task, start, end));
+                next[s] += 1;
+                finished += 1;
+                progressed = true;
+            }
+            if !progressed {
+                let waiting: Vec<String> = (0..self.stages)
+                    .filter_map(|s| self.per_stage[s].get(next[s]).map(|t| format!("stage {s} at {t}")))
+                    .collect();
+                return Err(format!("the schedule deadlocks: {}", waiting.join(", ")));
+            }
+        }
+        Ok(timeline)
+    }
+
+    /// Per stage, the most (chunk, microbatch) pairs whose forward ran and backward did not yet:
+    /// the sets of saved activations the stage holds at once.
+    pub fn max_in_flight(&self) -> Vec<usize> {
+        self.per_stage
+            .iter()
+            .map(|tasks| {
+                let (mut live, mut most) = (0i64, 0i64);
+                for t in tasks {
+                    live += if t.pass == Pass::Forward { 1 } else { -1 };
+                    most = most.max(live);
+                }
+                most as usize
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Forward 1, backward 2 per layer group, split over `repeats` chunks per stage.
+    fn unit_costs(repeats: usize) -> impl Fn(usize, &Task) -> f64 {
+        move |_, t| if t.pass == Pass::Forward { 1.0 / repeats as f64 } else { 2.0 / repeats as f64 }
+    }
+
+    #[test]
+    fn bubbles_match_the_closed_form() {
+        for p in [2, 4, 8] {
+            for v in [1, 2, 3] {
+                for m in [p, 2 * p, 4 * p] {
+                    let theory = (p as f64 - 1.0) / ((v * m) as f64 + p as f64 - 1.0);
+                    let one_f_one_b = Schedule::one_forward_one_backward(p, v, m).simulate(unit_costs(v)).unwrap();
+                    assert!(
+                        (one_f_one_b.bubble() - theory).abs() < 1e-9,
+                        "1f1b p={p} v={v} m={m}: {} vs {theory}",
+                        one_f_one_b.bubble()
+                    );
+                    let gpipe = Schedule::gpipe(p, v, m).simulate(unit_costs(v)).unwrap();
+                    assert!(
+                        (gpipe.bubble() - theory).abs() < 1e-9,
+                        "gpipe p={p} v={v} m={m}: {} vs {theory}",
+                        gpipe.bubble()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_f_one_b_keeps_fewer_microbatches_in_flight_than_gpipe() {
+        let (p, m) = (4, 8);
+        assert_eq!(Schedule::one_forward_one_backward(p, 1, m).max_in_flight(), [4, 3, 2, 1]);
+        assert_eq!(Schedule::gpipe(p, 1, m).max_in_flight(), [8, 8, 8, 8]);
+        // The order of stage 1 of 4: two warm-up forwards, then one forward one backward.
+        let order: Vec<String> =
+            Schedule::one_forward_one_backward(p, 1, m).per_stage[1].iter().map(|t| t.to_string()).collect();
+        assert_eq!(order[..6], ["F1.0", "F1.1", "F1.2", "B1.0", "F1.3", "B1.1"]);
+    }
+
+    #[test]
+    fn a_bad_order_is_reported_as_a_deadlock() {
+        let mut s = Schedule::one_forward_one_backward(2, 1, 2);
+        // Stage 0 waits for a backward before sending its second forward, which stage 1 needs
+        // first: F0.0, B0.0, F0.1, B0.1 against F1.0, F1.1, B1.0, B1.1.
+        s.per_stage[1] = vec![Task::forward(1, 0), Task::forward(1, 1), Task::backward(1, 0), Task::backward(1, 1)];
+        s.per_stage[0] = vec![Task::forward(0, 0), Task::backward(0, 0), Task::forward(0, 1), Task::backward(0, 1)];
+        let err = s.simulate(unit_costs(1)).unwrap_err();
+        assert!(err.contains("deadlocks"), "{err}");
+    }
+}
