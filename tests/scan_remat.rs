@@ -26,7 +26,9 @@ fn layer(x: &Tensor, p: &Tree, pos: &Tensor, table: &Tensor) -> Tensor {
     let attn = einsum("bts,bsd->btd", &[&scores.softmax(-1), &h]);
     let x = x + &attn;
     let row = table.dynamic_slice(&[pos, &pos.zeros_like()], &[1, D]).reshape(&[D]);
-    let m = (x.rms_norm(&p["scale"], 1e-6).matmul(&p["wi"])).silu().matmul(&p["wo"]);
+    // Tagged like MaxText's MLP output: only added to the residual stream, so the backward
+    // pass never reads it.
+    let m = (x.rms_norm(&p["scale"], 1e-6).matmul(&p["wi"])).silu().matmul(&p["wo"]).checkpoint_name("mlpwo");
     &x + &m + &row
 }
 
@@ -142,14 +144,37 @@ fn remat_policy_decides_what_the_scan_saves() {
     let none = program(Stack::Scanned, RematPolicy::None);
     let full = program(Stack::Scanned, RematPolicy::Full);
     let names = program(Stack::Scanned, RematPolicy::SaveNames(vec!["query_proj".into()]));
-    // Carries: x and pos. Full remat saves only them per iteration; saving the query
+    // Carries: x and pos. Full remat saves only x per iteration (pos picks a row of a table
+    // nothing differentiates, so the backward pass never reads it); saving the query
     // projection adds exactly one residual; no remat saves many intermediates.
-    assert_eq!(forward_scan_outputs(&full), 2 + 2);
-    assert_eq!(forward_scan_outputs(&names), 2 + 3);
+    assert_eq!(forward_scan_outputs(&full), 2 + 1);
+    assert_eq!(forward_scan_outputs(&names), 2 + 2);
     assert!(forward_scan_outputs(&none) > 2 + 6, "no remat saves the layer's intermediates");
     // Recomputation sits behind an optimization barrier so XLA cannot merge it away.
     assert!(to_stablehlo(&full).contains("stablehlo.optimization_barrier"));
     assert!(!to_stablehlo(&none).contains("stablehlo.optimization_barrier"));
+}
+
+/// Operands of the program's optimization barriers (the values fenced for recomputation).
+fn fenced_values(p: &Program) -> usize {
+    p.graph.eqns.iter().filter(|e| matches!(e.prim, Prim::OptimizationBarrier)).map(|e| e.inputs.len()).sum()
+}
+
+/// As JAX's `save_only_these_names`: a saved name is a residual only when the backward pass
+/// reads it. `mlpwo` (the MLP's output, only added to the residual stream) is never read, so
+/// saving it keeps nothing more than full remat, scanned or unrolled, with the same gradients.
+#[test]
+fn saved_names_the_backward_pass_does_not_read_are_not_kept() {
+    let unread = RematPolicy::SaveNames(vec!["mlpwo".into()]);
+    let read = RematPolicy::SaveNames(vec!["query_proj".into()]);
+    assert_eq!(forward_scan_outputs(&program(Stack::Scanned, unread.clone())), 2 + 1);
+    let full = fenced_values(&program(Stack::Unrolled, RematPolicy::Full));
+    assert_eq!(fenced_values(&program(Stack::Unrolled, unread.clone())), full);
+    assert_eq!(fenced_values(&program(Stack::Unrolled, read)), full + L as usize, "one saved value per layer");
+    let reference = results(&program(Stack::Unrolled, RematPolicy::None));
+    for stack in [Stack::Unrolled, Stack::Scanned] {
+        assert_same(&reference, &results(&program(stack, unread.clone())), &format!("{stack:?} saving mlpwo"));
+    }
 }
 
 #[test]

@@ -2,7 +2,10 @@
 //! values tagged with a name the policy saves are kept for later. Backward: the body is
 //! recomputed from its operands behind an optimization barrier (so XLA cannot merge the
 //! recomputation with the forward pass), with the saved values substituted for their tags,
-//! and then differentiated. Recomputation that only fed saved values is dead and removed. A
+//! and then differentiated. Recomputation that only fed saved values is dead and removed, and so
+//! is a saved value the backward pass does not read (its barrier lane is dropped by
+//! `Graph::dce`), as JAX's `save_only_these_names` keeps only the named values that are
+//! residuals (e.g. MaxText's `mlpwo`, only added to the residual stream). A
 //! composite whose results are all saved (blockwise attention's output and statistics under
 //! `minimal_with_context`) is not recomputed at all: its backward pass reads only operands and
 //! results.
