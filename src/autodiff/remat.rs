@@ -43,7 +43,21 @@ pub(crate) fn backward(
         let (_, picks) = composites.iter().find(|(j, _)| *j == i)?;
         Some((picks.iter().map(|&p| kept[p].clone()).collect(), Extra::None))
     });
-    super::backward(dest, &r.body, &tape, cts)
+    fence_together(dest, super::backward(dest, &r.body, &tape, cts))
+}
+
+/// The region's input cotangents behind one optimization barrier: the cotangent that flows on
+/// to the previous region (the layer's input) is only available once every other one (the
+/// layer's weight gradients) is computed. Without it XLA may defer a layer's weight-gradient
+/// matmuls to the end of the backward pass (next to the gradients' reduce-scatters), keeping
+/// their `[batch, seq, mlp]` operands of every layer alive at once.
+fn fence_together(dest: &Trace, cts: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
+    let present: Vec<&Tensor> = cts.iter().flatten().collect();
+    if present.len() < 2 {
+        return cts;
+    }
+    let mut fenced = dest.bind(Prim::OptimizationBarrier, &present).into_iter();
+    cts.iter().map(|ct| ct.as_ref().and_then(|_| fenced.next())).collect()
 }
 
 /// The body's composites whose every result is tagged with a saved name: per composite, its
