@@ -177,6 +177,26 @@ fn saved_names_the_backward_pass_does_not_read_are_not_kept() {
     }
 }
 
+/// Each layer's weight gradients leave its backward pass through the same optimization barrier
+/// as the cotangent it hands on to the previous layer, so XLA cannot defer them to the end of
+/// the backward pass. The first layer's input is not differentiated: its barrier fences only
+/// weight gradients.
+#[test]
+fn a_layers_weight_gradients_are_fenced_with_its_input_cotangent() {
+    let p = program(Stack::Unrolled, RematPolicy::Full);
+    let fences = |e: &maxrs::ir::Eqn, shape: &[i64]| e.inputs.iter().any(|&v| &*p.graph.ty(v).shape == shape);
+    let barriers: Vec<_> = p.graph.eqns.iter().filter(|e| matches!(e.prim, Prim::OptimizationBarrier)).collect();
+    // The backward pass, last layer first: each layer's recomputation fence (its inputs), then
+    // its cotangent fence.
+    assert_eq!(barriers.len(), 2 * L as usize);
+    for (layer, fence) in (0..L).rev().zip(barriers.iter().skip(1).step_by(2)) {
+        for weight in [&[D][..], &[D, D], &[D, F], &[F, D]] {
+            assert!(fences(fence, weight), "layer {layer}: no {weight:?} gradient in {fence:?}");
+        }
+        assert_eq!(fences(fence, &[B, T, D]), layer > 0, "layer {layer}: {fence:?}");
+    }
+}
+
 #[test]
 fn nested_scans_differentiate() {
     // An outer scan over groups of an inner scan over layers equals one flat scan.
