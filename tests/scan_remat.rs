@@ -267,3 +267,32 @@ fn gradient_accumulation_over_microbatches_equals_the_full_batch_gradient() {
     let b = run(&full, &host).map(|_, t| t.to_f64());
     assert_same(&a, &b, "accumulated vs full batch");
 }
+
+/// An outer tensor combined with a body tensor is captured as it is and broadcast inside the
+/// body: broadcast outside, a full-size copy of it would be a loop operand.
+#[test]
+fn implicit_broadcasts_of_outer_tensors_happen_inside_the_body() {
+    let mut sig = Signature::new(None);
+    sig.input("xs", DType::F32, &[L, B, T, D]);
+    sig.input("row", DType::F32, &[D]);
+    let p = trace(&sig, |ctx, inp| {
+        let row = inp["row"].clone();
+        let carry = Tree::new().with("acc", ctx.zeros(DType::F32, &[B, T, D]));
+        let (c, _) = scan(&carry, &Tree::new().with("x", inp["xs"].clone()), |c, x| {
+            (Tree::new().with("acc", &c["acc"] + &(&x["x"] * &row)), Tree::new())
+        });
+        c
+    })
+    .expect("traces");
+    let (eqn, s) = p
+        .graph
+        .eqns
+        .iter()
+        .find_map(|e| match &e.prim {
+            Prim::Scan(s) => Some((e, s)),
+            _ => None,
+        })
+        .expect("a scan");
+    let consts: Vec<&[i64]> = eqn.inputs[..s.num_consts].iter().map(|&v| &*p.graph.ty(v).shape).collect();
+    assert_eq!(consts, [&[D][..]], "the row is captured unbroadcast");
+}

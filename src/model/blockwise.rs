@@ -125,7 +125,8 @@ impl Blocks {
     fn key_block(&self, l: &Layout, index: &Tensor) -> Tree {
         let start = index * l.block as f64;
         let zero = index.trace().scalar(0.0, DType::S32);
-        let rows = |x: &Tensor| x.dynamic_slice(&[&zero, &start, &zero, &zero], &[l.batch, l.block, l.kv_heads, l.head_dim]);
+        let rows =
+            |x: &Tensor| x.dynamic_slice(&[&zero, &start, &zero, &zero], &[l.batch, l.block, l.kv_heads, l.head_dim]);
         let positions = index.trace().iota(DType::S32, &[l.block], 0) + &start;
         let mut x = Tree::new().with("k", rows(&self.k)).with("v", rows(&self.v)).with("pos", positions);
         if let Some(seg) = &self.segments {
@@ -231,7 +232,8 @@ fn backward(
     let ctx = q.trace();
     // `dk` and `dv` are carried through every query block's scan and updated in place, one key
     // block at a time.
-    let mut dkv = Tree::new().with("dk", ctx.zeros(l.acc, &[b, l.seq, n, d])).with("dv", ctx.zeros(l.acc, &[b, l.seq, n, d]));
+    let mut dkv =
+        Tree::new().with("dk", ctx.zeros(l.acc, &[b, l.seq, n, d])).with("dv", ctx.zeros(l.acc, &[b, l.seq, n, d]));
     let mut dqs = Vec::new();
     for j in 0..l.blocks {
         let query = QueryBlock::new(l, &blocks, segments, j);
