@@ -26,7 +26,9 @@ fn layer(x: &Tensor, p: &Tree, pos: &Tensor, table: &Tensor) -> Tensor {
     let attn = einsum("bts,bsd->btd", &[&scores.softmax(-1), &h]);
     let x = x + &attn;
     let row = table.dynamic_slice(&[pos, &pos.zeros_like()], &[1, D]).reshape(&[D]);
-    let m = (x.rms_norm(&p["scale"], 1e-6).matmul(&p["wi"])).silu().matmul(&p["wo"]);
+    // Tagged like MaxText's MLP output: only added to the residual stream, so the backward
+    // pass never reads it.
+    let m = (x.rms_norm(&p["scale"], 1e-6).matmul(&p["wi"])).silu().matmul(&p["wo"]).checkpoint_name("mlpwo");
     &x + &m + &row
 }
 
@@ -142,14 +144,57 @@ fn remat_policy_decides_what_the_scan_saves() {
     let none = program(Stack::Scanned, RematPolicy::None);
     let full = program(Stack::Scanned, RematPolicy::Full);
     let names = program(Stack::Scanned, RematPolicy::SaveNames(vec!["query_proj".into()]));
-    // Carries: x and pos. Full remat saves only them per iteration; saving the query
+    // Carries: x and pos. Full remat saves only x per iteration (pos picks a row of a table
+    // nothing differentiates, so the backward pass never reads it); saving the query
     // projection adds exactly one residual; no remat saves many intermediates.
-    assert_eq!(forward_scan_outputs(&full), 2 + 2);
-    assert_eq!(forward_scan_outputs(&names), 2 + 3);
+    assert_eq!(forward_scan_outputs(&full), 2 + 1);
+    assert_eq!(forward_scan_outputs(&names), 2 + 2);
     assert!(forward_scan_outputs(&none) > 2 + 6, "no remat saves the layer's intermediates");
     // Recomputation sits behind an optimization barrier so XLA cannot merge it away.
     assert!(to_stablehlo(&full).contains("stablehlo.optimization_barrier"));
     assert!(!to_stablehlo(&none).contains("stablehlo.optimization_barrier"));
+}
+
+/// Operands of the program's optimization barriers (the values fenced for recomputation).
+fn fenced_values(p: &Program) -> usize {
+    p.graph.eqns.iter().filter(|e| matches!(e.prim, Prim::OptimizationBarrier)).map(|e| e.inputs.len()).sum()
+}
+
+/// As JAX's `save_only_these_names`: a saved name is a residual only when the backward pass
+/// reads it. `mlpwo` (the MLP's output, only added to the residual stream) is never read, so
+/// saving it keeps nothing more than full remat, scanned or unrolled, with the same gradients.
+#[test]
+fn saved_names_the_backward_pass_does_not_read_are_not_kept() {
+    let unread = RematPolicy::SaveNames(vec!["mlpwo".into()]);
+    let read = RematPolicy::SaveNames(vec!["query_proj".into()]);
+    assert_eq!(forward_scan_outputs(&program(Stack::Scanned, unread.clone())), 2 + 1);
+    let full = fenced_values(&program(Stack::Unrolled, RematPolicy::Full));
+    assert_eq!(fenced_values(&program(Stack::Unrolled, unread.clone())), full);
+    assert_eq!(fenced_values(&program(Stack::Unrolled, read)), full + L as usize, "one saved value per layer");
+    let reference = results(&program(Stack::Unrolled, RematPolicy::None));
+    for stack in [Stack::Unrolled, Stack::Scanned] {
+        assert_same(&reference, &results(&program(stack, unread.clone())), &format!("{stack:?} saving mlpwo"));
+    }
+}
+
+/// Each layer's weight gradients leave its backward pass through the same optimization barrier
+/// as the cotangent it hands on to the previous layer, so XLA cannot defer them to the end of
+/// the backward pass. The first layer's input is not differentiated: its barrier fences only
+/// weight gradients.
+#[test]
+fn a_layers_weight_gradients_are_fenced_with_its_input_cotangent() {
+    let p = program(Stack::Unrolled, RematPolicy::Full);
+    let fences = |e: &maxrs::ir::Eqn, shape: &[i64]| e.inputs.iter().any(|&v| &*p.graph.ty(v).shape == shape);
+    let barriers: Vec<_> = p.graph.eqns.iter().filter(|e| matches!(e.prim, Prim::OptimizationBarrier)).collect();
+    // The backward pass, last layer first: each layer's recomputation fence (its inputs), then
+    // its cotangent fence.
+    assert_eq!(barriers.len(), 2 * L as usize);
+    for (layer, fence) in (0..L).rev().zip(barriers.iter().skip(1).step_by(2)) {
+        for weight in [&[D][..], &[D, D], &[D, F], &[F, D]] {
+            assert!(fences(fence, weight), "layer {layer}: no {weight:?} gradient in {fence:?}");
+        }
+        assert_eq!(fences(fence, &[B, T, D]), layer > 0, "layer {layer}: {fence:?}");
+    }
 }
 
 #[test]
@@ -221,4 +266,33 @@ fn gradient_accumulation_over_microbatches_equals_the_full_batch_gradient() {
     let a = run(&accumulated, &host).map(|_, t| t.to_f64());
     let b = run(&full, &host).map(|_, t| t.to_f64());
     assert_same(&a, &b, "accumulated vs full batch");
+}
+
+/// An outer tensor combined with a body tensor is captured as it is and broadcast inside the
+/// body: broadcast outside, a full-size copy of it would be a loop operand.
+#[test]
+fn implicit_broadcasts_of_outer_tensors_happen_inside_the_body() {
+    let mut sig = Signature::new(None);
+    sig.input("xs", DType::F32, &[L, B, T, D]);
+    sig.input("row", DType::F32, &[D]);
+    let p = trace(&sig, |ctx, inp| {
+        let row = inp["row"].clone();
+        let carry = Tree::new().with("acc", ctx.zeros(DType::F32, &[B, T, D]));
+        let (c, _) = scan(&carry, &Tree::new().with("x", inp["xs"].clone()), |c, x| {
+            (Tree::new().with("acc", &c["acc"] + &(&x["x"] * &row)), Tree::new())
+        });
+        c
+    })
+    .expect("traces");
+    let (eqn, s) = p
+        .graph
+        .eqns
+        .iter()
+        .find_map(|e| match &e.prim {
+            Prim::Scan(s) => Some((e, s)),
+            _ => None,
+        })
+        .expect("a scan");
+    let consts: Vec<&[i64]> = eqn.inputs[..s.num_consts].iter().map(|&v| &*p.graph.ty(v).shape).collect();
+    assert_eq!(consts, [&[D][..]], "the row is captured unbroadcast");
 }

@@ -2,7 +2,10 @@
 //! values tagged with a name the policy saves are kept for later. Backward: the body is
 //! recomputed from its operands behind an optimization barrier (so XLA cannot merge the
 //! recomputation with the forward pass), with the saved values substituted for their tags,
-//! and then differentiated. Recomputation that only fed saved values is dead and removed. A
+//! and then differentiated. Recomputation that only fed saved values is dead and removed, and so
+//! is a saved value the backward pass does not read (its barrier lane is dropped by
+//! `Graph::dce`), as JAX's `save_only_these_names` keeps only the named values that are
+//! residuals (e.g. MaxText's `mlpwo`, only added to the residual stream). A
 //! composite whose results are all saved (blockwise attention's output and statistics under
 //! `minimal_with_context`) is not recomputed at all: its backward pass reads only operands and
 //! results.
@@ -40,7 +43,21 @@ pub(crate) fn backward(
         let (_, picks) = composites.iter().find(|(j, _)| *j == i)?;
         Some((picks.iter().map(|&p| kept[p].clone()).collect(), Extra::None))
     });
-    super::backward(dest, &r.body, &tape, cts)
+    fence_together(dest, super::backward(dest, &r.body, &tape, cts))
+}
+
+/// The region's input cotangents behind one optimization barrier: the cotangent that flows on
+/// to the previous region (the layer's input) is only available once every other one (the
+/// layer's weight gradients) is computed. Without it XLA may defer a layer's weight-gradient
+/// matmuls to the end of the backward pass (next to the gradients' reduce-scatters), keeping
+/// their `[batch, seq, mlp]` operands of every layer alive at once.
+fn fence_together(dest: &Trace, cts: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
+    let present: Vec<&Tensor> = cts.iter().flatten().collect();
+    if present.len() < 2 {
+        return cts;
+    }
+    let mut fenced = dest.bind(Prim::OptimizationBarrier, &present).into_iter();
+    cts.iter().map(|ct| ct.as_ref().and_then(|_| fenced.next())).collect()
 }
 
 /// The body's composites whose every result is tagged with a saved name: per composite, its

@@ -59,19 +59,28 @@ impl Graph {
     }
 
     /// Dead-code elimination: drops equations none of whose results reach an output (all
-    /// primitives are pure). Returns, per input, whether anything still reads it.
+    /// primitives are pure), and the unread lanes of an optimization barrier (its operand `i` is
+    /// its result `i`): a value fenced but never read afterwards need not stay alive until the
+    /// barrier (e.g. a value a remat policy saves that the backward pass turns out not to
+    /// need). Returns, per input, whether anything still reads it.
     pub fn dce(&mut self) -> Vec<bool> {
         let mut live = vec![false; self.types.len()];
         for v in &self.outputs {
             live[v.index()] = true;
         }
         let mut keep = vec![false; self.eqns.len()];
-        for (i, eqn) in self.eqns.iter().enumerate().rev() {
-            if eqn.outputs.iter().any(|o| live[o.index()]) {
-                keep[i] = true;
-                for v in &eqn.inputs {
-                    live[v.index()] = true;
-                }
+        for (i, eqn) in self.eqns.iter_mut().enumerate().rev() {
+            if !eqn.outputs.iter().any(|o| live[o.index()]) {
+                continue;
+            }
+            keep[i] = true;
+            if matches!(eqn.prim, Prim::OptimizationBarrier) {
+                let lanes = eqn.inputs.iter().zip(&eqn.outputs).filter(|(_, o)| live[o.index()]);
+                let (inputs, outputs) = lanes.map(|(&i, &o)| (i, o)).unzip();
+                (eqn.inputs, eqn.outputs) = (inputs, outputs);
+            }
+            for v in &eqn.inputs {
+                live[v.index()] = true;
             }
         }
         let mut flags = keep.into_iter();

@@ -299,19 +299,21 @@ pub fn llama31_scaled_frequency(frequency: f64) -> f64 {
 /// Rotary position embedding of `x: [batch, seq, heads, head_dim]`. MaxText's default is the
 /// half-split convention: with `x = [x1, x2]` split in halves of the head dimension,
 /// `[x1 cos - x2 sin, x2 cos + x1 sin]`; Llama 3.1's (`ctx.interleaved_rope`) rotates the pairs
-/// `(x[2i], x[2i+1])` by the same angles. Computed in f32, returned in `x`'s dtype.
+/// `(x[2i], x[2i+1])` by the same angles. Computed in f32, returned in `x`'s dtype. The tables
+/// are broadcast over heads by the products (inside the layer's remat region or scan body), not
+/// beforehand: a broadcast table would be a full-size `[batch, seq, heads, head_dim / 2]` input
+/// of every layer's region.
 pub fn rope(x: &Tensor, ctx: &LayerContext) -> Tensor {
     let (b, t, h, k) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
     let xf = x.astype(DType::F32);
     let rotated = if ctx.interleaved_rope {
-        let pairs = [b, t, h, k / 2, 1];
-        let table = |v: &Tensor| v.broadcast_in_dim(&pairs, &[0, 1, 3]);
+        let table = |v: &Tensor| v.reshape(&[b, t, 1, k / 2, 1]);
         let (cos, sin) = (table(&ctx.cos), table(&ctx.sin));
         let xp = xf.reshape(&[b, t, h, k / 2, 2]);
         let (x1, x2) = (xp.slice_axis(4, 0, 1), xp.slice_axis(4, 1, 2));
         concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 4).reshape(&[b, t, h, k])
     } else {
-        let table = |v: &Tensor| v.broadcast_in_dim(&[b, t, h, k / 2], &[0, 1, 3]);
+        let table = |v: &Tensor| v.reshape(&[b, t, 1, k / 2]);
         let (cos, sin) = (table(&ctx.cos), table(&ctx.sin));
         let (x1, x2) = (xf.slice_axis(3, 0, k / 2), xf.slice_axis(3, k / 2, k));
         concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 3)

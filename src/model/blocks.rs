@@ -189,11 +189,14 @@ impl SelfAttention {
     /// The block on the normed input `h: [batch, seq, emb]`; returns `[batch, seq, emb]`.
     pub fn apply(&self, c: &ModelConfig, p: &Tree, prefix: &str, h: &Tensor, ctx: &LayerContext) -> Tensor {
         let w = |name: &str| p[format!("{prefix}.{name}.kernel").as_str()].astype(c.dtype);
-        let q = einsum("btd,dhk->bthk", &[h, &w("query")]).checkpoint_name("query_proj");
-        let k = einsum("btd,dhk->bthk", &[h, &w("key")]).checkpoint_name("key_proj");
+        let q = einsum("btd,dhk->bthk", &[h, &w("query")]);
+        let k = einsum("btd,dhk->bthk", &[h, &w("key")]);
         let v = einsum("btd,dhk->bthk", &[h, &w("value")]).checkpoint_name("value_proj");
-        let q = rope(&q, ctx) * (1.0 / (c.head_dim as f64).sqrt());
-        let k = rope(&k, ctx);
+        // Tagged as attention reads them, after RoPE and scaling, as MaxText's
+        // `Attention.__call__` tags `query_proj` and `key_proj` (`src/maxtext/layers/attentions.py`,
+        // e591f30): a policy that saves them does not recompute RoPE in the backward pass.
+        let q = (rope(&q, ctx) * (1.0 / (c.head_dim as f64).sqrt())).checkpoint_name("query_proj");
+        let k = rope(&k, ctx).checkpoint_name("key_proj");
         let how = self.how.unwrap_or(c.attention);
         let out = ctx.attend(&q, &k, &v, self.window, how, &self.options);
         einsum("bthk,hkd->btd", &[&out, &w("out")]).checkpoint_name("out_proj")

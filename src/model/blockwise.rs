@@ -10,10 +10,15 @@
 //!   `acc' = acc e^(m - m') + p v`. The output is `acc / l`; the log-sum-exp `m + log l` is kept
 //!   for the backward pass. Memory per query block: its scores against one key block.
 //! - **Backward** (a `composite`, so autodiff does not keep per-block residuals): per query
-//!   block, the scan over the same key blocks recomputes `p = exp(s - lse)` and accumulates
-//!   `dq` in its carry while emitting each key block's `dk`, `dv` contributions, which are added
-//!   into the full `dk`, `dv`: `dv += pᵀ do`, `ds = p (do vᵀ - δ)` with `δ = rowsum(do ∘ o)`,
-//!   `dq += ds k`, `dk += dsᵀ q`.
+//!   block, the scan over the same key blocks recomputes `p = exp(s - lse)`, accumulates `dq`
+//!   in its carry and adds each key block's contributions in place into the full `dk`, `dv`
+//!   (carried from one query block's scan to the next): `dv += pᵀ do`, `ds = p (do vᵀ - δ)`
+//!   with `δ = rowsum(do ∘ o)`, `dq += ds k`, `dk += dsᵀ q`.
+//!
+//! Memory: a scan reads its key blocks by index (`dynamic_slice` inside the body), so no pass
+//! materializes per-query-block copies of the keys and values, and per-query statistics are
+//! broadcast over keys inside the body (`tensor`'s implicit broadcasts bind there), so no
+//! `[.., block, block]` array is a loop operand.
 //!
 //! Matmul operands stay in the input dtype (bf16 in training); scores, the softmax and every
 //! accumulator are f32, as in dot-product attention. Masked scores get `MASK_VALUE` like
@@ -87,40 +92,47 @@ impl Layout {
     }
 }
 
-/// The per-block views every pass uses: queries `[batch, seq, kv_heads, group, head_dim]`, keys
-/// and values stacked by block `[blocks, batch, block, kv_heads, head_dim]`, key positions
-/// `[blocks, block]`, key documents `[blocks, batch, block]`.
+/// The views every pass uses: queries `[batch, seq, kv_heads, group, head_dim]`, keys and
+/// values `[batch, seq, kv_heads, head_dim]`, documents `[batch, seq]`. A scan over key blocks
+/// takes block indices and slices its block out of these inside the body (`key_block`):
+/// slicing `lo..hi` beforehand would materialize one copy of the keys and values per query
+/// block, which XLA may compute long before the loop that reads it.
 struct Blocks {
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    key_positions: Tensor,
-    key_segments: Option<Tensor>,
+    segments: Option<Tensor>,
 }
 
 impl Blocks {
     fn new(l: &Layout, q: &Tensor, k: &Tensor, v: &Tensor, segments: Option<&Tensor>) -> Blocks {
-        let by_block =
-            |x: &Tensor| x.reshape(&[l.batch, l.blocks, l.block, l.kv_heads, l.head_dim]).transpose(&[1, 0, 2, 3, 4]);
         Blocks {
             q: q.reshape(&[l.batch, l.seq, l.kv_heads, l.group(), l.head_dim]),
-            k: by_block(k),
-            v: by_block(v),
-            key_positions: q.trace().iota(DType::S32, &[l.seq], 0).reshape(&[l.blocks, l.block]),
-            key_segments: segments.map(|s| s.reshape(&[l.batch, l.blocks, l.block]).transpose(&[1, 0, 2])),
+            k: k.clone(),
+            v: v.clone(),
+            segments: segments.cloned(),
         }
     }
 
-    /// The scanned inputs for key blocks `lo..hi`.
+    /// The scanned input for key blocks `lo..hi`: their indices.
     fn key_range(&self, lo: i64, hi: i64) -> Tree {
-        let mut xs = Tree::new()
-            .with("k", self.k.slice_axis(0, lo, hi))
-            .with("v", self.v.slice_axis(0, lo, hi))
-            .with("pos", self.key_positions.slice_axis(0, lo, hi));
-        if let Some(seg) = &self.key_segments {
-            xs.insert("seg", seg.slice_axis(0, lo, hi));
+        let indices = self.k.trace().iota(DType::S32, &[hi - lo], 0) + lo as f64;
+        Tree::new().with("block", indices)
+    }
+
+    /// Key block `index` (an s32 scalar inside a scan body): keys and values `[batch, block,
+    /// kv_heads, head_dim]`, positions `[block]`, documents `[batch, block]`.
+    fn key_block(&self, l: &Layout, index: &Tensor) -> Tree {
+        let start = index * l.block as f64;
+        let zero = index.trace().scalar(0.0, DType::S32);
+        let rows =
+            |x: &Tensor| x.dynamic_slice(&[&zero, &start, &zero, &zero], &[l.batch, l.block, l.kv_heads, l.head_dim]);
+        let positions = index.trace().iota(DType::S32, &[l.block], 0) + &start;
+        let mut x = Tree::new().with("k", rows(&self.k)).with("v", rows(&self.v)).with("pos", positions);
+        if let Some(seg) = &self.segments {
+            x.insert("seg", seg.dynamic_slice(&[&zero, &start], &[l.batch, l.block]));
         }
-        xs
+        x
     }
 }
 
@@ -171,7 +183,8 @@ fn forward(l: &Layout, q: &Tensor, k: &Tensor, v: &Tensor, segments: Option<&Ten
             .with("m", ctx.full(MASK_VALUE, l.acc, &[b, n, g, bq]))
             .with("l", ctx.zeros(l.acc, &[b, n, g, bq]))
             .with("acc", ctx.zeros(l.acc, &[b, n, g, bq, d]));
-        let (state, _) = scan(&carry, &blocks.key_range(lo, hi), |c, x| {
+        let (state, _) = scan(&carry, &blocks.key_range(lo, hi), |c, xs| {
+            let x = &blocks.key_block(l, &xs["block"]);
             let (s, _) = query.scores(l, x);
             let m = c["m"].maximum(s.max(&[-1]));
             let p = (&s - &per_query(&m)).exp();
@@ -217,16 +230,19 @@ fn backward(
         - grads.d_lse.reshape(&[b, n, g, l.seq]);
     let lse = grads.lse.reshape(&[b, n, g, l.seq]);
     let ctx = q.trace();
-    let mut dk = ctx.zeros(l.acc, &[l.blocks, b, bq, n, d]);
-    let mut dv = dk.clone();
+    // `dk` and `dv` are carried through every query block's scan and updated in place, one key
+    // block at a time.
+    let mut dkv =
+        Tree::new().with("dk", ctx.zeros(l.acc, &[b, l.seq, n, d])).with("dv", ctx.zeros(l.acc, &[b, l.seq, n, d]));
     let mut dqs = Vec::new();
     for j in 0..l.blocks {
         let query = QueryBlock::new(l, &blocks, segments, j);
         let (lo, hi) = l.key_blocks(j);
         let rows = |x: &Tensor, axis: isize| x.slice_axis(axis, j * bq, (j + 1) * bq);
         let (d_out_j, lse_j, delta_j) = (rows(&d_out, 1), rows(&lse, 3), rows(&delta, 3));
-        let carry = Tree::new().with("dq", ctx.zeros(l.acc, &[b, n, g, bq, d]));
-        let (state, per_block) = scan(&carry, &blocks.key_range(lo, hi), |c, x| {
+        let carry = dkv.clone().with("dq", ctx.zeros(l.acc, &[b, n, g, bq, d]));
+        let (state, _) = scan(&carry, &blocks.key_range(lo, hi), |c, xs| {
+            let x = &blocks.key_block(l, &xs["block"]);
             let (s, allowed) = query.scores(l, x);
             let p = where_(&allowed, (&s - &per_query(&lse_j)).exp(), 0.0);
             let dv_i = einsum("bngqk,bqngd->bknd", &[&p.astype(v.dtype()), &d_out_j]).astype(l.acc);
@@ -234,15 +250,19 @@ fn backward(
             let ds = (&p * &(dp - per_query(&delta_j))).astype(q.dtype());
             let dq = &c["dq"] + &einsum("bngqk,bknd->bngqd", &[&ds, &x["k"]]).astype(l.acc);
             let dk_i = einsum("bngqk,bqngd->bknd", &[&ds, &query.q]).astype(l.acc);
-            (Tree::new().with("dq", dq), Tree::new().with("dk", dk_i).with("dv", dv_i))
+            let start = &xs["block"] * bq as f64;
+            let zero = start.trace().scalar(0.0, DType::S32);
+            let at = [&zero, &start, &zero, &zero];
+            let add = |acc: &Tensor, update: Tensor| {
+                let current = acc.dynamic_slice(&at, &[b, bq, n, d]);
+                acc.dynamic_update_slice(&(current + update), &at)
+            };
+            let next = Tree::new().with("dq", dq).with("dk", add(&c["dk"], dk_i)).with("dv", add(&c["dv"], dv_i));
+            (next, Tree::new())
         });
-        let place = |x: &Tensor| x.pad(0.0, &[lo, 0, 0, 0, 0], &[l.blocks - hi, 0, 0, 0, 0], &[0; 5]);
-        dk = dk + place(&per_block["dk"]);
-        dv = dv + place(&per_block["dv"]);
+        dkv = Tree::new().with("dk", state["dk"].clone()).with("dv", state["dv"].clone());
         dqs.push(state["dq"].transpose(&[0, 3, 1, 2, 4]).reshape(&[b, bq, l.heads, d]));
     }
-    let unblock =
-        |x: Tensor, like: &Tensor| x.transpose(&[1, 0, 2, 3, 4]).reshape(&[b, l.seq, n, d]).astype(like.dtype());
     let dq = concatenate(&dqs.iter().collect::<Vec<_>>(), 1).astype(q.dtype());
-    (dq, unblock(dk, k), unblock(dv, v))
+    (dq, dkv["dk"].astype(k.dtype()), dkv["dv"].astype(v.dtype()))
 }

@@ -2,8 +2,8 @@
 //! scalar operands (a scalar takes the tensor's dtype, like JAX's weakly typed Python scalars),
 //! comparisons, `where_`, `astype`, and the operator overloads (`&a + &b`, `x * 2.0`, `1.0 - x`).
 
-use super::trace::{apply1, op_error, usage_error, Tensor};
-use crate::ir::{BinaryOp, Comparison, DType, Prim, UnaryOp};
+use super::trace::{apply1, op_error, usage_error, Tensor, Trace};
+use crate::ir::{BinaryOp, Comparison, DType, Prim, Shape, UnaryOp};
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
 /// The right-hand side of a binary operation: a tensor or a scalar.
@@ -72,6 +72,13 @@ pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
 }
 
 /// Broadcasts operands to their common shape; `op` names the caller in the error.
+///
+/// The broadcasts are bound where the operation itself lands (the innermost trace of all
+/// operands), not in each operand's own trace: a small tensor from outside a `scan` or
+/// `checkpoint` body, combined with a body tensor, is captured small and broadcast inside. Bound
+/// outside, the broadcast would be hoisted out of the body and materialized at full size as a
+/// loop operand or a remat input (XLA's own loop-invariant code motion does not hoist
+/// size-inflating broadcasts for the same reason).
 #[track_caller]
 fn broadcast_all(op: &str, ts: &[&Tensor]) -> Vec<Tensor> {
     let mut shape = ts[0].shape().to_vec();
@@ -81,9 +88,16 @@ fn broadcast_all(op: &str, ts: &[&Tensor]) -> Vec<Tensor> {
             None => op_error(op, "shapes do not broadcast", &ts.iter().map(|t| t.ty()).collect::<Vec<_>>()),
         }
     }
+    let at = Trace::innermost(ts.iter().copied());
     let mut out = Vec::with_capacity(ts.len());
     for t in ts {
-        out.push(t.broadcast_to(&shape));
+        if t.shape() == shape.as_slice() {
+            out.push((*t).clone());
+            continue;
+        }
+        let offset = shape.len() - t.rank();
+        let dims = (offset..shape.len()).collect();
+        out.push(at.bind1(Prim::BroadcastInDim { shape: Shape::new(&shape), dims }, &[t]));
     }
     out
 }
