@@ -126,7 +126,6 @@ pub fn train(c: &Config, client: &Client, derived: &Derived, granules: &[Vec<i64
     let mut report = RunReport::default();
     let model = crate::model::Model::from_config(c).map_err(|e| anyhow!(e))?;
     derived.print_summary(model.num_params());
-    println!("{plan}");
     // Everything the run reads and writes is checked before the compile, as `run::train_in` does.
     output::check_paths(c, output::Command::Train)?;
     let mut data = data::open_train(c, derived.global_batch_size, ProcessShare::SINGLE, None)?;
