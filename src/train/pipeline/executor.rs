@@ -267,8 +267,8 @@ impl Pipeline {
         // layers' by `tokens / (microbatches x layers)` because the gradients are of the summed
         // loss and are divided by the token count at the end.
         let microbatches = (self.passes * self.schedule.microbatches) as f64;
-        let tokens = batch.targets_segmentation.to_f64().iter().filter(|&&s| s != 0.0).count() as f64;
-        let aux_weight = tokens.max(1.0) / (microbatches * self.step.model.config.layers as f64);
+        let aux_weight =
+            (batch.total_weights() as f64).max(1.0) / (microbatches * self.step.model.config.layers as f64);
         let ctx = StepContext {
             aux_weight,
             schedule: &self.schedule,
@@ -612,18 +612,8 @@ fn split_batch(batch: &Batch, count: usize, packed: bool) -> Result<Vec<HashMap<
     }
     let arrays: Vec<(&str, &HostTensor)> = batch_inputs(packed)
         .into_iter()
-        .map(|name| {
-            let array = match name {
-                "inputs" => &batch.inputs,
-                "targets" => &batch.targets,
-                "targets_segmentation" => &batch.targets_segmentation,
-                "inputs_position" => &batch.inputs_position,
-                "inputs_segmentation" => &batch.inputs_segmentation,
-                other => unreachable!("batch_inputs has no {other}"),
-            };
-            (name, array)
-        })
-        .collect();
+        .map(|name| batch.get(name).map(|t| (name, t)).ok_or_else(|| anyhow!("a batch has no {name}")))
+        .collect::<Result<_>>()?;
     Ok((0..count)
         .map(|k| {
             arrays
