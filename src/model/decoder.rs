@@ -214,6 +214,17 @@ pub enum ParamRole {
     Head,
 }
 
+/// Adds one layer's auxiliary losses to the running sums over layers (`sums`, by name).
+fn add_aux_losses(sums: &mut Tree, layer: &Tree) {
+    for (name, value) in layer.iter() {
+        let sum = match sums.get(name) {
+            Some(sum) => sum + value,
+            None => value.clone(),
+        };
+        sums.insert(name, sum);
+    }
+}
+
 /// `[batch, seq, emb]` activations' logical axes.
 pub const BTE: &[&str] = &["activation_batch", "activation_length", "activation_embed"];
 
@@ -327,13 +338,7 @@ impl Model {
             let mut y = x.clone();
             for i in 0..c.layers {
                 let out = layer(&y, &params.subtree(&format!("decoder.layers_{i}")));
-                for (name, value) in out.subtree("aux").iter() {
-                    let sum = match aux_sums.get(name) {
-                        Some(sum) => sum + value,
-                        None => value.clone(),
-                    };
-                    aux_sums.insert(name, sum);
-                }
+                add_aux_losses(&mut aux_sums, &out.subtree("aux"));
                 y = out["x"].clone();
                 outs.push(y.clone());
             }
@@ -528,13 +533,7 @@ impl Model {
             for i in layers {
                 inputs.push(y.clone());
                 let out = self.family.layer(c, &params.subtree(&format!("decoder.layers_{i}")), &y, ctx);
-                for (name, value) in out.aux_losses.iter() {
-                    let sum = match aux_sums.get(name) {
-                        Some(sum) => sum + value,
-                        None => value.clone(),
-                    };
-                    aux_sums.insert(name, sum);
-                }
+                add_aux_losses(&mut aux_sums, &out.aux_losses);
                 y = out.x;
             }
             (y, stack(&inputs.iter().collect::<Vec<_>>(), 0), aux_sums)
