@@ -278,30 +278,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     }
     let bar = if logger { progress_bar(steps.saturating_sub(start.first_step)) } else { ProgressBar::hidden() };
     let mut timing = DeviceTiming::new(c.skip_first_n_steps_for_profiler.max(0) as usize);
-    let mut health = Health::new(c);
-    let mut last_step = None;
-    // A finished step's metrics: logged and written (process 0), then judged (as MaxText's
-    // metric_logger: the step's metrics are written, then the run may stop).
-    let mut record = |metrics: StepMetrics, report: &mut RunReport, outputs: &mut RunOutputs| -> Result<()> {
-        if logger {
-            print_line(&bar, &metrics.log_line());
-        }
-        outputs.step(&metrics, &c.run_name).context("writing the run's metrics")?;
-        let verdict = health.observe(metrics.step, metrics.loss, metrics.grad_norm);
-        if verdict.is_err() {
-            bar.finish_and_clear();
-        }
-        if let Some(warning) = verdict? {
-            bar.suspend(|| tracing::warn!("{warning}"));
-        }
-        report.losses.push(metrics.loss);
-        report.grad_norms.push(metrics.grad_norm);
-        report.learning_rates.push(metrics.learning_rate);
-        report.step_times.push(metrics.step_time_seconds);
-        last_step = Some(metrics.step);
-        bar.inc(1);
-        Ok(())
-    };
+    let mut recorder = StepRecorder::new(c, &bar, logger);
     let mut feed = Feed { data: &mut train_data, first_row };
     let mut next_batch = match start.first_step < steps {
         true => Some(feed.transfer(client, &compiled, &slots, start.first_step)?),
@@ -311,7 +288,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     for step_index in start.first_step..steps {
         if let Some(p) = profiler.as_mut().filter(|p| p.starts_at(step_index)) {
             if let Some(flight) = in_flight.take() {
-                record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
+                recorder.record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
             }
             p.start()?;
         }
@@ -331,7 +308,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
             next_batch = Some(feed.transfer(client, &compiled, &slots, step_index + 1)?);
         }
         if let Some(previous) = in_flight.replace(flight) {
-            record(finish(&compiled, &slots, previous, &mut timing, work)?, &mut report, &mut outputs)?;
+            recorder.record(finish(&compiled, &slots, previous, &mut timing, work)?, &mut report, &mut outputs)?;
         }
         // For hang diagnostics the current step is the one whose metrics are awaited next.
         diagnostics::step_started(step_index);
@@ -341,7 +318,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         // The host needs this step finished (and, for an eval or a checkpoint, its state) before
         // the next step replaces that state.
         if let Some(flight) = in_flight.take() {
-            record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
+            recorder.record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
         }
         if profile_ends {
             if let Some(p) = profiler.as_mut() {
@@ -375,7 +352,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         }
     }
     if let Some(flight) = in_flight.take() {
-        record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
+        recorder.record(finish(&compiled, &slots, flight, &mut timing, work)?, &mut report, &mut outputs)?;
     }
     report.device_idle_fraction = timing.idle_fraction();
     report.perf_skipped_steps = timing.skip;
@@ -386,6 +363,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     // The position after the last step run (the pipeline itself may have read ahead).
     report.data_state = data_position.state;
     diagnostics::set_phase(None, "finishing: metrics, checkpoints");
+    let last_step = recorder.last_step;
     if let Some(step_index) = last_step {
         outputs.flush(step_index)?;
     }
@@ -408,6 +386,45 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         print_summary(&report, &work);
     }
     Ok(report)
+}
+
+/// What happens to a finished step's metrics, in both training loops (this one and the
+/// pipelined one): logged (by the process that logs) and written, then judged (as MaxText's
+/// metric_logger: the step's metrics are written, then the run may stop), and kept in the report.
+pub(super) struct StepRecorder<'a> {
+    run_name: &'a str,
+    bar: &'a ProgressBar,
+    logger: bool,
+    health: Health,
+    /// The last step recorded.
+    pub last_step: Option<u64>,
+}
+
+impl<'a> StepRecorder<'a> {
+    pub fn new(c: &'a Config, bar: &'a ProgressBar, logger: bool) -> StepRecorder<'a> {
+        StepRecorder { run_name: &c.run_name, bar, logger, health: Health::new(c), last_step: None }
+    }
+
+    pub fn record(&mut self, metrics: StepMetrics, report: &mut RunReport, outputs: &mut RunOutputs) -> Result<()> {
+        if self.logger {
+            print_line(self.bar, &metrics.log_line());
+        }
+        outputs.step(&metrics, self.run_name).context("writing the run's metrics")?;
+        let verdict = self.health.observe(metrics.step, metrics.loss, metrics.grad_norm);
+        if verdict.is_err() {
+            self.bar.finish_and_clear();
+        }
+        if let Some(warning) = verdict? {
+            self.bar.suspend(|| tracing::warn!("{warning}"));
+        }
+        report.losses.push(metrics.loss);
+        report.grad_norms.push(metrics.grad_norm);
+        report.learning_rates.push(metrics.learning_rate);
+        report.step_times.push(metrics.step_time_seconds);
+        self.last_step = Some(metrics.step);
+        self.bar.inc(1);
+        Ok(())
+    }
 }
 
 /// The run's checkpoints directory, when `enable_checkpointing` (validation made sure

@@ -20,10 +20,9 @@ use crate::output;
 use crate::pjrt::Client;
 use crate::runtime::{self, Compiled};
 use crate::tensor::Tree;
-use crate::train::health::Health;
 use crate::train::metrics::{median_step_time_after, StepMetrics};
 use crate::train::outputs::RunOutputs;
-use crate::train::run::{self, RunReport, StartupTimes};
+use crate::train::run::{self, RunReport, StartupTimes, StepRecorder};
 use crate::train::step::step_mesh;
 
 /// The pipeline's part of a run's report.
@@ -38,8 +37,6 @@ pub struct PipelineReport {
     pub bubbles: Vec<f64>,
     /// Per step: host seconds per microbatch that were neither execution nor waiting.
     pub host_overhead_per_microbatch: Vec<f64>,
-    /// Steps left out of the medians (`skip_first_n_steps_for_profiler`: compilation, warm-up).
-    pub skipped_steps: usize,
 }
 
 /// The pipelined step of `c` on the devices of `granules`, compiled (or loaded from
@@ -139,7 +136,6 @@ pub fn train(c: &Config, client: &Client, derived: &Derived, granules: &[Vec<i64
     let work = run::per_device_work(c, &model, derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
     report.tflops_per_device = work.tflops;
     let mut outputs = RunOutputs::open(c, 0)?;
-    let mut health = Health::new(c);
     let mut pipeline_report = PipelineReport {
         schedule: plan.schedule_name().to_string(),
         theoretical_bubble: plan.theoretical_bubble(),
@@ -149,8 +145,8 @@ pub fn train(c: &Config, client: &Client, derived: &Derived, granules: &[Vec<i64
 
     let steps = derived.steps as u64;
     let bar = run::progress_bar(steps);
+    let mut recorder = StepRecorder::new(c, &bar, true);
     let mut last = Instant::now();
-    let mut last_step = None;
     for step_index in 0..steps {
         diagnostics::step_started(step_index);
         diagnostics::set_phase(Some(step_index), "reading the batch");
@@ -169,44 +165,29 @@ pub fn train(c: &Config, client: &Client, derived: &Derived, granules: &[Vec<i64
             work,
         };
         last = now;
-        run::print_line(&bar, &metrics.log_line());
-        outputs.step(&metrics, &c.run_name).context("writing the run's metrics")?;
-        let verdict = health.observe(step_index, metrics.loss, metrics.grad_norm);
-        if verdict.is_err() {
-            bar.finish_and_clear();
-        }
-        if let Some(warning) = verdict? {
-            bar.suspend(|| tracing::warn!("{warning}"));
-        }
-        report.losses.push(result.loss);
-        report.grad_norms.push(result.grad_norm);
-        report.learning_rates.push(result.learning_rate);
-        report.step_times.push(metrics.step_time_seconds);
+        recorder.record(metrics, &mut report, &mut outputs)?;
         pipeline_report.bubbles.push(result.timeline.bubble());
         pipeline_report.host_overhead_per_microbatch.push(result.host_overhead_per_microbatch);
-        last_step = Some(step_index);
-        bar.inc(1);
         diagnostics::step_finished(step_index);
     }
     bar.finish_and_clear();
-    if let Some(step_index) = last_step {
+    if let Some(step_index) = recorder.last_step {
         outputs.flush(step_index)?;
     }
     diagnostics::set_phase(None, "finished training");
     report.perf_skipped_steps = skip;
     report.peak_memory_bytes = run::peak_memory(&client.addressable_devices()?);
     run::print_summary(&report, &work);
-    pipeline_report.skipped_steps = skip;
-    print_pipeline_summary(&pipeline_report);
+    print_pipeline_summary(&pipeline_report, skip);
     report.pipeline = Some(pipeline_report);
     Ok(report)
 }
 
 /// The bubble line: the median over the steps after the skipped ones, as the step time's
 /// median is taken.
-fn print_pipeline_summary(p: &PipelineReport) {
-    let bubble = median_step_time_after(&p.bubbles, p.skipped_steps).or(p.bubbles.last().copied());
-    let overhead = median_step_time_after(&p.host_overhead_per_microbatch, p.skipped_steps)
+fn print_pipeline_summary(p: &PipelineReport, skipped_steps: usize) {
+    let bubble = median_step_time_after(&p.bubbles, skipped_steps).or(p.bubbles.last().copied());
+    let overhead = median_step_time_after(&p.host_overhead_per_microbatch, skipped_steps)
         .or(p.host_overhead_per_microbatch.last().copied());
     let (Some(bubble), Some(overhead)) = (bubble, overhead) else { return };
     println!(
