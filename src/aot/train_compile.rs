@@ -34,6 +34,23 @@ pub struct CompileSummary {
     pub serialized_bytes: usize,
 }
 
+impl CompileSummary {
+    /// The closing line: `compiled [what ]for TARGET (N devices): ...` with the times and the
+    /// size of the `bytes_of` (executable or executables).
+    fn print(&self, what: &str, bytes_of: &str) {
+        let what = if what.is_empty() { String::new() } else { format!("{what} ") };
+        println!(
+            "compiled {what}for {} ({} devices): set-up {:.2} s, trace {:.3} s, compile {:.2} s, {bytes_of} {} bytes",
+            self.target,
+            self.num_devices,
+            self.setup_seconds,
+            self.trace_seconds,
+            self.compile_seconds,
+            self.serialized_bytes
+        );
+    }
+}
+
 /// The memory a compiled step needs per device.
 #[derive(Debug)]
 pub enum CompiledMemory {
@@ -94,17 +111,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
             memory: CompiledMemory::Pipeline(compiled.memory),
             serialized_bytes: compiled.serialized_bytes,
         };
-        println!(
-            "compiled {} pipeline programs for {} ({} devices): set-up {:.2} s, trace {:.3} s, compile {:.2} s, \
-             executables {} bytes",
-            compiled.programs,
-            summary.target,
-            summary.num_devices,
-            summary.setup_seconds,
-            summary.trace_seconds,
-            summary.compile_seconds,
-            summary.serialized_bytes
-        );
+        summary.print(&format!("{} pipeline programs", compiled.programs), "executables");
         return Ok(summary);
     }
     let step = TrainStep::new(c, &derived, mesh).map_err(|e| anyhow!(e))?;
@@ -154,15 +161,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
         memory: CompiledMemory::Step(memory),
         serialized_bytes: bytes.len(),
     };
-    println!(
-        "compiled for {} ({} devices): set-up {:.2} s, trace {:.3} s, compile {:.2} s, executable {} bytes",
-        summary.target,
-        summary.num_devices,
-        summary.setup_seconds,
-        summary.trace_seconds,
-        summary.compile_seconds,
-        summary.serialized_bytes
-    );
+    summary.print("", "executable");
     Ok(summary)
 }
 
