@@ -22,7 +22,7 @@ use super::{rng, uniform};
 use maxrs::model::Model;
 use maxrs::pjrt::HostTensor;
 use maxrs::tensor::Tree;
-use ndarray::{s, Array2, Axis};
+use ndarray::{s, Array2};
 use std::collections::BTreeMap;
 
 pub use super::llama_ref::{B, T};
@@ -425,17 +425,8 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     if let Some(cap) = spec.final_cap {
         logits.mapv_inplace(|v| cap * (v / cap).tanh());
     }
-    let (mut total, mut weights) = (0.0, 0.0);
-    for (r, row) in logits.axis_iter(Axis(0)).enumerate() {
-        if b.seg[r] == 0 {
-            continue;
-        }
-        let mx = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let log_z = mx + row.iter().map(|v| (v - mx).exp()).sum::<f64>().ln();
-        total += log_z - row[b.targets[r] as usize];
-        weights += 1.0;
-    }
-    RefOut { embeddings, layers, logits, loss: total / weights }
+    let loss = super::llama_ref::cross_entropy(&logits, &b.targets, &b.seg, 0.0);
+    RefOut { embeddings, layers, logits, loss }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -447,10 +438,5 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
 pub use super::llama_ref::{batch, signature, Batch};
 
 pub fn inputs(m: &Model, p: &RefParams, b: &Batch) -> Tree<HostTensor> {
-    let mut inputs = host_params(m, p);
-    let dims = [B as i64, T as i64];
-    inputs.insert("inputs", HostTensor::from_i32(&dims, &b.tokens));
-    inputs.insert("targets", HostTensor::from_i32(&dims, &b.targets));
-    inputs.insert("targets_segmentation", HostTensor::from_i32(&dims, &b.seg));
-    inputs
+    super::llama_ref::with_batch(host_params(m, p), b)
 }

@@ -194,6 +194,13 @@ pub fn reference(c: &Model, p: &RefParams, tokens: &[i32], targets: &[i32], seg:
         Some(w) => y.dot(w),
         None => y.dot(&p.embedding.t()) / (e as f64).sqrt(),
     };
+    let loss = cross_entropy(&logits, targets, seg, z);
+    RefOut { embeddings, layers, logits, loss }
+}
+
+/// MaxText's loss of `logits` (`[tokens, vocab]`): cross entropy plus `z` x log(Z)^2 per token,
+/// averaged over the tokens whose segment is not 0.
+pub fn cross_entropy(logits: &Array2<f64>, targets: &[i32], seg: &[i32], z: f64) -> f64 {
     let (mut total, mut weights) = (0.0, 0.0);
     for (r, row) in logits.axis_iter(Axis(0)).enumerate() {
         if seg[r] == 0 {
@@ -204,7 +211,7 @@ pub fn reference(c: &Model, p: &RefParams, tokens: &[i32], targets: &[i32], seg:
         total += log_z - row[targets[r] as usize] + z * log_z * log_z;
         weights += 1.0;
     }
-    RefOut { embeddings, layers, logits, loss: total / weights }
+    total / weights
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -237,7 +244,12 @@ pub fn signature(c: &Model) -> Signature {
 }
 
 pub fn inputs(c: &Model, p: &RefParams, b: &Batch) -> Tree<HostTensor> {
-    let mut inputs = host_params(c, p);
+    with_batch(host_params(c, p), b)
+}
+
+/// The program inputs: `params` (a reference's parameters on the host) and the batch.
+pub fn with_batch(params: Tree<HostTensor>, b: &Batch) -> Tree<HostTensor> {
+    let mut inputs = params;
     let dims = [B as i64, T as i64];
     inputs.insert("inputs", HostTensor::from_i32(&dims, &b.tokens));
     inputs.insert("targets", HostTensor::from_i32(&dims, &b.targets));

@@ -133,26 +133,11 @@ pub fn reference(
     }
     let y = rms_norm(&x, &p.base.final_norm, c.config.eps);
     let logits = y.dot(p.base.logits_dense.as_ref().unwrap());
-    let (mut total, mut weights) = (0.0, 0.0);
-    for (r, row) in logits.axis_iter(Axis(0)).enumerate() {
-        if b.seg[r] == 0 {
-            continue;
-        }
-        let mx = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let log_z = mx + row.iter().map(|v| (v - mx).exp()).sum::<f64>().ln();
-        total += log_z - row[b.targets[r] as usize];
-        weights += 1.0;
-    }
-    let loss = total / weights + lb_weight * load_balance;
+    let loss = llama_ref::cross_entropy(&logits, &b.targets, &b.seg, 0.0) + lb_weight * load_balance;
     MixtralOut { layers, logits, loss, load_balance, dropped, min_margin }
 }
 
 /// The program inputs: parameters and the batch.
 pub fn inputs(c: &Model, p: &MixtralParams, b: &llama_ref::Batch) -> Tree<HostTensor> {
-    let mut inputs = host_params(c, p);
-    let dims = [B as i64, T as i64];
-    inputs.insert("inputs", HostTensor::from_i32(&dims, &b.tokens));
-    inputs.insert("targets", HostTensor::from_i32(&dims, &b.targets));
-    inputs.insert("targets_segmentation", HostTensor::from_i32(&dims, &b.seg));
-    inputs
+    llama_ref::with_batch(host_params(c, p), b)
 }
