@@ -8,11 +8,10 @@
 //! "skipped: offline" and pass only when that download fails and the package index cannot be
 //! reached at all; any other failure fails them.
 
-mod common;
 
 use std::time::Instant;
 
-use common::provision::provisioned;
+use crate::common::provision::provisioned;
 
 use maxrs::aot::topology::{lookup, GpuTarget};
 use maxrs::aot::{target_config, CompileTarget};

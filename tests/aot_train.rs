@@ -6,12 +6,11 @@
 //! needed vs available memory. GPU/TPU cases download their plugin and print "skipped: offline"
 //! only when the machine cannot reach the package index.
 
-mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::provision::provisioned;
+use crate::common::provision::provisioned;
 use maxrs::aot::topology::lookup;
 use maxrs::aot::train_compile::train_compile;
 use maxrs::config::{self, Config};

@@ -7,9 +7,8 @@
 //! against finite differences. Under a remat policy that saves `context`, the backward pass
 //! reuses the saved output and statistics instead of recomputing the attention.
 
-mod common;
 
-use common::{f64_tensor, rng, run, uniform};
+use crate::common::{f64_tensor, rng, run, uniform};
 use maxrs::ir::{DType, Prim, Program, Signature};
 use maxrs::model::attention::{attend, AttentionImpl, Mask};
 use maxrs::pjrt::HostTensor;
@@ -117,12 +116,12 @@ fn blockwise_matches_dot_product_in_bf16() {
 fn blockwise_gradient_matches_finite_differences() {
     let case = Case { window: Some(10), packed: true };
     let compiled =
-        compile(&common::client(), &program(case, AttentionImpl::Blockwise { block: BLOCK }, DType::F64, false))
+        compile(&crate::common::client(), &program(case, AttentionImpl::Blockwise { block: BLOCK }, DType::F64, false))
             .expect("compiles");
     let base = inputs(case, 11);
-    let grads = compiled.run(&common::client(), &base).expect("runs");
+    let grads = compiled.run(&crate::common::client(), &base).expect("runs");
     let loss = |inp: &Tree<HostTensor>| -> f64 {
-        let out = compiled.run(&common::client(), inp).expect("runs")["out"].to_f64();
+        let out = compiled.run(&crate::common::client(), inp).expect("runs")["out"].to_f64();
         out.iter().zip(inp["w"].to_f64()).map(|(o, w)| o * w).sum()
     };
     let mut r = rng(3);

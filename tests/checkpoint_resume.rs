@@ -5,7 +5,6 @@
 //! naming the key; retention keeps the newest N; `load_parameters_path` and
 //! `load_full_state_path` accept checkpoint directories.
 
-mod common;
 
 use std::path::Path;
 
@@ -137,8 +136,8 @@ fn restore_onto_another_mesh_and_device_count() {
         run(8, &ckpt_args(base.path(), "mesh", &[&fsdp8[..], &["steps=3", "checkpoint_period=2"]].concat())).unwrap();
     assert_eq!(steps_on_disk(base.path(), "mesh"), [0, 2]);
     let close = |what: &str, got: &[f64], want: &[f64]| {
-        println!("{what}: max relative loss difference {:e}", common::max_rel_diff(got, want));
-        assert!(common::max_rel_diff(got, want) < 1e-5, "{what}: {got:?} vs {want:?}");
+        println!("{what}: max relative loss difference {:e}", crate::common::max_rel_diff(got, want));
+        assert!(crate::common::max_rel_diff(got, want) < 1e-5, "{what}: {got:?} vs {want:?}");
     };
     // fsdp=8 -> data 2 x fsdp 2 x tensor 2, resumed from the run's own newest checkpoint.
     let mixed =

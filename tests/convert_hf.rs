@@ -6,7 +6,6 @@
 //! grouped-query attention, scaling by `1/sqrt(head_dim)`); converting back gives the original
 //! tensors bit for bit, in float32 and in bfloat16, sharded with an index.
 
-mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -37,11 +36,11 @@ const THETA: f64 = 10000.0;
 
 /// A random Hugging Face Llama checkpoint: name -> (shape, f32 values).
 fn random_checkpoint(seed: u64) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
-    let mut rng = common::rng(seed);
+    let mut rng = crate::common::rng(seed);
     let mut t = BTreeMap::new();
     let mut put = |name: String, shape: Vec<usize>, lo: f64, hi: f64| {
         let n = shape.iter().product();
-        t.insert(name, (shape, common::uniform(&mut rng, n, lo, hi).into_iter().map(|x| x as f32).collect()));
+        t.insert(name, (shape, crate::common::uniform(&mut rng, n, lo, hi).into_iter().map(|x| x as f32).collect()));
     };
     put("model.embed_tokens.weight".into(), vec![V, E], -1.0, 1.0);
     for l in 0..L {
@@ -243,7 +242,7 @@ fn maxrs_logits(dir: &Path, tokens: &[i32], extra: &[&str]) -> Vec<f64> {
     .unwrap();
     let mut inputs: Tree<HostTensor> = loaded.arrays.into_iter().collect();
     inputs.insert("inputs", HostTensor::from_i32(&[1, T as i64], tokens));
-    common::run(&program, &inputs)["logits"].to_f64()
+    crate::common::run(&program, &inputs)["logits"].to_f64()
 }
 
 /// The tensors of a Hugging Face directory (all shards), as raw dtype + shape + bytes.
@@ -277,7 +276,7 @@ fn hf_checkpoint_gives_the_reference_logits_and_converts_back_exactly() {
         let text = convert(&["from-hf", hf.to_str().unwrap(), ours.to_str().unwrap(), &format!("scan_layers={scan}")]);
         assert!(text.contains("load_parameters_path="), "{text}");
         let got = maxrs_logits(&ours, &tokens, &[&format!("scan_layers={scan}")]);
-        let err = common::llama_ref::scaled_err(&got, &want);
+        let err = crate::common::llama_ref::scaled_err(&got, &want);
         println!("scan_layers={scan}: logits scaled error vs the Hugging Face reference {err:e}");
         assert!(err < 1e-5, "scan_layers={scan}: logits differ from Hugging Face's: {err:e}");
 

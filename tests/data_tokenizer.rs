@@ -8,7 +8,6 @@
 //! 512-token tokenizers trained on Shakespeare's comedies (SentencePiece BPE with byte fallback,
 //! SentencePiece unigram with NFKC normalization, byte-level BPE `tokenizer.json`).
 
-mod common;
 
 use std::path::{Path, PathBuf};
 
@@ -81,7 +80,7 @@ fn huggingface_tokenizer_json_matches_the_library() {
 fn mistral_7b_sentencepiece_matches_the_library() {
     let path = match Provisioner::from_env().wheel_file(&MISTRAL) {
         Ok(path) => path,
-        Err(e) if common::provision::offline() => {
+        Err(e) if crate::common::provision::offline() => {
             return println!("skipped: offline, cannot fetch the Mistral tokenizer: {e:#}")
         }
         Err(e) => panic!("{e:#}"),

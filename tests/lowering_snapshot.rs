@@ -2,7 +2,6 @@
 //! attributes, the Shardy mesh, argument/result shardings, donation aliases, readable names,
 //! constraints, and the forward/backward equations. The module must also compile on 4 devices.
 
-mod common;
 
 use maxrs::ir::{DType, Signature};
 use maxrs::lower::to_stablehlo;
@@ -37,5 +36,5 @@ fn sharded_mlp_step() {
     .unwrap();
     let mlir = to_stablehlo(&program);
     insta::assert_snapshot!(mlir);
-    compile(&common::client(), &program).expect("the snapshotted module compiles");
+    compile(&crate::common::client(), &program).expect("the snapshotted module compiles");
 }

@@ -6,11 +6,10 @@
 //! training runs: 8 devices (expert 8; expert 2 x fsdp 4) give the 1-device losses, gradient
 //! accumulation the full batch's, and the tiny Mixtral of the JaxPP fork's tests trains.
 
-mod common;
 
-use common::llama_ref::{self, scaled_err, signature, B, T};
-use common::mixtral_ref::{self, config, inputs, random_params, MixtralParams};
-use common::moe_ref::Routing;
+use crate::common::llama_ref::{self, scaled_err, signature, B, T};
+use crate::common::mixtral_ref::{self, config, inputs, random_params, MixtralParams};
+use crate::common::moe_ref::Routing;
 use maxrs::model::Model;
 use maxrs::pjrt::cpu_client;
 use maxrs::tensor::{trace, value_and_grad_with_aux};
@@ -53,7 +52,7 @@ fn model_matches_reference() {
                 .with("moe_lb_loss", aux["aux_losses.moe_lb_loss"].clone())
         })
         .expect("the model traces");
-        let out = common::run(&program, &inputs(&c, &p, &b));
+        let out = crate::common::run(&program, &inputs(&c, &p, &b));
         let want = mixtral_ref::reference(&c, &p, &b, 2, routing, LB_WEIGHT);
         assert!(want.min_margin > 1e-3, "the test data has a near-tie in routing: {}", want.min_margin);
         if let Routing::Capacity(_) = routing {
@@ -143,7 +142,7 @@ fn assert_same_losses(what: &str, got: &RunReport, want: &RunReport) {
     println!(
         "{what}: losses {:?}, max relative difference {:e}",
         got.losses,
-        common::max_rel_diff(&got.losses, &want.losses)
+        crate::common::max_rel_diff(&got.losses, &want.losses)
     );
     for (step, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
         let rel = (a - b).abs() / b.abs();

@@ -6,9 +6,8 @@
 //! reference loss for the parameters each family adds (windows, soft caps, post norms, biases,
 //! LayerNorms, learned positions, the tied and rescaled Gemma embedding, Llama 3.1's RoPE).
 
-mod common;
 
-use common::family_ref::*;
+use crate::common::family_ref::*;
 use maxrs::model::Model;
 use maxrs::tensor::{trace, value_and_grad, Tree};
 use ndarray::Array2;
@@ -51,7 +50,7 @@ fn check_forward(label: &str, m: &Model, spec: &Spec) -> RefOut {
             .with("loss", loss)
     })
     .expect("the model traces");
-    let out = common::run(&program, &inputs(m, &p, &b));
+    let out = crate::common::run(&program, &inputs(m, &p, &b));
     let want = reference(spec, m, &p, &b);
     let tol = 1e-4;
     let err = scaled_err(&out["embeddings"].to_f64(), &want.embeddings);
@@ -84,7 +83,7 @@ fn check_gradient(label: &str, m: &Model, spec: &Spec, probes: &[Probe]) {
         grads.prefixed("grad").with("loss", loss)
     })
     .expect("the gradient traces");
-    let out = common::run(&program, &inputs(m, &p, &b));
+    let out = crate::common::run(&program, &inputs(m, &p, &b));
     for &(layer, name, index) in probes {
         let h = 1e-4;
         let nudged = |delta: f64| {

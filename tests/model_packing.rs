@@ -6,11 +6,10 @@
 //! position 0. Without the segment ids the later documents' outputs differ, so the test sees the
 //! mask.
 
-mod common;
 
 use std::collections::BTreeMap;
 
-use common::llama_ref::{self, random_params, rms_norm, scaled_err, RefParams};
+use crate::common::llama_ref::{self, random_params, rms_norm, scaled_err, RefParams};
 use maxrs::ir::{DType, Signature};
 use maxrs::model::Model;
 use maxrs::pjrt::HostTensor;
@@ -97,7 +96,7 @@ struct Packed {
 }
 
 fn packed(vocab: i32) -> Packed {
-    let mut rng = common::rng(31);
+    let mut rng = crate::common::rng(31);
     let (mut tokens, mut segs, mut pos, mut docs) =
         (vec![0; ROWS * SEQ], vec![0; ROWS * SEQ], vec![0; ROWS * SEQ], Vec::new());
     for (row, lengths) in LAYOUT.iter().enumerate() {
@@ -136,7 +135,7 @@ fn layer_outputs(c: &Model, p: &RefParams, tokens: &[i32], segs: &[i32], pos: &[
         inputs.insert("inputs_position", HostTensor::from_i32(&dims, pos));
         inputs.insert("inputs_segmentation", HostTensor::from_i32(&dims, segs));
     }
-    common::run(&program, &inputs)["layers"].to_f64()
+    crate::common::run(&program, &inputs)["layers"].to_f64()
 }
 
 fn check(scan_layers: bool) {

@@ -5,9 +5,8 @@
 //! with `scan_layers` on and off; the gradient of the loss is checked against finite differences
 //! of the reference loss.
 
-mod common;
 
-use common::llama_ref::*;
+use crate::common::llama_ref::*;
 use maxrs::ir::Signature;
 use maxrs::tensor::{trace, value_and_grad, Tree};
 use ndarray::Array2;
@@ -27,7 +26,7 @@ fn check_forward(scan_layers: bool, extra: &[&str], z: f64) {
             .with("loss", loss)
     })
     .expect("the model traces");
-    let out = common::run(&program, &inputs(&c, &p, &b));
+    let out = crate::common::run(&program, &inputs(&c, &p, &b));
     let want = reference(&c, &p, &b.tokens, &b.targets, &b.seg, z);
     let tol = 1e-4;
     let flat = |a: &Array2<f64>| a.iter().copied().collect::<Vec<_>>();
@@ -76,7 +75,7 @@ fn gradient_matches_finite_differences() {
             grads.prefixed("grad").with("loss", loss)
         })
         .expect("the gradient traces");
-        let out = common::run(&program, &inputs(&c, &p, &b));
+        let out = crate::common::run(&program, &inputs(&c, &p, &b));
         // (layer, reference parameter, row, col) and the element's index in the model's layout.
         let probes: &[(usize, &str, usize, usize)] = &[
             (0, "self_attention.query.kernel", 3, 70),
@@ -133,7 +132,7 @@ fn init_params_follow_the_defs_and_the_seed() {
         let init = |seed: u32| {
             let program =
                 trace(&Signature::new(None), |ctx, _| c.init_params(&random::key(ctx, seed))).expect("init traces");
-            common::run(&program, &Tree::new())
+            crate::common::run(&program, &Tree::new())
         };
         let (a, again, other) = (init(0), init(0), init(1));
         let defs = c.param_defs();

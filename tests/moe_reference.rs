@@ -4,10 +4,9 @@
 //! the gradient of a loss through each path against central differences of the reference. And
 //! expert-parallel dispatch on 8 devices: all-to-alls, and one device's numbers.
 
-mod common;
 
-use common::moe_ref::{moe, MoeParams, MoeRef, Routing};
-use common::{f64_tensor, rng, run, uniform};
+use crate::common::moe_ref::{moe, MoeParams, MoeRef, Routing};
+use crate::common::{f64_tensor, rng, run, uniform};
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::model::moe::{moe_block, param_defs, MoeConfig};
 use maxrs::model::ModelConfig;
@@ -183,7 +182,7 @@ fn expert_parallel_dispatch_uses_all_to_all() {
     let d = data(13, batch);
     let m = MoeConfig { dispatch_no_expert_sharding: true, ..config(false, 1.0, 0.01) };
     let one = run(&program(&c, &m, batch, None), &host(&d, DType::F32));
-    let client = common::client();
+    let client = crate::common::client();
     let mesh = Mesh::new(&[("expert", 8)]);
     let compiled = maxrs::runtime::compile(&client, &program(&c, &m, batch, Some(&mesh))).expect("compiles");
     // The optimized module is a serialized HloModuleProto, whose opcodes are strings.

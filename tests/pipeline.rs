@@ -5,7 +5,6 @@
 //! f32). Plus the config errors, the saved pipeline (`maxrs train-compile`) loaded by training,
 //! and `maxrs train` with the bubble in its summary.
 
-mod common;
 
 use std::path::Path;
 
@@ -56,7 +55,7 @@ fn pipelined(args: &[&str]) -> (Vec<f64>, Tree<HostTensor>) {
     let c = load(args);
     let derived = config::validate(&c, 8, 1).expect("valid config");
     assert!(derived.pipeline.is_some(), "{args:?} is pipelined");
-    let client = common::client();
+    let client = crate::common::client();
     let mut pipeline = build(&c, &client, &derived, &granules(), &mut StartupTimes::default()).expect("builds");
     let mut loader = batches(&c, &derived);
     let mut losses = Vec::new();
@@ -83,7 +82,7 @@ fn unpipelined_with(args: &[&str], extra: &[&str]) -> (Vec<f64>, Tree<HostTensor
     plain.extend(extra);
     let c = load(&plain);
     let derived = config::validate(&c, 8, 1).expect("valid config");
-    let client = common::client();
+    let client = crate::common::client();
     let step = TrainStep::new(&c, &derived, step_mesh(&derived, &granules()).unwrap()).unwrap();
     let compiled = runtime::compile(&client, &step.train_step().unwrap()).unwrap();
     let init = runtime::compile(&client, &step.init(true).unwrap()).unwrap();
@@ -152,7 +151,7 @@ fn stacked(params: &Tree<HostTensor>, layers: usize) -> Tree<HostTensor> {
 }
 
 fn assert_same_run(what: &str, got: &(Vec<f64>, Tree<HostTensor>), want: &(Vec<f64>, Tree<HostTensor>)) {
-    let loss = common::max_rel_diff(&got.0, &want.0);
+    let loss = crate::common::max_rel_diff(&got.0, &want.0);
     println!("{what}: losses {:?} vs {:?} (max relative difference {loss:e})", got.0, want.0);
     assert!(loss <= 1e-5, "{what}: losses differ by {loss:e}");
     assert!(want.0.last() < want.0.first(), "{what}: the loss falls: {:?}", want.0);
@@ -162,7 +161,7 @@ fn assert_same_run(what: &str, got: &(Vec<f64>, Tree<HostTensor>), want: &(Vec<f
     for name in names {
         let (a, b) = (&got.1[name], &want.1[name]);
         assert_eq!(a.dims, b.dims, "{what}: {name}");
-        let d = common::max_rel_diff(&a.to_f64(), &b.to_f64());
+        let d = crate::common::max_rel_diff(&a.to_f64(), &b.to_f64());
         if d > worst.0 {
             worst = (d, name);
         }
@@ -321,7 +320,7 @@ fn pipeline_configs_that_cannot_run_are_refused_naming_the_keys() {
     let e = config::validate(&c, 8, 2).expect_err("stages across hosts").to_string();
     assert!(e.contains("not supported yet") && e.contains("cross-host"), "{e}");
     let c = load(&["base_num_decoder_layers=4", "ici_pipeline_parallelism=2"]);
-    let e = maxrs::inference::run::decode(&c, &common::client()).expect_err("decode with stages").to_string();
+    let e = maxrs::inference::run::decode(&c, &crate::common::client()).expect_err("decode with stages").to_string();
     assert!(e.contains("decoding with them is not supported yet"), "{e}");
 }
 
@@ -372,13 +371,13 @@ fn a_saved_pipeline_trains_and_a_different_schedule_is_refused() {
 
     train_args.push("pipeline_schedule=gpipe");
     let c = load(&train_args);
-    let err = maxrs::train::run::train(&c, &common::client()).expect_err("another schedule").to_string();
+    let err = maxrs::train::run::train(&c, &crate::common::client()).expect_err("another schedule").to_string();
     assert!(err.contains("pipeline schedule: compiled with 1f1b") && err.contains("this run has gpipe"), "{err}");
     assert!(Path::new(&file).exists());
 }
 
 fn train_with(args: &[&str]) -> Vec<f64> {
-    let report = maxrs::train::run::train(&load(args), &common::client()).expect("trains");
+    let report = maxrs::train::run::train(&load(args), &crate::common::client()).expect("trains");
     let pipeline = report.pipeline.expect("a pipelined run reports its bubble");
     assert_eq!(pipeline.bubbles.len(), report.losses.len());
     report.losses
@@ -447,7 +446,7 @@ fn jaxpp_tiny_llama2_mistral_and_mixtral_train_with_two_stages() {
     for (name, keys) in models {
         let args: Vec<String> = common.iter().chain(keys.iter()).map(|s| s.to_string()).collect();
         let c = config::load(None, &args).expect("config loads");
-        let report = maxrs::train::run::train(&c, &common::client()).expect("the run trains");
+        let report = maxrs::train::run::train(&c, &crate::common::client()).expect("the run trains");
         println!("{name}: losses {:?}", report.losses);
         assert!(report.pipeline.is_some(), "{name}: a pipelined run");
         assert!(report.losses.last() < report.losses.first(), "{name}: the loss falls: {:?}", report.losses);

@@ -4,7 +4,6 @@
 //! and the same run against a real GCS emulator (`gs://`), which writes checkpoints and outputs
 //! there and resumes from them.
 
-mod common;
 
 use std::collections::BTreeMap;
 
@@ -103,7 +102,7 @@ fn config_metrics_and_tensorboard_events_in_the_run_directory() {
     let want: BTreeMap<i64, f32> = report.losses.iter().enumerate().map(|(i, l)| (i as i64, *l as f32)).collect();
     assert_eq!(losses(&decoded), want);
 
-    let Some(read) = common::tensorboard_reader::scalars(&tb) else { return };
+    let Some(read) = crate::common::tensorboard_reader::scalars(&tb) else { return };
     for tag in [
         "learning/loss",
         "learning/current_learning_rate",
@@ -128,7 +127,7 @@ fn config_metrics_and_tensorboard_events_in_the_run_directory() {
 
 #[test]
 fn a_gs_run_writes_its_outputs_and_resumes_from_the_emulator() {
-    let Some(_emulator) = common::gcs_emulator::start(&["maxrs-runs"]) else { return };
+    let Some(_emulator) = crate::common::gcs_emulator::start(&["maxrs-runs"]) else { return };
     let base = "gs://maxrs-runs/experiments";
     let args = |steps: &str| {
         vec![

@@ -2,9 +2,8 @@
 //! gradients of a scanned layer stack equal those of the unrolled loop, and every remat
 //! policy gives the gradients of no remat — while saving different residuals per iteration.
 
-mod common;
 
-use common::{f64_tensor, max_rel_diff, rng, run, uniform};
+use crate::common::{f64_tensor, max_rel_diff, rng, run, uniform};
 use maxrs::ir::{DType, Prim, Program, Signature};
 use maxrs::lower::to_stablehlo;
 use maxrs::pjrt::HostTensor;

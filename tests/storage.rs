@@ -2,7 +2,6 @@
 //! GCS emulator (fake-gcs-server, started here). The same checks run on each: atomic writes,
 //! streaming multi-part uploads, listing, staged directories and deletion.
 
-mod common;
 
 use std::io::{Read, Write};
 
@@ -67,7 +66,7 @@ fn local_files() {
 
 #[test]
 fn gcs_emulator() {
-    let Some(_emulator) = common::gcs_emulator::start(&["maxrs-storage-test"]) else { return };
+    let Some(_emulator) = crate::common::gcs_emulator::start(&["maxrs-storage-test"]) else { return };
     exercise(&Location::parse("gs://maxrs-storage-test/run").unwrap());
 }
 

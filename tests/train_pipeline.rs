@@ -7,7 +7,6 @@
 //!   TensorBoard's profile plugin looks (`<tensorboard>/plugins/profile/<time>/<host>.xplane.pb`);
 //! - `profiler=nsys` without `libcudart` runs and says it has no effect.
 
-mod common;
 
 use maxrs::config;
 use maxrs::pjrt::{cpu_client, load_plugin, profiler::XSpace};
@@ -50,7 +49,7 @@ fn xplane_on_a_plugin_without_profiler_fails_before_training() {
 fn xplane_trace_lands_where_tensorboard_reads_it() {
     let (_, plugin) = match load_plugin(Some("cuda12")) {
         Ok(p) => p,
-        Err(e) if common::provision::offline() => return println!("skipped: offline: {e:#}"),
+        Err(e) if crate::common::provision::offline() => return println!("skipped: offline: {e:#}"),
         Err(e) => panic!("{e:#}"),
     };
     let dir = tempfile::tempdir().unwrap();

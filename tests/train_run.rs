@@ -3,9 +3,8 @@
 //! and a run from files (`load_parameters_path`, `dataset_type=tokens`) starts at the loss the
 //! f64 reference computes for the same parameters and rows.
 
-mod common;
 
-use common::llama_ref::{self, B, T};
+use crate::common::llama_ref::{self, B, T};
 use maxrs::config;
 use maxrs::data::write_tokens_file;
 use maxrs::pjrt::cpu_client;
@@ -22,7 +21,7 @@ fn run(devices: usize, overrides: &[&str]) -> RunReport {
 
 fn assert_same_losses(what: &str, got: &RunReport, want: &RunReport, tol: f64) {
     assert_eq!(got.losses.len(), want.losses.len());
-    println!("{what}: max relative loss difference {:e}", common::max_rel_diff(&got.losses, &want.losses));
+    println!("{what}: max relative loss difference {:e}", crate::common::max_rel_diff(&got.losses, &want.losses));
     for (step, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
         let rel = (a - b).abs() / b.abs();
         assert!(rel <= tol, "{what}: step {step} loss {a} vs {b} (relative difference {rel:e})");
@@ -62,9 +61,9 @@ fn run_from_parameter_and_token_files_starts_at_the_reference_loss() {
         .collect();
     let params_path = dir.path().join("params.safetensors");
     save_safetensors(&params_path, &params).unwrap();
-    let mut rng = common::rng(22);
+    let mut rng = crate::common::rng(22);
     let rows: Vec<Vec<i32>> = (0..3 * B)
-        .map(|_| common::uniform(&mut rng, T + 1, 0.0, c.config.vocab as f64).into_iter().map(|x| x as i32).collect())
+        .map(|_| crate::common::uniform(&mut rng, T + 1, 0.0, c.config.vocab as f64).into_iter().map(|x| x as i32).collect())
         .collect();
     let tokens_path = dir.path().join("tokens.bin");
     write_tokens_file(&tokens_path, &rows).unwrap();

@@ -5,9 +5,8 @@
 //! clipping active and a z-loss, the step's loss, gradient norm, learning rate, new moments and
 //! new parameters must match. A tiny model keeps the finite differences cheap.
 
-mod common;
 
-use common::llama_ref::*;
+use crate::common::llama_ref::*;
 use maxrs::config::{self, Config};
 use maxrs::pjrt::HostTensor;
 use maxrs::runtime;
@@ -80,9 +79,9 @@ fn check_step(scan_layers: bool) {
     let c = config(scan_layers, TINY);
     let p = random_params(&c, 11);
     let b = batch(&c, 12);
-    let mut rng = common::rng(13);
-    let mu = map_params(&p, |_| common::uniform(&mut rng, 1, -0.01, 0.01)[0]);
-    let nu = map_params(&p, |_| common::uniform(&mut rng, 1, 0.0, 1e-4)[0]);
+    let mut rng = crate::common::rng(13);
+    let mu = map_params(&p, |_| crate::common::uniform(&mut rng, 1, -0.01, 0.01)[0]);
+    let nu = map_params(&p, |_| crate::common::uniform(&mut rng, 1, 0.0, 1e-4)[0]);
     let count = 3;
 
     // The reference step.
@@ -134,7 +133,7 @@ fn check_step(scan_layers: bool) {
     inputs.insert("batch.inputs", HostTensor::from_i32(&dims, &b.tokens));
     inputs.insert("batch.targets", HostTensor::from_i32(&dims, &b.targets));
     inputs.insert("batch.targets_segmentation", HostTensor::from_i32(&dims, &b.seg));
-    let out = runtime::run_program(&common::client(), &program, &inputs).expect("the step runs");
+    let out = runtime::run_program(&crate::common::client(), &program, &inputs).expect("the step runs");
 
     let scalar = |n: &str| out[n].to_f64()[0];
     let rel = |got: f64, want: f64| (got - want).abs() / want.abs();

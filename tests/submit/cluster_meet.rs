@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use maxrs::cluster::settings::{detect, ClusterSettings};
 use maxrs::submit::{gke, vertex, Job, Request};
 
-use crate::common::{fake_bin, maxrs, path_with, with_seed, IMAGE, SEED};
+use super::common::{fake_bin, maxrs, path_with, with_seed, IMAGE, SEED};
 
 fn job() -> Job {
     Job::prepare(Request {

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::common::{maxrs, with_seed, IMAGE};
+use super::common::{maxrs, with_seed, IMAGE};
 
 fn fails(args: &[&str], expected: &[&str]) {
     let home = tempfile::tempdir().unwrap();

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::common::{fake_bin, maxrs, path_with, with_seed, IMAGE};
+use super::common::{fake_bin, maxrs, path_with, with_seed, IMAGE};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

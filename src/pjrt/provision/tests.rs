@@ -64,17 +64,13 @@ fn downloads_cpu_plugin_then_uses_cache() {
 /// aarch64 (the CUDA ones, the only ones published for it).
 #[test]
 fn every_pinned_plugin_wheel_is_locked() {
-    let files: Vec<pypi::WheelFile> = lock::WHEELS
-        .iter()
-        .map(|(name, sha)| pypi::WheelFile { filename: name.to_string(), url: String::new(), sha256: sha.to_string() })
-        .collect();
     for name in PluginName::ALL {
         let pin = name.pin();
         let arches: &[&str] = if name.cuda_major().is_some() { &["x86_64", "aarch64"] } else { &["x86_64"] };
         for arch in arches {
-            let picked = pypi::pick(&files, pin.package, pin.version, arch)
-                .unwrap_or_else(|| panic!("no locked wheel of {} for {arch}", pin.requirement()));
-            assert_eq!(lock::sha256(&picked.filename).map(str::len), Some(64));
+            let picked =
+                pin.locked_wheel(arch).unwrap_or_else(|| panic!("no locked wheel of {} for {arch}", pin.requirement()));
+            assert_eq!(lock::sha256(picked).map(str::len), Some(64));
         }
     }
 }

@@ -1,0 +1,49 @@
+//! maxrs's integration tests, one binary: each module is one area's tests (the file of the same
+//! name), `common` holds the independent references and fixtures they share. One crate links
+//! once, so adding a test costs no new link of the whole library.
+
+mod common;
+mod aot_compile;
+mod aot_train;
+mod attention;
+mod checkpoint_process;
+mod checkpoint_resume;
+mod cli_devices;
+mod cli_hardening;
+mod cli_topologies;
+mod cli_train;
+mod cluster;
+mod config;
+mod config_key_walk;
+mod config_numbers;
+mod convert_hf;
+mod data_sources;
+mod data_text;
+mod data_tokenizer;
+mod data_train;
+mod decode;
+mod errors;
+mod fuzz;
+mod grad_check;
+mod lowering_snapshot;
+mod mixtral;
+mod model_families;
+mod model_packing;
+mod model_reference;
+mod moe_reference;
+mod ops_values;
+mod pipeline;
+mod pjrt_runtime;
+mod random;
+mod run_outputs;
+mod scan_remat;
+mod sharding;
+mod storage;
+mod submit;
+mod train_flops;
+mod train_metrics;
+mod train_params_io;
+mod train_pipeline;
+mod train_run;
+mod train_schedule;
+mod train_step;
