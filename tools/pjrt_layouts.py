@@ -1,12 +1,14 @@
-"""Prints the compile-time layout checks of src/pjrt/ffi.rs from a pjrt_c_api.h.
+"""Prints the compile-time layout checks of src/pjrt/ffi/layouts.rs from a pjrt_c_api.h.
 
 usage: python3 tools/pjrt_layouts.py PATH/TO/pjrt_c_api.h > /tmp/layouts.rs
+(then replace the `layout!` lines at the end of src/pjrt/ffi/layouts.rs with them)
 
 The header of PJRT C API 0.81 ships in the PyPI wheel xla-cpu-pjrt==0.0.1
-(xla_plugins/xla_cpu_pjrt/include/pjrt_c_api.h). For every `#[repr(C)]` struct that ffi.rs
-declares, this compiles a C program with the header that prints sizeof and offsetof of each
-field the Rust struct has (so a field that C does not have is a compile error here), and writes
-one `layout!` line per struct for ffi.rs.
+(xla_plugins/xla_cpu_pjrt/include/pjrt_c_api.h). For every `#[repr(C)]` struct that src/pjrt/ffi/mod.rs
+declares, this compiles a C program with the header that prints sizeof, the header's
+`<struct>_STRUCT_SIZE` (the end of its last field, which callers put in `struct_size`) and offsetof
+of each field the Rust struct has (so a field that C does not have is a compile error here), and
+writes one `layout!` entry per struct for src/pjrt/ffi/layouts.rs, wrapped at 100 columns.
 """
 
 import os
@@ -15,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-FFI = os.path.join(os.path.dirname(__file__), "..", "src", "pjrt", "ffi.rs")
+FFI = os.path.join(os.path.dirname(__file__), "..", "src", "pjrt", "ffi", "mod.rs")
 OBJECTS = ["DeviceDescription", "LoadedExecutable", "Executable", "Topology", "Client", "Buffer", "Device",
            "Event", "Error", "Plugin"]
 SPECIAL = {
@@ -62,19 +64,40 @@ def main():
     lines = ['#include <stddef.h>', '#include <stdio.h>', f'#include "{os.path.abspath(header)}"', "int main(void) {"]
     for rust, fields in structs.items():
         c = c_name(rust)
-        offsets = " ".join(f'{f}: %zu,' for f in fields)
+        offsets = " ".join(f"{f}: %zu," for f in fields)
         renames = dict(FIELD_RENAMES, **(NAMED_VALUE_RENAMES if rust == "NamedValue" else {}))
         args = ", ".join(f"offsetof({c}, {renames.get(f, f)})" for f in fields)
-        # maxrs's function table stops before the end of the 0.81 table: offsets only.
-        size = "_" if rust == "Api" else "%zu"
-        size_arg = "" if rust == "Api" else f"sizeof({c}), "
-        lines.append(f'  printf("layout!({rust} = {size} {{ {offsets} }});\\n", {size_arg}{args});')
+        # maxrs's function table stops before the end of the 0.81 table: offsets only. The
+        # plugin fills in its version struct: maxrs never sets a struct_size there.
+        if rust == "Api":
+            head, head_args = "_", ""
+        elif rust == "ApiVersion":
+            head, head_args = "%zu", f"sizeof({c}), "
+        else:
+            head, head_args = "%zu, struct_size %d", f"sizeof({c}), (int){c}_STRUCT_SIZE, "
+        lines.append(f'  printf("layout!({rust} = {head} {{ {offsets} }});\\n", {head_args}{args});')
     lines.append("  return 0;\n}")
     with tempfile.TemporaryDirectory() as d:
         src, exe = os.path.join(d, "l.c"), os.path.join(d, "l")
         open(src, "w").write("\n".join(lines))
         subprocess.run(["cc", "-o", exe, src], check=True)
-        print(subprocess.run([exe], check=True, capture_output=True, text=True).stdout, end="")
+        for line in subprocess.run([exe], check=True, capture_output=True, text=True).stdout.splitlines():
+            print(wrap(line))
+
+
+def wrap(line, width=100):
+    """`layout!(X = .. { a: 0, b: 8, })` on one line when it fits, else its fields on indented lines."""
+    if len(line) <= width:
+        return line
+    head, fields = line.split(" { ", 1)
+    out, current = [head + " {"], "   "
+    for field in fields.removesuffix(" });").split(" "):
+        if len(current) + 1 + len(field) > width:
+            out.append(current)
+            current = "   "
+        current += " " + field
+    out.append(current)
+    return "\n".join(out) + "\n});"
 
 
 if __name__ == "__main__":
