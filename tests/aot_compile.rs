@@ -8,7 +8,6 @@
 //! "skipped: offline" and pass only when that download fails and the package index cannot be
 //! reached at all; any other failure fails them.
 
-
 use std::time::Instant;
 
 use crate::common::provision::provisioned;

@@ -6,7 +6,6 @@
 //! needed vs available memory. GPU/TPU cases download their plugin and print "skipped: offline"
 //! only when the machine cannot reach the package index.
 
-
 use std::path::Path;
 use std::process::Command;
 

@@ -7,7 +7,6 @@
 //! against finite differences. Under a remat policy that saves `context`, the backward pass
 //! reuses the saved output and statistics instead of recomputing the attention.
 
-
 use crate::common::{f64_tensor, rng, run, uniform};
 use maxrs::ir::{DType, Prim, Program, Signature};
 use maxrs::model::attention::{attend, AttentionImpl, Mask};

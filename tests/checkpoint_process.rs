@@ -8,7 +8,6 @@
 //!   the save fails loudly, earlier checkpoints stay intact, training stops or continues as
 //!   `on_checkpoint_error` says.
 
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -5,7 +5,6 @@
 //! naming the key; retention keeps the newest N; `load_parameters_path` and
 //! `load_full_state_path` accept checkpoint directories.
 
-
 use std::path::Path;
 
 use maxrs::checkpoint::{dir, manifest};

@@ -6,7 +6,6 @@
 //! grouped-query attention, scaling by `1/sqrt(head_dim)`); converting back gives the original
 //! tensors bit for bit, in float32 and in bfloat16, sharded with an index.
 
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;

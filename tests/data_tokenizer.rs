@@ -8,7 +8,6 @@
 //! 512-token tokenizers trained on Shakespeare's comedies (SentencePiece BPE with byte fallback,
 //! SentencePiece unigram with NFKC normalization, byte-level BPE `tokenizer.json`).
 
-
 use std::path::{Path, PathBuf};
 
 use maxrs::data::TextTokenizer;

@@ -5,7 +5,6 @@
 //! written to the metrics file under MaxText's names; `maxrs tokenize` turns the same text into
 //! a token file that trains too.
 
-
 use std::path::{Path, PathBuf};
 
 use maxrs::config;

@@ -5,7 +5,6 @@
 //! windowed mask over the whole sequence), EOS stops a sequence, and sampling follows the
 //! distributions of MaxText's strategies and is reproducible from its seed.
 
-
 use crate::common::llama_ref::{host_params, random_params};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -281,7 +280,8 @@ fn sampling_matches_the_strategies_distributions() {
         })
         .unwrap();
         let draw = |seed: u32| {
-            crate::common::run(&program, &Tree::new().with("key", HostTensor::from_u32(&[2], &[0, seed])))["tokens"].to_i32()
+            crate::common::run(&program, &Tree::new().with("key", HostTensor::from_u32(&[2], &[0, seed])))["tokens"]
+                .to_i32()
         };
         let tokens = draw(1234);
         let mut counts = vec![0usize; v as usize];

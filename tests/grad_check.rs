@@ -3,7 +3,6 @@
 //! weights `w` (a random output cotangent), each element of `value_and_grad`'s gradient must
 //! match the central difference `(loss(x + h e) - loss(x - h e)) / 2h`.
 
-
 use crate::common::{f64_tensor, max_rel_diff, rng, run, uniform};
 use maxrs::ir::{DType, DotDims, GatherDims, Prim, RaggedDotMode, Signature};
 use maxrs::pjrt::HostTensor;

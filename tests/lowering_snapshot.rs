@@ -2,7 +2,6 @@
 //! attributes, the Shardy mesh, argument/result shardings, donation aliases, readable names,
 //! constraints, and the forward/backward equations. The module must also compile on 4 devices.
 
-
 use maxrs::ir::{DType, Signature};
 use maxrs::lower::to_stablehlo;
 use maxrs::runtime::compile;

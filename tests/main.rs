@@ -2,7 +2,6 @@
 //! name), `common` holds the independent references and fixtures they share. One crate links
 //! once, so adding a test costs no new link of the whole library.
 
-mod common;
 mod aot_compile;
 mod aot_train;
 mod attention;
@@ -13,6 +12,7 @@ mod cli_hardening;
 mod cli_topologies;
 mod cli_train;
 mod cluster;
+mod common;
 mod config;
 mod config_key_walk;
 mod config_numbers;

@@ -6,7 +6,6 @@
 //! training runs: 8 devices (expert 8; expert 2 x fsdp 4) give the 1-device losses, gradient
 //! accumulation the full batch's, and the tiny Mixtral of the JaxPP fork's tests trains.
 
-
 use crate::common::llama_ref::{self, scaled_err, signature, B, T};
 use crate::common::mixtral_ref::{self, config, inputs, random_params, MixtralParams};
 use crate::common::moe_ref::Routing;

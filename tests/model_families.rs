@@ -6,7 +6,6 @@
 //! reference loss for the parameters each family adds (windows, soft caps, post norms, biases,
 //! LayerNorms, learned positions, the tied and rescaled Gemma embedding, Llama 3.1's RoPE).
 
-
 use crate::common::family_ref::*;
 use maxrs::model::Model;
 use maxrs::tensor::{trace, value_and_grad, Tree};

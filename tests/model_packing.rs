@@ -6,7 +6,6 @@
 //! position 0. Without the segment ids the later documents' outputs differ, so the test sees the
 //! mask.
 
-
 use std::collections::BTreeMap;
 
 use crate::common::llama_ref::{self, random_params, rms_norm, scaled_err, RefParams};

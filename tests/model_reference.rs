@@ -5,7 +5,6 @@
 //! with `scan_layers` on and off; the gradient of the loss is checked against finite differences
 //! of the reference loss.
 
-
 use crate::common::llama_ref::*;
 use maxrs::ir::Signature;
 use maxrs::tensor::{trace, value_and_grad, Tree};

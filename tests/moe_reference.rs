@@ -4,7 +4,6 @@
 //! the gradient of a loss through each path against central differences of the reference. And
 //! expert-parallel dispatch on 8 devices: all-to-alls, and one device's numbers.
 
-
 use crate::common::moe_ref::{moe, MoeParams, MoeRef, Routing};
 use crate::common::{f64_tensor, rng, run, uniform};
 use maxrs::ir::{DType, Program, Signature};

@@ -2,7 +2,6 @@
 //! einsum forms, composites, data movement, integer and 16-bit paths. (The finite-difference
 //! test checks derivatives of whatever the ops compute; this checks they compute the right thing.)
 
-
 use crate::common::{f64_tensor, max_rel_diff, rng, run, uniform};
 use maxrs::ir::{DType, GatherDims, Prim, RaggedDotMode, Signature};
 use maxrs::tensor::{concatenate, einsum, sort, trace, where_, Tensor, Trace, Tree};

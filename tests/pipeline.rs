@@ -5,7 +5,6 @@
 //! f32). Plus the config errors, the saved pipeline (`maxrs train-compile`) loaded by training,
 //! and `maxrs train` with the bubble in its summary.
 
-
 use std::path::Path;
 
 use maxrs::config::{self, Config, Derived};

@@ -1,7 +1,6 @@
 //! The threefry PRNG: known-answer vectors of the cipher (Random123, as JAX tests them), JAX's
 //! key splitting, sampler statistics, and identical bits on 1 and 8 devices.
 
-
 use crate::common::run;
 use maxrs::ir::{DType, Signature};
 use maxrs::pjrt::HostTensor;

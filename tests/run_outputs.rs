@@ -4,7 +4,6 @@
 //! and the same run against a real GCS emulator (`gs://`), which writes checkpoints and outputs
 //! there and resumes from them.
 
-
 use std::collections::BTreeMap;
 
 use maxrs::config;

@@ -2,7 +2,6 @@
 //! gradients of a scanned layer stack equal those of the unrolled loop, and every remat
 //! policy gives the gradients of no remat — while saving different residuals per iteration.
 
-
 use crate::common::{f64_tensor, max_rel_diff, rng, run, uniform};
 use maxrs::ir::{DType, Prim, Program, Signature};
 use maxrs::lower::to_stablehlo;

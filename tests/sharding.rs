@@ -2,7 +2,6 @@
 //! sharded training step on 8 CPU devices (data, fsdp and tensor parallel specs, constraints
 //! inside a scanned layer stack, donated parameters) that must give the numbers of 1 device.
 
-
 use crate::common::{max_rel_diff, rng, run, uniform};
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::lower::to_stablehlo;

@@ -2,7 +2,6 @@
 //! GCS emulator (fake-gcs-server, started here). The same checks run on each: atomic writes,
 //! streaming multi-part uploads, listing, staged directories and deletion.
 
-
 use std::io::{Read, Write};
 
 use maxrs::storage::{self, Location, StagedDir};

@@ -7,7 +7,6 @@
 //!   TensorBoard's profile plugin looks (`<tensorboard>/plugins/profile/<time>/<host>.xplane.pb`);
 //! - `profiler=nsys` without `libcudart` runs and says it has no effect.
 
-
 use maxrs::config;
 use maxrs::pjrt::{cpu_client, load_plugin, profiler::XSpace};
 use maxrs::train::profiler::{tensorboard_dir, StepProfiler};

@@ -3,7 +3,6 @@
 //! and a run from files (`load_parameters_path`, `dataset_type=tokens`) starts at the loss the
 //! f64 reference computes for the same parameters and rows.
 
-
 use crate::common::llama_ref::{self, B, T};
 use maxrs::config;
 use maxrs::data::write_tokens_file;
@@ -63,7 +62,9 @@ fn run_from_parameter_and_token_files_starts_at_the_reference_loss() {
     save_safetensors(&params_path, &params).unwrap();
     let mut rng = crate::common::rng(22);
     let rows: Vec<Vec<i32>> = (0..3 * B)
-        .map(|_| crate::common::uniform(&mut rng, T + 1, 0.0, c.config.vocab as f64).into_iter().map(|x| x as i32).collect())
+        .map(|_| {
+            crate::common::uniform(&mut rng, T + 1, 0.0, c.config.vocab as f64).into_iter().map(|x| x as i32).collect()
+        })
         .collect();
     let tokens_path = dir.path().join("tokens.bin");
     write_tokens_file(&tokens_path, &rows).unwrap();

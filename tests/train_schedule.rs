@@ -7,7 +7,6 @@
 //! `make_cos_schedule`, `optax.constant_schedule(lr)` and, for WSD,
 //! `optax.linear_schedule(lr, final, D - 1)` or the cosine.
 
-
 use maxrs::config::WsdDecayStyle;
 use maxrs::ir::{DType, Signature};
 use maxrs::tensor::{trace, Tree};
@@ -151,7 +150,8 @@ fn traced_schedule_matches_the_host_one_at_every_step() {
         })
         .unwrap();
         let ids: Vec<i32> = (0..steps as i32).collect();
-        let out = crate::common::run(&program, &Tree::new().with("steps", maxrs::pjrt::HostTensor::from_i32(&[steps], &ids)));
+        let out =
+            crate::common::run(&program, &Tree::new().with("steps", maxrs::pjrt::HostTensor::from_i32(&[steps], &ids)));
         for (step, got) in out["lr"].to_f64().into_iter().enumerate() {
             let want = s.at(step as u64);
             assert!((got - want).abs() <= 1e-6 * want.abs().max(1e-6), "{name}: step {step}: traced {got} vs {want}");

@@ -5,7 +5,6 @@
 //! clipping active and a z-loss, the step's loss, gradient norm, learning rate, new moments and
 //! new parameters must match. A tiny model keeps the finite differences cheap.
 
-
 use crate::common::llama_ref::*;
 use maxrs::config::{self, Config};
 use maxrs::pjrt::HostTensor;

@@ -121,7 +121,11 @@ impl WheelPin {
     pub fn locked_wheel(&self, arch: &str) -> Option<&'static str> {
         let files: Vec<pypi::WheelFile> = lock::WHEELS
             .iter()
-            .map(|(name, sha)| pypi::WheelFile { filename: name.to_string(), url: String::new(), sha256: sha.to_string() })
+            .map(|(name, sha)| pypi::WheelFile {
+                filename: name.to_string(),
+                url: String::new(),
+                sha256: sha.to_string(),
+            })
             .collect();
         let picked = pypi::pick(&files, self.package, self.version, arch)?;
         lock::WHEELS.iter().map(|(name, _)| *name).find(|name| *name == picked.filename)
