@@ -64,6 +64,11 @@ def main():
     lines = ['#include <stddef.h>', '#include <stdio.h>', f'#include "{os.path.abspath(header)}"', "int main(void) {"]
     for rust, fields in structs.items():
         c = c_name(rust)
+        # Every args struct starts with struct_size and extension_start at 0 and 8: `layout!`
+        # checks those two itself, so an entry lists the struct's own fields.
+        if rust not in ("Api", "ApiVersion", "NamedValue"):
+            assert fields[:2] == ["struct_size", "extension_start"], rust
+            fields = fields[2:]
         offsets = " ".join(f"{f}: %zu," for f in fields)
         renames = dict(FIELD_RENAMES, **(NAMED_VALUE_RENAMES if rust == "NamedValue" else {}))
         args = ", ".join(f"offsetof({c}, {renames.get(f, f)})" for f in fields)
@@ -75,7 +80,8 @@ def main():
             head, head_args = "%zu", f"sizeof({c}), "
         else:
             head, head_args = "%zu, struct_size %d", f"sizeof({c}), (int){c}_STRUCT_SIZE, "
-        lines.append(f'  printf("layout!({rust} = {head} {{ {offsets} }});\\n", {head_args}{args});')
+        body = f"{{ {offsets} }}" if fields else "{}"
+        lines.append(f'  printf("layout!({rust} = {head} {body});\\n", {", ".join(filter(None, [head_args.rstrip(", "), args]))});')
     lines.append("  return 0;\n}")
     with tempfile.TemporaryDirectory() as d:
         src, exe = os.path.join(d, "l.c"), os.path.join(d, "l")
@@ -91,7 +97,7 @@ def wrap(line, width=100):
         return line
     head, fields = line.split(" { ", 1)
     out, current = [head + " {"], "   "
-    for field in fields.removesuffix(" });").split(" "):
+    for field in re.findall(r"\w+: \d+,", fields):
         if len(current) + 1 + len(field) > width:
             out.append(current)
             current = "   "
