@@ -1,23 +1,29 @@
-//! Every file a run writes goes through here, so that none destroys what is already on disk:
-//! - [`check_paths`] runs before any compile: each output path must not be an input of the run
-//!   (same path or same inode), not a FIFO, device or directory, and its directory must be
-//!   writable; no input may be a FIFO, device or directory; a refused path names its key and why.
+//! Every file a command writes goes through here, so that none destroys what is already on disk:
+//! - [`check`] runs before any work (a compile, a conversion, a pass over a corpus), in every
+//!   command that writes (`train`, `train-compile`, `tokenize`, `convert`, `submit`): no output
+//!   may be an input of the command or another output (same path or same inode, so hard links
+//!   and symlinks count), and a directory written whole may not lie inside an input or hold one;
+//!   an output file may not be a FIFO, device or directory, and what may already be there is
+//!   its [`Kind`]'s rule; the closest existing directory must take new files; no input may be a
+//!   FIFO, device or (unless it may be) a directory. A refused path names its key, flag or
+//!   argument, its value quoted, and what would be valid.
+//! - [`check_paths`] is that check for the config keys of `train` and `train-compile`:
+//!   [`PATH_KEYS`] lists every config key that names a file and whether each command reads or
+//!   writes it; a new output (checkpoints, event files) adds a row there and uses these writers.
 //! - [`write_atomic`] writes a whole file under a temporary name in the same directory and
 //!   renames it into place, so an interrupted write leaves the old file intact.
 //! - [`LockedAppend`] appends to a file under an exclusive OS lock (`flock`), so two runs cannot
 //!   interleave lines; a second run is refused instead of waiting.
-//!
-//! [`PATH_KEYS`] lists every config key that names a file and whether each command reads or
-//! writes it: a new output (checkpoints, event files) adds a row there and uses these writers.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, Write};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::config::Config;
 use crate::pjrt::provision::PluginSpec;
+use crate::storage::{self, Location};
 
 /// The commands that read and write files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,7 +46,7 @@ pub struct PathKey {
     pub key: &'static str,
     pub train: Role,
     pub train_compile: Role,
-    /// A directory is a valid value too (a checkpoint).
+    /// A directory is a valid value: a checkpoint to read, the run's output directory.
     pub directory: bool,
 }
 
@@ -54,7 +60,10 @@ impl PathKey {
 }
 
 /// Every key that names a file. `plugin` is a file only when it is a path (not a plugin name).
+/// `base_output_directory` holds the run's directory (`run_name/`: checkpoints, metrics,
+/// TensorBoard events and profiles, `config.yml`).
 pub const PATH_KEYS: &[PathKey] = &[
+    PathKey { key: "base_output_directory", train: Role::Writes, train_compile: Role::Ignores, directory: true },
     PathKey { key: "metrics_file", train: Role::Writes, train_compile: Role::Ignores, directory: false },
     PathKey { key: "compiled_trainstep_file", train: Role::Reads, train_compile: Role::Writes, directory: false },
     PathKey { key: "dataset_path", train: Role::Reads, train_compile: Role::Ignores, directory: false },
@@ -63,6 +72,47 @@ pub const PATH_KEYS: &[PathKey] = &[
     PathKey { key: "xla_flags_file", train: Role::Reads, train_compile: Role::Reads, directory: false },
     PathKey { key: "plugin", train: Role::Reads, train_compile: Role::Reads, directory: false },
 ];
+
+/// A file or directory a command reads.
+#[derive(Clone, Debug)]
+pub struct Input<'a> {
+    /// What names it: a config key, a flag or an argument (`dataset_path`, `INPUT`, `SRC`).
+    pub name: &'a str,
+    pub location: Location,
+    /// A directory is a valid value (a checkpoint).
+    pub directory: bool,
+}
+
+/// A file or directory a command writes.
+#[derive(Clone, Debug)]
+pub struct Output<'a> {
+    /// What names it: a config key, a flag or an argument (`metrics_file`, `--output`, `DST`).
+    pub name: &'a str,
+    pub location: Location,
+    pub kind: Kind,
+}
+
+/// What an output is, which decides what may already be at its path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A file every run rewrites, as in MaxText (`metrics_file`, `compiled_trainstep_file`): an
+    /// existing regular file is the previous run's and is replaced.
+    RunFile,
+    /// A file named on the command line (`--output`): an existing file is replaced only when the
+    /// user said so with `--force` (`force`), as gzip, xz and zstd do, since it may be anything
+    /// of the user's.
+    File { force: bool },
+    /// A directory the command creates or adds to (`base_output_directory`).
+    Dir,
+    /// A directory the command writes whole (`convert`'s DST): nothing may be there yet, and it
+    /// may not lie inside an input or hold one.
+    NewDir,
+}
+
+/// `name="value"`: how a refused path is shown (quoted, control characters escaped).
+fn shown(name: &str, location: &Location) -> String {
+    format!("{name}={:?}", location.to_string())
+}
 
 /// The value of path key `key` in `c`, if set (empty means unset).
 fn path_value(c: &Config, key: &str) -> Option<PathBuf> {
@@ -78,71 +128,146 @@ fn path_value(c: &Config, key: &str) -> Option<PathBuf> {
     (!text.is_empty() && !text.contains("://")).then(|| PathBuf::from(text))
 }
 
-/// Checks every file `command` will write (see the module docs). Run it before compiling, so a
-/// bad path costs nothing.
+/// [`check`] for the files `command` reads and writes by config key. Run it before compiling,
+/// so a bad path costs nothing.
 pub fn check_paths(c: &Config, command: Command) -> Result<()> {
-    let with_role = |role: Role| -> Vec<(PathKey, PathBuf)> {
-        PATH_KEYS
-            .iter()
-            .filter(|k| k.role(command) == role)
-            .filter_map(|k| path_value(c, k.key).map(|p| (*k, p)))
-            .collect()
-    };
-    let (inputs, outputs) = (with_role(Role::Reads), with_role(Role::Writes));
+    let (mut inputs, mut outputs) = (Vec::new(), Vec::new());
+    for k in PATH_KEYS {
+        let Some(path) = path_value(c, k.key) else { continue };
+        let location = Location::Local(path);
+        match k.role(command) {
+            Role::Reads => inputs.push(Input { name: k.key, location, directory: k.directory }),
+            Role::Writes => {
+                let kind = if k.directory { Kind::Dir } else { Kind::RunFile };
+                outputs.push(Output { name: k.key, location, kind });
+            }
+            Role::Ignores => {}
+        }
+    }
+    check(&inputs, &outputs)
+}
+
+/// Checks what a command reads and writes before it starts (see the module docs).
+pub fn check(inputs: &[Input], outputs: &[Output]) -> Result<()> {
     // An input that is a FIFO or a device would block or never end; missing inputs are left to
     // their readers, whose errors say what the file should hold.
-    for (k, path) in &inputs {
-        let allowed_dir = k.directory && path.is_dir();
+    for input in inputs {
+        let Location::Local(path) = &input.location else { continue };
+        let allowed_dir = input.directory && path.is_dir();
         if let Some(kind) =
             std::fs::metadata(path).ok().filter(|_| !allowed_dir).and_then(|m| describe_special(&m.file_type()))
         {
-            bail!("{}={} is {kind}; maxrs reads a regular file there", k.key, path.display());
+            bail!("{} is {kind}; maxrs reads a regular file there", shown(input.name, &input.location));
         }
     }
-    for (i, (k, path)) in outputs.iter().enumerate() {
-        check_output(k.key, path)?;
-        let earlier_outputs = outputs[..i].iter();
-        for (other, other_path) in inputs.iter().chain(earlier_outputs) {
-            if same_file(path, other_path) {
+    for (i, output) in outputs.iter().enumerate() {
+        // What writing it would destroy comes first: `--force` does not make that right.
+        let others =
+            inputs.iter().map(|x| (x.name, &x.location)).chain(outputs[..i].iter().map(|o| (o.name, &o.location)));
+        for (name, location) in others {
+            if let Some(relation) = overlap(output, location) {
                 bail!(
-                    "{key}={} is the same file as {}={}; writing it would destroy what the run reads or writes \
-                     there: give {key} a path of its own",
-                    path.display(),
-                    other.key,
-                    other_path.display(),
-                    key = k.key,
+                    "{} {relation} {}; writing it would destroy what the command reads or writes there: give {} a \
+                     path of its own",
+                    shown(output.name, &output.location),
+                    shown(name, location),
+                    output.name
                 );
             }
         }
+        check_output(output.name, &output.location, output.kind)?;
     }
     Ok(())
 }
 
-/// One output path on its own: a regular file or nothing yet, in a writable directory.
-pub fn check_output(key: &str, path: &Path) -> Result<()> {
-    let shown = path.display();
-    match std::fs::metadata(path) {
+/// How `output` would clobber the file or directory at `other`, if it would.
+fn overlap(output: &Output, other: &Location) -> Option<&'static str> {
+    // A directory the command adds to destroys nothing of what is in it or around it.
+    if output.kind == Kind::Dir {
+        return None;
+    }
+    let whole_dir = output.kind == Kind::NewDir;
+    match (&output.location, other) {
+        (Location::Local(a), Location::Local(b)) => {
+            if same_file(a, b) {
+                return Some("is the same file as");
+            }
+            let (a, b) = (absolute(a)?, absolute(b)?);
+            (whole_dir && a.starts_with(&b))
+                .then_some("lies inside")
+                .or_else(|| (whole_dir && b.starts_with(&a)).then_some("holds"))
+        }
+        (Location::Gcs { bucket: a_bucket, key: a }, Location::Gcs { bucket: b_bucket, key: b })
+            if a_bucket == b_bucket =>
+        {
+            let inside = |inner: &str, outer: &str| {
+                outer.is_empty() || inner == outer || inner.starts_with(&format!("{outer}/"))
+            };
+            if a == b {
+                Some("is the same file as")
+            } else if whole_dir && inside(a, b) {
+                Some("lies inside")
+            } else if whole_dir && inside(b, a) {
+                Some("holds")
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+/// One output on its own: what is at its path already, and whether its directory takes files.
+fn check_output(name: &str, location: &Location, kind: Kind) -> Result<()> {
+    let path = match location {
+        Location::Local(path) => path,
+        Location::Gcs { .. } if kind == Kind::NewDir => {
+            if !storage::list_dir(location)?.is_empty() || storage::is_file(location)? {
+                bail!("{} already exists; {NEW_DIR}", shown(name, location));
+            }
+            return Ok(());
+        }
+        // Other gs:// outputs are checked by the storage layer when written.
+        Location::Gcs { .. } => return Ok(()),
+    };
+    let shown = shown(name, location);
+    // A dangling symlink is something there too, for a directory written whole.
+    let existing = if kind == Kind::NewDir { std::fs::symlink_metadata(path) } else { std::fs::metadata(path) };
+    match existing {
+        Ok(_) if kind == Kind::NewDir => bail!("{shown} already exists; {NEW_DIR}"),
+        Ok(meta) if kind == Kind::Dir => {
+            if !meta.is_dir() {
+                let kind = describe_special(&meta.file_type()).unwrap_or("a file");
+                bail!("{shown} is {kind}; maxrs writes a directory there: give a directory path");
+            }
+        }
         Ok(meta) => {
-            let kind = describe_special(&meta.file_type());
-            if let Some(kind) = kind {
-                bail!("{key}={shown} is {kind}; maxrs writes a regular file there: give a file path");
+            if let Some(kind) = describe_special(&meta.file_type()) {
+                bail!("{shown} is {kind}; maxrs writes a regular file there: give a file path");
+            }
+            if kind == (Kind::File { force: false }) {
+                bail!("{shown} already exists; add --force to replace it, or give a new path");
             }
             // Opening for append changes nothing, and tells a read-only file early.
-            OpenOptions::new().append(true).open(path).map_err(|e| anyhow!("{key}={shown} cannot be written: {e}"))?;
+            OpenOptions::new().append(true).open(path).map_err(|e| anyhow!("{shown} cannot be written: {e}"))?;
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => bail!("{key}={shown}: {e}"),
+        Err(e) => bail!("{shown}: {e}"),
     }
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let start = if matches!(kind, Kind::Dir | Kind::NewDir) { path.as_path() } else { parent };
     // Missing directories are created when writing: the closest existing one must take new files.
-    let existing = parent.ancestors().find(|dir| dir.exists()).unwrap_or(Path::new("."));
+    let existing = start.ancestors().find(|dir| dir.exists()).unwrap_or(Path::new("."));
     if !existing.is_dir() {
-        bail!("{key}={shown}: {} is not a directory", existing.display());
+        bail!("{shown}: {} is not a directory", existing.display());
     }
     tempfile::tempfile_in(existing)
-        .map_err(|e| anyhow!("{key}={shown}: cannot create files in {}: {e}", existing.display()))?;
+        .map_err(|e| anyhow!("{shown}: cannot create files in {}: {e}", existing.display()))?;
     Ok(())
 }
+
+/// What a [`Kind::NewDir`] that exists is told.
+const NEW_DIR: &str = "maxrs writes a new directory there, whole: give a path that does not exist yet (or delete it)";
 
 /// "a FIFO" etc. for a file type maxrs must not write to; `None` for a regular file.
 fn describe_special(file_type: &std::fs::FileType) -> Option<&'static str> {
@@ -175,14 +300,28 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
             return ma.dev() == mb.dev() && ma.ino() == mb.ino();
         }
     }
-    let resolved = |p: &Path| -> Option<PathBuf> {
-        let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
-    };
-    match (resolved(a), resolved(b)) {
+    match (absolute(a), absolute(b)) {
         (Some(ra), Some(rb)) => ra == rb,
         _ => a == b,
     }
+}
+
+/// `path` made absolute with its existing part resolved (symlinks, `..`) and the rest, which
+/// cannot hold symlinks, taken as written: where it is or would be created.
+fn absolute(path: &Path) -> Option<PathBuf> {
+    let path = std::path::absolute(path).ok()?;
+    let existing = path.ancestors().find(|a| a.exists())?;
+    let mut resolved = std::fs::canonicalize(existing).ok()?;
+    for part in path.strip_prefix(existing).ok()?.components() {
+        match part {
+            Component::ParentDir => {
+                resolved.pop();
+            }
+            Component::Normal(name) => resolved.push(name),
+            _ => {}
+        }
+    }
+    Some(resolved)
 }
 
 /// Writes `path` whole: `fill` writes the content into a temporary file in the same directory,
@@ -197,9 +336,10 @@ pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut File) -> std::io::Result
         .suffix(".tmp")
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    fill(tmp.as_file_mut()).with_context(|| format!("writing {}", tmp.path().display()))?;
+    // Errors name the file the user asked for, not the temporary one.
+    fill(tmp.as_file_mut()).with_context(|| format!("writing {}", path.display()))?;
     // Data must be on disk before the rename makes it visible under the real name.
-    tmp.as_file().sync_all().with_context(|| format!("flushing {}", tmp.path().display()))?;
+    tmp.as_file().sync_all().with_context(|| format!("flushing {}", path.display()))?;
     tmp.persist(path).map_err(|e| anyhow!("renaming into {}: {}", path.display(), e.error))?;
     Ok(())
 }
@@ -207,8 +347,8 @@ pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut File) -> std::io::Result
 /// A file appended to under an exclusive lock held for the writer's lifetime.
 pub struct LockedAppend {
     file: File,
-    path: PathBuf,
-    key: String,
+    /// `key="path"`, for errors.
+    shown: String,
     /// Truncate before the first write (a run starting afresh), not at open: a run that fails
     /// before writing leaves the old content.
     truncate_pending: bool,
@@ -219,28 +359,31 @@ impl LockedAppend {
     /// With `fresh`, the old content is dropped at the first write. Another process holding
     /// the lock is an error naming the key.
     pub fn open(key: &str, path: &Path, fresh: bool) -> Result<LockedAppend> {
-        let shown = path.display();
+        let location = Location::Local(path.to_owned());
+        let shown = shown(key, &location);
         if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| anyhow!("{key}={shown}: cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|e| anyhow!("{shown}: cannot create {}: {e}", dir.display()))?;
         }
-        check_output(key, path)?;
+        check_output(key, &location, Kind::RunFile)?;
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|e| anyhow!("{key}={shown}: cannot open it for writing: {e}"))?;
+            .map_err(|e| anyhow!("{shown}: cannot open it for writing: {e}"))?;
         file.try_lock().map_err(|e| match e {
             std::fs::TryLockError::WouldBlock => {
-                anyhow!("{key}={shown} is being written by another run (it holds the file's lock); give this run another path")
+                anyhow!(
+                    "{shown} is being written by another run (it holds the file's lock); give this run another path"
+                )
             }
-            std::fs::TryLockError::Error(e) => anyhow!("{key}={shown}: cannot lock it: {e}"),
+            std::fs::TryLockError::Error(e) => anyhow!("{shown}: cannot lock it: {e}"),
         })?;
-        Ok(LockedAppend { file, path: path.to_owned(), key: key.to_owned(), truncate_pending: fresh })
+        Ok(LockedAppend { file, shown, truncate_pending: fresh })
     }
 
     /// Appends `bytes` in one write call.
     pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
-        let fail = |e: std::io::Error| anyhow!("{}={}: {e}", self.key, self.path.display());
+        let fail = |e: std::io::Error| anyhow!("{}: {e}", self.shown);
         if self.truncate_pending {
             self.file.set_len(0).map_err(fail)?;
             self.file.rewind().map_err(fail)?;
@@ -251,6 +394,6 @@ impl LockedAppend {
 
     /// Makes everything appended so far durable.
     pub fn sync(&mut self) -> Result<()> {
-        self.file.sync_data().map_err(|e| anyhow!("{}={}: {e}", self.key, self.path.display()))
+        self.file.sync_data().map_err(|e| anyhow!("{}: {e}", self.shown))
     }
 }

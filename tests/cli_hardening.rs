@@ -2,30 +2,10 @@
 //! naming the culprit before any compile, and no existing file loses a byte.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
+use crate::common::cli::{maxrs, refused};
 use maxrs::data::write_tokens_file;
-
-fn maxrs(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_maxrs"));
-    cmd.args(args).env_remove("MAXRS_PJRT_PLUGIN").env_remove("XLA_FLAGS");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run maxrs")
-}
-
-/// Runs a command that must fail before training; returns its error line.
-fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
-    let out = maxrs(args, env);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(!out.status.success(), "{args:?} must fail:\n{stdout}\n{stderr}");
-    assert!(!stdout.contains("start-up:"), "{args:?} must fail before compiling:\n{stdout}");
-    assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
-    assert_eq!(errors.len(), 1, "{args:?}: one error line expected:\n{stderr}");
-    errors[0].to_string()
-}
 
 fn tokens_file(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("tokens.bin");

@@ -34,7 +34,7 @@ const EPS: f64 = 1e-5;
 const THETA: f64 = 10000.0;
 
 /// A random Hugging Face Llama checkpoint: name -> (shape, f32 values).
-fn random_checkpoint(seed: u64) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+pub(crate) fn random_checkpoint(seed: u64) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
     let mut rng = crate::common::rng(seed);
     let mut t = BTreeMap::new();
     let mut put = |name: String, shape: Vec<usize>, lo: f64, hi: f64| {
@@ -90,7 +90,7 @@ fn raw(shape: &[usize], values: &[f32], bf: bool) -> Raw {
 }
 
 /// Writes the checkpoint in Hugging Face's layout: two shards and an index.
-fn write_hf(dir: &Path, t: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, bf: bool) {
+pub(crate) fn write_hf(dir: &Path, t: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, bf: bool) {
     std::fs::create_dir_all(dir).unwrap();
     let config = serde_json::json!({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": E,

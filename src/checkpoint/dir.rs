@@ -61,24 +61,13 @@ fn file_and_key(name: &str) -> Result<(String, String)> {
 /// On failure nothing is left under `target` and the error says what failed.
 pub fn save(target: &Location, snapshot: &Snapshot) -> Result<Saved> {
     let started = Instant::now();
-    let staged = StagedDir::start(target, MANIFEST_FILE)?;
-    match write_into(staged.path(), snapshot) {
-        Ok(manifest_bytes) => {
-            let location = staged.commit()?;
-            Ok(Saved {
-                location,
-                step: snapshot.step,
-                bytes: snapshot.bytes() + manifest_bytes,
-                seconds: started.elapsed().as_secs_f64(),
-            })
-        }
-        Err(e) => {
-            if let Err(cleanup) = staged.abandon() {
-                tracing::warn!("cleaning up the failed checkpoint: {cleanup:#}");
-            }
-            Err(e)
-        }
-    }
+    let (location, manifest_bytes) = StagedDir::write_whole(target, MANIFEST_FILE, |dir| write_into(dir, snapshot))?;
+    Ok(Saved {
+        location,
+        step: snapshot.step,
+        bytes: snapshot.bytes() + manifest_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 fn write_into(dir: &Location, snapshot: &Snapshot) -> Result<u64> {

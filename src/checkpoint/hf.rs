@@ -5,7 +5,8 @@
 //! header carries `{"format": "pt"}`, which `transformers` requires. Local or gs://.
 //!
 //! [`from_hf`] and [`to_hf`] are `maxrs convert`: the tensor mapping is the family's
-//! (`model::llama_hf`), the files are read and written here.
+//! (`model::llama_hf`), the files are read and written here. Both write a new directory whole
+//! (`StagedDir::write_whole`): it appears complete or not at all, and never over an existing one.
 
 use std::collections::BTreeMap;
 
@@ -18,7 +19,7 @@ use super::tensor_file::{read_safetensors, write_safetensors};
 use crate::config::{self, Config};
 use crate::model::{llama_hf, Model};
 use crate::pjrt::{shape_string, ElementType, HostTensor};
-use crate::storage::{self, Location};
+use crate::storage::{self, Location, StagedDir};
 use crate::train::params_io::convert_float;
 
 pub const CONFIG_FILE: &str = "config.json";
@@ -242,7 +243,9 @@ pub fn to_hf(
         cast(params, ty)
     };
     let tensors = llama_hf::to_hf(&model, &params)?;
-    let files = write(dst, &llama_hf::hf_config(&c, &model, dtype_name(ty)), &tensors, max_shard_bytes)?;
+    let hf_config = llama_hf::hf_config(&c, &model, dtype_name(ty));
+    // config.json, written last, is what marks a gs:// directory complete.
+    let (_, files) = StagedDir::write_whole(dst, CONFIG_FILE, |dir| write(dir, &hf_config, &tensors, max_shard_bytes))?;
     let bytes = tensors.values().map(|t| t.data.len() as u64).sum();
     let model_args = manifest::model_keys(&c, &model).iter().map(|(k, v)| format!("{k}={}", plain(v))).collect();
     Ok(Converted { model_args, tensors: tensors.len(), bytes, files })

@@ -1,9 +1,11 @@
 //! `maxrs convert`: Hugging Face Llama-family checkpoints to and from maxrs's parameter layout
-//! (see `model::llama_hf` for the mapping, `checkpoint::hf` for the files).
+//! (see `model::llama_hf` for the mapping, `checkpoint::hf` for the files). DST is a new
+//! directory in both directions, checked by `output::check` before SRC is read.
 
-use anyhow::{anyhow, Result};
+use anyhow::{bail, Result};
 use clap::Subcommand;
 use maxrs::checkpoint::hf;
+use maxrs::output::{self, Input, Kind, Output};
 use maxrs::storage::Location;
 
 #[derive(clap::Args)]
@@ -33,7 +35,7 @@ enum Direction {
     ToHf {
         /// maxrs checkpoint directory or parameters file (local or gs://).
         src: String,
-        /// Hugging Face checkpoint directory to write (local or gs://).
+        /// New Hugging Face checkpoint directory (local or gs://); must not exist.
         dst: String,
         /// Weight dtype of the result: float32, bfloat16 or float16 (default: the source's).
         #[arg(long)]
@@ -47,29 +49,47 @@ enum Direction {
     },
 }
 
-/// `5GB`, `100KiB`, `123` as bytes (`transformers`' `max_shard_size` spelling).
+/// `5GB`, `100KiB`, `123` as bytes (`transformers`' `max_shard_size` spelling): at least one
+/// byte, or every tensor would get a shard of its own.
 fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let scale: u64 = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "KIB" => 1 << 10,
-        "MIB" => 1 << 20,
-        "GIB" => 1 << 30,
-        _ => return Err(anyhow!("--max-shard-size {text}: unknown unit `{unit}` (B, KB, MB, GB, KiB, MiB, GiB)")),
+    let scale: Option<u64> = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => Some(1),
+        "KB" => Some(1_000),
+        "MB" => Some(1_000_000),
+        "GB" => Some(1_000_000_000),
+        "KIB" => Some(1 << 10),
+        "MIB" => Some(1 << 20),
+        "GIB" => Some(1 << 30),
+        _ => None,
     };
-    let n: f64 = number.parse().map_err(|_| anyhow!("--max-shard-size {text}: expected a size such as 5GB"))?;
-    Ok((n * scale as f64) as u64)
+    match (number.parse::<f64>(), scale) {
+        (Ok(n), Some(scale)) if n * scale as f64 >= 1.0 => Ok((n * scale as f64) as u64),
+        _ => bail!(
+            "--max-shard-size {text:?}: give a size of at least 1 byte, as bytes or with a unit: 5GB, 500MB, 100KiB \
+             (KB, MB, GB are powers of 1000; KiB, MiB, GiB of 1024)"
+        ),
+    }
+}
+
+/// SRC and DST as locations, checked before SRC is read: both directions write DST whole, as
+/// a new directory, never over SRC or inside it.
+fn locations(src: &str, dst: &str) -> Result<(Location, Location)> {
+    let (src, dst) = (Location::parse(src)?, Location::parse(dst)?);
+    output::check(
+        &[Input { name: "SRC", location: src.clone(), directory: true }],
+        &[Output { name: "DST", location: dst.clone(), kind: Kind::NewDir }],
+    )?;
+    Ok((src, dst))
 }
 
 pub fn run(args: ConvertArgs) -> Result<()> {
     match args.direction {
         Direction::FromHf { src, dst, dtype, overrides } => {
-            let done = hf::from_hf(&Location::parse(&src)?, &Location::parse(&dst)?, dtype.as_deref(), &overrides)?;
+            let (src, dst) = locations(&src, &dst)?;
+            let done = hf::from_hf(&src, &dst, dtype.as_deref(), &overrides)?;
             println!("wrote {} tensors ({:.1} MiB) to {dst}", done.tensors, done.bytes as f64 / (1 << 20) as f64);
             println!(
                 "train from it with the model's keys:\n  maxrs train load_parameters_path={dst} {}",
@@ -78,7 +98,8 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         }
         Direction::ToHf { src, dst, dtype, max_shard_size, args } => {
             let limit = parse_size(&max_shard_size)?;
-            let done = hf::to_hf(&Location::parse(&src)?, &Location::parse(&dst)?, dtype.as_deref(), limit, &args)?;
+            let (src, dst) = locations(&src, &dst)?;
+            let done = hf::to_hf(&src, &dst, dtype.as_deref(), limit, &args)?;
             println!(
                 "wrote {} tensors ({:.1} MiB) to {dst}: {}",
                 done.tensors,

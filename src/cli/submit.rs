@@ -1,10 +1,13 @@
 //! `maxrs submit vertex|slurm|gke [options] -- train <config> key=value ...`: the local train
-//! command, run on a cluster. `--dry-run` prints exactly what would be submitted and exits.
+//! command, run on a cluster. `--dry-run` prints exactly what would be submitted and exits;
+//! `--output FILE` (Slurm, GKE) writes it through `output::check` and `output::write_atomic`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
+use maxrs::output::{self, Input, Kind, Output};
+use maxrs::storage::Location;
 use maxrs::submit::settings::Settings;
 use maxrs::submit::vertex_api::{self, JobRef, RetryPolicy, VertexApi};
 use maxrs::submit::{self, auth, gke, machine, slurm, vertex, Job, Request};
@@ -113,6 +116,9 @@ struct SlurmArgs {
     /// Write the script to FILE.
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Replace FILE if it exists.
+    #[arg(long, requires = "output")]
+    force: bool,
     /// Submit the script with sbatch.
     #[arg(long)]
     submit: bool,
@@ -133,6 +139,9 @@ struct GkeArgs {
     /// Write the manifest to FILE.
     #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Replace FILE if it exists.
+    #[arg(long, requires = "output")]
+    force: bool,
     /// Apply the manifest with `kubectl apply -f -`.
     #[arg(long)]
     apply: bool,
@@ -146,9 +155,13 @@ pub fn run(args: SubmitArgs) -> Result<()> {
     }
 }
 
+/// `--submit-config`, else `$MAXRS_SUBMIT_CONFIG`.
+fn settings_path(common: &Common) -> Option<PathBuf> {
+    common.submit_config.clone().or_else(|| std::env::var_os("MAXRS_SUBMIT_CONFIG").map(PathBuf::from))
+}
+
 fn settings(common: &Common) -> Result<Settings> {
-    let path = common.submit_config.clone().or_else(|| std::env::var_os("MAXRS_SUBMIT_CONFIG").map(PathBuf::from));
-    match path {
+    match settings_path(common) {
         Some(p) => Settings::load(&p),
         None => Ok(Settings::default()),
     }
@@ -266,6 +279,7 @@ fn http_client() -> Result<reqwest::blocking::Client> {
 }
 
 fn run_slurm(a: SlurmArgs) -> Result<()> {
+    check_output(a.output.as_deref(), a.force, &a.common)?;
     let s = settings(&a.common)?;
     let job = prepare(&a.common, &s)?;
     let mut modules = s.slurm.modules.clone();
@@ -297,6 +311,7 @@ fn run_slurm(a: SlurmArgs) -> Result<()> {
 }
 
 fn run_gke(a: GkeArgs) -> Result<()> {
+    check_output(a.output.as_deref(), a.force, &a.common)?;
     let s = settings(&a.common)?;
     let job = prepare(&a.common, &s)?;
     let opts = gke::GkeOptions {
@@ -335,15 +350,23 @@ fn emit(text: &str) -> Result<()> {
     }
 }
 
-/// Writes a file that may hold secret values: readable by its owner only.
+/// `--output FILE`, before anything is prepared: a new file, or an existing one with `--force`
+/// (as gzip, xz and zstd ask: the path may name any file of the user's, such as the config the
+/// job trains with), and never the submit settings file it reads.
+fn check_output(path: Option<&Path>, force: bool, common: &Common) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let settings = settings_path(common).map(|p| Input {
+        name: "--submit-config",
+        location: Location::Local(p),
+        directory: false,
+    });
+    let write = Output { name: "--output", location: Location::Local(path.to_owned()), kind: Kind::File { force } };
+    output::check(settings.as_slice(), &[write])
+}
+
+/// Writes a file that may hold secret values: readable by its owner only (the temporary file
+/// `write_atomic` renames into place is created so).
 fn write_file(path: &Path, text: &str) -> Result<()> {
     use std::io::Write;
-    #[cfg(unix)]
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    options.mode(0o600);
-    let mut file = options.open(path).with_context(|| format!("cannot write {}", path.display()))?;
-    file.write_all(text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
+    output::write_atomic(path, |file| file.write_all(text.as_bytes()))
 }

@@ -4,7 +4,7 @@
 //! `add_eos`, no truncation), then concatenated and cut into rows of `max_target_length + 1`
 //! ids: the token format has no segment ids, so a row may span documents (their BOS/EOS mark
 //! the boundaries). The incomplete last row is dropped and reported. The output appears under
-//! its name only when complete (written to a temporary file beside it, then renamed).
+//! its name only when complete (`output::write_atomic`).
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -65,6 +65,7 @@ pub fn input_files(inputs: &[String]) -> Result<Vec<PathBuf>, DataError> {
 }
 
 /// Converts `files` (column `column`) to a token file at `output` with rows of `seq_len + 1` ids.
+/// `output` is replaced only when complete; the caller has checked it (`output::check`).
 pub fn tokenize_files(
     files: Vec<PathBuf>,
     column: &str,
@@ -73,7 +74,7 @@ pub fn tokenize_files(
     output: &Path,
     workers: usize,
     show_progress: bool,
-) -> Result<TokenizeSummary, DataError> {
+) -> anyhow::Result<TokenizeSummary> {
     let started = Instant::now();
     let storage: Arc<dyn Storage> = Arc::new(LocalFiles);
     if let Some(first) = files.first() {
@@ -92,46 +93,47 @@ pub fn tokenize_files(
         repeat: false,
         workers,
     };
-    let dir = output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = tempfile::Builder::new().prefix(".tokenize-").tempfile_in(dir).map_err(|e| DataError::io(dir, e))?;
-    let mut writer = BufWriter::with_capacity(1 << 20, tmp.as_file());
     let bar = if show_progress { ProgressBar::new_spinner() } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").expect("a valid template"));
     let row_len = seq_len + 1;
     let mut pending: Vec<i32> = Vec::with_capacity(2 * row_len);
-    let mut docs = TokenizedDocs::start(&spec, TextState::default());
-    while let Some((_, ids)) = docs.next_doc()? {
-        let Some(ids) = ids else {
-            summary.undecodable += 1;
-            continue;
-        };
-        summary.documents += 1;
-        summary.tokens += ids.len() as u64;
-        pending.extend_from_slice(&ids);
-        let full = pending.len() / row_len * row_len;
-        if full > 0 {
-            let bytes: Vec<u8> = pending[..full].iter().flat_map(|id| id.to_le_bytes()).collect();
-            writer.write_all(&bytes).map_err(|e| DataError::io(output, e))?;
-            summary.rows += (full / row_len) as u64;
-            pending.drain(..full);
+    crate::output::write_atomic(output, |file| {
+        let mut writer = BufWriter::with_capacity(1 << 20, &*file);
+        let mut docs = TokenizedDocs::start(&spec, TextState::default());
+        while let Some((_, ids)) = docs.next_doc().map_err(std::io::Error::other)? {
+            let Some(ids) = ids else {
+                summary.undecodable += 1;
+                continue;
+            };
+            summary.documents += 1;
+            summary.tokens += ids.len() as u64;
+            pending.extend_from_slice(&ids);
+            let full = pending.len() / row_len * row_len;
+            if full > 0 {
+                let bytes: Vec<u8> = pending[..full].iter().flat_map(|id| id.to_le_bytes()).collect();
+                writer.write_all(&bytes)?;
+                summary.rows += (full / row_len) as u64;
+                pending.drain(..full);
+            }
+            if summary.documents.is_multiple_of(1024) {
+                let rate = summary.tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!(
+                    "{} documents, {} tokens, {rate:.0} tokens/s",
+                    summary.documents, summary.tokens
+                ));
+            }
         }
-        if summary.documents.is_multiple_of(1024) {
-            let rate = summary.tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
-            bar.set_message(format!("{} documents, {} tokens, {rate:.0} tokens/s", summary.documents, summary.tokens));
-        }
-    }
-    bar.finish_and_clear();
-    writer.flush().map_err(|e| DataError::io(output, e))?;
-    drop(writer);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
+        bar.finish_and_clear();
+        writer.flush()?;
+        drop(writer);
         // A temporary file is private (0600); the token file is an ordinary one.
-        let perms = std::fs::Permissions::from_mode(0o644);
-        tmp.as_file().set_permissions(perms).map_err(|e| DataError::io(output, e))?;
-    }
-    tmp.as_file().sync_all().map_err(|e| DataError::io(output, e))?;
-    tmp.persist(output).map_err(|e| DataError::io(output, e.error))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        }
+        Ok(())
+    })?;
     summary.dropped_tokens = pending.len() as u64;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)

@@ -288,6 +288,26 @@ impl StagedDir {
     pub fn abandon(self) -> Result<()> {
         remove_all(&self.staging)
     }
+
+    /// Writes the directory `final_location` whole: `fill` writes its files into the staging
+    /// directory it is given, `commit_file` last; the directory is committed when `fill`
+    /// succeeds and deleted when it fails.
+    pub fn write_whole<T>(
+        final_location: &Location,
+        commit_file: &str,
+        fill: impl FnOnce(&Location) -> Result<T>,
+    ) -> Result<(Location, T)> {
+        let staged = StagedDir::start(final_location, commit_file)?;
+        match fill(staged.path()) {
+            Ok(value) => Ok((staged.commit()?, value)),
+            Err(e) => {
+                if let Err(cleanup) = staged.abandon() {
+                    tracing::warn!("cleaning up the failed write of {final_location}: {cleanup:#}");
+                }
+                Err(e)
+            }
+        }
+    }
 }
 
 /// A file that grows by appending (metrics, TensorBoard events). Locally bytes go straight to

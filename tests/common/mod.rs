@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod cli;
 pub mod family_ref;
 pub mod gcs_emulator;
 pub mod llama_ref;

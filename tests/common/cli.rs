@@ -1,0 +1,69 @@
+//! Running the `maxrs` binary as a user would, for the tests of what it refuses: one error
+//! line naming the culprit, before any compile, within a deadline (a command that would hang
+//! is killed and fails its test instead of hanging the suite).
+
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Far more than any refusal takes, even in a debug build on a busy machine.
+pub const DEADLINE: Duration = Duration::from_secs(120);
+
+/// `maxrs args` with `env` added and the plugin variables of the caller's shell removed.
+pub fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_maxrs"));
+    cmd.args(args).env_remove("MAXRS_PJRT_PLUGIN").env_remove("XLA_FLAGS");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Runs `cmd` to its end; past [`DEADLINE`] it is killed and the test fails.
+pub fn finish(mut cmd: Command) -> Output {
+    let mut child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("maxrs starts");
+    // Read while it runs, so that a full pipe cannot stop it.
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            pipe.read_to_end(&mut bytes).map(|_| bytes).expect("read maxrs's output")
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("piped")));
+    let stderr = drain(Box::new(child.stderr.take().expect("piped")));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for maxrs") {
+            break status;
+        }
+        if started.elapsed() > DEADLINE {
+            child.kill().expect("kill maxrs");
+            child.wait().expect("reap maxrs");
+            panic!("{cmd:?} did not finish within {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output { status, stdout: stdout.join().expect("stdout"), stderr: stderr.join().expect("stderr") }
+}
+
+pub fn maxrs(args: &[&str], env: &[(&str, &str)]) -> Output {
+    finish(command(args, env))
+}
+
+/// Runs a command that must fail before training; returns its error line.
+pub fn refused_by(cmd: Command) -> String {
+    let shown = format!("{cmd:?}");
+    let out = finish(cmd);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{shown} must fail:\n{stdout}\n{stderr}");
+    assert!(!stdout.contains("start-up:"), "{shown} must fail before compiling:\n{stdout}");
+    assert!(!stderr.contains("panicked"), "{shown} panicked:\n{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{shown}: one error line expected:\n{stderr}");
+    errors[0].to_string()
+}
+
+pub fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    refused_by(command(args, env))
+}
