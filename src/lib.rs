@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod cluster;
 pub mod config;
 pub mod data;
+pub mod gcloud;
 pub mod inference;
 pub mod ir;
 pub mod lower;

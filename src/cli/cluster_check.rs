@@ -3,9 +3,14 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use maxrs::cluster::check::{cluster_check, CheckOptions};
 use maxrs::config;
+
+/// The largest collective message: nccl-tests' customary `-e 8G`.
+const MAX_MIB: f64 = 8192.0;
+/// Timed runs per size at most.
+const MAX_ITERATIONS: usize = 10_000;
 
 #[derive(clap::Args)]
 pub struct ClusterCheckArgs {
@@ -24,10 +29,21 @@ pub struct ClusterCheckArgs {
 }
 
 pub fn run(a: ClusterCheckArgs) -> Result<()> {
+    // The hold is bounded like the timeout keys (a year).
+    let max_hold = config::range("shutdown_timeout_seconds").map_or(365.0 * 86400.0, |r| r.max);
+    if !(0.0..=max_hold).contains(&a.hold_seconds) {
+        bail!("--hold-seconds {:?}: give 0 to {max_hold} seconds", a.hold_seconds);
+    }
+    if !(a.max_mib > 0.0 && a.max_mib <= MAX_MIB) {
+        bail!("--max-mib {:?}: give a size above 0 and at most {MAX_MIB} MiB", a.max_mib);
+    }
+    if a.iterations == 0 || a.iterations > MAX_ITERATIONS {
+        bail!("--iterations {}: give 1 to {MAX_ITERATIONS}", a.iterations);
+    }
     let c = config::load_args(&a.args)?;
     let options = CheckOptions {
-        hold: Duration::from_secs_f64(a.hold_seconds.max(0.0)),
-        max_bytes: (a.max_mib.max(0.0) * (1 << 20) as f64) as usize,
+        hold: Duration::from_secs_f64(a.hold_seconds),
+        max_bytes: (a.max_mib * (1 << 20) as f64) as usize,
         iterations: a.iterations,
     };
     cluster_check(&c, &options)

@@ -6,13 +6,14 @@ use maxrs::cluster::launch::{launch, LaunchOptions};
 
 #[derive(clap::Args)]
 pub struct LaunchArgs {
-    /// How many processes to start.
+    /// How many processes to start (at most 256).
     #[arg(long)]
     num_processes: usize,
     /// The coordinator's port on 127.0.0.1 (default: a free one).
     #[arg(long)]
     coordinator_port: Option<u16>,
-    /// Give each process this many GPUs (CUDA_VISIBLE_DEVICES), rank i getting GPUs i*K..(i+1)*K.
+    /// Give each process this many GPUs (CUDA_VISIBLE_DEVICES), rank i getting GPUs i*K..(i+1)*K
+    /// (at most 64 in all).
     #[arg(long)]
     gpus_per_process: Option<usize>,
     /// The maxrs command each process runs, after `--` (e.g. `-- train configs/base.yml ...`).

@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
+use maxrs::gcloud;
 use maxrs::output::{self, Input, Kind, Output};
 use maxrs::storage::Location;
 use maxrs::submit::settings::Settings;
@@ -91,7 +92,7 @@ struct VertexArgs {
     /// Print a job's logs (from Cloud Logging) instead of submitting.
     #[arg(long, value_name = "JOB")]
     logs: Option<String>,
-    /// With --logs: at most this many lines, oldest first.
+    /// With --logs: at most this many lines, oldest first (at most 100000).
     #[arg(long, default_value_t = 1000)]
     limit: usize,
 }
@@ -207,11 +208,21 @@ fn require(value: Option<String>, flag: &str, what: &str) -> Result<String> {
 
 fn run_vertex(a: VertexArgs) -> Result<()> {
     let s = settings(&a.common)?;
+    // They go into the request URLs (the region into the host name): checked before anything else.
+    if let Some(p) = &a.project {
+        gcloud::check_project("--project", p)?;
+    }
+    if let Some(r) = &a.region {
+        gcloud::check_region("--region", r)?;
+    }
+    if a.limit == 0 || a.limit > vertex_api::MAX_LOG_LINES {
+        bail!("--limit {}: give 1 to {} log lines", a.limit, vertex_api::MAX_LOG_LINES);
+    }
     let project = a.project.clone().or(s.project.clone());
     let region = a.region.clone().or(s.region.clone());
     if let Some(job) = a.status.as_deref().or(a.logs.as_deref()) {
         let job = JobRef::parse(job, project.as_deref(), region.as_deref())?;
-        let api = VertexApi::new(http_client()?, auth::access_token()?, &job.region, RetryPolicy::default());
+        let api = VertexApi::new(http_client()?, auth::access_token()?, &job.region, RetryPolicy::default())?;
         return if a.status.is_some() { print_status(&api, &job) } else { print_logs(&api, &job, a.limit) };
     }
 
@@ -225,12 +236,13 @@ fn run_vertex(a: VertexArgs) -> Result<()> {
     };
     let body = vertex::custom_job(&job, &opts)?;
     if a.common.dry_run {
-        let url = vertex_api::create_url(&vertex_api::aiplatform_endpoint(&opts.region), &opts.project, &opts.region);
+        let url =
+            vertex_api::create_url(&vertex_api::aiplatform_endpoint(&opts.region)?.url, &opts.project, &opts.region);
         eprintln!("dry run: this is the body maxrs would POST to {url}");
         emit(&format!("{}\n", body.to_display_json()))?;
         return Ok(());
     }
-    let api = VertexApi::new(http_client()?, auth::access_token()?, &opts.region, RetryPolicy::default());
+    let api = VertexApi::new(http_client()?, auth::access_token()?, &opts.region, RetryPolicy::default())?;
     let created = api.create_custom_job(&opts.project, &opts.region, &body)?;
     let job_ref = JobRef { project: opts.project.clone(), region: opts.region.clone(), id: created.id().to_string() };
     let again = format!("--project {} --region {}", opts.project, opts.region);

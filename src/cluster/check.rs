@@ -77,6 +77,7 @@ fn check(c: &Config, o: &CheckOptions, cluster: &Cluster) -> Result<()> {
     let client = if c.plugin == "cpu" {
         let count =
             usize::try_from(c.cpu_device_count).ok().filter(|&k| k > 0).context("cpu_device_count must be positive")?;
+        cluster.check_local_devices(count, &format!("the CPU plugin with cpu_device_count={count}"))?;
         pjrt::cpu_client(count)?
     } else {
         cluster.pjrt_client(c)?

@@ -45,6 +45,10 @@ pub struct ClientOptions {
     pub shutdown_timeout: Duration,
 }
 
+/// How long a registration call waits past the deadline for the coordinator's own answer (it
+/// checks its deadline at least once a second).
+const REGISTRATION_ANSWER_GRACE: Duration = Duration::from_secs(2);
+
 /// Called once with the message of the first failure.
 pub type ErrorHandler = Arc<dyn Fn(&str) + Send + Sync>;
 
@@ -185,16 +189,20 @@ impl CoordinationClient {
     }
 
     /// Registers with the coordinator and waits for every process (the registration barrier);
-    /// returns how long that took. Retries while the coordinator is unreachable.
+    /// returns how long that took. Retries while the coordinator is unreachable, until
+    /// `register_timeout` (`jax_distributed_initialization_timeout`) has passed.
     pub fn connect(&self) -> Result<Duration> {
         let start = Instant::now();
         let o = &self.options;
-        let deadline = start + o.register_timeout + Duration::from_secs(5);
+        let deadline = start + o.register_timeout;
         let _activity = diagnostics::waiting_for(format!("registration with the coordinator at {}", o.address));
         let mut attempt = 0u32;
         let response: proto::RegisterTaskResponse = loop {
             attempt += 1;
-            let remaining = deadline.saturating_duration_since(Instant::now());
+            // A coordinator that is reached answers at its own registration deadline, naming the
+            // processes that never came: the call waits a little past this process's deadline
+            // for that answer.
+            let remaining = deadline.saturating_duration_since(Instant::now()) + REGISTRATION_ANSWER_GRACE;
             let request = proto::RegisterTaskRequest { incarnation: self.incarnation, source_task_id: o.process_id };
             let result = self.block_on(unary(self.grpc.clone(), o, path!("RegisterTask"), request, Some(remaining)));
             match result {
@@ -205,7 +213,7 @@ impl CoordinationClient {
                     bail!("process {} could not join the job: {}", o.process_id, status.message())
                 }
                 Err(status) if Instant::now() >= deadline => bail!(
-                    "process {} could not reach the coordinator at {} within {:.0} s \
+                    "process {}: registration with the coordinator at {} did not complete within {:.0} s \
                      (jax_distributed_initialization_timeout): {}",
                     o.process_id,
                     o.address,

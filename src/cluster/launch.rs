@@ -6,7 +6,9 @@
 //! `--gpus-per-process K`, `CUDA_VISIBLE_DEVICES` = its K GPUs). Every output line is prefixed
 //! with `[rank i]`. SIGINT, SIGTERM and SIGUSR1 are forwarded to every rank. As soon as a rank
 //! fails, the others are stopped (SIGTERM, then SIGKILL after 5 s) and `launch` exits with status
-//! 1 naming the rank; it exits 0 when every rank did.
+//! 1 naming the rank; it exits 0 when every rank did. The counts are bounded ([`MAX_PROCESSES`],
+//! [`MAX_GPUS`]); a rank or thread that cannot be started stops the ranks already running and
+//! is one error.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -15,7 +17,15 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+
+/// The most ranks on one machine: one per GPU is at most 16 (Google Cloud's largest GPU machine,
+/// a2-megagpu-16g), CPU test clusters use a few; and each rank costs `launch` two pipes, so 256
+/// ranks stay within the default limit of 1024 open files.
+pub const MAX_PROCESSES: usize = 256;
+/// The most GPUs `--gpus-per-process` may hand out in all (ranks x GPUs each): four times the
+/// largest GPU machine.
+pub const MAX_GPUS: usize = 64;
 
 #[derive(Clone, Debug)]
 pub struct LaunchOptions {
@@ -43,14 +53,25 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
+/// A thread named `name`; a thread that cannot be started (too many threads) is an error.
+fn spawn<T: Send + 'static>(
+    name: String,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::thread::JoinHandle<T>> {
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(body)
+        .map_err(|e| anyhow!("cannot start the thread {name}: {e}"))
+}
+
 /// Copies `from` line by line to stdout or stderr, each line prefixed.
 fn forward(
     from: impl Read + Send + 'static,
     prefix: String,
     to_stderr: bool,
     lock: Arc<Mutex<()>>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
+) -> Result<std::thread::JoinHandle<()>> {
+    spawn(format!("{prefix}output"), move || {
         let mut reader = BufReader::new(from);
         let mut line = Vec::new();
         loop {
@@ -78,11 +99,40 @@ fn signal_all(children: &Mutex<Vec<(usize, Child)>>, signal: libc::c_int) {
     }
 }
 
+/// Ends every rank now (SIGKILL) and reaps it.
+fn kill_all(children: &Mutex<Vec<(usize, Child)>>) {
+    for (_, child) in children.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Checks the counts before anything starts.
+fn check(o: &LaunchOptions) -> Result<()> {
+    if o.num_processes == 0 || o.num_processes > MAX_PROCESSES {
+        bail!(
+            "--num-processes {}: give 1 to {MAX_PROCESSES} (the processes of one machine; a job across machines runs \
+             one launcher per machine, or a cluster launcher: maxrs submit)",
+            o.num_processes
+        );
+    }
+    if let Some(k) = o.gpus_per_process {
+        if k == 0 || k.saturating_mul(o.num_processes) > MAX_GPUS {
+            bail!(
+                "--gpus-per-process {k}: give 1 or more, at most {MAX_GPUS} GPUs in all ({} processes x {k})",
+                o.num_processes
+            );
+        }
+    }
+    if o.coordinator_port == Some(0) {
+        bail!("--coordinator-port 0: give a port from 1 to 65535, or leave it out for a free one");
+    }
+    Ok(())
+}
+
 /// Runs the ranks; returns the exit status `launch` should end with.
 pub fn launch(o: &LaunchOptions) -> Result<i32> {
-    if o.num_processes == 0 {
-        bail!("--num-processes must be at least 1");
-    }
+    check(o)?;
     let port = match o.coordinator_port {
         Some(p) => p,
         None => free_port()?,
@@ -92,11 +142,26 @@ pub fn launch(o: &LaunchOptions) -> Result<i32> {
     let lock = Arc::new(Mutex::new(()));
     let children: Arc<Mutex<Vec<(usize, Child)>>> = Arc::new(Mutex::new(Vec::new()));
     let mut forwarders = Vec::new();
+    if let Err(e) = start_ranks(o, &address, &children, &lock, &mut forwarders) {
+        kill_all(&children);
+        return Err(e);
+    }
+    supervise(o, children, forwarders)
+}
+
+/// Starts every rank, each with its two output forwarders.
+fn start_ranks(
+    o: &LaunchOptions,
+    address: &str,
+    children: &Mutex<Vec<(usize, Child)>>,
+    lock: &Arc<Mutex<()>>,
+    forwarders: &mut Vec<std::thread::JoinHandle<()>>,
+) -> Result<()> {
     for rank in 0..o.num_processes {
         let mut command = Command::new(&o.program);
         command
             .args(&o.args)
-            .env("JAX_COORDINATOR_ADDRESS", &address)
+            .env("JAX_COORDINATOR_ADDRESS", address)
             .env("NNODES", o.num_processes.to_string())
             .env("NODE_RANK", rank.to_string())
             .env_remove("JAX_COORDINATOR_IP")
@@ -120,29 +185,40 @@ pub fn launch(o: &LaunchOptions) -> Result<i32> {
             });
         }
         let mut child = command.spawn().with_context(|| format!("starting rank {rank}: {}", o.program.display()))?;
-        let prefix = format!("[rank {rank}] ");
-        if let Some(out) = child.stdout.take() {
-            forwarders.push(forward(out, prefix.clone(), false, lock.clone()));
-        }
-        if let Some(err) = child.stderr.take() {
-            forwarders.push(forward(err, prefix, true, lock.clone()));
-        }
+        let (out, err) = (child.stdout.take(), child.stderr.take());
         children.lock().unwrap_or_else(|p| p.into_inner()).push((rank, child));
+        let prefix = format!("[rank {rank}] ");
+        if let Some(out) = out {
+            forwarders.push(forward(out, prefix.clone(), false, lock.clone())?);
+        }
+        if let Some(err) = err {
+            forwarders.push(forward(err, prefix, true, lock.clone())?);
+        }
     }
+    Ok(())
+}
 
+/// Forwards signals to the ranks and waits for them; stops the others when one fails.
+fn supervise(
+    o: &LaunchOptions,
+    children: Arc<Mutex<Vec<(usize, Child)>>>,
+    forwarders: Vec<std::thread::JoinHandle<()>>,
+) -> Result<i32> {
     let forwarded = children.clone();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGUSR1,
     ])
-    .context("installing signal handlers")?;
+    .context("installing signal handlers")
+    .inspect_err(|_| kill_all(&children))?;
     let signal_handle = signals.handle();
-    let signal_thread = std::thread::spawn(move || {
+    let signal_thread = spawn("signals".into(), move || {
         for signal in signals.forever() {
             signal_all(&forwarded, signal);
         }
-    });
+    })
+    .inspect_err(|_| kill_all(&children))?;
 
     let mut failed: Option<(usize, ExitStatus)> = None;
     let mut remaining = o.num_processes;

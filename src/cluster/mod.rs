@@ -119,6 +119,13 @@ impl Cluster {
             },
             on_error,
         )?;
+        println!(
+            "cluster: waiting up to {} s for all {} processes to register with the coordinator at {} \
+             (jax_distributed_initialization_timeout)",
+            config.register_timeout.as_secs(),
+            settings.num_processes,
+            settings.coordinator
+        );
         let took = client.connect()?;
         println!(
             "cluster: all {} processes registered ({:.3} s after this one started registering)",
@@ -166,6 +173,7 @@ impl Cluster {
             let n = usize::try_from(c.cpu_device_count).ok().filter(|&n| n > 0).with_context(|| {
                 format!("cpu_device_count={}: must be a positive number of devices", c.cpu_device_count)
             })?;
+            self.check_local_devices(n, &format!("the CPU plugin with cpu_device_count={n}"))?;
             return pjrt::cpu_client(n);
         }
         let (_, plugin) = pjrt::load_plugin(Some(&c.plugin))?;
@@ -189,20 +197,27 @@ impl Cluster {
         let n = c.cpu_device_count as usize;
         if client.platform_name()? == "cpu" && !self.settings.is_multi_process() && local != n {
             drop(client);
+            self.check_local_devices(n, &format!("the CPU plugin {} with cpu_device_count={n}", c.plugin))?;
             let count = [("cpu_device_count".to_string(), Value::I64(n as i64))];
             return pjrt::Client::create(&plugin, &count, None)
                 .with_context(|| format!("cpu_device_count={n} on the CPU plugin {}", c.plugin));
         }
-        if let Some(expected) = self.settings.expected_local_devices {
-            if local != expected {
-                bail!(
-                    "process {} sees {local} devices, but GPUS_PER_NODE={expected}: check CUDA_VISIBLE_DEVICES and the \
-                     launcher's GPU allocation",
-                    self.settings.process_id
-                );
-            }
-        }
+        self.check_local_devices(local, &format!("plugin={}", c.plugin))?;
         Ok(client)
+    }
+
+    /// Checks the devices this process drives (`local`, on `what`) against `GPUS_PER_NODE`, when
+    /// the launcher set it: a wrong GPU allocation stops the job at start, not in a collective.
+    pub fn check_local_devices(&self, local: usize, what: &str) -> Result<()> {
+        match self.settings.expected_local_devices {
+            Some(expected) if expected != local => bail!(
+                "GPUS_PER_NODE={expected}, but process {} has {local} device{} ({what}): set GPUS_PER_NODE to the \
+                 devices each process drives, or check CUDA_VISIBLE_DEVICES and the launcher's GPU allocation",
+                self.settings.process_id,
+                if local == 1 { "" } else { "s" }
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// Tells the coordinator this process failed with `error`, so that every other process stops

@@ -3,7 +3,9 @@
 //!
 //! - **Registration** is a barrier: `RegisterTask` answers once every process has registered, or
 //!   fails for all of them at the `jax_distributed_initialization_timeout`, naming the processes
-//!   that never arrived.
+//!   that never arrived. The time counts from the service's start (XLA starts it at the first
+//!   registration), so that a coordinator no process ever reaches gives up too, and
+//!   `maxrs coordinator` exits instead of waiting forever.
 //! - **Heartbeats**: a connected process that sends none for `heartbeat_timeout_seconds` is
 //!   marked failed; the error (naming its rank and host) goes to every process through its
 //!   long-polling `PollForError` call and through every later heartbeat, so all of them stop
@@ -85,7 +87,7 @@ struct Barrier {
     waiters: Vec<(i32, oneshot::Sender<Result<i64, Status>>)>,
 }
 
-/// The registration barrier: who is waiting, and when it gives up.
+/// The registration barrier: who is waiting, and when it gives up (`None`: never).
 struct Registration {
     deadline: Option<Instant>,
     waiters: BTreeMap<i32, oneshot::Sender<Result<(), Status>>>,
@@ -166,7 +168,12 @@ impl Service {
                 tasks,
                 kv: BTreeMap::new(),
                 barriers: HashMap::new(),
-                registration: Registration { deadline: None, waiters: BTreeMap::new(), failed: None, done: false },
+                registration: Registration {
+                    deadline: now.checked_add(config.register_timeout),
+                    waiters: BTreeMap::new(),
+                    failed: None,
+                    done: false,
+                },
                 aliveness: Vec::new(),
                 job_error: None,
                 told: BTreeSet::new(),
@@ -377,7 +384,6 @@ impl Service {
             t.host = host;
             let (tx, rx) = oneshot::channel();
             let registration = &mut state.registration;
-            registration.deadline.get_or_insert_with(|| Instant::now() + self.config.register_timeout);
             if let Some(old) = registration.waiters.insert(task, tx) {
                 let _ =
                     old.send(Err(Status::cancelled("a newer registration from the same process replaced this one")));

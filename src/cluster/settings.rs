@@ -11,6 +11,10 @@
 //!
 //! The default port is 8476 (JAX's). `skip_jax_distributed_system=true` makes every process a
 //! job of its own, as in MaxText. Nothing found means one process.
+//!
+//! Every value is checked where it is read, the error naming the variable or key: a coordinator
+//! is `host:port` (a host name or IP address, a port 1-65535), counts are bounded
+//! ([`MAX_PROCESSES`], [`MAX_LOCAL_DEVICES`]).
 
 use std::fmt;
 
@@ -20,6 +24,16 @@ use crate::config::{Config, Hardware};
 
 /// The coordinator port when none is given (JAX's default for its cluster environments).
 pub const DEFAULT_PORT: u16 = 8476;
+
+/// The most processes a job may have: the `num_processes` key's bound (the coordinator keeps a
+/// record per process).
+pub fn max_processes() -> usize {
+    crate::config::range("num_processes").map_or(1 << 20, |r| r.max as usize)
+}
+
+/// The most devices one process may expect (`GPUS_PER_NODE`): no machine holds more, and the CPU
+/// plugin's `cpu_device_count` stops there too.
+pub const MAX_LOCAL_DEVICES: usize = 1024;
 
 /// What this process knows about its job.
 #[derive(Clone, Debug, PartialEq)]
@@ -94,45 +108,108 @@ struct Found {
     expected_local_devices: Option<usize>,
 }
 
-fn parse<T: std::str::FromStr>(env: &dyn Fn(&str) -> Option<String>, name: &str, what: &str) -> Result<Option<T>> {
+/// The number in variable `name`, if set: `what` (e.g. "a number of processes") from 0 to `max`.
+fn parse(env: &dyn Fn(&str) -> Option<String>, name: &str, what: &str, max: usize) -> Result<Option<usize>> {
     match env(name) {
         None => Ok(None),
-        Some(text) => text.trim().parse().map(Some).map_err(|_| anyhow!("{name}={text:?}: expected {what}")),
+        Some(text) => match text.trim().parse::<usize>() {
+            Ok(n) if n <= max => Ok(Some(n)),
+            _ => bail!("{name}={text:?}: expected {what} from 0 to {max}"),
+        },
     }
 }
 
-/// `host` with its port, or with `port` (default 8476) when it has none; a bare IPv6 address is
-/// bracketed.
-fn with_port(host: &str, port: Option<u16>) -> String {
-    let port = port.unwrap_or(DEFAULT_PORT);
-    if host.matches(':').count() > 1 && !host.starts_with('[') {
-        return format!("[{host}]:{port}");
+/// A count of processes (or a process index) in variable `name`.
+fn parse_count(env: &dyn Fn(&str) -> Option<String>, name: &str, what: &str) -> Result<Option<usize>> {
+    parse(env, name, what, max_processes())
+}
+
+/// The port in variable `name`, if set.
+fn parse_port(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<u16>> {
+    match env(name) {
+        None => Ok(None),
+        Some(text) => match text.trim().parse::<u16>() {
+            Ok(port) if port > 0 => Ok(Some(port)),
+            _ => bail!("{name}={text:?}: expected a port number from 1 to 65535"),
+        },
     }
-    match host.rsplit_once(':') {
-        Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => host.to_string(),
-        _ => format!("{host}:{port}"),
+}
+
+/// A host name: dot-separated labels of letters, digits, `-` and `_` (cluster node names), or an
+/// IPv4 address.
+fn is_host_name(host: &str) -> bool {
+    host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+}
+
+/// The coordinator `text` (from the variable or key `name`) as `host:port`: its own port, else
+/// `port` (default 8476); a bare IPv6 address is bracketed. Anything else is refused here, at
+/// once, rather than retried until the registration deadline.
+fn coordinator_address(name: &str, text: &str, port: Option<u16>) -> Result<String> {
+    let refuse = || {
+        anyhow!(
+            "{name}={text:?}: expected HOST:PORT or HOST (a host name or IP address, a port from 1 to 65535), \
+             e.g. 10.0.0.2:1234"
+        )
+    };
+    let default_port = port.unwrap_or(DEFAULT_PORT);
+    let text = text.trim();
+    let port_of = |p: &str| p.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(refuse);
+    if let Some(rest) = text.strip_prefix('[') {
+        let (ip, after) = rest.split_once(']').ok_or_else(refuse)?;
+        ip.parse::<std::net::Ipv6Addr>().map_err(|_| refuse())?;
+        let port = match after {
+            "" => default_port,
+            _ => port_of(after.strip_prefix(':').ok_or_else(refuse)?)?,
+        };
+        return Ok(format!("[{ip}]:{port}"));
     }
+    if text.matches(':').count() > 1 {
+        let ip: std::net::Ipv6Addr = text.parse().map_err(|_| refuse())?;
+        return Ok(format!("[{ip}]:{default_port}"));
+    }
+    let (host, port) = match text.split_once(':') {
+        Some((host, p)) => (host, port_of(p)?),
+        None => (text, default_port),
+    };
+    if !is_host_name(host) {
+        return Err(refuse());
+    }
+    Ok(format!("{host}:{port}"))
 }
 
 fn jax_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
-    let present =
-        ["JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_IP", "NNODES", "NODE_RANK"].iter().any(|v| env(v).is_some());
+    // GPUS_PER_NODE alone counts: a one-process run checks it too.
+    let present = ["JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_IP", "NNODES", "NODE_RANK", "GPUS_PER_NODE"]
+        .iter()
+        .any(|v| env(v).is_some());
     if !present {
         return Ok(None);
     }
-    let port: Option<u16> = parse(env, "JAX_COORDINATOR_PORT", "a port number")?;
+    let port = parse_port(env, "JAX_COORDINATOR_PORT")?;
     let coordinator = match (env("JAX_COORDINATOR_ADDRESS"), env("JAX_COORDINATOR_IP")) {
-        (Some(address), _) => Some((with_port(address.trim(), port), "JAX_COORDINATOR_ADDRESS")),
-        (None, Some(ip)) => Some((with_port(ip.trim(), port), "JAX_COORDINATOR_IP")),
+        (Some(address), _) => {
+            Some((coordinator_address("JAX_COORDINATOR_ADDRESS", &address, port)?, "JAX_COORDINATOR_ADDRESS"))
+        }
+        (None, Some(ip)) => Some((coordinator_address("JAX_COORDINATOR_IP", &ip, port)?, "JAX_COORDINATOR_IP")),
         (None, None) => None,
     };
+    let gpus = parse(env, "GPUS_PER_NODE", "a number of devices per process", MAX_LOCAL_DEVICES)?;
+    if gpus == Some(0) {
+        bail!("GPUS_PER_NODE=0: expected a number of devices per process from 1 to {MAX_LOCAL_DEVICES}");
+    }
     Ok(Some(Found {
         name: "JAX_COORDINATOR_ADDRESS/NNODES/NODE_RANK",
         coordinator,
-        num_processes: parse(env, "NNODES", "a number of processes")?.map(|n| (n, "NNODES")),
-        process_id: parse(env, "NODE_RANK", "a process index")?.map(|n| (n, "NODE_RANK")),
+        num_processes: parse_count(env, "NNODES", "a number of processes")?.map(|n| (n, "NNODES")),
+        process_id: parse_count(env, "NODE_RANK", "a process index")?.map(|n| (n, "NODE_RANK")),
         local_device_ids: None,
-        expected_local_devices: parse(env, "GPUS_PER_NODE", "a number of GPUs")?,
+        expected_local_devices: gpus,
     }))
 }
 
@@ -151,12 +228,13 @@ fn vertex_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
             .collect();
         pools.sort_by(|a, b| a.0.cmp(b.0));
         let task_pool = value["task"]["type"].as_str().ok_or_else(|| anyhow!("CLUSTER_SPEC has no task.type"))?;
-        let index = value["task"]["index"].as_u64().ok_or_else(|| anyhow!("CLUSTER_SPEC has no task.index"))? as usize;
+        let index = value["task"]["index"].as_u64().ok_or_else(|| anyhow!("CLUSTER_SPEC has no task.index"))?;
+        let index = usize::try_from(index).unwrap_or(usize::MAX);
         let mut rank = None;
-        let mut offset = 0;
+        let mut offset = 0usize;
         for (name, hosts) in &pools {
             if name.as_str() == task_pool {
-                rank = Some(offset + index);
+                rank = Some(offset.saturating_add(index));
             }
             offset += hosts.len();
         }
@@ -166,19 +244,19 @@ fn vertex_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
             pools.iter().find_map(|(_, h)| h.first().cloned()).ok_or_else(|| anyhow!("CLUSTER_SPEC lists no hosts"))?;
         return Ok(Some(Found {
             name: "Vertex AI",
-            coordinator: Some((with_port(&first, Some(2222)), "CLUSTER_SPEC")),
+            coordinator: Some((coordinator_address("CLUSTER_SPEC (first host)", &first, Some(2222))?, "CLUSTER_SPEC")),
             num_processes: Some((offset, "CLUSTER_SPEC")),
             process_id: Some((rank, "CLUSTER_SPEC")),
             ..Found::default()
         }));
     }
     let Some(master) = env("MASTER_ADDR") else { return Ok(None) };
-    let port: Option<u16> = parse(env, "MASTER_PORT", "a port number")?;
+    let port = parse_port(env, "MASTER_PORT")?;
     Ok(Some(Found {
         name: "Vertex AI",
-        coordinator: Some((with_port(master.trim(), Some(port.unwrap_or(2222))), "MASTER_ADDR")),
-        num_processes: parse(env, "WORLD_SIZE", "a number of processes")?.map(|n| (n, "WORLD_SIZE")),
-        process_id: parse(env, "RANK", "a process index")?.map(|n| (n, "RANK")),
+        coordinator: Some((coordinator_address("MASTER_ADDR", &master, Some(port.unwrap_or(2222)))?, "MASTER_ADDR")),
+        num_processes: parse_count(env, "WORLD_SIZE", "a number of processes")?.map(|n| (n, "WORLD_SIZE")),
+        process_id: parse_count(env, "RANK", "a process index")?.map(|n| (n, "RANK")),
         ..Found::default()
     }))
 }
@@ -204,7 +282,7 @@ fn slurm_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
     let job: u64 = job.trim().parse().map_err(|_| anyhow!("SLURM_JOB_ID={job:?}: expected a number"))?;
     let host = first_slurm_node(&nodes).ok_or_else(|| anyhow!("SLURM_STEP_NODELIST={nodes:?} names no node"))?;
     // JAX's choice (jax/_src/clusters/slurm_cluster.py): a port in the top 4096, from the job id.
-    let port: Option<u16> = parse(env, "JAX_COORDINATOR_PORT", "a port number")?;
+    let port = parse_port(env, "JAX_COORDINATOR_PORT")?;
     let port = port.unwrap_or((job % 4096 + (65535 - 4096 + 1)) as u16);
     let gpus = match (env("CUDA_VISIBLE_DEVICES"), env("SLURM_STEP_GPUS")) {
         (None, Some(list)) => Some(
@@ -217,9 +295,12 @@ fn slurm_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
     };
     Ok(Some(Found {
         name: "Slurm",
-        coordinator: Some((format!("{host}:{port}"), "SLURM_STEP_NODELIST")),
-        num_processes: parse(env, "SLURM_NTASKS", "a number of tasks")?.map(|n| (n, "SLURM_NTASKS")),
-        process_id: parse(env, "SLURM_PROCID", "a task index")?.map(|n| (n, "SLURM_PROCID")),
+        coordinator: Some((
+            coordinator_address("SLURM_STEP_NODELIST (first node)", &host, Some(port))?,
+            "SLURM_STEP_NODELIST",
+        )),
+        num_processes: parse_count(env, "SLURM_NTASKS", "a number of tasks")?.map(|n| (n, "SLURM_NTASKS")),
+        process_id: parse_count(env, "SLURM_PROCID", "a task index")?.map(|n| (n, "SLURM_PROCID")),
         local_device_ids: gpus,
         ..Found::default()
     }))
@@ -231,15 +312,13 @@ fn jobset_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
     else {
         return Ok(None);
     };
-    let port: Option<u16> = parse(env, "JAX_COORDINATOR_PORT", "a port number")?;
+    let port = parse_port(env, "JAX_COORDINATOR_PORT")?;
+    let host = format!("{jobset}-{replicated}-0-0.{jobset}");
     Ok(Some(Found {
         name: "GKE JobSet",
-        coordinator: Some((
-            format!("{jobset}-{replicated}-0-0.{jobset}:{}", port.unwrap_or(DEFAULT_PORT)),
-            "JOBSET_NAME",
-        )),
-        num_processes: parse(env, "NNODES", "a number of processes")?.map(|n| (n, "NNODES")),
-        process_id: parse(env, "JOB_COMPLETION_INDEX", "a pod index")?.map(|n| (n, "JOB_COMPLETION_INDEX")),
+        coordinator: Some((coordinator_address("JOBSET_NAME/REPLICATED_JOB_NAME", &host, port)?, "JOBSET_NAME")),
+        num_processes: parse_count(env, "NNODES", "a number of processes")?.map(|n| (n, "NNODES")),
+        process_id: parse_count(env, "JOB_COMPLETION_INDEX", "a pod index")?.map(|n| (n, "JOB_COMPLETION_INDEX")),
         ..Found::default()
     }))
 }
@@ -278,11 +357,11 @@ pub fn detect(c: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<Cluste
         }
         (None, None) => None,
     };
-    let coordinator = pick(
-        "coordinator",
-        (!c.coordinator_address.is_empty()).then(|| with_port(&c.coordinator_address, None)),
-        found.coordinator,
-    );
+    let configured = match c.coordinator_address.as_str() {
+        "" => None,
+        address => Some(coordinator_address("coordinator_address", address, None)?),
+    };
+    let coordinator = pick("coordinator", configured, found.coordinator);
     let num_processes = pick(
         "num_processes",
         (c.num_processes >= 0).then(|| c.num_processes.to_string()),
@@ -297,8 +376,8 @@ pub fn detect(c: &Config, env: &dyn Fn(&str) -> Option<String>) -> Result<Cluste
     let source = format!("{environment}{}", sources.join(", "));
 
     let num_processes: usize = num_processes.map(|n| n.parse().expect("a formatted usize")).unwrap_or(1);
-    if num_processes == 0 {
-        bail!("num_processes=0 ({source}): a job has at least one process");
+    if num_processes == 0 || num_processes > max_processes() {
+        bail!("num_processes={num_processes} ({source}): a job has 1 to {} processes", max_processes());
     }
     if num_processes == 1 {
         if c.hardware == Hardware::GpuMultiprocess {
@@ -440,6 +519,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!((s.num_processes, s.process_id, s.coordinator.as_str()), (4, 3, "llama-workers-0-0.llama:8476"));
+    }
+
+    #[test]
+    fn coordinator_addresses_are_host_port_and_counts_are_bounded() {
+        for (text, port, expected) in [
+            ("10.0.0.2", None, "10.0.0.2:8476"),
+            ("10.0.0.2:1234", Some(9), "10.0.0.2:1234"),
+            ("node_01.cluster.local", Some(9), "node_01.cluster.local:9"),
+            ("fe80::1", None, "[fe80::1]:8476"),
+            ("[fe80::1]:77", None, "[fe80::1]:77"),
+        ] {
+            assert_eq!(coordinator_address("X", text, port).unwrap(), expected);
+        }
+        for bad in ["garbage!!", "host:abc", "host:0", "host:70000", "", "a/b:1", "[::1", "http://h:1", "h:1:2"] {
+            let e = coordinator_address("JAX_COORDINATOR_ADDRESS", bad, None).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("JAX_COORDINATOR_ADDRESS={bad:?}: expected HOST:PORT")), "{e}");
+        }
+        let e = detect_with(&config(&["coordinator_address=a b"]), &[]).unwrap_err().to_string();
+        assert!(e.starts_with("coordinator_address=\"a b\""), "{e}");
+        let e = detect_with(&config(&[]), &[("NNODES", "99999999999")]).unwrap_err().to_string();
+        assert!(e.contains("NNODES=\"99999999999\": expected a number of processes from 0 to 1048576"), "{e}");
+        let e = detect_with(&config(&[]), &[("GPUS_PER_NODE", "0")]).unwrap_err().to_string();
+        assert!(e.starts_with("GPUS_PER_NODE=0"), "{e}");
+        let e = detect_with(&config(&[]), &[("MASTER_ADDR", "h0"), ("MASTER_PORT", "0")]).unwrap_err().to_string();
+        assert!(e.starts_with("MASTER_PORT=\"0\""), "{e}");
+        // GPUS_PER_NODE alone is kept for the device check of a one-process run.
+        let s = detect_with(&config(&[]), &[("GPUS_PER_NODE", "8")]).unwrap();
+        assert_eq!((s.num_processes, s.expected_local_devices), (1, Some(8)));
     }
 
     #[test]

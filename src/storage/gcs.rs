@@ -9,17 +9,21 @@
 //! Credentials: Application Default Credentials through `gcp_auth` (a service account key named
 //! by `GOOGLE_APPLICATION_CREDENTIALS`, gcloud's user credentials, the metadata server), with
 //! the `devstorage.read_write` scope. `STORAGE_EMULATOR_HOST=http://host:port` sends every request
-//! to that emulator instead, without credentials (as Google's client libraries do).
+//! to that emulator instead, without credentials (as Google's client libraries do). The token is
+//! attached only to `https://*.googleapis.com` URLs (checked on every request, the upload session
+//! URL the API answers with included), and URLs are built from percent-encoded path segments.
 
 use std::io::Read;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
-use reqwest::blocking::{Client, RequestBuilder, Response};
+use reqwest::blocking::{Client, Request, RequestBuilder, Response};
+use reqwest::header::{HeaderValue, AUTHORIZATION};
 use reqwest::{StatusCode, Url};
 
 use super::Entry;
+use crate::gcloud;
 
 /// The environment variable Google's client libraries read to reach an emulator.
 pub const EMULATOR_ENV: &str = "STORAGE_EMULATOR_HOST";
@@ -32,7 +36,7 @@ const ATTEMPTS: u32 = 5;
 
 /// The endpoint and how requests authenticate, fixed for the process at first use.
 struct Service {
-    base: String,
+    base: Url,
     http: Client,
     /// `None` for an emulator.
     auth: Option<Auth>,
@@ -56,8 +60,9 @@ fn connect() -> Result<Service> {
         .build()
         .map_err(|e| anyhow!("cannot create an HTTP client for GCS: {e}"))?;
     if let Some(host) = std::env::var(EMULATOR_ENV).ok().filter(|h| !h.trim().is_empty()) {
-        let base = if host.contains("://") { host } else { format!("http://{host}") };
-        return Ok(Service { base: base.trim_end_matches('/').to_string(), http, auth: None });
+        let host = host.trim();
+        let base = if host.contains("://") { host.to_string() } else { format!("http://{host}") };
+        return Ok(Service { base: gcloud::endpoint(EMULATOR_ENV, &base)?, http, auth: None });
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -69,13 +74,13 @@ fn connect() -> Result<Service> {
              application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file"
         )
     })?;
-    Ok(Service { base: GCS.to_string(), http, auth: Some(Auth { runtime, provider }) })
+    let base = gcloud::endpoint("the Cloud Storage endpoint", GCS)?;
+    Ok(Service { base, http, auth: Some(Auth { runtime, provider }) })
 }
 
 impl Service {
     fn url(&self, path: &[&str], query: &[(&str, &str)]) -> Url {
-        let mut url = Url::parse(&self.base).expect("a valid base URL");
-        url.path_segments_mut().expect("an http(s) base").pop_if_empty().extend(path);
+        let mut url = gcloud::api_url(&self.base, path);
         if !query.is_empty() {
             url.query_pairs_mut().extend_pairs(query);
         }
@@ -87,17 +92,20 @@ impl Service {
         self.url(&["storage", "v1", "b", bucket, "o", key], query)
     }
 
-    fn authorized(&self, request: RequestBuilder) -> Result<RequestBuilder> {
-        match &self.auth {
-            None => Ok(request),
-            Some(auth) => {
-                let token = auth
-                    .runtime
-                    .block_on(auth.provider.token(&[SCOPE]))
-                    .map_err(|e| anyhow!("GCS credentials: {e}"))?;
-                Ok(request.bearer_auth(token.as_str()))
-            }
+    /// The request `builder` makes, with the token when there are credentials: only for a
+    /// Google API host (an emulator gets none).
+    fn authorized(&self, builder: RequestBuilder) -> Result<Request> {
+        let mut request = builder.build().map_err(|e| anyhow!("GCS request: {}", chain(&e)))?;
+        if let Some(auth) = &self.auth {
+            gcloud::check_token_destination(request.url(), &[])?;
+            let token =
+                auth.runtime.block_on(auth.provider.token(&[SCOPE])).map_err(|e| anyhow!("GCS credentials: {e}"))?;
+            let mut value = HeaderValue::from_str(&format!("Bearer {}", token.as_str()))
+                .map_err(|_| anyhow!("GCS credentials: the access token is not a valid header value"))?;
+            value.set_sensitive(true);
+            request.headers_mut().insert(AUTHORIZATION, value);
         }
+        Ok(request)
     }
 
     /// Sends the request `make` builds, retrying transient failures; returns the response
@@ -105,7 +113,7 @@ impl Service {
     fn send(&self, what: &str, make: impl Fn() -> RequestBuilder) -> Result<Response> {
         let mut delay = Duration::from_millis(250);
         for attempt in 1..=ATTEMPTS {
-            let result = self.authorized(make())?.send();
+            let result = self.http.execute(self.authorized(make())?);
             let retry = match &result {
                 Ok(r) => r.status() == StatusCode::TOO_MANY_REQUESTS || r.status().is_server_error(),
                 Err(e) => e.is_connect() || e.is_timeout() || e.is_request(),
@@ -284,7 +292,8 @@ impl ObjectUpload {
         let body = std::mem::take(&mut self.buffer);
         // Not retried: a resent chunk would need the session's status first. A failed save is
         // reported and the next save starts afresh.
-        let response = service.authorized(service.http.put(session).header("content-range", range).body(body))?.send();
+        let request = service.authorized(service.http.put(session).header("content-range", range).body(body))?;
+        let response = service.http.execute(request);
         let response = response.map_err(|e| anyhow!("{}: {}", self.what, chain(&e)))?;
         let done = response.status().is_success();
         let more = response.status().as_u16() == 308;
@@ -321,7 +330,7 @@ impl Drop for ObjectUpload {
         // Cancels the session (the API answers 499), so no object appears.
         if let (Some(session), Ok(service)) = (self.session.take(), service()) {
             if let Ok(request) = service.authorized(service.http.delete(session)) {
-                let _ = request.send();
+                let _ = service.http.execute(request);
             }
         }
     }

@@ -52,7 +52,11 @@ impl Location {
             if bucket.is_empty() {
                 bail!("{text}: a gs:// location needs a bucket name (gs://BUCKET/PATH)");
             }
-            return Ok(Location::Gcs { bucket: bucket.to_string(), key: key.trim_matches('/').to_string() });
+            // Both go into request URLs.
+            crate::gcloud::check_bucket(text, bucket)?;
+            let key = key.trim_matches('/');
+            crate::gcloud::check_object_name(text, key)?;
+            return Ok(Location::Gcs { bucket: bucket.to_string(), key: key.to_string() });
         }
         if let Some((scheme, _)) = text.split_once("://") {
             bail!("{text}: `{scheme}://` is not supported; use a local path or gs://BUCKET/PATH");

@@ -12,13 +12,10 @@
 //! the host library and aperture-device volumes.
 //! `kubectl apply -f -` submits it with `--apply`.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use serde_yaml::{Mapping, Value};
 
-use super::{shown_value, Job};
+use super::{run_tool, shown_value, Job, TOOL_TIMEOUT};
 
 /// The replicated job's name: pods are `<jobset>-workers-0-<index>`.
 pub const REPLICATED_JOB: &str = "workers";
@@ -209,23 +206,16 @@ fn jobset(job: &Job, opts: &GkeOptions, redact: bool) -> Result<Value> {
     ]))
 }
 
-/// Applies `manifest` with `kubectl apply -f -`; kubectl's own report.
+/// Applies `manifest` with `kubectl apply -f -` (within [`TOOL_TIMEOUT`]); kubectl's own report.
 pub fn apply(manifest: &str) -> Result<String> {
-    let mut child = Command::new("kubectl")
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => anyhow!(
-                "kubectl is not on PATH: install it (and `gcloud container clusters get-credentials CLUSTER`), or save \
-                 the manifest (maxrs submit gke ... > jobset.yaml) and run `kubectl apply -f jobset.yaml`"
-            ),
-            _ => anyhow!("cannot run kubectl: {e}"),
-        })?;
-    child.stdin.take().expect("piped").write_all(manifest.as_bytes()).context("cannot send the manifest to kubectl")?;
-    let out = child.wait_with_output().context("waiting for kubectl")?;
+    let out = run_tool(
+        "kubectl",
+        &["apply", "-f", "-"],
+        manifest,
+        TOOL_TIMEOUT,
+        "install it (and `gcloud container clusters get-credentials CLUSTER`), or save the manifest \
+         (maxrs submit gke ... > jobset.yaml) and run `kubectl apply -f jobset.yaml`",
+    )?;
     if !out.status.success() {
         bail!("kubectl apply failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }

@@ -6,7 +6,8 @@
 //! against the config before anything is submitted: the node count must be the mesh's DCN product),
 //! the machine type, and the environment every process gets. Each launcher module then renders it:
 //! [`vertex`] the custom job body (sent by [`vertex_api`] with a token from [`auth`]), [`slurm`] the
-//! batch script, [`gke`] the JobSet manifest.
+//! batch script, [`gke`] the JobSet manifest; `sbatch` and `kubectl` run through [`run_tool`],
+//! which gives them a deadline (they wait on the cluster's controller over the network).
 //!
 //! The cluster environment each launcher sets is the one maxrs's multi-process runtime reads
 //! (../shared/REFERENCE.md §2, MaxText's A3 Mega recipe): `JAX_COORDINATOR_ADDRESS`,
@@ -21,7 +22,11 @@ pub mod slurm;
 pub mod vertex;
 pub mod vertex_api;
 
-use anyhow::{bail, Context, Result};
+use std::io::{Read, Write};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
 
 use crate::config::{self, Hardware};
 use machine::MachineType;
@@ -77,8 +82,10 @@ impl Job {
     /// derives the job.
     pub fn prepare(req: Request) -> Result<Job> {
         let machine = machine::machine_type(&req.machine_type)?;
-        if req.nodes == 0 {
-            bail!("--nodes must be at least 1");
+        // One process per node: the same bound as the num_processes key.
+        let max_nodes = config::range("num_processes").map_or(1 << 20, |r| r.max as usize);
+        if req.nodes == 0 || req.nodes > max_nodes {
+            bail!("--nodes {}: give 1 to {max_nodes} machines (one maxrs process each)", req.nodes);
         }
         let mut command = req.command.clone();
         if command.first().is_some_and(|c| c == "maxrs" || c.ends_with("/maxrs")) {
@@ -291,6 +298,74 @@ pub fn shell_quote(word: &str) -> String {
     }
 }
 
+/// How long `sbatch` or `kubectl apply` may take: Slurm retries a busy controller on its own, and
+/// kubectl waits for an API server that does not answer, both without end.
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs `program args` with `input` on its standard input, for at most `timeout` (printed
+/// first); its output. `missing` says what to do when the program is not on PATH. A program
+/// still running at the deadline is killed, and that is the error.
+pub fn run_tool(program: &str, args: &[&str], input: &str, timeout: Duration, missing: &str) -> Result<Output> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => anyhow!("{program} is not on PATH: {missing}"),
+            _ => anyhow!("cannot run {program}: {e}"),
+        })?;
+    eprintln!("running `{program} {}` (waiting up to {} s)", args.join(" "), timeout.as_secs());
+    // The input, stdout and stderr move on their own threads, so that neither side blocks on a
+    // full pipe while the other waits.
+    let mut stdin = child.stdin.take().expect("piped");
+    let input = input.as_bytes().to_vec();
+    let writer = std::thread::Builder::new().name(format!("{program} input")).spawn(move || stdin.write_all(&input));
+    let read = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::Builder::new().name(format!("{program} output")).spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = read(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = read(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let (writer, stdout, stderr) = match (writer, stdout, stderr) {
+        (Ok(w), Ok(o), Ok(e)) => (w, o, e),
+        _ => {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("cannot start the threads that talk to {program}");
+        }
+    };
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().with_context(|| format!("waiting for {program}"))? {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "{program} did not finish within {} s and was stopped: the cluster's controller does not answer; \
+                 nothing was submitted unless `{program}` says so later (check the cluster before trying again)",
+                timeout.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let written = writer.join().unwrap_or(Ok(()));
+    let output =
+        Output { status, stdout: stdout.join().unwrap_or_default(), stderr: stderr.join().unwrap_or_default() };
+    if output.status.success() {
+        written.with_context(|| format!("cannot send the input to {program}"))?;
+    }
+    Ok(output)
+}
+
 /// The candidate closest to `word`, if it looks like a typo of it.
 pub(crate) fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     candidates
@@ -364,6 +439,18 @@ mod tests {
         assert_eq!(names, ["NCCL_ALGO", "XLA_FLAGS", "NNODES", "NCCL_DEBUG"]);
         assert_eq!(env[0].1, "Ring");
         assert!(is_secret_name("HF_TOKEN") && is_secret_name("WANDB_API_KEY") && !is_secret_name("NNODES"));
+    }
+
+    #[test]
+    fn a_tool_that_hangs_is_stopped_at_its_deadline() {
+        let start = Instant::now();
+        let e = run_tool("sleep", &["30"], "", Duration::from_secs(1), "").unwrap_err().to_string();
+        assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+        assert!(e.starts_with("sleep did not finish within 1 s"), "{e}");
+        let out = run_tool("cat", &[], "the input", Duration::from_secs(30), "").unwrap();
+        assert_eq!(out.stdout, b"the input");
+        let e = run_tool("maxrs-no-such-tool", &[], "", Duration::from_secs(1), "install it").unwrap_err();
+        assert_eq!(e.to_string(), "maxrs-no-such-tool is not on PATH: install it");
     }
 
     #[test]

@@ -20,6 +20,8 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 use serde::Deserialize;
 
+use crate::gcloud;
+
 /// The `submit:` section. Every field is optional; unknown keys are errors.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -91,7 +93,16 @@ impl Settings {
         let section = doc.get("submit").ok_or_else(|| {
             anyhow!("no `submit:` section (the settings are read from a top-level `submit:` mapping)")
         })?;
-        serde_yaml::from_value(section.clone()).map_err(|e| anyhow!("in the `submit:` section: {e}"))
+        let settings: Settings =
+            serde_yaml::from_value(section.clone()).map_err(|e| anyhow!("in the `submit:` section: {e}"))?;
+        // They go into request URLs (the region into the endpoint's host name).
+        if let Some(project) = &settings.project {
+            gcloud::check_project("`project:`", project)?;
+        }
+        if let Some(region) = &settings.region {
+            gcloud::check_region("`region:`", region)?;
+        }
+        Ok(settings)
     }
 }
 
@@ -102,10 +113,10 @@ mod tests {
     #[test]
     fn reads_the_section_and_ignores_other_keys() {
         let s = Settings::parse(
-            "team: x\nsubmit:\n  project: p\n  region: r\n  nodes: 2\n  env: {A: b}\n  slurm: {partition: a3mega, modules: [cuda]}\n",
+            "team: x\nsubmit:\n  project: my-project\n  region: us-central1\n  nodes: 2\n  env: {A: b}\n  slurm: {partition: a3mega, modules: [cuda]}\n",
         )
         .unwrap();
-        assert_eq!(s.project.as_deref(), Some("p"));
+        assert_eq!(s.project.as_deref(), Some("my-project"));
         assert_eq!(s.nodes, Some(2));
         assert_eq!(s.env.get("A").map(String::as_str), Some("b"));
         assert_eq!(s.slurm.partition.as_deref(), Some("a3mega"));
@@ -120,5 +131,9 @@ mod tests {
         assert!(e.contains("namespce"), "{e}");
         let e = Settings::parse("project: p\n").unwrap_err().to_string();
         assert!(e.contains("no `submit:` section"), "{e}");
+        let e = Settings::parse("submit:\n  region: evil.example.com/x?\n").unwrap_err().to_string();
+        assert!(e.starts_with("`region:` \"evil.example.com/x?\" is not a Google Cloud region"), "{e}");
+        let e = Settings::parse("submit:\n  project: ../../evil\n").unwrap_err().to_string();
+        assert!(e.starts_with("`project:` \"../../evil\" is not a Google Cloud project"), "{e}");
     }
 }

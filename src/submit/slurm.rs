@@ -8,12 +8,9 @@
 //! `SLURM_JOB_ID % 4096 + 61440`, and a task's rank is its `SLURM_PROCID`. The A3 Mega NCCL lines
 //! are Cluster Toolkit's (see `machine.rs`).
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use anyhow::{bail, Result};
 
-use anyhow::{anyhow, bail, Context, Result};
-
-use super::{shell_join, shell_quote, shown_value, Job};
+use super::{run_tool, shell_join, shell_quote, shown_value, Job, TOOL_TIMEOUT};
 
 #[derive(Clone, Debug, Default)]
 pub struct SlurmOptions {
@@ -134,23 +131,17 @@ fn render(job: &Job, opts: &SlurmOptions, redact: bool) -> Result<String> {
     Ok(s)
 }
 
-/// Submits `script` with `sbatch` (read from its standard input); the job id it reports.
+/// Submits `script` with `sbatch` (read from its standard input, within [`TOOL_TIMEOUT`]); the
+/// job id it reports.
 pub fn submit(script: &str) -> Result<String> {
-    let mut child = Command::new("sbatch")
-        .arg("--parsable")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => anyhow!(
-                "sbatch is not on PATH: run this on a Slurm login node, or save the script (maxrs submit slurm ... > job.sh) \
-                 and submit it there with `sbatch job.sh`"
-            ),
-            _ => anyhow!("cannot run sbatch: {e}"),
-        })?;
-    child.stdin.take().expect("piped").write_all(script.as_bytes()).context("cannot send the script to sbatch")?;
-    let out = child.wait_with_output().context("waiting for sbatch")?;
+    let out = run_tool(
+        "sbatch",
+        &["--parsable"],
+        script,
+        TOOL_TIMEOUT,
+        "run this on a Slurm login node, or save the script (maxrs submit slurm ... > job.sh) and submit it there \
+         with `sbatch job.sh`",
+    )?;
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() {
         bail!("sbatch refused the job ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());

@@ -7,7 +7,9 @@
 //! sent again after the `Retry-After` the API gives, or an exponential backoff. Any other error of
 //! a create is final, a 500 included: the job may exist, and a second create would start a second
 //! job. Reads (`get`, `entries.list`) also retry 500, 502 and 504. Errors carry the API's own
-//! message. The token goes only into the `Authorization` header.
+//! message. The token goes only into the `Authorization` header, and only to the endpoints: every
+//! URL is built from an endpoint and percent-encoded path segments, and is checked right before
+//! the token is attached ([`crate::gcloud::check_token_destination`]).
 //!
 //! `CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM` and `CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING` (gcloud's
 //! variables) replace the endpoints, e.g. for a private endpoint or a local test server.
@@ -17,11 +19,23 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 use reqwest::blocking::{Client, Response};
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
-use reqwest::{Method, StatusCode};
+use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 
 use super::auth::AccessToken;
 use super::vertex::CustomJob;
+use crate::gcloud::{self, api_url, check_project, check_region};
+
+/// gcloud's variables that replace the Vertex AI and Cloud Logging endpoints.
+pub const AIPLATFORM_OVERRIDE: &str = "CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM";
+pub const LOGGING_OVERRIDE: &str = "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING";
+const LOGGING_ENDPOINT: &str = "https://logging.googleapis.com/";
+
+/// The most log lines `--logs` prints (`--limit`): a page is at most 1000 entries.
+pub const MAX_LOG_LINES: usize = 100_000;
+/// Log pages read at most: Cloud Logging may answer pages without entries (it searches in time
+/// slices), so the number of requests is bounded apart from the lines.
+const MAX_LOG_PAGES: usize = 200;
 
 /// How often and how long to retry a request the API did not carry out.
 #[derive(Clone, Debug)]
@@ -86,13 +100,19 @@ pub struct JobRef {
 
 impl JobRef {
     /// `JOB` is `123` (then `project` and `region` are needed) or
-    /// `projects/P/locations/R/customJobs/123`.
+    /// `projects/P/locations/R/customJobs/123`. Every part is checked: they go into request URLs.
     pub fn parse(job: &str, project: Option<&str>, region: Option<&str>) -> Result<JobRef> {
+        let is_id = |id: &str| !id.is_empty() && id.len() <= 20 && id.chars().all(|c| c.is_ascii_digit());
         let parts: Vec<&str> = job.trim_matches('/').split('/').collect();
         if let ["projects", p, "locations", r, "customJobs", id] = parts.as_slice() {
+            check_project(&format!("the project of job {job:?}:"), p)?;
+            check_region(&format!("the region of job {job:?}:"), r)?;
+            if !is_id(id) {
+                bail!("job {job:?}: the custom job id {id:?} is not a number");
+            }
             return Ok(JobRef { project: p.to_string(), region: r.to_string(), id: id.to_string() });
         }
-        if parts.len() != 1 || !job.chars().all(|c| c.is_ascii_digit()) || job.is_empty() {
+        if parts.len() != 1 || !is_id(job) {
             bail!(
                 "{job:?} is not a Vertex AI custom job: give its id (digits) or projects/P/locations/R/customJobs/ID"
             );
@@ -100,11 +120,18 @@ impl JobRef {
         let (Some(project), Some(region)) = (project, region) else {
             bail!("job {job}: give --project and --region (or the full name projects/P/locations/R/customJobs/{job})");
         };
+        check_project("--project", project)?;
+        check_region("--region", region)?;
         Ok(JobRef { project: project.into(), region: region.into(), id: job.into() })
     }
 
     pub fn name(&self) -> String {
         format!("projects/{}/locations/{}/customJobs/{}", self.project, self.region, self.id)
+    }
+
+    /// The job's URL on the endpoint `base`.
+    fn url(&self, base: &Url) -> Url {
+        api_url(base, &["v1", "projects", &self.project, "locations", &self.region, "customJobs", &self.id])
     }
 
     /// The job's page in the Google Cloud console.
@@ -116,15 +143,33 @@ impl JobRef {
     }
 }
 
+/// An endpoint, and whether the user named it (an override variable) rather than maxrs
+/// deriving it: a named endpoint may receive the token whatever its host.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    pub url: Url,
+    pub named: bool,
+}
+
+/// The endpoint the variable `var` names, or `default` when it is unset.
+fn endpoint_from(var: &str, default: impl FnOnce() -> Result<String>) -> Result<Endpoint> {
+    match std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
+        Some(value) => Ok(Endpoint { url: gcloud::endpoint(var, value.trim())?, named: true }),
+        None => Ok(Endpoint { url: gcloud::endpoint("the endpoint", &default()?)?, named: false }),
+    }
+}
+
 /// Vertex AI's endpoint for `region` (or `CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM`).
-pub fn aiplatform_endpoint(region: &str) -> String {
-    std::env::var("CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM")
-        .unwrap_or_else(|_| format!("https://{region}-aiplatform.googleapis.com/"))
+pub fn aiplatform_endpoint(region: &str) -> Result<Endpoint> {
+    endpoint_from(AIPLATFORM_OVERRIDE, || {
+        check_region("--region", region)?;
+        Ok(format!("https://{region}-aiplatform.googleapis.com/"))
+    })
 }
 
 /// The URL `customJobs.create` is posted to, on the endpoint `base`.
-pub fn create_url(base: &str, project: &str, region: &str) -> String {
-    format!("{}/v1/projects/{project}/locations/{region}/customJobs", base.trim_end_matches('/'))
+pub fn create_url(base: &Url, project: &str, region: &str) -> Url {
+    api_url(base, &["v1", "projects", project, "locations", region, "customJobs"])
 }
 
 /// One log line of a job.
@@ -141,34 +186,41 @@ pub struct LogLine {
 pub struct VertexApi {
     http: Client,
     token: AccessToken,
-    aiplatform: String,
-    logging: String,
+    aiplatform: Endpoint,
+    logging: Endpoint,
     retry: RetryPolicy,
 }
 
 impl VertexApi {
     /// A client for `region`'s endpoint (or the override variables).
-    pub fn new(http: Client, token: AccessToken, region: &str, retry: RetryPolicy) -> Self {
-        let logging = std::env::var("CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING")
-            .unwrap_or_else(|_| "https://logging.googleapis.com/".to_string());
-        Self::with_endpoints(http, token, &aiplatform_endpoint(region), &logging, retry)
+    pub fn new(http: Client, token: AccessToken, region: &str, retry: RetryPolicy) -> Result<Self> {
+        let logging = endpoint_from(LOGGING_OVERRIDE, || Ok(LOGGING_ENDPOINT.to_string()))?;
+        Ok(VertexApi { http, token, aiplatform: aiplatform_endpoint(region)?, logging, retry })
     }
 
-    /// A client for explicit endpoints (base URLs; `v1/` and `v2/` are appended).
+    /// A client for explicit endpoints (base URLs; `v1/` and `v2/` are appended), which may
+    /// receive the token whatever their host.
     pub fn with_endpoints(
         http: Client,
         token: AccessToken,
         aiplatform: &str,
         logging: &str,
         retry: RetryPolicy,
-    ) -> Self {
-        let slash = |u: &str| format!("{}/", u.trim_end_matches('/'));
-        VertexApi { http, token, aiplatform: slash(aiplatform), logging: slash(logging), retry }
+    ) -> Result<Self> {
+        let named =
+            |what: &str, url: &str| Ok::<_, anyhow::Error>(Endpoint { url: gcloud::endpoint(what, url)?, named: true });
+        Ok(VertexApi {
+            http,
+            token,
+            aiplatform: named("the Vertex AI endpoint", aiplatform)?,
+            logging: named("the Cloud Logging endpoint", logging)?,
+            retry,
+        })
     }
 
     /// `customJobs.create`.
     pub fn create_custom_job(&self, project: &str, region: &str, job: &CustomJob) -> Result<JobInfo> {
-        let url = create_url(&self.aiplatform, project, region);
+        let url = create_url(&self.aiplatform.url, project, region);
         let body = job.to_json();
         let text = self.send("creating the custom job", Method::POST, &url, Some(body), Retry::NotCarriedOut)?;
         serde_json::from_str(&text)
@@ -177,19 +229,21 @@ impl VertexApi {
 
     /// `customJobs.get`.
     pub fn get_custom_job(&self, job: &JobRef) -> Result<JobInfo> {
-        let url = format!("{}v1/{}", self.aiplatform, job.name());
+        let url = job.url(&self.aiplatform.url);
         let text = self.send(&format!("reading job {}", job.id), Method::GET, &url, None, Retry::Idempotent)?;
         serde_json::from_str(&text)
             .map_err(|e| anyhow!("the answer for job {} is not a CustomJob ({e}): {}", job.id, clip(&text)))
     }
 
-    /// The job's log lines, oldest first, at most `limit`.
+    /// The job's log lines, oldest first, at most `limit` (at most [`MAX_LOG_LINES`]), from at
+    /// most [`MAX_LOG_PAGES`] pages.
     pub fn logs(&self, job: &JobRef, limit: usize) -> Result<Vec<LogLine>> {
-        let url = format!("{}v2/entries:list", self.logging);
+        let limit = limit.min(MAX_LOG_LINES);
+        let url = api_url(&self.logging.url, &["v2", "entries:list"]);
         let filter = format!("resource.type=\"ml_job\" AND resource.labels.job_id=\"{}\"", job.id);
         let mut lines = Vec::new();
         let mut page_token: Option<String> = None;
-        loop {
+        for page_number in 1.. {
             let mut request = serde_json::json!({
                 "resourceNames": [format!("projects/{}", job.project)],
                 "filter": filter,
@@ -205,6 +259,12 @@ impl VertexApi {
                 .map_err(|e| anyhow!("Cloud Logging's answer is not an entry list ({e})"))?;
             lines.extend(page.entries.into_iter().map(LogEntry::into_line));
             match page.next_page_token.filter(|t| !t.is_empty()) {
+                Some(_) if page_number == MAX_LOG_PAGES => {
+                    eprintln!(
+                        "reading the job's logs: stopped after {MAX_LOG_PAGES} pages; ask for fewer lines (--limit)"
+                    );
+                    break;
+                }
                 Some(t) if lines.len() < limit => page_token = Some(t),
                 _ => break,
             }
@@ -215,10 +275,13 @@ impl VertexApi {
 
     /// Sends one request, retrying what `retry` allows; the body of a 2xx answer, or an error
     /// naming `what`, the status and the API's message.
-    fn send(&self, what: &str, method: Method, url: &str, body: Option<String>, retry: Retry) -> Result<String> {
+    fn send(&self, what: &str, method: Method, url: &Url, body: Option<String>, retry: Retry) -> Result<String> {
+        let named: Vec<&Url> =
+            [&self.aiplatform, &self.logging].into_iter().filter(|e| e.named).map(|e| &e.url).collect();
+        gcloud::check_token_destination(url, &named).map_err(|e| anyhow!("{what}: {e}"))?;
         let attempts = self.retry.attempts.max(1);
         for attempt in 1..=attempts {
-            let mut request = self.http.request(method.clone(), url).bearer_auth(self.token.secret());
+            let mut request = self.http.request(method.clone(), url.clone()).bearer_auth(self.token.secret());
             if let Some(body) = &body {
                 request = request.header(CONTENT_TYPE, "application/json; charset=utf-8").body(body.clone());
             }
@@ -362,8 +425,8 @@ impl LogEntry {
     }
 }
 
-fn host(url: &str) -> String {
-    reqwest::Url::parse(url).ok().and_then(|u| u.host_str().map(str::to_string)).unwrap_or_else(|| url.to_string())
+fn host(url: &Url) -> &str {
+    url.host_str().unwrap_or_default()
 }
 
 fn chain(e: &dyn std::error::Error) -> String {
@@ -392,11 +455,21 @@ mod tests {
 
     #[test]
     fn job_refs() {
-        let r = JobRef::parse("projects/p/locations/us-central1/customJobs/42", None, None).unwrap();
-        assert_eq!((r.project.as_str(), r.region.as_str(), r.id.as_str()), ("p", "us-central1", "42"));
-        assert_eq!(JobRef::parse("42", Some("p"), Some("r")).unwrap().name(), "projects/p/locations/r/customJobs/42");
-        assert!(JobRef::parse("42", None, Some("r")).unwrap_err().to_string().contains("--project"));
-        assert!(JobRef::parse("abc", Some("p"), Some("r")).is_err());
+        let r = JobRef::parse("projects/my-project/locations/us-central1/customJobs/42", None, None).unwrap();
+        assert_eq!((r.project.as_str(), r.region.as_str(), r.id.as_str()), ("my-project", "us-central1", "42"));
+        assert_eq!(
+            JobRef::parse("42", Some("123456"), Some("europe-west4")).unwrap().name(),
+            "projects/123456/locations/europe-west4/customJobs/42"
+        );
+        assert!(JobRef::parse("42", None, Some("us-central1")).unwrap_err().to_string().contains("--project"));
+        assert!(JobRef::parse("abc", Some("my-project"), Some("us-central1")).is_err());
+        // Every part goes into a URL: a name that would change the path or the host is refused.
+        let e = JobRef::parse("projects/p/../x/locations/us-central1/customJobs/42", None, None).unwrap_err();
+        assert!(e.to_string().contains("is not a Vertex AI custom job"), "{e}");
+        let e = JobRef::parse("projects/my-project/locations/evil.com?/customJobs/42", None, None).unwrap_err();
+        assert!(e.to_string().contains("\"evil.com?\" is not a Google Cloud region"), "{e}");
+        let e = JobRef::parse("42", Some("../../evil"), Some("us-central1")).unwrap_err();
+        assert!(e.to_string().starts_with("--project \"../../evil\""), "{e}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ fn fails(args: &[&str], expected: &[&str]) {
 }
 
 const VERTEX: &[&str] =
-    &["submit", "vertex", "--image", IMAGE, "--project", "p", "--region", "us-central1", "--dry-run"];
+    &["submit", "vertex", "--image", IMAGE, "--project", "my-project", "--region", "us-central1", "--dry-run"];
 
 fn vertex(extra: &[&'static str]) -> Vec<&'static str> {
     let mut v = VERTEX.to_vec();

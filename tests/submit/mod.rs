@@ -3,10 +3,10 @@
 //! `--dry-run` outputs as snapshots. No test reaches the network or needs a GPU.
 
 mod cluster_meet;
-mod common;
+pub(crate) mod common;
 mod errors;
 mod gke;
-mod http;
+pub(crate) mod http;
 mod readme;
 mod slurm;
 mod vertex;

@@ -32,7 +32,7 @@ fn seed_job() -> CustomJob {
 
 fn api(server: &FakeServer, retry: RetryPolicy) -> VertexApi {
     let http = reqwest::blocking::Client::builder().no_proxy().build().unwrap();
-    VertexApi::with_endpoints(http, AccessToken::new("test-token-123".into()), &server.url, &server.url, retry)
+    VertexApi::with_endpoints(http, AccessToken::new("test-token-123".into()), &server.url, &server.url, retry).unwrap()
 }
 
 fn quick_retry() -> RetryPolicy {
@@ -254,8 +254,18 @@ fn without_credentials_the_error_says_how_to_get_them() {
     let home = tempfile::tempdir().unwrap();
     let empty_path = home.path().join("empty-bin");
     std::fs::create_dir(&empty_path).unwrap();
-    let args =
-        with_seed(&["submit", "vertex", "--nodes", "2", "--image", IMAGE, "--project", "p", "--region", "us-central1"]);
+    let args = with_seed(&[
+        "submit",
+        "vertex",
+        "--nodes",
+        "2",
+        "--image",
+        IMAGE,
+        "--project",
+        "my-project",
+        "--region",
+        "us-central1",
+    ]);
     let run = maxrs(&args, home.path(), &[("PATH", empty_path.to_str().unwrap())]);
     assert!(!run.ok);
     assert!(run.stderr.contains("no Google Cloud credentials found"), "{}", run.stderr);

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use tempfile::NamedTempFile;
 
 use super::python::normalize;
-use super::WheelPin;
+use super::{WheelPin, INDEX_ENV};
 
 const PEP691_JSON: &str = "application/vnd.pypi.simple.v1+json";
 
@@ -39,18 +39,48 @@ pub(super) fn client() -> Result<Client> {
         .map_err(|e| anyhow!("cannot create an HTTP client: {}", chain(e)))
 }
 
+/// The project page of `package` on the simple index `index_url` (`$MAXRS_PYPI_INDEX`): an
+/// http(s) URL, the package appended as a path segment. Credentials in the index URL (a private
+/// mirror's `https://user:token@host/simple`) go only to that host: reqwest sends them for its
+/// URLs alone and drops them on a redirect to another host.
+pub(super) fn index_page(index_url: &str, package: &str) -> Result<Url> {
+    let fail = |why: String| {
+        let shown = Url::parse(index_url).map_or_else(|_| index_url.to_string(), |u| shown(&u));
+        anyhow!(
+            "{INDEX_ENV}={shown:?} {why}: give the http(s) URL of a simple package index, e.g. https://pypi.org/simple"
+        )
+    };
+    let mut url = Url::parse(index_url.trim()).map_err(|e| fail(format!("is not a URL ({e})")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
+        return Err(fail("is not an http(s) URL with a host".into()));
+    }
+    url.set_fragment(None);
+    url.path_segments_mut().expect("an http(s) URL").pop_if_empty().extend([&package.to_ascii_lowercase(), ""]);
+    Ok(url)
+}
+
+/// A URL as maxrs prints it: a password in it replaced by `***`.
+pub(super) fn shown(url: &Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        let _ = shown.set_password(Some("***"));
+    }
+    shown.to_string()
+}
+
 /// Finds the wheel of `pin` for this machine's architecture in the index at `index_url`.
 pub(super) fn find_wheel(client: &Client, index_url: &str, pin: &WheelPin) -> Result<WheelFile> {
-    let page = format!("{}/{}/", index_url.trim_end_matches('/'), pin.package.to_ascii_lowercase());
-    let page_url = Url::parse(&page).map_err(|e| anyhow!("invalid package index URL {page}: {e}"))?;
+    let page_url = index_page(index_url, pin.package)?;
+    let page = shown(&page_url);
     let response = client
         .get(page_url.clone())
         .header(ACCEPT, format!("{PEP691_JSON}, text/html;q=0.1"))
         .send()
         .and_then(|r| r.error_for_status())
-        .map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(e)))?;
+        .map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(e.without_url())))?;
     let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let body = response.text().map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(e)))?;
+    let body =
+        response.text().map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(e.without_url())))?;
     let files = parse_index(&body, &content_type, &page_url)?;
     let arch = std::env::consts::ARCH;
     match pick(&files, pin.package, pin.version, arch) {
@@ -92,8 +122,8 @@ fn parse_json(body: &str, page: &Url) -> Result<Vec<WheelFile>> {
         #[serde(default)]
         hashes: std::collections::HashMap<String, String>,
     }
-    let project: Project =
-        serde_json::from_str(body).map_err(|e| anyhow!("the package index {page} sent JSON maxrs cannot read: {e}"))?;
+    let project: Project = serde_json::from_str(body)
+        .map_err(|e| anyhow!("the package index {} sent JSON maxrs cannot read: {e}", shown(page)))?;
     Ok(project
         .files
         .into_iter()
@@ -186,9 +216,11 @@ pub(super) fn pick<'a>(files: &'a [WheelFile], package: &str, version: &str, arc
 /// Downloads `file` into a temporary file in `dir`, checking its sha256. On any failure the
 /// partial file is deleted (dropped); a killed process leaves only a `.partial` name behind.
 pub(super) fn download(client: &Client, file: &WheelFile, dir: &Path) -> Result<NamedTempFile> {
-    let failed = |what: String| anyhow!("downloading {} from {} failed: {what}", file.filename, file.url);
-    let mut response = client.get(&file.url).send().and_then(|r| r.error_for_status()).map_err(|e| failed(chain(e)))?;
-    let progress = progress_bar(&file.filename, &file.url, response.content_length());
+    let url = Url::parse(&file.url).map_or_else(|_| file.url.clone(), |u| shown(&u));
+    let failed = |what: String| anyhow!("downloading {} from {url} failed: {what}", file.filename);
+    let mut response =
+        client.get(&file.url).send().and_then(|r| r.error_for_status()).map_err(|e| failed(chain(e.without_url())))?;
+    let progress = progress_bar(&file.filename, &url, response.content_length());
     let mut tmp = tempfile::Builder::new()
         .prefix(".download-")
         .suffix(".partial")
@@ -216,7 +248,7 @@ pub(super) fn download(client: &Client, file: &WheelFile, dir: &Path) -> Result<
             "sha256 mismatch for {} downloaded from {}: the index says {}, the {} received hash to {}; \
              the download was discarded (a truncated transfer or an intercepting proxy causes this)",
             file.filename,
-            file.url,
+            url,
             file.sha256,
             HumanBytes(received),
             actual

@@ -156,3 +156,21 @@ proptest::proptest! {
         let _ = parse_index(&body, PEP691_JSON, &page());
     }
 }
+
+#[test]
+fn the_index_url_is_checked_and_its_password_never_shown() {
+    let page = index_page("https://user:s3cret@mirror.example/simple/", "Jax-Cuda12-PJRT").unwrap();
+    assert_eq!(page.as_str(), "https://user:s3cret@mirror.example/simple/jax-cuda12-pjrt/");
+    assert_eq!(shown(&page), "https://user:***@mirror.example/simple/jax-cuda12-pjrt/");
+    // A query stays a query: the package goes into the path.
+    assert_eq!(
+        index_page("http://127.0.0.1:8080/simple?x=1", "demo").unwrap().as_str(),
+        "http://127.0.0.1:8080/simple/demo/?x=1"
+    );
+    for bad in ["mirror.example/simple", "file:///etc/simple", "ftp://mirror/simple", "https://"] {
+        let e = index_page(bad, "demo").unwrap_err().to_string();
+        assert!(e.starts_with(&format!("MAXRS_PYPI_INDEX={bad:?}")) && e.contains("http(s) URL"), "{e}");
+    }
+    let e = index_page("ftp://user:s3cret@mirror/simple", "demo").unwrap_err().to_string();
+    assert!(!e.contains("s3cret"), "{e}");
+}
