@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use maxrs::data::write_tokens_file;
 
-fn maxrs(args: &[&str], env: &[(&str, &str)]) -> Output {
+pub(crate) fn maxrs(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_maxrs"));
     cmd.args(args).env_remove("MAXRS_PJRT_PLUGIN").env_remove("XLA_FLAGS");
     for (k, v) in env {
@@ -16,7 +16,7 @@ fn maxrs(args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 /// Runs a command that must fail before training; returns its error line.
-fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
+pub(crate) fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
     let out = maxrs(args, env);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success(), "{args:?} must fail:\n{stdout}\n{stderr}");

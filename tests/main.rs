@@ -25,6 +25,7 @@ mod decode;
 mod errors;
 mod fuzz;
 mod grad_check;
+mod hardening_misc;
 mod lowering_snapshot;
 mod mixtral;
 mod model_families;
