@@ -78,6 +78,7 @@ fn control_characters_in_values_are_shown_escaped() {
         (refused(&["train", "steps=3\u{1b}[2J"]), r#""3\u{1b}[2J""#),
         (refused(&["decode", "prompt=1 \u{1b}[2J 2"]), r#""\u{1b}[2J""#),
         (refused(&["train-compile", "--topology=h100-1", "compile_topology=h\u{1b}"]), "h\\u{1b}"),
+        (refused(&["train-compile", "--topology=h100\u{1}"]), r#""h100\u{1}""#),
     ];
     for (line, shown) in cases {
         assert!(line.contains(shown), "{shown} not in: {line}");
