@@ -155,7 +155,7 @@ fn restore_onto_another_mesh_and_device_count() {
     assert_eq!(&first.losses[..], &whole.losses[..3]);
 }
 
-fn state_expected(c: &config::Config) -> Vec<dir::Expected> {
+pub(crate) fn state_expected(c: &config::Config) -> Vec<dir::Expected> {
     let derived = config::validate(c, 1, 1).unwrap();
     let step = maxrs::train::step::TrainStep::new(c, &derived, None).unwrap();
     step.state_specs()

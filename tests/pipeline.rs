@@ -319,7 +319,9 @@ fn pipeline_configs_that_cannot_run_are_refused_naming_the_keys() {
     let e = config::validate(&c, 8, 2).expect_err("stages across hosts").to_string();
     assert!(e.contains("not supported yet") && e.contains("cross-host"), "{e}");
     let c = load(&["base_num_decoder_layers=4", "ici_pipeline_parallelism=2"]);
-    let e = maxrs::inference::run::decode(&c, &crate::common::client()).expect_err("decode with stages").to_string();
+    let e = maxrs::inference::run::decode(&c, &crate::common::client(), maxrs::inference::run::PromptOrigin::User)
+        .expect_err("decode with stages")
+        .to_string();
     assert!(e.contains("decoding with them is not supported yet"), "{e}");
 }
 

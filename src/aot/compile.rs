@@ -57,17 +57,7 @@ impl CompileTarget {
     /// toolchain on first use.
     pub fn new(topology: &Topology, plugin: Option<&str>) -> Result<CompileTarget> {
         let spec = plugin.unwrap_or(topology.plugin.as_str());
-        if let Ok(name) = spec.parse::<PluginName>() {
-            if platform_of(name) != topology.platform {
-                bail!(
-                    "topology `{}` is a {} target, but plugin `{name}` compiles for {}; use {}",
-                    topology.name,
-                    topology.platform,
-                    platform_of(name),
-                    plugin_names(topology.platform)
-                );
-            }
-        }
+        check_plugin(topology, spec)?;
         if topology.platform == Platform::Tpu {
             prepare_libtpu_environment();
         }
@@ -259,6 +249,23 @@ impl CompileTarget {
 /// into a sort.
 fn has_sort(mlir: &str) -> bool {
     mlir.contains("stablehlo.sort") || mlir.contains("chlo.top_k")
+}
+
+/// Checks that plugin `spec`, when it is a name, compiles for `topology`'s platform (a plugin
+/// path is checked once loaded: its platform name must be the target's).
+pub(crate) fn check_plugin(topology: &Topology, spec: &str) -> Result<()> {
+    if let Ok(name) = spec.parse::<PluginName>() {
+        if platform_of(name) != topology.platform {
+            bail!(
+                "topology `{}` is a {} target, but plugin `{name}` compiles for {}; use {}",
+                topology.name,
+                topology.platform,
+                platform_of(name),
+                plugin_names(topology.platform)
+            );
+        }
+    }
+    Ok(())
 }
 
 fn platform_of(plugin: PluginName) -> Platform {

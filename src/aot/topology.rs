@@ -7,6 +7,7 @@ use std::fmt;
 
 use anyhow::{anyhow, bail, Result};
 
+use crate::config::quote;
 use crate::pjrt::provision::PluginName;
 
 /// The kind of hardware, which picks the compile path.
@@ -245,7 +246,7 @@ fn tpu_topology(gen: Tpu, size: u32, name: &str, num_slices: u32) -> Result<Topo
     let valid = gen.chip_counts();
     if (gen.megacore() && !size.is_multiple_of(2)) || !valid.contains(&chips) {
         let sizes: Vec<String> = valid.iter().map(|c| (if gen.megacore() { c * 2 } else { *c }).to_string()).collect();
-        bail!("unknown TPU topology `{name}`: {}-N takes N in {}", gen.family(), sizes.join(", "));
+        bail!("unknown TPU topology {}: {}-N takes N in {}", quote(name), gen.family(), sizes.join(", "));
     }
     let host_bounds: [i64; 3] = if chips == 1 { [1, 1, 1] } else { [2, 2, 1] };
     let chips_per_host = host_bounds.iter().product::<i64>() as u32;
@@ -307,12 +308,12 @@ pub fn lookup(name: &str, num_slices: u32) -> Result<Topology> {
     let (family, size) = spelled
         .rsplit_once('-')
         .and_then(|(family, n)| Some((family, n.parse::<u32>().ok().filter(|n| *n > 0)?)))
-        .ok_or_else(|| anyhow!("unknown topology `{name}`: valid names are {VALID}"))?;
+        .ok_or_else(|| anyhow!("unknown topology {}: valid names are {VALID}", quote(name)))?;
     match family {
         "a3" | "a3mega" => Ok(gpu_topology(GpuTarget::H100Sxm, size, 8, name, num_slices)),
         "a3ultra" => Ok(gpu_topology(GpuTarget::H200, size, 8, name, num_slices)),
         "h100" if size == 1 || size == 8 => Ok(gpu_topology(GpuTarget::H100Sxm, 1, size, name, num_slices)),
-        "h100" => bail!("unknown topology `{name}`: h100-1 and h100-8 are one host; use a3mega-N for N hosts of 8"),
+        "h100" => bail!("unknown topology {}: h100-1 and h100-8 are one host; use a3mega-N for N hosts of 8", quote(name)),
         "cpu" if num_slices > 1 => bail!(
             "topology `{name}` cannot have {num_slices} slices: the CPU plugin runs one process (use cpu-{} for that many devices)",
             size * num_slices
@@ -332,7 +333,7 @@ pub fn lookup(name: &str, num_slices: u32) -> Result<Topology> {
         "v5e" => tpu_topology(Tpu::V5e, size, name, num_slices),
         "v5p" => tpu_topology(Tpu::V5p, size, name, num_slices),
         "v6e" => tpu_topology(Tpu::V6e, size, name, num_slices),
-        _ => bail!("unknown topology `{name}`: valid names are {VALID}"),
+        _ => bail!("unknown topology {}: valid names are {VALID}", quote(name)),
     }
 }
 

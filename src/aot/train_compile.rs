@@ -9,10 +9,10 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Result};
 
 use super::artifact;
-use super::compile::CompileTarget;
+use super::compile::{check_plugin, CompileTarget};
 use super::memory::MemoryReport;
-use super::topology::{self, Platform};
-use crate::config::{self, Config, Hardware};
+use super::topology::{self, Platform, Topology};
+use crate::config::{self, escape, Config, Hardware, Resolved, Source};
 use crate::lower::to_stablehlo;
 use crate::model::attention::describe;
 use crate::pjrt::Plugin;
@@ -67,6 +67,13 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     if c.compile_topology.is_empty() {
         bail!("compile_topology=NAME (or --topology=NAME) is required; `maxrs topologies` lists the targets");
     }
+    // What the step computes may depend on the hardware (MaxText's autoselected attention):
+    // it is the target's, whatever the machine compiling it is. (The platform does not depend on
+    // the number of slices, which is checked with the other keys below.)
+    let target_kind = topology::lookup(&c.compile_topology, 1)?;
+    let (hardware, plugin) = target_settings(c, &target_kind);
+    check_plugin(&target_kind, &plugin)?;
+    let c = &Config { hardware, plugin, ..c.clone() };
     // Before any download or compile: the keys on their own, and the files read and written.
     config::check(c)?;
     crate::output::check_paths(c, crate::output::Command::TrainCompile)?;
@@ -75,16 +82,8 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     let t = Instant::now();
     let topology = topology::lookup(&c.compile_topology, slices)?;
     crate::pjrt::xla_flags::apply_flags_file(&c.xla_flags_file, topology.num_hosts())?;
-    // `plugin` defaults to the CPU plugin for `maxrs train`; for another platform's target the
-    // catalog names the plugin unless the user picked one (e.g. cuda13).
-    let plugin = (c.plugin != "cpu" || topology.plugin.as_str() == "cpu").then_some(c.plugin.as_str());
-    let target = CompileTarget::new(&topology, plugin)?;
+    let target = CompileTarget::new(&topology, Some(&c.plugin))?;
     let setup_seconds = t.elapsed().as_secs_f64();
-
-    // What the step computes may depend on the hardware (MaxText's autoselected attention):
-    // it is the target's, whatever the machine compiling it is.
-    let plugin_name = plugin.unwrap_or(topology.plugin.as_str()).to_string();
-    let c = &Config { hardware: hardware_of(topology.platform), plugin: plugin_name, ..c.clone() };
     let t = Instant::now();
     let derived = config::validate(c, target.num_devices(), target.granules().len())?;
     let mesh = step_mesh(&derived, target.granules()).map_err(|e| anyhow!(e))?;
@@ -165,11 +164,55 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     Ok(summary)
 }
 
-/// MaxText's `hardware` value for a target platform.
-fn hardware_of(platform: Platform) -> Hardware {
-    match platform {
-        Platform::Cuda => Hardware::Gpu,
-        Platform::Tpu => Hardware::Tpu,
-        Platform::Cpu => Hardware::Cpu,
+/// The `hardware` and `plugin` a compile for `target` uses. The target decides the hardware, as
+/// in MaxText, whose `train_compile.py` takes the devices' platform from `compile_topology`
+/// whatever `hardware` says (`get_topology_mesh` in
+/// `src/maxtext/trainers/pre_train/train_compile.py`, main at 03bf39d): `hardware` stays only
+/// when it names the target's kind (`gpu` or `gpu_multiprocess` for a GPU). `plugin` defaults
+/// to the CPU plugin for `maxrs train`, so for another platform's target the catalog names the
+/// plugin unless the user picked another (e.g. cuda13).
+fn target_settings(c: &Config, target: &Topology) -> (Hardware, String) {
+    let hardware = match (c.hardware, target.platform) {
+        (Hardware::Gpu | Hardware::GpuMultiprocess, Platform::Cuda) => c.hardware,
+        (_, Platform::Cuda) => Hardware::Gpu,
+        (_, Platform::Tpu) => Hardware::Tpu,
+        (_, Platform::Cpu) => Hardware::Cpu,
+    };
+    let plugin = if c.plugin == "cpu" { target.plugin.as_str().to_string() } else { c.plugin.clone() };
+    (hardware, plugin)
+}
+
+/// Applies the target's `hardware` and `plugin` ([`target_settings`]) to a resolved
+/// `train-compile` command line, recording `compile_topology=NAME` as their source (shown by
+/// `--print-config`). A `hardware=` on the command line that names other hardware than the
+/// target's is an error naming both: the user asked for two things. A config file's `hardware`
+/// gives way: it is a run setting for the machine the file was written for (MaxText's base.yml
+/// says `tpu`), not a choice of compile target.
+pub fn apply_target(resolved: &mut Resolved) -> Result<()> {
+    let c = &resolved.config;
+    if c.compile_topology.is_empty() {
+        return Ok(());
     }
+    let target = topology::lookup(&c.compile_topology, 1)?;
+    let (hardware, plugin) = target_settings(c, &target);
+    let origin = Source::Setting(format!("compile_topology={}", escape(&c.compile_topology)));
+    if hardware != c.hardware {
+        if *resolved.source("hardware") == Source::CommandLine {
+            bail!(
+                "hardware={} and compile_topology={} disagree: {} is a {} target, compiled as hardware={hardware}; \
+                 leave hardware out, or set hardware={hardware}",
+                c.hardware,
+                escape(&c.compile_topology),
+                target.name,
+                target.platform
+            );
+        }
+        resolved.config.hardware = hardware;
+        resolved.set_source("hardware", origin.clone());
+    }
+    if plugin != resolved.config.plugin {
+        resolved.config.plugin = plugin;
+        resolved.set_source("plugin", origin);
+    }
+    Ok(())
 }

@@ -204,7 +204,7 @@ pub fn load(
         problems.push(format!("wrong shape or dtype ({}): {}", wrong.len(), wrong.join("; ")));
     }
     if !problems.is_empty() {
-        bail!("checkpoint {dir} does not fit this run:\n  {}", problems.join("\n  "));
+        bail!("checkpoint {dir} does not fit this run: {}", problems.join("; "));
     }
 
     let mut arrays = BTreeMap::new();

@@ -97,8 +97,10 @@ impl Checkpoints {
     }
 
     /// The newest checkpoint that loads and passes every check, trying older ones when the newest
-    /// is refused (each refusal is printed with its reason). `Ok(None)` when there are none;
-    /// an error when there are some but none is usable.
+    /// is refused: its manifest does not match its folder (step, data position), a file is
+    /// missing, short or fails its checksum, or it does not fit the run. Each refusal is one
+    /// warning line naming the folder and why; a refused checkpoint is only read, never changed.
+    /// `Ok(None)` when there are none; an error when there are some but none is usable.
     pub fn restore_latest(
         &self,
         expected: &[Expected],
@@ -107,7 +109,11 @@ impl Checkpoints {
         let steps = self.steps()?;
         let mut refusals = Vec::new();
         for &step in steps.iter().rev() {
-            match dir::load(&self.step_dir(step), expected, model, false) {
+            let dir = self.step_dir(step);
+            let checked = dir::read_manifest(&dir)
+                .and_then(|manifest| manifest.check_step(step).map_err(|why| anyhow!(why)))
+                .and_then(|()| dir::load(&dir, expected, model, false));
+            match checked {
                 Ok(loaded) => {
                     if !refusals.is_empty() {
                         println!("falling back to the checkpoint of step {step}");
@@ -115,7 +121,7 @@ impl Checkpoints {
                     return Ok(Some(loaded));
                 }
                 Err(e) => {
-                    println!("refusing the checkpoint of step {step}: {e:#}");
+                    tracing::warn!("skipping the invalid checkpoint {dir}: {e:#}");
                     refusals.push(format!("step {step}: {e:#}"));
                 }
             }
@@ -124,10 +130,10 @@ impl Checkpoints {
             return Ok(None);
         }
         Err(anyhow!(
-            "{}: none of the {} checkpoints can be restored:\n{}\nfix or move them away, or use another run_name",
+            "{}: none of the {} checkpoints can be restored ({}); fix or move them away, or use another run_name",
             self.dir,
             refusals.len(),
-            refusals.join("\n")
+            refusals.join("; ")
         ))
     }
 

@@ -20,7 +20,8 @@
 //!   parameters-only checkpoint made by `maxrs convert`.
 //! - `model`: the configuration keys that decide the model ([`model_keys`]), to say which key
 //!   differs when a checkpoint does not fit a run.
-//! - `data`: the data pipeline's position ([`crate::checkpoint::DataState`]).
+//! - `data`: the data pipeline's position ([`crate::checkpoint::DataState`]); its `next_step`,
+//!   when it records one, is `step + 1`.
 //! - `files`: every data file with its size and CRC32C (hex), checked on restore.
 //! - `arrays`: every state array (the train step's input names) with the file and safetensors
 //!   key that hold it.
@@ -82,6 +83,28 @@ pub struct Manifest {
     pub data: Option<serde_json::Value>,
     pub files: Vec<FileEntry>,
     pub arrays: Vec<ArrayEntry>,
+}
+
+impl Manifest {
+    /// Checks that this manifest belongs in the folder of step `step` (a run's
+    /// `checkpoints/<step>/`): it records that step, and the data position it carries goes on at
+    /// the next one. A manifest edited or copied into another step's folder would otherwise
+    /// resume at its own step with the folder's state, and then stop on the data position
+    /// instead of falling back to an earlier checkpoint. The reason is one line.
+    pub fn check_step(&self, step: u64) -> Result<(), String> {
+        match self.step {
+            Some(s) if s == step => {}
+            Some(s) => return Err(format!("its {MANIFEST_FILE} says step {s}, but the folder is step {step}")),
+            None => return Err(format!("its {MANIFEST_FILE} has no step (a parameters-only checkpoint)")),
+        }
+        match self.data.as_ref().and_then(|data| data.get("next_step")) {
+            Some(next) if next.as_u64() != Some(step + 1) => Err(format!(
+                "its data position goes on at step {next}, but after step {step} the run goes on at step {}",
+                step + 1
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The values of the keys that decide `model` (its `config_keys`, less [`RUN_TIME_KEYS`]) in

@@ -27,7 +27,9 @@ pub use manager::{CheckpointManager, Checkpoints, OnError, Policy};
 /// where the checkpointed one was. Loaders implement it; the state is any JSON they choose,
 /// tagged with a `kind` of their own.
 pub trait DataState {
-    /// The position once `next_step - 1` has been fed, for the manifest's `data` field.
+    /// The position once `next_step - 1` has been fed, for the manifest's `data` field. A
+    /// `next_step` field in it, if any, is `next_step`: restoring checks it against the step of
+    /// the checkpoint's folder (`Manifest::check_step`).
     fn save_state(&self, next_step: u64) -> serde_json::Value;
     /// Continues from `state` (a manifest's `data`), the run resuming at `next_step`; an error
     /// when the state does not belong to this pipeline (another dataset, batch size, ...).

@@ -2,6 +2,7 @@
 //! prompts, generate with a key/value cache, print the outputs and the timings.
 
 use anyhow::Result;
+use maxrs::inference::run::PromptOrigin;
 use maxrs::{config, inference, train};
 
 #[derive(clap::Args)]
@@ -13,7 +14,11 @@ pub struct DecodeArgs {
 }
 
 pub fn run(args: DecodeArgs) -> Result<()> {
-    let c = config::load_args(&args.args)?;
-    let client = train::run::client_for(&c)?;
-    inference::run::decode(&c, &client).map(|_| ())
+    let resolved = config::resolve_args(&args.args)?;
+    let origin = match resolved.source("prompt") {
+        config::Source::Default => PromptOrigin::Default,
+        _ => PromptOrigin::User,
+    };
+    let client = train::run::client_for(&resolved.config)?;
+    inference::run::decode(&resolved.config, &client, origin).map(|_| ())
 }

@@ -87,6 +87,16 @@ pub fn parse_key_values(args: &[String]) -> Result<Vec<(String, String)>> {
 /// rule (`--plugin`, `plugin=`, `MAXRS_PJRT_PLUGIN`; see `provision::choose_plugin`), and shows
 /// the resolved config with its sources when asked (`--print-config`, or `-v`).
 pub fn resolve_config(args: &[String], plugin_flag: Option<&str>) -> Result<Resolved> {
+    resolve_config_with(args, plugin_flag, |_| Ok(()))
+}
+
+/// [`resolve_config`], with `adjust` applied before the config is shown (`train-compile` lets
+/// its target decide the hardware).
+pub fn resolve_config_with(
+    args: &[String],
+    plugin_flag: Option<&str>,
+    adjust: impl FnOnce(&mut Resolved) -> Result<()>,
+) -> Result<Resolved> {
     let mut resolved = config::resolve_args(args)?;
     let key = resolved.source("plugin").is_user().then(|| resolved.config.plugin.clone());
     let choice = choose_plugin(plugin_flag, key.as_deref())?;
@@ -98,6 +108,7 @@ pub fn resolve_config(args: &[String], plugin_flag: Option<&str>) -> Result<Reso
         resolved.config.plugin = choice.spec;
         resolved.set_source("plugin", Source::Setting(choice.origin.to_string()));
     }
+    adjust(&mut resolved)?;
     if verbosity() > 0 {
         println!("{}", resolved.listing());
     }

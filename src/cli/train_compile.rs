@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Result};
 use maxrs::aot;
+use maxrs::config::escape;
 
 #[derive(clap::Args)]
 pub struct TrainCompileArgs {
@@ -34,14 +35,14 @@ pub fn run(a: TrainCompileArgs) -> Result<()> {
         let Some(value) = value else { continue };
         if let Some(other) = args.iter().find(|x| x.starts_with(&format!("{key}=")) && **x != format!("{key}={value}"))
         {
-            bail!("{flag}={value} and {other} disagree; give one");
+            bail!("{flag}={} and {} disagree; give one", escape(&value), escape(other));
         }
         args.push(format!("{key}={value}"));
     }
     if default_slices && !args.iter().any(|x| x.starts_with("compile_topology_num_slices=")) {
         args.push("compile_topology_num_slices=1".to_string());
     }
-    let resolved = super::resolve_config(&args, a.plugin.as_deref())?;
+    let resolved = super::resolve_config_with(&args, a.plugin.as_deref(), aot::train_compile::apply_target)?;
     if a.print_config {
         if super::verbosity() == 0 {
             println!("{}", resolved.listing());

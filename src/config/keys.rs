@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::error::quote;
+
 /// Declares a string-valued key's closed set of values; `VALUES` feeds error suggestions.
 macro_rules! string_enum {
     ($(#[$meta:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? }) => {
@@ -265,9 +267,10 @@ pub(crate) fn not_supported_yet(key: &str) -> Option<&'static str> {
     })
 }
 
-/// Integer keys whose value may also be `None` (MaxText's spelling; `null` in YAML).
+/// Integer keys whose value may also be `None` (MaxText's spelling; `null` in YAML): those with
+/// a row in `ranges::OPTIONAL_KEYS`.
 pub(crate) fn nullable_int(key: &str) -> bool {
-    key == "max_num_checkpoints_to_keep"
+    super::ranges::OPTIONAL_KEYS.iter().any(|(k, _)| *k == key)
 }
 
 /// An optional integer written as MaxText does: `None` (a string to YAML), `null`, or a number.
@@ -283,9 +286,11 @@ fn none_or_int<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Opti
         None | Some(Raw::Null) => Ok(None),
         Some(Raw::Int(n)) => Ok(Some(n)),
         Some(Raw::Text(t)) if matches!(t.trim(), "None" | "none" | "null" | "") => Ok(None),
-        Some(Raw::Text(t)) => {
-            t.trim().parse().map(Some).map_err(|_| serde::de::Error::custom(format!("`{t}` is not an integer or None")))
-        }
+        Some(Raw::Text(t)) => t
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom(format!("{} is not an integer or None", quote(&t)))),
     }
 }
 

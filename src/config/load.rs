@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use serde_yaml::{Mapping, Value};
 
 use super::builtin;
-use super::error::{closest, ConfigError};
+use super::error::{closest, escape, quote, ConfigError};
 use super::keys::{Config, LogicalAxisRule, MODEL_KEYS};
 use super::rules;
 use super::value::{coerce, schema, show};
@@ -108,11 +108,12 @@ impl Resolved {
     }
 }
 
-/// A value on one line: lists in flow style, strings quoted only when empty.
+/// A value on one line: lists in flow style, strings quoted only when empty, hidden characters
+/// escaped.
 fn show_compact(value: &Value) -> String {
     match value {
         Value::String(s) if s.is_empty() => "\"\"".into(),
-        other => show(other),
+        other => escape(&show(other)),
     }
 }
 
@@ -122,17 +123,21 @@ pub fn load_args(args: &[String]) -> Result<Config, ConfigError> {
     Ok(resolve_args(args)?.config)
 }
 
-/// [`load_args`], keeping the source of each value.
+/// [`load_args`], keeping the source of each value. These are the user's own arguments, so
+/// unlike [`resolve`]'s layered overrides a key may not have two values ([`refuse_repeated`]).
 pub fn resolve_args(args: &[String]) -> Result<Resolved, ConfigError> {
-    match args.split_first() {
-        Some((first, rest)) if !first.contains('=') => resolve(Some(Path::new(first)), rest),
-        _ => resolve(None, args),
-    }
+    let (config_path, overrides) = match args.split_first() {
+        Some((first, rest)) if !first.contains('=') => (Some(Path::new(first)), rest),
+        _ => (None, args),
+    };
+    refuse_repeated(overrides)?;
+    resolve(config_path, overrides)
 }
 
 /// Loads the config file at `config_path` (none: only the built-in defaults), the model it
-/// selects, and the `key=value` `overrides`, later ones winning; see the module docs for the
-/// order.
+/// selects, and the `key=value` `overrides`, later ones winning (callers layer their own
+/// settings this way; a user's command line goes through [`load_args`]); see the module docs
+/// for the order.
 ///
 /// A file given here may list only some keys; the others keep the built-in defaults. The model file
 /// is looked for next to a given config file (`<dir>/models/`, then `<dir>/../models/`, MaxText's
@@ -223,9 +228,9 @@ fn warn_model_wins(model: &Layer, file: &Layer, config_path: Option<&Path>, mode
                 "{} sets {key}={}, but {model_origin} sets {} and wins (a model file overrides the config \
                  file's model keys, as in MaxText); to change it pass {key}={} override_model_config=true",
                 path.display(),
-                show(file_v),
-                show(model_v),
-                show(file_v)
+                escape(&show(file_v)),
+                escape(&show(model_v)),
+                escape(&show(file_v))
             );
         }
     }
@@ -270,19 +275,47 @@ fn parse_overrides(overrides: &[String]) -> Result<Layer, ConfigError> {
         .collect()
 }
 
+/// Refuses a user's command line that gives one key two different values. MaxText's loader
+/// keeps the last silently (`src/maxtext/configs/pyconfig.py` `_initialize_pydantic` reads the
+/// arguments with `omegaconf.OmegaConf.from_cli`, whose `merge_with_dotlist` updates the key
+/// once per argument; maxtext main at 018116f), which turns a script's `steps=3` and the user's
+/// `steps=4` into whichever came last. The same value twice (a wrapper restating a setting)
+/// loses nothing and stays accepted, as MaxText's `validate_no_keys_overridden_twice` accepts
+/// a model key restated with its value. Arguments that are not valid `key=value` pairs are left
+/// to [`resolve`], which names them.
+fn refuse_repeated(overrides: &[String]) -> Result<(), ConfigError> {
+    let mut seen: Vec<(&str, &str, Value)> = Vec::new();
+    for arg in overrides {
+        let Some((key, text)) = arg.split_once('=') else { continue };
+        let key = key.trim();
+        let Ok(value) = coerce(key, Value::String(text.to_string()), "on the command line") else { continue };
+        if let Some((_, first, _)) = seen.iter().find(|(k, _, v)| *k == key && *v != value) {
+            return Err(ConfigError::Repeated {
+                key: key.to_string(),
+                first: first.to_string(),
+                second: text.to_string(),
+            });
+        }
+        seen.push((key, text, value));
+    }
+    Ok(())
+}
+
 /// A YAML file's keys, each checked and typed.
 fn read_layer(text: &str, origin: &str) -> Result<Layer, ConfigError> {
     let yaml_error = |message: String| ConfigError::Yaml { origin: origin.to_string(), message };
     let mapping: Mapping = match serde_yaml::from_str::<Value>(text).map_err(|e| yaml_error(e.to_string()))? {
         Value::Mapping(m) => m,
         Value::Null => Mapping::new(),
-        other => return Err(yaml_error(format!("expected a mapping of keys to values, got {}", show(&other)))),
+        other => return Err(yaml_error(format!("expected a mapping of keys to values, got {}", quote(&show(&other))))),
     };
     mapping
         .into_iter()
         .map(|(key, value)| {
-            let key =
-                key.as_str().ok_or_else(|| yaml_error(format!("key {} is not a string", show(&key))))?.to_string();
+            let key = key
+                .as_str()
+                .ok_or_else(|| yaml_error(format!("key {} is not a string", quote(&show(&key)))))?
+                .to_string();
             let value = coerce(&key, value, origin)?;
             Ok((key, value))
         })

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::error::{closest, ConfigError};
+use super::error::{closest, quote, ConfigError};
 use super::keys::Config;
 
 /// The mesh axes maxrs knows, in MaxText's `mesh_axes` order, each with the word its parallelism
@@ -164,11 +164,11 @@ fn check_axis_names(config: &Config) -> Result<(), ConfigError> {
                 closest(axis, known.iter().copied()).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
             return Err(ConfigError::invalid(
                 "mesh_axes",
-                format!("unknown mesh axis `{axis}`{hint} (maxrs knows {})", known.join(", ")),
+                format!("unknown mesh axis {}{hint} (maxrs knows {})", quote(axis), known.join(", ")),
             ));
         }
         if config.mesh_axes[..i].contains(axis) {
-            return Err(ConfigError::invalid("mesh_axes", format!("mesh axis `{axis}` is listed twice")));
+            return Err(ConfigError::invalid("mesh_axes", format!("mesh axis {} is listed twice", quote(axis))));
         }
     }
     Ok(())

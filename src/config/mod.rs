@@ -15,7 +15,7 @@ mod validate;
 mod value;
 
 pub use builtin::MODELS;
-pub use error::ConfigError;
+pub use error::{escape, quote, ConfigError};
 pub use keys::{
     AttentionKernel, Config, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
     OnCheckpointError, PipelineSchedule, ProfilerKind, RematPolicy, RopeType, RuleAxes, SamplingStrategy,

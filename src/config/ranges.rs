@@ -1,6 +1,7 @@
 //! The valid range of every numeric key, checked before anything is traced. Each key of
 //! `Config` that holds a number has a row here (a test walks `Config` and fails on a numeric key
-//! without one), so a new key gets a range when it is added.
+//! without one), so a new key gets a range when it is added; the integer keys that may also be
+//! `None` have theirs in [`OPTIONAL_KEYS`].
 //!
 //! The bounds are sanity limits, far beyond any real model, chosen so that no size computed from
 //! them (parameter counts, batch x sequence x vocabulary, mesh products) can overflow a 64-bit
@@ -161,6 +162,13 @@ pub const NUMERIC_KEYS: &[(&str, Range)] = &[
     ("ici_autoregressive_parallelism", int_or_fill(1, MAX_AXIS)),
 ];
 
+/// The integer keys that may also be `None` (MaxText's spelling; `null` in YAML), which is
+/// always accepted, and the range of their numbers.
+pub const OPTIONAL_KEYS: &[(&str, Range)] = &[
+    // None keeps every checkpoint; there is at most one per step.
+    ("max_num_checkpoints_to_keep", int(1, MAX_STEPS)),
+];
+
 impl Range {
     pub fn contains(&self, x: f64) -> bool {
         if self.minus_one && x == -1.0 {
@@ -196,13 +204,20 @@ pub fn range(key: &str) -> Option<Range> {
 /// Checks every numeric key against its range; the error names the key, its value and the range.
 pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
     let values = serde_json::to_value(config).map_err(|e| ConfigError::invalid("config", e.to_string()))?;
-    for (key, range) in NUMERIC_KEYS {
-        let Some(x) = values.get(key).and_then(Value::as_f64) else {
-            return Err(ConfigError::invalid(*key, format!("{key} is not a finite number; it must be {range}")));
+    let optional = OPTIONAL_KEYS.iter().map(|(key, range)| (key, range, ", or None"));
+    for (key, range, or_none) in NUMERIC_KEYS.iter().map(|(key, range)| (key, range, "")).chain(optional) {
+        let value = values.get(key).unwrap_or(&Value::Null);
+        if value.is_null() && !or_none.is_empty() {
+            continue;
+        }
+        let Some(x) = value.as_f64() else {
+            return Err(ConfigError::invalid(
+                *key,
+                format!("{key} is not a finite number; it must be {range}{or_none}"),
+            ));
         };
         if !range.contains(x) {
-            let shown = values[key].to_string();
-            return Err(ConfigError::invalid(*key, format!("{key}={shown}; it must be {range}")));
+            return Err(ConfigError::invalid(*key, format!("{key}={value}; it must be {range}{or_none}")));
         }
     }
     Ok(())

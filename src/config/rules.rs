@@ -2,7 +2,7 @@
 //! names real mesh axes, and handing it out as plain rows. Turning rows into partition specs is
 //! `sharding::LogicalRules`'s job, not this module's.
 
-use super::error::{closest, ConfigError};
+use super::error::{closest, quote, ConfigError};
 use super::keys::{Config, LogicalAxisRule};
 use super::mesh::MESH_AXES;
 
@@ -61,14 +61,15 @@ pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
         ConfigError::invalid(
             key,
             format!(
-                "{place} names mesh axis `{axis}`, which maxrs does not know{hint} (mesh axes: {})",
+                "{place} names mesh axis {}, which maxrs does not know{hint} (mesh axes: {})",
+                quote(axis),
                 known.join(", ")
             ),
         )
     };
     for LogicalAxisRule(name, axes) in &config.logical_axis_rules {
         if let Some(axis) = axes.to_vec().iter().find(|a| !known.contains(&a.as_str())) {
-            return Err(unknown(axis, "logical_axis_rules", format!("the rule for `{name}`")));
+            return Err(unknown(axis, "logical_axis_rules", format!("the rule for {}", quote(name))));
         }
     }
     for group in &config.data_sharding {

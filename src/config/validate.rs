@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::error::{closest, ConfigError};
+use super::error::{closest, escape, quote, ConfigError};
 use super::keys::{
     Config, DatasetType, DecoderBlock, Hardware, ProfilerKind, RopeType, SamplingStrategy, TokenizerType,
     MLP_ACTIVATIONS,
@@ -284,19 +284,30 @@ pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Most `mlp_activations` entries: each adds an MLP input kernel (MaxText's `wi_<i>`), and
+/// together with the output kernel they are the bulk of the parameters.
+const MAX_MLP_ACTIVATIONS: usize = 8;
+
 /// Largest number of elements maxrs lets one array have: XLA sizes arrays in 64-bit bytes, so
 /// 2^60 elements of up to 8 bytes stay representable.
 const MAX_ELEMENTS: u128 = 1 << 60;
 
-/// The sizes that grow as products of keys: the global batch and tokens per step, and the
-/// largest activations of one micro-batch (logits: batch x sequence x vocabulary; attention
-/// scores: batch x heads x sequence^2). Each must stay within [`MAX_ELEMENTS`].
+/// The sizes that grow as products of keys: the global batch and tokens per step, the largest
+/// activations of one micro-batch (logits: batch x sequence x vocabulary; attention scores:
+/// batch x heads x sequence^2) and the largest weight (the MLP kernels of every layer and
+/// expert). Each must stay within [`MAX_ELEMENTS`]; with at most [`MAX_MLP_ACTIVATIONS`] such
+/// kernels the parameter count stays within a `u64`.
 fn check_products(c: &Config, micro: usize, accumulation: usize) -> Result<(), ConfigError> {
     let global = micro as u128 * accumulation as u128;
-    // The query heads as global_parameter_scale scales them (a range-checked power of two).
-    let heads = (c.base_num_query_heads as u128) << parameter_scales(c.global_parameter_scale).1;
+    // The sizes as global_parameter_scale scales them (a range-checked power of two).
+    let (emb, heads, mlp, layers) = parameter_scales(c.global_parameter_scale);
+    let heads = (c.base_num_query_heads as u128) << heads;
+    let mlp_kernel = ((c.base_num_decoder_layers as u128) << layers)
+        * c.num_experts as u128
+        * ((c.base_emb_dim as u128) << emb)
+        * ((c.base_mlp_dim as u128) << mlp);
     let (seq, vocab) = (c.max_target_length as u128, c.vocab_size as u128);
-    let products: [(&str, &str, u128); 4] = [
+    let products: [(&str, &str, u128); 5] = [
         ("per_device_batch_size, gradient_accumulation_steps", "sequences per step (global batch)", global),
         (
             "per_device_batch_size, gradient_accumulation_steps, max_target_length",
@@ -312,6 +323,11 @@ fn check_products(c: &Config, micro: usize, accumulation: usize) -> Result<(), C
             "per_device_batch_size, max_target_length, base_num_query_heads",
             "attention scores of one micro-batch (batch x heads x max_target_length^2)",
             micro as u128 * heads * seq * seq,
+        ),
+        (
+            "base_num_decoder_layers, num_experts, base_emb_dim, base_mlp_dim",
+            "MLP weights of one kernel (layers x num_experts x emb x mlp)",
+            mlp_kernel,
         ),
     ];
     for (keys, what, value) in products {
@@ -339,14 +355,24 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if c.mlp_activations.len() > MAX_MLP_ACTIVATIONS {
+        return Err(ConfigError::invalid(
+            "mlp_activations",
+            format!(
+                "{} activations, each with its own MLP input kernel; list at most {MAX_MLP_ACTIVATIONS} (real models use \
+                 1 or 2, e.g. [silu, linear] for SwiGLU)",
+                c.mlp_activations.len()
+            ),
+        ));
+    }
     let unknown = c.mlp_activations.iter().find(|a| !MLP_ACTIVATIONS.contains(&a.as_str()));
     if c.mlp_activations.is_empty() || unknown.is_some() {
-        let what = unknown.map_or("no activation".to_string(), |a| format!("`{a}` is not supported yet"));
+        let what = unknown.map_or("no activation".to_string(), |a| format!("{} is not supported yet", quote(a)));
         return Err(ConfigError::invalid(
             "mlp_activations",
             format!(
                 "[{}]: {what}; list one or more of {} (e.g. [silu, linear] for SwiGLU)",
-                c.mlp_activations.join(", "),
+                escape(&c.mlp_activations.join(", ")),
                 MLP_ACTIVATIONS.join(", ")
             ),
         ));
@@ -497,15 +523,6 @@ fn check_outputs(c: &Config) -> Result<(), ConfigError> {
             "enable_autocheckpoint saves a checkpoint on SIGTERM, which needs enable_checkpointing=true",
         ));
     }
-    // An optional number (None keeps every checkpoint), so not in the ranges table.
-    if let Some(keep) = c.max_num_checkpoints_to_keep {
-        if keep < 1 {
-            return Err(ConfigError::invalid(
-                "max_num_checkpoints_to_keep",
-                format!("{keep}; keep at least 1 checkpoint, or None to keep them all"),
-            ));
-        }
-    }
     if !c.load_parameters_path.is_empty() && !c.load_full_state_path.is_empty() {
         return Err(ConfigError::invalid(
             "load_parameters_path, load_full_state_path",
@@ -583,7 +600,8 @@ fn check_hardware(c: &Config) -> Result<(), ConfigError> {
             "compile_topology_num_slices",
             format!(
                 "{} with compile_topology={}; set it to the number of target slices (1 or more)",
-                c.compile_topology_num_slices, c.compile_topology
+                c.compile_topology_num_slices,
+                escape(&c.compile_topology)
             ),
         ));
     }
@@ -594,7 +612,7 @@ fn check_hardware(c: &Config) -> Result<(), ConfigError> {
             closest(plugin, PLUGINS.iter().copied()).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
         return Err(ConfigError::invalid(
             "plugin",
-            format!("`{plugin}` is not one of {} nor a path to a PJRT plugin .so{hint}", PLUGINS.join(", ")),
+            format!("{} is not one of {} nor a path to a PJRT plugin .so{hint}", quote(plugin), PLUGINS.join(", ")),
         ));
     }
     let fits = match c.hardware {
@@ -606,8 +624,9 @@ fn check_hardware(c: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid(
             "hardware, plugin",
             format!(
-                "hardware={} does not run on plugin={plugin}; use plugin={} (or a plugin path)",
+                "hardware={} does not run on plugin={}; use plugin={} (or a plugin path)",
                 c.hardware,
+                escape(plugin),
                 fits.join(" or plugin=")
             ),
         ));

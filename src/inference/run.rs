@@ -1,11 +1,11 @@
 //! `maxrs decode`'s job, start to end: validated config and mesh -> prompts as token ids (through
-//! `tokenizer_path`'s tokenizer, or written as ids) -> the compiled session with its parameters
-//! -> prefill and generate -> the prompts' outputs and the timings printed (MaxText's
-//! `decode.py` prints `Input `...` -> `...``).
+//! `tokenizer_path`'s tokenizer, written as ids, or, for the default prompt without a tokenizer,
+//! its bytes) -> the compiled session with its parameters -> prefill and generate -> the prompts'
+//! outputs and the timings printed (MaxText's `decode.py` prints `Input `...` -> `...``).
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::config::{self, Config};
+use crate::config::{self, quote, Config};
 use crate::data::{load_tokenizer, TextTokenizer};
 use crate::pjrt::Client;
 use crate::train::step::step_mesh;
@@ -26,8 +26,46 @@ pub struct DecodeReport {
     pub startup: DecodeStartup,
 }
 
-/// Decodes the configured prompts on `client`'s devices (one process) and prints the results.
-pub fn decode(c: &Config, client: &Client) -> Result<DecodeReport> {
+/// Who chose the prompt: the user (config file or command line), or nobody, so it is
+/// `configs/base.yml`'s default, MaxText's `prompt: "I love to"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptOrigin {
+    User,
+    Default,
+}
+
+/// How the prompts become token ids.
+#[derive(Clone, Copy)]
+pub enum Encoding<'a> {
+    /// `tokenizer_path`'s tokenizer: text in, text out.
+    Tokenizer(&'a TextTokenizer),
+    /// Each prompt is token ids, and so is the output.
+    Ids,
+    /// Each prompt's UTF-8 bytes are its token ids; the output is token ids.
+    Bytes,
+}
+
+impl<'a> Encoding<'a> {
+    /// The encoding for `c`'s prompts. MaxText's `decode.py` reads its default prompt, "I love
+    /// to", with the tokenizer base.yml names; maxrs ships no tokenizer, and its built-in default
+    /// model is trained on token ids (the synthetic data), so a bare `maxrs decode` has text and
+    /// nothing to encode it with. Its UTF-8 bytes are ids every vocabulary of 256 or more has (the
+    /// default model's has 512), so the default prompt goes in as bytes, and the start-up line
+    /// says so. A prompt the user wrote stays token ids without a tokenizer: text there most
+    /// likely means a forgotten `tokenizer_path`, which the error names, rather than bytes no
+    /// real model was trained on.
+    pub fn of(c: &Config, tokenizer: Option<&'a TextTokenizer>, origin: PromptOrigin) -> Encoding<'a> {
+        match (tokenizer, origin) {
+            (Some(t), _) => Encoding::Tokenizer(t),
+            (None, PromptOrigin::Default) if c.vocab_size >= 256 => Encoding::Bytes,
+            (None, _) => Encoding::Ids,
+        }
+    }
+}
+
+/// Decodes the configured prompts on `client`'s devices (one process) and prints the results;
+/// `origin` says whether the user chose the prompts ([`Encoding::of`]).
+pub fn decode(c: &Config, client: &Client, origin: PromptOrigin) -> Result<DecodeReport> {
     let devices = client.devices()?;
     let derived = config::validate(c, devices.len(), 1)?;
     if let Some(plan) = &derived.pipeline {
@@ -39,7 +77,16 @@ pub fn decode(c: &Config, client: &Client) -> Result<DecodeReport> {
     }
     config::validate_decode(c)?;
     let tokenizer = if c.tokenizer_path.is_empty() { None } else { Some(load_tokenizer(c)?) };
-    let prompts = prompt_ids(c, derived.micro_batch_size, tokenizer.as_deref())?;
+    let encoding = Encoding::of(c, tokenizer.as_deref(), origin);
+    let prompts = prompt_ids(c, derived.micro_batch_size, encoding)?;
+    if let Encoding::Bytes = encoding {
+        println!(
+            "prompt: no tokenizer_path, so the default prompt {} goes in as its UTF-8 bytes (token ids {}) and the \
+             output is token ids; give prompt=\"1 2 3\" (token ids), or tokenizer_path for text",
+            c.prompt.iter().map(|p| quote(p)).collect::<Vec<_>>().join(", "),
+            prompts.iter().map(|ids| join(ids)).collect::<Vec<_>>().join(", ")
+        );
+    }
     let mut ids: Vec<i64> = devices.iter().map(|d| d.id as i64).collect();
     ids.sort_unstable();
     let mesh = step_mesh(&derived, &[ids]).map_err(|e| anyhow!(e))?;
@@ -70,14 +117,19 @@ pub fn decode(c: &Config, client: &Client) -> Result<DecodeReport> {
     let eos = tokenizer.as_ref().and_then(|t| t.eos_id());
     let generation = session.generate(&prompts, eos)?;
     let show = |ids: &[i32]| -> Result<String> {
-        match &tokenizer {
-            Some(t) => t.decode(ids).map_err(|e| anyhow!("tokenizer_path={}: decoding {ids:?}: {e}", c.tokenizer_path)),
-            None => Ok(join(ids)),
+        match encoding {
+            Encoding::Tokenizer(t) => {
+                t.decode(ids).map_err(|e| anyhow!("tokenizer_path={}: decoding {ids:?}: {e}", c.tokenizer_path))
+            }
+            Encoding::Ids | Encoding::Bytes => Ok(join(ids)),
         }
     };
     let mut outputs = Vec::new();
     for (i, output) in generation.tokens.iter().enumerate() {
-        let input = if tokenizer.is_some() { c.prompt[i].clone() } else { join(&prompts[i]) };
+        let input = match encoding {
+            Encoding::Ids => join(&prompts[i]),
+            Encoding::Tokenizer(_) | Encoding::Bytes => c.prompt[i].clone(),
+        };
         outputs.push(show(output)?);
         println!("Input `{input}` -> `{}`", outputs[i]);
     }
@@ -86,8 +138,9 @@ pub fn decode(c: &Config, client: &Client) -> Result<DecodeReport> {
         let first = &outputs[0];
         if !first.starts_with(&c.autoregressive_decode_assert) {
             bail!(
-                "autoregressive_decode_assert: the first prompt's output `{first}` does not start with `{}`",
-                c.autoregressive_decode_assert
+                "autoregressive_decode_assert: the first prompt's output {} does not start with {}",
+                quote(first),
+                quote(&c.autoregressive_decode_assert)
             );
         }
     }
@@ -115,8 +168,8 @@ fn join(ids: &[i32]) -> String {
 /// The configured prompts as token ids, checked: each 1..=max_prefill_predict_length ids below
 /// vocab_size, at most `batch` prompts. With a tokenizer each prompt is text, encoded with BOS
 /// first when `add_bos` (MaxText's `decode.py` encodes with `is_bos=True`; `add_eos` is for
-/// training documents and never ends a prompt); without one it is ids.
-pub fn prompt_ids(c: &Config, batch: usize, tokenizer: Option<&TextTokenizer>) -> Result<Vec<Vec<i32>>> {
+/// training documents and never ends a prompt); otherwise it is ids, or its bytes.
+pub fn prompt_ids(c: &Config, batch: usize, encoding: Encoding) -> Result<Vec<Vec<i32>>> {
     if c.prompt.is_empty() {
         bail!("prompt: no prompt given; e.g. prompt=\"1 2 3\" (token ids; a list decodes several)");
     }
@@ -132,9 +185,10 @@ pub fn prompt_ids(c: &Config, batch: usize, tokenizer: Option<&TextTokenizer>) -
         .iter()
         .enumerate()
         .map(|(i, text)| {
-            let ids = match tokenizer {
-                Some(t) => encode(c, t, text)?,
-                None => parse_ids(c, i, text)?,
+            let ids = match encoding {
+                Encoding::Tokenizer(t) => encode(c, t, text)?,
+                Encoding::Ids => parse_ids(c, i, text)?,
+                Encoding::Bytes => text.bytes().map(i32::from).collect(),
             };
             check_length(c, i, text, ids)
         })
@@ -146,16 +200,16 @@ fn encode(c: &Config, tokenizer: &TextTokenizer, text: &str) -> Result<Vec<i32>>
     let mut ids: Vec<i32> = tokenizer.bos_id().filter(|_| c.add_bos).into_iter().collect();
     let text_ids = tokenizer
         .encode_text(text)
-        .map_err(|e| anyhow!("tokenizer_path={}: prompt `{text}`: {e}", c.tokenizer_path))?;
+        .map_err(|e| anyhow!("tokenizer_path={}: prompt {}: {e}", c.tokenizer_path, quote(text)))?;
     ids.extend(text_ids);
     Ok(ids)
 }
 
 fn which(c: &Config, index: usize, text: &str) -> String {
     if c.prompt.len() > 1 {
-        format!("prompt {index} (`{text}`)")
+        format!("prompt {index} ({})", quote(text))
     } else {
-        format!("prompt `{text}`")
+        format!("prompt {}", quote(text))
     }
 }
 
@@ -185,8 +239,9 @@ fn parse_ids(c: &Config, index: usize, text: &str) -> Result<Vec<i32>> {
         .map(|word| {
             word.parse::<i64>().ok().filter(|id| (0..c.vocab_size).contains(id)).map(|id| id as i32).ok_or_else(|| {
                 anyhow!(
-                    "{which}: `{word}` is not a token id in 0..{}; without tokenizer_path the prompt is token ids \
+                    "{which}: {} is not a token id in 0..{}; without tokenizer_path the prompt is token ids \
                      separated by spaces or commas, e.g. prompt=\"1 2 3\" (set tokenizer_path for text)",
+                    quote(word),
                     c.vocab_size
                 )
             })
