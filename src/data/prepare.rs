@@ -54,8 +54,8 @@ impl std::fmt::Display for TokenizeSummary {
 pub fn input_files(inputs: &[String]) -> Result<Vec<PathBuf>, DataError> {
     let mut files = Vec::new();
     for input in inputs {
-        super::storage::storage_for("input", input)?;
-        files.extend(LocalFiles.glob("input", input)?);
+        super::storage::storage_for("INPUT", input)?;
+        files.extend(LocalFiles.glob("INPUT", input)?);
     }
     files.sort();
     files.dedup();
