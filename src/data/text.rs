@@ -16,7 +16,9 @@
 //! A reader thread reads windows and hands them to tokenizer workers over a bounded queue; a
 //! packer thread puts the tokenized windows back in order, packs them ([`super::packing`]) and
 //! keeps [`PREFETCH_BATCHES`] batches ready in a bounded queue. The train loop only takes the
-//! next batch. Dropping the iterator closes the queues and every thread ends.
+//! next batch. Dropping the iterator closes the queues and every thread ends. An epoch in which
+//! no row gives a document (all undecodable or empty) ends the stream with an error: repeating
+//! it could never fill a batch.
 //!
 //! # The position
 //! [`TextState`] names the next document not yet in a delivered batch: epoch, file (index in this

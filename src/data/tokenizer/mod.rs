@@ -17,9 +17,10 @@
 //! MaxText tokenizes a document whole and then truncates it (`tokenization` in
 //! `src/maxtext/input_pipeline/input_pipeline_utils.py`, commit 9e49beb, calls the Hugging Face
 //! tokenizer with `truncation=True, max_length=...`, which cuts the ids after encoding all of
-//! the text), so one 50 MB line costs minutes for 2048 tokens. Here a document far longer than
-//! its kept tokens can span is cut first (see [`TextTokenizer::encode_document`]): the work is
-//! bounded by `max_target_length`, and the kept ids are the same.
+//! the text), so one 50 MB line stalls the pipeline (issue 25: no training step in 90 s) to keep
+//! a few thousand ids. Here a document far longer than its kept tokens can span is cut first
+//! (`TextTokenizer::encode_leading`): the work is bounded by `max_target_length`, and the
+//! kept ids are the same.
 
 pub mod sentencepiece;
 
