@@ -13,6 +13,7 @@ pub mod config;
 pub mod data;
 pub mod gcloud;
 pub mod inference;
+pub mod input;
 pub mod ir;
 pub mod lower;
 pub mod model;

@@ -269,8 +269,9 @@ fn check_output(name: &str, location: &Location, kind: Kind) -> Result<()> {
 /// What a [`Kind::NewDir`] that exists is told.
 const NEW_DIR: &str = "maxrs writes a new directory there, whole: give a path that does not exist yet (or delete it)";
 
-/// "a FIFO" etc. for a file type maxrs must not write to; `None` for a regular file.
-fn describe_special(file_type: &std::fs::FileType) -> Option<&'static str> {
+/// "a FIFO" etc. for a file type maxrs must not write to or read from; `None` for a regular
+/// file.
+pub(crate) fn describe_special(file_type: &std::fs::FileType) -> Option<&'static str> {
     if file_type.is_dir() {
         return Some("a directory");
     }

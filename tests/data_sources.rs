@@ -182,7 +182,7 @@ fn tokens_file_errors_name_the_culprit() {
     let open =
         |path: PathBuf| data::open_train(&tokens_config(&path, false), 1, ProcessShare::SINGLE, None).err().unwrap();
     let e = open(dir.path().join("missing.bin"));
-    assert!(matches!(e, DataError::Io { .. }) && e.to_string().contains("missing.bin"), "{e}");
+    assert!(matches!(e, DataError::Input(_)) && e.to_string().contains("missing.bin"), "{e}");
 
     let ragged = dir.path().join("ragged.bin");
     std::fs::write(&ragged, vec![0u8; 4 * 4 + 4]).unwrap();

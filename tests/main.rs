@@ -25,6 +25,7 @@ mod decode;
 mod errors;
 mod fuzz;
 mod grad_check;
+mod hardening_inputs;
 mod hardening_misc;
 mod hardening_net;
 mod hardening_outputs;

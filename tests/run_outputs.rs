@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use maxrs::config;
+use maxrs::input::RUN_LOG;
 use maxrs::pjrt::cpu_client;
 use maxrs::storage::{self, Location};
 use maxrs::train::run::{train, RunReport};
@@ -152,7 +153,7 @@ fn a_gs_run_writes_its_outputs_and_resumes_from_the_emulator() {
     assert_eq!(names(&dir.join("checkpoints")), ["0", "2", "4"]);
 
     // The metrics file on GCS has every step; the event files hold each run's steps.
-    let metrics = storage::read(&Location::parse(&format!("{base}/g-metrics.jsonl")).unwrap()).unwrap();
+    let metrics = storage::read(&Location::parse(&format!("{base}/g-metrics.jsonl")).unwrap(), RUN_LOG).unwrap();
     let steps: Vec<f64> = String::from_utf8(metrics)
         .unwrap()
         .lines()
@@ -162,7 +163,7 @@ fn a_gs_run_writes_its_outputs_and_resumes_from_the_emulator() {
     let tb = dir.join("tensorboard/g");
     let mut seen = BTreeMap::new();
     for file in names(&tb) {
-        seen.extend(losses(&events(&storage::read(&tb.join(&file)).unwrap())));
+        seen.extend(losses(&events(&storage::read(&tb.join(&file), RUN_LOG).unwrap())));
     }
     assert_eq!(seen.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
 }

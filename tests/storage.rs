@@ -4,12 +4,13 @@
 
 use std::io::{Read, Write};
 
+use maxrs::input::SETTINGS;
 use maxrs::storage::{self, Location, StagedDir};
 
 fn exercise(root: &Location) {
     let file = root.join("a/b/file.bin");
     storage::write(&file, b"hello").unwrap();
-    assert_eq!(storage::read(&file).unwrap(), b"hello");
+    assert_eq!(storage::read(&file, SETTINGS).unwrap(), b"hello");
     assert!(storage::is_file(&file).unwrap());
     assert!(!storage::is_file(&root.join("a/b/absent")).unwrap());
 
@@ -40,7 +41,7 @@ fn exercise(root: &Location) {
     storage::write(&staged.path().join("manifest.json"), b"{}").unwrap();
     let committed = staged.commit().unwrap();
     assert_eq!(committed, target);
-    assert_eq!(storage::read(&target.join("data.bin")).unwrap(), b"data");
+    assert_eq!(storage::read(&target.join("data.bin"), SETTINGS).unwrap(), b"data");
     let dirs = storage::list_dir(&root.join("dirs")).unwrap();
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     assert!(dirs[0].is_dir && dirs[0].name == "7");
@@ -48,7 +49,7 @@ fn exercise(root: &Location) {
 
     storage::remove_all(&root.join("a")).unwrap();
     assert!(storage::list_dir(&root.join("a")).unwrap().is_empty());
-    assert!(storage::read(&root.join("a/b/file.bin")).is_err());
+    assert!(storage::read(&root.join("a/b/file.bin"), SETTINGS).is_err());
 }
 
 #[test]

@@ -127,7 +127,7 @@ fn one_error_lists_every_mismatch() {
 fn unreadable_files_say_why() {
     let dir = temp_dir("bad");
     let e = load_parameters(&dir.join("absent.safetensors"), &specs()).unwrap_err();
-    assert!(matches!(e, ParamsError::Io { .. }) && e.to_string().contains("absent.safetensors"), "{e}");
+    assert!(matches!(e, ParamsError::Input(_)) && e.to_string().contains("absent.safetensors"), "{e}");
 
     let short = dir.join("short.safetensors");
     std::fs::write(&short, b"abc").unwrap();

@@ -292,11 +292,7 @@ pub fn write(path: &Path, header: &ArtifactHeader, executable: &[u8]) -> Result<
 /// Reads a file written by [`write`]: the header, and the executable bytes once their checksum
 /// matches the header's.
 pub fn read(path: &Path) -> Result<(ArtifactHeader, Vec<u8>)> {
-    let meta = std::fs::metadata(path).with_context(|| format!("reading compiled train step {}", path.display()))?;
-    if !meta.is_file() {
-        bail!("compiled_trainstep_file={} is not a regular file", path.display());
-    }
-    let bytes = std::fs::read(path).with_context(|| format!("reading compiled train step {}", path.display()))?;
+    let bytes = crate::input::read("compiled_trainstep_file", path, crate::input::COMPILED)?;
     parse(&bytes).map_err(|e| anyhow!("compiled_trainstep_file={}: {e}", path.display()))
 }
 

@@ -8,7 +8,6 @@
 //! holds a `gpu_device_info { ... }` block, and names the model in `device_description_str`.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -53,7 +52,7 @@ pub fn gpu_target_config(plugin: &Path, target: GpuTarget) -> Result<Arc<str>> {
 /// Scans `path` for the NUL-delimited config text containing `needle`.
 fn find_text(path: &Path, needle: &[u8]) -> Result<Option<String>> {
     let read_error = |e: std::io::Error| anyhow!("cannot read plugin file {}: {e}", path.display());
-    let mut file = File::open(path).map_err(read_error)?;
+    let mut file = crate::input::open("plugin", path)?;
     let finder = memmem::Finder::new(needle);
     let mut buf = vec![0u8; CHUNK + MAX_TEXT];
     let mut filled = 0;

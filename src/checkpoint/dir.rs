@@ -116,7 +116,8 @@ fn write_into(dir: &Location, snapshot: &Snapshot) -> Result<u64> {
 /// The manifest of the checkpoint at `dir`.
 pub fn read_manifest(dir: &Location) -> Result<Manifest> {
     let location = dir.join(MANIFEST_FILE);
-    let bytes = storage::read(&location).map_err(|e| anyhow!("{e:#} (a checkpoint directory has {MANIFEST_FILE})"))?;
+    let bytes = storage::read(&location, crate::input::SETTINGS)
+        .map_err(|e| anyhow!("{e:#} (a checkpoint directory has {MANIFEST_FILE})"))?;
     let manifest: Manifest =
         serde_json::from_slice(&bytes).map_err(|e| anyhow!("{location}: not a maxrs checkpoint manifest: {e}"))?;
     if manifest.format != manifest::FORMAT || manifest.version > manifest::VERSION {

@@ -17,6 +17,7 @@ use super::dir::{self, Expected, Snapshot};
 use super::manifest::{self, MANIFEST_FILE};
 use super::tensor_file::{read_safetensors, write_safetensors};
 use crate::config::{self, Config};
+use crate::input;
 use crate::model::{llama_hf, Model};
 use crate::pjrt::{shape_string, ElementType, HostTensor};
 use crate::storage::{self, Location, StagedDir};
@@ -28,24 +29,17 @@ pub const SINGLE_FILE: &str = "model.safetensors";
 /// `save_pretrained`'s default `max_shard_size`.
 pub const DEFAULT_SHARD_BYTES: u64 = 5_000_000_000;
 
-/// A checkpoint read into memory.
-pub struct HfCheckpoint {
-    pub config: Value,
-    pub tensors: BTreeMap<String, HostTensor>,
+/// `config.json` of the checkpoint at `dir`.
+fn read_config(dir: &Location) -> Result<Value> {
+    let location = dir.join(CONFIG_FILE);
+    serde_json::from_slice(&storage::read(&location, input::SETTINGS)?)
+        .map_err(|e| anyhow!("{location}: not JSON: {e}"))
 }
 
-/// Reads `config.json` and every weight file the index names (or `model.safetensors`).
-pub fn read(dir: &Location) -> Result<HfCheckpoint> {
-    let config: Value = serde_json::from_slice(&storage::read(&dir.join(CONFIG_FILE))?)
-        .map_err(|e| anyhow!("{}: not JSON: {e}", dir.join(CONFIG_FILE)))?;
+/// Every tensor of the weight files the index names (or of `model.safetensors`).
+fn read_tensors(dir: &Location) -> Result<BTreeMap<String, HostTensor>> {
     let files: Vec<String> = if storage::is_file(&dir.join(INDEX_FILE))? {
-        let index: Value = serde_json::from_slice(&storage::read(&dir.join(INDEX_FILE))?)
-            .map_err(|e| anyhow!("{}: not JSON: {e}", dir.join(INDEX_FILE)))?;
-        let map = index["weight_map"].as_object().ok_or_else(|| anyhow!("{}: no weight_map", dir.join(INDEX_FILE)))?;
-        let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
-        files.sort();
-        files.dedup();
-        files
+        shard_files(dir)?
     } else if storage::is_file(&dir.join(SINGLE_FILE))? {
         vec![SINGLE_FILE.to_string()]
     } else {
@@ -61,7 +55,70 @@ pub fn read(dir: &Location) -> Result<HfCheckpoint> {
             }
         }
     }
-    Ok(HfCheckpoint { config, tensors })
+    Ok(tensors)
+}
+
+/// The shard files `model.safetensors.index.json` names, each checked to be a file of the
+/// checkpoint folder: a plain file name (no `/`, `..` or absolute path), and locally not a
+/// symlink leading out of the folder, so that an index cannot make maxrs read
+/// `../../../../etc/passwd`. The one link out that is allowed is Hugging Face's own cache
+/// layout, where `snapshots/<revision>/<file>` links to `../../blobs/<hash>` (huggingface_hub
+/// `docs/source/en/guides/manage-cache.md`).
+fn shard_files(dir: &Location) -> Result<Vec<String>> {
+    let index_location = dir.join(INDEX_FILE);
+    let index: Value = serde_json::from_slice(&storage::read(&index_location, input::SETTINGS)?)
+        .map_err(|e| anyhow!("{index_location}: not JSON: {e}"))?;
+    let map = index["weight_map"]
+        .as_object()
+        .ok_or_else(|| anyhow!("{index_location}: no weight_map object (tensor name -> shard file name)"))?;
+    let mut files: Vec<String> = Vec::new();
+    for (tensor, file) in map {
+        let bad = |why: &str| anyhow!("{index_location}: weight_map[{tensor:?}] = {file}: {why}");
+        let Some(name) = file.as_str() else {
+            return Err(bad("not a file name"));
+        };
+        let plain = !name.is_empty()
+            && name != "."
+            && name != ".."
+            && !name.contains(['/', '\\', '\0'])
+            && std::path::Path::new(name).is_relative();
+        if !plain {
+            return Err(bad(
+                "not a file of the checkpoint folder; the index names shards by plain file names such as \
+                 model-00001-of-00002.safetensors",
+            ));
+        }
+        if let Location::Local(folder) = dir {
+            if let Some(target) = link_out_of(folder, name) {
+                return Err(bad(&format!(
+                    "a symlink to {target:?}, outside the checkpoint folder; copy the shard into the folder"
+                )));
+            }
+        }
+        files.push(name.to_string());
+    }
+    files.sort();
+    files.dedup();
+    Ok(files)
+}
+
+/// Where `folder/name` leads when it is a symlink whose target lies outside `folder` (and
+/// outside the `blobs` folder of a Hugging Face cache snapshot).
+fn link_out_of(folder: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    let path = folder.join(name);
+    if !std::fs::symlink_metadata(&path).ok()?.file_type().is_symlink() {
+        return None;
+    }
+    // An unresolvable link is reported by the reader with what it is (missing, a loop).
+    let target = std::fs::canonicalize(&path).ok()?;
+    let root = std::fs::canonicalize(folder).ok()?;
+    let cache_blobs = root
+        .parent()
+        .filter(|snapshots| snapshots.file_name().is_some_and(|n| n == "snapshots"))
+        .and_then(|snapshots| snapshots.parent())
+        .map(|repo| repo.join("blobs"));
+    let inside = target.starts_with(&root) || cache_blobs.is_some_and(|blobs| target.starts_with(blobs));
+    (!inside).then_some(target)
 }
 
 /// Writes `config` and `tensors` to `dir`: one `model.safetensors`, or shards of at most
@@ -152,17 +209,19 @@ fn model_config(args: &[String]) -> Result<(Config, Model)> {
 /// directory at `dst` (`load_parameters_path=dst`), in `dtype` (default: the source's).
 /// `overrides` are maxrs keys such as `scan_layers=false`.
 pub fn from_hf(src: &Location, dst: &Location, dtype: Option<&str>, overrides: &[String]) -> Result<Converted> {
-    let hf = read(src)?;
+    // The config is checked before gigabytes of weights are read.
+    let hf_config = read_config(src)?;
+    let model_keys = llama_hf::config_from_hf(&hf_config).with_context(|| src.join(CONFIG_FILE).to_string())?;
+    let tensors = read_tensors(src)?;
     let ty = match dtype {
         Some(d) => element_type(d)?,
-        None => hf.tensors.values().next().map(|t| t.ty).ok_or_else(|| anyhow!("{src}: no tensors"))?,
+        None => tensors.values().next().map(|t| t.ty).ok_or_else(|| anyhow!("{src}: no tensors"))?,
     };
-    let mut args: Vec<String> =
-        llama_hf::config_from_hf(&hf.config)?.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut args: Vec<String> = model_keys.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
     args.push(format!("weight_dtype={}", dtype_name(ty)));
     args.extend(overrides.iter().cloned());
     let (c, model) = model_config(&args)?;
-    let params = cast(llama_hf::from_hf(&model, &hf.tensors)?, ty);
+    let params = cast(llama_hf::from_hf(&model, &tensors)?, ty);
     let snapshot = Snapshot {
         step: None,
         arrays: params.into_iter().map(|(n, t)| (format!("params.{n}"), t)).collect(),
@@ -249,4 +308,36 @@ pub fn to_hf(
     let bytes = tensors.values().map(|t| t.data.len() as u64).sum();
     let model_args = manifest::model_keys(&c, &model).iter().map(|(k, v)| format!("{k}={}", plain(v))).collect();
     Ok(Converted { model_args, tensors: tensors.len(), bytes, files })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_may_stay_in_the_folder_or_lead_into_a_hub_cache_blob() {
+        let root = tempfile::tempdir().unwrap();
+        let repo = root.path().join("models--org--name");
+        let snapshot = repo.join("snapshots").join("0123abc");
+        std::fs::create_dir_all(&snapshot).unwrap();
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::write(repo.join("blobs").join("f00d"), b"weights").unwrap();
+        std::fs::write(snapshot.join("plain.safetensors"), b"weights").unwrap();
+        std::fs::write(root.path().join("outside.safetensors"), b"weights").unwrap();
+        let link = |name: &str, target: &str| std::os::unix::fs::symlink(target, snapshot.join(name)).unwrap();
+        link("cached.safetensors", "../../blobs/f00d");
+        link("sibling.safetensors", "plain.safetensors");
+        link("out.safetensors", "../../../outside.safetensors");
+        link("dangling.safetensors", "missing");
+        for inside in ["plain.safetensors", "cached.safetensors", "sibling.safetensors", "dangling.safetensors"] {
+            assert_eq!(link_out_of(&snapshot, inside), None, "{inside}");
+        }
+        let out = link_out_of(&snapshot, "out.safetensors");
+        assert_eq!(out, Some(root.path().join("outside.safetensors").canonicalize().unwrap()));
+        // Outside a snapshot folder, a cache-like `blobs` link is a link out like any other.
+        let plain_dir = root.path().join("ckpt");
+        std::fs::create_dir_all(&plain_dir).unwrap();
+        std::os::unix::fs::symlink("../models--org--name/blobs/f00d", plain_dir.join("m.safetensors")).unwrap();
+        assert!(link_out_of(&plain_dir, "m.safetensors").is_some());
+    }
 }

@@ -81,28 +81,34 @@ pub struct TensorFile {
 }
 
 /// Reads a whole safetensors stream (`what` names it in errors). Errors say what is wrong:
-/// truncated, unreadable header, unknown dtype, overlapping or short data.
+/// truncated, unreadable header, unknown dtype, overlapping or short data. Memory follows the
+/// bytes that arrive: a header claiming a tensor larger than the file (or than memory) is an
+/// error, never an allocation of what it claims.
 pub fn read_safetensors(input: &mut dyn Read, what: &str) -> Result<TensorFile> {
     let mut digest = Digest { bytes: 0, crc32c: 0 };
-    let mut take = |buf: &mut [u8], part: &str| -> Result<()> {
-        input.read_exact(buf).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => {
-                anyhow!("{what}: truncated: the file ends inside the {part} (after {} bytes)", digest.bytes)
-            }
-            _ => anyhow!("{what}: {e}"),
-        })?;
-        digest.crc32c = crc32c::crc32c_append(digest.crc32c, buf);
+    // The next `len` bytes of the stream, read as they arrive (the capacity is reserved
+    // fallibly, so an absurd claim is an error rather than an abort).
+    let mut take_vec = |len: usize, part: &str| -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(len)
+            .map_err(|_| anyhow!("{what}: the {part} needs {len} bytes of memory, more than there is"))?;
+        input.take(len as u64).read_to_end(&mut buf).map_err(|e| anyhow!("{what}: {e}"))?;
+        if buf.len() < len {
+            bail!(
+                "{what}: truncated: the file ends inside the {part} (after {} bytes)",
+                digest.bytes + buf.len() as u64
+            );
+        }
+        digest.crc32c = crc32c::crc32c_append(digest.crc32c, &buf);
         digest.bytes += buf.len() as u64;
-        Ok(())
+        Ok(buf)
     };
-    let mut len = [0u8; 8];
-    take(&mut len, "8-byte header length")?;
-    let header_len = u64::from_le_bytes(len);
+    let len = take_vec(8, "8-byte header length")?;
+    let header_len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
     if header_len > 100 << 20 {
         bail!("{what}: not a safetensors file (header length {header_len} bytes)");
     }
-    let mut header = vec![0u8; header_len as usize];
-    take(&mut header, "header")?;
+    let header = take_vec(header_len as usize, "header")?;
     let parsed: Metadata = serde_json::from_slice(&header)
         .map_err(|e| anyhow!("{what}: not a safetensors file: unreadable header ({e})"))?;
     let metadata: BTreeMap<String, String> = serde_json::from_slice::<serde_json::Value>(&header)
@@ -116,9 +122,16 @@ pub fn read_safetensors(input: &mut dyn Read, what: &str) -> Result<TensorFile> 
     for (name, info) in infos {
         let ty = from_dtype(info.dtype)
             .ok_or_else(|| anyhow!("{what}: tensor {name} has dtype {:?}, which maxrs does not read", info.dtype))?;
-        let dims: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
+        let too_large = || anyhow!("{what}: tensor {name} has shape {:?}, too large for this machine", info.shape);
+        let dims: Vec<i64> =
+            info.shape.iter().map(|&d| i64::try_from(d)).collect::<Result<_, _>>().map_err(|_| too_large())?;
         let (begin, end) = info.data_offsets;
-        let expected = dims.iter().product::<i64>() as usize * ty.byte_size();
+        let expected = info
+            .shape
+            .iter()
+            .try_fold(ty.byte_size(), |bytes, &d| bytes.checked_mul(d))
+            .filter(|&bytes| position.checked_add(bytes).is_some())
+            .ok_or_else(too_large)?;
         if begin != position || end < begin || end - begin != expected {
             bail!(
                 "{what}: tensor {name} ({}) has data offsets [{begin}, {end}), expected [{position}, {})",
@@ -126,8 +139,7 @@ pub fn read_safetensors(input: &mut dyn Read, what: &str) -> Result<TensorFile> 
                 position + expected
             );
         }
-        let mut data = vec![0u8; expected];
-        take(&mut data, &format!("data of tensor {name}"))?;
+        let data = take_vec(expected, &format!("data of tensor {name}"))?;
         position = end;
         tensors.insert(name, HostTensor::new(ty, &dims, data));
     }

@@ -1,8 +1,6 @@
 //! Configuration errors. Each names the culprit key (and where it came from) and, when the
 //! mistake looks like a typo, the closest valid spelling.
 
-use std::path::PathBuf;
-
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("malformed argument {}: expected key=value, e.g. steps=100", quote(.0))]
@@ -34,8 +32,9 @@ pub enum ConfigError {
     #[error("`{key}` is given twice on the command line, as {} and as {}; give it once", quote(first), quote(second))]
     Repeated { key: String, first: String, second: String },
 
-    #[error("cannot read {}: {source}", path.display())]
-    Read { path: PathBuf, source: std::io::Error },
+    /// A config or model file that is not a readable regular file of sane size.
+    #[error(transparent)]
+    Input(#[from] crate::input::InputError),
 
     #[error("cannot use the YAML {origin}: {message}")]
     Yaml { origin: String, message: String },

@@ -27,6 +27,7 @@ use super::error::{closest, escape, quote, ConfigError};
 use super::keys::{Config, LogicalAxisRule, MODEL_KEYS};
 use super::rules;
 use super::value::{coerce, schema, show};
+use crate::input;
 
 /// The model whose file holds defaults rather than a fixed architecture: in MaxText the default
 /// model has no file at all, so everything the user writes applies to it.
@@ -152,8 +153,7 @@ pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resol
     let cli = parse_overrides(overrides)?;
     let file: Layer = match config_path {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+            let text = input::read_to_string("config file", path, input::SETTINGS)?;
             read_layer(&text, &format!("in {}", path.display()))?
         }
         None => Vec::new(),
@@ -353,10 +353,10 @@ fn model_source(name: &str, config_path: Option<&Path>) -> Result<(String, Strin
         None => vec![PathBuf::from("./models")],
     };
     let from_disk = || {
-        dirs.iter().map(|d| d.join(format!("{name}.yml"))).find(|p| p.is_file()).map(|p| {
-            std::fs::read_to_string(&p)
-                .map(|text| (text, p.display().to_string()))
-                .map_err(|source| ConfigError::Read { path: p.clone(), source })
+        // Anything at the path is read, so that a FIFO or folder is refused for what it is.
+        dirs.iter().map(|d| d.join(format!("{name}.yml"))).find(|p| p.symlink_metadata().is_ok()).map(|p| {
+            let text = input::read_to_string("model file", &p, input::SETTINGS)?;
+            Ok((text, p.display().to_string()))
         })
     };
     let built_in = || builtin::model(name).map(|text| Ok((text.to_string(), format!("built-in models/{name}.yml"))));

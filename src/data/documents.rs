@@ -1,18 +1,22 @@
 //! Reading documents (the text of one column per row) out of the files Hugging Face datasets are
-//! distributed in, one file at a time, in row order:
+//! distributed in, one file at a time, in row order, streamed (a file is never read whole):
 //!
 //! - `.parquet`: the column's values, row group after row group (Snappy, Zstd, Gzip and LZ4
 //!   pages); the column must hold strings (a `BYTE_ARRAY` leaf at the top level).
 //! - `.jsonl` / `.json` (JSON Lines): one JSON object per non-empty line, the column's string.
+//!   A file whose first line opens a JSON array (`[`) is refused: it is one JSON document, not
+//!   JSON Lines.
 //! - `.txt` / `.md`: one document per paragraph (lines up to a blank line), as Hugging Face's
 //!   `text` builder with `sample_by="paragraph"`.
 //!
 //! A row whose text cannot be decoded (bytes that are not UTF-8, a line that is not JSON, a
-//! null) is a [`Doc::Undecodable`] row: counted and reported by the pipeline, not fatal. A
-//! missing column or a non-string column is an error naming the file and listing the columns.
+//! null) is a [`Doc::Undecodable`] row, with the reason: counted and reported by the pipeline,
+//! not fatal. A missing column or a non-string column is an error naming the file and listing
+//! the columns. [`check_files`] runs before training: the files must hold at least one row with
+//! text, or the stream would read them forever without filling a batch.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use parquet::basic::Type as PhysicalType;
@@ -27,7 +31,8 @@ use super::storage::Storage;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Doc {
     Text(String),
-    Undecodable,
+    /// Why the row has no text, with its place: "line 3: not JSON (...)".
+    Undecodable(String),
 }
 
 /// The formats, by file name.
@@ -39,6 +44,7 @@ pub enum Format {
 }
 
 impl Format {
+    /// The format a file name says; an unknown extension is an error listing the known ones.
     pub fn of(path: &Path) -> Result<Format, DataError> {
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         match ext.as_str() {
@@ -58,27 +64,56 @@ pub fn read_file(storage: &dyn Storage, path: &Path, column: &str) -> Result<Row
     let file = storage.open(path)?;
     match Format::of(path)? {
         Format::Parquet => Ok(Box::new(ParquetRows::open(file, path, column)?)),
-        Format::JsonLines => {
-            Ok(Box::new(JsonRows { lines: BufReader::new(file), path: path.to_path_buf(), column: column.into() }))
-        }
-        Format::Text => {
-            let mut bytes = Vec::new();
-            BufReader::new(file).read_to_end(&mut bytes).map_err(|e| DataError::io(path, e))?;
-            Ok(Box::new(paragraphs(&bytes).into_iter().map(Ok)))
-        }
+        Format::JsonLines => Ok(Box::new(JsonRows {
+            lines: BufReader::new(file),
+            path: path.to_path_buf(),
+            column: column.into(),
+            line: 0,
+            seen_row: false,
+        })),
+        Format::Text => Ok(Box::new(Paragraphs { lines: BufReader::new(file), path: path.to_path_buf(), count: 0 })),
     }
 }
 
-/// Checks that `path` opens and its first row has `column` (errors list the columns there are).
-pub fn check_file(storage: &dyn Storage, path: &Path, column: &str) -> Result<(), DataError> {
-    let mut rows = read_file(storage, path, column)?;
-    rows.next().transpose().map(|_| ())
+/// Checks that the files open, that the first has `column` (errors list the columns there
+/// are), and that some row of them has text: files of only undecodable rows (a JSON array
+/// pretty-printed over many lines, every line invalid, every value null) or of no rows at all
+/// are refused, naming the first file and its first bad row. Reading stops at the first row
+/// with text, normally the first row of the first file.
+pub fn check_files(storage: &dyn Storage, files: &[PathBuf], column: &str) -> Result<(), DataError> {
+    let mut first_file = None;
+    for path in files {
+        let mut rows = 0u64;
+        let mut first_problem = None;
+        for doc in read_file(storage, path, column)? {
+            match doc? {
+                Doc::Text(_) => return Ok(()),
+                Doc::Undecodable(why) => first_problem = first_problem.or(Some(why)),
+            }
+            rows += 1;
+        }
+        first_file = first_file.or(Some((path, rows, first_problem)));
+    }
+    let Some((path, rows, first_problem)) = first_file else {
+        return Ok(());
+    };
+    Err(DataError::NoText {
+        path: path.clone(),
+        format: Format::of(path)?,
+        column: column.to_string(),
+        rows,
+        first_problem: first_problem.unwrap_or_default(),
+        other_files: files.len() - 1,
+    })
 }
 
 struct JsonRows {
     lines: BufReader<File>,
     path: PathBuf,
     column: String,
+    /// Lines read so far, blank ones included (for the reasons of undecodable rows).
+    line: u64,
+    seen_row: bool,
 }
 
 impl Iterator for JsonRows {
@@ -90,17 +125,25 @@ impl Iterator for JsonRows {
             line.clear();
             match self.lines.read_until(b'\n', &mut line) {
                 Ok(0) => return None,
-                Ok(_) if line.iter().all(u8::is_ascii_whitespace) => continue,
-                Ok(_) => break,
+                Ok(_) => self.line += 1,
                 Err(e) => return Some(Err(DataError::io(&self.path, e))),
             }
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                break;
+            }
         }
-        let Ok(serde_json::Value::Object(object)) = serde_json::from_slice::<serde_json::Value>(&line) else {
-            return Some(Ok(Doc::Undecodable));
+        if !std::mem::replace(&mut self.seen_row, true) && line.trim_ascii_start().starts_with(b"[") {
+            return Some(Err(DataError::JsonArray { path: self.path.clone() }));
+        }
+        let at = self.line;
+        let object = match serde_json::from_slice::<serde_json::Value>(&line) {
+            Ok(serde_json::Value::Object(object)) => object,
+            Ok(_) => return Some(Ok(Doc::Undecodable(format!("line {at}: not a JSON object")))),
+            Err(e) => return Some(Ok(Doc::Undecodable(format!("line {at}: {e}")))),
         };
         Some(match object.get(&self.column) {
             Some(serde_json::Value::String(text)) => Ok(Doc::Text(text.clone())),
-            Some(serde_json::Value::Null) => Ok(Doc::Undecodable),
+            Some(serde_json::Value::Null) => Ok(Doc::Undecodable(format!("line {at}: `{}` is null", self.column))),
             Some(other) => Err(DataError::NotText {
                 path: self.path.clone(),
                 column: self.column.clone(),
@@ -121,27 +164,49 @@ impl Iterator for JsonRows {
     }
 }
 
-/// Paragraphs of a text file: runs of non-blank lines, joined by `\n`.
-fn paragraphs(bytes: &[u8]) -> Vec<Doc> {
-    let mut docs = Vec::new();
-    let mut current: Vec<&[u8]> = Vec::new();
-    let flush = |current: &mut Vec<&[u8]>, docs: &mut Vec<Doc>| {
-        if !current.is_empty() {
-            let joined = current.join(&b'\n');
-            docs.push(String::from_utf8(joined).map(Doc::Text).unwrap_or(Doc::Undecodable));
-            current.clear();
+/// The paragraphs of a text file, read line by line: runs of non-blank lines, joined by `\n`.
+struct Paragraphs {
+    lines: BufReader<File>,
+    path: PathBuf,
+    /// Paragraphs handed out so far.
+    count: u64,
+}
+
+impl Iterator for Paragraphs {
+    type Item = Result<Doc, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut paragraph: Vec<u8> = Vec::new();
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match self.lines.read_until(b'\n', &mut line) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => return Some(Err(DataError::io(&self.path, e))),
+            }
+            let text = line.strip_suffix(b"\n").unwrap_or(&line);
+            let text = text.strip_suffix(b"\r").unwrap_or(text);
+            if text.iter().all(u8::is_ascii_whitespace) {
+                if paragraph.is_empty() {
+                    continue;
+                }
+                break;
+            }
+            if !paragraph.is_empty() {
+                paragraph.push(b'\n');
+            }
+            paragraph.extend_from_slice(text);
         }
-    };
-    for line in bytes.split(|&b| b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.iter().all(u8::is_ascii_whitespace) {
-            flush(&mut current, &mut docs);
-        } else {
-            current.push(line);
+        if paragraph.is_empty() {
+            return None;
         }
+        self.count += 1;
+        let at = self.count;
+        Some(Ok(String::from_utf8(paragraph).map(Doc::Text).unwrap_or_else(|e| {
+            Doc::Undecodable(format!("paragraph {at}: not UTF-8 (byte {})", e.utf8_error().valid_up_to()))
+        })))
     }
-    flush(&mut current, &mut docs);
-    docs
 }
 
 /// Records read from a Parquet column chunk per call.
@@ -153,6 +218,8 @@ struct ParquetRows {
     column: usize,
     max_def: i16,
     row_group: usize,
+    /// Rows handed out so far (for the reasons of undecodable rows).
+    rows: u64,
     chunk: Option<ColumnReader>,
     buffered: std::vec::IntoIter<Doc>,
 }
@@ -188,6 +255,7 @@ impl ParquetRows {
             path: path.to_path_buf(),
             column: index,
             row_group: 0,
+            rows: 0,
             chunk: None,
             buffered: Vec::new().into_iter(),
         })
@@ -220,17 +288,22 @@ impl ParquetRows {
                 continue;
             }
             let mut values = values.into_iter();
+            let first = self.rows;
             let docs: Vec<Doc> = (0..records)
                 .map(|i| {
+                    let row = first + i as u64;
                     let present = self.max_def == 0 || defs.get(i).is_some_and(|&d| d == self.max_def);
                     match present.then(|| values.next()).flatten() {
                         Some(v) => {
-                            std::str::from_utf8(v.data()).map(|s| Doc::Text(s.to_string())).unwrap_or(Doc::Undecodable)
+                            std::str::from_utf8(v.data()).map(|s| Doc::Text(s.to_string())).unwrap_or_else(|e| {
+                                Doc::Undecodable(format!("row {row}: not UTF-8 (byte {})", e.valid_up_to()))
+                            })
                         }
-                        None => Doc::Undecodable,
+                        None => Doc::Undecodable(format!("row {row}: null")),
                     }
                 })
                 .collect();
+            self.rows += records as u64;
             self.buffered = docs.into_iter();
             return Ok(true);
         }

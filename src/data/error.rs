@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+use super::documents::Format;
+use crate::input::{InputError, Problem};
+
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     #[error("dataset_type=tokens needs dataset_path=FILE (a flat file of little-endian int32 token ids)")]
@@ -36,6 +39,26 @@ pub enum DataError {
     BadGlob { key: &'static str, pattern: String, message: String },
     #[error("{key}={pattern} matches no file")]
     EmptyGlob { key: &'static str, pattern: String },
+    #[error("{key}={} is a directory: give FILES or a glob like {}/*.jsonl", quoted(path), path.display())]
+    Directory { key: &'static str, path: PathBuf },
+    #[error(
+        "{key}={pattern:?} matches only directories ({}): give FILES or a glob like {}/*.jsonl",
+        quoted(first), first.display()
+    )]
+    OnlyDirectories { key: &'static str, pattern: String, first: PathBuf },
+    #[error("{key}={pattern:?} matches {}, which {problem}", quoted(path))]
+    GlobMatch { key: &'static str, pattern: String, path: PathBuf, problem: Problem },
+    /// A file that cannot be opened as a regular file (a FIFO, a device, a symlink loop, ...).
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error(
+        "{} holds a JSON array, not JSON Lines: dataset_type=hf reads one JSON object per line \
+         (convert it with `jq -c '.[]'`)",
+        quoted(path)
+    )]
+    JsonArray { path: PathBuf },
+    #[error("{}", no_text(path, *format, column, *rows, first_problem, *other_files))]
+    NoText { path: PathBuf, format: Format, column: String, rows: u64, first_problem: String, other_files: usize },
     #[error(
         "{}: unknown file type; expected .parquet, .jsonl / .json (JSON Lines, optionally .gz) or .txt / .md (text)",
         path.display()
@@ -63,10 +86,47 @@ pub enum DataError {
     )]
     VocabMismatch { path: PathBuf, tokenizer: usize, vocab: usize },
 
+    #[error(
+        "input {}{}: {documents} documents ({undecodable} more undecodable) hold {tokens} tokens, fewer than one \
+         row of {row_len} ids (max_target_length + 1): nothing was written",
+        quoted(first),
+        match files { 1 => String::new(), n => format!(" and {} more files", n - 1) }
+    )]
+    NoRows { first: PathBuf, files: usize, documents: u64, undecodable: u64, tokens: u64, row_len: usize },
+    #[error(
+        "epoch {epoch} gave this process (index {process_index} of {process_count}) {rows} rows and none of them \
+         a document with tokens ({undecodable} could not be decoded, the others tokenized to nothing)"
+    )]
+    NoDocuments { epoch: u64, process_index: usize, process_count: usize, rows: u64, undecodable: u64 },
+
     #[error("data iterator state: {0}")]
     BadState(String),
     #[error("the input pipeline's background worker stopped: {0}")]
     Worker(String),
+}
+
+/// A path in an error, quoted with its control characters escaped.
+fn quoted(path: &std::path::Path) -> String {
+    format!("{path:?}")
+}
+
+/// "no valid JSON line with a `text` field in FILE: line 1: ..." for files without a usable row.
+fn no_text(path: &std::path::Path, format: Format, column: &str, rows: u64, first: &str, others: usize) -> String {
+    let file = quoted(path);
+    let nor = match others {
+        0 => String::new(),
+        1 => " (nor has the other file)".to_string(),
+        n => format!(" (nor have the other {n} files)"),
+    };
+    let (unit, what) = match format {
+        Format::JsonLines => ("JSON lines", format!("no valid JSON line with a `{column}` field in {file}")),
+        Format::Parquet => ("rows", format!("no row with text in column `{column}` of {file}")),
+        Format::Text => ("paragraphs", format!("no paragraph of UTF-8 text in {file}")),
+    };
+    if rows == 0 {
+        return format!("{file} is empty: it has no {unit}{nor}");
+    }
+    format!("{what}{nor}: {first}")
 }
 
 impl DataError {

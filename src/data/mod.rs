@@ -145,7 +145,7 @@ pub enum Split {
 }
 
 /// The text stream of `split` for `process`: its files found and checked (the first file must
-/// have the column).
+/// have the column, and some file a row with text).
 pub fn text_spec(
     c: &Config,
     split: Split,
@@ -172,7 +172,7 @@ pub fn text_spec(
     for path in &files {
         documents::Format::of(path)?;
     }
-    documents::check_file(storage.as_ref(), &files[0], &column)?;
+    documents::check_files(storage.as_ref(), &files, &column)?;
     if process.index >= process.count {
         return Err(DataError::BadProcessIndex { process_index: process.index, process_count: process.count });
     }

@@ -3,8 +3,9 @@
 //! background workers and tokenizer rules as `dataset_type=hf` (BOS/EOS per `add_bos` /
 //! `add_eos`, no truncation), then concatenated and cut into rows of `max_target_length + 1`
 //! ids: the token format has no segment ids, so a row may span documents (their BOS/EOS mark
-//! the boundaries). The incomplete last row is dropped and reported. The output appears under
-//! its name only when complete (`output::write_atomic`).
+//! the boundaries). The incomplete last row is dropped and reported; inputs too short for one
+//! row are an error. The output appears under its name only when complete
+//! (`output::write_atomic`).
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -53,8 +54,8 @@ impl std::fmt::Display for TokenizeSummary {
 pub fn input_files(inputs: &[String]) -> Result<Vec<PathBuf>, DataError> {
     let mut files = Vec::new();
     for input in inputs {
-        super::storage::storage_for("input", input)?;
-        files.extend(LocalFiles.glob("input", input)?);
+        super::storage::storage_for("INPUT", input)?;
+        files.extend(LocalFiles.glob("INPUT", input)?);
     }
     files.sort();
     files.dedup();
@@ -77,9 +78,7 @@ pub fn tokenize_files(
 ) -> anyhow::Result<TokenizeSummary> {
     let started = Instant::now();
     let storage: Arc<dyn Storage> = Arc::new(LocalFiles);
-    if let Some(first) = files.first() {
-        super::documents::check_file(storage.as_ref(), first, column)?;
-    }
+    super::documents::check_files(storage.as_ref(), &files, column)?;
     let mut summary = TokenizeSummary { files: files.len(), ..TokenizeSummary::default() };
     let spec = TextSpec {
         files,
@@ -124,6 +123,17 @@ pub fn tokenize_files(
             }
         }
         bar.finish_and_clear();
+        if summary.rows == 0 {
+            // An empty token file trains nothing and `dataset_type=tokens` refuses it: say why here.
+            return Err(std::io::Error::other(DataError::NoRows {
+                first: spec.files[0].clone(),
+                files: spec.files.len(),
+                documents: summary.documents,
+                undecodable: summary.undecodable,
+                tokens: summary.tokens,
+                row_len,
+            }));
+        }
         writer.flush()?;
         drop(writer);
         // A temporary file is private (0600); the token file is an ordinary one.

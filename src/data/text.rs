@@ -16,7 +16,9 @@
 //! A reader thread reads windows and hands them to tokenizer workers over a bounded queue; a
 //! packer thread puts the tokenized windows back in order, packs them ([`super::packing`]) and
 //! keeps [`PREFETCH_BATCHES`] batches ready in a bounded queue. The train loop only takes the
-//! next batch. Dropping the iterator closes the queues and every thread ends.
+//! next batch. Dropping the iterator closes the queues and every thread ends. An epoch in which
+//! no row gives a document (all undecodable or empty) ends the stream with an error: repeating
+//! it could never fill a batch.
 //!
 //! # The position
 //! [`TextState`] names the next document not yet in a delivered batch: epoch, file (index in this
@@ -321,7 +323,7 @@ fn tokenize_windows(jobs: &Mutex<Receiver<Job>>, done: &SyncSender<Done>, tokeni
                 .iter()
                 .map(|doc| match doc {
                     Doc::Text(text) => tokenizer.encode_document(text, max_len).ok(),
-                    Doc::Undecodable => None,
+                    Doc::Undecodable(_) => None,
                 })
                 .collect();
             Tokenized { start: w.start, docs }
@@ -329,6 +331,38 @@ fn tokenize_windows(jobs: &Mutex<Receiver<Job>>, done: &SyncSender<Done>, tokeni
         if done.send((seq, result)).is_err() {
             return;
         }
+    }
+}
+
+/// Rows that gave no document (undecodable, or tokenized to nothing), counted per epoch. An
+/// epoch of only such rows means every epoch is: a repeating stream would read the files
+/// forever without filling a batch, so it stops with an error instead.
+struct Unused {
+    /// The epoch of the last row that gave a document (or of the start).
+    last_document_epoch: u64,
+    /// The epoch counted.
+    epoch: u64,
+    rows: u64,
+    undecodable: u64,
+}
+
+impl Unused {
+    /// Called with each row's epoch before it is counted: fails when a whole epoch before it
+    /// gave no document.
+    fn check(&mut self, epoch: u64, spec: &TextSpec) -> Result<(), DataError> {
+        if epoch > self.last_document_epoch + 1 {
+            return Err(DataError::NoDocuments {
+                epoch: self.epoch,
+                process_index: spec.process_index,
+                process_count: spec.process_count,
+                rows: self.rows,
+                undecodable: self.undecodable,
+            });
+        }
+        if epoch != self.epoch {
+            (self.epoch, self.rows, self.undecodable) = (epoch, 0, 0);
+        }
+        Ok(())
     }
 }
 
@@ -361,17 +395,26 @@ impl TextBatches {
                     tx.send(Ok((Batch::from_documents(&packer.finish(), seq_len, pad, bos), after))).is_ok()
                 };
                 let mut last = at;
+                let mut unused = Unused { last_document_epoch: at.epoch, epoch: at.epoch, rows: 0, undecodable: 0 };
                 loop {
                     match docs.next_doc() {
                         Ok(Some((position, ids))) => {
                             last = TextState { taken: position.taken + 1, ..position };
+                            if let Err(e) = unused.check(position.epoch, &spec) {
+                                let _ = tx.send(Err(e));
+                                return;
+                            }
                             let Some(ids) = ids else {
                                 thread_stats.undecodable.fetch_add(1, Ordering::Relaxed);
+                                unused.rows += 1;
+                                unused.undecodable += 1;
                                 continue;
                             };
                             if ids.is_empty() {
+                                unused.rows += 1;
                                 continue;
                             }
+                            unused.last_document_epoch = position.epoch;
                             if !packer.add(&ids) {
                                 if !deliver(&mut packer, position) {
                                     return;

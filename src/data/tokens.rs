@@ -42,7 +42,7 @@ impl TokensFile {
         if max_target_length == 0 {
             return Err(DataError::ZeroLength);
         }
-        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let file = crate::input::open("dataset_path", path)?;
         let size = file.metadata().map_err(|e| DataError::io(path, e))?.len();
         // Saturating: an absurd length gives a row no file matches (an error below), not an overflow.
         let row_bytes = 4u64.saturating_mul((max_target_length as u64).saturating_add(1));

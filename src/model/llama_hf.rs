@@ -40,7 +40,7 @@ use serde_json::{json, Value};
 
 use super::config::Rope;
 use super::Model;
-use crate::config::{Config, DecoderBlock};
+use crate::config::{self, Config, DecoderBlock};
 use crate::pjrt::HostTensor;
 
 /// One layer's tensors: maxrs name (relative to the layer), Hugging Face name (relative to
@@ -65,53 +65,117 @@ const GLOBAL: &[(&str, &str, Option<usize>)] = &[
 ];
 
 /// maxrs configuration keys (`key=value` text) for a Hugging Face `config.json`; refuses what
-/// the Llama family here does not implement.
+/// the Llama family here does not implement, and every field it reads that has the wrong type
+/// or a value out of range (errors name the field and its value; the caller names the file).
 pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
-    let int = |key: &str| hf[key].as_i64().ok_or_else(|| anyhow!("config.json: `{key}` is missing or not an integer"));
+    let fields = Fields(hf);
     let block = match hf["model_type"].as_str() {
         Some("llama") => "llama2",
         Some("mistral") => "mistral",
-        other => bail!("config.json: model_type {other:?}; maxrs converts the Llama family: llama, mistral"),
+        _ => bail!("`model_type` is {}; maxrs converts the Llama family: \"llama\", \"mistral\"", hf["model_type"]),
     };
-    if let Some(act) = hf["hidden_act"].as_str().filter(|a| *a != "silu") {
-        bail!("config.json: hidden_act `{act}`; the Llama family here has a SwiGLU (silu) MLP");
+    match fields.text("hidden_act")? {
+        None | Some("silu") => {}
+        Some(act) => bail!("`hidden_act` is {act:?}; the Llama family here has a SwiGLU (silu) MLP"),
     }
     if !hf["rope_scaling"].is_null() {
-        bail!("config.json: rope_scaling {} (Llama 3.1's long-context RoPE) is not supported yet", hf["rope_scaling"]);
+        bail!("`rope_scaling` is {} (Llama 3.1's long-context RoPE): not supported yet", hf["rope_scaling"]);
     }
     for bias in ["attention_bias", "mlp_bias"] {
-        if hf[bias].as_bool() == Some(true) {
-            bail!("config.json: {bias}=true; the Llama family here has no biases");
+        if fields.flag(bias)? == Some(true) {
+            bail!("`{bias}` is true; the Llama family here has no biases");
         }
     }
-    // Mistral's banded causal mask (a key at most `window - 1` tokens back), as maxrs's mistral
-    // block applies `sliding_window_size`.
-    let window = match (block, hf["sliding_window"].as_i64()) {
-        ("mistral", Some(window)) => window,
-        _ => 0,
-    };
-    let (emb, heads) = (int("hidden_size")?, int("num_attention_heads")?);
-    let head_dim = hf["head_dim"].as_i64().unwrap_or(emb / heads);
-    let theta = hf["rope_theta"].as_f64().unwrap_or(10000.0);
-    if theta.fract() != 0.0 {
-        bail!("config.json: rope_theta {theta} is not an integer; maxrs's rope_max_timescale is");
+    let emb = fields.number("hidden_size", "base_emb_dim", None)?;
+    let heads = fields.number("num_attention_heads", "base_num_query_heads", None)?;
+    let kv_heads = fields.number("num_key_value_heads", "base_num_kv_heads", Some(heads))?;
+    if heads % kv_heads != 0 {
+        bail!("`num_key_value_heads` is {kv_heads}, which does not divide `num_attention_heads` {heads}");
     }
-    let eps = hf["rms_norm_eps"].as_f64().ok_or_else(|| anyhow!("config.json: `rms_norm_eps` is missing"))?;
+    // Hugging Face's default head size, `hidden_size // num_attention_heads`.
+    if hf["head_dim"].is_null() && emb < heads {
+        bail!("`hidden_size` {emb} is smaller than `num_attention_heads` {heads}: a head would have no dimensions");
+    }
+    let head_dim = fields.number("head_dim", "head_dim", Some(emb / heads))?;
+    let mlp = fields.number("intermediate_size", "base_mlp_dim", None)?;
+    let layers = fields.number("num_hidden_layers", "base_num_decoder_layers", None)?;
+    let vocab = fields.number("vocab_size", "vocab_size", None)?;
+    let eps = fields.value("rms_norm_eps", "normalization_layer_epsilon", None)?;
+    let theta = fields.number("rope_theta", "rope_max_timescale", Some(10000))?;
+    // Mistral's banded causal mask (a key at most `window - 1` tokens back), as maxrs's mistral
+    // block applies `sliding_window_size`; `null` is no window. Llama has no such field.
+    let window = if block == "mistral" { fields.window()? } else { 0 };
     Ok(vec![
         ("decoder_block".into(), block.into()),
         ("base_emb_dim".into(), emb.to_string()),
         ("base_num_query_heads".into(), heads.to_string()),
-        ("base_num_kv_heads".into(), hf["num_key_value_heads"].as_i64().unwrap_or(heads).to_string()),
+        ("base_num_kv_heads".into(), kv_heads.to_string()),
         ("head_dim".into(), head_dim.to_string()),
-        ("base_mlp_dim".into(), int("intermediate_size")?.to_string()),
-        ("base_num_decoder_layers".into(), int("num_hidden_layers")?.to_string()),
-        ("vocab_size".into(), int("vocab_size")?.to_string()),
+        ("base_mlp_dim".into(), mlp.to_string()),
+        ("base_num_decoder_layers".into(), layers.to_string()),
+        ("vocab_size".into(), vocab.to_string()),
         ("normalization_layer_epsilon".into(), format!("{eps:e}")),
-        ("rope_max_timescale".into(), (theta as i64).to_string()),
-        ("logits_via_embedding".into(), hf["tie_word_embeddings"].as_bool().unwrap_or(false).to_string()),
+        ("rope_max_timescale".into(), theta.to_string()),
+        ("logits_via_embedding".into(), fields.flag("tie_word_embeddings")?.unwrap_or(false).to_string()),
         ("mlp_activations".into(), "[silu, linear]".into()),
         ("sliding_window_size".into(), window.to_string()),
     ])
+}
+
+/// The fields of a Hugging Face `config.json`, each checked as it is read. A missing field and
+/// `null` are the same to `transformers` (its config classes default both).
+struct Fields<'a>(&'a Value);
+
+impl Fields<'_> {
+    /// Field `name` as a number in the range of the maxrs key `key` it becomes; `absent` when it
+    /// is missing or null (`None`: required).
+    fn value(&self, name: &str, key: &str, absent: Option<f64>) -> Result<f64> {
+        let range = config::range(key).expect("a numeric maxrs key");
+        let x = match &self.0[name] {
+            Value::Null => absent.ok_or_else(|| anyhow!("`{name}` is missing; it must be {range}"))?,
+            Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
+            other => bail!("`{name}` is {other}; it must be {range}"),
+        };
+        if !range.contains(x) || (range.minus_one && x == -1.0) {
+            bail!("`{name}` is {}; it must be {range} (maxrs's {key})", self.0[name]);
+        }
+        Ok(x)
+    }
+
+    fn number(&self, name: &str, key: &str, absent: Option<i64>) -> Result<i64> {
+        Ok(self.value(name, key, absent.map(|a| a as f64))? as i64)
+    }
+
+    /// `sliding_window`: null (no window, maxrs's 0) or a positive size.
+    fn window(&self) -> Result<i64> {
+        let value = &self.0["sliding_window"];
+        let range = config::Range { min: 1.0, ..config::range("sliding_window_size").expect("a numeric maxrs key") };
+        match value.as_f64() {
+            _ if value.is_null() => Ok(0),
+            Some(x) if range.contains(x) => Ok(x as i64),
+            _ => bail!(
+                "`sliding_window` is {value}; it must be null (no window) or {range} (maxrs's sliding_window_size)"
+            ),
+        }
+    }
+
+    /// A boolean field; `None` when missing.
+    fn flag(&self, name: &str) -> Result<Option<bool>> {
+        match &self.0[name] {
+            Value::Null => Ok(None),
+            Value::Bool(b) => Ok(Some(*b)),
+            other => bail!("`{name}` is {other}; it must be true or false"),
+        }
+    }
+
+    /// A string field; `None` when missing.
+    fn text(&self, name: &str) -> Result<Option<&str>> {
+        match &self.0[name] {
+            Value::Null => Ok(None),
+            Value::String(s) => Ok(Some(s)),
+            other => bail!("`{name}` is {other}; it must be a string"),
+        }
+    }
 }
 
 /// Refuses a model this layout does not describe: another family, Llama 3.1's RoPE (it rotates

@@ -80,10 +80,6 @@ impl Drop for FileWriter {
     }
 }
 
-pub(super) fn open(path: &Path) -> Result<File> {
-    File::open(path).map_err(|e| anyhow!("cannot open {}: {e}", path.display()))
-}
-
 pub(super) fn list_dir(path: &Path) -> Result<Vec<Entry>> {
     let entries = match fs::read_dir(path) {
         Ok(entries) => entries,

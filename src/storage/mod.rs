@@ -31,6 +31,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
+use crate::input::{self, Limit};
+
 /// Where a file or directory lives.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Location {
@@ -185,25 +187,38 @@ pub fn write(location: &Location, bytes: &[u8]) -> Result<()> {
     }
 }
 
-/// The whole file at `location`.
-pub fn read(location: &Location) -> Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    open_read(location)?.read_to_end(&mut bytes).map_err(|e| anyhow::anyhow!("reading {location}: {e}"))?;
-    Ok(bytes)
+/// The whole file at `location`, refused past `limit` bytes (a local one must be a regular
+/// file, see [`crate::input`]).
+pub fn read(location: &Location, limit: Limit) -> Result<Vec<u8>> {
+    match location {
+        Location::Local(path) => Ok(input::read("", path, limit)?),
+        Location::Gcs { .. } => {
+            let mut bytes = Vec::new();
+            open_read(location)?
+                .take(limit.bytes + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| anyhow::anyhow!("reading {location}: {e}"))?;
+            if bytes.len() as u64 > limit.bytes {
+                bail!("{location} is larger than the {limit} maxrs reads for {}", limit.of);
+            }
+            Ok(bytes)
+        }
+    }
 }
 
-/// A sequential reader of the file at `location`.
+/// A sequential reader of the file at `location` (a local one must be a regular file).
 pub fn open_read(location: &Location) -> Result<Box<dyn Read + Send>> {
     match location {
-        Location::Local(path) => Ok(Box::new(local::open(path)?)),
+        Location::Local(path) => Ok(Box::new(input::open("", path)?)),
         Location::Gcs { bucket, key } => Ok(Box::new(gcs::ObjectReader::open(bucket, key)?)),
     }
 }
 
-/// Whether a file exists at `location` (a directory is not a file).
+/// Whether a file exists at `location` (a directory is not a file; a FIFO or a device is, so
+/// that reading it is refused naming what it is, rather than the file looking absent).
 pub fn is_file(location: &Location) -> Result<bool> {
     match location {
-        Location::Local(path) => Ok(path.is_file()),
+        Location::Local(path) => Ok(std::fs::metadata(path).is_ok_and(|m| !m.is_dir())),
         Location::Gcs { bucket, key } => gcs::exists(bucket, key),
     }
 }
@@ -336,7 +351,8 @@ impl Appender {
         let inner = match location {
             Location::Local(path) => AppenderImpl::Local(crate::output::LockedAppend::open(key, path, truncate)?),
             Location::Gcs { .. } => {
-                let content = if !truncate && is_file(location)? { read(location)? } else { Vec::new() };
+                let content =
+                    if !truncate && is_file(location)? { read(location, input::RUN_LOG)? } else { Vec::new() };
                 let flushed = content.len();
                 AppenderImpl::Gcs { content, flushed }
             }

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use serde::Deserialize;
 
 use crate::gcloud;
@@ -83,7 +83,7 @@ impl Settings {
     /// Reads the `submit:` section of the YAML file at `path`; other top-level keys are left to
     /// whoever else reads the file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let text = crate::input::read_to_string("submit settings file", path, crate::input::SETTINGS)?;
         Self::parse(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
     }
 

@@ -36,6 +36,9 @@ pub struct ParamSpec {
 pub enum ParamsError {
     #[error("load_parameters_path={}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    /// Not a regular file (missing, a FIFO, a folder, ...).
+    #[error(transparent)]
+    Input(#[from] crate::input::InputError),
     #[error("load_parameters_path={}: not a safetensors file: {reason}", path.display())]
     Format { path: PathBuf, reason: String },
     #[error("{0}")]
@@ -145,7 +148,7 @@ pub(crate) fn convert_float(tensor: &HostTensor, to: ElementType) -> HostTensor 
 pub fn load_parameters(path: &Path, expected: &[ParamSpec]) -> Result<Params, ParamsError> {
     let io = |source| ParamsError::Io { path: path.to_owned(), source };
     let format = |reason: String| ParamsError::Format { path: path.to_owned(), reason };
-    let mut file = File::open(path).map_err(io)?;
+    let mut file = crate::input::open("load_parameters_path", path)?;
     let file_len = file.metadata().map_err(io)?.len();
 
     let mut len_bytes = [0u8; 8];

@@ -13,12 +13,24 @@
 //! (`tokenizer(text, truncation=True, max_length=...)`): the text's ids are cut so that BOS and
 //! EOS still fit. The padding id is the tokenizer's pad token, else its unknown token, else 0
 //! (MaxText uses -1 when both are missing, which is not a valid row of the embedding).
+//!
+//! MaxText tokenizes a document whole and then truncates it (`tokenization` in
+//! `src/maxtext/input_pipeline/input_pipeline_utils.py`, commit 9e49beb, calls the Hugging Face
+//! tokenizer with `truncation=True, max_length=...`, which cuts the ids after encoding all of
+//! the text), so one 50 MB line stalls the pipeline (issue 25: no training step in 90 s) to keep
+//! a few thousand ids. Here a document far longer than its kept tokens can span is cut first
+//! (`TextTokenizer::encode_leading`): the work is bounded by `max_target_length`, and the
+//! kept ids are the same.
 
 pub mod sentencepiece;
 
 use std::path::{Path, PathBuf};
 
 use super::error::DataError;
+use crate::input;
+
+/// The config key the tokenizer's files are named by, for errors.
+const KEY: &str = "tokenizer_path";
 
 /// A loaded tokenizer with MaxText's BOS/EOS handling.
 pub struct TextTokenizer {
@@ -30,7 +42,17 @@ pub struct TextTokenizer {
     add_bos: bool,
     add_eos: bool,
     vocab_size: usize,
+    /// The longest token's text in bytes: how much text one id can stand for (before
+    /// normalization).
+    max_token_bytes: usize,
 }
+
+/// Tokens a cut document's prefix must give beyond those kept, so that where the cut falls
+/// (inside a word, inside a merge) cannot change the kept ones.
+const CUT_MARGIN: usize = 64;
+/// A document is cut only when longer than this many times the text its kept tokens (plus the
+/// margin) can span: documents of ordinary length are tokenized whole, exactly as before.
+const CUT_SLACK: usize = 4;
 
 impl std::fmt::Debug for TextTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -61,7 +83,7 @@ impl TextTokenizer {
         }
         let path = PathBuf::from(path);
         let fail = |message: String| DataError::Tokenizer { path: path.clone(), message };
-        if !path.exists() {
+        if std::fs::symlink_metadata(&path).is_err() {
             return Err(fail("no such file or folder".into()));
         }
         let (inner, specials) = match tokenizer_type {
@@ -73,7 +95,7 @@ impl TextTokenizer {
                             .into(),
                     ));
                 }
-                let bytes = std::fs::read(&path).map_err(|e| DataError::io(&path, e))?;
+                let bytes = input::read(KEY, &path, input::TOKENIZER)?;
                 let loaded = sentencepiece::load(&bytes).map_err(|m| {
                     let hint = if bytes.first() == Some(&b'{') {
                         "; it looks like JSON: use tokenizer_type=huggingface for a tokenizer.json"
@@ -85,7 +107,7 @@ impl TextTokenizer {
                 let specials = Specials { bos: loaded.bos, eos: loaded.eos, pad: loaded.pad, unk: loaded.unk };
                 (loaded.tokenizer, specials)
             }
-            "huggingface" => load_huggingface(&path).map_err(fail)?,
+            "huggingface" => load_huggingface(&path)?,
             "tiktoken" => {
                 return Err(fail(
                     "tokenizer_type=tiktoken is not supported yet; use the model's tokenizer.json with \
@@ -104,7 +126,9 @@ impl TextTokenizer {
         if add_eos && specials.eos.is_none() {
             return Err(fail("the tokenizer declares no EOS token; set add_eos=false".into()));
         }
-        let vocab_size = inner.get_vocab(true).values().map(|&id| id as usize + 1).max().unwrap_or(0);
+        let vocab = inner.get_vocab(true);
+        let vocab_size = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+        let max_token_bytes = vocab.keys().map(String::len).max().unwrap_or(1).max(1);
         Ok(TextTokenizer {
             inner,
             path,
@@ -114,6 +138,7 @@ impl TextTokenizer {
             add_bos,
             add_eos,
             vocab_size,
+            max_token_bytes,
         })
     }
 
@@ -147,16 +172,36 @@ impl TextTokenizer {
     /// A document's ids: BOS/EOS as configured, truncated to `max_len` tokens keeping them
     /// (see the module docs); `max_len = usize::MAX` keeps everything.
     pub fn encode_document(&self, text: &str, max_len: usize) -> Result<Vec<i32>, String> {
-        let ids = self.encode_text(text)?;
         let bos = self.bos.filter(|_| self.add_bos);
         let eos = self.eos.filter(|_| self.add_eos);
         let room = max_len.saturating_sub(bos.is_some() as usize + eos.is_some() as usize);
+        let ids = self.encode_leading(text, room)?;
         let mut doc = Vec::with_capacity(ids.len().min(room) + 2);
         doc.extend(bos);
         doc.extend_from_slice(&ids[..ids.len().min(room)]);
         doc.extend(eos);
         doc.truncate(max_len);
         Ok(doc)
+    }
+
+    /// Ids of which the first `want` equal those of the whole text's, tokenizing only a
+    /// prefix of a long text: one `CUT_SLACK` times what `want + CUT_MARGIN` tokens can span,
+    /// doubled until it gives that many tokens (a normalizer may shrink text, e.g. collapse
+    /// runs of spaces) or is the whole text. The work is at most about twice the prefix that
+    /// holds the tokens, whatever the text's length.
+    fn encode_leading(&self, text: &str, want: usize) -> Result<Vec<i32>, String> {
+        let enough = want.saturating_add(CUT_MARGIN);
+        let mut budget = enough.saturating_mul(self.max_token_bytes).saturating_mul(CUT_SLACK);
+        loop {
+            if text.len() <= budget {
+                return self.encode_text(text);
+            }
+            let ids = self.encode_text(&text[..text.floor_char_boundary(budget)])?;
+            if ids.len() >= enough {
+                return Ok(ids);
+            }
+            budget = budget.saturating_mul(2);
+        }
     }
 
     /// Ids back to text (BOS, EOS, padding and special tokens skipped).
@@ -173,25 +218,29 @@ const EOS_NAMES: &[&str] = &["</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>"
 const PAD_NAMES: &[&str] = &["<pad>", "[PAD]", "<|pad|>"];
 const UNK_NAMES: &[&str] = &["<unk>", "[UNK]", "<|unk|>"];
 
-fn load_huggingface(path: &Path) -> Result<(tokenizers::Tokenizer, Specials), String> {
+fn load_huggingface(path: &Path) -> Result<(tokenizers::Tokenizer, Specials), DataError> {
+    let fail = |message: String| DataError::Tokenizer { path: path.to_path_buf(), message };
     let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
-    if !file.is_file() {
-        return Err(format!("is a folder without a tokenizer.json ({} does not exist)", file.display()));
+    if path.is_dir() && std::fs::symlink_metadata(&file).is_err() {
+        return Err(fail(format!("is a folder without a tokenizer.json ({} does not exist)", file.display())));
     }
-    let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| {
-        let hint = if std::fs::read(&file).map(|b| b.first() != Some(&b'{')).unwrap_or(false) {
+    let bytes = input::read(KEY, &file, input::TOKENIZER)?;
+    let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+        let hint = if bytes.first() != Some(&b'{') {
             "; a SentencePiece .model needs tokenizer_type=sentencepiece"
         } else {
             ""
         };
-        format!("not a Hugging Face tokenizer.json ({e}){hint}")
+        fail(format!("not a Hugging Face tokenizer.json ({e}){hint}"))
     })?;
     let config_path = file.with_file_name("tokenizer_config.json");
-    let config: Option<serde_json::Value> = match std::fs::read(&config_path) {
+    let config: Option<serde_json::Value> = match input::read(KEY, &config_path, input::SETTINGS) {
         Ok(bytes) => Some(
-            serde_json::from_slice(&bytes).map_err(|e| format!("{}: not valid JSON ({e})", config_path.display()))?,
+            serde_json::from_slice(&bytes)
+                .map_err(|e| fail(format!("{}: not valid JSON ({e})", config_path.display())))?,
         ),
-        Err(_) => None,
+        Err(e) if e.is_missing() => None,
+        Err(e) => return Err(e.into()),
     };
     let id_of = |key: &str, names: &[&str]| -> Option<u32> {
         let configured = config.as_ref().and_then(|c| c.get(key)).and_then(|v| match v {

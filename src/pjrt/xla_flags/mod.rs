@@ -10,6 +10,8 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
 
+use crate::input;
+
 /// The environment variable XLA reads its flags from (once per process, at client creation).
 pub const ENV: &str = "XLA_FLAGS";
 /// XLA's whitespace between flags.
@@ -65,9 +67,8 @@ impl XlaFlags {
         if trimmed.is_empty() || trimmed.starts_with('-') {
             return Self::parse(&value).map_err(|e| anyhow!("in {ENV}: {e:#}"));
         }
-        let text = std::fs::read_to_string(&value).map_err(|e| {
-            anyhow!("{ENV}={value:?} does not start with `--`, so XLA takes it as a file of flags, but it cannot be read: {e}")
-        })?;
+        let text = input::read_to_string(ENV, Path::new(&value), input::SETTINGS)
+            .map_err(|e| anyhow!("{e} (a value not starting with `--` names a file of flags to XLA)"))?;
         Self::parse(&text).map_err(|e| anyhow!("in the flags file {value} named by {ENV}: {e:#}"))
     }
 
@@ -153,8 +154,7 @@ impl fmt::Display for XlaFlags {
 /// character is `#` are comments (maxrs's own convention: XLA itself and `$(cat file)` do not
 /// understand comments, which is why the files in `xla_flags/` have none).
 pub fn load_flags_file(path: &Path) -> Result<XlaFlags> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| anyhow!("cannot read XLA flags file {}: {e}", path.display()))?;
+    let text = input::read_to_string("xla_flags_file", path, input::SETTINGS)?;
     let without_comments: String =
         text.lines().filter(|line| !line.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n");
     XlaFlags::parse(&without_comments).map_err(|e| anyhow!("in XLA flags file {}: {e:#}", path.display()))
@@ -234,7 +234,8 @@ pub fn apply_flags_file(name: &str, nodes: u32) -> Result<()> {
     };
     let mut flags = match builtin_flags_file(picked) {
         Some(text) => XlaFlags::parse(text)?,
-        None if Path::new(name).is_file() => load_flags_file(Path::new(name))?,
+        // Anything at the path is read as a file, so that a FIFO or folder is named for what it is.
+        None if Path::new(name).symlink_metadata().is_ok() => load_flags_file(Path::new(name))?,
         None => bail!(
             "xla_flags_file={name}: no such file, and not a built-in set (valid: a3mega, {})",
             BUILTIN_FLAGS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")

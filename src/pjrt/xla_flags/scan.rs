@@ -6,7 +6,6 @@
 //! in memory for the process and as a list in `<cache>/xla-flag-names/`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -36,7 +35,7 @@ pub(crate) fn known_names(plugin: &Path) -> Result<Arc<BTreeSet<String>>> {
         return Ok(names.clone());
     }
     let stored = disk_cache_path(&key);
-    let names = match std::fs::read_to_string(&stored) {
+    let names = match crate::input::read_to_string("XLA flag-name cache", &stored, crate::input::SETTINGS) {
         Ok(text) => text.lines().map(str::to_string).collect(),
         Err(_) => {
             let names = scan(plugin)?;
@@ -79,7 +78,7 @@ fn store(dest: &Path, names: &BTreeSet<String>) {
 
 /// Reads the file in chunks (plugins are 200-500 MB) and collects the names.
 fn scan(plugin: &Path) -> Result<BTreeSet<String>> {
-    let mut file = File::open(plugin).map_err(|e| anyhow!("cannot open plugin file {}: {e}", plugin.display()))?;
+    let mut file = crate::input::open("plugin", plugin)?;
     let finder = memmem::Finder::new(PREFIX);
     let mut names = BTreeSet::new();
     let mut buf = vec![0u8; CHUNK + MAX_NAME];
