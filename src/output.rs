@@ -254,8 +254,14 @@ fn check_output(name: &str, location: &Location, kind: Kind) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => bail!("{shown}: {e}"),
     }
+    // A run directory is not probed for writing: its writers (checkpoints, event files) fail
+    // when they write, and `on_checkpoint_error=continue` keeps training on a read-only disk
+    // (a run resumed from a checkpoint there is a valid use).
+    if kind == Kind::Dir {
+        return Ok(());
+    }
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let start = if matches!(kind, Kind::Dir | Kind::NewDir) { path.as_path() } else { parent };
+    let start = if kind == Kind::NewDir { path.as_path() } else { parent };
     // Missing directories are created when writing: the closest existing one must take new files.
     let existing = start.ancestors().find(|dir| dir.exists()).unwrap_or(Path::new("."));
     if !existing.is_dir() {

@@ -59,6 +59,22 @@ fn a_key_given_twice_on_the_command_line_is_refused_naming_both_values() {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
+/// `maxrs convert` layers the user's arguments over the model keys it reads from the source: a
+/// user's value that differs from the source's wins (it is given once), while a key the user
+/// gives twice is still refused.
+#[test]
+fn convert_takes_a_users_key_over_the_sources_and_refuses_it_twice() {
+    let d = tempfile::tempdir().unwrap();
+    let hf = d.path().join("hf");
+    crate::convert_hf::write_hf(&hf, &crate::convert_hf::random_checkpoint(7), true);
+    let (src, out) = (hf.to_str().unwrap(), d.path().join("out"));
+    // The bf16 source makes weight_dtype=bfloat16; the user asks for float32.
+    let done = maxrs(&["convert", "from-hf", src, out.to_str().unwrap(), "weight_dtype=float32"]);
+    assert!(done.status.success(), "{}", text(&done.stderr));
+    let e = refused(&["convert", "from-hf", src, d.path().join("o2").to_str().unwrap(), "steps=3", "steps=4"]);
+    assert!(e.contains("`steps` is given twice on the command line"), "{e}");
+}
+
 #[test]
 fn control_characters_in_values_are_shown_escaped() {
     let dir = tempfile::tempdir().unwrap();

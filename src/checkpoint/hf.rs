@@ -9,6 +9,7 @@
 //! (`StagedDir::write_whole`): it appears complete or not at all, and never over an existing one.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
@@ -197,10 +198,14 @@ fn cast(tensors: BTreeMap<String, HostTensor>, ty: ElementType) -> BTreeMap<Stri
     tensors.into_iter().map(|(n, t)| if t.ty == ty { (n, t) } else { (n.clone(), convert_float(&t, ty)) }).collect()
 }
 
-/// The maxrs config of a model given by `key=value` arguments (model keys first, the user's
-/// after them), and the decoder it describes.
-fn model_config(args: &[String]) -> Result<(Config, Model)> {
-    let c = config::load_args(args)?;
+/// The maxrs config of a model: the user's arguments `user` (a config file first, if any) over
+/// the model keys `derived` from the source checkpoint, and the decoder it describes.
+fn model_config(derived: &[String], user: &[String]) -> Result<(Config, Model)> {
+    // A config file may stand anywhere among the arguments; a second one is left to the loader,
+    // which names it as an argument that is not `key=value`.
+    let file = user.iter().position(|a| !a.contains('='));
+    let rest: Vec<String> = user.iter().enumerate().filter(|(i, _)| Some(*i) != file).map(|(_, a)| a.clone()).collect();
+    let c = config::load_over(file.map(|i| Path::new(user[i].as_str())), derived, &rest)?;
     let model = Model::from_config(&c).map_err(|e| anyhow!(e))?;
     Ok((c, model))
 }
@@ -217,10 +222,9 @@ pub fn from_hf(src: &Location, dst: &Location, dtype: Option<&str>, overrides: &
         Some(d) => element_type(d)?,
         None => tensors.values().next().map(|t| t.ty).ok_or_else(|| anyhow!("{src}: no tensors"))?,
     };
-    let mut args: Vec<String> = model_keys.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
-    args.push(format!("weight_dtype={}", dtype_name(ty)));
-    args.extend(overrides.iter().cloned());
-    let (c, model) = model_config(&args)?;
+    let mut derived: Vec<String> = model_keys.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+    derived.push(format!("weight_dtype={}", dtype_name(ty)));
+    let (c, model) = model_config(&derived, overrides)?;
     let params = cast(llama_hf::from_hf(&model, &tensors)?, ty);
     let snapshot = Snapshot {
         step: None,
@@ -258,18 +262,12 @@ pub fn to_hf(
     args: &[String],
 ) -> Result<Converted> {
     let is_checkpoint = storage::is_file(&src.join(MANIFEST_FILE))?;
-    let mut all_args = Vec::new();
-    if is_checkpoint {
-        let manifest = dir::read_manifest(src)?;
-        // A config file, if given, must come first.
-        let (file, rest): (Vec<&String>, Vec<&String>) = args.iter().partition(|a| !a.contains('='));
-        all_args.extend(file.into_iter().cloned());
-        all_args.extend(manifest.model.iter().map(|(k, v)| format!("{k}={}", plain(v))));
-        all_args.extend(rest.into_iter().cloned());
+    let derived: Vec<String> = if is_checkpoint {
+        dir::read_manifest(src)?.model.iter().map(|(k, v)| format!("{k}={}", plain(v))).collect()
     } else {
-        all_args.extend(args.iter().cloned());
-    }
-    let (c, model) = model_config(&all_args)?;
+        Vec::new()
+    };
+    let (c, model) = model_config(&derived, args)?;
     llama_hf::check_model(&c, &model)?;
     let weight = crate::runtime::element_type(model.config.weight_dtype);
     let ty = dtype.map(element_type).transpose()?.unwrap_or(weight);

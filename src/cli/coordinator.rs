@@ -28,7 +28,7 @@ pub fn run(a: CoordinatorArgs) -> Result<()> {
     if a.num_processes == 0 || a.num_processes > max {
         bail!("--num-processes {}: give 1 to {max} processes", a.num_processes);
     }
-    let c = config::load(None, &a.args)?;
+    let c = config::load_over(None, &[], &a.args)?;
     config::validate(&c, 1, 1)?;
     let bind = SocketAddr::from(([0, 0, 0, 0], a.port));
     let config = cluster::service_config(&c, a.num_processes);

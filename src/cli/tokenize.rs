@@ -37,7 +37,7 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     if inputs.is_empty() {
         bail!("no input files: give text, .jsonl or .parquet files or globs before the key=value settings");
     }
-    let c = config::load(None, &settings)?;
+    let c = config::load_over(None, &[], &settings)?;
     let column = match c.train_data_columns.as_slice() {
         [one] => one.clone(),
         other => bail!("train_data_columns={other:?}: give exactly one text column"),

@@ -135,6 +135,15 @@ pub fn resolve_args(args: &[String]) -> Result<Resolved, ConfigError> {
     resolve(config_path, overrides)
 }
 
+/// The user's `key=value` arguments `user` layered over `derived`, settings a command took from
+/// elsewhere (a checkpoint's model keys): a derived value gives way to the user's, while a key
+/// the user gives twice is refused as in [`resolve_args`].
+pub fn load_over(config_path: Option<&Path>, derived: &[String], user: &[String]) -> Result<Config, ConfigError> {
+    refuse_repeated(user)?;
+    let all: Vec<String> = derived.iter().chain(user).cloned().collect();
+    load(config_path, &all)
+}
+
 /// Loads the config file at `config_path` (none: only the built-in defaults), the model it
 /// selects, and the `key=value` `overrides`, later ones winning (callers layer their own
 /// settings this way; a user's command line goes through [`load_args`]); see the module docs

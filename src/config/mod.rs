@@ -21,7 +21,7 @@ pub use keys::{
     OnCheckpointError, PipelineSchedule, ProfilerKind, RematPolicy, RopeType, RuleAxes, SamplingStrategy,
     TokenizerType, WsdDecayStyle, MLP_ACTIVATIONS, MODEL_KEYS,
 };
-pub use load::{load, load_args, resolve, resolve_args, Resolved, Source};
+pub use load::{load, load_args, load_over, resolve, resolve_args, Resolved, Source};
 pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
 pub use pipeline::PipelinePlan;
