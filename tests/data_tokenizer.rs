@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use maxrs::data::TextTokenizer;
 use maxrs::pjrt::provision::{Provisioner, WheelPin};
 
-const MISTRAL: WheelPin =
+pub(crate) const MISTRAL: WheelPin =
     WheelPin { package: "mistral-common", version: "1.13.1", member: "mistral_common/data/tokenizer.model.v1" };
 
 fn data(name: &str) -> PathBuf {

