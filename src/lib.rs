@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod gcloud;
+pub mod host;
 pub mod inference;
 pub mod input;
 pub mod ir;

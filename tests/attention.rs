@@ -8,9 +8,9 @@
 //! reuses the saved output and statistics instead of recomputing the attention.
 
 use crate::common::{f64_tensor, rng, run, uniform};
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Prim, Program, Signature};
 use maxrs::model::attention::{attend, AttentionImpl, Mask};
-use maxrs::pjrt::HostTensor;
 use maxrs::runtime::compile;
 use maxrs::tensor::{checkpoint, trace, value_and_grad, RematPolicy, Tree};
 

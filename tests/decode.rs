@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use maxrs::checkpoint;
 use maxrs::config::{self, Config, DecoderBlock, Derived};
 use maxrs::data::tokenizer::TextTokenizer;
+use maxrs::host::HostTensor;
 use maxrs::inference::{Generation, ParamSource, Sampling, Session};
 use maxrs::ir::{DType, Signature};
 use maxrs::model::attention::{AttendOptions, KvCache, LayerCache, LayerContext};
 use maxrs::model::Model;
-use maxrs::pjrt::HostTensor;
 use maxrs::storage::Location;
 use maxrs::tensor::{random, trace, Tree};
 use maxrs::train::step::step_mesh;
@@ -312,7 +312,7 @@ fn maxrs(args: &[&str]) -> (bool, String, String) {
 fn save_params(c: &Config, dir: &Path) -> (PathBuf, PathBuf) {
     let host: BTreeMap<String, HostTensor> = params(c).into_iter().collect();
     let file = dir.join("params.safetensors");
-    maxrs::train::params_io::save_safetensors(&file, &host).unwrap();
+    maxrs::host::params_io::save_safetensors(&file, &host).unwrap();
     let step_dir = dir.join("checkpoints/1");
     let snapshot = checkpoint::Snapshot {
         step: Some(1),

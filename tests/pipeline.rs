@@ -9,7 +9,7 @@ use std::path::Path;
 
 use maxrs::config::{self, Config, Derived};
 use maxrs::data::{self, BatchIterator, ProcessShare};
-use maxrs::pjrt::HostTensor;
+use maxrs::host::HostTensor;
 use maxrs::runtime::{self, DeviceArray};
 use maxrs::tensor::Tree;
 use maxrs::train::pipeline::run::build;

@@ -3,10 +3,10 @@
 //! inside a scanned layer stack, donated parameters) that must give the numbers of 1 device.
 
 use crate::common::{max_rel_diff, rng, run, uniform};
+use maxrs::host::HostTensor;
+use maxrs::host::{assemble, shard};
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::lower::to_stablehlo;
-use maxrs::pjrt::HostTensor;
-use maxrs::runtime::{assemble, shard};
 use maxrs::sharding::{Mesh, PartitionSpec};
 use maxrs::tensor::{scan, trace, value_and_grad_with_aux, Tree};
 

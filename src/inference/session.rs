@@ -9,15 +9,16 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::checkpoint::{self, Expected};
 use crate::config::{Config, Derived};
+use crate::host::params_io::{load_parameters, ParamSpec, ParamsError};
+use crate::host::HostTensor;
 use crate::ir::Signature;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
-use crate::pjrt::{Client, HostTensor};
+use crate::pjrt::Client;
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::sharding::Mesh;
 use crate::storage::{self, Location};
 use crate::tensor::{random, trace, Tree};
-use crate::train::params_io::{load_parameters, ParamSpec, ParamsError};
 use crate::train::run::download;
 
 use super::programs::Engine;
@@ -306,7 +307,7 @@ fn init_params(model: &Model, client: &Client, seed: u32, prefill: &Compiled) ->
 
 /// A parameter file for another model, in one line: how many tensors are missing, unexpected
 /// or mis-shaped, with the first of each.
-fn one_line_mismatch(m: &crate::train::params_io::Mismatch) -> String {
+fn one_line_mismatch(m: &crate::host::params_io::Mismatch) -> String {
     let mut parts = Vec::new();
     if let Some((name, expected)) = m.wrong.first().map(|(n, e, f)| (n, format!("expected {e}, found {f}"))) {
         parts.push(format!("{} with the wrong shape or dtype (first: {name}: {expected})", m.wrong.len()));

@@ -5,7 +5,6 @@
 //! - [`metrics`]: per-step metrics, MaxText's log line, the `metrics_file` JSON-lines writer.
 //! - [`data_position`]: the data position a checkpoint records (the input pipeline of
 //!   `crate::data` makes the batches).
-//! - [`params_io`]: initial parameters from, and to, safetensors files.
 //! - [`outputs`], [`tensorboard`]: the run directory's config, metrics and TensorBoard events.
 //! - [`profiler`]: MaxText's `profiler` key (an XPlane trace through the plugin, or Nsight's
 //!   capture range) over the profiled steps.
@@ -17,7 +16,6 @@ pub mod health;
 pub mod metrics;
 pub mod optimizer;
 pub mod outputs;
-pub mod params_io;
 pub mod pipeline;
 pub mod profiler;
 pub mod run;

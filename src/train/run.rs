@@ -42,9 +42,9 @@ use super::flops::{self, StepShape};
 use super::health::Health;
 use super::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
 use super::outputs::{self, RunOutputs};
-use super::params_io::{load_parameters, ParamSpec};
 use super::profiler::StepProfiler;
 use super::step::{batch_inputs, step_mesh, TrainStep};
+use crate::host::params_io::{load_parameters, ParamSpec};
 
 /// Wall times of the start-up phases, in seconds.
 #[derive(Clone, Debug, Default)]
@@ -770,7 +770,7 @@ pub(super) fn load_parameter_arrays(
     c: &Config,
     expected: &[Expected],
     model_keys: &BTreeMap<String, serde_json::Value>,
-) -> Result<BTreeMap<String, crate::pjrt::HostTensor>> {
+) -> Result<BTreeMap<String, crate::host::HostTensor>> {
     let location = Location::parse(&c.load_parameters_path)?;
     let params: Vec<Expected> = expected.iter().filter(|e| e.name.starts_with("params.")).cloned().collect();
     let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
