@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use maxrs::checkpoint;
 use maxrs::config::{self, Config, DecoderBlock, Derived};
 use maxrs::data::tokenizer::TextTokenizer;
+use maxrs::files::Location;
 use maxrs::host::HostTensor;
 use maxrs::inference::{Generation, ParamSource, Sampling, Session};
 use maxrs::ir::{DType, Signature};
 use maxrs::model::attention::{AttendOptions, KvCache, LayerCache, LayerContext};
 use maxrs::model::Model;
-use maxrs::storage::Location;
 use maxrs::tensor::{random, trace, Tree};
 use maxrs::train::step::step_mesh;
 

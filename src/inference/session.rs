@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::checkpoint::{self, Expected};
 use crate::config::{Config, Derived};
+use crate::files::Location;
 use crate::host::params_io::{load_parameters, ParamSpec, ParamsError};
 use crate::host::HostTensor;
 use crate::ir::Signature;
@@ -17,7 +18,7 @@ use crate::model::Model;
 use crate::pjrt::Client;
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::sharding::Mesh;
-use crate::storage::{self, Location};
+use crate::storage;
 use crate::tensor::{random, trace, Tree};
 use crate::train::run::download;
 

@@ -15,7 +15,9 @@
 
 use serde_json::{Map, Value};
 
-use crate::storage::{Appender, Location};
+use crate::storage::Appender;
+
+use crate::files::Location;
 
 /// What is fixed for a run: the per-device work of a step and the device's peak.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -27,13 +27,14 @@ use crate::aot::artifact;
 use crate::checkpoint::{self, CheckpointManager, Checkpoints, DataState, Expected, OnError, Policy, Saved, Snapshot};
 use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived, OnCheckpointError};
+use crate::files::Location;
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
 use crate::output;
 use crate::pjrt::{self, Client, ReadyTime};
 use crate::runtime::{self, Compiled, DeviceArray};
-use crate::storage::{self, Location};
+use crate::storage;
 
 use crate::data::{self, Batch, BatchIterator, EvalData, ProcessShare};
 
