@@ -35,11 +35,11 @@ use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
 use crate::tensor::{checkpoint, einsum, scan, scan_reverse, stack, value_and_grad, Tensor, Tree};
-use crate::train::flops::{StepShape, StepTflops};
 
 use super::attention::{KvCache, LayerCache, LayerContext};
 use super::blocks::{Activation, Norm};
 use super::config::SHARED_KEYS;
+use super::flops::{StepShape, StepTflops};
 use super::moe;
 use super::params::{self, ParamDef, ParamInit};
 use super::{gemma, gemma2, gpt3, llama, mistral, mixtral, ModelConfig};

@@ -1,6 +1,6 @@
 //! The host side of training: what the loop needs around the compiled train step.
 //!
-//! - [`flops`]: MaxText's TFLOPs-per-step formula, peak TFLOP/s by device kind, MFU.
+//! - [`flops`]: peak TFLOP/s by device kind, MFU (the TFLOPs per step are the model's).
 //! - [`schedule`]: MaxText's learning-rate schedule (the reference the in-graph one must match).
 //! - [`metrics`]: per-step metrics, MaxText's log line, the `metrics_file` JSON-lines writer.
 //! - [`data_position`]: the data position a checkpoint records (the input pipeline of

@@ -39,13 +39,14 @@ use crate::storage;
 use crate::data::{self, Batch, BatchIterator, EvalData, ProcessShare};
 
 use super::data_position::DataPosition;
-use super::flops::{self, StepShape};
+use super::flops;
 use super::health::Health;
 use super::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
 use super::outputs::{self, RunOutputs};
 use super::profiler::StepProfiler;
 use super::step::{batch_inputs, step_mesh, TrainStep};
 use crate::host::params_io::{load_parameters, ParamSpec};
+use crate::model::flops::StepShape;
 
 /// Wall times of the start-up phases, in seconds.
 #[derive(Clone, Debug, Default)]
