@@ -19,7 +19,6 @@ use maxrs::ir::{DType, Signature};
 use maxrs::model::attention::{AttendOptions, KvCache, LayerCache, LayerContext};
 use maxrs::model::Model;
 use maxrs::tensor::{random, trace, Tree};
-use maxrs::train::step::step_mesh;
 
 /// Prompts of different lengths (the longest fills the prefill) and one idle batch row.
 const PROMPTS: &[&[i32]] = &[&[5, 17, 300, 2, 9], &[1, 2, 3, 4, 5, 6, 7, 8], &[42]];
@@ -51,7 +50,7 @@ fn params(c: &Config) -> Tree<HostTensor> {
 
 fn session(c: &Config, devices: usize, steps_per_call: i64) -> Session {
     let derived: Derived = config::validate(c, devices, 1).expect("valid config");
-    let mesh = step_mesh(&derived, &[(0..devices as i64).collect()]).unwrap();
+    let mesh = derived.mesh.step_mesh(&[(0..devices as i64).collect()]).unwrap();
     Session::new(c, &derived, mesh, &crate::common::client(), ParamSource::Host(&params(c)), steps_per_call)
         .expect("the decode programs compile")
 }

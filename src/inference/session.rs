@@ -20,7 +20,6 @@ use crate::runtime::{self, Compiled, DeviceArray};
 use crate::sharding::Mesh;
 use crate::storage;
 use crate::tensor::{random, trace, Tree};
-use crate::train::run::download;
 
 use super::programs::Engine;
 use super::sampling::Sampling;
@@ -258,7 +257,7 @@ fn read_params(c: &Config, model: &Model, path: &str) -> Result<Tree<HostTensor>
     }
     let file = match &location {
         Location::Local(file) => load_parameters(file, &expected_params(model)),
-        remote => load_parameters(&download(remote)?, &expected_params(model)),
+        remote => load_parameters(&storage::download(remote)?, &expected_params(model)),
     };
     let params = file.map_err(|e| match e {
         ParamsError::Mismatch(m) => anyhow!("{}", one_line_mismatch(&m)),

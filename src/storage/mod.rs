@@ -27,7 +27,7 @@ mod local;
 
 use std::io::{Read, Write};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::files::Location;
 use crate::input::{self, Limit};
@@ -116,6 +116,14 @@ pub fn open_read(location: &Location) -> Result<Box<dyn Read + Send>> {
         Location::Local(path) => Ok(Box::new(input::open("", path)?)),
         Location::Gcs { bucket, key } => Ok(Box::new(gcs::ObjectReader::open(bucket, key)?)),
     }
+}
+
+/// Copies a remote file into a temporary local file (deleted when dropped).
+pub fn download(remote: &Location) -> Result<tempfile::TempPath> {
+    let mut file = tempfile::NamedTempFile::new().context("creating a temporary file")?;
+    let mut input = open_read(remote)?;
+    std::io::copy(&mut input, file.as_file_mut()).with_context(|| format!("copying {remote} to a local file"))?;
+    Ok(file.into_temp_path())
 }
 
 /// Whether a file exists at `location` (a directory is not a file; a FIFO or a device is, so

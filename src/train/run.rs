@@ -44,7 +44,7 @@ use super::health::Health;
 use super::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
 use super::outputs::{self, RunOutputs};
 use super::profiler::StepProfiler;
-use super::step::{batch_inputs, step_mesh, TrainStep};
+use super::step::{batch_inputs, TrainStep};
 use crate::host::params_io::{load_parameters, ParamSpec};
 use crate::model::flops::StepShape;
 
@@ -102,11 +102,6 @@ pub struct RunReport {
     pub pipeline: Option<super::pipeline::run::PipelineReport>,
 }
 
-/// The devices of a one-process run: the plugin's client.
-pub fn client_for(c: &Config) -> Result<Client> {
-    Cluster::single().pjrt_client(c)
-}
-
 /// Total memory of this machine, from `/proc/meminfo` (Linux); `None` elsewhere.
 fn host_memory_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -162,8 +157,8 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     if derived.pipeline.is_some() {
         return super::pipeline::run::train(c, client, &derived, &granules);
     }
-    let step =
-        TrainStep::new(c, &derived, step_mesh(&derived, &granules).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
+    let step = TrainStep::new(c, &derived, derived.mesh.step_mesh(&granules).map_err(|e| anyhow!(e))?)
+        .map_err(|e| anyhow!(e))?;
     if logger {
         derived.print_summary(step.model.num_params());
         println!("{}", crate::model::attention::describe(c.attention, step.model.config.attention));
@@ -460,16 +455,8 @@ fn remote_dataset_copy(c: &Config) -> Result<Option<tempfile::TempPath>> {
     }
     match Location::parse(&c.dataset_path)? {
         Location::Local(_) => Ok(None),
-        remote => Ok(Some(download(&remote)?)),
+        remote => Ok(Some(storage::download(&remote)?)),
     }
-}
-
-/// Copies a remote file into a temporary local file (deleted when dropped).
-pub fn download(remote: &Location) -> Result<tempfile::TempPath> {
-    let mut file = tempfile::NamedTempFile::new().context("creating a temporary file")?;
-    let mut input = storage::open_read(remote)?;
-    std::io::copy(&mut input, file.as_file_mut()).with_context(|| format!("copying {remote} to a local file"))?;
-    Ok(file.into_temp_path())
 }
 
 /// Where each state array lives: its name, its input slot and the output that carries it.
@@ -787,7 +774,7 @@ pub(super) fn load_parameter_arrays(
             .collect();
         let local = match &location {
             Location::Local(path) => load_parameters(path, &specs)?,
-            remote => load_parameters(&download(remote)?, &specs)?,
+            remote => load_parameters(&storage::download(remote)?, &specs)?,
         };
         local.into_iter().map(|(name, tensor)| (format!("params.{name}"), tensor)).collect()
     };

@@ -37,16 +37,6 @@ pub fn batch_inputs(packed: bool) -> Vec<&'static str> {
     BATCH_INPUTS.iter().chain(extra).copied().collect()
 }
 
-/// The mesh the step is traced on, the same rule for `maxrs train` and `maxrs train-compile`:
-/// none on one device (a plain, unpartitioned program), else the configured mesh laid over
-/// `granules`, the device ids of each host (GPU) or slice (TPU).
-pub fn step_mesh(derived: &Derived, granules: &[Vec<i64>]) -> Result<Option<Mesh>, String> {
-    match granules.iter().map(Vec::len).sum::<usize>() {
-        1 => Ok(None),
-        _ => derived.mesh.physical(granules).map(Some),
-    }
-}
-
 /// Everything that decides the traced programs.
 #[derive(Clone, Debug)]
 pub struct TrainStep {
