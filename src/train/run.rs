@@ -23,7 +23,6 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::aot::artifact;
 use crate::checkpoint::{self, CheckpointManager, Checkpoints, DataState, Expected, OnError, Policy, Saved, Snapshot};
 use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived, OnCheckpointError};
@@ -33,6 +32,7 @@ use crate::lower::to_stablehlo;
 use crate::model::Model;
 use crate::output;
 use crate::pjrt::{self, Client, ReadyTime};
+use crate::runtime::artifact;
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::storage;
 
@@ -648,7 +648,7 @@ impl Evaluator {
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
 /// this program, these devices (`granules`: the device ids of each process) and this plugin
-/// build (see `aot::artifact`).
+/// build (see `runtime::artifact`).
 fn load_step(
     c: &Config,
     client: &Client,

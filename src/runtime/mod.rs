@@ -2,6 +2,10 @@
 //! program's mesh, device assignment in mesh order), split each host input into the blocks its
 //! sharding gives each device, execute, and reassemble the outputs from their shards.
 //! The only place where the tracer's types meet the runtime's (`DType` -> `ElementType`).
+//! [`artifact`] is the file a compiled train step travels in (`compiled_trainstep_file`): written
+//! by `maxrs train-compile`, loaded by `maxrs train` instead of compiling.
+
+pub mod artifact;
 
 use crate::host::{assemble, block_of, shard, ElementType, HostTensor};
 use crate::ir::{DType, Program};
