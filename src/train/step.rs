@@ -16,11 +16,12 @@
 //!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`, and
 //!   `metrics.<name>` for each auxiliary loss the model's layers report (`moe_lb_loss`).
 
+use crate::autodiff::value_and_grad_with_aux;
 use crate::config::{Config, DatasetType, Derived};
 use crate::ir::{DType, Program, Signature};
 use crate::model::Model;
 use crate::sharding::{Mesh, PartitionSpec};
-use crate::tensor::{random, scan, trace, value_and_grad_with_aux, Tensor, TraceError, Tree};
+use crate::tensor::{random, scan, trace, Tensor, TraceError, Tree};
 
 use super::optimizer::{AdamW, COUNT};
 
