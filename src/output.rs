@@ -5,9 +5,9 @@
 //!   may be an input of the command or another output (same path or same inode, so hard links
 //!   and symlinks count), and a directory written whole may not lie inside an input or hold one;
 //!   an output file may not be a FIFO, device or directory, and what may already be there is
-//!   its [`Kind`]'s rule (`files::check_output`); the closest existing directory must take new files; no input may be a
-//!   FIFO, device or (unless it may be) a directory. A refused path names its key, flag or
-//!   argument, its value quoted, and what would be valid.
+//!   its [`Kind`]'s rule (`files::check_output`); the closest existing directory must take new
+//!   files; no input may be a FIFO, device or (unless it may be) a directory. A refused path
+//!   names its key, flag or argument, its value quoted, and what would be valid.
 //! - [`check_paths`] is that check for the config keys of `train` and `train-compile`:
 //!   [`PATH_KEYS`] lists every config key that names a file and whether each command reads or
 //!   writes it; a new output (checkpoints, event files) adds a row there and writes through

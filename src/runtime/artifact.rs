@@ -67,7 +67,8 @@ pub struct ArtifactHeader {
     pub pipeline: Option<PipelineSection>,
 }
 
-/// What a pipelined step's file holds besides the common header (see `train::pipeline::aot`, written by `aot::pipeline`).
+/// What a pipelined step's file holds besides the common header (written by `aot::pipeline`,
+/// read by `train::pipeline::aot`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PipelineSection {
     /// The schedule as it runs: e.g. `1f1b`, 4 stages x 2 repeats, 8 microbatches.
