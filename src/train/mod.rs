@@ -9,8 +9,14 @@
 //! - [`profiler`]: MaxText's `profiler` key (an XPlane trace through the plugin, or Nsight's
 //!   capture range) over the profiled steps.
 //! - [`pipeline`]: pipeline parallelism: per-stage programs, schedules, and the host that drives them.
+//! - [`run`]: `maxrs train`'s job: start-up, then the one step loop (`step_loop`) over a step
+//!   executor (`executor`): the SPMD step (`spmd`, with its `eval`) or the pipelined one
+//!   (`pipeline::run`). Around it: where the state comes from (`restore`), what each step's
+//!   metrics go to (`recorder`), `signals`, `timing`, and the report a run returns (`report`).
 
 pub mod data_position;
+mod eval;
+mod executor;
 pub mod flops;
 pub mod health;
 pub mod metrics;
@@ -18,7 +24,14 @@ pub mod optimizer;
 pub mod outputs;
 pub mod pipeline;
 pub mod profiler;
+mod recorder;
+mod report;
+mod restore;
 pub mod run;
 pub mod schedule;
+mod signals;
+mod spmd;
 pub mod step;
+mod step_loop;
 pub mod tensorboard;
+mod timing;

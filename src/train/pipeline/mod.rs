@@ -7,9 +7,9 @@
 //! [`schedule`] gives (gpipe, 1f1b, interleaved 1f1b), one thread per stage, handing
 //! activations and their gradients between stages as device buffers ([`executor`]); after the
 //! last microbatch every stage updates its own parameters with the unpipelined step's AdamW,
-//! clipped by the gradient norm over all stages. [`run`] is `maxrs train`'s loop around it, and
-//! [`aot`] compiles the stage programs for a target and saves them with the schedule in one
-//! file.
+//! clipped by the gradient norm over all stages. [`run`] makes it a step executor of
+//! `maxrs train`'s one loop (`train::step_loop`), and [`aot`] compiles the stage programs for a
+//! target and saves them with the schedule in one file.
 //!
 //! The same global batch gives the same losses and parameters as the unpipelined step (up to
 //! rounding: tests/pipeline.rs checks 1e-5 in f32).

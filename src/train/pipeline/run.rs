@@ -1,45 +1,40 @@
-//! `maxrs train` with pipeline parallelism: the stage programs traced, compiled (or loaded from
-//! `compiled_trainstep_file`) and initialized, then the step loop with MaxText's log lines, and
-//! a summary that adds the measured bubble and the host's scheduling time per microbatch.
+//! The pipelined step executor of `maxrs train`'s loop (`train::run`): the stage programs
+//! traced, compiled (or loaded from `compiled_trainstep_file`) and initialized, each step run
+//! through the [`Pipeline`], and the summary line that adds the measured bubble and the host's
+//! scheduling time per microbatch.
+//!
+//! A pipelined step has run when `dispatch` returns (the stages' threads join), so the loop
+//! records it before reading the next batch. Its state lives on the stages and is not copied
+//! off yet: configs with stages refuse checkpoints and eval (`config::pipeline`).
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
-use super::executor::{Pipeline, StageExecutables};
+use super::executor::{Pipeline, StageExecutables, StepResult};
 use super::programs::{PipelineStep, StagePrograms};
 use super::schedule::Schedule;
-use crate::checkpoint::{self, Expected};
+use crate::checkpoint::Expected;
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
-use crate::data::{self, ProcessShare};
+use crate::data::{Batch, EvalData};
 use crate::lower::to_stablehlo;
-use crate::output;
+use crate::model::Model;
+use crate::host::HostTensor;
 use crate::pjrt::Client;
 use crate::runtime::{self, Compiled};
 use crate::tensor::Tree;
-use crate::train::metrics::{median_step_time_after, StepMetrics};
-use crate::train::outputs::RunOutputs;
-use crate::train::run::{self, RunReport, StartupTimes, StepRecorder};
-
-/// The pipeline's part of a run's report.
-#[derive(Clone, Debug, Default)]
-pub struct PipelineReport {
-    /// The schedule as it ran (`gpipe`, `1f1b`, `interleaved_1f1b`).
-    pub schedule: String,
-    /// `(stages - 1) / (repeats x microbatches + stages - 1)`.
-    pub theoretical_bubble: f64,
-    /// Per step: the stages' mean idle fraction between the first task's start and the last
-    /// task's end.
-    pub bubbles: Vec<f64>,
-    /// Per step: host seconds per microbatch that were neither execution nor waiting.
-    pub host_overhead_per_microbatch: Vec<f64>,
-}
+use crate::train::executor::{Initial, StepExecutor, StepPlan};
+use crate::train::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
+use crate::train::report::{PipelineReport, RunReport, StartupTimes};
+use crate::train::restore;
 
 /// The pipelined step of `c` on the devices of `granules`, compiled (or loaded from
-/// `compiled_trainstep_file`) and initialized; the start-up times go to `startup`.
+/// `compiled_trainstep_file`) and initialized (from `load_parameters_path`, else the init
+/// program); the start-up times go to `startup`.
 pub fn build(
     c: &Config,
     client: &Client,
@@ -47,139 +42,236 @@ pub fn build(
     granules: &[Vec<i64>],
     startup: &mut StartupTimes,
 ) -> Result<Pipeline> {
-    let plan = derived.pipeline.as_ref().ok_or_else(|| anyhow!("the config has no pipeline"))?;
-    let mesh =
-        derived.mesh.step_mesh(granules).map_err(|e| anyhow!(e))?.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
-    let step = PipelineStep::new(c, derived, mesh)?;
-    let schedule = Schedule::new(plan);
-    schedule.simulate(|_, _| 1.0).map_err(|e| anyhow!("pipeline_schedule={}: {e}", plan.schedule))?;
-
-    let t = Instant::now();
-    let programs: Vec<StagePrograms> = (0..plan.stages).map(|s| step.stage_programs(s)).collect::<Result<_>>()?;
-    startup.trace = t.elapsed().as_secs_f64();
-
-    let t = Instant::now();
-    diagnostics::set_phase(None, "compiling the pipeline stages");
-    let executables = match c.compiled_trainstep_file.as_str() {
-        "" => {
-            let mut lowering = 0.0;
-            // Stages between the first and the last run the same programs on other devices:
-            // each distinct program is compiled once and loaded onto the others' devices.
-            let mut compiled: HashMap<String, Vec<u8>> = HashMap::new();
-            let mut executables = Vec::new();
-            for (stage, stage_programs) in programs.iter().enumerate() {
-                executables.push(StageExecutables::build(stage, &step.layout, stage_programs, |name, program| {
-                    let t = Instant::now();
-                    let mlir = to_stablehlo(program);
-                    lowering += t.elapsed().as_secs_f64();
-                    let executable = match compiled.get(&mlir) {
-                        Some(bytes) => client.deserialize_with_options(bytes, &runtime::compile_options(program))?,
-                        None => {
-                            let executable = client
-                                .compile(&mlir, &runtime::compile_options(program))
-                                .with_context(|| format!("compiling the pipeline's {name}"))?;
-                            compiled.insert(mlir, executable.executable().serialize()?);
-                            executable
-                        }
-                    };
-                    Compiled::new(program, executable)
-                })?);
-            }
-            startup.lower = lowering;
-            executables
-        }
-        path => super::aot::load(c, client, &step, &schedule, &programs, granules, Path::new(path))?,
-    };
-    startup.compile = t.elapsed().as_secs_f64() - startup.lower;
-
+    let mut executor = PipelinedPlan::new(c, derived, granules)?.compile(c, client, granules, startup)?;
     let t = Instant::now();
     diagnostics::set_phase(None, "initializing the state");
-    let mut pipeline = Pipeline::new(client, step, schedule, executables, derived.gradient_accumulation_steps)?;
-    let parameters = match c.load_parameters_path.as_str() {
-        "" => None,
-        _ => {
-            // The same loader as the unpipelined run's (a safetensors file or a checkpoint's
-            // parameters, local or gs://), then split over the stages by `initialize`.
-            let model = &pipeline.step.model;
-            let dtype = runtime::element_type(model.config.weight_dtype);
-            let expected: Vec<Expected> = model
-                .param_defs()
-                .into_iter()
-                .map(|d| Expected { name: format!("params.{}", d.name), ty: dtype, dims: d.shape })
-                .collect();
-            let arrays = run::load_parameter_arrays(c, &expected, &checkpoint::manifest::model_keys(c, model))?;
-            Some(arrays.into_iter().map(|(name, t)| (name["params.".len()..].to_string(), t)).collect::<Tree<_>>())
-        }
-    };
-    pipeline.initialize(parameters.as_ref())?;
+    let start = restore::initial_state(c, &executor.state_specs(), executor.model(), None)?;
+    executor.initialize(start.initial)?;
     startup.init = t.elapsed().as_secs_f64();
-    Ok(pipeline)
+    Ok(executor.pipeline)
 }
 
-/// Trains `c` with pipeline parallelism on `client`'s devices (one process).
-pub fn train(c: &Config, client: &Client, derived: &Derived, granules: &[Vec<i64>]) -> Result<RunReport> {
-    let plan = derived.pipeline.clone().ok_or_else(|| anyhow!("the config has no pipeline"))?;
-    let mut report = RunReport::default();
-    let model = crate::model::Model::from_config(c).map_err(|e| anyhow!(e))?;
-    derived.print_summary(model.num_params());
-    // Everything the run reads and writes is checked before the compile, as `run::train_in` does.
-    output::check_paths(c, output::Command::Train)?;
-    let mut data = data::open_train(c, derived.global_batch_size, ProcessShare::SINGLE, None)?;
-    let mut pipeline = build(c, client, derived, granules, &mut report.startup)?;
-    println!(
-        "start-up: trace {:.3} s, lower {:.3} s, compile {:.3} s, init {:.3} s",
-        report.startup.trace, report.startup.lower, report.startup.compile, report.startup.init
-    );
+/// The pipelined step of a run: its stage programs' plan and schedule, not yet traced.
+pub(in crate::train) struct PipelinedPlan {
+    step: PipelineStep,
+    schedule: Schedule,
+    /// Accumulation passes per step (`gradient_accumulation_steps`).
+    passes: usize,
+    global_batch: usize,
+    /// The report's schedule and theoretical bubble.
+    report: PipelineReport,
+}
 
-    let devices = client.devices()?;
-    let work = run::per_device_work(c, &model, derived, devices.first().map(|d| d.kind.as_str()).unwrap_or(""));
-    report.tflops_per_device = work.tflops;
-    let mut outputs = RunOutputs::open(c, 0)?;
-    let mut pipeline_report = PipelineReport {
-        schedule: plan.schedule_name().to_string(),
-        theoretical_bubble: plan.theoretical_bubble(),
-        ..PipelineReport::default()
-    };
-    let skip = c.skip_first_n_steps_for_profiler.max(0) as usize;
+impl PipelinedPlan {
+    pub fn new(c: &Config, derived: &Derived, granules: &[Vec<i64>]) -> Result<PipelinedPlan> {
+        let plan = derived.pipeline.as_ref().ok_or_else(|| anyhow!("the config has no pipeline"))?;
+        let mesh =
+            derived.mesh.step_mesh(granules).map_err(|e| anyhow!(e))?.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
+        let step = PipelineStep::new(c, derived, mesh)?;
+        let schedule = Schedule::new(plan);
+        schedule.simulate(|_, _| 1.0).map_err(|e| anyhow!("pipeline_schedule={}: {e}", plan.schedule))?;
+        let report = PipelineReport {
+            schedule: plan.schedule_name().to_string(),
+            theoretical_bubble: plan.theoretical_bubble(),
+            ..PipelineReport::default()
+        };
+        Ok(PipelinedPlan {
+            step,
+            schedule,
+            passes: derived.gradient_accumulation_steps,
+            global_batch: derived.global_batch_size,
+            report,
+        })
+    }
+}
 
-    let steps = derived.steps as u64;
-    let bar = run::progress_bar(steps);
-    let mut recorder = StepRecorder::new(c, &bar, true);
-    let mut last = Instant::now();
-    for step_index in 0..steps {
-        diagnostics::step_started(step_index);
-        diagnostics::set_phase(Some(step_index), "reading the batch");
-        let batch = data.next_batch()?.ok_or_else(|| anyhow!("step {step_index}: the training data ran out"))?;
-        diagnostics::set_phase(Some(step_index), "running the pipeline stages");
-        let result = pipeline.step(&batch).with_context(|| format!("step {step_index}"))?;
-        let now = Instant::now();
-        let metrics = StepMetrics {
-            step: step_index,
+impl StepPlan for PipelinedPlan {
+    type Executor = PipelinedStep;
+
+    fn model(&self) -> &Model {
+        &self.step.model
+    }
+
+    fn compile(
+        self,
+        c: &Config,
+        client: &Client,
+        granules: &[Vec<i64>],
+        startup: &mut StartupTimes,
+    ) -> Result<PipelinedStep> {
+        let PipelinedPlan { step, schedule, passes, global_batch, report } = self;
+        let t = Instant::now();
+        let programs: Vec<StagePrograms> =
+            (0..step.layout.stages).map(|s| step.stage_programs(s)).collect::<Result<_>>()?;
+        startup.trace = t.elapsed().as_secs_f64();
+
+        let t = Instant::now();
+        diagnostics::set_phase(None, "compiling the pipeline stages");
+        let executables = match c.compiled_trainstep_file.as_str() {
+            "" => {
+                let (executables, lowering) = compile_stages(client, &step, &programs)?;
+                startup.lower = lowering;
+                executables
+            }
+            path => super::aot::load(c, client, &step, &schedule, &programs, granules, Path::new(path))?,
+        };
+        startup.compile = t.elapsed().as_secs_f64() - startup.lower;
+        let pipeline = Pipeline::new(client, step, schedule, executables, passes)?;
+        Ok(PipelinedStep { pipeline, global_batch, report, last_done: None })
+    }
+}
+
+/// Lowers and compiles every stage's programs; returns them with the seconds spent lowering.
+fn compile_stages(
+    client: &Client,
+    step: &PipelineStep,
+    programs: &[StagePrograms],
+) -> Result<(Vec<StageExecutables>, f64)> {
+    let mut lowering = 0.0;
+    // Stages between the first and the last run the same programs on other devices: each
+    // distinct program is compiled once and loaded onto the others' devices.
+    let mut compiled: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut executables = Vec::new();
+    for (stage, stage_programs) in programs.iter().enumerate() {
+        executables.push(StageExecutables::build(stage, &step.layout, stage_programs, |name, program| {
+            let t = Instant::now();
+            let mlir = to_stablehlo(program);
+            lowering += t.elapsed().as_secs_f64();
+            let executable = match compiled.get(&mlir) {
+                Some(bytes) => client.deserialize_with_options(bytes, &runtime::compile_options(program))?,
+                None => {
+                    let executable = client
+                        .compile(&mlir, &runtime::compile_options(program))
+                        .with_context(|| format!("compiling the pipeline's {name}"))?;
+                    compiled.insert(mlir, executable.executable().serialize()?);
+                    executable
+                }
+            };
+            Compiled::new(program, executable)
+        })?);
+    }
+    Ok((executables, lowering))
+}
+
+/// The compiled pipeline, its state on the stages, and the report of its bubbles.
+pub(in crate::train) struct PipelinedStep {
+    pipeline: Pipeline,
+    global_batch: usize,
+    report: PipelineReport,
+    /// When the last step ended (none before the first, or after a pause).
+    last_done: Option<Instant>,
+}
+
+/// A step that ran, with when it started and ended.
+pub(in crate::train) struct Ran {
+    step: u64,
+    result: StepResult,
+    started: Instant,
+    done: Instant,
+}
+
+impl StepExecutor for PipelinedStep {
+    /// The whole global batch: the pipeline splits it into microbatches.
+    type Fed = Batch;
+    type InFlight = Ran;
+    const RUNS_AHEAD: bool = false;
+
+    fn model(&self) -> &Model {
+        &self.pipeline.step.model
+    }
+
+    /// The parameters, as `load_parameters_path` reads them: the stages' optimizer state is not
+    /// saved or restored yet.
+    fn state_specs(&self) -> Vec<Expected> {
+        let model = &self.pipeline.step.model;
+        let dtype = runtime::element_type(model.config.weight_dtype);
+        model
+            .param_defs()
+            .into_iter()
+            .map(|d| Expected { name: format!("params.{}", d.name), ty: dtype, dims: d.shape })
+            .collect()
+    }
+
+    /// The init program's state, its parameters split over the stages; or the given parameters
+    /// (the model's full layout), split by the layout.
+    fn initialize(&mut self, initial: Initial) -> Result<()> {
+        let parameters = match initial {
+            Initial::Fresh => None,
+            Initial::Parameters(arrays) => {
+                Some(arrays.into_iter().map(|(name, t)| (name["params.".len()..].to_string(), t)).collect::<Tree<_>>())
+            }
+            Initial::State(_) => {
+                bail!("restoring a whole training state with pipeline parallelism is not supported yet")
+            }
+        };
+        self.pipeline.initialize(parameters.as_ref())
+    }
+
+    /// All of it: a pipeline runs in one process.
+    fn local_rows(&self) -> Range<usize> {
+        0..self.global_batch
+    }
+
+    fn feed(&self, batch: Batch) -> Result<Batch> {
+        Ok(batch)
+    }
+
+    fn dispatch(&mut self, step: u64, batch: Batch) -> Result<Ran> {
+        diagnostics::step_started(step);
+        diagnostics::set_phase(Some(step), "running the pipeline stages");
+        let started = Instant::now();
+        let result = self.pipeline.step(&batch).with_context(|| format!("step {step}"))?;
+        Ok(Ran { step, result, started, done: Instant::now() })
+    }
+
+    /// The step took from the previous step's end (the first: its start) to its own.
+    fn finish(&mut self, ran: Ran, work: PerDeviceWork) -> Result<StepMetrics> {
+        let Ran { step, result, started, done } = ran;
+        let step_time_seconds = (done - self.last_done.unwrap_or(started)).as_secs_f64();
+        self.last_done = Some(done);
+        self.report.bubbles.push(result.timeline.bubble());
+        self.report.host_overhead_per_microbatch.push(result.host_overhead_per_microbatch);
+        diagnostics::step_finished(step);
+        Ok(StepMetrics {
+            step,
             loss: result.loss,
             grad_norm: result.grad_norm,
             learning_rate: result.learning_rate,
             total_weights: result.total_weights as u64,
             moe_lb_loss: result.aux_losses.get("moe_lb_loss").copied(),
-            step_time_seconds: (now - last).as_secs_f64(),
+            step_time_seconds,
             work,
-        };
-        last = now;
-        recorder.record(metrics, &mut report, &mut outputs)?;
-        pipeline_report.bubbles.push(result.timeline.bubble());
-        pipeline_report.host_overhead_per_microbatch.push(result.host_overhead_per_microbatch);
-        diagnostics::step_finished(step_index);
+        })
     }
-    bar.finish_and_clear();
-    if let Some(step_index) = recorder.last_step {
-        outputs.flush(step_index)?;
+
+    fn pause_timing(&mut self) {
+        self.last_done = None;
     }
-    diagnostics::set_phase(None, "finished training");
-    report.perf_skipped_steps = skip;
-    report.peak_memory_bytes = run::peak_memory(&client.addressable_devices()?);
-    run::print_summary(&report, &work);
-    print_pipeline_summary(&pipeline_report, skip);
-    report.pipeline = Some(pipeline_report);
-    Ok(report)
+
+    /// Not measured: the host never runs ahead of the stages; their idle share within a step is
+    /// the bubble.
+    fn device_idle_fraction(&self) -> Option<f64> {
+        None
+    }
+
+    fn open_eval(&mut self, _: EvalData, _: usize) -> Result<()> {
+        bail!("eval with pipeline parallelism is not supported yet")
+    }
+
+    fn eval(&mut self, _: u64, _: i64) -> Result<EvalMetrics> {
+        bail!("eval with pipeline parallelism is not supported yet")
+    }
+
+    fn state_arrays(&mut self) -> Result<Vec<(String, HostTensor)>> {
+        bail!("checkpoints with pipeline parallelism are not supported yet")
+    }
+
+    fn summarize(self, report: &mut RunReport, skipped_steps: usize, logger: bool) {
+        if logger {
+            print_pipeline_summary(&self.report, skipped_steps);
+        }
+        report.pipeline = Some(self.report);
+    }
 }
 
 /// The bubble line: the median over the steps after the skipped ones, as the step time's

@@ -1,0 +1,109 @@
+//! The training loop's view of a train step. A [`StepPlan`] is the step built for the run's
+//! devices before the compile (start-up checks the run against its model); compiling it gives a
+//! [`StepExecutor`], which holds the state on the devices and runs steps. Two implement them:
+//! the SPMD step ([`super::spmd`]: one executable over every device) and the pipelined one
+//! ([`super::pipeline::run`]: programs per stage, driven by the host).
+//!
+//! Everything around the step (start-up, data, metrics, health, when to evaluate and
+//! checkpoint, profiler, signals, report) is written once, in [`super::run`]. An executor that
+//! cannot copy its state off the devices or evaluate yet (the pipelined one: a config with
+//! stages refuses checkpoints and eval) says so from those methods; supporting them means
+//! implementing those methods, not another loop.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use anyhow::Result;
+
+use crate::checkpoint::Expected;
+use crate::config::Config;
+use crate::data::{Batch, EvalData};
+use crate::model::Model;
+use crate::host::HostTensor;
+use crate::pjrt::Client;
+
+use super::metrics::{EvalMetrics, PerDeviceWork, StepMetrics};
+use super::report::{RunReport, StartupTimes};
+
+/// A train step built for the run's devices, not yet compiled.
+pub(super) trait StepPlan {
+    type Executor: StepExecutor;
+
+    /// The model the step trains.
+    fn model(&self) -> &Model;
+
+    /// Traces, lowers and compiles the step (or loads it from `compiled_trainstep_file`) on the
+    /// devices of `granules` (the device ids of each process), timing the phases in `startup`.
+    /// The state is empty until [`StepExecutor::initialize`].
+    fn compile(
+        self,
+        c: &Config,
+        client: &Client,
+        granules: &[Vec<i64>],
+        startup: &mut StartupTimes,
+    ) -> Result<Self::Executor>;
+}
+
+/// Where the initial state comes from (`run`'s start-up decides).
+pub(super) enum Initial {
+    /// The init program (`init_weights_seed`).
+    Fresh,
+    /// These parameters (`params.…`) and a fresh optimizer state.
+    Parameters(BTreeMap<String, HostTensor>),
+    /// A whole state (every array of [`StepExecutor::state_specs`]), from a checkpoint.
+    State(BTreeMap<String, HostTensor>),
+}
+
+/// A compiled train step and its state on the devices.
+pub(super) trait StepExecutor {
+    /// A step's batch where the step reads it.
+    type Fed;
+    /// A dispatched step whose metrics have not been read.
+    type InFlight;
+    /// Whether [`StepExecutor::dispatch`] returns while the devices still run the step: the loop
+    /// then reads the next batch and the previous step's metrics meanwhile. Otherwise the step
+    /// has run when `dispatch` returns, and the loop records it before reading the next batch.
+    const RUNS_AHEAD: bool;
+
+    fn model(&self) -> &Model;
+
+    /// The arrays of the state a checkpoint holds, by their names in checkpoint files.
+    fn state_specs(&self) -> Vec<Expected>;
+
+    /// Creates the state on the devices.
+    fn initialize(&mut self, initial: Initial) -> Result<()>;
+
+    /// The rows of the global batch this process's devices hold.
+    fn local_rows(&self) -> Range<usize>;
+
+    /// Puts a batch (this process's share of the global batch) where the step reads it.
+    fn feed(&self, batch: Batch) -> Result<Self::Fed>;
+
+    /// Starts step `step` on `batch`; its new state replaces the old.
+    fn dispatch(&mut self, step: u64, batch: Self::Fed) -> Result<Self::InFlight>;
+
+    /// Reads a dispatched step's metrics (waiting for it) and times it.
+    fn finish(&mut self, flight: Self::InFlight, work: PerDeviceWork) -> Result<StepMetrics>;
+
+    /// The host did work it was asked for (an eval, a checkpoint copy) with the devices drained:
+    /// that time is not the next step's.
+    fn pause_timing(&mut self);
+
+    /// The devices' idle share between steps, where the executor measures it.
+    fn device_idle_fraction(&self) -> Option<f64>;
+
+    /// Compiles the eval step, which reads `data` in batches of `rows` rows.
+    fn open_eval(&mut self, data: EvalData, rows: usize) -> Result<()>;
+
+    /// One pass over the eval data (at most `eval_steps` batches when positive) with the state
+    /// after `after_step`.
+    fn eval(&mut self, after_step: u64, eval_steps: i64) -> Result<EvalMetrics>;
+
+    /// The state, copied off the devices (each array assembled from its shards), for a
+    /// checkpoint.
+    fn state_arrays(&mut self) -> Result<Vec<(String, HostTensor)>>;
+
+    /// Adds the executor's part to the finished run's report (and prints it, on the process
+    /// that logs); `skipped_steps` are left out of medians as in the summary.
+    fn summarize(self, report: &mut RunReport, skipped_steps: usize, logger: bool);
+}

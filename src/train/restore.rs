@@ -1,0 +1,119 @@
+//! Where a run's state comes from, in MaxText's order: the run's own checkpoints, else
+//! `load_full_state_path` or `load_parameters_path`, else the init program; and where the run's
+//! checkpoints go (`enable_checkpointing`) and by which policy.
+
+use std::collections::BTreeMap;
+
+use anyhow::{anyhow, Context, Result};
+
+use crate::checkpoint::{self, Checkpoints, Expected, OnError, Policy};
+use crate::config::{Config, OnCheckpointError};
+use crate::model::Model;
+use crate::host::HostTensor;
+use crate::files::Location;
+use crate::storage;
+
+use super::executor::Initial;
+use super::outputs;
+use crate::host::params_io::{load_parameters, ParamSpec};
+
+/// The state a run starts from.
+pub(super) struct Start {
+    pub initial: Initial,
+    pub first_step: u64,
+    /// The data position to continue from (a resumed run only).
+    pub data: Option<serde_json::Value>,
+}
+
+/// MaxText's order (maxtext `src/maxtext/configs/base.yml`, checkpointing section, commit
+/// e591f30): the run's own newest good checkpoint; else `load_full_state_path` (parameters,
+/// optimizer state and step; the data starts over) or `load_parameters_path` (parameters; the
+/// optimizer state is fresh); else the init program. `expected` are the arrays of the step's
+/// state (`StepExecutor::state_specs`).
+pub(super) fn initial_state(
+    c: &Config,
+    expected: &[Expected],
+    model: &Model,
+    checkpoints: Option<&Checkpoints>,
+) -> Result<Start> {
+    let model_keys = checkpoint::manifest::model_keys(c, model);
+    if let Some(checkpoints) = checkpoints {
+        checkpoints.remove_incomplete()?;
+        if let Some(loaded) = checkpoints.restore_latest(expected, &model_keys)? {
+            let step_done =
+                loaded.manifest.step.ok_or_else(|| anyhow!("{}: the checkpoint has no step", loaded.location))?;
+            println!("resuming from the checkpoint of step {step_done} ({})", loaded.location);
+            let data = loaded.manifest.data.clone();
+            return Ok(Start { initial: Initial::State(loaded.arrays), first_step: step_done + 1, data });
+        }
+    }
+    if !c.load_full_state_path.is_empty() {
+        let dir = Location::parse(&c.load_full_state_path)?;
+        let loaded = checkpoint::dir::load(&dir, expected, &model_keys, false)
+            .with_context(|| format!("load_full_state_path={dir}"))?;
+        let step_done = loaded.manifest.step.ok_or_else(|| {
+            anyhow!("load_full_state_path={dir}: a parameters-only checkpoint (no step); use load_parameters_path")
+        })?;
+        println!("loaded the full state of step {step_done} from {dir}; training continues at step {}", step_done + 1);
+        return Ok(Start { initial: Initial::State(loaded.arrays), first_step: step_done + 1, data: None });
+    }
+    let initial = match c.load_parameters_path.as_str() {
+        "" => Initial::Fresh,
+        _ => Initial::Parameters(load_parameter_arrays(c, expected, &model_keys)?),
+    };
+    Ok(Start { initial, first_step: 0, data: None })
+}
+
+/// The parameters `load_parameters_path` names: a checkpoint directory (its `params`, float
+/// types converted to `weight_dtype`) or a safetensors file, local or gs://. Keys are the train
+/// step's names (`params.…`).
+fn load_parameter_arrays(
+    c: &Config,
+    expected: &[Expected],
+    model_keys: &BTreeMap<String, serde_json::Value>,
+) -> Result<BTreeMap<String, HostTensor>> {
+    let location = Location::parse(&c.load_parameters_path)?;
+    let params: Vec<Expected> = expected.iter().filter(|e| e.name.starts_with("params.")).cloned().collect();
+    let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
+    let arrays = if is_checkpoint {
+        checkpoint::dir::load(&location, &params, model_keys, true)
+            .with_context(|| format!("load_parameters_path={location}"))?
+            .arrays
+    } else {
+        let specs: Vec<ParamSpec> = params
+            .iter()
+            .map(|e| ParamSpec { name: e.name["params.".len()..].to_string(), ty: e.ty, dims: e.dims.clone() })
+            .collect();
+        let local = match &location {
+            Location::Local(path) => load_parameters(path, &specs)?,
+            remote => load_parameters(&storage::download(remote)?, &specs)?,
+        };
+        local.into_iter().map(|(name, tensor)| (format!("params.{name}"), tensor)).collect()
+    };
+    println!("loaded {} parameters from {location}", arrays.len());
+    Ok(arrays)
+}
+
+/// The run's checkpoints directory, when `enable_checkpointing` (validation made sure
+/// `base_output_directory` is set then).
+pub(super) fn run_checkpoints(c: &Config) -> Result<Option<Checkpoints>> {
+    if !c.enable_checkpointing {
+        return Ok(None);
+    }
+    let dir = outputs::run_dir(c)?.expect("validated: checkpointing has base_output_directory");
+    Ok(Some(Checkpoints::new(dir.join("checkpoints"))))
+}
+
+pub(super) fn checkpoint_policy(c: &Config) -> Policy {
+    Policy {
+        period: c.checkpoint_period as u64,
+        on_start: c.save_checkpoint_on_start,
+        on_completion: c.save_checkpoint_on_completion,
+        asynchronous: c.async_checkpointing,
+        keep: c.max_num_checkpoints_to_keep.map(|n| n as usize),
+        on_error: match c.on_checkpoint_error {
+            OnCheckpointError::Stop => OnError::Stop,
+            OnCheckpointError::Continue => OnError::Continue,
+        },
+    }
+}
