@@ -1,14 +1,15 @@
 //! `maxrs submit vertex|slurm|gke [options] -- train <config> key=value ...`: the local train
 //! command, run on a cluster. `--dry-run` prints exactly what would be submitted and exits;
-//! `--output FILE` (Slurm, GKE) writes it through `output::check` and `output::write_atomic`.
+//! `--output FILE` (Slurm, GKE) writes it through `output::check` and `files::write_atomic`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
+use maxrs::files::Kind;
+use maxrs::files::Location;
 use maxrs::gcloud;
-use maxrs::output::{self, Input, Kind, Output};
-use maxrs::storage::Location;
+use maxrs::output::{self, Input, Output};
 use maxrs::submit::settings::Settings;
 use maxrs::submit::vertex_api::{self, JobRef, RetryPolicy, VertexApi};
 use maxrs::submit::{self, auth, gke, machine, slurm, vertex, Job, Request};
@@ -380,5 +381,5 @@ fn check_output(path: Option<&Path>, force: bool, common: &Common) -> Result<()>
 /// `write_atomic` renames into place is created so).
 fn write_file(path: &Path, text: &str) -> Result<()> {
     use std::io::Write;
-    output::write_atomic(path, |file| file.write_all(text.as_bytes()))
+    maxrs::files::write_atomic(path, |file| file.write_all(text.as_bytes()))
 }

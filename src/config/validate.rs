@@ -535,7 +535,7 @@ fn check_outputs(c: &Config) -> Result<(), ConfigError> {
     for key in registry::keys_with(Role::Path).filter(|k| k.path.is_some_and(|p| p.remote)) {
         let value = values[key.name].as_str().unwrap_or_default();
         if !value.is_empty() {
-            crate::storage::Location::parse(value).map_err(|e| ConfigError::invalid(key.name, e.to_string()))?;
+            crate::files::Location::parse(value).map_err(|e| ConfigError::invalid(key.name, e.to_string()))?;
         }
     }
     Ok(())
