@@ -8,15 +8,16 @@
 //!   its [`Kind`]'s rule (`files::check_output`); the closest existing directory must take new
 //!   files; no input may be a FIFO, device or (unless it may be) a directory. A refused path
 //!   names its key, flag or argument, its value quoted, and what would be valid.
-//! - [`check_paths`] is that check for the config keys of `train` and `train-compile`:
-//!   [`PATH_KEYS`] lists every config key that names a file and whether each command reads or
-//!   writes it; a new output (checkpoints, event files) adds a row there and writes through
-//!   `crate::files` (`write_atomic`, `LockedAppend`) or `crate::storage`.
+//! - [`check_paths`] is that check for the config keys of `train` and `train-compile`: the
+//!   key registry's path keys (`config::registry`, role `Path`) say whether each command reads
+//!   or writes the file a key names; a new output (checkpoints, event files) is declared so there
+//!   and writes through `crate::files` (`write_atomic`, `LockedAppend`) or `crate::storage`.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 
+use crate::config::registry::{self, Access, Role};
 use crate::config::Config;
 use crate::files::{self, absolute, describe_special, same_file, shown, Kind, Location, NEW_DIR};
 use crate::pjrt::provision::PluginSpec;
@@ -28,47 +29,6 @@ pub enum Command {
     Train,
     TrainCompile,
 }
-
-/// What a command does with the file a key names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    Reads,
-    Writes,
-    Ignores,
-}
-
-/// A config key that names a file, and what `maxrs train` and `maxrs train-compile` do with it.
-#[derive(Clone, Copy, Debug)]
-pub struct PathKey {
-    pub key: &'static str,
-    pub train: Role,
-    pub train_compile: Role,
-    /// A directory is a valid value: a checkpoint to read, the run's output directory.
-    pub directory: bool,
-}
-
-impl PathKey {
-    pub fn role(&self, command: Command) -> Role {
-        match command {
-            Command::Train => self.train,
-            Command::TrainCompile => self.train_compile,
-        }
-    }
-}
-
-/// Every key that names a file. `plugin` is a file only when it is a path (not a plugin name).
-/// `base_output_directory` holds the run's directory (`run_name/`: checkpoints, metrics,
-/// TensorBoard events and profiles, `config.yml`).
-pub const PATH_KEYS: &[PathKey] = &[
-    PathKey { key: "base_output_directory", train: Role::Writes, train_compile: Role::Ignores, directory: true },
-    PathKey { key: "metrics_file", train: Role::Writes, train_compile: Role::Ignores, directory: false },
-    PathKey { key: "compiled_trainstep_file", train: Role::Reads, train_compile: Role::Writes, directory: false },
-    PathKey { key: "dataset_path", train: Role::Reads, train_compile: Role::Ignores, directory: false },
-    PathKey { key: "load_parameters_path", train: Role::Reads, train_compile: Role::Ignores, directory: true },
-    PathKey { key: "load_full_state_path", train: Role::Reads, train_compile: Role::Ignores, directory: true },
-    PathKey { key: "xla_flags_file", train: Role::Reads, train_compile: Role::Reads, directory: false },
-    PathKey { key: "plugin", train: Role::Reads, train_compile: Role::Reads, directory: false },
-];
 
 /// A file or directory a command reads.
 #[derive(Clone, Debug)]
@@ -107,16 +67,20 @@ fn path_value(c: &Config, key: &str) -> Option<PathBuf> {
 /// so a bad path costs nothing.
 pub fn check_paths(c: &Config, command: Command) -> Result<()> {
     let (mut inputs, mut outputs) = (Vec::new(), Vec::new());
-    for k in PATH_KEYS {
-        let Some(path) = path_value(c, k.key) else { continue };
+    for key in registry::keys_with(Role::Path) {
+        let (Some(path), Some(used)) = (path_value(c, key.name), key.path) else { continue };
         let location = Location::Local(path);
-        match k.role(command) {
-            Role::Reads => inputs.push(Input { name: k.key, location, directory: k.directory }),
-            Role::Writes => {
-                let kind = if k.directory { Kind::Dir } else { Kind::RunFile };
-                outputs.push(Output { name: k.key, location, kind });
+        let access = match command {
+            Command::Train => used.train,
+            Command::TrainCompile => used.train_compile,
+        };
+        match access {
+            Access::Reads => inputs.push(Input { name: key.name, location, directory: used.directory }),
+            Access::Writes => {
+                let kind = if used.directory { Kind::Dir } else { Kind::RunFile };
+                outputs.push(Output { name: key.name, location, kind });
             }
-            Role::Ignores => {}
+            Access::Ignores => {}
         }
     }
     check(&inputs, &outputs)

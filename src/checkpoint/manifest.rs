@@ -30,27 +30,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::registry::{self, Role};
 use crate::config::Config;
 use crate::model::Model;
 
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const FORMAT: &str = "maxrs-checkpoint";
 pub const VERSION: u32 = 1;
-
-/// The model's configuration keys that may change between a checkpoint and the run restoring
-/// it: activation numerics and sharding, not the state. Of the mixture-of-experts keys only the
-/// expert counts shape the parameters; how tokens are routed and weighted may change on resume.
-const RUN_TIME_KEYS: &[&str] = &[
-    "dtype",
-    "remat_policy",
-    "logical_axis_rules",
-    "capacity_factor",
-    "sparse_matmul",
-    "load_balance_loss_weight",
-    "float32_weight_sum",
-    "float32_gate_logits",
-    "moe_dispatch_no_expert_sharding",
-];
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FileEntry {
@@ -107,14 +93,15 @@ impl Manifest {
     }
 }
 
-/// The values of the keys that decide `model` (its `config_keys`, less [`RUN_TIME_KEYS`]) in
-/// `config`.
+/// The values of the keys that decide `model` in `config`: its `config_keys` of the model-shape
+/// role. The others (activation numerics and sharding, how experts route and weigh tokens) may
+/// change between a checkpoint and the run restoring it.
 pub fn model_keys(config: &Config, model: &Model) -> BTreeMap<String, serde_json::Value> {
     let all = serde_json::to_value(config).expect("Config serializes");
     model
         .config_keys()
         .into_iter()
-        .filter(|k| !RUN_TIME_KEYS.contains(k))
+        .filter(|k| registry::key(k).is_some_and(|k| k.role == Role::Model))
         .map(|k| (k.to_string(), all[k].clone()))
         .collect()
 }

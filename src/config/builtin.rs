@@ -1,8 +1,6 @@
-//! The configuration files compiled into the binary, so that a bare `maxrs train` works from any
-//! directory. The files on disk stay the source: these are `include_str!` copies of them.
-
-/// `configs/base.yml`.
-pub const BASE_YML: &str = include_str!("../../configs/base.yml");
+//! The model files compiled into the binary, so that a bare `maxrs train` works from any
+//! directory. The files on disk stay the source: these are `include_str!` copies of them. (The
+//! built-in `configs/base.yml` is generated from the key declarations, `docs::base_yml`.)
 
 /// `models/<name>.yml`, by name.
 pub const MODELS: &[(&str, &str)] = &[

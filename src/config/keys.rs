@@ -1,512 +1,546 @@
-//! The typed configuration: one field per key of `configs/base.yml`, with MaxText's names.
+//! Every configuration key, declared once: its Rust type, its default (`configs/base.yml`'s
+//! text), its meaning (the doc comment's first line; further lines are notes), its source and
+//! role, and its range (see `registry.rs` for what each part feeds). The typed [`Config`] and
+//! the registry table come out of this one `declare_keys!` invocation, in this order, which is
+//! also `configs/base.yml`'s and `--print-config`'s. A new key is one declaration here; then
+//! regenerate `configs/base.yml` and README's key table (`docs.rs` says how).
 //!
-//! The field list is the list of valid keys: loading checks every key against it (see `value.rs`),
-//! so adding a key here and a default in `configs/base.yml` is all a new key needs.
+//! The keys of `MaxText` are those of MaxText's `src/maxtext/configs/base.yml` at main e591f30,
+//! with MaxText's names and defaults unless a note says why maxrs differs; `Maxrs` keys are
+//! maxrs's own.
 
 use serde::{Deserialize, Serialize};
 
-use super::error::quote;
+use super::choices::{
+    none_or_int, AttentionKernel, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
+    OnCheckpointError, PipelineSchedule, ProfilerKind, RematPolicy, RopeType, SamplingStrategy, TokenizerType,
+    WsdDecayStyle,
+};
+use super::ranges::{
+    closed, int, int_or_fill, open, open_max, open_min, MAX_AXIS, MAX_EMB, MAX_HEADS, MAX_SECONDS, MAX_STEPS,
+};
+use super::registry::Access::{Ignores, Reads, Writes};
+use super::registry::Origin::{MaxText, Maxrs};
+use super::registry::{declare_keys, Families, Key, KeyType, Section};
 
-/// Declares a string-valued key's closed set of values; `VALUES` feeds error suggestions.
-macro_rules! string_enum {
-    ($(#[$meta:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? }) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-        pub enum $name {
-            $(#[serde(rename = $text)] $variant),+
-        }
+const ALL: Families = Families::All;
+const MISTRAL_GEMMA2: Families = Families::Only(&[DecoderBlock::Mistral, DecoderBlock::Gemma2]);
+const GEMMA2: Families = Families::Only(&[DecoderBlock::Gemma2]);
+const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
+const MIXTRAL: Families = Families::Only(&[DecoderBlock::Mixtral]);
 
-        impl $name {
-            /// Every accepted spelling, in declaration order.
-            pub const VALUES: &'static [&'static str] = &[$($text),+];
-
-            /// Every value, in declaration order.
-            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
-
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $text),+
-                }
-            }
-        }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
-string_enum!(
-    /// `dtype` (activations) and `weight_dtype` (parameters, optimizer state).
-    DType { Bfloat16 = "bfloat16", Float32 = "float32", Float16 = "float16" }
-);
-
-string_enum!(
-    /// What the backward pass recomputes instead of keeping from the forward pass.
-    RematPolicy {
-        Full = "full",
-        Minimal = "minimal",
-        MinimalWithContext = "minimal_with_context",
-        MinimalFlash = "minimal_flash",
-        SaveDotWithContextExceptMlp = "save_dot_with_context_except_mlp",
-        SaveDotExceptMlpwi = "save_dot_except_mlpwi",
-        SaveDotExceptMlp = "save_dot_except_mlp",
-        SaveQkvProj = "save_qkv_proj",
-        SaveOutProj = "save_out_proj",
-        None = "none",
-        SaveEverything = "save_everything",
+declare_keys! {
+    section "Run" {
+        /// The run's name: its directory under base_output_directory, and the metrics' run_name.
+        run_name: String = "" => MaxText.run(),
+        /// Selects models/<model_name>.yml; "default" is a tiny model that trains on CPU in seconds.
+        model_name: String = "default" => MaxText.run(),
+        /// Allow key=value to change keys that the model file sets.
+        override_model_config: bool = false => MaxText.run(),
+        /// When true, a layer's logical_axis_rules replace the table instead of merging by name.
+        override_logical_axis_rules: bool = false => MaxText.run().model_file(),
     }
-);
 
-string_enum!(
-    /// MaxText's `attention`: how attention is computed (see `model::attention::AttentionImpl`
-    /// for what each kind maps to in maxrs).
-    AttentionKernel {
-        Autoselected = "autoselected",
-        DotProduct = "dot_product",
-        Flash = "flash",
-        CudnnFlashTe = "cudnn_flash_te",
-        CudnnFlashJax = "cudnn_flash_jax",
+    /// Run outputs go to base_output_directory/run_name/ (a local path or gs://bucket/path):
+    /// checkpoints/<step>/, tensorboard/<run_name>/, metrics/, config.yml. Empty: no run outputs.
+    /// An empty run_name becomes <model_name>_<YYYY-MM-DD-HH-MM> (or $JOBSET_NAME), as in MaxText.
+    section "Output, metrics, profiler" {
+        /// The directory of the run outputs (local or gs://); empty: none.
+        base_output_directory: String = "" => MaxText.path(Writes, Ignores).directory().remote(),
+        /// File (local or gs://) that gets one JSON object per step; if empty, none.
+        metrics_file: String = "" => MaxText.path(Writes, Ignores).remote(),
+        /// How often TensorBoard events and the metrics files are flushed.
+        log_period: i64 = 100 => MaxText.run().range(int(1, MAX_STEPS)),
+        /// The profiler around the profiled steps: "" (none), xplane or nsys.
+        /// xplane: a trace TensorBoard's profile plugin opens, written through the PJRT plugin's
+        /// profiler to base_output_directory/run_name/tensorboard/plugins/profile/<time>/<host>.xplane.pb;
+        /// nsys: cudaProfilerStart/Stop around the profiled steps, for
+        /// `nsys profile --capture-range=cudaProfilerApi`.
+        profiler: ProfilerKind = "" => MaxText.run(),
+        /// The first profiled step; the steps before it are also left out of the run summary's step time and TFLOP/s.
+        skip_first_n_steps_for_profiler: i64 = 1 => MaxText.run().range(int(0, MAX_STEPS)),
+        /// How many steps are profiled: skip_first_n_steps_for_profiler .. + profiler_steps - 1.
+        profiler_steps: i64 = 5 => MaxText.run().range(int(1, MAX_STEPS)),
     }
-);
 
-string_enum!(
-    /// MaxText's `profiler`: none, an XPlane trace (TensorBoard's profile plugin), or the CUDA
-    /// profiler API around the profiled steps (for Nsight Systems).
-    ProfilerKind { None = "", Xplane = "xplane", Nsys = "nsys" }
-);
-
-string_enum!(
-    /// MaxText's `lr_schedule_type`: warmup then cosine decay, or warmup-stable-decay.
-    LrScheduleType { Cosine = "cosine", Wsd = "wsd" }
-);
-
-string_enum!(
-    /// MaxText's `wsd_decay_style`: the shape of the WSD schedule's decay.
-    WsdDecayStyle { Linear = "linear", Cosine = "cosine" }
-);
-
-string_enum!(
-    /// MaxText's `hardware` key.
-    Hardware { Cpu = "cpu", Gpu = "gpu", GpuMultiprocess = "gpu_multiprocess", Tpu = "tpu" }
-);
-
-string_enum!(
-    /// Where training batches come from.
-    DatasetType { Synthetic = "synthetic", Tokens = "tokens", Hf = "hf" }
-);
-
-string_enum!(
-    /// MaxText's `tokenizer_type`.
-    TokenizerType { SentencePiece = "sentencepiece", HuggingFace = "huggingface", Tiktoken = "tiktoken" }
-);
-
-string_enum!(
-    /// The order in which each pipeline stage runs its forward and backward work (`pipeline_schedule`,
-    /// the JaxPP fork's `schedule`): all forwards then all backwards, or one forward one backward
-    /// after a warm-up (interleaved over the repeats when `num_pipeline_repeats` > 1).
-    PipelineSchedule { Gpipe = "gpipe", OneFOneB = "1f1b", Interleaved1F1B = "interleaved_1f1b" }
-);
-
-string_enum!(
-    /// maxrs's `on_checkpoint_error`: what a failed checkpoint save does to the run.
-    OnCheckpointError { Stop = "stop", Continue = "continue" }
-);
-
-string_enum!(
-    /// MaxText's decoder block styles that maxrs implements, one family file each under
-    /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP.
-    DecoderBlock {
-        Llama2 = "llama2",
-        Mistral = "mistral",
-        Gemma = "gemma",
-        Gemma2 = "gemma2",
-        Gpt3 = "gpt3",
-        Mixtral = "mixtral",
+    /// In MaxText's order, a run starts from (1) the newest good checkpoint of this run
+    /// (base_output_directory/run_name/checkpoints/), else (2) load_parameters_path or
+    /// load_full_state_path (not both), else (3) fresh initial state.
+    section "Checkpointing" {
+        /// Save checkpoints (needs base_output_directory); false unlike MaxText, so quick runs write nothing.
+        enable_checkpointing: bool = false => MaxText.run(),
+        /// Initial parameters: a safetensors file in maxrs's parameter layout (see README), or a checkpoint directory (its parameters), local or gs://.
+        load_parameters_path: String = "" => MaxText.path(Reads, Ignores).directory().remote(),
+        /// Initial state: a checkpoint directory (parameters, optimizer state and step), local or gs://.
+        load_full_state_path: String = "" => MaxText.path(Reads, Ignores).directory().remote(),
+        /// Copy the state off the devices, write it from a background thread.
+        async_checkpointing: bool = true => MaxText.run(),
+        /// Save after every step s with s % checkpoint_period == 0.
+        checkpoint_period: i64 = 10000 => MaxText.run().range(int(1, MAX_STEPS)),
+        #[serde(deserialize_with = "none_or_int")]
+        /// How many checkpoints to keep, the newest; None keeps every checkpoint.
+        // There is at most one checkpoint per step.
+        max_num_checkpoints_to_keep: Option<i64> = None => MaxText.run().range(int(1, MAX_STEPS)),
+        /// Include step 0 in the schedule.
+        save_checkpoint_on_start: bool = true => MaxText.run(),
+        /// Save after the last step too.
+        save_checkpoint_on_completion: bool = true => MaxText.run(),
+        /// On SIGTERM (preemption), save the current step, then exit.
+        enable_autocheckpoint: bool = false => MaxText.run(),
+        /// Stop or continue training when a checkpoint save fails.
+        on_checkpoint_error: OnCheckpointError = "stop" => Maxrs.run(),
     }
-);
 
-string_enum!(
-    /// MaxText's `decode_sampling_strategy`: how `maxrs decode` picks each next token.
-    SamplingStrategy {
-        Greedy = "greedy",
-        Weighted = "weighted",
-        Nucleus = "nucleus",
-        Topk = "topk",
-        Composite = "composite",
+    section "Run directory" {
+        /// TensorBoard event files under base_output_directory/run_name/tensorboard/.
+        enable_tensorboard: bool = true => MaxText.run(),
+        /// Metrics files (one JSON object per step) in the run directory; true unlike MaxText.
+        /// metrics_step_<first>_to_step_<last>.txt every log_period steps under
+        /// base_output_directory/run_name/metrics/.
+        gcs_metrics: bool = true => MaxText.run(),
+        /// The resolved config as base_output_directory/run_name/config.yml; true unlike MaxText.
+        save_config_to_gcs: bool = true => MaxText.run(),
     }
-);
 
-string_enum!(
-    /// MaxText's `rope_type`: `default` (half-split RoPE) or `llama3.1` (Llama 3.1's scaled
-    /// frequencies on interleaved pairs); `yarn` is refused by validation as not supported yet.
-    RopeType { Default = "default", Llama31 = "llama3.1", Yarn = "yarn" }
-);
-
-/// The MLP activations maxrs implements (`mlp_activations` entries; MaxText's names: `gelu` is
-/// flax's tanh approximation).
-pub const MLP_ACTIVATIONS: &[&str] = &["silu", "gelu", "relu", "linear"];
-
-/// The closed set of values of a string key, if it has one.
-pub(crate) fn choices(key: &str) -> Option<&'static [&'static str]> {
-    match key {
-        "dtype" | "weight_dtype" => Some(DType::VALUES),
-        "remat_policy" => Some(RematPolicy::VALUES),
-        "attention" => Some(AttentionKernel::VALUES),
-        "profiler" => Some(ProfilerKind::VALUES),
-        "lr_schedule_type" => Some(LrScheduleType::VALUES),
-        "wsd_decay_style" => Some(WsdDecayStyle::VALUES),
-        "hardware" => Some(Hardware::VALUES),
-        "dataset_type" => Some(DatasetType::VALUES),
-        "tokenizer_type" => Some(TokenizerType::VALUES),
-        "decoder_block" => Some(DecoderBlock::VALUES),
-        "decode_sampling_strategy" => Some(SamplingStrategy::VALUES),
-        "rope_type" => Some(RopeType::VALUES),
-        "on_checkpoint_error" => Some(OnCheckpointError::VALUES),
-        "pipeline_schedule" => Some(PipelineSchedule::VALUES),
-        _ => None,
+    /// models/<model_name>.yml overrides these.
+    section "Model" {
+        /// The decoder family, one file each under src/model/.
+        /// llama2, mistral (llama2's block plus sliding_window_size), gemma, gemma2, gpt3,
+        /// mixtral (llama2 with routed experts).
+        decoder_block: DecoderBlock = "llama2" => MaxText.model(ALL).model_file(),
+        /// A power of two that scales the base_* sizes as MaxText does.
+        /// With log2(scale) = 3q + r: emb x 2^(q + [r > 1]), query and kv heads and mlp x
+        /// 2^(q + [r > 0]), layers x 2^q (head_dim is not scaled).
+        // A power of two (checked in validate.rs), and the scaled sizes stay within the base_* ranges.
+        global_parameter_scale: i64 = 1 => MaxText.model(ALL).range(int(1, 1 << 12)),
+        /// The model width (embedding size), before global_parameter_scale.
+        base_emb_dim: i64 = 2048 => MaxText.model(ALL).range(int(1, MAX_EMB)).model_file(),
+        /// Query heads, before global_parameter_scale.
+        base_num_query_heads: i64 = 16 => MaxText.model(ALL).range(int(1, MAX_HEADS)).model_file(),
+        /// Key/value heads, before global_parameter_scale (grouped-query attention when fewer than the query heads).
+        base_num_kv_heads: i64 = 16 => MaxText.model(ALL).range(int(1, MAX_HEADS)).model_file(),
+        /// The MLP's hidden size, before global_parameter_scale.
+        base_mlp_dim: i64 = 7168 => MaxText.model(ALL).range(int(1, 4 * MAX_EMB)).model_file(),
+        /// Decoder layers, before global_parameter_scale; gemma2: pairs of (local, global) layers, as in MaxText.
+        base_num_decoder_layers: i64 = 16 => MaxText.model(ALL).range(int(1, MAX_HEADS)).model_file(),
+        /// The size of each attention head (not scaled).
+        head_dim: i64 = 128 => MaxText.model(ALL).range(int(1, MAX_HEADS)).model_file(),
+        /// The vocabulary size (token ids are int32).
+        vocab_size: i64 = 32000 => MaxText.model(ALL).range(int(2, i32::MAX as i64)).model_file(),
+        /// One input projection each, multiplied: silu, gelu (tanh approximation), relu, linear.
+        mlp_activations: Vec<String> = ["silu", "linear"] => MaxText.model(ALL).model_file(),
+        /// RMSNorm (LayerNorm for gpt3) epsilon.
+        normalization_layer_epsilon: f64 = 1.0e-05 => MaxText.model(ALL).range(open(0.0, 1.0)).model_file(),
+        /// RoPE's maximum timescale (the longest wavelength).
+        rope_max_timescale: i64 = 10000 => MaxText.model(ALL).range(int(1, 1 << 53)).model_file(),
+        /// default (half-split RoPE) or llama3.1 (scaled frequencies, interleaved pairs); yarn is not supported yet.
+        /// llama3.1 is also chosen by a model_name starting with llama3.1, as in MaxText.
+        rope_type: RopeType = "default" => MaxText.model(ALL).model_file(),
+        /// llama3.1 RoPE: apply Llama 3.1's frequency scaling.
+        rope_use_scale: bool = true => MaxText.model(ALL).model_file(),
+        /// True ties the output projection to the token embedding.
+        logits_via_embedding: bool = false => MaxText.model(ALL).model_file(),
+        /// With logits_via_embedding: divide the logits by sqrt(base_emb_dim).
+        normalize_embedding_logits: bool = true => MaxText.model(ALL).model_file(),
+        /// With logits_via_embedding: logits = cap * tanh(logits / cap); 0 disables.
+        final_logits_soft_cap: f64 = 0.0 => MaxText.model(ALL).range(closed(0.0, 1e9)).model_file(),
+        /// Positive: learned position embeddings for that many positions (gpt3), added to the token embeddings.
+        // 0 (or -1, MaxText's default) disables learned position embeddings.
+        trainable_position_size: i64 = -1 => MaxText.model(ALL).range(int_or_fill(0, 1 << 24)).model_file(),
+        /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2: its local layers' window.
+        sliding_window_size: i64 = 0 => MaxText.model(MISTRAL_GEMMA2).range(int(0, 1 << 24)).model_file(),
+        /// gemma2: attention scores = cap * tanh(scores / cap); 0 disables.
+        attn_logits_soft_cap: f64 = 0.0 => MaxText.model(GEMMA2).range(closed(0.0, 1e9)).model_file(),
+        /// gemma2: RMSNorm after attention, before the residual add.
+        use_post_attn_norm: bool = false => MaxText.model(GEMMA2).model_file(),
+        /// gemma2: RMSNorm after the MLP, before the residual add.
+        use_post_ffw_norm: bool = false => MaxText.model(GEMMA2).model_file(),
+        /// gpt3: one [emb, 3, heads, head_dim] projection for query, key and value.
+        fused_qkv: bool = false => MaxText.model(GPT3).model_file(),
+        /// maxrs has no dropout: true is refused (MaxText's default is true, with dropout_rate 0).
+        enable_dropout: bool = false => MaxText.program().model_file(),
+        /// How attention is computed: autoselected, dot_product, flash, cudnn_flash_te or cudnn_flash_jax.
+        /// dot_product: every score at once ([batch, heads, seq, seq] in memory). flash,
+        /// cudnn_flash_te, cudnn_flash_jax: maxrs's blockwise attention (an online softmax over
+        /// 512-token key/value blocks, O(seq) memory per query block), on every backend (maxrs has
+        /// neither Transformer Engine, Pallas nor Splash kernels). autoselected (MaxText's
+        /// default): dot_product on CPU and for sequences under 128 tokens, blockwise otherwise.
+        attention: AttentionKernel = "autoselected" => MaxText.model(ALL),
     }
-}
 
-/// The keys a model file (`models/<name>.yml`) may set: the model's shape and variant keys, the
-/// logical axis rules it needs, and the sequence length and optimizer settings MaxText's GPT-3
-/// files carry (the keys MaxText's own model files set, among those maxrs has). A model file that
-/// sets any other key is refused; run settings belong in the config file or on the command line.
-/// A new model key is added here as well as to `Config`.
-pub const MODEL_KEYS: &[&str] = &[
-    "decoder_block",
-    "base_emb_dim",
-    "base_num_query_heads",
-    "base_num_kv_heads",
-    "base_mlp_dim",
-    "base_num_decoder_layers",
-    "head_dim",
-    "vocab_size",
-    "mlp_activations",
-    "normalization_layer_epsilon",
-    "rope_max_timescale",
-    "rope_type",
-    "rope_use_scale",
-    "logits_via_embedding",
-    "normalize_embedding_logits",
-    "final_logits_soft_cap",
-    "trainable_position_size",
-    "sliding_window_size",
-    "attn_logits_soft_cap",
-    "use_post_attn_norm",
-    "use_post_ffw_norm",
-    "fused_qkv",
-    "use_iota_embed",
-    "logits_dot_in_fp32",
-    "enable_dropout",
-    "num_experts",
-    "num_experts_per_tok",
-    "capacity_factor",
-    "sparse_matmul",
-    "load_balance_loss_weight",
-    "logical_axis_rules",
-    "override_logical_axis_rules",
-    // MaxText's GPT-3 files also set the sequence length and the optimizer they were trained with.
-    "max_target_length",
-    "adam_b1",
-    "adam_b2",
-    "adam_eps",
-    "adam_weight_decay",
-    "gradient_clipping_threshold",
-];
-
-/// MaxText keys of the checkpointing, run-output and data areas that maxrs refuses, with the
-/// reason or what to do instead: loading refuses them by name rather than calling them unknown
-/// (maxtext `src/maxtext/configs/base.yml`, commit e591f30).
-pub(crate) fn not_supported_yet(key: &str) -> Option<&'static str> {
-    const ORBAX: &str = "maxrs writes safetensors checkpoints with a manifest, not Orbax's OCDBT/Zarr storage";
-    Some(match key {
-        "checkpoint_storage_target_data_file_size_bytes"
-        | "checkpoint_storage_use_ocdbt"
-        | "checkpoint_storage_use_zarr3"
-        | "checkpoint_storage_concurrent_gb"
-        | "enable_orbax_v1"
-        | "source_checkpoint_layout"
-        | "checkpoint_conversion_fn" => ORBAX,
-        "enable_continuous_checkpointing" => "checkpoints are saved every checkpoint_period steps",
-        "enable_single_replica_ckpt_restoring" | "colocated_python_checkpointing" => "one process restores everything",
-        "checkpoint_todelete_subdir" | "checkpoint_todelete_full_path" => {
-            "max_num_checkpoints_to_keep deletes old checkpoints outright"
-        }
-        "enable_emergency_checkpoint"
-        | "enable_multi_tier_checkpointing"
-        | "local_checkpoint_directory"
-        | "local_checkpoint_period"
-        | "multi_tier_checkpointing_backup_interval_minutes"
-        | "multi_tier_checkpointing_backup_interval_steps" => "there is one checkpoint directory per run",
-        "lora_input_adapters_path" | "hf_lora_adapter_path" => "maxrs has no LoRA",
-        "checkpoint_is_quantized" => "maxrs has no quantized checkpoints",
-        "use_vertex_tensorboard" | "vertex_tensorboard_project" | "vertex_tensorboard_region" | "enable_wandb" => {
-            "TensorBoard event files are written to base_output_directory/run_name/tensorboard/"
-        }
-        "hf_path" | "hf_name" | "hf_data_dir" | "hf_eval_split" | "hf_access_token" => {
-            "maxrs reads no Hub datasets; give local files with hf_train_files / hf_eval_files"
-        }
-        "tokenize_train_data" | "tokenize_eval_data" => {
-            "pre-tokenized hf columns are not read; convert with `maxrs tokenize` and use dataset_type=tokens"
-        }
-        "grain_train_files" | "grain_eval_files" | "grain_file_type" | "dataset_name" | "eval_dataset_name"
-        | "train_split" | "eval_split" => "maxrs has no grain or tfds pipeline; use dataset_type=hf or tokens",
-        "use_truncation"
-        | "max_segments_per_seq"
-        | "num_epoch"
-        | "generate_padding_batch_train"
-        | "generate_padding_batch_eval"
-        | "expansion_factor_real_data"
-        | "use_sft"
-        | "use_dpo"
-        | "use_chat_template" => "maxrs always truncates documents and repeats epochs until `steps`",
-        _ => return None,
-    })
-}
-
-/// Integer keys whose value may also be `None` (MaxText's spelling; `null` in YAML): those with
-/// a row in `ranges::OPTIONAL_KEYS`.
-pub(crate) fn nullable_int(key: &str) -> bool {
-    super::ranges::OPTIONAL_KEYS.iter().any(|(k, _)| *k == key)
-}
-
-/// An optional integer written as MaxText does: `None` (a string to YAML), `null`, or a number.
-fn none_or_int<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Int(i64),
-        Text(String),
-        Null,
+    /// decoder_block=mixtral; MaxText's layers/moe.py.
+    section "Mixture of experts" {
+        /// Experts in each MoE layer.
+        num_experts: i64 = 1 => MaxText.model(MIXTRAL).range(int(1, MAX_HEADS)).model_file(),
+        /// Experts per token: top-k of the router logits, weights softmax over those k.
+        num_experts_per_tok: i64 = 1 => MaxText.model(MIXTRAL).range(int(1, MAX_HEADS)).model_file(),
+        /// > 0 (with sparse_matmul=false): each expert takes at most ceil(seq x k / experts) x this tokens per sequence, dropping the rest.
+        // <= 0: no capacity limit (MaxText's default -1); above, a multiple of the even share.
+        capacity_factor: f64 = -1.0 => MaxText.step().read_by_model(MIXTRAL).range(closed(-1.0, 1e3)).model_file(),
+        /// True: dropless (tokens sorted by expert, grouped matmuls); false: one-hot dispatch einsums (with capacity_factor > 0) or every expert on every token.
+        sparse_matmul: bool = true => MaxText.step().read_by_model(MIXTRAL).model_file(),
+        /// MaxText's choice of grouped-matmul kernel for sparse_matmul; maxrs has one (tiled loops of dense products), so both values compute the same.
+        megablox: bool = true => MaxText.program(),
+        /// Weight of the Switch Transformer load-balancing loss, added to the loss (learning/moe_lb_loss).
+        load_balance_loss_weight: f64 = 0.0 =>
+            MaxText.step().read_by_model(MIXTRAL).range(closed(0.0, 1e3)).model_file(),
+        /// Sum the experts' weighted outputs in float32.
+        float32_weight_sum: bool = true => MaxText.step().read_by_model(MIXTRAL),
+        /// Compute the router logits in float32.
+        float32_gate_logits: bool = false => MaxText.step().read_by_model(MIXTRAL),
+        /// True: the dispatched tokens of the dropping path keep the expert axis for the experts (all-to-all) instead of the batch.
+        moe_dispatch_no_expert_sharding: bool = false => MaxText.step().read_by_model(MIXTRAL),
     }
-    match Option::<Raw>::deserialize(deserializer)? {
-        None | Some(Raw::Null) => Ok(None),
-        Some(Raw::Int(n)) => Ok(Some(n)),
-        Some(Raw::Text(t)) if matches!(t.trim(), "None" | "none" | "null" | "") => Ok(None),
-        Some(Raw::Text(t)) => t
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| serde::de::Error::custom(format!("{} is not an integer or None", quote(&t)))),
+
+    section "Numerics and memory" {
+        /// Activations: bfloat16, float32 or float16.
+        dtype: DType = "bfloat16" => MaxText.step().read_by_model(ALL),
+        /// Parameters and optimizer state.
+        weight_dtype: DType = "float32" => MaxText.model(ALL),
+        /// Stack the layers' parameters and scan over them; false unrolls the layers (MaxText's unscanned names).
+        scan_layers: bool = true => MaxText.model(ALL),
+        /// What the backward pass keeps of each layer (MaxText's names); the rest is recomputed.
+        /// full and none: only the layer's input (MaxText's none still remats); minimal: the
+        /// weight matmul outputs; minimal_with_context (alias minimal_flash): those and the attention
+        /// output; save_dot_with_context_except_mlp, save_dot_except_mlpwi, save_dot_except_mlp,
+        /// save_qkv_proj, save_out_proj: the named projections. maxrs's own save_everything: no remat.
+        remat_policy: RematPolicy = "full" => MaxText.step().read_by_model(ALL),
+        /// The seed of the parameters' initialization (a u32 PRNG key, random::key).
+        init_weights_seed: i64 = 0 => MaxText.step().range(int(0, u32::MAX as i64)),
+        /// The output projection (logits) as an f32 matmul instead of in dtype.
+        logits_dot_in_fp32: bool = false => MaxText.model(ALL).model_file(),
+        /// The token embedding as a one-hot matmul instead of a gather.
+        use_iota_embed: bool = false => MaxText.model(ALL).model_file(),
     }
-}
 
-/// The mesh axes of one logical axis rule: MaxText writes either one name or a list.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum RuleAxes {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl RuleAxes {
-    pub fn to_vec(&self) -> Vec<String> {
-        match self {
-            RuleAxes::One(axis) => vec![axis.clone()],
-            RuleAxes::Many(axes) => axes.clone(),
-        }
+    /// See README "Data". MaxText's default dataset_type is tfds; maxrs has none.
+    section "Data" {
+        /// synthetic (a learnable sequence), tokens (a flat file of token ids) or hf (Parquet / JSON Lines / text files, tokenized on the fly).
+        dataset_type: DatasetType = "synthetic" => MaxText.run(),
+        /// For dataset_type=tokens: rows of max_target_length + 1 token ids (see README).
+        dataset_path: String = "" => MaxText.path(Reads, Ignores).remote(),
+        /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files.
+        hf_train_files: String = "" => MaxText.run(),
+        /// For eval (eval_interval > 0): a file or glob, read in order once per eval.
+        hf_eval_files: String = "" => MaxText.run(),
+        /// The text column of hf_train_files.
+        train_data_columns: Vec<String> = ["text"] => MaxText.run(),
+        /// The text column of hf_eval_files.
+        eval_data_columns: Vec<String> = ["text"] => MaxText.run(),
+        /// A SentencePiece .model, or a tokenizer.json (or its folder) with tokenizer_type=huggingface.
+        tokenizer_path: String = "" => MaxText.run(),
+        /// sentencepiece or huggingface (tiktoken is not supported yet).
+        tokenizer_type: TokenizerType = "sentencepiece" => MaxText.run(),
+        /// The tokenizer adds BOS to each document.
+        add_bos: bool = true => MaxText.run(),
+        /// The tokenizer adds EOS to each document.
+        add_eos: bool = true => MaxText.run(),
+        /// Pack several documents into each row (attention stays within a document); false pads.
+        packing: bool = true => MaxText.run(),
+        /// Shuffle files and document windows (hf) or rows (tokens) each epoch.
+        enable_data_shuffling: bool = true => MaxText.run(),
+        /// Seeds the shuffles, and the synthetic sequence.
+        data_shuffle_seed: i64 = 0 => MaxText.run().range(int(0, i64::MAX)),
+        /// Sequences per device and step; may be fractional; int(devices x this) must be >= 1.
+        per_device_batch_size: f64 = 12.0 => MaxText.step().range(open_min(0.0, (1 << 24) as f64)),
+        /// The sequence length, in tokens.
+        max_target_length: i64 = 2048 => MaxText.step().range(int(1, 1 << 24)).model_file(),
     }
-}
 
-/// One row of `logical_axis_rules`: `[logical name, mesh axes]`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LogicalAxisRule(pub String, pub RuleAxes);
+    /// dataset_type=hf with hf_eval_files: after train step s with s >= eval_start_step and
+    /// (s - eval_start_step) % eval_interval == 0, the eval files are read once (at most eval_steps
+    /// batches if > 0) and eval/avg_loss is logged.
+    section "Eval" {
+        /// Train steps between evals; -1 (or 0): no eval.
+        eval_interval: i64 = -1 => MaxText.run().range(int_or_fill(0, MAX_STEPS)),
+        /// Batches per eval; -1 (or 0): the eval files to their end.
+        eval_steps: i64 = -1 => MaxText.run().range(int_or_fill(0, MAX_STEPS)),
+        /// The first step an eval may follow.
+        eval_start_step: i64 = 0 => MaxText.run().range(int(0, MAX_STEPS)),
+        /// Eval sequences per device; 0: per_device_batch_size.
+        eval_per_device_batch_size: f64 = 0.0 => MaxText.program().range(closed(0.0, (1 << 24) as f64)),
+    }
 
-/// Every configuration key. Comments on the keys live in `configs/base.yml`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Config {
-    // Run
-    pub run_name: String,
-    pub model_name: String,
-    pub override_model_config: bool,
-    pub override_logical_axis_rules: bool,
-    pub base_output_directory: String,
-    pub metrics_file: String,
-    pub log_period: i64,
-    pub profiler: ProfilerKind,
-    pub skip_first_n_steps_for_profiler: i64,
-    pub profiler_steps: i64,
-    pub enable_checkpointing: bool,
-    pub load_parameters_path: String,
-    pub load_full_state_path: String,
-    pub async_checkpointing: bool,
-    pub checkpoint_period: i64,
-    #[serde(deserialize_with = "none_or_int")]
-    pub max_num_checkpoints_to_keep: Option<i64>,
-    pub save_checkpoint_on_start: bool,
-    pub save_checkpoint_on_completion: bool,
-    pub enable_autocheckpoint: bool,
-    pub on_checkpoint_error: OnCheckpointError,
-    pub enable_tensorboard: bool,
-    pub gcs_metrics: bool,
-    pub save_config_to_gcs: bool,
+    /// AdamW; the learning rate warms up linearly from 0 over
+    /// int(learning_rate_schedule_steps * warmup_steps_fraction) steps, then
+    /// - lr_schedule_type=cosine: decays by a cosine to learning_rate * learning_rate_final_fraction at
+    ///   the schedule's last step;
+    /// - lr_schedule_type=wsd (warmup-stable-decay): stays at learning_rate, then decays over the last
+    ///   int(learning_rate_schedule_steps * wsd_decay_steps_fraction) steps, linearly or by a cosine
+    ///   (wsd_decay_style), to learning_rate * learning_rate_final_fraction;
+    /// and is 0 from learning_rate_schedule_steps to steps.
+    section "Training loop and optimizer" {
+        /// Training steps.
+        steps: i64 = 150001 => MaxText.step().range(int(1, MAX_STEPS)),
+        /// Microbatches whose gradients add up to each optimizer step.
+        gradient_accumulation_steps: i64 = 1 => MaxText.step().range(int(1, 1 << 20)),
+        /// The peak learning rate.
+        learning_rate: f64 = 3.0e-5 => MaxText.step().range(closed(0.0, 1e3)),
+        /// The schedule's length in steps; -1: `steps`.
+        learning_rate_schedule_steps: i64 = -1 => MaxText.step().range(int_or_fill(1, MAX_STEPS)),
+        /// The schedule after the warmup: cosine or wsd.
+        lr_schedule_type: LrScheduleType = "cosine" => MaxText.step(),
+        /// The share of the schedule that warms up.
+        // MaxText allows 1: warmup over the whole schedule, no cosine phase.
+        warmup_steps_fraction: f64 = 0.1 => MaxText.step().range(closed(0.0, 1.0)),
+        /// The final learning rate, as a fraction of learning_rate.
+        learning_rate_final_fraction: f64 = 0.1 => MaxText.step().range(closed(0.0, 1.0)),
+        /// wsd: the share of the schedule that decays.
+        // With warmup_steps_fraction it must not exceed 1 either (checked by train::schedule).
+        wsd_decay_steps_fraction: f64 = 0.1 => MaxText.step().range(closed(0.0, 1.0)),
+        /// wsd: the decay's shape, linear or cosine.
+        wsd_decay_style: WsdDecayStyle = "linear" => MaxText.step(),
+        /// AdamW's decay rate of the first moment (beta1).
+        adam_b1: f64 = 0.9 => MaxText.step().range(open_max(0.0, 1.0)).model_file(),
+        /// AdamW's decay rate of the second moment (beta2).
+        adam_b2: f64 = 0.95 => MaxText.step().range(open_max(0.0, 1.0)).model_file(),
+        /// AdamW's epsilon, outside the square root.
+        adam_eps: f64 = 1.0e-8 => MaxText.step().range(closed(0.0, 1.0)).model_file(),
+        /// AdamW's epsilon, inside the square root.
+        adam_eps_root: f64 = 0.0 => MaxText.step().range(closed(0.0, 1.0)),
+        /// AdamW's weight decay.
+        adam_weight_decay: f64 = 0.1 => MaxText.step().range(closed(0.0, 1e3)).model_file(),
+        /// Clip the gradients' global norm to this; 0 disables clipping.
+        gradient_clipping_threshold: f64 = 1.0 => MaxText.step().range(closed(0.0, 1e9)).model_file(),
+        /// Weight of the z-loss (the squared log of the softmax normalizer), added to the loss; 0 disables.
+        z_loss_multiplier: f64 = 0.0 => MaxText.step().range(closed(0.0, 1e3)),
+        /// Stop when the loss is NaN; false: warn and go on.
+        abort_on_nan_loss: bool = true => MaxText.run(),
+        /// Stop when the loss is infinite; false: warn and go on.
+        abort_on_inf_loss: bool = true => MaxText.run(),
+    }
 
-    // Model
-    pub decoder_block: DecoderBlock,
-    pub global_parameter_scale: i64,
-    pub base_emb_dim: i64,
-    pub base_num_query_heads: i64,
-    pub base_num_kv_heads: i64,
-    pub base_mlp_dim: i64,
-    pub base_num_decoder_layers: i64,
-    pub head_dim: i64,
-    pub vocab_size: i64,
-    pub mlp_activations: Vec<String>,
-    pub normalization_layer_epsilon: f64,
-    pub rope_max_timescale: i64,
-    pub rope_type: RopeType,
-    pub rope_use_scale: bool,
-    pub logits_via_embedding: bool,
-    pub normalize_embedding_logits: bool,
-    pub final_logits_soft_cap: f64,
-    pub trainable_position_size: i64,
-    pub sliding_window_size: i64,
-    pub attn_logits_soft_cap: f64,
-    pub use_post_attn_norm: bool,
-    pub use_post_ffw_norm: bool,
-    pub fused_qkv: bool,
-    pub enable_dropout: bool,
-    pub attention: AttentionKernel,
+    /// maxrs decode; MaxText's decode.py keys. The prompts are right-padded to
+    /// max_prefill_predict_length for one prefill, then each sequence gets one token per generate step
+    /// from a key/value cache of max_target_length positions, until the tokenizer's EOS or
+    /// max_target_length - max_prefill_predict_length generate steps (MaxText's count).
+    section "Decoding" {
+        /// MaxText's one prompt, or a list: one sequence each, at most int(devices x per_device_batch_size).
+        /// Without tokenizer_path, token ids separated by spaces or commas (this default: its UTF-8 bytes).
+        prompt: Vec<String> = ["I love to"] => MaxText.run(),
+        /// The longest prompt, in tokens.
+        // Decoding; what each sampling strategy needs of its keys is checked in validate_decode.
+        max_prefill_predict_length: i64 = 64 => MaxText.program().range(int(1, 1 << 24)),
+        /// When set, the first prompt's output must start with this text (ids without a tokenizer).
+        autoregressive_decode_assert: String = "" => MaxText.run(),
+        /// greedy, weighted, nucleus, topk, or composite (top_k -> top_p -> weighted with temperature).
+        decode_sampling_strategy: SamplingStrategy = "greedy" => MaxText.program(),
+        /// For nucleus / composite: the cumulative probability kept.
+        decode_sampling_nucleus_p: f64 = -1 => MaxText.program().range(closed(-1.0, 1.0)),
+        /// For topk / composite: the number of most likely tokens kept.
+        decode_sampling_top_k: i64 = 0 => MaxText.program().range(int(0, i32::MAX as i64)),
+        /// For weighted / composite: the logits are divided by this.
+        decode_sampling_temperature: f64 = 1.0 => MaxText.program().range(closed(0.0, 1e6)),
+        /// The sampling key is jax.random.PRNGKey(decode_seed) (MaxText's decode.py fixes PRNGKey(1234)).
+        // A u32 PRNG key, like init_weights_seed.
+        decode_seed: i64 = 1234 => Maxrs.run().range(int(0, u32::MAX as i64)),
+    }
 
-    // Mixture of experts
-    pub num_experts: i64,
-    pub num_experts_per_tok: i64,
-    pub capacity_factor: f64,
-    pub sparse_matmul: bool,
-    pub megablox: bool,
-    pub load_balance_loss_weight: f64,
-    pub float32_weight_sum: bool,
-    pub float32_gate_logits: bool,
-    pub moe_dispatch_no_expert_sharding: bool,
+    /// maxrs train-compile.
+    section "Ahead-of-time compilation" {
+        /// The compiled train step: train-compile saves it, train loads it instead of compiling.
+        compiled_trainstep_file: String = "" => MaxText.path(Reads, Writes),
+        /// train-compile's target, e.g. v5e-256, or a GPU topology.
+        compile_topology: String = "" => MaxText.program(),
+        /// train-compile's number of slices; set to a positive number with compile_topology.
+        compile_topology_num_slices: i64 = -1 => MaxText.program().range(int_or_fill(1, 1 << 12)),
+    }
 
-    // Numerics and memory
-    pub dtype: DType,
-    pub weight_dtype: DType,
-    pub scan_layers: bool,
-    pub remat_policy: RematPolicy,
-    pub init_weights_seed: i64,
-    pub logits_dot_in_fp32: bool,
-    pub use_iota_embed: bool,
+    section "Hardware" {
+        /// cpu, gpu, gpu_multiprocess or tpu (MaxText's default is tpu).
+        hardware: Hardware = "cpu" => MaxText.program(),
+        /// PJRT plugin: cpu, cuda12, cuda13, tpu or a path to a plugin .so.
+        plugin: String = "cpu" => Maxrs.path(Reads, Reads),
+        /// Number of devices the CPU plugin creates.
+        // Start-up time of the CPU plugin grows with the square of this (1024: ~3 s, 4096: ~12 s).
+        cpu_device_count: i64 = 1 => Maxrs.run().range(int(1, 1024)),
+        /// A file under xla_flags/ whose flags are added to XLA_FLAGS.
+        xla_flags_file: String = "" => Maxrs.path(Reads, Reads),
+        /// For MFU; 0 looks the peak up from the device kind.
+        peak_tflops_per_device: f64 = 0.0 => Maxrs.run().range(closed(0.0, 1e6)),
+    }
 
-    // Data
-    pub dataset_type: DatasetType,
-    pub dataset_path: String,
-    pub hf_train_files: String,
-    pub hf_eval_files: String,
-    pub train_data_columns: Vec<String>,
-    pub eval_data_columns: Vec<String>,
-    pub tokenizer_path: String,
-    pub tokenizer_type: TokenizerType,
-    pub add_bos: bool,
-    pub add_eos: bool,
-    pub packing: bool,
-    pub enable_data_shuffling: bool,
-    pub data_shuffle_seed: i64,
-    pub per_device_batch_size: f64,
-    pub max_target_length: i64,
+    /// One process per host, a coordinator on process 0 (see README, Multi-host).
+    /// Empty / -1 values come from the environment (JAX_COORDINATOR_ADDRESS, NNODES, NODE_RANK; Slurm;
+    /// Vertex AI; GKE JobSet); set here, they win over it.
+    // -1 takes the value from the launcher's environment.
+    section "Multi-process jobs" {
+        /// host:port of the coordinator (jax.distributed's name).
+        coordinator_address: String = "" => Maxrs.run(),
+        /// Processes in the job (jax.distributed's name).
+        num_processes: i64 = -1 => Maxrs.run().range(int_or_fill(0, MAX_AXIS)),
+        /// This process's index (jax.distributed's name).
+        process_id: i64 = -1 => Maxrs.run().range(int_or_fill(0, MAX_AXIS)),
+        /// True when `maxrs coordinator` serves the job instead of process 0.
+        external_coordinator: bool = false => Maxrs.run(),
+        /// Seconds registration waits for every process.
+        jax_distributed_initialization_timeout: i64 = 300 => MaxText.run().range(int(1, MAX_SECONDS)),
+        /// True: every process runs alone, whatever the environment says.
+        skip_jax_distributed_system: bool = false => MaxText.run(),
+        /// A process silent this long has failed (jax.distributed's name).
+        heartbeat_timeout_seconds: i64 = 100 => Maxrs.run().range(int(1, MAX_SECONDS)),
+        /// How long the shutdown barrier waits (jax.distributed's name).
+        shutdown_timeout_seconds: i64 = 300 => Maxrs.run().range(int(1, MAX_SECONDS)),
+    }
 
-    // Eval
-    pub eval_interval: i64,
-    pub eval_steps: i64,
-    pub eval_start_step: i64,
-    pub eval_per_device_batch_size: f64,
+    /// What every process waits for and its threads' stacks, on stderr; kill -USR1 logs them any
+    /// time. MaxText had collect_stack_trace, stack_trace_to_cloud and stack_trace_interval_seconds
+    /// until 61626ae (2026-05-18, "Deprecate cloud_tpu_diagnostics support"); maxrs keeps them as
+    /// its own, so that configs which set them still run.
+    section "Hang diagnostics" {
+        /// Also log the stacks every stack_trace_interval_seconds.
+        collect_stack_trace: bool = false => Maxrs.run(),
+        /// maxrs logs to stderr; uploading (true) is not supported yet.
+        stack_trace_to_cloud: bool = false => Maxrs.run(),
+        /// Seconds between collect_stack_trace's logs.
+        stack_trace_interval_seconds: i64 = 600 => Maxrs.run().range(int(1, MAX_SECONDS)),
+        /// Log once when a step runs longer than this x the median step; 0 disables.
+        // 0 (off) or above 1; the gap is checked in validate.rs.
+        slow_step_stack_trace_factor: f64 = 10.0 => Maxrs.run().range(closed(0.0, 1e6)),
+    }
 
-    // Training loop and optimizer
-    pub steps: i64,
-    pub gradient_accumulation_steps: i64,
-    pub learning_rate: f64,
-    pub learning_rate_schedule_steps: i64,
-    pub lr_schedule_type: LrScheduleType,
-    pub warmup_steps_fraction: f64,
-    pub learning_rate_final_fraction: f64,
-    pub wsd_decay_steps_fraction: f64,
-    pub wsd_decay_style: WsdDecayStyle,
-    pub adam_b1: f64,
-    pub adam_b2: f64,
-    pub adam_eps: f64,
-    pub adam_eps_root: f64,
-    pub adam_weight_decay: f64,
-    pub gradient_clipping_threshold: f64,
-    pub z_loss_multiplier: f64,
-    pub abort_on_nan_loss: bool,
-    pub abort_on_inf_loss: bool,
+    /// One axis per group may be -1: it takes what is left. The product of the ICI axes
+    /// must equal the devices per slice (or host), that of the DCN axes the number of slices (or hosts).
+    section "Parallelism" {
+        /// The device mesh's axes, in order (MaxText's less the axes maxrs does not implement).
+        mesh_axes: Vec<String> = [
+            "data", "stage", "fsdp", "fsdp_transpose", "context", "tensor", "tensor_sequence", "expert", "autoregressive"
+        ] => MaxText.program(),
+        /// The mesh axes each logical array axis is sharded over, tried in order (later rows are fallbacks).
+        /// The cache_* rows are decoding's key/value cache (MaxText's "Inference (Prefill, Decode,
+        /// Cache)" rows).
+        logical_axis_rules: Vec<LogicalAxisRule> = [
+            ["activation_embed_and_logits_batch", ["data", "stage", "fsdp", "fsdp_transpose", "expert"]],
+            ["activation_embed_and_logits_batch_sequence", ["data", "stage", "fsdp", "fsdp_transpose", "context", "expert"]],
+            ["activation_vocab", ["tensor", "tensor_sequence"]],
+            ["activation_vocab", ["tensor"]],
+            ["activation_vocab", "tensor_sequence"],
+            ["vocab", ["tensor", "tensor_sequence", "autoregressive"]],
+            ["embed_vocab", ["fsdp", "fsdp_transpose", "context", "expert"]],
+            ["activation_heads", ["tensor", "tensor_sequence", "autoregressive"]],
+            ["activation_kv_heads", ["tensor", "tensor_sequence"]],
+            ["activation_q_length", ["context"]],
+            ["activation_kv_length", []],
+            ["activation_kv", ["tensor", "tensor_sequence"]],
+            ["activation_kv_batch", ["data", "fsdp", "fsdp_transpose", "expert"]],
+            ["activation_kv_head_dim", ["tensor", "tensor_sequence"]],
+            ["heads", ["tensor", "tensor_sequence", "autoregressive"]],
+            ["q_heads", ["tensor", "tensor_sequence", "autoregressive"]],
+            ["kv_heads", ["tensor", "tensor_sequence", "autoregressive"]],
+            ["qkv", []],
+            ["kv", []],
+            ["kv_head_dim", []],
+            ["activation_batch_moe", ["data", "fsdp", "fsdp_transpose", "expert"]],
+            ["activation_length_moe", ["context"]],
+            ["activation_norm_length_moe", ["tensor_sequence", "context"]],
+            ["activation_embed_moe", ["tensor"]],
+            ["activation_mlp_moe", ["tensor", "tensor_sequence"]],
+            ["activation_exp", ["expert"]],
+            ["exp", "expert"],
+            ["mlp_moe", ["fsdp_transpose", "tensor", "tensor_sequence", "autoregressive"]],
+            ["embed_moe", ["fsdp", "fsdp_transpose", "context"]],
+            ["embed_moe", ["fsdp", "context"]],
+            ["activation_mlp", ["tensor", "tensor_sequence"]],
+            ["activation_batch", ["data", "fsdp", "fsdp_transpose", "expert"]],
+            ["activation_length", ["context"]],
+            ["activation_norm_length", ["tensor_sequence", "context"]],
+            ["activation_embed", ["tensor"]],
+            ["activation_stage", "stage"],
+            ["mlp", ["fsdp_transpose", "tensor", "tensor_sequence", "autoregressive"]],
+            ["embed", ["fsdp", "fsdp_transpose", "context", "expert"]],
+            ["embed", ["fsdp", "context", "expert"]],
+            ["norm", ["tensor"]],
+            ["layers", "stage"],
+            ["cache_heads", ["autoregressive", "tensor", "tensor_sequence"]],
+            ["cache_batch", []],
+            ["cache_kv", []],
+            ["cache_sequence", []],
+        ] => MaxText.step().read_by_model(ALL).model_file(),
+        /// The mesh axes the input batch is laid out over; only all of mesh_axes is supported yet.
+        /// Axes used for DCN must be earlier in this list than ICI.
+        data_sharding: Vec<Vec<String>> = [
+            ["data", "stage", "fsdp", "fsdp_transpose", "context", "tensor", "tensor_sequence", "expert", "autoregressive"]
+        ] => MaxText.program(),
+        /// The data axis across slices: the recommended DCN axis to be auto-sharded.
+        dcn_data_parallelism: i64 = -1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The "stage" axis across hosts: not supported yet (stages on different hosts need cross-host transfers).
+        dcn_pipeline_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The fsdp axis across slices.
+        dcn_fsdp_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The fsdp_transpose axis across slices.
+        dcn_fsdp_transpose_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The context axis across slices.
+        dcn_context_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The tensor axis across slices: never recommended.
+        dcn_tensor_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The tensor_sequence axis across slices: never recommended.
+        dcn_tensor_sequence_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The expert axis across slices.
+        dcn_expert_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The autoregressive axis across slices: never recommended.
+        dcn_autoregressive_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The data axis within a slice.
+        ici_data_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The "stage" axis: pipeline stages, each its own program on its own devices (see below).
+        ici_pipeline_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The fsdp axis within a slice: the recommended ICI axis to be auto-sharded.
+        ici_fsdp_parallelism: i64 = -1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The fsdp_transpose axis within a slice.
+        ici_fsdp_transpose_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The context axis within a slice.
+        ici_context_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The tensor axis within a slice.
+        ici_tensor_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The tensor_sequence axis within a slice.
+        ici_tensor_sequence_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The expert axis within a slice.
+        ici_expert_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The autoregressive axis within a slice.
+        ici_autoregressive_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+    }
 
-    // Decoding (maxrs decode)
-    pub prompt: Vec<String>,
-    pub max_prefill_predict_length: i64,
-    pub autoregressive_decode_assert: String,
-    pub decode_sampling_strategy: SamplingStrategy,
-    pub decode_sampling_nucleus_p: f64,
-    pub decode_sampling_top_k: i64,
-    pub decode_sampling_temperature: f64,
-    pub decode_seed: i64,
-
-    // Ahead-of-time compilation
-    pub compiled_trainstep_file: String,
-    pub compile_topology: String,
-    pub compile_topology_num_slices: i64,
-
-    // Hardware
-    pub hardware: Hardware,
-    pub plugin: String,
-    pub cpu_device_count: i64,
-    pub xla_flags_file: String,
-    pub peak_tflops_per_device: f64,
-
-    // Multi-process jobs (src/cluster)
-    pub coordinator_address: String,
-    pub num_processes: i64,
-    pub process_id: i64,
-    pub external_coordinator: bool,
-    pub jax_distributed_initialization_timeout: i64,
-    pub skip_jax_distributed_system: bool,
-    pub heartbeat_timeout_seconds: i64,
-    pub shutdown_timeout_seconds: i64,
-
-    // Hang diagnostics
-    pub collect_stack_trace: bool,
-    pub stack_trace_to_cloud: bool,
-    pub stack_trace_interval_seconds: i64,
-    pub slow_step_stack_trace_factor: f64,
-
-    // Parallelism
-    pub mesh_axes: Vec<String>,
-    pub logical_axis_rules: Vec<LogicalAxisRule>,
-    pub data_sharding: Vec<Vec<String>>,
-    pub dcn_data_parallelism: i64,
-    pub dcn_pipeline_parallelism: i64,
-    pub dcn_fsdp_parallelism: i64,
-    pub dcn_fsdp_transpose_parallelism: i64,
-    pub dcn_context_parallelism: i64,
-    pub dcn_tensor_parallelism: i64,
-    pub dcn_tensor_sequence_parallelism: i64,
-    pub dcn_expert_parallelism: i64,
-    pub dcn_autoregressive_parallelism: i64,
-    pub ici_data_parallelism: i64,
-    pub ici_pipeline_parallelism: i64,
-    pub ici_fsdp_parallelism: i64,
-    pub ici_fsdp_transpose_parallelism: i64,
-    pub ici_context_parallelism: i64,
-    pub ici_tensor_parallelism: i64,
-    pub ici_tensor_sequence_parallelism: i64,
-    pub ici_expert_parallelism: i64,
-    pub ici_autoregressive_parallelism: i64,
-
-    // Pipeline parallelism (the `stage` axis; src/config/pipeline.rs)
-    pub num_layers_per_pipeline_stage: i64,
-    pub num_pipeline_repeats: i64,
-    pub pipeline_parallel_layers: i64,
-    pub num_pipeline_microbatches: i64,
-    pub pipeline_schedule: PipelineSchedule,
-    pub pipeline_delay_activation_forwarding: bool,
-    pub pipeline_fsdp_ag_once: bool,
-    pub pipeline_fsdp_ag_per_repeat: bool,
-    pub scan_pipeline_iterations: bool,
-    pub scan_pipeline_repeats: bool,
-    pub scan_layers_per_stage: bool,
-    pub set_remat_policy_on_pipeline_iterations: bool,
-    pub set_remat_policy_on_layers_per_stage: bool,
+    /// ici_pipeline_parallelism > 1. maxrs runs each stage as its own programs on its own devices
+    /// (MPMD, as the JaxPP fork of MaxText does), handing activations and their gradients between
+    /// stages as device buffers; data, fsdp and tensor axes shard inside a stage. The decoder
+    /// layers are laid out as MaxText lays them out: num_layers_per_pipeline_stage consecutive
+    /// layers form a stage's share, and with num_pipeline_repeats > 1 the shares go round the
+    /// stages circularly (layer group g on stage g mod stages), so that
+    /// layers = stages x num_pipeline_repeats x num_layers_per_pipeline_stage.
+    /// The bubble fraction is (stages - 1) / (num_pipeline_repeats * num_pipeline_microbatches + stages - 1).
+    /// MaxText's SPMD-pipeline options (pipeline_delay_activation_forwarding and the keys after
+    /// it) tune a loop inside one program; maxrs's stages are separate programs, so only their
+    /// defaults are accepted (other values are "not supported yet").
+    section "Pipeline parallelism" {
+        /// Consecutive decoder layers in each stage's share.
+        num_layers_per_pipeline_stage: i64 = 1 => MaxText.program().range(int(1, MAX_HEADS)),
+        /// How often the shares go round the stages; -1: layers / (stages * num_layers_per_pipeline_stage).
+        num_pipeline_repeats: i64 = -1 => MaxText.program().range(int_or_fill(1, MAX_HEADS)),
+        /// -1: pipeline every decoder layer (pipelining only some is not supported yet).
+        pipeline_parallel_layers: i64 = -1 => MaxText.program().range(int_or_fill(1, MAX_HEADS)),
+        /// Microbatches per step, a multiple of the number of stages; -1: the number of stages.
+        /// Each microbatch has int(devices x per_device_batch_size) / num_pipeline_microbatches sequences.
+        num_pipeline_microbatches: i64 = -1 => MaxText.program().range(int_or_fill(1, 1 << 20)),
+        /// The order of each stage's work: gpipe, 1f1b or interleaved_1f1b (the JaxPP fork's `schedule`).
+        /// gpipe: all forwards, then all backwards (activations of every microbatch in flight); 1f1b:
+        /// after a warm-up of (stages - stage - 1) forwards, one forward one backward (at most
+        /// `stages` microbatches in flight), interleaved over the repeats when num_pipeline_repeats > 1;
+        /// interleaved_1f1b: the JaxPP fork's name for the same.
+        pipeline_schedule: PipelineSchedule = "1f1b" => Maxrs.program(),
+        /// Delay activation forwarding to aid XLA's scheduling (SPMD pipeline).
+        pipeline_delay_activation_forwarding: bool = false => MaxText.program(),
+        /// All-gather the FSDP weights once per pipeline repeat (SPMD pipeline).
+        pipeline_fsdp_ag_once: bool = false => MaxText.program(),
+        /// Prefetch the weights of a circular pipeline per repeat (SPMD pipeline).
+        pipeline_fsdp_ag_per_repeat: bool = false => MaxText.program(),
+        /// Scan over the pipeline iterations (SPMD pipeline).
+        scan_pipeline_iterations: bool = true => MaxText.program(),
+        /// Scan over the pipeline repeats (SPMD pipeline).
+        scan_pipeline_repeats: bool = false => MaxText.program(),
+        /// Scan over the layers within a stage (SPMD pipeline).
+        scan_layers_per_stage: bool = false => MaxText.program(),
+        /// Set the remat policy on the pipeline's scan (SPMD pipeline).
+        set_remat_policy_on_pipeline_iterations: bool = true => MaxText.program(),
+        /// Set the remat policy on the scan over a stage's layers (SPMD pipeline).
+        set_remat_policy_on_layers_per_stage: bool = false => MaxText.program(),
+    }
 }

@@ -23,8 +23,10 @@ use std::path::{Path, PathBuf};
 use serde_yaml::{Mapping, Value};
 
 use super::builtin;
+use super::choices::LogicalAxisRule;
 use super::error::{closest, escape, quote, ConfigError};
-use super::keys::{Config, LogicalAxisRule, MODEL_KEYS};
+use super::keys::Config;
+use super::registry::{self, Origin};
 use super::rules;
 use super::value::{coerce, schema, show};
 use crate::input;
@@ -88,16 +90,23 @@ impl Resolved {
         self.sources.insert(key.to_string(), source);
     }
 
-    /// Every key, its value and its source, one per line in `Config` field order.
+    /// Every key, its value and its source, one per line in `Config` field order; a default of
+    /// a key of maxrs's own (not MaxText's) says so.
     pub fn listing(&self) -> String {
         let values = match serde_yaml::to_value(&self.config) {
             Ok(Value::Mapping(m)) => m,
             _ => Mapping::new(),
         };
-        let rows: Vec<(String, String, String)> = super::value::key_names()
+        let rows: Vec<(String, String, String)> = registry::keys()
+            .iter()
             .map(|key| {
-                let value = values.get(key).map(show_compact).unwrap_or_default();
-                (key.to_string(), value, self.source(key).to_string())
+                let value = values.get(key.name).map(show_compact).unwrap_or_default();
+                let source = self.source(key.name);
+                let source = match (key.origin, source) {
+                    (Origin::Maxrs, Source::Default) => format!("{source}; {} key", key.origin.describe()),
+                    _ => source.to_string(),
+                };
+                (key.name.to_string(), value, source)
             })
             .collect();
         let key_width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
@@ -187,7 +196,7 @@ pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resol
         merged.apply(&file, true, &file_source())?;
         merged.apply(&cli, false, &Source::CommandLine)?;
     } else {
-        if let Some((key, _)) = model.iter().find(|(k, _)| !MODEL_KEYS.contains(&k.as_str())) {
+        if let Some((key, _)) = model.iter().find(|(k, _)| !registry::key(k).is_some_and(|k| k.model_file)) {
             return Err(ConfigError::NotAModelKey { key: key.clone(), model_origin });
         }
         let override_model = matches!(value_of("override_model_config"), Some(Value::Bool(true)));

@@ -14,8 +14,9 @@
 
 use std::fmt;
 
+use super::choices::{PipelineSchedule, ProfilerKind, RematPolicy};
 use super::error::ConfigError;
-use super::keys::{Config, PipelineSchedule, ProfilerKind, RematPolicy};
+use super::keys::Config;
 use super::mesh::Mesh;
 
 /// How a pipelined step runs, derived from the config and the mesh.

@@ -2,8 +2,9 @@
 //! names real mesh axes, and handing it out as plain rows. Turning rows into partition specs is
 //! `sharding::LogicalRules`'s job, not this module's.
 
+use super::choices::LogicalAxisRule;
 use super::error::{closest, quote, ConfigError};
-use super::keys::{Config, LogicalAxisRule};
+use super::keys::Config;
 use super::mesh::MESH_AXES;
 
 /// The rules as `(logical axis name, mesh axes)` rows, in table order, keeping only mesh axes
@@ -99,7 +100,7 @@ pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::keys::RuleAxes;
+    use crate::config::choices::RuleAxes;
 
     fn rule(name: &str, axes: &[&str]) -> LogicalAxisRule {
         LogicalAxisRule(name.into(), RuleAxes::Many(axes.iter().map(|a| a.to_string()).collect()))

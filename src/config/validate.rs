@@ -3,14 +3,15 @@
 
 use std::fmt;
 
-use super::error::{closest, escape, quote, ConfigError};
-use super::keys::{
-    Config, DatasetType, DecoderBlock, Hardware, ProfilerKind, RopeType, SamplingStrategy, TokenizerType,
-    MLP_ACTIVATIONS,
+use super::choices::{
+    DatasetType, DecoderBlock, Hardware, ProfilerKind, RopeType, SamplingStrategy, TokenizerType, MLP_ACTIVATIONS,
 };
+use super::error::{closest, escape, quote, ConfigError};
+use super::keys::Config;
 use super::mesh::{self, Mesh};
 use super::pipeline::{self, PipelinePlan};
 use super::ranges;
+use super::registry::{self, Role};
 use super::rules;
 
 /// The PJRT plugins maxrs can fetch by name; anything else must be a path to a plugin `.so`.
@@ -122,7 +123,7 @@ pub fn check_host_memory(
         ));
     }
     let weight_bytes: u128 = match c.weight_dtype {
-        super::keys::DType::Float32 => 4,
+        super::choices::DType::Float32 => 4,
         _ => 2,
     };
     let state = num_params as u128 * weight_bytes * 3;
@@ -529,15 +530,12 @@ fn check_outputs(c: &Config) -> Result<(), ConfigError> {
             "both are set; as in MaxText, give at most one (parameters only, or the full training state)",
         ));
     }
-    for (key, value) in [
-        ("base_output_directory", &c.base_output_directory),
-        ("metrics_file", &c.metrics_file),
-        ("load_parameters_path", &c.load_parameters_path),
-        ("load_full_state_path", &c.load_full_state_path),
-        ("dataset_path", &c.dataset_path),
-    ] {
+    // The path keys that may name a gs:// location must name a valid one.
+    let values = serde_json::to_value(c).map_err(|e| ConfigError::invalid("config", e.to_string()))?;
+    for key in registry::keys_with(Role::Path).filter(|k| k.path.is_some_and(|p| p.remote)) {
+        let value = values[key.name].as_str().unwrap_or_default();
         if !value.is_empty() {
-            crate::files::Location::parse(value).map_err(|e| ConfigError::invalid(key, e.to_string()))?;
+            crate::files::Location::parse(value).map_err(|e| ConfigError::invalid(key.name, e.to_string()))?;
         }
     }
     Ok(())

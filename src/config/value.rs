@@ -6,17 +6,20 @@ use std::sync::OnceLock;
 
 use serde_yaml::{Mapping, Value};
 
-use super::builtin;
+use super::docs;
 use super::error::{closest, ConfigError};
-use super::keys::{self, Config};
+use super::keys::Config;
+use super::refused::not_supported_yet;
+use super::registry::{self, Kind};
 
-/// Every key with its built-in default, typed as the `Config` field is. Serializing the built-in
-/// `Config` gives exactly the field list, so the schema cannot drift from the struct.
+/// Every key with its built-in default, typed as the `Config` field is: the generated
+/// `configs/base.yml` read into a `Config`, so a default that does not fit its key's type fails
+/// here, at the first load.
 pub(crate) fn schema() -> &'static Mapping {
     static SCHEMA: OnceLock<Mapping> = OnceLock::new();
     SCHEMA.get_or_init(|| {
-        let config: Config = serde_yaml::from_str(builtin::BASE_YML)
-            .unwrap_or_else(|e| panic!("built-in configs/base.yml does not match Config: {e}"));
+        let config: Config = serde_yaml::from_str(&docs::base_yml())
+            .unwrap_or_else(|e| panic!("the defaults declared in src/config/keys.rs do not match their types: {e}"));
         match serde_yaml::to_value(config) {
             Ok(Value::Mapping(m)) => m,
             other => panic!("Config serializes to a mapping, got {other:?}"),
@@ -24,9 +27,9 @@ pub(crate) fn schema() -> &'static Mapping {
     })
 }
 
-/// The valid keys, in `Config` field order.
+/// The valid keys, in declaration (`Config` field) order.
 pub fn key_names() -> impl Iterator<Item = &'static str> {
-    schema().keys().filter_map(Value::as_str)
+    registry::keys().iter().map(|k| k.name)
 }
 
 /// `key`'s value in `config`, as text, when it differs from the default in `configs/base.yml`
@@ -42,8 +45,8 @@ pub fn non_default_value(config: &Config, key: &str) -> Option<String> {
 /// Checks that `key` exists and converts `value` to its type. `origin` says where the value was
 /// written, for errors ("on the command line", "in configs/base.yml").
 pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, ConfigError> {
-    let Some(default) = schema().get(key) else {
-        if let Some(reason) = keys::not_supported_yet(key) {
+    let Some(declared) = registry::key(key) else {
+        if let Some(reason) = not_supported_yet(key) {
             return Err(ConfigError::NotSupported { key: key.to_string(), origin: origin.to_string(), reason });
         }
         return Err(ConfigError::UnknownKey {
@@ -52,56 +55,54 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
             suggestion: closest(key, key_names()),
         });
     };
+    let kind = declared.kind;
     let wrong = |value: &Value| ConfigError::WrongType {
         key: key.to_string(),
         origin: origin.to_string(),
-        expected: describe(key, default),
+        expected: kind.expected().to_string(),
         value: show(value),
     };
-    if keys::nullable_int(key) {
-        let coerced = match &value {
+    let coerced = match kind {
+        Kind::IntOrNone => match &value {
             Value::Null => Some(Value::Null),
             Value::Number(n) if n.is_i64() => Some(value.clone()),
             Value::String(s) if matches!(s.trim(), "None" | "none" | "null" | "") => Some(Value::Null),
             Value::String(s) => parse_number::<i64>(s).map(Value::from),
             _ => None,
-        };
-        return coerced.ok_or_else(|| wrong(&value));
-    }
-    let coerced = match default {
-        Value::Bool(_) => match &value {
+        },
+        Kind::Bool => match &value {
             Value::Bool(_) => Some(value.clone()),
             Value::String(s) => parse_bool(s).map(Value::Bool),
             _ => None,
         },
         // YAML's `.inf` and `.nan` are numbers too: no key takes them.
-        Value::Number(n) if n.is_f64() => match &value {
+        Kind::Float => match &value {
             Value::Number(v) => v.as_f64().filter(|x| x.is_finite()).map(Value::from),
             Value::String(s) => parse_number::<f64>(s).filter(|x| x.is_finite()).map(Value::from),
             _ => None,
         },
-        Value::Number(_) => match &value {
+        Kind::Int => match &value {
             Value::Number(v) if v.is_f64() => v.as_f64().and_then(exact_i64).map(Value::from),
             Value::Number(v) => v.as_i64().map(Value::from),
             Value::String(s) => parse_number::<i64>(s).map(Value::from),
             _ => None,
         },
-        Value::String(_) => match &value {
+        Kind::Text | Kind::Choice(_) => match &value {
             Value::String(_) => Some(value.clone()),
             Value::Number(n) => Some(Value::String(n.to_string())),
             Value::Bool(b) => Some(Value::String(b.to_string())),
             Value::Null => Some(Value::String(String::new())),
             _ => None,
         },
-        Value::Sequence(items) => {
+        Kind::Texts | Kind::TextLists | Kind::AxisRules => {
             let list = match &value {
                 Value::Sequence(_) => Some(value.clone()),
                 Value::String(s) => Some(parse_list(s)),
                 _ => None,
             };
             // In a list of strings, numbers are strings as they are for a string key (`prompt=[1 2, 3]`).
-            match (items.first(), list) {
-                (Some(Value::String(_)), Some(Value::Sequence(list))) => Some(Value::Sequence(
+            match (kind, list) {
+                (Kind::Texts, Some(Value::Sequence(list))) => Some(Value::Sequence(
                     list.into_iter()
                         .map(|item| match item {
                             Value::Number(n) => Value::String(n.to_string()),
@@ -112,10 +113,9 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
                 (_, list) => list,
             }
         }
-        _ => None,
     };
     let coerced = coerced.ok_or_else(|| wrong(&value))?;
-    if let (Some(allowed), Value::String(s)) = (keys::choices(key), &coerced) {
+    if let (Some(allowed), Value::String(s)) = (kind.choices(), &coerced) {
         if !allowed.contains(&s.as_str()) {
             return Err(ConfigError::NotAChoice {
                 key: key.to_string(),
@@ -126,7 +126,7 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
             });
         }
     }
-    if matches!(default, Value::Sequence(_)) {
+    if matches!(kind, Kind::Texts | Kind::TextLists | Kind::AxisRules) {
         check_structure(key, &coerced).map_err(|_| wrong(&coerced))?;
     }
     Ok(coerced)
@@ -167,26 +167,6 @@ fn parse_list(s: &str) -> Value {
     match serde_yaml::from_str::<Value>(s) {
         Ok(list @ Value::Sequence(_)) => list,
         _ => Value::Sequence(vec![Value::String(s.trim().to_string())]),
-    }
-}
-
-fn describe(key: &str, default: &Value) -> String {
-    if keys::nullable_int(key) {
-        return "an integer or None".into();
-    }
-    match default {
-        Value::Bool(_) => "a boolean (true or false)".into(),
-        Value::Number(n) if n.is_f64() => "a finite number".into(),
-        Value::Number(_) => "an integer".into(),
-        Value::String(_) => "a string".into(),
-        Value::Sequence(_) if key == "logical_axis_rules" => {
-            "a list of [logical axis name, mesh axis or list of mesh axes] rows".into()
-        }
-        Value::Sequence(items) => match items.first() {
-            Some(Value::Sequence(_)) => "a list of lists of strings".into(),
-            _ => "a list of strings".into(),
-        },
-        _ => "a value like the default in configs/base.yml".into(),
     }
 }
 

@@ -51,37 +51,6 @@ pub struct ModelConfig {
     pub rules: LogicalRules,
 }
 
-/// The configuration keys `ModelConfig` reads: compiled into every train step, whatever the
-/// family (a family lists its own keys besides, `Family::config_keys`).
-pub const SHARED_KEYS: &[&str] = &[
-    "decoder_block",
-    "global_parameter_scale",
-    "base_emb_dim",
-    "base_num_query_heads",
-    "base_num_kv_heads",
-    "base_mlp_dim",
-    "base_num_decoder_layers",
-    "head_dim",
-    "vocab_size",
-    "mlp_activations",
-    "normalization_layer_epsilon",
-    "rope_max_timescale",
-    "rope_type",
-    "rope_use_scale",
-    "logits_via_embedding",
-    "normalize_embedding_logits",
-    "final_logits_soft_cap",
-    "trainable_position_size",
-    "dtype",
-    "weight_dtype",
-    "scan_layers",
-    "attention",
-    "logits_dot_in_fp32",
-    "use_iota_embed",
-    "remat_policy",
-    "logical_axis_rules",
-];
-
 /// How RoPE turns positions into rotations (MaxText's `rope_type`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rope {

@@ -31,6 +31,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::config::registry::{self, Families, Key};
 use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
@@ -38,20 +39,12 @@ use crate::tensor::{checkpoint, einsum, scan, scan_reverse, stack, Tensor, Tree}
 
 use super::attention::{KvCache, LayerCache, LayerContext};
 use super::blocks::{Activation, Norm};
-use super::config::SHARED_KEYS;
 use super::flops::{StepShape, StepTflops};
-use super::moe;
 use super::params::{self, ParamDef, ParamInit};
 use super::{gemma, gemma2, gpt3, llama, mistral, mixtral, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
-    /// Configuration keys the family reads besides `ModelConfig`'s: they are compiled into the
-    /// train step (the AOT artifact checks them).
-    fn config_keys(&self) -> &'static [&'static str] {
-        &[]
-    }
-
     /// One layer's parameters, named relative to the layer (`self_attention.query.kernel`), with
     /// the logical axes of one layer (the decoder adds `layers` when stacking).
     fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef>;
@@ -113,32 +106,20 @@ pub fn attention_flops(c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
     LayerFlops { weights: qkv + out, attention: 4.0 * tokens * seq * h * d / 2.0 }
 }
 
-/// The keys of each family (`Family::config_keys`), known before the family is built.
-fn family_keys(block: DecoderBlock) -> &'static [&'static str] {
-    match block {
-        DecoderBlock::Llama2 => llama::KEYS,
-        DecoderBlock::Mistral => mistral::KEYS,
-        DecoderBlock::Gemma => gemma::KEYS,
-        DecoderBlock::Gemma2 => gemma2::KEYS,
-        DecoderBlock::Gpt3 => gpt3::KEYS,
-        DecoderBlock::Mixtral => moe::MOE_KEYS,
-    }
-}
-
 /// The family `decoder_block` names, with its own keys read from `c`.
 fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
-    // A key only some families read is ignored by the others in MaxText; maxrs refuses a
-    // non-default value of it instead.
-    let all = DecoderBlock::ALL.iter().copied();
-    let mut optional: Vec<&str> = all.clone().flat_map(family_keys).copied().collect();
-    optional.sort();
-    optional.dedup();
-    for key in optional {
-        if family_keys(c.decoder_block).contains(&key) {
+    // A key only some families read (its declaration names them) is ignored by the others in
+    // MaxText; maxrs refuses a non-default value of it instead, checking the keys by name.
+    let mut optional: Vec<&Key> = registry::keys().iter().filter(|k| matches!(k.families, Families::Only(_))).collect();
+    optional.sort_by_key(|k| k.name);
+    for declared in optional {
+        let key = declared.name;
+        if declared.read_by(c.decoder_block) {
             continue;
         }
         if let Some(value) = config::non_default_value(c, key) {
-            let users: Vec<&str> = all.clone().filter(|b| family_keys(*b).contains(&key)).map(|b| b.as_str()).collect();
+            let users: Vec<&str> =
+                DecoderBlock::ALL.iter().filter(|b| declared.read_by(**b)).map(|b| b.as_str()).collect();
             return Err(format!(
                 "{key}={value}: decoder_block={} does not use {key} (MaxText ignores it there); it applies to decoder_block {}",
                 c.decoder_block,
@@ -186,6 +167,8 @@ fn check_shared(c: &Config, mc: &ModelConfig) -> Result<(), String> {
 #[derive(Clone, Debug)]
 pub struct Model {
     pub config: ModelConfig,
+    /// `decoder_block`: which keys the model reads (`config_keys`).
+    block: DecoderBlock,
     family: Arc<dyn Family>,
 }
 
@@ -234,12 +217,13 @@ impl Model {
         let config = ModelConfig::from_config(c);
         check_shared(c, &config)?;
         let family = family(c, &config)?;
-        Ok(Model { config, family })
+        Ok(Model { config, block: c.decoder_block, family })
     }
 
-    /// Every configuration key the traced model depends on.
+    /// Every configuration key the traced model depends on: those whose declaration says this
+    /// model's family reads them.
     pub fn config_keys(&self) -> Vec<&'static str> {
-        SHARED_KEYS.iter().chain(self.family.config_keys()).copied().collect()
+        registry::model_keys(self.block).collect()
     }
 
     /// Every parameter, in a fixed order (the order `init_params` draws them in).

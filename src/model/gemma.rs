@@ -40,9 +40,6 @@ use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutp
 use super::params::ParamDef;
 use super::ModelConfig;
 
-/// The keys the family reads besides the shared ones.
-pub const KEYS: &[&str] = &[];
-
 /// The epsilon of MaxText's `RMSNorm` when none is given, which Gemma's layer norms use.
 pub const LAYER_NORM_EPS: f64 = 1e-6;
 
@@ -51,10 +48,6 @@ pub const LAYER_NORM_EPS: f64 = 1e-6;
 pub struct Gemma;
 
 impl Family for Gemma {
-    fn config_keys(&self) -> &'static [&'static str] {
-        KEYS
-    }
-
     fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
         let norm = Norm::Rms { eps: LAYER_NORM_EPS };
         let mut defs = norm.params("pre_self_attention_norm", c.emb);

@@ -39,9 +39,6 @@ use super::gemma::LAYER_NORM_EPS;
 use super::params::ParamDef;
 use super::ModelConfig;
 
-/// The keys the family reads besides the shared ones.
-pub const KEYS: &[&str] = &["sliding_window_size", "attn_logits_soft_cap", "use_post_attn_norm", "use_post_ffw_norm"];
-
 /// A local and a global Gemma 2 layer.
 #[derive(Debug)]
 pub struct Gemma2 {
@@ -125,10 +122,6 @@ impl Gemma2 {
 }
 
 impl Family for Gemma2 {
-    fn config_keys(&self) -> &'static [&'static str] {
-        KEYS
-    }
-
     fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
         let mut defs = self.half_params(c, "local");
         defs.extend(self.half_params(c, "global"));

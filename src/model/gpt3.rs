@@ -38,9 +38,6 @@ use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutp
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
 
-/// The keys the family reads besides the shared ones.
-pub const KEYS: &[&str] = &["fused_qkv"];
-
 /// The GPT-3 layer.
 #[derive(Debug)]
 pub struct Gpt3 {
@@ -75,10 +72,6 @@ impl Gpt3 {
 }
 
 impl Family for Gpt3 {
-    fn config_keys(&self) -> &'static [&'static str] {
-        KEYS
-    }
-
     fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
         let (e, h, d) = (c.emb, c.heads, c.head_dim);
         let mut defs = Gpt3::norm(c).params("pre_self_attention_norm", e);

@@ -42,18 +42,11 @@ use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutp
 use super::params::ParamDef;
 use super::ModelConfig;
 
-/// The keys the family reads besides the shared ones.
-pub const KEYS: &[&str] = &[];
-
 /// The Llama 2 layer: pre-norm grouped-query attention with RoPE and a gated MLP.
 #[derive(Debug)]
 pub struct Llama;
 
 impl Family for Llama {
-    fn config_keys(&self) -> &'static [&'static str] {
-        KEYS
-    }
-
     fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
         layer_params(c)
     }

@@ -18,9 +18,6 @@ use super::decoder::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::params::ParamDef;
 use super::{llama, ModelConfig};
 
-/// The keys the family reads besides the shared ones.
-pub const KEYS: &[&str] = &["sliding_window_size"];
-
 /// Llama 2's layer with an optional sliding window.
 #[derive(Debug)]
 pub struct Mistral {
@@ -35,10 +32,6 @@ impl Mistral {
 }
 
 impl Family for Mistral {
-    fn config_keys(&self) -> &'static [&'static str] {
-        KEYS
-    }
-
     fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
         llama::layer_params(c)
     }

@@ -26,7 +26,7 @@ use super::attention::LayerContext;
 use super::blocks::{Norm, SelfAttention};
 use super::decoder::{attention_flops, constrain, Family, LayerFlops, LayerOutput};
 use super::llama::{attention_half, attention_params};
-use super::moe::{self, moe_block, MoeConfig, MOE_KEYS};
+use super::moe::{self, moe_block, MoeConfig};
 use super::params::ParamDef;
 use super::ModelConfig;
 
@@ -54,10 +54,6 @@ impl Mixtral {
 }
 
 impl Family for Mixtral {
-    fn config_keys(&self) -> &'static [&'static str] {
-        MOE_KEYS
-    }
-
     fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
         let mut defs = attention_params(c);
         defs.extend(

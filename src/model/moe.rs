@@ -44,18 +44,6 @@ use crate::ir::DType;
 use crate::sharding::PartitionSpec;
 use crate::tensor::{einsum, Tensor, Tree};
 
-/// The configuration keys the block reads (besides `ModelConfig`'s), MaxText's names.
-pub const MOE_KEYS: &[&str] = &[
-    "num_experts",
-    "num_experts_per_tok",
-    "capacity_factor",
-    "sparse_matmul",
-    "load_balance_loss_weight",
-    "float32_weight_sum",
-    "float32_gate_logits",
-    "moe_dispatch_no_expert_sharding",
-];
-
 /// What the block needs from the run's configuration besides `ModelConfig` (MaxText's key
 /// names).
 #[derive(Clone, Debug)]

@@ -19,6 +19,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::config::registry::{self, Families, Role};
 use crate::config::Config;
 use crate::files;
 use crate::ir::Program;
@@ -171,31 +172,6 @@ fn id_ranges(ids: &[i64]) -> String {
     parts.join(",")
 }
 
-/// The configuration keys of the training setup compiled into the step besides the model's own
-/// (`Model::config_keys`): batch and sequence, initialization, the optimizer and schedule
-/// constants. The mesh keys (`ici_*`, `dcn_*`) are added by prefix.
-pub const TRAIN_KEYS: &[&str] = &[
-    "init_weights_seed",
-    "per_device_batch_size",
-    "max_target_length",
-    "gradient_accumulation_steps",
-    "steps",
-    "learning_rate",
-    "learning_rate_schedule_steps",
-    "lr_schedule_type",
-    "warmup_steps_fraction",
-    "learning_rate_final_fraction",
-    "wsd_decay_steps_fraction",
-    "wsd_decay_style",
-    "adam_b1",
-    "adam_b2",
-    "adam_eps",
-    "adam_eps_root",
-    "adam_weight_decay",
-    "gradient_clipping_threshold",
-    "z_loss_multiplier",
-];
-
 /// A digest of the lowered program: equal exactly when the two sides traced the same step, so a
 /// setting that changes the step without being a listed key is caught too.
 pub fn program_fingerprint(mlir: &str) -> String {
@@ -233,8 +209,10 @@ pub struct Platform {
 /// `config` for `platform`.
 pub fn header(config: &Config, model: &Model, program: &Program, mlir: &str, platform: Platform) -> ArtifactHeader {
     let values = serde_json::to_value(config).expect("the config serializes");
-    let mesh_keys = crate::config::key_names().filter(|k| k.starts_with("ici_") || k.starts_with("dcn_"));
-    let keys: Vec<&str> = model.config_keys().into_iter().chain(TRAIN_KEYS.iter().copied()).chain(mesh_keys).collect();
+    // The model's keys, and those of the training setup compiled into the step besides (batch and
+    // sequence, initialization, the optimizer and schedule constants, mesh sizes).
+    let setup = registry::keys_with(Role::Step).filter(|k| k.families == Families::None).map(|k| k.name);
+    let keys: Vec<&str> = model.config_keys().into_iter().chain(setup).collect();
     let config = keys
         .iter()
         .map(|&key| {

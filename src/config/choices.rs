@@ -1,0 +1,195 @@
+//! The value types of the configuration keys: the string keys' closed sets of values (one enum
+//! each, whose `VALUES` feed the registry's choices and error suggestions), MaxText's optional
+//! integers, and the rows of `logical_axis_rules`.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::quote;
+use super::registry::{KeyType, Kind};
+
+/// Declares a string-valued key's closed set of values; `VALUES` feeds error suggestions.
+macro_rules! string_enum {
+    ($(#[$meta:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+        pub enum $name {
+            $(#[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            /// Every accepted spelling, in declaration order.
+            pub const VALUES: &'static [&'static str] = &[$($text),+];
+
+            /// Every value, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text),+
+                }
+            }
+        }
+
+        impl KeyType for $name {
+            const KIND: Kind = Kind::Choice(Self::VALUES);
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+string_enum!(
+    /// `dtype` (activations) and `weight_dtype` (parameters, optimizer state).
+    DType { Bfloat16 = "bfloat16", Float32 = "float32", Float16 = "float16" }
+);
+
+string_enum!(
+    /// What the backward pass recomputes instead of keeping from the forward pass.
+    RematPolicy {
+        Full = "full",
+        Minimal = "minimal",
+        MinimalWithContext = "minimal_with_context",
+        MinimalFlash = "minimal_flash",
+        SaveDotWithContextExceptMlp = "save_dot_with_context_except_mlp",
+        SaveDotExceptMlpwi = "save_dot_except_mlpwi",
+        SaveDotExceptMlp = "save_dot_except_mlp",
+        SaveQkvProj = "save_qkv_proj",
+        SaveOutProj = "save_out_proj",
+        None = "none",
+        SaveEverything = "save_everything",
+    }
+);
+
+string_enum!(
+    /// MaxText's `attention`: how attention is computed (see `model::attention::AttentionImpl`
+    /// for what each kind maps to in maxrs).
+    AttentionKernel {
+        Autoselected = "autoselected",
+        DotProduct = "dot_product",
+        Flash = "flash",
+        CudnnFlashTe = "cudnn_flash_te",
+        CudnnFlashJax = "cudnn_flash_jax",
+    }
+);
+
+string_enum!(
+    /// MaxText's `profiler`: none, an XPlane trace (TensorBoard's profile plugin), or the CUDA
+    /// profiler API around the profiled steps (for Nsight Systems).
+    ProfilerKind { None = "", Xplane = "xplane", Nsys = "nsys" }
+);
+
+string_enum!(
+    /// MaxText's `lr_schedule_type`: warmup then cosine decay, or warmup-stable-decay.
+    LrScheduleType { Cosine = "cosine", Wsd = "wsd" }
+);
+
+string_enum!(
+    /// MaxText's `wsd_decay_style`: the shape of the WSD schedule's decay.
+    WsdDecayStyle { Linear = "linear", Cosine = "cosine" }
+);
+
+string_enum!(
+    /// MaxText's `hardware` key.
+    Hardware { Cpu = "cpu", Gpu = "gpu", GpuMultiprocess = "gpu_multiprocess", Tpu = "tpu" }
+);
+
+string_enum!(
+    /// Where training batches come from.
+    DatasetType { Synthetic = "synthetic", Tokens = "tokens", Hf = "hf" }
+);
+
+string_enum!(
+    /// MaxText's `tokenizer_type`.
+    TokenizerType { SentencePiece = "sentencepiece", HuggingFace = "huggingface", Tiktoken = "tiktoken" }
+);
+
+string_enum!(
+    /// The order in which each pipeline stage runs its forward and backward work (`pipeline_schedule`,
+    /// the JaxPP fork's `schedule`): all forwards then all backwards, or one forward one backward
+    /// after a warm-up (interleaved over the repeats when `num_pipeline_repeats` > 1).
+    PipelineSchedule { Gpipe = "gpipe", OneFOneB = "1f1b", Interleaved1F1B = "interleaved_1f1b" }
+);
+
+string_enum!(
+    /// maxrs's `on_checkpoint_error`: what a failed checkpoint save does to the run.
+    OnCheckpointError { Stop = "stop", Continue = "continue" }
+);
+
+string_enum!(
+    /// MaxText's decoder block styles that maxrs implements, one family file each under
+    /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP.
+    DecoderBlock {
+        Llama2 = "llama2",
+        Mistral = "mistral",
+        Gemma = "gemma",
+        Gemma2 = "gemma2",
+        Gpt3 = "gpt3",
+        Mixtral = "mixtral",
+    }
+);
+
+string_enum!(
+    /// MaxText's `decode_sampling_strategy`: how `maxrs decode` picks each next token.
+    SamplingStrategy {
+        Greedy = "greedy",
+        Weighted = "weighted",
+        Nucleus = "nucleus",
+        Topk = "topk",
+        Composite = "composite",
+    }
+);
+
+string_enum!(
+    /// MaxText's `rope_type`: `default` (half-split RoPE) or `llama3.1` (Llama 3.1's scaled
+    /// frequencies on interleaved pairs); `yarn` is refused by validation as not supported yet.
+    RopeType { Default = "default", Llama31 = "llama3.1", Yarn = "yarn" }
+);
+
+/// The MLP activations maxrs implements (`mlp_activations` entries; MaxText's names: `gelu` is
+/// flax's tanh approximation).
+pub const MLP_ACTIVATIONS: &[&str] = &["silu", "gelu", "relu", "linear"];
+
+/// An optional integer written as MaxText does: `None` (a string to YAML), `null`, or a number.
+pub(crate) fn none_or_int<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(i64),
+        Text(String),
+        Null,
+    }
+    match Option::<Raw>::deserialize(deserializer)? {
+        None | Some(Raw::Null) => Ok(None),
+        Some(Raw::Int(n)) => Ok(Some(n)),
+        Some(Raw::Text(t)) if matches!(t.trim(), "None" | "none" | "null" | "") => Ok(None),
+        Some(Raw::Text(t)) => t
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom(format!("{} is not an integer or None", quote(&t)))),
+    }
+}
+
+/// The mesh axes of one logical axis rule: MaxText writes either one name or a list.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RuleAxes {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl RuleAxes {
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            RuleAxes::One(axis) => vec![axis.clone()],
+            RuleAxes::Many(axes) => axes.clone(),
+        }
+    }
+}
+
+/// One row of `logical_axis_rules`: `[logical name, mesh axes]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogicalAxisRule(pub String, pub RuleAxes);
