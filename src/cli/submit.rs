@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
-use maxrs::gcloud;
+use maxrs::net::google;
+use maxrs::net::retry::RetryPolicy;
 use maxrs::output::{self, Input, Kind, Output};
 use maxrs::storage::Location;
 use maxrs::submit::settings::Settings;
-use maxrs::submit::vertex_api::{self, JobRef, RetryPolicy, VertexApi};
-use maxrs::submit::{self, auth, gke, machine, slurm, vertex, Job, Request};
+use maxrs::submit::vertex_api::{self, JobRef, VertexApi};
+use maxrs::submit::{self, gke, machine, slurm, vertex, Job, Request};
 
 /// `println!` through [`emit`].
 macro_rules! outln {
@@ -210,10 +211,10 @@ fn run_vertex(a: VertexArgs) -> Result<()> {
     let s = settings(&a.common)?;
     // They go into the request URLs (the region into the host name): checked before anything else.
     if let Some(p) = &a.project {
-        gcloud::check_project("--project", p)?;
+        google::check_project("--project", p)?;
     }
     if let Some(r) = &a.region {
-        gcloud::check_region("--region", r)?;
+        google::check_region("--region", r)?;
     }
     if a.limit == 0 || a.limit > vertex_api::MAX_LOG_LINES {
         bail!("--limit {}: give 1 to {} log lines", a.limit, vertex_api::MAX_LOG_LINES);
@@ -222,7 +223,7 @@ fn run_vertex(a: VertexArgs) -> Result<()> {
     let region = a.region.clone().or(s.region.clone());
     if let Some(job) = a.status.as_deref().or(a.logs.as_deref()) {
         let job = JobRef::parse(job, project.as_deref(), region.as_deref())?;
-        let api = VertexApi::new(http_client()?, auth::access_token()?, &job.region, RetryPolicy::default())?;
+        let api = VertexApi::new(http_client()?, vertex_api::access_token()?, &job.region, RetryPolicy::default())?;
         return if a.status.is_some() { print_status(&api, &job) } else { print_logs(&api, &job, a.limit) };
     }
 
@@ -242,7 +243,7 @@ fn run_vertex(a: VertexArgs) -> Result<()> {
         emit(&format!("{}\n", body.to_display_json()))?;
         return Ok(());
     }
-    let api = VertexApi::new(http_client()?, auth::access_token()?, &opts.region, RetryPolicy::default())?;
+    let api = VertexApi::new(http_client()?, vertex_api::access_token()?, &opts.region, RetryPolicy::default())?;
     let created = api.create_custom_job(&opts.project, &opts.region, &body)?;
     let job_ref = JobRef { project: opts.project.clone(), region: opts.region.clone(), id: created.id().to_string() };
     let again = format!("--project {} --region {}", opts.project, opts.region);
@@ -281,13 +282,9 @@ fn print_logs(api: &VertexApi, job: &JobRef, limit: usize) -> Result<()> {
     Ok(())
 }
 
+/// The Vertex AI and Cloud Logging calls' client: each connect and read within 2 minutes.
 fn http_client() -> Result<reqwest::blocking::Client> {
-    reqwest::blocking::Client::builder()
-        .user_agent(concat!("maxrs/", env!("CARGO_PKG_VERSION")))
-        .connect_timeout(Duration::from_secs(30))
-        .timeout(Duration::from_secs(120))
-        .build()
-        .map_err(|e| anyhow!("cannot create an HTTP client: {e}"))
+    maxrs::net::client(Duration::from_secs(120))
 }
 
 fn run_slurm(a: SlurmArgs) -> Result<()> {
