@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod cluster;
 pub mod config;
 pub mod data;
+pub mod files;
 pub mod inference;
 pub mod input;
 pub mod ir;

@@ -10,8 +10,8 @@
 //! - [`check_paths`] is that check for the config keys of `train` and `train-compile`:
 //!   [`PATH_KEYS`] lists every config key that names a file and whether each command reads or
 //!   writes it; a new output (checkpoints, event files) adds a row there and uses these writers.
-//! - [`write_atomic`] writes a whole file under a temporary name in the same directory and
-//!   renames it into place, so an interrupted write leaves the old file intact.
+//! - Whole files are written by [`crate::files::write_atomic`], under a temporary name in the
+//!   same directory renamed into place, so an interrupted write leaves the old file intact.
 //! - [`LockedAppend`] appends to a file under an exclusive OS lock (`flock`), so two runs cannot
 //!   interleave lines; a second run is refused instead of waiting.
 
@@ -19,7 +19,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Seek, Write};
 use std::path::{Component, Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 
 use crate::config::Config;
 use crate::pjrt::provision::PluginSpec;
@@ -329,26 +329,6 @@ fn absolute(path: &Path) -> Option<PathBuf> {
         }
     }
     Some(resolved)
-}
-
-/// Writes `path` whole: `fill` writes the content into a temporary file in the same directory,
-/// which is flushed to disk and renamed over `path`. On any error `path` is untouched and the
-/// temporary file removed. Missing parent directories are created.
-pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut File) -> std::io::Result<()>) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    // Errors name the file the user asked for, not the temporary one.
-    fill(tmp.as_file_mut()).with_context(|| format!("writing {}", path.display()))?;
-    // Data must be on disk before the rename makes it visible under the real name.
-    tmp.as_file().sync_all().with_context(|| format!("flushing {}", path.display()))?;
-    tmp.persist(path).map_err(|e| anyhow!("renaming into {}: {}", path.display(), e.error))?;
-    Ok(())
 }
 
 /// A file appended to under an exclusive lock held for the writer's lifetime.

@@ -22,7 +22,6 @@ use sha2::{Digest, Sha256};
 use crate::config::Config;
 use crate::ir::Program;
 use crate::model::Model;
-use crate::output;
 use crate::pjrt::Plugin;
 
 const MAGIC: &[u8; 8] = b"MAXRSAOT";
@@ -274,13 +273,13 @@ fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Writes header + executable to `path` atomically ([`output::write_atomic`]), so an
+/// Writes header + executable to `path` atomically ([`crate::files::write_atomic`]), so an
 /// interrupted write never leaves a truncated file where a good one was. The header gets the
 /// executable's checksum.
 pub fn write(path: &Path, header: &ArtifactHeader, executable: &[u8]) -> Result<()> {
     let header = ArtifactHeader { executable_sha256: Some(sha256_hex(executable)), ..header.clone() };
     let json = serde_json::to_vec_pretty(&header)?;
-    output::write_atomic(path, |file| {
+    crate::files::write_atomic(path, |file| {
         file.write_all(MAGIC)?;
         file.write_all(&(json.len() as u64).to_le_bytes())?;
         file.write_all(&json)?;

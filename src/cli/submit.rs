@@ -1,6 +1,6 @@
 //! `maxrs submit vertex|slurm|gke [options] -- train <config> key=value ...`: the local train
 //! command, run on a cluster. `--dry-run` prints exactly what would be submitted and exits;
-//! `--output FILE` (Slurm, GKE) writes it through `output::check` and `output::write_atomic`.
+//! `--output FILE` (Slurm, GKE) writes it through `output::check` and `files::write_atomic`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -373,9 +373,13 @@ fn check_output(path: Option<&Path>, force: bool, common: &Common) -> Result<()>
     output::check(settings.as_slice(), &[write])
 }
 
-/// Writes a file that may hold secret values: readable by its owner only (the temporary file
-/// `write_atomic` renames into place is created so).
+/// Writes a file that may hold secret values: readable by its owner only (narrowed before
+/// anything is written to it).
 fn write_file(path: &Path, text: &str) -> Result<()> {
     use std::io::Write;
-    output::write_atomic(path, |file| file.write_all(text.as_bytes()))
+    maxrs::files::write_atomic(path, |file| {
+        #[cfg(unix)]
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        file.write_all(text.as_bytes())
+    })
 }

@@ -5,7 +5,7 @@
 //! ids: the token format has no segment ids, so a row may span documents (their BOS/EOS mark
 //! the boundaries). The incomplete last row is dropped and reported; inputs too short for one
 //! row are an error. The output appears under its name only when complete
-//! (`output::write_atomic`).
+//! (`files::write_atomic`).
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -96,7 +96,7 @@ pub fn tokenize_files(
     bar.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").expect("a valid template"));
     let row_len = seq_len + 1;
     let mut pending: Vec<i32> = Vec::with_capacity(2 * row_len);
-    crate::output::write_atomic(output, |file| {
+    crate::files::write_atomic(output, |file| {
         let mut writer = BufWriter::with_capacity(1 << 20, &*file);
         let mut docs = TokenizedDocs::start(&spec, TextState::default());
         while let Some((_, ids)) = docs.next_doc().map_err(std::io::Error::other)? {

@@ -47,7 +47,7 @@ fn hash_file(file: &Path) -> io::Result<String> {
 pub(super) fn record(file: &Path, sha256: &str) -> Result<()> {
     let (size, mtime_ns) = size_and_mtime(file)?;
     let json = serde_json::to_vec(&Record { size, mtime_ns, sha256: sha256.to_string() })?;
-    crate::output::write_atomic(&record_path(file), |f| f.write_all(&json))
+    crate::files::write_atomic(&record_path(file), |f| f.write_all(&json))
 }
 
 /// Whether `file` exists and is as it was unpacked: same size, and the same modification time

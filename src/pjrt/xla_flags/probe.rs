@@ -71,7 +71,7 @@ pub fn check_values(xla_flags: &str, plugin: &Path) -> Result<()> {
     }
     if status_ok {
         if let Some(marker) = marker {
-            let _ = crate::output::write_atomic(&marker, |_| Ok(()));
+            let _ = crate::files::write_atomic(&marker, |_| Ok(()));
         }
     } else {
         tracing::debug!("the XLA flag probe could not start {}; its values are not checked", plugin.display());
