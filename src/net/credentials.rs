@@ -30,17 +30,13 @@ use reqwest::Url;
 
 use super::google::check_token_destination;
 
-/// A bearer token. Only [`AccessToken::secret`] shows it (to put it in a request header).
+/// A bearer token. Only [`AccessToken::authorize`] shows it, in a request's header.
 #[derive(Clone)]
 pub struct AccessToken(String);
 
 impl AccessToken {
     pub fn new(token: String) -> Self {
         AccessToken(token)
-    }
-
-    pub fn secret(&self) -> &str {
-        &self.0
     }
 
     /// Puts the token into `request`'s `Authorization` header, after checking that the request
