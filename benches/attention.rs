@@ -8,11 +8,13 @@
 
 use std::time::{Duration, Instant};
 
+use maxrs::autodiff::value_and_grad;
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::model::attention::{attend, AttentionImpl, Mask, BLOCK};
-use maxrs::pjrt::{cpu_client, HostTensor};
+use maxrs::pjrt::cpu_client;
 use maxrs::runtime::compile;
-use maxrs::tensor::{trace, value_and_grad, Tree};
+use maxrs::tensor::{trace, Tree};
 
 const BATCH: i64 = 1;
 const HEADS: i64 = 8;

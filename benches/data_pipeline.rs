@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use maxrs::cluster::client_for;
 use maxrs::config::{self, Config};
 use maxrs::data::{self, ProcessShare, Split, TextBatches, TextState};
 use maxrs::pjrt::provision::{Provisioner, WheelPin};
-use maxrs::train::run::{client_for, train};
+use maxrs::train::run::train;
 use parquet::basic::Compression;
 use parquet::data_type::{ByteArray, ByteArrayType};
 use parquet::file::properties::WriterProperties;

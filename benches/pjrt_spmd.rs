@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use maxrs::pjrt::{load_plugin, Buffer, Client, CompileOptions, HostTensor, Value};
+use maxrs::pjrt::{load_plugin, Buffer, Client, CompileOptions, Value};
+
+use maxrs::host::HostTensor;
 
 const MLIR: &str = r#"
 sdy.mesh @mesh = <["x"=8]>

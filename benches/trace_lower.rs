@@ -8,10 +8,11 @@
 //! `cargo bench --bench trace_lower` (optionally `-- <runs>`).
 
 use maxrs::autodiff::value_and_grad_program;
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::lower::to_stablehlo;
 use maxrs::model::Model;
-use maxrs::pjrt::{cpu_client, HostTensor};
+use maxrs::pjrt::cpu_client;
 use maxrs::runtime::run_program;
 use maxrs::sharding::Mesh;
 use maxrs::tensor::{trace, Tree};

@@ -1,5 +1,5 @@
 //! Every local file maxrs reads is opened here, so that no input can hang a run or exhaust its
-//! memory (the reading side of [`crate::output`]):
+//! memory (the reading side of [`crate::files`] and [`crate::output`]):
 //! - [`open`] hands out a file only when it is a regular file. A FIFO would block the open and
 //!   every read, a device such as `/dev/zero` never ends, a directory or a symlink loop cannot
 //!   be read: each is refused with a line naming the key (or argument) and saying what the path
@@ -142,7 +142,7 @@ fn regular(meta: &Metadata) -> Result<(), Problem> {
     if meta.is_dir() {
         return Err(Problem::Directory);
     }
-    match crate::output::describe_special(&meta.file_type()) {
+    match crate::files::describe_special(&meta.file_type()) {
         Some(kind) => Err(Problem::NotRegular(kind)),
         None => Ok(()),
     }

@@ -4,6 +4,9 @@
 //! config -> model trace (`ir`, `tensor`) -> transforms (`autodiff`) -> StableHLO text (`lower`,
 //! `sharding`) -> PJRT plugin (`pjrt`) -> train loop, across processes (`cluster`); `submit` sends a
 //! train command to a cluster.
+//!
+//! The modules are layered, foundations (`sharding`, `host`, `files`, `input`, `net`) first:
+//! none imports a higher layer (the README's Layout section lists them; `tests/layers.rs` checks).
 
 pub mod aot;
 pub mod autodiff;
@@ -12,6 +15,7 @@ pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod files;
+pub mod host;
 pub mod inference;
 pub mod input;
 pub mod ir;

@@ -1,29 +1,26 @@
-//! Every file a command writes goes through here, so that none destroys what is already on disk:
+//! Every path a command reads or writes is checked here, so that none destroys what is already
+//! on disk:
 //! - [`check`] runs before any work (a compile, a conversion, a pass over a corpus), in every
 //!   command that writes (`train`, `train-compile`, `tokenize`, `convert`, `submit`): no output
 //!   may be an input of the command or another output (same path or same inode, so hard links
 //!   and symlinks count), and a directory written whole may not lie inside an input or hold one;
 //!   an output file may not be a FIFO, device or directory, and what may already be there is
-//!   its [`Kind`]'s rule; the closest existing directory must take new files; no input may be a
-//!   FIFO, device or (unless it may be) a directory. A refused path names its key, flag or
-//!   argument, its value quoted, and what would be valid.
+//!   its [`Kind`]'s rule (`files::check_output`); the closest existing directory must take new
+//!   files; no input may be a FIFO, device or (unless it may be) a directory. A refused path
+//!   names its key, flag or argument, its value quoted, and what would be valid.
 //! - [`check_paths`] is that check for the config keys of `train` and `train-compile`:
 //!   [`PATH_KEYS`] lists every config key that names a file and whether each command reads or
-//!   writes it; a new output (checkpoints, event files) adds a row there and uses these writers.
-//! - Whole files are written by [`crate::files::write_atomic`], under a temporary name in the
-//!   same directory renamed into place, so an interrupted write leaves the old file intact.
-//! - [`LockedAppend`] appends to a file under an exclusive OS lock (`flock`), so two runs cannot
-//!   interleave lines; a second run is refused instead of waiting.
+//!   writes it; a new output (checkpoints, event files) adds a row there and writes through
+//!   `crate::files` (`write_atomic`, `LockedAppend`) or `crate::storage`.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Seek, Write};
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 
 use crate::config::Config;
+use crate::files::{self, absolute, describe_special, same_file, shown, Kind, Location, NEW_DIR};
 use crate::pjrt::provision::PluginSpec;
-use crate::storage::{self, Location};
+use crate::storage;
 
 /// The commands that read and write files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,28 +87,6 @@ pub struct Output<'a> {
     pub name: &'a str,
     pub location: Location,
     pub kind: Kind,
-}
-
-/// What an output is, which decides what may already be at its path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// A file every run rewrites, as in MaxText (`metrics_file`, `compiled_trainstep_file`): an
-    /// existing regular file is the previous run's and is replaced.
-    RunFile,
-    /// A file named on the command line (`--output`): an existing file is replaced only when the
-    /// user said so with `--force` (`force`), as gzip, xz and zstd do, since it may be anything
-    /// of the user's.
-    File { force: bool },
-    /// A directory the command creates or adds to (`base_output_directory`).
-    Dir,
-    /// A directory the command writes whole (`convert`'s DST): nothing may be there yet, and it
-    /// may not lie inside an input or hold one.
-    NewDir,
-}
-
-/// `name="value"`: how a refused path is shown (quoted, control characters escaped).
-fn shown(name: &str, location: &Location) -> String {
-    format!("{name}={:?}", location.to_string())
 }
 
 /// The value of path key `key` in `c`, if set (empty means unset).
@@ -230,157 +205,5 @@ fn check_output(name: &str, location: &Location, kind: Kind) -> Result<()> {
         // Other gs:// outputs are checked by the storage layer when written.
         Location::Gcs { .. } => return Ok(()),
     };
-    let shown = shown(name, location);
-    // A dangling symlink is something there too, for a directory written whole.
-    let existing = if kind == Kind::NewDir { std::fs::symlink_metadata(path) } else { std::fs::metadata(path) };
-    match existing {
-        Ok(_) if kind == Kind::NewDir => bail!("{shown} already exists; {NEW_DIR}"),
-        Ok(meta) if kind == Kind::Dir => {
-            if !meta.is_dir() {
-                let kind = describe_special(&meta.file_type()).unwrap_or("a file");
-                bail!("{shown} is {kind}; maxrs writes a directory there: give a directory path");
-            }
-        }
-        Ok(meta) => {
-            if let Some(kind) = describe_special(&meta.file_type()) {
-                bail!("{shown} is {kind}; maxrs writes a regular file there: give a file path");
-            }
-            if kind == (Kind::File { force: false }) {
-                bail!("{shown} already exists; add --force to replace it, or give a new path");
-            }
-            // Opening for append changes nothing, and tells a read-only file early.
-            OpenOptions::new().append(true).open(path).map_err(|e| anyhow!("{shown} cannot be written: {e}"))?;
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => bail!("{shown}: {e}"),
-    }
-    // A run directory is not probed for writing: its writers (checkpoints, event files) fail
-    // when they write, and `on_checkpoint_error=continue` keeps training on a read-only disk
-    // (a run resumed from a checkpoint there is a valid use).
-    if kind == Kind::Dir {
-        return Ok(());
-    }
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let start = if kind == Kind::NewDir { path.as_path() } else { parent };
-    // Missing directories are created when writing: the closest existing one must take new files.
-    let existing = start.ancestors().find(|dir| dir.exists()).unwrap_or(Path::new("."));
-    if !existing.is_dir() {
-        bail!("{shown}: {} is not a directory", existing.display());
-    }
-    tempfile::tempfile_in(existing)
-        .map_err(|e| anyhow!("{shown}: cannot create files in {}: {e}", existing.display()))?;
-    Ok(())
-}
-
-/// What a [`Kind::NewDir`] that exists is told.
-const NEW_DIR: &str = "maxrs writes a new directory there, whole: give a path that does not exist yet (or delete it)";
-
-/// "a FIFO" etc. for a file type maxrs must not write to or read from; `None` for a regular
-/// file.
-pub(crate) fn describe_special(file_type: &std::fs::FileType) -> Option<&'static str> {
-    if file_type.is_dir() {
-        return Some("a directory");
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if file_type.is_fifo() {
-            return Some("a FIFO (named pipe)");
-        }
-        if file_type.is_char_device() || file_type.is_block_device() {
-            return Some("a device");
-        }
-        if file_type.is_socket() {
-            return Some("a socket");
-        }
-    }
-    (!file_type.is_file()).then_some("not a regular file")
-}
-
-/// Whether two paths name the same file: the same inode (hard links, symlinks) or, for files
-/// that do not exist yet, the same place once resolved.
-pub fn same_file(a: &Path, b: &Path) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        if let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) {
-            return ma.dev() == mb.dev() && ma.ino() == mb.ino();
-        }
-    }
-    match (absolute(a), absolute(b)) {
-        (Some(ra), Some(rb)) => ra == rb,
-        _ => a == b,
-    }
-}
-
-/// `path` made absolute with its existing part resolved (symlinks, `..`) and the rest, which
-/// cannot hold symlinks, taken as written: where it is or would be created.
-fn absolute(path: &Path) -> Option<PathBuf> {
-    let path = std::path::absolute(path).ok()?;
-    let existing = path.ancestors().find(|a| a.exists())?;
-    let mut resolved = std::fs::canonicalize(existing).ok()?;
-    for part in path.strip_prefix(existing).ok()?.components() {
-        match part {
-            Component::ParentDir => {
-                resolved.pop();
-            }
-            Component::Normal(name) => resolved.push(name),
-            _ => {}
-        }
-    }
-    Some(resolved)
-}
-
-/// A file appended to under an exclusive lock held for the writer's lifetime.
-pub struct LockedAppend {
-    file: File,
-    /// `key="path"`, for errors.
-    shown: String,
-    /// Truncate before the first write (a run starting afresh), not at open: a run that fails
-    /// before writing leaves the old content.
-    truncate_pending: bool,
-}
-
-impl LockedAppend {
-    /// Opens (creating it and its directories) and locks `path`, the value of config key `key`.
-    /// With `fresh`, the old content is dropped at the first write. Another process holding
-    /// the lock is an error naming the key.
-    pub fn open(key: &str, path: &Path, fresh: bool) -> Result<LockedAppend> {
-        let location = Location::Local(path.to_owned());
-        let shown = shown(key, &location);
-        if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| anyhow!("{shown}: cannot create {}: {e}", dir.display()))?;
-        }
-        check_output(key, &location, Kind::RunFile)?;
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| anyhow!("{shown}: cannot open it for writing: {e}"))?;
-        file.try_lock().map_err(|e| match e {
-            std::fs::TryLockError::WouldBlock => {
-                anyhow!(
-                    "{shown} is being written by another run (it holds the file's lock); give this run another path"
-                )
-            }
-            std::fs::TryLockError::Error(e) => anyhow!("{shown}: cannot lock it: {e}"),
-        })?;
-        Ok(LockedAppend { file, shown, truncate_pending: fresh })
-    }
-
-    /// Appends `bytes` in one write call.
-    pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
-        let fail = |e: std::io::Error| anyhow!("{}: {e}", self.shown);
-        if self.truncate_pending {
-            self.file.set_len(0).map_err(fail)?;
-            self.file.rewind().map_err(fail)?;
-            self.truncate_pending = false;
-        }
-        self.file.write_all(bytes).map_err(fail)
-    }
-
-    /// Makes everything appended so far durable.
-    pub fn sync(&mut self) -> Result<()> {
-        self.file.sync_data().map_err(|e| anyhow!("{}: {e}", self.shown))
-    }
+    files::check_output(&shown(name, location), path, kind)
 }

@@ -13,12 +13,13 @@ use crate::common::provision::provisioned;
 
 use maxrs::aot::topology::{lookup, GpuTarget};
 use maxrs::aot::{target_config, CompileTarget};
+use maxrs::autodiff::value_and_grad;
 use maxrs::config;
+use maxrs::host::ElementType;
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::pjrt::provision::resolve_plugin;
-use maxrs::pjrt::ElementType;
 use maxrs::sharding::{Mesh, PartitionSpec};
-use maxrs::tensor::{trace, value_and_grad};
+use maxrs::tensor::trace;
 
 const EMBED: i64 = 512;
 const MLP: i64 = 1024;

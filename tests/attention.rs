@@ -8,11 +8,12 @@
 //! reuses the saved output and statistics instead of recomputing the attention.
 
 use crate::common::{f64_tensor, rng, run, uniform};
+use maxrs::autodiff::value_and_grad;
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Prim, Program, Signature};
 use maxrs::model::attention::{attend, AttentionImpl, Mask};
-use maxrs::pjrt::HostTensor;
 use maxrs::runtime::compile;
-use maxrs::tensor::{checkpoint, trace, value_and_grad, RematPolicy, Tree};
+use maxrs::tensor::{checkpoint, trace, RematPolicy, Tree};
 
 const B: i64 = 2;
 const T: i64 = 32;

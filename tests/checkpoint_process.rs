@@ -14,7 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use maxrs::checkpoint::dir::{self, SLOW_WRITE_ENV};
-use maxrs::storage::Location;
+use maxrs::files::Location;
 
 const MAXRS: &str = env!("CARGO_BIN_EXE_maxrs");
 

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use maxrs::checkpoint::{dir, manifest};
 use maxrs::config;
+use maxrs::files::Location;
 use maxrs::pjrt::cpu_client;
-use maxrs::storage::Location;
 use maxrs::train::run::{train, RunReport};
 
 /// A small model (the default one, narrowed) in float32, whose schedule spans 8 steps however

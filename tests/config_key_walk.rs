@@ -239,7 +239,7 @@ fn programs(overrides: &[String]) -> Result<String, String> {
     let c = load(overrides)?;
     let derived = config::validate(&c, DEVICES, 1).map_err(|e| e.to_string())?;
     let ids: Vec<i64> = (0..DEVICES as i64).collect();
-    let mesh = maxrs::train::step::step_mesh(&derived, &[ids]).map_err(|e| e.to_string())?;
+    let mesh = derived.mesh.step_mesh(&[ids]).map_err(|e| e.to_string())?;
     let step = TrainStep::new(&c, &derived, mesh).map_err(|e| e.to_string())?;
     let train = step.train_step().map_err(|e| e.to_string())?;
     let init = step.init(true).map_err(|e| e.to_string())?;

@@ -7,7 +7,7 @@ use maxrs::config::{self, Config};
 use maxrs::data::{
     self, host_rows, write_tokens_file, BatchIterator, DataError, DataState, ProcessShare, Synthetic, TokensFile,
 };
-use maxrs::pjrt::{ElementType, HostTensor};
+use maxrs::host::{ElementType, HostTensor};
 
 fn cfg(overrides: &[&str]) -> Config {
     let args: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();

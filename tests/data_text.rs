@@ -86,7 +86,7 @@ fn tokenizer() -> TextTokenizer {
 
 /// The document numbers of a batch's segments, row by row, checking MaxText's array rules.
 fn documents(batch: &Batch, tok: &TextTokenizer) -> Vec<usize> {
-    let get = |t: &maxrs::pjrt::HostTensor| t.to_i32().chunks(SEQ).map(|c| c.to_vec()).collect::<Vec<_>>();
+    let get = |t: &maxrs::host::HostTensor| t.to_i32().chunks(SEQ).map(|c| c.to_vec()).collect::<Vec<_>>();
     let (ids, segs, pos, tgt, tseg) = (
         get(&batch.inputs),
         get(&batch.inputs_segmentation),

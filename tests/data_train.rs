@@ -7,10 +7,11 @@
 
 use std::path::{Path, PathBuf};
 
+use maxrs::cluster::client_for;
 use maxrs::config;
 use maxrs::data::DataState;
 use maxrs::pjrt::provision::{Provisioner, WheelPin};
-use maxrs::train::run::{client_for, train};
+use maxrs::train::run::train;
 
 use crate::common::provision::skip_offline;
 

@@ -12,14 +12,13 @@ use std::path::{Path, PathBuf};
 use maxrs::checkpoint;
 use maxrs::config::{self, Config, DecoderBlock, Derived};
 use maxrs::data::tokenizer::TextTokenizer;
+use maxrs::files::Location;
+use maxrs::host::HostTensor;
 use maxrs::inference::{Generation, ParamSource, Sampling, Session};
 use maxrs::ir::{DType, Signature};
 use maxrs::model::attention::{AttendOptions, KvCache, LayerCache, LayerContext};
 use maxrs::model::Model;
-use maxrs::pjrt::HostTensor;
-use maxrs::storage::Location;
 use maxrs::tensor::{random, trace, Tree};
-use maxrs::train::step::step_mesh;
 
 /// Prompts of different lengths (the longest fills the prefill) and one idle batch row.
 const PROMPTS: &[&[i32]] = &[&[5, 17, 300, 2, 9], &[1, 2, 3, 4, 5, 6, 7, 8], &[42]];
@@ -51,7 +50,7 @@ fn params(c: &Config) -> Tree<HostTensor> {
 
 fn session(c: &Config, devices: usize, steps_per_call: i64) -> Session {
     let derived: Derived = config::validate(c, devices, 1).expect("valid config");
-    let mesh = step_mesh(&derived, &[(0..devices as i64).collect()]).unwrap();
+    let mesh = derived.mesh.step_mesh(&[(0..devices as i64).collect()]).unwrap();
     Session::new(c, &derived, mesh, &crate::common::client(), ParamSource::Host(&params(c)), steps_per_call)
         .expect("the decode programs compile")
 }
@@ -312,7 +311,7 @@ fn maxrs(args: &[&str]) -> (bool, String, String) {
 fn save_params(c: &Config, dir: &Path) -> (PathBuf, PathBuf) {
     let host: BTreeMap<String, HostTensor> = params(c).into_iter().collect();
     let file = dir.join("params.safetensors");
-    maxrs::train::params_io::save_safetensors(&file, &host).unwrap();
+    maxrs::host::params_io::save_safetensors(&file, &host).unwrap();
     let step_dir = dir.join("checkpoints/1");
     let snapshot = checkpoint::Snapshot {
         step: Some(1),

@@ -1,8 +1,9 @@
 //! Trace-time errors name the operation, the operand shapes and the caller's file:line, and
 //! `trace` returns them as errors instead of panicking out of the caller.
 
+use maxrs::autodiff::value_and_grad;
 use maxrs::ir::{DType, Signature};
-use maxrs::tensor::{einsum, scan, trace, value_and_grad, Tensor, Trace, Tree};
+use maxrs::tensor::{einsum, scan, trace, Tensor, Trace, Tree};
 
 fn signature(inputs: &[(&str, DType, &[i64])]) -> Signature {
     let mut sig = Signature::new(None);

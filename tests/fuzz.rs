@@ -9,12 +9,12 @@
 
 use std::path::Path;
 
-use maxrs::aot::artifact::{self, ArtifactHeader};
 use maxrs::config;
 use maxrs::data::tokens::TokensBatches;
 use maxrs::data::TokensFile;
-use maxrs::pjrt::{ElementType, HostTensor};
-use maxrs::train::params_io::{load_parameters, save_safetensors, ParamSpec, Params};
+use maxrs::host::params_io::{load_parameters, save_safetensors, ParamSpec, Params};
+use maxrs::host::{ElementType, HostTensor};
+use maxrs::runtime::artifact::{self, ArtifactHeader};
 use proptest::prelude::*;
 
 /// Cases per target in CI: all four targets together take a few seconds in a debug build.

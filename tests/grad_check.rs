@@ -4,12 +4,11 @@
 //! match the central difference `(loss(x + h e) - loss(x - h e)) / 2h`.
 
 use crate::common::{f64_tensor, max_rel_diff, rng, run, uniform};
+use maxrs::autodiff::value_and_grad;
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, DotDims, GatherDims, Prim, RaggedDotMode, Signature};
-use maxrs::pjrt::HostTensor;
 use maxrs::runtime::compile;
-use maxrs::tensor::{
-    checkpoint, concatenate, einsum, scan, sort, trace, value_and_grad, where_, RematPolicy, Tensor, Trace, Tree,
-};
+use maxrs::tensor::{checkpoint, concatenate, einsum, scan, sort, trace, where_, RematPolicy, Tensor, Trace, Tree};
 
 type Fun = Box<dyn Fn(&Trace, &[Tensor]) -> Tensor>;
 

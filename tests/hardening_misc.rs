@@ -9,8 +9,8 @@ use std::process::Output;
 use maxrs::aot::train_compile::apply_target;
 use maxrs::checkpoint::Checkpoints;
 use maxrs::config::{self, Hardware, Source};
+use maxrs::files::Location;
 use maxrs::pjrt::cpu_client;
-use maxrs::storage::Location;
 use maxrs::train::run::train;
 
 use crate::checkpoint_resume::{state_expected, SMALL};

@@ -2,11 +2,12 @@
 //! attributes, the Shardy mesh, argument/result shardings, donation aliases, readable names,
 //! constraints, and the forward/backward equations. The module must also compile on 4 devices.
 
+use maxrs::autodiff::value_and_grad;
 use maxrs::ir::{DType, Signature};
 use maxrs::lower::to_stablehlo;
 use maxrs::runtime::compile;
 use maxrs::sharding::{Mesh, PartitionSpec};
-use maxrs::tensor::{trace, value_and_grad, Tree};
+use maxrs::tensor::{trace, Tree};
 
 #[test]
 fn sharded_mlp_step() {

@@ -29,6 +29,7 @@ mod hardening_inputs;
 mod hardening_misc;
 mod hardening_net;
 mod hardening_outputs;
+mod layers;
 mod lowering_snapshot;
 mod mixtral;
 mod model_families;

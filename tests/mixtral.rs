@@ -9,9 +9,10 @@
 use crate::common::llama_ref::{self, scaled_err, signature, B, T};
 use crate::common::mixtral_ref::{self, config, inputs, random_params, MixtralParams};
 use crate::common::moe_ref::Routing;
+use maxrs::autodiff::value_and_grad_with_aux;
 use maxrs::model::Model;
 use maxrs::pjrt::cpu_client;
-use maxrs::tensor::{trace, value_and_grad_with_aux};
+use maxrs::tensor::trace;
 use maxrs::train::run::{self, RunReport};
 use ndarray::Array2;
 

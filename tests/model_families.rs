@@ -7,8 +7,9 @@
 //! LayerNorms, learned positions, the tied and rescaled Gemma embedding, Llama 3.1's RoPE).
 
 use crate::common::family_ref::*;
+use maxrs::autodiff::value_and_grad;
 use maxrs::model::Model;
-use maxrs::tensor::{trace, value_and_grad, Tree};
+use maxrs::tensor::{trace, Tree};
 use ndarray::Array2;
 
 const SIZES: &[&str] = &[

@@ -9,9 +9,9 @@
 use std::collections::BTreeMap;
 
 use crate::common::llama_ref::{self, random_params, rms_norm, scaled_err, RefParams};
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Signature};
 use maxrs::model::Model;
-use maxrs::pjrt::HostTensor;
 use maxrs::tensor::{trace, Tree};
 use ndarray::{s, Array2};
 

@@ -6,8 +6,9 @@
 //! of the reference loss.
 
 use crate::common::llama_ref::*;
+use maxrs::autodiff::value_and_grad;
 use maxrs::ir::Signature;
-use maxrs::tensor::{trace, value_and_grad, Tree};
+use maxrs::tensor::{trace, Tree};
 use ndarray::Array2;
 
 fn check_forward(scan_layers: bool, extra: &[&str], z: f64) {

@@ -6,12 +6,13 @@
 
 use crate::common::moe_ref::{moe, MoeParams, MoeRef, Routing};
 use crate::common::{f64_tensor, rng, run, uniform};
+use maxrs::autodiff::value_and_grad_with_aux;
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::model::moe::{moe_block, param_defs, MoeConfig};
 use maxrs::model::ModelConfig;
-use maxrs::pjrt::HostTensor;
 use maxrs::sharding::Mesh;
-use maxrs::tensor::{trace, value_and_grad_with_aux, Tree};
+use maxrs::tensor::{trace, Tree};
 use ndarray::Array2;
 
 const S: usize = 8;

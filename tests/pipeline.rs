@@ -9,12 +9,12 @@ use std::path::Path;
 
 use maxrs::config::{self, Config, Derived};
 use maxrs::data::{self, BatchIterator, ProcessShare};
-use maxrs::pjrt::HostTensor;
+use maxrs::host::HostTensor;
 use maxrs::runtime::{self, DeviceArray};
 use maxrs::tensor::Tree;
 use maxrs::train::pipeline::run::build;
 use maxrs::train::run::StartupTimes;
-use maxrs::train::step::{batch_inputs, step_mesh, TrainStep};
+use maxrs::train::step::{batch_inputs, TrainStep};
 
 /// A tiny decoder in f32 (every size divides over 8 devices).
 const TINY: &[&str] = &[
@@ -82,7 +82,7 @@ fn unpipelined_with(args: &[&str], extra: &[&str]) -> (Vec<f64>, Tree<HostTensor
     let c = load(&plain);
     let derived = config::validate(&c, 8, 1).expect("valid config");
     let client = crate::common::client();
-    let step = TrainStep::new(&c, &derived, step_mesh(&derived, &granules()).unwrap()).unwrap();
+    let step = TrainStep::new(&c, &derived, derived.mesh.step_mesh(&granules()).unwrap()).unwrap();
     let compiled = runtime::compile(&client, &step.train_step().unwrap()).unwrap();
     let init = runtime::compile(&client, &step.init(true).unwrap()).unwrap();
     let mut state: Vec<Option<DeviceArray>> = compiled.program.inputs.iter().map(|_| None).collect();

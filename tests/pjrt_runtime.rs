@@ -2,7 +2,8 @@
 //! transfers of every element type, donation, and the errors maxrs raises before the plugin.
 
 use half::bf16;
-use maxrs::pjrt::{cpu_client, Buffer, Client, CompileOptions, ElementType, Error, HostTensor, LoadedExecutable};
+use maxrs::host::{ElementType, HostTensor};
+use maxrs::pjrt::{cpu_client, Buffer, Client, CompileOptions, Error, LoadedExecutable};
 
 /// `a * b + 1` on a [16, 4] array sharded by rows over 8 devices, plus the sum of all elements
 /// (which needs a cross-device all-reduce). `b` is donated to the first output.

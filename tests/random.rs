@@ -2,8 +2,8 @@
 //! key splitting, sampler statistics, and identical bits on 1 and 8 devices.
 
 use crate::common::run;
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Signature};
-use maxrs::pjrt::HostTensor;
 use maxrs::sharding::{Mesh, PartitionSpec};
 use maxrs::tensor::{random, trace, Tree};
 

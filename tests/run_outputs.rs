@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 
 use maxrs::config;
+use maxrs::files::Location;
 use maxrs::input::RUN_LOG;
 use maxrs::pjrt::cpu_client;
-use maxrs::storage::{self, Location};
+use maxrs::storage;
 use maxrs::train::run::{train, RunReport};
 use maxrs::train::tensorboard::{masked_crc32c, Event, EventKind, ValueKind};
 use prost::Message;

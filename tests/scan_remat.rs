@@ -3,10 +3,11 @@
 //! policy gives the gradients of no remat — while saving different residuals per iteration.
 
 use crate::common::{f64_tensor, max_rel_diff, rng, run, uniform};
+use maxrs::autodiff::value_and_grad;
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Prim, Program, Signature};
 use maxrs::lower::to_stablehlo;
-use maxrs::pjrt::HostTensor;
-use maxrs::tensor::{checkpoint, einsum, scan, trace, value_and_grad, RematPolicy, Tensor, Tree};
+use maxrs::tensor::{checkpoint, einsum, scan, trace, RematPolicy, Tensor, Tree};
 
 const L: i64 = 3;
 const B: i64 = 2;

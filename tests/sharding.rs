@@ -3,12 +3,13 @@
 //! inside a scanned layer stack, donated parameters) that must give the numbers of 1 device.
 
 use crate::common::{max_rel_diff, rng, run, uniform};
+use maxrs::autodiff::value_and_grad_with_aux;
+use maxrs::host::HostTensor;
+use maxrs::host::{assemble, shard};
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::lower::to_stablehlo;
-use maxrs::pjrt::HostTensor;
-use maxrs::runtime::{assemble, shard};
 use maxrs::sharding::{Mesh, PartitionSpec};
-use maxrs::tensor::{scan, trace, value_and_grad_with_aux, Tree};
+use maxrs::tensor::{scan, trace, Tree};
 
 #[test]
 fn hybrid_mesh_keeps_ici_axes_within_a_host() {

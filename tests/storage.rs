@@ -4,8 +4,9 @@
 
 use std::io::{Read, Write};
 
+use maxrs::files::Location;
 use maxrs::input::SETTINGS;
-use maxrs::storage::{self, Location, StagedDir};
+use maxrs::storage::{self, StagedDir};
 
 fn exercise(root: &Location) {
     let file = root.join("a/b/file.bin");

@@ -1,8 +1,9 @@
 //! The TFLOPs formula against hand-computed llama2-7b numbers and MaxText's own golden test;
 //! the peak table and MFU.
 
+use maxrs::model::flops::{StepShape, StepTflops};
 use maxrs::model::Model;
-use maxrs::train::flops::{mfu, peak_tflops_per_device, StepShape, StepTflops};
+use maxrs::train::flops::{mfu, peak_tflops_per_device};
 
 /// llama2-7b (emb 4096, 32 heads of 128, 32 kv heads, mlp 11008, 32 layers, vocab 32000) from its
 /// model file, with `overrides`.

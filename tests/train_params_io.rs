@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use half::bf16;
-use maxrs::pjrt::{ElementType, HostTensor};
-use maxrs::train::params_io::{load_parameters, save_safetensors, ParamSpec, Params, ParamsError};
+use maxrs::host::params_io::{load_parameters, save_safetensors, ParamSpec, Params, ParamsError};
+use maxrs::host::{ElementType, HostTensor};
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("maxrs-train-params-{}-{name}", std::process::id()));

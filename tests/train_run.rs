@@ -6,8 +6,8 @@
 use crate::common::llama_ref::{self, B, T};
 use maxrs::config;
 use maxrs::data::write_tokens_file;
+use maxrs::host::params_io::{save_safetensors, Params};
 use maxrs::pjrt::cpu_client;
-use maxrs::train::params_io::{save_safetensors, Params};
 use maxrs::train::run::{train, RunReport};
 
 fn run(devices: usize, overrides: &[&str]) -> RunReport {

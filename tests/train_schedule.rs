@@ -151,7 +151,7 @@ fn traced_schedule_matches_the_host_one_at_every_step() {
         .unwrap();
         let ids: Vec<i32> = (0..steps as i32).collect();
         let out =
-            crate::common::run(&program, &Tree::new().with("steps", maxrs::pjrt::HostTensor::from_i32(&[steps], &ids)));
+            crate::common::run(&program, &Tree::new().with("steps", maxrs::host::HostTensor::from_i32(&[steps], &ids)));
         for (step, got) in out["lr"].to_f64().into_iter().enumerate() {
             let want = s.at(step as u64);
             assert!((got - want).abs() <= 1e-6 * want.abs().max(1e-6), "{name}: step {step}: traced {got} vs {want}");

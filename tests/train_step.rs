@@ -7,7 +7,7 @@
 
 use crate::common::llama_ref::*;
 use maxrs::config::{self, Config};
-use maxrs::pjrt::HostTensor;
+use maxrs::host::HostTensor;
 use maxrs::runtime;
 use maxrs::tensor::Tree;
 use maxrs::train::schedule::LearningRateSchedule;

@@ -17,13 +17,14 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
+use maxrs::cluster::client_for;
 use maxrs::config::{self, Config};
 use maxrs::data::{self, write_tokens_file, ProcessShare};
+use maxrs::host::params_io::{save_safetensors, Params};
 use maxrs::pjrt::Client;
 use maxrs::runtime;
 use maxrs::tensor::Tree;
-use maxrs::train::params_io::{save_safetensors, Params};
-use maxrs::train::run::{client_for, train, RunReport};
+use maxrs::train::run::{train, RunReport};
 use maxrs::train::step::TrainStep;
 use serde_json::{json, Value};
 

@@ -20,16 +20,15 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
+use maxrs::cluster::client_for;
 use maxrs::config::{self, Config};
+use maxrs::host::params_io::save_safetensors;
+use maxrs::host::HostTensor;
 use maxrs::inference::{Generation, ParamSource, Session};
 use maxrs::ir::Signature;
 use maxrs::model::Model;
-use maxrs::pjrt::HostTensor;
 use maxrs::runtime;
 use maxrs::tensor::{random, trace, Tree};
-use maxrs::train::params_io::save_safetensors;
-use maxrs::train::run::client_for;
-use maxrs::train::step::step_mesh;
 use serde_json::{json, Value};
 
 #[path = "jax_venv.rs"]
@@ -79,7 +78,7 @@ fn main() -> Result<()> {
     let mut rows = Vec::new();
     let mut reference: Option<Vec<Vec<i32>>> = None;
     for &k in &steps_per_call {
-        let mesh = step_mesh(&derived, std::slice::from_ref(&ids)).map_err(|e| anyhow!(e))?;
+        let mesh = derived.mesh.step_mesh(std::slice::from_ref(&ids)).map_err(|e| anyhow!(e))?;
         let session = Session::new(&c, &derived, mesh, &client, ParamSource::Host(&params), k)?;
         session.generate(&prompts, None)?; // warm-up
         let runs: Vec<Generation> = (0..repeats).map(|_| session.generate(&prompts, None)).collect::<Result<_>>()?;

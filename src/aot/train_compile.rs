@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 
-use super::artifact;
 use super::compile::{check_plugin, CompileTarget};
 use super::memory::MemoryReport;
 use super::topology::{self, Platform, Topology};
@@ -16,8 +15,9 @@ use crate::config::{self, escape, Config, Hardware, Resolved, Source};
 use crate::lower::to_stablehlo;
 use crate::model::attention::describe;
 use crate::pjrt::Plugin;
-use crate::train::pipeline::{self, aot::PipelineMemory, PipelineStep, Schedule};
-use crate::train::step::{step_mesh, TrainStep};
+use crate::runtime::artifact;
+use crate::train::pipeline::{aot::PipelineMemory, PipelineStep, Schedule};
+use crate::train::step::TrainStep;
 
 /// What a compile produced.
 #[derive(Debug)]
@@ -86,7 +86,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     let setup_seconds = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let derived = config::validate(c, target.num_devices(), target.granules().len())?;
-    let mesh = step_mesh(&derived, target.granules()).map_err(|e| anyhow!(e))?;
+    let mesh = derived.mesh.step_mesh(target.granules()).map_err(|e| anyhow!(e))?;
     if let Some(plan) = &derived.pipeline {
         let mesh = mesh.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
         let step = PipelineStep::new(c, &derived, mesh)?;
@@ -100,7 +100,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
             topology.devices_per_host as usize,
             topology.device_kind,
         );
-        let compiled = pipeline::aot::train_compile(c, &target, &step, &schedule, devices)?;
+        let compiled = super::pipeline::train_compile(c, &target, &step, &schedule, devices)?;
         let summary = CompileSummary {
             target: topology.name.clone(),
             num_devices: target.num_devices(),

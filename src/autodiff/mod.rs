@@ -1,4 +1,7 @@
-//! Reverse-mode automatic differentiation as a transformation of the IR.
+//! Reverse-mode automatic differentiation as a transformation of the IR, and its entry points:
+//! [`value_and_grad`] (and [`value_and_grad_with_aux`]) for traced code, JAX-style, and
+//! [`value_and_grad_program`] for a whole program. It builds on `crate::tensor`, never the other
+//! way round.
 //!
 //! `forward` evaluates a graph into a destination trace — re-binding each equation — and keeps
 //! a `Tape`: the value of every graph value there, which values are active (see `activity`),
@@ -20,7 +23,7 @@ mod rules;
 mod scan;
 
 use crate::ir::{Eqn, Graph, InputSpec, OutputSpec, Prim, Program};
-use crate::tensor::{Tensor, Trace};
+use crate::tensor::{usage_error, Tensor, Trace, Tree};
 
 /// The forward evaluation of a graph, with what the backward pass needs.
 pub struct Tape {
@@ -134,6 +137,43 @@ fn accumulate(cts: &mut [Option<Tensor>], v: crate::ir::ValueId, ct: Tensor) {
         None => ct,
         Some(prev) => &prev + &ct,
     });
+}
+
+/// The value of `f(params)` (a float scalar) and its gradient with respect to every float
+/// entry of `params` (zeros where it does not depend on one).
+#[track_caller]
+pub fn value_and_grad(params: &Tree, f: impl FnOnce(&Tree) -> Tensor) -> (Tensor, Tree) {
+    let (value, _, grads) = value_and_grad_with_aux(params, |p| (f(p), Tree::new()));
+    (value, grads)
+}
+
+/// Like `value_and_grad` for `f` returning `(loss, aux)`: `(loss, aux, grads)`.
+#[track_caller]
+pub fn value_and_grad_with_aux(params: &Tree, f: impl FnOnce(&Tree) -> (Tensor, Tree)) -> (Tensor, Tree, Tree) {
+    let parent = Trace::innermost(params.values()).current();
+    let child = parent.child();
+    let p_in = params.map(|_, t| child.input(t.ty().clone()));
+    let (loss, aux) = f(&p_in);
+    if loss.rank() != 0 || !loss.dtype().is_float() {
+        usage_error(&format!("value_and_grad: the function must return a float scalar, not {}", loss.ty()));
+    }
+    let outs: Vec<&Tensor> = std::iter::once(&loss).chain(aux.values()).collect();
+    let (graph, captures) = child.finish(&outs);
+    let args: Vec<Tensor> = params.values().cloned().chain(captures).collect();
+    let wrt: Vec<bool> = (0..args.len()).map(|i| i < params.len()).collect();
+    let tape = forward(&parent, &graph, &args, &wrt);
+    let results = tape.outputs(&graph);
+    let mut cts = vec![None; results.len()];
+    cts[0] = Some(results[0].ones_like());
+    let grads = backward(&parent, &graph, &tape, &cts);
+    let grad_tree = params
+        .iter()
+        .zip(grads)
+        .filter(|((_, p), _)| p.dtype().is_float())
+        .map(|((name, p), g)| (name, g.unwrap_or_else(|| p.zeros_like())))
+        .collect();
+    let aux_tree = aux.names().zip(results[1..].iter().cloned()).collect();
+    (results[0].clone(), aux_tree, grad_tree)
 }
 
 /// The whole-program transformation: a program with the same inputs whose outputs are the

@@ -15,9 +15,11 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::manifest::{self, ArrayEntry, FileEntry, Manifest, MANIFEST_FILE};
 use super::tensor_file::{read_safetensors, write_safetensors};
-use crate::pjrt::{shape_string, ElementType, HostTensor};
-use crate::storage::{self, Location, StagedDir};
-use crate::train::params_io::{convert_float, from_dtype, is_float, to_dtype};
+use crate::files::Location;
+use crate::host::params_io::{from_dtype, to_dtype};
+use crate::host::{convert_float, is_float};
+use crate::host::{shape_string, ElementType, HostTensor};
+use crate::storage::{self, StagedDir};
 
 /// Test hook: milliseconds to pause after writing each data file of a checkpoint, so a test can
 /// kill a run in the middle of a write. Never set in normal use.

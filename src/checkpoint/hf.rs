@@ -18,11 +18,12 @@ use super::dir::{self, Expected, Snapshot};
 use super::manifest::{self, MANIFEST_FILE};
 use super::tensor_file::{read_safetensors, write_safetensors};
 use crate::config::{self, Config};
+use crate::files::Location;
+use crate::host::convert_float;
+use crate::host::{shape_string, ElementType, HostTensor};
 use crate::input;
 use crate::model::{llama_hf, Model};
-use crate::pjrt::{shape_string, ElementType, HostTensor};
-use crate::storage::{self, Location, StagedDir};
-use crate::train::params_io::convert_float;
+use crate::storage::{self, StagedDir};
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";

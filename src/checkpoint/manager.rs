@@ -22,7 +22,8 @@ use anyhow::{anyhow, Result};
 
 use super::dir::{self, Expected, Loaded, Saved, Snapshot};
 use super::manifest::MANIFEST_FILE;
-use crate::storage::{self, Location, STAGING_SUFFIX};
+use crate::files::Location;
+use crate::storage::{self, STAGING_SUFFIX};
 
 /// What to do when a save fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

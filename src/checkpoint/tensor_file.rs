@@ -12,8 +12,8 @@ use std::io::{Read, Write};
 use anyhow::{anyhow, bail, Result};
 use safetensors::tensor::Metadata;
 
-use crate::pjrt::{shape_string, HostTensor};
-use crate::train::params_io::{from_dtype, to_dtype};
+use crate::host::params_io::{from_dtype, to_dtype};
+use crate::host::{shape_string, HostTensor};
 
 /// Size and CRC32C of a file as written or read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,8 +5,9 @@
 use anyhow::{bail, Result};
 use clap::Subcommand;
 use maxrs::checkpoint::hf;
-use maxrs::output::{self, Input, Kind, Output};
-use maxrs::storage::Location;
+use maxrs::files::Kind;
+use maxrs::files::Location;
+use maxrs::output::{self, Input, Output};
 
 #[derive(clap::Args)]
 pub struct ConvertArgs {

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use maxrs::inference::run::PromptOrigin;
-use maxrs::{config, inference, train};
+use maxrs::{cluster, config, inference};
 
 #[derive(clap::Args)]
 pub struct DecodeArgs {
@@ -19,6 +19,6 @@ pub fn run(args: DecodeArgs) -> Result<()> {
         config::Source::Default => PromptOrigin::Default,
         _ => PromptOrigin::User,
     };
-    let client = train::run::client_for(&resolved.config)?;
+    let client = cluster::client_for(&resolved.config)?;
     inference::run::decode(&resolved.config, &client, origin).map(|_| ())
 }

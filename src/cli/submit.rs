@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
+use maxrs::files::Kind;
+use maxrs::files::Location;
 use maxrs::net::google;
 use maxrs::net::retry::RetryPolicy;
-use maxrs::output::{self, Input, Kind, Output};
-use maxrs::storage::Location;
+use maxrs::output::{self, Input, Output};
 use maxrs::submit::settings::Settings;
 use maxrs::submit::vertex_api::{self, JobRef, VertexApi};
 use maxrs::submit::{self, gke, machine, slurm, vertex, Job, Request};

@@ -8,8 +8,9 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use maxrs::output::{self, Input, Kind, Output};
-use maxrs::storage::Location;
+use maxrs::files::Kind;
+use maxrs::files::Location;
+use maxrs::output::{self, Input, Output};
 use maxrs::{config, data};
 
 /// At most this many tokenizer threads per core: more only adds memory and switching, since

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{diagnostics, exit_on_cluster_error, Cluster};
 use crate::config::Config;
-use crate::pjrt::{self, Buffer, Client, CompileOptions, HostTensor};
+use crate::host::HostTensor;
+use crate::pjrt::{self, Buffer, Client, CompileOptions};
 
 /// What `cluster-check` does besides the checks.
 #[derive(Clone, Debug)]

@@ -258,6 +258,11 @@ fn hold_service_until_told(service: Arc<service::Service>, within: Duration, on_
     })
 }
 
+/// The devices of a one-process run: the plugin's client.
+pub fn client_for(c: &Config) -> Result<pjrt::Client> {
+    Cluster::single().pjrt_client(c)
+}
+
 /// The error handler of a maxrs process: log the failure and what this process was waiting for,
 /// then end the process at once (exit status 1). Waiting for anything else could mean waiting
 /// forever in a collective whose peer is gone, and running destructors while the plugin's

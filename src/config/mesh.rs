@@ -75,6 +75,16 @@ impl Mesh {
     pub fn physical(&self, granules: &[Vec<i64>]) -> Result<crate::sharding::Mesh, String> {
         crate::sharding::Mesh::hybrid(&self.names(), &self.ici_shape(), &self.dcn_shape(), granules)
     }
+
+    /// The mesh a step is traced on, the same rule for `maxrs train`, `maxrs train-compile` and
+    /// `maxrs decode`: none on one device (a plain, unpartitioned program), else [`Mesh::physical`]
+    /// over `granules`, the device ids of each host (GPU) or slice (TPU).
+    pub fn step_mesh(&self, granules: &[Vec<i64>]) -> Result<Option<crate::sharding::Mesh>, String> {
+        match granules.iter().map(Vec::len).sum::<usize>() {
+            1 => Ok(None),
+            _ => self.physical(granules).map(Some),
+        }
+    }
 }
 
 impl fmt::Display for Mesh {

@@ -537,7 +537,7 @@ fn check_outputs(c: &Config) -> Result<(), ConfigError> {
         ("dataset_path", &c.dataset_path),
     ] {
         if !value.is_empty() {
-            crate::storage::Location::parse(value).map_err(|e| ConfigError::invalid(key, e.to_string()))?;
+            crate::files::Location::parse(value).map_err(|e| ConfigError::invalid(key, e.to_string()))?;
         }
     }
     Ok(())

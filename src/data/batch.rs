@@ -17,7 +17,7 @@
 //! the end, and it is zeroed where the target is the pad id or the BOS id. The last rule keeps
 //! the loss off the step from one packed document to the next, whose first token is BOS.
 
-use crate::pjrt::HostTensor;
+use crate::host::HostTensor;
 
 /// One step's arrays for one host (see the module docs).
 #[derive(Debug, Clone, PartialEq)]

@@ -1,14 +1,17 @@
-//! Writing local files so that none is ever seen half-written: [`AtomicFile`] (streamed) and
-//! [`write_atomic`] (filled by a closure) write under a temporary name in the target's directory,
-//! flush to disk, rename over the target and sync the directory. An interrupted or failed write
-//! leaves the old file (or none) and no temporary file.
+//! Writing local files so that none is left half-written or written by two runs at once:
+//! [`AtomicFile`] (streamed) and [`write_atomic`] (filled by a closure) write under a temporary
+//! name in the target's directory, flush to disk, rename over the target and sync the directory,
+//! so an interrupted or failed write leaves the old file (or none) and no temporary file;
+//! [`LockedAppend`] appends under an exclusive lock.
 
-use std::fs::File;
-use std::io::Write;
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context, Result};
 use tempfile::NamedTempFile;
+
+use super::{check_output, shown, Kind, Location};
 
 /// A file being written whole: [`AtomicFile::commit`] makes it appear under its name; dropped
 /// before that, it leaves nothing behind.
@@ -83,6 +86,59 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 /// The directory `path` is in (`.` for a bare name).
 fn parent(path: &Path) -> &Path {
     path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// A file appended to under an exclusive lock held for the writer's lifetime.
+pub struct LockedAppend {
+    file: File,
+    /// `key="path"`, for errors.
+    shown: String,
+    /// Truncate before the first write (a run starting afresh), not at open: a run that fails
+    /// before writing leaves the old content.
+    truncate_pending: bool,
+}
+
+impl LockedAppend {
+    /// Opens (creating it and its directories) and locks `path`, the value of config key `key`.
+    /// With `fresh`, the old content is dropped at the first write. Another process holding
+    /// the lock is an error naming the key.
+    pub fn open(key: &str, path: &Path, fresh: bool) -> Result<LockedAppend> {
+        let shown = shown(key, &Location::Local(path.to_owned()));
+        if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| anyhow!("{shown}: cannot create {}: {e}", dir.display()))?;
+        }
+        check_output(&shown, path, Kind::RunFile)?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| anyhow!("{shown}: cannot open it for writing: {e}"))?;
+        file.try_lock().map_err(|e| match e {
+            std::fs::TryLockError::WouldBlock => {
+                anyhow!(
+                    "{shown} is being written by another run (it holds the file's lock); give this run another path"
+                )
+            }
+            std::fs::TryLockError::Error(e) => anyhow!("{shown}: cannot lock it: {e}"),
+        })?;
+        Ok(LockedAppend { file, shown, truncate_pending: fresh })
+    }
+
+    /// Appends `bytes` in one write call.
+    pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
+        let fail = |e: std::io::Error| anyhow!("{}: {e}", self.shown);
+        if self.truncate_pending {
+            self.file.set_len(0).map_err(fail)?;
+            self.file.rewind().map_err(fail)?;
+            self.truncate_pending = false;
+        }
+        self.file.write_all(bytes).map_err(fail)
+    }
+
+    /// Makes everything appended so far durable.
+    pub fn sync(&mut self) -> Result<()> {
+        self.file.sync_data().map_err(|e| anyhow!("{}: {e}", self.shown))
+    }
 }
 
 #[cfg(test)]

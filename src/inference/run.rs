@@ -8,7 +8,6 @@ use anyhow::{anyhow, bail, Result};
 use crate::config::{self, quote, Config};
 use crate::data::{load_tokenizer, TextTokenizer};
 use crate::pjrt::Client;
-use crate::train::step::step_mesh;
 
 use super::session::{DecodeStartup, Generation, ParamSource, Session};
 
@@ -89,7 +88,7 @@ pub fn decode(c: &Config, client: &Client, origin: PromptOrigin) -> Result<Decod
     }
     let mut ids: Vec<i64> = devices.iter().map(|d| d.id as i64).collect();
     ids.sort_unstable();
-    let mesh = step_mesh(&derived, &[ids]).map_err(|e| anyhow!(e))?;
+    let mesh = derived.mesh.step_mesh(&[ids]).map_err(|e| anyhow!(e))?;
     let source = match c.load_parameters_path.as_str() {
         "" => {
             println!(

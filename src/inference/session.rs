@@ -9,16 +9,17 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::checkpoint::{self, Expected};
 use crate::config::{Config, Derived};
+use crate::files::Location;
+use crate::host::params_io::{load_parameters, ParamSpec, ParamsError};
+use crate::host::HostTensor;
 use crate::ir::Signature;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
-use crate::pjrt::{Client, HostTensor};
+use crate::pjrt::Client;
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::sharding::Mesh;
-use crate::storage::{self, Location};
+use crate::storage;
 use crate::tensor::{random, trace, Tree};
-use crate::train::params_io::{load_parameters, ParamSpec, ParamsError};
-use crate::train::run::download;
 
 use super::programs::Engine;
 use super::sampling::Sampling;
@@ -256,7 +257,7 @@ fn read_params(c: &Config, model: &Model, path: &str) -> Result<Tree<HostTensor>
     }
     let file = match &location {
         Location::Local(file) => load_parameters(file, &expected_params(model)),
-        remote => load_parameters(&download(remote)?, &expected_params(model)),
+        remote => load_parameters(&storage::download(remote)?, &expected_params(model)),
     };
     let params = file.map_err(|e| match e {
         ParamsError::Mismatch(m) => anyhow!("{}", one_line_mismatch(&m)),
@@ -306,7 +307,7 @@ fn init_params(model: &Model, client: &Client, seed: u32, prefill: &Compiled) ->
 
 /// A parameter file for another model, in one line: how many tensors are missing, unexpected
 /// or mis-shaped, with the first of each.
-fn one_line_mismatch(m: &crate::train::params_io::Mismatch) -> String {
+fn one_line_mismatch(m: &crate::host::params_io::Mismatch) -> String {
     let mut parts = Vec::new();
     if let Some((name, expected)) = m.wrong.first().map(|(n, e, f)| (n, format!("expected {e}, found {f}"))) {
         parts.push(format!("{} with the wrong shape or dtype (first: {name}: {expected})", m.wrong.len()));

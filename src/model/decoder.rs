@@ -34,12 +34,12 @@ use std::sync::Arc;
 use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
-use crate::tensor::{checkpoint, einsum, scan, scan_reverse, stack, value_and_grad, Tensor, Tree};
-use crate::train::flops::{StepShape, StepTflops};
+use crate::tensor::{checkpoint, einsum, scan, scan_reverse, stack, Tensor, Tree};
 
 use super::attention::{KvCache, LayerCache, LayerContext};
 use super::blocks::{Activation, Norm};
 use super::config::SHARED_KEYS;
+use super::flops::{StepShape, StepTflops};
 use super::moe;
 use super::params::{self, ParamDef, ParamInit};
 use super::{gemma, gemma2, gpt3, llama, mistral, mixtral, ModelConfig};
@@ -560,7 +560,7 @@ impl Model {
         // weighted auxiliary losses.
         let layer_vjp = |p: &Tree, x: &Tensor, ct: &Tensor| -> (Tensor, Tree) {
             let args = p.clone().prefixed("params").with("x", x.clone());
-            let (_, grads) = value_and_grad(&args, |a| {
+            let (_, grads) = crate::autodiff::value_and_grad(&args, |a| {
                 let out = self.family.layer(c, &a.subtree("params"), &a["x"], ctx);
                 let mut objective = (out.x.astype(DType::F32) * ct.astype(DType::F32)).sum_all();
                 for (_, value) in out.aux_losses.iter() {

@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 use super::config::Rope;
 use super::Model;
 use crate::config::{self, Config, DecoderBlock};
-use crate::pjrt::HostTensor;
+use crate::host::HostTensor;
 
 /// One layer's tensors: maxrs name (relative to the layer), Hugging Face name (relative to
 /// `model.layers.N.`), and how many leading maxrs dimensions form the Hugging Face `in` axis

@@ -9,6 +9,7 @@
 //! - [`blocks`]: MaxText's layer blocks several families share: norms, the MLP block, the
 //!   self-attention block.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
+//! - [`flops`]: the shape of one train step's work per device and its TFLOPs, as MaxText counts them.
 //! - [`params`]: parameter declarations, initialization, program inputs.
 //! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
 //!   computations, load-balancing loss), shared by MoE families.
@@ -21,6 +22,7 @@ pub mod blocks;
 pub mod blockwise;
 pub mod config;
 pub mod decoder;
+pub mod flops;
 pub mod gemma;
 pub mod gemma2;
 pub mod gpt3;

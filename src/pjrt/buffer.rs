@@ -1,36 +1,19 @@
-//! Element types, host-side tensors and device buffers.
+//! Device buffers and PJRT's numbering of element types.
 //!
-//! [`HostTensor`] is a dense row-major array in host memory (little-endian bytes plus element
-//! type and dimensions); [`Buffer`] is an array on a device, released with
-//! `PJRT_Buffer_Destroy` when dropped. Transfers copy exactly once: host -> device borrows the
-//! host bytes until the plugin says it is done with them, device -> host writes straight into
+//! [`Buffer`] is an array on a device, released with `PJRT_Buffer_Destroy` when dropped; its
+//! host side is `crate::host::HostTensor`. Transfers copy exactly once: host -> device borrows
+//! the host bytes until the plugin says it is done with them, device -> host writes straight into
 //! the new tensor's storage.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use half::{bf16, f16};
-
 use super::client::ClientInner;
 use super::error::{Error, Result};
 use super::ffi;
 use super::plugin::Plugin;
-
-/// The element types maxrs moves between host and device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum ElementType {
-    Pred,
-    S8,
-    S32,
-    S64,
-    U8,
-    U32,
-    F16,
-    BF16,
-    F32,
-    F64,
-}
+use crate::host::{ElementType, HostTensor};
 
 /// Each element type with its `PJRT_Buffer_Type` number (pjrt_c_api.h) and its
 /// `xla.PrimitiveType` number (xla_data.proto): the two numberings differ.
@@ -47,181 +30,27 @@ const NUMBERING: [(ElementType, ffi::BufferType, i32); 10] = [
     (ElementType::BF16, 13, 16),
 ];
 
-impl ElementType {
-    pub fn byte_size(self) -> usize {
-        match self {
-            ElementType::Pred | ElementType::S8 | ElementType::U8 => 1,
-            ElementType::F16 | ElementType::BF16 => 2,
-            ElementType::S32 | ElementType::U32 | ElementType::F32 => 4,
-            ElementType::S64 | ElementType::F64 => 8,
-        }
-    }
-
-    pub(crate) fn to_raw(self) -> ffi::BufferType {
-        NUMBERING.iter().find(|(ty, _, _)| *ty == self).map(|(_, raw, _)| *raw).expect("every type is numbered")
-    }
-
-    pub(crate) fn from_raw(raw: ffi::BufferType) -> Result<ElementType> {
-        NUMBERING
-            .iter()
-            .find(|(_, r, _)| *r == raw)
-            .map(|(ty, _, _)| *ty)
-            .ok_or_else(|| Error::invalid(format!("unsupported PJRT buffer type {raw}")))
-    }
-
-    /// From an `xla.PrimitiveType` number (as in HLO protos).
-    pub(crate) fn from_xla_primitive(primitive: i32) -> Result<ElementType> {
-        NUMBERING
-            .iter()
-            .find(|(_, _, p)| *p == primitive)
-            .map(|(ty, _, _)| *ty)
-            .ok_or_else(|| Error::invalid(format!("unsupported XLA element type {primitive}")))
-    }
-
-    /// The MLIR spelling of the type (`f32`, `bf16`, `i1`, `ui32`, ...).
-    pub fn mlir_name(self) -> &'static str {
-        match self {
-            ElementType::Pred => "i1",
-            ElementType::S8 => "i8",
-            ElementType::S32 => "i32",
-            ElementType::S64 => "i64",
-            ElementType::U8 => "ui8",
-            ElementType::U32 => "ui32",
-            ElementType::F16 => "f16",
-            ElementType::BF16 => "bf16",
-            ElementType::F32 => "f32",
-            ElementType::F64 => "f64",
-        }
-    }
+/// The `PJRT_Buffer_Type` number of `ty`.
+pub(crate) fn to_raw(ty: ElementType) -> ffi::BufferType {
+    NUMBERING.iter().find(|(t, _, _)| *t == ty).map(|(_, raw, _)| *raw).expect("every type is numbered")
 }
 
-impl std::fmt::Display for ElementType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.mlir_name())
-    }
+/// The element type of a `PJRT_Buffer_Type` number.
+pub(crate) fn from_raw(raw: ffi::BufferType) -> Result<ElementType> {
+    NUMBERING
+        .iter()
+        .find(|(_, r, _)| *r == raw)
+        .map(|(ty, _, _)| *ty)
+        .ok_or_else(|| Error::invalid(format!("unsupported PJRT buffer type {raw}")))
 }
 
-/// Formats a shape the way error messages show it: `f32[4,8]`.
-pub fn shape_string(ty: ElementType, dims: &[i64]) -> String {
-    let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
-    format!("{ty}[{}]", dims.join(","))
-}
-
-/// A dense row-major array in host memory.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HostTensor {
-    pub ty: ElementType,
-    pub dims: Vec<i64>,
-    /// Little-endian element bytes, `element_count() * ty.byte_size()` long.
-    pub data: Vec<u8>,
-}
-
-macro_rules! from_slice {
-    ($name:ident, $t:ty, $ty:expr) => {
-        pub fn $name(dims: &[i64], values: &[$t]) -> HostTensor {
-            let mut data = Vec::with_capacity(values.len() * std::mem::size_of::<$t>());
-            for v in values {
-                data.extend_from_slice(&v.to_le_bytes());
-            }
-            HostTensor::new($ty, dims, data)
-        }
-    };
-}
-
-impl HostTensor {
-    /// Panics if `data` does not hold exactly the elements `dims` describes: callers construct
-    /// tensors from values they just computed, so a mismatch is a bug, not bad input.
-    pub fn new(ty: ElementType, dims: &[i64], data: Vec<u8>) -> HostTensor {
-        let count: i64 = dims.iter().product();
-        assert_eq!(
-            data.len(),
-            count as usize * ty.byte_size(),
-            "HostTensor {}: {} data bytes",
-            shape_string(ty, dims),
-            data.len()
-        );
-        HostTensor { ty, dims: dims.to_vec(), data }
-    }
-
-    pub fn zeros(ty: ElementType, dims: &[i64]) -> HostTensor {
-        let count: i64 = dims.iter().product();
-        HostTensor::new(ty, dims, vec![0; count as usize * ty.byte_size()])
-    }
-
-    from_slice!(from_f32, f32, ElementType::F32);
-    from_slice!(from_f64, f64, ElementType::F64);
-    from_slice!(from_i32, i32, ElementType::S32);
-    from_slice!(from_i64, i64, ElementType::S64);
-    from_slice!(from_u32, u32, ElementType::U32);
-    from_slice!(from_u8, u8, ElementType::U8);
-    from_slice!(from_i8, i8, ElementType::S8);
-    from_slice!(from_bf16, bf16, ElementType::BF16);
-    from_slice!(from_f16, f16, ElementType::F16);
-
-    pub fn from_bool(dims: &[i64], values: &[bool]) -> HostTensor {
-        HostTensor::new(ElementType::Pred, dims, values.iter().map(|&b| b as u8).collect())
-    }
-
-    pub fn element_count(&self) -> usize {
-        self.dims.iter().product::<i64>() as usize
-    }
-
-    pub fn shape_string(&self) -> String {
-        shape_string(self.ty, &self.dims)
-    }
-
-    fn chunks<const N: usize>(&self) -> impl Iterator<Item = [u8; N]> + '_ {
-        self.data.chunks_exact(N).map(|c| c.try_into().unwrap())
-    }
-
-    /// The values as f64, converting from any element type.
-    pub fn to_f64(&self) -> Vec<f64> {
-        match self.ty {
-            ElementType::F64 => self.chunks::<8>().map(f64::from_le_bytes).collect(),
-            ElementType::F32 => self.chunks::<4>().map(|b| f32::from_le_bytes(b) as f64).collect(),
-            ElementType::BF16 => self.chunks::<2>().map(|b| bf16::from_le_bytes(b).to_f64()).collect(),
-            ElementType::F16 => self.chunks::<2>().map(|b| f16::from_le_bytes(b).to_f64()).collect(),
-            ElementType::S32 => self.chunks::<4>().map(|b| i32::from_le_bytes(b) as f64).collect(),
-            ElementType::S64 => self.chunks::<8>().map(|b| i64::from_le_bytes(b) as f64).collect(),
-            ElementType::U32 => self.chunks::<4>().map(|b| u32::from_le_bytes(b) as f64).collect(),
-            ElementType::S8 => self.data.iter().map(|&b| b as i8 as f64).collect(),
-            ElementType::U8 | ElementType::Pred => self.data.iter().map(|&b| b as f64).collect(),
-        }
-    }
-
-    /// The values as f32, converting from any element type.
-    pub fn to_f32(&self) -> Vec<f32> {
-        match self.ty {
-            ElementType::F32 => self.chunks::<4>().map(f32::from_le_bytes).collect(),
-            ElementType::BF16 => self.chunks::<2>().map(|b| bf16::from_le_bytes(b).to_f32()).collect(),
-            ElementType::F16 => self.chunks::<2>().map(|b| f16::from_le_bytes(b).to_f32()).collect(),
-            _ => self.to_f64().into_iter().map(|v| v as f32).collect(),
-        }
-    }
-
-    /// The values of an integer or boolean tensor as i64.
-    pub fn to_i64(&self) -> Vec<i64> {
-        match self.ty {
-            ElementType::S32 => self.chunks::<4>().map(|b| i32::from_le_bytes(b) as i64).collect(),
-            ElementType::S64 => self.chunks::<8>().map(i64::from_le_bytes).collect(),
-            ElementType::U32 => self.chunks::<4>().map(|b| u32::from_le_bytes(b) as i64).collect(),
-            ElementType::S8 => self.data.iter().map(|&b| b as i8 as i64).collect(),
-            ElementType::U8 | ElementType::Pred => self.data.iter().map(|&b| b as i64).collect(),
-            float => panic!("to_i64 on a {float} tensor; use to_f64"),
-        }
-    }
-
-    pub fn to_i32(&self) -> Vec<i32> {
-        self.to_i64().into_iter().map(|v| v as i32).collect()
-    }
-
-    pub fn to_u32(&self) -> Vec<u32> {
-        self.to_i64().into_iter().map(|v| v as u32).collect()
-    }
-
-    pub fn to_bool(&self) -> Vec<bool> {
-        self.to_i64().into_iter().map(|v| v != 0).collect()
-    }
+/// The element type of an `xla.PrimitiveType` number (as in HLO protos).
+pub(crate) fn from_xla_primitive(primitive: i32) -> Result<ElementType> {
+    NUMBERING
+        .iter()
+        .find(|(_, _, p)| *p == primitive)
+        .map(|(ty, _, _)| *ty)
+        .ok_or_else(|| Error::invalid(format!("unsupported XLA element type {primitive}")))
 }
 
 /// A completion event; [`Event::wait`] blocks until the plugin signals it.
@@ -277,7 +106,7 @@ impl Buffer {
         let mut args: ffi::BufferElementTypeArgs = ffi::args();
         args.buffer = self.raw;
         crate::pjrt_call!(self.client.plugin, PJRT_Buffer_ElementType, args)?;
-        ElementType::from_raw(args.buffer_type)
+        from_raw(args.buffer_type)
     }
 
     pub fn dims(&self) -> Result<Vec<i64>> {

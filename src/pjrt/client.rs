@@ -7,12 +7,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::buffer::{Buffer, ElementType, Event, HostTensor};
+use super::buffer::{Buffer, Event};
 use super::compile_options::CompileOptions;
 use super::error::{Error, ErrorCode, Result};
 use super::executable::LoadedExecutable;
 use super::ffi;
 use super::plugin::{read_named_values, string_from, NamedValues, Plugin, Value};
+use crate::host::{ElementType, HostTensor};
 
 /// A key-value store shared by all processes of a job. Multi-node GPU clients publish their
 /// local topology and NCCL clique ids through it. Implementations must be thread-safe; `get`
@@ -294,13 +295,13 @@ impl Client {
             return Err(Error::invalid(format!(
                 "host data of {} bytes does not match shape {}",
                 data.len(),
-                super::buffer::shape_string(ty, dims)
+                crate::host::shape_string(ty, dims)
             )));
         }
         let mut args: ffi::ClientBufferFromHostBufferArgs = ffi::args();
         args.client = self.inner.raw;
         args.data = data.as_ptr().cast();
-        args.buffer_type = ty.to_raw();
+        args.buffer_type = super::buffer::to_raw(ty);
         args.dims = dims.as_ptr();
         args.num_dims = dims.len();
         args.host_buffer_semantics = ffi::HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;

@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use prost::Message;
 
-use super::buffer::{shape_string, Buffer, ElementType, Event, HostTensor};
+use super::buffer::{from_xla_primitive, Buffer, Event};
 use super::client::{ClientInner, Device};
 use super::error::{Error, Result};
 use super::ffi;
 use super::plugin::{read_named_values, string_from, Plugin, Value};
+use crate::host::{shape_string, ElementType, HostTensor};
 
 /// Per-device parameter and output shapes of an executable.
 #[derive(Debug, Clone, PartialEq)]
@@ -231,7 +232,7 @@ mod hlo {
     }
 
     pub fn array_shape(shape: &ShapeProto) -> Result<(ElementType, Vec<i64>)> {
-        let ty = ElementType::from_xla_primitive(shape.element_type)?;
+        let ty = super::from_xla_primitive(shape.element_type)?;
         Ok((ty, shape.dimensions.clone()))
     }
 }

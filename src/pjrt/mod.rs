@@ -25,7 +25,7 @@ pub mod provision;
 pub mod topology;
 pub mod xla_flags;
 
-pub use buffer::{shape_string, Buffer, ElementType, HostTensor, ReadyTime};
+pub use buffer::{Buffer, ReadyTime};
 pub use client::{Client, Device, DeviceMemoryStats, KeyValueStore};
 pub use compile_options::CompileOptions;
 pub use error::{Error, ErrorCode, Result};

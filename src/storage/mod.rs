@@ -25,108 +25,12 @@
 mod gcs;
 mod local;
 
-use std::fmt;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
+use crate::files::Location;
 use crate::input::{self, Limit};
-
-/// Where a file or directory lives.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Location {
-    Local(PathBuf),
-    /// An object (or a `/`-separated prefix acting as a directory) in a GCS bucket. `key` has no
-    /// leading or trailing `/`; empty is the bucket's root.
-    Gcs {
-        bucket: String,
-        key: String,
-    },
-}
-
-impl Location {
-    /// `gs://bucket/key...` or a local path. Other URL schemes are refused rather than taken as
-    /// relative paths.
-    pub fn parse(text: &str) -> Result<Location> {
-        if let Some(rest) = text.strip_prefix("gs://") {
-            let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-            if bucket.is_empty() {
-                bail!("{text}: a gs:// location needs a bucket name (gs://BUCKET/PATH)");
-            }
-            // Both go into request URLs.
-            crate::net::google::check_bucket(text, bucket)?;
-            let key = key.trim_matches('/');
-            crate::net::google::check_object_name(text, key)?;
-            return Ok(Location::Gcs { bucket: bucket.to_string(), key: key.to_string() });
-        }
-        if let Some((scheme, _)) = text.split_once("://") {
-            bail!("{text}: `{scheme}://` is not supported; use a local path or gs://BUCKET/PATH");
-        }
-        if text.is_empty() {
-            bail!("an empty path names no file");
-        }
-        Ok(Location::Local(PathBuf::from(text)))
-    }
-
-    /// The child `name` (which may contain `/`).
-    pub fn join(&self, name: &str) -> Location {
-        match self {
-            Location::Local(path) => Location::Local(path.join(name)),
-            Location::Gcs { bucket, key } => {
-                let name = name.trim_matches('/');
-                let key = if key.is_empty() { name.to_string() } else { format!("{key}/{name}") };
-                Location::Gcs { bucket: bucket.clone(), key }
-            }
-        }
-    }
-
-    /// The last component of the name.
-    pub fn file_name(&self) -> String {
-        match self {
-            Location::Local(path) => path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-            Location::Gcs { key, .. } => key.rsplit('/').next().unwrap_or("").to_string(),
-        }
-    }
-
-    /// The directory holding this location (a bucket's root has none).
-    pub fn parent(&self) -> Option<Location> {
-        match self {
-            Location::Local(path) => path.parent().map(|p| Location::Local(p.to_path_buf())),
-            Location::Gcs { bucket, key } if !key.is_empty() => Some(Location::Gcs {
-                bucket: bucket.clone(),
-                key: key.rsplit_once('/').map(|(parent, _)| parent.to_string()).unwrap_or_default(),
-            }),
-            Location::Gcs { .. } => None,
-        }
-    }
-
-    pub fn is_local(&self) -> bool {
-        matches!(self, Location::Local(_))
-    }
-
-    pub fn local_path(&self) -> Option<&Path> {
-        match self {
-            Location::Local(path) => Some(path),
-            Location::Gcs { .. } => None,
-        }
-    }
-}
-
-impl fmt::Display for Location {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Location::Local(path) => write!(f, "{}", path.display()),
-            Location::Gcs { bucket, key } => write!(f, "gs://{bucket}/{key}"),
-        }
-    }
-}
-
-impl From<&Path> for Location {
-    fn from(path: &Path) -> Location {
-        Location::Local(path.to_path_buf())
-    }
-}
 
 /// A file being written; it appears under its name only after [`ObjectWriter::finish`]. Dropping
 /// it unfinished discards what was written.
@@ -212,6 +116,14 @@ pub fn open_read(location: &Location) -> Result<Box<dyn Read + Send>> {
         Location::Local(path) => Ok(Box::new(input::open("", path)?)),
         Location::Gcs { bucket, key } => Ok(Box::new(gcs::ObjectReader::open(bucket, key)?)),
     }
+}
+
+/// Copies a remote file into a temporary local file (deleted when dropped).
+pub fn download(remote: &Location) -> Result<tempfile::TempPath> {
+    let mut file = tempfile::NamedTempFile::new().context("creating a temporary file")?;
+    let mut input = open_read(remote)?;
+    std::io::copy(&mut input, file.as_file_mut()).with_context(|| format!("copying {remote} to a local file"))?;
+    Ok(file.into_temp_path())
 }
 
 /// Whether a file exists at `location` (a directory is not a file; a FIFO or a device is, so
@@ -338,7 +250,7 @@ pub struct Appender {
 }
 
 enum AppenderImpl {
-    Local(crate::output::LockedAppend),
+    Local(crate::files::LockedAppend),
     Gcs { content: Vec<u8>, flushed: usize },
 }
 
@@ -349,7 +261,7 @@ impl Appender {
     /// locked while the appender lives: a second run naming it is refused.
     pub fn open(key: &str, location: &Location, truncate: bool) -> Result<Appender> {
         let inner = match location {
-            Location::Local(path) => AppenderImpl::Local(crate::output::LockedAppend::open(key, path, truncate)?),
+            Location::Local(path) => AppenderImpl::Local(crate::files::LockedAppend::open(key, path, truncate)?),
             Location::Gcs { .. } => {
                 let content =
                     if !truncate && is_file(location)? { read(location, input::RUN_LOG)? } else { Vec::new() };

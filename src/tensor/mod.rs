@@ -1,10 +1,12 @@
 //! The user-facing tracing API: `Tensor` handles with operator overloading and JAX-like
-//! methods, parameter `Tree`s, and the transformations `trace`, `scan`, `checkpoint`,
-//! `value_and_grad`. Model code written against this module knows nothing about StableHLO.
+//! methods, parameter `Tree`s, and the transformations `trace`, `scan`, `checkpoint` (and
+//! `crate::autodiff`'s `value_and_grad`). Model code written against these modules knows
+//! nothing about StableHLO.
 //!
 //! ```
 //! use maxrs::ir::{DType, Signature};
-//! use maxrs::tensor::{trace, value_and_grad, Tree};
+//! use maxrs::autodiff::value_and_grad;
+//! use maxrs::tensor::{trace, Tree};
 //!
 //! let mut sig = Signature::new(None);
 //! sig.input("x", DType::F32, &[8, 4]);
@@ -38,6 +40,7 @@ pub use linalg::einsum;
 pub use program::{trace, TraceError};
 pub use shape_ops::{concatenate, stack};
 pub use sorting::sort;
+pub(crate) use trace::usage_error;
 pub use trace::{Tensor, Trace};
-pub use transforms::{checkpoint, composite, scan, scan_reverse, value_and_grad, value_and_grad_with_aux, RematPolicy};
+pub use transforms::{checkpoint, composite, scan, scan_reverse, RematPolicy};
 pub use tree::Tree;

@@ -1,7 +1,7 @@
 //! Function transformations in the spirit of JAX: `scan` (MaxText's scan_layers),
-//! `checkpoint` (remat) with its policies, `value_and_grad`, `composite` (a function with its own
-//! backward pass, JAX's `custom_vjp`), and the identity-like tags
-//! `stop_gradient`, `checkpoint_name` and `with_sharding_constraint`.
+//! `checkpoint` (remat) with its policies, `composite` (a function with its own backward pass,
+//! JAX's `custom_vjp`), and the identity-like tags `stop_gradient`, `checkpoint_name` and
+//! `with_sharding_constraint`. `value_and_grad` is `crate::autodiff`'s.
 //!
 //! Each traces its function once, in a child of the current trace (`Trace::current`), into a
 //! closed sub-graph; tensors the function closes over are captured and passed in as extra
@@ -9,7 +9,6 @@
 
 use super::trace::{usage_error, Tensor, Trace};
 use super::Tree;
-use crate::autodiff;
 use crate::ir::{Composite, Prim, Remat, Scan, Type};
 use crate::sharding::PartitionSpec;
 use std::sync::Arc;
@@ -139,43 +138,6 @@ pub fn composite(
     let (bwd, _) = tb.finish(&cts.iter().collect::<Vec<_>>());
     let prim = Composite { name: Arc::from(name), forward: Arc::new(fwd), backward: Arc::new(bwd) };
     parent.bind(Prim::Composite(prim), inputs)
-}
-
-/// The value of `f(params)` (a float scalar) and its gradient with respect to every float
-/// entry of `params` (zeros where it does not depend on one).
-#[track_caller]
-pub fn value_and_grad(params: &Tree, f: impl FnOnce(&Tree) -> Tensor) -> (Tensor, Tree) {
-    let (value, _, grads) = value_and_grad_with_aux(params, |p| (f(p), Tree::new()));
-    (value, grads)
-}
-
-/// Like `value_and_grad` for `f` returning `(loss, aux)`: `(loss, aux, grads)`.
-#[track_caller]
-pub fn value_and_grad_with_aux(params: &Tree, f: impl FnOnce(&Tree) -> (Tensor, Tree)) -> (Tensor, Tree, Tree) {
-    let parent = Trace::innermost(params.values()).current();
-    let child = parent.child();
-    let p_in = params.map(|_, t| child.input(t.ty().clone()));
-    let (loss, aux) = f(&p_in);
-    if loss.rank() != 0 || !loss.dtype().is_float() {
-        usage_error(&format!("value_and_grad: the function must return a float scalar, not {}", loss.ty()));
-    }
-    let outs: Vec<&Tensor> = std::iter::once(&loss).chain(aux.values()).collect();
-    let (graph, captures) = child.finish(&outs);
-    let args: Vec<Tensor> = params.values().cloned().chain(captures).collect();
-    let wrt: Vec<bool> = (0..args.len()).map(|i| i < params.len()).collect();
-    let tape = autodiff::forward(&parent, &graph, &args, &wrt);
-    let results = tape.outputs(&graph);
-    let mut cts = vec![None; results.len()];
-    cts[0] = Some(results[0].ones_like());
-    let grads = autodiff::backward(&parent, &graph, &tape, &cts);
-    let grad_tree = params
-        .iter()
-        .zip(grads)
-        .filter(|((_, p), _)| p.dtype().is_float())
-        .map(|((name, p), g)| (name, g.unwrap_or_else(|| p.zeros_like())))
-        .collect();
-    let aux_tree = aux.names().zip(results[1..].iter().cloned()).collect();
-    (results[0].clone(), aux_tree, grad_tree)
 }
 
 impl Tensor {

@@ -15,14 +15,16 @@
 
 use serde_json::{Map, Value};
 
-use crate::storage::{Appender, Location};
+use crate::storage::Appender;
+
+use crate::files::Location;
 
 /// What is fixed for a run: the per-device work of a step and the device's peak.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PerDeviceWork {
-    /// TFLOPs per step per device ([`crate::train::flops::training_tflops_per_device`]`.total`).
+    /// TFLOPs per step per device ([`crate::model::Model::training_tflops_per_device`]`.total`).
     pub tflops: f64,
-    /// Tokens per step per device ([`crate::train::flops::StepShape::tokens_per_device`]).
+    /// Tokens per step per device ([`crate::model::flops::StepShape::tokens_per_device`]).
     pub tokens: f64,
     /// Dense bf16 peak TFLOP/s of one device, when known.
     pub peak_tflops: Option<f64>,

@@ -15,7 +15,8 @@ use anyhow::{Context, Result};
 use super::metrics::{EvalMetrics, MetricsWriter, StepMetrics};
 use super::tensorboard::EventWriter;
 use crate::config::Config;
-use crate::storage::{self, Location};
+use crate::files::Location;
+use crate::storage;
 
 /// `run_name`, or MaxText's default for an empty one: `$JOBSET_NAME`, else
 /// `<model_name>_<YYYY-MM-DD-HH-MM>` (maxtext `configs/types.py`, commit e591f30; UTC here).

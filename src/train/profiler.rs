@@ -18,8 +18,9 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::outputs;
 use crate::config::{Config, ProfilerKind};
+use crate::files::Location;
 use crate::pjrt::{self, Plugin};
-use crate::storage::{self, Location};
+use crate::storage;
 
 /// The profiled step range and what profiles it.
 pub struct StepProfiler {

@@ -23,28 +23,30 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::aot::artifact;
 use crate::checkpoint::{self, CheckpointManager, Checkpoints, DataState, Expected, OnError, Policy, Saved, Snapshot};
 use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived, OnCheckpointError};
+use crate::files::Location;
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
 use crate::output;
 use crate::pjrt::{self, Client, ReadyTime};
+use crate::runtime::artifact;
 use crate::runtime::{self, Compiled, DeviceArray};
-use crate::storage::{self, Location};
+use crate::storage;
 
 use crate::data::{self, Batch, BatchIterator, EvalData, ProcessShare};
 
 use super::data_position::DataPosition;
-use super::flops::{self, StepShape};
+use super::flops;
 use super::health::Health;
 use super::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
 use super::outputs::{self, RunOutputs};
-use super::params_io::{load_parameters, ParamSpec};
 use super::profiler::StepProfiler;
-use super::step::{batch_inputs, step_mesh, TrainStep};
+use super::step::{batch_inputs, TrainStep};
+use crate::host::params_io::{load_parameters, ParamSpec};
+use crate::model::flops::StepShape;
 
 /// Wall times of the start-up phases, in seconds.
 #[derive(Clone, Debug, Default)]
@@ -98,11 +100,6 @@ pub struct RunReport {
     pub perf_skipped_steps: usize,
     /// With pipeline parallelism: the measured bubble of each step.
     pub pipeline: Option<super::pipeline::run::PipelineReport>,
-}
-
-/// The devices of a one-process run: the plugin's client.
-pub fn client_for(c: &Config) -> Result<Client> {
-    Cluster::single().pjrt_client(c)
 }
 
 /// Total memory of this machine, from `/proc/meminfo` (Linux); `None` elsewhere.
@@ -160,8 +157,8 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     if derived.pipeline.is_some() {
         return super::pipeline::run::train(c, client, &derived, &granules);
     }
-    let step =
-        TrainStep::new(c, &derived, step_mesh(&derived, &granules).map_err(|e| anyhow!(e))?).map_err(|e| anyhow!(e))?;
+    let step = TrainStep::new(c, &derived, derived.mesh.step_mesh(&granules).map_err(|e| anyhow!(e))?)
+        .map_err(|e| anyhow!(e))?;
     if logger {
         derived.print_summary(step.model.num_params());
         println!("{}", crate::model::attention::describe(c.attention, step.model.config.attention));
@@ -458,16 +455,8 @@ fn remote_dataset_copy(c: &Config) -> Result<Option<tempfile::TempPath>> {
     }
     match Location::parse(&c.dataset_path)? {
         Location::Local(_) => Ok(None),
-        remote => Ok(Some(download(&remote)?)),
+        remote => Ok(Some(storage::download(&remote)?)),
     }
-}
-
-/// Copies a remote file into a temporary local file (deleted when dropped).
-pub fn download(remote: &Location) -> Result<tempfile::TempPath> {
-    let mut file = tempfile::NamedTempFile::new().context("creating a temporary file")?;
-    let mut input = storage::open_read(remote)?;
-    std::io::copy(&mut input, file.as_file_mut()).with_context(|| format!("copying {remote} to a local file"))?;
-    Ok(file.into_temp_path())
 }
 
 /// Where each state array lives: its name, its input slot and the output that carries it.
@@ -659,7 +648,7 @@ impl Evaluator {
 
 /// Loads the train step `maxrs train-compile` saved, after checking that it was compiled for
 /// this program, these devices (`granules`: the device ids of each process) and this plugin
-/// build (see `aot::artifact`).
+/// build (see `runtime::artifact`).
 fn load_step(
     c: &Config,
     client: &Client,
@@ -770,7 +759,7 @@ pub(super) fn load_parameter_arrays(
     c: &Config,
     expected: &[Expected],
     model_keys: &BTreeMap<String, serde_json::Value>,
-) -> Result<BTreeMap<String, crate::pjrt::HostTensor>> {
+) -> Result<BTreeMap<String, crate::host::HostTensor>> {
     let location = Location::parse(&c.load_parameters_path)?;
     let params: Vec<Expected> = expected.iter().filter(|e| e.name.starts_with("params.")).cloned().collect();
     let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
@@ -785,7 +774,7 @@ pub(super) fn load_parameter_arrays(
             .collect();
         let local = match &location {
             Location::Local(path) => load_parameters(path, &specs)?,
-            remote => load_parameters(&download(remote)?, &specs)?,
+            remote => load_parameters(&storage::download(remote)?, &specs)?,
         };
         local.into_iter().map(|(name, tensor)| (format!("params.{name}"), tensor)).collect()
     };

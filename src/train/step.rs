@@ -16,11 +16,12 @@
 //!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`, and
 //!   `metrics.<name>` for each auxiliary loss the model's layers report (`moe_lb_loss`).
 
+use crate::autodiff::value_and_grad_with_aux;
 use crate::config::{Config, DatasetType, Derived};
 use crate::ir::{DType, Program, Signature};
 use crate::model::Model;
 use crate::sharding::{Mesh, PartitionSpec};
-use crate::tensor::{random, scan, trace, value_and_grad_with_aux, Tensor, TraceError, Tree};
+use crate::tensor::{random, scan, trace, Tensor, TraceError, Tree};
 
 use super::optimizer::{AdamW, COUNT};
 
@@ -35,16 +36,6 @@ pub const PACKED_INPUTS: &[&str] = &["inputs_position", "inputs_segmentation"];
 pub fn batch_inputs(packed: bool) -> Vec<&'static str> {
     let extra = if packed { PACKED_INPUTS } else { &[] };
     BATCH_INPUTS.iter().chain(extra).copied().collect()
-}
-
-/// The mesh the step is traced on, the same rule for `maxrs train` and `maxrs train-compile`:
-/// none on one device (a plain, unpartitioned program), else the configured mesh laid over
-/// `granules`, the device ids of each host (GPU) or slice (TPU).
-pub fn step_mesh(derived: &Derived, granules: &[Vec<i64>]) -> Result<Option<Mesh>, String> {
-    match granules.iter().map(Vec::len).sum::<usize>() {
-        1 => Ok(None),
-        _ => derived.mesh.physical(granules).map(Some),
-    }
 }
 
 /// Everything that decides the traced programs.

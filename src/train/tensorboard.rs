@@ -19,7 +19,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::Result;
 use prost::Message;
 
-use crate::storage::{Appender, Location};
+use crate::storage::Appender;
+
+use crate::files::Location;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Event {

@@ -19,8 +19,8 @@
 //! differences of the reference loss are then taken in stored coordinates, like maxrs's gradients.
 
 use super::{rng, uniform};
+use maxrs::host::HostTensor;
 use maxrs::model::Model;
-use maxrs::pjrt::HostTensor;
 use maxrs::tensor::Tree;
 use ndarray::{s, Array2};
 use std::collections::BTreeMap;

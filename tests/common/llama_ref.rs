@@ -4,9 +4,9 @@
 //! train-step tests.
 
 use super::{rng, uniform};
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Signature};
 use maxrs::model::Model;
-use maxrs::pjrt::HostTensor;
 use maxrs::tensor::Tree;
 use ndarray::{s, Array2, Axis};
 use rand::Rng;

@@ -5,8 +5,8 @@
 
 use super::llama_ref::{self, attention, rms_norm, RefParams, B, T};
 use super::moe_ref::{moe, MoeParams, Routing};
+use maxrs::host::HostTensor;
 use maxrs::model::Model;
-use maxrs::pjrt::HostTensor;
 use maxrs::tensor::Tree;
 use ndarray::{Array2, Axis};
 

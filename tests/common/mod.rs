@@ -12,8 +12,9 @@ pub mod moe_ref;
 pub mod provision;
 pub mod tensorboard_reader;
 
+use maxrs::host::HostTensor;
 use maxrs::ir::Program;
-use maxrs::pjrt::{cpu_client, Client, HostTensor};
+use maxrs::pjrt::{cpu_client, Client};
 use maxrs::runtime::run_program;
 use maxrs::tensor::Tree;
 use rand::rngs::StdRng;

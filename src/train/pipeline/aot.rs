@@ -1,7 +1,7 @@
-//! Ahead-of-time compilation of a pipelined step: every stage's programs compiled for the
-//! target's devices of that stage, the memory each stage needs under the schedule, and one file
-//! (`compiled_trainstep_file`) with every executable and the schedule, which `maxrs train`
-//! loads instead of compiling.
+//! A pipelined step compiled ahead of time: the memory each stage needs under the schedule, and
+//! the file (`compiled_trainstep_file`) with every executable and the schedule: its programs in
+//! file order and its header, which `maxrs train-compile` (`aot::pipeline`) writes and
+//! [`load`] checks before `maxrs train` runs the executables instead of compiling.
 //!
 //! A stage's memory per device is its state (parameters, AdamW moments, gradient accumulators:
 //! the update program's arguments), plus the saved layer inputs of every microbatch the
@@ -18,12 +18,11 @@ use indicatif::HumanBytes;
 use super::executor::{program_names, StageExecutables};
 use super::programs::{PipelineStep, StagePrograms};
 use super::schedule::Schedule;
-use crate::aot::artifact::{self, ArtifactHeader, PipelineSection, Platform};
-use crate::aot::compile::CompileTarget;
 use crate::config::Config;
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::pjrt::{Client, CompiledMemoryStats};
+use crate::runtime::artifact::{self, ArtifactHeader, PipelineSection, Platform};
 use crate::runtime::{element_type, Compiled};
 
 /// One stage's memory per device.
@@ -180,7 +179,7 @@ fn section(schedule: &Schedule, executables: Vec<(String, u64)>) -> PipelineSect
 }
 
 /// Every stage's programs by name, in file order, with their StableHLO.
-fn lowered(step: &PipelineStep, programs: &[StagePrograms]) -> Vec<(String, Program, String)> {
+pub fn lowered(step: &PipelineStep, programs: &[StagePrograms]) -> Vec<(String, Program, String)> {
     let mut out = Vec::new();
     for (stage, p) in programs.iter().enumerate() {
         let all = p.forward.iter().chain(&p.backward).chain([&p.norm, &p.update]);
@@ -194,7 +193,7 @@ fn lowered(step: &PipelineStep, programs: &[StagePrograms]) -> Vec<(String, Prog
 
 /// The header of a pipelined step's file: the common one (model and training keys, devices,
 /// plugin) over every program's arguments, with a fingerprint of all of them.
-fn header(
+pub fn header(
     c: &Config,
     step: &PipelineStep,
     schedule: &Schedule,
@@ -218,76 +217,6 @@ fn header(
     let executables = lowered.iter().map(|l| l.0.clone()).zip(lengths.iter().copied()).collect();
     h.pipeline = Some(section(schedule, executables));
     h
-}
-
-/// What `maxrs train-compile` produced for a pipelined step.
-#[derive(Debug)]
-pub struct PipelineCompile {
-    pub memory: PipelineMemory,
-    pub serialized_bytes: usize,
-    pub programs: usize,
-}
-
-/// Compiles every stage of `step` for `target`, prints and checks the memory, and writes
-/// `compiled_trainstep_file` when set.
-pub fn train_compile(
-    c: &Config,
-    target: &CompileTarget,
-    step: &PipelineStep,
-    schedule: &Schedule,
-    devices: String,
-) -> Result<PipelineCompile> {
-    let programs: Vec<StagePrograms> =
-        (0..step.layout.stages).map(|s| step.stage_programs(s)).collect::<Result<_>>()?;
-    let lowered = lowered(step, &programs);
-    let mut executables = Vec::new();
-    for (name, program, mlir) in &lowered {
-        executables.push(target.compile_part_lowered(program, mlir).with_context(|| format!("compiling {name}"))?);
-    }
-    let mut stages = Vec::new();
-    let mut offset = 0;
-    for (stage, p) in programs.iter().enumerate() {
-        let count = program_names(stage, &step.layout).len();
-        let stats = executables[offset..offset + count]
-            .iter()
-            .map(|e| e.compiled_memory_stats())
-            .collect::<Result<Vec<_>, _>>()?;
-        stages.push(stage_memory(stage, p, &stats, schedule)?);
-        offset += count;
-    }
-    let memory = PipelineMemory {
-        schedule: schedule.name.clone(),
-        stages,
-        capacity: target.memory_bytes_per_device(),
-        device: format!("{} ({})", target.topology().name, target.topology().device_kind),
-    };
-    memory.check()?;
-    println!("{memory}");
-
-    let serialized: Vec<Vec<u8>> = executables.iter().map(|e| e.serialize()).collect::<Result<_, _>>()?;
-    let total: usize = serialized.iter().map(Vec::len).sum();
-    if !c.compiled_trainstep_file.is_empty() {
-        let path = Path::new(&c.compiled_trainstep_file);
-        let plugin = crate::pjrt::Plugin::load(&target.plugin().path)?;
-        let topology = target.topology();
-        let lengths: Vec<u64> = serialized.iter().map(|b| b.len() as u64).collect();
-        let platform = Platform {
-            devices,
-            num_devices: target.num_devices(),
-            plugin: artifact::plugin_identity(&plugin),
-            platform_version: target.platform_version().to_string(),
-        };
-        let mut h = header(c, step, schedule, &lowered, &lengths, platform);
-        h.device_ids_per_host = target.granules().to_vec();
-        artifact::write(path, &h, &serialized.concat())?;
-        println!(
-            "wrote the compiled pipeline ({} programs, {} schedule) to {} ({total} bytes)",
-            lowered.len(),
-            topology.name,
-            path.display()
-        );
-    }
-    Ok(PipelineCompile { memory, serialized_bytes: total, programs: lowered.len() })
 }
 
 /// Loads the stage executables `maxrs train-compile` saved at `path`, after checking that they

@@ -18,8 +18,8 @@ use std::ops::Range;
 use anyhow::{anyhow, bail, Result};
 
 use crate::config::PipelinePlan;
+use crate::host::HostTensor;
 use crate::model::{Model, ParamDef, ParamRole};
-use crate::pjrt::HostTensor;
 use crate::sharding::Mesh;
 use crate::tensor::Tree;
 

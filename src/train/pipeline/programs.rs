@@ -33,13 +33,14 @@
 use anyhow::{anyhow, Result};
 
 use super::layout::StageLayout;
+use crate::autodiff::{value_and_grad, value_and_grad_with_aux};
 use crate::config::{Config, DatasetType, Derived};
 use crate::ir::{DType, Program, Signature};
 use crate::model::attention::LayerContext;
 use crate::model::decoder::BTE;
 use crate::model::{Model, ParamDef, ParamRole};
 use crate::sharding::{Mesh, PartitionSpec};
-use crate::tensor::{random, trace, value_and_grad, value_and_grad_with_aux, Tensor, TraceError, Tree};
+use crate::tensor::{random, trace, Tensor, TraceError, Tree};
 use crate::train::optimizer::{AdamW, COUNT};
 use crate::train::step::batch_inputs;
 

@@ -23,7 +23,6 @@ use crate::tensor::Tree;
 use crate::train::metrics::{median_step_time_after, StepMetrics};
 use crate::train::outputs::RunOutputs;
 use crate::train::run::{self, RunReport, StartupTimes, StepRecorder};
-use crate::train::step::step_mesh;
 
 /// The pipeline's part of a run's report.
 #[derive(Clone, Debug, Default)]
@@ -50,7 +49,7 @@ pub fn build(
 ) -> Result<Pipeline> {
     let plan = derived.pipeline.as_ref().ok_or_else(|| anyhow!("the config has no pipeline"))?;
     let mesh =
-        step_mesh(derived, granules).map_err(|e| anyhow!(e))?.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
+        derived.mesh.step_mesh(granules).map_err(|e| anyhow!(e))?.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
     let step = PipelineStep::new(c, derived, mesh)?;
     let schedule = Schedule::new(plan);
     schedule.simulate(|_, _| 1.0).map_err(|e| anyhow!("pipeline_schedule={}: {e}", plan.schedule))?;

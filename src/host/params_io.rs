@@ -14,10 +14,9 @@ use std::fmt;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use half::{bf16, f16};
 use safetensors::tensor::{Dtype, Metadata, TensorView};
 
-use crate::pjrt::{shape_string, ElementType, HostTensor};
+use super::{convert_float, is_float, shape_string, ElementType, HostTensor};
 
 /// Parameters by name; ordered so files and listings are deterministic.
 pub type Params = BTreeMap<String, HostTensor>;
@@ -114,32 +113,12 @@ pub(crate) fn from_dtype(dtype: Dtype) -> Option<ElementType> {
     })
 }
 
-pub(crate) fn is_float(ty: ElementType) -> bool {
-    matches!(ty, ElementType::F16 | ElementType::BF16 | ElementType::F32 | ElementType::F64)
-}
-
 /// `dtype[shape]` of a tensor in the file, in safetensors' dtype names when maxrs has no type.
 fn found_string(dtype: Dtype, shape: &[usize]) -> String {
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     match from_dtype(dtype) {
         Some(ty) => shape_string(ty, &dims),
         None => format!("{dtype:?}{dims:?}"),
-    }
-}
-
-/// Converts between float element types (the caller checked both are floats).
-pub(crate) fn convert_float(tensor: &HostTensor, to: ElementType) -> HostTensor {
-    let values = tensor.to_f64();
-    match to {
-        ElementType::F64 => HostTensor::from_f64(&tensor.dims, &values),
-        ElementType::F32 => HostTensor::from_f32(&tensor.dims, &values.iter().map(|&v| v as f32).collect::<Vec<_>>()),
-        ElementType::BF16 => {
-            HostTensor::from_bf16(&tensor.dims, &values.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>())
-        }
-        ElementType::F16 => {
-            HostTensor::from_f16(&tensor.dims, &values.iter().map(|&v| f16::from_f64(v)).collect::<Vec<_>>())
-        }
-        other => unreachable!("convert_float to {other}"),
     }
 }
 

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
+use crate::files;
 use crate::ir::Program;
 use crate::model::Model;
 use crate::pjrt::Plugin;
@@ -66,7 +67,8 @@ pub struct ArtifactHeader {
     pub pipeline: Option<PipelineSection>,
 }
 
-/// What a pipelined step's file holds besides the common header (see `train::pipeline::aot`).
+/// What a pipelined step's file holds besides the common header (written by `aot::pipeline`,
+/// read by `train::pipeline::aot`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PipelineSection {
     /// The schedule as it runs: e.g. `1f1b`, 4 stages x 2 repeats, 8 microbatches.
@@ -273,13 +275,13 @@ fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Writes header + executable to `path` atomically ([`crate::files::write_atomic`]), so an
+/// Writes header + executable to `path` atomically ([`files::write_atomic`]), so an
 /// interrupted write never leaves a truncated file where a good one was. The header gets the
 /// executable's checksum.
 pub fn write(path: &Path, header: &ArtifactHeader, executable: &[u8]) -> Result<()> {
     let header = ArtifactHeader { executable_sha256: Some(sha256_hex(executable)), ..header.clone() };
     let json = serde_json::to_vec_pretty(&header)?;
-    crate::files::write_atomic(path, |file| {
+    files::write_atomic(path, |file| {
         file.write_all(MAGIC)?;
         file.write_all(&(json.len() as u64).to_le_bytes())?;
         file.write_all(&json)?;
