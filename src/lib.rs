@@ -5,7 +5,7 @@
 //! `sharding`) -> PJRT plugin (`pjrt`) -> train loop, across processes (`cluster`); `submit` sends a
 //! train command to a cluster.
 //!
-//! The modules are layered, foundations (`sharding`, `host`, `files`, `input`, `gcloud`) first:
+//! The modules are layered, foundations (`sharding`, `host`, `files`, `input`, `net`) first:
 //! none imports a higher layer (the README's Layout section lists them; `tests/layers.rs` checks).
 
 pub mod aot;
@@ -15,13 +15,13 @@ pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod files;
-pub mod gcloud;
 pub mod host;
 pub mod inference;
 pub mod input;
 pub mod ir;
 pub mod lower;
 pub mod model;
+pub mod net;
 pub mod output;
 pub mod pjrt;
 pub mod runtime;

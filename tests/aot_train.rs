@@ -3,8 +3,8 @@
 //! run that differs in batch size, sequence length, model or devices is refused with every
 //! differing key and both values; the train step compiles for two A3 Mega hosts and two v5e-256
 //! slices from this CPU-only machine, and a configuration that cannot fit an H100 fails with
-//! needed vs available memory. GPU/TPU cases download their plugin and print "skipped: offline"
-//! only when the machine cannot reach the package index.
+//! needed vs available memory. GPU/TPU cases download their plugin: they need the network (see
+//! `skip_offline` in tests/common/provision.rs).
 
 use std::path::Path;
 use std::process::Command;
@@ -66,7 +66,8 @@ fn mismatched_runs_are_refused_with_every_difference() {
     assert!(err.contains("number of devices: compiled with 8, this run has 4"), "{err}");
 }
 
-/// Runs `maxrs train-compile ARGS`, or `None` when `topology`'s plugin cannot be had offline.
+/// Runs `maxrs train-compile ARGS`, or `None` when `topology`'s plugin cannot be had and the
+/// test skips (no network, `MAXRS_TESTS_OFFLINE` set).
 fn train_compile_cli(topology: &str, slices: u32, args: &[&str]) -> Option<(bool, String, String)> {
     if !provisioned(&lookup(topology, slices).unwrap()) {
         return None;

@@ -4,7 +4,7 @@
 //! were produced once by `tools/data/golden_ids.py` with the Python `sentencepiece` 0.2.3
 //! (`EncodeAsIds`) and `tokenizers` 0.23.3 (`encode(add_special_tokens=False)`) libraries, never
 //! by maxrs. Models: Mistral 7B v0.1's 32 000-piece SentencePiece BPE (fetched from the
-//! `mistral-common` 1.13.1 wheel through maxrs's wheel provisioning; skipped offline), and three
+//! `mistral-common` 1.13.1 wheel through maxrs's wheel provisioning: needs the network), and three
 //! 512-token tokenizers trained on Shakespeare's comedies (SentencePiece BPE with byte fallback,
 //! SentencePiece unigram with NFKC normalization, byte-level BPE `tokenizer.json`).
 
@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use maxrs::data::TextTokenizer;
 use maxrs::pjrt::provision::{Provisioner, WheelPin};
+
+use crate::common::provision::skip_offline;
 
 pub(crate) const MISTRAL: WheelPin =
     WheelPin { package: "mistral-common", version: "1.13.1", member: "mistral_common/data/tokenizer.model.v1" };
@@ -79,10 +81,7 @@ fn huggingface_tokenizer_json_matches_the_library() {
 fn mistral_7b_sentencepiece_matches_the_library() {
     let path = match Provisioner::from_env().wheel_file(&MISTRAL) {
         Ok(path) => path,
-        Err(e) if crate::common::provision::offline() => {
-            return println!("skipped: offline, cannot fetch the Mistral tokenizer: {e:#}")
-        }
-        Err(e) => panic!("{e:#}"),
+        Err(e) => return skip_offline(&format!("cannot fetch the Mistral tokenizer: {e:#}")),
     };
     let t = check("mistral-v1", &path, "sentencepiece");
     assert_eq!((t.vocab_size(), t.bos_id(), t.eos_id()), (32000, Some(1), Some(2)));

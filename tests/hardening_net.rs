@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use maxrs::cluster::launch::{free_port, launch, LaunchOptions};
-use maxrs::submit::auth::AccessToken;
-use maxrs::submit::vertex_api::{JobRef, RetryPolicy, VertexApi};
+use maxrs::net::credentials::AccessToken;
+use maxrs::net::retry::RetryPolicy;
+use maxrs::submit::vertex_api::{JobRef, VertexApi};
 
 use crate::submit::common::{maxrs as submit_maxrs, with_seed, IMAGE, VERTEX_2_NODES};
 use crate::submit::http::{FakeServer, Reply};

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 /// The layers, lowest first. `cli` is the binary (`src/main.rs`, `src/cli/`), above everything.
 const LAYERS: &[&[&str]] = &[
-    &["sharding", "host", "files", "input", "gcloud"],
+    &["sharding", "host", "files", "input", "net"],
     &["ir", "config"],
     &["tensor", "autodiff", "lower", "pjrt"],
     &["model", "runtime", "storage", "output", "data", "cluster"],

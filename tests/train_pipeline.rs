@@ -13,6 +13,8 @@ use maxrs::train::profiler::{tensorboard_dir, StepProfiler};
 use maxrs::train::run::train;
 use prost::Message;
 
+use crate::common::provision::skip_offline;
+
 fn config(extra: &[&str]) -> config::Config {
     let args: Vec<String> = ["dtype=float32", "steps=5"].iter().chain(extra).map(|s| s.to_string()).collect();
     config::load(None, &args).expect("config loads")
@@ -48,8 +50,7 @@ fn xplane_on_a_plugin_without_profiler_fails_before_training() {
 fn xplane_trace_lands_where_tensorboard_reads_it() {
     let (_, plugin) = match load_plugin(Some("cuda12")) {
         Ok(p) => p,
-        Err(e) if crate::common::provision::offline() => return println!("skipped: offline: {e:#}"),
-        Err(e) => panic!("{e:#}"),
+        Err(e) => return skip_offline(&format!("loading the cuda12 plugin: {e:#}")),
     };
     let dir = tempfile::tempdir().unwrap();
     let c = config(&[

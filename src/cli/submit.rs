@@ -8,11 +8,12 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 use maxrs::files::Kind;
 use maxrs::files::Location;
-use maxrs::gcloud;
+use maxrs::net::google;
+use maxrs::net::retry::RetryPolicy;
 use maxrs::output::{self, Input, Output};
 use maxrs::submit::settings::Settings;
-use maxrs::submit::vertex_api::{self, JobRef, RetryPolicy, VertexApi};
-use maxrs::submit::{self, auth, gke, machine, slurm, vertex, Job, Request};
+use maxrs::submit::vertex_api::{self, JobRef, VertexApi};
+use maxrs::submit::{self, gke, machine, slurm, vertex, Job, Request};
 
 /// `println!` through [`emit`].
 macro_rules! outln {
@@ -211,10 +212,10 @@ fn run_vertex(a: VertexArgs) -> Result<()> {
     let s = settings(&a.common)?;
     // They go into the request URLs (the region into the host name): checked before anything else.
     if let Some(p) = &a.project {
-        gcloud::check_project("--project", p)?;
+        google::check_project("--project", p)?;
     }
     if let Some(r) = &a.region {
-        gcloud::check_region("--region", r)?;
+        google::check_region("--region", r)?;
     }
     if a.limit == 0 || a.limit > vertex_api::MAX_LOG_LINES {
         bail!("--limit {}: give 1 to {} log lines", a.limit, vertex_api::MAX_LOG_LINES);
@@ -223,7 +224,7 @@ fn run_vertex(a: VertexArgs) -> Result<()> {
     let region = a.region.clone().or(s.region.clone());
     if let Some(job) = a.status.as_deref().or(a.logs.as_deref()) {
         let job = JobRef::parse(job, project.as_deref(), region.as_deref())?;
-        let api = VertexApi::new(http_client()?, auth::access_token()?, &job.region, RetryPolicy::default())?;
+        let api = VertexApi::new(http_client()?, vertex_api::access_token()?, &job.region, RetryPolicy::default())?;
         return if a.status.is_some() { print_status(&api, &job) } else { print_logs(&api, &job, a.limit) };
     }
 
@@ -243,7 +244,7 @@ fn run_vertex(a: VertexArgs) -> Result<()> {
         emit(&format!("{}\n", body.to_display_json()))?;
         return Ok(());
     }
-    let api = VertexApi::new(http_client()?, auth::access_token()?, &opts.region, RetryPolicy::default())?;
+    let api = VertexApi::new(http_client()?, vertex_api::access_token()?, &opts.region, RetryPolicy::default())?;
     let created = api.create_custom_job(&opts.project, &opts.region, &body)?;
     let job_ref = JobRef { project: opts.project.clone(), region: opts.region.clone(), id: created.id().to_string() };
     let again = format!("--project {} --region {}", opts.project, opts.region);
@@ -282,13 +283,9 @@ fn print_logs(api: &VertexApi, job: &JobRef, limit: usize) -> Result<()> {
     Ok(())
 }
 
+/// The Vertex AI and Cloud Logging calls' client: each connect and read within 2 minutes.
 fn http_client() -> Result<reqwest::blocking::Client> {
-    reqwest::blocking::Client::builder()
-        .user_agent(concat!("maxrs/", env!("CARGO_PKG_VERSION")))
-        .connect_timeout(Duration::from_secs(30))
-        .timeout(Duration::from_secs(120))
-        .build()
-        .map_err(|e| anyhow!("cannot create an HTTP client: {e}"))
+    maxrs::net::client(Duration::from_secs(120))
 }
 
 fn run_slurm(a: SlurmArgs) -> Result<()> {
@@ -377,9 +374,13 @@ fn check_output(path: Option<&Path>, force: bool, common: &Common) -> Result<()>
     output::check(settings.as_slice(), &[write])
 }
 
-/// Writes a file that may hold secret values: readable by its owner only (the temporary file
-/// `write_atomic` renames into place is created so).
+/// Writes a file that may hold secret values: readable by its owner only (narrowed before
+/// anything is written to it).
 fn write_file(path: &Path, text: &str) -> Result<()> {
     use std::io::Write;
-    maxrs::files::write_atomic(path, |file| file.write_all(text.as_bytes()))
+    maxrs::files::write_atomic(path, |file| {
+        #[cfg(unix)]
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        file.write_all(text.as_bytes())
+    })
 }

@@ -30,6 +30,7 @@ use tonic::{Code, Status};
 use super::diagnostics;
 use super::proto::{self, Incarnations};
 use super::service::{JOB_METADATA, NUM_PROCESSES_METADATA};
+use crate::net::retry::RetryPolicy;
 
 /// What a client needs to know about its job.
 #[derive(Clone, Debug)]
@@ -194,15 +195,21 @@ impl CoordinationClient {
     pub fn connect(&self) -> Result<Duration> {
         let start = Instant::now();
         let o = &self.options;
-        let deadline = start + o.register_timeout;
         let _activity = diagnostics::waiting_for(format!("registration with the coordinator at {}", o.address));
-        let mut attempt = 0u32;
+        // Waits of 0.1 s doubling up to 0.8 s, jittered (every process of a job starts at once).
+        let policy = RetryPolicy {
+            attempts: u32::MAX,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(800),
+            jitter: true,
+            deadline: Some(o.register_timeout),
+        };
+        let mut tries = policy.tries();
         let response: proto::RegisterTaskResponse = loop {
-            attempt += 1;
             // A coordinator that is reached answers at its own registration deadline, naming the
             // processes that never came: the call waits a little past this process's deadline
             // for that answer.
-            let remaining = deadline.saturating_duration_since(Instant::now()) + REGISTRATION_ANSWER_GRACE;
+            let remaining = tries.remaining().unwrap_or_default() + REGISTRATION_ANSWER_GRACE;
             let request = proto::RegisterTaskRequest { incarnation: self.incarnation, source_task_id: o.process_id };
             let result = self.block_on(unary(self.grpc.clone(), o, path!("RegisterTask"), request, Some(remaining)));
             match result {
@@ -212,7 +219,7 @@ impl CoordinationClient {
                 Err(status) if proto::is_coordination_error(&status) => {
                     bail!("process {} could not join the job: {}", o.process_id, status.message())
                 }
-                Err(status) if Instant::now() >= deadline => bail!(
+                Err(status) if tries.last() => bail!(
                     "process {}: registration with the coordinator at {} did not complete within {:.0} s \
                      (jax_distributed_initialization_timeout): {}",
                     o.process_id,
@@ -221,10 +228,8 @@ impl CoordinationClient {
                     status.message()
                 ),
                 Err(status) => {
-                    tracing::debug!("registration attempt {attempt}: {}", status.message());
-                    let backoff =
-                        Duration::from_millis(50u64 << attempt.min(4)).mul_f64(0.5 + rand::random::<f64>() / 2.0);
-                    std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+                    tracing::debug!("registration attempt {}: {}", tries.attempt(), status.message());
+                    std::thread::sleep(tries.next(None));
                 }
             }
         };

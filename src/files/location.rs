@@ -29,9 +29,9 @@ impl Location {
                 bail!("{text}: a gs:// location needs a bucket name (gs://BUCKET/PATH)");
             }
             // Both go into request URLs.
-            crate::gcloud::check_bucket(text, bucket)?;
+            crate::net::google::check_bucket(text, bucket)?;
             let key = key.trim_matches('/');
-            crate::gcloud::check_object_name(text, key)?;
+            crate::net::google::check_object_name(text, key)?;
             return Ok(Location::Gcs { bucket: bucket.to_string(), key: key.to_string() });
         }
         if let Some((scheme, _)) = text.split_once("://") {

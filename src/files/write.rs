@@ -1,32 +1,91 @@
 //! Writing local files so that none is left half-written or written by two runs at once:
-//! [`write_atomic`] and [`LockedAppend`].
+//! [`AtomicFile`] (streamed) and [`write_atomic`] (filled by a closure) write under a temporary
+//! name in the target's directory, flush to disk, rename over the target and sync the directory,
+//! so an interrupted or failed write leaves the old file (or none) and no temporary file;
+//! [`LockedAppend`] appends under an exclusive lock.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context, Result};
+use tempfile::NamedTempFile;
 
 use super::{check_output, shown, Kind, Location};
 
-/// Writes `path` whole: `fill` writes the content into a temporary file in the same directory,
-/// which is flushed to disk and renamed over `path`. On any error `path` is untouched and the
-/// temporary file removed. Missing parent directories are created.
+/// A file being written whole: [`AtomicFile::commit`] makes it appear under its name; dropped
+/// before that, it leaves nothing behind.
+pub struct AtomicFile {
+    path: PathBuf,
+    tmp: NamedTempFile,
+}
+
+impl AtomicFile {
+    /// Starts writing `path`, creating missing parent directories.
+    pub fn create(path: &Path) -> Result<AtomicFile> {
+        let name = path.file_name().ok_or_else(|| anyhow!("{}: names no file", path.display()))?;
+        let dir = parent(path);
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let prefix = format!(".{}.", name.to_string_lossy());
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(&prefix).suffix(".tmp");
+        // What `File::create` gives (0666 less the umask), not a temporary file's owner-only
+        // 0600: these are ordinary files (a writer of secrets narrows them itself).
+        #[cfg(unix)]
+        builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+        let tmp =
+            builder.tempfile_in(dir).with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+        Ok(AtomicFile { path: path.to_owned(), tmp })
+    }
+
+    /// The file the content goes to (under its temporary name).
+    pub fn file(&mut self) -> &mut File {
+        self.tmp.as_file_mut()
+    }
+
+    /// The file this becomes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Flushes the content to disk, renames it over the target, and syncs the directory so
+    /// that the rename survives a power loss.
+    pub fn commit(self) -> Result<()> {
+        let AtomicFile { path, tmp } = self;
+        // Data must be on disk before the rename makes it visible under the real name.
+        tmp.as_file().sync_all().with_context(|| format!("flushing {}", path.display()))?;
+        tmp.persist(&path).map_err(|e| anyhow!("renaming into {}: {}", path.display(), e.error))?;
+        sync_dir(parent(&path))
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tmp.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tmp.flush()
+    }
+}
+
+/// Writes `path` whole: `fill` writes the content into an [`AtomicFile`], committed when `fill`
+/// succeeds. On any error `path` is untouched and the temporary file removed.
 pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut File) -> std::io::Result<()>) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    let mut file = AtomicFile::create(path)?;
     // Errors name the file the user asked for, not the temporary one.
-    fill(tmp.as_file_mut()).with_context(|| format!("writing {}", path.display()))?;
-    // Data must be on disk before the rename makes it visible under the real name.
-    tmp.as_file().sync_all().with_context(|| format!("flushing {}", path.display()))?;
-    tmp.persist(path).map_err(|e| anyhow!("renaming into {}: {}", path.display(), e.error))?;
-    Ok(())
+    fill(file.file()).with_context(|| format!("writing {}", path.display()))?;
+    file.commit()
+}
+
+/// Flushes a directory's entries (a rename or a new file in it) to disk.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| anyhow!("cannot sync directory {}: {e}", dir.display()))
+}
+
+/// The directory `path` is in (`.` for a bare name).
+fn parent(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
 /// A file appended to under an exclusive lock held for the writer's lifetime.
@@ -79,5 +138,39 @@ impl LockedAppend {
     /// Makes everything appended so far durable.
     pub fn sync(&mut self) -> Result<()> {
         self.file.sync_data().map_err(|e| anyhow!("{}: {e}", self.shown))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_appears_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/out.bin");
+        write_atomic(&path, |f| f.write_all(b"first")).unwrap();
+        let failed = write_atomic(&path, |f| {
+            f.write_all(b"half")?;
+            Err(std::io::Error::other("disk full"))
+        });
+        assert_eq!(failed.unwrap_err().to_string(), format!("writing {}", path.display()));
+        assert_eq!(std::fs::read(&path).unwrap(), b"first");
+
+        let mut streamed = AtomicFile::create(&path).unwrap();
+        streamed.write_all(b"second").unwrap();
+        drop(streamed);
+        assert_eq!(std::fs::read(&path).unwrap(), b"first", "an abandoned write changes nothing");
+        let names: Vec<_> =
+            std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["out.bin"], "no temporary file is left");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let plain = dir.path().join("plain");
+            std::fs::write(&plain, b"").unwrap();
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&path), mode(&plain), "an ordinary file, as File::create makes it");
+        }
     }
 }

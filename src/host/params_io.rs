@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -197,7 +196,7 @@ pub fn load_parameters(path: &Path, expected: &[ParamSpec]) -> Result<Params, Pa
     }
 }
 
-/// Writes `params` as a safetensors file at `path`, atomically (temporary file + rename).
+/// Writes `params` as a safetensors file at `path`, atomically ([`crate::files::write_atomic`]).
 pub fn save_safetensors(path: &Path, params: &Params) -> Result<(), ParamsError> {
     let fail = |reason: String| ParamsError::Save { path: path.to_owned(), reason };
     let mut views = Vec::with_capacity(params.len());
@@ -209,19 +208,5 @@ pub fn save_safetensors(path: &Path, params: &Params) -> Result<(), ParamsError>
     }
     let bytes = safetensors::tensor::serialize(views, &None).map_err(|e| fail(format!("{e:?}")))?;
 
-    let file_name = path.file_name().ok_or_else(|| fail("the path names no file".into()))?;
-    let mut temp_name = file_name.to_owned();
-    temp_name.push(format!(".tmp.{}", std::process::id()));
-    let temp = path.with_file_name(temp_name);
-    let write = || -> std::io::Result<()> {
-        let mut file = File::create(&temp)?;
-        file.write_all(&bytes)?;
-        // Data on disk before the rename makes it visible, or a crash could expose a short file.
-        file.sync_all()?;
-        std::fs::rename(&temp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&temp);
-        fail(format!("writing via {}: {e}", temp.display()))
-    })
+    crate::files::write_atomic(path, |file| file.write_all(&bytes)).map_err(|e| fail(format!("{e:#}")))
 }

@@ -6,45 +6,55 @@
 //! - reads: `alt=media`, streamed; listings: `prefix` + `delimiter=/`, every page;
 //! - idempotent requests are retried on 429, 5xx and transport errors with exponential backoff.
 //!
-//! Credentials: Application Default Credentials through `gcp_auth` (a service account key named
-//! by `GOOGLE_APPLICATION_CREDENTIALS`, gcloud's user credentials, the metadata server), with
-//! the `devstorage.read_write` scope. `STORAGE_EMULATOR_HOST=http://host:port` sends every request
-//! to that emulator instead, without credentials (as Google's client libraries do). The token is
-//! attached only to `https://*.googleapis.com` URLs (checked on every request, the upload session
-//! URL the API answers with included), and URLs are built from percent-encoded path segments.
+//! Credentials: Application Default Credentials ([`crate::net::credentials`]: a service account
+//! key named by `GOOGLE_APPLICATION_CREDENTIALS`, gcloud's user credentials, the metadata server),
+//! with the `devstorage.read_write` scope. `STORAGE_EMULATOR_HOST=http://host:port` sends every
+//! request to that emulator instead, without credentials (as Google's client libraries do). The
+//! token is attached only to `https://*.googleapis.com` URLs (checked on every request, the upload
+//! session URL the API answers with included), and URLs are built from percent-encoded path
+//! segments.
 
 use std::io::Read;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use reqwest::blocking::{Client, Request, RequestBuilder, Response};
-use reqwest::header::{HeaderValue, AUTHORIZATION};
 use reqwest::{StatusCode, Url};
 
 use super::Entry;
-use crate::gcloud;
+use crate::net::credentials::Credentials;
+use crate::net::retry::RetryPolicy;
+use crate::net::{self, chain, google};
 
 /// The environment variable Google's client libraries read to reach an emulator.
 pub const EMULATOR_ENV: &str = "STORAGE_EMULATOR_HOST";
 const GCS: &str = "https://storage.googleapis.com";
 const SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_write";
+/// The end of the error when no credentials are found.
+const HOW_TO_GET_CREDENTIALS: &str = "gs:// needs them: run `gcloud auth application-default login`, or set \
+    GOOGLE_APPLICATION_CREDENTIALS to a service account key file";
 
 /// Chunk of a resumable upload (a multiple of 256 KiB, as the API requires).
 const PART_BYTES: usize = 16 << 20;
-const ATTEMPTS: u32 = 5;
+
+/// Idempotent requests: 5 tries, waits of 0.25, 0.5, 1 and 2 s.
+fn retry_policy() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 5,
+        base_delay: Duration::from_millis(250),
+        max_delay: Duration::from_secs(2),
+        jitter: false,
+        deadline: None,
+    }
+}
 
 /// The endpoint and how requests authenticate, fixed for the process at first use.
 struct Service {
     base: Url,
     http: Client,
     /// `None` for an emulator.
-    auth: Option<Auth>,
-}
-
-struct Auth {
-    runtime: tokio::runtime::Runtime,
-    provider: Arc<dyn gcp_auth::TokenProvider>,
+    credentials: Option<Credentials>,
 }
 
 fn service() -> Result<&'static Service> {
@@ -53,34 +63,20 @@ fn service() -> Result<&'static Service> {
 }
 
 fn connect() -> Result<Service> {
-    let http = Client::builder()
-        .user_agent(concat!("maxrs/", env!("CARGO_PKG_VERSION")))
-        .connect_timeout(Duration::from_secs(30))
-        .timeout(Duration::from_secs(300))
-        .build()
-        .map_err(|e| anyhow!("cannot create an HTTP client for GCS: {e}"))?;
+    let http = net::client(Duration::from_secs(300))?;
     if let Some(host) = std::env::var(EMULATOR_ENV).ok().filter(|h| !h.trim().is_empty()) {
         let host = host.trim();
         let base = if host.contains("://") { host.to_string() } else { format!("http://{host}") };
-        return Ok(Service { base: gcloud::endpoint(EMULATOR_ENV, &base)?, http, auth: None });
+        return Ok(Service { base: google::endpoint(EMULATOR_ENV, &base)?, http, credentials: None });
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| anyhow!("cannot start the runtime GCS authentication needs: {e}"))?;
-    let provider = runtime.block_on(gcp_auth::provider()).map_err(|e| {
-        anyhow!(
-            "gs:// needs Google Cloud credentials and none were found ({e}); run `gcloud auth \
-             application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file"
-        )
-    })?;
-    let base = gcloud::endpoint("the Cloud Storage endpoint", GCS)?;
-    Ok(Service { base, http, auth: Some(Auth { runtime, provider }) })
+    let credentials = Credentials::find(HOW_TO_GET_CREDENTIALS)?;
+    let base = google::endpoint("the Cloud Storage endpoint", GCS)?;
+    Ok(Service { base, http, credentials: Some(credentials) })
 }
 
 impl Service {
     fn url(&self, path: &[&str], query: &[(&str, &str)]) -> Url {
-        let mut url = gcloud::api_url(&self.base, path);
+        let mut url = google::api_url(&self.base, path);
         if !query.is_empty() {
             url.query_pairs_mut().extend_pairs(query);
         }
@@ -96,14 +92,8 @@ impl Service {
     /// Google API host (an emulator gets none).
     fn authorized(&self, builder: RequestBuilder) -> Result<Request> {
         let mut request = builder.build().map_err(|e| anyhow!("GCS request: {}", chain(&e)))?;
-        if let Some(auth) = &self.auth {
-            gcloud::check_token_destination(request.url(), &[])?;
-            let token =
-                auth.runtime.block_on(auth.provider.token(&[SCOPE])).map_err(|e| anyhow!("GCS credentials: {e}"))?;
-            let mut value = HeaderValue::from_str(&format!("Bearer {}", token.as_str()))
-                .map_err(|_| anyhow!("GCS credentials: the access token is not a valid header value"))?;
-            value.set_sensitive(true);
-            request.headers_mut().insert(AUTHORIZATION, value);
+        if let Some(credentials) = &self.credentials {
+            credentials.authorize(&mut request, SCOPE, &[])?;
         }
         Ok(request)
     }
@@ -111,21 +101,22 @@ impl Service {
     /// Sends the request `make` builds, retrying transient failures; returns the response
     /// (any status) or the last transport error.
     fn send(&self, what: &str, make: impl Fn() -> RequestBuilder) -> Result<Response> {
-        let mut delay = Duration::from_millis(250);
-        for attempt in 1..=ATTEMPTS {
+        let policy = retry_policy();
+        let mut tries = policy.tries();
+        loop {
             let result = self.http.execute(self.authorized(make())?);
             let retry = match &result {
                 Ok(r) => r.status() == StatusCode::TOO_MANY_REQUESTS || r.status().is_server_error(),
                 Err(e) => e.is_connect() || e.is_timeout() || e.is_request(),
             };
-            if !retry || attempt == ATTEMPTS {
+            if !retry || tries.last() {
                 return result.map_err(|e| anyhow!("{what}: {}", chain(&e)));
             }
+            let attempt = tries.attempt();
+            let delay = tries.next(None);
             tracing::debug!("{what}: attempt {attempt} failed; retrying in {delay:?}");
             std::thread::sleep(delay);
-            delay *= 2;
         }
-        unreachable!("the last attempt returns")
     }
 }
 
@@ -138,17 +129,6 @@ fn status_error(what: &str, response: Response) -> anyhow::Error {
         .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
         .unwrap_or_else(|| body.chars().take(200).collect::<String>().replace('\n', " "));
     anyhow!("{what}: HTTP {status}: {message}")
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 pub(super) fn put(bucket: &str, key: &str, bytes: &[u8]) -> Result<()> {

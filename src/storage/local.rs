@@ -1,82 +1,46 @@
-//! Local files: temporary sibling + fsync + rename for every write, and directory fsyncs so a
-//! rename survives a power loss.
+//! Local files: every write through [`crate::files::AtomicFile`] (temporary sibling + fsync +
+//! rename + directory fsync), and directory fsyncs so that a committed directory's rename
+//! survives a power loss.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
 use anyhow::{anyhow, Result};
 
 use super::Entry;
-
-/// Distinguishes temporary files of concurrent writers in one process.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+use crate::files::{sync_dir, AtomicFile};
 
 pub(super) fn create_dir_all(path: &Path) -> Result<()> {
     fs::create_dir_all(path).map_err(|e| anyhow!("cannot create directory {}: {e}", path.display()))
 }
 
-/// Flushes a directory's entries (a rename or a new file in it) to disk.
-fn sync_dir(path: &Path) -> Result<()> {
-    File::open(path).and_then(|d| d.sync_all()).map_err(|e| anyhow!("cannot sync directory {}: {e}", path.display()))
-}
-
-/// A file written under a temporary name in its final directory.
+/// A file written whole ([`AtomicFile`]), buffered.
 pub(super) struct FileWriter {
-    temp: PathBuf,
-    target: PathBuf,
-    file: Option<BufWriter<File>>,
+    file: BufWriter<AtomicFile>,
     written: u64,
 }
 
 impl FileWriter {
     pub(super) fn create(target: &Path) -> Result<FileWriter> {
-        let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        create_dir_all(dir)?;
-        let name = target.file_name().ok_or_else(|| anyhow!("{}: names no file", target.display()))?;
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let temp = dir.join(format!(".{}.tmp-{}-{n}", name.to_string_lossy(), std::process::id()));
-        let file = File::create(&temp).map_err(|e| anyhow!("cannot create {}: {e}", temp.display()))?;
-        Ok(FileWriter {
-            temp,
-            target: target.to_path_buf(),
-            file: Some(BufWriter::with_capacity(1 << 20, file)),
-            written: 0,
-        })
+        Ok(FileWriter { file: BufWriter::with_capacity(1 << 20, AtomicFile::create(target)?), written: 0 })
     }
 
     pub(super) fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.file.as_mut().expect("open until finished").write(buf)?;
+        let n = self.file.write(buf)?;
         self.written += n as u64;
         Ok(n)
     }
 
     pub(super) fn flush(&mut self) -> std::io::Result<()> {
-        self.file.as_mut().expect("open until finished").flush()
+        self.file.flush()
     }
 
-    pub(super) fn finish(mut self) -> Result<u64> {
-        let writer = self.file.take().expect("finished once");
-        let fail = |e: std::io::Error, what: &str| anyhow!("{what} {}: {e}", self.target.display());
-        let file = writer.into_inner().map_err(|e| fail(e.into_error(), "writing"))?;
-        // Data on disk before the rename makes it visible, or a crash could expose a short file.
-        file.sync_all().map_err(|e| fail(e, "flushing"))?;
-        drop(file);
-        fs::rename(&self.temp, &self.target).map_err(|e| fail(e, "renaming the finished file to"))?;
-        if let Some(dir) = self.target.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(dir)?;
-        }
+    pub(super) fn finish(self) -> Result<u64> {
+        let target = self.file.get_ref().path().display().to_string();
+        let file = self.file.into_inner().map_err(|e| anyhow!("writing {target}: {}", e.error()))?;
+        file.commit()?;
         Ok(self.written)
-    }
-}
-
-impl Drop for FileWriter {
-    fn drop(&mut self) {
-        if self.file.take().is_some() {
-            // Unfinished (an error or an abandoned save): leave nothing behind.
-            let _ = fs::remove_file(&self.temp);
-        }
     }
 }
 

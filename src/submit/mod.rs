@@ -5,16 +5,16 @@
 //! [`Job::prepare`] turns the request into what every launcher needs: the train command (checked
 //! against the config before anything is submitted: the node count must be the mesh's DCN product),
 //! the machine type, and the environment every process gets. Each launcher module then renders it:
-//! [`vertex`] the custom job body (sent by [`vertex_api`] with a token from [`auth`]), [`slurm`] the
-//! batch script, [`gke`] the JobSet manifest; `sbatch` and `kubectl` run through [`run_tool`],
-//! which gives them a deadline (they wait on the cluster's controller over the network).
+//! [`vertex`] the custom job body (sent by [`vertex_api`] with a token from
+//! [`crate::net::credentials`]), [`slurm`] the batch script, [`gke`] the JobSet manifest; `sbatch`
+//! and `kubectl` run through [`run_tool`], which gives them a deadline (they wait on the cluster's
+//! controller over the network).
 //!
 //! The cluster environment each launcher sets is the one maxrs's multi-process runtime reads
 //! (../shared/REFERENCE.md §2, MaxText's A3 Mega recipe): `JAX_COORDINATOR_ADDRESS`,
 //! `JAX_COORDINATOR_PORT`, `NNODES`, `NODE_RANK`, `GPUS_PER_NODE` (Slurm, GKE); on Vertex AI none of
 //! them: the runtime reads Vertex's own `CLUSTER_SPEC` (or `MASTER_ADDR` / `RANK`) instead.
 
-pub mod auth;
 pub mod gke;
 pub mod machine;
 pub mod settings;

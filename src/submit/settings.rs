@@ -20,7 +20,7 @@ use std::path::Path;
 use anyhow::{anyhow, Result};
 use serde::Deserialize;
 
-use crate::gcloud;
+use crate::net::google;
 
 /// The `submit:` section. Every field is optional; unknown keys are errors.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -97,10 +97,10 @@ impl Settings {
             serde_yaml::from_value(section.clone()).map_err(|e| anyhow!("in the `submit:` section: {e}"))?;
         // They go into request URLs (the region into the endpoint's host name).
         if let Some(project) = &settings.project {
-            gcloud::check_project("`project:`", project)?;
+            google::check_project("`project:`", project)?;
         }
         if let Some(region) = &settings.region {
-            gcloud::check_region("`region:`", region)?;
+            google::check_region("`region:`", region)?;
         }
         Ok(settings)
     }

@@ -9,7 +9,8 @@
 //! job. Reads (`get`, `entries.list`) also retry 500, 502 and 504. Errors carry the API's own
 //! message. The token goes only into the `Authorization` header, and only to the endpoints: every
 //! URL is built from an endpoint and percent-encoded path segments, and is checked right before
-//! the token is attached ([`crate::gcloud::check_token_destination`]).
+//! the token is attached ([`crate::net::google::check_token_destination`]). Tokens come from
+//! [`crate::net::credentials`] ([`access_token`]).
 //!
 //! `CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM` and `CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING` (gcloud's
 //! variables) replace the endpoints, e.g. for a private endpoint or a local test server.
@@ -22,9 +23,11 @@ use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 
-use super::auth::AccessToken;
 use super::vertex::CustomJob;
-use crate::gcloud::{self, api_url, check_project, check_region};
+use crate::net::chain;
+use crate::net::credentials::{AccessToken, Credentials};
+use crate::net::google::{self, api_url, check_project, check_region};
+use crate::net::retry::RetryPolicy;
 
 /// gcloud's variables that replace the Vertex AI and Cloud Logging endpoints.
 pub const AIPLATFORM_OVERRIDE: &str = "CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM";
@@ -37,26 +40,19 @@ pub const MAX_LOG_LINES: usize = 100_000;
 /// slices), so the number of requests is bounded apart from the lines.
 const MAX_LOG_PAGES: usize = 200;
 
-/// How often and how long to retry a request the API did not carry out.
-#[derive(Clone, Debug)]
-pub struct RetryPolicy {
-    /// Tries in all, the first included.
-    pub attempts: u32,
-    pub base_delay: Duration,
-    /// Cap on one wait, `Retry-After` included.
-    pub max_delay: Duration,
-}
+/// The OAuth scope of Vertex AI and Cloud Logging.
+pub const CLOUD_PLATFORM_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
 
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy { attempts: 5, base_delay: Duration::from_secs(2), max_delay: Duration::from_secs(60) }
-    }
-}
+/// What to do when no source has credentials.
+const HOW_TO_GET_CREDENTIALS: &str = "to get credentials: run `gcloud auth application-default login` \
+    (your user account), or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or set \
+    GOOGLE_OAUTH_ACCESS_TOKEN=\"$(gcloud auth print-access-token)\"; on a Google Cloud VM the VM's \
+    service account is used. The account needs the Vertex AI User role (roles/aiplatform.user)";
 
-impl RetryPolicy {
-    fn backoff(&self, attempt: u32) -> Duration {
-        self.base_delay.saturating_mul(1 << attempt.saturating_sub(1).min(16)).min(self.max_delay)
-    }
+/// An access token for the cloud-platform scope from the first source that has credentials
+/// (`GOOGLE_OAUTH_ACCESS_TOKEN` included: a submit is over within the token's hour).
+pub fn access_token() -> Result<AccessToken> {
+    Credentials::find_with_fixed_token(HOW_TO_GET_CREDENTIALS)?.token(CLOUD_PLATFORM_SCOPE)
 }
 
 /// A custom job as the API describes it (the fields maxrs shows).
@@ -154,8 +150,8 @@ pub struct Endpoint {
 /// The endpoint the variable `var` names, or `default` when it is unset.
 fn endpoint_from(var: &str, default: impl FnOnce() -> Result<String>) -> Result<Endpoint> {
     match std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
-        Some(value) => Ok(Endpoint { url: gcloud::endpoint(var, value.trim())?, named: true }),
-        None => Ok(Endpoint { url: gcloud::endpoint("the endpoint", &default()?)?, named: false }),
+        Some(value) => Ok(Endpoint { url: google::endpoint(var, value.trim())?, named: true }),
+        None => Ok(Endpoint { url: google::endpoint("the endpoint", &default()?)?, named: false }),
     }
 }
 
@@ -208,7 +204,7 @@ impl VertexApi {
         retry: RetryPolicy,
     ) -> Result<Self> {
         let named =
-            |what: &str, url: &str| Ok::<_, anyhow::Error>(Endpoint { url: gcloud::endpoint(what, url)?, named: true });
+            |what: &str, url: &str| Ok::<_, anyhow::Error>(Endpoint { url: google::endpoint(what, url)?, named: true });
         Ok(VertexApi {
             http,
             token,
@@ -278,18 +274,21 @@ impl VertexApi {
     fn send(&self, what: &str, method: Method, url: &Url, body: Option<String>, retry: Retry) -> Result<String> {
         let named: Vec<&Url> =
             [&self.aiplatform, &self.logging].into_iter().filter(|e| e.named).map(|e| &e.url).collect();
-        gcloud::check_token_destination(url, &named).map_err(|e| anyhow!("{what}: {e}"))?;
-        let attempts = self.retry.attempts.max(1);
-        for attempt in 1..=attempts {
-            let mut request = self.http.request(method.clone(), url.clone()).bearer_auth(self.token.secret());
+        let mut tries = self.retry.tries();
+        loop {
+            let (attempt, attempts) = (tries.attempt(), tries.attempts());
+            let mut request = self.http.request(method.clone(), url.clone());
             if let Some(body) = &body {
                 request = request.header(CONTENT_TYPE, "application/json; charset=utf-8").body(body.clone());
             }
-            let response = match request.send() {
+            let mut request =
+                request.build().map_err(|e| anyhow!("{what}: no answer from {}: {}", host(url), chain(&e)))?;
+            self.token.authorize(&mut request, &named).map_err(|e| anyhow!("{what}: {e}"))?;
+            let response = match self.http.execute(request) {
                 Ok(r) => r,
                 // Nothing reached the server: safe to try again whatever the request.
-                Err(e) if e.is_connect() && attempt < attempts => {
-                    let wait = self.retry.backoff(attempt);
+                Err(e) if e.is_connect() && !tries.last() => {
+                    let wait = tries.next(None);
                     eprintln!("{what}: cannot connect ({}); retrying in {wait:?} ({attempt}/{attempts})", chain(&e));
                     std::thread::sleep(wait);
                     continue;
@@ -300,9 +299,8 @@ impl VertexApi {
             if status.is_success() {
                 return response.text().map_err(|e| anyhow!("{what}: cannot read the answer: {}", chain(&e)));
             }
-            if retry.allows(status) && attempt < attempts {
-                let wait =
-                    retry_after(&response).unwrap_or_else(|| self.retry.backoff(attempt)).min(self.retry.max_delay);
+            if retry.allows(status) && !tries.last() {
+                let wait = tries.next(retry_after(&response));
                 eprintln!("{what}: {} answered {status}; retrying in {wait:?} ({attempt}/{attempts})", host(url));
                 std::thread::sleep(wait);
                 continue;
@@ -310,7 +308,6 @@ impl VertexApi {
             let text = response.text().unwrap_or_default();
             return Err(api_error(what, status, &text, retry, attempt));
         }
-        unreachable!("the loop returns on its last attempt")
     }
 }
 
@@ -429,17 +426,6 @@ fn host(url: &Url) -> &str {
     url.host_str().unwrap_or_default()
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// At most 500 characters of an answer, for error messages.
 fn clip(text: &str) -> String {
     let t = text.trim();
@@ -480,12 +466,6 @@ mod tests {
         assert!(e.contains("roles/aiplatform.user"), "{e}");
         let e = api_error("x", StatusCode::INTERNAL_SERVER_ERROR, "oops", Retry::NotCarriedOut, 1).to_string();
         assert!(e.contains("HTTP 500: oops") && e.contains("may or may not have been created"), "{e}");
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let p = RetryPolicy { attempts: 9, base_delay: Duration::from_secs(2), max_delay: Duration::from_secs(10) };
-        assert_eq!([1, 2, 3, 4].map(|a| p.backoff(a).as_secs()), [2, 4, 8, 10]);
     }
 
     #[test]

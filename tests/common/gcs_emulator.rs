@@ -29,19 +29,18 @@ fn free_port() -> u16 {
 }
 
 /// Starts the emulator (once per test binary), points `STORAGE_EMULATOR_HOST` at it and
-/// creates `buckets`. `None` when it cannot be provisioned because this machine is offline
-/// (the caller skips, saying so).
+/// creates `buckets`. `None` when it cannot be downloaded and [`super::provision::skip_offline`]
+/// skips (the caller returns).
 pub fn start(buckets: &[&str]) -> Option<&'static Emulator> {
     static EMULATOR: OnceLock<Option<Emulator>> = OnceLock::new();
     let emulator = EMULATOR
         .get_or_init(|| {
             let binary = match Provisioner::from_env().tool(&PIN) {
                 Ok(binary) => binary,
-                Err(e) if super::provision::offline() => {
-                    println!("skipped: offline; cannot download fake-gcs-server: {e:#}");
+                Err(e) => {
+                    super::provision::skip_offline(&format!("provisioning fake-gcs-server: {e:#}"));
                     return None;
                 }
-                Err(e) => panic!("provisioning fake-gcs-server: {e:#}"),
             };
             let port = free_port();
             let url = format!("http://127.0.0.1:{port}");

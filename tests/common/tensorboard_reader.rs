@@ -16,8 +16,8 @@ acc.Reload()
 print(json.dumps({t: [[e.step, e.value] for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}))
 "#;
 
-/// The venv's python, created on first use. `None` (the caller skips, saying so) when python3
-/// or PyPI is not available.
+/// The venv's python, created on first use. `None` (the caller returns) when python3 has no
+/// `venv` (saying so), or PyPI cannot be reached and [`super::provision::skip_offline`] skips.
 fn python() -> Option<PathBuf> {
     let venv = maxrs::pjrt::provision::cache_dir().join("venvs").join("tensorboard-2.21.0");
     let python = venv.join("bin/python");
@@ -40,11 +40,8 @@ fn python() -> Option<PathBuf> {
         .unwrap_or(false);
     if !installed {
         let _ = std::fs::remove_dir_all(&staging);
-        if super::provision::offline() {
-            println!("skipped: offline; cannot install TensorBoard's reader");
-            return None;
-        }
-        panic!("pip install {PACKAGES:?} failed");
+        super::provision::skip_offline(&format!("pip install {PACKAGES:?} failed"));
+        return None;
     }
     // Another test process may have finished first: either copy is fine.
     if std::fs::rename(&staging, &venv).is_err() {

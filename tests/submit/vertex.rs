@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use maxrs::submit::auth::AccessToken;
+use maxrs::net::credentials::AccessToken;
+use maxrs::net::retry::RetryPolicy;
 use maxrs::submit::vertex::{custom_job, CustomJob, VertexOptions};
-use maxrs::submit::vertex_api::{JobRef, RetryPolicy, VertexApi};
+use maxrs::submit::vertex_api::{JobRef, VertexApi};
 use maxrs::submit::{Job, Request};
 use serde_json::Value;
 
@@ -36,7 +37,12 @@ fn api(server: &FakeServer, retry: RetryPolicy) -> VertexApi {
 }
 
 fn quick_retry() -> RetryPolicy {
-    RetryPolicy { attempts: 3, base_delay: Duration::from_millis(10), max_delay: Duration::from_millis(50) }
+    RetryPolicy {
+        attempts: 3,
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(50),
+        ..RetryPolicy::default()
+    }
 }
 
 /// What the Vertex AI reference requires of a CustomJob, checked on the JSON as sent.
@@ -109,7 +115,12 @@ fn a_429_is_retried_after_the_wait_the_api_asks_for() {
         }
     });
     // A backoff of 3 s would show: the answer's Retry-After (0) must be the wait.
-    let slow = RetryPolicy { attempts: 3, base_delay: Duration::from_secs(3), max_delay: Duration::from_secs(3) };
+    let slow = RetryPolicy {
+        attempts: 3,
+        base_delay: Duration::from_secs(3),
+        max_delay: Duration::from_secs(3),
+        ..RetryPolicy::default()
+    };
     let start = Instant::now();
     let info = api(&server, slow).create_custom_job("my-project", "us-central1", &seed_job()).unwrap();
     assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());

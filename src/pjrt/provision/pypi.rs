@@ -16,6 +16,7 @@ use tempfile::NamedTempFile;
 
 use super::python::normalize;
 use super::{WheelPin, INDEX_ENV};
+use crate::net::{self, chain};
 
 const PEP691_JSON: &str = "application/vnd.pypi.simple.v1+json";
 
@@ -27,16 +28,9 @@ pub(super) struct WheelFile {
     pub sha256: String,
 }
 
-/// An HTTP client for index pages and wheels. The timeout bounds each connect and each read
-/// (reqwest's blocking client applies it per operation), so a large download is not cut off,
-/// but a stalled one is.
+/// An HTTP client for index pages and wheels: each connect and read within 2 minutes.
 pub(super) fn client() -> Result<Client> {
-    Client::builder()
-        .user_agent(concat!("maxrs/", env!("CARGO_PKG_VERSION")))
-        .connect_timeout(Duration::from_secs(30))
-        .timeout(Duration::from_secs(120))
-        .build()
-        .map_err(|e| anyhow!("cannot create an HTTP client: {}", chain(e)))
+    net::client(Duration::from_secs(120))
 }
 
 /// The project page of `package` on the simple index `index_url` (`$MAXRS_PYPI_INDEX`): an
@@ -77,10 +71,10 @@ pub(super) fn find_wheel(client: &Client, index_url: &str, pin: &WheelPin) -> Re
         .header(ACCEPT, format!("{PEP691_JSON}, text/html;q=0.1"))
         .send()
         .and_then(|r| r.error_for_status())
-        .map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(e.without_url())))?;
+        .map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(&e.without_url())))?;
     let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let body =
-        response.text().map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(e.without_url())))?;
+        response.text().map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(&e.without_url())))?;
     let files = parse_index(&body, &content_type, &page_url)?;
     let arch = std::env::consts::ARCH;
     match pick(&files, pin.package, pin.version, arch) {
@@ -219,7 +213,7 @@ pub(super) fn download(client: &Client, file: &WheelFile, dir: &Path) -> Result<
     let url = Url::parse(&file.url).map_or_else(|_| file.url.clone(), |u| shown(&u));
     let failed = |what: String| anyhow!("downloading {} from {url} failed: {what}", file.filename);
     let mut response =
-        client.get(&file.url).send().and_then(|r| r.error_for_status()).map_err(|e| failed(chain(e.without_url())))?;
+        client.get(&file.url).send().and_then(|r| r.error_for_status()).map_err(|e| failed(chain(&e.without_url())))?;
     let progress = progress_bar(&file.filename, &url, response.content_length());
     let mut tmp = tempfile::Builder::new()
         .prefix(".download-")
@@ -232,7 +226,7 @@ pub(super) fn download(client: &Client, file: &WheelFile, dir: &Path) -> Result<
     loop {
         let n = response
             .read(&mut buf)
-            .map_err(|e| failed(format!("connection lost after {}: {}", HumanBytes(received), chain(e))))?;
+            .map_err(|e| failed(format!("connection lost after {}: {}", HumanBytes(received), chain(&e))))?;
         if n == 0 {
             break;
         }
@@ -273,11 +267,6 @@ fn progress_bar(filename: &str, url: &str, total: Option<u64>) -> ProgressBar {
     bar.set_style(style);
     bar.set_message(format!("downloading {filename}"));
     bar
-}
-
-/// An error with its sources, since reqwest's own message leaves out the cause (DNS, TLS, ...).
-fn chain(e: impl std::error::Error + Send + Sync + 'static) -> String {
-    format!("{:#}", anyhow::Error::new(e))
 }
 
 #[cfg(test)]
