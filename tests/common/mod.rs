@@ -20,6 +20,21 @@ use maxrs::tensor::Tree;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The default model narrowed to a small float32 one that trains in seconds, as `key=value`
+/// arguments, followed by `extra`: the base of the tests that run whole training runs.
+pub fn small_model(extra: &[&str]) -> Vec<String> {
+    let model = [
+        "dtype=float32",
+        "base_emb_dim=64",
+        "base_mlp_dim=128",
+        "vocab_size=128",
+        "head_dim=16",
+        "max_target_length=32",
+        "learning_rate=3e-3",
+    ];
+    model.iter().chain(extra).map(|s| s.to_string()).collect()
+}
+
 /// The process-wide CPU client with 8 devices (single-device programs use the first).
 pub fn client() -> Client {
     cpu_client(8).expect("CPU PJRT plugin")
