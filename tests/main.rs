@@ -24,6 +24,7 @@ mod data_train;
 mod decode;
 mod errors;
 mod fuzz;
+mod gpu_memory;
 mod grad_check;
 mod hardening_inputs;
 mod hardening_misc;

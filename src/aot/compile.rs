@@ -14,6 +14,7 @@ use super::target_config::gpu_target_config;
 use super::topology::{OptionValue, Platform, Topology, TopologyArgs};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
+use crate::pjrt::gpu_memory::{GpuAllocator, GpuBudget};
 use crate::pjrt::provision::{cuda_toolchain_dir, CudaMajor, PluginName, ResolvedPlugin};
 use crate::pjrt::xla_flags::XlaFlags;
 use crate::pjrt::{self, Client, CompileOptions, Executable, LoadedExecutable, Plugin, TopologyDevice, Value};
@@ -235,11 +236,27 @@ impl CompileTarget {
         compiled.with_context(|| format!("compiling for part of topology `{}`", self.topology.name))
     }
 
+    /// On a GPU target, what XLA's allocator will let a run use of each device, under the
+    /// allocator variables of this environment (the run's must be the same: train-compile's
+    /// verdict says so when it matters).
+    pub fn gpu_budget(&self) -> Result<Option<GpuBudget>> {
+        match (self.topology.platform, self.memory_bytes_per_device) {
+            (Platform::Cuda, Some(device)) => Ok(Some(GpuBudget::planned(GpuAllocator::from_env()?, device))),
+            _ => Ok(None),
+        }
+    }
+
+    /// The memory one device's program may use: the GPU budget's, else the device's.
+    pub fn usable_bytes_per_device(&self) -> Result<Option<u64>> {
+        Ok(self.gpu_budget()?.map(|b| b.usable_bytes).or(self.memory_bytes_per_device))
+    }
+
     /// The per-device memory of `executable` against this target's device memory.
     pub fn memory_report(&self, executable: &Executable) -> Result<MemoryReport> {
         Ok(MemoryReport {
             stats: executable.compiled_memory_stats()?,
             capacity: self.memory_bytes_per_device,
+            budget: self.gpu_budget()?,
             device: format!("{} ({})", self.topology.name, self.topology.device_kind),
         })
     }

@@ -51,7 +51,7 @@ pub fn train_compile(
     let memory = PipelineMemory {
         schedule: schedule.name.clone(),
         stages,
-        capacity: target.memory_bytes_per_device(),
+        capacity: target.usable_bytes_per_device()?,
         device: format!("{} ({})", target.topology().name, target.topology().device_kind),
     };
     memory.check()?;

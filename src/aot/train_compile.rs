@@ -14,6 +14,7 @@ use super::topology::{self, Platform, Topology};
 use crate::config::{self, escape, Config, Hardware, Resolved, Source};
 use crate::lower::to_stablehlo;
 use crate::model::attention::describe;
+use crate::pjrt::gpu_memory::GpuAllocator;
 use crate::pjrt::Plugin;
 use crate::runtime::artifact;
 use crate::train::pipeline::{aot::PipelineMemory, PipelineStep, Schedule};
@@ -74,6 +75,10 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     let (hardware, plugin) = target_settings(c, &target_kind);
     check_plugin(&target_kind, &plugin)?;
     let c = &Config { hardware, plugin, ..c.clone() };
+    if target_kind.platform == Platform::Cuda {
+        // The run's allocator settings decide what fits: a bad one is refused before the compile.
+        GpuAllocator::from_env()?;
+    }
     // Before any download or compile: the keys on their own, and the files read and written.
     config::check(c)?;
     crate::output::check_paths(c, crate::output::Command::TrainCompile)?;

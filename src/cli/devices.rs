@@ -2,8 +2,8 @@
 //! GPUs with the memory JAX's allocator variables leave usable).
 
 use anyhow::{bail, Context, Result};
-use maxrs::pjrt::provision::choose_plugin;
 use maxrs::pjrt::gpu_memory;
+use maxrs::pjrt::provision::choose_plugin;
 use maxrs::pjrt::{self, Value};
 
 #[derive(clap::Args)]

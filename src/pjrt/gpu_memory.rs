@@ -114,19 +114,21 @@ impl GpuAllocator {
         let get = |var: &'static str| -> Result<Option<String>> { Ok(lookup(var)?.filter(|v| !v.is_empty())) };
         let kind = match lookup(ALLOCATOR_VAR)? {
             None => None,
-            Some(value) => Some(
-                AllocatorKind::ALL.into_iter().find(|k| value.to_lowercase() == k.as_str()).ok_or_else(|| {
+            Some(value) => {
+                Some(AllocatorKind::ALL.into_iter().find(|k| value.to_lowercase() == k.as_str()).ok_or_else(|| {
                     let names: Vec<&str> = AllocatorKind::ALL.iter().map(|k| k.as_str()).collect();
                     anyhow!("{ALLOCATOR_VAR}={value:?} is not an allocator JAX knows; give one of {}", names.join(", "))
-                })?,
-            ),
+                })?)
+            }
         };
         let fraction = match (get(NEW_FRACTION_VAR)?, get(FRACTION_VAR)?) {
             (Some(new), Some(old)) => bail!(
                 "{NEW_FRACTION_VAR}={new:?} and {FRACTION_VAR}={old:?} are both set, which JAX refuses; unset \
                  {FRACTION_VAR}, the deprecated name"
             ),
-            (Some(value), None) => Some(FromVar { value: parse_fraction(NEW_FRACTION_VAR, &value)?, var: NEW_FRACTION_VAR }),
+            (Some(value), None) => {
+                Some(FromVar { value: parse_fraction(NEW_FRACTION_VAR, &value)?, var: NEW_FRACTION_VAR })
+            }
             (None, Some(value)) => Some(FromVar { value: parse_fraction(FRACTION_VAR, &value)?, var: FRACTION_VAR }),
             (None, None) => None,
         };
@@ -143,18 +145,12 @@ impl GpuAllocator {
         let collective_memory_bytes = match get(COLLECTIVE_VAR)? {
             None => None,
             Some(value) => Some(
-                value
-                    .trim()
-                    .parse::<i64>()
-                    .ok()
-                    .filter(|mb| (0..=(i64::MAX >> 20)).contains(mb))
-                    .ok_or_else(|| {
-                        anyhow!(
-                            "{COLLECTIVE_VAR}={value:?} is not a whole number of MiB >= 0; give the collective memory \
+                value.trim().parse::<i64>().ok().filter(|mb| (0..=(i64::MAX >> 20)).contains(mb)).ok_or_else(|| {
+                    anyhow!(
+                        "{COLLECTIVE_VAR}={value:?} is not a whole number of MiB >= 0; give the collective memory \
                              to preallocate, e.g. 512 (0 or unset: grow it as needed)"
-                        )
-                    })?
-                    << 20,
+                    )
+                })? << 20,
             ),
         };
         let abort_collectives_on_failure = get(ABORT_VAR)?.map(|v| parse_switch(ABORT_VAR, &v)).transpose()?;
@@ -265,7 +261,8 @@ fn parse_fraction(var: &str, value: &str) -> Result<f64> {
 
 /// JAX's `bool(int(value))`: an integer, non-zero for on.
 fn parse_switch(var: &str, value: &str) -> Result<bool> {
-    let n: i64 = value.trim().parse().map_err(|_| anyhow!("{var}={value:?} is not an integer; give 0 (off) or 1 (on)"))?;
+    let n: i64 =
+        value.trim().parse().map_err(|_| anyhow!("{var}={value:?} is not an integer; give 0 (off) or 1 (on)"))?;
     Ok(n != 0)
 }
 
@@ -369,7 +366,11 @@ impl GpuBudget {
 impl fmt::Display for GpuBudget {
     /// `59.33 GiB usable of 79.11 GiB per device: <allocator>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let of = if self.reported { "the plugin's limit".to_string() } else { format!("of {}", HumanBytes(self.device_bytes)) };
+        let of = if self.reported {
+            "the plugin's limit".to_string()
+        } else {
+            format!("of {}", HumanBytes(self.device_bytes))
+        };
         write!(f, "{} usable per GPU ({of}): {}", HumanBytes(self.usable_bytes), self.allocator)
     }
 }
@@ -387,6 +388,14 @@ pub fn client_budget(client: &Client) -> Result<Option<GpuBudget>> {
         }
     }
     Ok(GpuBudget::reported(GpuAllocator::from_env()?, limit))
+}
+
+/// `maxrs train`'s verdict on a compiled step of `stats` on `client`'s devices: `None` when it
+/// fits what the allocator may hand out (or nothing limits it), else the shortfall
+/// ([`GpuBudget::shortfall`]). Checked before the state is put on the devices, so a step that
+/// cannot fit fails with both numbers instead of XLA's out-of-memory error mid-step.
+pub fn step_shortfall(client: &Client, stats: &super::CompiledMemoryStats) -> Result<Option<String>> {
+    Ok(client_budget(client)?.and_then(|budget| budget.shortfall(stats.total_bytes().max(0) as u64)))
 }
 
 #[cfg(test)]

@@ -69,7 +69,11 @@ fn bad_values_are_one_line_naming_the_variable_and_what_is_valid() {
         assert!(!e.contains('\n'), "{e}");
     }
     let e = error(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "cudaMalloc")]);
-    assert!(e.contains("\"cudaMalloc\" is not an allocator JAX knows") && e.contains("default, platform, bfc, cuda_async, vmm, address"), "{e}");
+    assert!(
+        e.contains("\"cudaMalloc\" is not an allocator JAX knows")
+            && e.contains("default, platform, bfc, cuda_async, vmm, address"),
+        "{e}"
+    );
     // JAX refuses an empty allocator name too (it is not one of its names).
     assert!(error(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "")]).contains("\"\" is not an allocator"));
     let e = error(&[("XLA_CLIENT_MEM_FRACTION", "0.9"), ("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.8")]);
@@ -147,7 +151,10 @@ fn an_option_the_plugin_refuses_is_one_line_naming_the_variable() {
     let allocator = settings(&[("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")]).unwrap();
     let err = Client::create(&plugin, &allocator.client_options(), None).err().expect("the CPU plugin refuses it");
     let line = allocator.explain_create_error(&plugin, &err).expect("the error concerns memory_fraction");
-    assert!(line.contains("refused the client option `memory_fraction` that XLA_PYTHON_CLIENT_MEM_FRACTION sets"), "{line}");
+    assert!(
+        line.contains("refused the client option `memory_fraction` that XLA_PYTHON_CLIENT_MEM_FRACTION sets"),
+        "{line}"
+    );
     assert!(line.contains(&plugin.path().display().to_string()) && !line.contains('\n'), "{line}");
     assert_eq!(GpuAllocator::default().explain_create_error(&plugin, &err), None);
     assert!(!is_cuda_plugin(&plugin));
