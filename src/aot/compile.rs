@@ -5,6 +5,7 @@
 //! them with the SPMD options the target needs.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::Once;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -43,6 +44,8 @@ pub struct CompileTarget {
     xla_overrides: Vec<(String, String)>,
     /// GPU without `XLA_FLAGS` naming [`CUB_RADIX_SORT`]: programs with a sort turn it off.
     disable_cub_sort: bool,
+    /// GPU: where the device description came from (`target_config::TargetDescription`).
+    gpu_description: Option<String>,
 }
 
 enum Backend {
@@ -57,6 +60,16 @@ impl CompileTarget {
     /// e.g. `cuda12` for GPU targets), downloading the plugin and, for GPUs, the CUDA compile
     /// toolchain on first use.
     pub fn new(topology: &Topology, plugin: Option<&str>) -> Result<CompileTarget> {
+        Self::with_gpu_description(topology, plugin, None)
+    }
+
+    /// [`CompileTarget::new`], with the GPU description read from `gpu_target_config` when given
+    /// (see `target_config`).
+    pub fn with_gpu_description(
+        topology: &Topology,
+        plugin: Option<&str>,
+        description_file: Option<&Path>,
+    ) -> Result<CompileTarget> {
         let spec = plugin.unwrap_or(topology.plugin.as_str());
         check_plugin(topology, spec)?;
         if topology.platform == Platform::Tpu {
@@ -65,6 +78,7 @@ impl CompileTarget {
         let (resolved, plugin) = pjrt::load_plugin(Some(spec))?;
         let mut xla_overrides = Vec::new();
         let mut disable_cub_sort = false;
+        let mut gpu_description = None;
         let backend = match &topology.args {
             TopologyArgs::Cpu { device_count } => {
                 let options = [("cpu_device_count".to_string(), Value::I64((*device_count).into()))];
@@ -77,11 +91,23 @@ impl CompileTarget {
                     xla_overrides.push((CUDA_DATA_DIR.to_string(), toolchain.display().to_string()));
                 }
                 disable_cub_sort = flags.get(CUB_RADIX_SORT).is_none();
+                let description = gpu_target_config(plugin.path(), *target, description_file)?;
                 let options = [
                     ("topology".to_string(), Value::Str(shape.clone())),
-                    ("target_config".to_string(), Value::Str(gpu_target_config(plugin.path(), *target)?.to_string())),
+                    ("target_config".to_string(), Value::Str(description.text.to_string())),
                 ];
-                Backend::Deviceless(pjrt::Topology::create(&plugin, &topology.name, &options)?)
+                let created = pjrt::Topology::create(&plugin, &topology.name, &options).map_err(|e| {
+                    anyhow!(
+                        "the CUDA plugin {} cannot use the description of {} from {}: {}; name one it reads with \
+                         gpu_target_config=FILE",
+                        resolved.path.display(),
+                        target.device_kind(),
+                        description.source,
+                        e.to_string().lines().next().unwrap_or_default()
+                    )
+                })?;
+                gpu_description = Some(description.source);
+                Backend::Deviceless(created)
             }
             TopologyArgs::Tpu { name, options } => {
                 let options: Vec<(String, Value)> =
@@ -119,7 +145,13 @@ impl CompileTarget {
             memory_bytes_per_device: limits.min().or(topology.memory_bytes_per_device),
             xla_overrides,
             disable_cub_sort,
+            gpu_description,
         })
+    }
+
+    /// GPU targets: where the device description came from.
+    pub fn gpu_description(&self) -> Option<&str> {
+        self.gpu_description.as_deref()
     }
 
     pub fn topology(&self) -> &Topology {

@@ -87,7 +87,11 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     let t = Instant::now();
     let topology = topology::lookup(&c.compile_topology, slices)?;
     crate::pjrt::xla_flags::apply_flags_file(&c.xla_flags_file, topology.num_hosts())?;
-    let target = CompileTarget::new(&topology, Some(&c.plugin))?;
+    let description = (!c.gpu_target_config.is_empty()).then(|| Path::new(&c.gpu_target_config));
+    let target = CompileTarget::with_gpu_description(&topology, Some(&c.plugin), description)?;
+    if let Some(source) = target.gpu_description() {
+        println!("GPU description ({}): {source}", topology.device_kind);
+    }
     let setup_seconds = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let derived = config::validate(c, target.num_devices(), target.granules().len())?;
