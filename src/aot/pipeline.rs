@@ -69,6 +69,7 @@ pub fn train_compile(
             num_devices: target.num_devices(),
             plugin: artifact::plugin_identity(&plugin),
             platform_version: target.platform_version().to_string(),
+            build: target.plugin().build(),
         };
         let mut h = header(c, step, schedule, &lowered, &lengths, platform);
         h.device_ids_per_host = target.granules().to_vec();

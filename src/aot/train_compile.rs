@@ -154,6 +154,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
                 num_devices: target.num_devices(),
                 plugin: artifact::plugin_identity(&plugin),
                 platform_version: target.platform_version().to_string(),
+                build: target.plugin().build(),
             },
         );
         header.device_ids_per_host = target.granules().to_vec();

@@ -123,6 +123,8 @@ fn load_step(
             num_devices,
             plugin: artifact::plugin_identity(client.plugin()),
             platform_version: client.platform_version()?,
+            // Not compared: the plugin identity pins the build (`artifact::plugin` chose it).
+            build: None,
         },
     );
     current.device_ids_per_host = granules.to_vec();

@@ -248,6 +248,8 @@ pub fn load(
         num_devices: granules.iter().map(Vec::len).sum(),
         plugin: artifact::plugin_identity(client.plugin()),
         platform_version: client.platform_version()?,
+        // Not compared: the plugin identity pins the build (`artifact::plugin` chose it).
+        build: None,
     };
     let mut current = header(c, step, schedule, &lowered, &lengths, platform);
     current.device_ids_per_host = granules.to_vec();
