@@ -3,6 +3,7 @@
 //! once, so adding a test costs no new link of the whole library.
 
 mod aot_compile;
+mod aot_plugin_build;
 mod aot_train;
 mod attention;
 mod checkpoint_process;
