@@ -18,6 +18,7 @@ fn fast_xla_compiles_unless_the_user_set_xla_flags() {
 }
 
 mod aot_compile;
+mod aot_plugin_build;
 mod aot_train;
 mod attention;
 mod checkpoint_process;
@@ -39,6 +40,7 @@ mod data_train;
 mod decode;
 mod errors;
 mod fuzz;
+mod gpu_memory;
 mod grad_check;
 mod hardening_inputs;
 mod hardening_misc;

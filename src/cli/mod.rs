@@ -7,6 +7,7 @@ pub mod coordinator;
 pub mod decode;
 pub mod devices;
 pub mod launch;
+pub mod plugins;
 pub mod submit;
 pub mod tokenize;
 pub mod topologies;

@@ -19,9 +19,13 @@ pub fn run(args: TrainArgs) -> Result<()> {
     if args.config.printed(&resolved) {
         return Ok(());
     }
-    let c = resolved.config;
+    let mut c = resolved.config;
     // Every key on its own before anything starts (a huge cpu_device_count crashes the plugin).
     config::check(&c)?;
+    // A compiled step loads only into the plugin build that compiled it: that build's file.
+    if let Some(plugin) = maxrs::runtime::artifact::plugin_for_step(&c)? {
+        c.plugin = plugin.display().to_string();
+    }
     let interval =
         c.collect_stack_trace.then(|| std::time::Duration::from_secs(c.stack_trace_interval_seconds.max(1) as u64));
     cluster::diagnostics::install(c.slow_step_stack_trace_factor, interval);
