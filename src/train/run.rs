@@ -174,7 +174,7 @@ impl Run<'_> {
         }
         // Only process 0 writes metrics and events; the metrics file is locked to the end of the run.
         let outputs = if logger { RunOutputs::open(c, start.first_step)? } else { RunOutputs::none(c) };
-        let manager = checkpoints.map(|dir| CheckpointManager::new(dir, checkpoint_policy(c)));
+        let manager = checkpoints.map(|dir| CheckpointManager::new(dir, checkpoint_policy(c), self.checkpoint_job()));
         let model_keys = checkpoint::manifest::model_keys(c, executor.model());
         let signals = Signals::install(c.enable_autocheckpoint)?;
 
@@ -206,6 +206,16 @@ impl Run<'_> {
         // The training data was read from the local copy until here.
         drop(dataset_copy);
         report
+    }
+
+    /// The processes that save the run's checkpoints together.
+    fn checkpoint_job(&self) -> checkpoint::Job {
+        match self.cluster.client() {
+            Some(client) => {
+                checkpoint::Job::new(self.cluster.process_index(), self.cluster.process_count(), client.clone())
+            }
+            None => checkpoint::Job::single(),
+        }
     }
 
     /// Everything the run reads and writes, checked before the (possibly long) compile.
