@@ -188,7 +188,10 @@ pub fn write_part(dir: &Location, share: &Share, process: usize, processes: usiz
 pub fn manifest_of(share: &Share, processes: usize, mut parts: Vec<Part>) -> Result<Manifest> {
     parts.sort_by_key(|p| p.process);
     if parts.iter().map(|p| p.process).ne(0..processes) {
-        bail!("the checkpoint has parts of processes {:?}, not of all {processes}", parts.iter().map(|p| p.process).collect::<Vec<_>>());
+        bail!(
+            "the checkpoint has parts of processes {:?}, not of all {processes}",
+            parts.iter().map(|p| p.process).collect::<Vec<_>>()
+        );
     }
     let mut slices: BTreeMap<&str, Vec<SliceEntry>> = BTreeMap::new();
     for (name, slice) in parts.iter().flat_map(|p| &p.slices) {
@@ -222,7 +225,11 @@ pub fn manifest_of(share: &Share, processes: usize, mut parts: Vec<Part>) -> Res
         model: share.model.clone(),
         data: parts[0].data.clone(),
         processes: multi.then_some(processes),
-        data_per_process: if multi { parts.iter().map(|p| p.data.clone().unwrap_or_default()).collect() } else { vec![] },
+        data_per_process: if multi {
+            parts.iter().map(|p| p.data.clone().unwrap_or_default()).collect()
+        } else {
+            vec![]
+        },
         files: parts.into_iter().flat_map(|p| p.files).collect(),
         arrays,
     })
@@ -299,7 +306,8 @@ pub fn load(
     model: &BTreeMap<String, serde_json::Value>,
     convert_floats: bool,
 ) -> Result<Loaded> {
-    let wanted: BTreeMap<String, Vec<Bounds>> = expected.iter().map(|e| (e.name.clone(), vec![whole(&e.dims)])).collect();
+    let wanted: BTreeMap<String, Vec<Bounds>> =
+        expected.iter().map(|e| (e.name.clone(), vec![whole(&e.dims)])).collect();
     let share = load_blocks(dir, expected, model, convert_floats, &wanted)?;
     let arrays = share.arrays.into_iter().map(|(name, array)| Ok((name, array.assemble()?))).collect::<Result<_>>()?;
     Ok(Loaded { location: share.location, manifest: share.manifest, arrays })
@@ -358,7 +366,8 @@ fn check_fits(
     convert_floats: bool,
 ) -> Result<()> {
     let by_name: BTreeMap<&str, &ArrayEntry> = manifest.arrays.iter().map(|a| (a.name.as_str(), a)).collect();
-    let groups: BTreeSet<&str> = expected.iter().map(|e| group_and_key(&e.name).map(|(g, _)| g)).collect::<Result<_>>()?;
+    let groups: BTreeSet<&str> =
+        expected.iter().map(|e| group_and_key(&e.name).map(|(g, _)| g)).collect::<Result<_>>()?;
     let expected_names: BTreeSet<&str> = expected.iter().map(|e| e.name.as_str()).collect();
 
     let mut problems = Vec::new();

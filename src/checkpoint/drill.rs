@@ -98,7 +98,8 @@ impl Mesh {
             .enumerate()
             .map(|(i, layout)| {
                 let global = value(seed, step, i);
-                let blocks = mine.get(&layout.name).into_iter().flatten().map(|b| (b.clone(), block_of(&global, b))).collect();
+                let blocks =
+                    mine.get(&layout.name).into_iter().flatten().map(|b| (b.clone(), block_of(&global, b))).collect();
                 HostArray { name: layout.name.clone(), ty: layout.ty, dims: layout.dims.clone(), blocks }
             })
             .collect();
@@ -174,8 +175,17 @@ mod tests {
         assert_eq!(manifest.data_per_process, [serde_json::json!({"process": 0}), serde_json::json!({"process": 1})]);
         write_manifest(&dir, &manifest).unwrap();
         let files: Vec<&str> = manifest.files.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(files, ["opt_state.0-of-2.safetensors", "params.0-of-2.safetensors", "opt_state.1-of-2.safetensors", "params.1-of-2.safetensors"]);
-        let total: u64 = ARRAYS.iter().map(|&(_, ty, dims, _)| dims.iter().product::<i64>() as u64 * ty.byte_size() as u64).sum();
+        assert_eq!(
+            files,
+            [
+                "opt_state.0-of-2.safetensors",
+                "params.0-of-2.safetensors",
+                "opt_state.1-of-2.safetensors",
+                "params.1-of-2.safetensors"
+            ]
+        );
+        let total: u64 =
+            ARRAYS.iter().map(|&(_, ty, dims, _)| dims.iter().product::<i64>() as u64 * ty.byte_size() as u64).sum();
         for (mesh, process) in [(Mesh::new(1, 1, 1).unwrap(), 0), (Mesh::new(4, 2, 8).unwrap(), 3), (saving, 1)] {
             let loaded = load_blocks(&dir, &mesh.expected(), &model_keys(), false, &mesh.wanted(process)).unwrap();
             mesh.verify(7, 5, process, &loaded).unwrap();

@@ -86,7 +86,8 @@ pub fn save(target: &Location, share: &Share, job: &Job) -> Result<Saved> {
 
     let staged = if job.is_primary() {
         let staged = StagedDir::start(target, MANIFEST_FILE);
-        exchange.publish(&key("staged"), staged.as_ref().map(|_| serde_json::Value::Null).map_err(|e| format!("{e:#}")))?;
+        exchange
+            .publish(&key("staged"), staged.as_ref().map(|_| serde_json::Value::Null).map_err(|e| format!("{e:#}")))?;
         Some(staged?)
     } else {
         exchange.wait(&key("staged"), "process 0 preparing the checkpoint directory")?;
@@ -94,7 +95,8 @@ pub fn save(target: &Location, share: &Share, job: &Job) -> Result<Saved> {
     };
     let dir = StagedDir::staging_of(target);
     let part = write_part(&dir, share, job.process, job.processes);
-    let value = part.as_ref().map(|p| serde_json::to_value(p).expect("a part serializes")).map_err(|e| format!("{e:#}"));
+    let value =
+        part.as_ref().map(|p| serde_json::to_value(p).expect("a part serializes")).map_err(|e| format!("{e:#}"));
     exchange.publish(&key(&format!("part/{}", job.process)), value)?;
 
     let Some(staged) = staged else {
@@ -112,13 +114,21 @@ pub fn save(target: &Location, share: &Share, job: &Job) -> Result<Saved> {
         Ok((staged.commit()?, manifest_bytes))
     };
     let committed = commit();
-    exchange.publish(&key("committed"), committed.as_ref().map(|_| serde_json::Value::Null).map_err(|e| format!("{e:#}")))?;
+    exchange.publish(
+        &key("committed"),
+        committed.as_ref().map(|_| serde_json::Value::Null).map_err(|e| format!("{e:#}")),
+    )?;
     let (location, manifest_bytes) = committed?;
     Ok(saved(location, share, manifest_bytes, started))
 }
 
 fn saved(location: Location, share: &Share, manifest_bytes: u64, started: Instant) -> Saved {
-    Saved { location, step: share.step, bytes: share.bytes() + manifest_bytes, seconds: started.elapsed().as_secs_f64() }
+    Saved {
+        location,
+        step: share.step,
+        bytes: share.bytes() + manifest_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    }
 }
 
 /// The outcomes of a save's steps, through the key-value store.
@@ -140,10 +150,8 @@ impl Exchange<'_> {
     /// Waits for `key` (set by [`Exchange::publish`]; `what` says who sets it): its value, or
     /// its error.
     fn wait(&self, key: &str, what: &str) -> Result<serde_json::Value> {
-        let bytes = self
-            .client
-            .blocking_key_value_get(key, self.timeout)
-            .map_err(|e| anyhow!("waiting for {what}: {e:#}"))?;
+        let bytes =
+            self.client.blocking_key_value_get(key, self.timeout).map_err(|e| anyhow!("waiting for {what}: {e:#}"))?;
         let mut value: serde_json::Value =
             serde_json::from_slice(&bytes).map_err(|e| anyhow!("{key}: not a checkpoint outcome: {e}"))?;
         if let Some(error) = value.get("error") {

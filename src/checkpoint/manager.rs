@@ -172,7 +172,15 @@ pub struct CheckpointManager {
 impl CheckpointManager {
     /// The manager of a job's checkpoints (`Job::single()` for a one-process run).
     pub fn new(checkpoints: Checkpoints, policy: Policy, job: Job) -> CheckpointManager {
-        CheckpointManager { checkpoints, policy, job, in_flight: None, saved: vec![], failures: vec![], last_step: None }
+        CheckpointManager {
+            checkpoints,
+            policy,
+            job,
+            in_flight: None,
+            saved: vec![],
+            failures: vec![],
+            last_step: None,
+        }
     }
 
     /// Whether the schedule saves after step `step`.
@@ -206,7 +214,9 @@ impl CheckpointManager {
             // (corrupt or incomplete): the new save replaces it. Process 0 replaces it, before
             // the others write (`job::save` waits for it).
             let refused = || -> Result<bool> {
-                Ok(storage::list_dir(&target)?.iter().any(|e| e.name == MANIFEST_FILE || e.name.ends_with(".safetensors")))
+                Ok(storage::list_dir(&target)?
+                    .iter()
+                    .any(|e| e.name == MANIFEST_FILE || e.name.ends_with(".safetensors")))
             };
             if processes.is_primary() && refused()? {
                 println!("replacing the refused checkpoint {target}");

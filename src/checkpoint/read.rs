@@ -35,8 +35,14 @@ impl<'a> SliceReader<'a> {
     /// The blocks `wanted` of `array` (in its saved dtype), each assembled from the slices that
     /// meet it.
     pub fn read(&mut self, array: &ArrayEntry, wanted: &[Bounds]) -> Result<HostArray> {
-        let ty = super::dir::element_type(&array.dtype)
-            .ok_or_else(|| anyhow!("checkpoint {}: array {} has dtype {}, which maxrs does not read", self.dir, array.name, array.dtype))?;
+        let ty = super::dir::element_type(&array.dtype).ok_or_else(|| {
+            anyhow!(
+                "checkpoint {}: array {} has dtype {}, which maxrs does not read",
+                self.dir,
+                array.name,
+                array.dtype
+            )
+        })?;
         let elem = ty.byte_size();
         let mut blocks: Vec<(Bounds, Vec<u8>, i64)> =
             wanted.iter().map(|b| (b.clone(), vec![0u8; elements(b) as usize * elem], 0)).collect();
@@ -73,7 +79,12 @@ impl<'a> SliceReader<'a> {
     fn slice_bytes(&mut self, array: &ArrayEntry, ty: ElementType, slice: &Slice) -> Result<Vec<u8>> {
         let location = self.dir.join(&slice.file);
         let entry = self.manifest.files.iter().find(|f| f.name == slice.file).ok_or_else(|| {
-            anyhow!("checkpoint {}: the manifest lists {} in {} but not the file itself", self.dir, array.name, slice.file)
+            anyhow!(
+                "checkpoint {}: the manifest lists {} in {} but not the file itself",
+                self.dir,
+                array.name,
+                slice.file
+            )
         })?;
         let Some((offset, crc)) = &slice.located else {
             return self.whole_file_tensor(array, ty, slice, entry);

@@ -139,7 +139,12 @@ pub struct HostArray {
 impl HostArray {
     /// The whole array as one block.
     pub fn whole(name: &str, tensor: HostTensor) -> HostArray {
-        HostArray { name: name.into(), ty: tensor.ty, dims: tensor.dims.clone(), blocks: vec![(whole(&tensor.dims), tensor)] }
+        HostArray {
+            name: name.into(),
+            ty: tensor.ty,
+            dims: tensor.dims.clone(),
+            blocks: vec![(whole(&tensor.dims), tensor)],
+        }
     }
 
     /// The block at `bounds`, cut from a held block that contains it.

@@ -54,8 +54,15 @@ pub fn run(a: CheckpointCheckArgs) -> Result<()> {
     if c.base_output_directory.is_empty() {
         bail!("base_output_directory is empty: give the directory (local or gs://) the checkpoints go to");
     }
+    // Before joining: a preemption notice during start-up also ends the job with 0 (after the
+    // steps every process has run, or none).
+    let terminate = Arc::new(AtomicBool::new(false));
+    if c.enable_autocheckpoint {
+        signal_hook::flag::register(signal_hook::consts::SIGTERM, terminate.clone())
+            .map_err(|e| anyhow::anyhow!("cannot install the SIGTERM handler: {e}"))?;
+    }
     let cluster = Cluster::join(&c, exit_on_cluster_error())?;
-    match check(&c, &a, &cluster) {
+    match check(&c, &a, &cluster, &terminate) {
         Ok(()) => {
             cluster.shutdown()?;
             Ok(())
@@ -67,16 +74,11 @@ pub fn run(a: CheckpointCheckArgs) -> Result<()> {
     }
 }
 
-fn check(c: &Config, a: &CheckpointCheckArgs, cluster: &Cluster) -> Result<()> {
+fn check(c: &Config, a: &CheckpointCheckArgs, cluster: &Cluster, terminate: &AtomicBool) -> Result<()> {
     let (process, processes) = (cluster.process_index(), cluster.process_count());
     let mesh = Mesh::new(processes, a.devices_per_process, a.fsdp.unwrap_or(a.devices_per_process))?;
     let run_name = if c.run_name.is_empty() { "checkpoint-check" } else { c.run_name.as_str() };
     let checkpoints = Checkpoints::new(Location::parse(&c.base_output_directory)?.join(run_name).join("checkpoints"));
-    let terminate = Arc::new(AtomicBool::new(false));
-    if c.enable_autocheckpoint {
-        signal_hook::flag::register(signal_hook::consts::SIGTERM, terminate.clone())
-            .map_err(|e| anyhow::anyhow!("cannot install the SIGTERM handler: {e}"))?;
-    }
     if process == 0 {
         checkpoints.remove_incomplete()?;
     }
@@ -105,6 +107,7 @@ fn check(c: &Config, a: &CheckpointCheckArgs, cluster: &Cluster) -> Result<()> {
         Some(client) => Job::new(process, processes, client.clone()),
         None => Job::single(),
     };
+    let job_timeout = job.timeout;
     let policy = Policy {
         period: c.checkpoint_period.max(1) as u64,
         on_start: c.save_checkpoint_on_start,
@@ -114,12 +117,20 @@ fn check(c: &Config, a: &CheckpointCheckArgs, cluster: &Cluster) -> Result<()> {
         on_error: OnError::Stop,
     };
     let mut manager = CheckpointManager::new(checkpoints, policy, job);
-    let mut sync = PreemptionSync::new(
-        cluster.client().cloned(),
-        process,
-        processes,
-        Duration::from_secs(c.heartbeat_timeout_seconds.max(1) as u64),
-    );
+    let mut sync = PreemptionSync::new(cluster.client().cloned(), process, processes);
+    // A step is a collective: no process starts a step before every process finished the one
+    // before (the processes of an SPMD job are at most one step apart).
+    let step_barrier = |step: u64| -> Result<()> {
+        match cluster.client() {
+            Some(client) => client.wait_at_barrier(
+                "checkpoint_check/step",
+                Duration::from_secs(c.heartbeat_timeout_seconds.max(1) as u64 + job_timeout.as_secs()),
+                &[],
+            ),
+            None => Ok(()),
+        }
+        .map_err(|e| anyhow::anyhow!("step {step}: {e:#}"))
+    };
     let steps = c.steps.max(0) as u64;
     let data = |step: u64| serde_json::json!({"kind": "checkpoint_check", "next_step": step + 1, "process": process});
     let mut next = first;
@@ -134,13 +145,15 @@ fn check(c: &Config, a: &CheckpointCheckArgs, cluster: &Cluster) -> Result<()> {
                 return Ok(());
             }
         }
+        step_barrier(next)?;
         std::thread::sleep(Duration::from_millis(a.step_ms));
         if manager.due(next) {
             manager.save_share(mesh.share(a.seed, next, process, data(next)))?;
         }
         next += 1;
     }
-    if let Some(last) = steps.checked_sub(1).filter(|&s| s >= first && manager.policy.on_completion && !manager.has(s)) {
+    if let Some(last) = steps.checked_sub(1).filter(|&s| s >= first && manager.policy.on_completion && !manager.has(s))
+    {
         manager.save_share(mesh.share(a.seed, last, process, data(last)))?;
     }
     manager.wait()?;

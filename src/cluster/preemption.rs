@@ -4,42 +4,45 @@
 //! propagated to all and every host reaches the same sync step (jax-ml/jax
 //! `jax/experimental/multihost_utils.py` `reached_preemption_sync_point`, commit e59a050).
 //!
-//! Between steps every process asks [`PreemptionSync::stop_before`]: a process that was
-//! signalled sets `maxrs_preemption/requested`; a process that sees it set (its own or another's)
-//! publishes the next step it would run and waits for every other's; the stop step is the
-//! largest. A process behind runs on to it: every step up to the largest was dispatched on every
-//! process (a process completes a step only when all joined its collectives), so none waits on
-//! a peer that waits on it.
+//! Between steps every process asks [`PreemptionSync::stop_before`], which never blocks (a
+//! process waiting there could hold up a peer inside a step's collectives or a checkpoint's
+//! commit): a process that was signalled sets `maxrs_preemption/requested`; a process that sees
+//! it set (its own or another's) publishes the next step it would run, and steps on until every
+//! process has published. The stop is then the largest + 1, as in JAX's preemption sync manager
+//! (openxla/xla `xla/tsl/distributed_runtime/preemption/preemption_sync_manager.cc`,
+//! `ComputeSyncCallCounter`: the sync point is the largest call counter + 1): the processes of
+//! an SPMD job are at most one step apart (a step completes only once every process joined its
+//! collectives), so when the last one publishes, none has passed the largest + 1.
 
+use anyhow::{anyhow, bail, Result};
 use std::sync::Arc;
-use std::time::Duration;
-
-use anyhow::{anyhow, Result};
 
 use super::CoordinationClient;
 
 const REQUESTED: &str = "maxrs_preemption/requested";
+/// `AT/<process>`: the next step of each process when it saw the request.
+const AT: &str = "maxrs_preemption/at";
 
 /// One process's view of the job's preemption agreement.
 pub struct PreemptionSync {
     client: Option<Arc<CoordinationClient>>,
     process: usize,
     processes: usize,
-    /// How long to wait for the others' steps (they are at most a step or two apart).
-    timeout: Duration,
+    /// Whether this process published its step.
+    published: bool,
     /// The agreed step, once known.
     agreed: Option<u64>,
 }
 
 impl PreemptionSync {
-    pub fn new(client: Option<Arc<CoordinationClient>>, process: usize, processes: usize, timeout: Duration) -> PreemptionSync {
-        PreemptionSync { client, process, processes, timeout, agreed: None }
+    pub fn new(client: Option<Arc<CoordinationClient>>, process: usize, processes: usize) -> PreemptionSync {
+        PreemptionSync { client, process, processes, published: false, agreed: None }
     }
 
     /// Called between steps (`next`: the first step this process has not run) with whether
-    /// this process was signalled: once a stop was requested anywhere in the job, the step
-    /// before which every process stops (its checkpoint is of the step before that); `None` to go
-    /// on. Once known the answer stays.
+    /// this process was signalled: once every process has seen the request, the step before
+    /// which every process stops (the checkpoint is of the step before it); `None` to go on.
+    /// Once known the answer stays.
     pub fn stop_before(&mut self, next: u64, signalled: bool) -> Result<Option<u64>> {
         if self.agreed.is_some() {
             return Ok(self.agreed);
@@ -48,31 +51,40 @@ impl PreemptionSync {
             self.agreed = signalled.then_some(next);
             return Ok(self.agreed);
         };
-        if signalled {
+        if !self.published {
+            if !signalled && client.key_value_try_get(REQUESTED)?.is_none() {
+                return Ok(None);
+            }
             // Several processes may be signalled at once: the first one sets it.
-            if client.key_value_try_get(REQUESTED)?.is_none() {
+            if signalled && client.key_value_try_get(REQUESTED)?.is_none() {
                 if let Err(e) = client.key_value_set(REQUESTED, self.process.to_string().as_bytes(), false) {
                     tracing::debug!("preemption already requested: {e:#}");
                 }
             }
-        } else if client.key_value_try_get(REQUESTED)?.is_none() {
+            client.key_value_set(&format!("{AT}/{}", self.process), next.to_string().as_bytes(), false)?;
+            self.published = true;
+        }
+        let published = client.key_value_dir_get(AT)?;
+        if published.len() < self.processes {
             return Ok(None);
         }
-        let mine = next;
-        client.key_value_set(&format!("maxrs_preemption/at/{}", self.process), mine.to_string().as_bytes(), false)?;
-        let mut stop = mine;
-        for p in (0..self.processes).filter(|&p| p != self.process) {
-            let key = format!("maxrs_preemption/at/{p}");
-            let value = client
-                .blocking_key_value_get(&key, self.timeout)
-                .map_err(|e| anyhow!("agreeing on the step to stop at after a preemption notice: {e:#}"))?;
-            let theirs: u64 = std::str::from_utf8(&value)
+        let mut largest = 0;
+        for (key, value) in &published {
+            let at: u64 = std::str::from_utf8(value)
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .ok_or_else(|| anyhow!("{key}: the coordinator answered {value:?}"))?;
-            stop = stop.max(theirs);
+            largest = largest.max(at);
+        }
+        let stop = largest + 1;
+        if next > stop {
+            bail!(
+                "after a preemption notice the job stops before step {stop}, but this process already ran step {}: \
+                 its processes were more than one step apart",
+                next - 1
+            );
         }
         self.agreed = Some(stop);
-        Ok(Some(stop))
+        Ok(self.agreed)
     }
 }

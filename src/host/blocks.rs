@@ -73,9 +73,8 @@ pub fn copy_region(
     };
     let (src_strides, dst_strides) = (strides(src_at), strides(dst_at));
     let offset = |at: &[(i64, i64)], strides: &[i64], index: &[i64]| -> usize {
-        let position: i64 = (0..rank)
-            .map(|d| (region[d].0 - at[d].0 + if d < rank - 1 { index[d] } else { 0 }) * strides[d])
-            .sum();
+        let position: i64 =
+            (0..rank).map(|d| (region[d].0 - at[d].0 + if d < rank - 1 { index[d] } else { 0 }) * strides[d]).sum();
         position as usize * elem
     };
     let run = region[rank - 1].1 as usize * elem;

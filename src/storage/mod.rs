@@ -125,7 +125,9 @@ pub fn open_read(location: &Location) -> Result<Box<dyn Read + Send>> {
 /// error saying so (a local one must be a regular file).
 pub fn read_range(location: &Location, offset: u64, len: u64) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    bytes.try_reserve_exact(len as usize).map_err(|_| anyhow::anyhow!("reading {location}: {len} bytes do not fit in memory"))?;
+    bytes
+        .try_reserve_exact(len as usize)
+        .map_err(|_| anyhow::anyhow!("reading {location}: {len} bytes do not fit in memory"))?;
     match location {
         Location::Local(path) => {
             use std::io::{Seek, SeekFrom};
