@@ -144,10 +144,10 @@ impl<'a> SliceReader<'a> {
         })?;
         if tensor.dims != array.shape || tensor.ty != ty {
             bail!(
-                "{location}: tensor `{}` is {}, the manifest says {}{:?}",
+                "{location}: tensor `{}` is {}, the manifest says {:?}{:?}",
                 slice.key,
                 tensor.shape_string(),
-                format!("{:?}", to_dtype(ty)),
+                to_dtype(ty),
                 array.shape
             );
         }
