@@ -39,6 +39,7 @@ mod model_reference;
 mod moe_reference;
 mod ops_values;
 mod pipeline;
+mod pipeline_checkpoints;
 mod pjrt_runtime;
 mod random;
 mod run_outputs;

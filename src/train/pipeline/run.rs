@@ -4,8 +4,9 @@
 //! scheduling time per microbatch.
 //!
 //! A pipelined step has run when `dispatch` returns (the stages' threads join), so the loop
-//! records it before reading the next batch. Its state lives on the stages and is not copied
-//! off yet: configs with stages refuse checkpoints and eval (`config::pipeline`).
+//! records it before reading the next batch. Its state lives on the stages; checkpoints copy it
+//! off in the model's full layout (`pipeline::state`). Eval and the profiler are refused with
+//! stages (`config::pipeline`).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -21,7 +22,7 @@ use crate::checkpoint::Expected;
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
 use crate::data::{Batch, EvalData};
-use crate::host::HostTensor;
+use crate::host::{ElementType, HostTensor};
 use crate::lower::to_stablehlo;
 use crate::model::Model;
 use crate::pjrt::Client;
@@ -29,6 +30,7 @@ use crate::runtime::{self, Compiled};
 use crate::tensor::Tree;
 use crate::train::executor::{Initial, StepExecutor, StepPlan};
 use crate::train::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
+use crate::train::optimizer::COUNT;
 use crate::train::report::{PipelineReport, RunReport, StartupTimes};
 use crate::train::restore;
 
@@ -183,16 +185,23 @@ impl StepExecutor for PipelinedStep {
         &self.pipeline.step.model
     }
 
-    /// The parameters, as `load_parameters_path` reads them: the stages' optimizer state is not
-    /// saved or restored yet.
+    /// The unpipelined step's state (parameters, `mu`, `nu` in `weight_dtype`, the count), in
+    /// the model's full layout: a pipelined checkpoint restores into an unpipelined run and back.
     fn state_specs(&self) -> Vec<Expected> {
         let model = &self.pipeline.step.model;
         let dtype = runtime::element_type(model.config.weight_dtype);
-        model
-            .param_defs()
-            .into_iter()
-            .map(|d| Expected { name: format!("params.{}", d.name), ty: dtype, dims: d.shape })
-            .collect()
+        let mut specs: Vec<Expected> = ["params", "opt_state.mu", "opt_state.nu"]
+            .iter()
+            .flat_map(|group| {
+                model.param_defs().into_iter().map(move |d| Expected {
+                    name: format!("{group}.{}", d.name),
+                    ty: dtype,
+                    dims: d.shape,
+                })
+            })
+            .collect();
+        specs.push(Expected { name: format!("opt_state.{COUNT}"), ty: ElementType::S32, dims: vec![] });
+        specs
     }
 
     /// The init program's state, its parameters split over the stages; or the given parameters
@@ -203,9 +212,7 @@ impl StepExecutor for PipelinedStep {
             Initial::Parameters(arrays) => {
                 Some(arrays.into_iter().map(|(name, t)| (name["params.".len()..].to_string(), t)).collect::<Tree<_>>())
             }
-            Initial::State(_) => {
-                bail!("restoring a whole training state with pipeline parallelism is not supported yet")
-            }
+            Initial::State(arrays) => return self.pipeline.restore(&arrays),
         };
         self.pipeline.initialize(parameters.as_ref())
     }
@@ -266,7 +273,7 @@ impl StepExecutor for PipelinedStep {
     }
 
     fn state_arrays(&mut self) -> Result<Vec<(String, HostTensor)>> {
-        bail!("checkpoints with pipeline parallelism are not supported yet")
+        self.pipeline.state()
     }
 
     fn summarize(self, report: &mut RunReport, skipped_steps: usize, logger: bool) {
