@@ -5,6 +5,7 @@
 mod aot_compile;
 mod aot_train;
 mod attention;
+mod checkpoint_hosts;
 mod checkpoint_jobs;
 mod checkpoint_process;
 mod checkpoint_resume;

@@ -183,6 +183,11 @@ impl CheckpointManager {
         }
     }
 
+    /// The processes that save together.
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
     /// Whether the schedule saves after step `step`.
     pub fn due(&self, step: u64) -> bool {
         step.is_multiple_of(self.policy.period) && (step != 0 || self.policy.on_start)

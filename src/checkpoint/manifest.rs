@@ -170,6 +170,27 @@ impl Manifest {
     }
 }
 
+impl Manifest {
+    /// The data position process `process` of a job of `processes` resumes from: its own when
+    /// the saving job had as many processes; the one position when every saving process
+    /// recorded the same (a position that is a function of the step); otherwise an error, as
+    /// each process's position in its share of the data cannot be split into another count.
+    pub fn data_for(&self, process: usize, processes: usize) -> Result<Option<serde_json::Value>, String> {
+        let saved = self.processes.unwrap_or(1);
+        if saved == processes {
+            return Ok(if saved == 1 { self.data.clone() } else { self.data_per_process.get(process).cloned() });
+        }
+        if self.data_per_process.iter().all(|d| Some(d) == self.data.as_ref()) {
+            return Ok(self.data.clone());
+        }
+        Err(format!(
+            "its data position is that of each of the {saved} processes that saved it, which a job of {processes} \
+             processes cannot continue: resume on {saved} processes, or start the data over with \
+             load_full_state_path"
+        ))
+    }
+}
+
 /// The values of the keys that decide `model` in `config`: its `config_keys` of the model-shape
 /// role. The others (activation numerics and sharding, how experts route and weigh tokens) may
 /// change between a checkpoint and the run restoring it.

@@ -126,6 +126,31 @@ pub fn plan(layouts: &[ArrayLayout], processes: usize) -> WritePlan {
     WritePlan { arrays, bytes }
 }
 
+/// What `process` of `processes` writes of the state `held` (the distinct blocks its devices
+/// hold, laid out as `layouts` say): one process writes every array whole (so that its
+/// `params.safetensors` is a parameters file by itself); in a job, each process the blocks the
+/// write plan gives it.
+pub fn to_write(
+    layouts: &[ArrayLayout],
+    held: Vec<HostArray>,
+    process: usize,
+    processes: usize,
+) -> Result<Vec<HostArray>> {
+    if processes == 1 {
+        return held.into_iter().map(|a| Ok(HostArray::whole(&a.name, a.assemble()?))).collect();
+    }
+    let mine = plan(layouts, processes).of(process);
+    held.into_iter()
+        .map(|array| {
+            let blocks = match mine.get(&array.name) {
+                Some(bounds) => bounds.iter().map(|b| Ok((b.clone(), array.block(b)?))).collect::<Result<_>>()?,
+                None => Vec::new(),
+            };
+            Ok(HostArray { blocks, ..array })
+        })
+        .collect()
+}
+
 /// Blocks of one array held on the host: a process's share to write, or what a restore read.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostArray {

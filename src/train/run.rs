@@ -31,7 +31,7 @@ use super::outputs::{self, RunOutputs};
 use super::pipeline::run::PipelinedPlan;
 use super::profiler::StepProfiler;
 use super::recorder::{progress_bar, StepRecorder};
-use super::restore::{self, checkpoint_policy, run_checkpoints};
+use super::restore::{self, checkpoint_policy, run_checkpoints, Restoring};
 use super::signals::Signals;
 use super::spmd::SpmdPlan;
 use super::step_loop::StepLoop;
@@ -79,13 +79,6 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         bail!(
             "the plugin reports devices of {} processes, but this job has {}",
             granules.len(),
-            cluster.process_count()
-        );
-    }
-    if cluster.process_count() > 1 && (c.enable_checkpointing || !c.load_full_state_path.is_empty()) {
-        bail!(
-            "enable_checkpointing / load_full_state_path in a job of {} processes: multi-process checkpoints are not \
-             supported yet (each process would have to write the shards it holds); set enable_checkpointing=false",
             cluster.process_count()
         );
     }
@@ -137,7 +130,11 @@ impl Run<'_> {
         let t = Instant::now();
         diagnostics::set_phase(None, "initializing the state");
         let checkpoints = run_checkpoints(c)?;
-        let start = restore::initial_state(c, &executor.state_specs(), executor.model(), checkpoints.as_ref())?;
+        let layouts = executor.state_layouts()?;
+        let restoring =
+            Restoring { process: cluster.process_index(), processes: cluster.process_count(), layouts: &layouts };
+        let start =
+            restore::initial_state(c, &executor.state_specs(), &restoring, executor.model(), checkpoints.as_ref())?;
         executor.initialize(start.initial)?;
         report.startup.init = t.elapsed().as_secs_f64();
         report.first_step = start.first_step;

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
 
-use crate::checkpoint::{CheckpointManager, DataState as _, Snapshot};
+use crate::checkpoint::{shards, CheckpointManager, DataState as _, Share};
 use crate::cluster::diagnostics;
 use crate::config::Config;
 use crate::data::{self, BatchIterator};
@@ -195,14 +195,18 @@ impl<E: StepExecutor> StepLoop<'_, E> {
     /// hands it to the checkpoint manager.
     fn save(&mut self, step_index: u64) -> Result<()> {
         let t = Instant::now();
-        let snapshot = Snapshot {
+        let manager = self.manager.as_mut().expect("a checkpoint is due only with a manager");
+        let (process, processes) = (manager.job().process, manager.job().processes);
+        let layouts = self.executor.state_layouts()?;
+        let held = self.executor.state_blocks()?;
+        let share = Share {
             step: Some(step_index),
-            arrays: self.executor.state_arrays()?,
+            arrays: shards::to_write(&layouts, held, process, processes)?,
             model: self.model_keys.clone(),
             data: Some(self.data_position.save_state(step_index + 1)),
         };
         self.report.snapshot_seconds.push(t.elapsed().as_secs_f64());
-        self.manager.as_mut().expect("a checkpoint is due only with a manager").save(snapshot)
+        manager.save_share(share)
     }
 
     /// After the last step: the summary of the data, the metrics flushed, the final checkpoint

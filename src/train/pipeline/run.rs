@@ -18,11 +18,12 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::executor::{Pipeline, StageExecutables, StepResult};
 use super::programs::{PipelineStep, StagePrograms};
 use super::schedule::Schedule;
+use crate::checkpoint::shards::{ArrayLayout, HostArray};
 use crate::checkpoint::Expected;
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
 use crate::data::{Batch, EvalData};
-use crate::host::{ElementType, HostTensor};
+use crate::host::ElementType;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
 use crate::pjrt::Client;
@@ -47,7 +48,9 @@ pub fn build(
     let mut executor = PipelinedPlan::new(c, derived, granules)?.compile(c, client, granules, startup)?;
     let t = Instant::now();
     diagnostics::set_phase(None, "initializing the state");
-    let start = restore::initial_state(c, &executor.state_specs(), executor.model(), None)?;
+    let layouts = executor.state_layouts()?;
+    let restoring = restore::Restoring { process: 0, processes: 1, layouts: &layouts };
+    let start = restore::initial_state(c, &executor.state_specs(), &restoring, executor.model(), None)?;
     executor.initialize(start.initial)?;
     startup.init = t.elapsed().as_secs_f64();
     Ok(executor.pipeline)
@@ -212,7 +215,10 @@ impl StepExecutor for PipelinedStep {
             Initial::Parameters(arrays) => {
                 Some(arrays.into_iter().map(|(name, t)| (name["params.".len()..].to_string(), t)).collect::<Tree<_>>())
             }
-            Initial::State(arrays) => return self.pipeline.restore(&arrays),
+            Initial::State(arrays) => {
+                let whole = arrays.into_iter().map(|(name, a)| Ok((name, a.assemble()?))).collect::<Result<_>>()?;
+                return self.pipeline.restore(&whole);
+            }
         };
         self.pipeline.initialize(parameters.as_ref())
     }
@@ -272,8 +278,13 @@ impl StepExecutor for PipelinedStep {
         bail!("eval with pipeline parallelism is not supported yet")
     }
 
-    fn state_arrays(&mut self) -> Result<Vec<(String, HostTensor)>> {
-        self.pipeline.state()
+    /// Whole arrays on this process: a pipeline runs in one process.
+    fn state_layouts(&self) -> Result<Vec<ArrayLayout>> {
+        Ok(self.state_specs().iter().map(|e| ArrayLayout::whole(&e.name, e.ty, &e.dims)).collect())
+    }
+
+    fn state_blocks(&mut self) -> Result<Vec<HostArray>> {
+        Ok(self.pipeline.state()?.into_iter().map(|(name, t)| HostArray::whole(&name, t)).collect())
     }
 
     fn summarize(self, report: &mut RunReport, skipped_steps: usize, logger: bool) {
