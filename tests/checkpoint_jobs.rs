@@ -80,7 +80,7 @@ fn args(base: &Path, extra: &[&str]) -> Vec<String> {
         format!("base_output_directory={}", base.display()),
         "run_name=job".to_string(),
         "enable_checkpointing=true".to_string(),
-        "heartbeat_timeout_seconds=3".to_string(),
+        "heartbeat_timeout_seconds=10".to_string(),
     ];
     a.extend(extra.iter().map(|s| s.to_string()));
     a

@@ -117,7 +117,7 @@ fn check(c: &Config, a: &CheckpointCheckArgs, cluster: &Cluster, terminate: &Ato
         on_error: OnError::Stop,
     };
     let mut manager = CheckpointManager::new(checkpoints, policy, job);
-    let mut sync = PreemptionSync::new(cluster.client().cloned(), process, processes);
+    let mut sync = PreemptionSync::new(cluster.client().cloned(), process, processes, 1);
     // A step is a collective: no process starts a step before every process finished the one
     // before (the processes of an SPMD job are at most one step apart).
     let step_barrier = |step: u64| -> Result<()> {

@@ -8,11 +8,14 @@
 //! process waiting there could hold up a peer inside a step's collectives or a checkpoint's
 //! commit): a process that was signalled sets `maxrs_preemption/requested`; a process that sees
 //! it set (its own or another's) publishes the next step it would run, and steps on until every
-//! process has published. The stop is then the largest + 1, as in JAX's preemption sync manager
-//! (openxla/xla `xla/tsl/distributed_runtime/preemption/preemption_sync_manager.cc`,
+//! process has published. The stop is then the largest + a margin, as in JAX's preemption sync
+//! manager (openxla/xla `xla/tsl/distributed_runtime/preemption/preemption_sync_manager.cc`,
 //! `ComputeSyncCallCounter`: the sync point is the largest call counter + 1): the processes of
-//! an SPMD job are at most one step apart (a step completes only once every process joined its
-//! collectives), so when the last one publishes, none has passed the largest + 1.
+//! an SPMD job are a bounded number of steps apart (a step completes only once every process
+//! joined its collectives), so with the margin above that bound, when the last one publishes,
+//! none has passed the stop. The margin is the caller's: 1 where a process checks before each
+//! step and no process starts a step before all finished the previous one; more where the host
+//! dispatches steps ahead of their completion and checks after dispatching.
 
 use anyhow::{anyhow, bail, Result};
 use std::sync::Arc;
@@ -28,6 +31,8 @@ pub struct PreemptionSync {
     client: Option<Arc<CoordinationClient>>,
     process: usize,
     processes: usize,
+    /// Added to the largest published step (see the module docs).
+    margin: u64,
     /// Whether this process published its step.
     published: bool,
     /// The agreed step, once known.
@@ -35,8 +40,13 @@ pub struct PreemptionSync {
 }
 
 impl PreemptionSync {
-    pub fn new(client: Option<Arc<CoordinationClient>>, process: usize, processes: usize) -> PreemptionSync {
-        PreemptionSync { client, process, processes, published: false, agreed: None }
+    pub fn new(
+        client: Option<Arc<CoordinationClient>>,
+        process: usize,
+        processes: usize,
+        margin: u64,
+    ) -> PreemptionSync {
+        PreemptionSync { client, process, processes, margin, published: false, agreed: None }
     }
 
     /// Called between steps (`next`: the first step this process has not run) with whether
@@ -76,12 +86,13 @@ impl PreemptionSync {
                 .ok_or_else(|| anyhow!("{key}: the coordinator answered {value:?}"))?;
             largest = largest.max(at);
         }
-        let stop = largest + 1;
+        let stop = largest + self.margin;
         if next > stop {
             bail!(
                 "after a preemption notice the job stops before step {stop}, but this process already ran step {}: \
-                 its processes were more than one step apart",
-                next - 1
+                 its processes were more than {} steps apart",
+                next - 1,
+                self.margin
             );
         }
         self.agreed = Some(stop);

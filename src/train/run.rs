@@ -14,6 +14,7 @@ use anyhow::{bail, Result};
 use indicatif::ProgressBar;
 
 use crate::checkpoint::{self, CheckpointManager, DataState as _};
+use crate::cluster::preemption::PreemptionSync;
 use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived};
 use crate::data::{self, EvalData, ProcessShare};
@@ -193,6 +194,14 @@ impl Run<'_> {
             manager,
             model_keys,
             signals,
+            // A process dispatches a step before the previous one completes and checks after
+            // dispatching: its peers are up to 2 steps behind (see `cluster::preemption`).
+            preemption: PreemptionSync::new(
+                cluster.client().cloned(),
+                cluster.process_index(),
+                cluster.process_count(),
+                if <P::Executor as StepExecutor>::RUNS_AHEAD { 3 } else { 2 },
+            ),
             recorder: StepRecorder::new(c, bar, logger),
             outputs,
             report,
