@@ -17,8 +17,7 @@ use anyhow::{anyhow, bail, Result};
 
 use crate::host::{copy_region, shape_string, whole, ElementType, HostTensor};
 
-/// (start, length) per dimension of a block, in the global array's coordinates.
-pub type Bounds = Vec<(i64, i64)>;
+pub use crate::host::Bounds;
 
 /// The intersection of two blocks, `None` when it is empty.
 pub fn intersect(a: &Bounds, b: &Bounds) -> Option<Bounds> {

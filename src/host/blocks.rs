@@ -5,6 +5,9 @@
 
 use anyhow::{anyhow, Result};
 
+/// A block of an array: (start, length) per dimension, in the global array's coordinates.
+pub type Bounds = Vec<(i64, i64)>;
+
 use super::HostTensor;
 use crate::sharding::{Mesh, PartitionSpec};
 

@@ -10,6 +10,6 @@ mod blocks;
 pub mod params_io;
 mod tensor;
 
-pub use blocks::{assemble, block_of, copy_region, shard, whole};
+pub use blocks::{assemble, block_of, copy_region, shard, whole, Bounds};
 pub(crate) use tensor::{convert_float, is_float};
 pub use tensor::{shape_string, ElementType, HostTensor};

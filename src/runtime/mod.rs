@@ -7,7 +7,7 @@
 
 pub mod artifact;
 
-use crate::host::{assemble, block_of, shard, whole, ElementType, HostTensor};
+use crate::host::{assemble, block_of, shard, whole, Bounds, ElementType, HostTensor};
 use crate::ir::{DType, Program};
 use crate::lower::to_stablehlo;
 use crate::pjrt::{Buffer, Client, CompileOptions, Device, LoadedExecutable};
@@ -184,7 +184,7 @@ impl Compiled {
     /// Every device's block of input `index` ((start, length) per dimension), in mesh order,
     /// with the process holding it (`granules`: the device ids of each process). An unsharded
     /// input is one whole block on process 0.
-    pub fn input_blocks(&self, index: usize, granules: &[Vec<i64>]) -> Result<Vec<(usize, Vec<(i64, i64)>)>> {
+    pub fn input_blocks(&self, index: usize, granules: &[Vec<i64>]) -> Result<Vec<(usize, Bounds)>> {
         let spec = &self.program.inputs[index];
         let (Some(mesh), Some(sharding)) = (&self.program.mesh, &spec.sharding) else {
             return Ok(vec![(0, whole(&spec.ty.shape))]);
@@ -204,13 +204,13 @@ impl Compiled {
 
     /// The distinct blocks of output `index` that this process's devices hold, copied to the
     /// host (replicas once).
-    pub fn fetch_blocks(&self, index: usize, array: &DeviceArray) -> Result<Vec<(Vec<(i64, i64)>, HostTensor)>> {
+    pub fn fetch_blocks(&self, index: usize, array: &DeviceArray) -> Result<Vec<(Bounds, HostTensor)>> {
         let spec = &self.program.outputs[index];
         let (Some(mesh), Some(sharding)) = (&self.program.mesh, &spec.sharding) else {
             let buffer = array.first().ok_or_else(|| anyhow!("no output shards"))?;
             return Ok(vec![(whole(&spec.ty.shape), buffer.to_host()?)]);
         };
-        let mut out: Vec<(Vec<(i64, i64)>, HostTensor)> = Vec::new();
+        let mut out: Vec<(Bounds, HostTensor)> = Vec::new();
         for (buffer, &pos) in array.iter().zip(&self.positions) {
             let bounds = mesh.shard_bounds(sharding, &spec.ty.shape, pos).map_err(|e| anyhow!(e))?;
             if !out.iter().any(|(b, _)| *b == bounds) {

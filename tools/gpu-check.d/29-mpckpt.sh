@@ -10,10 +10,10 @@ check_29_mpckpt() {
   local dir
   dir="$(mktemp -d)"
   local common=(model_name=default plugin=cuda13 hardware=gpu per_device_batch_size=4 dataset_type=synthetic
-    steps=30 learning_rate_schedule_steps=30 enable_tensorboard=false base_output_directory="$dir"
+    learning_rate_schedule_steps=30 enable_tensorboard=false base_output_directory="$dir"
     enable_checkpointing=true checkpoint_period=10
     async_checkpointing=true)
-  "$MAXRS" train "${common[@]}" run_name=whole metrics_file="$dir/whole.jsonl" || return 1
+  "$MAXRS" train "${common[@]}" steps=30 run_name=whole metrics_file="$dir/whole.jsonl" || return 1
   "$MAXRS" train "${common[@]}" run_name=cut metrics_file="$dir/cut.jsonl" enable_autocheckpoint=true \
     steps=100000 &
   local pid=$!
@@ -25,7 +25,7 @@ check_29_mpckpt() {
   kill -TERM "$pid"
   wait "$pid" || { echo "SIGTERM did not end the run with 0"; return 1; }
   ls "$dir/cut/checkpoints"
-  "$MAXRS" train "${common[@]}" run_name=cut metrics_file="$dir/cut.jsonl" || return 1
+  "$MAXRS" train "${common[@]}" steps=30 run_name=cut metrics_file="$dir/cut.jsonl" || return 1
   python3 - "$dir/whole.jsonl" "$dir/cut.jsonl" <<'PY' || return 1
 import json, sys
 def losses(path):
@@ -43,6 +43,6 @@ PY
   # then 1 process resumes from their checkpoint (synthetic data carries over to another count):
   # "$MAXRS" launch --num-processes 2 --gpus-per-process 1 -- train "${common[@]}" run_name=mp \
   #   enable_autocheckpoint=true steps=100000 & sleep 60; kill -TERM %1; wait
-  # "$MAXRS" train "${common[@]}" run_name=mp   # "resuming from the checkpoint of step N", exit 0
+  # "$MAXRS" train "${common[@]}" steps=100000 run_name=mp   # "resuming from the checkpoint of step N", exit 0
   rm -rf "$dir"
 }
