@@ -10,21 +10,13 @@ pub struct TrainArgs {
     /// Default: the plugin key if set, else $MAXRS_PJRT_PLUGIN, else cpu.
     #[arg(long)]
     plugin: Option<String>,
-    /// Print every resolved config key, its value and where it came from, and exit.
-    #[arg(long)]
-    print_config: bool,
-    /// A config file (MaxText's configs/base.yml convention; default: the built-in base.yml),
-    /// then key=value overrides.
-    #[arg(value_name = "CONFIG | key=value")]
-    args: Vec<String>,
+    #[command(flatten)]
+    config: super::ConfigArgs,
 }
 
 pub fn run(args: TrainArgs) -> Result<()> {
-    let resolved = super::resolve_config(&args.args, args.plugin.as_deref())?;
-    if args.print_config {
-        if super::verbosity() == 0 {
-            println!("{}", resolved.listing());
-        }
+    let resolved = super::resolve_config(&args.config.args, args.plugin.as_deref())?;
+    if args.config.printed(&resolved) {
         return Ok(());
     }
     let c = resolved.config;
