@@ -12,34 +12,23 @@ use maxrs::config;
 use maxrs::pjrt::cpu_client;
 use maxrs::train::run::{train, RunReport};
 
-/// The tiny f32 decoder of tests/pipeline.rs, 4 layers; `pipelined` picks 2 stages of 2 layers
+/// The tiny f32 decoder of tests/pipeline.rs (its `steps` overridden), 4 layers; `pipelined` picks 2 stages of 2 layers
 /// (data 2 x fsdp 2 inside each) or one SPMD step over fsdp 8.
 fn run(dir: &Path, run_name: &str, steps: u64, pipelined: bool) -> RunReport {
-    let mut args: Vec<String> = [
-        "base_emb_dim=32",
-        "base_num_query_heads=4",
-        "base_num_kv_heads=2",
-        "head_dim=8",
-        "base_mlp_dim=64",
-        "vocab_size=128",
-        "max_target_length=16",
-        "dtype=float32",
-        "weight_dtype=float32",
-        "learning_rate=1e-2",
-        "adam_eps=1e-4",
-        // The schedule of the 6-step run in every run, stopped early or not.
-        "learning_rate_schedule_steps=6",
-        "cpu_device_count=8",
-        "base_num_decoder_layers=4",
-        "per_device_batch_size=2",
-        "enable_checkpointing=true",
-        "enable_tensorboard=false",
-        "gcs_metrics=false",
-        "save_config_to_gcs=false",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args: Vec<String> = crate::common::PIPELINE_TINY
+        .iter()
+        .chain(&[
+            // The schedule of the 6-step run in every run, stopped early or not.
+            "learning_rate_schedule_steps=6",
+            "base_num_decoder_layers=4",
+            "per_device_batch_size=2",
+            "enable_checkpointing=true",
+            "enable_tensorboard=false",
+            "gcs_metrics=false",
+            "save_config_to_gcs=false",
+        ])
+        .map(|s| s.to_string())
+        .collect();
     args.extend([
         format!("base_output_directory={}", dir.display()),
         format!("run_name={run_name}"),

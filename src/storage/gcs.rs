@@ -145,15 +145,7 @@ pub(super) fn put(bucket: &str, key: &str, bytes: &[u8]) -> Result<()> {
 }
 
 pub(super) fn exists(bucket: &str, key: &str) -> Result<bool> {
-    let service = service()?;
-    let what = format!("looking up gs://{bucket}/{key}");
-    let url = service.object_url(bucket, key, &[("fields", "name")]);
-    let response = service.send(&what, || service.http.get(url.clone()))?;
-    match response.status() {
-        StatusCode::NOT_FOUND => Ok(false),
-        s if s.is_success() => Ok(true),
-        _ => Err(status_error(&what, response)),
-    }
+    Ok(size(bucket, key)?.is_some())
 }
 
 /// The object's size, `None` when there is none.
