@@ -4,7 +4,7 @@
 //! holds are copied out of it. A process restoring onto a mesh other than the saving one thus
 //! reads the slices its devices need, not whole arrays.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -21,7 +21,7 @@ pub struct SliceReader<'a> {
     dir: &'a Location,
     manifest: &'a Manifest,
     /// Files whose size was checked.
-    sized: BTreeMap<String, ()>,
+    sized: BTreeSet<String>,
     /// Version-1 files, read whole: their tensors by key.
     whole_files: BTreeMap<String, BTreeMap<String, HostTensor>>,
     pub bytes_read: u64,
@@ -29,7 +29,7 @@ pub struct SliceReader<'a> {
 
 impl<'a> SliceReader<'a> {
     pub fn new(dir: &'a Location, manifest: &'a Manifest) -> SliceReader<'a> {
-        SliceReader { dir, manifest, sized: BTreeMap::new(), whole_files: BTreeMap::new(), bytes_read: 0 }
+        SliceReader { dir, manifest, sized: BTreeSet::new(), whole_files: BTreeMap::new(), bytes_read: 0 }
     }
 
     /// The blocks `wanted` of `array` (in its saved dtype), each assembled from the slices that
@@ -89,7 +89,7 @@ impl<'a> SliceReader<'a> {
         let Some((offset, crc)) = &slice.located else {
             return self.whole_file_tensor(array, ty, slice, entry);
         };
-        if !self.sized.contains_key(&slice.file) {
+        if !self.sized.contains(&slice.file) {
             match storage::size(&location)? {
                 None => bail!("checkpoint {}: {} is missing", self.dir, slice.file),
                 Some(n) if n != entry.bytes => bail!(
@@ -98,7 +98,7 @@ impl<'a> SliceReader<'a> {
                 ),
                 Some(_) => {}
             }
-            self.sized.insert(slice.file.clone(), ());
+            self.sized.insert(slice.file.clone());
         }
         let len = elements(&slice.bounds) as u64 * ty.byte_size() as u64;
         let bytes = storage::read_range(&location, *offset, len)?;
@@ -152,5 +152,44 @@ impl<'a> SliceReader<'a> {
             );
         }
         Ok(tensor.data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use crate::checkpoint::dir::{load, read_manifest, save, Expected, Snapshot};
+    use crate::files::Location;
+    use crate::host::HostTensor;
+
+    /// A checkpoint of version 1 (one process; each array named by its file and key, no slices)
+    /// still restores: its files are read whole and checked against their own CRC32C.
+    #[test]
+    fn version_1_checkpoints_still_restore() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Location::Local(tmp.path().join("7"));
+        let w = HostTensor::from_f32(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let count = HostTensor::from_i32(&[], &[8]);
+        let arrays = vec![("params.w".to_string(), w.clone()), ("opt_state.count".to_string(), count.clone())];
+        save(&dir, &Snapshot { step: Some(7), arrays, model: BTreeMap::new(), data: None }).unwrap();
+        // The same directory as version 1 wrote it: the files are the same, the manifest names
+        // one file and key per array.
+        let mut manifest = serde_json::to_value(read_manifest(&dir).unwrap()).unwrap();
+        manifest["version"] = 1.into();
+        for array in manifest["arrays"].as_array_mut().unwrap() {
+            let slice = array["slices"][0].clone();
+            array["file"] = slice["file"].clone();
+            array["key"] = slice["key"].clone();
+            array.as_object_mut().unwrap().remove("slices");
+        }
+        std::fs::write(tmp.path().join("7/manifest.json"), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        let expected = [
+            Expected { name: "params.w".into(), ty: w.ty, dims: w.dims.clone() },
+            Expected { name: "opt_state.count".into(), ty: count.ty, dims: vec![] },
+        ];
+        let loaded = load(&dir, &expected, &BTreeMap::new(), false).unwrap();
+        assert_eq!(loaded.manifest.version, 1);
+        assert_eq!((&loaded.arrays["params.w"], &loaded.arrays["opt_state.count"]), (&w, &count));
     }
 }
