@@ -37,6 +37,8 @@ enum Command {
     Coordinator(cli::coordinator::CoordinatorArgs),
     /// Check a cluster: registration, key-value store, barriers, devices, collective bandwidth.
     ClusterCheck(cli::cluster_check::ClusterCheckArgs),
+    /// Check a job's checkpoints with a synthetic sharded state: save, kill, restore on any process count.
+    CheckpointCheck(cli::checkpoint_check::CheckpointCheckArgs),
     /// Convert Hugging Face Llama-family checkpoints to and from maxrs's parameter layout.
     Convert(cli::convert::ConvertArgs),
     /// Convert text, JSON Lines or Parquet files to a `dataset_type=tokens` file.
@@ -80,6 +82,7 @@ fn main() -> std::process::ExitCode {
         },
         Command::Coordinator(a) => cli::coordinator::run(a),
         Command::ClusterCheck(a) => cli::cluster_check::run(a),
+        Command::CheckpointCheck(a) => cli::checkpoint_check::run(a),
         Command::Convert(a) => cli::convert::run(a),
         Command::Tokenize(a) => cli::tokenize::run(a),
         Command::Submit(a) => cli::submit::run(*a),

@@ -16,28 +16,8 @@ use maxrs::train::pipeline::run::build;
 use maxrs::train::run::StartupTimes;
 use maxrs::train::step::{batch_inputs, TrainStep};
 
-/// A tiny decoder in f32 (every size divides over 8 devices).
-const TINY: &[&str] = &[
-    "base_emb_dim=32",
-    "base_num_query_heads=4",
-    "base_num_kv_heads=2",
-    "head_dim=8",
-    "base_mlp_dim=64",
-    "vocab_size=128",
-    "max_target_length=16",
-    "dtype=float32",
-    "weight_dtype=float32",
-    "learning_rate=1e-2",
-    "steps=4",
-    // Adam divides each gradient by its own magnitude: with eps 1e-8 an element whose gradient is
-    // rounding noise (summed in another order by the pipeline) would take a full step of random
-    // sign; 1e-4 keeps such elements still, so parameters compare at 1e-5.
-    "adam_eps=1e-4",
-    "cpu_device_count=8",
-];
-
 fn load(args: &[&str]) -> Config {
-    let all: Vec<String> = TINY.iter().chain(args).map(|s| s.to_string()).collect();
+    let all: Vec<String> = crate::common::PIPELINE_TINY.iter().chain(args).map(|s| s.to_string()).collect();
     config::load(None, &all).expect("config loads")
 }
 
@@ -327,7 +307,11 @@ fn pipeline_configs_that_cannot_run_are_refused_naming_the_keys() {
 
 #[test]
 fn schedule_names_are_checked_when_loading() {
-    let all: Vec<String> = TINY.iter().map(|s| s.to_string()).chain(["pipeline_schedule=1F1B".to_string()]).collect();
+    let all: Vec<String> = crate::common::PIPELINE_TINY
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["pipeline_schedule=1F1B".to_string()])
+        .collect();
     let e = config::load(None, &all).expect_err("not a schedule").to_string();
     assert!(e.contains("gpipe, 1f1b, interleaved_1f1b"), "{e}");
 }

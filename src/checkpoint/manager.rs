@@ -20,7 +20,8 @@ use std::thread::JoinHandle;
 
 use anyhow::{anyhow, Result};
 
-use super::dir::{self, Expected, Loaded, Saved, Snapshot};
+use super::dir::{self, Expected, Loaded, Saved, Share, Snapshot};
+use super::job::{self, Job};
 use super::manifest::MANIFEST_FILE;
 use crate::files::Location;
 use crate::storage::{self, STAGING_SUFFIX};
@@ -107,13 +108,19 @@ impl Checkpoints {
         expected: &[Expected],
         model: &BTreeMap<String, serde_json::Value>,
     ) -> Result<Option<Loaded>> {
+        self.restore_latest_by(|dir| dir::load(dir, expected, model, false))
+    }
+
+    /// [`Checkpoints::restore_latest`] with `load` reading a checkpoint directory (whose
+    /// manifest matches its folder), e.g. only the blocks one process of a job needs.
+    pub fn restore_latest_by<T>(&self, load: impl Fn(&Location) -> Result<T>) -> Result<Option<T>> {
         let steps = self.steps()?;
         let mut refusals = Vec::new();
         for &step in steps.iter().rev() {
             let dir = self.step_dir(step);
             let checked = dir::read_manifest(&dir)
                 .and_then(|manifest| manifest.check_step(step).map_err(|why| anyhow!(why)))
-                .and_then(|()| dir::load(&dir, expected, model, false));
+                .and_then(|()| load(&dir));
             match checked {
                 Ok(loaded) => {
                     if !refusals.is_empty() {
@@ -152,6 +159,8 @@ impl Checkpoints {
 pub struct CheckpointManager {
     pub checkpoints: Checkpoints,
     pub policy: Policy,
+    /// The processes that save together (process 0 alone deletes checkpoints).
+    job: Job,
     in_flight: Option<(u64, JoinHandle<Result<Saved>>)>,
     /// Every completed save, for reports.
     pub saved: Vec<Saved>,
@@ -161,8 +170,22 @@ pub struct CheckpointManager {
 }
 
 impl CheckpointManager {
-    pub fn new(checkpoints: Checkpoints, policy: Policy) -> CheckpointManager {
-        CheckpointManager { checkpoints, policy, in_flight: None, saved: vec![], failures: vec![], last_step: None }
+    /// The manager of a job's checkpoints (`Job::single()` for a one-process run).
+    pub fn new(checkpoints: Checkpoints, policy: Policy, job: Job) -> CheckpointManager {
+        CheckpointManager {
+            checkpoints,
+            policy,
+            job,
+            in_flight: None,
+            saved: vec![],
+            failures: vec![],
+            last_step: None,
+        }
+    }
+
+    /// The processes that save together.
+    pub fn job(&self) -> &Job {
+        &self.job
     }
 
     /// Whether the schedule saves after step `step`.
@@ -175,25 +198,38 @@ impl CheckpointManager {
         self.last_step == Some(step)
     }
 
-    /// Saves `snapshot` (its state already on the host): waits for the previous save, then
-    /// writes this one in the background (`async_checkpointing`) or now.
+    /// Saves `snapshot` (the whole state, already on the host) as the only process.
     pub fn save(&mut self, snapshot: Snapshot) -> Result<()> {
+        self.save_share(snapshot.share())
+    }
+
+    /// Saves this process's `share` of the job's checkpoint (already on the host): waits for
+    /// the previous save, then writes this one in the background (`async_checkpointing`) or now.
+    /// Every process of the job saves the same steps.
+    pub fn save_share(&mut self, share: Share) -> Result<()> {
         self.wait()?;
-        let step = snapshot.step.expect("a training checkpoint has a step");
+        let step = share.step.expect("a training checkpoint has a step");
         self.last_step = Some(step);
         let target = self.checkpoints.step_dir(step);
         let checkpoints = self.checkpoints.clone();
         let keep = self.policy.keep;
+        let processes = self.job.clone();
         let job = move || -> Result<Saved> {
             // Restoring took the newest good checkpoint, so one already at this step was refused
-            // (corrupt or incomplete): the new save replaces it.
-            if storage::list_dir(&target)?.iter().any(|e| e.name == MANIFEST_FILE || e.name.ends_with(".safetensors")) {
+            // (corrupt or incomplete): the new save replaces it. Process 0 replaces it, before
+            // the others write (`job::save` waits for it).
+            let refused = || -> Result<bool> {
+                Ok(storage::list_dir(&target)?
+                    .iter()
+                    .any(|e| e.name == MANIFEST_FILE || e.name.ends_with(".safetensors")))
+            };
+            if processes.is_primary() && refused()? {
                 println!("replacing the refused checkpoint {target}");
                 storage::remove_all(&target)?;
             }
-            let saved =
-                dir::save(&target, &snapshot).map_err(|e| anyhow!("saving the checkpoint of step {step}: {e:#}"))?;
-            if let Some(keep) = keep {
+            let saved = job::save(&target, &share, &processes)
+                .map_err(|e| anyhow!("saving the checkpoint of step {step}: {e:#}"))?;
+            if let Some(keep) = keep.filter(|_| processes.is_primary()) {
                 // A cleanup failure loses nothing: warn and keep training.
                 if let Err(e) = checkpoints.keep_newest(keep) {
                     tracing::warn!("deleting old checkpoints (max_num_checkpoints_to_keep={keep}): {e:#}");

@@ -1,15 +1,19 @@
-//! `manifest.json`: what a checkpoint directory holds, written last (its presence commits the
-//! checkpoint on GCS). Example:
+//! `manifest.json`: what a checkpoint directory holds, written last, by process 0 once every
+//! process has written its files (its presence commits the checkpoint on GCS). Example (two
+//! processes; `params.0-of-2.safetensors` holds the blocks process 0 wrote):
 //!
 //! ```json
 //! {
-//!   "format": "maxrs-checkpoint", "version": 1, "maxrs_version": "0.1.0",
+//!   "format": "maxrs-checkpoint", "version": 2, "maxrs_version": "0.1.0",
 //!   "step": 199,
 //!   "model": {"base_emb_dim": 256, "base_num_query_heads": 4, ..., "weight_dtype": "float32"},
-//!   "data": {"kind": "step_indexed", "next_step": 200, ...},
-//!   "files": [{"name": "params.safetensors", "bytes": 4196424, "crc32c": "9b1c0f3e"}, ...],
-//!   "arrays": [{"name": "params.token_embedder.embedding", "file": "params.safetensors",
-//!               "key": "token_embedder.embedding", "dtype": "F32", "shape": [512, 256]}, ...]
+//!   "data": {"kind": "input_pipeline", "next_step": 200, ...},
+//!   "processes": 2,
+//!   "data_per_process": [{"kind": "input_pipeline", "next_step": 200, ...}, {...}],
+//!   "files": [{"name": "params.0-of-2.safetensors", "bytes": 2098248, "crc32c": "9b1c0f3e", "process": 0}, ...],
+//!   "arrays": [{"name": "params.token_embedder.embedding", "dtype": "F32", "shape": [512, 256],
+//!               "slices": [{"file": "params.0-of-2.safetensors", "key": "token_embedder.embedding[0:256,0:256]",
+//!                           "start": [0, 0], "shape": [256, 256], "offset": 4096, "crc32c": "1f2e3d4c"}, ...]}, ...]
 //! }
 //! ```
 //!
@@ -20,23 +24,30 @@
 //!   parameters-only checkpoint made by `maxrs convert`.
 //! - `model`: the configuration keys that decide the model ([`model_keys`]), to say which key
 //!   differs when a checkpoint does not fit a run.
-//! - `data`: the data pipeline's position ([`crate::checkpoint::DataState`]); its `next_step`,
-//!   when it records one, is `step + 1`.
-//! - `files`: every data file with its size and CRC32C (hex), checked on restore.
-//! - `arrays`: every state array (the train step's input names) with the file and safetensors
-//!   key that hold it.
+//! - `data`: the data pipeline's position ([`crate::checkpoint::DataState`]) on process 0; its
+//!   `next_step`, when it records one, is `step + 1`. `data_per_process`: every process's, in
+//!   process order, when the job had several (`processes`).
+//! - `files`: every data file with its size, its CRC32C (hex) and the process that wrote it.
+//! - `arrays`: every state array (the train step's input names), global dtype and shape, and
+//!   its slices: which file holds which block (`start`, `shape`), under which safetensors key,
+//!   at which byte `offset` of the file, with the CRC32C of its bytes. The slices of an array
+//!   cover it exactly once (each distinct block of the saving mesh, replicas left out), so a
+//!   restoring process reads the slices its devices need with ranged reads and checks each.
+//!   Version 1 (one process, whole arrays) named one `file` and `key` per array instead; it is
+//!   still read.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::shards::Bounds;
 use crate::config::registry::{self, Role};
 use crate::config::Config;
 use crate::model::Model;
 
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const FORMAT: &str = "maxrs-checkpoint";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FileEntry {
@@ -44,18 +55,74 @@ pub struct FileEntry {
     pub bytes: u64,
     /// CRC32C of the whole file, 8 hex digits.
     pub crc32c: String,
+    /// The process that wrote it (version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<usize>,
+}
+
+/// Where one block of an array lies (version 2).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SliceEntry {
+    pub file: String,
+    /// The tensor's name inside `file`.
+    pub key: String,
+    pub start: Vec<i64>,
+    pub shape: Vec<i64>,
+    /// Where the block's bytes begin in `file`.
+    pub offset: u64,
+    /// CRC32C of the block's bytes, 8 hex digits.
+    pub crc32c: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ArrayEntry {
     /// The train step's name (`params.…`, `opt_state.mu.…`, `opt_state.count`).
     pub name: String,
-    pub file: String,
-    /// The tensor's name inside `file`.
-    pub key: String,
     /// safetensors dtype name (`F32`, `BF16`, `I32`, ...).
     pub dtype: String,
     pub shape: Vec<i64>,
+    /// Version 1: the file holding the whole array, and its tensor's name there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<SliceEntry>,
+}
+
+/// A slice of an array as a reader sees it, of either version.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slice {
+    pub file: String,
+    pub key: String,
+    pub bounds: Bounds,
+    /// The byte offset and CRC32C of the block (version 2); version 1 files are read whole and
+    /// checked by their own CRC32C.
+    pub located: Option<(u64, String)>,
+}
+
+impl ArrayEntry {
+    /// The array's slices (one covering it, for version 1).
+    pub fn slices(&self) -> Vec<Slice> {
+        match (&self.file, &self.key) {
+            (Some(file), Some(key)) if self.slices.is_empty() => vec![Slice {
+                file: file.clone(),
+                key: key.clone(),
+                bounds: self.shape.iter().map(|&d| (0, d)).collect(),
+                located: None,
+            }],
+            _ => self
+                .slices
+                .iter()
+                .map(|s| Slice {
+                    file: s.file.clone(),
+                    key: s.key.clone(),
+                    bounds: s.start.iter().zip(&s.shape).map(|(&a, &n)| (a, n)).collect(),
+                    located: Some((s.offset, s.crc32c.clone())),
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -67,6 +134,11 @@ pub struct Manifest {
     pub model: BTreeMap<String, serde_json::Value>,
     #[serde(default)]
     pub data: Option<serde_json::Value>,
+    /// The processes of the job that saved it, when several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_per_process: Vec<serde_json::Value>,
     pub files: Vec<FileEntry>,
     pub arrays: Vec<ArrayEntry>,
 }
@@ -83,13 +155,39 @@ impl Manifest {
             Some(s) => return Err(format!("its {MANIFEST_FILE} says step {s}, but the folder is step {step}")),
             None => return Err(format!("its {MANIFEST_FILE} has no step (a parameters-only checkpoint)")),
         }
-        match self.data.as_ref().and_then(|data| data.get("next_step")) {
-            Some(next) if next.as_u64() != Some(step + 1) => Err(format!(
-                "its data position goes on at step {next}, but after step {step} the run goes on at step {}",
-                step + 1
-            )),
-            _ => Ok(()),
+        for data in self.data.iter().chain(&self.data_per_process) {
+            match data.get("next_step") {
+                Some(next) if next.as_u64() != Some(step + 1) => {
+                    return Err(format!(
+                        "its data position goes on at step {next}, but after step {step} the run goes on at step {}",
+                        step + 1
+                    ))
+                }
+                _ => {}
+            }
         }
+        Ok(())
+    }
+}
+
+impl Manifest {
+    /// The data position process `process` of a job of `processes` resumes from: its own when
+    /// the saving job had as many processes; the one position when every saving process
+    /// recorded the same (a position that is a function of the step); otherwise an error, as
+    /// each process's position in its share of the data cannot be split into another count.
+    pub fn data_for(&self, process: usize, processes: usize) -> Result<Option<serde_json::Value>, String> {
+        let saved = self.processes.unwrap_or(1);
+        if saved == processes {
+            return Ok(if saved == 1 { self.data.clone() } else { self.data_per_process.get(process).cloned() });
+        }
+        if self.data_per_process.iter().all(|d| Some(d) == self.data.as_ref()) {
+            return Ok(self.data.clone());
+        }
+        Err(format!(
+            "its data position is that of each of the {saved} processes that saved it, which a job of {processes} \
+             processes cannot continue: resume on {saved} processes, or start the data over with \
+             load_full_state_path"
+        ))
     }
 }
 

@@ -5,22 +5,35 @@
 //! - [`tensor_file`]: safetensors streamed with a CRC32C of every byte.
 //! - [`manifest`]: `manifest.json`, what a checkpoint holds (step, model keys, data position,
 //!   files with sizes and checksums, arrays).
-//! - [`dir`]: writing one checkpoint directory atomically, reading one back with every check.
+//! - [`shards`]: a state as the processes of a job hold it (blocks per device), which process
+//!   writes each distinct block.
+//! - [`dir`]: writing one checkpoint directory atomically (or one process's part of it),
+//!   reading one back, whole or the blocks a process needs, with every check (`read`: the
+//!   slices' ranged reads).
+//! - [`job`]: a checkpoint written by every process of a job, committed by process 0 once all
+//!   wrote their parts.
 //! - [`manager`]: the checkpoints directory of a run: steps, restore with fallback, MaxText's
 //!   save schedule, the background writer, retention, the error policy.
+//! - [`drill`]: `maxrs checkpoint-check`'s synthetic sharded state, checked bit for bit.
 //! - [`hf`]: Hugging Face checkpoint directories (`config.json`, sharded safetensors, index).
 //! - [`DataState`]: the data pipeline's position, which each checkpoint records.
 //!
-//! A checkpoint holds global arrays (every shard assembled), so it restores onto any mesh:
-//! the run puts each array onto its devices with its own sharding.
+//! A checkpoint holds every array of the state as slices covering it (whole arrays from a job
+//! of one process), so it restores onto any mesh and process count: each process reads the
+//! slices its devices' blocks need and the run puts them onto its devices with its own sharding.
 
 pub mod dir;
+pub mod drill;
 pub mod hf;
+pub mod job;
 pub mod manager;
 pub mod manifest;
+mod read;
+pub mod shards;
 pub mod tensor_file;
 
-pub use dir::{Expected, Loaded, Saved, Snapshot};
+pub use dir::{Expected, Loaded, LoadedBlocks, Part, Saved, Share, Snapshot};
+pub use job::Job;
 pub use manager::{CheckpointManager, Checkpoints, OnError, Policy};
 
 /// A data pipeline whose position a checkpoint records, so that a resumed run reads on from

@@ -37,13 +37,20 @@ impl<W: Write> Checksummed<W> {
     }
 }
 
+/// A file written: its digest, and where each tensor's bytes begin with their CRC32C (in the
+/// order given).
+pub struct Written {
+    pub digest: Digest,
+    pub tensors: Vec<(u64, u32)>,
+}
+
 /// Writes `tensors` as a safetensors file to `out`, in the given order; `metadata` goes in the
 /// header's `__metadata__`.
 pub fn write_safetensors(
     out: &mut dyn Write,
     tensors: &[(&str, &HostTensor)],
     metadata: &BTreeMap<String, String>,
-) -> std::io::Result<Digest> {
+) -> std::io::Result<Written> {
     let mut header = serde_json::Map::new();
     if !metadata.is_empty() {
         header.insert("__metadata__".into(), serde_json::to_value(metadata).expect("strings serialize"));
@@ -67,10 +74,12 @@ pub fn write_safetensors(
     let mut out = Checksummed { inner: out, digest: Digest { bytes: 0, crc32c: 0 } };
     out.put(&(header.len() as u64).to_le_bytes())?;
     out.put(&header)?;
+    let mut located = Vec::with_capacity(tensors.len());
     for (_, tensor) in tensors {
+        located.push((out.digest.bytes, crc32c::crc32c(&tensor.data)));
         out.put(&tensor.data)?;
     }
-    Ok(out.digest)
+    Ok(Written { digest: out.digest, tensors: located })
 }
 
 /// Every tensor of a safetensors stream, with the stream's digest.

@@ -1,6 +1,7 @@
 //! Subcommand implementations and what they share: logging set-up, the error report,
 //! `key=value` parsing, and loading a command's config with the plugin rule applied.
 
+pub mod checkpoint_check;
 pub mod cluster_check;
 pub mod convert;
 pub mod coordinator;

@@ -7,6 +7,7 @@
 //!   key-value store, barriers, shutdown. JAX 0.11 processes and maxrs processes can share a job.
 //! - `settings`: which process of which job this is, from config keys and the environment.
 //! - `launch`: `maxrs launch`, N local processes with that environment set.
+//! - `preemption`: the step at which every process stops after a preemption notice.
 //! - `check`: `maxrs cluster-check`.
 //! - `diagnostics`: what a process waits for, and its threads' stacks (SIGUSR1, slow steps).
 //!
@@ -30,6 +31,7 @@ pub mod check;
 pub mod client;
 pub mod diagnostics;
 pub mod launch;
+pub mod preemption;
 pub mod proto;
 pub mod service;
 pub mod settings;

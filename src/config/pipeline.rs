@@ -259,13 +259,10 @@ fn check_unused(c: &Config) -> Result<(), ConfigError> {
     }
 }
 
-/// What the pipelined loop does not do yet: it trains and logs, but does not checkpoint,
+/// What the pipelined loop does not do yet: it trains, logs and checkpoints, but does not
 /// evaluate or profile.
 fn check_run_options(c: &Config) -> Result<(), ConfigError> {
     let refused = [
-        ("enable_checkpointing", c.enable_checkpointing, "enable_checkpointing=false"),
-        ("load_full_state_path", !c.load_full_state_path.is_empty(), "load_full_state_path=\"\""),
-        ("enable_autocheckpoint", c.enable_autocheckpoint, "enable_autocheckpoint=false"),
         ("eval_interval", c.eval_interval > 0, "eval_interval=-1"),
         ("profiler", c.profiler != ProfilerKind::None, "profiler=\"\""),
     ];
@@ -273,8 +270,8 @@ fn check_run_options(c: &Config) -> Result<(), ConfigError> {
         Some((key, _, instead)) => Err(ConfigError::invalid(
             format!("{key}, ici_pipeline_parallelism"),
             format!(
-                "{key} with pipeline parallelism is not supported yet (the pipelined loop trains and logs, but does not \
-                 checkpoint, evaluate or profile); set {instead}"
+                "{key} with pipeline parallelism is not supported yet (the pipelined loop trains, logs and checkpoints, \
+                 but does not evaluate or profile); set {instead}"
             ),
         )),
         None => Ok(()),

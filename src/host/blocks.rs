@@ -1,7 +1,12 @@
 //! Block copies between a global host array and the dense blocks its sharding gives each
-//! device: [`shard`] cuts a device's block out, [`assemble`] puts the blocks back together.
+//! device: [`shard`] cuts a device's block out, [`assemble`] puts the blocks back together;
+//! [`copy_region`] copies any region between two blocks of one array (a checkpoint's saved
+//! slices and the blocks a restoring process needs).
 
 use anyhow::{anyhow, Result};
+
+/// A block of an array: (start, length) per dimension, in the global array's coordinates.
+pub type Bounds = Vec<(i64, i64)>;
 
 use super::HostTensor;
 use crate::sharding::{Mesh, PartitionSpec};
@@ -13,11 +18,16 @@ pub fn shard(global: &HostTensor, mesh: &Mesh, spec: &PartitionSpec, pos: usize)
 }
 
 /// The dense block of `array` at `bounds` ((start, length) per dimension).
-pub(crate) fn block_of(array: &HostTensor, bounds: &[(i64, i64)]) -> HostTensor {
+pub fn block_of(array: &HostTensor, bounds: &[(i64, i64)]) -> HostTensor {
     let dims: Vec<i64> = bounds.iter().map(|b| b.1).collect();
     let mut data = vec![0u8; dims.iter().product::<i64>() as usize * array.ty.byte_size()];
-    copy_block(&mut data, &array.data, &array.dims, bounds, array.ty.byte_size(), Direction::Gather);
+    copy_region(&mut data, bounds, &array.data, &whole(&array.dims), bounds, array.ty.byte_size());
     HostTensor::new(array.ty, &dims, data)
+}
+
+/// The bounds of a whole array of shape `dims`.
+pub fn whole(dims: &[i64]) -> Vec<(i64, i64)> {
+    dims.iter().map(|&d| (0, d)).collect()
 }
 
 /// The global array of shape `dims` from per-device blocks (`shards[d]` at mesh position
@@ -33,43 +43,52 @@ pub fn assemble(
     let mut data = vec![0u8; dims.iter().product::<i64>() as usize * ty.byte_size()];
     for (block, &pos) in shards.iter().zip(positions) {
         let bounds = mesh.shard_bounds(spec, dims, pos).map_err(|e| anyhow!(e))?;
-        copy_block(&mut data, &block.data, dims, &bounds, ty.byte_size(), Direction::Scatter);
+        copy_region(&mut data, &whole(dims), &block.data, &bounds, &bounds, ty.byte_size());
     }
     Ok(HostTensor::new(ty, dims, data))
 }
 
-enum Direction {
-    /// Copy the block of the global array (`global`) into `block`.
-    Gather,
-    /// Copy `block` into its place in the global array.
-    Scatter,
-}
-
-/// Copies between a row-major global array of shape `dims` and the dense block at `bounds`
-/// ((start, length) per dimension), one contiguous run of the last dimension at a time.
-fn copy_block(dst: &mut [u8], src: &[u8], dims: &[i64], bounds: &[(i64, i64)], elem: usize, direction: Direction) {
-    let rank = dims.len();
+/// Copies `region` ((start, length) per dimension, in the global array's coordinates) from the
+/// row-major dense block `src`, which covers `src_at`, into the dense block `dst`, which covers
+/// `dst_at`; both contain the region. One contiguous run of the last dimension at a time.
+pub fn copy_region(
+    dst: &mut [u8],
+    dst_at: &[(i64, i64)],
+    src: &[u8],
+    src_at: &[(i64, i64)],
+    region: &[(i64, i64)],
+    elem: usize,
+) {
+    let rank = region.len();
     if rank == 0 {
         dst[..elem].copy_from_slice(&src[..elem]);
         return;
     }
-    let mut strides = vec![1i64; rank];
-    for d in (0..rank - 1).rev() {
-        strides[d] = strides[d + 1] * dims[d + 1];
+    if region.iter().any(|r| r.1 == 0) {
+        return;
     }
-    let run = bounds[rank - 1].1 as usize * elem;
-    let rows: i64 = bounds[..rank - 1].iter().map(|b| b.1).product();
-    let mut index = vec![0i64; rank - 1];
-    for row in 0..rows as usize {
-        let global: i64 = (0..rank).map(|d| (bounds[d].0 + if d < rank - 1 { index[d] } else { 0 }) * strides[d]).sum();
-        let (g, b) = (global as usize * elem, row * run);
-        match direction {
-            Direction::Gather => dst[b..b + run].copy_from_slice(&src[g..g + run]),
-            Direction::Scatter => dst[g..g + run].copy_from_slice(&src[b..b + run]),
+    let strides = |at: &[(i64, i64)]| {
+        let mut strides = vec![1i64; rank];
+        for d in (0..rank - 1).rev() {
+            strides[d] = strides[d + 1] * at[d + 1].1;
         }
+        strides
+    };
+    let (src_strides, dst_strides) = (strides(src_at), strides(dst_at));
+    let offset = |at: &[(i64, i64)], strides: &[i64], index: &[i64]| -> usize {
+        let position: i64 =
+            (0..rank).map(|d| (region[d].0 - at[d].0 + if d < rank - 1 { index[d] } else { 0 }) * strides[d]).sum();
+        position as usize * elem
+    };
+    let run = region[rank - 1].1 as usize * elem;
+    let rows: i64 = region[..rank - 1].iter().map(|b| b.1).product();
+    let mut index = vec![0i64; rank - 1];
+    for _ in 0..rows {
+        let (s, d) = (offset(src_at, &src_strides, &index), offset(dst_at, &dst_strides, &index));
+        dst[d..d + run].copy_from_slice(&src[s..s + run]);
         for d in (0..rank - 1).rev() {
             index[d] += 1;
-            if index[d] < bounds[d].1 {
+            if index[d] < region[d].1 {
                 break;
             }
             index[d] = 0;

@@ -1,7 +1,7 @@
 //! Host arrays: how maxrs holds a tensor in host memory wherever it moves between disk, the
 //! input pipeline and the devices. [`HostTensor`] and its [`ElementType`]s (`tensor`), parameter
 //! files in safetensors (`params_io`), and the block copies between a global array and the blocks
-//! its sharding gives each device (`blocks`).
+//! its sharding gives each device, or between any two blocks of one array (`blocks`).
 //!
 //! A foundation: it knows nothing of tracing or devices. `pjrt` moves these arrays to and from
 //! devices, `runtime` shards them, `checkpoint`, `data` and `inference` read and write them.
@@ -10,7 +10,6 @@ mod blocks;
 pub mod params_io;
 mod tensor;
 
-pub(crate) use blocks::block_of;
-pub use blocks::{assemble, shard};
+pub use blocks::{assemble, block_of, copy_region, shard, whole, Bounds};
 pub(crate) use tensor::{convert_float, is_float};
 pub use tensor::{shape_string, ElementType, HostTensor};

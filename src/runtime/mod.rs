@@ -7,7 +7,7 @@
 
 pub mod artifact;
 
-use crate::host::{assemble, block_of, shard, ElementType, HostTensor};
+use crate::host::{assemble, block_of, shard, whole, Bounds, ElementType, HostTensor};
 use crate::ir::{DType, Program};
 use crate::lower::to_stablehlo;
 use crate::pjrt::{Buffer, Client, CompileOptions, Device, LoadedExecutable};
@@ -179,6 +179,70 @@ impl Compiled {
             }
         }
         Ok(outputs)
+    }
+
+    /// Every device's block of input `index` ((start, length) per dimension), in mesh order,
+    /// with the process holding it (`granules`: the device ids of each process). An unsharded
+    /// input is one whole block on process 0.
+    pub fn input_blocks(&self, index: usize, granules: &[Vec<i64>]) -> Result<Vec<(usize, Bounds)>> {
+        let spec = &self.program.inputs[index];
+        let (Some(mesh), Some(sharding)) = (&self.program.mesh, &spec.sharding) else {
+            return Ok(vec![(0, whole(&spec.ty.shape))]);
+        };
+        mesh.device_ids()
+            .iter()
+            .enumerate()
+            .map(|(pos, id)| {
+                let process = granules
+                    .iter()
+                    .position(|g| g.contains(id))
+                    .ok_or_else(|| anyhow!("device {id} of the mesh belongs to no process"))?;
+                Ok((process, mesh.shard_bounds(sharding, &spec.ty.shape, pos).map_err(|e| anyhow!(e))?))
+            })
+            .collect()
+    }
+
+    /// The distinct blocks of output `index` that this process's devices hold, copied to the
+    /// host (replicas once).
+    pub fn fetch_blocks(&self, index: usize, array: &DeviceArray) -> Result<Vec<(Bounds, HostTensor)>> {
+        let spec = &self.program.outputs[index];
+        let (Some(mesh), Some(sharding)) = (&self.program.mesh, &spec.sharding) else {
+            let buffer = array.first().ok_or_else(|| anyhow!("no output shards"))?;
+            return Ok(vec![(whole(&spec.ty.shape), buffer.to_host()?)]);
+        };
+        let mut out: Vec<(Bounds, HostTensor)> = Vec::new();
+        for (buffer, &pos) in array.iter().zip(&self.positions) {
+            let bounds = mesh.shard_bounds(sharding, &spec.ty.shape, pos).map_err(|e| anyhow!(e))?;
+            if !out.iter().any(|(b, _)| *b == bounds) {
+                out.push((bounds, buffer.to_host()?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Input `index` put onto this process's devices, each device's block given by `block`
+    /// (from its bounds in the global array).
+    pub fn put_blocks(
+        &self,
+        client: &Client,
+        index: usize,
+        block: impl Fn(&[(i64, i64)]) -> Result<HostTensor>,
+    ) -> Result<DeviceArray> {
+        let spec = &self.program.inputs[index];
+        self.to_devices(client, |d, _| {
+            let bounds = match (&self.program.mesh, &spec.sharding) {
+                (Some(mesh), Some(sharding)) => {
+                    mesh.shard_bounds(sharding, &spec.ty.shape, self.positions[d]).map_err(|e| anyhow!(e))?
+                }
+                _ => whole(&spec.ty.shape),
+            };
+            let host = block(&bounds)?;
+            let dims: Vec<i64> = bounds.iter().map(|b| b.1).collect();
+            if host.ty != element_type(spec.ty.dtype) || host.dims != dims {
+                bail!("input \"{}\": a block of {dims:?} must be {}, got {}", spec.name, spec.ty, host.shape_string());
+            }
+            Ok(host)
+        })
     }
 
     /// The global host value of output `index` from its per-device shards.

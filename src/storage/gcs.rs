@@ -145,13 +145,53 @@ pub(super) fn put(bucket: &str, key: &str, bytes: &[u8]) -> Result<()> {
 }
 
 pub(super) fn exists(bucket: &str, key: &str) -> Result<bool> {
+    Ok(size(bucket, key)?.is_some())
+}
+
+/// The object's size, `None` when there is none.
+pub(super) fn size(bucket: &str, key: &str) -> Result<Option<u64>> {
     let service = service()?;
     let what = format!("looking up gs://{bucket}/{key}");
-    let url = service.object_url(bucket, key, &[("fields", "name")]);
+    let url = service.object_url(bucket, key, &[("fields", "size")]);
     let response = service.send(&what, || service.http.get(url.clone()))?;
     match response.status() {
-        StatusCode::NOT_FOUND => Ok(false),
-        s if s.is_success() => Ok(true),
+        StatusCode::NOT_FOUND => Ok(None),
+        s if s.is_success() => {
+            let value = response.json_value(&what)?;
+            // The JSON API sends the size as a decimal string.
+            let size = value["size"].as_str().and_then(|s| s.parse().ok());
+            size.map(Some).ok_or_else(|| anyhow!("{what}: the answer has no size: {value}"))
+        }
+        _ => Err(status_error(&what, response)),
+    }
+}
+
+/// Bytes `offset..offset + len` of the object, appended to `out` (fewer when it ends before).
+pub(super) fn read_range(bucket: &str, key: &str, offset: u64, len: u64, out: &mut Vec<u8>) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let service = service()?;
+    let what = format!("reading gs://{bucket}/{key} (bytes {offset}..{})", offset + len);
+    let url = service.object_url(bucket, key, &[("alt", "media")]);
+    let range = format!("bytes={offset}-{}", offset + len - 1);
+    let response = service.send(&what, || service.http.get(url.clone()).header("range", range.clone()))?;
+    match response.status() {
+        StatusCode::NOT_FOUND => bail!("{what}: no such object"),
+        // Past the end of the object: nothing there.
+        StatusCode::RANGE_NOT_SATISFIABLE => Ok(()),
+        // 206 for the range; 200 (the whole object) from a server that ignores ranges.
+        StatusCode::PARTIAL_CONTENT => {
+            let mut body = response.take(len);
+            body.read_to_end(out).map_err(|e| anyhow!("{what}: {e}"))?;
+            Ok(())
+        }
+        s if s.is_success() => {
+            let mut body = response;
+            std::io::copy(&mut (&mut body).take(offset), &mut std::io::sink()).map_err(|e| anyhow!("{what}: {e}"))?;
+            body.take(len).read_to_end(out).map_err(|e| anyhow!("{what}: {e}"))?;
+            Ok(())
+        }
         _ => Err(status_error(&what, response)),
     }
 }

@@ -13,8 +13,11 @@
 //!   directory without it as incomplete. This is Orbax's choice too: `AtomicRenameTemporaryPath`
 //!   locally, `CommitFileTemporaryPath` (a `commit_success.txt`) where renames are not atomic
 //!   (google/orbax `checkpoint/orbax/checkpoint/_src/path/atomicity.py`, commit 08ec2b4).
-//! - [`open_read`]: a sequential reader (GCS streams the object); [`list_dir`] lists the
-//!   immediate children of a directory (GCS: the `/`-delimited prefixes and objects).
+//! - [`open_read`]: a sequential reader (GCS streams the object); [`read_range`]: bytes
+//!   `offset..offset + len` of a file (a seek locally, a ranged GET on GCS), so that a process
+//!   restoring a checkpoint reads only the slices it needs; [`size`]: a file's size, or that it
+//!   is missing; [`list_dir`] lists the immediate children of a directory (GCS: the
+//!   `/`-delimited prefixes and objects).
 //!
 //! GCS goes through its JSON API (see `gcs.rs`) with Application Default Credentials
 //! (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's application default credentials, the metadata
@@ -118,6 +121,40 @@ pub fn open_read(location: &Location) -> Result<Box<dyn Read + Send>> {
     }
 }
 
+/// Bytes `offset..offset + len` of the file at `location`; a file that ends before them is an
+/// error saying so (a local one must be a regular file).
+pub fn read_range(location: &Location, offset: u64, len: u64) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(len as usize)
+        .map_err(|_| anyhow::anyhow!("reading {location}: {len} bytes do not fit in memory"))?;
+    match location {
+        Location::Local(path) => {
+            use std::io::{Seek, SeekFrom};
+            let mut file = input::open("", path)?;
+            file.seek(SeekFrom::Start(offset)).map_err(|e| anyhow::anyhow!("reading {location}: {e}"))?;
+            file.take(len).read_to_end(&mut bytes).map_err(|e| anyhow::anyhow!("reading {location}: {e}"))?;
+        }
+        Location::Gcs { bucket, key } => gcs::read_range(bucket, key, offset, len, &mut bytes)?,
+    }
+    if (bytes.len() as u64) < len {
+        bail!("{location}: truncated: it ends {} bytes into the {len} bytes at offset {offset}", bytes.len());
+    }
+    Ok(bytes)
+}
+
+/// The size of the file at `location`, `None` when there is none.
+pub fn size(location: &Location) -> Result<Option<u64>> {
+    match location {
+        Location::Local(path) => match input::check("", path) {
+            Ok(meta) => Ok(Some(meta.len())),
+            Err(e) if e.is_missing() => Ok(None),
+            Err(e) => Err(e.into()),
+        },
+        Location::Gcs { bucket, key } => gcs::size(bucket, key),
+    }
+}
+
 /// Copies a remote file into a temporary local file (deleted when dropped).
 pub fn download(remote: &Location) -> Result<tempfile::TempPath> {
     let mut file = tempfile::NamedTempFile::new().context("creating a temporary file")?;
@@ -183,12 +220,11 @@ impl StagedDir {
                 if path.exists() {
                     bail!("{}: already exists; not overwriting it", path.display());
                 }
-                let mut name = path.file_name().unwrap_or_default().to_os_string();
-                name.push(STAGING_SUFFIX);
-                let staging = path.with_file_name(name);
-                local::remove_all(&staging)?;
-                local::create_dir_all(&staging)?;
-                Location::Local(staging)
+                let staging = StagedDir::staging_of(final_location);
+                let Location::Local(staging_path) = &staging else { unreachable!("a local directory stages locally") };
+                local::remove_all(staging_path)?;
+                local::create_dir_all(staging_path)?;
+                staging
             }
             Location::Gcs { bucket, key } => {
                 if gcs::exists(bucket, &format!("{key}/{commit_file}"))? {
@@ -199,6 +235,20 @@ impl StagedDir {
             }
         };
         Ok(StagedDir { staging, final_location: final_location.clone() })
+    }
+
+    /// Where the files of `final_location` are written until it is committed: locally its
+    /// `.maxrs-tmp` sibling, on GCS the final name itself. The processes of a job that write
+    /// into one directory find it here (the one that started it commits it).
+    pub fn staging_of(final_location: &Location) -> Location {
+        match final_location {
+            Location::Local(path) => {
+                let mut name = path.file_name().unwrap_or_default().to_os_string();
+                name.push(STAGING_SUFFIX);
+                Location::Local(path.with_file_name(name))
+            }
+            Location::Gcs { .. } => final_location.clone(),
+        }
     }
 
     /// Where to write the directory's files until it is committed.

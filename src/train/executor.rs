@@ -6,15 +6,15 @@
 //!
 //! Everything around the step (start-up, data, metrics, health, when to evaluate and
 //! checkpoint, profiler, signals, report) is written once, in [`super::run`]. An executor that
-//! cannot copy its state off the devices or evaluate yet (the pipelined one: a config with
-//! stages refuses checkpoints and eval) says so from those methods; supporting them means
-//! implementing those methods, not another loop.
+//! cannot evaluate yet (the pipelined one: a config with stages refuses eval) says so from
+//! those methods; supporting it means implementing those methods, not another loop.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 
 use anyhow::Result;
 
+use crate::checkpoint::shards::{ArrayLayout, HostArray};
 use crate::checkpoint::Expected;
 use crate::config::Config;
 use crate::data::{Batch, EvalData};
@@ -50,8 +50,9 @@ pub(super) enum Initial {
     Fresh,
     /// These parameters (`params.…`) and a fresh optimizer state.
     Parameters(BTreeMap<String, HostTensor>),
-    /// A whole state (every array of [`StepExecutor::state_specs`]), from a checkpoint.
-    State(BTreeMap<String, HostTensor>),
+    /// A whole state from a checkpoint: every array of [`StepExecutor::state_specs`], as the
+    /// blocks this process's devices need ([`StepExecutor::state_layouts`]).
+    State(BTreeMap<String, HostArray>),
 }
 
 /// A compiled train step and its state on the devices.
@@ -99,9 +100,13 @@ pub(super) trait StepExecutor {
     /// after `after_step`.
     fn eval(&mut self, after_step: u64, eval_steps: i64) -> Result<EvalMetrics>;
 
-    /// The state, copied off the devices (each array assembled from its shards), for a
-    /// checkpoint.
-    fn state_arrays(&mut self) -> Result<Vec<(String, HostTensor)>>;
+    /// Every array of the state with every device's block and the process holding it (the
+    /// same on every process of the job): which blocks a process restores and writes.
+    fn state_layouts(&self) -> Result<Vec<ArrayLayout>>;
+
+    /// The distinct blocks of the state this process's devices hold, copied off the devices,
+    /// for a checkpoint.
+    fn state_blocks(&mut self) -> Result<Vec<HostArray>>;
 
     /// Adds the executor's part to the finished run's report (and prints it, on the process
     /// that logs); `skipped_steps` are left out of medians as in the summary.

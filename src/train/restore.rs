@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, Context, Result};
 
-use crate::checkpoint::{self, Checkpoints, Expected, OnError, Policy};
+use crate::checkpoint::shards::{ArrayLayout, Bounds};
+use crate::checkpoint::{self, Checkpoints, Expected, LoadedBlocks, OnError, Policy};
 use crate::config::{Config, OnCheckpointError};
 use crate::files::Location;
 use crate::host::HostTensor;
@@ -25,32 +26,63 @@ pub(super) struct Start {
     pub data: Option<serde_json::Value>,
 }
 
+/// Which process of how many restores, and the blocks its devices need of each array.
+pub(super) struct Restoring<'a> {
+    pub process: usize,
+    pub processes: usize,
+    pub layouts: &'a [ArrayLayout],
+}
+
+impl Restoring<'_> {
+    fn wanted(&self) -> BTreeMap<String, Vec<Bounds>> {
+        self.layouts.iter().map(|l| (l.name.clone(), l.blocks_of(self.process))).collect()
+    }
+
+    /// The blocks this process needs of the checkpoint at `dir`.
+    fn load(
+        &self,
+        dir: &Location,
+        expected: &[Expected],
+        model_keys: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<LoadedBlocks> {
+        checkpoint::dir::load_blocks(dir, expected, model_keys, false, &self.wanted())
+    }
+}
+
 /// MaxText's order (maxtext `src/maxtext/configs/base.yml`, checkpointing section, commit
 /// e591f30): the run's own newest good checkpoint; else `load_full_state_path` (parameters,
 /// optimizer state and step; the data starts over) or `load_parameters_path` (parameters; the
 /// optimizer state is fresh); else the init program. `expected` are the arrays of the step's
-/// state (`StepExecutor::state_specs`).
+/// state (`StepExecutor::state_specs`); a whole state is read as the blocks `restoring`'s
+/// devices need (on any mesh and process count that saved it), with this process's data
+/// position.
 pub(super) fn initial_state(
     c: &Config,
     expected: &[Expected],
+    restoring: &Restoring,
     model: &Model,
     checkpoints: Option<&Checkpoints>,
 ) -> Result<Start> {
     let model_keys = checkpoint::manifest::model_keys(c, model);
     if let Some(checkpoints) = checkpoints {
-        checkpoints.remove_incomplete()?;
-        if let Some(loaded) = checkpoints.restore_latest(expected, &model_keys)? {
+        if restoring.process == 0 {
+            checkpoints.remove_incomplete()?;
+        }
+        if let Some(loaded) = checkpoints.restore_latest_by(|dir| restoring.load(dir, expected, &model_keys))? {
             let step_done =
                 loaded.manifest.step.ok_or_else(|| anyhow!("{}: the checkpoint has no step", loaded.location))?;
             println!("resuming from the checkpoint of step {step_done} ({})", loaded.location);
-            let data = loaded.manifest.data.clone();
+            let data = loaded
+                .manifest
+                .data_for(restoring.process, restoring.processes)
+                .map_err(|why| anyhow!("{}: {why}", loaded.location))?;
             return Ok(Start { initial: Initial::State(loaded.arrays), first_step: step_done + 1, data });
         }
     }
     if !c.load_full_state_path.is_empty() {
         let dir = Location::parse(&c.load_full_state_path)?;
-        let loaded = checkpoint::dir::load(&dir, expected, &model_keys, false)
-            .with_context(|| format!("load_full_state_path={dir}"))?;
+        let loaded =
+            restoring.load(&dir, expected, &model_keys).with_context(|| format!("load_full_state_path={dir}"))?;
         let step_done = loaded.manifest.step.ok_or_else(|| {
             anyhow!("load_full_state_path={dir}: a parameters-only checkpoint (no step); use load_parameters_path")
         })?;

@@ -14,6 +14,7 @@ use anyhow::{bail, Result};
 use indicatif::ProgressBar;
 
 use crate::checkpoint::{self, CheckpointManager, DataState as _};
+use crate::cluster::preemption::PreemptionSync;
 use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived};
 use crate::data::{self, EvalData, ProcessShare};
@@ -31,7 +32,7 @@ use super::outputs::{self, RunOutputs};
 use super::pipeline::run::PipelinedPlan;
 use super::profiler::StepProfiler;
 use super::recorder::{progress_bar, StepRecorder};
-use super::restore::{self, checkpoint_policy, run_checkpoints};
+use super::restore::{self, checkpoint_policy, run_checkpoints, Restoring};
 use super::signals::Signals;
 use super::spmd::SpmdPlan;
 use super::step_loop::StepLoop;
@@ -79,13 +80,6 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         bail!(
             "the plugin reports devices of {} processes, but this job has {}",
             granules.len(),
-            cluster.process_count()
-        );
-    }
-    if cluster.process_count() > 1 && (c.enable_checkpointing || !c.load_full_state_path.is_empty()) {
-        bail!(
-            "enable_checkpointing / load_full_state_path in a job of {} processes: multi-process checkpoints are not \
-             supported yet (each process would have to write the shards it holds); set enable_checkpointing=false",
             cluster.process_count()
         );
     }
@@ -137,7 +131,11 @@ impl Run<'_> {
         let t = Instant::now();
         diagnostics::set_phase(None, "initializing the state");
         let checkpoints = run_checkpoints(c)?;
-        let start = restore::initial_state(c, &executor.state_specs(), executor.model(), checkpoints.as_ref())?;
+        let layouts = executor.state_layouts()?;
+        let restoring =
+            Restoring { process: cluster.process_index(), processes: cluster.process_count(), layouts: &layouts };
+        let start =
+            restore::initial_state(c, &executor.state_specs(), &restoring, executor.model(), checkpoints.as_ref())?;
         executor.initialize(start.initial)?;
         report.startup.init = t.elapsed().as_secs_f64();
         report.first_step = start.first_step;
@@ -174,7 +172,7 @@ impl Run<'_> {
         }
         // Only process 0 writes metrics and events; the metrics file is locked to the end of the run.
         let outputs = if logger { RunOutputs::open(c, start.first_step)? } else { RunOutputs::none(c) };
-        let manager = checkpoints.map(|dir| CheckpointManager::new(dir, checkpoint_policy(c)));
+        let manager = checkpoints.map(|dir| CheckpointManager::new(dir, checkpoint_policy(c), self.checkpoint_job()));
         let model_keys = checkpoint::manifest::model_keys(c, executor.model());
         let signals = Signals::install(c.enable_autocheckpoint)?;
 
@@ -196,6 +194,14 @@ impl Run<'_> {
             manager,
             model_keys,
             signals,
+            // A process dispatches a step before the previous one completes and checks after
+            // dispatching: its peers are up to 2 steps behind (see `cluster::preemption`).
+            preemption: PreemptionSync::new(
+                cluster.client().cloned(),
+                cluster.process_index(),
+                cluster.process_count(),
+                if <P::Executor as StepExecutor>::RUNS_AHEAD { 3 } else { 2 },
+            ),
             recorder: StepRecorder::new(c, bar, logger),
             outputs,
             report,
@@ -206,6 +212,16 @@ impl Run<'_> {
         // The training data was read from the local copy until here.
         drop(dataset_copy);
         report
+    }
+
+    /// The processes that save the run's checkpoints together.
+    fn checkpoint_job(&self) -> checkpoint::Job {
+        match self.cluster.client() {
+            Some(client) => {
+                checkpoint::Job::new(self.cluster.process_index(), self.cluster.process_count(), client.clone())
+            }
+            None => checkpoint::Job::single(),
+        }
     }
 
     /// Everything the run reads and writes, checked before the (possibly long) compile.

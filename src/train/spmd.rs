@@ -7,18 +7,17 @@
 //! is dispatched before step k's metrics are read, and its batch is put on the devices while
 //! step k runs.
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use crate::checkpoint::shards::{ArrayLayout, HostArray};
 use crate::checkpoint::Expected;
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
 use crate::data::{Batch, EvalData};
-use crate::host::HostTensor;
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
@@ -93,6 +92,7 @@ impl StepPlan for SpmdPlan {
             slots,
             rows,
             state_slots,
+            granules: granules.to_vec(),
             timing: DeviceTiming::new(c.skip_first_n_steps_for_profiler.max(0) as usize),
             eval: None,
         })
@@ -146,6 +146,8 @@ pub(super) struct SpmdStep {
     rows: Range<usize>,
     /// Where each state array lives: its name, its input slot and the output that carries it.
     state_slots: Vec<(String, usize, usize)>,
+    /// The device ids of each process.
+    granules: Vec<Vec<i64>>,
     timing: DeviceTiming,
     eval: Option<Evaluator>,
 }
@@ -217,13 +219,21 @@ impl StepExecutor for SpmdStep {
         for (spec, array) in init.program.outputs.iter().zip(outputs) {
             self.state[self.compiled.input_index(&spec.name)?] = Some(array);
         }
-        let arrays = match initial {
-            Initial::Fresh => BTreeMap::new(),
-            Initial::Parameters(arrays) | Initial::State(arrays) => arrays,
-        };
-        for (name, host) in &arrays {
-            let slot = self.compiled.input_index(name)?;
-            self.state[slot] = Some(self.compiled.put(&self.client, slot, host)?);
+        match initial {
+            Initial::Fresh => {}
+            Initial::Parameters(arrays) => {
+                for (name, host) in &arrays {
+                    let slot = self.compiled.input_index(name)?;
+                    self.state[slot] = Some(self.compiled.put(&self.client, slot, host)?);
+                }
+            }
+            Initial::State(arrays) => {
+                for (name, array) in &arrays {
+                    let slot = self.compiled.input_index(name)?;
+                    let put = self.compiled.put_blocks(&self.client, slot, |bounds| array.block(&bounds.to_vec()))?;
+                    self.state[slot] = Some(put);
+                }
+            }
         }
         Ok(())
     }
@@ -310,12 +320,33 @@ impl StepExecutor for SpmdStep {
         eval.run(&self.client, &self.state, after_step, eval_steps)
     }
 
-    fn state_arrays(&mut self) -> Result<Vec<(String, HostTensor)>> {
+    fn state_layouts(&self) -> Result<Vec<ArrayLayout>> {
+        self.state_slots
+            .iter()
+            .map(|(name, input, _)| {
+                let spec = &self.compiled.program.inputs[*input];
+                Ok(ArrayLayout {
+                    name: name.clone(),
+                    ty: runtime::element_type(spec.ty.dtype),
+                    dims: spec.ty.shape.to_vec(),
+                    blocks: self.compiled.input_blocks(*input, &self.granules)?,
+                })
+            })
+            .collect()
+    }
+
+    fn state_blocks(&mut self) -> Result<Vec<HostArray>> {
         self.state_slots
             .iter()
             .map(|(name, input, output)| {
                 let array = self.state[*input].as_ref().expect("state slots are always set");
-                Ok((name.clone(), self.compiled.fetch(*output, array)?))
+                let spec = &self.compiled.program.outputs[*output];
+                Ok(HostArray {
+                    name: name.clone(),
+                    ty: runtime::element_type(spec.ty.dtype),
+                    dims: spec.ty.shape.to_vec(),
+                    blocks: self.compiled.fetch_blocks(*output, array)?,
+                })
             })
             .collect()
     }

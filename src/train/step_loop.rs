@@ -12,14 +12,15 @@
 //! Signals: with `enable_autocheckpoint`, SIGTERM (preemption) ends the run after the current
 //! step with a checkpoint of it; SIGINT ends it after the current step, waiting for a checkpoint
 //! write in flight (a second SIGINT exits at once). The current step is the last one dispatched
-//! when the signal is seen.
+//! when the signal is seen; in a job of several processes, SIGTERM to any of them makes every
+//! process stop after the same step, a few steps later (`cluster::preemption`), and save it.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
 
-use crate::checkpoint::{CheckpointManager, DataState as _, Snapshot};
+use crate::checkpoint::{shards, CheckpointManager, DataState as _, Share};
 use crate::cluster::diagnostics;
 use crate::config::Config;
 use crate::data::{self, BatchIterator};
@@ -33,6 +34,7 @@ use super::profiler::StepProfiler;
 use super::recorder::{print_line, StepRecorder};
 use super::report::{peak_memory, print_summary, RunReport};
 use super::signals::Signals;
+use crate::cluster::preemption::PreemptionSync;
 
 /// A run after start-up: the executor with its state, and everything the steps feed and write.
 pub(super) struct StepLoop<'a, E: StepExecutor> {
@@ -52,6 +54,8 @@ pub(super) struct StepLoop<'a, E: StepExecutor> {
     /// What a checkpoint's manifest records of the model.
     pub model_keys: BTreeMap<String, serde_json::Value>,
     pub signals: Signals,
+    /// Where the job's processes agree on the step to stop after a SIGTERM.
+    pub preemption: PreemptionSync,
     pub recorder: StepRecorder<'a>,
     pub outputs: RunOutputs,
     pub report: RunReport,
@@ -100,9 +104,16 @@ impl<E: StepExecutor> StepLoop<'_, E> {
             self.data_position.state = Some(batch.data_state);
             self.report.data_wait_times.push(batch.wait_seconds);
             let flight = self.executor.dispatch(step_index, batch.fed)?;
-            // A signal seen now stops the run after this step.
-            let stop = self.signals.stop_requested();
-            let preempted = stop == Some("SIGTERM");
+            // A signal seen now stops the run after this step (SIGTERM: after the step the job's
+            // processes agree on).
+            let signal = self.signals.stop_requested();
+            let agreed = self.preemption.stop_before(step_index + 1, signal == Some("SIGTERM"))?;
+            let preempted = agreed == Some(step_index + 1);
+            let stop = match signal {
+                Some("SIGTERM") if !preempted => None,
+                None if preempted => Some("SIGTERM"),
+                other => other,
+            };
             let checkpoint = self.manager.as_ref().is_some_and(|m| m.due(step_index) || preempted);
             let profile_ends = self.profiler.as_ref().is_some_and(|p| p.stops_after(step_index));
             let eval_now = self.eval && eval_due(c, step_index);
@@ -195,14 +206,18 @@ impl<E: StepExecutor> StepLoop<'_, E> {
     /// hands it to the checkpoint manager.
     fn save(&mut self, step_index: u64) -> Result<()> {
         let t = Instant::now();
-        let snapshot = Snapshot {
+        let manager = self.manager.as_mut().expect("a checkpoint is due only with a manager");
+        let (process, processes) = (manager.job().process, manager.job().processes);
+        let layouts = self.executor.state_layouts()?;
+        let held = self.executor.state_blocks()?;
+        let share = Share {
             step: Some(step_index),
-            arrays: self.executor.state_arrays()?,
+            arrays: shards::to_write(&layouts, held, process, processes)?,
             model: self.model_keys.clone(),
             data: Some(self.data_position.save_state(step_index + 1)),
         };
         self.report.snapshot_seconds.push(t.elapsed().as_secs_f64());
-        self.manager.as_mut().expect("a checkpoint is due only with a manager").save(snapshot)
+        manager.save_share(share)
     }
 
     /// After the last step: the summary of the data, the metrics flushed, the final checkpoint

@@ -50,6 +50,27 @@ pub fn small_model(extra: &[&str]) -> Vec<String> {
     model.iter().chain(extra).map(|s| s.to_string()).collect()
 }
 
+/// A tiny decoder in f32 whose every size divides over 8 devices: the pipeline tests' model
+/// (tests/pipeline.rs, tests/pipeline_checkpoints.rs).
+pub const PIPELINE_TINY: &[&str] = &[
+    "base_emb_dim=32",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=2",
+    "head_dim=8",
+    "base_mlp_dim=64",
+    "vocab_size=128",
+    "max_target_length=16",
+    "dtype=float32",
+    "weight_dtype=float32",
+    "learning_rate=1e-2",
+    "steps=4",
+    // Adam divides each gradient by its own magnitude: with eps 1e-8 an element whose gradient is
+    // rounding noise (summed in another order by the pipeline) would take a full step of random
+    // sign; 1e-4 keeps such elements still, so parameters compare at 1e-5.
+    "adam_eps=1e-4",
+    "cpu_device_count=8",
+];
+
 /// The process-wide CPU client with 8 devices (single-device programs use the first).
 pub fn client() -> Client {
     cpu_client(8).expect("CPU PJRT plugin")

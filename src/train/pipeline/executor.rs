@@ -80,15 +80,15 @@ pub fn program_names(stage: usize, layout: &StageLayout) -> Vec<String> {
 }
 
 /// One stage: its devices, programs and arrays.
-struct Stage {
-    index: usize,
+pub(super) struct Stage {
+    pub(super) index: usize,
     /// The order of every per-device list of the stage's programs.
     devices: Vec<Device>,
     /// Each device's position in the stage's mesh.
     positions: Vec<usize>,
-    programs: StageExecutables,
+    pub(super) programs: StageExecutables,
     /// `params.*`, `opt_state.*`, `grad.*`.
-    state: HashMap<String, DeviceArray>,
+    pub(super) state: HashMap<String, DeviceArray>,
 }
 
 /// An activation or input gradient on its way to the task that reads it.
@@ -137,8 +137,8 @@ pub struct StepResult {
 pub struct Pipeline {
     pub step: PipelineStep,
     pub schedule: Schedule,
-    client: Client,
-    stages: Vec<Stage>,
+    pub(super) client: Client,
+    pub(super) stages: Vec<Stage>,
     passes: usize,
 }
 
@@ -238,25 +238,6 @@ impl Pipeline {
             }
         }
         Ok(())
-    }
-
-    /// The parameters in the model's full layout, copied from every stage.
-    pub fn parameters(&self) -> Result<Tree<HostTensor>> {
-        let per_stage = self
-            .stages
-            .iter()
-            .map(|stage| {
-                let update = &stage.programs.update;
-                let mut tree = Tree::new();
-                for def in self.step.layout.stage_params(&self.step.model, stage.index) {
-                    let name = format!("{PARAMS}.{}", def.name);
-                    let array = stage.state.get(&name).ok_or_else(|| anyhow!("no {name} on stage {}", stage.index))?;
-                    tree.insert(def.name, update.fetch(update.output_index(&name)?, array)?);
-                }
-                Ok(tree)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.step.layout.join(&self.step.model, &per_stage)
     }
 
     /// One optimizer step on `batch` (the global batch): every accumulation pass through the

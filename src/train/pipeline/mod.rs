@@ -7,7 +7,8 @@
 //! [`schedule`] gives (gpipe, 1f1b, interleaved 1f1b), one thread per stage, handing
 //! activations and their gradients between stages as device buffers ([`executor`]); after the
 //! last microbatch every stage updates its own parameters with the unpipelined step's AdamW,
-//! clipped by the gradient norm over all stages. [`run`] makes it a step executor of
+//! clipped by the gradient norm over all stages; `state` moves the whole training state between
+//! the stages and the host in the model's full layout (checkpoints). [`run`] makes it a step executor of
 //! `maxrs train`'s one loop (`train::step_loop`), and [`aot`] compiles the stage programs for a
 //! target and saves them with the schedule in one file.
 //!
@@ -20,6 +21,7 @@ pub mod layout;
 pub mod programs;
 pub mod run;
 pub mod schedule;
+mod state;
 
 pub use executor::{Pipeline, StageExecutables, StepResult};
 pub use layout::StageLayout;

@@ -4,8 +4,9 @@
 //! scheduling time per microbatch.
 //!
 //! A pipelined step has run when `dispatch` returns (the stages' threads join), so the loop
-//! records it before reading the next batch. Its state lives on the stages and is not copied
-//! off yet: configs with stages refuse checkpoints and eval (`config::pipeline`).
+//! records it before reading the next batch. Its state lives on the stages; checkpoints copy it
+//! off in the model's full layout (`pipeline::state`). Eval and the profiler are refused with
+//! stages (`config::pipeline`).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -17,11 +18,12 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::executor::{Pipeline, StageExecutables, StepResult};
 use super::programs::{PipelineStep, StagePrograms};
 use super::schedule::Schedule;
+use crate::checkpoint::shards::{ArrayLayout, HostArray};
 use crate::checkpoint::Expected;
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
 use crate::data::{Batch, EvalData};
-use crate::host::HostTensor;
+use crate::host::ElementType;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
 use crate::pjrt::Client;
@@ -29,6 +31,7 @@ use crate::runtime::{self, Compiled};
 use crate::tensor::Tree;
 use crate::train::executor::{Initial, StepExecutor, StepPlan};
 use crate::train::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
+use crate::train::optimizer::COUNT;
 use crate::train::report::{PipelineReport, RunReport, StartupTimes};
 use crate::train::restore;
 
@@ -45,7 +48,9 @@ pub fn build(
     let mut executor = PipelinedPlan::new(c, derived, granules)?.compile(c, client, granules, startup)?;
     let t = Instant::now();
     diagnostics::set_phase(None, "initializing the state");
-    let start = restore::initial_state(c, &executor.state_specs(), executor.model(), None)?;
+    let layouts = executor.state_layouts()?;
+    let restoring = restore::Restoring { process: 0, processes: 1, layouts: &layouts };
+    let start = restore::initial_state(c, &executor.state_specs(), &restoring, executor.model(), None)?;
     executor.initialize(start.initial)?;
     startup.init = t.elapsed().as_secs_f64();
     Ok(executor.pipeline)
@@ -183,16 +188,23 @@ impl StepExecutor for PipelinedStep {
         &self.pipeline.step.model
     }
 
-    /// The parameters, as `load_parameters_path` reads them: the stages' optimizer state is not
-    /// saved or restored yet.
+    /// The unpipelined step's state (parameters, `mu`, `nu` in `weight_dtype`, the count), in
+    /// the model's full layout: a pipelined checkpoint restores into an unpipelined run and back.
     fn state_specs(&self) -> Vec<Expected> {
         let model = &self.pipeline.step.model;
         let dtype = runtime::element_type(model.config.weight_dtype);
-        model
-            .param_defs()
-            .into_iter()
-            .map(|d| Expected { name: format!("params.{}", d.name), ty: dtype, dims: d.shape })
-            .collect()
+        let mut specs: Vec<Expected> = ["params", "opt_state.mu", "opt_state.nu"]
+            .iter()
+            .flat_map(|group| {
+                model.param_defs().into_iter().map(move |d| Expected {
+                    name: format!("{group}.{}", d.name),
+                    ty: dtype,
+                    dims: d.shape,
+                })
+            })
+            .collect();
+        specs.push(Expected { name: format!("opt_state.{COUNT}"), ty: ElementType::S32, dims: vec![] });
+        specs
     }
 
     /// The init program's state, its parameters split over the stages; or the given parameters
@@ -203,8 +215,9 @@ impl StepExecutor for PipelinedStep {
             Initial::Parameters(arrays) => {
                 Some(arrays.into_iter().map(|(name, t)| (name["params.".len()..].to_string(), t)).collect::<Tree<_>>())
             }
-            Initial::State(_) => {
-                bail!("restoring a whole training state with pipeline parallelism is not supported yet")
+            Initial::State(arrays) => {
+                let whole = arrays.into_iter().map(|(name, a)| Ok((name, a.assemble()?))).collect::<Result<_>>()?;
+                return self.pipeline.restore(&whole);
             }
         };
         self.pipeline.initialize(parameters.as_ref())
@@ -265,8 +278,13 @@ impl StepExecutor for PipelinedStep {
         bail!("eval with pipeline parallelism is not supported yet")
     }
 
-    fn state_arrays(&mut self) -> Result<Vec<(String, HostTensor)>> {
-        bail!("checkpoints with pipeline parallelism are not supported yet")
+    /// Whole arrays on this process: a pipeline runs in one process.
+    fn state_layouts(&self) -> Result<Vec<ArrayLayout>> {
+        Ok(self.state_specs().iter().map(|e| ArrayLayout::whole(&e.name, e.ty, &e.dims)).collect())
+    }
+
+    fn state_blocks(&mut self) -> Result<Vec<HostArray>> {
+        Ok(self.pipeline.state()?.into_iter().map(|(name, t)| HostArray::whole(&name, t)).collect())
     }
 
     fn summarize(self, report: &mut RunReport, skipped_steps: usize, logger: bool) {
