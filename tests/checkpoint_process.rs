@@ -18,24 +18,14 @@ use maxrs::files::Location;
 
 const MAXRS: &str = env!("CARGO_BIN_EXE_maxrs");
 
-/// The small float32 model of `checkpoint_resume.rs`, with no outputs but the metrics file.
+/// The small float32 model, with no outputs but the metrics file.
 fn small(extra: &[String]) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "dtype=float32",
-        "base_emb_dim=64",
-        "base_mlp_dim=128",
-        "vocab_size=128",
-        "head_dim=16",
-        "max_target_length=32",
+    let mut a = crate::common::small_model(&[
         "per_device_batch_size=8",
-        "learning_rate=3e-3",
         "enable_tensorboard=false",
         "gcs_metrics=false",
         "save_config_to_gcs=false",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
     a.extend(extra.iter().cloned());
     a
 }

@@ -13,22 +13,13 @@ use maxrs::files::Location;
 use maxrs::pjrt::cpu_client;
 use maxrs::train::run::{train, RunReport};
 
-/// A small model (the default one, narrowed) in float32, whose schedule spans 8 steps however
-/// many it runs.
-pub const SMALL: &[&str] = &[
-    "dtype=float32",
-    "base_emb_dim=64",
-    "base_mlp_dim=128",
-    "vocab_size=128",
-    "head_dim=16",
-    "max_target_length=32",
-    "learning_rate=3e-3",
-    "learning_rate_schedule_steps=8",
-    "log_period=4",
-];
+/// The small float32 model, whose schedule spans 8 steps however many it runs, then `extra`.
+pub fn small(extra: &[&str]) -> Vec<String> {
+    crate::common::small_model(&[&["learning_rate_schedule_steps=8", "log_period=4"], extra].concat())
+}
 
 fn run(devices: usize, overrides: &[String]) -> anyhow::Result<RunReport> {
-    let mut args: Vec<String> = SMALL.iter().map(|s| s.to_string()).collect();
+    let mut args = small(&[]);
     args.extend(overrides.iter().cloned());
     let c = config::load(None, &args)?;
     train(&c, &cpu_client(devices)?)
@@ -88,11 +79,7 @@ fn resume_is_exact_and_bad_checkpoints_fall_back() {
     std::fs::create_dir_all(ckpts.join("8.maxrs-tmp")).unwrap();
     std::fs::write(ckpts.join("8.maxrs-tmp/params.safetensors"), b"partial").unwrap();
 
-    let c = config::load(
-        None,
-        &[SMALL, &["per_device_batch_size=8"]].concat().iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-    )
-    .unwrap();
+    let c = config::load(None, &small(&["per_device_batch_size=8"])).unwrap();
     let reason = |c: &config::Config, step: &str| {
         dir::load(
             &Location::Local(ckpts.join(step)),

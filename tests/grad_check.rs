@@ -3,10 +3,10 @@
 //! weights `w` (a random output cotangent), each element of `value_and_grad`'s gradient must
 //! match the central difference `(loss(x + h e) - loss(x - h e)) / 2h`.
 
-use crate::common::{f64_tensor, max_rel_diff, rng, run, uniform};
+use crate::common::{batched_row_gather, f64_tensor, max_rel_diff, rng, run, uniform};
 use maxrs::autodiff::value_and_grad;
 use maxrs::host::HostTensor;
-use maxrs::ir::{DType, DotDims, GatherDims, Prim, RaggedDotMode, Signature};
+use maxrs::ir::{DType, DotDims, Prim, RaggedDotMode, Signature};
 use maxrs::runtime::compile;
 use maxrs::tensor::{checkpoint, concatenate, einsum, scan, sort, trace, where_, RematPolicy, Tensor, Trace, Tree};
 
@@ -128,16 +128,7 @@ fn cases() -> Vec<Case> {
         }),
         case("gather_batched_window", &[s(&[2, 5, 3], ANY)], |c, x| {
             // Per batch row b, rows indices[b, i] of operand[b]: [2, 4, 3].
-            let dims = GatherDims {
-                offset_dims: vec![2],
-                collapsed_slice_dims: vec![1],
-                operand_batching_dims: vec![0],
-                start_indices_batching_dims: vec![0],
-                start_index_map: vec![1],
-                index_vector_dim: 2,
-                slice_sizes: vec![1, 1, 3],
-            };
-            x[0].gather(&idx(c, &[2, 4, 1], &[4, 0, 4, 2, 1, 1, 3, 0]), dims)
+            x[0].gather(&idx(c, &[2, 4, 1], &[4, 0, 4, 2, 1, 1, 3, 0]), batched_row_gather(3))
         }),
         case("sort_with_payload", &[s(&[3, 4], ANY), s(&[3, 4], ANY)], |_, x| {
             let sorted = sort(&[&x[0], &x[1]], 1, false);

@@ -13,7 +13,7 @@ use maxrs::files::Location;
 use maxrs::pjrt::cpu_client;
 use maxrs::train::run::train;
 
-use crate::checkpoint_resume::{state_expected, SMALL};
+use crate::checkpoint_resume::{small, state_expected};
 
 /// `maxrs args`, with the caller's plugin settings removed.
 fn maxrs(args: &[&str]) -> Output {
@@ -104,8 +104,7 @@ fn control_characters_in_values_are_shown_escaped() {
 
 /// A run with checkpoints after steps 0, 2 and 4 in `base/r/checkpoints`.
 fn checkpointed_run(base: &Path) -> config::Config {
-    let mut args = strings(SMALL);
-    args.extend(strings(&["per_device_batch_size=8", "checkpoint_period=2", "steps=5", "enable_checkpointing=true"]));
+    let mut args = small(&["per_device_batch_size=8", "checkpoint_period=2", "steps=5", "enable_checkpointing=true"]);
     args.extend([format!("base_output_directory={}", base.display()), "run_name=r".to_string()]);
     let c = config::load(None, &args).unwrap();
     train(&c, &cpu_client(1).unwrap()).unwrap();
@@ -168,14 +167,13 @@ fn a_checkpoint_whose_manifest_disagrees_with_its_folder_falls_back() {
     // naming the folder and why, resumes after step 2, and leaves the bad checkpoint as it was.
     edit_manifest(&ckpts.join("4"), |m| m["step"] = 3.into());
     let before = contents(&ckpts.join("4"));
-    let mut args: Vec<String> = strings(SMALL);
-    args.extend(strings(&[
+    let mut args = small(&[
         "per_device_batch_size=8",
         "steps=5",
         "enable_checkpointing=true",
         "save_checkpoint_on_completion=false",
         "run_name=r",
-    ]));
+    ]);
     args.push(format!("base_output_directory={}", base.path().display()));
     let out = maxrs(&[&["train"], &args.iter().map(String::as_str).collect::<Vec<_>>()[..]].concat());
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));

@@ -2,8 +2,8 @@
 //! einsum forms, composites, data movement, integer and 16-bit paths. (The finite-difference
 //! test checks derivatives of whatever the ops compute; this checks they compute the right thing.)
 
-use crate::common::{f64_tensor, max_rel_diff, rng, run, uniform};
-use maxrs::ir::{DType, GatherDims, Prim, RaggedDotMode, Signature};
+use crate::common::{batched_row_gather, f64_tensor, max_rel_diff, rng, run, uniform};
+use maxrs::ir::{DType, Prim, RaggedDotMode, Signature};
 use maxrs::tensor::{concatenate, einsum, sort, trace, where_, Tensor, Trace, Tree};
 
 /// Runs `f` on f64 inputs of the given shapes (random values) and returns inputs and output.
@@ -255,16 +255,7 @@ fn gathers_and_scatters_along_axes() {
         let along1 = t[0].take_along_axis(&ints(ctx, &[3, 2], &idx1), 1).reshape(&[-1]);
         let along0 = t[0].take_along_axis(&ints(ctx, &[2, 4], &idx0), 0).reshape(&[-1]);
         let scattered = t[0].scatter_add_along_axis(&ints(ctx, &[3, 2], &idx1), &t[1], 1).reshape(&[-1]);
-        let dims = GatherDims {
-            offset_dims: vec![2],
-            collapsed_slice_dims: vec![1],
-            operand_batching_dims: vec![0],
-            start_indices_batching_dims: vec![0],
-            start_index_map: vec![1],
-            index_vector_dim: 2,
-            slice_sizes: vec![1, 1, 3],
-        };
-        let batched = t[2].gather(&ints(ctx, &[2, 4, 1], &rows), dims).reshape(&[-1]);
+        let batched = t[2].gather(&ints(ctx, &[2, 4, 1], &rows), batched_row_gather(3)).reshape(&[-1]);
         concatenate(&[&along1, &along0, &scattered, &batched], 0)
     });
     let a = &x[0];

@@ -15,20 +15,9 @@ use maxrs::train::run::{train, RunReport};
 use maxrs::train::tensorboard::{masked_crc32c, Event, EventKind, ValueKind};
 use prost::Message;
 
-const SMALL: &[&str] = &[
-    "dtype=float32",
-    "base_emb_dim=64",
-    "base_mlp_dim=128",
-    "vocab_size=128",
-    "head_dim=16",
-    "max_target_length=32",
-    "per_device_batch_size=8",
-    "learning_rate=3e-3",
-    "log_period=2",
-];
-
 fn run(extra: &[String]) -> RunReport {
-    let args: Vec<String> = SMALL.iter().map(|s| s.to_string()).chain(extra.iter().cloned()).collect();
+    let mut args = crate::common::small_model(&["per_device_batch_size=8", "log_period=2"]);
+    args.extend(extra.iter().cloned());
     let c = config::load(None, &args).unwrap();
     train(&c, &cpu_client(1).unwrap()).unwrap()
 }

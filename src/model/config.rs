@@ -180,24 +180,14 @@ mod tests {
         assert_eq!(remat_policy(P::Full), RematPolicy::Full);
         assert_eq!(remat_policy(P::None), RematPolicy::Full, "MaxText's none is a remat with no policy");
         assert_eq!(remat_policy(P::SaveEverything), RematPolicy::None);
-        let minimal = [
-            "query_proj",
-            "value_proj",
-            "key_proj",
-            "kv_proj",
-            "qkv_proj",
-            "out_proj",
-            "mlpwi_0",
-            "mlpwi_1",
-            "mlpwi",
-            "mlpwo",
-        ];
+        let qkv = ["query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj"];
+        assert_eq!(saved(P::SaveQkvProj), qkv);
+        let minimal: Vec<&str> =
+            qkv.iter().copied().chain(["out_proj", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo"]).collect();
         assert_eq!(saved(P::Minimal), minimal);
         let with_context: Vec<&str> = minimal.iter().copied().chain(["context"]).collect();
         assert_eq!(saved(P::MinimalWithContext), with_context);
         assert_eq!(saved(P::MinimalFlash), with_context);
-        let qkv = ["query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj"];
-        assert_eq!(saved(P::SaveQkvProj), qkv);
         let mut names = qkv.to_vec();
         names.extend(["context", "out_proj"]);
         assert_eq!(saved(P::SaveDotWithContextExceptMlp), names);

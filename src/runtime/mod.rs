@@ -10,7 +10,7 @@ pub mod artifact;
 use crate::host::{assemble, block_of, shard, ElementType, HostTensor};
 use crate::ir::{DType, Program};
 use crate::lower::to_stablehlo;
-use crate::pjrt::{Buffer, Client, CompileOptions, LoadedExecutable};
+use crate::pjrt::{Buffer, Client, CompileOptions, Device, LoadedExecutable};
 use crate::tensor::Tree;
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -108,18 +108,10 @@ impl Compiled {
         if host.ty != element_type(spec.ty.dtype) || host.dims[..] != spec.ty.shape[..] {
             bail!("input \"{}\" must be {}, got {}", spec.name, spec.ty, host.shape_string());
         }
-        let devices = self.executable.addressable_devices();
-        devices
-            .iter()
-            .enumerate()
-            .map(|(d, device)| {
-                let block = match (&self.program.mesh, &spec.sharding) {
-                    (Some(mesh), Some(sharding)) => shard(host, mesh, sharding, self.positions[d])?,
-                    _ => host.clone(),
-                };
-                Ok(client.to_device(&block, device)?)
-            })
-            .collect()
+        self.to_devices(client, |d, _| match (&self.program.mesh, &spec.sharding) {
+            (Some(mesh), Some(sharding)) => shard(host, mesh, sharding, self.positions[d]),
+            _ => Ok(host.clone()),
+        })
     }
 
     /// The rows (first dimension) of input `index` that this process's devices hold: all of
@@ -146,34 +138,31 @@ impl Compiled {
         if local.ty != element_type(spec.ty.dtype) || local.dims[1..] != global[1..] || first_row + rows > global[0] {
             bail!("rows {first_row}.. of input \"{}\" ({}) cannot be {}", spec.name, spec.ty, local.shape_string());
         }
+        self.to_devices(client, |d, device| match (&self.program.mesh, &spec.sharding) {
+            (Some(mesh), Some(sharding)) => {
+                let mut bounds = mesh.shard_bounds(sharding, global, self.positions[d]).map_err(|e| anyhow!(e))?;
+                bounds[0].0 -= first_row;
+                if bounds[0].0 < 0 || bounds[0].0 + bounds[0].1 > rows {
+                    bail!(
+                        "device {} holds rows {}..{} of \"{}\", outside this process's rows {first_row}..{}",
+                        device.id,
+                        bounds[0].0 + first_row,
+                        bounds[0].0 + first_row + bounds[0].1,
+                        spec.name,
+                        first_row + rows
+                    );
+                }
+                Ok(block_of(local, &bounds))
+            }
+            _ if first_row == 0 && rows == global[0] => Ok(local.clone()),
+            _ => bail!("input \"{}\" is not sharded, so every process needs all of its rows", spec.name),
+        })
+    }
+
+    /// Copies `block(d, device)` to each addressable device `d` (in execution order).
+    fn to_devices(&self, client: &Client, block: impl Fn(usize, &Device) -> Result<HostTensor>) -> Result<DeviceArray> {
         let devices = self.executable.addressable_devices();
-        devices
-            .iter()
-            .enumerate()
-            .map(|(d, device)| {
-                let block = match (&self.program.mesh, &spec.sharding) {
-                    (Some(mesh), Some(sharding)) => {
-                        let mut bounds =
-                            mesh.shard_bounds(sharding, global, self.positions[d]).map_err(|e| anyhow!(e))?;
-                        bounds[0].0 -= first_row;
-                        if bounds[0].0 < 0 || bounds[0].0 + bounds[0].1 > rows {
-                            bail!(
-                                "device {} holds rows {}..{} of \"{}\", outside this process's rows {first_row}..{}",
-                                device.id,
-                                bounds[0].0 + first_row,
-                                bounds[0].0 + first_row + bounds[0].1,
-                                spec.name,
-                                first_row + rows
-                            );
-                        }
-                        block_of(local, &bounds)
-                    }
-                    _ if first_row == 0 && rows == global[0] => local.clone(),
-                    _ => bail!("input \"{}\" is not sharded, so every process needs all of its rows", spec.name),
-                };
-                Ok(client.to_device(&block, device)?)
-            })
-            .collect()
+        devices.iter().enumerate().map(|(d, device)| Ok(client.to_device(&block(d, device)?, device)?)).collect()
     }
 
     /// Runs on arrays already on the devices (one per input, in input order); returns one array

@@ -18,8 +18,8 @@ use anyhow::Result;
 use crate::checkpoint::Expected;
 use crate::config::Config;
 use crate::data::{Batch, EvalData};
-use crate::model::Model;
 use crate::host::HostTensor;
+use crate::model::Model;
 use crate::pjrt::Client;
 
 use super::metrics::{EvalMetrics, PerDeviceWork, StepMetrics};

@@ -8,9 +8,9 @@ use anyhow::{anyhow, Context, Result};
 
 use crate::checkpoint::{self, Checkpoints, Expected, OnError, Policy};
 use crate::config::{Config, OnCheckpointError};
-use crate::model::Model;
-use crate::host::HostTensor;
 use crate::files::Location;
+use crate::host::HostTensor;
+use crate::model::Model;
 use crate::storage;
 
 use super::executor::Initial;

@@ -17,16 +17,15 @@ use crate::checkpoint::{self, CheckpointManager, DataState as _};
 use crate::cluster::{diagnostics, Cluster};
 use crate::config::{self, Config, Derived};
 use crate::data::{self, EvalData, ProcessShare};
+use crate::files::Location;
 use crate::model::Model;
 use crate::output;
 use crate::pjrt::{self, Client};
-use crate::files::Location;
 use crate::storage;
 
 use super::data_position::DataPosition;
 use super::executor::{StepExecutor, StepPlan};
 use super::flops;
-use crate::model::flops::StepShape;
 use super::metrics::PerDeviceWork;
 use super::outputs::{self, RunOutputs};
 use super::pipeline::run::PipelinedPlan;
@@ -36,6 +35,7 @@ use super::restore::{self, checkpoint_policy, run_checkpoints};
 use super::signals::Signals;
 use super::spmd::SpmdPlan;
 use super::step_loop::StepLoop;
+use crate::model::flops::StepShape;
 
 /// What [`train`] returns.
 pub use super::report::{PipelineReport, RunReport, StartupTimes};

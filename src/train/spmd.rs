@@ -14,16 +14,16 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
 
-use crate::runtime::artifact;
 use crate::checkpoint::Expected;
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
 use crate::data::{Batch, EvalData};
+use crate::host::HostTensor;
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
-use crate::host::HostTensor;
 use crate::pjrt::{Client, ReadyTime};
+use crate::runtime::artifact;
 use crate::runtime::{self, Compiled, DeviceArray};
 
 use super::eval::Evaluator;

@@ -13,12 +13,41 @@ pub mod provision;
 pub mod tensorboard_reader;
 
 use maxrs::host::HostTensor;
-use maxrs::ir::Program;
+use maxrs::ir::{GatherDims, Program};
 use maxrs::pjrt::{cpu_client, Client};
 use maxrs::runtime::run_program;
 use maxrs::tensor::Tree;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+/// The gather dims of "per batch row `b`, rows `indices[b, i]` of `operand[b]`": an operand
+/// `[B, N, width]`, indices `[B, I, 1]`, a result `[B, I, width]`.
+pub fn batched_row_gather(width: i64) -> GatherDims {
+    GatherDims {
+        offset_dims: vec![2],
+        collapsed_slice_dims: vec![1],
+        operand_batching_dims: vec![0],
+        start_indices_batching_dims: vec![0],
+        start_index_map: vec![1],
+        index_vector_dim: 2,
+        slice_sizes: vec![1, 1, width],
+    }
+}
+
+/// The default model narrowed to a small float32 one that trains in seconds, as `key=value`
+/// arguments, followed by `extra`: the base of the tests that run whole training runs.
+pub fn small_model(extra: &[&str]) -> Vec<String> {
+    let model = [
+        "dtype=float32",
+        "base_emb_dim=64",
+        "base_mlp_dim=128",
+        "vocab_size=128",
+        "head_dim=16",
+        "max_target_length=32",
+        "learning_rate=3e-3",
+    ];
+    model.iter().chain(extra).map(|s| s.to_string()).collect()
+}
 
 /// The process-wide CPU client with 8 devices (single-device programs use the first).
 pub fn client() -> Client {

@@ -5,22 +5,9 @@
 use std::collections::BTreeMap;
 
 use maxrs::cluster::settings::{detect, ClusterSettings};
-use maxrs::submit::{gke, vertex, Job, Request};
+use maxrs::submit::{gke, vertex, Job};
 
-use super::common::{fake_bin, maxrs, path_with, with_seed, IMAGE, SEED};
-
-fn job() -> Job {
-    Job::prepare(Request {
-        nodes: 2,
-        machine_type: "a3-megagpu-8g".into(),
-        name: None,
-        image: Some(IMAGE.into()),
-        maxrs: "maxrs".into(),
-        env: vec![],
-        command: SEED.iter().map(|s| s.to_string()).collect(),
-    })
-    .unwrap()
-}
+use super::common::{fake_bin, maxrs, path_with, seed_job, with_seed};
 
 fn detected(job: &Job, env: &BTreeMap<String, String>) -> ClusterSettings {
     let config = maxrs::config::load_args(&job.args[1..]).unwrap();
@@ -33,7 +20,7 @@ fn check(s: &ClusterSettings, rank: usize, coordinator: &str) {
 
 #[test]
 fn vertex_replicas_find_their_cluster_in_cluster_spec() {
-    let job = job();
+    let job = seed_job();
     let body = vertex::custom_job(
         &job,
         &vertex::VertexOptions { project: "p".into(), region: "r".into(), ..Default::default() },
@@ -59,7 +46,7 @@ fn vertex_replicas_find_their_cluster_in_cluster_spec() {
 
 #[test]
 fn gke_pods_find_the_coordinator_pod() {
-    let job = job();
+    let job = seed_job();
     let text = gke::manifest(&job, &gke::GkeOptions::default()).unwrap();
     let manifest: serde_json::Value = serde_yaml::from_str(&text).unwrap();
     let pod = &manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
@@ -114,7 +101,7 @@ for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_PROCID=$i SLURM_NTASKS=2 S
         .status()
         .unwrap();
     assert!(status.success());
-    let job = job();
+    let job = seed_job();
     for rank in 0..2 {
         let dump = std::fs::read_to_string(out.join(format!("rank-{rank}.txt"))).unwrap();
         let env: BTreeMap<String, String> =

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use maxrs::submit::{Job, Request};
+
 /// Seed 000's recipe on 2 A3 Mega nodes.
 pub const SEED: &[&str] = &[
     "train",
@@ -17,6 +19,20 @@ pub const SEED: &[&str] = &[
 ];
 
 pub const IMAGE: &str = "us-docker.pkg.dev/my-project/maxrs/maxrs:latest";
+
+/// The seed recipe as `maxrs submit` prepares it for 2 A3 Mega nodes running [`IMAGE`].
+pub fn seed_job() -> Job {
+    Job::prepare(Request {
+        nodes: 2,
+        machine_type: "a3-megagpu-8g".into(),
+        name: None,
+        image: Some(IMAGE.into()),
+        maxrs: "maxrs".into(),
+        env: vec![],
+        command: SEED.iter().map(|s| s.to_string()).collect(),
+    })
+    .unwrap()
+}
 
 /// `maxrs submit vertex` for the seed's 2 nodes in `my-project`, `us-central1` (before `--` and
 /// any extra flags such as `--dry-run`).

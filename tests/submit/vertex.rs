@@ -8,25 +8,15 @@ use maxrs::net::credentials::AccessToken;
 use maxrs::net::retry::RetryPolicy;
 use maxrs::submit::vertex::{custom_job, CustomJob, VertexOptions};
 use maxrs::submit::vertex_api::{JobRef, VertexApi};
-use maxrs::submit::{Job, Request};
 use serde_json::Value;
 
-use super::common::{maxrs, with_seed, IMAGE, SEED, VERTEX_2_NODES};
+use super::common::{maxrs, seed_job, with_seed, IMAGE, VERTEX_2_NODES};
 use super::http::{FakeServer, Reply};
 
 const CREATED: &str = r#"{"name": "projects/123456/locations/us-central1/customJobs/4567", "displayName": "maxrs-llama2-7b", "state": "JOB_STATE_PENDING", "createTime": "2026-11-23T10:00:00Z"}"#;
 
-fn seed_job() -> CustomJob {
-    let job = Job::prepare(Request {
-        nodes: 2,
-        machine_type: "a3-megagpu-8g".into(),
-        name: None,
-        image: Some(IMAGE.into()),
-        maxrs: "maxrs".into(),
-        env: vec![],
-        command: SEED.iter().map(|s| s.to_string()).collect(),
-    })
-    .unwrap();
+fn seed_custom_job() -> CustomJob {
+    let job = seed_job();
     let opts = VertexOptions { project: "my-project".into(), region: "us-central1".into(), ..Default::default() };
     custom_job(&job, &opts).unwrap()
 }
@@ -74,7 +64,7 @@ fn check_custom_job_shape(body: &Value, nodes: u64) {
 #[test]
 fn create_sends_the_body_with_json_headers_and_the_token() {
     let server = FakeServer::start(|_, _| Reply::json(200, CREATED));
-    let job = seed_job();
+    let job = seed_custom_job();
     let info = api(&server, quick_retry()).create_custom_job("my-project", "us-central1", &job).unwrap();
     assert_eq!((info.id(), info.state.as_str()), ("4567", "JOB_STATE_PENDING"));
 
@@ -95,7 +85,7 @@ fn a_403_is_an_error_with_the_apis_message() {
     let server = FakeServer::start(|_, _| {
         Reply::google_error(403, "PERMISSION_DENIED", "Permission 'aiplatform.customJobs.create' denied on resource")
     });
-    let e = api(&server, quick_retry()).create_custom_job("my-project", "us-central1", &seed_job()).unwrap_err();
+    let e = api(&server, quick_retry()).create_custom_job("my-project", "us-central1", &seed_custom_job()).unwrap_err();
     let e = e.to_string();
     assert!(e.contains("HTTP 403 PERMISSION_DENIED: Permission 'aiplatform.customJobs.create' denied"), "{e}");
     assert!(e.contains("roles/aiplatform.user"), "{e}");
@@ -122,7 +112,7 @@ fn a_429_is_retried_after_the_wait_the_api_asks_for() {
         ..RetryPolicy::default()
     };
     let start = Instant::now();
-    let info = api(&server, slow).create_custom_job("my-project", "us-central1", &seed_job()).unwrap();
+    let info = api(&server, slow).create_custom_job("my-project", "us-central1", &seed_custom_job()).unwrap();
     assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
     assert_eq!(info.id(), "4567");
     let requests = server.requests();
@@ -134,7 +124,7 @@ fn a_429_is_retried_after_the_wait_the_api_asks_for() {
 #[test]
 fn a_429_that_persists_fails_after_the_last_attempt() {
     let server = FakeServer::start(|_, _| Reply::google_error(429, "RESOURCE_EXHAUSTED", "Quota exceeded"));
-    let e = api(&server, quick_retry()).create_custom_job("my-project", "us-central1", &seed_job()).unwrap_err();
+    let e = api(&server, quick_retry()).create_custom_job("my-project", "us-central1", &seed_custom_job()).unwrap_err();
     assert!(e.to_string().contains("still refused after 3 attempts"), "{e}");
     assert_eq!(server.requests().len(), 3);
 }
@@ -142,7 +132,7 @@ fn a_429_that_persists_fails_after_the_last_attempt() {
 #[test]
 fn a_500_on_create_is_not_retried_because_the_job_may_exist() {
     let server = FakeServer::start(|_, _| Reply::google_error(500, "INTERNAL", "Internal error encountered."));
-    let e = api(&server, quick_retry()).create_custom_job("my-project", "us-central1", &seed_job()).unwrap_err();
+    let e = api(&server, quick_retry()).create_custom_job("my-project", "us-central1", &seed_custom_job()).unwrap_err();
     let e = e.to_string();
     assert!(
         e.contains("HTTP 500 INTERNAL: Internal error encountered.") && e.contains("may or may not have been created"),
@@ -354,7 +344,7 @@ fn dry_run_prints_the_body_and_sends_nothing() {
     assert!(run.ok, "{}", run.all());
     let body: Value = serde_json::from_str(&run.stdout).unwrap();
     check_custom_job_shape(&body, 2);
-    assert_eq!(body, serde_json::to_value(seed_job()).unwrap(), "the dry run prints what create sends");
+    assert_eq!(body, serde_json::to_value(seed_custom_job()).unwrap(), "the dry run prints what create sends");
     assert!(run.stderr.contains(
         "https://us-central1-aiplatform.googleapis.com/v1/projects/my-project/locations/us-central1/customJobs"
     ));

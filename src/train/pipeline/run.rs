@@ -21,9 +21,9 @@ use crate::checkpoint::Expected;
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
 use crate::data::{Batch, EvalData};
+use crate::host::HostTensor;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
-use crate::host::HostTensor;
 use crate::pjrt::Client;
 use crate::runtime::{self, Compiled};
 use crate::tensor::Tree;
@@ -65,8 +65,11 @@ pub(in crate::train) struct PipelinedPlan {
 impl PipelinedPlan {
     pub fn new(c: &Config, derived: &Derived, granules: &[Vec<i64>]) -> Result<PipelinedPlan> {
         let plan = derived.pipeline.as_ref().ok_or_else(|| anyhow!("the config has no pipeline"))?;
-        let mesh =
-            derived.mesh.step_mesh(granules).map_err(|e| anyhow!(e))?.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
+        let mesh = derived
+            .mesh
+            .step_mesh(granules)
+            .map_err(|e| anyhow!(e))?
+            .ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
         let step = PipelineStep::new(c, derived, mesh)?;
         let schedule = Schedule::new(plan);
         schedule.simulate(|_, _| 1.0).map_err(|e| anyhow!("pipeline_schedule={}: {e}", plan.schedule))?;
