@@ -52,4 +52,3 @@ pub(crate) fn backward(
     let mut results = dest.bind(Prim::ManualComputation(spec), &operands).into_iter();
     wanted.iter().map(|&w| if w { results.next() } else { None }).collect()
 }
-

@@ -3,8 +3,8 @@
 //! name, the operand types and the caller's location to the message.
 
 use super::{
-    BinaryOp, CustomCall, DType, DotDims, GatherDims, Literal, Manual, Prim, RaggedDotMode, ReduceOp, ScatterDims, Shape,
-    Type, UnaryOp,
+    BinaryOp, CustomCall, DType, DotDims, GatherDims, Literal, Manual, Prim, RaggedDotMode, ReduceOp, ScatterDims,
+    Shape, Type, UnaryOp,
 };
 
 pub type RuleResult = Result<Vec<Type>, String>;

@@ -166,7 +166,8 @@ pub fn manual_computation(
     if in_specs.len() != inputs.len() {
         usage_error(&format!("manual_computation: {} inputs, {} input specs", inputs.len(), in_specs.len()));
     }
-    let named: Vec<&String> = in_specs.iter().chain(out_specs).flat_map(|s| (0..s.rank()).flat_map(|d| s.dim(d))).collect();
+    let named: Vec<&String> =
+        in_specs.iter().chain(out_specs).flat_map(|s| (0..s.rank()).flat_map(|d| s.dim(d))).collect();
     let axes: Vec<(String, usize)> =
         mesh.axes().iter().filter(|(a, size)| *size > 1 && named.contains(&a)).cloned().collect();
     let manual = |specs: &[PartitionSpec]| -> Vec<PartitionSpec> {
