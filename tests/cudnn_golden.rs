@@ -129,23 +129,17 @@ fn emitted(case: Case, backward: bool) -> Vec<Call> {
     calls(&to_stablehlo(&program))
 }
 
+/// The forward call alone (`fwd`: inference), and the differentiable forward call (with the f32
+/// softmax statistics) with the backward call, which reads the saved output and statistics
+/// (`fwdbwd`).
 #[test]
-fn forward_calls_match_jax() {
+fn calls_match_jax() {
     for case in CASES {
-        let want = golden(&format!("{}.fwd.stablehlo.mlir", case.name));
-        assert_eq!(want.len(), 1, "{}: the golden file has one call", case.name);
-        assert_eq!(emitted(case, false), want, "{}", case.name);
-    }
-}
-
-/// Forward and backward: the differentiable forward call (with the f32 softmax statistics) and
-/// the backward call, which reads the saved output and statistics.
-#[test]
-fn forward_and_backward_calls_match_jax() {
-    for case in CASES {
-        let want = golden(&format!("{}.fwdbwd.stablehlo.mlir", case.name));
-        assert_eq!(want.len(), 2, "{}: the golden file has a forward and a backward call", case.name);
-        assert_eq!(emitted(case, true), want, "{}", case.name);
+        for (pass, backward, calls) in [("fwd", false, 1), ("fwdbwd", true, 2)] {
+            let want = golden(&format!("{}.{pass}.stablehlo.mlir", case.name));
+            assert_eq!(want.len(), calls, "{}.{pass}: the golden file's custom calls", case.name);
+            assert_eq!(emitted(case, backward), want, "{}.{pass}", case.name);
+        }
     }
 }
 

@@ -279,13 +279,13 @@ impl LayerContext {
         options: &AttendOptions,
     ) -> Tensor {
         let how = fitted(how, q.shape()[1]);
-        let Some(cache) = &self.cache else { return self.attend_whole(q, k, v, window, how, options, true) };
+        let Some(cache) = &self.cache else { return self.attend_whole([q, k, v], window, how, options, true) };
         match &mut *cache.borrow_mut() {
             LayerCache::Fill { len, filled } => {
                 let t = k.shape()[1];
                 let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
                 filled.push(KvCache { key: pad(k), value: pad(v) });
-                self.attend_whole(q, k, v, window, how, options, false)
+                self.attend_whole([q, k, v], window, how, options, false)
             }
             LayerCache::Update { layer, caches, used } => {
                 let Some(slot) = caches.get_mut(*used) else {
@@ -309,12 +309,9 @@ impl LayerContext {
 
     /// Attention over the queries' own keys (training, prefill): `attend_with`, or cuDNN's
     /// calls (`training`: the differentiable pair) where `cudnn_call` allows, else blockwise.
-    #[allow(clippy::too_many_arguments)]
     fn attend_whole(
         &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        [q, k, v]: [&Tensor; 3],
         window: Option<i64>,
         how: AttentionImpl,
         options: &AttendOptions,

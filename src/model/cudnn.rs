@@ -154,7 +154,7 @@ impl Fmha {
         s.push_str("\"tuple_shapes\": [], \"layout\": {\"dim_level_types\": [], \"dim_unique\": [], \"dim_ordered\": [], \"minor_to_major\": [\"3\", \"2\", \"1\", \"0\"], \"tiles\": [], \"element_size_in_bits\": \"0\", \"memory_space\": \"0\", \"index_primitive_type\": \"PRIMITIVE_TYPE_INVALID\", \"pointer_primitive_type\": \"PRIMITIVE_TYPE_INVALID\", \"dynamic_shape_metadata_prefix_bytes\": \"0\"}, \"is_dynamic_dimension\": [false, false, false, false]}, ");
         let _ = write!(s, "\"is_flash_attention\": true, \"mask_type\": \"{mask}\", ");
         // BTNH: ((lhs contracting, rhs contracting), (lhs batch, rhs batch)) per matmul.
-        let dims: &[(&str, (usize, usize), [usize; 2], [usize; 2])] = if backward {
+        let dims: &[DotNumbers] = if backward {
             &[
                 ("bmm1_grad_gemm1", (2, 1), [0, 1], [0, 2]),
                 ("bmm1_grad_gemm2", (3, 1), [0, 1], [0, 2]),
@@ -179,6 +179,10 @@ impl Fmha {
         s
     }
 }
+
+/// One matmul's dimension numbers in the backend config: its name, the lhs and rhs contracting
+/// dimensions, the lhs and rhs batch dimensions.
+type DotNumbers = (&'static str, (usize, usize), [usize; 2], [usize; 2]);
 
 /// `[batch, heads, seq, d]` back to `[batch, seq, heads, d]` (free: the calls' result layout).
 fn btnh(x: &Tensor) -> Tensor {

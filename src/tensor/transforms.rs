@@ -151,8 +151,8 @@ pub fn custom_call(call: CustomCall, operands: &[&Tensor]) -> Vec<Tensor> {
 
 /// Applies `body` to every device's shards of `inputs` (JAX's `shard_map`): input `i` is split
 /// over mesh axes as `in_specs[i]` says, `body` gets the local shards and returns the local
-/// results, which `out_specs` lay out. The manual axes are the axes the specs name (with size
-/// > 1); the body sees no other sharding and may not use tensors from outside (create constants
+/// results, which `out_specs` lay out. The manual axes are the axes the specs name (those larger
+/// than 1); the body sees no other sharding and may not use tensors from outside (create constants
 /// inside). For operations the partitioner cannot split itself, such as custom calls.
 #[track_caller]
 pub fn manual_computation(
