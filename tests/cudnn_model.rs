@@ -1,5 +1,5 @@
 //! Which runs get cuDNN's fused attention, what the start-up line says when one does not, and
-//! the train step that uses it: traced for 4 devices (no GPU needed to trace), the step holds
+//! the train step that uses it: traced for 4 devices and for 1 (no GPU needed to trace), the step holds
 //! the forward call once per layer body and the backward call once; under a remat policy that
 //! saves `context` (`minimal_flash`) the backward pass never recomputes the forward call, under
 //! `full` it does once.
@@ -60,15 +60,16 @@ fn cuda_runs_get_cudnn_and_the_rest_say_why_not() {
     assert!(auto.contains("autoselected -> blockwise attention") && !auto.contains("cuDNN"), "{auto}");
 }
 
-/// The custom calls in the train step of `extra` on 4 devices: (forward calls, backward calls).
-fn calls_in_step(extra: &[&str]) -> (usize, usize) {
+/// The custom calls in the train step of `extra` on `devices` devices: (forward calls, backward
+/// calls). On several devices they run in manual computations; on one, bare.
+fn calls_in_step(devices: usize, extra: &[&str]) -> (usize, usize) {
     let c = load(&[GPU, extra].concat());
     config::check(&c).expect("checks");
-    let derived = config::validate(&c, 4, 1).expect("valid");
-    let mesh = derived.mesh.step_mesh(&[vec![0, 1, 2, 3]]).expect("mesh");
+    let derived = config::validate(&c, devices, 1).expect("valid");
+    let mesh = derived.mesh.step_mesh(&[(0..devices as i64).collect()]).expect("mesh");
     let step = TrainStep::new(&c, &derived, mesh).expect("step");
     let mlir = to_stablehlo(&step.train_step().expect("traces"));
-    assert!(mlir.contains("sdy.manual_computation("), "the calls run in manual computations");
+    assert_eq!(mlir.contains("sdy.manual_computation("), devices > 1, "manual computations on {devices} devices");
     (
         mlir.matches("custom_call @__cudnn$fmhaSoftmax(").count(),
         mlir.matches("custom_call @__cudnn$fmhaSoftmaxBackward(").count(),
@@ -77,6 +78,7 @@ fn calls_in_step(extra: &[&str]) -> (usize, usize) {
 
 #[test]
 fn saving_context_keeps_the_backward_pass_from_recomputing_attention() {
-    assert_eq!(calls_in_step(&["remat_policy=minimal_flash"]), (1, 1));
-    assert_eq!(calls_in_step(&["remat_policy=full"]), (2, 1));
+    assert_eq!(calls_in_step(4, &["remat_policy=minimal_flash"]), (1, 1));
+    assert_eq!(calls_in_step(4, &["remat_policy=full"]), (2, 1));
+    assert_eq!(calls_in_step(1, &["remat_policy=minimal_flash"]), (1, 1));
 }

@@ -335,7 +335,7 @@ impl LayerContext {
     /// Whether cuDNN's fused attention can compute this call: `None` if not (packed documents,
     /// a soft cap, an f32 product, a dtype or head dim it refuses, a sharded sequence, heads or
     /// batch that do not split evenly); otherwise the mesh axes of the batch and the heads to run
-    /// it under (`None` without a mesh).
+    /// it under (`None` without a mesh, or on one whose batch and head axes are all of size 1).
     #[allow(clippy::type_complexity)]
     fn cudnn_call(
         &self,
@@ -353,7 +353,9 @@ impl LayerContext {
             && splits(q.shape()[0], axes.batch_shards)
             && splits(q.shape()[2], axes.head_shards)
             && splits(k.shape()[2], axes.head_shards);
-        ok.then(|| Some((axes.batch.clone(), axes.heads.clone())))
+        // A mesh whose batch and head axes are all of size 1 (one device) needs no manual region.
+        let split = !(axes.batch.is_empty() && axes.heads.is_empty());
+        ok.then(|| split.then(|| (axes.batch.clone(), axes.heads.clone())))
     }
 
     /// `pred[batch, seq, len]`: which of `len` cache positions each token's query sees: those at
