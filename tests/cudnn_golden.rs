@@ -208,3 +208,24 @@ fn sharded_calls_see_local_shapes_in_a_manual_computation() {
         .signature
         .ends_with("(tensor<2x4x256x64xbf16>, tensor<2x1x256x64xbf16>, tensor<2x1x256x64xbf16>, tensor<0xui8>)"));
 }
+
+/// A custom call has no derivative of its own: differentiating one outside its composite is
+/// refused by name (the composite's backward call is its gradient).
+#[test]
+fn a_bare_custom_call_is_not_differentiated() {
+    let mut sig = Signature::new(None);
+    for name in ["q", "k", "v"] {
+        sig.input(name, DType::BF16, &[1, 128, 2, 64]);
+    }
+    let err = trace(&sig, |_, inp| {
+        let fmha = cudnn::Fmha::new(&inp["q"], &inp["k"], None, false);
+        let (_, grads) = value_and_grad(inp, |p| {
+            let out = maxrs::tensor::custom_call(fmha.forward_call(false), &[&p["q"], &p["k"], &p["v"]]);
+            out[0].astype(DType::F32).sum_all()
+        });
+        grads
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("custom_call @__cudnn$fmhaSoftmax has no derivative of its own"), "{err}");
+}
