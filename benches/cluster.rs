@@ -5,7 +5,8 @@
 //!   registration barrier's own latency (the last rank to arrive), the longest adds the start-up
 //!   skew between ranks (plugin loading);
 //! - key-value operations per second: 16 in-process clients x 1000 operations (set, try-get,
-//!   blocking get, increment), and one client's sequential set + get round trips;
+//!   blocking get, increment; tests/common/key_value_load.rs), and one client's sequential set +
+//!   get round trips;
 //! - failure detection: 4 held processes, heartbeat_timeout_seconds=5; one is killed (SIGKILL)
 //!   or hung (SIGSTOP); the time until the last other rank has exited.
 
@@ -14,6 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use maxrs::cluster::{ClientOptions, CoordinationClient, Coordinator, ServiceConfig};
+
+#[path = "../tests/common/key_value_load.rs"]
+mod key_value_load;
+use key_value_load::OPS;
 
 const MAXRS: &str = env!("CARGO_BIN_EXE_maxrs");
 
@@ -40,7 +45,6 @@ fn registration(n: usize) -> (f64, f64, f64) {
 
 fn key_value_rates() -> (f64, f64) {
     const CLIENTS: usize = 16;
-    const OPS: usize = 1000;
     let config = |n| ServiceConfig {
         num_processes: n,
         job_name: "bench".into(),
@@ -61,33 +65,8 @@ fn key_value_rates() -> (f64, f64) {
     let clients: Vec<Arc<CoordinationClient>> = (0..CLIENTS)
         .map(|r| Arc::new(CoordinationClient::new(options(r), Arc::new(|m: &str| panic!("{m}"))).unwrap()))
         .collect();
-    let joins: Vec<_> = clients.iter().cloned().map(|c| std::thread::spawn(move || c.connect().unwrap())).collect();
-    joins.into_iter().for_each(|j| {
-        j.join().unwrap();
-    });
-    let start = Instant::now();
-    let joins: Vec<_> = clients
-        .iter()
-        .cloned()
-        .enumerate()
-        .map(|(r, c)| {
-            std::thread::spawn(move || {
-                for i in 0..OPS / 2 {
-                    c.key_value_set(&format!("bench/{r}/{i}"), b"value", false).unwrap();
-                }
-                for i in 0..OPS / 4 {
-                    c.key_value_try_get(&format!("bench/{r}/{i}")).unwrap().unwrap();
-                }
-                let next = (r + 1) % CLIENTS;
-                for i in 0..OPS / 4 - 1 {
-                    c.blocking_key_value_get(&format!("bench/{next}/{i}"), Duration::from_secs(30)).unwrap();
-                }
-                c.key_value_increment("bench_count", 1).unwrap();
-            })
-        })
-        .collect();
-    joins.into_iter().for_each(|j| j.join().unwrap());
-    let concurrent = (CLIENTS * OPS) as f64 / start.elapsed().as_secs_f64();
+    key_value_load::connect_all(&clients);
+    let concurrent = (CLIENTS * OPS) as f64 / key_value_load::run(&clients, "bench").as_secs_f64();
     let one = &clients[0];
     let start = Instant::now();
     for i in 0..1000 {

@@ -27,6 +27,8 @@ enum Command {
     Decode(cli::decode::DecodeArgs),
     /// Compile the train step for a target without its hardware (MaxText's train_compile.py).
     TrainCompile(cli::train_compile::TrainCompileArgs),
+    /// Plugin builds for machines without network: `maxrs plugins fetch cuda13 --dest DIR`.
+    Plugins(cli::plugins::PluginsArgs),
     /// List the ahead-of-time targets (compile_topology names) and their devices.
     Topologies(cli::topologies::TopologiesArgs),
     /// Run N local processes of one job: `maxrs launch --num-processes N -- train ...`.
@@ -71,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Decode(a) => cli::decode::run(a),
         Command::TrainCompile(a) => cli::train_compile::run(a),
         Command::Topologies(a) => cli::topologies::run(a),
+        Command::Plugins(a) => cli::plugins::run(a),
         Command::Launch(a) => match cli::launch::run(a) {
             Ok(code) => return std::process::ExitCode::from(code),
             Err(e) => Err(e),

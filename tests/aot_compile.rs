@@ -144,7 +144,7 @@ fn the_cuda_plugin_describes_the_catalog_gpus() {
     }
     let plugin = resolve_plugin(Some("cuda12")).unwrap().path;
     for target in [GpuTarget::H100Sxm, GpuTarget::H200] {
-        let text = target_config::gpu_target_config(&plugin, target).unwrap();
+        let text = target_config::gpu_target_config(&plugin, target, None).unwrap().text;
         assert!(text.contains(&format!("device_memory_size: {}\n", target.memory_bytes())), "{text}");
         assert!(text.contains(&format!("device_description_str: \"{}\"", target.device_kind())), "{text}");
     }

@@ -415,43 +415,14 @@ fn hostile_bytes_leave_the_coordinator_serving() {
 
 #[test]
 fn sixteen_clients_times_1000_key_value_operations_lose_nothing() {
+    use crate::common::key_value_load::{connect_all, run, OPS};
     const CLIENTS: usize = 16;
-    const OPS: usize = 1000;
     let coordinator = start(CLIENTS);
     let clients: Vec<Arc<CoordinationClient>> = (0..CLIENTS)
         .map(|r| Arc::new(CoordinationClient::new(options(&coordinator, r as i32, CLIENTS), recorder().0).unwrap()))
         .collect();
-    let threads: Vec<_> = clients.iter().cloned().map(|c| std::thread::spawn(move || c.connect().unwrap())).collect();
-    threads.into_iter().for_each(|t| {
-        t.join().unwrap();
-    });
-    let start = Instant::now();
-    let threads: Vec<_> = clients
-        .iter()
-        .cloned()
-        .enumerate()
-        .map(|(r, c)| {
-            std::thread::spawn(move || {
-                // Per client: 500 sets, 250 reads of its own keys, 249 blocking gets of the next
-                // client's keys, and 1 counter increment: 1000 operations.
-                for i in 0..OPS / 2 {
-                    c.key_value_set(&format!("stress/{r}/{i}"), format!("{r}:{i}").as_bytes(), false).unwrap();
-                }
-                for i in 0..OPS / 4 {
-                    let v = c.key_value_try_get(&format!("stress/{r}/{}", 2 * i)).unwrap();
-                    assert_eq!(v.as_deref(), Some(format!("{r}:{}", 2 * i).as_bytes()));
-                }
-                let next = (r + 1) % CLIENTS;
-                for i in 0..OPS / 4 - 1 {
-                    let v = c.blocking_key_value_get(&format!("stress/{next}/{i}"), Duration::from_secs(30)).unwrap();
-                    assert_eq!(v, format!("{next}:{i}").as_bytes());
-                }
-                c.key_value_increment("stress_count", 1).unwrap();
-            })
-        })
-        .collect();
-    threads.into_iter().for_each(|t| t.join().unwrap());
-    let seconds = start.elapsed().as_secs_f64();
+    connect_all(&clients);
+    let seconds = run(&clients, "stress").as_secs_f64();
     let entries = clients[0].key_value_dir_get("stress").unwrap();
     assert_eq!(entries.len(), CLIENTS * OPS / 2);
     for (key, value) in &entries {

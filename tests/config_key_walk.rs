@@ -162,6 +162,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("decode_seed", Runtime("maxrs decode's sampling key")),
     ("compiled_trainstep_file", Runtime("saves (train-compile) or loads (train) the compiled step")),
     ("compile_topology", Runtime("train-compile's target")),
+    ("gpu_target_config", Runtime("train-compile: the GPU description the CUDA plugin compiles against")),
     ("compile_topology_num_slices", Runtime("train-compile's number of slices")),
     ("hardware", Refused("tpu_multislice")),
     ("plugin", Refused("nosuchplugin")),

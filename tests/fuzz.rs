@@ -154,6 +154,7 @@ fn sample_header() -> ArtifactHeader {
         maxrs_version: "0.1.0".into(),
         plugin: "pjrt_c_api_cpu_plugin.so (1 bytes, PJRT API 0.81)".into(),
         platform_version: "cpu".into(),
+        plugin_build: None,
         topology: "1 host x 8 cpu".into(),
         num_devices: 8,
         config: [("per_device_batch_size".to_string(), "4".to_string())].into_iter().collect(),

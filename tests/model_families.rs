@@ -9,7 +9,7 @@
 use crate::common::family_ref::*;
 use maxrs::autodiff::value_and_grad;
 use maxrs::model::Model;
-use maxrs::tensor::{trace, Tree};
+use maxrs::tensor::trace;
 use ndarray::Array2;
 
 const SIZES: &[&str] = &[
@@ -39,17 +39,7 @@ fn scaled_err(got: &[f64], want: &Array2<f64>) -> f64 {
 fn check_forward(label: &str, m: &Model, spec: &Spec) -> RefOut {
     let p = random_params(spec, m, 1);
     let b = batch(m, 2);
-    let program = trace(&signature(m), |_ctx, inp| {
-        let params = inp.subtree("params");
-        let fwd = m.forward(&params, inp, true);
-        let (loss, _) = m.loss(&params, inp, 0.0);
-        Tree::new()
-            .with("embeddings", fwd.embeddings)
-            .with("layers", fwd.layer_outputs.expect("layer outputs"))
-            .with("logits", fwd.logits)
-            .with("loss", loss)
-    })
-    .expect("the model traces");
+    let program = crate::common::llama_ref::forward_program(m, 0.0);
     let out = crate::common::run(&program, &inputs(m, &p, &b));
     let want = reference(spec, m, &p, &b);
     let tol = 1e-4;

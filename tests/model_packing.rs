@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::common::llama_ref::{self, random_params, rms_norm, scaled_err, RefParams};
+use crate::common::llama_ref::{self, random_params, scaled_err, RefParams};
 use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Signature};
 use maxrs::model::Model;
@@ -29,7 +29,7 @@ fn reference_document(c: &Model, p: &RefParams, tokens: &[i32]) -> Vec<Array2<f6
     }
     let mut outs = Vec::new();
     for l in &p.layers {
-        x = layer(c, l, &x);
+        x = llama_ref::layer_with(c, l, &x, attention);
         outs.push(x.clone());
     }
     outs
@@ -73,15 +73,6 @@ fn attention(c: &Model, l: &BTreeMap<&str, Array2<f64>>, h: &Array2<f64>) -> Arr
         }
     }
     out.dot(&l["self_attention.out.kernel"])
-}
-
-fn layer(c: &Model, l: &BTreeMap<&str, Array2<f64>>, x: &Array2<f64>) -> Array2<f64> {
-    let h = rms_norm(x, &l["pre_self_attention_layer_norm.scale"], c.config.eps);
-    let x = x + &attention(c, l, &h);
-    let h = rms_norm(&x, &l["post_self_attention_layer_norm.scale"], c.config.eps);
-    let gate = h.dot(&l["mlp.wi_0.kernel"]).mapv(|g| g / (1.0 + (-g).exp()));
-    let up = h.dot(&l["mlp.wi_1.kernel"]);
-    &x + &(gate * up).dot(&l["mlp.wo.kernel"])
 }
 
 /// The packed rows: tokens, segment ids (1, 2 per row; 0 on padding), positions (restarting at 0

@@ -15,17 +15,7 @@ fn check_forward(scan_layers: bool, extra: &[&str], z: f64) {
     let c = config(scan_layers, extra);
     let p = random_params(&c, 1);
     let b = batch(&c, 2);
-    let program = trace(&signature(&c), |_ctx, inp| {
-        let params = inp.subtree("params");
-        let fwd = c.forward(&params, inp, true);
-        let (loss, _) = c.loss(&params, inp, z);
-        Tree::new()
-            .with("embeddings", fwd.embeddings)
-            .with("layers", fwd.layer_outputs.expect("layer outputs"))
-            .with("logits", fwd.logits)
-            .with("loss", loss)
-    })
-    .expect("the model traces");
+    let program = crate::common::llama_ref::forward_program(&c, z);
     let out = crate::common::run(&program, &inputs(&c, &p, &b));
     let want = reference(&c, &p, &b.tokens, &b.targets, &b.seg, z);
     let tol = 1e-4;

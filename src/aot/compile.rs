@@ -5,6 +5,7 @@
 //! them with the SPMD options the target needs.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::Once;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -14,6 +15,7 @@ use super::target_config::gpu_target_config;
 use super::topology::{OptionValue, Platform, Topology, TopologyArgs};
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
+use crate::pjrt::gpu_memory::{GpuAllocator, GpuBudget};
 use crate::pjrt::provision::{cuda_toolchain_dir, CudaMajor, PluginName, ResolvedPlugin};
 use crate::pjrt::xla_flags::XlaFlags;
 use crate::pjrt::{self, Client, CompileOptions, Executable, LoadedExecutable, Plugin, TopologyDevice, Value};
@@ -42,6 +44,8 @@ pub struct CompileTarget {
     xla_overrides: Vec<(String, String)>,
     /// GPU without `XLA_FLAGS` naming [`CUB_RADIX_SORT`]: programs with a sort turn it off.
     disable_cub_sort: bool,
+    /// GPU: where the device description came from (`target_config::TargetDescription`).
+    gpu_description: Option<String>,
 }
 
 enum Backend {
@@ -56,6 +60,16 @@ impl CompileTarget {
     /// e.g. `cuda12` for GPU targets), downloading the plugin and, for GPUs, the CUDA compile
     /// toolchain on first use.
     pub fn new(topology: &Topology, plugin: Option<&str>) -> Result<CompileTarget> {
+        Self::with_gpu_description(topology, plugin, None)
+    }
+
+    /// [`CompileTarget::new`], with the GPU description read from `gpu_target_config` when given
+    /// (see `target_config`).
+    pub fn with_gpu_description(
+        topology: &Topology,
+        plugin: Option<&str>,
+        description_file: Option<&Path>,
+    ) -> Result<CompileTarget> {
         let spec = plugin.unwrap_or(topology.plugin.as_str());
         check_plugin(topology, spec)?;
         if topology.platform == Platform::Tpu {
@@ -64,6 +78,7 @@ impl CompileTarget {
         let (resolved, plugin) = pjrt::load_plugin(Some(spec))?;
         let mut xla_overrides = Vec::new();
         let mut disable_cub_sort = false;
+        let mut gpu_description = None;
         let backend = match &topology.args {
             TopologyArgs::Cpu { device_count } => {
                 let options = [("cpu_device_count".to_string(), Value::I64((*device_count).into()))];
@@ -76,11 +91,23 @@ impl CompileTarget {
                     xla_overrides.push((CUDA_DATA_DIR.to_string(), toolchain.display().to_string()));
                 }
                 disable_cub_sort = flags.get(CUB_RADIX_SORT).is_none();
+                let description = gpu_target_config(plugin.path(), *target, description_file)?;
                 let options = [
                     ("topology".to_string(), Value::Str(shape.clone())),
-                    ("target_config".to_string(), Value::Str(gpu_target_config(plugin.path(), *target)?.to_string())),
+                    ("target_config".to_string(), Value::Str(description.text.to_string())),
                 ];
-                Backend::Deviceless(pjrt::Topology::create(&plugin, &topology.name, &options)?)
+                let created = pjrt::Topology::create(&plugin, &topology.name, &options).map_err(|e| {
+                    anyhow!(
+                        "the CUDA plugin {} cannot use the description of {} from {}: {}; name one it reads with \
+                         gpu_target_config=FILE",
+                        resolved.path.display(),
+                        target.device_kind(),
+                        description.source,
+                        e.to_string().lines().next().unwrap_or_default()
+                    )
+                })?;
+                gpu_description = Some(description.source);
+                Backend::Deviceless(created)
             }
             TopologyArgs::Tpu { name, options } => {
                 let options: Vec<(String, Value)> =
@@ -118,7 +145,13 @@ impl CompileTarget {
             memory_bytes_per_device: limits.min().or(topology.memory_bytes_per_device),
             xla_overrides,
             disable_cub_sort,
+            gpu_description,
         })
+    }
+
+    /// GPU targets: where the device description came from.
+    pub fn gpu_description(&self) -> Option<&str> {
+        self.gpu_description.as_deref()
     }
 
     pub fn topology(&self) -> &Topology {
@@ -235,11 +268,27 @@ impl CompileTarget {
         compiled.with_context(|| format!("compiling for part of topology `{}`", self.topology.name))
     }
 
+    /// On a GPU target, what XLA's allocator will let a run use of each device, under the
+    /// allocator variables of this environment (the run's must be the same: train-compile's
+    /// verdict says so when it matters).
+    pub fn gpu_budget(&self) -> Result<Option<GpuBudget>> {
+        match (self.topology.platform, self.memory_bytes_per_device) {
+            (Platform::Cuda, Some(device)) => Ok(Some(GpuBudget::planned(GpuAllocator::from_env()?, device))),
+            _ => Ok(None),
+        }
+    }
+
+    /// The memory one device's program may use: the GPU budget's, else the device's.
+    pub fn usable_bytes_per_device(&self) -> Result<Option<u64>> {
+        Ok(self.gpu_budget()?.map(|b| b.usable_bytes).or(self.memory_bytes_per_device))
+    }
+
     /// The per-device memory of `executable` against this target's device memory.
     pub fn memory_report(&self, executable: &Executable) -> Result<MemoryReport> {
         Ok(MemoryReport {
             stats: executable.compiled_memory_stats()?,
             capacity: self.memory_bytes_per_device,
+            budget: self.gpu_budget()?,
             device: format!("{} ({})", self.topology.name, self.topology.device_kind),
         })
     }

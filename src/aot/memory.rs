@@ -7,28 +7,31 @@
 //! generated code is added here because it is loaded into the same device memory (it is small
 //! next to the rest). Outputs that alias donated arguments reuse those buffers, hence the
 //! subtraction.
+//!
+//! On a GPU the program does not get the whole device: XLA's allocator may hand out the
+//! device's memory x the memory fraction JAX's variables set (`pjrt::gpu_memory`), so a CUDA
+//! target is judged against that budget, and a shortfall names the variable that gives more.
 
 use std::fmt;
 
 use anyhow::{bail, Result};
 use indicatif::HumanBytes;
 
+use crate::config::MEMORY_REMEDIES as REMEDIES;
+use crate::pjrt::gpu_memory::GpuBudget;
 use crate::pjrt::CompiledMemoryStats;
-
-/// The configuration keys that lower per-device memory, with how.
-const REMEDIES: &str = "lower per_device_batch_size or max_target_length, recompute more in the backward pass \
-                        (remat_policy=full), shard the weights over more devices (ici_fsdp_parallelism, or \
-                        dcn_fsdp_parallelism across hosts/slices instead of dcn_data_parallelism), or keep \
-                        the weights in half precision (weight_dtype=bfloat16)";
 
 const ALIASED: &str = "outputs written into donated arguments";
 
 /// A compiled program's memory on one device, and the device's capacity.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MemoryReport {
     pub stats: CompiledMemoryStats,
     /// Memory of one device; `None` where it is not known (CPU devices share host memory).
     pub capacity: Option<u64>,
+    /// GPU targets: the part of `capacity` XLA's allocator may use under this environment's
+    /// settings, which the program is judged against.
+    pub budget: Option<GpuBudget>,
     /// What the devices are, for messages (`a3mega-2 (NVIDIA H100 80GB HBM3)`).
     pub device: String,
 }
@@ -39,10 +42,14 @@ impl MemoryReport {
         self.stats.total_bytes().max(0) as u64
     }
 
-    /// An error when the program needs more than a device has, naming both sizes and the keys
-    /// that reduce the need. Nothing to check where the capacity is unknown.
+    /// An error when the program needs more than a device has (on a GPU: more than the
+    /// allocator may use), naming both sizes and the keys that reduce the need (on a GPU also
+    /// the variable that gives more). Nothing to check where the capacity is unknown.
     pub fn check(&self) -> Result<()> {
         let needed = self.needed_bytes();
+        if let Some(short) = self.budget.as_ref().and_then(|b| b.shortfall(needed)) {
+            bail!("out of memory: the compiled program {short}.\n{self}\nTo fit, {REMEDIES}.");
+        }
         match self.capacity {
             Some(capacity) if needed > capacity => bail!(
                 "out of memory: the compiled program needs {} ({needed} bytes) per device, but each device of {} \
@@ -78,6 +85,16 @@ impl fmt::Display for MemoryReport {
             let share = 100.0 * needed as f64 / capacity as f64;
             write!(f, "  of {} ({share:.1}%)", HumanBytes(capacity))?;
         }
+        if let Some(budget) = &self.budget {
+            let share = 100.0 * needed as f64 / budget.usable_bytes.max(1) as f64;
+            write!(
+                f,
+                "\n  {:<15} {:>12}  ({share:.1}% of it needed): {}",
+                "usable",
+                HumanBytes(budget.usable_bytes).to_string(),
+                budget.allocator
+            )?;
+        }
         Ok(())
     }
 }
@@ -99,6 +116,7 @@ mod tests {
                 peak_bytes: 0,
             },
             capacity,
+            budget: None,
             device: "a3mega-2 (NVIDIA H100 80GB HBM3)".into(),
         }
     }
@@ -134,5 +152,27 @@ mod tests {
         }
         assert!(table.contains("-19.00 GiB") && !table.contains(" of "), "{table}");
         assert!(report(30 * GIB, Some(102 * GIB as u64)).to_string().contains("of 102.00 GiB (50.0%)"));
+    }
+
+    /// The issue's seed recipe: 59.45 GiB needed on an H100 of 79.11 GiB "fits" the device, but
+    /// XLA's allocator gives 75% of it by default (59.33 GiB).
+    #[test]
+    fn a_gpu_step_is_judged_against_the_allocators_share_and_names_the_variable() {
+        use crate::pjrt::gpu_memory::{GpuAllocator, GpuBudget};
+        let h100: u64 = 84_942_979_072; // the plugin's H100 description: 79.11 GiB
+        let needed = (59.45 * GIB as f64) as i64;
+        let mut r = report(needed - (21 * GIB + (1 << 20)), Some(h100));
+        assert_eq!(r.needed_bytes(), needed as u64);
+        r.budget = Some(GpuBudget::planned(GpuAllocator::default(), h100));
+        let err = r.check().unwrap_err().to_string();
+        assert!(err.contains("needs 59.45 GiB") && err.contains("may use 59.33 GiB"), "{err}");
+        // 59.45 / 79.11 = 0.7515: the next hundredth.
+        assert!(err.contains("Set XLA_PYTHON_CLIENT_MEM_FRACTION=0.76 "), "{err}");
+        assert!(err.contains("usable") && err.contains("per_device_batch_size"), "{err}");
+        let allocator =
+            GpuAllocator::from_lookup(|v| Ok((v == "XLA_PYTHON_CLIENT_MEM_FRACTION").then(|| "0.76".into())));
+        r.budget = Some(GpuBudget::planned(allocator.unwrap(), h100));
+        r.check().unwrap();
+        assert!(r.to_string().contains("memory fraction 0.76 (XLA_PYTHON_CLIENT_MEM_FRACTION)"), "{r}");
     }
 }

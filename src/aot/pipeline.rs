@@ -51,7 +51,7 @@ pub fn train_compile(
     let memory = PipelineMemory {
         schedule: schedule.name.clone(),
         stages,
-        capacity: target.memory_bytes_per_device(),
+        capacity: target.usable_bytes_per_device()?,
         device: format!("{} ({})", target.topology().name, target.topology().device_kind),
     };
     memory.check()?;
@@ -69,6 +69,7 @@ pub fn train_compile(
             num_devices: target.num_devices(),
             plugin: artifact::plugin_identity(&plugin),
             platform_version: target.platform_version().to_string(),
+            build: target.plugin().build(),
         };
         let mut h = header(c, step, schedule, &lowered, &lengths, platform);
         h.device_ids_per_host = target.granules().to_vec();

@@ -1,18 +1,20 @@
 //! The GPU description a CUDA plugin compiles against when no GPU is attached: the text of an
-//! XLA `stream_executor.GpuTargetConfigProto` (its `target_config` topology option). XLA embeds
-//! one such text per GPU model in the plugin library, so maxrs reads it from the very plugin
-//! file that compiles with it: the description always matches that plugin build, and nothing
-//! has to be shipped or downloaded beside the plugin.
+//! XLA `stream_executor.GpuTargetConfigProto` (its `target_config` topology option), from, in
+//! order: the file `gpu_target_config=FILE` names; the plugin file itself (XLA embeds one text
+//! per GPU model in the plugin library, so it matches that build); maxrs's own copy
+//! (`gpu_targets/*.txtpb`, read out of the pinned plugin and labelled with its version), for
+//! plugin builds that embed none (jax-cuda13-pjrt 0.11.2 embeds none).
 //!
-//! In the file each text is a NUL-terminated string that starts with OpenXLA's license comment,
-//! holds a `gpu_device_info { ... }` block, and names the model in `device_description_str`.
+//! In the plugin each text is a NUL-terminated string that starts with OpenXLA's license
+//! comment, holds a `gpu_device_info { ... }` block, and names the model in
+//! `device_description_str`.
 
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use memchr::memmem;
 
 use super::topology::GpuTarget;
@@ -23,30 +25,71 @@ const CHUNK: usize = 8 << 20;
 /// chunk are kept for the next, so a text across a chunk edge is seen whole in the next window.
 const MAX_TEXT: usize = 64 << 10;
 
-/// The text of `target`'s config in the CUDA plugin at `plugin`. Scanning takes about a second,
-/// so results are kept for the process, per plugin file and target.
-pub fn gpu_target_config(plugin: &Path, target: GpuTarget) -> Result<Arc<str>> {
+/// The plugin build maxrs's copies were read from (jax-cuda12-pjrt of the same version holds
+/// the same texts).
+pub const BUNDLED_FROM: &str = "jax-cuda13-pjrt 0.12.0.1";
+
+/// maxrs's copy of `target`'s description.
+fn bundled(target: GpuTarget) -> &'static str {
+    match target {
+        GpuTarget::H100Sxm => include_str!("gpu_targets/h100-sxm.txtpb"),
+        GpuTarget::H200 => include_str!("gpu_targets/h200.txtpb"),
+    }
+}
+
+/// A GPU description and where it came from (for the start-up line and errors).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetDescription {
+    pub text: Arc<str>,
+    pub source: String,
+}
+
+/// `target`'s description for the CUDA plugin at `plugin`: from `file` when given, else the
+/// plugin's own, else maxrs's copy. Scanning the plugin takes about a second, so results are
+/// kept for the process, per plugin file and target.
+pub fn gpu_target_config(plugin: &Path, target: GpuTarget, file: Option<&Path>) -> Result<TargetDescription> {
+    if let Some(file) = file {
+        let text = crate::input::read_to_string("gpu_target_config", file, crate::input::SETTINGS)?;
+        check_describes(&text, target)
+            .map_err(|problem| anyhow!("gpu_target_config={:?} {problem}", file.display().to_string()))?;
+        return Ok(TargetDescription { text: text.into(), source: format!("the file {}", file.display()) });
+    }
     type Key = (PathBuf, &'static str);
-    static MEMO: OnceLock<Mutex<HashMap<Key, Arc<str>>>> = OnceLock::new();
+    static MEMO: OnceLock<Mutex<HashMap<Key, TargetDescription>>> = OnceLock::new();
     let key = (plugin.to_path_buf(), target.xla_name());
     let memo = MEMO.get_or_init(Default::default);
-    if let Some(text) = memo.lock().expect("target config memo poisoned").get(&key) {
-        return Ok(text.clone());
+    if let Some(found) = memo.lock().expect("target config memo poisoned").get(&key) {
+        return Ok(found.clone());
     }
     let needle = format!("device_description_str: \"{}\"", target.device_kind());
-    let text: Arc<str> = match find_text(plugin, needle.as_bytes())? {
-        Some(text) => text.into(),
-        None => bail!(
-            "the CUDA plugin {} has no GPU target config for {} (no `{needle}` in the file), so it cannot \
-             compile for `{}` without that GPU; use the pinned plugin (`cuda12` or `cuda13`), whose XLA \
-             ships it",
-            plugin.display(),
-            target.device_kind(),
-            target.xla_name(),
-        ),
+    let found = match find_text(plugin, needle.as_bytes())? {
+        Some(text) => TargetDescription { text: text.into(), source: "the plugin file".to_string() },
+        None => TargetDescription {
+            text: bundled(target).into(),
+            source: format!("maxrs's copy from {BUNDLED_FROM} (this plugin build embeds none)"),
+        },
     };
-    memo.lock().expect("target config memo poisoned").insert(key, text.clone());
-    Ok(text)
+    memo.lock().expect("target config memo poisoned").insert(key, found.clone());
+    Ok(found)
+}
+
+/// Why `text` is not a description of `target`, if it is not.
+fn check_describes(text: &str, target: GpuTarget) -> std::result::Result<(), String> {
+    if !text.contains("gpu_device_info") {
+        return Err("is not an XLA GpuTargetConfigProto text (no `gpu_device_info` block); give one such as \
+                    src/aot/gpu_targets/h100-sxm.txtpb"
+            .to_string());
+    }
+    let named = text.lines().find_map(|l| l.trim().strip_prefix("device_description_str:")).map(str::trim);
+    let wanted = format!("\"{}\"", target.device_kind());
+    match named {
+        Some(named) if named == wanted => Ok(()),
+        named => Err(format!(
+            "describes {}, but the topology's GPU is {wanted}; give a description of that GPU, or leave \
+             gpu_target_config unset",
+            named.unwrap_or("no device (no device_description_str)")
+        )),
+    }
 }
 
 /// Scans `path` for the NUL-delimited config text containing `needle`.
@@ -115,10 +158,37 @@ mod tests {
     }
 
     #[test]
-    fn a_plugin_without_the_target_is_an_error_naming_the_file() {
+    fn a_plugin_without_the_target_gets_maxrss_copy_and_a_file_wins() {
+        // A "plugin" that embeds the H100's description only.
+        let plugin = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(plugin.path(), format!("\0{}\0", config("NVIDIA H100 80GB HBM3"))).unwrap();
+        let h200 = gpu_target_config(plugin.path(), GpuTarget::H200, None).unwrap();
+        assert_eq!(&*h200.text, bundled(GpuTarget::H200));
+        assert!(h200.source.contains("jax-cuda13-pjrt 0.12.0.1"), "{}", h200.source);
+        let h100 = gpu_target_config(plugin.path(), GpuTarget::H100Sxm, None).unwrap();
+        assert_eq!((&*h100.text, h100.source.as_str()), (config("NVIDIA H100 80GB HBM3").as_str(), "the plugin file"));
+        // A named file is used as is, for the GPU it describes only.
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), config("NVIDIA H100 80GB HBM3")).unwrap();
-        let err = gpu_target_config(file.path(), GpuTarget::H200).unwrap_err().to_string();
-        assert!(err.contains(&file.path().display().to_string()) && err.contains("NVIDIA H200 141GB HBM3e"), "{err}");
+        let given = gpu_target_config(Path::new("/nonexistent"), GpuTarget::H100Sxm, Some(file.path())).unwrap();
+        assert!(given.source.contains(&file.path().display().to_string()));
+        let err = gpu_target_config(Path::new("/x"), GpuTarget::H200, Some(file.path())).unwrap_err().to_string();
+        assert!(
+            err.contains("describes \"NVIDIA H100 80GB HBM3\", but the topology's GPU is \"NVIDIA H200 141GB HBM3e\""),
+            "{err}"
+        );
+        std::fs::write(file.path(), "name: \"x\"").unwrap();
+        let err = gpu_target_config(Path::new("/x"), GpuTarget::H200, Some(file.path())).unwrap_err().to_string();
+        assert!(err.contains("is not an XLA GpuTargetConfigProto text") && !err.contains('\n'), "{err}");
+    }
+
+    /// maxrs's copies are what the pinned plugin embeds, with the device the catalog names.
+    #[test]
+    fn the_bundled_copies_describe_the_catalog_gpus() {
+        for target in [GpuTarget::H100Sxm, GpuTarget::H200] {
+            check_describes(bundled(target), target).unwrap();
+            let memory = format!("device_memory_size: {}\n", target.memory_bytes());
+            assert!(bundled(target).contains(&memory), "{target:?}");
+        }
     }
 }

@@ -14,6 +14,7 @@ use super::topology::{self, Platform, Topology};
 use crate::config::{self, escape, Config, Hardware, Resolved, Source};
 use crate::lower::to_stablehlo;
 use crate::model::attention::describe;
+use crate::pjrt::gpu_memory::GpuAllocator;
 use crate::pjrt::Plugin;
 use crate::runtime::artifact;
 use crate::train::pipeline::{aot::PipelineMemory, PipelineStep, Schedule};
@@ -74,6 +75,10 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     let (hardware, plugin) = target_settings(c, &target_kind);
     check_plugin(&target_kind, &plugin)?;
     let c = &Config { hardware, plugin, ..c.clone() };
+    if target_kind.platform == Platform::Cuda {
+        // The run's allocator settings decide what fits: a bad one is refused before the compile.
+        GpuAllocator::from_env()?;
+    }
     // Before any download or compile: the keys on their own, and the files read and written.
     config::check(c)?;
     crate::output::check_paths(c, crate::output::Command::TrainCompile)?;
@@ -82,7 +87,11 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     let t = Instant::now();
     let topology = topology::lookup(&c.compile_topology, slices)?;
     crate::pjrt::xla_flags::apply_flags_file(&c.xla_flags_file, topology.num_hosts())?;
-    let target = CompileTarget::new(&topology, Some(&c.plugin))?;
+    let description = (!c.gpu_target_config.is_empty()).then(|| Path::new(&c.gpu_target_config));
+    let target = CompileTarget::with_gpu_description(&topology, Some(&c.plugin), description)?;
+    if let Some(source) = target.gpu_description() {
+        println!("GPU description ({}): {source}", topology.device_kind);
+    }
     let setup_seconds = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let derived = config::validate(c, target.num_devices(), target.granules().len())?;
@@ -145,6 +154,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
                 num_devices: target.num_devices(),
                 plugin: artifact::plugin_identity(&plugin),
                 platform_version: target.platform_version().to_string(),
+                build: target.plugin().build(),
             },
         );
         header.device_ids_per_host = target.granules().to_vec();

@@ -1,8 +1,10 @@
-//! `maxrs devices`: which plugin maxrs loads, what platform it is, and the devices it sees.
+//! `maxrs devices`: which plugin maxrs loads, what platform it is, and the devices it sees (on
+//! GPUs with the memory JAX's allocator variables leave usable).
 
 use anyhow::{bail, Context, Result};
+use maxrs::pjrt::gpu_memory;
 use maxrs::pjrt::provision::choose_plugin;
-use maxrs::pjrt::{self, Client, Value};
+use maxrs::pjrt::{self, Value};
 
 #[derive(clap::Args)]
 pub struct DevicesArgs {
@@ -34,7 +36,8 @@ pub fn run(args: DevicesArgs) -> Result<()> {
     }
     let choice = choose_plugin(args.plugin.as_deref(), plugin_key.as_deref())?;
     let (resolved, plugin) = pjrt::load_chosen_plugin(&choice)?;
-    let client = Client::create(&plugin, &create_options, None)?;
+    // A CUDA client gets the allocator JAX's variables set, as `maxrs train` does.
+    let client = gpu_memory::create_client(&plugin, create_options, None)?;
 
     let origin = match (&resolved.package, &resolved.version) {
         (Some(package), Some(version)) => format!(" ({package} {version}, from {})", resolved.source),
@@ -57,6 +60,9 @@ pub fn run(args: DevicesArgs) -> Result<()> {
             None => "-".to_string(),
         };
         println!("  {:>4}  {:<24} {:>7}  {:>12}", device.id, device.kind, device.process_index, memory);
+    }
+    if let Some(line) = gpu_memory::describe_client(&client)? {
+        println!("{line}");
     }
     Ok(())
 }

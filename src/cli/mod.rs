@@ -7,6 +7,7 @@ pub mod coordinator;
 pub mod decode;
 pub mod devices;
 pub mod launch;
+pub mod plugins;
 pub mod submit;
 pub mod tokenize;
 pub mod topologies;
@@ -81,6 +82,29 @@ pub fn parse_key_values(args: &[String]) -> Result<Vec<(String, String)>> {
             _ => bail!("expected key=value, got {arg:?}"),
         })
         .collect()
+}
+
+/// The config part of the `train` and `train-compile` command lines.
+#[derive(clap::Args)]
+pub struct ConfigArgs {
+    /// Print every resolved config key, its value and where it came from, and exit.
+    #[arg(long)]
+    pub print_config: bool,
+    /// A config file (MaxText's configs/base.yml convention; default: the built-in base.yml),
+    /// then key=value overrides.
+    #[arg(value_name = "CONFIG | key=value")]
+    pub args: Vec<String>,
+}
+
+impl ConfigArgs {
+    /// With `--print-config`: prints the resolved config (unless `-v` already did) and says the
+    /// command is done.
+    pub fn printed(&self, resolved: &Resolved) -> bool {
+        if self.print_config && verbosity() == 0 {
+            println!("{}", resolved.listing());
+        }
+        self.print_config
+    }
 }
 
 /// Loads a `train`/`train-compile` command line (config file, `key=value`), applies the plugin

@@ -10,26 +10,22 @@ pub struct TrainArgs {
     /// Default: the plugin key if set, else $MAXRS_PJRT_PLUGIN, else cpu.
     #[arg(long)]
     plugin: Option<String>,
-    /// Print every resolved config key, its value and where it came from, and exit.
-    #[arg(long)]
-    print_config: bool,
-    /// A config file (MaxText's configs/base.yml convention; default: the built-in base.yml),
-    /// then key=value overrides.
-    #[arg(value_name = "CONFIG | key=value")]
-    args: Vec<String>,
+    #[command(flatten)]
+    config: super::ConfigArgs,
 }
 
 pub fn run(args: TrainArgs) -> Result<()> {
-    let resolved = super::resolve_config(&args.args, args.plugin.as_deref())?;
-    if args.print_config {
-        if super::verbosity() == 0 {
-            println!("{}", resolved.listing());
-        }
+    let resolved = super::resolve_config(&args.config.args, args.plugin.as_deref())?;
+    if args.config.printed(&resolved) {
         return Ok(());
     }
-    let c = resolved.config;
+    let mut c = resolved.config;
     // Every key on its own before anything starts (a huge cpu_device_count crashes the plugin).
     config::check(&c)?;
+    // A compiled step loads only into the plugin build that compiled it: that build's file.
+    if let Some(plugin) = maxrs::runtime::artifact::plugin_for_step(&c)? {
+        c.plugin = plugin.display().to_string();
+    }
     let interval =
         c.collect_stack_trace.then(|| std::time::Duration::from_secs(c.stack_trace_interval_seconds.max(1) as u64));
     cluster::diagnostics::install(c.slow_step_stack_trace_factor, interval);

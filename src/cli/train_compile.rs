@@ -17,16 +17,12 @@ pub struct TrainCompileArgs {
     /// the target's own: cuda12 for GPUs, tpu for TPUs).
     #[arg(long)]
     plugin: Option<String>,
-    /// Print every resolved config key, its value and where it came from, and exit.
-    #[arg(long)]
-    print_config: bool,
-    /// A config file (default: the built-in base.yml), then key=value overrides.
-    #[arg(value_name = "CONFIG | key=value")]
-    args: Vec<String>,
+    #[command(flatten)]
+    config: super::ConfigArgs,
 }
 
 pub fn run(a: TrainCompileArgs) -> Result<()> {
-    let mut args = a.args;
+    let mut args = a.config.args.clone();
     let default_slices = a.topology.is_some() && a.num_slices.is_none();
     for (flag, key, value) in [
         ("--topology", "compile_topology", a.topology),
@@ -43,10 +39,7 @@ pub fn run(a: TrainCompileArgs) -> Result<()> {
         args.push("compile_topology_num_slices=1".to_string());
     }
     let resolved = super::resolve_config_with(&args, a.plugin.as_deref(), aot::train_compile::apply_target)?;
-    if a.print_config {
-        if super::verbosity() == 0 {
-            println!("{}", resolved.listing());
-        }
+    if a.config.printed(&resolved) {
         return Ok(());
     }
     aot::train_compile::train_compile(&resolved.config)?;

@@ -96,6 +96,10 @@ macro_rules! path {
     };
 }
 
+/// A protobuf message the client can send or receive from any thread.
+trait WireMessage: Message + Send + Sync + 'static {}
+impl<T: Message + Send + Sync + 'static> WireMessage for T {}
+
 /// One unary call: metadata naming the job, a deadline both in the request (for the service)
 /// and around the call (for a service that does not answer at all).
 async fn unary<Req, Resp>(
@@ -106,8 +110,8 @@ async fn unary<Req, Resp>(
     timeout: Option<Duration>,
 ) -> Result<Resp, Status>
 where
-    Req: Message + Send + Sync + 'static,
-    Resp: Message + Default + Send + Sync + 'static,
+    Req: WireMessage,
+    Resp: WireMessage + Default,
 {
     let mut request = tonic::Request::new(message);
     let metadata = request.metadata_mut();
@@ -341,8 +345,8 @@ impl CoordinationClient {
         timeout: Option<Duration>,
     ) -> Result<Resp, Status>
     where
-        Req: Message + Send + Sync + 'static,
-        Resp: Message + Default + Send + Sync + 'static,
+        Req: WireMessage,
+        Resp: WireMessage + Default,
     {
         self.block_on(unary(self.grpc.clone(), &self.options, path, request, timeout))
     }

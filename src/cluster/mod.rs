@@ -44,6 +44,7 @@ pub use service::{Coordinator, ServiceConfig};
 pub use settings::ClusterSettings;
 
 use crate::config::Config;
+use crate::pjrt::gpu_memory;
 use crate::pjrt::{self, Value};
 
 /// The job name every maxrs process and coordinator of a run agree on.
@@ -154,7 +155,8 @@ impl Cluster {
 
     /// The PJRT client of `c.plugin` for this process: on GPU with several processes, with
     /// `node_id`/`num_nodes` and the coordinator's key-value store, through which the plugin
-    /// builds the global device list (its `devices()`) and exchanges NCCL ids.
+    /// builds the global device list (its `devices()`) and exchanges NCCL ids. A CUDA client gets
+    /// the allocator JAX's variables set, and its usable memory per GPU is printed.
     pub fn pjrt_client(&self, c: &Config) -> Result<pjrt::Client> {
         // Every key on its own first: a huge cpu_device_count would crash the plugin.
         crate::config::check(c)?;
@@ -190,8 +192,12 @@ impl Cluster {
         let client = {
             let _wait =
                 diagnostics::waiting_for("the PJRT client (devices of every process, via the key-value store)".into());
-            pjrt::Client::create(&plugin, &options, store)?
+            // A CUDA client's allocator follows JAX's variables (`XLA_PYTHON_CLIENT_MEM_FRACTION`, ...).
+            gpu_memory::create_client(&plugin, options, store)?
         };
+        if let Some(line) = gpu_memory::describe_client(&client)? {
+            println!("{line}");
+        }
         let local = client.addressable_devices()?.len();
         // A CPU plugin given by path takes cpu_device_count as the named one does.
         let n = c.cpu_device_count as usize;

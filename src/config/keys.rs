@@ -346,6 +346,8 @@ declare_keys! {
         compile_topology: String = "" => MaxText.program(),
         /// train-compile's number of slices; set to a positive number with compile_topology.
         compile_topology_num_slices: i64 = -1 => MaxText.program().range(int_or_fill(1, 1 << 12)),
+        /// train-compile for a GPU: an XLA GpuTargetConfigProto text describing the GPU (default: the plugin's own, else maxrs's copy).
+        gpu_target_config: String = "" => Maxrs.path(Ignores, Reads),
     }
 
     section "Hardware" {

@@ -33,5 +33,7 @@ pub use mesh::{Mesh, MeshAxis, MESH_AXES};
 pub use pipeline::PipelinePlan;
 pub use ranges::{range, Range};
 pub use rules::{axis_rules, logical_rules};
-pub use validate::{check, check_host_memory, parameter_scales, validate, validate_decode, Derived, PLUGINS};
+pub use validate::{
+    check, check_host_memory, parameter_scales, validate, validate_decode, Derived, MEMORY_REMEDIES, PLUGINS,
+};
 pub use value::{key_names, non_default_value};

@@ -97,6 +97,13 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
     rules::check(config)
 }
 
+/// The configuration keys that lower a train step's memory per device, with how (the advice of
+/// every out-of-memory verdict: `train-compile`'s and `maxrs train`'s).
+pub const MEMORY_REMEDIES: &str = "lower per_device_batch_size or max_target_length, recompute more in the backward \
+                                   pass (remat_policy=full), shard the weights over more devices \
+                                   (ici_fsdp_parallelism, or dcn_fsdp_parallelism across hosts/slices instead of \
+                                   dcn_data_parallelism), or keep the weights in half precision (weight_dtype=bfloat16)";
+
 /// Checks that this machine's memory (`host_bytes`) holds what a run keeps on the host: the
 /// global batch's five `int32` arrays and, when the devices are the host's own (`state_on_host`,
 /// the CPU plugin), the model's `num_params` parameters with their two AdamW moments. A run that

@@ -76,20 +76,12 @@ impl Emitter<'_> {
                 let size = e.element(sizes, &[group], &Type::new(DType::S32, [groups]));
                 let zero = e.scalar_i32(0);
                 let weight = e.element(rhs, &[group, zero, zero], rhs_ty);
-                let inner: [(Ssa, &Type); 6] = [
-                    (zero, &s32),
-                    (acc, &out_p_ty),
-                    (lhs_p, &lhs_p_ty),
-                    (weight, &weight_ty),
-                    (size, &s32),
-                    (start, &s32),
-                ];
-                let done = e.while_loop(
-                    &inner,
-                    |e, b| e.compare_i32("LT", b[0], b[4]),
-                    |e, b| {
-                        let (offset, acc, lhs_p, weight, size, start) = (b[0], b[1], b[2], b[3], b[4], b[5]);
-                        let row = e.add_i32(start, offset);
+                let done = e.group_tiles(
+                    tm,
+                    [(acc, &out_p_ty), (lhs_p, &lhs_p_ty), (weight, &weight_ty)],
+                    size,
+                    start,
+                    |e, row, left, [acc, lhs_p, weight]| {
                         let k = lhs.shape[1];
                         let x = e.rows(lhs_p, &lhs_p_ty, row, tm);
                         let x_ty = Type::new(lhs.dtype, [tm, k]);
@@ -102,22 +94,19 @@ impl Emitter<'_> {
                             TensorType(&y_ty)
                         ));
                         let old = e.rows(acc, &out_p_ty, row, tm);
-                        let left = e.sub_i32(size, offset);
                         let kept = e.select_rows(left, y, old, &y_ty);
                         let zero = e.scalar_i32(0);
-                        let updated = e.op(&format!(
+                        e.op(&format!(
                             "stablehlo.dynamic_update_slice {acc}, {kept}, {row}, {zero} : ({}, {}, {s}, {s}) -> {}",
                             TensorType(&out_p_ty),
                             TensorType(&y_ty),
                             TensorType(&out_p_ty),
                             s = TensorType(&s32)
-                        ));
-                        let tile = e.scalar_i32(tm);
-                        vec![e.add_i32(offset, tile), updated, lhs_p, weight, size, start]
+                        ))
                     },
                 );
                 let one = e.scalar_i32(1);
-                vec![e.add_i32(group, one), e.add_i32(start, size), done[1], lhs_p, rhs, sizes]
+                vec![e.add_i32(group, one), e.add_i32(start, size), done, lhs_p, rhs, sizes]
             },
         );
         self.op(&format!(
@@ -152,26 +141,16 @@ impl Emitter<'_> {
                 let (group, start, result, lhs_p, rhs_p, sizes) = (a[0], a[1], a[2], a[3], a[4], a[5]);
                 let size = e.element(sizes, &[group], &Type::new(DType::S32, [groups]));
                 let acc0 = e.constant(&acc_ty, &Literal::Splat(0.0));
-                let zero = e.scalar_i32(0);
-                let inner: [(Ssa, &Type); 6] = [
-                    (zero, &s32),
-                    (acc0, &acc_ty),
-                    (lhs_p, &lhs_p_ty),
-                    (rhs_p, &rhs_p_ty),
-                    (size, &s32),
-                    (start, &s32),
-                ];
-                let done = e.while_loop(
-                    &inner,
-                    |e, b| e.compare_i32("LT", b[0], b[4]),
-                    |e, b| {
-                        let (offset, acc, lhs_p, rhs_p, size, start) = (b[0], b[1], b[2], b[3], b[4], b[5]);
-                        let row = e.add_i32(start, offset);
+                let done = e.group_tiles(
+                    tm,
+                    [(acc0, &acc_ty), (lhs_p, &lhs_p_ty), (rhs_p, &rhs_p_ty)],
+                    size,
+                    start,
+                    |e, row, left, [acc, lhs_p, rhs_p]| {
                         let x_ty = Type::new(lhs.dtype, [tm, k]);
                         let y_ty = Type::new(rhs.dtype, [tm, n]);
                         let x = e.rows(lhs_p, &lhs_p_ty, row, tm);
                         let y = e.rows(rhs_p, &rhs_p_ty, row, tm);
-                        let left = e.sub_i32(size, offset);
                         let zeros = e.constant(&x_ty, &Literal::Splat(0.0));
                         let x = e.select_rows(left, x, zeros, &x_ty);
                         let prod_ty = Type::new(out.dtype, [k, n]);
@@ -188,13 +167,11 @@ impl Emitter<'_> {
                                 TensorType(&acc_ty)
                             ));
                         }
-                        let summed = e.op(&format!("stablehlo.add {acc}, {prod} : {}", TensorType(&acc_ty)));
-                        let tile = e.scalar_i32(tm);
-                        vec![e.add_i32(offset, tile), summed, lhs_p, rhs_p, size, start]
+                        e.op(&format!("stablehlo.add {acc}, {prod} : {}", TensorType(&acc_ty)))
                     },
                 );
                 let block_ty = Type::new(out.dtype, [1, k, n]);
-                let mut acc = done[1];
+                let mut acc = done;
                 if acc_ty.dtype != out.dtype {
                     acc = e.op(&format!(
                         "stablehlo.convert {acc} : ({}) -> {}",
@@ -220,6 +197,36 @@ impl Emitter<'_> {
             },
         );
         results[2]
+    }
+
+    /// The loop over one group's rows in tiles of `tm`: `offset` = 0, tm, ... while `offset <
+    /// size`. `body(e, row, left, [acc, a, b])` gives the next `acc` from the tile at `row` =
+    /// `start + offset`, whose first `left` = `size - offset` rows are the group's (`a` and `b`
+    /// ride along unchanged). Returns the final `acc`.
+    fn group_tiles(
+        &mut self,
+        tm: i64,
+        [acc, a, b]: [(Ssa, &Type); 3],
+        size: Ssa,
+        start: Ssa,
+        body: impl FnOnce(&mut Self, Ssa, Ssa, [Ssa; 3]) -> Ssa,
+    ) -> Ssa {
+        let s32 = Type::scalar(DType::S32);
+        let zero = self.scalar_i32(0);
+        let carried: [(Ssa, &Type); 6] = [(zero, &s32), acc, a, b, (size, &s32), (start, &s32)];
+        let done = self.while_loop(
+            &carried,
+            |e, v| e.compare_i32("LT", v[0], v[4]),
+            |e, v| {
+                let (offset, size, start) = (v[0], v[4], v[5]);
+                let row = e.add_i32(start, offset);
+                let left = e.sub_i32(size, offset);
+                let next = body(e, row, left, [v[1], v[2], v[3]]);
+                let tile = e.scalar_i32(tm);
+                vec![e.add_i32(offset, tile), next, v[2], v[3], size, start]
+            },
+        );
+        done[1]
     }
 
     /// A `stablehlo.while` over `carried` (initial value, type); `cond` and `body` see the

@@ -12,7 +12,7 @@
 //! them); different XLA flags are a warning, because the flags were baked in at compile time.
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -24,9 +24,18 @@ use crate::config::Config;
 use crate::files;
 use crate::ir::Program;
 use crate::model::Model;
+use crate::pjrt::provision::Build;
 use crate::pjrt::Plugin;
 
+mod plugin;
+
+pub use plugin::plugin_for_step;
+
 const MAGIC: &[u8; 8] = b"MAXRSAOT";
+const NOT_AOT: &str = "not a maxrs compiled train step (no MAXRSAOT header); make one with `maxrs train-compile`";
+const RECOMPILE: &str = "recompile it with `maxrs train-compile` and the same settings";
+/// Far more than any header (a few hundred KB for the largest models' argument lists).
+const MAX_HEADER: u64 = 64 << 20;
 
 /// One argument of the compiled step: its name in the parameter tree, element type, global
 /// shape and sharding.
@@ -46,6 +55,10 @@ pub struct ArtifactHeader {
     pub plugin: String,
     /// The platform version the plugin reports (part of the build identity).
     pub platform_version: String,
+    /// The plugin's package and version when known: `maxrs train` loads exactly this build
+    /// (`artifact::plugin`). Absent in files from before it, and for a plugin file of unknown origin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_build: Option<Build>,
     pub topology: String,
     pub num_devices: usize,
     /// Configuration values that change the compiled program (`per_device_batch_size`, ...).
@@ -203,6 +216,8 @@ pub struct Platform {
     pub plugin: String,
     /// The platform version the plugin reports.
     pub platform_version: String,
+    /// The plugin's package and version, when known (the compiling side records it).
+    pub build: Option<Build>,
 }
 
 /// The header of the train step `program` (of `model`, lowered to `mlir`) compiled from
@@ -237,6 +252,7 @@ pub fn header(config: &Config, model: &Model, program: &Program, mlir: &str, pla
         maxrs_version: env!("CARGO_PKG_VERSION").to_string(),
         plugin: platform.plugin,
         platform_version: platform.platform_version,
+        plugin_build: platform.build,
         topology: platform.devices,
         num_devices: platform.num_devices,
         config,
@@ -275,11 +291,25 @@ pub fn read(path: &Path) -> Result<(ArtifactHeader, Vec<u8>)> {
     parse(&bytes).map_err(|e| anyhow!("compiled_trainstep_file={}: {e}", path.display()))
 }
 
+/// The header of the file at `path` alone (the executable is not read).
+pub fn read_header(path: &Path) -> Result<ArtifactHeader> {
+    let what = |e: String| anyhow!("compiled_trainstep_file={}: {e}", path.display());
+    let mut file = crate::input::open("compiled_trainstep_file", path)?;
+    let mut start = [0u8; 16];
+    file.read_exact(&mut start).map_err(|_| what(NOT_AOT.to_string()))?;
+    if &start[..8] != MAGIC {
+        return Err(what(NOT_AOT.to_string()));
+    }
+    let len = u64::from_le_bytes(start[8..].try_into().expect("8 bytes"));
+    let mut json = Vec::new();
+    file.take(len.min(MAX_HEADER)).read_to_end(&mut json).map_err(|e| what(e.to_string()))?;
+    serde_json::from_slice(&json).map_err(|e| what(format!("damaged file: the header is not valid ({e}); {RECOMPILE}")))
+}
+
 /// Splits and checks the bytes of a compiled-train-step file (see the module docs).
 pub fn parse(bytes: &[u8]) -> Result<(ArtifactHeader, Vec<u8>)> {
-    const RECOMPILE: &str = "recompile it with `maxrs train-compile` and the same settings";
     if bytes.len() < 16 || &bytes[..8] != MAGIC {
-        bail!("not a maxrs compiled train step (no MAXRSAOT header); make one with `maxrs train-compile`");
+        bail!("{NOT_AOT}");
     }
     let header_len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let body = usize::try_from(header_len).ok().and_then(|n| 16usize.checked_add(n)).filter(|&end| end <= bytes.len());
@@ -336,6 +366,7 @@ mod tests {
             maxrs_version: "0.1.0".into(),
             plugin: "lammps-jax-pjrt-cpu 0.11.2".into(),
             platform_version: "cpu".into(),
+            plugin_build: None,
             topology: "cpu-8".into(),
             num_devices: 8,
             config: [("per_device_batch_size", "4"), ("max_target_length", "128")]

@@ -110,28 +110,29 @@ impl Job {
         let mut train_args: Vec<String> = command[1..].to_vec();
         let explicit = |key: &str| train_args.iter().any(|a| a.starts_with(&format!("{key}=")));
         let loaded = config::load_args(&train_args).context("the train command's config")?;
-        let mut added_args = Vec::new();
+        // A GPU job needs hardware=gpu and a CUDA plugin: added where the user left the key out,
+        // refused where the user set it to something else.
+        // MaxText's A3 recipes run with `hardware: gpu` (maxtext src/maxtext/configs/gpu/models/llama2_7b.yml at 23be6e4f).
         let gpu = matches!(loaded.hardware, Hardware::Gpu | Hardware::GpuMultiprocess);
-        if !gpu {
-            if explicit("hardware") {
-                bail!(
-                    "hardware={} cannot run on {} nodes; use hardware=gpu (MaxText's value for one process per GPU node)",
-                    loaded.hardware,
-                    machine.name
-                );
+        let cuda = loaded.plugin.starts_with("cuda") || loaded.plugin.contains('/');
+        let mut added_args = Vec::new();
+        for (fits, key, value, added, valid) in [
+            (
+                gpu,
+                "hardware",
+                loaded.hardware.to_string(),
+                "gpu",
+                "use hardware=gpu (MaxText's value for one process per GPU node)",
+            ),
+            (cuda, "plugin", loaded.plugin.clone(), "cuda12", "use plugin=cuda12 or plugin=cuda13"),
+        ] {
+            if fits {
+                continue;
             }
-            // MaxText's A3 recipes run with `hardware: gpu` (maxtext src/maxtext/configs/gpu/models/llama2_7b.yml at 23be6e4f).
-            added_args.push("hardware=gpu".to_string());
-        }
-        if !loaded.plugin.starts_with("cuda") && !loaded.plugin.contains('/') {
-            if explicit("plugin") {
-                bail!(
-                    "plugin={} cannot drive {} GPUs; use plugin=cuda12 or plugin=cuda13",
-                    loaded.plugin,
-                    machine.name
-                );
+            if explicit(key) {
+                bail!("{key}={value} cannot run on {} GPU nodes; {valid}", machine.name);
             }
-            added_args.push("plugin=cuda12".to_string());
+            added_args.push(format!("{key}={added}"));
         }
         train_args.extend(added_args.iter().cloned());
         let config = config::load_args(&train_args).context("the train command's config")?;

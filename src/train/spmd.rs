@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
 use crate::checkpoint::Expected;
 use crate::cluster::diagnostics;
@@ -22,7 +22,7 @@ use crate::host::HostTensor;
 use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
-use crate::pjrt::{Client, ReadyTime};
+use crate::pjrt::{gpu_memory, Client, ReadyTime};
 use crate::runtime::artifact;
 use crate::runtime::{self, Compiled, DeviceArray};
 
@@ -73,6 +73,10 @@ impl StepPlan for SpmdPlan {
             path => load_step(c, client, &step, &program, &mlir, granules, Path::new(path))?,
         };
         startup.compile = t.elapsed().as_secs_f64();
+        let stats = compiled.executable.executable().compiled_memory_stats()?;
+        if let Some(short) = gpu_memory::step_shortfall(client, &stats)? {
+            bail!("out of memory: the train step {short}. To fit, {}.", crate::config::MEMORY_REMEDIES);
+        }
 
         let slots = Slots::of(&compiled, batch_inputs(step.packed))?;
         let rows = compiled.local_rows(slots.batch[0])?;
@@ -119,6 +123,8 @@ fn load_step(
             num_devices,
             plugin: artifact::plugin_identity(client.plugin()),
             platform_version: client.platform_version()?,
+            // Not compared: the plugin identity pins the build (`artifact::plugin` chose it).
+            build: None,
         },
     );
     current.device_ids_per_host = granules.to_vec();

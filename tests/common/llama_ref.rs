@@ -5,9 +5,9 @@
 
 use super::{rng, uniform};
 use maxrs::host::HostTensor;
-use maxrs::ir::{DType, Signature};
+use maxrs::ir::{DType, Program, Signature};
 use maxrs::model::Model;
-use maxrs::tensor::Tree;
+use maxrs::tensor::{trace, Tree};
 use ndarray::{s, Array2, Axis};
 use rand::Rng;
 use std::collections::BTreeMap;
@@ -161,6 +161,16 @@ pub fn attention(c: &Model, l: &BTreeMap<&str, Array2<f64>>, h: &Array2<f64>) ->
 }
 
 pub fn layer(c: &Model, l: &BTreeMap<&str, Array2<f64>>, x: &Array2<f64>) -> Array2<f64> {
+    layer_with(c, l, x, attention)
+}
+
+/// A Llama layer around the given attention (the packed-documents reference masks differently).
+pub fn layer_with(
+    c: &Model,
+    l: &BTreeMap<&str, Array2<f64>>,
+    x: &Array2<f64>,
+    attention: impl Fn(&Model, &BTreeMap<&str, Array2<f64>>, &Array2<f64>) -> Array2<f64>,
+) -> Array2<f64> {
     let h = rms_norm(x, &l["pre_self_attention_layer_norm.scale"], c.config.eps);
     let x = x + &attention(c, l, &h);
     let h = rms_norm(&x, &l["post_self_attention_layer_norm.scale"], c.config.eps);
@@ -241,6 +251,22 @@ pub fn signature(c: &Model) -> Signature {
         sig.input(name, DType::S32, &[B as i64, T as i64]);
     }
     sig
+}
+
+/// The model's forward pass on [`signature`]'s inputs, returning what the layer-by-layer
+/// comparisons read: the embeddings, every layer's output, the logits and the loss (z-loss `z`).
+pub fn forward_program(c: &Model, z: f64) -> Program {
+    trace(&signature(c), |_ctx, inp| {
+        let params = inp.subtree("params");
+        let fwd = c.forward(&params, inp, true);
+        let (loss, _) = c.loss(&params, inp, z);
+        Tree::new()
+            .with("embeddings", fwd.embeddings)
+            .with("layers", fwd.layer_outputs.expect("layer outputs"))
+            .with("logits", fwd.logits)
+            .with("loss", loss)
+    })
+    .expect("the model traces")
 }
 
 pub fn inputs(c: &Model, p: &RefParams, b: &Batch) -> Tree<HostTensor> {

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod family_ref;
 pub mod gcs_emulator;
+pub mod key_value_load;
 pub mod llama_ref;
 pub mod mixtral_ref;
 pub mod moe_ref;

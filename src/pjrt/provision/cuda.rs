@@ -16,6 +16,8 @@ use super::{python, Provisioner, WheelPin};
 
 const PTXAS: &str = "bin/ptxas";
 const LIBDEVICE: &str = "nvvm/libdevice/libdevice.10.bc";
+/// The files of a toolchain folder.
+pub(super) const TOOLCHAIN_FILES: [&str; 2] = [PTXAS, LIBDEVICE];
 
 /// A CUDA major release; a plugin needs the toolchain of the release it was built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -95,7 +97,7 @@ impl Provisioner {
             }
         }
         let pieces = cuda.pieces();
-        let dir = self.cache.join("cuda").join(format!("cuda{}-{}", cuda.number(), pieces[0].0.version));
+        let dir = self.toolchain_dir(cuda);
         let missing: Vec<(WheelPin, PathBuf, Mode)> = pieces
             .into_iter()
             .map(|(pin, rel, mode)| (pin, dir.join(rel), mode))
@@ -124,6 +126,11 @@ impl Provisioner {
             })?;
         }
         Ok(dir)
+    }
+
+    /// The cache's toolchain folder for `cuda`: `<cache>/cuda/cuda<N>-<version>`.
+    pub(super) fn toolchain_dir(&self, cuda: CudaMajor) -> PathBuf {
+        self.cache.join("cuda").join(format!("cuda{}-{}", cuda.number(), cuda.pieces()[0].0.version))
     }
 }
 

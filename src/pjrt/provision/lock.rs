@@ -32,6 +32,16 @@ pub(super) const WHEELS: &[(&str, &str)] = &[
         "jax_cuda13_pjrt-0.12.0.1-py3-none-manylinux_2_27_aarch64.whl",
         "40758d042df8c06991b6a1a8016b56e9cefb1ed4c677c062125c3eb71c3dab97",
     ),
+    // The build JAX 0.11.2 installs (most GPU machines have it): a step compiled with it loads
+    // only into it, so `maxrs train` and `maxrs plugins fetch` may need to download it.
+    (
+        "jax_cuda13_pjrt-0.11.2-py3-none-manylinux_2_27_x86_64.whl",
+        "e5ff589d43064913bb74027682d89639c7ea48f9f81c2bae6fc75117e913f93e",
+    ),
+    (
+        "jax_cuda13_pjrt-0.11.2-py3-none-manylinux_2_27_aarch64.whl",
+        "63b55e50e5c2583a25e196ba06b034b63d2b2d8ad4c2f17935652c8d3ad2dd2d",
+    ),
     // TPUs: libtpu (Google), one wheel per CPython with the same library.
     (
         "libtpu-0.0.52-cp311-cp311-manylinux_2_31_x86_64.whl",

