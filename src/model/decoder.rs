@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use crate::config::registry::{self, Families, Key};
 use crate::config::{self, Config, DecoderBlock};
-use crate::ir::{DType, Prim, Signature};
+use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
 use crate::tensor::{checkpoint, einsum, scan, scan_reverse, stack, Tensor, Tree};
 
@@ -296,24 +296,7 @@ impl Model {
         if self.config.scan_layers {
             return stacked;
         }
-        // Behind a barrier the stacked values are computed once; without it XLA fuses the random
-        // computation into every layer's slice, compiling it once per layer again.
-        let names: Vec<String> = stacked.names().map(|n| n.to_string()).collect();
-        let fenced = key.trace().bind(Prim::OptimizationBarrier, &stacked.values().collect::<Vec<_>>());
-        let stacked: Tree = names.into_iter().zip(fenced).collect();
-        self.param_defs()
-            .into_iter()
-            .map(|def| {
-                let value = match def.name.strip_prefix("decoder.layers_").and_then(|rest| rest.split_once('.')) {
-                    Some((layer, name)) => {
-                        let i: i64 = layer.parse().expect("a layer index");
-                        stacked[format!("decoder.layers.{name}").as_str()].slice_axis(0, i, i + 1).reshape(&def.shape)
-                    }
-                    None => stacked[def.name.as_str()].clone(),
-                };
-                (def.name, value)
-            })
-            .collect()
+        params::unstack_layers(&stacked, self.param_defs())
     }
 
     /// Embeds `batch["inputs"]` (`s32[batch, seq]`), runs the decoder layers and the final
