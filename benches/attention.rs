@@ -79,6 +79,7 @@ fn main() -> anyhow::Result<()> {
             let name = match how {
                 AttentionImpl::DotProduct => "dot_product".to_string(),
                 AttentionImpl::Blockwise { block } => format!("blockwise ({block})"),
+                AttentionImpl::Cudnn { block } => format!("cudnn, else blockwise ({block})"),
             };
             println!(
                 "| {name} | {seq} | {:.3} s | {:.1} MiB | {:.1} s |",

@@ -162,3 +162,34 @@ fn init_params_follow_the_defs_and_the_seed() {
         }
     }
 }
+
+/// Unscanned layers initialize to the scanned model's stacked values, layer by layer (one random
+/// draw per kind of layer parameter, as the scanned model draws it), and the layers differ.
+#[test]
+fn unscanned_init_is_the_scanned_init_unstacked() {
+    use maxrs::tensor::random;
+    let init = |scan: bool| {
+        let c = config(scan, &[]);
+        let program = trace(&Signature::new(None), |ctx, _| c.init_params(&random::key(ctx, 3))).expect("init traces");
+        (c.param_defs(), crate::common::run(&program, &Tree::new()))
+    };
+    let ((scanned_defs, scanned), (defs, unscanned)) = (init(true), init(false));
+    assert_eq!(unscanned.len(), defs.len());
+    let layers = (0..).take_while(|i| unscanned.get(&format!("decoder.layers_{i}.mlp.wo.kernel")).is_some()).count();
+    assert!(layers >= 2, "the reference model has several layers");
+    for def in &scanned_defs {
+        let values = scanned[def.name.as_str()].to_f64();
+        let Some(name) = def.name.strip_prefix("decoder.layers.") else {
+            assert_eq!(values, unscanned[def.name.as_str()].to_f64(), "{}", def.name);
+            continue;
+        };
+        let per_layer = values.len() / layers;
+        for i in 0..layers {
+            let got = unscanned[format!("decoder.layers_{i}.{name}").as_str()].to_f64();
+            assert_eq!(got, values[i * per_layer..(i + 1) * per_layer], "layer {i} of {name}");
+        }
+        if !matches!(def.init, maxrs::model::ParamInit::Ones | maxrs::model::ParamInit::Zeros) {
+            assert_ne!(values[..per_layer], values[per_layer..2 * per_layer], "{name}: layers 0 and 1 are equal");
+        }
+    }
+}

@@ -124,7 +124,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     }
     let step = TrainStep::new(c, &derived, mesh).map_err(|e| anyhow!(e))?;
     derived.print_summary(step.model.num_params());
-    println!("{}", describe(c.attention, step.model.config.attention));
+    println!("{}", describe(c, step.model.config.attention));
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
     let trace_seconds = t.elapsed().as_secs_f64();
 

@@ -61,7 +61,9 @@ fn outputs_active(eqn: &Eqn, ins: &[bool]) -> Vec<bool> {
         | Prim::Name(_)
         | Prim::ShardingConstraint(_)
         | Prim::OptimizationBarrier
-        | Prim::Composite(_) => vec![true; eqn.outputs.len()],
+        | Prim::Composite(_)
+        | Prim::CustomCall(_)
+        | Prim::ManualComputation(_) => vec![true; eqn.outputs.len()],
     }
 }
 

@@ -15,9 +15,12 @@
 //!   scan over a backward body (`scan`); what is saved versus recomputed per iteration follows
 //!   from remat regions in the body;
 //! - a remat region is inlined in the forward pass and recomputed behind an optimization
-//!   barrier in the backward pass, keeping only the values its policy names (`remat`).
+//!   barrier in the backward pass, keeping only the values its policy names (`remat`);
+//! - a manual computation's cotangents are another manual computation over the same axes, whose
+//!   body differentiates the forward body shard by shard (`manual`).
 
 mod activity;
+mod manual;
 mod remat;
 mod rules;
 mod scan;

@@ -2,9 +2,9 @@
 //! results, the results' cotangents and which operands need one, the operands' cotangents
 //! (`None`: zero, or not differentiable — integer, boolean and index operands).
 
-use super::{remat, scan, Extra};
+use super::{manual, remat, scan, Extra};
 use crate::ir::{BinaryOp, Composite, DType, DotDims, GatherDims, Prim, RaggedDotMode, ReduceOp, ScatterDims, UnaryOp};
-use crate::tensor::{sort, where_, Tensor, Trace};
+use crate::tensor::{sort, usage_error, where_, Tensor, Trace};
 use std::f64::consts::PI;
 
 pub(crate) fn vjp(
@@ -133,6 +133,16 @@ pub(crate) fn vjp(
             Extra::None | Extra::Remat(_) => unreachable!("an active scan is recorded with its scan tape"),
         },
         Prim::Composite(c) => composite(dest, c, ins, outs, cts, needs),
+        // A custom call is an opaque kernel: its derivative is whatever backward kernel goes with
+        // it, which only the code that emits it knows. So it is differentiated through the
+        // `Composite` that wraps it (whose backward graph calls the backward kernel) and never
+        // on its own: the composite is re-bound whole in the forward pass and its VJP evaluates
+        // the backward graph, so no rule reaches the custom call inside.
+        Prim::CustomCall(call) => usage_error(&format!(
+            "custom_call @{} has no derivative of its own: wrap it in a composite whose backward pass is the matching backward call",
+            call.target
+        )),
+        Prim::ManualComputation(m) => manual::backward(dest, m, ins, outs, cts, needs),
         Prim::Remat(r) => match extra {
             Extra::Remat(saved) => remat::backward(dest, r, ins, saved, cts, needs),
             Extra::None | Extra::Scan(_) => unreachable!("an active remat region is recorded with its saved values"),

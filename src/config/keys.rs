@@ -160,11 +160,13 @@ declare_keys! {
         /// maxrs has no dropout: true is refused (MaxText's default is true, with dropout_rate 0).
         enable_dropout: bool = false => MaxText.program().model_file(),
         /// How attention is computed: autoselected, dot_product, flash, cudnn_flash_te or cudnn_flash_jax.
-        /// dot_product: every score at once ([batch, heads, seq, seq] in memory). flash,
-        /// cudnn_flash_te, cudnn_flash_jax: maxrs's blockwise attention (an online softmax over
-        /// 512-token key/value blocks, O(seq) memory per query block), on every backend (maxrs has
-        /// neither Transformer Engine, Pallas nor Splash kernels). autoselected (MaxText's
-        /// default): dot_product on CPU and for sequences under 128 tokens, blockwise otherwise.
+        /// dot_product: every score at once ([batch, heads, seq, seq] in memory). flash: maxrs's
+        /// blockwise attention (an online softmax over 512-token key/value blocks, O(seq) memory
+        /// per query block; maxrs has no Pallas or Splash kernels). cudnn_flash_te,
+        /// cudnn_flash_jax: XLA's cuDNN fused attention on a CUDA GPU (as JAX emits it; no
+        /// Transformer Engine), else blockwise, with the reason in the start-up line.
+        /// autoselected (MaxText's default): dot_product on CPU and for sequences under 128
+        /// tokens, blockwise otherwise.
         attention: AttentionKernel = "autoselected" => MaxText.model(ALL),
     }
 

@@ -88,8 +88,8 @@ impl Graph {
         self.inputs.iter().map(|v| live[v.index()]).collect()
     }
 
-    /// Number of equations including those inside scan, remat and composite (forward) bodies (for
-    /// reports).
+    /// Number of equations including those inside scan, remat, composite (forward) and manual
+    /// bodies (for reports).
     pub fn count_eqns(&self) -> usize {
         let mut count = self.eqns.len();
         for eqn in &self.eqns {
@@ -101,6 +101,9 @@ impl Graph {
             }
             if let Prim::Composite(c) = &eqn.prim {
                 count += c.forward.count_eqns();
+            }
+            if let Prim::ManualComputation(m) = &eqn.prim {
+                count += m.body.count_eqns();
             }
         }
         count

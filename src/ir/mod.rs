@@ -12,8 +12,8 @@ mod types;
 pub use dtype::DType;
 pub use graph::{Eqn, Graph, ValueId};
 pub use prim::{
-    BinaryOp, Comparison, Composite, DotDims, GatherDims, Literal, Prim, RaggedDotMode, ReduceOp, Remat, Scan,
-    ScatterDims, UnaryOp,
+    BinaryOp, Comparison, Composite, CustomCall, DotDims, GatherDims, Literal, Manual, Prim, RaggedDotMode, ReduceOp,
+    Remat, Scan, ScatterDims, UnaryOp,
 };
 pub use program::{InputSpec, OutputSpec, Program, Signature};
 pub use types::{Shape, Type};

@@ -97,6 +97,13 @@ pub enum Prim {
     Remat(Remat),
     /// A function with its own backward pass (JAX's `custom_vjp`), e.g. blockwise attention.
     Composite(Composite),
+    /// An operation XLA implements itself (`stablehlo.custom_call`), e.g. cuDNN's fused
+    /// attention. It has no derivative of its own: a differentiable use wraps it in a
+    /// `Composite` whose backward pass is the matching backward call.
+    CustomCall(CustomCall),
+    /// A body run by every device on its own shards (Shardy's `sdy.manual_computation`, JAX's
+    /// `shard_map`), for operations the SPMD partitioner does not know, e.g. custom calls.
+    ManualComputation(Manual),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,6 +250,45 @@ pub struct Composite {
     pub backward: Arc<Graph>,
 }
 
+/// The fields of a `stablehlo.custom_call` that say what XLA runs. Layouts are minor-to-major
+/// dimension orders (`[1, 0]` is row-major for a matrix).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CustomCall {
+    /// The call target, e.g. `__cudnn$fmhaSoftmax`.
+    pub target: Arc<str>,
+    /// The backend configuration string, passed to XLA as written (cuDNN's is JSON).
+    pub backend_config: Arc<str>,
+    /// `api_version` (2: the original API with a backend config string).
+    pub api_version: i32,
+    pub operand_layouts: Vec<Vec<usize>>,
+    pub result_layouts: Vec<Vec<usize>>,
+    /// The results the program reads.
+    pub results: Vec<Type>,
+    /// XLA's GPU custom calls end with a `u8[n]` scratch buffer that XLA sizes itself (`n` is
+    /// written as 0) and nobody reads: lowered as an extra last result, not an IR value.
+    pub workspace: bool,
+}
+
+/// A manual computation: `body` maps each operand's local shard to the result's local shards
+/// on every device. Operand `i` is split over the manual axes as `in_specs[i]` says (the
+/// other dimensions, and the other mesh axes, whole), the results as `out_specs` say: a
+/// result's global dimension is its local one times its axes' sizes.
+#[derive(Clone, Debug)]
+pub struct Manual {
+    pub body: Arc<Graph>,
+    /// The mesh axes the body is manual over, with their sizes, in mesh order.
+    pub axes: Vec<(String, usize)>,
+    pub in_specs: Vec<PartitionSpec>,
+    pub out_specs: Vec<PartitionSpec>,
+}
+
+impl Manual {
+    /// The number of shards dimension `d` of a value with `spec` is cut into.
+    pub fn shards(&self, spec: &PartitionSpec, d: usize) -> i64 {
+        spec.dim(d).iter().map(|a| self.axes.iter().find(|(n, _)| n == a).map_or(1, |(_, s)| *s as i64)).product()
+    }
+}
+
 /// Sub-graphs compare by identity: two scans are the same primitive only if they share a body.
 impl PartialEq for Scan {
     fn eq(&self, other: &Scan) -> bool {
@@ -261,6 +307,13 @@ impl PartialEq for Remat {
 impl PartialEq for Composite {
     fn eq(&self, other: &Composite) -> bool {
         Arc::ptr_eq(&self.forward, &other.forward) && Arc::ptr_eq(&self.backward, &other.backward)
+    }
+}
+
+impl PartialEq for Manual {
+    fn eq(&self, other: &Manual) -> bool {
+        Arc::ptr_eq(&self.body, &other.body)
+            && (&self.axes, &self.in_specs, &self.out_specs) == (&other.axes, &other.in_specs, &other.out_specs)
     }
 }
 
@@ -299,6 +352,8 @@ impl Prim {
             Prim::Scan(_) => "scan",
             Prim::Remat(_) => "checkpoint",
             Prim::Composite(_) => "composite",
+            Prim::CustomCall(_) => "custom_call",
+            Prim::ManualComputation(_) => "manual_computation",
         }
     }
 }

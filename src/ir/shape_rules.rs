@@ -3,7 +3,8 @@
 //! name, the operand types and the caller's location to the message.
 
 use super::{
-    BinaryOp, DType, DotDims, GatherDims, Literal, Prim, RaggedDotMode, ReduceOp, ScatterDims, Shape, Type, UnaryOp,
+    BinaryOp, CustomCall, DType, DotDims, GatherDims, Literal, Manual, Prim, RaggedDotMode, ReduceOp, ScatterDims,
+    Shape, Type, UnaryOp,
 };
 
 pub type RuleResult = Result<Vec<Type>, String>;
@@ -308,7 +309,73 @@ pub fn infer(prim: &Prim, ins: &[&Type]) -> RuleResult {
             }
             Ok(c.forward.output_types())
         }
+        Prim::CustomCall(call) => custom_call(call, ins),
+        Prim::ManualComputation(m) => manual(m, ins),
     }
+}
+
+/// One layout per operand and result, each a permutation of its value's dimensions.
+fn custom_call(call: &CustomCall, ins: &[&Type]) -> RuleResult {
+    arity(ins, call.operand_layouts.len())?;
+    if call.result_layouts.len() != call.results.len() {
+        return Err(format!("{} result layouts for {} results", call.result_layouts.len(), call.results.len()));
+    }
+    let layouts = call.operand_layouts.iter().zip(ins.iter().copied());
+    for (i, (layout, t)) in layouts.chain(call.result_layouts.iter().zip(&call.results)).enumerate() {
+        if layout.len() != t.rank() {
+            return Err(format!("layout {layout:?} of value {i} ({t}) does not name each dimension once"));
+        }
+        distinct_in_range(layout, t.rank(), "layout")?;
+    }
+    Ok(call.results.clone())
+}
+
+/// Each operand's local shard must be the body's input; each result is the body's output
+/// times its shards. Only manual axes split values, each dimension evenly.
+fn manual(m: &Manual, ins: &[&Type]) -> RuleResult {
+    let body = &m.body;
+    if ins.len() != body.inputs.len() || m.in_specs.len() != ins.len() || m.out_specs.len() != body.outputs.len() {
+        return Err(format!(
+            "{} operands and {} operand specs for a body with {} inputs; {} result specs for {} outputs",
+            ins.len(),
+            m.in_specs.len(),
+            body.inputs.len(),
+            m.out_specs.len(),
+            body.outputs.len()
+        ));
+    }
+    for spec in m.in_specs.iter().chain(&m.out_specs) {
+        if let Some(axis) = (0..spec.rank()).flat_map(|d| spec.dim(d)).find(|a| !m.axes.iter().any(|(n, _)| n == *a)) {
+            return Err(format!("{spec} uses mesh axis \"{axis}\", which is not a manual axis"));
+        }
+    }
+    for (i, (t, spec)) in ins.iter().zip(&m.in_specs).enumerate() {
+        if spec.rank() > t.rank() {
+            return Err(format!("operand {i} ({t}) has fewer dimensions than its spec {spec}"));
+        }
+        let mut local = t.shape.to_vec();
+        for (d, size) in local.iter_mut().enumerate() {
+            let shards = m.shards(spec, d);
+            if *size % shards != 0 {
+                return Err(format!("dimension {d} of operand {i} ({t}) does not split into {shards} shards ({spec})"));
+            }
+            *size /= shards;
+        }
+        let want = body.ty(body.inputs[i]);
+        if Type::new(t.dtype, local) != *want {
+            return Err(format!("operand {i} ({t}) split by {spec} is not the body's input {want}"));
+        }
+    }
+    let mut results = Vec::with_capacity(body.outputs.len());
+    for (o, spec) in body.outputs.iter().zip(&m.out_specs) {
+        let t = body.ty(*o);
+        if spec.rank() > t.rank() {
+            return Err(format!("output {t} has fewer dimensions than its spec {spec}"));
+        }
+        let global: Vec<i64> = (0..t.rank()).map(|d| t.shape[d] * m.shards(spec, d)).collect();
+        results.push(Type::new(t.dtype, global));
+    }
+    Ok(results)
 }
 
 fn arity(ins: &[&Type], n: usize) -> Result<(), String> {

@@ -6,9 +6,11 @@
 //! get `tf.aliasing_output` (XLA turns it into input/output aliasing); arguments carry their
 //! names as locations and results as `jax.result_info`, so XLA dumps stay readable. Each
 //! primitive is written by `ops` (one exhaustive match); scans become `stablehlo.while` loops,
-//! ragged dots loops of dense products (`ragged`), and remat regions and composites are inlined
-//! (their recomputation and backward passes were made explicit by autodiff).
+//! ragged dots loops of dense products (`ragged`), remat regions and composites are inlined
+//! (their recomputation and backward passes were made explicit by autodiff), and custom calls
+//! and manual computations are written as JAX writes them (`custom`).
 
+mod custom;
 mod ops;
 mod ragged;
 mod shardy;

@@ -229,6 +229,8 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
         Prim::Scan(s) => e.scan(s, g, eqn, ins),
         Prim::Remat(r) => e.graph(&r.body, ins),
         Prim::Composite(c) => e.graph(&c.forward, ins),
+        Prim::CustomCall(call) => e.custom_call(call, g, eqn, ins),
+        Prim::ManualComputation(m) => e.manual(m, g, eqn, ins),
     }
 }
 

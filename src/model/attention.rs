@@ -1,8 +1,10 @@
 //! What attention is, for every family: the per-batch context the layers share (RoPE tables for
 //! each token's position, the mask of which keys each query may see) and attention over
 //! grouped-query heads (optionally soft-capped), computed the way the `attention` key asks
-//! (`AttentionImpl`): dot-product attention over the whole `[seq, seq]` score matrix, or
-//! blockwise attention (`super::blockwise`) with an online softmax over key/value blocks.
+//! (`AttentionImpl`): dot-product attention over the whole `[seq, seq]` score matrix,
+//! blockwise attention (`super::blockwise`) with an online softmax over key/value blocks, or
+//! XLA's cuDNN fused attention on CUDA (`super::cudnn`), which falls back to blockwise attention
+//! for what cuDNN cannot serve (`cudnn_declined` says why at start-up).
 //! Families compute their own projections (or use `blocks::SelfAttention`) and call
 //! `LayerContext::attend`, which is also where decoding's key/value cache is read and written:
 //! no family knows whether it runs in training, in prefill or in a generate step.
@@ -10,12 +12,12 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use crate::config::{AttentionKernel, Hardware};
+use crate::config::{AttentionKernel, Config, DatasetType, DecoderBlock, Hardware};
 use crate::ir::DType;
 use crate::tensor::{concatenate, einsum, where_, Tensor, Tree};
 
 use super::config::Rope;
-use super::{blockwise, ModelConfig};
+use super::{blockwise, cudnn, ModelConfig};
 
 /// How `attend` computes attention, resolved from MaxText's `attention` key and the hardware.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +27,9 @@ pub enum AttentionImpl {
     /// An online softmax over key/value blocks of `block` tokens, per query block of the same
     /// size, with its own backward pass: memory `O(seq)` per query block.
     Blockwise { block: i64 },
+    /// XLA's cuDNN fused attention (`__cudnn$fmhaSoftmax`), on CUDA; blockwise attention with
+    /// `block` for a call cuDNN cannot serve (packed documents, a soft cap, an f32 product).
+    Cudnn { block: i64 },
 }
 
 /// Query and key/value block size of blockwise attention (MaxText's splash attention default
@@ -49,6 +54,66 @@ impl AttentionImpl {
             | AttentionKernel::CudnnFlashJax => blockwise,
         }
     }
+
+    /// What `c.attention` means for the run `c` describes: `resolve`, with cuDNN's fused
+    /// attention for `cudnn_flash_te` and `cudnn_flash_jax` where `cudnn_declined` finds nothing
+    /// against it. `autoselected` never picks cuDNN: MaxText's picks its Pallas Triton flash
+    /// kernel on GPU (`AttentionOp.apply_attention`, `src/maxtext/layers/attention_op.py`,
+    /// e591f30), which maxrs's blockwise attention stands for.
+    pub fn for_config(c: &Config) -> AttentionImpl {
+        match AttentionImpl::resolve(c.attention, c.hardware, c.max_target_length) {
+            AttentionImpl::Blockwise { block } if cudnn_wanted(c.attention) && cudnn_declined(c).is_none() => {
+                AttentionImpl::Cudnn { block }
+            }
+            other => other,
+        }
+    }
+}
+
+fn cudnn_wanted(kernel: AttentionKernel) -> bool {
+    matches!(kernel, AttentionKernel::CudnnFlashTe | AttentionKernel::CudnnFlashJax)
+}
+
+/// Why `attention=cudnn_flash_te|cudnn_flash_jax` cannot use cuDNN's fused attention for the run
+/// `c` describes (`None`: it can, or another kind was asked for).
+pub fn cudnn_declined(c: &Config) -> Option<String> {
+    if !cudnn_wanted(c.attention) {
+        return None;
+    }
+    let cuda_plugin = matches!(c.plugin.as_str(), "cuda12" | "cuda13")
+        || std::path::Path::new(&c.plugin).file_name().is_some_and(|f| f.to_string_lossy().contains("cuda"));
+    if !matches!(c.hardware, Hardware::Gpu | Hardware::GpuMultiprocess) || !cuda_plugin {
+        return Some(format!(
+            "cuDNN runs on a CUDA GPU (hardware=gpu with plugin=cuda12 or cuda13), not hardware={} plugin={:?}",
+            c.hardware, c.plugin
+        ));
+    }
+    if !c.compile_topology.is_empty() {
+        return Some(format!(
+            "a deviceless compile (compile_topology={:?}) skips XLA's cuDNN passes, so the executable would not load",
+            c.compile_topology
+        ));
+    }
+    if let Some(reason) = cudnn::unsupported(super::config::dtype(c.dtype), c.head_dim) {
+        return Some(reason);
+    }
+    if c.attn_logits_soft_cap > 0.0 {
+        return Some(format!(
+            "cuDNN's fused attention has no soft cap (attn_logits_soft_cap={})",
+            c.attn_logits_soft_cap
+        ));
+    }
+    if c.packing && c.dataset_type != DatasetType::Synthetic {
+        return Some(
+            "packed documents (packing=true) keep their segment masking, which maxrs does not express in cuDNN's packed \
+             layout (per-document offsets, max_seg_per_batch) yet"
+                .into(),
+        );
+    }
+    if c.ici_context_parallelism * c.dcn_context_parallelism > 1 {
+        return Some("the sequence is sharded (context parallelism), which cuDNN's calls do not split".into());
+    }
+    None
 }
 
 impl fmt::Display for AttentionImpl {
@@ -58,18 +123,36 @@ impl fmt::Display for AttentionImpl {
             AttentionImpl::Blockwise { block } => {
                 write!(f, "blockwise attention (online softmax over {block}-token key/value blocks)")
             }
+            AttentionImpl::Cudnn { .. } => {
+                write!(f, "XLA's cuDNN fused attention (`{}` / `{}` custom calls)", cudnn::FORWARD, cudnn::BACKWARD)
+            }
         }
     }
 }
 
-/// The start-up line that says what `attention=kernel` became.
-pub fn describe(kernel: AttentionKernel, how: AttentionImpl) -> String {
+/// The start-up line that says what `c.attention` became (`how`) and, for a fallback, why.
+pub fn describe(c: &Config, how: AttentionImpl) -> String {
+    let kernel = c.attention;
     let note = match kernel {
-        AttentionKernel::CudnnFlashTe | AttentionKernel::CudnnFlashJax => {
-            "; maxrs has no Transformer Engine and does not emit XLA's cuDNN fused attention (`__cudnn$fmha` custom calls) yet"
-        }
-        AttentionKernel::Flash => "; MaxText's Pallas (GPU) and Splash (TPU) kernels are not in maxrs",
-        AttentionKernel::Autoselected | AttentionKernel::DotProduct => "",
+        AttentionKernel::CudnnFlashTe | AttentionKernel::CudnnFlashJax => match (how, cudnn_declined(c)) {
+            (AttentionImpl::Cudnn { block }, _) => {
+                let te = match kernel {
+                    AttentionKernel::CudnnFlashTe => "; maxrs has no Transformer Engine: XLA's calls instead",
+                    _ => "",
+                };
+                let global = match c.decoder_block {
+                    DecoderBlock::Gemma2 => format!(
+                        "; blockwise ({block}-token blocks) in the global layers, whose f32 query-key product cuDNN does not take"
+                    ),
+                    _ => String::new(),
+                };
+                format!("{te}{global}")
+            }
+            (_, Some(reason)) => format!("; not cuDNN: {reason}"),
+            (_, None) => String::new(),
+        },
+        AttentionKernel::Flash => "; MaxText's Pallas (GPU) and Splash (TPU) kernels are not in maxrs".into(),
+        AttentionKernel::Autoselected | AttentionKernel::DotProduct => String::new(),
     };
     format!("attention: {kernel} -> {how}{note}")
 }
@@ -94,6 +177,9 @@ pub struct LayerContext {
     pub segments: Option<Tensor>,
     /// RoPE rotates interleaved pairs `(x[2i], x[2i+1])` (Llama 3.1) instead of the two halves.
     pub interleaved_rope: bool,
+    /// On a mesh: the mesh axes (of size > 1) that shard the batch, the heads and the sequence
+    /// of `[batch, seq, heads, head_dim]` activations, for cuDNN's calls (`cudnn_call`).
+    axes: Option<ActivationAxes>,
     /// Decoding: the key/value cache this layer's attention calls fill or update (set by the
     /// shared decoder for each layer, `with_cache`).
     cache: Option<RefCell<LayerCache>>,
@@ -152,6 +238,7 @@ impl LayerContext {
             positions,
             segments: batch.get("inputs_segmentation").cloned(),
             interleaved_rope: matches!(c.rope, Rope::Llama31 { .. }),
+            axes: ctx.mesh().map(|mesh| ActivationAxes::new(c, mesh)),
             cache: None,
         }
     }
@@ -164,6 +251,7 @@ impl LayerContext {
             positions: self.positions.clone(),
             segments: self.segments.clone(),
             interleaved_rope: self.interleaved_rope,
+            axes: self.axes.clone(),
             cache: Some(RefCell::new(cache)),
         }
     }
@@ -191,13 +279,13 @@ impl LayerContext {
         options: &AttendOptions,
     ) -> Tensor {
         let how = fitted(how, q.shape()[1]);
-        let Some(cache) = &self.cache else { return attend_with(q, k, v, &self.mask(window), how, options) };
+        let Some(cache) = &self.cache else { return self.attend_whole([q, k, v], window, how, options, true) };
         match &mut *cache.borrow_mut() {
             LayerCache::Fill { len, filled } => {
                 let t = k.shape()[1];
                 let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
                 filled.push(KvCache { key: pad(k), value: pad(v) });
-                attend_with(q, k, v, &self.mask(window), how, options)
+                self.attend_whole([q, k, v], window, how, options, false)
             }
             LayerCache::Update { layer, caches, used } => {
                 let Some(slot) = caches.get_mut(*used) else {
@@ -219,6 +307,57 @@ impl LayerContext {
         }
     }
 
+    /// Attention over the queries' own keys (training, prefill): `attend_with`, or cuDNN's
+    /// calls (`training`: the differentiable pair) where `cudnn_call` allows, else blockwise.
+    fn attend_whole(
+        &self,
+        [q, k, v]: [&Tensor; 3],
+        window: Option<i64>,
+        how: AttentionImpl,
+        options: &AttendOptions,
+        training: bool,
+    ) -> Tensor {
+        let AttentionImpl::Cudnn { block } = how else { return attend_with(q, k, v, &self.mask(window), how, options) };
+        let Some(split) = self.cudnn_call(q, k, options) else {
+            return attend_with(q, k, v, &self.mask(window), AttentionImpl::Blockwise { block }, options);
+        };
+        let (out, stats) = match split {
+            Some((batch, heads)) => cudnn::sharded_attention(q, k, v, window, &batch, &heads, training),
+            None => cudnn::attention(q, k, v, window, None, training),
+        };
+        // Tagged as MaxText's `cudnn_jax_flash_attention` tags its output and `lse`.
+        if let Some(stats) = stats {
+            stats.checkpoint_name("context");
+        }
+        out.checkpoint_name("context")
+    }
+
+    /// Whether cuDNN's fused attention can compute this call: `None` if not (packed documents,
+    /// a soft cap, an f32 product, a dtype or head dim it refuses, a sharded sequence, heads or
+    /// batch that do not split evenly); otherwise the mesh axes of the batch and the heads to run
+    /// it under (`None` without a mesh, or on one whose batch and head axes are all of size 1).
+    #[allow(clippy::type_complexity)]
+    fn cudnn_call(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        options: &AttendOptions,
+    ) -> Option<Option<(Vec<String>, Vec<String>)>> {
+        let plain = self.segments.is_none() && options.logits_soft_cap.is_none() && !options.float32_qk_product;
+        if !plain || cudnn::unsupported(q.dtype(), q.shape()[3]).is_some() {
+            return None;
+        }
+        let Some(axes) = &self.axes else { return Some(None) };
+        let splits = |n: i64, shards: i64| n % shards == 0;
+        let ok = axes.sequence_shards == 1
+            && splits(q.shape()[0], axes.batch_shards)
+            && splits(q.shape()[2], axes.head_shards)
+            && splits(k.shape()[2], axes.head_shards);
+        // A mesh whose batch and head axes are all of size 1 (one device) needs no manual region.
+        let split = !(axes.batch.is_empty() && axes.heads.is_empty());
+        ok.then(|| split.then(|| (axes.batch.clone(), axes.heads.clone())))
+    }
+
     /// `pred[batch, seq, len]`: which of `len` cache positions each token's query sees: those at
     /// or before its position, within `window` tokens when given.
     fn cache_mask(&self, window: Option<i64>, len: i64) -> Tensor {
@@ -236,6 +375,35 @@ impl LayerContext {
     /// document when the batch is packed.
     pub fn mask(&self, window: Option<i64>) -> Mask {
         Mask { window, segments: self.segments.clone() }
+    }
+}
+
+/// The mesh axes that shard `[batch, seq, heads, head_dim]` activations under the logical rules
+/// (`activation_batch`, `activation_length`, `activation_heads`), only those of size > 1.
+#[derive(Clone, Debug)]
+struct ActivationAxes {
+    batch: Vec<String>,
+    heads: Vec<String>,
+    batch_shards: i64,
+    head_shards: i64,
+    sequence_shards: i64,
+}
+
+impl ActivationAxes {
+    fn new(c: &ModelConfig, mesh: &crate::sharding::Mesh) -> ActivationAxes {
+        let spec = c.rules.spec(&["activation_batch", "activation_length", "activation_heads"], mesh);
+        let axes = |d: usize| -> Vec<String> {
+            spec.dim(d).iter().filter(|a| mesh.axis_size(a).unwrap_or(1) > 1).cloned().collect()
+        };
+        let shards = |axes: &[String]| axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1) as i64).product();
+        let (batch, sequence, heads) = (axes(0), axes(1), axes(2));
+        ActivationAxes {
+            batch_shards: shards(&batch),
+            head_shards: shards(&heads),
+            sequence_shards: shards(&sequence),
+            batch,
+            heads,
+        }
     }
 }
 
@@ -360,7 +528,8 @@ pub fn attend_with(
             let allowed = mask.dense(&qk, qk.shape()[1]);
             dot_product(&qk, &kk, v, &allowed, options.logits_soft_cap).astype(q.dtype()).checkpoint_name("context")
         }
-        AttentionImpl::Blockwise { block } => {
+        // `LayerContext::attend` runs cuDNN's calls; elsewhere (a bare `attend`), blockwise.
+        AttentionImpl::Blockwise { block } | AttentionImpl::Cudnn { block } => {
             assert!(options.logits_soft_cap.is_none(), "blockwise attention has no soft cap (the family refuses it)");
             // The kernel's matmuls take one dtype: with an f32 query-key product, f32 values too.
             let vk = if options.float32_qk_product { v.astype(DType::F32) } else { v.clone() };
@@ -394,6 +563,7 @@ fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: O
 fn fitted(how: AttentionImpl, seq: i64) -> AttentionImpl {
     match how {
         AttentionImpl::Blockwise { block } if seq % block != 0 => AttentionImpl::Blockwise { block: block_size(seq) },
+        AttentionImpl::Cudnn { block } if seq % block != 0 => AttentionImpl::Cudnn { block: block_size(seq) },
         other => other,
     }
 }

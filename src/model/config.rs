@@ -97,7 +97,7 @@ impl ModelConfig {
             dtype: dtype(c.dtype),
             weight_dtype: dtype(c.weight_dtype),
             scan_layers: c.scan_layers,
-            attention: AttentionImpl::resolve(c.attention, c.hardware, c.max_target_length),
+            attention: AttentionImpl::for_config(c),
             logits_dot_in_fp32: c.logits_dot_in_fp32,
             use_iota_embed: c.use_iota_embed,
             remat: remat_policy(c.remat_policy),

@@ -228,6 +228,11 @@ impl Model {
 
     /// Every parameter, in a fixed order (the order `init_params` draws them in).
     pub fn param_defs(&self) -> Vec<ParamDef> {
+        self.param_defs_for(self.config.scan_layers)
+    }
+
+    /// The parameters with the layers' stacked (`scan`) or one set per layer.
+    fn param_defs_for(&self, scan: bool) -> Vec<ParamDef> {
         let c = &self.config;
         let mut defs = vec![ParamDef::new(
             "token_embedder.embedding",
@@ -236,7 +241,7 @@ impl Model {
             ParamInit::Normal(1.0),
         )];
         for layer in self.family.layer_params(c) {
-            if c.scan_layers {
+            if scan {
                 defs.push(ParamDef {
                     name: format!("decoder.layers.{}", layer.name),
                     shape: [&[c.layers][..], &layer.shape].concat(),
@@ -281,9 +286,17 @@ impl Model {
         params::declare(sig, &self.param_defs(), self.config.weight_dtype, &self.config.rules, prefix);
     }
 
-    /// Draws every parameter from `key` (`random::key(ctx, init_weights_seed)`).
+    /// Draws every parameter from `key` (`random::key(ctx, init_weights_seed)`). Unscanned
+    /// layers get the values the scanned model draws, stacked, sliced layer by layer: one random
+    /// computation per kind of layer parameter instead of one per layer and kind, which XLA
+    /// compiles several times faster (issue 27: on an H100 the unscanned init took 22.8 s, the
+    /// scanned 2.3 s), and a model initializes the same whether its layers are scanned or not.
     pub fn init_params(&self, key: &Tensor) -> Tree {
-        params::init(&self.param_defs(), self.config.weight_dtype, key)
+        let stacked = params::init(&self.param_defs_for(true), self.config.weight_dtype, key);
+        if self.config.scan_layers {
+            return stacked;
+        }
+        params::unstack_layers(&stacked, self.param_defs())
     }
 
     /// Embeds `batch["inputs"]` (`s32[batch, seq]`), runs the decoder layers and the final

@@ -5,7 +5,8 @@
 //!   `Family` trait a decoder family implements.
 //! - [`attention`]: RoPE (default and Llama 3.1's), attention masks (causal, sliding window,
 //!   packed documents) and attention (`attend`, optionally soft-capped), shared by the families;
-//!   [`blockwise`]: the memory-efficient blockwise attention with its own backward pass.
+//!   [`blockwise`]: the memory-efficient blockwise attention with its own backward pass;
+//!   [`cudnn`]: XLA's cuDNN fused attention custom calls, as JAX emits them (CUDA only).
 //! - [`blocks`]: MaxText's layer blocks several families share: norms, the MLP block, the
 //!   self-attention block.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
@@ -21,6 +22,7 @@ pub mod attention;
 pub mod blocks;
 pub mod blockwise;
 pub mod config;
+pub mod cudnn;
 pub mod decoder;
 pub mod flops;
 pub mod gemma;

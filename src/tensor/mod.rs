@@ -42,5 +42,5 @@ pub use shape_ops::{concatenate, stack};
 pub use sorting::sort;
 pub(crate) use trace::usage_error;
 pub use trace::{Tensor, Trace};
-pub use transforms::{checkpoint, composite, scan, scan_reverse, RematPolicy};
+pub use transforms::{checkpoint, composite, custom_call, manual_computation, scan, scan_reverse, RematPolicy};
 pub use tree::Tree;

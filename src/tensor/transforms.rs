@@ -1,6 +1,7 @@
 //! Function transformations in the spirit of JAX: `scan` (MaxText's scan_layers),
 //! `checkpoint` (remat) with its policies, `composite` (a function with its own backward pass,
-//! JAX's `custom_vjp`), and the identity-like tags `stop_gradient`, `checkpoint_name` and
+//! JAX's `custom_vjp`), `manual_computation` (a function of each device's shards, JAX's
+//! `shard_map`), and the identity-like tags `stop_gradient`, `checkpoint_name` and
 //! `with_sharding_constraint`. `value_and_grad` is `crate::autodiff`'s.
 //!
 //! Each traces its function once, in a child of the current trace (`Trace::current`), into a
@@ -9,7 +10,7 @@
 
 use super::trace::{usage_error, Tensor, Trace};
 use super::Tree;
-use crate::ir::{Composite, Prim, Remat, Scan, Type};
+use crate::ir::{Composite, CustomCall, Manual, Prim, Remat, Scan, Type};
 use crate::sharding::PartitionSpec;
 use std::sync::Arc;
 
@@ -138,6 +139,63 @@ pub fn composite(
     let (bwd, _) = tb.finish(&cts.iter().collect::<Vec<_>>());
     let prim = Composite { name: Arc::from(name), forward: Arc::new(fwd), backward: Arc::new(bwd) };
     parent.bind(Prim::Composite(prim), inputs)
+}
+
+/// The results of XLA's custom call `call` on `operands` (which must match its layouts): an
+/// opaque kernel such as cuDNN's fused attention. It has no derivative; differentiate through a
+/// `composite` whose backward pass is the matching backward call.
+#[track_caller]
+pub fn custom_call(call: CustomCall, operands: &[&Tensor]) -> Vec<Tensor> {
+    Trace::innermost(operands.iter().copied()).bind(Prim::CustomCall(call), operands)
+}
+
+/// Applies `body` to every device's shards of `inputs` (JAX's `shard_map`): input `i` is split
+/// over mesh axes as `in_specs[i]` says, `body` gets the local shards and returns the local
+/// results, which `out_specs` lay out. The manual axes are the axes the specs name (those larger
+/// than 1); the body sees no other sharding and may not use tensors from outside (create constants
+/// inside). For operations the partitioner cannot split itself, such as custom calls.
+#[track_caller]
+pub fn manual_computation(
+    inputs: &[&Tensor],
+    in_specs: &[PartitionSpec],
+    out_specs: &[PartitionSpec],
+    body: impl FnOnce(&[Tensor]) -> Vec<Tensor>,
+) -> Vec<Tensor> {
+    let parent = Trace::innermost(inputs.iter().copied());
+    let Some(mesh) = parent.mesh() else { usage_error("manual_computation needs a mesh") };
+    if in_specs.len() != inputs.len() {
+        usage_error(&format!("manual_computation: {} inputs, {} input specs", inputs.len(), in_specs.len()));
+    }
+    let named: Vec<&String> =
+        in_specs.iter().chain(out_specs).flat_map(|s| (0..s.rank()).flat_map(|d| s.dim(d))).collect();
+    let axes: Vec<(String, usize)> =
+        mesh.axes().iter().filter(|(a, size)| *size > 1 && named.contains(&a)).cloned().collect();
+    let manual = |specs: &[PartitionSpec]| -> Vec<PartitionSpec> {
+        let keep = |d: &[String]| d.iter().filter(|a| axes.iter().any(|(n, _)| n == *a)).cloned().collect();
+        specs.iter().map(|s| PartitionSpec::from_axes((0..s.rank()).map(|d| keep(s.dim(d))).collect())).collect()
+    };
+    let (in_specs, out_specs) = (manual(in_specs), manual(out_specs));
+    let tb = Trace::root(None);
+    let mut locals = Vec::with_capacity(inputs.len());
+    for (t, spec) in inputs.iter().zip(&in_specs) {
+        if let Err(msg) = spec.validate(mesh, t.rank()) {
+            super::trace::op_error("manual_computation", &msg, &[t.ty()]);
+        }
+        let mut dims = t.shape().to_vec();
+        for (d, size) in dims.iter_mut().enumerate() {
+            let shards: i64 = spec.dim(d).iter().map(|a| mesh.axis_size(a).unwrap_or(1) as i64).product();
+            if *size % shards != 0 {
+                let msg = format!("dimension {d} does not split into {shards} shards ({spec})");
+                super::trace::op_error("manual_computation", &msg, &[t.ty()]);
+            }
+            *size /= shards;
+        }
+        locals.push(tb.input(Type::new(t.dtype(), dims)));
+    }
+    let outs = body(&locals);
+    let (graph, captures) = tb.finish(&outs.iter().collect::<Vec<_>>());
+    debug_assert!(captures.is_empty(), "a root trace captures nothing");
+    parent.bind(Prim::ManualComputation(Manual { body: Arc::new(graph), axes, in_specs, out_specs }), inputs)
 }
 
 impl Tensor {

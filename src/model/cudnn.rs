@@ -1,0 +1,274 @@
+//! XLA's cuDNN fused attention (`attention=cudnn_flash_jax` / `cudnn_flash_te` on CUDA), emitted
+//! exactly as JAX 0.11.2's `jax._src.cudnn.fused_attention_stablehlo` emits it for MaxText's
+//! `cudnn_jax_flash_attention` (`src/maxtext/layers/attention_op.py`, MaxText e591f30:
+//! `dot_product_attention(q, k, v, mask_type=CAUSAL, scale=1.0, qkv_layout="BTNH")`, queries
+//! already scaled):
+//!
+//! - the forward pass is the custom call `__cudnn$fmhaSoftmax` on `q, k, v` (`[batch, seq,
+//!   heads, head_dim]`, bf16 or f16), whose results are the output in `[batch, heads, seq,
+//!   head_dim]` shape with a `[3, 1, 2, 0]` layout (so the transpose back to `[batch, seq, heads,
+//!   head_dim]` is free), the f32 softmax statistics `[batch, heads, seq]` (training only) and a
+//!   `u8[0]` workspace XLA sizes itself;
+//! - the backward pass is `__cudnn$fmhaSoftmaxBackward` on `q, k, v, stats, d_out, out`;
+//! - both carry JAX's backend config (`create_dot_product_attention_backend_config`): the mask
+//!   (`CAUSAL`, or `PADDING_CAUSAL` with per-row lengths as two more `s32[batch]` operands), the
+//!   sliding window (`sliding_window_length`: key `s` is seen from query `t` when `t - s <
+//!   window`, JAX's `local_window_size=(window - 1, 0)`), the dot dimension numbers of the BTNH
+//!   layout and `fmha_scale = 1.0`.
+//!
+//! The pair is one `composite` (JAX's `custom_vjp`): its forward returns the output and the
+//! statistics, both tagged `context` by the caller, so `remat_policy=minimal_flash` keeps them
+//! and the backward never recomputes attention; its backward is the backward call. A custom
+//! call has no derivative of its own (autodiff refuses to differentiate one), so the composite
+//! is the only way a gradient reaches it.
+//!
+//! On a mesh both calls run inside a Shardy manual computation (JAX's `shard_map`) over the
+//! mesh axes that shard the batch and the heads: XLA's SPMD partitioner does not know these
+//! custom calls (JAX partitions them with `custom_partitioning` callbacks, which are Python).
+//! Inside, every device sees its local shapes; the backend config is written for them.
+
+use std::fmt::Write;
+
+use crate::ir::{CustomCall, DType, Type};
+use crate::sharding::PartitionSpec;
+use crate::tensor::{composite, custom_call, manual_computation, Tensor};
+
+pub const FORWARD: &str = "__cudnn$fmhaSoftmax";
+pub const BACKWARD: &str = "__cudnn$fmhaSoftmaxBackward";
+
+/// One fused attention call's static shape and mask, in local (per-device) sizes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fmha {
+    pub batch: i64,
+    pub seq: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head_dim: i64,
+    pub dtype: DType,
+    /// Keys within `window` tokens back (`t - s < window`), besides causality.
+    pub window: Option<i64>,
+    /// Per-row valid lengths of queries and keys are operands (`PADDING_CAUSAL`).
+    pub padded: bool,
+}
+
+/// Why cuDNN's fused attention cannot serve attention of this kind, if it cannot: JAX's
+/// `check_layout` and `check_is_flash_attention` (bf16/f16 only; head dim a multiple of 8, at
+/// most 256 on Hopper or later: maxrs targets Hopper, JAX allows 128 before it).
+pub fn unsupported(dtype: DType, head_dim: i64) -> Option<String> {
+    if !matches!(dtype, DType::BF16 | DType::F16) {
+        return Some(format!("cuDNN's fused attention takes bf16 or f16, not {dtype} (dtype)"));
+    }
+    if head_dim % 8 != 0 || head_dim > 256 {
+        return Some(format!(
+            "cuDNN's fused attention needs a head_dim that is a multiple of 8, at most 256, not {head_dim}"
+        ));
+    }
+    None
+}
+
+impl Fmha {
+    /// The call for `q: [batch, seq, heads, head_dim]` and `k: [batch, seq, kv_heads, head_dim]`.
+    pub fn new(q: &Tensor, k: &Tensor, window: Option<i64>, padded: bool) -> Fmha {
+        let s = q.shape();
+        Fmha {
+            batch: s[0],
+            seq: s[1],
+            heads: s[2],
+            kv_heads: k.shape()[2],
+            head_dim: s[3],
+            dtype: q.dtype(),
+            window,
+            padded,
+        }
+    }
+
+    fn bnth(&self, heads: i64) -> Type {
+        Type::new(self.dtype, vec![self.batch, heads, self.seq, self.head_dim])
+    }
+
+    fn stats_type(&self) -> Type {
+        Type::new(DType::F32, vec![self.batch, self.heads, self.seq])
+    }
+
+    fn seqlen_layouts(&self) -> Vec<Vec<usize>> {
+        if self.padded {
+            vec![vec![0], vec![0]]
+        } else {
+            vec![]
+        }
+    }
+
+    /// The forward call: results `out: [batch, heads, seq, head_dim]` and, when `training`, the
+    /// f32 statistics `[batch, heads, seq]`.
+    pub fn forward_call(&self, training: bool) -> CustomCall {
+        let mut operand_layouts = vec![vec![3, 2, 1, 0]; 3];
+        operand_layouts.extend(self.seqlen_layouts());
+        let (mut results, mut result_layouts) = (vec![self.bnth(self.heads)], vec![vec![3, 1, 2, 0]]);
+        if training {
+            results.push(self.stats_type());
+            result_layouts.push(vec![2, 1, 0]);
+        }
+        CustomCall {
+            target: FORWARD.into(),
+            backend_config: self.backend_config(false).into(),
+            api_version: 2,
+            operand_layouts,
+            result_layouts,
+            results,
+            workspace: true,
+        }
+    }
+
+    /// The backward call on `q, k, v, stats, d_out, out` (and the lengths): results `dq, dk,
+    /// dv` in `[batch, heads, seq, head_dim]` shape with the output's layout.
+    pub fn backward_call(&self) -> CustomCall {
+        let mut operand_layouts = vec![vec![3, 2, 1, 0], vec![3, 2, 1, 0], vec![3, 2, 1, 0], vec![2, 1, 0]];
+        operand_layouts.extend([vec![3, 2, 1, 0], vec![3, 2, 1, 0]]);
+        operand_layouts.extend(self.seqlen_layouts());
+        CustomCall {
+            target: BACKWARD.into(),
+            backend_config: self.backend_config(true).into(),
+            api_version: 2,
+            operand_layouts,
+            result_layouts: vec![vec![3, 1, 2, 0]; 3],
+            results: vec![self.bnth(self.heads), self.bnth(self.kv_heads), self.bnth(self.kv_heads)],
+            workspace: true,
+        }
+    }
+
+    /// JAX's backend config as `json.dumps` writes it (same keys, order and separators).
+    pub fn backend_config(&self, backward: bool) -> String {
+        let dtype = match self.dtype {
+            DType::F16 => "F16",
+            _ => "BF16",
+        };
+        let mask = if self.padded { "PADDING_CAUSAL" } else { "CAUSAL" };
+        let mut s = String::from("{\"operation_queue_id\": \"0\", \"cudnn_fmha_backend_config\": {");
+        s.push_str("\"algorithm\": {\"algo_id\": \"0\", \"math_type\": \"TENSOR_OP_MATH\", \"tuning_knobs\": {\"17\": \"1\", \"24\": \"0\"}, \"is_cudnn_frontend\": true, \"workspace_size\": \"0\"}, ");
+        s.push_str("\"fmha_scale\": 1.0, ");
+        let _ = write!(
+            s,
+            "\"intermediate_tensor_shape\": {{\"element_type\": \"{dtype}\", \"dimensions\": [\"{}\", \"{}\", \"{}\", \"{}\"], ",
+            self.batch, self.heads, self.seq, self.seq
+        );
+        s.push_str("\"tuple_shapes\": [], \"layout\": {\"dim_level_types\": [], \"dim_unique\": [], \"dim_ordered\": [], \"minor_to_major\": [\"3\", \"2\", \"1\", \"0\"], \"tiles\": [], \"element_size_in_bits\": \"0\", \"memory_space\": \"0\", \"index_primitive_type\": \"PRIMITIVE_TYPE_INVALID\", \"pointer_primitive_type\": \"PRIMITIVE_TYPE_INVALID\", \"dynamic_shape_metadata_prefix_bytes\": \"0\"}, \"is_dynamic_dimension\": [false, false, false, false]}, ");
+        let _ = write!(s, "\"is_flash_attention\": true, \"mask_type\": \"{mask}\", ");
+        // BTNH: ((lhs contracting, rhs contracting), (lhs batch, rhs batch)) per matmul.
+        let dims: &[DotNumbers] = if backward {
+            &[
+                ("bmm1_grad_gemm1", (2, 1), [0, 1], [0, 2]),
+                ("bmm1_grad_gemm2", (3, 1), [0, 1], [0, 2]),
+                ("bmm2_grad_gemm1", (2, 1), [0, 1], [0, 2]),
+                ("bmm2_grad_gemm2", (3, 3), [0, 2], [0, 2]),
+            ]
+        } else {
+            &[("bmm1", (3, 3), [0, 2], [0, 2]), ("bmm2", (3, 1), [0, 1], [0, 2])]
+        };
+        for (name, (lc, rc), lb, rb) in dims {
+            let _ = write!(
+                s,
+                "\"{name}_dot_dimension_numbers\": {{\"lhs_contracting_dimensions\": [\"{lc}\"], \"rhs_contracting_dimensions\": [\"{rc}\"], \"lhs_batch_dimensions\": [\"{}\", \"{}\"], \"rhs_batch_dimensions\": [\"{}\", \"{}\"]}}, ",
+                lb[0], lb[1], rb[0], rb[1]
+            );
+        }
+        let _ = write!(
+            s,
+            "\"dropout_rate\": 0.0, \"seed\": 42, \"sliding_window_length\": {}, \"max_seg_per_batch\": 1, \"is_paged_attention\": false}}}}",
+            self.window.unwrap_or(0)
+        );
+        s
+    }
+}
+
+/// One matmul's dimension numbers in the backend config: its name, the lhs and rhs contracting
+/// dimensions, the lhs and rhs batch dimensions.
+type DotNumbers = (&'static str, (usize, usize), [usize; 2], [usize; 2]);
+
+/// `[batch, heads, seq, d]` back to `[batch, seq, heads, d]` (free: the calls' result layout).
+fn btnh(x: &Tensor) -> Tensor {
+    x.transpose(&[0, 2, 1, 3])
+}
+
+/// Causal attention of `q: [batch, seq, heads, head_dim]` (already scaled) over `k, v: [batch,
+/// seq, kv_heads, head_dim]` by cuDNN, within `window` tokens when given and, with `lengths`
+/// (`s32[batch]` valid lengths of the queries and of the keys), over each row's first tokens
+/// only. `training` gives the differentiable form, which also returns the f32 statistics
+/// `[batch, heads, seq]`; otherwise the forward call alone (inference), as JAX emits each.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<i64>,
+    lengths: Option<(&Tensor, &Tensor)>,
+    training: bool,
+) -> (Tensor, Option<Tensor>) {
+    let fmha = Fmha::new(q, k, window, lengths.is_some());
+    let mut inputs = vec![q, k, v];
+    if let Some((lq, lk)) = lengths {
+        inputs.extend([lq, lk]);
+    }
+    if !training {
+        let out = custom_call(fmha.forward_call(false), &inputs);
+        return (btnh(&out[0]), None);
+    }
+    let results = composite(
+        "cudnn_fmha",
+        &inputs,
+        |ins| {
+            let out = custom_call(fmha.forward_call(true), &ins.iter().collect::<Vec<_>>());
+            vec![btnh(&out[0]), out[1].clone()]
+        },
+        |ins, outs, cts| {
+            let mut operands = vec![&ins[0], &ins[1], &ins[2], &outs[1], &cts[0], &outs[0]];
+            operands.extend(&ins[3..]);
+            custom_call(fmha.backward_call(), &operands).iter().map(btnh).collect()
+        },
+    );
+    (results[0].clone(), Some(results[1].clone()))
+}
+
+/// `attention` on a mesh: the batch split over `batch_axes` and the heads over `head_axes`
+/// (mesh axes; those of size 1 are dropped), each device running cuDNN on its own shards
+/// inside a manual computation. The forward and the backward calls each get their own manual
+/// computation inside the composite, so autodiff never differentiates one.
+pub fn sharded_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<i64>,
+    batch_axes: &[String],
+    head_axes: &[String],
+    training: bool,
+) -> (Tensor, Option<Tensor>) {
+    let qkv = PartitionSpec::from_axes(vec![batch_axes.to_vec(), vec![], head_axes.to_vec(), vec![]]);
+    let stats = PartitionSpec::from_axes(vec![batch_axes.to_vec(), head_axes.to_vec(), vec![]]);
+    let specs = |n: usize| vec![qkv.clone(); n];
+    if !training {
+        let out = manual_computation(&[q, k, v], &specs(3), &specs(1), |ins| {
+            vec![attention(&ins[0], &ins[1], &ins[2], window, None, false).0]
+        });
+        return (out[0].clone(), None);
+    }
+    let results = composite(
+        "cudnn_fmha",
+        &[q, k, v],
+        |ins| {
+            let outs = [qkv.clone(), stats.clone()];
+            manual_computation(&ins.iter().collect::<Vec<_>>(), &specs(3), &outs, |local| {
+                let fmha = Fmha::new(&local[0], &local[1], window, false);
+                let out = custom_call(fmha.forward_call(true), &local.iter().collect::<Vec<_>>());
+                vec![btnh(&out[0]), out[1].clone()]
+            })
+        },
+        |ins, outs, cts| {
+            let operands = [&ins[0], &ins[1], &ins[2], &outs[1], &cts[0], &outs[0]];
+            let in_specs = [qkv.clone(), qkv.clone(), qkv.clone(), stats.clone(), qkv.clone(), qkv.clone()];
+            manual_computation(&operands, &in_specs, &specs(3), |local| {
+                let fmha = Fmha::new(&local[0], &local[1], window, false);
+                let grads = custom_call(fmha.backward_call(), &local.iter().collect::<Vec<_>>());
+                grads.iter().map(btnh).collect()
+            })
+        },
+    );
+    (results[0].clone(), Some(results[1].clone()))
+}

@@ -1,0 +1,231 @@
+//! cuDNN fused attention's custom calls as maxrs emits them, against what JAX 0.11.2 emits for
+//! the same attention (`tests/data/cudnn_fmha_jax-0.11.2/*.stablehlo.mlir`, lowered on an H100
+//! with `jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=1.0,
+//! implementation="cudnn")`, plus `local_window_size=(255, 0)` for `window` and
+//! `query_seq_lengths = key_value_seq_lengths = [1024, 700]` for `seqlens`; `fwdbwd` is
+//! `jax.vjp` of it with a cotangent of ones). For each case the calls are compared field by
+//! field: target, backend config (parsed and compared as JSON), operand and result layouts,
+//! operand and result types; SSA names are ignored. The CPU plugin cannot run cuDNN, so what
+//! the calls compute is checked on a GPU (`tools/gpu-check.d/27-cudnn.sh`).
+
+use maxrs::autodiff::value_and_grad;
+use maxrs::ir::{DType, Signature};
+use maxrs::lower::to_stablehlo;
+use maxrs::model::cudnn;
+use maxrs::sharding::Mesh;
+use maxrs::tensor::{trace, Tree};
+use serde_json::Value;
+use std::path::Path;
+
+/// One `stablehlo.custom_call` line, split into the fields that say what XLA runs.
+#[derive(Debug, PartialEq)]
+struct Call {
+    target: String,
+    api_version: String,
+    backend_config: Value,
+    operand_layouts: Vec<Vec<usize>>,
+    result_layouts: Vec<Vec<usize>>,
+    /// `(operand types) -> result types`, as printed.
+    signature: String,
+}
+
+fn between<'a>(s: &'a str, start: &str, end: &str) -> &'a str {
+    let from = s.find(start).unwrap_or_else(|| panic!("no {start:?} in {s}")) + start.len();
+    let len = s[from..].find(end).unwrap_or_else(|| panic!("no {end:?} after {start:?} in {s}"));
+    &s[from..from + len]
+}
+
+/// `dense<[3, 2, 1, 0]> : tensor<4xindex>, dense<0> : tensor<1xindex>` -> `[[3, 2, 1, 0], [0]]`.
+fn layouts(s: &str) -> Vec<Vec<usize>> {
+    s.split("dense<")
+        .skip(1)
+        .map(|item| {
+            let numbers = &item[..item.find('>').unwrap()];
+            numbers.trim_matches(['[', ']']).split(',').map(|n| n.trim().parse().unwrap()).collect()
+        })
+        .collect()
+}
+
+/// MLIR's string escapes (`\22` for a quote, `\5C` for a backslash, `\"`, `\\`) undone.
+fn unescape(s: &str) -> String {
+    let (mut out, bytes) = (Vec::new(), s.as_bytes());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' if bytes[i + 1] == b'"' || bytes[i + 1] == b'\\' => {
+                out.push(bytes[i + 1]);
+                i += 2;
+            }
+            b'\\' => {
+                out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn calls(mlir: &str) -> Vec<Call> {
+    mlir.lines()
+        .filter(|l| l.contains("stablehlo.custom_call @"))
+        .map(|line| {
+            let config = between(line, "backend_config = \"", "\", operand_layouts");
+            Call {
+                target: between(line, "custom_call @", "(").to_string(),
+                api_version: between(line, "api_version = ", ",").to_string(),
+                backend_config: serde_json::from_str(&unescape(config)).expect("backend config is JSON"),
+                operand_layouts: layouts(between(line, "operand_layouts = [", "], result_layouts")),
+                result_layouts: layouts(between(line, "result_layouts = [", "]}")),
+                signature: line[line.rfind("} : ").unwrap() + 4..].trim().to_string(),
+            }
+        })
+        .collect()
+}
+
+fn golden(name: &str) -> Vec<Call> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cudnn_fmha_jax-0.11.2").join(name);
+    calls(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+}
+
+#[derive(Clone, Copy)]
+struct Case {
+    name: &'static str,
+    kv_heads: i64,
+    window: Option<i64>,
+    lengths: bool,
+}
+
+const CASES: [Case; 4] = [
+    Case { name: "causal_mha", kv_heads: 8, window: None, lengths: false },
+    Case { name: "causal_gqa", kv_heads: 2, window: None, lengths: false },
+    // JAX's `local_window_size=(255, 0)`: the token itself and 255 before it.
+    Case { name: "window", kv_heads: 8, window: Some(256), lengths: false },
+    Case { name: "seqlens", kv_heads: 8, window: None, lengths: true },
+];
+
+/// The golden files' shapes: batch 2, 1024 tokens, 8 query heads of 128, bf16.
+fn emitted(case: Case, backward: bool) -> Vec<Call> {
+    let mut sig = Signature::new(None);
+    for (name, heads) in [("q", 8), ("k", case.kv_heads), ("v", case.kv_heads)] {
+        sig.input(name, DType::BF16, &[2, 1024, heads, 128]);
+    }
+    let program = trace(&sig, |ctx, inp| {
+        let lengths = ctx.constant(DType::S32, &[2], &[1024.0, 700.0]);
+        let attend = |p: &Tree, training: bool| {
+            let lengths = case.lengths.then_some((&lengths, &lengths));
+            cudnn::attention(&p["q"], &p["k"], &p["v"], case.window, lengths, training).0
+        };
+        if !backward {
+            return Tree::new().with("out", attend(inp, false));
+        }
+        let (_, grads) = value_and_grad(inp, |p| attend(p, true).astype(DType::F32).sum_all());
+        grads
+    })
+    .expect("traces");
+    calls(&to_stablehlo(&program))
+}
+
+/// The forward call alone (`fwd`: inference), and the differentiable forward call (with the f32
+/// softmax statistics) with the backward call, which reads the saved output and statistics
+/// (`fwdbwd`).
+#[test]
+fn calls_match_jax() {
+    for case in CASES {
+        for (pass, backward, calls) in [("fwd", false, 1), ("fwdbwd", true, 2)] {
+            let want = golden(&format!("{}.{pass}.stablehlo.mlir", case.name));
+            assert_eq!(want.len(), calls, "{}.{pass}: the golden file's custom calls", case.name);
+            assert_eq!(emitted(case, backward), want, "{}.{pass}", case.name);
+        }
+    }
+}
+
+/// The backend config text is `json.dumps`'s, byte for byte, not only the same JSON.
+#[test]
+fn backend_config_is_written_as_json_dumps_writes_it() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cudnn_fmha_jax-0.11.2/window.fwdbwd.stablehlo.mlir");
+    let text = std::fs::read_to_string(path).unwrap();
+    let fmha = cudnn::Fmha {
+        batch: 2,
+        seq: 1024,
+        heads: 8,
+        kv_heads: 8,
+        head_dim: 128,
+        dtype: DType::BF16,
+        window: Some(256),
+        padded: false,
+    };
+    let configs: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains("custom_call @"))
+        .map(|l| unescape(between(l, "backend_config = \"", "\", operand")))
+        .collect();
+    assert_eq!(configs, [fmha.backend_config(false), fmha.backend_config(true)]);
+}
+
+/// On a mesh the calls run inside Shardy manual computations over the batch (`data`) and head
+/// (`tensor`) axes, with each device's local shapes in the calls and their backend configs.
+#[test]
+fn sharded_calls_see_local_shapes_in_a_manual_computation() {
+    let mesh = Mesh::new(&[("data", 2), ("fsdp", 1), ("tensor", 2)]);
+    let mut sig = Signature::new(Some(mesh));
+    for (name, heads) in [("q", 8), ("k", 2), ("v", 2)] {
+        sig.input(name, DType::BF16, &[4, 256, heads, 64]);
+    }
+    let program = trace(&sig, |_, inp| {
+        let (batch, heads) = (vec!["data".to_string()], vec!["tensor".to_string()]);
+        let (_, grads) = value_and_grad(inp, |p| {
+            let (out, _) = cudnn::sharded_attention(&p["q"], &p["k"], &p["v"], None, &batch, &heads, true);
+            out.astype(DType::F32).sum_all()
+        });
+        grads
+    })
+    .expect("traces");
+    let mlir = to_stablehlo(&program);
+    assert_eq!(mlir.matches("sdy.manual_computation(").count(), 2, "{mlir}");
+    assert!(mlir.contains("manual_axes={\"data\", \"tensor\"}"), "{mlir}");
+    let local = cudnn::Fmha {
+        batch: 2,
+        seq: 256,
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 64,
+        dtype: DType::BF16,
+        window: None,
+        padded: false,
+    };
+    let got = calls(&mlir);
+    assert_eq!(got.len(), 2);
+    let configs: Vec<Value> =
+        [false, true].iter().map(|&b| serde_json::from_str(&local.backend_config(b)).unwrap()).collect();
+    assert_eq!(got.iter().map(|c| c.backend_config.clone()).collect::<Vec<_>>(), configs);
+    assert!(got[0].signature.starts_with("(tensor<2x256x4x64xbf16>, tensor<2x256x1x64xbf16>"), "{}", got[0].signature);
+    assert!(got[1]
+        .signature
+        .ends_with("(tensor<2x4x256x64xbf16>, tensor<2x1x256x64xbf16>, tensor<2x1x256x64xbf16>, tensor<0xui8>)"));
+}
+
+/// A custom call has no derivative of its own: differentiating one outside its composite is
+/// refused by name (the composite's backward call is its gradient).
+#[test]
+fn a_bare_custom_call_is_not_differentiated() {
+    let mut sig = Signature::new(None);
+    for name in ["q", "k", "v"] {
+        sig.input(name, DType::BF16, &[1, 128, 2, 64]);
+    }
+    let err = trace(&sig, |_, inp| {
+        let fmha = cudnn::Fmha::new(&inp["q"], &inp["k"], None, false);
+        let (_, grads) = value_and_grad(inp, |p| {
+            let out = maxrs::tensor::custom_call(fmha.forward_call(false), &[&p["q"], &p["k"], &p["v"]]);
+            out[0].astype(DType::F32).sum_all()
+        });
+        grads
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("custom_call @__cudnn$fmhaSoftmax has no derivative of its own"), "{err}");
+}

@@ -1,0 +1,84 @@
+//! Which runs get cuDNN's fused attention, what the start-up line says when one does not, and
+//! the train step that uses it: traced for 4 devices and for 1 (no GPU needed to trace), the step holds
+//! the forward call once per layer body and the backward call once; under a remat policy that
+//! saves `context` (`minimal_flash`) the backward pass never recomputes the forward call, under
+//! `full` it does once.
+
+use maxrs::config::{self, Config};
+use maxrs::lower::to_stablehlo;
+use maxrs::model::attention::{describe, AttentionImpl};
+use maxrs::model::ModelConfig;
+use maxrs::train::step::TrainStep;
+
+const GPU: &[&str] = &["hardware=gpu", "plugin=cuda13", "attention=cudnn_flash_jax", "dtype=bfloat16"];
+
+fn load(extra: &[&str]) -> Config {
+    let small = crate::common::small_model(&[]);
+    let args: Vec<String> =
+        small.iter().filter(|a| !a.starts_with("dtype=")).cloned().chain(extra.iter().map(|s| s.to_string())).collect();
+    // Not `config::check`ed: `dataset_type=hf` would want its files; resolution reads the keys.
+    config::load(None, &args).expect("loads")
+}
+
+/// The start-up line of `extra` (on top of `GPU`).
+fn line(extra: &[&str]) -> String {
+    let c = load(&[GPU, extra].concat());
+    describe(&c, ModelConfig::from_config(&c).attention)
+}
+
+#[test]
+fn cuda_runs_get_cudnn_and_the_rest_say_why_not() {
+    let c = load(GPU);
+    assert!(matches!(ModelConfig::from_config(&c).attention, AttentionImpl::Cudnn { block: 32 }));
+    let yes = line(&[]);
+    assert!(yes.contains("-> XLA's cuDNN fused attention (`__cudnn$fmhaSoftmax`"), "{yes}");
+    let te = line(&["attention=cudnn_flash_te"]);
+    assert!(te.contains("cuDNN fused attention") && te.contains("no Transformer Engine"), "{te}");
+    for (extra, why) in [
+        (
+            &["hardware=cpu", "plugin=cpu"][..],
+            "runs on a CUDA GPU (hardware=gpu with plugin=cuda12 or cuda13), not hardware=cpu plugin=\"cpu\"",
+        ),
+        (
+            &["compile_topology=a3-8", "compile_topology_num_slices=1"],
+            "a deviceless compile (compile_topology=\"a3-8\") skips XLA's cuDNN passes",
+        ),
+        (&["dtype=float32"], "takes bf16 or f16, not f32"),
+        (&["head_dim=12"], "a multiple of 8, at most 256, not 12"),
+        (&["attn_logits_soft_cap=30.0"], "no soft cap (attn_logits_soft_cap=30)"),
+        (&["dataset_type=hf", "packing=true"], "packed documents (packing=true) keep their segment masking"),
+        (&["ici_context_parallelism=2"], "the sequence is sharded (context parallelism)"),
+    ] {
+        let got = line(extra);
+        assert!(
+            got.contains("-> blockwise attention") && got.contains("; not cuDNN: ") && got.contains(why),
+            "{extra:?}: {got}"
+        );
+    }
+    // MaxText's autoselected picks its Pallas Triton kernel on GPU, not cuDNN.
+    let auto = line(&["attention=autoselected", "max_target_length=256"]);
+    assert!(auto.contains("autoselected -> blockwise attention") && !auto.contains("cuDNN"), "{auto}");
+}
+
+/// The custom calls in the train step of `extra` on `devices` devices: (forward calls, backward
+/// calls). On several devices they run in manual computations; on one, bare.
+fn calls_in_step(devices: usize, extra: &[&str]) -> (usize, usize) {
+    let c = load(&[GPU, extra].concat());
+    config::check(&c).expect("checks");
+    let derived = config::validate(&c, devices, 1).expect("valid");
+    let mesh = derived.mesh.step_mesh(&[(0..devices as i64).collect()]).expect("mesh");
+    let step = TrainStep::new(&c, &derived, mesh).expect("step");
+    let mlir = to_stablehlo(&step.train_step().expect("traces"));
+    assert_eq!(mlir.contains("sdy.manual_computation("), devices > 1, "manual computations on {devices} devices");
+    (
+        mlir.matches("custom_call @__cudnn$fmhaSoftmax(").count(),
+        mlir.matches("custom_call @__cudnn$fmhaSoftmaxBackward(").count(),
+    )
+}
+
+#[test]
+fn saving_context_keeps_the_backward_pass_from_recomputing_attention() {
+    assert_eq!(calls_in_step(4, &["remat_policy=minimal_flash"]), (1, 1));
+    assert_eq!(calls_in_step(4, &["remat_policy=full"]), (2, 1));
+    assert_eq!(calls_in_step(1, &["remat_policy=minimal_flash"]), (1, 1));
+}

@@ -1,0 +1,35 @@
+# Issue 27 (cuDNN fused attention), sourced by tools/gpu-check: defines check_27_cudnn.
+#
+# 1. cuDNN's calls against blockwise attention, outputs and q/k/v gradients in bf16, for causal
+#    MHA, GQA, a sliding window and per-row lengths (target/release/examples/cudnn_check, built
+#    by `cargo build --release --example cudnn_check` and carried with target/release/maxrs).
+# 2. The same training run (a small bf16 Llama, 30 steps, the same synthetic batches) with
+#    attention=cudnn_flash_jax and attention=flash: the start-up line says cuDNN, and the losses
+#    agree step by step within bf16 tolerance (2% relative).
+# Packed documents fall back to blockwise attention (decided from the config: tests/cudnn_model.rs).
+# Writes $GPU_CHECK_OUT/27-cudnn.losses.txt.
+check_27_cudnn() {
+  local plugin="${GPU_CHECK_PLUGIN:-cuda13}" check="${CUDNN_CHECK:-$PWD/target/release/examples/cudnn_check}"
+  [[ -x "$check" ]] || { echo "27-cudnn: $check is missing: cargo build --release --example cudnn_check"; return 1; }
+  "$check" hardware=gpu "plugin=$plugin" || return 1
+  local small=(hardware=gpu "plugin=$plugin" base_emb_dim=512 base_num_query_heads=8 base_num_kv_heads=4
+    head_dim=64 base_mlp_dim=1024 base_num_decoder_layers=4 vocab_size=1024 per_device_batch_size=4
+    max_target_length=1024 dtype=bfloat16 steps=30 learning_rate=1e-3 remat_policy=minimal_flash)
+  local out="$GPU_CHECK_OUT/27-cudnn"
+  "$MAXRS" train "${small[@]}" attention=cudnn_flash_jax >"$out.cudnn.log" 2>&1 || { tail -5 "$out.cudnn.log"; return 1; }
+  "$MAXRS" train "${small[@]}" attention=flash >"$out.flash.log" 2>&1 || { tail -5 "$out.flash.log"; return 1; }
+  grep -q "^attention: cudnn_flash_jax -> XLA's cuDNN fused attention" "$out.cudnn.log" \
+    || { echo "27-cudnn: the cuDNN run did not use cuDNN:"; grep "^attention:" "$out.cudnn.log"; return 1; }
+  python3 - "$out.cudnn.log" "$out.flash.log" <<'PY' | tee "$out.losses.txt"
+import re, sys
+def losses(path):
+    return [float(m) for m in re.findall(r"^completed step: \d+, .*, loss: ([\d.e+-]+)", open(path).read(), re.M)]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+if not a or len(a) != len(b):
+    sys.exit(f"27-cudnn: {len(a)} cuDNN losses and {len(b)} blockwise losses in the logs")
+worst = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+print(f"cudnn {a[0]:.4f} -> {a[-1]:.4f}, blockwise {b[0]:.4f} -> {b[-1]:.4f}; largest relative difference per step {worst:.2e}")
+sys.exit(0 if worst < 2e-2 else 1)
+PY
+  [[ ${PIPESTATUS[0]} == 0 ]]
+}
