@@ -16,6 +16,7 @@
 //! for `hf` its share of the files (or of the rows, with fewer files than processes).
 
 pub mod batch;
+pub mod chat;
 pub mod documents;
 pub mod error;
 pub mod packing;
@@ -123,7 +124,10 @@ pub fn load_tokenizer(c: &Config) -> Result<Arc<TextTokenizer>, DataError> {
     if c.tokenizer_path.is_empty() {
         return Err(DataError::NoTokenizer { dataset_type: c.dataset_type.to_string() });
     }
-    let tokenizer = TextTokenizer::load(&c.tokenizer_path, c.tokenizer_type.as_str(), c.add_bos, c.add_eos)?;
+    // SFT's BOS/EOS come from the chat template (MaxText loads the tokenizer with
+    // add_bos_token=False, add_eos_token=False: hf_data_processing.py, e591f30).
+    let (add_bos, add_eos) = if c.use_sft { (false, false) } else { (c.add_bos, c.add_eos) };
+    let tokenizer = TextTokenizer::load(&c.tokenizer_path, c.tokenizer_type.as_str(), add_bos, add_eos)?;
     if tokenizer.vocab_size() > c.vocab_size as usize {
         return Err(DataError::VocabMismatch {
             path: tokenizer.path().to_path_buf(),
@@ -161,18 +165,28 @@ pub fn text_spec(
     }
     let storage: Arc<dyn storage::Storage> = storage::storage_for(files_key, pattern)?.into();
     let files = storage.glob(files_key, pattern)?;
-    let column = match columns.as_slice() {
-        [one] => one.clone(),
-        other => {
-            return Err(DataError::BadState(format!(
-                "{columns_key}: pre-training reads one text column, got {other:?}"
-            )))
-        }
-    };
     for path in &files {
         documents::Format::of(path)?;
     }
-    documents::check_files(storage.as_ref(), &files, &column)?;
+    let (column, sft) = if c.use_sft {
+        chat::check_columns(columns_key, columns)?;
+        let template = chat::ChatTemplate::load(&c.chat_template, &c.chat_template_path, &c.tokenizer_path)?;
+        let sft = chat::Sft { template, columns: columns.clone(), completion_only: c.sft_train_on_completion_only };
+        documents::check_conversations(storage.as_ref(), &files, columns)?;
+        chat::check_first(&sft, tokenizer.as_ref(), storage.as_ref(), &files)?;
+        (String::new(), Some(Arc::new(sft)))
+    } else {
+        let column = match columns.as_slice() {
+            [one] => one.clone(),
+            other => {
+                return Err(DataError::BadState(format!(
+                    "{columns_key}: pre-training reads one text column, got {other:?}"
+                )))
+            }
+        };
+        documents::check_files(storage.as_ref(), &files, &column)?;
+        (column, None)
+    };
     if process.index >= process.count {
         return Err(DataError::BadProcessIndex { process_index: process.index, process_count: process.count });
     }
@@ -180,6 +194,7 @@ pub fn text_spec(
     Ok(TextSpec {
         files,
         column,
+        sft,
         storage,
         tokenizer,
         max_doc_len: c.max_target_length as usize,

@@ -83,6 +83,7 @@ pub fn tokenize_files(
     let spec = TextSpec {
         files,
         column: column.to_string(),
+        sft: None,
         storage,
         tokenizer,
         max_doc_len: usize::MAX,
@@ -100,7 +101,7 @@ pub fn tokenize_files(
         let mut writer = BufWriter::with_capacity(1 << 20, &*file);
         let mut docs = TokenizedDocs::start(&spec, TextState::default());
         while let Some((_, ids)) = docs.next_doc().map_err(std::io::Error::other)? {
-            let Some(ids) = ids else {
+            let Some(super::packing::Encoded { ids, .. }) = ids else {
                 summary.undecodable += 1;
                 continue;
             };
