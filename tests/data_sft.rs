@@ -129,3 +129,84 @@ fn template_errors_name_the_cause() {
     let bad = ChatTemplate::new("{% for %}".into(), vec![]).unwrap_err().to_string();
     assert!(bad.contains("not valid Jinja"), "{bad}");
 }
+
+const WORDS: &[&str] = &["love", "king", "night", "sweet", "lord", "fair", "heart", "death", "sir", "good", "time", "eyes"];
+
+/// `n` conversations "Repeat: a b c" -> "a b c" (words picked by a fixed LCG from `seed`), as
+/// JSON Lines of `{"messages": [...]}`.
+pub(crate) fn repeat_conversations(n: usize, seed: u64) -> (String, Vec<(String, String)>) {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut pick = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        WORDS[(state >> 33) as usize % WORDS.len()]
+    };
+    let mut lines = String::new();
+    let mut pairs = Vec::new();
+    for _ in 0..n {
+        let answer = format!("{} {} {}", pick(), pick(), pick());
+        let question = format!("Repeat: {answer}");
+        let messages = serde_json::json!({"messages": [
+            {"role": "user", "content": question}, {"role": "assistant", "content": answer}]});
+        lines.push_str(&format!("{messages}\n"));
+        pairs.push((question, answer));
+    }
+    (lines, pairs)
+}
+
+/// The default model on 200 conversations with Llama 3's template and completion-only loss:
+/// each step's `total_weights` is exactly its conversations' completion tokens (the answer and
+/// `<|eot_id|>`, counted from the template's format, not from maxrs's SFT code), the loss falls,
+/// and eval on a held-out file falls too.
+#[test]
+fn sft_run_trains_on_completions_only() {
+    use maxrs::cluster::client_for;
+    use maxrs::config;
+    use maxrs::train::run::train;
+    let dir = tempfile::tempdir().unwrap();
+    let (train_lines, pairs) = repeat_conversations(200, 1);
+    let (eval_lines, _) = repeat_conversations(40, 2);
+    std::fs::write(dir.path().join("train.jsonl"), train_lines).unwrap();
+    std::fs::write(dir.path().join("eval.jsonl"), eval_lines).unwrap();
+    let metrics = dir.path().join("metrics.jsonl");
+    let tokenizer_dir = chat_dir("llama3");
+    let args: Vec<String> = vec![
+        "dataset_type=hf".into(),
+        "use_sft=true".into(),
+        "sft_train_on_completion_only=true".into(),
+        "train_data_columns=[messages]".into(),
+        "eval_data_columns=[messages]".into(),
+        format!("hf_train_files={}", dir.path().join("train.jsonl").display()),
+        format!("hf_eval_files={}", dir.path().join("eval.jsonl").display()),
+        format!("tokenizer_path={}", tokenizer_dir.display()),
+        "tokenizer_type=huggingface".into(),
+        "vocab_size=1024".into(),
+        "packing=false".into(),
+        "enable_data_shuffling=false".into(),
+        "max_target_length=64".into(),
+        "steps=50".into(),
+        "eval_interval=49".into(),
+        "eval_steps=2".into(),
+        format!("metrics_file={}", metrics.display()),
+    ];
+    let c = config::load(None, &args).unwrap();
+    let client = client_for(&c).unwrap();
+    let report = train(&c, &client).unwrap();
+
+    let tokenizer = TextTokenizer::load(tokenizer_dir.to_str().unwrap(), "huggingface", false, false).unwrap();
+    let completion = |answer: &str| tokenizer.encode_text(answer).unwrap().len() as f64 + 1.0;
+    let lines: Vec<Value> =
+        std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let steps: Vec<&Value> = lines.iter().filter(|l| l.get("learning/total_weights").is_some()).collect();
+    assert_eq!(steps.len(), 50);
+    for (k, line) in steps.iter().enumerate().take(25) {
+        // 8 conversations per step, in file order; 200 = 25 steps per epoch.
+        let want: f64 = pairs[8 * k..8 * k + 8].iter().map(|(_, a)| completion(a)).sum();
+        assert_eq!(line["learning/total_weights"].as_f64().unwrap(), want, "step {k}: only completions carry loss");
+    }
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    let (first, last) = (mean(&report.losses[..5]), mean(&report.losses[45..]));
+    assert!(last < first - 2.0, "completion loss {first:.3} -> {last:.3}");
+    let evals: Vec<f64> = report.evals.iter().map(|e| e.avg_loss()).collect();
+    assert_eq!(evals.len(), 2, "evals after steps 0 and 49");
+    assert!(evals[1] < evals[0] - 2.0, "held-out completion loss falls: {evals:?}");
+}
