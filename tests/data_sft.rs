@@ -130,7 +130,8 @@ fn template_errors_name_the_cause() {
     assert!(bad.contains("not valid Jinja"), "{bad}");
 }
 
-const WORDS: &[&str] = &["love", "king", "night", "sweet", "lord", "fair", "heart", "death", "sir", "good", "time", "eyes"];
+const WORDS: &[&str] =
+    &["love", "king", "night", "sweet", "lord", "fair", "heart", "death", "sir", "good", "time", "eyes"];
 
 /// `n` conversations "Repeat: a b c" -> "a b c" (words picked by a fixed LCG from `seed`), as
 /// JSON Lines of `{"messages": [...]}`.

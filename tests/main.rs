@@ -17,6 +17,7 @@ mod config;
 mod config_key_walk;
 mod config_numbers;
 mod convert_hf;
+mod data_gcs;
 mod data_sft;
 mod data_sources;
 mod data_text;

@@ -15,8 +15,7 @@
 //! the columns. [`check_files`] runs before training: the files must hold at least one row with
 //! text, or the stream would read them forever without filling a batch.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use parquet::basic::Type as PhysicalType;
@@ -27,7 +26,7 @@ use parquet::record::reader::RowIter;
 
 use super::chat::{self, Message};
 use super::error::DataError;
-use super::storage::Storage;
+use super::storage::{DataFile, Storage};
 
 /// One row of a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,8 +67,10 @@ pub fn read_file(storage: &dyn Storage, path: &Path, column: &str) -> Result<Row
     let file = storage.open(path)?;
     match Format::of(path)? {
         Format::Parquet => Ok(Box::new(ParquetRows::open(file, path, column)?)),
-        Format::JsonLines => Ok(Box::new(JsonRows::new(file, path, column, None))),
-        Format::Text => Ok(Box::new(Paragraphs { lines: BufReader::new(file), path: path.to_path_buf(), count: 0 })),
+        Format::JsonLines => Ok(Box::new(JsonRows::new(file.reader(), path, column, None))),
+        Format::Text => {
+            Ok(Box::new(Paragraphs { lines: BufReader::new(file.reader()), path: path.to_path_buf(), count: 0 }))
+        }
     }
 }
 
@@ -80,19 +81,15 @@ pub fn read_conversations(storage: &dyn Storage, path: &Path, columns: &[String]
     let format = Format::of(path)?;
     let file = storage.open(path)?;
     match format {
-        Format::JsonLines => Ok(Box::new(JsonRows::new(file, path, &columns[0], Some(columns.to_vec())))),
+        Format::JsonLines => Ok(Box::new(JsonRows::new(file.reader(), path, &columns[0], Some(columns.to_vec())))),
         Format::Parquet => {
-            let corrupt = |e: parquet::errors::ParquetError| DataError::CorruptParquet {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            };
-            let reader = SerializedFileReader::new(file).map_err(corrupt)?;
+            let reader = parquet_reader(file, path)?;
             let fields = reader.metadata().file_metadata().schema_descr().root_schema().get_fields().to_vec();
             let available: Vec<String> = fields.iter().map(|f| f.name().to_string()).collect();
             if let Some(missing) = columns.iter().find(|c| !available.contains(c)) {
                 return Err(DataError::NoColumn { path: path.to_path_buf(), column: missing.clone(), available });
             }
-            let rows = RowIter::from_file_into(Box::new(reader));
+            let rows = RowIter::from_file_into(reader);
             let (path, columns) = (path.to_path_buf(), columns.to_vec());
             Ok(Box::new(rows.enumerate().map(move |(i, row)| {
                 let row = row.map_err(|e| DataError::CorruptParquet { path: path.clone(), message: e.to_string() })?;
@@ -156,8 +153,20 @@ fn check_rows(
     })
 }
 
+/// A Parquet file's reader, local or read in ranges.
+fn parquet_reader(file: DataFile, path: &Path) -> Result<Box<dyn FileReader>, DataError> {
+    let corrupt = |e: parquet::errors::ParquetError| DataError::CorruptParquet {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    Ok(match file {
+        DataFile::Local(file) => Box::new(SerializedFileReader::new(file).map_err(corrupt)?),
+        DataFile::Remote(remote) => Box::new(SerializedFileReader::new(remote).map_err(corrupt)?),
+    })
+}
+
 struct JsonRows {
-    lines: BufReader<File>,
+    lines: BufReader<Box<dyn Read + Send>>,
     path: PathBuf,
     column: String,
     /// `Some(columns)`: rows are conversations read from these columns.
@@ -168,7 +177,7 @@ struct JsonRows {
 }
 
 impl JsonRows {
-    fn new(file: File, path: &Path, column: &str, conversation: Option<Vec<String>>) -> JsonRows {
+    fn new(file: Box<dyn Read + Send>, path: &Path, column: &str, conversation: Option<Vec<String>>) -> JsonRows {
         JsonRows {
             lines: BufReader::new(file),
             path: path.to_path_buf(),
@@ -241,7 +250,7 @@ impl Iterator for JsonRows {
 
 /// The paragraphs of a text file, read line by line: runs of non-blank lines, joined by `\n`.
 struct Paragraphs {
-    lines: BufReader<File>,
+    lines: BufReader<Box<dyn Read + Send>>,
     path: PathBuf,
     /// Paragraphs handed out so far.
     count: u64,
@@ -288,7 +297,7 @@ impl Iterator for Paragraphs {
 const PARQUET_BATCH: usize = 1024;
 
 struct ParquetRows {
-    reader: SerializedFileReader<File>,
+    reader: Box<dyn FileReader>,
     path: PathBuf,
     column: usize,
     max_def: i16,
@@ -300,12 +309,8 @@ struct ParquetRows {
 }
 
 impl ParquetRows {
-    fn open(file: File, path: &Path, column: &str) -> Result<ParquetRows, DataError> {
-        let corrupt = |e: parquet::errors::ParquetError| DataError::CorruptParquet {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        };
-        let reader = SerializedFileReader::new(file).map_err(corrupt)?;
+    fn open(file: DataFile, path: &Path, column: &str) -> Result<ParquetRows, DataError> {
+        let reader = parquet_reader(file, path)?;
         let schema = reader.metadata().file_metadata().schema_descr_ptr();
         let top_level: Vec<String> = schema.root_schema().get_fields().iter().map(|f| f.name().to_string()).collect();
         let index = schema.columns().iter().position(|c| c.path().parts() == [column.to_string()]);

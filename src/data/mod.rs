@@ -29,7 +29,6 @@ pub mod tokenizer;
 pub mod tokens;
 
 use std::ops::Range;
-use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -163,7 +162,7 @@ pub fn text_spec(
     if pattern.is_empty() {
         return Err(DataError::NoFilesKey { key: files_key });
     }
-    let storage: Arc<dyn storage::Storage> = storage::storage_for(files_key, pattern)?.into();
+    let storage: Arc<dyn storage::Storage> = storage::storage_for(pattern).into();
     let files = storage.glob(files_key, pattern)?;
     for path in &files {
         documents::Format::of(path)?;
@@ -233,15 +232,12 @@ pub fn open_train(
             if c.dataset_path.is_empty() {
                 return Err(DataError::MissingPath);
             }
-            if let Some(rest) = c.dataset_path.strip_prefix("gs://") {
-                return Err(DataError::RemoteNotSupported { what: "dataset_path".into(), rest: rest.into() });
-            }
             let position = match resume {
                 None => 0,
                 Some(DataState::Tokens { position }) => position,
                 Some(other) => return Err(mismatch(other)),
             };
-            let file = TokensFile::open(Path::new(&c.dataset_path), seq, c.vocab_size as u32)?;
+            let file = TokensFile::open_at(&c.dataset_path, seq, c.vocab_size as u32)?;
             let shuffle = c.enable_data_shuffling.then_some(seed);
             Ok(BatchIterator::Tokens(tokens::TokensBatches::new(file, global_batch, rows, shuffle, position)))
         }

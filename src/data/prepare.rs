@@ -54,7 +54,10 @@ impl std::fmt::Display for TokenizeSummary {
 pub fn input_files(inputs: &[String]) -> Result<Vec<PathBuf>, DataError> {
     let mut files = Vec::new();
     for input in inputs {
-        super::storage::storage_for("INPUT", input)?;
+        // `maxrs tokenize` reads local files (training reads gs:// datasets directly).
+        if let Some(rest) = input.strip_prefix("gs://") {
+            return Err(DataError::RemoteNotSupported { what: "INPUT".into(), rest: rest.into() });
+        }
         files.extend(LocalFiles.glob("INPUT", input)?);
     }
     files.sort();

@@ -342,3 +342,78 @@ impl Read for ObjectReader {
         self.response.read(buf)
     }
 }
+
+/// The size of an object, in bytes.
+pub(super) fn size(bucket: &str, key: &str) -> Result<u64> {
+    let service = service()?;
+    let what = format!("looking up gs://{bucket}/{key}");
+    let url = service.object_url(bucket, key, &[("fields", "size")]);
+    let response = service.send(&what, || service.http.get(url.clone()))?;
+    match response.status() {
+        StatusCode::NOT_FOUND => bail!("{what}: no such object"),
+        s if !s.is_success() => Err(status_error(&what, response)),
+        _ => {
+            let meta = response.json_value(&what)?;
+            // The JSON API writes sizes as decimal strings (uint64).
+            let size = meta["size"].as_str().and_then(|s| s.parse().ok()).or_else(|| meta["size"].as_u64());
+            size.ok_or_else(|| anyhow!("{what}: no size in the answer"))
+        }
+    }
+}
+
+/// Bytes `start..start + len` of an object (fewer at its end), with one `Range` request. A
+/// connection that breaks while the body streams in (or a body cut short) is retried like a
+/// failed request: the whole range is asked for again.
+pub(super) fn read_range(bucket: &str, key: &str, start: u64, len: u64) -> Result<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let service = service()?;
+    let what = format!("reading bytes {start}..{} of gs://{bucket}/{key}", start + len);
+    let url = service.object_url(bucket, key, &[("alt", "media")]);
+    let range = format!("bytes={start}-{}", start + len - 1);
+    let policy = retry_policy();
+    let mut tries = policy.tries();
+    loop {
+        let response = service.send(&what, || service.http.get(url.clone()).header("range", range.as_str()))?;
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
+            bail!("{what}: no such object");
+        }
+        if status == StatusCode::RANGE_NOT_SATISFIABLE {
+            return Ok(Vec::new());
+        }
+        if !status.is_success() {
+            return Err(status_error(&what, response));
+        }
+        let expected = response.content_length();
+        let whole = status == StatusCode::OK;
+        let failure = match response.bytes() {
+            Ok(body) if expected.is_none_or(|n| n == body.len() as u64) => {
+                // A server that ignores Range answers 200 with the whole object.
+                let body = if whole { body.slice((start as usize).min(body.len())..) } else { body };
+                return Ok(body[..body.len().min(len as usize)].to_vec());
+            }
+            Ok(body) => format!("the body ended after {} of {} bytes", body.len(), expected.unwrap_or(0)),
+            Err(e) => chain(&e),
+        };
+        if tries.last() {
+            bail!("{what}: {failure} ({} tries)", tries.attempt());
+        }
+        let delay = tries.next(None);
+        tracing::debug!("{what}: {failure}; retrying in {delay:?}");
+        std::thread::sleep(delay);
+    }
+}
+
+/// The names of every object under `prefix` (recursively), sorted.
+pub(super) fn list_names(bucket: &str, prefix: &str) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    list(bucket, prefix, false, |page| {
+        names.extend(
+            page["items"].as_array().into_iter().flatten().filter_map(|i| i["name"].as_str().map(str::to_string)),
+        );
+    })?;
+    names.sort();
+    Ok(names)
+}
