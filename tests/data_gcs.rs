@@ -241,3 +241,22 @@ fn sft_run_reads_its_bucket_through_cut_connections_and_resumes_after_a_kill() {
     assert!(cuts.load(Ordering::SeqCst) >= 1, "the proxy cut no ranged read");
     assert_eq!(losses(&d.path().join("run.jsonl")), want, "the cut, killed and resumed run's losses");
 }
+
+#[test]
+fn a_token_file_in_a_bucket_is_read_row_by_row() {
+    let Some(_emulator) = crate::common::gcs_emulator::start(&[BUCKET]) else { return };
+    use maxrs::data::TokensFile;
+    let rows: Vec<i32> = (0..5 * 9).map(|i| (i * 7) % 50).collect();
+    let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let remote = upload("tokens/t.bin", &bytes);
+    let file = TokensFile::open_at(&remote, 8, 50).unwrap();
+    assert_eq!(file.num_rows(), 5);
+    for r in 0..5 {
+        assert_eq!(file.row(r).unwrap(), rows[9 * r as usize..9 * (r as usize + 1)]);
+    }
+    let ragged = upload("tokens/ragged.bin", &bytes[..bytes.len() - 4]);
+    let e = TokensFile::open_at(&ragged, 8, 50).unwrap_err().to_string();
+    assert!(e.contains("ragged.bin") && e.contains("row size 36 bytes"), "{e}");
+    let e = TokensFile::open_at(&format!("gs://{BUCKET}/tokens/missing.bin"), 8, 50).unwrap_err().to_string();
+    assert!(e.contains("dataset_path") && e.contains("no such object"), "{e}");
+}

@@ -122,7 +122,7 @@ impl TokensFile {
 fn check_size(path: &Path, size: u64, max_target_length: usize) -> Result<(u64, u64), DataError> {
     // Saturating: an absurd length gives a row no file matches (an error below), not an overflow.
     let row_bytes = 4u64.saturating_mul((max_target_length as u64).saturating_add(1));
-    if size % row_bytes != 0 {
+    if !size.is_multiple_of(row_bytes) {
         return Err(DataError::RaggedFile { path: path.to_owned(), size, row_bytes, max_target_length });
     }
     if size == 0 {
