@@ -145,13 +145,18 @@ pub(super) fn put(bucket: &str, key: &str, bytes: &[u8]) -> Result<()> {
 }
 
 pub(super) fn exists(bucket: &str, key: &str) -> Result<bool> {
+    Ok(metadata(bucket, key, "name")?.is_some())
+}
+
+/// The object's metadata `fields` (JSON API), `None` when there is no such object.
+fn metadata(bucket: &str, key: &str, fields: &str) -> Result<Option<serde_json::Value>> {
     let service = service()?;
     let what = format!("looking up gs://{bucket}/{key}");
-    let url = service.object_url(bucket, key, &[("fields", "name")]);
+    let url = service.object_url(bucket, key, &[("fields", fields)]);
     let response = service.send(&what, || service.http.get(url.clone()))?;
     match response.status() {
-        StatusCode::NOT_FOUND => Ok(false),
-        s if s.is_success() => Ok(true),
+        StatusCode::NOT_FOUND => Ok(None),
+        s if s.is_success() => response.json_value(&what).map(Some),
         _ => Err(status_error(&what, response)),
     }
 }
@@ -345,20 +350,11 @@ impl Read for ObjectReader {
 
 /// The size of an object, in bytes.
 pub(super) fn size(bucket: &str, key: &str) -> Result<u64> {
-    let service = service()?;
     let what = format!("looking up gs://{bucket}/{key}");
-    let url = service.object_url(bucket, key, &[("fields", "size")]);
-    let response = service.send(&what, || service.http.get(url.clone()))?;
-    match response.status() {
-        StatusCode::NOT_FOUND => bail!("{what}: no such object"),
-        s if !s.is_success() => Err(status_error(&what, response)),
-        _ => {
-            let meta = response.json_value(&what)?;
-            // The JSON API writes sizes as decimal strings (uint64).
-            let size = meta["size"].as_str().and_then(|s| s.parse().ok()).or_else(|| meta["size"].as_u64());
-            size.ok_or_else(|| anyhow!("{what}: no size in the answer"))
-        }
-    }
+    let meta = metadata(bucket, key, "size")?.ok_or_else(|| anyhow!("{what}: no such object"))?;
+    // The JSON API writes sizes as decimal strings (uint64).
+    let size = meta["size"].as_str().and_then(|s| s.parse().ok()).or_else(|| meta["size"].as_u64());
+    size.ok_or_else(|| anyhow!("{what}: no size in the answer"))
 }
 
 /// Bytes `start..start + len` of an object (fewer at its end), with one `Range` request. A
