@@ -7,9 +7,11 @@
 //! - [`tokens`]: `dataset_type=tokens`, a memory-mapped file of token ids, shuffled by row.
 //! - [`text`]: `dataset_type=hf`, Parquet / JSON Lines / text files tokenized by background
 //!   workers ([`documents`] reads the files, [`tokenizer`] turns text into ids, [`packing`]
-//!   fills rows), shuffled by file and by window.
+//!   fills rows), shuffled by file and by window; with `use_sft` the rows are conversations
+//!   rendered by the tokenizer's chat template ([`chat`]), with their prompts masked.
 //! - [`prepare`]: `maxrs tokenize`, text files to the `tokens` format.
-//! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam.
+//! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam
+//!   (local files, and `gs://` read in ranges).
 //!
 //! Sharding: each process produces only its own rows of the global batch (`process_index` of
 //! `process_count`): for `synthetic` and `tokens` a contiguous block of the global batch's rows,
