@@ -66,6 +66,7 @@ fn cfg(files: &str, template: &str, seq: usize, extra: &[&str]) -> Config {
         "use_sft=true".into(),
         "sft_train_on_completion_only=true".into(),
         "train_data_columns=[messages]".into(),
+        "eval_data_columns=[messages]".into(),
         "tokenizer_type=huggingface".into(),
         "vocab_size=1024".into(),
         format!("tokenizer_path={}", chat_dir(template).display()),
