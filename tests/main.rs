@@ -37,6 +37,8 @@ mod config_numbers;
 mod convert_hf;
 mod cudnn_golden;
 mod cudnn_model;
+mod data_gcs;
+mod data_sft;
 mod data_sources;
 mod data_text;
 mod data_tokenizer;

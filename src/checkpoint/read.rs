@@ -102,6 +102,9 @@ impl<'a> SliceReader<'a> {
         }
         let len = elements(&slice.bounds) as u64 * ty.byte_size() as u64;
         let bytes = storage::read_range(&location, *offset, len)?;
+        if bytes.len() as u64 != len {
+            bail!("{location}: truncated: it ends {} bytes into the {len} bytes at offset {offset}", bytes.len());
+        }
         self.bytes_read += len;
         let got = manifest::crc_hex(crc32c::crc32c(&bytes));
         if &got != crc {

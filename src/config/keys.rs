@@ -239,6 +239,14 @@ declare_keys! {
         add_eos: bool = true => MaxText.run(),
         /// Pack several documents into each row (attention stays within a document); false pads.
         packing: bool = true => MaxText.run(),
+        /// Supervised fine-tuning: rows are conversations (train_data_columns [messages], [prompt, completion] or [question, answer]) rendered with the chat template.
+        use_sft: bool = false => MaxText.run(),
+        /// With use_sft: the loss counts only the completions (assistant replies), not the prompts.
+        sft_train_on_completion_only: bool = false => MaxText.run(),
+        /// With use_sft: a Jinja chat template; empty: chat_template_path, else the tokenizer_config.json's.
+        chat_template: String = "" => MaxText.run(),
+        /// With use_sft and no chat_template: a .jinja/.j2/.txt template, or a .json file with a chat_template entry.
+        chat_template_path: String = "" => MaxText.run(),
         /// Shuffle files and document windows (hf) or rows (tokens) each epoch.
         enable_data_shuffling: bool = true => MaxText.run(),
         /// Seeds the shuffles, and the synthetic sequence.

@@ -82,7 +82,6 @@ pub const REFUSED: &[Refusal] = &[
             "generate_padding_batch_train",
             "generate_padding_batch_eval",
             "expansion_factor_real_data",
-            "use_sft",
             "use_dpo",
             "use_chat_template",
         ],

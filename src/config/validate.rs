@@ -566,6 +566,12 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
         }
         Ok(())
     };
+    if c.use_sft && c.dataset_type != DatasetType::Hf {
+        return Err(ConfigError::invalid(
+            "use_sft",
+            format!("true reads conversations with dataset_type=hf, not dataset_type={}", c.dataset_type),
+        ));
+    }
     if c.dataset_type == DatasetType::Hf {
         if c.hf_train_files.is_empty() {
             return Err(ConfigError::invalid(
@@ -574,7 +580,7 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
             ));
         }
         needs_text("dataset_type=hf")?;
-        one_column("train_data_columns", &c.train_data_columns)?;
+        one_column(c, "train_data_columns", &c.train_data_columns)?;
     }
     if c.eval_interval > 0 {
         if c.hf_eval_files.is_empty() {
@@ -584,13 +590,14 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
             ));
         }
         needs_text("eval")?;
-        one_column("eval_data_columns", &c.eval_data_columns)?;
+        one_column(c, "eval_data_columns", &c.eval_data_columns)?;
     }
     Ok(())
 }
 
-fn one_column(key: &str, columns: &[String]) -> Result<(), ConfigError> {
-    if columns.len() != 1 {
+/// Pre-training's one text column (SFT's column layouts are checked when the files are opened).
+fn one_column(c: &Config, key: &str, columns: &[String]) -> Result<(), ConfigError> {
+    if columns.len() != 1 && !c.use_sft {
         return Err(ConfigError::invalid(
             key,
             format!("{columns:?}: pre-training reads exactly one text column, e.g. {key}=[text]"),

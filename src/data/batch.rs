@@ -15,7 +15,9 @@
 //! `ShiftData`/`shift_and_refine`, main e591f30): the targets are the inputs shifted left with
 //! the pad id at the end, `targets_segmentation` is `inputs_segmentation` shifted left with 0 at
 //! the end, and it is zeroed where the target is the pad id or the BOS id. The last rule keeps
-//! the loss off the step from one packed document to the next, whose first token is BOS.
+//! the loss off the step from one packed document to the next, whose first token is BOS. The
+//! targets are shifted from the rows' targets column, which SFT's completion-only loss sets to
+//! the pad id on prompt tokens ([`super::chat`]): those targets are the pad id and carry no loss.
 
 use crate::host::HostTensor;
 
@@ -30,12 +32,14 @@ pub struct Batch {
 }
 
 /// One row of packed (or padded) documents before the shift: ids, segment per token, position
-/// per token, each of length `S`; padding has segment 0.
+/// per token, and the targets column (the ids, except where SFT masks a prompt with the pad id:
+/// MaxText's `SFTPromptMasking`), each of length `S`; padding has segment 0.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PackedRow {
     pub ids: Vec<i32>,
     pub segments: Vec<i32>,
     pub positions: Vec<i32>,
+    pub targets: Vec<i32>,
 }
 
 impl Batch {
@@ -66,8 +70,10 @@ impl Batch {
             inputs.extend_from_slice(&row.ids);
             segs.extend_from_slice(&row.segments);
             pos.extend_from_slice(&row.positions);
+            debug_assert_eq!(row.targets.len(), seq_len);
             for t in 0..seq_len {
-                let (target, seg) = if t + 1 < seq_len { (row.ids[t + 1], row.segments[t + 1]) } else { (pad_id, 0) };
+                let (target, seg) =
+                    if t + 1 < seq_len { (row.targets[t + 1], row.segments[t + 1]) } else { (pad_id, 0) };
                 let ignored = target == pad_id || Some(target) == bos;
                 targets.push(target);
                 target_segs.push(if ignored { 0 } else { seg });

@@ -15,22 +15,25 @@
 //! the columns. [`check_files`] runs before training: the files must hold at least one row with
 //! text, or the stream would read them forever without filling a batch.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use parquet::basic::Type as PhysicalType;
 use parquet::column::reader::ColumnReader;
 use parquet::data_type::ByteArray;
 use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::record::reader::RowIter;
 
+use super::chat::{self, Message};
 use super::error::DataError;
-use super::storage::Storage;
+use super::storage::{DataFile, Storage};
 
 /// One row of a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Doc {
     Text(String),
+    /// A conversation (`use_sft=true`: [`read_conversations`]).
+    Chat(Vec<Message>),
     /// Why the row has no text, with its place: "line 3: not JSON (...)".
     Undecodable(String),
 }
@@ -64,14 +67,44 @@ pub fn read_file(storage: &dyn Storage, path: &Path, column: &str) -> Result<Row
     let file = storage.open(path)?;
     match Format::of(path)? {
         Format::Parquet => Ok(Box::new(ParquetRows::open(file, path, column)?)),
-        Format::JsonLines => Ok(Box::new(JsonRows {
-            lines: BufReader::new(file),
-            path: path.to_path_buf(),
-            column: column.into(),
-            line: 0,
-            seen_row: false,
-        })),
-        Format::Text => Ok(Box::new(Paragraphs { lines: BufReader::new(file), path: path.to_path_buf(), count: 0 })),
+        Format::JsonLines => Ok(Box::new(JsonRows::new(file.reader(), path, column, None))),
+        Format::Text => {
+            Ok(Box::new(Paragraphs { lines: BufReader::new(file.reader()), path: path.to_path_buf(), count: 0 }))
+        }
+    }
+}
+
+/// Opens `path` and reads the conversation of each row from `columns` (see [`chat`]): JSON Lines
+/// objects, or Parquet rows (any nesting: lists of `{role, content}` structs); text files hold no
+/// conversations and are refused.
+pub fn read_conversations(storage: &dyn Storage, path: &Path, columns: &[String]) -> Result<Rows, DataError> {
+    let format = Format::of(path)?;
+    let file = storage.open(path)?;
+    match format {
+        Format::JsonLines => Ok(Box::new(JsonRows::new(file.reader(), path, &columns[0], Some(columns.to_vec())))),
+        Format::Parquet => {
+            let reader = parquet_reader(file, path)?;
+            let fields = reader.metadata().file_metadata().schema_descr().root_schema().get_fields().to_vec();
+            let available: Vec<String> = fields.iter().map(|f| f.name().to_string()).collect();
+            if let Some(missing) = columns.iter().find(|c| !available.contains(c)) {
+                return Err(DataError::NoColumn { path: path.to_path_buf(), column: missing.clone(), available });
+            }
+            let rows = RowIter::from_file_into(reader);
+            let (path, columns) = (path.to_path_buf(), columns.to_vec());
+            Ok(Box::new(rows.enumerate().map(move |(i, row)| {
+                let row = row.map_err(|e| DataError::CorruptParquet { path: path.clone(), message: e.to_string() })?;
+                Ok(match row.to_json_value() {
+                    serde_json::Value::Object(object) => chat::conversation(&object, &columns)
+                        .map(Doc::Chat)
+                        .unwrap_or_else(|why| Doc::Undecodable(format!("row {i}: {why}"))),
+                    _ => Doc::Undecodable(format!("row {i}: not a record")),
+                })
+            })))
+        }
+        Format::Text => Err(DataError::BadState(format!(
+            "{}: use_sft=true reads conversations from JSON Lines or Parquet files, not text files",
+            path.display()
+        ))),
     }
 }
 
@@ -81,13 +114,26 @@ pub fn read_file(storage: &dyn Storage, path: &Path, column: &str) -> Result<Row
 /// are refused, naming the first file and its first bad row. Reading stops at the first row
 /// with text, normally the first row of the first file.
 pub fn check_files(storage: &dyn Storage, files: &[PathBuf], column: &str) -> Result<(), DataError> {
+    check_rows(files, column, |path| read_file(storage, path, column))
+}
+
+/// [`check_files`] for conversations ([`read_conversations`]): some row must hold one.
+pub fn check_conversations(storage: &dyn Storage, files: &[PathBuf], columns: &[String]) -> Result<(), DataError> {
+    check_rows(files, &columns.join(", "), |path| read_conversations(storage, path, columns))
+}
+
+fn check_rows(
+    files: &[PathBuf],
+    column: &str,
+    read: impl Fn(&Path) -> Result<Rows, DataError>,
+) -> Result<(), DataError> {
     let mut first_file = None;
     for path in files {
         let mut rows = 0u64;
         let mut first_problem = None;
-        for doc in read_file(storage, path, column)? {
+        for doc in read(path)? {
             match doc? {
-                Doc::Text(_) => return Ok(()),
+                Doc::Text(_) | Doc::Chat(_) => return Ok(()),
                 Doc::Undecodable(why) => first_problem = first_problem.or(Some(why)),
             }
             rows += 1;
@@ -107,13 +153,40 @@ pub fn check_files(storage: &dyn Storage, files: &[PathBuf], column: &str) -> Re
     })
 }
 
+/// A Parquet file's reader, local or read in ranges.
+fn parquet_reader(file: DataFile, path: &Path) -> Result<Box<dyn FileReader>, DataError> {
+    let corrupt = |e: parquet::errors::ParquetError| DataError::CorruptParquet {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    Ok(match file {
+        DataFile::Local(file) => Box::new(SerializedFileReader::new(file).map_err(corrupt)?),
+        DataFile::Remote(remote) => Box::new(SerializedFileReader::new(remote).map_err(corrupt)?),
+    })
+}
+
 struct JsonRows {
-    lines: BufReader<File>,
+    lines: BufReader<Box<dyn Read + Send>>,
     path: PathBuf,
     column: String,
+    /// `Some(columns)`: rows are conversations read from these columns.
+    conversation: Option<Vec<String>>,
     /// Lines read so far, blank ones included (for the reasons of undecodable rows).
     line: u64,
     seen_row: bool,
+}
+
+impl JsonRows {
+    fn new(file: Box<dyn Read + Send>, path: &Path, column: &str, conversation: Option<Vec<String>>) -> JsonRows {
+        JsonRows {
+            lines: BufReader::new(file),
+            path: path.to_path_buf(),
+            column: column.into(),
+            conversation,
+            line: 0,
+            seen_row: false,
+        }
+    }
 }
 
 impl Iterator for JsonRows {
@@ -132,7 +205,8 @@ impl Iterator for JsonRows {
                 break;
             }
         }
-        if !std::mem::replace(&mut self.seen_row, true) && line.trim_ascii_start().starts_with(b"[") {
+        let first = !std::mem::replace(&mut self.seen_row, true);
+        if first && line.trim_ascii_start().starts_with(b"[") {
             return Some(Err(DataError::JsonArray { path: self.path.clone() }));
         }
         let at = self.line;
@@ -141,6 +215,16 @@ impl Iterator for JsonRows {
             Ok(_) => return Some(Ok(Doc::Undecodable(format!("line {at}: not a JSON object")))),
             Err(e) => return Some(Ok(Doc::Undecodable(format!("line {at}: {e}")))),
         };
+        if let Some(columns) = &self.conversation {
+            if let Some(missing) = columns.iter().find(|c| !object.contains_key(*c)).filter(|_| first) {
+                // The first row decides whether the file has the columns at all.
+                let available = object.keys().cloned().collect();
+                return Some(Err(DataError::NoColumn { path: self.path.clone(), column: missing.clone(), available }));
+            }
+            return Some(Ok(chat::conversation(&object, columns)
+                .map(Doc::Chat)
+                .unwrap_or_else(|why| Doc::Undecodable(format!("line {at}: {why}")))));
+        }
         Some(match object.get(&self.column) {
             Some(serde_json::Value::String(text)) => Ok(Doc::Text(text.clone())),
             Some(serde_json::Value::Null) => Ok(Doc::Undecodable(format!("line {at}: `{}` is null", self.column))),
@@ -166,7 +250,7 @@ impl Iterator for JsonRows {
 
 /// The paragraphs of a text file, read line by line: runs of non-blank lines, joined by `\n`.
 struct Paragraphs {
-    lines: BufReader<File>,
+    lines: BufReader<Box<dyn Read + Send>>,
     path: PathBuf,
     /// Paragraphs handed out so far.
     count: u64,
@@ -213,7 +297,7 @@ impl Iterator for Paragraphs {
 const PARQUET_BATCH: usize = 1024;
 
 struct ParquetRows {
-    reader: SerializedFileReader<File>,
+    reader: Box<dyn FileReader>,
     path: PathBuf,
     column: usize,
     max_def: i16,
@@ -225,12 +309,8 @@ struct ParquetRows {
 }
 
 impl ParquetRows {
-    fn open(file: File, path: &Path, column: &str) -> Result<ParquetRows, DataError> {
-        let corrupt = |e: parquet::errors::ParquetError| DataError::CorruptParquet {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        };
-        let reader = SerializedFileReader::new(file).map_err(corrupt)?;
+    fn open(file: DataFile, path: &Path, column: &str) -> Result<ParquetRows, DataError> {
+        let reader = parquet_reader(file, path)?;
         let schema = reader.metadata().file_metadata().schema_descr_ptr();
         let top_level: Vec<String> = schema.root_schema().get_fields().iter().map(|f| f.name().to_string()).collect();
         let index = schema.columns().iter().position(|c| c.path().parts() == [column.to_string()]);

@@ -75,6 +75,9 @@ pub enum DataError {
     )]
     RemoteNotSupported { what: String, rest: String },
 
+    #[error("{key}: {message}")]
+    Remote { key: &'static str, message: String },
+
     #[error("tokenizer_path is empty: dataset_type={dataset_type} tokenizes text and needs a tokenizer (a SentencePiece .model, or a tokenizer.json / its folder with tokenizer_type=huggingface)")]
     NoTokenizer { dataset_type: String },
     #[error("tokenizer_path={}: {message}", path.display())]

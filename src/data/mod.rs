@@ -7,15 +7,18 @@
 //! - [`tokens`]: `dataset_type=tokens`, a memory-mapped file of token ids, shuffled by row.
 //! - [`text`]: `dataset_type=hf`, Parquet / JSON Lines / text files tokenized by background
 //!   workers ([`documents`] reads the files, [`tokenizer`] turns text into ids, [`packing`]
-//!   fills rows), shuffled by file and by window.
+//!   fills rows), shuffled by file and by window; with `use_sft` the rows are conversations
+//!   rendered by the tokenizer's chat template ([`chat`]), with their prompts masked.
 //! - [`prepare`]: `maxrs tokenize`, text files to the `tokens` format.
-//! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam.
+//! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam
+//!   (local files, and `gs://` read in ranges).
 //!
 //! Sharding: each process produces only its own rows of the global batch (`process_index` of
 //! `process_count`): for `synthetic` and `tokens` a contiguous block of the global batch's rows,
 //! for `hf` its share of the files (or of the rows, with fewer files than processes).
 
 pub mod batch;
+pub mod chat;
 pub mod documents;
 pub mod error;
 pub mod packing;
@@ -28,7 +31,6 @@ pub mod tokenizer;
 pub mod tokens;
 
 use std::ops::Range;
-use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -123,7 +125,10 @@ pub fn load_tokenizer(c: &Config) -> Result<Arc<TextTokenizer>, DataError> {
     if c.tokenizer_path.is_empty() {
         return Err(DataError::NoTokenizer { dataset_type: c.dataset_type.to_string() });
     }
-    let tokenizer = TextTokenizer::load(&c.tokenizer_path, c.tokenizer_type.as_str(), c.add_bos, c.add_eos)?;
+    // SFT's BOS/EOS come from the chat template (MaxText loads the tokenizer with
+    // add_bos_token=False, add_eos_token=False: hf_data_processing.py, e591f30).
+    let (add_bos, add_eos) = if c.use_sft { (false, false) } else { (c.add_bos, c.add_eos) };
+    let tokenizer = TextTokenizer::load(&c.tokenizer_path, c.tokenizer_type.as_str(), add_bos, add_eos)?;
     if tokenizer.vocab_size() > c.vocab_size as usize {
         return Err(DataError::VocabMismatch {
             path: tokenizer.path().to_path_buf(),
@@ -159,20 +164,30 @@ pub fn text_spec(
     if pattern.is_empty() {
         return Err(DataError::NoFilesKey { key: files_key });
     }
-    let storage: Arc<dyn storage::Storage> = storage::storage_for(files_key, pattern)?.into();
+    let storage: Arc<dyn storage::Storage> = storage::storage_for(pattern).into();
     let files = storage.glob(files_key, pattern)?;
-    let column = match columns.as_slice() {
-        [one] => one.clone(),
-        other => {
-            return Err(DataError::BadState(format!(
-                "{columns_key}: pre-training reads one text column, got {other:?}"
-            )))
-        }
-    };
     for path in &files {
         documents::Format::of(path)?;
     }
-    documents::check_files(storage.as_ref(), &files, &column)?;
+    let (column, sft) = if c.use_sft {
+        chat::check_columns(columns_key, columns)?;
+        let template = chat::ChatTemplate::load(&c.chat_template, &c.chat_template_path, &c.tokenizer_path)?;
+        let sft = chat::Sft { template, columns: columns.clone(), completion_only: c.sft_train_on_completion_only };
+        documents::check_conversations(storage.as_ref(), &files, columns)?;
+        chat::check_first(&sft, tokenizer.as_ref(), storage.as_ref(), &files)?;
+        (String::new(), Some(Arc::new(sft)))
+    } else {
+        let column = match columns.as_slice() {
+            [one] => one.clone(),
+            other => {
+                return Err(DataError::BadState(format!(
+                    "{columns_key}: pre-training reads one text column, got {other:?}"
+                )))
+            }
+        };
+        documents::check_files(storage.as_ref(), &files, &column)?;
+        (column, None)
+    };
     if process.index >= process.count {
         return Err(DataError::BadProcessIndex { process_index: process.index, process_count: process.count });
     }
@@ -180,6 +195,7 @@ pub fn text_spec(
     Ok(TextSpec {
         files,
         column,
+        sft,
         storage,
         tokenizer,
         max_doc_len: c.max_target_length as usize,
@@ -218,15 +234,12 @@ pub fn open_train(
             if c.dataset_path.is_empty() {
                 return Err(DataError::MissingPath);
             }
-            if let Some(rest) = c.dataset_path.strip_prefix("gs://") {
-                return Err(DataError::RemoteNotSupported { what: "dataset_path".into(), rest: rest.into() });
-            }
             let position = match resume {
                 None => 0,
                 Some(DataState::Tokens { position }) => position,
                 Some(other) => return Err(mismatch(other)),
             };
-            let file = TokensFile::open(Path::new(&c.dataset_path), seq, c.vocab_size as u32)?;
+            let file = TokensFile::open_at(&c.dataset_path, seq, c.vocab_size as u32)?;
             let shuffle = c.enable_data_shuffling.then_some(seed);
             Ok(BatchIterator::Tokens(tokens::TokensBatches::new(file, global_batch, rows, shuffle, position)))
         }

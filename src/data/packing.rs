@@ -10,6 +10,21 @@
 
 use super::batch::PackedRow;
 
+/// A tokenized document: its ids, and its targets column where it differs from the ids (SFT's
+/// prompt tokens masked with the pad id, [`super::chat`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Encoded {
+    pub ids: Vec<i32>,
+    pub targets: Option<Vec<i32>>,
+}
+
+impl Encoded {
+    /// A document whose targets are its ids.
+    pub fn plain(ids: Vec<i32>) -> Encoded {
+        Encoded { ids, targets: None }
+    }
+}
+
 /// Fills one batch of `rows` rows of `seq_len` tokens.
 #[derive(Debug)]
 pub struct Packer {
@@ -31,7 +46,8 @@ impl Packer {
 
     /// Adds `doc` (non-empty, at most `seq_len` ids) if the batch has room for it; false when
     /// it does not (the batch is then complete: take it with [`Packer::finish`]).
-    pub fn add(&mut self, doc: &[i32]) -> bool {
+    pub fn add(&mut self, encoded: &Encoded) -> bool {
+        let doc = encoded.ids.as_slice();
         debug_assert!(!doc.is_empty() && doc.len() <= self.seq_len);
         let row = if self.packing {
             self.building.iter().position(|r| self.seq_len - r.ids.len() >= doc.len())
@@ -49,6 +65,7 @@ impl Packer {
         let r = &mut self.building[row];
         let segment = r.segments.last().copied().unwrap_or(0) + 1;
         r.ids.extend_from_slice(doc);
+        r.targets.extend_from_slice(encoded.targets.as_deref().unwrap_or(doc));
         r.segments.extend(std::iter::repeat_n(segment, doc.len()));
         r.positions.extend(0..doc.len() as i32);
         true
@@ -66,6 +83,7 @@ impl Packer {
         for r in &mut rows {
             let pad = self.seq_len - r.ids.len();
             r.ids.extend(std::iter::repeat_n(self.pad_id, pad));
+            r.targets.extend(std::iter::repeat_n(self.pad_id, pad));
             r.segments.extend(std::iter::repeat_n(0, pad));
             r.positions.extend(std::iter::repeat_n(0, pad));
         }
@@ -77,16 +95,23 @@ impl Packer {
 mod tests {
     use super::*;
 
+    fn doc(ids: &[i32]) -> Encoded {
+        Encoded::plain(ids.to_vec())
+    }
+
     #[test]
     fn first_fit_packs_segments_with_restarting_positions() {
         let mut p = Packer::new(6, 2, true, 0);
-        assert!(p.add(&[1, 2, 3]));
-        assert!(p.add(&[4, 5, 6, 7])); // does not fit row 0 (3 left): opens row 1
-        assert!(p.add(&[8, 9])); // fits row 0
-        assert!(!p.add(&[10, 11, 12])); // no room: batch complete
+        assert!(p.add(&doc(&[1, 2, 3])));
+        assert!(p.add(&doc(&[4, 5, 6, 7]))); // does not fit row 0 (3 left): opens row 1
+        assert!(p.add(&Encoded { ids: vec![8, 9], targets: Some(vec![0, 9]) })); // fits row 0
+        assert!(!p.add(&doc(&[10, 11, 12]))); // no room: batch complete
         let rows = p.finish();
         assert_eq!(rows[0].ids, [1, 2, 3, 8, 9, 0]);
         assert_eq!(rows[0].segments, [1, 1, 1, 2, 2, 0]);
+        // Each document keeps its own targets (a masked prompt stays masked where it lands).
+        assert_eq!(rows[0].targets, [1, 2, 3, 0, 9, 0]);
+        assert_eq!(rows[1].targets, [4, 5, 6, 7, 0, 0]);
         assert_eq!(rows[0].positions, [0, 1, 2, 0, 1, 0]);
         assert_eq!(rows[1].ids, [4, 5, 6, 7, 0, 0]);
         assert_eq!(rows[1].segments, [1, 1, 1, 1, 0, 0]);
@@ -96,10 +121,10 @@ mod tests {
     #[test]
     fn without_packing_each_document_has_its_row() {
         let mut p = Packer::new(4, 2, false, 9);
-        assert!(p.add(&[1]));
-        assert!(p.add(&[2, 3]));
+        assert!(p.add(&doc(&[1])));
+        assert!(p.add(&doc(&[2, 3])));
         assert!(p.is_full());
-        assert!(!p.add(&[4]));
+        assert!(!p.add(&doc(&[4])));
         let rows = p.finish();
         assert_eq!(rows[0].ids, [1, 9, 9, 9]);
         assert_eq!(rows[1].segments, [1, 1, 0, 0]);

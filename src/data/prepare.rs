@@ -54,7 +54,10 @@ impl std::fmt::Display for TokenizeSummary {
 pub fn input_files(inputs: &[String]) -> Result<Vec<PathBuf>, DataError> {
     let mut files = Vec::new();
     for input in inputs {
-        super::storage::storage_for("INPUT", input)?;
+        // `maxrs tokenize` reads local files (training reads gs:// datasets directly).
+        if let Some(rest) = input.strip_prefix("gs://") {
+            return Err(DataError::RemoteNotSupported { what: "INPUT".into(), rest: rest.into() });
+        }
         files.extend(LocalFiles.glob("INPUT", input)?);
     }
     files.sort();
@@ -83,6 +86,7 @@ pub fn tokenize_files(
     let spec = TextSpec {
         files,
         column: column.to_string(),
+        sft: None,
         storage,
         tokenizer,
         max_doc_len: usize::MAX,
@@ -100,7 +104,7 @@ pub fn tokenize_files(
         let mut writer = BufWriter::with_capacity(1 << 20, &*file);
         let mut docs = TokenizedDocs::start(&spec, TextState::default());
         while let Some((_, ids)) = docs.next_doc().map_err(std::io::Error::other)? {
-            let Some(ids) = ids else {
+            let Some(super::packing::Encoded { ids, .. }) = ids else {
                 summary.undecodable += 1;
                 continue;
             };

@@ -1,15 +1,73 @@
 //! Where the pipeline's files live. [`Storage`] is the small seam between the readers and a
 //! file system: expand a glob into a sorted file list, and open one file. [`storage_for`] picks
 //! the implementation by the path's scheme: local paths are served by [`LocalFiles`]; `gs://`
-//! is refused as "not supported yet" until the object-store seam (planned for checkpoints) can
-//! serve it here too. Every file is checked to be a regular file before it is read
-//! ([`crate::input`]): a FIFO, device or symlink loop is named for what it is.
+//! paths by [`GcsFiles`], through the one storage seam ([`crate::storage`]): a glob lists the
+//! bucket under the pattern's literal prefix, and a file is read in ranges while the pipeline
+//! consumes it (JSON Lines and text in [`storage::RANGE_CHUNK`] chunks, Parquet its footer and
+//! then each row group's column chunks), each range retried on its own when a connection breaks,
+//! never downloaded whole first. Every local file is checked to be a regular file before it is
+//! read ([`crate::input`]): a FIFO, device or symlink loop is named for what it is.
 
 use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::error::DataError;
+use crate::files::Location;
 use crate::input;
+use crate::storage;
+
+/// A file opened for reading.
+pub enum DataFile {
+    Local(File),
+    /// A remote file: read in ranges on demand.
+    Remote(RemoteFile),
+}
+
+impl DataFile {
+    /// A sequential reader from its start.
+    pub fn reader(self) -> Box<dyn Read + Send> {
+        match self {
+            DataFile::Local(file) => Box::new(file),
+            DataFile::Remote(remote) => Box::new(storage::RangeReader::new(remote.location, 0)),
+        }
+    }
+}
+
+/// A remote file and its size, for ranged reads (Parquet's [`parquet::file::reader::ChunkReader`]).
+#[derive(Clone, Debug)]
+pub struct RemoteFile {
+    pub location: Location,
+    pub size: u64,
+}
+
+impl parquet::file::reader::Length for RemoteFile {
+    fn len(&self) -> u64 {
+        self.size
+    }
+}
+
+impl parquet::file::reader::ChunkReader for RemoteFile {
+    type T = storage::RangeReader;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(storage::RangeReader::new(self.location.clone(), start))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        let bytes = storage::read_range(&self.location, start, length as u64)
+            .map_err(|e| parquet::errors::ParquetError::External(e.into()))?;
+        if bytes.len() != length {
+            return Err(parquet::errors::ParquetError::EOF(format!(
+                "{}: {} bytes at {start}, the file ends after {}",
+                self.location,
+                length,
+                bytes.len()
+            )));
+        }
+        Ok(bytes.into())
+    }
+}
 
 /// A file system the readers can list and open.
 pub trait Storage: Send + Sync {
@@ -17,7 +75,7 @@ pub trait Storage: Send + Sync {
     /// process sees the same list. `key` names the config key for errors.
     fn glob(&self, key: &'static str, pattern: &str) -> Result<Vec<PathBuf>, DataError>;
     /// Opens one file for reading.
-    fn open(&self, path: &Path) -> Result<File, DataError>;
+    fn open(&self, path: &Path) -> Result<DataFile, DataError>;
 }
 
 /// The local file system.
@@ -60,8 +118,8 @@ impl Storage for LocalFiles {
         Ok(files)
     }
 
-    fn open(&self, path: &Path) -> Result<File, DataError> {
-        Ok(input::open("data file", path)?)
+    fn open(&self, path: &Path) -> Result<DataFile, DataError> {
+        Ok(DataFile::Local(input::open("data file", path)?))
     }
 }
 
@@ -74,10 +132,55 @@ fn expand_home(pattern: &str) -> String {
     }
 }
 
-/// The storage that serves `path`; `what` names the key for errors.
-pub fn storage_for(what: &str, path: &str) -> Result<Box<dyn Storage>, DataError> {
-    match path.strip_prefix("gs://") {
-        Some(rest) => Err(DataError::RemoteNotSupported { what: what.to_string(), rest: rest.to_string() }),
-        None => Ok(Box::new(LocalFiles)),
+/// `gs://` buckets (their files are named by `gs://bucket/key` paths).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GcsFiles;
+
+fn location(key: &str, text: &str) -> Result<Location, DataError> {
+    Location::parse(text).map_err(|e| DataError::BadState(format!("{key}={text:?}: {e:#}")))
+}
+
+impl Storage for GcsFiles {
+    fn glob(&self, key: &'static str, pattern: &str) -> Result<Vec<PathBuf>, DataError> {
+        let remote = |e: anyhow::Error| DataError::Remote { key, message: format!("{e:#}") };
+        if !pattern.contains(['*', '?', '[']) {
+            let at = location(key, pattern)?;
+            storage::file_size(&at).map_err(remote)?;
+            return Ok(vec![PathBuf::from(pattern)]);
+        }
+        let bad = |message: String| DataError::BadGlob { key, pattern: pattern.to_string(), message };
+        let matcher = glob::Pattern::new(pattern).map_err(|e| bad(e.to_string()))?;
+        // List under the literal part before the first wildcard's folder.
+        let literal = &pattern[..pattern.find(['*', '?', '[']).unwrap_or(pattern.len())];
+        let folder = &literal[..literal.rfind('/').map_or(literal.len(), |i| i + 1)];
+        let options = glob::MatchOptions { require_literal_separator: true, ..Default::default() };
+        let files: Vec<PathBuf> = storage::list_files(&location(key, folder.trim_end_matches('/'))?)
+            .map_err(remote)?
+            .into_iter()
+            .map(|l| l.to_string())
+            .filter(|name| matcher.matches_with(name, options))
+            .map(PathBuf::from)
+            .collect();
+        if files.is_empty() {
+            return Err(DataError::EmptyGlob { key, pattern: pattern.to_string() });
+        }
+        Ok(files)
+    }
+
+    fn open(&self, path: &Path) -> Result<DataFile, DataError> {
+        let text = path.to_string_lossy();
+        let at = location("data file", &text)?;
+        let size =
+            storage::file_size(&at).map_err(|e| DataError::Remote { key: "data file", message: format!("{e:#}") })?;
+        Ok(DataFile::Remote(RemoteFile { location: at, size }))
+    }
+}
+
+/// The storage that serves `path`: `gs://` or local.
+pub fn storage_for(path: &str) -> Box<dyn Storage> {
+    if path.starts_with("gs://") {
+        Box::new(GcsFiles)
+    } else {
+        Box::new(LocalFiles)
     }
 }

@@ -36,9 +36,10 @@ use std::thread;
 use serde::{Deserialize, Serialize};
 
 use super::batch::Batch;
-use super::documents::{read_file, Doc, Rows};
+use super::chat::Sft;
+use super::documents::{read_conversations, read_file, Doc, Rows};
 use super::error::DataError;
-use super::packing::Packer;
+use super::packing::{Encoded, Packer};
 use super::shuffle::{key, shuffle};
 use super::storage::Storage;
 use super::tokenizer::TextTokenizer;
@@ -65,6 +66,8 @@ pub struct TextSpec {
     /// Every file of the dataset, sorted (the same list on every process).
     pub files: Vec<PathBuf>,
     pub column: String,
+    /// `use_sft=true`: rows are conversations, rendered with the chat template (`column` unused).
+    pub sft: Option<Arc<Sft>>,
     pub storage: Arc<dyn Storage>,
     pub tokenizer: Arc<TextTokenizer>,
     /// Longest document kept, in tokens (longer ones are truncated): `max_target_length`.
@@ -142,7 +145,11 @@ impl Cursor {
             }
             if self.rows.is_none() {
                 let path = &self.spec.files[self.files[self.file as usize]];
-                let mut rows = read_file(self.spec.storage.as_ref(), path, &self.spec.column)?;
+                let storage = self.spec.storage.as_ref();
+                let mut rows = match &self.spec.sft {
+                    Some(sft) => read_conversations(storage, path, &sft.columns)?,
+                    None => read_file(storage, path, &self.spec.column)?,
+                };
                 self.row = 0;
                 while self.skip > 0 {
                     self.skip -= 1;
@@ -188,11 +195,11 @@ struct Window {
 /// A tokenized window: `None` for a row that could not be decoded or tokenized.
 struct Tokenized {
     start: TextState,
-    docs: Vec<Option<Vec<i32>>>,
+    docs: Vec<Option<Encoded>>,
 }
 
 type Job = (u64, Result<Window, DataError>);
-type WindowDocs = std::vec::IntoIter<Option<Vec<i32>>>;
+type WindowDocs = std::vec::IntoIter<Option<Encoded>>;
 type Done = (u64, Result<Tokenized, DataError>);
 
 /// The tokenized documents of a stream, in order, from background threads (the reader and the
@@ -218,11 +225,10 @@ impl TokenizedDocs {
             .expect("spawning the data reader thread");
         let job_rx = Arc::new(Mutex::new(job_rx));
         for i in 0..workers {
-            let (jobs, done, tokenizer, max_len) =
-                (job_rx.clone(), done_tx.clone(), spec.tokenizer.clone(), spec.max_doc_len);
+            let (jobs, done, spec) = (job_rx.clone(), done_tx.clone(), spec.clone());
             thread::Builder::new()
                 .name(format!("maxrs-tokenizer-{i}"))
-                .spawn(move || tokenize_windows(&jobs, &done, &tokenizer, max_len))
+                .spawn(move || tokenize_windows(&jobs, &done, &spec))
                 .expect("spawning a tokenizer thread");
         }
         TokenizedDocs { results: done_rx, pending: BTreeMap::new(), next_seq: 0, current: None, skip: at.taken }
@@ -230,7 +236,7 @@ impl TokenizedDocs {
 
     /// The next document: its position (`taken` = its index in its window) and its ids.
     #[allow(clippy::type_complexity)]
-    pub fn next_doc(&mut self) -> Result<Option<(TextState, Option<Vec<i32>>)>, DataError> {
+    pub fn next_doc(&mut self) -> Result<Option<(TextState, Option<Encoded>)>, DataError> {
         loop {
             if let Some((start, docs, index)) = self.current.as_mut() {
                 if let Some(doc) = docs.next() {
@@ -309,7 +315,21 @@ fn read_windows(spec: TextSpec, at: TextState, jobs: SyncSender<Job>) {
     }
 }
 
-fn tokenize_windows(jobs: &Mutex<Receiver<Job>>, done: &SyncSender<Done>, tokenizer: &TextTokenizer, max_len: usize) {
+/// One row's ids (and targets), or `None` when it gives no document (undecodable, a template or
+/// tokenizer error).
+fn encode(spec: &TextSpec, doc: &Doc) -> Option<Encoded> {
+    let (tokenizer, max_len) = (spec.tokenizer.as_ref(), spec.max_doc_len);
+    match (doc, &spec.sft) {
+        (Doc::Text(text), None) => tokenizer.encode_document(text, max_len).ok().map(Encoded::plain),
+        (Doc::Chat(messages), Some(sft)) => {
+            let (ids, targets) = sft.template.encode(tokenizer, messages, sft.completion_only, max_len).ok()?;
+            Some(Encoded { targets: (targets != ids).then_some(targets), ids })
+        }
+        _ => None,
+    }
+}
+
+fn tokenize_windows(jobs: &Mutex<Receiver<Job>>, done: &SyncSender<Done>, spec: &TextSpec) {
     loop {
         let job = match jobs.lock() {
             Ok(rx) => rx.recv(),
@@ -318,14 +338,7 @@ fn tokenize_windows(jobs: &Mutex<Receiver<Job>>, done: &SyncSender<Done>, tokeni
         let Ok((seq, window)) = job else { return };
         let result = window.map(|w| {
             debug_assert_eq!(w.seq, seq);
-            let docs = w
-                .docs
-                .iter()
-                .map(|doc| match doc {
-                    Doc::Text(text) => tokenizer.encode_document(text, max_len).ok(),
-                    Doc::Undecodable(_) => None,
-                })
-                .collect();
+            let docs = w.docs.iter().map(|doc| encode(spec, doc)).collect();
             Tokenized { start: w.start, docs }
         });
         if done.send((seq, result)).is_err() {
@@ -410,7 +423,7 @@ impl TextBatches {
                                 unused.undecodable += 1;
                                 continue;
                             };
-                            if ids.is_empty() {
+                            if ids.ids.is_empty() {
                                 unused.rows += 1;
                                 continue;
                             }
@@ -422,7 +435,7 @@ impl TextBatches {
                                 packer.add(&ids);
                             }
                             thread_stats.documents.fetch_add(1, Ordering::Relaxed);
-                            thread_stats.tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                            thread_stats.tokens.fetch_add(ids.ids.len() as u64, Ordering::Relaxed);
                             if packer.is_full() && !deliver(&mut packer, last) {
                                 return;
                             }

@@ -1,5 +1,7 @@
 //! `dataset_type=tokens`: a flat file of little-endian `int32` token ids, no header, read through
-//! a memory map (a corpus may be larger than memory; the OS pages in what is read).
+//! a memory map (a corpus may be larger than memory; the OS pages in what is read). A `gs://`
+//! file is read row by row with ranged requests through the storage seam (each retried on its
+//! own), never copied whole first.
 //!
 //! The file is a sequence of rows of exactly `max_target_length + 1` ids (its size must be a
 //! multiple of `4 * (max_target_length + 1)` bytes); for a row `ids`, `inputs = ids[..S]` and
@@ -20,6 +22,9 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use crate::files::Location;
+use crate::storage;
+
 use super::batch::Batch;
 use super::error::DataError;
 use super::shuffle::{key, Permutation};
@@ -29,13 +34,34 @@ use super::DataState;
 #[derive(Debug)]
 pub struct TokensFile {
     path: PathBuf,
-    map: Mmap,
+    bytes: Bytes,
     seq_len: usize,
     vocab: u32,
     num_rows: u64,
 }
 
+/// Where the rows' bytes are.
+#[derive(Debug)]
+enum Bytes {
+    Map(Mmap),
+    Remote(Location),
+}
+
 impl TokensFile {
+    /// [`TokensFile::open`] for a local path or a `gs://` location (`dataset_path`).
+    pub fn open_at(dataset_path: &str, max_target_length: usize, vocab: u32) -> Result<TokensFile, DataError> {
+        if !dataset_path.starts_with("gs://") {
+            return TokensFile::open(Path::new(dataset_path), max_target_length, vocab);
+        }
+        let remote = |e: anyhow::Error| DataError::Remote { key: "dataset_path", message: format!("{e:#}") };
+        let at = Location::parse(dataset_path).map_err(remote)?;
+        let size = storage::file_size(&at).map_err(remote)?;
+        let (row_bytes, num_rows) = check_size(Path::new(dataset_path), size, max_target_length)?;
+        debug_assert!(row_bytes > 0);
+        let path = PathBuf::from(dataset_path);
+        Ok(TokensFile { path, bytes: Bytes::Remote(at), seq_len: max_target_length, vocab, num_rows })
+    }
+
     /// Maps `path` and checks its size against `max_target_length`; ids are checked as rows
     /// are read, so opening a large file is instant.
     pub fn open(path: &Path, max_target_length: usize, vocab: u32) -> Result<TokensFile, DataError> {
@@ -44,20 +70,13 @@ impl TokensFile {
         }
         let file = crate::input::open("dataset_path", path)?;
         let size = file.metadata().map_err(|e| DataError::io(path, e))?.len();
-        // Saturating: an absurd length gives a row no file matches (an error below), not an overflow.
-        let row_bytes = 4u64.saturating_mul((max_target_length as u64).saturating_add(1));
-        if size % row_bytes != 0 {
-            return Err(DataError::RaggedFile { path: path.to_owned(), size, row_bytes, max_target_length });
-        }
-        if size == 0 {
-            return Err(DataError::EmptyFile { path: path.to_owned(), row_len: max_target_length.saturating_add(1) });
-        }
+        let (_, num_rows) = check_size(path, size, max_target_length)?;
         // SAFETY: the map is read-only and lives as long as `self`. Another process truncating
         // the file while it is mapped would make reads fault (SIGBUS); token files are written
         // once (atomically by `maxrs tokenize`) and only read afterwards, which is the contract
         // the module docs state.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| DataError::io(path, e))?;
-        Ok(TokensFile { path: path.to_owned(), map, seq_len: max_target_length, vocab, num_rows: size / row_bytes })
+        Ok(TokensFile { path: path.to_owned(), bytes: Bytes::Map(map), seq_len: max_target_length, vocab, num_rows })
     }
 
     pub fn num_rows(&self) -> u64 {
@@ -72,7 +91,19 @@ impl TokensFile {
     pub fn row(&self, index: u64) -> Result<Vec<i32>, DataError> {
         let row_len = self.seq_len + 1;
         let start = index as usize * 4 * row_len;
-        let bytes = &self.map[start..start + 4 * row_len];
+        let fetched;
+        let bytes = match &self.bytes {
+            Bytes::Map(map) => &map[start..start + 4 * row_len],
+            Bytes::Remote(at) => {
+                fetched = storage::read_range(at, start as u64, 4 * row_len as u64)
+                    .map_err(|e| DataError::Remote { key: "dataset_path", message: format!("{e:#}") })?;
+                if fetched.len() != 4 * row_len {
+                    let message = format!("{at}: row {index} is cut short (the file changed while read?)");
+                    return Err(DataError::Remote { key: "dataset_path", message });
+                }
+                &fetched[..]
+            }
+        };
         let ids: Vec<i32> = bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         if let Some((position, &value)) = ids.iter().enumerate().find(|(_, &v)| v < 0 || v as u32 >= self.vocab) {
             return Err(DataError::TokenOutOfRange {
@@ -85,6 +116,19 @@ impl TokensFile {
         }
         Ok(ids)
     }
+}
+
+/// Checks a token file's size against the row length: `(row bytes, rows)`.
+fn check_size(path: &Path, size: u64, max_target_length: usize) -> Result<(u64, u64), DataError> {
+    // Saturating: an absurd length gives a row no file matches (an error below), not an overflow.
+    let row_bytes = 4u64.saturating_mul((max_target_length as u64).saturating_add(1));
+    if !size.is_multiple_of(row_bytes) {
+        return Err(DataError::RaggedFile { path: path.to_owned(), size, row_bytes, max_target_length });
+    }
+    if size == 0 {
+        return Err(DataError::EmptyFile { path: path.to_owned(), row_len: max_target_length.saturating_add(1) });
+    }
+    Ok((row_bytes, size / row_bytes))
 }
 
 /// This host's batches from a token file (order and sharding in the module docs).

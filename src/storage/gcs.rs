@@ -145,53 +145,18 @@ pub(super) fn put(bucket: &str, key: &str, bytes: &[u8]) -> Result<()> {
 }
 
 pub(super) fn exists(bucket: &str, key: &str) -> Result<bool> {
-    Ok(size(bucket, key)?.is_some())
+    Ok(metadata(bucket, key, "name")?.is_some())
 }
 
-/// The object's size, `None` when there is none.
-pub(super) fn size(bucket: &str, key: &str) -> Result<Option<u64>> {
+/// The object's metadata `fields` (JSON API), `None` when there is no such object.
+fn metadata(bucket: &str, key: &str, fields: &str) -> Result<Option<serde_json::Value>> {
     let service = service()?;
     let what = format!("looking up gs://{bucket}/{key}");
-    let url = service.object_url(bucket, key, &[("fields", "size")]);
+    let url = service.object_url(bucket, key, &[("fields", fields)]);
     let response = service.send(&what, || service.http.get(url.clone()))?;
     match response.status() {
         StatusCode::NOT_FOUND => Ok(None),
-        s if s.is_success() => {
-            let value = response.json_value(&what)?;
-            // The JSON API sends the size as a decimal string.
-            let size = value["size"].as_str().and_then(|s| s.parse().ok());
-            size.map(Some).ok_or_else(|| anyhow!("{what}: the answer has no size: {value}"))
-        }
-        _ => Err(status_error(&what, response)),
-    }
-}
-
-/// Bytes `offset..offset + len` of the object, appended to `out` (fewer when it ends before).
-pub(super) fn read_range(bucket: &str, key: &str, offset: u64, len: u64, out: &mut Vec<u8>) -> Result<()> {
-    if len == 0 {
-        return Ok(());
-    }
-    let service = service()?;
-    let what = format!("reading gs://{bucket}/{key} (bytes {offset}..{})", offset + len);
-    let url = service.object_url(bucket, key, &[("alt", "media")]);
-    let range = format!("bytes={offset}-{}", offset + len - 1);
-    let response = service.send(&what, || service.http.get(url.clone()).header("range", range.clone()))?;
-    match response.status() {
-        StatusCode::NOT_FOUND => bail!("{what}: no such object"),
-        // Past the end of the object: nothing there.
-        StatusCode::RANGE_NOT_SATISFIABLE => Ok(()),
-        // 206 for the range; 200 (the whole object) from a server that ignores ranges.
-        StatusCode::PARTIAL_CONTENT => {
-            let mut body = response.take(len);
-            body.read_to_end(out).map_err(|e| anyhow!("{what}: {e}"))?;
-            Ok(())
-        }
-        s if s.is_success() => {
-            let mut body = response;
-            std::io::copy(&mut (&mut body).take(offset), &mut std::io::sink()).map_err(|e| anyhow!("{what}: {e}"))?;
-            body.take(len).read_to_end(out).map_err(|e| anyhow!("{what}: {e}"))?;
-            Ok(())
-        }
+        s if s.is_success() => response.json_value(&what).map(Some),
         _ => Err(status_error(&what, response)),
     }
 }
@@ -381,4 +346,69 @@ impl Read for ObjectReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.response.read(buf)
     }
+}
+
+/// The size of an object, in bytes; `None` when there is no such object.
+pub(super) fn size(bucket: &str, key: &str) -> Result<Option<u64>> {
+    let Some(meta) = metadata(bucket, key, "size")? else { return Ok(None) };
+    // The JSON API writes sizes as decimal strings (uint64).
+    let size = meta["size"].as_str().and_then(|s| s.parse().ok()).or_else(|| meta["size"].as_u64());
+    size.map(Some).ok_or_else(|| anyhow!("looking up gs://{bucket}/{key}: no size in the answer: {meta}"))
+}
+
+/// Bytes `start..start + len` of an object (fewer at its end), with one `Range` request. A
+/// connection that breaks while the body streams in (or a body cut short) is retried like a
+/// failed request: the whole range is asked for again.
+pub(super) fn read_range(bucket: &str, key: &str, start: u64, len: u64) -> Result<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let service = service()?;
+    let what = format!("reading bytes {start}..{} of gs://{bucket}/{key}", start + len);
+    let url = service.object_url(bucket, key, &[("alt", "media")]);
+    let range = format!("bytes={start}-{}", start + len - 1);
+    let policy = retry_policy();
+    let mut tries = policy.tries();
+    loop {
+        let response = service.send(&what, || service.http.get(url.clone()).header("range", range.as_str()))?;
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
+            bail!("{what}: no such object");
+        }
+        if status == StatusCode::RANGE_NOT_SATISFIABLE {
+            return Ok(Vec::new());
+        }
+        if !status.is_success() {
+            return Err(status_error(&what, response));
+        }
+        let expected = response.content_length();
+        let whole = status == StatusCode::OK;
+        let failure = match response.bytes() {
+            Ok(body) if expected.is_none_or(|n| n == body.len() as u64) => {
+                // A server that ignores Range answers 200 with the whole object.
+                let body = if whole { body.slice((start as usize).min(body.len())..) } else { body };
+                return Ok(body[..body.len().min(len as usize)].to_vec());
+            }
+            Ok(body) => format!("the body ended after {} of {} bytes", body.len(), expected.unwrap_or(0)),
+            Err(e) => chain(&e),
+        };
+        if tries.last() {
+            bail!("{what}: {failure} ({} tries)", tries.attempt());
+        }
+        let delay = tries.next(None);
+        tracing::debug!("{what}: {failure}; retrying in {delay:?}");
+        std::thread::sleep(delay);
+    }
+}
+
+/// The names of every object under `prefix` (recursively), sorted.
+pub(super) fn list_names(bucket: &str, prefix: &str) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    list(bucket, prefix, false, |page| {
+        names.extend(
+            page["items"].as_array().into_iter().flatten().filter_map(|i| i["name"].as_str().map(str::to_string)),
+        );
+    })?;
+    names.sort();
+    Ok(names)
 }

@@ -121,28 +121,6 @@ pub fn open_read(location: &Location) -> Result<Box<dyn Read + Send>> {
     }
 }
 
-/// Bytes `offset..offset + len` of the file at `location`; a file that ends before them is an
-/// error saying so (a local one must be a regular file).
-pub fn read_range(location: &Location, offset: u64, len: u64) -> Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    bytes
-        .try_reserve_exact(len as usize)
-        .map_err(|_| anyhow::anyhow!("reading {location}: {len} bytes do not fit in memory"))?;
-    match location {
-        Location::Local(path) => {
-            use std::io::{Seek, SeekFrom};
-            let mut file = input::open("", path)?;
-            file.seek(SeekFrom::Start(offset)).map_err(|e| anyhow::anyhow!("reading {location}: {e}"))?;
-            file.take(len).read_to_end(&mut bytes).map_err(|e| anyhow::anyhow!("reading {location}: {e}"))?;
-        }
-        Location::Gcs { bucket, key } => gcs::read_range(bucket, key, offset, len, &mut bytes)?,
-    }
-    if (bytes.len() as u64) < len {
-        bail!("{location}: truncated: it ends {} bytes into the {len} bytes at offset {offset}", bytes.len());
-    }
-    Ok(bytes)
-}
-
 /// The size of the file at `location`, `None` when there is none.
 pub fn size(location: &Location) -> Result<Option<u64>> {
     match location {
@@ -152,6 +130,75 @@ pub fn size(location: &Location) -> Result<Option<u64>> {
             Err(e) => Err(e.into()),
         },
         Location::Gcs { bucket, key } => gcs::size(bucket, key),
+    }
+}
+
+/// The size of the file at `location`; an error naming it when there is none.
+pub fn file_size(location: &Location) -> Result<u64> {
+    size(location)?.ok_or_else(|| anyhow::anyhow!("{location}: no such file"))
+}
+
+/// Bytes `start..start + len` of the file at `location` (fewer at its end). On GCS one ranged
+/// request, retried as a whole when the connection breaks mid-body: readers of large remote
+/// files ([`RangeReader`], Parquet footers and row groups) fetch only what they use.
+pub fn read_range(location: &Location, start: u64, len: u64) -> Result<Vec<u8>> {
+    match location {
+        Location::Local(path) => {
+            use std::io::{Seek, SeekFrom};
+            let mut file = input::open("", path)?;
+            file.seek(SeekFrom::Start(start)).with_context(|| format!("reading {location}"))?;
+            let mut bytes = Vec::new();
+            file.take(len).read_to_end(&mut bytes).with_context(|| format!("reading {location}"))?;
+            Ok(bytes)
+        }
+        Location::Gcs { bucket, key } => gcs::read_range(bucket, key, start, len),
+    }
+}
+
+/// Every file under the `gs://` prefix `location` (recursively), sorted by name.
+pub fn list_files(location: &Location) -> Result<Vec<Location>> {
+    match location {
+        Location::Local(_) => bail!("list_files lists gs:// prefixes; {location} is local"),
+        Location::Gcs { bucket, key } => Ok(gcs::list_names(bucket, key)?
+            .into_iter()
+            .filter(|name| !name.ends_with('/'))
+            .map(|key| Location::Gcs { bucket: bucket.clone(), key })
+            .collect()),
+    }
+}
+
+/// Bytes of the chunk a [`RangeReader`] asks for at a time.
+pub const RANGE_CHUNK: u64 = 8 << 20;
+
+/// A sequential reader of a file made of ranged reads of [`RANGE_CHUNK`] bytes: on GCS a broken
+/// connection costs one chunk's retry, never a restart of the file, and nothing is read before
+/// it is needed.
+pub struct RangeReader {
+    location: Location,
+    position: u64,
+    chunk: std::io::Cursor<Vec<u8>>,
+    at_end: bool,
+}
+
+impl RangeReader {
+    /// Reads `location` from byte `start`.
+    pub fn new(location: Location, start: u64) -> RangeReader {
+        RangeReader { location, position: start, chunk: std::io::Cursor::new(Vec::new()), at_end: false }
+    }
+}
+
+impl Read for RangeReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.chunk.read(buf)?;
+        if n > 0 || self.at_end || buf.is_empty() {
+            return Ok(n);
+        }
+        let bytes = read_range(&self.location, self.position, RANGE_CHUNK)
+            .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+        self.position += bytes.len() as u64;
+        self.at_end = (bytes.len() as u64) < RANGE_CHUNK;
+        self.chunk = std::io::Cursor::new(bytes);
+        self.chunk.read(buf)
     }
 }
 

@@ -22,7 +22,6 @@ use crate::files::Location;
 use crate::model::Model;
 use crate::output;
 use crate::pjrt::{self, Client};
-use crate::storage;
 
 use super::data_position::DataPosition;
 use super::executor::{StepExecutor, StepPlan};
@@ -113,15 +112,10 @@ impl Run<'_> {
         }
         self.check_before_compile(plan.model())?;
         // The training data opens before the compile, so a bad file or tokenizer fails early and the
-        // pipeline reads ahead while XLA compiles (a gs:// token file is read from a local copy: the
-        // input pipeline reads local files). A resumed run or a process feeding only its share
-        // reopens it below, once its position and rows are known.
-        let dataset_copy = remote_dataset_copy(c)?;
-        let data_config = match &dataset_copy {
-            Some(path) => Config { dataset_path: path.display().to_string(), ..c.clone() },
-            None => c.clone(),
-        };
-        let fresh_data = data::open_train(&data_config, derived.global_batch_size, ProcessShare::SINGLE, None)?;
+        // pipeline reads ahead while XLA compiles (gs:// datasets are read in ranges as they are
+        // used). A resumed run or a process feeding only its share reopens it below, once its
+        // position and rows are known.
+        let fresh_data = data::open_train(c, derived.global_batch_size, ProcessShare::SINGLE, None)?;
         // Before the compile: a profiler that cannot work fails the run now. As in MaxText (without
         // `upload_all_profiler_results`), process 0 profiles.
         let profiler = if logger { StepProfiler::new(c, client.plugin(), derived.steps as u64)? } else { None };
@@ -162,10 +156,10 @@ impl Run<'_> {
             (ProcessShare::SINGLE, None) => fresh_data,
             (share, state) => {
                 drop(fresh_data);
-                data::open_train(&data_config, derived.global_batch_size, share, state)?
+                data::open_train(c, derived.global_batch_size, share, state)?
             }
         };
-        let eval_data = EvalData::open(&data_config, derived.eval_batch_size, share)?;
+        let eval_data = EvalData::open(c, derived.eval_batch_size, share)?;
         let eval = eval_data.is_some();
         if let Some(eval_data) = eval_data {
             executor.open_eval(eval_data, derived.eval_batch_size)?;
@@ -208,10 +202,7 @@ impl Run<'_> {
             first_step: start.first_step,
             steps,
         };
-        let report = step_loop.run();
-        // The training data was read from the local copy until here.
-        drop(dataset_copy);
-        report
+        step_loop.run()
     }
 
     /// The processes that save the run's checkpoints together.
@@ -259,17 +250,6 @@ impl Run<'_> {
                 data::host_rows(global, p, n)?
             )
         }
-    }
-}
-
-/// A local copy of a `gs://` `dataset_path` (deleted when dropped); `None` for a local one.
-fn remote_dataset_copy(c: &Config) -> Result<Option<tempfile::TempPath>> {
-    if c.dataset_path.is_empty() {
-        return Ok(None);
-    }
-    match Location::parse(&c.dataset_path)? {
-        Location::Local(_) => Ok(None),
-        remote => Ok(Some(storage::download(&remote)?)),
     }
 }
 
