@@ -135,7 +135,11 @@ pub fn size(location: &Location) -> Result<Option<u64>> {
 
 /// The size of the file at `location`; an error naming it when there is none.
 pub fn file_size(location: &Location) -> Result<u64> {
-    size(location)?.ok_or_else(|| anyhow::anyhow!("{location}: no such file"))
+    let missing = match location {
+        Location::Local(_) => "no such file",
+        Location::Gcs { .. } => "no such object",
+    };
+    size(location)?.ok_or_else(|| anyhow::anyhow!("{location}: {missing}"))
 }
 
 /// Bytes `start..start + len` of the file at `location` (fewer at its end). On GCS one ranged
