@@ -1,8 +1,8 @@
 //! The book in `docs/` (issue 34) cannot rot: its structure (every page of `SUMMARY.md` exists
-//! and every page is in it, relative links and `{{#include}}`s point to files), its generated
-//! pages (the commands' help and the topologies, from today's binary), the guides' commands
-//! marked runnable (run against the built binary), and `mdbook build docs` itself, with the
-//! mdBook binary of a pinned wheel, so that `cargo test` (CI) builds the book.
+//! and every page is in it; relative links, the README's too, and `{{#include}}`s point to
+//! files), its generated pages (the commands' help and the topologies, from today's binary), the
+//! guides' commands marked runnable (run against the built binary), and `mdbook build docs`
+//! itself, with the mdBook binary of a pinned wheel, so that `cargo test` (CI) builds the book.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -115,9 +115,12 @@ fn every_summary_link_is_a_page_and_every_page_is_in_the_summary() {
 #[test]
 fn every_relative_link_and_include_names_a_file_that_exists() {
     let mut broken = Vec::new();
-    for page in pages() {
-        let text = read(&book_src().join(&page));
-        let dir = book_src().join(&page).parent().unwrap().to_path_buf();
+    // The README (the front page, which links into the book) and every page.
+    let files = std::iter::once(repo().join("README.md")).chain(pages().into_iter().map(|p| book_src().join(p)));
+    for path in files {
+        let text = read(&path);
+        let dir = path.parent().unwrap().to_path_buf();
+        let page = path.strip_prefix(repo()).unwrap();
         let local = link_targets(&text).into_iter().filter(|t| !t.contains("://") && !t.starts_with('#'));
         for target in local.chain(includes(&text)) {
             let file = target.split('#').next().unwrap();
