@@ -178,6 +178,13 @@ fn with_generated(page: &str, what: &str, body: &str) -> String {
 fn the_generated_reference_pages_are_current() {
     let mut help = String::new();
     command_help(&mut Vec::new(), &mut help);
+    let commands = read(&book_src().join("reference/commands.md"));
+    for name in subcommands(&stdout_of(&["--help"])) {
+        assert!(
+            commands.contains(&format!("| `maxrs {name}")),
+            "the table of reference/commands.md has no row for `{name}`"
+        );
+    }
     let topologies = format!("\n```text\n{}\n```\n", stdout_of(&["topologies"]).trim_end());
     let generated =
         [("reference/commands.md", "maxrs --help", help), ("reference/topologies.md", "maxrs topologies", topologies)];
