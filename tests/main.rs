@@ -44,6 +44,7 @@ mod data_text;
 mod data_tokenizer;
 mod data_train;
 mod decode;
+mod docs_book;
 mod errors;
 mod fuzz;
 mod gpu_memory;

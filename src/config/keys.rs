@@ -3,7 +3,7 @@
 //! role, and its range (see `registry.rs` for what each part feeds). The typed [`Config`] and
 //! the registry table come out of this one `declare_keys!` invocation, in this order, which is
 //! also `configs/base.yml`'s and `--print-config`'s. A new key is one declaration here; then
-//! regenerate `configs/base.yml` and README's key table (`docs.rs` says how).
+//! regenerate `configs/base.yml` and the book's key reference (`docs.rs` says how).
 //!
 //! The keys of `MaxText` are those of MaxText's `src/maxtext/configs/base.yml` at main e591f30,
 //! with MaxText's names and defaults unless a note says why maxrs differs; `Maxrs` keys are
@@ -69,7 +69,7 @@ declare_keys! {
     section "Checkpointing" {
         /// Save checkpoints (needs base_output_directory); false unlike MaxText, so quick runs write nothing.
         enable_checkpointing: bool = false => MaxText.run(),
-        /// Initial parameters: a safetensors file in maxrs's parameter layout (see README), or a checkpoint directory (its parameters), local or gs://.
+        /// Initial parameters: a safetensors file in maxrs's parameter layout (see docs/src/reference/parameters.md), or a checkpoint directory (its parameters), local or gs://.
         load_parameters_path: String = "" => MaxText.path(Reads, Ignores).directory().remote(),
         /// Initial state: a checkpoint directory (parameters, optimizer state and step), local or gs://.
         load_full_state_path: String = "" => MaxText.path(Reads, Ignores).directory().remote(),
@@ -215,11 +215,11 @@ declare_keys! {
         use_iota_embed: bool = false => MaxText.model(ALL).model_file(),
     }
 
-    /// See README "Data". MaxText's default dataset_type is tfds; maxrs has none.
+    /// See the data guide (docs/src/guides/data.md). MaxText's default dataset_type is tfds; maxrs has none.
     section "Data" {
         /// synthetic (a learnable sequence), tokens (a flat file of token ids) or hf (Parquet / JSON Lines / text files, tokenized on the fly).
         dataset_type: DatasetType = "synthetic" => MaxText.run(),
-        /// For dataset_type=tokens: rows of max_target_length + 1 token ids (see README).
+        /// For dataset_type=tokens: rows of max_target_length + 1 token ids (see docs/src/reference/formats.md).
         dataset_path: String = "" => MaxText.path(Reads, Ignores).remote(),
         /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files.
         hf_train_files: String = "" => MaxText.run(),
@@ -372,7 +372,7 @@ declare_keys! {
         peak_tflops_per_device: f64 = 0.0 => Maxrs.run().range(closed(0.0, 1e6)),
     }
 
-    /// One process per host, a coordinator on process 0 (see README, Multi-host).
+    /// One process per host, a coordinator on process 0 (see docs/src/guides/multi-host.md).
     /// Empty / -1 values come from the environment (JAX_COORDINATOR_ADDRESS, NNODES, NODE_RANK; Slurm;
     /// Vertex AI; GKE JobSet); set here, they win over it.
     // -1 takes the value from the launcher's environment.

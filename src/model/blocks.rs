@@ -160,7 +160,7 @@ impl Mlp {
 }
 
 /// MaxText's `Attention` block for self-attention: grouped-query projections, RoPE on queries and
-/// keys, queries scaled by `1 / sqrt(head_dim)` at run time (see the README's parameter layout),
+/// keys, queries scaled by `1 / sqrt(head_dim)` at run time (docs/src/reference/parameters.md),
 /// causal attention (`LayerContext::attend`), output projection.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SelfAttention {
