@@ -63,6 +63,7 @@ mod moe_reference;
 mod ops_values;
 mod pipeline;
 mod pipeline_checkpoints;
+mod pipeline_eval;
 mod pjrt_runtime;
 mod random;
 mod run_outputs;

@@ -209,6 +209,9 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         micro
     };
     let pipeline = pipeline::plan(config, &mesh, num_slices, micro, shards)?;
+    if let Some(plan) = &pipeline {
+        pipeline::check_eval(config, plan, eval_batch)?;
+    }
 
     let accumulation = config.gradient_accumulation_steps as usize;
     check_products(config, micro, accumulation)?;
