@@ -38,6 +38,7 @@ mod convert_hf;
 mod cudnn_golden;
 mod cudnn_model;
 mod data_gcs;
+mod data_mixture;
 mod data_sft;
 mod data_sources;
 mod data_text;

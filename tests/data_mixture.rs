@@ -1,0 +1,157 @@
+//! Weighted mixtures of text datasets (`hf_train_files="glob,weight;glob,weight"`, MaxText's
+//! `grain_train_files` syntax mixed as grain's `IterDataset.mix`):
+//! - without shuffling the documents come in grain's interleaving (weights 3:1: three of the
+//!   first, one of the second, again and again), each component in its own order, and a component
+//!   that runs out starts its next epoch while the other goes on;
+//! - the stream resumes from its saved position (also through JSON, also shuffled) with the same
+//!   batches as the uninterrupted one;
+//! - `maxrs train` trains on a mixture and reports the mixture's position; MaxText's mixture keys
+//!   maxrs does not read are refused by name.
+
+use std::path::Path;
+
+use maxrs::config::{self, Config};
+use maxrs::data::{self, Batch, BatchIterator, DataState, ProcessShare, TextTokenizer};
+use maxrs::pjrt::cpu_client;
+use maxrs::train::run::train;
+
+const SEQ: usize = 16;
+const ROWS: usize = 4;
+
+fn tokenizer_path() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/shakespeare-bpe512.model").display().to_string()
+}
+
+fn write_jsonl(path: &Path, texts: impl Iterator<Item = String>) {
+    let lines: Vec<String> = texts.map(|t| serde_json::json!({ "text": t }).to_string()).collect();
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+/// Component `a`: 40 documents in one file; component `b`: 20 in two files.
+fn corpus(dir: &Path) {
+    write_jsonl(&dir.join("a.jsonl"), (0..40).map(|i| format!("alpha {i}")));
+    write_jsonl(&dir.join("b1.jsonl"), (0..10).map(|i| format!("beta {i}")));
+    write_jsonl(&dir.join("b2.jsonl"), (10..20).map(|i| format!("beta {i}")));
+}
+
+/// The mixture of [`corpus`] with weights 0.75 and 0.25, `extra` keys after (later ones win).
+fn cfg(dir: &Path, extra: &[&str]) -> Config {
+    let mixture = format!("hf_train_files={0}/a.jsonl,0.75;{0}/b*.jsonl,0.25", dir.display());
+    let tokenizer = format!("tokenizer_path={}", tokenizer_path());
+    let length = format!("max_target_length={SEQ}");
+    let base = ["dataset_type=hf", &mixture, &tokenizer, &length, "vocab_size=512"];
+    let args: Vec<String> = base.iter().chain(extra).map(|s| s.to_string()).collect();
+    config::load(None, &args).unwrap()
+}
+
+fn stream(c: &Config, resume: Option<DataState>) -> BatchIterator {
+    data::open_train(c, ROWS, ProcessShare::SINGLE, resume).unwrap()
+}
+
+/// The documents of an unpacked batch (one per row), as text.
+fn texts(batch: &Batch, tok: &TextTokenizer) -> Vec<String> {
+    let ids = batch.inputs.to_i32();
+    let segments = batch.inputs_segmentation.to_i32();
+    ids.chunks(SEQ)
+        .zip(segments.chunks(SEQ))
+        .map(|(row, seg)| {
+            let kept: Vec<i32> = row.iter().zip(seg).filter(|(_, &s)| s != 0).map(|(&id, _)| id).collect();
+            tok.decode(&kept).unwrap().trim().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn documents_come_in_grains_interleaving_and_components_repeat_their_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path());
+    let c = cfg(dir.path(), &["enable_data_shuffling=false", "packing=false"]);
+    let tok = TextTokenizer::load(&tokenizer_path(), "sentencepiece", true, true).unwrap();
+    let mut it = stream(&c, None);
+    let got: Vec<String> = (0..25).flat_map(|_| texts(&it.next_batch().unwrap().unwrap(), &tok)).collect();
+    // Weights 0.75 / 0.25 are proportions 300 : 100; with two components the first `k` documents
+    // hold ceil(3k / 4) of the first: a, a, a, b, repeated. `a` ends its first epoch after 40
+    // documents, `b` after 20, and each starts over on its own.
+    let (mut a, mut b) = (0, 0);
+    let want: Vec<String> = (0..100)
+        .map(|k| match k % 4 {
+            3 => {
+                b += 1;
+                format!("beta {}", (b - 1) % 20)
+            }
+            _ => {
+                a += 1;
+                format!("alpha {}", (a - 1) % 40)
+            }
+        })
+        .collect();
+    assert_eq!(got, want);
+    match it.state() {
+        DataState::HfMixture(m) => {
+            assert_eq!(m.index, 100);
+            assert_eq!((m.components[0].epoch, m.components[1].epoch), (1, 1), "{m:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_mixture_resumes_from_its_position_with_the_same_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path());
+    for extra in [&["packing=false"][..], &["data_shuffle_seed=5"]] {
+        let c = cfg(dir.path(), extra);
+        let mut a = stream(&c, None);
+        let first: Vec<(Batch, DataState)> = (0..30)
+            .map(|_| {
+                let batch = a.next_batch().unwrap().unwrap();
+                (batch, a.state())
+            })
+            .collect();
+        for k in [1, 7, 13, 26] {
+            let saved = serde_json::to_string(&first[k - 1].1).unwrap();
+            let mut resumed = stream(&c, Some(serde_json::from_str(&saved).unwrap()));
+            for (i, (batch, _)) in first[k..k + 3].iter().enumerate() {
+                assert_eq!(
+                    &resumed.next_batch().unwrap().unwrap(),
+                    batch,
+                    "{extra:?}: after batch {k} (+{i}), {saved}"
+                );
+            }
+        }
+        // A single dataset's position cannot resume a mixture.
+        let single = DataState::Hf(Default::default());
+        let e = data::open_train(&c, ROWS, ProcessShare::SINGLE, Some(single)).err().unwrap().to_string();
+        assert!(e.contains("cannot resume"), "{e}");
+    }
+}
+
+#[test]
+fn maxrs_trains_on_a_mixture_and_refuses_maxtexts_other_mixture_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path());
+    let tiny = [
+        "base_emb_dim=32",
+        "base_num_query_heads=2",
+        "base_num_kv_heads=2",
+        "head_dim=16",
+        "base_mlp_dim=64",
+        "base_num_decoder_layers=1",
+        "per_device_batch_size=4",
+        "steps=2",
+    ];
+    let report = train(&cfg(dir.path(), &tiny), &cpu_client(1).unwrap()).expect("trains on the mixture");
+    assert_eq!(report.losses.len(), 2);
+    let Some(DataState::HfMixture(m)) = &report.data_state else { panic!("{:?}", report.data_state) };
+    assert!(m.index >= 8 && m.components.iter().all(|s| s.taken > 0), "both components were read: {m:?}");
+
+    let refused = |arg: &str| config::load(None, &[arg.to_string()]).unwrap_err().to_string();
+    let e = refused("grain_train_mixture_config_path=/m.json");
+    assert!(e.contains("grain_train_mixture_config_path") && e.contains("hf_train_files=\"pattern,weight"), "{e}");
+    let eval = cfg(dir.path(), &["eval_interval=1", "hf_eval_files=a,1;b,1"]);
+    let e = data::EvalData::open(&eval, ROWS, ProcessShare::SINGLE).err().unwrap().to_string();
+    assert!(e.contains("hf_eval_files=\"a,1;b,1\"") && e.contains("training only"), "{e}");
+    let unweighted = cfg(dir.path(), &["hf_train_files=a.jsonl;b.jsonl,1"]);
+    let e = data::open_train(&unweighted, ROWS, ProcessShare::SINGLE, None).err().unwrap().to_string();
+    assert!(e.starts_with("hf_train_files=\"a.jsonl;b.jsonl,1\": ") && e.contains("has no weight"), "{e}");
+}
