@@ -95,6 +95,36 @@ fn documents_come_in_grains_interleaving_and_components_repeat_their_epochs() {
     }
 }
 
+/// Each of 2 processes mixes its own share of each component (as MaxText shards each component
+/// before mixing): `a`'s one file is shared by rows (process `p` keeps rows `r % 2 == p`), `b`'s
+/// two files go one to each process.
+#[test]
+fn each_process_mixes_its_own_share_of_every_component() {
+    let dir = tempfile::tempdir().unwrap();
+    corpus(dir.path());
+    let c = cfg(dir.path(), &["enable_data_shuffling=false", "packing=false"]);
+    let tok = TextTokenizer::load(&tokenizer_path(), "sentencepiece", true, true).unwrap();
+    for p in 0..2 {
+        let share = ProcessShare { index: p, count: 2 };
+        let mut it = data::open_train(&c, 2 * ROWS, share, None).unwrap();
+        let got: Vec<String> = (0..4).flat_map(|_| texts(&it.next_batch().unwrap().unwrap(), &tok)).collect();
+        let (mut a, mut b) = (0, 0);
+        let want: Vec<String> = (0..16)
+            .map(|k| match k % 4 {
+                3 => {
+                    b += 1;
+                    format!("beta {}", 10 * p + b - 1)
+                }
+                _ => {
+                    a += 1;
+                    format!("alpha {}", 2 * (a - 1) + p)
+                }
+            })
+            .collect();
+        assert_eq!(got, want, "process {p}");
+    }
+}
+
 #[test]
 fn a_mixture_resumes_from_its_position_with_the_same_batches() {
     let dir = tempfile::tempdir().unwrap();
