@@ -223,6 +223,8 @@ declare_keys! {
         dataset_path: String = "" => MaxText.path(Reads, Ignores).remote(),
         /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files; or a weighted mixture "glob,weight;glob,weight" (maxrs's own: grain_train_files' syntax and grain's mixing, see README).
         hf_train_files: String = "" => MaxText.run(),
+        /// For dataset_type=hf, instead of hf_train_files: a JSON file {"name": {"path": GLOB, "weight": W}, ...}, the training mixture by name, which may change on resume (MaxText's grain key, see README).
+        grain_train_mixture_config_path: String = "" => MaxText.run(),
         /// For eval (eval_interval > 0): a file or glob, read in order once per eval.
         hf_eval_files: String = "" => MaxText.run(),
         /// The text column of hf_train_files.

@@ -75,11 +75,6 @@ pub const REFUSED: &[Refusal] = &[
         "maxrs has no grain or tfds pipeline; use dataset_type=hf or tokens",
     ),
     refuse(
-        &["grain_train_mixture_config_path"],
-        "maxrs has no grain pipeline; mix text datasets with hf_train_files=\"pattern,weight;pattern,weight\" (the \
-         syntax of grain_train_files; a mixture cannot change on resume)",
-    ),
-    refuse(
         &[
             "use_truncation",
             "max_segments_per_seq",

@@ -1,14 +1,21 @@
-//! Weighted mixtures of text datasets: `hf_train_files="pattern,weight;pattern,weight;..."`, the
-//! syntax of MaxText's `grain_train_files` (maxtext `src/maxtext/input_pipeline/
-//! grain_data_processing.py` `get_datasets`, main e591f30), over maxrs's text sources (local or
-//! `gs://` Parquet, JSON Lines, text).
+//! Weighted mixtures of text datasets, over maxrs's text sources (local or `gs://` Parquet, JSON
+//! Lines, text), written as MaxText writes its grain mixtures (maxtext
+//! `src/maxtext/input_pipeline/grain_data_processing.py` `get_datasets`, main e591f30):
+//! - `hf_train_files="pattern,weight;pattern,weight;..."`, the syntax of `grain_train_files`: the
+//!   weights normalized and rounded to 4 decimals;
+//! - `grain_train_mixture_config_path`, a JSON file `{"name": {"path": ..., "weight": ...}}`: the
+//!   weights normalized, not rounded, and the components in the order of their sorted names (grain
+//!   flattens the dict of datasets with `jax.tree_util`, which sorts keys). A resumed run may
+//!   bring another file: each component resumes by name (a new one starts at its beginning, a
+//!   removed one is dropped) and the interleaving continues at the saved index with the new
+//!   weights, as grain's iterator `set_state` does.
 //!
 //! As MaxText builds it, each component is its own stream (its files shuffled and split between
 //! processes as a single dataset's are, same seed), and each process mixes its own streams
 //! document by document, before tokenization and packing, with grain's `IterDataset.mix`
 //! (google/grain `grain/_src/python/dataset/transformations/mix.py`, main f5dd0d8):
-//! - the weights are normalized and rounded to 4 decimals (MaxText), then scaled so the smallest is
-//!   100 and truncated to integers (grain's `_float_to_int_proportions`);
+//! - the normalized weights are scaled so the smallest is 100 and truncated to integers (grain's
+//!   `_float_to_int_proportions`);
 //! - document `k` of the mixture comes from the component [`select`] gives for `k` (grain's
 //!   `_dataset_and_key_of_next_element`): a fixed interleaving in which every prefix holds each
 //!   component in proportion, up to rounding;
@@ -20,12 +27,17 @@
 //! position: a resumed run re-opens every component where it stood and continues the
 //! interleaving at the same index (grain's iterator state: `index` and each parent's state).
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
 use super::error::DataError;
 use super::packing::Encoded;
+use super::storage::storage_for;
 use super::text::{CheckedDocs, DocStream, TextSpec, TextState};
 use super::DataState;
+use crate::config::Config;
 
 /// One dataset of a mixture: its file pattern and its weight as written.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +52,81 @@ pub struct Component {
 pub struct MixtureState {
     pub index: u64,
     pub components: Vec<TextState>,
+    /// The components' names (a mixture file's), by which they resume; none for `hf_train_files`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+}
+
+/// A run's mixture: its components (with their names, from a mixture file) and proportions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mixture {
+    /// The key the components come from, for errors.
+    pub key: &'static str,
+    pub components: Vec<Component>,
+    /// Empty for `hf_train_files`.
+    pub names: Vec<String>,
+    pub proportions: Vec<u64>,
+}
+
+impl Mixture {
+    /// The training mixture `c` configures, if any.
+    pub fn of(c: &Config) -> Result<Option<Mixture>, DataError> {
+        let key = "grain_train_mixture_config_path";
+        let path = &c.grain_train_mixture_config_path;
+        if path.is_empty() {
+            let Some(components) = parse("hf_train_files", &c.hf_train_files)? else { return Ok(None) };
+            let weights: Vec<f64> = components.iter().map(|m| m.weight).collect();
+            let proportions = proportions(&weights).expect("parse checked the weights");
+            return Ok(Some(Mixture { key: "hf_train_files", components, names: vec![], proportions }));
+        }
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut storage_for(path).open(Path::new(path))?.reader(), &mut bytes)
+            .map_err(|e| DataError::Io { path: path.into(), source: e })?;
+        let bad = |message: String| DataError::BadMixture { key, value: path.clone(), message };
+        // Sorted by name: the order in which grain flattens MaxText's dict of datasets.
+        let entries: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&bytes).map_err(|e| {
+            bad(format!("not a JSON object of {{\"name\": {{\"path\": \"GLOB\", \"weight\": NUMBER}}}}: {e}"))
+        })?;
+        if entries.is_empty() {
+            return Err(bad("names no dataset".into()));
+        }
+        let mut components = Vec::new();
+        for (name, entry) in &entries {
+            let pattern = entry.get("path").and_then(|p| p.as_str()).filter(|p| !p.is_empty());
+            let weight = entry.get("weight").and_then(|w| w.as_f64()).filter(|w| w.is_finite() && *w > 0.0);
+            match (pattern, weight) {
+                (Some(pattern), Some(weight)) => components.push(Component { pattern: pattern.to_string(), weight }),
+                _ => {
+                    return Err(bad(format!(
+                        "dataset {name:?} is {entry}; each needs a \"path\" (a file or glob) and a positive \"weight\""
+                    )))
+                }
+            }
+        }
+        let total: f64 = components.iter().map(|m| m.weight).sum();
+        let proportions = grain_proportions(&components.iter().map(|m| m.weight / total).collect::<Vec<_>>());
+        Ok(Some(Mixture { key, components, names: entries.into_keys().collect(), proportions }))
+    }
+
+    /// Where the mixture starts: at the beginning, or at `saved`, the position of the run it
+    /// resumes (by name for a mixture file: see the module docs).
+    pub fn start_at(&self, saved: Option<MixtureState>) -> Result<MixtureState, DataError> {
+        let n = self.components.len();
+        let fresh = MixtureState { index: 0, components: vec![TextState::default(); n], names: self.names.clone() };
+        let Some(saved) = saved else { return Ok(fresh) };
+        let cannot =
+            |why: String| DataError::BadState(format!("the saved mixture position cannot resume {}: {why}", self.key));
+        match (self.names.is_empty(), saved.names.is_empty()) {
+            (true, true) if saved.components.len() == n => Ok(saved),
+            (true, true) => Err(cannot(format!("it has {} datasets, this run {n}", saved.components.len()))),
+            (false, false) if saved.names.len() == saved.components.len() => {
+                let by_name: BTreeMap<&String, &TextState> = saved.names.iter().zip(&saved.components).collect();
+                let components = self.names.iter().map(|name| by_name.get(name).map(|s| **s).unwrap_or_default());
+                Ok(MixtureState { index: saved.index, components: components.collect(), ..fresh })
+            }
+            _ => Err(cannot("one of them names its datasets (a mixture file), the other does not".into())),
+        }
+    }
 }
 
 /// The components of `value` (the `hf_train_files` value) when it is a mixture (it has a `;`, as
@@ -71,8 +158,9 @@ pub fn parse(key: &'static str, value: &str) -> Result<Option<Vec<Component>>, D
     Ok(Some(components))
 }
 
-/// The integer proportions of `weights`: MaxText's `round(w / sum(weights), 4)`, then grain's
-/// `int(p * 100 / min(p))`. A weight that rounds to 0 is refused, as grain refuses it.
+/// The integer proportions of `hf_train_files`' `weights`: MaxText's `round(w / sum(weights),
+/// 4)`, then grain's scaling ([`grain_proportions`]). A weight that rounds to 0 is refused, as
+/// grain refuses it.
 pub fn proportions(weights: &[f64]) -> Result<Vec<u64>, String> {
     let sum: f64 = weights.iter().sum();
     // Rust's `{:.4}` rounds the exact binary value to nearest, ties to even: Python's `round`.
@@ -86,8 +174,13 @@ pub fn proportions(weights: &[f64]) -> Result<Vec<u64>, String> {
             weights[i] / sum
         ));
     }
-    let scale = 100.0 / rounded.iter().cloned().fold(f64::INFINITY, f64::min);
-    Ok(rounded.iter().map(|p| (p * scale) as u64).collect())
+    Ok(grain_proportions(&rounded))
+}
+
+/// grain's `_float_to_int_proportions`: `int(p * (100 / min(p)))` for positive `values`.
+pub fn grain_proportions(values: &[f64]) -> Vec<u64> {
+    let scale = 100.0 / values.iter().cloned().fold(f64::INFINITY, f64::min);
+    values.iter().map(|p| (p * scale) as u64).collect()
 }
 
 /// The component of document `k` of the mixture and that document's index in the component:
@@ -208,6 +301,49 @@ mod tests {
         assert_eq!(proportions(&[1.0, 6.0]).unwrap(), [99, 599]);
         let e = proportions(&[2.0, 1e-5]).unwrap_err();
         assert!(e.contains("rounds to 0"), "{e}");
+    }
+
+    fn mixture_file(json: &str) -> (tempfile::TempDir, Config) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mixture.json");
+        std::fs::write(&path, json).unwrap();
+        let args = [format!("grain_train_mixture_config_path={}", path.display())];
+        (dir, crate::config::load(None, &args).unwrap())
+    }
+
+    /// A mixture file's datasets in sorted name order (as `jax.tree_util` flattens a dict), weights
+    /// normalized without rounding: 1/7 and 6/7 give grain's 100 : 600 here (hf_train_files' 4
+    /// decimals give 99 : 599, above): `python3 -c 'w = {"web": 6, "code": 1}; v = [w[k] / 7 for k
+    /// in sorted(w)]; print([int(p * (100 / min(v))) for p in v])'` prints `[100, 600]`.
+    #[test]
+    fn a_mixture_file_names_its_datasets_and_resumes_them_by_name() {
+        let (_dir, c) =
+            mixture_file(r#"{"web": {"path": "w/*.jsonl", "weight": 6}, "code": {"path": "c.jsonl", "weight": 1}}"#);
+        let m = Mixture::of(&c).unwrap().unwrap();
+        assert_eq!(m.names, ["code", "web"]);
+        assert_eq!(m.components[0], Component { pattern: "c.jsonl".into(), weight: 1.0 });
+        assert_eq!(m.proportions, [100, 600]);
+
+        let at = |epoch| TextState { epoch, file: 0, row: 0, taken: 3 };
+        let saved =
+            MixtureState { index: 70, components: vec![at(1), at(2)], names: vec!["books".into(), "web".into()] };
+        let resumed = m.start_at(Some(saved)).unwrap();
+        assert_eq!(resumed.index, 70, "the interleaving goes on at the saved index");
+        assert_eq!(resumed.components, [TextState::default(), at(2)], "code is new, web resumes, books is gone");
+        assert_eq!(resumed.names, ["code", "web"]);
+        let unnamed = MixtureState { index: 1, components: vec![at(0), at(0)], names: vec![] };
+        assert!(m.start_at(Some(unnamed)).unwrap_err().to_string().contains("names its datasets"));
+
+        let err = |json: &str| Mixture::of(&mixture_file(json).1).unwrap_err().to_string();
+        let e = err(r#"{"web": {"path": "w.jsonl"}}"#);
+        assert!(
+            e.starts_with("grain_train_mixture_config_path=\"")
+                && e.contains("\"web\"")
+                && e.contains("positive \"weight\""),
+            "{e}"
+        );
+        assert!(err("[1, 2]").contains("not a JSON object"));
+        assert!(err("{}").contains("names no dataset"));
     }
 
     #[test]

@@ -174,7 +174,7 @@ pub fn text_spec(
             message: "mixtures (`;`) are read for training only; give the eval files as one file or glob".into(),
         });
     }
-    text_spec_of(c, split, tokenizer, process, pattern)
+    text_spec_of(c, split, tokenizer, process, files_key, pattern)
 }
 
 /// [`text_spec`] of the files `pattern` gives (the whole key, or one component of a mixture).
@@ -183,11 +183,12 @@ fn text_spec_of(
     split: Split,
     tokenizer: Arc<TextTokenizer>,
     process: ProcessShare,
+    files_key: &'static str,
     pattern: &str,
 ) -> Result<TextSpec, DataError> {
-    let (files_key, columns_key, columns) = match split {
-        Split::Train => ("hf_train_files", "train_data_columns", &c.train_data_columns),
-        Split::Eval => ("hf_eval_files", "eval_data_columns", &c.eval_data_columns),
+    let (columns_key, columns) = match split {
+        Split::Train => ("train_data_columns", &c.train_data_columns),
+        Split::Eval => ("eval_data_columns", &c.eval_data_columns),
     };
     let storage: Arc<dyn storage::Storage> = storage::storage_for(pattern).into();
     let files = storage.glob(files_key, pattern)?;
@@ -268,7 +269,7 @@ pub fn open_train(
             let shuffle = c.enable_data_shuffling.then_some(seed);
             Ok(BatchIterator::Tokens(tokens::TokensBatches::new(file, global_batch, rows, shuffle, position)))
         }
-        DatasetType::Hf => match mixture::parse("hf_train_files", &c.hf_train_files)? {
+        DatasetType::Hf => match mixture::Mixture::of(c)? {
             None => {
                 let at = match resume {
                     None => TextState::default(),
@@ -278,22 +279,19 @@ pub fn open_train(
                 let spec = text_spec(c, Split::Train, load_tokenizer(c)?, process)?;
                 Ok(BatchIterator::Text(TextBatches::start(spec, at, rows.len(), seq, c.packing)))
             }
-            Some(components) => {
+            Some(mix) => {
                 let at = match resume {
-                    None => {
-                        mixture::MixtureState { index: 0, components: vec![TextState::default(); components.len()] }
-                    }
-                    Some(DataState::HfMixture(at)) => at,
+                    None => mix.start_at(None)?,
+                    Some(DataState::HfMixture(saved)) => mix.start_at(Some(saved))?,
                     Some(other) => return Err(mismatch(other)),
                 };
                 let tokenizer = load_tokenizer(c)?;
-                let specs = components
+                let specs = mix
+                    .components
                     .iter()
-                    .map(|m| text_spec_of(c, Split::Train, tokenizer.clone(), process, &m.pattern))
+                    .map(|m| text_spec_of(c, Split::Train, tokenizer.clone(), process, mix.key, &m.pattern))
                     .collect::<Result<Vec<_>, _>>()?;
-                let weights: Vec<f64> = components.iter().map(|m| m.weight).collect();
-                let proportions = mixture::proportions(&weights).expect("parse checked the weights");
-                let docs = mixture::MixedDocs::start(&specs, proportions, at.clone())?;
+                let docs = mixture::MixedDocs::start(&specs, mix.proportions, at.clone())?;
                 let state = DataState::HfMixture(at);
                 Ok(BatchIterator::Text(TextBatches::from_stream(docs, state, &tokenizer, rows.len(), seq, c.packing)))
             }
