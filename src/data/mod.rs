@@ -8,7 +8,8 @@
 //! - [`text`]: `dataset_type=hf`, Parquet / JSON Lines / text files tokenized by background
 //!   workers ([`documents`] reads the files, [`tokenizer`] turns text into ids, [`packing`]
 //!   fills rows), shuffled by file and by window; with `use_sft` the rows are conversations
-//!   rendered by the tokenizer's chat template ([`chat`]), with their prompts masked.
+//!   rendered by the tokenizer's chat template ([`chat`]), with their prompts masked; several
+//!   datasets can be mixed by weight ([`mixture`], MaxText's / grain's mixtures).
 //! - [`prepare`]: `maxrs tokenize`, text files to the `tokens` format.
 //! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam
 //!   (local files, and `gs://` read in ranges).

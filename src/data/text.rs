@@ -15,8 +15,9 @@
 //! # Threads
 //! A reader thread reads windows and hands them to tokenizer workers over a bounded queue; a
 //! packer thread puts the tokenized windows back in order, packs them ([`super::packing`]) and
-//! keeps [`PREFETCH_BATCHES`] batches ready in a bounded queue. The train loop only takes the
-//! next batch. Dropping the iterator closes the queues and every thread ends. An epoch in which
+//! keeps [`PREFETCH_BATCHES`] batches ready in a bounded queue (the packer reads any
+//! [`DocStream`]: one dataset's [`CheckedDocs`], or a mixture's, `super::mixture`). The train
+//! loop only takes the next batch. Dropping the iterator closes the queues and every thread ends. An epoch in which
 //! no row gives a document (all undecodable or empty) ends the stream with an error: repeating
 //! it could never fill a batch.
 //!
@@ -389,7 +390,7 @@ pub trait DocStream: Send + 'static {
     fn next_doc(&mut self) -> Result<Option<(DataState, DataState, Option<Encoded>)>, DataError>;
 }
 
-/// One dataset's tokenized documents, failing once a whole epoch gave none ([`Unused`]).
+/// One dataset's tokenized documents, failing once a whole epoch gave none (`Unused`).
 pub struct CheckedDocs {
     docs: TokenizedDocs,
     unused: Unused,
