@@ -118,6 +118,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("dataset_type", Refused("tfds")),
     ("dataset_path", Runtime("the token file of dataset_type=tokens")),
     ("hf_train_files", Runtime("the text files of dataset_type=hf")),
+    ("grain_train_mixture_config_path", Runtime("the training mixture of dataset_type=hf, from a JSON file")),
     ("hf_eval_files", Runtime("the eval files")),
     ("train_data_columns", Runtime("the text column read from Parquet/JSONL")),
     ("eval_data_columns", Runtime("the eval text column")),

@@ -221,8 +221,10 @@ declare_keys! {
         dataset_type: DatasetType = "synthetic" => MaxText.run(),
         /// For dataset_type=tokens: rows of max_target_length + 1 token ids (see docs/src/reference/formats.md).
         dataset_path: String = "" => MaxText.path(Reads, Ignores).remote(),
-        /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files.
+        /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files; or a weighted mixture "glob,weight;glob,weight" (maxrs's own: grain_train_files' syntax and grain's mixing, see docs/src/guides/data.md).
         hf_train_files: String = "" => MaxText.run(),
+        /// For dataset_type=hf, instead of hf_train_files: a JSON file {"name": {"path": GLOB, "weight": W}, ...}, the training mixture by name, which may change on resume (MaxText's grain key, see docs/src/guides/data.md).
+        grain_train_mixture_config_path: String = "" => MaxText.run(),
         /// For eval (eval_interval > 0): a file or glob, read in order once per eval.
         hf_eval_files: String = "" => MaxText.run(),
         /// The text column of hf_train_files.
