@@ -94,6 +94,8 @@ pub(crate) fn to_dtype(ty: ElementType) -> Dtype {
         ElementType::BF16 => Dtype::BF16,
         ElementType::F32 => Dtype::F32,
         ElementType::F64 => Dtype::F64,
+        ElementType::F8E4M3FN => Dtype::F8_E4M3,
+        ElementType::F8E5M2 => Dtype::F8_E5M2,
     }
 }
 
@@ -109,6 +111,9 @@ pub(crate) fn from_dtype(dtype: Dtype) -> Option<ElementType> {
         Dtype::BF16 => ElementType::BF16,
         Dtype::F32 => ElementType::F32,
         Dtype::F64 => ElementType::F64,
+        // safetensors' F8_E4M3 is the `fn` variant (no infinities), as torch's float8_e4m3fn.
+        Dtype::F8_E4M3 => ElementType::F8E4M3FN,
+        Dtype::F8_E5M2 => ElementType::F8E5M2,
         _ => return None,
     })
 }
