@@ -45,6 +45,7 @@ mod data_tokenizer;
 mod data_train;
 mod decode;
 mod errors;
+mod fp8;
 mod fuzz;
 mod gpu_memory;
 mod grad_check;

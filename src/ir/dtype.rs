@@ -30,9 +30,7 @@ impl DType {
     pub fn is_integer(self) -> bool {
         match self {
             DType::S32 | DType::U32 => true,
-            DType::Pred | DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::F8E4M3FN | DType::F8E5M2 => {
-                false
-            }
+            DType::Pred | DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::F8E4M3FN | DType::F8E5M2 => false,
         }
     }
 

@@ -1,7 +1,7 @@
 //! Spelling IR things in MLIR: SSA names, tensor types, integer lists and constant literals.
 
-use crate::ir::{DType, Literal, Type};
 use crate::host::f8::F8;
+use crate::ir::{DType, Literal, Type};
 use half::{bf16, f16};
 use std::fmt::{self, Display, Write};
 

@@ -47,6 +47,8 @@ pub struct ModelConfig {
     pub use_iota_embed: bool,
     /// Per-layer rematerialization.
     pub remat: RematPolicy,
+    /// `quantization=fp8`: the layers' projections and MLP are fp8 products (`fp8`).
+    pub fp8: bool,
     /// Logical axis rules for activation sharding constraints (applied only when tracing on a mesh).
     pub rules: LogicalRules,
 }
@@ -101,6 +103,7 @@ impl ModelConfig {
             logits_dot_in_fp32: c.logits_dot_in_fp32,
             use_iota_embed: c.use_iota_embed,
             remat: remat_policy(c.remat_policy),
+            fp8: c.quantization == config::Quantization::Fp8,
             rules: config::logical_rules(c),
         }
     }
