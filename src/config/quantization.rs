@@ -73,3 +73,35 @@ pub(super) fn check_decode(c: &Config) -> Result<(), ConfigError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{load, validate_decode};
+
+    fn refusal(args: &[&str]) -> String {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let c = load(None, &args).unwrap();
+        super::super::check(&c).unwrap_err().to_string()
+    }
+
+    /// MaxText's other recipes are refused by name, as are the families and combinations whose
+    /// fp8 state maxrs does not carry; fp8 itself passes.
+    #[test]
+    fn other_values_and_combinations_are_refused_by_name() {
+        for value in ["int8", "te_fp8_currentscaling", "nanoo_fp8", "fp8_full"] {
+            let r = refusal(&[&format!("quantization={value}")]);
+            assert_eq!(
+                r,
+                format!("quantization: {value} is not supported yet; maxrs has quantization=fp8 (or \"\" for none)")
+            );
+        }
+        let r = refusal(&["quantization=fp8", "decoder_block=gpt3", "override_model_config=true"]);
+        assert!(r.contains("fp8 is not supported yet for decoder_block=gpt3"), "{r}");
+        let r = refusal(&["quantization=fp8", "gradient_accumulation_steps=2"]);
+        assert!(r.starts_with("quantization, gradient_accumulation_steps:"), "{r}");
+        let c = load(None, &["quantization=fp8".to_string()]).unwrap();
+        assert!(super::super::check(&c).is_ok());
+        let r = validate_decode(&c).unwrap_err().to_string();
+        assert!(r.contains("not supported by maxrs decode yet"), "{r}");
+    }
+}
