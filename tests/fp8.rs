@@ -57,8 +57,8 @@ impl Format {
 }
 
 /// `convert` f32 -> f8 and f8 -> f32 on the CPU plugin: every bit pattern of both formats
-/// decodes to the reference value, and f32 values (random, ties, subnormals, negative zero)
-/// round to the reference's bit patterns.
+/// decodes to the reference value, f32 values (random, ties, subnormals, negative zero) round
+/// to the reference's bit patterns, and f8 constants keep theirs.
 #[test]
 fn f8_converts_on_the_cpu_plugin_match_the_reference_rounding() {
     let mut x: Vec<f64> = uniform(&mut rng(30), 200, -440.0, 440.0);
@@ -70,8 +70,11 @@ fn f8_converts_on_the_cpu_plugin_match_the_reference_rounding() {
     sig.input("x", DType::F32, &[n]);
     sig.input("a", DType::F8E4M3FN, &[256]);
     sig.input("b", DType::F8E5M2, &[256]);
-    let program = trace(&sig, |_, inp| {
+    let program = trace(&sig, |ctx, inp| {
         Tree::new()
+            // Constants are lowered as their bit patterns.
+            .with("c_e4m3", ctx.full(-3.25, DType::F8E4M3FN, &[2]))
+            .with("c_e5m2", ctx.full(57344.0, DType::F8E5M2, &[1]))
             .with("x_e4m3", inp["x"].astype(DType::F8E4M3FN))
             .with("x_e5m2", inp["x"].astype(DType::F8E5M2))
             .with("a", inp["a"].astype(DType::F32))
@@ -100,6 +103,7 @@ fn f8_converts_on_the_cpu_plugin_match_the_reference_rounding() {
             assert_eq!(got[b as usize | 0x80], -value, "{name} {:#04x}", b | 0x80);
         }
     }
+    assert_eq!((out["c_e4m3"].data.clone(), out["c_e5m2"].data.clone()), (vec![0xC5, 0xC5], vec![0x7B]));
     // The codes past the finite values: e4m3fn's 0x7F is NaN; e5m2's 0x7C is infinity.
     assert!(out["a"].to_f64()[0x7F].is_nan());
     assert_eq!(out["b"].to_f64()[0x7C], f64::INFINITY);
