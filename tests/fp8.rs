@@ -230,6 +230,50 @@ fn fp8_product_and_delayed_scaling_match_an_f64_reference_over_three_steps() {
     }
 }
 
+/// `te_fp8_currentscaling`'s product (`model::fp8::dot_current`): `x`, `k` and the output's
+/// gradient each quantized with the scale of its own amax, no state; against the reference.
+#[test]
+fn current_scaling_product_matches_an_f64_reference() {
+    let (rows, inner, cols) = (6usize, 4usize, 5usize);
+    let mut sig = Signature::new(None);
+    sig.input("x", DType::F32, &[rows as i64, inner as i64]);
+    sig.input("k", DType::F32, &[inner as i64, cols as i64]);
+    sig.input("w", DType::F32, &[rows as i64, cols as i64]);
+    let program = trace(&sig, |_, inp| {
+        let vars = Tree::new().with("x", inp["x"].clone()).with("k", inp["k"].clone());
+        let (_, aux, grads) = value_and_grad_with_aux(&vars, |v| {
+            let y = fp8::dot_current(&v["x"], &v["k"], |a, b| a.matmul(b));
+            ((&y * &inp["w"]).sum_all(), Tree::new().with("y", y))
+        });
+        let mut out = grads.prefixed("grad");
+        out.extend(aux);
+        out
+    })
+    .unwrap();
+    let mut r = rng(301);
+    let f32s = |v: Vec<f64>| v.iter().map(|&x| x as f32 as f64).collect::<Vec<_>>();
+    let (x, k, w) = (
+        f32s(uniform(&mut r, rows * inner, -3.0, 3.0)),
+        f32s(uniform(&mut r, inner * cols, -0.5, 0.5)),
+        f32s(uniform(&mut r, rows * cols, -2e-3, 2e-3)),
+    );
+    let host = |dims: &[usize], v: &[f64]| {
+        let dims: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        HostTensor::from_f32(&dims, &v.iter().map(|&x| x as f32).collect::<Vec<_>>())
+    };
+    let inputs = Tree::new()
+        .with("x", host(&[rows, inner], &x))
+        .with("k", host(&[inner, cols], &k))
+        .with("w", host(&[rows, cols], &w));
+    let out = run(&program, &inputs);
+    let scale = |format: Format, v: &[f64]| v.iter().map(|a| a.abs()).fold(0.0, f64::max) / format.max;
+    let (xq, kq, gq) =
+        (E4M3FN.qdq(&x, scale(E4M3FN, &x)), E4M3FN.qdq(&k, scale(E4M3FN, &k)), E5M2.qdq(&w, scale(E5M2, &w)));
+    assert_close("y", &out["y"].to_f64(), &matmul(&xq, &kq, rows, inner, cols));
+    assert_close("dx", &out["grad.x"].to_f64(), &matmul(&gq, &transpose(&kq, inner, cols), rows, cols, inner));
+    assert_close("dk", &out["grad.k"].to_f64(), &matmul(&transpose(&xq, rows, inner), &gq, inner, rows, cols));
+}
+
 /// `quantization=fp8` trains the small model (f32) with the fp8 state in the train state: every
 /// product's state has moved after two steps (scales from the first step's amaxes, histories
 /// holding both steps' amaxes), the checkpoint holds it (`fp8.safetensors`), and a run resumed

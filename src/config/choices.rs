@@ -150,9 +150,9 @@ string_enum!(
 
 string_enum!(
     /// MaxText's `quantization` values (`_get_quant_config` and `get_quantization_rule` in
-    /// `src/maxtext/layers/quantizations.py`, e591f30). maxrs implements "" (none) and `fp8`
-    /// (flax's XLA-native fp8 with delayed scaling, `model::fp8`); validation refuses the others
-    /// as not supported yet.
+    /// `src/maxtext/layers/quantizations.py`, e591f30). maxrs implements "" (none), `fp8` (flax's
+    /// XLA-native fp8 with delayed scaling, `model::fp8`) and `te_fp8_currentscaling` (current
+    /// scaling); validation refuses the others as not supported yet.
     Quantization {
         None = "",
         Fp8 = "fp8",

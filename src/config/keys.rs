@@ -199,9 +199,11 @@ declare_keys! {
         dtype: DType = "bfloat16" => MaxText.step().read_by_model(ALL),
         /// Parameters and optimizer state.
         weight_dtype: DType = "float32" => MaxText.model(ALL),
-        /// Quantized matmuls: "" (none) or fp8 (XLA-native fp8 GEMMs with delayed scaling: the
-        /// decoder layers' projections and MLP take e4m3 inputs and kernels and e5m2 gradients;
-        /// see README "fp8 training"). MaxText's other values are not supported yet.
+        /// Quantized matmuls: "", fp8 or te_fp8_currentscaling (see README "fp8 training").
+        /// fp8: XLA-native fp8 GEMMs with delayed scaling (the decoder layers' projections and MLP
+        /// take e4m3 inputs and kernels and e5m2 gradients); te_fp8_currentscaling: Transformer
+        /// Engine's current scaling, computed by the same GEMMs. MaxText's other values are not
+        /// supported yet.
         // The scales and amax histories are train state (`fp8.*`, checkpointed): a run restores
         // only a checkpoint saved with the same value (the arrays must match).
         quantization: Quantization = "" => MaxText.step().read_by_model(ALL),

@@ -1,7 +1,8 @@
 //! What `quantization` may be combined with. maxrs implements MaxText's `fp8` (flax's XLA-native
-//! fp8 dot products with delayed scaling, `model::fp8`) for the dense decoder families; every
-//! other value of MaxText's is refused by name, as are the combinations whose fp8 state maxrs
-//! does not carry yet.
+//! fp8 dot products with delayed scaling, `model::fp8`) and `te_fp8_currentscaling` (Transformer
+//! Engine's current scaling, computed with the same XLA fp8 products) for the dense decoder
+//! families; every other value of MaxText's is refused by name, as are the combinations whose fp8
+//! state maxrs does not carry yet.
 
 use super::choices::{DecoderBlock, Quantization};
 use super::error::ConfigError;
@@ -16,26 +17,28 @@ pub const FP8_FAMILIES: &[DecoderBlock] =
 pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
     match c.quantization {
         Quantization::None => return Ok(()),
-        Quantization::Fp8 => {}
-        other => {
-            return Err(ConfigError::invalid(
-                "quantization",
-                format!("{other} is not supported yet; maxrs has quantization=fp8 (or \"\" for none)"),
-            ))
-        }
+        Quantization::Fp8 | Quantization::TeFp8CurrentScaling => {}
+        other => return Err(ConfigError::invalid(
+            "quantization",
+            format!(
+                "{other} is not supported yet; maxrs has quantization=fp8 and te_fp8_currentscaling (or \"\" for none)"
+            ),
+        )),
     }
     if !FP8_FAMILIES.contains(&c.decoder_block) {
         let families: Vec<&str> = FP8_FAMILIES.iter().map(|b| b.as_str()).collect();
         return Err(ConfigError::invalid(
             "quantization",
             format!(
-                "fp8 is not supported yet for decoder_block={}; it quantizes decoder_block {}",
+                "{} is not supported yet for decoder_block={}; it quantizes decoder_block {}",
+                c.quantization,
                 c.decoder_block,
                 families.join(", ")
             ),
         ));
     }
-    if c.gradient_accumulation_steps > 1 {
+    // Current scaling keeps no state: only delayed scaling's would be updated per micro-batch.
+    if c.quantization == Quantization::Fp8 && c.gradient_accumulation_steps > 1 {
         return Err(ConfigError::invalid(
             "quantization, gradient_accumulation_steps",
             format!(
@@ -48,12 +51,16 @@ pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Pipeline stages run their own programs, which do not carry the fp8 state yet.
+/// Pipeline stages run their own programs, which do not carry the fp8 state yet (nor has current
+/// scaling been checked there).
 pub(super) fn check_pipeline(c: &Config, pipelined: bool) -> Result<(), ConfigError> {
-    if c.quantization == Quantization::Fp8 && pipelined {
+    if c.quantization != Quantization::None && pipelined {
         return Err(ConfigError::invalid(
             "quantization, ici_pipeline_parallelism",
-            "quantization=fp8 with pipeline parallelism is not supported yet; use ici_pipeline_parallelism=1",
+            format!(
+                "quantization={} with pipeline parallelism is not supported yet; use ici_pipeline_parallelism=1",
+                c.quantization
+            ),
         ));
     }
     Ok(())
@@ -85,20 +92,20 @@ mod tests {
     }
 
     /// MaxText's other recipes are refused by name, as are the families and combinations whose
-    /// fp8 state maxrs does not carry; fp8 itself passes.
+    /// fp8 state maxrs does not carry; fp8 and te_fp8_currentscaling pass.
     #[test]
     fn other_values_and_combinations_are_refused_by_name() {
-        for value in ["int8", "te_fp8_currentscaling", "nanoo_fp8", "fp8_full"] {
+        let want = "is not supported yet; maxrs has quantization=fp8 and te_fp8_currentscaling (or \"\" for none)";
+        for value in ["int8", "te_fp8_delayedscaling", "nanoo_fp8", "fp8_full"] {
             let r = refusal(&[&format!("quantization={value}")]);
-            assert_eq!(
-                r,
-                format!("quantization: {value} is not supported yet; maxrs has quantization=fp8 (or \"\" for none)")
-            );
+            assert_eq!(r, format!("quantization: {value} {want}"));
         }
         let r = refusal(&["quantization=fp8", "decoder_block=gpt3", "override_model_config=true"]);
         assert!(r.contains("fp8 is not supported yet for decoder_block=gpt3"), "{r}");
         let r = refusal(&["quantization=fp8", "gradient_accumulation_steps=2"]);
         assert!(r.starts_with("quantization, gradient_accumulation_steps:"), "{r}");
+        let current = ["quantization=te_fp8_currentscaling".to_string(), "gradient_accumulation_steps=2".to_string()];
+        assert!(super::super::check(&load(None, &current).unwrap()).is_ok(), "current scaling keeps no state");
         let c = load(None, &["quantization=fp8".to_string()]).unwrap();
         assert!(super::super::check(&c).is_ok());
         let r = validate_decode(&c).unwrap_err().to_string();

@@ -11,24 +11,25 @@
 //!
 //! Numerics as MaxText's: weights are cast to `dtype` where used; RMSNorm statistics, RoPE and
 //! the softmax are f32; GPT-3's LayerNorm reduces in `dtype` (`reductions_in_fp32=False`). With
-//! `quantization=fp8` every product with a kernel (MaxText's `DenseGeneral`s) is an fp8 product.
+//! fp8 quantization every product with a kernel (MaxText's `DenseGeneral`s) is an fp8 product.
 
 use crate::tensor::{einsum, Tensor, Tree};
 
-use super::fp8;
+use super::fp8::{self, Scaling};
 
 use super::attention::{rope, AttendOptions, AttentionImpl, LayerContext};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
 
 /// `product(x, kernel)` of the kernel `<op>.kernel` (cast to `dtype`): MaxText's `DenseGeneral`,
-/// an fp8 product (state `<op>.input_scale`, ... in `p`) with `quantization=fp8`.
+/// an fp8 product with `quantization=fp8` (state `<op>.input_scale`, ... in `p`) or
+/// `te_fp8_currentscaling`.
 fn dense(c: &ModelConfig, p: &Tree, op: &str, x: &Tensor, product: impl Fn(&Tensor, &Tensor) -> Tensor) -> Tensor {
     let kernel = p[format!("{op}.kernel").as_str()].astype(c.dtype);
-    if c.fp8 {
-        fp8::dot(p, op, x, &kernel, product)
-    } else {
-        product(x, &kernel)
+    match c.fp8 {
+        Some(Scaling::Delayed) => fp8::dot(p, op, x, &kernel, product),
+        Some(Scaling::Current) => fp8::dot_current(x, &kernel, product),
+        None => product(x, &kernel),
     }
 }
 

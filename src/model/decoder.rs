@@ -40,8 +40,9 @@ use crate::tensor::{checkpoint, einsum, scan, scan_reverse, stack, Tensor, Tree}
 use super::attention::{cache_slots, cache_tree, LayerCache, LayerContext};
 use super::blocks::{Activation, Norm};
 use super::flops::{StepShape, StepTflops};
+use super::fp8::{self, Scaling};
 use super::params::{self, ParamDef, ParamInit};
-use super::{fp8, gemma, gemma2, gpt3, llama, mistral, mixtral, ModelConfig};
+use super::{gemma, gemma2, gpt3, llama, mistral, mixtral, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
@@ -287,10 +288,10 @@ impl Model {
     }
 
     /// The fp8 state (`quantization=fp8`, see `fp8`): for each kernel of a layer, named as its
-    /// parameters are (`decoder.layers.mlp.wo.input_scale`, ...); none without fp8.
+    /// parameters are (`decoder.layers.mlp.wo.input_scale`, ...); none otherwise.
     pub fn fp8_state_defs(&self) -> Vec<ParamDef> {
         let c = &self.config;
-        let kernels = if c.fp8 { self.family.layer_params(c) } else { vec![] };
+        let kernels = if c.fp8 == Some(Scaling::Delayed) { self.family.layer_params(c) } else { vec![] };
         fp8::model_state_defs(&kernels, c.layers, c.scan_layers)
     }
 

@@ -30,12 +30,28 @@
 //! those "gradients" as the new state instead of handing them to the optimizer, and they are
 //! neither clipped nor counted in the gradient norm (MaxText's `apply_gradient_clipping`).
 //! MaxText has no key for the history length: flax's default, 1024.
+//!
+//! `quantization=te_fp8_currentscaling` is Transformer Engine's `Float8CurrentScaling` recipe
+//! (MaxText hands it to TE; maxrs computes it with the same XLA fp8 products): each value is
+//! quantized with the scale of its own amax, `max(|v|) / fp8_max` (1 when that is zero or not
+//! finite; TE's defaults: no epsilon, no power-of-two scales, e4m3 forward and e5m2 backward,
+//! `Float8CurrentScalingQuantizer` in `transformer_engine/pytorch/tensor/float8_tensor.py`).
+//! It keeps no state ([`dot_current`]).
 
 use crate::host::f8::F8;
 use crate::ir::DType;
 use crate::tensor::{composite, concatenate, where_, Tensor, Tree};
 
 use super::params::{ParamDef, ParamInit};
+
+/// How the scales of the fp8 products are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scaling {
+    /// From the amax history of earlier steps, kept as train state (`quantization=fp8`).
+    Delayed,
+    /// From the value's own amax (`quantization=te_fp8_currentscaling`).
+    Current,
+}
 
 /// Entries of each amax history (`Fp8DotGeneralBase.amax_history_length`'s default).
 pub const AMAX_HISTORY_LENGTH: i64 = 1024;
@@ -168,6 +184,38 @@ pub fn dot(p: &Tree, op: &str, x: &Tensor, kernel: &Tensor, product: impl Fn(&Te
     let x = in_qdq(&x.astype(kernel.dtype()), state("input_scale"), state("input_amax_history"));
     let k = in_qdq(kernel, state("kernel_scale"), state("kernel_amax_history"));
     out_qdq(&product(&x, &k), state("output_grad_scale"), state("output_grad_amax_history"))
+}
+
+/// The scale of current scaling: `max(|v|) / fp8_max` as f32 `[1]`, or 1 when that amax is zero
+/// or not finite.
+pub fn current_scale(format: F8, v: &Tensor) -> Tensor {
+    let amax = v.abs().max_all().astype(DType::F32).reshape(&[1]);
+    let one = amax.ones_like();
+    let finite = where_(&amax.lt(f64::INFINITY), &(&amax / format.max()), &one);
+    where_(&amax.gt(0.0), &finite, &one)
+}
+
+/// The product `product(x, kernel)` with current scaling: `x` (cast to the kernel's dtype) and
+/// the kernel quantized to e4m3fn with their own scales, the output's gradient to e5m2 with its
+/// own; the quantizations pass cotangents straight through.
+pub fn dot_current(x: &Tensor, kernel: &Tensor, product: impl Fn(&Tensor, &Tensor) -> Tensor) -> Tensor {
+    let quantize = |v: &Tensor| {
+        let outs = composite(
+            "fp8_current_qdq",
+            &[v],
+            |a| vec![quantize_dequantize(F8::E4M3FN, &a[0], &current_scale(F8::E4M3FN, &a[0]))],
+            |_, _, cts| vec![cts[0].clone()],
+        );
+        outs[0].clone()
+    };
+    let y = product(&quantize(&x.astype(kernel.dtype())), &quantize(kernel));
+    let outs = composite(
+        "fp8_current_grad_qdq",
+        &[&y],
+        |a| vec![a[0].clone()],
+        |_, _, cts| vec![quantize_dequantize(F8::E5M2, &cts[0], &current_scale(F8::E5M2, &cts[0]))],
+    );
+    outs[0].clone()
 }
 
 /// Splits a tree holding the model's parameters and fp8 state (`state_names`) into the two.
