@@ -18,12 +18,14 @@ pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
     match c.quantization {
         Quantization::None => return Ok(()),
         Quantization::Fp8 | Quantization::TeFp8CurrentScaling => {}
-        other => return Err(ConfigError::invalid(
-            "quantization",
-            format!(
+        other => {
+            return Err(ConfigError::invalid(
+                "quantization",
+                format!(
                 "{other} is not supported yet; maxrs has quantization=fp8 and te_fp8_currentscaling (or \"\" for none)"
             ),
-        )),
+            ))
+        }
     }
     if !FP8_FAMILIES.contains(&c.decoder_block) {
         let families: Vec<&str> = FP8_FAMILIES.iter().map(|b| b.as_str()).collect();

@@ -224,22 +224,22 @@ mod tests {
     /// bit for bit, and converted to f32 on request (every bit pattern but NaNs).
     #[test]
     fn f8_tensors_round_trip_through_safetensors() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f8.safetensors");
         let bits: Vec<u8> = (0..=255).collect();
+        let file = tempfile::Builder::new().suffix(".safetensors").tempfile().unwrap();
+        let path = file.path();
         let params: Params = [
             ("a".to_string(), HostTensor::new(ElementType::F8E4M3FN, &[16, 16], bits.clone())),
             ("b".to_string(), HostTensor::new(ElementType::F8E5M2, &[256], bits.clone())),
         ]
         .into();
-        save_safetensors(&path, &params).unwrap();
-        let header = String::from_utf8_lossy(&std::fs::read(&path).unwrap()[8..200]).to_string();
+        save_safetensors(path, &params).unwrap();
+        let header = String::from_utf8_lossy(&std::fs::read(path).unwrap()[8..200]).to_string();
         assert!(header.contains("\"F8_E4M3\"") && header.contains("\"F8_E5M2\""), "{header}");
         let spec = |name: &str, ty: ElementType, dims: &[i64]| ParamSpec { name: name.into(), ty, dims: dims.to_vec() };
         let same = [spec("a", ElementType::F8E4M3FN, &[16, 16]), spec("b", ElementType::F8E5M2, &[256])];
-        assert_eq!(load_parameters(&path, &same).unwrap(), params);
+        assert_eq!(load_parameters(path, &same).unwrap(), params);
         let wide = [spec("a", ElementType::F32, &[16, 16]), spec("b", ElementType::F32, &[256])];
-        let loaded = load_parameters(&path, &wide).unwrap();
+        let loaded = load_parameters(path, &wide).unwrap();
         for name in ["a", "b"] {
             let (want, got) = (params[name].to_f64(), loaded[name].to_f64());
             for (w, g) in want.iter().zip(&got) {
