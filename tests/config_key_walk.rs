@@ -101,6 +101,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("attention", Program("flash")),
     ("dtype", Program("float32")),
     ("weight_dtype", Program("bfloat16")),
+    ("quantization", Program("fp8")),
     ("scan_layers", Program("false")),
     ("remat_policy", Program("minimal")),
     ("init_weights_seed", Program("7")),

@@ -47,6 +47,7 @@ mod data_train;
 mod decode;
 mod docs_book;
 mod errors;
+mod fp8;
 mod fuzz;
 mod gpu_memory;
 mod grad_check;

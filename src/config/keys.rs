@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::choices::{
     none_or_int, AttentionKernel, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
-    OnCheckpointError, PipelineSchedule, ProfilerKind, RematPolicy, RopeType, SamplingStrategy, TokenizerType,
-    WsdDecayStyle,
+    OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType, SamplingStrategy,
+    TokenizerType, WsdDecayStyle,
 };
 use super::ranges::{
     closed, int, int_or_fill, open, open_max, open_min, MAX_AXIS, MAX_EMB, MAX_HEADS, MAX_SECONDS, MAX_STEPS,
@@ -199,6 +199,14 @@ declare_keys! {
         dtype: DType = "bfloat16" => MaxText.step().read_by_model(ALL),
         /// Parameters and optimizer state.
         weight_dtype: DType = "float32" => MaxText.model(ALL),
+        /// Quantized matmuls: "", fp8 or te_fp8_currentscaling (see docs/src/guides/fp8.md).
+        /// fp8: XLA-native fp8 GEMMs with delayed scaling (the decoder layers' projections and MLP
+        /// take e4m3 inputs and kernels and e5m2 gradients); te_fp8_currentscaling: Transformer
+        /// Engine's current scaling, computed by the same GEMMs. MaxText's other values are not
+        /// supported yet.
+        // The scales and amax histories are train state (`fp8.*`, checkpointed): a run restores
+        // only a checkpoint saved with the same value (the arrays must match).
+        quantization: Quantization = "" => MaxText.step().read_by_model(ALL),
         /// Stack the layers' parameters and scan over them; false unrolls the layers (MaxText's unscanned names).
         scan_layers: bool = true => MaxText.model(ALL),
         /// What the backward pass keeps of each layer (MaxText's names); the rest is recomputed.

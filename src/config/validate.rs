@@ -10,6 +10,7 @@ use super::error::{closest, escape, quote, ConfigError};
 use super::keys::Config;
 use super::mesh::{self, Mesh};
 use super::pipeline::{self, PipelinePlan};
+use super::quantization;
 use super::ranges;
 use super::registry::{self, Role};
 use super::rules;
@@ -94,6 +95,7 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
     check_training(config)?;
     check_hardware(config)?;
     check_cluster(config)?;
+    quantization::check(config)?;
     rules::check(config)
 }
 
@@ -212,6 +214,7 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
     if let Some(plan) = &pipeline {
         pipeline::check_eval(config, plan, eval_batch)?;
     }
+    quantization::check_pipeline(config, pipeline.is_some())?;
 
     let accumulation = config.gradient_accumulation_steps as usize;
     check_products(config, micro, accumulation)?;
@@ -243,6 +246,7 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
 /// checks, main at e591f30, plus the ones that keep a sample well defined), for a model whose
 /// config is otherwise valid.
 pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
+    quantization::check_decode(config)?;
     let (prefill, target) = (config.max_prefill_predict_length, config.max_target_length);
     if prefill < 1 || prefill > target {
         return Err(ConfigError::invalid(
