@@ -169,6 +169,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("compiled_trainstep_file", Runtime("saves (train-compile) or loads (train) the compiled step")),
     ("compile_topology", Runtime("train-compile's target")),
     ("gpu_target_config", Runtime("train-compile: the GPU description the CUDA plugin compiles against")),
+    ("jax_cache_dir", Runtime("where compiled programs are kept and loaded from (tests/compile_cache.rs)")),
     ("compile_topology_num_slices", Runtime("train-compile's number of slices")),
     ("hardware", Refused("tpu_multislice")),
     ("plugin", Refused("nosuchplugin")),

@@ -8,12 +8,20 @@
 /// is most of their time (measured: 35-40% less CPU for the pipeline and Mixtral tests; all
 /// pass either way). A user's own `XLA_FLAGS` is kept as it is; benchmarks and runs keep XLA's
 /// defaults.
+///
+/// The runs of the tests (in this process and the `maxrs` they start) share one compilation
+/// cache (`jax_cache_dir`, set through MaxText's `M_JAX_CACHE_DIR`) in Cargo's scratch directory
+/// for tests, not the user's `~/jax_cache`: a program that several tests compile (a resumed run,
+/// the default model's step) is compiled once per build directory.
 // SAFETY: a constructor runs before `main`, while the process has one thread, so nothing can
-// read the environment while it is changed; it only sets one variable.
+// read the environment while it is changed; it only sets two variables.
 #[ctor::ctor(unsafe)]
-fn fast_xla_compiles_unless_the_user_set_xla_flags() {
+fn fast_cached_compiles_unless_the_user_chose_otherwise() {
     if std::env::var_os("XLA_FLAGS").is_none() {
         std::env::set_var("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true");
+    }
+    if std::env::var_os("M_JAX_CACHE_DIR").is_none() {
+        std::env::set_var("M_JAX_CACHE_DIR", concat!(env!("CARGO_TARGET_TMPDIR"), "/jax_cache"));
     }
 }
 
@@ -31,6 +39,7 @@ mod cli_topologies;
 mod cli_train;
 mod cluster;
 mod common;
+mod compile_cache;
 mod config;
 mod config_key_walk;
 mod config_numbers;

@@ -366,6 +366,8 @@ declare_keys! {
         compile_topology_num_slices: i64 = -1 => MaxText.program().range(int_or_fill(1, 1 << 12)),
         /// train-compile for a GPU: an XLA GpuTargetConfigProto text describing the GPU (default: the plugin's own, else maxrs's copy).
         gpu_target_config: String = "" => Maxrs.path(Ignores, Reads),
+        /// The persistent compilation cache (JAX's, which MaxText sets from this key): programs that took 1 s or more to compile are kept here and loaded by later runs of the same program, plugin, devices and XLA_FLAGS; "" turns it off. A local directory; ~ is the home directory.
+        jax_cache_dir: String = "~/jax_cache" => MaxText.run(),
     }
 
     section "Hardware" {

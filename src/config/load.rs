@@ -13,6 +13,10 @@
 //!   defaults, `models/default.yml` (the tiny model and its quick-start run settings), the
 //!   user's config file, `key=value`. So whatever the user writes wins over the quick-start.
 //!
+//! Last come MaxText's environment overrides: `M_<KEY>` sets `key` (`M_STEPS=10`), refused for a
+//! key also given on the command line, or set by a named model's file without
+//! `override_model_config=true` (pyconfig.py `_initialize_pydantic`, step 6, at main e591f30).
+//!
 //! `logical_axis_rules` merge by logical name instead of being replaced (MaxText's
 //! `_merge_logical_axis_rules`), except in the config file, which is MaxText's base table.
 
@@ -169,6 +173,7 @@ pub fn load(config_path: Option<&Path>, overrides: &[String]) -> Result<Config, 
 /// [`load`], keeping the source of each value.
 pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resolved, ConfigError> {
     let cli = parse_overrides(overrides)?;
+    let env = env_overrides(&cli)?;
     let file: Layer = match config_path {
         Some(path) => {
             let text = input::read_to_string("config file", path, input::SETTINGS)?;
@@ -196,6 +201,14 @@ pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resol
         merged.apply(&file, true, &file_source())?;
         merged.apply(&cli, false, &Source::CommandLine)?;
     } else {
+        if !matches!(value_of("override_model_config"), Some(Value::Bool(true))) {
+            if let Some((key, _)) = env.iter().find(|(k, _)| model.iter().any(|(m, _)| m == k)) {
+                return Err(ConfigError::invalid(
+                    key.as_str(),
+                    format!("set by {model_origin} and by {}; as in MaxText, add override_model_config=true to change a model's keys", env_key(key)),
+                ));
+            }
+        }
         if let Some((key, _)) = model.iter().find(|(k, _)| !registry::key(k).is_some_and(|k| k.model_file)) {
             return Err(ConfigError::NotAModelKey { key: key.clone(), model_origin });
         }
@@ -210,6 +223,9 @@ pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resol
             model.into_iter().filter(|(k, _)| !(override_model && cli.iter().any(|(c, _)| c == k))).collect();
         merged.apply(&model, false, &model_source)?;
         merged.apply(&cli, false, &Source::CommandLine)?;
+    }
+    for (key, value) in &env {
+        merged.apply(&vec![(key.clone(), value.clone())], false, &Source::Setting(env_key(key)))?;
     }
     let config = serde_yaml::from_value(Value::Mapping(merged.values))
         .map_err(|e| ConfigError::invalid("config", e.to_string()))?;
@@ -277,6 +293,39 @@ impl Merged {
 }
 
 type Layer = Vec<(String, Value)>;
+
+/// MaxText's name for the environment variable that overrides `key`: `M_` and the key in capitals.
+fn env_key(key: &str) -> String {
+    format!("M_{}", key.to_uppercase())
+}
+
+/// The keys set by `M_<KEY>` environment variables, each typed like a command-line value. As in
+/// MaxText, a key may not also be on the command line, and only keys with a scalar value
+/// (bool, number, string) can be set this way.
+fn env_overrides(cli: &Layer) -> Result<Layer, ConfigError> {
+    let mut layer = Layer::new();
+    for (key, default) in schema() {
+        let Some(key) = key.as_str() else { continue };
+        let name = env_key(key);
+        let Some(raw) = std::env::var_os(&name) else { continue };
+        let origin = format!("in environment variable {name}");
+        if cli.iter().any(|(k, _)| k == key) {
+            return Err(ConfigError::invalid(
+                key,
+                format!("given both on the command line and {origin}; give it once"),
+            ));
+        }
+        if !matches!(default, Value::Bool(_) | Value::Number(_) | Value::String(_)) {
+            return Err(ConfigError::invalid(
+                key,
+                format!("{origin}: as in MaxText, only keys with a bool, number or string value can be set from the environment"),
+            ));
+        }
+        let raw = raw.into_string().map_err(|_| ConfigError::invalid(key, format!("{origin} is not UTF-8")))?;
+        layer.push((key.to_string(), coerce(key, Value::String(raw), &origin)?));
+    }
+    Ok(layer)
+}
 
 /// `key=value` arguments, each checked and typed.
 fn parse_overrides(overrides: &[String]) -> Result<Layer, ConfigError> {

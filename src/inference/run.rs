@@ -75,6 +75,7 @@ pub fn decode(c: &Config, client: &Client, origin: PromptOrigin) -> Result<Decod
         );
     }
     config::validate_decode(c)?;
+    crate::pjrt::compile_cache::configure(&c.jax_cache_dir)?;
     let tokenizer = if c.tokenizer_path.is_empty() { None } else { Some(load_tokenizer(c)?) };
     let encoding = Encoding::of(c, tokenizer.as_deref(), origin);
     let prompts = prompt_ids(c, derived.micro_batch_size, encoding)?;

@@ -244,8 +244,13 @@ impl Client {
         unsafe { std::slice::from_raw_parts(raw, len) }.iter().map(|&d| Device::from_raw(&self.inner, d)).collect()
     }
 
-    /// Compiles StableHLO MLIR text for this client's devices.
+    /// Compiles StableHLO MLIR text for this client's devices, or loads it from the
+    /// compilation cache ([`super::compile_cache`]) when that holds it.
     pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
+        super::compile_cache::compile_through(self, mlir, options, || self.compile_uncached(mlir, options))
+    }
+
+    fn compile_uncached(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
         let options_bytes = options.to_proto_bytes();
         let program = mlir_program(mlir);
         let mut args: ffi::ClientCompileArgs = ffi::args();

@@ -4,7 +4,7 @@
 //!
 //! Layout: `ffi` (raw C declarations) -> `plugin` (loading, the checked call path, errors) ->
 //! `client` / `buffer` / `executable` / `topology` (RAII handles), `compile_options` (the
-//! protobuf PJRT compiles with), `profiler` (the plugin's profiler extension) and `gpu_memory`
+//! protobuf PJRT compiles with), `compile_cache` (MaxText's `jax_cache_dir`), `profiler` (the plugin's profiler extension) and `gpu_memory`
 //! (the CUDA allocator's settings from JAX's variables, and the memory a run may use). `provision` finds or downloads plugin files; `xla_flags`
 //! checks `XLA_FLAGS` against a plugin before it is loaded (an unknown flag kills the process).
 //!
@@ -15,6 +15,7 @@
 
 pub mod buffer;
 pub mod client;
+pub mod compile_cache;
 pub mod compile_options;
 pub mod error;
 pub mod executable;

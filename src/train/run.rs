@@ -83,6 +83,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
         );
     }
     let derived = config::validate(c, devices.len(), granules.len())?;
+    pjrt::compile_cache::configure(&c.jax_cache_dir)?;
     let run = Run { c, client, cluster, derived: &derived, granules: &granules, devices: &devices };
     match derived.pipeline {
         None => run.start(SpmdPlan::new(c, &derived, &granules)?),

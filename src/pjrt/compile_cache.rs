@@ -1,0 +1,163 @@
+//! The persistent compilation cache: MaxText's `jax_cache_dir`, which MaxText hands to JAX's
+//! `compilation_cache.set_cache_dir` (`src/maxtext/configs/pyconfig.py` at main e591f30;
+//! default `~/jax_cache`). A program that took at least a second to compile is serialized into
+//! the directory; a later compile of the same program on the same plugin, devices and
+//! `XLA_FLAGS` loads it instead of compiling again. JAX's rules (`jax/_src/compiler.py`,
+//! `config.py`, `cache_key.py` at jax-ml/jax cec06d1): only compiles of at least
+//! `jax_persistent_cache_min_compile_time_secs` = 1 s are written, only by process 0, entries
+//! are compressed, and a cache that cannot be read or written costs a warning, never the run.
+//!
+//! Like JAX's, the cache is process-wide: a run sets it from its config ([`configure`]) and
+//! every [`Client::compile`](super::Client::compile) consults it. Deviceless (topology)
+//! compiles do not: PJRT loads a serialized executable only onto a client's devices.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use sha2::{Digest, Sha256};
+
+use super::{Client, CompileOptions, LoadedExecutable};
+
+/// JAX's `jax_persistent_cache_min_compile_time_secs` default: quicker compiles are not written.
+const MIN_COMPILE_TIME: Duration = Duration::from_secs(1);
+
+/// Bumped when what a cache entry holds changes, so older entries are never read as newer ones.
+const FORMAT: &str = "maxrs compile cache v1";
+
+static DIR: RwLock<Option<PathBuf>> = RwLock::new(None);
+
+/// Sets the cache directory from `jax_cache_dir`: "" turns the cache off, a leading `~/` is the
+/// home directory (MaxText expands it with `os.path.expanduser`). Local directories only.
+pub fn configure(jax_cache_dir: &str) -> Result<()> {
+    let dir = resolve(jax_cache_dir)?;
+    *DIR.write().unwrap_or_else(|e| e.into_inner()) = dir;
+    Ok(())
+}
+
+fn resolve(jax_cache_dir: &str) -> Result<Option<PathBuf>> {
+    if jax_cache_dir.is_empty() {
+        return Ok(None);
+    }
+    if jax_cache_dir.contains("://") {
+        bail!(
+            "jax_cache_dir={jax_cache_dir:?}: a remote compilation cache is not supported yet; give a local \
+             directory, or \"\" for none"
+        );
+    }
+    let home = || dirs::home_dir().filter(|h| !h.as_os_str().is_empty());
+    match jax_cache_dir.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => match home() {
+            Some(home) => Ok(Some(home.join(rest.trim_start_matches('/')))),
+            None => bail!("jax_cache_dir={jax_cache_dir:?}: there is no home directory to expand ~ into; give an absolute path, or \"\" for none"),
+        },
+        _ => Ok(Some(PathBuf::from(jax_cache_dir))),
+    }
+}
+
+fn dir() -> Option<PathBuf> {
+    DIR.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Compiles `mlir` on `client` through the cache: a hit is loaded, a miss compiled (and kept
+/// when it took long enough). `compile` is the uncached compile.
+pub(crate) fn compile_through(
+    client: &Client,
+    mlir: &str,
+    options: &CompileOptions,
+    compile: impl FnOnce() -> super::Result<LoadedExecutable>,
+) -> super::Result<LoadedExecutable> {
+    let Some(dir) = dir() else { return compile() };
+    let entry = match key(client, mlir, options) {
+        Ok(key) => dir.join(key),
+        Err(e) => {
+            tracing::warn!("compilation cache: cannot key this program ({e:#}); compiling it");
+            return compile();
+        }
+    };
+    match load(client, &entry) {
+        Ok(Some(executable)) => {
+            tracing::debug!("compilation cache: loaded {}", entry.display());
+            return Ok(executable);
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!("compilation cache: cannot use {} ({e:#}); compiling again", entry.display()),
+    }
+    let start = Instant::now();
+    let executable = compile()?;
+    if start.elapsed() >= MIN_COMPILE_TIME && client.process_index().unwrap_or(0) == 0 {
+        if let Err(e) = store(&executable, &entry) {
+            tracing::warn!("compilation cache: cannot write {} ({e:#})", entry.display());
+        }
+    }
+    Ok(executable)
+}
+
+/// What the compiled code depends on, hashed: the program and its compile options, the plugin
+/// (file, size, modification time, platform version), the devices' kinds and processes, and
+/// `XLA_FLAGS` (JAX's key has the same parts: module, jaxlib version, platform, flags, compile
+/// options, accelerator config).
+fn key(client: &Client, mlir: &str, options: &CompileOptions) -> Result<String> {
+    let mut hash = Sha256::new();
+    let mut part = |bytes: &[u8]| {
+        hash.update((bytes.len() as u64).to_le_bytes());
+        hash.update(bytes);
+    };
+    part(FORMAT.as_bytes());
+    let plugin = client.plugin().path();
+    let meta = std::fs::metadata(plugin)?;
+    let modified = meta.modified()?.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    part(plugin.as_os_str().as_encoded_bytes());
+    part(&meta.len().to_le_bytes());
+    part(&modified.as_nanos().to_le_bytes());
+    part(client.platform_name()?.as_bytes());
+    part(client.platform_version()?.as_bytes());
+    for device in client.devices()? {
+        part(format!("{} {} {}", device.id, device.process_index, device.kind).as_bytes());
+    }
+    part(std::env::var("XLA_FLAGS").unwrap_or_default().as_bytes());
+    part(&options.to_proto_bytes());
+    part(mlir.as_bytes());
+    Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The executable kept at `entry`, if there is one.
+fn load(client: &Client, entry: &Path) -> Result<Option<LoadedExecutable>> {
+    let compressed = match std::fs::read(entry) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let serialized = zstd::stream::decode_all(compressed.as_slice())?;
+    Ok(Some(client.deserialize(&serialized)?))
+}
+
+fn store(executable: &LoadedExecutable, entry: &Path) -> Result<()> {
+    let serialized = executable.executable().serialize()?;
+    let compressed = zstd::stream::encode_all(serialized.as_slice(), 1)?;
+    if let Some(parent) = entry.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    crate::files::write_atomic(entry, |f| f.write_all(&compressed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve;
+    use std::path::PathBuf;
+
+    #[test]
+    fn jax_cache_dir_values() {
+        assert_eq!(resolve("").unwrap(), None);
+        assert_eq!(resolve("/tmp/c").unwrap(), Some(PathBuf::from("/tmp/c")));
+        assert_eq!(resolve("rel/c").unwrap(), Some(PathBuf::from("rel/c")));
+        let home = dirs::home_dir().unwrap();
+        assert_eq!(resolve("~/jax_cache").unwrap(), Some(home.join("jax_cache")));
+        assert_eq!(resolve("~").unwrap(), Some(home.clone()));
+        assert_eq!(resolve("~user/c").unwrap(), Some(PathBuf::from("~user/c")));
+        let e = resolve("gs://b/c").unwrap_err().to_string();
+        assert!(e.contains("jax_cache_dir=\"gs://b/c\"") && e.contains("not supported yet"), "{e}");
+    }
+}
