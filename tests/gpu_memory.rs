@@ -39,4 +39,7 @@ fn an_h100_step_is_judged_against_the_fraction_and_the_refusal_names_the_one_tha
     assert!(stderr.contains("out of memory: the compiled program needs"), "{stderr}");
     assert!(stderr.contains("memory fraction 0.0001 (XLA_PYTHON_CLIENT_MEM_FRACTION)"), "{stderr}");
     assert!(stderr.contains("Set XLA_PYTHON_CLIENT_MEM_FRACTION=0.01 "), "{stderr}");
+    // The keys that shrink the step (the refusal aot_train's oversized H100 step had, one
+    // deviceless compile fewer).
+    assert!(stderr.contains("per_device_batch_size") && stderr.contains("remat_policy"), "{stderr}");
 }
