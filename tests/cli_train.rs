@@ -16,7 +16,7 @@ fn text(out: &Output) -> (String, String) {
 fn default_run_trains_and_writes_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = dir.path().join("metrics.jsonl");
-    let out = maxrs(&["train", "steps=30", &format!("metrics_file={}", metrics.display())]);
+    let out = maxrs(&["train", "steps=15", &format!("metrics_file={}", metrics.display())]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("global batch 8"), "the derived values are printed: {stdout}");
@@ -25,12 +25,13 @@ fn default_run_trains_and_writes_metrics() {
         .filter(|l| l.starts_with("completed step: "))
         .map(|l| l.rsplit("loss: ").next().unwrap().parse().unwrap())
         .collect();
-    assert_eq!(losses.len(), 30, "{stdout}");
-    assert!(losses[29] < losses[0] - 1.0, "the loss falls: {losses:?}");
+    assert_eq!(losses.len(), 15, "{stdout}");
+    // 15 steps (30 until CI time mattered): 6.76 -> 5.43, deterministic on the CPU plugin.
+    assert!(losses[14] < losses[0] - 1.0, "the loss falls: {losses:?}");
 
     let lines: Vec<serde_json::Value> =
         std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.len(), 30);
+    assert_eq!(lines.len(), 15);
     for key in [
         "step",
         "learning/loss",
@@ -43,11 +44,11 @@ fn default_run_trains_and_writes_metrics() {
     ] {
         assert!(lines[5][key].is_f64(), "metrics line lacks {key}: {}", lines[5]);
     }
-    let file_loss = lines[29]["learning/loss"].as_f64().unwrap();
+    let file_loss = lines[14]["learning/loss"].as_f64().unwrap();
     assert!(
-        (file_loss - losses[29]).abs() <= 5e-4,
+        (file_loss - losses[14]).abs() <= 5e-4,
         "file {file_loss} and log {} agree to the log's 3 decimals",
-        losses[29]
+        losses[14]
     );
 }
 

@@ -184,8 +184,8 @@ fn sft_run_trains_on_completions_only() {
         "packing=false".into(),
         "enable_data_shuffling=false".into(),
         "max_target_length=64".into(),
-        "steps=50".into(),
-        "eval_interval=49".into(),
+        "steps=30".into(),
+        "eval_interval=29".into(),
         "eval_steps=2".into(),
         format!("metrics_file={}", metrics.display()),
     ];
@@ -198,16 +198,17 @@ fn sft_run_trains_on_completions_only() {
     let lines: Vec<Value> =
         std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let steps: Vec<&Value> = lines.iter().filter(|l| l.get("learning/total_weights").is_some()).collect();
-    assert_eq!(steps.len(), 50);
+    assert_eq!(steps.len(), 30);
     for (k, line) in steps.iter().enumerate().take(25) {
         // 8 conversations per step, in file order; 200 = 25 steps per epoch.
         let want: f64 = pairs[8 * k..8 * k + 8].iter().map(|(_, a)| completion(a)).sum();
         assert_eq!(line["learning/total_weights"].as_f64().unwrap(), want, "step {k}: only completions carry loss");
     }
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
-    let (first, last) = (mean(&report.losses[..5]), mean(&report.losses[45..]));
+    let (first, last) = (mean(&report.losses[..5]), mean(&report.losses[25..]));
+    // 30 steps (50 until CI time mattered): 6.33 -> 1.27; held out 7.44 -> 1.36.
     assert!(last < first - 2.0, "completion loss {first:.3} -> {last:.3}");
     let evals: Vec<f64> = report.evals.iter().map(|e| e.avg_loss()).collect();
-    assert_eq!(evals.len(), 2, "evals after steps 0 and 49");
+    assert_eq!(evals.len(), 2, "evals after steps 0 and 29");
     assert!(evals[1] < evals[0] - 2.0, "held-out completion loss falls: {evals:?}");
 }

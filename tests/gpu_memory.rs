@@ -23,15 +23,8 @@ fn an_h100_step_is_judged_against_the_fraction_and_the_refusal_names_the_one_tha
     if !provisioned(&lookup("h100-1", 1).unwrap()) {
         return;
     }
-    let out = maxrs(COMPILE, &[]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    // 79.11 GiB x XLA's default 0.75.
-    assert!(stdout.contains("   59.33 GiB  (0.0% of it needed)"), "{stdout}");
-    assert!(
-        stdout.contains("memory fraction 0.75 (XLA's default; XLA_PYTHON_CLIENT_MEM_FRACTION sets it)"),
-        "{stdout}"
-    );
+    // Under XLA's default fraction the step fits: aot_train's A3 Mega compile (H100s too) checks
+    // the usable 59.33 GiB it prints, one deviceless compile fewer here.
     // A fraction that leaves ~8 MB: the small step needs more, and the smallest hundredth fits it.
     let out = maxrs(COMPILE, &[("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.0001")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -39,4 +32,7 @@ fn an_h100_step_is_judged_against_the_fraction_and_the_refusal_names_the_one_tha
     assert!(stderr.contains("out of memory: the compiled program needs"), "{stderr}");
     assert!(stderr.contains("memory fraction 0.0001 (XLA_PYTHON_CLIENT_MEM_FRACTION)"), "{stderr}");
     assert!(stderr.contains("Set XLA_PYTHON_CLIENT_MEM_FRACTION=0.01 "), "{stderr}");
+    // The keys that shrink the step (the refusal aot_train's oversized H100 step had, one
+    // deviceless compile fewer).
+    assert!(stderr.contains("per_device_batch_size") && stderr.contains("remat_policy"), "{stderr}");
 }

@@ -171,7 +171,7 @@ fn sharded_and_accumulated_runs_match_one_device() {
 
 /// The tiny Mixtral of the JaxPP fork's tests (emb 1024, 2 heads of 16, 8 experts of 896, top-2,
 /// 2 layers, sequences of 64) with a 512-token vocabulary instead of 32000 to keep CI fast,
-/// trains on CPU: the loss falls.
+/// trains on CPU: the loss falls within 3 steps.
 #[test]
 fn jaxpp_tiny_mixtral_trains() {
     let args: Vec<String> = [
@@ -189,7 +189,7 @@ fn jaxpp_tiny_mixtral_trains() {
         "max_target_length=64",
         "per_device_batch_size=8",
         "dtype=float32",
-        "steps=10",
+        "steps=3",
         "learning_rate=1e-3",
     ]
     .iter()
@@ -198,6 +198,7 @@ fn jaxpp_tiny_mixtral_trains() {
     let c = maxrs::config::load(None, &args).expect("config loads");
     let report = run::train(&c, &cpu_client(1).expect("CPU plugin")).expect("the run trains");
     println!("losses {:?}", report.losses);
-    let (first, last) = (report.losses[0], report.losses[9]);
-    assert!(last < first - 1.0, "the loss falls: {:?}", report.losses);
+    // 3 steps (10 fell by more than 1.0): 6.80 -> 6.27, deterministic on the CPU plugin.
+    let (first, last) = (report.losses[0], report.losses[2]);
+    assert!(last < first - 0.4, "the loss falls: {:?}", report.losses);
 }

@@ -373,7 +373,7 @@ fn train_with(args: &[&str]) -> Vec<f64> {
 /// top-2; Mistral emb 2048 / 1 head of 8 / mlp 896), with 2 layers (the fork's Llama2 and Mistral
 /// have 1, which 2 stages cannot split) and a 512-token vocabulary instead of 32000 to keep CI
 /// fast, train with 2 stages on 2 CPU devices (one per stage; the global batch of 8 sequences the
-/// test always had): the loss falls.
+/// test always had) for 3 steps: the loss falls.
 #[test]
 fn jaxpp_tiny_llama2_mistral_and_mixtral_train_with_two_stages() {
     let common = [
@@ -386,7 +386,9 @@ fn jaxpp_tiny_llama2_mistral_and_mixtral_train_with_two_stages() {
         "dtype=float32",
         // 1e-3 makes the llama2 one diverge (unpipelined too: 6.70 -> 9.13 in 6 steps).
         "learning_rate=1e-4",
-        "steps=6",
+        // 3 steps keep CI fast: the loss falls by 0.13 to 0.6 in them (llama2 6.70 -> 6.10,
+        // mixtral 6.80 -> 6.67, mistral 6.68 -> 6.55; in 6 steps llama2 fell 6.70 -> 6.42).
+        "steps=3",
         "cpu_device_count=2",
         "ici_pipeline_parallelism=2",
         "num_pipeline_microbatches=2",
@@ -435,6 +437,8 @@ fn jaxpp_tiny_llama2_mistral_and_mixtral_train_with_two_stages() {
         let report = maxrs::train::run::train(&c, &maxrs::pjrt::cpu_client(2).unwrap()).expect("the run trains");
         println!("{name}: losses {:?}", report.losses);
         assert!(report.pipeline.is_some(), "{name}: a pipelined run");
-        assert!(report.losses.last() < report.losses.first(), "{name}: the loss falls: {:?}", report.losses);
+        // The CPU plugin is deterministic: 0.05 is far above rounding, below the smallest fall.
+        let (first, last) = (report.losses[0], report.losses[2]);
+        assert!(last < first - 0.05, "{name}: the loss falls: {:?}", report.losses);
     }
 }

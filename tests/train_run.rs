@@ -12,7 +12,7 @@ use maxrs::train::run::{train, RunReport};
 
 fn run(devices: usize, overrides: &[&str]) -> RunReport {
     let mut args: Vec<String> =
-        ["dtype=float32", "steps=10", "learning_rate=3e-3"].iter().map(|s| s.to_string()).collect();
+        ["dtype=float32", "steps=5", "learning_rate=3e-3"].iter().map(|s| s.to_string()).collect();
     args.extend(overrides.iter().map(|s| s.to_string()));
     let c = config::load(None, &args).expect("config loads");
     train(&c, &cpu_client(devices).expect("CPU plugin")).expect("the run trains")
@@ -30,7 +30,8 @@ fn assert_same_losses(what: &str, got: &RunReport, want: &RunReport, tol: f64) {
 #[test]
 fn sharded_runs_match_one_device() {
     let one = run(1, &["per_device_batch_size=8"]);
-    assert!(one.losses[9] < one.losses[0] - 0.5, "the loss falls: {:?}", one.losses);
+    // 5 steps (10 until CI time mattered): 6.76 -> 5.57, deterministic on the CPU plugin.
+    assert!(one.losses[4] < one.losses[0] - 0.5, "the loss falls: {:?}", one.losses);
     let fsdp = run(8, &["per_device_batch_size=1", "ici_fsdp_parallelism=8"]);
     assert_same_losses("fsdp=8", &fsdp, &one, 1e-5);
     let mixed = run(
