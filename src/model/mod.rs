@@ -15,8 +15,8 @@
 //! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
 //!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
-//!   [`gemma2`], [`gpt3`], [`mixtral`] (Llama's attention and a routed MoE block); beside Llama's,
-//!   [`llama_hf`], its Hugging Face layout (`maxrs convert`).
+//!   [`gemma2`], [`gpt3`], [`mixtral`] (Llama's attention and a routed MoE block).
+//! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`).
 
 pub mod attention;
 pub mod blocks;
@@ -28,8 +28,8 @@ pub mod flops;
 pub mod gemma;
 pub mod gemma2;
 pub mod gpt3;
+pub mod hf;
 pub mod llama;
-pub mod llama_hf;
 pub mod mistral;
 pub mod mixtral;
 pub mod moe;
