@@ -34,6 +34,7 @@ mod common;
 mod config;
 mod config_key_walk;
 mod config_numbers;
+mod convert_families;
 mod convert_hf;
 mod cudnn_golden;
 mod cudnn_model;

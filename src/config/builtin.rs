@@ -11,6 +11,7 @@ pub const MODELS: &[(&str, &str)] = &[
     ("llama2-70b", include_str!("../../models/llama2-70b.yml")),
     ("llama3-8b", include_str!("../../models/llama3-8b.yml")),
     ("llama3-70b", include_str!("../../models/llama3-70b.yml")),
+    ("llama3-405b", include_str!("../../models/llama3-405b.yml")),
     ("llama3.1-8b", include_str!("../../models/llama3.1-8b.yml")),
     ("llama3.1-70b", include_str!("../../models/llama3.1-70b.yml")),
     ("llama3.1-405b", include_str!("../../models/llama3.1-405b.yml")),

@@ -207,8 +207,10 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     config["tie_word_embeddings"] = json!(c.logits_via_embedding);
     config["rope_theta"] = json!(c.rope_max_timescale as f64);
     if model.config.rope == (Rope::Llama31 { use_scale: true }) {
+        // As Llama 3.1's config.json has them: the context length an integer, the factors floats.
+        let number = |k: &str, v: f64| if k.starts_with("original") { json!(v as i64) } else { json!(v) };
         let mut scaling: serde_json::Map<String, Value> =
-            LLAMA31_SCALING.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+            LLAMA31_SCALING.iter().map(|(k, v)| (k.to_string(), number(k, *v))).collect();
         scaling.insert("rope_type".into(), json!("llama3"));
         config["rope_scaling"] = Value::Object(scaling);
     }

@@ -371,6 +371,55 @@ mod tests {
         assert_eq!(slot_range(&[2, 3, 4], &[], 4), (0, 96));
     }
 
+    /// What a checkpoint has that maxrs does not model is refused naming the field.
+    #[test]
+    fn unsupported_fields_are_named() {
+        let llama = serde_json::json!({
+            "model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
+            "num_hidden_layers": 2, "vocab_size": 32, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        });
+        let keys = config_from_hf(&llama).unwrap();
+        assert!(keys.contains(&("rope_type".into(), "llama3.1".into())), "{keys:?}");
+        let with = |base: &serde_json::Value, path: &[&str], value: serde_json::Value| {
+            let mut c = base.clone();
+            let mut at = &mut c;
+            for p in &path[..path.len() - 1] {
+                at = &mut at[*p];
+            }
+            at[path[path.len() - 1]] = value;
+            config_from_hf(&c).unwrap_err().to_string()
+        };
+        // Llama 3.2's factor 32, YaRN, a Mixtral with router noise, Gemma 2 with an odd layer count.
+        let err = with(&llama, &["rope_scaling", "factor"], serde_json::json!(32.0));
+        assert!(err.starts_with("`rope_scaling.factor` is 32.0") && err.contains("not supported yet"), "{err}");
+        let err = with(&llama, &["rope_scaling", "rope_type"], serde_json::json!("yarn"));
+        assert!(err.starts_with("`rope_scaling.rope_type` is \"yarn\""), "{err}");
+        // transformers 5 writes the RoPE settings into `rope_parameters`.
+        let mut v5 = llama.clone();
+        v5["rope_parameters"] = v5["rope_scaling"].clone();
+        v5["rope_parameters"]["rope_theta"] = serde_json::json!(500000.0);
+        v5["rope_parameters"]["factor"] = serde_json::json!(16.0);
+        assert!(config_from_hf(&v5).unwrap_err().to_string().starts_with("`rope_parameters.factor` is 16.0"));
+        let mut mixtral = llama.clone();
+        mixtral["model_type"] = "mixtral".into();
+        mixtral["num_local_experts"] = 4.into();
+        mixtral["num_experts_per_tok"] = 2.into();
+        let err = with(&mixtral, &["router_jitter_noise"], serde_json::json!(0.01));
+        assert!(err.starts_with("`router_jitter_noise` is 0.01") && err.contains("not supported yet"), "{err}");
+        let mut gemma2 = llama.clone();
+        gemma2["model_type"] = "gemma2".into();
+        gemma2["rms_norm_eps"] = serde_json::json!(1e-6);
+        gemma2["rope_scaling"] = serde_json::Value::Null;
+        gemma2["sliding_window"] = 4.into();
+        assert!(config_from_hf(&gemma2).is_ok());
+        let err = with(&gemma2, &["num_hidden_layers"], serde_json::json!(3));
+        assert!(err.starts_with("`num_hidden_layers` is 3"), "{err}");
+        let err = with(&gemma2, &["hidden_activation"], serde_json::json!("relu"));
+        assert!(err.starts_with("`hidden_activation` is \"relu\""), "{err}");
+    }
+
     #[test]
     fn maps_invert() {
         let t = HostTensor::from_f32(&[4, 2], &[0.5, -1.0, 2.0, 0.25, 3.0, -0.5, 1.5, 0.125]);
