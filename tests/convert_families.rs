@@ -163,3 +163,8 @@ fn gemma_matches_transformers() {
 fn gemma2_matches_transformers() {
     check_family("gemma2", false);
 }
+
+#[test]
+fn qwen3_qk_norm_tied_matches_transformers() {
+    check_family("qwen3", true);
+}

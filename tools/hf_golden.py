@@ -64,8 +64,10 @@ BASE = {
 }
 
 
-def llama_tensors(layers, moe_experts=0):
-    t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E], "lm_head.weight": [V, E]}
+def llama_tensors(layers, moe_experts=0, qk_norm=False, tied=False):
+    t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E]}
+    if not tied:
+        t["lm_head.weight"] = [V, E]
     for l in range(layers):
         p = f"model.layers.{l}."
         t[p + "input_layernorm.weight"] = [E]
@@ -74,6 +76,9 @@ def llama_tensors(layers, moe_experts=0):
         t[p + "self_attn.v_proj.weight"] = [K * D, E]
         t[p + "self_attn.o_proj.weight"] = [E, H * D]
         t[p + "post_attention_layernorm.weight"] = [E]
+        if qk_norm:
+            t[p + "self_attn.q_norm.weight"] = [D]
+            t[p + "self_attn.k_norm.weight"] = [D]
         if moe_experts:
             t[p + "block_sparse_moe.gate.weight"] = [moe_experts, E]
             for j in range(moe_experts):
@@ -117,6 +122,9 @@ def cases():
     mixtral = dict(llama, architectures=["MixtralForCausalLM"], model_type="mixtral", num_hidden_layers=1,
                    num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
                    rope_theta=1000000.0, router_jitter_noise=0.0)
+    qwen3 = dict(llama, architectures=["Qwen3ForCausalLM"], model_type="qwen3", rms_norm_eps=1e-6,
+                 rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
+                 sliding_window=None)
     gemma = dict(BASE, architectures=["GemmaForCausalLM"], model_type="gemma", num_hidden_layers=2,
                  num_key_value_heads=1, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
                  tie_word_embeddings=True)
@@ -129,6 +137,7 @@ def cases():
         "llama3.1": (llama31, llama_tensors(2)),
         "mistral": (mistral, llama_tensors(2)),
         "mixtral": (mixtral, llama_tensors(1, moe_experts=4)),
+        "qwen3": (qwen3, llama_tensors(2, qk_norm=True, tied=True)),
         "gemma": (gemma, gemma_tensors(2, False, 1)),
         "gemma2": (gemma2, gemma_tensors(4, True, K)),
     }

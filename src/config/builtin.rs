@@ -28,6 +28,12 @@ pub const MODELS: &[(&str, &str)] = &[
     ("gpt3-52k", include_str!("../../models/gpt3-52k.yml")),
     ("mixtral-8x7b", include_str!("../../models/mixtral-8x7b.yml")),
     ("mixtral-8x22b", include_str!("../../models/mixtral-8x22b.yml")),
+    ("qwen3-0.6b", include_str!("../../models/qwen3-0.6b.yml")),
+    ("qwen3-1.7b", include_str!("../../models/qwen3-1.7b.yml")),
+    ("qwen3-4b", include_str!("../../models/qwen3-4b.yml")),
+    ("qwen3-8b", include_str!("../../models/qwen3-8b.yml")),
+    ("qwen3-14b", include_str!("../../models/qwen3-14b.yml")),
+    ("qwen3-32b", include_str!("../../models/qwen3-32b.yml")),
 ];
 
 /// The built-in text of `models/<name>.yml`.

@@ -120,7 +120,8 @@ string_enum!(
 
 string_enum!(
     /// MaxText's decoder block styles that maxrs implements, one family file each under
-    /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP.
+    /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP, qwen3 llama2's with
+    /// QK-norm.
     DecoderBlock {
         Llama2 = "llama2",
         Mistral = "mistral",
@@ -128,6 +129,7 @@ string_enum!(
         Gemma2 = "gemma2",
         Gpt3 = "gpt3",
         Mixtral = "mixtral",
+        Qwen3 = "qwen3",
     }
 );
 

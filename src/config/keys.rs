@@ -28,6 +28,7 @@ const MISTRAL_GEMMA2: Families = Families::Only(&[DecoderBlock::Mistral, Decoder
 const GEMMA2: Families = Families::Only(&[DecoderBlock::Gemma2]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
 const MIXTRAL: Families = Families::Only(&[DecoderBlock::Mixtral]);
+const QWEN3: Families = Families::Only(&[DecoderBlock::Qwen3]);
 
 declare_keys! {
     section "Run" {
@@ -149,6 +150,8 @@ declare_keys! {
         trainable_position_size: i64 = -1 => MaxText.model(ALL).range(int_or_fill(0, 1 << 24)).model_file(),
         /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2: its local layers' window.
         sliding_window_size: i64 = 0 => MaxText.model(MISTRAL_GEMMA2).range(int(0, 1 << 24)).model_file(),
+        /// qwen3: an RMSNorm over each head's queries and keys before RoPE (QK-norm).
+        use_qk_norm: bool = false => MaxText.model(QWEN3).model_file(),
         /// gemma2: attention scores = cap * tanh(scores / cap); 0 disables.
         attn_logits_soft_cap: f64 = 0.0 => MaxText.model(GEMMA2).range(closed(0.0, 1e9)).model_file(),
         /// gemma2: RMSNorm after attention, before the residual add.

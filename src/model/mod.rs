@@ -15,7 +15,8 @@
 //! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
 //!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
-//!   [`gemma2`], [`gpt3`], [`mixtral`] (Llama's attention and a routed MoE block).
+//!   [`gemma2`], [`gpt3`], [`mixtral`] (Llama's attention and a routed MoE block), [`qwen3`]
+//!   (Llama's layer with QK-norm).
 //! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`).
 
 pub mod attention;
@@ -34,6 +35,7 @@ pub mod mistral;
 pub mod mixtral;
 pub mod moe;
 pub mod params;
+pub mod qwen3;
 
 pub use config::ModelConfig;
 pub use decoder::{loss_from_logits, CacheStep, Family, Forward, LayerFlops, LayerOutput, Model, ParamRole};

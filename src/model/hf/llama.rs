@@ -1,6 +1,8 @@
 //! The Llama family's Hugging Face layout (`LlamaForCausalLM` for Llama 2, 3, 3.1 and 3.3,
 //! `MistralForCausalLM`, `MixtralForCausalLM`): its `config.json` fields and tensor names, to and
-//! from maxrs's `llama2`, `mistral` and `mixtral` blocks.
+//! from maxrs's `llama2`, `mistral` and `mixtral` blocks; and `Qwen3ForCausalLM` (maxrs's `qwen3`:
+//! Llama's tensors plus `self_attn.q_norm.weight` / `k_norm.weight` [D] as
+//! `self_attention.query_norm.scale` / `key_norm.scale`).
 //!
 //! | Hugging Face | shape | maxrs | shape |
 //! |---|---|---|---|
@@ -96,6 +98,7 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     let block = match hf["model_type"].as_str() {
         Some("mistral") => "mistral",
         Some("mixtral") => "mixtral",
+        Some("qwen3") => "qwen3",
         _ => "llama2",
     };
     match fields.text("hidden_act")? {
@@ -117,7 +120,12 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         keys.push(("rope_type".into(), "llama3.1".into()));
     }
     keys.push(("decoder_block".into(), block.into()));
-    keys.push(("logits_via_embedding".into(), fields.flag("tie_word_embeddings")?.unwrap_or(false).to_string()));
+    let tied = fields.flag("tie_word_embeddings")?.unwrap_or(block == "qwen3");
+    keys.push(("logits_via_embedding".into(), tied.to_string()));
+    if tied {
+        // Tied logits are the plain product with the embedding (no 1/sqrt(emb)).
+        keys.push(("normalize_embedding_logits".into(), "false".into()));
+    }
     keys.push(("mlp_activations".into(), "[silu, linear]".into()));
     match block {
         // Mistral's banded causal mask (a key at most `window - 1` tokens back), as maxrs's
@@ -138,6 +146,12 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
             }
             keys.push(("num_experts".into(), experts.to_string()));
             keys.push(("num_experts_per_tok".into(), k.to_string()));
+        }
+        "qwen3" => {
+            if fields.flag("use_sliding_window")? == Some(true) {
+                bail!("`use_sliding_window` is true: Qwen3's sliding-window layers are not supported yet");
+            }
+            keys.push(("use_qk_norm".into(), "true".into()));
         }
         _ => {}
     }
@@ -196,6 +210,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     let (architecture, model_type) = match c.decoder_block {
         DecoderBlock::Mistral => ("MistralForCausalLM", "mistral"),
         DecoderBlock::Mixtral => ("MixtralForCausalLM", "mixtral"),
+        DecoderBlock::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
         _ => ("LlamaForCausalLM", "llama"),
     };
     let mut config = common_config(c, model, torch_dtype);
@@ -281,6 +296,13 @@ pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
                 map.interleave_heads = interleave;
             }
             out.push(layer_entry(model, layer, name, &[], hf(hf_name), map));
+        }
+        if c.decoder_block == DecoderBlock::Qwen3 {
+            for (name, hf_name) in [("query_norm", "q_norm"), ("key_norm", "k_norm")] {
+                let (name, hf_name) =
+                    (format!("self_attention.{name}.scale"), hf(&format!("self_attn.{hf_name}.weight")));
+                out.push(layer_entry(model, layer, &name, &[], hf_name, Map::COPY));
+            }
         }
         if c.decoder_block != DecoderBlock::Mixtral {
             for (name, hf_name, map) in MLP {
