@@ -168,3 +168,8 @@ fn gemma2_matches_transformers() {
 fn qwen3_qk_norm_tied_matches_transformers() {
     check_family("qwen3", true);
 }
+
+#[test]
+fn qwen3_moe_matches_transformers() {
+    check_family("qwen3_moe", true);
+}

@@ -64,7 +64,7 @@ BASE = {
 }
 
 
-def llama_tensors(layers, moe_experts=0, qk_norm=False, tied=False):
+def llama_tensors(layers, moe_experts=0, qk_norm=False, tied=False, qwen3_moe=False):
     t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E]}
     if not tied:
         t["lm_head.weight"] = [V, E]
@@ -80,12 +80,14 @@ def llama_tensors(layers, moe_experts=0, qk_norm=False, tied=False):
             t[p + "self_attn.q_norm.weight"] = [D]
             t[p + "self_attn.k_norm.weight"] = [D]
         if moe_experts:
-            t[p + "block_sparse_moe.gate.weight"] = [moe_experts, E]
+            block, (gate, up, down) = (("mlp", ("gate_proj", "up_proj", "down_proj")) if qwen3_moe
+                                       else ("block_sparse_moe", ("w1", "w3", "w2")))
+            t[p + f"{block}.gate.weight"] = [moe_experts, E]
             for j in range(moe_experts):
-                q = p + f"block_sparse_moe.experts.{j}."
-                t[q + "w1.weight"] = [M, E]
-                t[q + "w3.weight"] = [M, E]
-                t[q + "w2.weight"] = [E, M]
+                q = p + f"{block}.experts.{j}."
+                t[q + f"{gate}.weight"] = [M, E]
+                t[q + f"{up}.weight"] = [M, E]
+                t[q + f"{down}.weight"] = [E, M]
         else:
             t[p + "mlp.gate_proj.weight"] = [M, E]
             t[p + "mlp.up_proj.weight"] = [M, E]
@@ -125,6 +127,10 @@ def cases():
     qwen3 = dict(llama, architectures=["Qwen3ForCausalLM"], model_type="qwen3", rms_norm_eps=1e-6,
                  rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
                  sliding_window=None)
+    qwen3_moe = dict(qwen3, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                     num_hidden_layers=1, tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=M, intermediate_size=200, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001)
     gemma = dict(BASE, architectures=["GemmaForCausalLM"], model_type="gemma", num_hidden_layers=2,
                  num_key_value_heads=1, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
                  tie_word_embeddings=True)
@@ -138,6 +144,7 @@ def cases():
         "mistral": (mistral, llama_tensors(2)),
         "mixtral": (mixtral, llama_tensors(1, moe_experts=4)),
         "qwen3": (qwen3, llama_tensors(2, qk_norm=True, tied=True)),
+        "qwen3_moe": (qwen3_moe, llama_tensors(1, moe_experts=4, qk_norm=True, qwen3_moe=True)),
         "gemma": (gemma, gemma_tensors(2, False, 1)),
         "gemma2": (gemma2, gemma_tensors(4, True, K)),
     }

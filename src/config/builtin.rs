@@ -34,6 +34,8 @@ pub const MODELS: &[(&str, &str)] = &[
     ("qwen3-8b", include_str!("../../models/qwen3-8b.yml")),
     ("qwen3-14b", include_str!("../../models/qwen3-14b.yml")),
     ("qwen3-32b", include_str!("../../models/qwen3-32b.yml")),
+    ("qwen3-30b-a3b", include_str!("../../models/qwen3-30b-a3b.yml")),
+    ("qwen3-235b-a22b", include_str!("../../models/qwen3-235b-a22b.yml")),
 ];
 
 /// The built-in text of `models/<name>.yml`.

@@ -134,7 +134,7 @@ fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
         DecoderBlock::Gemma2 => Arc::new(gemma2::Gemma2::from_config(c, mc)?),
         DecoderBlock::Gpt3 => Arc::new(gpt3::Gpt3::from_config(c, mc)?),
         DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral::from_config(c, mc)?),
-        DecoderBlock::Qwen3 => Arc::new(qwen3::Qwen3 { qk_norm: c.use_qk_norm }),
+        DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe => Arc::new(qwen3::Qwen3::from_config(c, mc)?),
     })
 }
 

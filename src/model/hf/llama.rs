@@ -1,8 +1,10 @@
 //! The Llama family's Hugging Face layout (`LlamaForCausalLM` for Llama 2, 3, 3.1 and 3.3,
 //! `MistralForCausalLM`, `MixtralForCausalLM`): its `config.json` fields and tensor names, to and
-//! from maxrs's `llama2`, `mistral` and `mixtral` blocks; and `Qwen3ForCausalLM` (maxrs's `qwen3`:
-//! Llama's tensors plus `self_attn.q_norm.weight` / `k_norm.weight` [D] as
-//! `self_attention.query_norm.scale` / `key_norm.scale`).
+//! from maxrs's `llama2`, `mistral` and `mixtral` blocks; and `Qwen3ForCausalLM` /
+//! `Qwen3MoeForCausalLM` (maxrs's `qwen3` / `qwen3_moe`: Llama's tensors plus
+//! `self_attn.q_norm.weight` / `k_norm.weight` [D] as `self_attention.query_norm.scale` /
+//! `key_norm.scale`; Qwen3 MoE's experts as Mixtral's below, named `mlp.gate.weight` and
+//! `mlp.experts.J.{gate,up,down}_proj.weight`, maxrs's `moe_block.*`).
 //!
 //! | Hugging Face | shape | maxrs | shape |
 //! |---|---|---|---|
@@ -64,10 +66,6 @@ const MLP: &[(&str, &str, Map)] = &[
     ("mlp.wo.kernel", "mlp.down_proj.weight", Map::linear(1)),
 ];
 
-/// One Mixtral expert's tensors (relative to `block_sparse_moe.experts.J.`).
-const EXPERT: &[(&str, &str)] =
-    &[("MoeBlock_0.wi_0", "w1.weight"), ("MoeBlock_0.wi_1", "w3.weight"), ("MoeBlock_0.wo", "w2.weight")];
-
 /// Llama 3.1's `rope_scaling` (its `config.json`), which maxrs's `rope_type=llama3.1` computes
 /// (`llama31_scaled_frequency`, MaxText's `LLaMARotaryEmbedding` constants).
 const LLAMA31_SCALING: [(&str, f64); 4] = [
@@ -99,6 +97,7 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         Some("mistral") => "mistral",
         Some("mixtral") => "mixtral",
         Some("qwen3") => "qwen3",
+        Some("qwen3_moe") => "qwen3_moe",
         _ => "llama2",
     };
     match fields.text("hidden_act")? {
@@ -121,6 +120,7 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     }
     keys.push(("decoder_block".into(), block.into()));
     let tied = fields.flag("tie_word_embeddings")?.unwrap_or(block == "qwen3");
+    let qwen3 = block.starts_with("qwen3");
     keys.push(("logits_via_embedding".into(), tied.to_string()));
     if tied {
         // Tied logits are the plain product with the embedding (no 1/sqrt(emb)).
@@ -147,15 +147,48 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
             keys.push(("num_experts".into(), experts.to_string()));
             keys.push(("num_experts_per_tok".into(), k.to_string()));
         }
-        "qwen3" => {
-            if fields.flag("use_sliding_window")? == Some(true) {
-                bail!("`use_sliding_window` is true: Qwen3's sliding-window layers are not supported yet");
-            }
-            keys.push(("use_qk_norm".into(), "true".into()));
-        }
         _ => {}
     }
+    if qwen3 {
+        if fields.flag("use_sliding_window")? == Some(true) {
+            bail!("`use_sliding_window` is true: Qwen3's sliding-window layers are not supported yet");
+        }
+        keys.push(("use_qk_norm".into(), "true".into()));
+    }
+    if block == "qwen3_moe" {
+        keys.extend(qwen3_moe_keys(&fields)?);
+    }
     Ok(keys)
+}
+
+/// A Qwen3 MoE config's expert keys: every layer routed (`decoder_sparse_step` 1, no
+/// `mlp_only_layers`) with renormalized top-k weights (`norm_topk_prob`), the experts
+/// `moe_intermediate_size` wide (maxrs's `base_mlp_dim`, replacing `intermediate_size`'s).
+fn qwen3_moe_keys(fields: &Fields) -> Result<Vec<(String, String)>> {
+    let hf = fields.0;
+    if fields.number("decoder_sparse_step", "num_experts", Some(1))? != 1 {
+        bail!(
+            "`decoder_sparse_step` is {}: maxrs's qwen3_moe routes every layer; not supported yet",
+            hf["decoder_sparse_step"]
+        );
+    }
+    if hf["mlp_only_layers"].as_array().is_some_and(|a| !a.is_empty()) {
+        bail!("`mlp_only_layers` is {}: dense layers among qwen3_moe's are not supported yet", hf["mlp_only_layers"]);
+    }
+    if fields.flag("norm_topk_prob")? == Some(false) {
+        bail!("`norm_topk_prob` is false: maxrs's router renormalizes the top-k weights; not supported yet");
+    }
+    let experts = fields.number("num_experts", "num_experts", None)?;
+    let k = fields.number("num_experts_per_tok", "num_experts_per_tok", None)?;
+    if k > experts {
+        bail!("`num_experts_per_tok` is {k}, more than `num_experts` {experts}");
+    }
+    let width = fields.number("moe_intermediate_size", "base_mlp_dim", None)?;
+    Ok(vec![
+        ("num_experts".into(), experts.to_string()),
+        ("num_experts_per_tok".into(), k.to_string()),
+        ("base_mlp_dim".into(), width.to_string()),
+    ])
 }
 
 /// The sizes every family's config has, as maxrs keys.
@@ -211,6 +244,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
         DecoderBlock::Mistral => ("MistralForCausalLM", "mistral"),
         DecoderBlock::Mixtral => ("MixtralForCausalLM", "mixtral"),
         DecoderBlock::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        DecoderBlock::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
         _ => ("LlamaForCausalLM", "llama"),
     };
     let mut config = common_config(c, model, torch_dtype);
@@ -239,6 +273,14 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
             config["sliding_window"] = Value::Null;
             config["num_local_experts"] = json!(c.num_experts);
             config["num_experts_per_tok"] = json!(c.num_experts_per_tok);
+        }
+        DecoderBlock::Qwen3Moe => {
+            config["num_experts"] = json!(c.num_experts);
+            config["num_experts_per_tok"] = json!(c.num_experts_per_tok);
+            config["moe_intermediate_size"] = json!(model.config.mlp);
+            config["norm_topk_prob"] = json!(true);
+            config["decoder_sparse_step"] = json!(1);
+            config["mlp_only_layers"] = json!([]);
         }
         _ => {}
     }
@@ -297,31 +339,30 @@ pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
             }
             out.push(layer_entry(model, layer, name, &[], hf(hf_name), map));
         }
-        if c.decoder_block == DecoderBlock::Qwen3 {
+        if c.use_qk_norm {
             for (name, hf_name) in [("query_norm", "q_norm"), ("key_norm", "k_norm")] {
                 let (name, hf_name) =
                     (format!("self_attention.{name}.scale"), hf(&format!("self_attn.{hf_name}.weight")));
                 out.push(layer_entry(model, layer, &name, &[], hf_name, Map::COPY));
             }
         }
-        if c.decoder_block != DecoderBlock::Mixtral {
-            for (name, hf_name, map) in MLP {
-                out.push(layer_entry(model, layer, name, &[], hf(hf_name), *map));
+        // The experts: Mixtral's names, or Qwen3 MoE's (its MLP's names per expert).
+        let (block, hf_block, names) = match c.decoder_block {
+            DecoderBlock::Mixtral => ("MoeBlock_0", "block_sparse_moe", ["w1", "w3", "w2"]),
+            DecoderBlock::Qwen3Moe => ("moe_block", "mlp", ["gate_proj", "up_proj", "down_proj"]),
+            _ => {
+                for (name, hf_name, map) in MLP {
+                    out.push(layer_entry(model, layer, name, &[], hf(hf_name), *map));
+                }
+                continue;
             }
-            continue;
-        }
-        out.push(layer_entry(
-            model,
-            layer,
-            "MoeBlock_0.gate.kernel",
-            &[],
-            hf("block_sparse_moe.gate.weight"),
-            Map::linear(1),
-        ));
+        };
+        let gate = (format!("{block}.gate.kernel"), hf(&format!("{hf_block}.gate.weight")));
+        out.push(layer_entry(model, layer, &gate.0, &[], gate.1, Map::linear(1)));
         for expert in 0..c.num_experts {
-            for (name, hf_name) in EXPERT {
-                let hf_name = hf(&format!("block_sparse_moe.experts.{expert}.{hf_name}"));
-                out.push(layer_entry(model, layer, name, &[expert], hf_name, Map::linear(1)));
+            for (name, hf_name) in ["wi_0", "wi_1", "wo"].iter().zip(names) {
+                let hf_name = hf(&format!("{hf_block}.experts.{expert}.{hf_name}.weight"));
+                out.push(layer_entry(model, layer, &format!("{block}.{name}"), &[expert], hf_name, Map::linear(1)));
             }
         }
     }

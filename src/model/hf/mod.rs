@@ -82,10 +82,10 @@ pub fn layer_entry(model: &Model, layer: i64, name: &str, inner: &[i64], hf: Str
 /// `model_type`'s; refuses what maxrs does not model, naming the field (the caller names the file).
 pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     match hf["model_type"].as_str() {
-        Some("llama" | "mistral" | "mixtral" | "qwen3") => llama::config_from_hf(hf),
+        Some("llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe") => llama::config_from_hf(hf),
         Some("gemma" | "gemma2") => gemma::config_from_hf(hf),
         _ => bail!(
-            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen3\", \"gemma\", \"gemma2\"",
+            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\"",
             hf["model_type"]
         ),
     }
@@ -97,9 +97,9 @@ pub fn check_model(c: &Config) -> Result<()> {
     match c.decoder_block {
         DecoderBlock::Gpt3 => bail!(
             "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet (maxrs converts \
-             llama2, mistral, mixtral, qwen3, gemma, gemma2)"
+             llama2, mistral, mixtral, qwen3, qwen3_moe, gemma, gemma2)"
         ),
-        DecoderBlock::Qwen3 if !c.use_qk_norm => {
+        DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe if !c.use_qk_norm => {
             bail!("use_qk_norm=false: Hugging Face's Qwen3 always normalizes queries and keys")
         }
         _ if c.logits_via_embedding && c.normalize_embedding_logits != gemma => bail!(
