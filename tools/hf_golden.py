@@ -14,6 +14,9 @@ Made with (CPU only; versions as recorded in the output's "versions"):
     ~/.cache/maxrs/venvs/hf-golden/bin/pip install transformers==5.23.0 safetensors numpy \
         filelock typing-extensions sympy networkx jinja2 fsspec
     ~/.cache/maxrs/venvs/hf-golden/bin/python tools/hf_golden.py tests/data/hf_golden.json
+
+`tools/hf_golden.py --checkpoint FAMILY DIR` writes one family's checkpoint (config.json and
+model.safetensors) to DIR, e.g. to compare `maxrs decode` on it with the recorded greedy tokens.
 """
 
 import json
@@ -150,24 +153,30 @@ def cases():
     }
 
 
+def write_checkpoint(d, config, shapes):
+    import torch
+    from safetensors.torch import save_file
+
+    plus_one = config["model_type"].startswith("gemma")
+    tensors = {}
+    for name, shape in shapes.items():
+        n = math.prod(shape)
+        tensors[name] = torch.tensor(values(name, n, plus_one), dtype=torch.float32).reshape(shape)
+    save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
+    with open(f"{d}/config.json", "w") as f:
+        json.dump(config, f)
+
+
 def main(out_path):
     import torch
     import transformers
-    from safetensors.torch import save_file
 
     torch.manual_seed(0)
     golden = {"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
               "prompt": PROMPT, "families": {}}
     for family, (config, shapes) in cases().items():
-        plus_one = config["model_type"].startswith("gemma")
         with tempfile.TemporaryDirectory() as d:
-            tensors = {}
-            for name, shape in shapes.items():
-                n = math.prod(shape)
-                tensors[name] = torch.tensor(values(name, n, plus_one), dtype=torch.float32).reshape(shape)
-            save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
-            with open(f"{d}/config.json", "w") as f:
-                json.dump(config, f)
+            write_checkpoint(d, config, shapes)
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
                 d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
             model.eval()
@@ -191,4 +200,9 @@ def main(out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--checkpoint":
+        import os
+        os.makedirs(sys.argv[3])
+        write_checkpoint(sys.argv[3], *cases()[sys.argv[2]])
+    else:
+        main(sys.argv[1])
