@@ -2,7 +2,8 @@
 //! `config.json` fields <-> maxrs keys, and its tensors <-> maxrs parameters. The files are read
 //! and written by `checkpoint::hf`; this module owns the mapping.
 //!
-//! A family file ([`llama`]: Llama 2/3/3.1/3.3, Mistral, Mixtral; [`gemma`]: Gemma, Gemma 2)
+//! A family file ([`llama`]: Llama 2/3/3.1/3.3, Mistral, Mixtral, Qwen3, Qwen3 MoE; [`gemma`]:
+//! Gemma, Gemma 2)
 //! lists one [`Entry`] per Hugging Face tensor: the maxrs parameter it becomes, its index on the
 //! parameter's stacked leading axes (`[layer]` with `scan_layers=true`, `[expert]` in a Mixtral
 //! layer, both), and the [`Map`] between the two. Every map is exact in both directions except
