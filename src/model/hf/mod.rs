@@ -419,6 +419,22 @@ mod tests {
         mixtral["num_experts_per_tok"] = 2.into();
         let err = with(&mixtral, &["router_jitter_noise"], serde_json::json!(0.01));
         assert!(err.starts_with("`router_jitter_noise` is 0.01") && err.contains("not supported yet"), "{err}");
+        let mut qwen3_moe = mixtral.clone();
+        qwen3_moe["model_type"] = "qwen3_moe".into();
+        qwen3_moe["rope_scaling"] = serde_json::Value::Null;
+        qwen3_moe["num_experts"] = 4.into();
+        qwen3_moe["moe_intermediate_size"] = 8.into();
+        let keys = config_from_hf(&qwen3_moe).unwrap();
+        assert!(keys.contains(&("base_mlp_dim".into(), "8".into())), "experts' width: {keys:?}");
+        for (field, value, want) in [
+            ("norm_topk_prob", serde_json::json!(false), "`norm_topk_prob` is false"),
+            ("mlp_only_layers", serde_json::json!([0]), "`mlp_only_layers` is [0]"),
+            ("decoder_sparse_step", serde_json::json!(2), "`decoder_sparse_step` is 2"),
+            ("use_sliding_window", serde_json::json!(true), "`use_sliding_window` is true"),
+        ] {
+            let err = with(&qwen3_moe, &[field], value);
+            assert!(err.starts_with(want) && err.contains("not supported yet"), "{err}");
+        }
         let mut gemma2 = llama.clone();
         gemma2["model_type"] = "gemma2".into();
         gemma2["rms_norm_eps"] = serde_json::json!(1e-6);
