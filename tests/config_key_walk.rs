@@ -95,6 +95,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("sliding_window_size", ProgramVs("16", "0", &["decoder_block=mistral"])),
     ("attn_logits_soft_cap", ProgramVs("50.0", "0.0", GEMMA2)),
     ("use_post_attn_norm", ProgramVs("true", "false", GEMMA2)),
+    ("use_qk_norm", ProgramVs("true", "false", &["decoder_block=qwen3"])),
     ("use_post_ffw_norm", ProgramVs("true", "false", GEMMA2)),
     ("fused_qkv", ProgramVs("true", "false", &["decoder_block=gpt3", "base_num_kv_heads=4"])),
     ("enable_dropout", Refused("true")),

@@ -43,6 +43,7 @@ mod compile_cache;
 mod config;
 mod config_key_walk;
 mod config_numbers;
+mod convert_families;
 mod convert_hf;
 mod cudnn_golden;
 mod cudnn_model;

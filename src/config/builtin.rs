@@ -11,6 +11,7 @@ pub const MODELS: &[(&str, &str)] = &[
     ("llama2-70b", include_str!("../../models/llama2-70b.yml")),
     ("llama3-8b", include_str!("../../models/llama3-8b.yml")),
     ("llama3-70b", include_str!("../../models/llama3-70b.yml")),
+    ("llama3-405b", include_str!("../../models/llama3-405b.yml")),
     ("llama3.1-8b", include_str!("../../models/llama3.1-8b.yml")),
     ("llama3.1-70b", include_str!("../../models/llama3.1-70b.yml")),
     ("llama3.1-405b", include_str!("../../models/llama3.1-405b.yml")),
@@ -27,6 +28,14 @@ pub const MODELS: &[(&str, &str)] = &[
     ("gpt3-52k", include_str!("../../models/gpt3-52k.yml")),
     ("mixtral-8x7b", include_str!("../../models/mixtral-8x7b.yml")),
     ("mixtral-8x22b", include_str!("../../models/mixtral-8x22b.yml")),
+    ("qwen3-0.6b", include_str!("../../models/qwen3-0.6b.yml")),
+    ("qwen3-1.7b", include_str!("../../models/qwen3-1.7b.yml")),
+    ("qwen3-4b", include_str!("../../models/qwen3-4b.yml")),
+    ("qwen3-8b", include_str!("../../models/qwen3-8b.yml")),
+    ("qwen3-14b", include_str!("../../models/qwen3-14b.yml")),
+    ("qwen3-32b", include_str!("../../models/qwen3-32b.yml")),
+    ("qwen3-30b-a3b", include_str!("../../models/qwen3-30b-a3b.yml")),
+    ("qwen3-235b-a22b", include_str!("../../models/qwen3-235b-a22b.yml")),
 ];
 
 /// The built-in text of `models/<name>.yml`.

@@ -27,7 +27,8 @@ const ALL: Families = Families::All;
 const MISTRAL_GEMMA2: Families = Families::Only(&[DecoderBlock::Mistral, DecoderBlock::Gemma2]);
 const GEMMA2: Families = Families::Only(&[DecoderBlock::Gemma2]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
-const MIXTRAL: Families = Families::Only(&[DecoderBlock::Mixtral]);
+const MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe]);
+const QWEN3: Families = Families::Only(&[DecoderBlock::Qwen3, DecoderBlock::Qwen3Moe]);
 
 declare_keys! {
     section "Run" {
@@ -149,6 +150,8 @@ declare_keys! {
         trainable_position_size: i64 = -1 => MaxText.model(ALL).range(int_or_fill(0, 1 << 24)).model_file(),
         /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2: its local layers' window.
         sliding_window_size: i64 = 0 => MaxText.model(MISTRAL_GEMMA2).range(int(0, 1 << 24)).model_file(),
+        /// qwen3, qwen3_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm).
+        use_qk_norm: bool = false => MaxText.model(QWEN3).model_file(),
         /// gemma2: attention scores = cap * tanh(scores / cap); 0 disables.
         attn_logits_soft_cap: f64 = 0.0 => MaxText.model(GEMMA2).range(closed(0.0, 1e9)).model_file(),
         /// gemma2: RMSNorm after attention, before the residual add.
@@ -170,28 +173,28 @@ declare_keys! {
         attention: AttentionKernel = "autoselected" => MaxText.model(ALL),
     }
 
-    /// decoder_block=mixtral; MaxText's layers/moe.py.
+    /// decoder_block=mixtral, qwen3_moe; MaxText's layers/moe.py.
     section "Mixture of experts" {
         /// Experts in each MoE layer.
-        num_experts: i64 = 1 => MaxText.model(MIXTRAL).range(int(1, MAX_HEADS)).model_file(),
+        num_experts: i64 = 1 => MaxText.model(MOE).range(int(1, MAX_HEADS)).model_file(),
         /// Experts per token: top-k of the router logits, weights softmax over those k.
-        num_experts_per_tok: i64 = 1 => MaxText.model(MIXTRAL).range(int(1, MAX_HEADS)).model_file(),
+        num_experts_per_tok: i64 = 1 => MaxText.model(MOE).range(int(1, MAX_HEADS)).model_file(),
         /// > 0 (with sparse_matmul=false): each expert takes at most ceil(seq x k / experts) x this tokens per sequence, dropping the rest.
         // <= 0: no capacity limit (MaxText's default -1); above, a multiple of the even share.
-        capacity_factor: f64 = -1.0 => MaxText.step().read_by_model(MIXTRAL).range(closed(-1.0, 1e3)).model_file(),
+        capacity_factor: f64 = -1.0 => MaxText.step().read_by_model(MOE).range(closed(-1.0, 1e3)).model_file(),
         /// True: dropless (tokens sorted by expert, grouped matmuls); false: one-hot dispatch einsums (with capacity_factor > 0) or every expert on every token.
-        sparse_matmul: bool = true => MaxText.step().read_by_model(MIXTRAL).model_file(),
+        sparse_matmul: bool = true => MaxText.step().read_by_model(MOE).model_file(),
         /// MaxText's choice of grouped-matmul kernel for sparse_matmul; maxrs has one (tiled loops of dense products), so both values compute the same.
         megablox: bool = true => MaxText.program(),
         /// Weight of the Switch Transformer load-balancing loss, added to the loss (learning/moe_lb_loss).
         load_balance_loss_weight: f64 = 0.0 =>
-            MaxText.step().read_by_model(MIXTRAL).range(closed(0.0, 1e3)).model_file(),
+            MaxText.step().read_by_model(MOE).range(closed(0.0, 1e3)).model_file(),
         /// Sum the experts' weighted outputs in float32.
-        float32_weight_sum: bool = true => MaxText.step().read_by_model(MIXTRAL),
+        float32_weight_sum: bool = true => MaxText.step().read_by_model(MOE),
         /// Compute the router logits in float32.
-        float32_gate_logits: bool = false => MaxText.step().read_by_model(MIXTRAL),
+        float32_gate_logits: bool = false => MaxText.step().read_by_model(MOE),
         /// True: the dispatched tokens of the dropping path keep the expert axis for the experts (all-to-all) instead of the batch.
-        moe_dispatch_no_expert_sharding: bool = false => MaxText.step().read_by_model(MIXTRAL),
+        moe_dispatch_no_expert_sharding: bool = false => MaxText.step().read_by_model(MOE),
     }
 
     section "Numerics and memory" {

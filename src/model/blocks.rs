@@ -184,6 +184,9 @@ pub struct SelfAttention {
     pub options: AttendOptions,
     /// How attention is computed when the family overrides the model's (`ModelConfig::attention`).
     pub how: Option<AttentionImpl>,
+    /// QK-norm (MaxText's `use_qk_norm`): an RMSNorm over each head's queries and keys, with this
+    /// epsilon, before RoPE (`query_norm.scale`, `key_norm.scale`: [head_dim]).
+    pub qk_norm: Option<f64>,
 }
 
 impl SelfAttention {
@@ -209,6 +212,13 @@ impl SelfAttention {
         let q = project("query", h, "btd,dhk->bthk");
         let k = project("key", h, "btd,dhk->bthk");
         let v = project("value", h, "btd,dhk->bthk").checkpoint_name("value_proj");
+        let (q, k) = match self.qk_norm {
+            Some(eps) => {
+                let norm = Norm::Rms { eps };
+                (norm.apply(p, &format!("{prefix}.query_norm"), &q), norm.apply(p, &format!("{prefix}.key_norm"), &k))
+            }
+            None => (q, k),
+        };
         // Tagged as attention reads them, after RoPE and scaling, as MaxText's
         // `Attention.__call__` tags `query_proj` and `key_proj` (`src/maxtext/layers/attentions.py`,
         // e591f30): a policy that saves them does not recompute RoPE in the backward pass.

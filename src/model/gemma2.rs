@@ -85,7 +85,7 @@ impl Gemma2 {
     /// The attention of the local (`local`) or global half.
     fn attention(&self, local: bool) -> SelfAttention {
         let options = AttendOptions { logits_soft_cap: self.soft_cap, float32_qk_product: !local };
-        SelfAttention { window: local.then_some(self.window), options, how: self.how }
+        SelfAttention { window: local.then_some(self.window), options, how: self.how, qk_norm: None }
     }
 
     fn half_params(&self, c: &ModelConfig, half: &str) -> Vec<ParamDef> {
