@@ -126,6 +126,7 @@ string_enum!(
         Mistral = "mistral",
         Gemma = "gemma",
         Gemma2 = "gemma2",
+        Gemma3 = "gemma3",
         Gpt3 = "gpt3",
         Mixtral = "mixtral",
     }

@@ -15,7 +15,7 @@
 //! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
 //!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
-//!   [`gemma2`], [`gpt3`], [`mixtral`] (Llama's attention and a routed MoE block); beside Llama's,
+//!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gpt3`], [`mixtral`] (Llama's attention and a routed MoE block); beside Llama's,
 //!   [`llama_hf`], its Hugging Face layout (`maxrs convert`).
 
 pub mod attention;
@@ -27,6 +27,7 @@ pub mod decoder;
 pub mod flops;
 pub mod gemma;
 pub mod gemma2;
+pub mod gemma3;
 pub mod gpt3;
 pub mod llama;
 pub mod llama_hf;
