@@ -46,6 +46,7 @@ mod data_train;
 mod decode;
 mod errors;
 mod fuzz;
+mod gemma3_hf;
 mod gpu_memory;
 mod grad_check;
 mod hardening_inputs;

@@ -16,7 +16,8 @@
 //!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
 //!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gpt3`], [`mixtral`] (Llama's attention and a routed MoE block); beside Llama's,
-//!   [`llama_hf`], its Hugging Face layout (`maxrs convert`).
+//!   [`llama_hf`], its Hugging Face layout (`maxrs convert`); beside Gemma 3's, [`gemma3_hf`], its
+//!   Hugging Face tensor names as data.
 
 pub mod attention;
 pub mod blocks;
@@ -28,6 +29,7 @@ pub mod flops;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gemma3_hf;
 pub mod gpt3;
 pub mod llama;
 pub mod llama_hf;
