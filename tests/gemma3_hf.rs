@@ -73,6 +73,15 @@ fn converted(m: &Model, hf: &SafeTensors) -> Tree<HostTensor> {
     out
 }
 
+/// A JSON list of integer rows, flattened.
+fn rows(v: &serde_json::Value) -> Vec<i32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| row.as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32))
+        .collect()
+}
+
 #[test]
 fn gemma3_logits_match_hugging_face() {
     let golden: serde_json::Value = serde_json::from_slice(&data("golden.json")).unwrap();
@@ -100,12 +109,7 @@ fn gemma3_logits_match_hugging_face() {
     let m = Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap();
     let bytes = data("model.safetensors");
     let mut inputs = converted(&m, &SafeTensors::deserialize(&bytes).unwrap());
-    let tokens: Vec<i32> = golden["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|row| row.as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32))
-        .collect();
+    let tokens = rows(&golden["tokens"]);
     let (b, t) = (golden["tokens"].as_array().unwrap().len() as i64, tokens.len() as i64 / 2);
     inputs.insert("inputs", HostTensor::from_i32(&[b, t], &tokens));
     let mut sig = Signature::new(None);
@@ -123,11 +127,5 @@ fn gemma3_logits_match_hugging_face() {
     let err = crate::common::llama_ref::scaled_err(&got, &want);
     println!("gemma3 vs transformers {}: logits scaled error {err:e}", golden["transformers"]);
     assert!(err < 1e-5, "logits differ from Hugging Face's: scaled error {err:e}");
-    let argmax: Vec<i32> = golden["argmax"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|row| row.as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32))
-        .collect();
-    assert_eq!(out["argmax"].to_i32(), argmax, "greedy tokens");
+    assert_eq!(out["argmax"].to_i32(), rows(&golden["argmax"]), "greedy tokens");
 }

@@ -177,10 +177,16 @@ impl Family for Gemma2 {
     /// `4 * batch * (seq * w - w^2 / 2) * heads * head_dim` with `w = min(window, seq)`.
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
         let dense = dense_layer_flops(c, tokens, seq);
-        let (batch, heads_dim) = (tokens / seq, (c.heads * c.head_dim) as f64);
-        let w = (self.window as f64).min(seq);
-        let global = 2.0 * batch * seq * seq * heads_dim;
-        let local = 4.0 * batch * (seq * w - 0.5 * w * w) * heads_dim;
+        let (global, local) = global_and_local_attention_flops(c, tokens, seq, self.window);
         LayerFlops { weights: 2.0 * dense.weights, attention: global + local }
     }
+}
+
+/// MaxText's attention FLOPs of one global layer, causal `2 * batch * seq^2 * heads * head_dim`,
+/// and of one local layer, `4 * batch * (seq * w - w^2 / 2) * heads * head_dim` with
+/// `w = min(window, seq)` (Gemma 2's and Gemma 3's counts in `src/maxtext/utils/maxtext_utils.py`).
+pub(super) fn global_and_local_attention_flops(c: &ModelConfig, tokens: f64, seq: f64, window: i64) -> (f64, f64) {
+    let (batch, heads_dim) = (tokens / seq, (c.heads * c.head_dim) as f64);
+    let w = (window as f64).min(seq);
+    (2.0 * batch * seq * seq * heads_dim, 4.0 * batch * (seq * w - 0.5 * w * w) * heads_dim)
 }

@@ -45,7 +45,7 @@ use crate::tensor::{Tensor, Tree};
 use super::attention::{default_frequencies, rope_tables, AttendOptions, AttentionImpl, LayerContext};
 use super::blocks::SelfAttention;
 use super::decoder::{dense_layer_flops, Family, LayerFlops, LayerOutput};
-use super::gemma2::{sandwich, sandwich_params, PostNorms};
+use super::gemma2::{global_and_local_attention_flops, sandwich, sandwich_params, PostNorms};
 use super::params::ParamDef;
 use super::ModelConfig;
 
@@ -174,10 +174,7 @@ impl Family for Gemma3 {
     /// local ones `4 * batch * (seq * w - w^2 / 2) * heads * head_dim` with `w = min(window, seq)`.
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
         let dense = dense_layer_flops(c, tokens, seq);
-        let (batch, heads_dim) = (tokens / seq, (c.heads * c.head_dim) as f64);
-        let w = (self.window as f64).min(seq);
-        let global = 2.0 * batch * seq * seq * heads_dim;
-        let local = 4.0 * batch * (seq * w - 0.5 * w * w) * heads_dim;
+        let (global, local) = global_and_local_attention_flops(c, tokens, seq, self.window);
         LayerFlops { weights: BLOCK as f64 * dense.weights, attention: global + (BLOCK - 1) as f64 * local }
     }
 }

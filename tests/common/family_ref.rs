@@ -372,7 +372,7 @@ fn gemma3_layer(
     let c = &m.config;
     let g = spec.gemma3.expect("a Gemma 3 spec");
     let (heads, kvh, d) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
-    let sliding = (layer + 1) % 6 != 0;
+    let sliding = !(layer + 1).is_multiple_of(6);
     let (rope_base, window) =
         if sliding { ((g.local_theta, 1.0), spec.window) } else { ((g.global_theta, g.global_factor), None) };
     let norm =
