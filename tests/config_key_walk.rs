@@ -74,7 +74,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("on_checkpoint_error", Runtime("stop or continue when a save fails")),
     ("load_parameters_path", Runtime("initial parameters from a file or checkpoint")),
     ("load_full_state_path", Runtime("initial state (parameters, optimizer, step) from a checkpoint")),
-    ("decoder_block", Refused("gemma3")),
+    ("decoder_block", Refused("deepseek")),
     ("global_parameter_scale", Program("2")),
     ("base_emb_dim", Program("128")),
     ("base_num_query_heads", Program("8")),

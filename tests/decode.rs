@@ -153,6 +153,9 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
     let gemma3 = [
         "decoder_block=gemma3",
         "base_num_decoder_layers=6",
+        "base_emb_dim=64",
+        "head_dim=16",
+        "base_mlp_dim=128",
         "sliding_window_size=4",
         "local_rope_max_timescale=10000",
         "rope_max_timescale=1000000",
