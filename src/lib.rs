@@ -6,7 +6,8 @@
 //! train command to a cluster.
 //!
 //! The modules are layered, foundations (`sharding`, `host`, `files`, `input`, `net`) first:
-//! none imports a higher layer (the README's Layout section lists them; `tests/layers.rs` checks).
+//! none imports a higher layer (the book's source layout page, docs/src/reference/layout.md, lists
+//! them; `tests/layers.rs` checks).
 
 pub mod aot;
 pub mod autodiff;

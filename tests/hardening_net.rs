@@ -300,7 +300,7 @@ fn log_paging_stops_at_its_bound() {
 
 #[test]
 fn gpus_per_node_is_checked_against_the_devices_present() {
-    // The README: GPUS_PER_NODE is "the devices each process must see (checked)".
+    // The multi-host guide: GPUS_PER_NODE is "the devices each process must see (checked)".
     let e = refused(&["train", "steps=1"], &[("GPUS_PER_NODE", "8")]);
     assert!(
         e.starts_with("error: GPUS_PER_NODE=8, but process 0 has 1 device (the CPU plugin with cpu_device_count=1)"),

@@ -1,7 +1,8 @@
 //! The crate's layering (issue 26): every module of `src/lib.rs` sits in one layer of
 //! [`LAYERS`], and a module imports only from its own layer and lower ones, never a higher one;
-//! within a layer no modules import each other in a circle. The README's Layout section lists
-//! the same layers, and the test checks that too, so the table lives here and nowhere else.
+//! within a layer no modules import each other in a circle. The book's source layout page
+//! (docs/src/reference/layout.md) lists the same layers, and the test checks that too, so the
+//! table lives here and nowhere else.
 //!
 //! A module's imports are the `crate::` paths in its files (`use` lines, `use crate::{a, b}`
 //! groups and paths written in code), read with comments, doc text, strings and character
@@ -303,23 +304,21 @@ fn no_modules_import_each_other() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// The modules of each layer line (`- **L0 ...**: **`sharding`** ...`) of the README's Layout
-/// section, in order: its modules are the bold code spans.
-fn readme_layers(readme: &str) -> Vec<Vec<String>> {
-    let section = readme.split("\n## Layout\n").nth(1).expect("the README has a Layout section");
-    let section = section.split("\n## ").next().unwrap();
-    section
-        .lines()
+/// The modules of each layer line (`- **L0 ...**: **`sharding`** ...`) of the book's source layout
+/// page, in order: its modules are the bold code spans.
+fn listed_layers(page: &str) -> Vec<Vec<String>> {
+    page.lines()
         .filter(|l| l.starts_with("- **L"))
         .map(|l| l.split("**`").skip(1).map(|s| s.split("`**").next().unwrap().to_string()).collect())
         .collect()
 }
 
 #[test]
-fn the_readme_lists_the_layers() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+fn the_book_lists_the_layers() {
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/reference/layout.md");
+    let page = std::fs::read_to_string(page).unwrap();
     let expected: Vec<Vec<String>> = LAYERS.iter().map(|layer| layer.iter().map(|m| m.to_string()).collect()).collect();
-    assert_eq!(readme_layers(&readme), expected, "README.md's Layout section must list tests/layers.rs's LAYERS");
+    assert_eq!(listed_layers(&page), expected, "docs/src/reference/layout.md must list tests/layers.rs's LAYERS");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //!
 //! Prints start-up (plugin + client, trace, lower, compile, init), first-step and median step
 //! time, TFLOP/s per device and peak host memory. With `--vs-jax` it first writes maxrs's
-//! initial parameters (safetensors, the README's layout) and the run's synthetic batches (the
+//! initial parameters (safetensors, the book's parameter layout) and the run's synthetic batches (the
 //! token file format) to a temporary folder, trains maxrs from those files, then runs the same
 //! model, init and data as a plain JAX program (`tools/jax_train.py`, in a virtualenv under
 //! `tools/.venv-jax` that it creates from `tools/requirements-jax.txt`) and prints both columns,

@@ -6,7 +6,7 @@
 //!
 //! Layout: arrays are grouped by the first component of their name into one safetensors file
 //! per group and process, keyed by the rest of the name: a one-process job's
-//! `params.safetensors` holds the parameters whole under the README's names (so it is a valid
+//! `params.safetensors` holds the parameters whole under the parameter layout's names (so it is a valid
 //! `load_parameters_path` file by itself), `opt_state.safetensors` holds `mu.<param>`,
 //! `nu.<param>` and `count`; in a job of N processes, process p writes the blocks it owns to
 //! `params.p-of-N.safetensors` and `opt_state.p-of-N.safetensors`, keyed `<key>[ranges]`.

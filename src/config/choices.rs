@@ -149,6 +149,30 @@ string_enum!(
     RopeType { Default = "default", Llama31 = "llama3.1", Yarn = "yarn" }
 );
 
+string_enum!(
+    /// MaxText's `quantization` values (`_get_quant_config` and `get_quantization_rule` in
+    /// `src/maxtext/layers/quantizations.py`, e591f30). maxrs implements "" (none), `fp8` (flax's
+    /// XLA-native fp8 with delayed scaling, `model::fp8`) and `te_fp8_currentscaling` (current
+    /// scaling); validation refuses the others as not supported yet.
+    Quantization {
+        None = "",
+        Fp8 = "fp8",
+        Int8 = "int8",
+        Intmp = "intmp",
+        NanooFp8 = "nanoo_fp8",
+        AqtFp8 = "aqt_fp8",
+        AqtFp8Full = "aqt_fp8_full",
+        Fp8Full = "fp8_full",
+        Fp8Gpu = "fp8_gpu",
+        Fp8Nanoo = "fp8_nanoo",
+        TeFp8DelayedScaling = "te_fp8_delayedscaling",
+        TeFp8CurrentScaling = "te_fp8_currentscaling",
+        TeMxfp8 = "te_mxfp8",
+        TeNvfp4 = "te_nvfp4",
+        TeNvfp4NoRht = "te_nvfp4_no_rht",
+    }
+);
+
 /// The MLP activations maxrs implements (`mlp_activations` entries; MaxText's names: `gelu` is
 /// flax's tanh approximation).
 pub const MLP_ACTIVATIONS: &[&str] = &["silu", "gelu", "relu", "linear"];

@@ -1,14 +1,14 @@
 //! The texts generated from the key registry: `configs/base.yml` ([`base_yml`], which is also the
-//! built-in defaults every run starts from) and README's key table. The files in the repository
-//! are kept for MaxText users who pass `configs/base.yml` on the command line and for readers; a
-//! test fails when either differs from what the declarations in `keys.rs` generate, and
-//! [`REGENERATE`] rewrites both.
+//! built-in defaults every run starts from) and the book's key reference (`docs/src/reference/keys.md`).
+//! The files in the repository are kept for MaxText users who pass `configs/base.yml` on the command
+//! line and for readers; a test fails when either differs from what the declarations in `keys.rs`
+//! generate, and [`REGENERATE`] rewrites both.
 
 use serde_yaml::Value;
 
 use super::registry::{self, Key, Kind, Origin};
 
-/// The command that rewrites `configs/base.yml` and README's key table from the declarations.
+/// The command that rewrites `configs/base.yml` and the book's key tables from the declarations.
 pub const REGENERATE: &str = "MAXRS_WRITE_CONFIG_DOCS=1 cargo test --lib config::docs";
 
 /// Comment lines are wrapped to this width.
@@ -23,11 +23,12 @@ pub fn base_yml() -> String {
          # Generated from the key declarations in src/config/keys.rs: edit those, then run\n\
          # `{REGENERATE}`.\n\
          #\n\
-         # Precedence, lowest first (README \"Configuration\"): the built-in copy of this file, your config\n\
-         # file, models/<model_name>.yml, key=value on the command line. As in MaxText, a key the model\n\
-         # file sets may only be changed on the command line with override_model_config=true. The tiny\n\
-         # \"default\" model is the exception: its file holds defaults (the model and quick-start run\n\
-         # settings) that your config file and key=value override.\n",
+         # Precedence, lowest first (docs/src/reference/configuration.md): the built-in copy of this\n\
+         # file, your config file, models/<model_name>.yml, key=value on the command line. As in\n\
+         # MaxText, a key the model file sets may only be changed on the command line with\n\
+         # override_model_config=true. The tiny \"default\" model is the exception: its file holds\n\
+         # defaults (the model and quick-start run settings) that your config file and key=value\n\
+         # override.\n",
         registry::MAXTEXT_BASE_YML.replace('@', " at MaxText main ")
     );
     for section in registry::sections() {
@@ -112,9 +113,11 @@ mod tests {
 
     const BEGIN: &str = "<!-- BEGIN config keys: generated from src/config/keys.rs -->";
     const END: &str = "<!-- END config keys -->";
+    /// The book's page that holds the generated tables between [`BEGIN`] and [`END`].
+    const KEYS_PAGE: &str = "docs/src/reference/keys.md";
 
-    /// README's key table: one table per section, then the MaxText keys maxrs refuses by name.
-    fn readme_table() -> String {
+    /// The key reference's tables: one per section, then the MaxText keys maxrs refuses by name.
+    fn key_tables() -> String {
         let mut out = format!(
             "{BEGIN}\n\nSource: \"MaxText\" is a key of MaxText's `{}`, \"maxrs\" is maxrs's own.\n\
              Role: \"model shape\" keys are read by the model of the families named, compiled into every\n\
@@ -211,20 +214,20 @@ mod tests {
         }
     }
 
-    /// `README.md` with its key table replaced by the generated one.
-    fn readme_with_table(readme: &str) -> String {
-        let (Some(begin), Some(end)) = (readme.find(BEGIN), readme.find(END)) else {
-            panic!("README.md has no `{BEGIN}` ... `{END}` markers")
+    /// The key reference page with its tables replaced by the generated ones.
+    fn page_with_tables(page: &str) -> String {
+        let (Some(begin), Some(end)) = (page.find(BEGIN), page.find(END)) else {
+            panic!("{KEYS_PAGE} has no `{BEGIN}` ... `{END}` markers")
         };
-        format!("{}{}{}", &readme[..begin], readme_table(), &readme[end + END.len()..])
+        format!("{}{}{}", &page[..begin], key_tables(), &page[end + END.len()..])
     }
 
     #[test]
-    fn base_yml_and_the_readme_table_are_generated_from_the_declarations() {
+    fn base_yml_and_the_key_reference_are_generated_from_the_declarations() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let (yml_path, readme_path) = (root.join("configs/base.yml"), root.join("README.md"));
-        let readme = std::fs::read_to_string(&readme_path).unwrap();
-        let expected = [(yml_path, base_yml()), (readme_path, readme_with_table(&readme))];
+        let (yml_path, page_path) = (root.join("configs/base.yml"), root.join(KEYS_PAGE));
+        let page = std::fs::read_to_string(&page_path).unwrap();
+        let expected = [(yml_path, base_yml()), (page_path, page_with_tables(&page))];
         let write = std::env::var_os("MAXRS_WRITE_CONFIG_DOCS").is_some();
         for (path, text) in expected {
             if std::fs::read_to_string(&path).unwrap() == text {

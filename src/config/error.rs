@@ -57,7 +57,7 @@ pub enum ConfigError {
 
     #[error(
         "{} in {model_origin} is not a model key; a model file sets only the model's shape \
-         (the keys README's key table marks \"model file\"): put run settings in the config file or on the command line",
+         (the keys docs/src/reference/keys.md marks \"model file\"): put run settings in the config file or on the command line",
         quote(key)
     )]
     NotAModelKey { key: String, model_origin: String },

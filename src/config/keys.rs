@@ -3,7 +3,7 @@
 //! role, and its range (see `registry.rs` for what each part feeds). The typed [`Config`] and
 //! the registry table come out of this one `declare_keys!` invocation, in this order, which is
 //! also `configs/base.yml`'s and `--print-config`'s. A new key is one declaration here; then
-//! regenerate `configs/base.yml` and README's key table (`docs.rs` says how).
+//! regenerate `configs/base.yml` and the book's key reference (`docs.rs` says how).
 //!
 //! The keys of `MaxText` are those of MaxText's `src/maxtext/configs/base.yml` at main e591f30,
 //! with MaxText's names and defaults unless a note says why maxrs differs; `Maxrs` keys are
@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::choices::{
     none_or_int, AttentionKernel, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
-    OnCheckpointError, PipelineSchedule, ProfilerKind, RematPolicy, RopeType, SamplingStrategy, TokenizerType,
-    WsdDecayStyle,
+    OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType, SamplingStrategy,
+    TokenizerType, WsdDecayStyle,
 };
 use super::ranges::{
     closed, int, int_or_fill, open, open_max, open_min, MAX_AXIS, MAX_EMB, MAX_HEADS, MAX_SECONDS, MAX_STEPS,
@@ -70,7 +70,7 @@ declare_keys! {
     section "Checkpointing" {
         /// Save checkpoints (needs base_output_directory); false unlike MaxText, so quick runs write nothing.
         enable_checkpointing: bool = false => MaxText.run(),
-        /// Initial parameters: a safetensors file in maxrs's parameter layout (see README), or a checkpoint directory (its parameters), local or gs://.
+        /// Initial parameters: a safetensors file in maxrs's parameter layout (see docs/src/reference/parameters.md), or a checkpoint directory (its parameters), local or gs://.
         load_parameters_path: String = "" => MaxText.path(Reads, Ignores).directory().remote(),
         /// Initial state: a checkpoint directory (parameters, optimizer state and step), local or gs://.
         load_full_state_path: String = "" => MaxText.path(Reads, Ignores).directory().remote(),
@@ -209,6 +209,14 @@ declare_keys! {
         dtype: DType = "bfloat16" => MaxText.step().read_by_model(ALL),
         /// Parameters and optimizer state.
         weight_dtype: DType = "float32" => MaxText.model(ALL),
+        /// Quantized matmuls: "", fp8 or te_fp8_currentscaling (see docs/src/guides/fp8.md).
+        /// fp8: XLA-native fp8 GEMMs with delayed scaling (the decoder layers' projections and MLP
+        /// take e4m3 inputs and kernels and e5m2 gradients); te_fp8_currentscaling: Transformer
+        /// Engine's current scaling, computed by the same GEMMs. MaxText's other values are not
+        /// supported yet.
+        // The scales and amax histories are train state (`fp8.*`, checkpointed): a run restores
+        // only a checkpoint saved with the same value (the arrays must match).
+        quantization: Quantization = "" => MaxText.step().read_by_model(ALL),
         /// Stack the layers' parameters and scan over them; false unrolls the layers (MaxText's unscanned names).
         scan_layers: bool = true => MaxText.model(ALL),
         /// What the backward pass keeps of each layer (MaxText's names); the rest is recomputed.
@@ -225,14 +233,16 @@ declare_keys! {
         use_iota_embed: bool = false => MaxText.model(ALL).model_file(),
     }
 
-    /// See README "Data". MaxText's default dataset_type is tfds; maxrs has none.
+    /// See the data guide (docs/src/guides/data.md). MaxText's default dataset_type is tfds; maxrs has none.
     section "Data" {
         /// synthetic (a learnable sequence), tokens (a flat file of token ids) or hf (Parquet / JSON Lines / text files, tokenized on the fly).
         dataset_type: DatasetType = "synthetic" => MaxText.run(),
-        /// For dataset_type=tokens: rows of max_target_length + 1 token ids (see README).
+        /// For dataset_type=tokens: rows of max_target_length + 1 token ids (see docs/src/reference/formats.md).
         dataset_path: String = "" => MaxText.path(Reads, Ignores).remote(),
-        /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files.
+        /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files; or a weighted mixture "glob,weight;glob,weight" (maxrs's own: grain_train_files' syntax and grain's mixing, see docs/src/guides/data.md).
         hf_train_files: String = "" => MaxText.run(),
+        /// For dataset_type=hf, instead of hf_train_files: a JSON file {"name": {"path": GLOB, "weight": W}, ...}, the training mixture by name, which may change on resume (MaxText's grain key, see docs/src/guides/data.md).
+        grain_train_mixture_config_path: String = "" => MaxText.run(),
         /// For eval (eval_interval > 0): a file or glob, read in order once per eval.
         hf_eval_files: String = "" => MaxText.run(),
         /// The text column of hf_train_files.
@@ -382,7 +392,7 @@ declare_keys! {
         peak_tflops_per_device: f64 = 0.0 => Maxrs.run().range(closed(0.0, 1e6)),
     }
 
-    /// One process per host, a coordinator on process 0 (see README, Multi-host).
+    /// One process per host, a coordinator on process 0 (see docs/src/guides/multi-host.md).
     /// Empty / -1 values come from the environment (JAX_COORDINATOR_ADDRESS, NNODES, NODE_RANK; Slurm;
     /// Vertex AI; GKE JobSet); set here, they win over it.
     // -1 takes the value from the launcher's environment.

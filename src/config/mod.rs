@@ -12,6 +12,7 @@ mod keys;
 mod load;
 mod mesh;
 mod pipeline;
+mod quantization;
 mod ranges;
 mod refused;
 pub mod registry;
@@ -22,8 +23,8 @@ mod value;
 pub use builtin::MODELS;
 pub use choices::{
     AttentionKernel, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, OnCheckpointError,
-    PipelineSchedule, ProfilerKind, RematPolicy, RopeType, RuleAxes, SamplingStrategy, TokenizerType, WsdDecayStyle,
-    MLP_ACTIVATIONS,
+    PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType, RuleAxes, SamplingStrategy, TokenizerType,
+    WsdDecayStyle, MLP_ACTIVATIONS,
 };
 pub use error::{escape, quote, ConfigError};
 pub use keys::Config;
@@ -31,6 +32,7 @@ pub use load::{load, load_args, load_over, resolve, resolve_args, Resolved, Sour
 pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
 pub use pipeline::PipelinePlan;
+pub use quantization::FP8_FAMILIES;
 pub use ranges::{range, Range};
 pub use rules::{axis_rules, logical_rules};
 pub use validate::{

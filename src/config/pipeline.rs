@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use super::choices::{PipelineSchedule, ProfilerKind, RematPolicy};
+use super::choices::{DatasetType, PipelineSchedule, RematPolicy};
 use super::error::ConfigError;
 use super::keys::Config;
 use super::mesh::Mesh;
@@ -113,7 +113,6 @@ pub(crate) fn plan(
         ));
     }
     check_spmd_options(c)?;
-    check_run_options(c)?;
     if c.logits_via_embedding {
         return Err(ConfigError::invalid(
             "logits_via_embedding, ici_pipeline_parallelism",
@@ -259,23 +258,36 @@ fn check_unused(c: &Config) -> Result<(), ConfigError> {
     }
 }
 
-/// What the pipelined loop does not do yet: it trains, logs and checkpoints, but does not
-/// evaluate or profile.
-fn check_run_options(c: &Config) -> Result<(), ConfigError> {
-    let refused = [
-        ("eval_interval", c.eval_interval > 0, "eval_interval=-1"),
-        ("profiler", c.profiler != ProfilerKind::None, "profiler=\"\""),
-    ];
-    match refused.iter().find(|(_, set, _)| *set) {
-        Some((key, _, instead)) => Err(ConfigError::invalid(
-            format!("{key}, ici_pipeline_parallelism"),
-            format!(
-                "{key} with pipeline parallelism is not supported yet (the pipelined loop trains, logs and checkpoints, \
-                 but does not evaluate or profile); set {instead}"
-            ),
-        )),
-        None => Ok(()),
+/// An eval of a pipelined run goes through the stages' programs, traced for the training
+/// batches: its batches must be packed as those are, and split into whole passes of the
+/// schedule's microbatches (`eval_batch` sequences per eval step).
+pub(crate) fn check_eval(c: &Config, plan: &PipelinePlan, eval_batch: usize) -> Result<(), ConfigError> {
+    if c.eval_interval <= 0 {
+        return Ok(());
     }
+    if c.packing && c.dataset_type != DatasetType::Hf {
+        return Err(ConfigError::invalid(
+            "packing, dataset_type, eval_interval",
+            format!(
+                "eval with pipeline stages runs the stages' programs, traced for dataset_type={}'s unpacked batches, \
+                 but packing=true packs the hf_eval_files batches; set packing=false (or train on dataset_type=hf)",
+                c.dataset_type
+            ),
+        ));
+    }
+    let pass = plan.microbatches * plan.microbatch_size;
+    if !eval_batch.is_multiple_of(pass) {
+        return Err(ConfigError::invalid(
+            "eval_per_device_batch_size, num_pipeline_microbatches",
+            format!(
+                "an eval step of {eval_batch} sequences does not split into passes of the pipeline's {} microbatches \
+                 of {} sequences; make int(devices x eval_per_device_batch_size) a multiple of {pass}, or leave \
+                 eval_per_device_batch_size at 0 (the training batch)",
+                plan.microbatches, plan.microbatch_size
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// MaxText's options of its SPMD pipeline (a loop inside one program): only their defaults mean

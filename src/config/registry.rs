@@ -4,7 +4,7 @@
 //! valid keys, their types, choices and the keys a model file may set), the range checks, the
 //! keys each decoder family reads (`Model::config_keys`), the keys the AOT artifact and a
 //! checkpoint's manifest record, the path keys `output::check_paths` checks, `--print-config`,
-//! `configs/base.yml` and README's key table (both generated, `docs.rs`).
+//! `configs/base.yml` and the book's key reference (both generated, `docs.rs`).
 //!
 //! The declarations are one `declare_keys!` invocation, a closed declarative macro (as candle and
 //! zml declare their configs) rather than a table read through serde: it generates the typed

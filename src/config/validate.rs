@@ -10,6 +10,7 @@ use super::error::{closest, escape, quote, ConfigError};
 use super::keys::Config;
 use super::mesh::{self, Mesh};
 use super::pipeline::{self, PipelinePlan};
+use super::quantization;
 use super::ranges;
 use super::registry::{self, Role};
 use super::rules;
@@ -94,6 +95,7 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
     check_training(config)?;
     check_hardware(config)?;
     check_cluster(config)?;
+    quantization::check(config)?;
     rules::check(config)
 }
 
@@ -209,6 +211,10 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         micro
     };
     let pipeline = pipeline::plan(config, &mesh, num_slices, micro, shards)?;
+    if let Some(plan) = &pipeline {
+        pipeline::check_eval(config, plan, eval_batch)?;
+    }
+    quantization::check_pipeline(config, pipeline.is_some())?;
 
     let accumulation = config.gradient_accumulation_steps as usize;
     check_products(config, micro, accumulation)?;
@@ -240,6 +246,7 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
 /// checks, main at e591f30, plus the ones that keep a sample well defined), for a model whose
 /// config is otherwise valid.
 pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
+    quantization::check_decode(config)?;
     let (prefill, target) = (config.max_prefill_predict_length, config.max_target_length);
     if prefill < 1 || prefill > target {
         return Err(ConfigError::invalid(
@@ -572,8 +579,25 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
             format!("true reads conversations with dataset_type=hf, not dataset_type={}", c.dataset_type),
         ));
     }
+    let mixture_file = !c.grain_train_mixture_config_path.is_empty();
+    if mixture_file && c.dataset_type != DatasetType::Hf {
+        return Err(ConfigError::invalid(
+            "grain_train_mixture_config_path, dataset_type",
+            format!(
+                "a mixture of text datasets is read by dataset_type=hf, not dataset_type={} (maxrs has no grain \
+                 pipeline)",
+                c.dataset_type
+            ),
+        ));
+    }
     if c.dataset_type == DatasetType::Hf {
-        if c.hf_train_files.is_empty() {
+        if mixture_file && !c.hf_train_files.is_empty() {
+            return Err(ConfigError::invalid(
+                "grain_train_mixture_config_path, hf_train_files",
+                "both name the training data; give the mixture file or hf_train_files, not both",
+            ));
+        }
+        if c.hf_train_files.is_empty() && !mixture_file {
             return Err(ConfigError::invalid(
                 "hf_train_files",
                 "empty, but dataset_type=hf reads it; give a file or glob of .parquet, .jsonl or .txt files",

@@ -37,6 +37,8 @@ pub enum DataError {
     NoFilesKey { key: &'static str },
     #[error("{key}={pattern}: {message}")]
     BadGlob { key: &'static str, pattern: String, message: String },
+    #[error("{key}={value:?}: {message}")]
+    BadMixture { key: &'static str, value: String, message: String },
     #[error("{key}={pattern} matches no file")]
     EmptyGlob { key: &'static str, pattern: String },
     #[error("{key}={} is a directory: give FILES or a glob like {}/*.jsonl", quoted(path), path.display())]

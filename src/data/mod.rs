@@ -8,7 +8,8 @@
 //! - [`text`]: `dataset_type=hf`, Parquet / JSON Lines / text files tokenized by background
 //!   workers ([`documents`] reads the files, [`tokenizer`] turns text into ids, [`packing`]
 //!   fills rows), shuffled by file and by window; with `use_sft` the rows are conversations
-//!   rendered by the tokenizer's chat template ([`chat`]), with their prompts masked.
+//!   rendered by the tokenizer's chat template ([`chat`]), with their prompts masked; several
+//!   datasets can be mixed by weight ([`mixture`], MaxText's / grain's mixtures).
 //! - [`prepare`]: `maxrs tokenize`, text files to the `tokens` format.
 //! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam
 //!   (local files, and `gs://` read in ranges).
@@ -21,6 +22,7 @@ pub mod batch;
 pub mod chat;
 pub mod documents;
 pub mod error;
+pub mod mixture;
 pub mod packing;
 pub mod prepare;
 pub mod shuffle;
@@ -45,7 +47,7 @@ pub use tokenizer::TextTokenizer;
 pub use tokens::{write_tokens_file, TokensFile};
 
 /// Where a data stream is: enough to resume it exactly (a checkpoint saves it as JSON).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "dataset_type", rename_all = "snake_case")]
 pub enum DataState {
     /// The next step of the synthetic sequence.
@@ -54,6 +56,8 @@ pub enum DataState {
     Tokens { position: u64 },
     /// The next document of this process's text stream.
     Hf(TextState),
+    /// The next document of this process's mixture of text streams (`hf_train_files` with `;`).
+    HfMixture(mixture::MixtureState),
 }
 
 /// Which of the processes of a job this is.
@@ -102,7 +106,7 @@ impl BatchIterator {
         match self {
             BatchIterator::Synthetic(s) => s.state(),
             BatchIterator::Tokens(t) => t.state(),
-            BatchIterator::Text(t) => DataState::Hf(t.state()),
+            BatchIterator::Text(t) => t.state(),
         }
     }
 
@@ -157,13 +161,36 @@ pub fn text_spec(
     tokenizer: Arc<TextTokenizer>,
     process: ProcessShare,
 ) -> Result<TextSpec, DataError> {
-    let (files_key, pattern, columns_key, columns) = match split {
-        Split::Train => ("hf_train_files", &c.hf_train_files, "train_data_columns", &c.train_data_columns),
-        Split::Eval => ("hf_eval_files", &c.hf_eval_files, "eval_data_columns", &c.eval_data_columns),
+    let (files_key, pattern) = match split {
+        Split::Train => ("hf_train_files", &c.hf_train_files),
+        Split::Eval => ("hf_eval_files", &c.hf_eval_files),
     };
     if pattern.is_empty() {
         return Err(DataError::NoFilesKey { key: files_key });
     }
+    if split == Split::Eval && pattern.contains(';') {
+        return Err(DataError::BadMixture {
+            key: files_key,
+            value: pattern.clone(),
+            message: "mixtures (`;`) are read for training only; give the eval files as one file or glob".into(),
+        });
+    }
+    text_spec_of(c, split, tokenizer, process, files_key, pattern)
+}
+
+/// [`text_spec`] of the files `pattern` gives (the whole key, or one component of a mixture).
+fn text_spec_of(
+    c: &Config,
+    split: Split,
+    tokenizer: Arc<TextTokenizer>,
+    process: ProcessShare,
+    files_key: &'static str,
+    pattern: &str,
+) -> Result<TextSpec, DataError> {
+    let (columns_key, columns) = match split {
+        Split::Train => ("train_data_columns", &c.train_data_columns),
+        Split::Eval => ("eval_data_columns", &c.eval_data_columns),
+    };
     let storage: Arc<dyn storage::Storage> = storage::storage_for(pattern).into();
     let files = storage.glob(files_key, pattern)?;
     for path in &files {
@@ -243,15 +270,33 @@ pub fn open_train(
             let shuffle = c.enable_data_shuffling.then_some(seed);
             Ok(BatchIterator::Tokens(tokens::TokensBatches::new(file, global_batch, rows, shuffle, position)))
         }
-        DatasetType::Hf => {
-            let at = match resume {
-                None => TextState::default(),
-                Some(DataState::Hf(at)) => at,
-                Some(other) => return Err(mismatch(other)),
-            };
-            let spec = text_spec(c, Split::Train, load_tokenizer(c)?, process)?;
-            Ok(BatchIterator::Text(TextBatches::start(spec, at, rows.len(), seq, c.packing)))
-        }
+        DatasetType::Hf => match mixture::Mixture::of(c)? {
+            None => {
+                let at = match resume {
+                    None => TextState::default(),
+                    Some(DataState::Hf(at)) => at,
+                    Some(other) => return Err(mismatch(other)),
+                };
+                let spec = text_spec(c, Split::Train, load_tokenizer(c)?, process)?;
+                Ok(BatchIterator::Text(TextBatches::start(spec, at, rows.len(), seq, c.packing)))
+            }
+            Some(mix) => {
+                let at = match resume {
+                    None => mix.start_at(None)?,
+                    Some(DataState::HfMixture(saved)) => mix.start_at(Some(saved))?,
+                    Some(other) => return Err(mismatch(other)),
+                };
+                let tokenizer = load_tokenizer(c)?;
+                let specs = mix
+                    .components
+                    .iter()
+                    .map(|m| text_spec_of(c, Split::Train, tokenizer.clone(), process, mix.key, &m.pattern))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let docs = mixture::MixedDocs::start(&specs, mix.proportions, at.clone())?;
+                let state = DataState::HfMixture(at);
+                Ok(BatchIterator::Text(TextBatches::from_stream(docs, state, &tokenizer, rows.len(), seq, c.packing)))
+            }
+        },
     }
 }
 

@@ -15,8 +15,9 @@
 //! # Threads
 //! A reader thread reads windows and hands them to tokenizer workers over a bounded queue; a
 //! packer thread puts the tokenized windows back in order, packs them ([`super::packing`]) and
-//! keeps [`PREFETCH_BATCHES`] batches ready in a bounded queue. The train loop only takes the
-//! next batch. Dropping the iterator closes the queues and every thread ends. An epoch in which
+//! keeps [`PREFETCH_BATCHES`] batches ready in a bounded queue (the packer reads any
+//! [`DocStream`]: one dataset's [`CheckedDocs`], or a mixture's, `super::mixture`). The train
+//! loop only takes the next batch. Dropping the iterator closes the queues and every thread ends. An epoch in which
 //! no row gives a document (all undecodable or empty) ends the stream with an error: repeating
 //! it could never fill a batch.
 //!
@@ -43,6 +44,7 @@ use super::packing::{Encoded, Packer};
 use super::shuffle::{key, shuffle};
 use super::storage::Storage;
 use super::tokenizer::TextTokenizer;
+use super::DataState;
 
 /// Documents per shuffled window (Hugging Face datasets' default shuffle buffer is 1000).
 pub const SHUFFLE_WINDOW: usize = 1000;
@@ -357,17 +359,19 @@ struct Unused {
     epoch: u64,
     rows: u64,
     undecodable: u64,
+    /// The process reading (`process_index`, `process_count`), for the error.
+    process: (usize, usize),
 }
 
 impl Unused {
     /// Called with each row's epoch before it is counted: fails when a whole epoch before it
     /// gave no document.
-    fn check(&mut self, epoch: u64, spec: &TextSpec) -> Result<(), DataError> {
+    fn check(&mut self, epoch: u64) -> Result<(), DataError> {
         if epoch > self.last_document_epoch + 1 {
             return Err(DataError::NoDocuments {
                 epoch: self.epoch,
-                process_index: spec.process_index,
-                process_count: spec.process_count,
+                process_index: self.process.0,
+                process_count: self.process.1,
                 rows: self.rows,
                 undecodable: self.undecodable,
             });
@@ -379,13 +383,64 @@ impl Unused {
     }
 }
 
-/// A delivered batch and the stream position after it.
-type Delivery = Result<(Batch, TextState), DataError>;
+/// A stream of documents for the packer: each with the stream's position at it (resuming there
+/// reads it again) and after it, and its ids (`None`: the row gave no document).
+pub trait DocStream: Send + 'static {
+    #[allow(clippy::type_complexity)]
+    fn next_doc(&mut self) -> Result<Option<(DataState, DataState, Option<Encoded>)>, DataError>;
+}
 
-/// This process's batches of a text dataset (see the module docs).
+/// One dataset's tokenized documents, failing once a whole epoch gave none (`Unused`).
+pub struct CheckedDocs {
+    docs: TokenizedDocs,
+    unused: Unused,
+}
+
+impl CheckedDocs {
+    pub fn start(spec: &TextSpec, at: TextState) -> CheckedDocs {
+        let unused = Unused {
+            last_document_epoch: at.epoch,
+            epoch: at.epoch,
+            rows: 0,
+            undecodable: 0,
+            process: (spec.process_index, spec.process_count),
+        };
+        CheckedDocs { docs: TokenizedDocs::start(spec, at), unused }
+    }
+
+    /// The next document: its position and its ids.
+    pub fn next_doc(&mut self) -> Result<Option<(TextState, Option<Encoded>)>, DataError> {
+        let Some((position, ids)) = self.docs.next_doc()? else { return Ok(None) };
+        self.unused.check(position.epoch)?;
+        match &ids {
+            None => {
+                self.unused.rows += 1;
+                self.unused.undecodable += 1;
+            }
+            Some(e) if e.ids.is_empty() => self.unused.rows += 1,
+            Some(_) => self.unused.last_document_epoch = position.epoch,
+        }
+        Ok(Some((position, ids)))
+    }
+}
+
+impl DocStream for CheckedDocs {
+    fn next_doc(&mut self) -> Result<Option<(DataState, DataState, Option<Encoded>)>, DataError> {
+        Ok(CheckedDocs::next_doc(self)?.map(|(position, ids)| {
+            let after = TextState { taken: position.taken + 1, ..position };
+            (DataState::Hf(position), DataState::Hf(after), ids)
+        }))
+    }
+}
+
+/// A delivered batch and the stream position after it.
+type Delivery = Result<(Batch, DataState), DataError>;
+
+/// This process's batches of a text dataset (see the module docs), or of a mixture of them
+/// ([`super::mixture`]).
 pub struct TextBatches {
     batches: Receiver<Delivery>,
-    state: TextState,
+    state: DataState,
     stats: Arc<Stats>,
     finished: bool,
 }
@@ -394,40 +449,43 @@ impl TextBatches {
     /// Starts the background threads at `at` (the default state is the beginning). `rows` is
     /// this process's rows per batch, `seq_len` = `max_target_length`.
     pub fn start(spec: TextSpec, at: TextState, rows: usize, seq_len: usize, packing: bool) -> TextBatches {
+        let docs = CheckedDocs::start(&spec, at);
+        TextBatches::from_stream(docs, DataState::Hf(at), &spec.tokenizer, rows, seq_len, packing)
+    }
+
+    /// Packs the documents of `docs` (which stands at `at`) into batches on a background thread.
+    pub fn from_stream(
+        mut docs: impl DocStream,
+        at: DataState,
+        tokenizer: &TextTokenizer,
+        rows: usize,
+        seq_len: usize,
+        packing: bool,
+    ) -> TextBatches {
         let stats = Arc::new(Stats::default());
         let (tx, rx) = sync_channel::<Delivery>(PREFETCH_BATCHES);
         let thread_stats = stats.clone();
+        let (pad, bos) = (tokenizer.pad_id(), tokenizer.bos_id());
+        let state = at.clone();
         thread::Builder::new()
             .name("maxrs-packer".into())
             .spawn(move || {
-                let pad = spec.tokenizer.pad_id();
-                let bos = spec.tokenizer.bos_id();
-                let mut docs = TokenizedDocs::start(&spec, at);
                 let mut packer = Packer::new(seq_len, rows, packing, pad);
-                let deliver = |packer: &mut Packer, after: TextState| {
+                let deliver = |packer: &mut Packer, after: DataState| {
                     tx.send(Ok((Batch::from_documents(&packer.finish(), seq_len, pad, bos), after))).is_ok()
                 };
                 let mut last = at;
-                let mut unused = Unused { last_document_epoch: at.epoch, epoch: at.epoch, rows: 0, undecodable: 0 };
                 loop {
                     match docs.next_doc() {
-                        Ok(Some((position, ids))) => {
-                            last = TextState { taken: position.taken + 1, ..position };
-                            if let Err(e) = unused.check(position.epoch, &spec) {
-                                let _ = tx.send(Err(e));
-                                return;
-                            }
+                        Ok(Some((position, after, ids))) => {
+                            last = after;
                             let Some(ids) = ids else {
                                 thread_stats.undecodable.fetch_add(1, Ordering::Relaxed);
-                                unused.rows += 1;
-                                unused.undecodable += 1;
                                 continue;
                             };
                             if ids.ids.is_empty() {
-                                unused.rows += 1;
                                 continue;
                             }
-                            unused.last_document_epoch = position.epoch;
                             if !packer.add(&ids) {
                                 if !deliver(&mut packer, position) {
                                     return;
@@ -436,7 +494,7 @@ impl TextBatches {
                             }
                             thread_stats.documents.fetch_add(1, Ordering::Relaxed);
                             thread_stats.tokens.fetch_add(ids.ids.len() as u64, Ordering::Relaxed);
-                            if packer.is_full() && !deliver(&mut packer, last) {
+                            if packer.is_full() && !deliver(&mut packer, last.clone()) {
                                 return;
                             }
                         }
@@ -454,7 +512,7 @@ impl TextBatches {
                 }
             })
             .expect("spawning the packer thread");
-        TextBatches { batches: rx, state: at, stats, finished: false }
+        TextBatches { batches: rx, state, stats, finished: false }
     }
 
     /// The next batch, or `None` when a non-repeating stream has ended (its last batch is
@@ -480,8 +538,8 @@ impl TextBatches {
     }
 
     /// The position after the last delivered batch.
-    pub fn state(&self) -> TextState {
-        self.state
+    pub fn state(&self) -> DataState {
+        self.state.clone()
     }
 
     /// Documents packed, rows that could not be decoded, tokens packed, so far (the packer

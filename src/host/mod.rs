@@ -1,5 +1,6 @@
 //! Host arrays: how maxrs holds a tensor in host memory wherever it moves between disk, the
-//! input pipeline and the devices. [`HostTensor`] and its [`ElementType`]s (`tensor`), parameter
+//! input pipeline and the devices. [`HostTensor`] and its [`ElementType`]s (`tensor`), the 8-bit
+//! float formats' bits (`f8`), parameter
 //! files in safetensors (`params_io`), and the block copies between a global array and the blocks
 //! its sharding gives each device, or between any two blocks of one array (`blocks`).
 //!
@@ -7,6 +8,7 @@
 //! devices, `runtime` shards them, `checkpoint`, `data` and `inference` read and write them.
 
 mod blocks;
+pub mod f8;
 pub mod params_io;
 mod tensor;
 

@@ -94,6 +94,8 @@ pub(crate) fn to_dtype(ty: ElementType) -> Dtype {
         ElementType::BF16 => Dtype::BF16,
         ElementType::F32 => Dtype::F32,
         ElementType::F64 => Dtype::F64,
+        ElementType::F8E4M3FN => Dtype::F8_E4M3,
+        ElementType::F8E5M2 => Dtype::F8_E5M2,
     }
 }
 
@@ -109,6 +111,9 @@ pub(crate) fn from_dtype(dtype: Dtype) -> Option<ElementType> {
         Dtype::BF16 => ElementType::BF16,
         Dtype::F32 => ElementType::F32,
         Dtype::F64 => ElementType::F64,
+        // safetensors' F8_E4M3 is the `fn` variant (no infinities), as torch's float8_e4m3fn.
+        Dtype::F8_E4M3 => ElementType::F8E4M3FN,
+        Dtype::F8_E5M2 => ElementType::F8E5M2,
         _ => return None,
     })
 }
@@ -209,4 +214,37 @@ pub fn save_safetensors(path: &Path, params: &Params) -> Result<(), ParamsError>
     let bytes = safetensors::tensor::serialize(views, &None).map_err(|e| fail(format!("{e:?}")))?;
 
     crate::files::write_atomic(path, |file| file.write_all(&bytes)).map_err(|e| fail(format!("{e:#}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 8-bit floats are written with safetensors' `F8_E4M3` / `F8_E5M2` dtypes, read back
+    /// bit for bit, and converted to f32 on request (every bit pattern but NaNs).
+    #[test]
+    fn f8_tensors_round_trip_through_safetensors() {
+        let bits: Vec<u8> = (0..=255).collect();
+        let file = tempfile::Builder::new().suffix(".safetensors").tempfile().unwrap();
+        let path = file.path();
+        let params: Params = [
+            ("a".to_string(), HostTensor::new(ElementType::F8E4M3FN, &[16, 16], bits.clone())),
+            ("b".to_string(), HostTensor::new(ElementType::F8E5M2, &[256], bits.clone())),
+        ]
+        .into();
+        save_safetensors(path, &params).unwrap();
+        let header = String::from_utf8_lossy(&std::fs::read(path).unwrap()[8..200]).to_string();
+        assert!(header.contains("\"F8_E4M3\"") && header.contains("\"F8_E5M2\""), "{header}");
+        let spec = |name: &str, ty: ElementType, dims: &[i64]| ParamSpec { name: name.into(), ty, dims: dims.to_vec() };
+        let same = [spec("a", ElementType::F8E4M3FN, &[16, 16]), spec("b", ElementType::F8E5M2, &[256])];
+        assert_eq!(load_parameters(path, &same).unwrap(), params);
+        let wide = [spec("a", ElementType::F32, &[16, 16]), spec("b", ElementType::F32, &[256])];
+        let loaded = load_parameters(path, &wide).unwrap();
+        for name in ["a", "b"] {
+            let (want, got) = (params[name].to_f64(), loaded[name].to_f64());
+            for (w, g) in want.iter().zip(&got) {
+                assert!(w == g || (w.is_nan() && g.is_nan()), "{name}: {w} vs {g}");
+            }
+        }
+    }
 }

@@ -3,6 +3,8 @@
 
 use half::{bf16, f16};
 
+use super::f8::F8;
+
 /// The element types maxrs moves between host and device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ElementType {
@@ -16,12 +18,16 @@ pub enum ElementType {
     BF16,
     F32,
     F64,
+    /// `float8_e4m3fn` (see `f8`).
+    F8E4M3FN,
+    /// `float8_e5m2`.
+    F8E5M2,
 }
 
 impl ElementType {
     pub fn byte_size(self) -> usize {
         match self {
-            ElementType::Pred | ElementType::S8 | ElementType::U8 => 1,
+            ElementType::Pred | ElementType::S8 | ElementType::U8 | ElementType::F8E4M3FN | ElementType::F8E5M2 => 1,
             ElementType::F16 | ElementType::BF16 => 2,
             ElementType::S32 | ElementType::U32 | ElementType::F32 => 4,
             ElementType::S64 | ElementType::F64 => 8,
@@ -41,6 +47,8 @@ impl ElementType {
             ElementType::BF16 => "bf16",
             ElementType::F32 => "f32",
             ElementType::F64 => "f64",
+            ElementType::F8E4M3FN => "f8E4M3FN",
+            ElementType::F8E5M2 => "f8E5M2",
         }
     }
 }
@@ -136,6 +144,8 @@ impl HostTensor {
             ElementType::U32 => self.chunks::<4>().map(|b| u32::from_le_bytes(b) as f64).collect(),
             ElementType::S8 => self.data.iter().map(|&b| b as i8 as f64).collect(),
             ElementType::U8 | ElementType::Pred => self.data.iter().map(|&b| b as f64).collect(),
+            ElementType::F8E4M3FN => self.data.iter().map(|&b| F8::E4M3FN.decode(b)).collect(),
+            ElementType::F8E5M2 => self.data.iter().map(|&b| F8::E5M2.decode(b)).collect(),
         }
     }
 
@@ -176,7 +186,15 @@ impl HostTensor {
 
 /// Whether `ty` is a floating-point type (the types [`convert_float`] converts between).
 pub(crate) fn is_float(ty: ElementType) -> bool {
-    matches!(ty, ElementType::F16 | ElementType::BF16 | ElementType::F32 | ElementType::F64)
+    matches!(
+        ty,
+        ElementType::F16
+            | ElementType::BF16
+            | ElementType::F32
+            | ElementType::F64
+            | ElementType::F8E4M3FN
+            | ElementType::F8E5M2
+    )
 }
 
 /// Converts between float element types (the caller checked both are floats).
@@ -191,6 +209,16 @@ pub(crate) fn convert_float(tensor: &HostTensor, to: ElementType) -> HostTensor 
         ElementType::F16 => {
             HostTensor::from_f16(&tensor.dims, &values.iter().map(|&v| f16::from_f64(v)).collect::<Vec<_>>())
         }
+        ElementType::F8E4M3FN => f8_tensor(&tensor.dims, &values, F8::E4M3FN),
+        ElementType::F8E5M2 => f8_tensor(&tensor.dims, &values, F8::E5M2),
         other => unreachable!("convert_float to {other}"),
     }
+}
+
+fn f8_tensor(dims: &[i64], values: &[f64], format: F8) -> HostTensor {
+    let ty = match format {
+        F8::E4M3FN => ElementType::F8E4M3FN,
+        F8::E5M2 => ElementType::F8E5M2,
+    };
+    HostTensor::new(ty, dims, values.iter().map(|&v| format.encode(v)).collect())
 }

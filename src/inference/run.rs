@@ -13,7 +13,7 @@ use super::session::{DecodeStartup, Generation, ParamSource, Session};
 
 /// Tokens per sequence per generate call of `maxrs decode`: one call per token, read back (and
 /// checked for EOS) after each, which measured faster on CPU than a compiled multi-token loop
-/// (README, "Decoding").
+/// (docs/src/guides/decoding.md).
 pub const STEPS_PER_CALL: i64 = 1;
 
 /// What `maxrs decode` did.

@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-/// The element types the tracer knows. u32 exists for random bits, s32 for indices, pred for masks.
+/// The element types the tracer knows. u32 exists for random bits, s32 for indices, pred for masks;
+/// the 8-bit floats for fp8 training's quantized values (`host::f8` has their bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     Pred,
@@ -13,13 +14,15 @@ pub enum DType {
     BF16,
     F32,
     F64,
+    F8E4M3FN,
+    F8E5M2,
 }
 
 impl DType {
     /// Floating-point types are the only ones that are differentiated.
     pub fn is_float(self) -> bool {
         match self {
-            DType::F16 | DType::BF16 | DType::F32 | DType::F64 => true,
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::F8E4M3FN | DType::F8E5M2 => true,
             DType::Pred | DType::S32 | DType::U32 => false,
         }
     }
@@ -27,13 +30,13 @@ impl DType {
     pub fn is_integer(self) -> bool {
         match self {
             DType::S32 | DType::U32 => true,
-            DType::Pred | DType::F16 | DType::BF16 | DType::F32 | DType::F64 => false,
+            DType::Pred | DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::F8E4M3FN | DType::F8E5M2 => false,
         }
     }
 
     pub fn byte_size(self) -> usize {
         match self {
-            DType::Pred => 1,
+            DType::Pred | DType::F8E4M3FN | DType::F8E5M2 => 1,
             DType::F16 | DType::BF16 => 2,
             DType::S32 | DType::U32 | DType::F32 => 4,
             DType::F64 => 8,
@@ -50,6 +53,8 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::F8E4M3FN => "f8_e4m3fn",
+            DType::F8E5M2 => "f8_e5m2",
         }
     }
 
@@ -63,6 +68,8 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::F8E4M3FN => "f8E4M3FN",
+            DType::F8E5M2 => "f8E5M2",
         }
     }
 }

@@ -23,10 +23,10 @@ fn tile_rows(rows: i64, groups: i64) -> i64 {
     (rows / groups.max(1)).max(1).unsigned_abs().next_power_of_two().clamp(8, 128) as i64
 }
 
-/// Accumulation type for sums over tiles: f32 for 16-bit floats.
+/// Accumulation type for sums over tiles: f32 for 16- and 8-bit floats.
 fn accumulator(dtype: DType) -> DType {
     match dtype {
-        DType::BF16 | DType::F16 => DType::F32,
+        DType::BF16 | DType::F16 | DType::F8E4M3FN | DType::F8E5M2 => DType::F32,
         DType::F32 | DType::F64 | DType::S32 | DType::U32 | DType::Pred => dtype,
     }
 }

@@ -1,5 +1,6 @@
 //! Spelling IR things in MLIR: SSA names, tensor types, integer lists and constant literals.
 
+use crate::host::f8::F8;
 use crate::ir::{DType, Literal, Type};
 use half::{bf16, f16};
 use std::fmt::{self, Display, Write};
@@ -102,13 +103,15 @@ fn nested(out: &mut String, dtype: DType, shape: &[i64], values: &[f64]) {
 }
 
 /// One element. Floats print in decimal when finite (as the nearest value of the element
-/// type, so parsing gives it back exactly), else and for 16-bit floats as exact hex bits.
+/// type, so parsing gives it back exactly), else and for 16- and 8-bit floats as exact hex bits (also the 8-bit floats).
 fn scalar(out: &mut String, dtype: DType, v: f64) {
     let r = match dtype {
         DType::Pred => write!(out, "{}", v != 0.0),
         DType::S32 | DType::U32 => write!(out, "{}", v as i64),
         DType::F16 => write!(out, "0x{:04X}", f16::from_f64(v).to_bits()),
         DType::BF16 => write!(out, "0x{:04X}", bf16::from_f64(v).to_bits()),
+        DType::F8E4M3FN => write!(out, "0x{:02X}", F8::E4M3FN.encode(v)),
+        DType::F8E5M2 => write!(out, "0x{:02X}", F8::E5M2.encode(v)),
         DType::F32 if (v as f32).is_finite() => decimal(out, format!("{:?}", v as f32)),
         DType::F32 => write!(out, "0x{:08X}", (v as f32).to_bits()),
         DType::F64 if v.is_finite() => decimal(out, format!("{v:?}")),

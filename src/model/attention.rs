@@ -611,3 +611,20 @@ fn layer_of(cache: &Tensor, layer: &Tensor) -> Tensor {
     sizes[0] = 1;
     cache.dynamic_slice(&[layer, &zero, &zero, &zero, &zero], &sizes).reshape(&cache.shape()[1..])
 }
+
+/// The cache tree of a layer's attention calls, in call order: `<i>.key`, `<i>.value`.
+pub(super) fn cache_tree(caches: Vec<KvCache>) -> Tree {
+    let mut tree = Tree::new();
+    for (i, cache) in caches.into_iter().enumerate() {
+        tree.insert(format!("{i}.key"), cache.key);
+        tree.insert(format!("{i}.value"), cache.value);
+    }
+    tree
+}
+
+/// The inverse of `cache_tree`.
+pub(super) fn cache_slots(tree: &Tree) -> Vec<KvCache> {
+    (0..tree.len() / 2)
+        .map(|i| KvCache { key: tree[&format!("{i}.key")].clone(), value: tree[&format!("{i}.value")].clone() })
+        .collect()
+}

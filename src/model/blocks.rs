@@ -10,13 +10,28 @@
 //!   blockwise; the key/value cache when decoding).
 //!
 //! Numerics as MaxText's: weights are cast to `dtype` where used; RMSNorm statistics, RoPE and
-//! the softmax are f32; GPT-3's LayerNorm reduces in `dtype` (`reductions_in_fp32=False`).
+//! the softmax are f32; GPT-3's LayerNorm reduces in `dtype` (`reductions_in_fp32=False`). With
+//! fp8 quantization every product with a kernel (MaxText's `DenseGeneral`s) is an fp8 product.
 
 use crate::tensor::{einsum, Tensor, Tree};
+
+use super::fp8::{self, Scaling};
 
 use super::attention::{rope_with, AttendOptions, AttentionImpl, LayerContext};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
+
+/// `product(x, kernel)` of the kernel `<op>.kernel` (cast to `dtype`): MaxText's `DenseGeneral`,
+/// an fp8 product with `quantization=fp8` (state `<op>.input_scale`, ... in `p`) or
+/// `te_fp8_currentscaling`.
+fn dense(c: &ModelConfig, p: &Tree, op: &str, x: &Tensor, product: impl Fn(&Tensor, &Tensor) -> Tensor) -> Tensor {
+    let kernel = p[format!("{op}.kernel").as_str()].astype(c.dtype);
+    match c.fp8 {
+        Some(Scaling::Delayed) => fp8::dot(p, op, x, &kernel, product),
+        Some(Scaling::Current) => fp8::dot_current(x, &kernel, product),
+        None => product(x, &kernel),
+    }
+}
 
 /// A normalization layer and its epsilon.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -138,7 +153,7 @@ impl Mlp {
     /// output `mlpwo` (MaxText's `checkpoint_name`s, which remat policies save).
     pub fn apply(&self, c: &ModelConfig, p: &Tree, prefix: &str, h: &Tensor) -> Tensor {
         let dense = |name: &str, x: &Tensor| {
-            let y = x.matmul(&p[format!("{prefix}.{name}.kernel").as_str()].astype(c.dtype));
+            let y = dense(c, p, &format!("{prefix}.{name}"), x, |x, k| x.matmul(k));
             match self.use_bias {
                 true => y + &p[format!("{prefix}.{name}.bias").as_str()].astype(c.dtype),
                 false => y,
@@ -160,7 +175,7 @@ impl Mlp {
 }
 
 /// MaxText's `Attention` block for self-attention: grouped-query projections, RoPE on queries and
-/// keys, queries scaled by `1 / sqrt(head_dim)` at run time (see the README's parameter layout),
+/// keys, queries scaled by `1 / sqrt(head_dim)` at run time (docs/src/reference/parameters.md),
 /// causal attention (`LayerContext::attend`), output projection.
 ///
 /// With `qk_norm` (MaxText's `use_qk_norm`, Gemma 3) the queries and keys are RMS-normalized over
@@ -222,10 +237,12 @@ impl SelfAttention {
         ctx: &LayerContext,
         (cos, sin): (&Tensor, &Tensor),
     ) -> Tensor {
-        let w = |name: &str| p[format!("{prefix}.{name}.kernel").as_str()].astype(c.dtype);
-        let mut q = einsum("btd,dhk->bthk", &[h, &w("query")]);
-        let mut k = einsum("btd,dhk->bthk", &[h, &w("key")]);
-        let v = einsum("btd,dhk->bthk", &[h, &w("value")]).checkpoint_name("value_proj");
+        let project = |name: &str, x: &Tensor, spec: &'static str| {
+            dense(c, p, &format!("{prefix}.{name}"), x, |x, k| einsum(spec, &[x, k]))
+        };
+        let mut q = project("query", h, "btd,dhk->bthk");
+        let mut k = project("key", h, "btd,dhk->bthk");
+        let v = project("value", h, "btd,dhk->bthk").checkpoint_name("value_proj");
         if let Some(eps) = self.qk_norm {
             q = Norm::Rms { eps }.apply(p, &format!("{prefix}.query_norm"), &q);
             k = Norm::Rms { eps }.apply(p, &format!("{prefix}.key_norm"), &k);
@@ -238,7 +255,7 @@ impl SelfAttention {
         let k = rope_with(&k, cos, sin, ctx.interleaved_rope).checkpoint_name("key_proj");
         let how = self.how.unwrap_or(c.attention);
         let out = ctx.attend(&q, &k, &v, self.window, how, &self.options);
-        einsum("bthk,hkd->btd", &[&out, &w("out")]).checkpoint_name("out_proj")
+        project("out", &out, "bthk,hkd->btd").checkpoint_name("out_proj")
     }
 }
 

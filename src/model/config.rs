@@ -9,6 +9,7 @@ use crate::sharding::LogicalRules;
 use crate::tensor::RematPolicy;
 
 use super::attention::AttentionImpl;
+use super::fp8::Scaling;
 
 /// The sizes and numerics every decoder family shares. Sizes are the effective ones (MaxText's
 /// `emb_dim`, `num_query_heads`, ...: the `base_*` keys scaled by `global_parameter_scale`).
@@ -47,6 +48,9 @@ pub struct ModelConfig {
     pub use_iota_embed: bool,
     /// Per-layer rematerialization.
     pub remat: RematPolicy,
+    /// `quantization=fp8` (delayed scaling) or `te_fp8_currentscaling` (current scaling): the
+    /// layers' projections and MLP are fp8 products (`fp8`).
+    pub fp8: Option<Scaling>,
     /// Logical axis rules for activation sharding constraints (applied only when tracing on a mesh).
     pub rules: LogicalRules,
 }
@@ -106,6 +110,11 @@ impl ModelConfig {
             logits_dot_in_fp32: c.logits_dot_in_fp32,
             use_iota_embed: c.use_iota_embed,
             remat: remat_policy(c.remat_policy),
+            fp8: match c.quantization {
+                config::Quantization::Fp8 => Some(Scaling::Delayed),
+                config::Quantization::TeFp8CurrentScaling => Some(Scaling::Current),
+                _ => None,
+            },
             rules: config::logical_rules(c),
         }
     }

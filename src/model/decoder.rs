@@ -37,9 +37,10 @@ use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
 use crate::tensor::{checkpoint, einsum, scan, scan_reverse, stack, Tensor, Tree};
 
-use super::attention::{KvCache, LayerCache, LayerContext};
+use super::attention::{cache_slots, cache_tree, LayerCache, LayerContext};
 use super::blocks::{Activation, Norm};
 use super::flops::{StepShape, StepTflops};
+use super::fp8::{self, Scaling};
 use super::params::{self, ParamDef, ParamInit};
 use super::{gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, ModelConfig};
 
@@ -285,6 +286,14 @@ impl Model {
     /// sharded by the logical rules when the signature has a mesh.
     pub fn declare_params(&self, sig: &mut Signature, prefix: &str) {
         params::declare(sig, &self.param_defs(), self.config.weight_dtype, &self.config.rules, prefix);
+    }
+
+    /// The fp8 state (`quantization=fp8`, see `fp8`): for each kernel of a layer, named as its
+    /// parameters are (`decoder.layers.mlp.wo.input_scale`, ...); none otherwise.
+    pub fn fp8_state_defs(&self) -> Vec<ParamDef> {
+        let c = &self.config;
+        let kernels = if c.fp8 == Some(Scaling::Delayed) { self.family.layer_params(c) } else { vec![] };
+        fp8::model_state_defs(&kernels, c.layers, c.scan_layers)
     }
 
     /// Draws every parameter from `key` (`random::key(ctx, init_weights_seed)`). Unscanned
@@ -629,23 +638,6 @@ pub enum CacheStep<'a> {
     Prefill { len: i64 },
     /// Update this one (a tree `Model::decode` returned).
     Generate(&'a Tree),
-}
-
-/// The cache tree of a layer's attention calls, in call order: `<i>.key`, `<i>.value`.
-fn cache_tree(caches: Vec<KvCache>) -> Tree {
-    let mut tree = Tree::new();
-    for (i, cache) in caches.into_iter().enumerate() {
-        tree.insert(format!("{i}.key"), cache.key);
-        tree.insert(format!("{i}.value"), cache.value);
-    }
-    tree
-}
-
-/// The inverse of `cache_tree`.
-fn cache_slots(tree: &Tree) -> Vec<KvCache> {
-    (0..tree.len() / 2)
-        .map(|i| KvCache { key: tree[&format!("{i}.key")].clone(), value: tree[&format!("{i}.value")].clone() })
-        .collect()
 }
 
 /// The embeddings `[batch, seq, emb]` of `tokens` (or positions) from `table: [rows, emb]` (in `dtype`).

@@ -27,7 +27,7 @@
 //! Gemma's function exactly (the tests check it against Gemma's own formulation). To load an
 //! original Gemma checkpoint, multiply its embedding by `sqrt(emb)` and add 1 to its norm scales;
 //! its query kernel is used as is, since maxrs scales queries by `1 / sqrt(head_dim)` at run time
-//! (see the README) where MaxText's converter folds that factor into the kernel.
+//! (see docs/src/reference/parameters.md) where MaxText's converter folds that factor into the kernel.
 //!
 //! The layer norms use epsilon 1e-6 whatever `normalization_layer_epsilon` says: MaxText's Gemma
 //! layer does not pass it to them (`RMSNorm`'s default); the final norm uses it.

@@ -11,6 +11,7 @@
 //!   self-attention block.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
 //! - [`flops`]: the shape of one train step's work per device and its TFLOPs, as MaxText counts them.
+//! - [`fp8`]: fp8 training (`quantization=fp8`): the quantized products and their scaling state.
 //! - [`params`]: parameter declarations, initialization, program inputs.
 //! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
 //!   computations, load-balancing loss), shared by MoE families.
@@ -26,6 +27,7 @@ pub mod config;
 pub mod cudnn;
 pub mod decoder;
 pub mod flops;
+pub mod fp8;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;

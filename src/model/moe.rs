@@ -87,7 +87,14 @@ impl MoeConfig {
 fn wide(c: &ModelConfig) -> DType {
     match c.dtype {
         DType::F64 => DType::F64,
-        DType::F32 | DType::BF16 | DType::F16 | DType::S32 | DType::U32 | DType::Pred => DType::F32,
+        DType::F32
+        | DType::BF16
+        | DType::F16
+        | DType::F8E4M3FN
+        | DType::F8E5M2
+        | DType::S32
+        | DType::U32
+        | DType::Pred => DType::F32,
     }
 }
 

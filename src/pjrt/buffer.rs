@@ -17,7 +17,7 @@ use crate::host::{ElementType, HostTensor};
 
 /// Each element type with its `PJRT_Buffer_Type` number (pjrt_c_api.h) and its
 /// `xla.PrimitiveType` number (xla_data.proto): the two numberings differ.
-const NUMBERING: [(ElementType, ffi::BufferType, i32); 10] = [
+const NUMBERING: [(ElementType, ffi::BufferType, i32); 12] = [
     (ElementType::Pred, 1, 1),
     (ElementType::S8, 2, 2),
     (ElementType::S32, 4, 4),
@@ -28,6 +28,8 @@ const NUMBERING: [(ElementType, ffi::BufferType, i32); 10] = [
     (ElementType::F32, 11, 11),
     (ElementType::F64, 12, 12),
     (ElementType::BF16, 13, 16),
+    (ElementType::F8E5M2, 16, 19),
+    (ElementType::F8E4M3FN, 17, 20),
 ];
 
 /// The `PJRT_Buffer_Type` number of `ty`.

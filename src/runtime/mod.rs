@@ -23,6 +23,8 @@ pub fn element_type(dtype: DType) -> ElementType {
         DType::BF16 => ElementType::BF16,
         DType::F32 => ElementType::F32,
         DType::F64 => ElementType::F64,
+        DType::F8E4M3FN => ElementType::F8E4M3FN,
+        DType::F8E5M2 => ElementType::F8E5M2,
     }
 }
 

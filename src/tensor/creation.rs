@@ -63,6 +63,9 @@ fn check_representable(value: f64, dtype: DType) {
         DType::S32 => value.fract() == 0.0 && value >= i32::MIN as f64 && value <= i32::MAX as f64,
         DType::U32 => value.fract() == 0.0 && value >= 0.0 && value <= u32::MAX as f64,
         DType::F16 | DType::BF16 | DType::F32 | DType::F64 => true,
+        // Printed as the nearest 8-bit value; e4m3fn has no infinity, which would become NaN.
+        DType::F8E4M3FN => !value.is_infinite(),
+        DType::F8E5M2 => true,
     };
     if !ok {
         usage_error(&format!("constant {value} is not a {dtype} value"));

@@ -33,7 +33,10 @@ impl Evaluator {
             .program
             .inputs
             .iter()
-            .map(|i| if i.name.starts_with("params.") { train.input_index(&i.name).map(Some) } else { Ok(None) })
+            .map(|i| match i.name.starts_with("params.") || i.name.starts_with("fp8.") {
+                true => train.input_index(&i.name).map(Some),
+                false => Ok(None),
+            })
             .collect::<Result<_>>()?;
         let batch_names = batch_inputs(packed);
         let batch_slots =

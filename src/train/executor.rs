@@ -5,9 +5,9 @@
 //! ([`super::pipeline::run`]: programs per stage, driven by the host).
 //!
 //! Everything around the step (start-up, data, metrics, health, when to evaluate and
-//! checkpoint, profiler, signals, report) is written once, in [`super::run`]. An executor that
-//! cannot evaluate yet (the pipelined one: a config with stages refuses eval) says so from
-//! those methods; supporting it means implementing those methods, not another loop.
+//! checkpoint, profiler, signals, report) is written once, in [`super::run`] and
+//! [`super::step_loop`]; an executor differs only in how it runs a step, an eval and the copies
+//! of its state.
 
 use std::collections::BTreeMap;
 use std::ops::Range;

@@ -152,7 +152,7 @@ impl Run<'_> {
             // over, as in MaxText; the synthetic sequence is a function of the step, so it goes on.
             data_position.state = Some(data::DataState::Synthetic { step: start.first_step });
         }
-        let data = match (share, data_position.state) {
+        let data = match (share, data_position.state.clone()) {
             (ProcessShare::SINGLE, None) => fresh_data,
             (share, state) => {
                 drop(fresh_data);

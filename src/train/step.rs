@@ -8,6 +8,9 @@
 //!   axis rules, donated to the step;
 //! - `opt_state.mu.<name>`, `opt_state.nu.<name>` (sharded like the parameter), `opt_state.count`
 //!   (s32 scalar, replicated), donated;
+//! - `fp8.<name>` with `quantization=fp8`: the scales and amax histories of the fp8 products
+//!   (`Model::fp8_state_defs`, f32, replicated), donated; the step's new values are their
+//!   "gradients" (`model::fp8`), which bypass the optimizer;
 //! - `batch.inputs`, `batch.targets`, `batch.targets_segmentation`: s32 `[global_batch, seq]`,
 //!   rows split over the mesh axes of `activation_batch`; with packed batches (`dataset_type=hf`,
 //!   `packing=true`) also `batch.inputs_position` and `batch.inputs_segmentation`, which give the
@@ -19,7 +22,7 @@
 use crate::autodiff::value_and_grad_with_aux;
 use crate::config::{Config, DatasetType, Derived};
 use crate::ir::{DType, Program, Signature};
-use crate::model::Model;
+use crate::model::{fp8, params, Model};
 use crate::sharding::{Mesh, PartitionSpec};
 use crate::tensor::{random, scan, trace, Tensor, TraceError, Tree};
 
@@ -88,6 +91,10 @@ impl TrainStep {
         }
         let replicated = self.mesh.as_ref().map(|_| PartitionSpec::replicated());
         specs.push((format!("opt_state.{COUNT}"), DType::S32, vec![], replicated));
+        for def in self.model.fp8_state_defs() {
+            let sharding = self.mesh.as_ref().map(|m| self.model.config.rules.spec(&def.logical, m));
+            specs.push((format!("fp8.{}", def.name), DType::F32, def.shape, sharding));
+        }
         specs
     }
 
@@ -122,9 +129,11 @@ impl TrainStep {
             }
         }
         trace(&sig, |ctx, _| {
-            let params = self.model.init_params(&random::key(ctx, self.init_weights_seed));
+            let key = random::key(ctx, self.init_weights_seed);
+            let params = self.model.init_params(&key);
             let state = self.optimizer.init(&params);
             let mut out = state.prefixed("opt_state");
+            out.extend(params::init(&self.model.fp8_state_defs(), DType::F32, &key).prefixed("fp8"));
             if with_params {
                 out.extend(params.prefixed("params"));
             }
@@ -143,7 +152,7 @@ impl TrainStep {
         }
         trace(&sig, |_, inp| {
             let (params, state, batch) = (inp.subtree("params"), inp.subtree("opt_state"), inp.subtree("batch"));
-            let (loss, aux, grads) = self.loss_and_grads(&params, &batch);
+            let (loss, aux, grads, new_fp8) = self.loss_and_grads(&params, &inp.subtree("fp8"), &batch);
             let (new_params, new_state, opt_metrics) = self.optimizer.update(&params, &grads, &state);
             let mut metrics = opt_metrics
                 .with("loss", loss)
@@ -152,6 +161,7 @@ impl TrainStep {
             metrics.extend(aux.subtree("aux_losses"));
             let mut out = new_params.prefixed("params");
             out.extend(new_state.prefixed("opt_state"));
+            out.extend(new_fp8.prefixed("fp8"));
             out.extend(metrics.prefixed("metrics"));
             out
         })
@@ -160,11 +170,12 @@ impl TrainStep {
     /// The eval step: `(params, batch of rows x seq) -> metrics` (loss only, no update): f32
     /// scalars `metrics.loss`, `metrics.total_loss`, `metrics.total_weights`, `metrics.z_loss`,
     /// and `metrics.<name>` for each auxiliary loss (as the train step).
-    /// The parameters are the train state's arrays, read (not donated); `packed` as for
-    /// [`batch_inputs`].
+    /// The parameters (and fp8 state) are the train state's arrays, read (not donated); `packed`
+    /// as for [`batch_inputs`].
     pub fn eval_step(&self, rows: i64, packed: bool) -> Result<Program, TraceError> {
         let mut sig = Signature::new(self.mesh.clone());
         self.model.declare_params(&mut sig, "params");
+        params::declare(&mut sig, &self.model.fp8_state_defs(), DType::F32, &self.model.config.rules, "fp8");
         for name in batch_inputs(packed) {
             let input = sig.input(&format!("batch.{name}"), DType::S32, &[rows, self.seq]);
             if let Some(spec) = self.batch_sharding() {
@@ -172,7 +183,9 @@ impl TrainStep {
             }
         }
         trace(&sig, |_, inp| {
-            let (loss, aux) = self.model.loss(&inp.subtree("params"), &inp.subtree("batch"), self.z_loss_multiplier);
+            let mut model_inputs = inp.subtree("params");
+            model_inputs.extend(inp.subtree("fp8"));
+            let (loss, aux) = self.model.loss(&model_inputs, &inp.subtree("batch"), self.z_loss_multiplier);
             let mut metrics = Tree::new()
                 .with("loss", loss)
                 .with("total_loss", aux["total_loss"].clone())
@@ -191,11 +204,20 @@ impl TrainStep {
     /// micro-batch's are scaled by `tokens / micro-batches` before that division so that the
     /// gradient is the reported loss's. (MaxText's accumulation divides their gradient by the
     /// token count too, which weights them far less than the loss it reports.)
-    fn loss_and_grads(&self, params: &Tree, batch: &Tree) -> (Tensor, Tree, Tree) {
+    ///
+    /// Returns the fp8 state's new values too (its "gradients", `model::fp8`), which validation
+    /// allows only without accumulation.
+    fn loss_and_grads(&self, params: &Tree, fp8_state: &Tree, batch: &Tree) -> (Tensor, Tree, Tree, Tree) {
         let z = self.z_loss_multiplier;
         if self.accumulation == 1 {
-            return value_and_grad_with_aux(params, |p| self.model.loss(p, batch, z));
+            let mut inputs = params.clone();
+            inputs.extend(fp8_state.clone());
+            let (loss, aux, grads) = value_and_grad_with_aux(&inputs, |p| self.model.loss(p, batch, z));
+            let names: Vec<String> = fp8_state.names().map(str::to_string).collect();
+            let (grads, new_fp8) = fp8::split(&grads, &names);
+            return (loss, aux, grads, new_fp8);
         }
+        assert!(fp8_state.is_empty(), "validation refuses quantization=fp8 with gradient accumulation");
         let (a, micro) = (self.accumulation, self.global_batch / self.accumulation);
         // Row r of micro-batch k is global row r * a + k: every device keeps its own rows.
         let micro_batches = batch.map(|_, x| {
@@ -246,6 +268,6 @@ impl TrainStep {
             .with("total_weights", sums["total_weights"].clone())
             .with("z_loss", &sums["z_loss_sum"] / &weights);
         aux.extend(aux_losses.prefixed("aux_losses"));
-        (loss, aux, grads)
+        (loss, aux, grads, Tree::new())
     }
 }

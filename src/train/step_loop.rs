@@ -231,7 +231,7 @@ impl<E: StepExecutor> StepLoop<'_, E> {
             println!("data: {documents} documents, {tokens} tokens packed so far; {undecodable} rows could not be decoded (skipped)");
         }
         // The position after the last step run (the input pipeline itself may have read ahead).
-        self.report.data_state = self.data_position.state;
+        self.report.data_state = self.data_position.state.clone();
         diagnostics::set_phase(None, "finishing: metrics, checkpoints");
         let last_step = self.recorder.last_step;
         if let Some(step_index) = last_step {

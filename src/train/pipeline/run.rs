@@ -5,8 +5,9 @@
 //!
 //! A pipelined step has run when `dispatch` returns (the stages' threads join), so the loop
 //! records it before reading the next batch. Its state lives on the stages; checkpoints copy it
-//! off in the model's full layout (`pipeline::state`). Eval and the profiler are refused with
-//! stages (`config::pipeline`).
+//! off in the model's full layout (`pipeline::state`); an eval runs the stages' forward tasks
+//! over the eval batches (`pipeline::eval`). The loop's profiler brackets the steps as in an
+//! unpipelined run: the plugin's profiler traces every device, so every stage's programs.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -125,7 +126,7 @@ impl StepPlan for PipelinedPlan {
         };
         startup.compile = t.elapsed().as_secs_f64() - startup.lower;
         let pipeline = Pipeline::new(client, step, schedule, executables, passes)?;
-        Ok(PipelinedStep { pipeline, global_batch, report, last_done: None })
+        Ok(PipelinedStep { pipeline, global_batch, report, last_done: None, eval_data: None })
     }
 }
 
@@ -168,6 +169,8 @@ pub(in crate::train) struct PipelinedStep {
     report: PipelineReport,
     /// When the last step ended (none before the first, or after a pause).
     last_done: Option<Instant>,
+    /// The eval files, once `open_eval` compiled the eval.
+    eval_data: Option<EvalData>,
 }
 
 /// A step that ran, with when it started and ended.
@@ -270,12 +273,40 @@ impl StepExecutor for PipelinedStep {
         None
     }
 
-    fn open_eval(&mut self, _: EvalData, _: usize) -> Result<()> {
-        bail!("eval with pipeline parallelism is not supported yet")
+    /// The eval batches split into the train step's microbatches: config validation checks that
+    /// the eval batch is a whole number of passes and that its packing is the training data's.
+    fn open_eval(&mut self, data: EvalData, _: usize) -> Result<()> {
+        if data.packed() != self.pipeline.step.packed {
+            bail!(
+                "eval with pipeline stages needs eval batches packed as the training batches are (packing with \
+                 dataset_type=hf)"
+            );
+        }
+        self.pipeline.open_eval()?;
+        self.eval_data = Some(data);
+        Ok(())
     }
 
-    fn eval(&mut self, _: u64, _: i64) -> Result<EvalMetrics> {
-        bail!("eval with pipeline parallelism is not supported yet")
+    /// As the unpipelined eval (`train::eval`): the sums over at most `eval_steps` batches.
+    fn eval(&mut self, after_step: u64, eval_steps: i64) -> Result<EvalMetrics> {
+        let data = self.eval_data.as_ref().ok_or_else(|| anyhow!("the pipeline's eval is not open"))?;
+        let mut batches = data.batches();
+        let mut metrics = EvalMetrics { step: after_step, ..EvalMetrics::default() };
+        while eval_steps <= 0 || (metrics.eval_steps as i64) < eval_steps {
+            let Some(batch) = batches.next_batch()? else { break };
+            let sums = self.pipeline.eval(&batch).with_context(|| format!("eval after step {after_step}"))?;
+            metrics.total_loss += sums.total_loss;
+            metrics.total_weights += sums.total_weights;
+            metrics.z_loss_sum += sums.z_loss;
+            if let Some(lb) = sums.aux_losses.get("moe_lb_loss") {
+                *metrics.moe_lb_loss_sum.get_or_insert(0.0) += lb;
+            }
+            metrics.eval_steps += 1;
+        }
+        if metrics.eval_steps == 0 {
+            bail!("eval after step {after_step}: hf_eval_files gave no batch (no decodable documents)");
+        }
+        Ok(metrics)
     }
 
     /// Whole arrays on this process: a pipeline runs in one process.
