@@ -127,6 +127,7 @@ string_enum!(
         Mistral = "mistral",
         Gemma = "gemma",
         Gemma2 = "gemma2",
+        Gemma3 = "gemma3",
         Gpt3 = "gpt3",
         Mixtral = "mixtral",
         Qwen3 = "qwen3",
