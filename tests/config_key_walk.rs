@@ -74,7 +74,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("on_checkpoint_error", Runtime("stop or continue when a save fails")),
     ("load_parameters_path", Runtime("initial parameters from a file or checkpoint")),
     ("load_full_state_path", Runtime("initial state (parameters, optimizer, step) from a checkpoint")),
-    ("decoder_block", Refused("gemma3")),
+    ("decoder_block", Refused("deepseek")),
     ("global_parameter_scale", Program("2")),
     ("base_emb_dim", Program("128")),
     ("base_num_query_heads", Program("8")),
@@ -95,7 +95,10 @@ const KEYS: &[(&str, Effect)] = &[
     ("sliding_window_size", ProgramVs("16", "0", &["decoder_block=mistral"])),
     ("attn_logits_soft_cap", ProgramVs("50.0", "0.0", GEMMA2)),
     ("use_post_attn_norm", ProgramVs("true", "false", GEMMA2)),
+    ("use_qk_norm", ProgramVs("true", "false", &["decoder_block=qwen3"])),
     ("use_post_ffw_norm", ProgramVs("true", "false", GEMMA2)),
+    ("local_rope_max_timescale", ProgramVs("100", "-1", GEMMA3)),
+    ("rope_linear_scaling_factor", ProgramVs("8.0", "1.0", GEMMA3)),
     ("fused_qkv", ProgramVs("true", "false", &["decoder_block=gpt3", "base_num_kv_heads=4"])),
     ("enable_dropout", Refused("true")),
     ("attention", Program("flash")),
@@ -226,6 +229,8 @@ const KEYS: &[(&str, Effect)] = &[
 
 /// The gemma2 family on the default model's sizes (its local layers need a window).
 const GEMMA2: &[&str] = &["decoder_block=gemma2", "sliding_window_size=16"];
+/// The gemma3 family on the default model's sizes (one block of 6 layers).
+const GEMMA3: &[&str] = &["decoder_block=gemma3", "base_num_decoder_layers=6", "sliding_window_size=16"];
 
 /// Devices the mesh keys are checked on: the default mesh puts them all on fsdp.
 const DEVICES: usize = 8;

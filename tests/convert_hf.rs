@@ -59,7 +59,7 @@ pub(crate) fn random_checkpoint(seed: u64) -> BTreeMap<String, (Vec<usize>, Vec<
     t
 }
 
-struct Raw {
+pub(crate) struct Raw {
     dtype: Dtype,
     shape: Vec<usize>,
     bytes: Vec<u8>,
@@ -80,7 +80,7 @@ impl View for &Raw {
     }
 }
 
-fn raw(shape: &[usize], values: &[f32], bf: bool) -> Raw {
+pub(crate) fn raw(shape: &[usize], values: &[f32], bf: bool) -> Raw {
     let bytes = if bf {
         values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect()
     } else {
@@ -121,7 +121,7 @@ pub(crate) fn write_hf(dir: &Path, t: &BTreeMap<String, (Vec<usize>, Vec<f32>)>,
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
 }
 
-fn convert(args: &[&str]) -> String {
+pub(crate) fn convert(args: &[&str]) -> String {
     let out = Command::new(MAXRS).arg("convert").args(args).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "maxrs convert {args:?}: {text}");
@@ -206,8 +206,9 @@ fn hf_logits(t: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, tokens: &[i32]) -> Ar
     linear(&rms_norm(&x, &mat(t, "model.norm.weight")), &mat(t, "lm_head.weight"))
 }
 
-/// maxrs's logits with the converted parameters of the checkpoint directory `dir`.
-fn maxrs_logits(dir: &Path, tokens: &[i32], extra: &[&str]) -> Vec<f64> {
+/// maxrs's logits (`[tokens, vocab]`, flat) with the converted parameters of the checkpoint
+/// directory `dir`, in f32.
+pub(crate) fn maxrs_logits(dir: &Path, tokens: &[i32], extra: &[&str]) -> Vec<f64> {
     let manifest = dir::read_manifest(&Location::Local(dir.to_path_buf())).unwrap();
     let mut args: Vec<String> = manifest
         .model
@@ -233,19 +234,20 @@ fn maxrs_logits(dir: &Path, tokens: &[i32], extra: &[&str]) -> Vec<f64> {
     .unwrap();
     let mut sig = Signature::new(None);
     model.declare_params(&mut sig, "params");
-    sig.input("inputs", DType::S32, &[1, T as i64]);
+    let t = tokens.len() as i64;
+    sig.input("inputs", DType::S32, &[1, t]);
     let program = trace(&sig, |_, inp| {
         let batch = Tree::new().with("inputs", inp["inputs"].clone());
         Tree::new().with("logits", model.forward(&inp.subtree("params"), &batch, false).logits)
     })
     .unwrap();
     let mut inputs: Tree<HostTensor> = loaded.arrays.into_iter().collect();
-    inputs.insert("inputs", HostTensor::from_i32(&[1, T as i64], tokens));
+    inputs.insert("inputs", HostTensor::from_i32(&[1, t], tokens));
     crate::common::run(&program, &inputs)["logits"].to_f64()
 }
 
 /// The tensors of a Hugging Face directory (all shards), as raw dtype + shape + bytes.
-fn read_hf(dir: &Path) -> BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
+pub(crate) fn read_hf(dir: &Path) -> BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -342,15 +344,24 @@ fn unsupported_hf_configs_are_refused_naming_the_key() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("mlp.gate_proj.weight"), "{err}");
-    // Other families and Llama 3.1's interleaved RoPE are refused before any file is read.
-    for (model, want) in
-        [("model_name=gemma-2b", "decoder_block=gemma"), ("model_name=llama3.1-8b", "rope_type=llama3.1")]
-    {
+    // A family with no Hugging Face layout here, and tied logits Hugging Face's Llama cannot
+    // express, are refused before any file is read.
+    for (model, want) in [
+        (
+            &["model_name=gpt3-52k"][..],
+            "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet",
+        ),
+        (
+            &["logits_via_embedding=true"][..],
+            "normalize_embedding_logits=true: Hugging Face's llama2 tied logits are not",
+        ),
+    ] {
         let out = Command::new(MAXRS)
-            .args(["convert", "to-hf", "params.safetensors", d.path().join("z").to_str().unwrap(), model])
+            .args(["convert", "to-hf", "params.safetensors", d.path().join("z").to_str().unwrap()])
+            .args(model)
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(want) && err.contains("not supported yet"), "{err}");
+        assert!(!out.status.success() && err.contains(want), "{err}");
     }
 }

@@ -130,7 +130,8 @@ fn mixtral_greedy_decoding_equals_the_full_forward_pass() {
 
 /// The other families decode through the same cache: Gemma 2 (local and global layers, two
 /// attention calls per scanned pair, attention and final-logit soft caps, tied logits) and Gemma
-/// (GeGLU, scaled embeddings, tied logits): greedy decoding equals each full forward pass.
+/// (GeGLU, scaled embeddings, tied logits) and Gemma 3: greedy decoding equals each full forward
+/// pass.
 #[test]
 fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
     let gemma2 = [
@@ -148,7 +149,24 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
         "mlp_activations=[gelu, linear]",
         "per_device_batch_size=4",
     ];
-    for extra in [&gemma2[..], &gemma[..]] {
+    // Gemma 3: one block of 5 local layers (window 4) and a global one, QK norms, two RoPE bases.
+    let gemma3 = [
+        "decoder_block=gemma3",
+        "base_num_decoder_layers=6",
+        "base_emb_dim=64",
+        "head_dim=16",
+        "base_mlp_dim=128",
+        "sliding_window_size=4",
+        "local_rope_max_timescale=10000",
+        "rope_max_timescale=1000000",
+        "rope_linear_scaling_factor=8.0",
+        "use_post_attn_norm=true",
+        "use_post_ffw_norm=true",
+        "logits_via_embedding=true",
+        "mlp_activations=[gelu, linear]",
+        "per_device_batch_size=4",
+    ];
+    for extra in [&gemma2[..], &gemma[..], &gemma3[..]] {
         let c = load(extra);
         let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
         check_against_full_forward(&c, &g);

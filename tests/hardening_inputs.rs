@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use maxrs::config;
 use maxrs::data::{self, DataError, ProcessShare, TextTokenizer};
-use maxrs::model::llama_hf::config_from_hf;
+use maxrs::model::hf::config_from_hf;
 
 use crate::common::cli::{maxrs, refused};
 
@@ -363,7 +363,7 @@ fn hf_config_fields_are_checked_for_type_and_range() {
         (
             "model_type",
             json!("gpt2"),
-            "`model_type` is \"gpt2\"; maxrs converts the Llama family: \"llama\", \"mistral\"",
+            "`model_type` is \"gpt2\"; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\"",
         ),
     ] {
         let got = with(field, value).unwrap_err();

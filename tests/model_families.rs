@@ -1,4 +1,4 @@
-//! The decoder families (`decoder_block` mistral, gemma, gemma2, gpt3, and llama2 with Llama 3.1's
+//! The decoder families (`decoder_block` mistral, gemma, gemma2, gemma3, gpt3, and llama2 with Llama 3.1's
 //! RoPE) against the independent f64 reference of `common/family_ref.rs`, each from its MaxText
 //! model file shrunk to a tiny size (emb 32, 2 stacked layers, vocab 64) in float32 on a 2 x 16
 //! batch with random non-zero parameters: embeddings, every layer's output, the logits and the
@@ -101,7 +101,17 @@ fn check_gradient(label: &str, m: &Model, spec: &Spec, probes: &[Probe]) {
 }
 
 fn spec(family: Family, rope: RopeRef, eps: f64) -> Spec {
-    Spec { family, rope, window: None, attn_cap: None, final_cap: None, post_norms: false, fused_qkv: false, eps }
+    Spec {
+        family,
+        rope,
+        window: None,
+        attn_cap: None,
+        final_cap: None,
+        post_norms: false,
+        fused_qkv: false,
+        eps,
+        gemma3: None,
+    }
 }
 
 #[test]
@@ -255,6 +265,58 @@ fn gpt3() {
             (Some(1), "self_attention.out.bias", 30),
             (None, "decoder.decoder_norm.bias", 2),
             (None, "decoder.position_embedder.embedding", 100),
+        ],
+    );
+}
+
+/// Gemma 3 from gemma3-12b's file with 12 layers (2 scanned blocks of 5 local + 1 global; 6 for
+/// the unscanned model, the gradients and the checks that each feature matters), a window of 5
+/// on 16 tokens, QK-norm epsilon 1e-3 (the layer norms keep 1e-6), and RoPE bases
+/// and factor that make local and global layers differ at head_dim 8 (local base 10000, global
+/// 100 with factor 4: MaxText's 1e6 and 8 rotate too little over 16 positions to be told apart).
+#[test]
+fn gemma3() {
+    let keys = [
+        "base_num_decoder_layers=6",
+        "sliding_window_size=5",
+        "rope_max_timescale=100",
+        "rope_linear_scaling_factor=4",
+        "normalization_layer_epsilon=1e-3",
+    ];
+    let g = Gemma3Spec { local_theta: 10000.0, global_theta: 100.0, global_factor: 4.0, query_pre_attn_scalar: 8.0 };
+    let s =
+        Spec { window: Some(5), post_norms: true, gemma3: Some(g), ..spec(Family::Gemma3, RopeRef::HalfSplit, 1e-3) };
+    let two_blocks = shrunk("gemma3-12b", &[&keys[..], &["base_num_decoder_layers=12"]].concat());
+    check_forward("gemma3 scanned, 2 blocks", &two_blocks, &s);
+    check_forward("gemma3 unscanned", &shrunk("gemma3-12b", &[&keys[..], &["scan_layers=false"]].concat()), &s);
+    let m = shrunk("gemma3-12b", &keys);
+    // The window, the global RoPE factor and the QK norms (random scales) each change the function.
+    let (p, b) = (random_params(&s, &m, 1), batch(&m, 2));
+    let logits = reference(&s, &m, &p, &b).logits;
+    let mut unnormed = p.clone();
+    for l in unnormed.layers.iter_mut() {
+        for (name, a) in l.iter_mut() {
+            if name.ends_with("query_norm.scale") || name.ends_with("key_norm.scale") {
+                a.fill(1.0);
+            }
+        }
+    }
+    for (without, q) in [
+        (Spec { window: None, ..s.clone() }, &p),
+        (Spec { gemma3: Some(Gemma3Spec { global_factor: 1.0, ..g }), ..s.clone() }, &p),
+        (s.clone(), &unnormed),
+    ] {
+        let other = reference(&without, &m, q, &b).logits;
+        assert!(scaled_err(&other.iter().copied().collect::<Vec<_>>(), &logits) > 1e-3, "{without:?} changes nothing");
+    }
+    check_gradient(
+        "gemma3",
+        &m,
+        &s,
+        &[
+            (Some(0), "layers_1.self_attention.query_norm.scale", 3),
+            (Some(0), "layers_5.self_attention.key_norm.scale", 6),
+            (Some(0), "layers_5.self_attention.query.kernel", 45),
         ],
     );
 }

@@ -5,7 +5,7 @@
 //! header carries `{"format": "pt"}`, which `transformers` requires. Local or gs://.
 //!
 //! [`from_hf`] and [`to_hf`] are `maxrs convert`: the tensor mapping is the family's
-//! (`model::llama_hf`), the files are read and written here. Both write a new directory whole
+//! (`model::hf`), the files are read and written here. Both write a new directory whole
 //! (`StagedDir::write_whole`): it appears complete or not at all, and never over an existing one.
 
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ use crate::files::Location;
 use crate::host::convert_float;
 use crate::host::{shape_string, ElementType, HostTensor};
 use crate::input;
-use crate::model::{llama_hf, Model};
+use crate::model::{hf as layout, Model};
 use crate::storage::{self, StagedDir};
 
 pub const CONFIG_FILE: &str = "config.json";
@@ -211,13 +211,13 @@ fn model_config(derived: &[String], user: &[String]) -> Result<(Config, Model)> 
     Ok((c, model))
 }
 
-/// A Hugging Face Llama-family checkpoint at `src` -> a maxrs parameters-only checkpoint
+/// A Hugging Face checkpoint at `src` -> a maxrs parameters-only checkpoint
 /// directory at `dst` (`load_parameters_path=dst`), in `dtype` (default: the source's).
 /// `overrides` are maxrs keys such as `scan_layers=false`.
 pub fn from_hf(src: &Location, dst: &Location, dtype: Option<&str>, overrides: &[String]) -> Result<Converted> {
     // The config is checked before gigabytes of weights are read.
     let hf_config = read_config(src)?;
-    let model_keys = llama_hf::config_from_hf(&hf_config).with_context(|| src.join(CONFIG_FILE).to_string())?;
+    let model_keys = layout::config_from_hf(&hf_config).with_context(|| src.join(CONFIG_FILE).to_string())?;
     let tensors = read_tensors(src)?;
     let ty = match dtype {
         Some(d) => element_type(d)?,
@@ -226,7 +226,7 @@ pub fn from_hf(src: &Location, dst: &Location, dtype: Option<&str>, overrides: &
     let mut derived: Vec<String> = model_keys.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
     derived.push(format!("weight_dtype={}", dtype_name(ty)));
     let (c, model) = model_config(&derived, overrides)?;
-    let params = cast(llama_hf::from_hf(&model, &tensors)?, ty);
+    let params = cast(layout::from_hf(&c, &model, &hf_config, &tensors)?, ty);
     let snapshot = Snapshot {
         step: None,
         arrays: params.into_iter().map(|(n, t)| (format!("params.{n}"), t)).collect(),
@@ -269,7 +269,7 @@ pub fn to_hf(
         Vec::new()
     };
     let (c, model) = model_config(&derived, args)?;
-    llama_hf::check_model(&c, &model)?;
+    layout::check_model(&c)?;
     let weight = crate::runtime::element_type(model.config.weight_dtype);
     let ty = dtype.map(element_type).transpose()?.unwrap_or(weight);
     let expected: Vec<Expected> = model
@@ -300,8 +300,8 @@ pub fn to_hf(
         }
         cast(params, ty)
     };
-    let tensors = llama_hf::to_hf(&model, &params)?;
-    let hf_config = llama_hf::hf_config(&c, &model, dtype_name(ty));
+    let tensors = layout::to_hf(&c, &model, &params, ty)?;
+    let hf_config = layout::hf_config(&c, &model, dtype_name(ty));
     // config.json, written last, is what marks a gs:// directory complete.
     let (_, files) = StagedDir::write_whole(dst, CONFIG_FILE, |dir| write(dir, &hf_config, &tensors, max_shard_bytes))?;
     let bytes = tensors.values().map(|t| t.data.len() as u64).sum();

@@ -1,5 +1,5 @@
-//! `maxrs convert`: Hugging Face Llama-family checkpoints to and from maxrs's parameter layout
-//! (see `model::llama_hf` for the mapping, `checkpoint::hf` for the files). DST is a new
+//! `maxrs convert`: Hugging Face checkpoints to and from maxrs's parameter layout
+//! (see `model::hf` for the mapping, `checkpoint::hf` for the files). DST is a new
 //! directory in both directions, checked by `output::check` before SRC is read.
 
 use anyhow::{bail, Result};

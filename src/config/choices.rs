@@ -120,16 +120,27 @@ string_enum!(
 
 string_enum!(
     /// MaxText's decoder block styles that maxrs implements, one family file each under
-    /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP.
+    /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP, qwen3 llama2's with
+    /// QK-norm, qwen3_moe qwen3's with a routed MoE block.
     DecoderBlock {
         Llama2 = "llama2",
         Mistral = "mistral",
         Gemma = "gemma",
         Gemma2 = "gemma2",
+        Gemma3 = "gemma3",
         Gpt3 = "gpt3",
         Mixtral = "mixtral",
+        Qwen3 = "qwen3",
+        Qwen3Moe = "qwen3_moe",
     }
 );
+
+impl DecoderBlock {
+    /// The blocks whose MLP is a routed mixture of experts (`num_experts` and the MoE keys).
+    pub fn has_experts(self) -> bool {
+        matches!(self, DecoderBlock::Mixtral | DecoderBlock::Qwen3Moe)
+    }
+}
 
 string_enum!(
     /// MaxText's `decode_sampling_strategy`: how `maxrs decode` picks each next token.

@@ -24,10 +24,12 @@ use super::registry::Origin::{MaxText, Maxrs};
 use super::registry::{declare_keys, Families, Key, KeyType, Section};
 
 const ALL: Families = Families::All;
-const MISTRAL_GEMMA2: Families = Families::Only(&[DecoderBlock::Mistral, DecoderBlock::Gemma2]);
-const GEMMA2: Families = Families::Only(&[DecoderBlock::Gemma2]);
+const MISTRAL_GEMMA2_3: Families = Families::Only(&[DecoderBlock::Mistral, DecoderBlock::Gemma2, DecoderBlock::Gemma3]);
+const GEMMA2_3: Families = Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::Gemma3]);
+const GEMMA3: Families = Families::Only(&[DecoderBlock::Gemma3]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
-const MIXTRAL: Families = Families::Only(&[DecoderBlock::Mixtral]);
+const MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe]);
+const QWEN3: Families = Families::Only(&[DecoderBlock::Qwen3, DecoderBlock::Qwen3Moe]);
 
 declare_keys! {
     section "Run" {
@@ -105,8 +107,8 @@ declare_keys! {
     /// models/<model_name>.yml overrides these.
     section "Model" {
         /// The decoder family, one file each under src/model/.
-        /// llama2, mistral (llama2's block plus sliding_window_size), gemma, gemma2, gpt3,
-        /// mixtral (llama2 with routed experts).
+        /// llama2, mistral (llama2's block plus sliding_window_size), gemma, gemma2, gemma3 (text
+        /// only), gpt3, mixtral (llama2 with routed experts).
         decoder_block: DecoderBlock = "llama2" => MaxText.model(ALL).model_file(),
         /// A power of two that scales the base_* sizes as MaxText does.
         /// With log2(scale) = 3q + r: emb x 2^(q + [r > 1]), query and kv heads and mlp x
@@ -122,6 +124,8 @@ declare_keys! {
         /// The MLP's hidden size, before global_parameter_scale.
         base_mlp_dim: i64 = 7168 => MaxText.model(ALL).range(int(1, 4 * MAX_EMB)).model_file(),
         /// Decoder layers, before global_parameter_scale; gemma2: pairs of (local, global) layers, as in MaxText.
+        /// gemma3: layers, a multiple of 6 (maxrs scans blocks of 5 local + 1 global layers and
+        /// has no remainder block yet).
         base_num_decoder_layers: i64 = 16 => MaxText.model(ALL).range(int(1, MAX_HEADS)).model_file(),
         /// The size of each attention head (not scaled).
         head_dim: i64 = 128 => MaxText.model(ALL).range(int(1, MAX_HEADS)).model_file(),
@@ -133,6 +137,13 @@ declare_keys! {
         normalization_layer_epsilon: f64 = 1.0e-05 => MaxText.model(ALL).range(open(0.0, 1.0)).model_file(),
         /// RoPE's maximum timescale (the longest wavelength).
         rope_max_timescale: i64 = 10000 => MaxText.model(ALL).range(int(1, 1 << 53)).model_file(),
+        /// gemma3: RoPE's maximum timescale in the local (sliding-window) layers; -1: rope_max_timescale.
+        local_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA3).range(int_or_fill(1, 1 << 53)).model_file(),
+        /// gemma3: RoPE's timescales are multiplied by this in the global layers (positions / factor).
+        // MaxText's `RotaryEmbedding.timescale` (src/maxtext/layers/embeddings.py, e591f30) reads
+        // it for every family with default RoPE; maxrs implements it for gemma3 only so far and
+        // refuses it elsewhere (the families check).
+        rope_linear_scaling_factor: f64 = 1.0 => MaxText.model(GEMMA3).range(closed(1e-6, 1e6)).model_file(),
         /// default (half-split RoPE) or llama3.1 (scaled frequencies, interleaved pairs); yarn is not supported yet.
         /// llama3.1 is also chosen by a model_name starting with llama3.1, as in MaxText.
         rope_type: RopeType = "default" => MaxText.model(ALL).model_file(),
@@ -147,14 +158,16 @@ declare_keys! {
         /// Positive: learned position embeddings for that many positions (gpt3), added to the token embeddings.
         // 0 (or -1, MaxText's default) disables learned position embeddings.
         trainable_position_size: i64 = -1 => MaxText.model(ALL).range(int_or_fill(0, 1 << 24)).model_file(),
-        /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2: its local layers' window.
-        sliding_window_size: i64 = 0 => MaxText.model(MISTRAL_GEMMA2).range(int(0, 1 << 24)).model_file(),
-        /// gemma2: attention scores = cap * tanh(scores / cap); 0 disables.
-        attn_logits_soft_cap: f64 = 0.0 => MaxText.model(GEMMA2).range(closed(0.0, 1e9)).model_file(),
-        /// gemma2: RMSNorm after attention, before the residual add.
-        use_post_attn_norm: bool = false => MaxText.model(GEMMA2).model_file(),
-        /// gemma2: RMSNorm after the MLP, before the residual add.
-        use_post_ffw_norm: bool = false => MaxText.model(GEMMA2).model_file(),
+        /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2, gemma3: the local layers' window.
+        sliding_window_size: i64 = 0 => MaxText.model(MISTRAL_GEMMA2_3).range(int(0, 1 << 24)).model_file(),
+        /// qwen3, qwen3_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm).
+        use_qk_norm: bool = false => MaxText.model(QWEN3).model_file(),
+        /// gemma2, gemma3: attention scores = cap * tanh(scores / cap); 0 disables.
+        attn_logits_soft_cap: f64 = 0.0 => MaxText.model(GEMMA2_3).range(closed(0.0, 1e9)).model_file(),
+        /// gemma2, gemma3: RMSNorm after attention, before the residual add.
+        use_post_attn_norm: bool = false => MaxText.model(GEMMA2_3).model_file(),
+        /// gemma2, gemma3: RMSNorm after the MLP, before the residual add.
+        use_post_ffw_norm: bool = false => MaxText.model(GEMMA2_3).model_file(),
         /// gpt3: one [emb, 3, heads, head_dim] projection for query, key and value.
         fused_qkv: bool = false => MaxText.model(GPT3).model_file(),
         /// maxrs has no dropout: true is refused (MaxText's default is true, with dropout_rate 0).
@@ -170,28 +183,28 @@ declare_keys! {
         attention: AttentionKernel = "autoselected" => MaxText.model(ALL),
     }
 
-    /// decoder_block=mixtral; MaxText's layers/moe.py.
+    /// decoder_block=mixtral, qwen3_moe; MaxText's layers/moe.py.
     section "Mixture of experts" {
         /// Experts in each MoE layer.
-        num_experts: i64 = 1 => MaxText.model(MIXTRAL).range(int(1, MAX_HEADS)).model_file(),
+        num_experts: i64 = 1 => MaxText.model(MOE).range(int(1, MAX_HEADS)).model_file(),
         /// Experts per token: top-k of the router logits, weights softmax over those k.
-        num_experts_per_tok: i64 = 1 => MaxText.model(MIXTRAL).range(int(1, MAX_HEADS)).model_file(),
+        num_experts_per_tok: i64 = 1 => MaxText.model(MOE).range(int(1, MAX_HEADS)).model_file(),
         /// > 0 (with sparse_matmul=false): each expert takes at most ceil(seq x k / experts) x this tokens per sequence, dropping the rest.
         // <= 0: no capacity limit (MaxText's default -1); above, a multiple of the even share.
-        capacity_factor: f64 = -1.0 => MaxText.step().read_by_model(MIXTRAL).range(closed(-1.0, 1e3)).model_file(),
+        capacity_factor: f64 = -1.0 => MaxText.step().read_by_model(MOE).range(closed(-1.0, 1e3)).model_file(),
         /// True: dropless (tokens sorted by expert, grouped matmuls); false: one-hot dispatch einsums (with capacity_factor > 0) or every expert on every token.
-        sparse_matmul: bool = true => MaxText.step().read_by_model(MIXTRAL).model_file(),
+        sparse_matmul: bool = true => MaxText.step().read_by_model(MOE).model_file(),
         /// MaxText's choice of grouped-matmul kernel for sparse_matmul; maxrs has one (tiled loops of dense products), so both values compute the same.
         megablox: bool = true => MaxText.program(),
         /// Weight of the Switch Transformer load-balancing loss, added to the loss (learning/moe_lb_loss).
         load_balance_loss_weight: f64 = 0.0 =>
-            MaxText.step().read_by_model(MIXTRAL).range(closed(0.0, 1e3)).model_file(),
+            MaxText.step().read_by_model(MOE).range(closed(0.0, 1e3)).model_file(),
         /// Sum the experts' weighted outputs in float32.
-        float32_weight_sum: bool = true => MaxText.step().read_by_model(MIXTRAL),
+        float32_weight_sum: bool = true => MaxText.step().read_by_model(MOE),
         /// Compute the router logits in float32.
-        float32_gate_logits: bool = false => MaxText.step().read_by_model(MIXTRAL),
+        float32_gate_logits: bool = false => MaxText.step().read_by_model(MOE),
         /// True: the dispatched tokens of the dropping path keep the expert axis for the experts (all-to-all) instead of the batch.
-        moe_dispatch_no_expert_sharding: bool = false => MaxText.step().read_by_model(MIXTRAL),
+        moe_dispatch_no_expert_sharding: bool = false => MaxText.step().read_by_model(MOE),
     }
 
     section "Numerics and memory" {

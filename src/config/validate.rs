@@ -158,7 +158,7 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
     let mesh = mesh::build(config, num_devices, num_slices)?;
 
     let experts = mesh.size("expert");
-    if config.decoder_block == DecoderBlock::Mixtral && config.num_experts % experts as i64 != 0 {
+    if config.decoder_block.has_experts() && config.num_experts % experts as i64 != 0 {
         return Err(ConfigError::invalid(
             "num_experts",
             format!(
@@ -463,14 +463,14 @@ fn check_model_variants(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The mixture-of-experts keys: experts only in the Mixtral block, top-k within the experts,
+/// The mixture-of-experts keys: experts only in the MoE blocks, top-k within the experts,
 /// and token dropping only where MaxText drops (the dispatch path, `sparse_matmul=false`).
 fn check_moe(c: &Config) -> Result<(), ConfigError> {
-    if c.num_experts > 1 && c.decoder_block != DecoderBlock::Mixtral {
+    if c.num_experts > 1 && !c.decoder_block.has_experts() {
         return Err(ConfigError::invalid(
             "num_experts",
             format!(
-                "num_experts={} needs a block with experts: decoder_block=mixtral (decoder_block={} has one MLP)",
+                "num_experts={} needs a block with experts: decoder_block=mixtral or qwen3_moe (decoder_block={} has one MLP)",
                 c.num_experts, c.decoder_block
             ),
         ));

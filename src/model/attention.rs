@@ -220,8 +220,7 @@ impl LayerContext {
         let positions = batch.get("inputs_position").cloned().unwrap_or_else(|| ctx.iota(DType::S32, &[b, t], 1));
         // MaxText's timescales: `max_timescale^(2i / head_dim)` for `i < head_dim / 2`; the angle
         // of position `p` is `p / timescale`.
-        let half = c.head_dim / 2;
-        let inv_timescale: Vec<f64> = (0..half)
+        let inv_timescale: Vec<f64> = (0..c.head_dim / 2)
             .map(|i| {
                 let frequency = c.rope_max_timescale.powf(-2.0 * i as f64 / c.head_dim as f64);
                 match c.rope {
@@ -230,11 +229,10 @@ impl LayerContext {
                 }
             })
             .collect();
-        let angles = positions.astype(DType::F32).broadcast_in_dim(&[b, t, half], &[0, 1])
-            * &ctx.constant(DType::F32, &[half], &inv_timescale);
+        let (cos, sin) = rope_tables(&positions, &inv_timescale);
         LayerContext {
-            cos: angles.cos(),
-            sin: angles.sin(),
+            cos,
+            sin,
             positions,
             segments: batch.get("inputs_segmentation").cloned(),
             interleaved_rope: matches!(c.rope, Rope::Llama31 { .. }),
@@ -464,6 +462,21 @@ pub fn llama31_scaled_frequency(frequency: f64) -> f64 {
     }
 }
 
+/// The RoPE tables `(cos, sin)`, `f32[batch, seq, frequencies]`, of the angles
+/// `position * frequency` for `positions: s32[batch, seq]`.
+pub fn rope_tables(positions: &Tensor, frequencies: &[f64]) -> (Tensor, Tensor) {
+    let (b, t, half) = (positions.shape()[0], positions.shape()[1], frequencies.len() as i64);
+    let angles = positions.astype(DType::F32).broadcast_in_dim(&[b, t, half], &[0, 1])
+        * &positions.trace().constant(DType::F32, &[half], frequencies);
+    (angles.cos(), angles.sin())
+}
+
+/// MaxText's default RoPE frequencies `1 / (max_timescale^(2i / head_dim) * linear_factor)`
+/// (`RotaryEmbedding.timescale`, `src/maxtext/layers/embeddings.py`, e591f30).
+pub fn default_frequencies(head_dim: i64, max_timescale: f64, linear_factor: f64) -> Vec<f64> {
+    (0..head_dim / 2).map(|i| max_timescale.powf(-2.0 * i as f64 / head_dim as f64) / linear_factor).collect()
+}
+
 /// Rotary position embedding of `x: [batch, seq, heads, head_dim]`. MaxText's default is the
 /// half-split convention: with `x = [x1, x2]` split in halves of the head dimension,
 /// `[x1 cos - x2 sin, x2 cos + x1 sin]`; Llama 3.1's (`ctx.interleaved_rope`) rotates the pairs
@@ -472,17 +485,23 @@ pub fn llama31_scaled_frequency(frequency: f64) -> f64 {
 /// beforehand: a broadcast table would be a full-size `[batch, seq, heads, head_dim / 2]` input
 /// of every layer's region.
 pub fn rope(x: &Tensor, ctx: &LayerContext) -> Tensor {
+    rope_with(x, &ctx.cos, &ctx.sin, ctx.interleaved_rope)
+}
+
+/// `rope` with the tables `cos`, `sin` (`[batch, seq, head_dim / 2]`, `rope_tables`), rotating
+/// interleaved pairs when `interleaved`.
+pub fn rope_with(x: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Tensor {
     let (b, t, h, k) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
     let xf = x.astype(DType::F32);
-    let rotated = if ctx.interleaved_rope {
+    let rotated = if interleaved {
         let table = |v: &Tensor| v.reshape(&[b, t, 1, k / 2, 1]);
-        let (cos, sin) = (table(&ctx.cos), table(&ctx.sin));
+        let (cos, sin) = (table(cos), table(sin));
         let xp = xf.reshape(&[b, t, h, k / 2, 2]);
         let (x1, x2) = (xp.slice_axis(4, 0, 1), xp.slice_axis(4, 1, 2));
         concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 4).reshape(&[b, t, h, k])
     } else {
         let table = |v: &Tensor| v.reshape(&[b, t, 1, k / 2]);
-        let (cos, sin) = (table(&ctx.cos), table(&ctx.sin));
+        let (cos, sin) = (table(cos), table(sin));
         let (x1, x2) = (xf.slice_axis(3, 0, k / 2), xf.slice_axis(3, k / 2, k));
         concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 3)
     };

@@ -17,7 +17,7 @@ use crate::tensor::{einsum, Tensor, Tree};
 
 use super::fp8::{self, Scaling};
 
-use super::attention::{rope, AttendOptions, AttentionImpl, LayerContext};
+use super::attention::{rope_with, AttendOptions, AttentionImpl, LayerContext};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
 
@@ -177,6 +177,10 @@ impl Mlp {
 /// MaxText's `Attention` block for self-attention: grouped-query projections, RoPE on queries and
 /// keys, queries scaled by `1 / sqrt(head_dim)` at run time (docs/src/reference/parameters.md),
 /// causal attention (`LayerContext::attend`), output projection.
+///
+/// With `qk_norm` (MaxText's `use_qk_norm`, Gemma 3) the queries and keys are RMS-normalized over
+/// `head_dim` after their projections, before RoPE (`query_norm.scale`, `key_norm.scale`:
+/// `[head_dim]`, ones), as `Attention.__call__` does (`src/maxtext/layers/attentions.py`, e591f30).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SelfAttention {
     /// Keys at most this many tokens back (`t - s < window`), besides causality.
@@ -184,6 +188,12 @@ pub struct SelfAttention {
     pub options: AttendOptions,
     /// How attention is computed when the family overrides the model's (`ModelConfig::attention`).
     pub how: Option<AttentionImpl>,
+    /// QK-norm (MaxText's `use_qk_norm`): an RMSNorm over each head's queries and keys, with this
+    /// epsilon, before RoPE (`query_norm.scale`, `key_norm.scale`: [head_dim]).
+    pub qk_norm: Option<f64>,
+    /// What the queries are multiplied by after RoPE, instead of `1 / sqrt(head_dim)` (MaxText's
+    /// `query_pre_attn_scalar`).
+    pub query_scale: Option<f64>,
 }
 
 impl SelfAttention {
@@ -201,19 +211,52 @@ impl SelfAttention {
         ]
     }
 
+    /// `params`, with the query and key norms when the block has them.
+    pub fn all_params(&self, prefix: &str, c: &ModelConfig) -> Vec<ParamDef> {
+        let mut defs = SelfAttention::params(prefix, c);
+        if self.qk_norm.is_some() {
+            for name in ["query_norm", "key_norm"] {
+                defs.push(ParamDef::new(&format!("{prefix}.{name}.scale"), &[c.head_dim], &["norm"], ParamInit::Ones));
+            }
+        }
+        defs
+    }
+
     /// The block on the normed input `h: [batch, seq, emb]`; returns `[batch, seq, emb]`.
     pub fn apply(&self, c: &ModelConfig, p: &Tree, prefix: &str, h: &Tensor, ctx: &LayerContext) -> Tensor {
+        self.apply_with_rope(c, p, prefix, h, ctx, (&ctx.cos, &ctx.sin))
+    }
+
+    /// `apply` with the RoPE tables `(cos, sin)` (`attention::rope_tables`) instead of the
+    /// context's (Gemma 3's local and global layers have their own).
+    pub fn apply_with_rope(
+        &self,
+        c: &ModelConfig,
+        p: &Tree,
+        prefix: &str,
+        h: &Tensor,
+        ctx: &LayerContext,
+        (cos, sin): (&Tensor, &Tensor),
+    ) -> Tensor {
         let project = |name: &str, x: &Tensor, spec: &'static str| {
             dense(c, p, &format!("{prefix}.{name}"), x, |x, k| einsum(spec, &[x, k]))
         };
         let q = project("query", h, "btd,dhk->bthk");
         let k = project("key", h, "btd,dhk->bthk");
         let v = project("value", h, "btd,dhk->bthk").checkpoint_name("value_proj");
+        let (q, k) = match self.qk_norm {
+            Some(eps) => {
+                let norm = Norm::Rms { eps };
+                (norm.apply(p, &format!("{prefix}.query_norm"), &q), norm.apply(p, &format!("{prefix}.key_norm"), &k))
+            }
+            None => (q, k),
+        };
         // Tagged as attention reads them, after RoPE and scaling, as MaxText's
         // `Attention.__call__` tags `query_proj` and `key_proj` (`src/maxtext/layers/attentions.py`,
         // e591f30): a policy that saves them does not recompute RoPE in the backward pass.
-        let q = (rope(&q, ctx) * (1.0 / (c.head_dim as f64).sqrt())).checkpoint_name("query_proj");
-        let k = rope(&k, ctx).checkpoint_name("key_proj");
+        let scale = self.query_scale.unwrap_or(1.0 / (c.head_dim as f64).sqrt());
+        let q = (rope_with(&q, cos, sin, ctx.interleaved_rope) * scale).checkpoint_name("query_proj");
+        let k = rope_with(&k, cos, sin, ctx.interleaved_rope).checkpoint_name("key_proj");
         let how = self.how.unwrap_or(c.attention);
         let out = ctx.attend(&q, &k, &v, self.window, how, &self.options);
         project("out", &out, "bthk,hkd->btd").checkpoint_name("out_proj")

@@ -88,7 +88,12 @@ impl ModelConfig {
             kv_heads: c.base_num_kv_heads << head_scale,
             head_dim: c.head_dim,
             mlp: c.base_mlp_dim << mlp_scale,
-            layers: c.base_num_decoder_layers << layer_scale,
+            // Gemma 3's decoder "layer" is a block of its 6-layer attention pattern (`gemma3.rs`),
+            // as MaxText scans it; a count that is not a multiple is refused by the family.
+            layers: match c.decoder_block {
+                config::DecoderBlock::Gemma3 => (c.base_num_decoder_layers << layer_scale) / super::gemma3::BLOCK,
+                _ => c.base_num_decoder_layers << layer_scale,
+            },
             vocab: c.vocab_size,
             mlp_activations: c.mlp_activations.clone(),
             eps: c.normalization_layer_epsilon,

@@ -42,7 +42,7 @@ use super::blocks::{Activation, Norm};
 use super::flops::{StepShape, StepTflops};
 use super::fp8::{self, Scaling};
 use super::params::{self, ParamDef, ParamInit};
-use super::{gemma, gemma2, gpt3, llama, mistral, mixtral, ModelConfig};
+use super::{gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen3, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
@@ -133,8 +133,10 @@ fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
         DecoderBlock::Mistral => Arc::new(mistral::Mistral::from_config(c)),
         DecoderBlock::Gemma => Arc::new(gemma::Gemma),
         DecoderBlock::Gemma2 => Arc::new(gemma2::Gemma2::from_config(c, mc)?),
+        DecoderBlock::Gemma3 => Arc::new(gemma3::Gemma3::from_config(c, mc)?),
         DecoderBlock::Gpt3 => Arc::new(gpt3::Gpt3::from_config(c, mc)?),
         DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral::from_config(c, mc)?),
+        DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe => Arc::new(qwen3::Qwen3::from_config(c, mc)?),
     })
 }
 

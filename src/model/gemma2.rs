@@ -85,40 +85,79 @@ impl Gemma2 {
     /// The attention of the local (`local`) or global half.
     fn attention(&self, local: bool) -> SelfAttention {
         let options = AttendOptions { logits_soft_cap: self.soft_cap, float32_qk_product: !local };
-        SelfAttention { window: local.then_some(self.window), options, how: self.how }
+        SelfAttention { window: local.then_some(self.window), options, how: self.how, ..SelfAttention::default() }
     }
 
     fn half_params(&self, c: &ModelConfig, half: &str) -> Vec<ParamDef> {
-        let norm = Norm::Rms { eps: LAYER_NORM_EPS };
-        let mut defs = norm.params(&format!("pre_self_attention_norm_{half}"), c.emb);
-        defs.extend(SelfAttention::params(&format!("self_attention_{half}"), c));
-        if self.post_attn_norm {
-            defs.extend(norm.params(&format!("post_self_attention_norm_{half}"), c.emb));
-        }
-        defs.extend(norm.params(&format!("pre_ffw_norm_{half}"), c.emb));
-        defs.extend(Mlp::new(c, false, None).params(&format!("mlp_{half}"), c.emb, c.mlp));
-        if self.post_ffw_norm {
-            defs.extend(norm.params(&format!("post_ffw_norm_{half}"), c.emb));
-        }
-        defs
+        let attention = SelfAttention::params(&format!("self_attention_{half}"), c);
+        sandwich_params(c, &|n| format!("{n}_{half}"), self.post_norms(), attention)
+    }
+
+    fn post_norms(&self) -> PostNorms {
+        PostNorms { attention: self.post_attn_norm, ffw: self.post_ffw_norm }
     }
 
     /// One half: `x + post_norm(attention(norm(x)))`, then `+ post_norm(mlp(norm(.)))`.
     fn half(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext, half: &str) -> Tensor {
-        let norm = Norm::Rms { eps: LAYER_NORM_EPS };
-        let h = norm.apply(p, &format!("pre_self_attention_norm_{half}"), x);
-        let mut a = self.attention(half == "local").apply(c, p, &format!("self_attention_{half}"), &h, ctx);
-        if self.post_attn_norm {
-            a = norm.apply(p, &format!("post_self_attention_norm_{half}"), &a);
-        }
-        let x = constrain(c, x + &a, BTE);
-        let h = norm.apply(p, &format!("pre_ffw_norm_{half}"), &x);
-        let mut m = Mlp::new(c, false, None).apply(c, p, &format!("mlp_{half}"), &h);
-        if self.post_ffw_norm {
-            m = norm.apply(p, &format!("post_ffw_norm_{half}"), &m);
-        }
-        constrain(c, &x + &m, BTE)
+        let attention = self.attention(half == "local");
+        sandwich(c, p, x, &|n| format!("{n}_{half}"), self.post_norms(), |name, h| attention.apply(c, p, name, h, ctx))
     }
+}
+
+/// Which of the optional norms after attention and after the MLP a Gemma 2 or 3 layer has
+/// (`use_post_attn_norm`, `use_post_ffw_norm`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PostNorms {
+    pub attention: bool,
+    pub ffw: bool,
+}
+
+/// The parameters of a `sandwich` layer whose names `name` maps (`pre_ffw_norm` ->
+/// `pre_ffw_norm_local` in Gemma 2, `layers_0.pre_ffw_norm` in Gemma 3), with `attention`'s.
+pub(super) fn sandwich_params(
+    c: &ModelConfig,
+    name: &dyn Fn(&str) -> String,
+    post: PostNorms,
+    attention: Vec<ParamDef>,
+) -> Vec<ParamDef> {
+    let norm = Norm::Rms { eps: LAYER_NORM_EPS };
+    let mut defs = norm.params(&name("pre_self_attention_norm"), c.emb);
+    defs.extend(attention);
+    if post.attention {
+        defs.extend(norm.params(&name("post_self_attention_norm"), c.emb));
+    }
+    defs.extend(norm.params(&name("pre_ffw_norm"), c.emb));
+    defs.extend(Mlp::new(c, false, None).params(&name("mlp"), c.emb, c.mlp));
+    if post.ffw {
+        defs.extend(norm.params(&name("post_ffw_norm"), c.emb));
+    }
+    defs
+}
+
+/// A Gemma 2 or Gemma 3 layer: `x + post_norm(attention(norm(x)))`, then
+/// `+ post_norm(mlp(norm(.)))`, parameters named by `name`; `attention(prefix, h)` is the
+/// attention block under `prefix` on the normed input.
+pub(super) fn sandwich(
+    c: &ModelConfig,
+    p: &Tree,
+    x: &Tensor,
+    name: &dyn Fn(&str) -> String,
+    post: PostNorms,
+    attention: impl Fn(&str, &Tensor) -> Tensor,
+) -> Tensor {
+    let norm = Norm::Rms { eps: LAYER_NORM_EPS };
+    let h = norm.apply(p, &name("pre_self_attention_norm"), x);
+    let mut a = attention(&name("self_attention"), &h);
+    if post.attention {
+        a = norm.apply(p, &name("post_self_attention_norm"), &a);
+    }
+    let x = constrain(c, x + &a, BTE);
+    let h = norm.apply(p, &name("pre_ffw_norm"), &x);
+    let mut m = Mlp::new(c, false, None).apply(c, p, &name("mlp"), &h);
+    if post.ffw {
+        m = norm.apply(p, &name("post_ffw_norm"), &m);
+    }
+    constrain(c, &x + &m, BTE)
 }
 
 impl Family for Gemma2 {
@@ -138,10 +177,16 @@ impl Family for Gemma2 {
     /// `4 * batch * (seq * w - w^2 / 2) * heads * head_dim` with `w = min(window, seq)`.
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
         let dense = dense_layer_flops(c, tokens, seq);
-        let (batch, heads_dim) = (tokens / seq, (c.heads * c.head_dim) as f64);
-        let w = (self.window as f64).min(seq);
-        let global = 2.0 * batch * seq * seq * heads_dim;
-        let local = 4.0 * batch * (seq * w - 0.5 * w * w) * heads_dim;
+        let (global, local) = global_and_local_attention_flops(c, tokens, seq, self.window);
         LayerFlops { weights: 2.0 * dense.weights, attention: global + local }
     }
+}
+
+/// MaxText's attention FLOPs of one global layer, causal `2 * batch * seq^2 * heads * head_dim`,
+/// and of one local layer, `4 * batch * (seq * w - w^2 / 2) * heads * head_dim` with
+/// `w = min(window, seq)` (Gemma 2's and Gemma 3's counts in `src/maxtext/utils/maxtext_utils.py`).
+pub(super) fn global_and_local_attention_flops(c: &ModelConfig, tokens: f64, seq: f64, window: i64) -> (f64, f64) {
+    let (batch, heads_dim) = (tokens / seq, (c.heads * c.head_dim) as f64);
+    let w = (window as f64).min(seq);
+    (2.0 * batch * seq * seq * heads_dim, 4.0 * batch * (seq * w - 0.5 * w * w) * heads_dim)
 }

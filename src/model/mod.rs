@@ -16,8 +16,10 @@
 //! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
 //!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
-//!   [`gemma2`], [`gpt3`], [`mixtral`] (Llama's attention and a routed MoE block); beside Llama's,
-//!   [`llama_hf`], its Hugging Face layout (`maxrs convert`).
+//!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gpt3`], [`mixtral`] (Llama's
+//!   attention and a routed MoE block), [`qwen3`] (Llama's layer with QK-norm).
+//! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`); beside Gemma 3's
+//!   family file, [`gemma3_hf`], its Hugging Face tensor names as data (not yet wired into `convert`).
 
 pub mod attention;
 pub mod blocks;
@@ -29,13 +31,16 @@ pub mod flops;
 pub mod fp8;
 pub mod gemma;
 pub mod gemma2;
+pub mod gemma3;
+pub mod gemma3_hf;
 pub mod gpt3;
+pub mod hf;
 pub mod llama;
-pub mod llama_hf;
 pub mod mistral;
 pub mod mixtral;
 pub mod moe;
 pub mod params;
+pub mod qwen3;
 
 pub use config::ModelConfig;
 pub use decoder::{loss_from_logits, CacheStep, Family, Forward, LayerFlops, LayerOutput, Model, ParamRole};

@@ -9,6 +9,11 @@
 //!   tied logits `y @ E^T`;
 //! - Gemma 2: Gemma's layer twice per stacked layer (local with a window, then global), attention
 //!   scores `cap * tanh(s / cap)`, post-attention and post-FFN norms, final logits soft-capped;
+//! - Gemma 3 (Hugging Face's `Gemma3DecoderLayer` / `Gemma3Attention`, transformers'
+//!   `models/gemma3/modeling_gemma3.py`): Gemma 2's layer with `(1 + w)` RMSNorms of the queries
+//!   and keys over head_dim before RoPE, queries scaled by `query_pre_attn_scalar^-1/2`, every 6th
+//!   layer global (RoPE base `rope_theta`, frequencies divided by the linear scaling factor), the
+//!   others sliding-window (RoPE base `rope_local_base_freq`); no soft caps;
 //! - GPT-3: LayerNorm `(x - mean) / sqrt(var + eps) * g + b`, learned position embeddings added to
 //!   the token embeddings, fused query/key/value with biases, no RoPE, GELU MLP with biases and its
 //!   own LayerNorm.
@@ -32,6 +37,7 @@ pub enum Family {
     Llama,
     Gemma,
     Gemma2,
+    Gemma3,
     Gpt3,
 }
 
@@ -58,6 +64,21 @@ pub struct Spec {
     pub fused_qkv: bool,
     /// The final norm's epsilon (and every norm's, except Gemma's layer norms: 1e-6).
     pub eps: f64,
+    /// Gemma 3's RoPE and query scaling.
+    pub gemma3: Option<Gemma3Spec>,
+}
+
+/// Gemma 3's attention settings, in Hugging Face's terms.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemma3Spec {
+    /// `rope_local_base_freq`: the sliding-window layers' RoPE base.
+    pub local_theta: f64,
+    /// `rope_theta`: the global layers' RoPE base.
+    pub global_theta: f64,
+    /// `rope_scaling.factor` (`linear`): the global layers' frequencies are divided by it.
+    pub global_factor: f64,
+    /// `query_pre_attn_scalar`: queries are multiplied by its inverse square root.
+    pub query_pre_attn_scalar: f64,
 }
 
 /// The model from `model_name` shrunk by `overrides`, in float32.
@@ -105,7 +126,7 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
             match spec.family {
                 // GPT-3's stored scale is g - 1 (identity at 0), the others' are the gain.
                 Family::Gpt3 => (-0.5, 0.5),
-                Family::Llama | Family::Gemma | Family::Gemma2 => (0.5, 1.5),
+                Family::Llama | Family::Gemma | Family::Gemma2 | Family::Gemma3 => (0.5, 1.5),
             }
         } else if name.ends_with(".bias") || name.ends_with("embedding") {
             (-0.5, 0.5)
@@ -205,14 +226,14 @@ fn llama31_scale(freq: f64) -> f64 {
     }
 }
 
-/// RoPE on every head of `x: [B*T, heads*head_dim]`.
-fn rope(spec: &Spec, theta: f64, d: usize, x: &Array2<f64>, heads: usize) -> Array2<f64> {
+/// RoPE on every head of `x: [B*T, heads*head_dim]`, frequencies divided by `factor`.
+fn rope(spec: &Spec, (theta, factor): (f64, f64), d: usize, x: &Array2<f64>, heads: usize) -> Array2<f64> {
     let mut y = x.clone();
     for r in 0..B * T {
         let pos = (r % T) as f64;
         for h in 0..heads {
             for i in 0..d / 2 {
-                let freq = 1.0 / theta.powf(2.0 * i as f64 / d as f64);
+                let freq = 1.0 / theta.powf(2.0 * i as f64 / d as f64) / factor;
                 let (a, b) = match spec.rope {
                     RopeRef::None => return x.clone(),
                     RopeRef::HalfSplit => (h * d + i, h * d + i + d / 2),
@@ -285,8 +306,8 @@ fn rope_attention(
     let (heads, kvh, d) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
     let w = |n: &str| &l[&format!("{prefix}.{n}.kernel")];
     let theta = c.rope_max_timescale;
-    let q = rope(spec, theta, d, &h.dot(w("query")), heads) / (d as f64).sqrt();
-    let k = rope(spec, theta, d, &h.dot(w("key")), kvh);
+    let q = rope(spec, (theta, 1.0), d, &h.dot(w("query")), heads) / (d as f64).sqrt();
+    let k = rope(spec, (theta, 1.0), d, &h.dot(w("key")), kvh);
     let v = h.dot(w("value"));
     attend(&q, &k, &v, (heads, kvh, d), window, spec.attn_cap).dot(w("out"))
 }
@@ -338,6 +359,45 @@ fn gemma_layer(
     &x + &f
 }
 
+/// Hugging Face's `Gemma3DecoderLayer` number `layer` (0-based, over the whole model) whose
+/// parameters are `l`'s under `prefix`.
+fn gemma3_layer(
+    spec: &Spec,
+    m: &Model,
+    l: &BTreeMap<String, Array2<f64>>,
+    x: &Array2<f64>,
+    prefix: &str,
+    layer: usize,
+) -> Array2<f64> {
+    let c = &m.config;
+    let g = spec.gemma3.expect("a Gemma 3 spec");
+    let (heads, kvh, d) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
+    let sliding = !(layer + 1).is_multiple_of(6);
+    let (rope_base, window) =
+        if sliding { ((g.local_theta, 1.0), spec.window) } else { ((g.global_theta, g.global_factor), None) };
+    let norm =
+        |name: &str, x: &Array2<f64>, eps: f64| gemma_norm(x, &gemma_scale(&l[&format!("{prefix}{name}.scale")]), eps);
+    // q_norm / k_norm: Gemma3RMSNorm(head_dim, eps=rms_norm_eps) on each head.
+    let head_norm = |name: &str, x: &Array2<f64>, n: usize| {
+        let mut y = x.clone();
+        for hh in 0..n {
+            let cols = s![.., hh * d..(hh + 1) * d];
+            y.slice_mut(cols).assign(&norm(name, &x.slice(cols).to_owned(), spec.eps));
+        }
+        y
+    };
+    let h = norm("pre_self_attention_norm", x, 1e-6);
+    let w = |n: &str| &l[&format!("{prefix}self_attention.{n}.kernel")];
+    let q = head_norm("self_attention.query_norm", &h.dot(w("query")), heads);
+    let k = head_norm("self_attention.key_norm", &h.dot(w("key")), kvh);
+    let q = rope(spec, rope_base, d, &q, heads) / g.query_pre_attn_scalar.sqrt();
+    let k = rope(spec, rope_base, d, &k, kvh);
+    let a = attend(&q, &k, &h.dot(w("value")), (heads, kvh, d), window, spec.attn_cap).dot(w("out"));
+    let x = x + &norm("post_self_attention_norm", &a, 1e-6);
+    let f = gated_mlp(l, &format!("{prefix}mlp"), &norm("pre_ffw_norm", &x, 1e-6), gelu_tanh);
+    &x + &norm("post_ffw_norm", &f, 1e-6)
+}
+
 fn gpt3_layer(spec: &Spec, m: &Model, l: &BTreeMap<String, Array2<f64>>, x: &Array2<f64>) -> Array2<f64> {
     let c = &m.config;
     let (heads, d) = (c.heads as usize, c.head_dim as usize);
@@ -377,7 +437,7 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     let table = &p.top["token_embedder.embedding"];
     // Gemma's own embedding table is MaxText's stored one over sqrt(emb); Gemma scales by sqrt(emb).
     let (table_own, input_scale) = match spec.family {
-        Family::Gemma | Family::Gemma2 => (table / (e as f64).sqrt(), (e as f64).sqrt()),
+        Family::Gemma | Family::Gemma2 | Family::Gemma3 => (table / (e as f64).sqrt(), (e as f64).sqrt()),
         Family::Llama | Family::Gpt3 => (table.clone(), 1.0),
     };
     let mut x = Array2::<f64>::zeros((B * T, e));
@@ -389,7 +449,7 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     }
     let embeddings = x.clone();
     let mut layers = Vec::new();
-    for l in &p.layers {
+    for (i, l) in p.layers.iter().enumerate() {
         x = match spec.family {
             Family::Llama => {
                 let norm = |name: &str, x: &Array2<f64>| rms_norm(x, &l[&format!("{name}.scale")], spec.eps);
@@ -409,13 +469,16 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
                 let x = gemma_layer(spec, m, l, &x, "_local", spec.window);
                 gemma_layer(spec, m, l, &x, "_global", None)
             }
+            Family::Gemma3 => (0..6).fold(x, |x, j| gemma3_layer(spec, m, l, &x, &format!("layers_{j}."), 6 * i + j)),
             Family::Gpt3 => gpt3_layer(spec, m, l, &x),
         };
         layers.push(x.clone());
     }
     let y = match spec.family {
         Family::Llama => rms_norm(&x, &p.top["decoder.decoder_norm.scale"], spec.eps),
-        Family::Gemma | Family::Gemma2 => gemma_norm(&x, &gemma_scale(&p.top["decoder.decoder_norm.scale"]), spec.eps),
+        Family::Gemma | Family::Gemma2 | Family::Gemma3 => {
+            gemma_norm(&x, &gemma_scale(&p.top["decoder.decoder_norm.scale"]), spec.eps)
+        }
         Family::Gpt3 => gpt3_ln(&p.top, "decoder.decoder_norm", &x, spec.eps),
     };
     let mut logits = match p.top.get("decoder.logits_dense.kernel") {

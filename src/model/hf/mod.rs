@@ -1,0 +1,466 @@
+//! Hugging Face checkpoint layouts (`maxrs convert`): for each family maxrs trains, its
+//! `config.json` fields <-> maxrs keys, and its tensors <-> maxrs parameters. The files are read
+//! and written by `checkpoint::hf`; this module owns the mapping.
+//!
+//! A family file ([`llama`]: Llama 2/3/3.1/3.3, Mistral, Mixtral, Qwen3, Qwen3 MoE; [`gemma`]:
+//! Gemma, Gemma 2)
+//! lists one [`Entry`] per Hugging Face tensor: the maxrs parameter it becomes, its index on the
+//! parameter's stacked leading axes (`[layer]` with `scan_layers=true`, `[expert]` in a Mixtral
+//! layer, both), and the [`Map`] between the two. Every map is exact in both directions except
+//! the value maps (Gemma's `1 + scale` norms, a folded scale), which are computed in f64 and
+//! rounded once to the weight dtype.
+
+pub mod gemma;
+pub mod llama;
+
+use std::collections::BTreeMap;
+
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+
+use super::Model;
+use crate::config::{self, Config, DecoderBlock};
+use crate::host::{ElementType, HostTensor};
+
+/// How a Hugging Face tensor becomes a maxrs parameter (read `from_hf`; `to_hf` inverts it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Map {
+    /// A Hugging Face linear weight `[out, in]`: maxrs's kernel is `[in..., out...]` with this
+    /// many leading `in` dimensions (a transpose plus a reshape). `None`: same layout.
+    pub linear_in_dims: Option<usize>,
+    /// Reorders the `out` rows of each `head_dim`-sized head from Hugging Face's `rotate_half`
+    /// RoPE order (element `i` pairs with `i + D/2`) to interleaved pairs `(2i, 2i + 1)` (maxrs's
+    /// Llama 3.1 RoPE), as `permute` in `transformers`' `convert_llama_weights_to_hf.py` undone.
+    pub interleave_heads: Option<i64>,
+    /// maxrs's value from Hugging Face's.
+    pub value: Revalue,
+}
+
+/// An elementwise change of value between the two layouts (`Map::value`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Revalue {
+    Same,
+    /// maxrs = hf + 1 (Gemma's RMSNorms multiply by `1 + weight` in Hugging Face's layout).
+    PlusOne,
+    /// maxrs = hf * factor.
+    Scale(f64),
+}
+
+impl Map {
+    pub const COPY: Map = Map { linear_in_dims: None, interleave_heads: None, value: Revalue::Same };
+
+    pub const fn linear(in_dims: usize) -> Map {
+        Map { linear_in_dims: Some(in_dims), interleave_heads: None, value: Revalue::Same }
+    }
+
+    pub const fn value(value: Revalue) -> Map {
+        Map { linear_in_dims: None, interleave_heads: None, value }
+    }
+}
+
+/// One Hugging Face tensor and the maxrs parameter (slice) it is.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The maxrs parameter's full name (as `Model::param_defs`).
+    pub maxrs: String,
+    /// Index on the parameter's leading stacked axes (empty: the whole parameter).
+    pub slot: Vec<i64>,
+    pub hf: String,
+    pub map: Map,
+}
+
+/// The name of a layer parameter `name` of layer `layer`, and its slot, as `scan_layers` lays
+/// it out; `inner` is a further slot (the expert) after the layer's.
+pub fn layer_entry(model: &Model, layer: i64, name: &str, inner: &[i64], hf: String, map: Map) -> Entry {
+    if model.config.scan_layers {
+        Entry { maxrs: format!("decoder.layers.{name}"), slot: [&[layer][..], inner].concat(), hf, map }
+    } else {
+        Entry { maxrs: format!("decoder.layers_{layer}.{name}"), slot: inner.to_vec(), hf, map }
+    }
+}
+
+/// maxrs configuration keys (`key=value` text) for a Hugging Face `config.json`: the family is
+/// `model_type`'s; refuses what maxrs does not model, naming the field (the caller names the file).
+pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
+    match hf["model_type"].as_str() {
+        Some("llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe") => llama::config_from_hf(hf),
+        Some("gemma" | "gemma2") => gemma::config_from_hf(hf),
+        _ => bail!(
+            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\"",
+            hf["model_type"]
+        ),
+    }
+}
+
+/// Refuses a model that Hugging Face's classes cannot express.
+pub fn check_model(c: &Config) -> Result<()> {
+    let gemma = matches!(c.decoder_block, DecoderBlock::Gemma | DecoderBlock::Gemma2);
+    match c.decoder_block {
+        DecoderBlock::Gpt3 => bail!(
+            "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet (maxrs converts \
+             llama2, mistral, mixtral, qwen3, qwen3_moe, gemma, gemma2)"
+        ),
+        DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe if !c.use_qk_norm => {
+            bail!("use_qk_norm=false: Hugging Face's Qwen3 always normalizes queries and keys")
+        }
+        _ if c.logits_via_embedding && c.normalize_embedding_logits != gemma => bail!(
+            "normalize_embedding_logits={}: Hugging Face's {} tied logits {} divided by sqrt(emb)",
+            c.normalize_embedding_logits,
+            c.decoder_block,
+            if gemma { "are" } else { "are not" }
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The Hugging Face `config.json` of the model `c` describes, with weights of `torch_dtype`.
+pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
+    match c.decoder_block {
+        DecoderBlock::Gemma | DecoderBlock::Gemma2 => gemma::hf_config(c, model, torch_dtype),
+        _ => llama::hf_config(c, model, torch_dtype),
+    }
+}
+
+/// The model's tensors; `hf` is the `config.json` of a checkpoint being read (`from-hf`).
+fn entries(c: &Config, model: &Model, hf: Option<&Value>) -> Result<Vec<Entry>> {
+    match c.decoder_block {
+        DecoderBlock::Gemma | DecoderBlock::Gemma2 => gemma::entries(c, model, hf),
+        _ => Ok(llama::entries(c, model)),
+    }
+}
+
+/// The fields of a Hugging Face `config.json`, each checked as it is read. A missing field and
+/// `null` are the same to `transformers` (its config classes default both).
+pub struct Fields<'a>(pub &'a Value);
+
+impl Fields<'_> {
+    /// Field `name` as a number in the range of the maxrs key `key` it becomes; `absent` when it
+    /// is missing or null (`None`: required).
+    pub fn value(&self, name: &str, key: &str, absent: Option<f64>) -> Result<f64> {
+        let range = config::range(key).expect("a numeric maxrs key");
+        let x = match &self.0[name] {
+            Value::Null => absent.ok_or_else(|| anyhow!("`{name}` is missing; it must be {range}"))?,
+            Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
+            other => bail!("`{name}` is {other}; it must be {range}"),
+        };
+        if !range.contains(x) || (range.minus_one && x == -1.0) {
+            bail!("`{name}` is {}; it must be {range} (maxrs's {key})", self.0[name]);
+        }
+        Ok(x)
+    }
+
+    pub fn number(&self, name: &str, key: &str, absent: Option<i64>) -> Result<i64> {
+        Ok(self.value(name, key, absent.map(|a| a as f64))? as i64)
+    }
+
+    /// `sliding_window`: null (no window, maxrs's 0) or a positive size.
+    pub fn window(&self) -> Result<i64> {
+        let value = &self.0["sliding_window"];
+        let range = config::Range { min: 1.0, ..config::range("sliding_window_size").expect("a numeric maxrs key") };
+        match value.as_f64() {
+            _ if value.is_null() => Ok(0),
+            Some(x) if range.contains(x) => Ok(x as i64),
+            _ => bail!(
+                "`sliding_window` is {value}; it must be null (no window) or {range} (maxrs's sliding_window_size)"
+            ),
+        }
+    }
+
+    /// A boolean field; `None` when missing.
+    pub fn flag(&self, name: &str) -> Result<Option<bool>> {
+        match &self.0[name] {
+            Value::Null => Ok(None),
+            Value::Bool(b) => Ok(Some(*b)),
+            other => bail!("`{name}` is {other}; it must be true or false"),
+        }
+    }
+
+    /// A string field; `None` when missing.
+    pub fn text(&self, name: &str) -> Result<Option<&str>> {
+        match &self.0[name] {
+            Value::Null => Ok(None),
+            Value::String(s) => Ok(Some(s)),
+            other => bail!("`{name}` is {other}; it must be a string"),
+        }
+    }
+
+    /// Refuses a field that must be absent, null, false or 0 (a feature maxrs does not model).
+    pub fn absent(&self, name: &str, what: &str) -> Result<()> {
+        match &self.0[name] {
+            Value::Null | Value::Bool(false) => Ok(()),
+            Value::Number(n) if n.as_f64() == Some(0.0) => Ok(()),
+            other => bail!("`{name}` is {other} ({what}): not supported yet"),
+        }
+    }
+}
+
+/// `[rows, cols]` row-major -> `[cols, rows]`, any element size.
+fn transpose(t: &HostTensor, rows: i64, cols: i64, dims: &[i64]) -> HostTensor {
+    let size = t.ty.byte_size();
+    let (rows, cols) = (rows as usize, cols as usize);
+    let mut data = vec![0u8; t.data.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (from, to) = ((r * cols + c) * size, (c * rows + r) * size);
+            data[to..to + size].copy_from_slice(&t.data[from..from + size]);
+        }
+    }
+    HostTensor::new(t.ty, dims, data)
+}
+
+/// The rows of `t` (`[rows, ...]`) reordered per head of `d` rows: `to_interleaved` moves row
+/// `a * d/2 + i` of a head to `2i + a`; otherwise the inverse.
+fn interleave_rows(t: &HostTensor, d: i64, to_interleaved: bool) -> HostTensor {
+    let rows = t.dims[0] as usize;
+    let row_bytes = t.data.len() / rows;
+    let (d, half) = (d as usize, d as usize / 2);
+    let mut data = vec![0u8; t.data.len()];
+    for r in 0..rows {
+        let (head, j) = (r / d, r % d);
+        let (a, i) = (j / half, j % half);
+        let (split, paired) = (head * d + j, head * d + 2 * i + a);
+        let (from, to) = if to_interleaved { (split, paired) } else { (paired, split) };
+        data[to * row_bytes..(to + 1) * row_bytes].copy_from_slice(&t.data[from * row_bytes..(from + 1) * row_bytes]);
+    }
+    HostTensor::new(t.ty, &t.dims, data)
+}
+
+/// `value` applied elementwise (`inverse`: undone), in f64, as an f32 tensor.
+fn revalue(t: &HostTensor, value: Revalue, inverse: bool) -> HostTensor {
+    let f = |x: f64| match (value, inverse) {
+        (Revalue::Same, _) => x,
+        (Revalue::PlusOne, false) => x + 1.0,
+        (Revalue::PlusOne, true) => x - 1.0,
+        (Revalue::Scale(s), false) => x * s,
+        (Revalue::Scale(s), true) => x / s,
+    };
+    let values: Vec<f32> = t.to_f64().into_iter().map(|x| f(x) as f32).collect();
+    HostTensor::from_f32(&t.dims, &values)
+}
+
+/// One Hugging Face tensor as the maxrs slice of `shape` (`None`: its shape does not fit).
+fn to_maxrs(t: &HostTensor, map: Map, shape: &[i64]) -> Option<HostTensor> {
+    let mut t = match map.value {
+        Revalue::Same => t.clone(),
+        value => revalue(t, value, false),
+    };
+    match map.linear_in_dims {
+        None => (t.dims == shape).then_some(t),
+        Some(k) => {
+            let (inner, outer): (i64, i64) = (shape[..k].iter().product(), shape[k..].iter().product());
+            if t.dims != [outer, inner] {
+                return None;
+            }
+            if let Some(d) = map.interleave_heads {
+                t = interleave_rows(&t, d, true);
+            }
+            Some(transpose(&t, outer, inner, shape))
+        }
+    }
+}
+
+/// One maxrs slice as the Hugging Face tensor (the inverse of `to_maxrs`).
+fn to_hf_tensor(t: &HostTensor, map: Map) -> HostTensor {
+    let mut t = match map.linear_in_dims {
+        None => t.clone(),
+        Some(k) => {
+            let (inner, outer): (i64, i64) = (t.dims[..k].iter().product(), t.dims[k..].iter().product());
+            transpose(t, inner, outer, &[outer, inner])
+        }
+    };
+    if let Some(d) = map.interleave_heads {
+        t = interleave_rows(&t, d, false);
+    }
+    match map.value {
+        Revalue::Same => t,
+        value => revalue(&t, value, true),
+    }
+}
+
+/// Byte offset and length of `slot` in a tensor of `dims` and element size `size`.
+fn slot_range(dims: &[i64], slot: &[i64], size: usize) -> (usize, usize) {
+    let inner: i64 = dims[slot.len()..].iter().product();
+    let mut index = 0;
+    for (i, s) in slot.iter().enumerate() {
+        index = index * dims[i] + s;
+    }
+    let len = inner as usize * size;
+    (index as usize * len, len)
+}
+
+/// maxrs parameters (names as `Model::param_defs`, no `params.` prefix) from Hugging Face
+/// tensors; every expected tensor must be there with its shape, and none may be left over.
+/// Tensors a value map changed are f32; the caller casts to the weight dtype.
+pub fn from_hf(
+    c: &Config,
+    model: &Model,
+    hf_config: &Value,
+    hf: &BTreeMap<String, HostTensor>,
+) -> Result<BTreeMap<String, HostTensor>> {
+    let defs: BTreeMap<String, Vec<i64>> = model.param_defs().into_iter().map(|d| (d.name, d.shape)).collect();
+    let entries = entries(c, model, Some(hf_config))?;
+    let mut out: BTreeMap<String, HostTensor> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for e in &entries {
+        let full = &defs[&e.maxrs];
+        let shape = &full[e.slot.len()..];
+        let Some(t) = hf.get(&e.hf) else {
+            problems.push(format!("missing {}", e.hf));
+            continue;
+        };
+        let Some(converted) = to_maxrs(t, e.map, shape) else {
+            problems.push(format!(
+                "{} is {}, expected {} elements for {} {shape:?}",
+                e.hf,
+                t.shape_string(),
+                shape.iter().product::<i64>(),
+                e.maxrs
+            ));
+            continue;
+        };
+        if e.slot.is_empty() {
+            out.insert(e.maxrs.clone(), converted);
+            continue;
+        }
+        let whole = out.entry(e.maxrs.clone()).or_insert_with(|| HostTensor::zeros(converted.ty, full));
+        let (at, len) = slot_range(full, &e.slot, whole.ty.byte_size());
+        whole.data[at..at + len].copy_from_slice(&converted.data);
+    }
+    let known: std::collections::BTreeSet<&str> = entries.iter().map(|e| e.hf.as_str()).collect();
+    let extra: Vec<&str> = hf.keys().map(|k| k.as_str()).filter(|k| !known.contains(k)).collect();
+    if !extra.is_empty() {
+        problems.push(format!("tensors the model does not have: {}", extra.join(", ")));
+    }
+    if !problems.is_empty() {
+        bail!("the Hugging Face checkpoint does not match the model:\n  {}", problems.join("\n  "));
+    }
+    Ok(out)
+}
+
+/// Hugging Face tensors from maxrs parameters (names as `Model::param_defs`), in `ty`.
+pub fn to_hf(
+    c: &Config,
+    model: &Model,
+    params: &BTreeMap<String, HostTensor>,
+    ty: ElementType,
+) -> Result<BTreeMap<String, HostTensor>> {
+    let mut out = BTreeMap::new();
+    for e in entries(c, model, None)? {
+        let t = params.get(&e.maxrs).ok_or_else(|| anyhow!("the maxrs parameters have no {}", e.maxrs))?;
+        let slice = if e.slot.is_empty() {
+            t.clone()
+        } else {
+            let (at, len) = slot_range(&t.dims, &e.slot, t.ty.byte_size());
+            HostTensor::new(t.ty, &t.dims[e.slot.len()..], t.data[at..at + len].to_vec())
+        };
+        let converted = to_hf_tensor(&slice, e.map);
+        let converted = if converted.ty == ty { converted } else { crate::host::convert_float(&converted, ty) };
+        out.insert(e.hf, converted);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleaving_reorders_each_heads_rows_and_back() {
+        // Two heads of 4 rows, one column: Hugging Face's order [x0, x1, y0, y1] per head
+        // (x_i pairs with y_i) becomes [x0, y0, x1, y1].
+        let t = HostTensor::from_f32(&[8, 1], &[0., 1., 10., 11., 20., 21., 30., 31.]);
+        let paired = interleave_rows(&t, 4, true);
+        assert_eq!(paired.to_f32(), vec![0., 10., 1., 11., 20., 30., 21., 31.]);
+        assert_eq!(interleave_rows(&paired, 4, false).to_f32(), t.to_f32());
+    }
+
+    #[test]
+    fn slots_index_the_stacked_axes_row_major() {
+        // [layers 2, experts 3, 4 elements] of f32: layer 1, expert 2 is the last block.
+        assert_eq!(slot_range(&[2, 3, 4], &[1, 2], 4), (5 * 16, 16));
+        assert_eq!(slot_range(&[2, 3, 4], &[1], 4), (48, 48));
+        assert_eq!(slot_range(&[2, 3, 4], &[], 4), (0, 96));
+    }
+
+    /// What a checkpoint has that maxrs does not model is refused naming the field.
+    #[test]
+    fn unsupported_fields_are_named() {
+        let llama = serde_json::json!({
+            "model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
+            "num_hidden_layers": 2, "vocab_size": 32, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        });
+        let keys = config_from_hf(&llama).unwrap();
+        assert!(keys.contains(&("rope_type".into(), "llama3.1".into())), "{keys:?}");
+        let with = |base: &serde_json::Value, path: &[&str], value: serde_json::Value| {
+            let mut c = base.clone();
+            let mut at = &mut c;
+            for p in &path[..path.len() - 1] {
+                at = &mut at[*p];
+            }
+            at[path[path.len() - 1]] = value;
+            config_from_hf(&c).unwrap_err().to_string()
+        };
+        // Llama 3.2's factor 32, YaRN, a Mixtral with router noise, Gemma 2 with an odd layer count.
+        let err = with(&llama, &["rope_scaling", "factor"], serde_json::json!(32.0));
+        assert!(err.starts_with("`rope_scaling.factor` is 32.0") && err.contains("not supported yet"), "{err}");
+        let err = with(&llama, &["rope_scaling", "rope_type"], serde_json::json!("yarn"));
+        assert!(err.starts_with("`rope_scaling.rope_type` is \"yarn\""), "{err}");
+        // transformers 5 writes the RoPE settings into `rope_parameters`.
+        let mut v5 = llama.clone();
+        v5["rope_parameters"] = v5["rope_scaling"].clone();
+        v5["rope_parameters"]["rope_theta"] = serde_json::json!(500000.0);
+        v5["rope_parameters"]["factor"] = serde_json::json!(16.0);
+        assert!(config_from_hf(&v5).unwrap_err().to_string().starts_with("`rope_parameters.factor` is 16.0"));
+        let mut mixtral = llama.clone();
+        mixtral["model_type"] = "mixtral".into();
+        mixtral["num_local_experts"] = 4.into();
+        mixtral["num_experts_per_tok"] = 2.into();
+        let err = with(&mixtral, &["router_jitter_noise"], serde_json::json!(0.01));
+        assert!(err.starts_with("`router_jitter_noise` is 0.01") && err.contains("not supported yet"), "{err}");
+        let mut qwen3_moe = mixtral.clone();
+        qwen3_moe["model_type"] = "qwen3_moe".into();
+        qwen3_moe["rope_scaling"] = serde_json::Value::Null;
+        qwen3_moe["num_experts"] = 4.into();
+        qwen3_moe["moe_intermediate_size"] = 8.into();
+        let keys = config_from_hf(&qwen3_moe).unwrap();
+        assert!(keys.contains(&("base_mlp_dim".into(), "8".into())), "experts' width: {keys:?}");
+        for (field, value, want) in [
+            ("norm_topk_prob", serde_json::json!(false), "`norm_topk_prob` is false"),
+            ("mlp_only_layers", serde_json::json!([0]), "`mlp_only_layers` is [0]"),
+            ("decoder_sparse_step", serde_json::json!(2), "`decoder_sparse_step` is 2"),
+            ("use_sliding_window", serde_json::json!(true), "`use_sliding_window` is true"),
+        ] {
+            let err = with(&qwen3_moe, &[field], value);
+            assert!(err.starts_with(want) && err.contains("not supported yet"), "{err}");
+        }
+        let mut gemma2 = llama.clone();
+        gemma2["model_type"] = "gemma2".into();
+        gemma2["rms_norm_eps"] = serde_json::json!(1e-6);
+        gemma2["rope_scaling"] = serde_json::Value::Null;
+        gemma2["sliding_window"] = 4.into();
+        assert!(config_from_hf(&gemma2).is_ok());
+        let err = with(&gemma2, &["num_hidden_layers"], serde_json::json!(3));
+        assert!(err.starts_with("`num_hidden_layers` is 3"), "{err}");
+        let err = with(&gemma2, &["hidden_activation"], serde_json::json!("relu"));
+        assert!(err.starts_with("`hidden_activation` is \"relu\""), "{err}");
+    }
+
+    #[test]
+    fn maps_invert() {
+        let t = HostTensor::from_f32(&[4, 2], &[0.5, -1.0, 2.0, 0.25, 3.0, -0.5, 1.5, 0.125]);
+        for map in [
+            Map { linear_in_dims: Some(1), interleave_heads: Some(4), value: Revalue::Same },
+            Map { linear_in_dims: Some(1), interleave_heads: None, value: Revalue::Scale(2.0) },
+            Map::value(Revalue::PlusOne),
+        ] {
+            let shape: Vec<i64> = if map.linear_in_dims.is_some() { vec![2, 4] } else { vec![4, 2] };
+            let maxrs = to_maxrs(&t, map, &shape).unwrap();
+            assert_eq!(to_hf_tensor(&maxrs, map).to_f32(), t.to_f32(), "{map:?}");
+        }
+        // A linear's maxrs kernel is its transpose.
+        let k = to_maxrs(&t, Map::linear(1), &[2, 4]).unwrap();
+        assert_eq!(k.to_f32(), vec![0.5, 2.0, 3.0, 1.5, -1.0, 0.25, -0.5, 0.125]);
+    }
+}

@@ -1,0 +1,175 @@
+//! `maxrs convert` for every family against Hugging Face's own modeling code: for Llama, Llama 3.1
+//! (`rope_scaling` llama3), Mistral (sliding window), Mixtral, Gemma and Gemma 2, a tiny
+//! checkpoint in Hugging Face's layout, converted to maxrs, gives the logits and greedy tokens
+//! `transformers` computed on it (recorded in `tests/data/hf_golden.json` by
+//! `tools/hf_golden.py`, which states the command and versions), and converts back to the same
+//! tensors. The weights come from the generator the script uses (an LCG per tensor seeded by the
+//! FNV-1a hash of its name), so the golden file holds no weights.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::serialize_to_file;
+use serde_json::Value;
+
+use crate::convert_hf::{convert, maxrs_logits, raw, read_hf, Raw};
+
+/// The golden file's prompt length: the greedy tokens follow it.
+const PROMPT: usize = 8;
+
+fn golden() -> &'static Value {
+    static GOLDEN: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    GOLDEN.get_or_init(|| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf_golden.json");
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    })
+}
+
+/// `n` values in [-1, 1), as `tools/hf_golden.py`'s `uniform`.
+fn uniform(name: &str, n: usize) -> Vec<f64> {
+    let mut x: u64 = 0xCBF2_9CE4_8422_2325;
+    for b in name.bytes() {
+        x = (x ^ b as u64).wrapping_mul(0x0100_0000_01B3);
+    }
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 40) as f64 / (1u64 << 23) as f64 - 1.0
+        })
+        .collect()
+}
+
+/// A tensor's values, as `tools/hf_golden.py`'s `values`.
+fn values(name: &str, n: usize, plus_one_norms: bool) -> Vec<f32> {
+    let u = uniform(name, n);
+    let f = |v: f64| -> f64 {
+        if name.ends_with("norm.weight") {
+            if plus_one_norms {
+                0.2 * v
+            } else {
+                1.0 + 0.2 * v
+            }
+        } else if name.contains("embed_tokens") {
+            v
+        } else {
+            0.25 * v
+        }
+    };
+    u.into_iter().map(|v| f(v) as f32).collect()
+}
+
+/// Writes the family's golden checkpoint (config.json, one f32 model.safetensors) to `dir`.
+fn write_checkpoint(dir: &Path, case: &Value) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("config.json"), case["config"].to_string()).unwrap();
+    let plus_one = case["config"]["model_type"].as_str().unwrap().starts_with("gemma");
+    let raws: BTreeMap<String, Raw> = case["tensors"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, shape)| {
+            let shape: Vec<usize> = shape.as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+            let n = shape.iter().product();
+            (name.clone(), raw(&shape, &values(name, n, plus_one), false))
+        })
+        .collect();
+    let views: Vec<(&str, &Raw)> = raws.iter().map(|(n, r)| (n.as_str(), r)).collect();
+    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    serialize_to_file(views, &Some(metadata), &dir.join("model.safetensors")).unwrap();
+}
+
+/// Converts the family's golden checkpoint, checks maxrs's logits and greedy tokens against
+/// `transformers`', and converts back (`exact`: bit for bit; otherwise within f32 rounding of
+/// the value maps).
+fn check_family(family: &str, exact: bool) {
+    let case = &golden()["families"][family];
+    let d = tempfile::tempdir().unwrap();
+    let hf = d.path().join("hf");
+    write_checkpoint(&hf, case);
+    let ours = d.path().join("maxrs");
+    convert(&["from-hf", hf.to_str().unwrap(), ours.to_str().unwrap()]);
+
+    let sequence: Vec<i32> = case["sequence"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect();
+    let want: Vec<f64> = case["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| row.as_array().unwrap())
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let got = maxrs_logits(&ours, &sequence, &[]);
+    let err = crate::common::llama_ref::scaled_err(&got, &want);
+    println!("{family}: logits scaled error vs transformers {err:e}");
+    assert!(err < 2e-5, "{family}: logits differ from transformers': scaled error {err:e}");
+    // Greedy decoding: each generated token is the argmax of maxrs's logits one position earlier.
+    let vocab = want.len() / sequence.len();
+    for pos in PROMPT - 1..sequence.len() - 1 {
+        let row = &got[pos * vocab..(pos + 1) * vocab];
+        let best = (0..vocab).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+        assert_eq!(best as i32, sequence[pos + 1], "{family}: greedy token after position {pos}");
+    }
+
+    let back = d.path().join("hf-back");
+    convert(&["to-hf", ours.to_str().unwrap(), back.to_str().unwrap()]);
+    let (original, returned) = (read_hf(&hf), read_hf(&back));
+    assert_eq!(returned.keys().collect::<Vec<_>>(), original.keys().collect::<Vec<_>>(), "{family}");
+    for (name, (dtype, shape, bytes)) in &original {
+        let (got_dtype, got_shape, got_bytes) = &returned[name];
+        assert_eq!((got_dtype, got_shape), (dtype, shape), "{family}: {name}");
+        if exact {
+            assert_eq!(got_bytes, bytes, "{family}: {name} converts back bit for bit");
+            continue;
+        }
+        // Gemma 2's query scaling is folded into the query weights (query_pre_attn_scalar 24,
+        // head_dim 16); the checkpoint written back says query_pre_attn_scalar = head_dim.
+        let scale = if family == "gemma2" && name.contains("q_proj") { (16.0f64 / 24.0).sqrt() } else { 1.0 };
+        let f = |b: &[u8]| b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect::<Vec<_>>();
+        let want: Vec<f64> = f(bytes).into_iter().map(|x| x * scale).collect();
+        let diff = crate::common::max_rel_diff(&f(got_bytes), &want);
+        assert!(diff < 1e-6, "{family}: {name} converts back within f32 rounding: {diff:e}");
+    }
+    let config: Value = serde_json::from_slice(&std::fs::read(back.join("config.json")).unwrap()).unwrap();
+    for field in ["model_type", "hidden_size", "num_hidden_layers", "num_key_value_heads", "head_dim", "rope_scaling"] {
+        assert_eq!(config[field], case["config"][field], "{family}: config.json's {field}");
+    }
+}
+
+#[test]
+fn llama_matches_transformers() {
+    check_family("llama", true);
+}
+
+#[test]
+fn llama31_rope_scaling_matches_transformers() {
+    check_family("llama3.1", true);
+}
+
+#[test]
+fn mistral_sliding_window_matches_transformers() {
+    check_family("mistral", true);
+}
+
+#[test]
+fn mixtral_matches_transformers() {
+    check_family("mixtral", true);
+}
+
+#[test]
+fn gemma_matches_transformers() {
+    check_family("gemma", false);
+}
+
+#[test]
+fn gemma2_matches_transformers() {
+    check_family("gemma2", false);
+}
+
+#[test]
+fn qwen3_qk_norm_tied_matches_transformers() {
+    check_family("qwen3", true);
+}
+
+#[test]
+fn qwen3_moe_matches_transformers() {
+    check_family("qwen3_moe", true);
+}

@@ -1,0 +1,208 @@
+"""Golden logits from Hugging Face's own modeling code, for `tests/convert_families.rs`.
+
+For each family: a tiny checkpoint in Hugging Face's layout whose weights come from a
+deterministic generator (the same in the Rust test: an LCG per tensor seeded by the FNV-1a hash
+of its name), loaded by `transformers` (`AutoModelForCausalLM`, f32, eager attention); a greedy
+`generate` continues a fixed prompt, and the logits of the whole sequence are recorded. The test
+writes the same checkpoint, converts it with `maxrs convert from-hf`, and checks maxrs's logits
+and greedy tokens against these.
+
+Made with (CPU only; versions as recorded in the output's "versions"):
+
+    python3 -m venv ~/.cache/maxrs/venvs/hf-golden
+    ~/.cache/maxrs/venvs/hf-golden/bin/pip install --no-deps torch==2.15.0
+    ~/.cache/maxrs/venvs/hf-golden/bin/pip install transformers==5.23.0 safetensors numpy \
+        filelock typing-extensions sympy networkx jinja2 fsspec
+    ~/.cache/maxrs/venvs/hf-golden/bin/python tools/hf_golden.py tests/data/hf_golden.json
+
+`tools/hf_golden.py --checkpoint FAMILY DIR` writes one family's checkpoint (config.json and
+model.safetensors) to DIR, e.g. to compare `maxrs decode` on it with the recorded greedy tokens.
+"""
+
+import json
+import math
+import sys
+import tempfile
+
+MASK = (1 << 64) - 1
+PROMPT = [3, 17, 42, 99, 5, 64, 120, 7]
+NEW_TOKENS = 4
+
+
+def fnv1a(name):
+    h = 0xCBF29CE484222325
+    for b in name.encode():
+        h = ((h ^ b) * 0x100000001B3) & MASK
+    return h
+
+
+def uniform(name, n):
+    """n values in [-1, 1): an LCG (Knuth's MMIX constants) seeded by the name's hash."""
+    x = fnv1a(name)
+    out = []
+    for _ in range(n):
+        x = (x * 6364136223846793005 + 1442695040888963407) & MASK
+        out.append((x >> 40) / float(1 << 23) - 1.0)
+    return out
+
+
+def values(name, n, plus_one_norms):
+    """A tensor's values (as f32 after rounding): norms near 1 (or near 0 where the model adds
+    1), embeddings in [-1, 1), other weights in [-0.25, 0.25)."""
+    u = uniform(name, n)
+    if name.endswith("norm.weight"):
+        return [0.2 * v for v in u] if plus_one_norms else [1.0 + 0.2 * v for v in u]
+    if "embed_tokens" in name:
+        return u
+    return [0.25 * v for v in u]
+
+
+E, H, K, D, M, V = 64, 4, 2, 16, 96, 128
+
+BASE = {
+    "hidden_size": E, "num_attention_heads": H, "num_key_value_heads": K, "head_dim": D,
+    "intermediate_size": M, "vocab_size": V, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "max_position_embeddings": 256, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+
+def llama_tensors(layers, moe_experts=0, qk_norm=False, tied=False, qwen3_moe=False):
+    t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E]}
+    if not tied:
+        t["lm_head.weight"] = [V, E]
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        t[p + "input_layernorm.weight"] = [E]
+        t[p + "self_attn.q_proj.weight"] = [H * D, E]
+        t[p + "self_attn.k_proj.weight"] = [K * D, E]
+        t[p + "self_attn.v_proj.weight"] = [K * D, E]
+        t[p + "self_attn.o_proj.weight"] = [E, H * D]
+        t[p + "post_attention_layernorm.weight"] = [E]
+        if qk_norm:
+            t[p + "self_attn.q_norm.weight"] = [D]
+            t[p + "self_attn.k_norm.weight"] = [D]
+        if moe_experts:
+            block, (gate, up, down) = (("mlp", ("gate_proj", "up_proj", "down_proj")) if qwen3_moe
+                                       else ("block_sparse_moe", ("w1", "w3", "w2")))
+            t[p + f"{block}.gate.weight"] = [moe_experts, E]
+            for j in range(moe_experts):
+                q = p + f"{block}.experts.{j}."
+                t[q + f"{gate}.weight"] = [M, E]
+                t[q + f"{up}.weight"] = [M, E]
+                t[q + f"{down}.weight"] = [E, M]
+        else:
+            t[p + "mlp.gate_proj.weight"] = [M, E]
+            t[p + "mlp.up_proj.weight"] = [M, E]
+            t[p + "mlp.down_proj.weight"] = [E, M]
+    return t
+
+
+def gemma_tensors(layers, gemma2, kv):
+    t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E]}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if gemma2:
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        for n in norms:
+            t[p + n + ".weight"] = [E]
+        t[p + "self_attn.q_proj.weight"] = [H * D, E]
+        t[p + "self_attn.k_proj.weight"] = [kv * D, E]
+        t[p + "self_attn.v_proj.weight"] = [kv * D, E]
+        t[p + "self_attn.o_proj.weight"] = [E, H * D]
+        t[p + "mlp.gate_proj.weight"] = [M, E]
+        t[p + "mlp.up_proj.weight"] = [M, E]
+        t[p + "mlp.down_proj.weight"] = [E, M]
+    return t
+
+
+def cases():
+    llama = dict(BASE, architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=2,
+                 hidden_act="silu", tie_word_embeddings=False)
+    llama31 = dict(llama, rope_theta=500000.0, max_position_embeddings=131072, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192})
+    mistral = dict(llama, architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=4)
+    mixtral = dict(llama, architectures=["MixtralForCausalLM"], model_type="mixtral", num_hidden_layers=1,
+                   num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+                   rope_theta=1000000.0, router_jitter_noise=0.0)
+    qwen3 = dict(llama, architectures=["Qwen3ForCausalLM"], model_type="qwen3", rms_norm_eps=1e-6,
+                 rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
+                 sliding_window=None)
+    qwen3_moe = dict(qwen3, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                     num_hidden_layers=1, tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=M, intermediate_size=200, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001)
+    gemma = dict(BASE, architectures=["GemmaForCausalLM"], model_type="gemma", num_hidden_layers=2,
+                 num_key_value_heads=1, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                 tie_word_embeddings=True)
+    gemma2 = dict(BASE, architectures=["Gemma2ForCausalLM"], model_type="gemma2", num_hidden_layers=4,
+                  hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True,
+                  query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=5.0,
+                  final_logit_softcapping=3.0)
+    return {
+        "llama": (llama, llama_tensors(2)),
+        "llama3.1": (llama31, llama_tensors(2)),
+        "mistral": (mistral, llama_tensors(2)),
+        "mixtral": (mixtral, llama_tensors(1, moe_experts=4)),
+        "qwen3": (qwen3, llama_tensors(2, qk_norm=True, tied=True)),
+        "qwen3_moe": (qwen3_moe, llama_tensors(1, moe_experts=4, qk_norm=True, qwen3_moe=True)),
+        "gemma": (gemma, gemma_tensors(2, False, 1)),
+        "gemma2": (gemma2, gemma_tensors(4, True, K)),
+    }
+
+
+def write_checkpoint(d, config, shapes):
+    import torch
+    from safetensors.torch import save_file
+
+    plus_one = config["model_type"].startswith("gemma")
+    tensors = {}
+    for name, shape in shapes.items():
+        n = math.prod(shape)
+        tensors[name] = torch.tensor(values(name, n, plus_one), dtype=torch.float32).reshape(shape)
+    save_file(tensors, f"{d}/model.safetensors", metadata={"format": "pt"})
+    with open(f"{d}/config.json", "w") as f:
+        json.dump(config, f)
+
+
+def main(out_path):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    golden = {"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+              "prompt": PROMPT, "families": {}}
+    for family, (config, shapes) in cases().items():
+        with tempfile.TemporaryDirectory() as d:
+            write_checkpoint(d, config, shapes)
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+            model.eval()
+            # Every tensor of the file was used, and none is left at its random initialization.
+            assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+            with torch.no_grad():
+                ids = torch.tensor([PROMPT])
+                generated = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                           eos_token_id=None, pad_token_id=0, min_new_tokens=NEW_TOKENS)
+                sequence = generated[0].tolist()
+                logits = model(generated).logits[0]
+        golden["families"][family] = {
+            "config": config,
+            "tensors": {k: v for k, v in shapes.items()},
+            "sequence": sequence,
+            "logits": [[float(f"{x:.7g}") for x in row] for row in logits.tolist()],
+        }
+        print(family, "greedy:", sequence[len(PROMPT):])
+    with open(out_path, "w") as f:
+        json.dump(golden, f, separators=(",", ":"))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--checkpoint":
+        import os
+        os.makedirs(sys.argv[3])
+        write_checkpoint(sys.argv[3], *cases()[sys.argv[2]])
+    else:
+        main(sys.argv[1])
