@@ -108,7 +108,8 @@ declare_keys! {
     section "Model" {
         /// The decoder family, one file each under src/model/.
         /// llama2, mistral (llama2's block plus sliding_window_size), gemma, gemma2, gemma3 (text
-        /// only), gpt3, mixtral (llama2 with routed experts).
+        /// only), gpt3, mixtral (llama2 with routed experts), qwen3 (llama2 with QK-norm),
+        /// qwen3_moe (qwen3 with routed experts).
         decoder_block: DecoderBlock = "llama2" => MaxText.model(ALL).model_file(),
         /// A power of two that scales the base_* sizes as MaxText does.
         /// With log2(scale) = 3q + r: emb x 2^(q + [r > 1]), query and kv heads and mlp x
