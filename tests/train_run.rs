@@ -97,7 +97,6 @@ fn every_family_trains_with_a_falling_loss() {
         ("llama3.1-8b", &[]),
         ("gemma-2b", &["base_num_kv_heads=1"]),
         ("gemma2-2b", &["sliding_window_size=8"]),
-        ("gemma3-12b", &["base_num_decoder_layers=6", "sliding_window_size=8"]),
         ("gpt3-52k", &["base_num_kv_heads=4"]),
     ] {
         let mut args = vec![
