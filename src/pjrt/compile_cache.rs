@@ -4,8 +4,9 @@
 //! the directory; a later compile of the same program on the same plugin, devices and
 //! `XLA_FLAGS` loads it instead of compiling again. JAX's rules (`jax/_src/compiler.py`,
 //! `config.py`, `cache_key.py` at jax-ml/jax cec06d1): only compiles of at least
-//! `jax_persistent_cache_min_compile_time_secs` = 1 s are written, only by process 0, entries
-//! are compressed, and a cache that cannot be read or written costs a warning, never the run.
+//! `jax_persistent_cache_min_compile_time_secs` = 1 s are written (JAX's variable
+//! `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` changes it), only by process 0, entries are
+//! compressed, and a cache that cannot be read or written costs a warning, never the run.
 //!
 //! Like JAX's, the cache is process-wide: a run sets it from its config ([`configure`]) and
 //! every [`Client::compile`](super::Client::compile) consults it. Deviceless (topology)
@@ -21,8 +22,21 @@ use sha2::{Digest, Sha256};
 
 use super::{Client, CompileOptions, LoadedExecutable};
 
-/// JAX's `jax_persistent_cache_min_compile_time_secs` default: quicker compiles are not written.
-const MIN_COMPILE_TIME: Duration = Duration::from_secs(1);
+/// JAX's `jax_persistent_cache_min_compile_time_secs` (default 1 s; JAX reads it from
+/// `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` too): quicker compiles are not written.
+fn min_compile_time() -> Duration {
+    const NAME: &str = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS";
+    match std::env::var(NAME) {
+        Err(_) => Duration::from_secs(1),
+        Ok(text) => match text.trim().parse::<f64>().ok().and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+            Some(d) => d,
+            None => {
+                tracing::warn!("{NAME}={text:?} is not a number of seconds >= 0; using 1");
+                Duration::from_secs(1)
+            }
+        },
+    }
+}
 
 /// Bumped when what a cache entry holds changes, so older entries are never read as newer ones.
 const FORMAT: &str = "maxrs compile cache v1";
@@ -77,17 +91,21 @@ pub(crate) fn compile_through(
             return compile();
         }
     };
-    match load(client, &entry) {
+    // A broken entry is replaced whatever the compile takes: the program was worth keeping once.
+    let broken = match load(client, &entry) {
         Ok(Some(executable)) => {
             tracing::debug!("compilation cache: loaded {}", entry.display());
             return Ok(executable);
         }
-        Ok(None) => {}
-        Err(e) => tracing::warn!("compilation cache: cannot use {} ({e:#}); compiling again", entry.display()),
-    }
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!("compilation cache: cannot use {} ({e:#}); compiling again", entry.display());
+            true
+        }
+    };
     let start = Instant::now();
     let executable = compile()?;
-    if start.elapsed() >= MIN_COMPILE_TIME && client.process_index().unwrap_or(0) == 0 {
+    if (broken || start.elapsed() >= min_compile_time()) && client.process_index().unwrap_or(0) == 0 {
         if let Err(e) = store(&executable, &entry) {
             tracing::warn!("compilation cache: cannot write {} ({e:#})", entry.display());
         }
