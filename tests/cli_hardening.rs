@@ -63,6 +63,16 @@ fn sizes_that_crashed_get_one_line_naming_the_key() {
     std::fs::write(&yml, "adam_eps: .inf\n").unwrap();
     let e = refused(&["train", yml.to_str().unwrap()], &[]);
     assert!(e.contains("`adam_eps`") && e.contains("finite"), "{e}");
+    // A model width that the fsdp axis cannot split names the array and what would divide it.
+    let e = refused(
+        &["train", "cpu_device_count=8", "ici_fsdp_parallelism=8", "per_device_batch_size=1", "base_emb_dim=100"],
+        &[],
+    );
+    assert!(
+        e.contains("\"params.token_embedder.embedding\": dimension 1 of size 100 is not divisible into 8 shards")
+            && e.contains("must be a multiple of 8"),
+        "{e}"
+    );
 }
 
 #[test]

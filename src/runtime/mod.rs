@@ -124,7 +124,8 @@ impl Compiled {
         let (Some(mesh), Some(sharding)) = (&self.program.mesh, &spec.sharding) else { return Ok(0..rows as usize) };
         let (mut first, mut end) = (rows, 0);
         for &pos in &self.positions {
-            let bounds = mesh.shard_bounds(sharding, &spec.ty.shape, pos).map_err(|e| anyhow!(e))?;
+            let bounds =
+                mesh.shard_bounds(sharding, &spec.ty.shape, pos).map_err(|e| anyhow!("\"{}\": {e}", spec.name))?;
             first = first.min(bounds[0].0);
             end = end.max(bounds[0].0 + bounds[0].1);
         }
@@ -142,7 +143,9 @@ impl Compiled {
         }
         self.to_devices(client, |d, device| match (&self.program.mesh, &spec.sharding) {
             (Some(mesh), Some(sharding)) => {
-                let mut bounds = mesh.shard_bounds(sharding, global, self.positions[d]).map_err(|e| anyhow!(e))?;
+                let mut bounds = mesh
+                    .shard_bounds(sharding, global, self.positions[d])
+                    .map_err(|e| anyhow!("\"{}\": {e}", spec.name))?;
                 bounds[0].0 -= first_row;
                 if bounds[0].0 < 0 || bounds[0].0 + bounds[0].1 > rows {
                     bail!(
@@ -199,7 +202,10 @@ impl Compiled {
                     .iter()
                     .position(|g| g.contains(id))
                     .ok_or_else(|| anyhow!("device {id} of the mesh belongs to no process"))?;
-                Ok((process, mesh.shard_bounds(sharding, &spec.ty.shape, pos).map_err(|e| anyhow!(e))?))
+                Ok((
+                    process,
+                    mesh.shard_bounds(sharding, &spec.ty.shape, pos).map_err(|e| anyhow!("\"{}\": {e}", spec.name))?,
+                ))
             })
             .collect()
     }
@@ -214,7 +220,8 @@ impl Compiled {
         };
         let mut out: Vec<(Bounds, HostTensor)> = Vec::new();
         for (buffer, &pos) in array.iter().zip(&self.positions) {
-            let bounds = mesh.shard_bounds(sharding, &spec.ty.shape, pos).map_err(|e| anyhow!(e))?;
+            let bounds =
+                mesh.shard_bounds(sharding, &spec.ty.shape, pos).map_err(|e| anyhow!("\"{}\": {e}", spec.name))?;
             if !out.iter().any(|(b, _)| *b == bounds) {
                 out.push((bounds, buffer.to_host()?));
             }
@@ -233,9 +240,9 @@ impl Compiled {
         let spec = &self.program.inputs[index];
         self.to_devices(client, |d, _| {
             let bounds = match (&self.program.mesh, &spec.sharding) {
-                (Some(mesh), Some(sharding)) => {
-                    mesh.shard_bounds(sharding, &spec.ty.shape, self.positions[d]).map_err(|e| anyhow!(e))?
-                }
+                (Some(mesh), Some(sharding)) => mesh
+                    .shard_bounds(sharding, &spec.ty.shape, self.positions[d])
+                    .map_err(|e| anyhow!("\"{}\": {e}", spec.name))?,
                 _ => whole(&spec.ty.shape),
             };
             let host = block(&bounds)?;

@@ -106,7 +106,10 @@ impl Mesh {
                 count *= self.axes[k].1;
             }
             if size % count as i64 != 0 {
-                return Err(format!("dimension {d} of size {size} is not divisible into {count} shards by {spec}"));
+                return Err(format!(
+                    "dimension {d} of size {size} is not divisible into {count} shards by {spec}: its size must be a \
+                     multiple of {count}, or those mesh axes smaller (their ici_/dcn_*_parallelism keys)"
+                ));
             }
             let len = size / count as i64;
             out.push((index as i64 * len, len));
