@@ -125,11 +125,10 @@ fn key(client: &Client, mlir: &str, options: &CompileOptions) -> Result<String> 
     };
     part(FORMAT.as_bytes());
     let plugin = client.plugin().path();
-    let meta = std::fs::metadata(plugin)?;
-    let modified = meta.modified()?.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let (size, mtime_ns) = super::provision::size_and_mtime(plugin)?;
     part(plugin.as_os_str().as_encoded_bytes());
-    part(&meta.len().to_le_bytes());
-    part(&modified.as_nanos().to_le_bytes());
+    part(&size.to_le_bytes());
+    part(&mtime_ns.to_le_bytes());
     part(client.platform_name()?.as_bytes());
     part(client.platform_version()?.as_bytes());
     for device in client.devices()? {
@@ -138,7 +137,7 @@ fn key(client: &Client, mlir: &str, options: &CompileOptions) -> Result<String> 
     part(std::env::var("XLA_FLAGS").unwrap_or_default().as_bytes());
     part(&options.to_proto_bytes());
     part(mlir.as_bytes());
-    Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(super::provision::hex(&hash.finalize()))
 }
 
 /// The executable kept at `entry`, if there is one.

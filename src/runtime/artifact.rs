@@ -266,7 +266,7 @@ pub fn header(config: &Config, model: &Model, program: &Program, mlir: &str, pla
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    crate::pjrt::provision::hex(&Sha256::digest(bytes))
 }
 
 /// Writes header + executable to `path` atomically ([`files::write_atomic`]), so an

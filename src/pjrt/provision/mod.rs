@@ -11,6 +11,8 @@ mod python;
 mod verified;
 mod wheel;
 
+pub(crate) use verified::{hex, size_and_mtime};
+
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;

@@ -236,7 +236,7 @@ pub(super) fn download(client: &Client, file: &WheelFile, dir: &Path) -> Result<
         progress.inc(n as u64);
     }
     progress.finish_and_clear();
-    let actual: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let actual = super::hex(&hasher.finalize());
     if actual != file.sha256 {
         bail!(
             "sha256 mismatch for {} downloaded from {}: the index says {}, the {} received hash to {}; \

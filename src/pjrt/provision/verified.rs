@@ -27,13 +27,15 @@ fn record_path(file: &Path) -> PathBuf {
     file.with_file_name(name)
 }
 
-fn size_and_mtime(file: &Path) -> io::Result<(u64, u128)> {
+/// A file's size and modification time (ns since the epoch): what says it has not changed.
+pub(crate) fn size_and_mtime(file: &Path) -> io::Result<(u64, u128)> {
     let meta = std::fs::metadata(file)?;
     let mtime = meta.modified()?.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     Ok((meta.len(), mtime))
 }
 
-fn hex(digest: &[u8]) -> String {
+/// A digest in lowercase hexadecimal.
+pub(crate) fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 

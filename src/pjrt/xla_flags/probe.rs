@@ -89,7 +89,7 @@ fn marker_path(xla_flags: &str, plugin: &Path) -> Option<PathBuf> {
     hasher.update(plugin.as_os_str().as_encoded_bytes());
     hasher.update(meta.len().to_le_bytes());
     hasher.update(mtime.to_le_bytes());
-    let hex: String = hasher.finalize()[..12].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::pjrt::provision::hex(&hasher.finalize()[..12]);
     Some(cache_dir().join("xla-flag-values").join(hex))
 }
 

@@ -55,7 +55,7 @@ fn disk_cache_path((path, size, modified): &(PathBuf, u64, Option<SystemTime>)) 
     hasher.update(size.to_le_bytes());
     let nanos = modified.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
     hasher.update(nanos.to_le_bytes());
-    let hex: String = hasher.finalize()[..12].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::pjrt::provision::hex(&hasher.finalize()[..12]);
     cache_dir().join("xla-flag-names").join(format!("{hex}.txt"))
 }
 
