@@ -252,7 +252,9 @@ impl CompileTarget {
         }
         let compiled = match &self.backend {
             Backend::Deviceless(topology) => topology.compile(mlir, &options),
-            Backend::Client(client) => client.compile(mlir, &options).and_then(LoadedExecutable::into_executable),
+            Backend::Client(client) => {
+                client.compile_uncached(mlir, &options).and_then(LoadedExecutable::into_executable)
+            }
         };
         compiled.with_context(|| format!("compiling for topology `{}`", self.topology.name))
     }
@@ -263,7 +265,9 @@ impl CompileTarget {
         let options = self.options(program, true)?;
         let compiled = match &self.backend {
             Backend::Deviceless(topology) => topology.compile(mlir, &options),
-            Backend::Client(client) => client.compile(mlir, &options).and_then(LoadedExecutable::into_executable),
+            Backend::Client(client) => {
+                client.compile_uncached(mlir, &options).and_then(LoadedExecutable::into_executable)
+            }
         };
         compiled.with_context(|| format!("compiling for part of topology `{}`", self.topology.name))
     }

@@ -82,7 +82,6 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     // Before any download or compile: the keys on their own, and the files read and written.
     config::check(c)?;
     crate::output::check_paths(c, crate::output::Command::TrainCompile)?;
-    crate::pjrt::compile_cache::configure(&c.jax_cache_dir)?;
     // The config checks ask for compile_topology_num_slices >= 1 with compile_topology.
     let slices = c.compile_topology_num_slices.max(1) as u32;
     let t = Instant::now();

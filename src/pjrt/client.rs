@@ -250,7 +250,11 @@ impl Client {
         super::compile_cache::compile_through(self, mlir, options, || self.compile_uncached(mlir, options))
     }
 
-    fn compile_uncached(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
+    /// [`Client::compile`] without the compilation cache, for an executable that will be
+    /// serialized (an AOT artifact, a pipeline stage's program shared with other stages): a CPU
+    /// executable loaded from serialized bytes does not serialize whole again (running the copy
+    /// fails with "Function wrapped_broadcast.7 not found").
+    pub fn compile_uncached(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
         let options_bytes = options.to_proto_bytes();
         let program = mlir_program(mlir);
         let mut args: ffi::ClientCompileArgs = ffi::args();

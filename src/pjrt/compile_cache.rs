@@ -10,7 +10,9 @@
 //!
 //! Like JAX's, the cache is process-wide: a run sets it from its config ([`configure`]) and
 //! every [`Client::compile`](super::Client::compile) consults it. Deviceless (topology)
-//! compiles do not: PJRT loads a serialized executable only onto a client's devices.
+//! compiles do not (PJRT loads a serialized executable only onto a client's devices), nor do
+//! compiles whose executable is serialized again ([`Client::compile_uncached`](super::Client::compile_uncached)):
+//! a CPU executable loaded from its bytes does not serialize whole again.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

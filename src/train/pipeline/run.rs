@@ -149,8 +149,9 @@ fn compile_stages(
             let executable = match compiled.get(&mlir) {
                 Some(bytes) => client.deserialize_with_options(bytes, &runtime::compile_options(program))?,
                 None => {
+                    // Uncached: its bytes are loaded onto the other stages' devices.
                     let executable = client
-                        .compile(&mlir, &runtime::compile_options(program))
+                        .compile_uncached(&mlir, &runtime::compile_options(program))
                         .with_context(|| format!("compiling the pipeline's {name}"))?;
                     compiled.insert(mlir, executable.executable().serialize()?);
                     executable
