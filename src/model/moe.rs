@@ -553,6 +553,17 @@ mod tests {
         }
     }
 
+    /// DeepSeek-V3's MoE layer per token, by MaxText's
+    /// `calculate_routed_and_shared_ffn_tflops_per_device` (maxtext_utils.py, e591f30): the gate
+    /// `2 x 7168 x 256`, and 8 routed + 1 shared SwiGLU experts of `2 x 7168 x 2048 x 3` each.
+    #[test]
+    fn routed_and_shared_flops_are_maxtexts() {
+        let c = load(&["num_experts=256", "num_experts_per_tok=8", "shared_experts=1"]);
+        let m = MoeConfig::deepseek(&c).expect("valid routing");
+        let want = 2.0 * 7168.0 * 256.0 + 9.0 * (2.0 * 7168.0 * 2048.0 * 3.0);
+        assert_eq!(routed_and_shared_flops(&m, 7168, 2048, 1.0), want);
+    }
+
     /// No family maxrs has reads the DeepSeek routing keys yet: a non-default value is refused.
     #[test]
     fn other_families_refuse_the_routing_keys() {
