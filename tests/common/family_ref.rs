@@ -66,6 +66,9 @@ pub struct Spec {
     pub eps: f64,
     /// Gemma 3's RoPE and query scaling.
     pub gemma3: Option<Gemma3Spec>,
+    /// Qwen3's QK-norm (Hugging Face's `Qwen3Attention`: `q_norm`, `k_norm`, RMSNorms with
+    /// `rms_norm_eps` over each head's queries and keys before RoPE).
+    pub qk_norm: bool,
 }
 
 /// Gemma 3's attention settings, in Hugging Face's terms.
@@ -293,7 +296,7 @@ fn attend(
 // The families.
 // ---------------------------------------------------------------------------------------------
 
-/// Query/key/value/out attention with RoPE (Llama, Mistral, Gemma, Gemma 2).
+/// Query/key/value/out attention with RoPE (Llama, Mistral, Qwen3, Gemma, Gemma 2).
 fn rope_attention(
     spec: &Spec,
     m: &Model,
@@ -306,10 +309,26 @@ fn rope_attention(
     let (heads, kvh, d) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
     let w = |n: &str| &l[&format!("{prefix}.{n}.kernel")];
     let theta = c.rope_max_timescale;
-    let q = rope(spec, (theta, 1.0), d, &h.dot(w("query")), heads) / (d as f64).sqrt();
-    let k = rope(spec, (theta, 1.0), d, &h.dot(w("key")), kvh);
+    let (mut q, mut k) = (h.dot(w("query")), h.dot(w("key")));
+    if spec.qk_norm {
+        let scale = |n: &str| &l[&format!("{prefix}.{n}.scale")];
+        q = per_head(&q, heads, d, |x| rms_norm(x, scale("query_norm"), spec.eps));
+        k = per_head(&k, kvh, d, |x| rms_norm(x, scale("key_norm"), spec.eps));
+    }
+    let q = rope(spec, (theta, 1.0), d, &q, heads) / (d as f64).sqrt();
+    let k = rope(spec, (theta, 1.0), d, &k, kvh);
     let v = h.dot(w("value"));
     attend(&q, &k, &v, (heads, kvh, d), window, spec.attn_cap).dot(w("out"))
+}
+
+/// `f` applied to each of the `n` heads (`d` columns each) of `x`.
+fn per_head(x: &Array2<f64>, n: usize, d: usize, f: impl Fn(&Array2<f64>) -> Array2<f64>) -> Array2<f64> {
+    let mut y = x.clone();
+    for hh in 0..n {
+        let cols = s![.., hh * d..(hh + 1) * d];
+        y.slice_mut(cols).assign(&f(&x.slice(cols).to_owned()));
+    }
+    y
 }
 
 /// `act_0(h wi_0) * act_1(h wi_1) wo` (Llama: silu x linear; Gemma: tanh GELU x linear).
@@ -378,14 +397,7 @@ fn gemma3_layer(
     let norm =
         |name: &str, x: &Array2<f64>, eps: f64| gemma_norm(x, &gemma_scale(&l[&format!("{prefix}{name}.scale")]), eps);
     // q_norm / k_norm: Gemma3RMSNorm(head_dim, eps=rms_norm_eps) on each head.
-    let head_norm = |name: &str, x: &Array2<f64>, n: usize| {
-        let mut y = x.clone();
-        for hh in 0..n {
-            let cols = s![.., hh * d..(hh + 1) * d];
-            y.slice_mut(cols).assign(&norm(name, &x.slice(cols).to_owned(), spec.eps));
-        }
-        y
-    };
+    let head_norm = |name: &str, x: &Array2<f64>, n: usize| per_head(x, n, d, |x| norm(name, x, spec.eps));
     let h = norm("pre_self_attention_norm", x, 1e-6);
     let w = |n: &str| &l[&format!("{prefix}self_attention.{n}.kernel")];
     let q = head_norm("self_attention.query_norm", &h.dot(w("query")), heads);
