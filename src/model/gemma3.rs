@@ -80,17 +80,24 @@ pub struct Gemma3 {
 const WHOLE: usize = 0;
 const REMAINDER: usize = 1;
 
-/// MaxText's `get_query_pre_attn_scalar` (`src/maxtext/models/gemma3.py`, e591f30).
-fn query_pre_attn_scalar(c: &Config) -> f64 {
+/// The `s` of MaxText's `get_query_pre_attn_scalar` (`src/maxtext/models/gemma3.py`, e591f30),
+/// which multiplies the queries by `s^-1/2`: `emb // heads` for gemma3-27b, `head_dim` otherwise
+/// (Hugging Face's `query_pre_attn_scalar`).
+pub fn query_pre_attn_scalar(c: &Config) -> i64 {
     match c.model_name.as_str() {
-        "gemma3-27b" => ((c.base_emb_dim / c.base_num_query_heads) as f64).powf(-0.5),
-        _ => (c.head_dim as f64).powf(-0.5),
+        "gemma3-27b" => c.base_emb_dim / c.base_num_query_heads,
+        _ => c.head_dim,
     }
+}
+
+/// The model's layers (not blocks): `base_num_decoder_layers` scaled by `global_parameter_scale`.
+pub fn num_layers(c: &Config) -> i64 {
+    c.base_num_decoder_layers << config::parameter_scales(c.global_parameter_scale).3
 }
 
 impl Gemma3 {
     pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Gemma3, String> {
-        let layers = c.base_num_decoder_layers << config::parameter_scales(c.global_parameter_scale).3;
+        let layers = num_layers(c);
         if c.sliding_window_size <= 0 {
             return Err(format!(
                 "sliding_window_size={}: gemma3's local layers attend over a window of that many tokens; set it to a positive size (1024 in the Gemma 3 model files)",
@@ -126,7 +133,7 @@ impl Gemma3 {
             how,
             local_rope: default_frequencies(c.head_dim, local_timescale as f64, 1.0),
             global_rope: default_frequencies(c.head_dim, c.rope_max_timescale as f64, c.rope_linear_scaling_factor),
-            query_scale: query_pre_attn_scalar(c),
+            query_scale: (query_pre_attn_scalar(c) as f64).powf(-0.5),
             qk_norm_eps: c.normalization_layer_epsilon,
             remainder: layers % BLOCK,
         })
@@ -222,8 +229,8 @@ mod tests {
     /// head_dim 128; the others use head_dim.
     #[test]
     fn query_scale_follows_maxtext() {
-        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-27b"])), 168f64.powf(-0.5));
-        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-12b"])), 256f64.powf(-0.5));
+        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-27b"])), 168);
+        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-12b"])), 256);
     }
 
     /// The parameter counts of gemma3-4b, -12b and -27b from their model files, by hand: per
