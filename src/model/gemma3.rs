@@ -233,6 +233,24 @@ mod tests {
         assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-12b"])), 256);
     }
 
+    /// gemma3's RoPE keys elsewhere: refused as not supported yet where MaxText reads them
+    /// (`rope_linear_scaling_factor` in every family's default RoPE, `local_rope_max_timescale` in
+    /// gemma2's local layers), as ignored where it does not; `local_rope_max_timescale` <= 0 is
+    /// unset, as in MaxText.
+    #[test]
+    fn rope_keys_elsewhere_are_refused_truthfully() {
+        let model = |args: &[&str]| super::super::Model::from_config(&load(args));
+        let e = model(&["rope_linear_scaling_factor=2"]).unwrap_err();
+        assert!(e.contains("not supported yet with decoder_block=llama2"), "{e}");
+        let e = model(&["decoder_block=gemma2", "sliding_window_size=4", "local_rope_max_timescale=100"]).unwrap_err();
+        assert!(e.contains("not supported yet with decoder_block=gemma2"), "{e}");
+        let e = model(&["local_rope_max_timescale=100"]).unwrap_err();
+        assert!(e.contains("MaxText ignores it there"), "{e}");
+        let gemma3 = ["decoder_block=gemma3", "base_num_decoder_layers=6", "sliding_window_size=4"];
+        let unset = model(&[&gemma3[..], &["local_rope_max_timescale=0"]].concat()).unwrap();
+        assert_eq!(format!("{:?}", unset.family), format!("{:?}", model(&gemma3).unwrap().family));
+    }
+
     /// The parameter counts of gemma3-4b, -12b and -27b from their model files, by hand: per
     /// layer q, k, v, out (`emb x head_dim x (heads + 2 kv_heads + heads)`), the GeGLU MLP
     /// (`3 x emb x mlp`), four norms of `emb` and two QK norms of `head_dim`; the tied embedding
