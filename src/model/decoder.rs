@@ -143,6 +143,11 @@ fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
         if let Some(value) = config::non_default_value(c, key) {
             let users: Vec<&str> =
                 DecoderBlock::ALL.iter().filter(|b| declared.read_by(**b)).map(|b| b.as_str()).collect();
+            if users.is_empty() {
+                return Err(format!(
+                    "{key}={value}: no decoder_block maxrs has uses {key} yet (MaxText's deepseek does); not supported yet"
+                ));
+            }
             let users = users.join(", ");
             let block = c.decoder_block;
             if NOT_YET.iter().any(|(k, families)| *k == key && families(block)) {
