@@ -21,8 +21,7 @@
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
 //!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gpt3`], [`mixtral`] (Llama's
 //!   attention and a routed MoE block), [`qwen3`] (Llama's layer with QK-norm).
-//! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`); beside Gemma 3's
-//!   family file, [`gemma3_hf`], its Hugging Face tensor names as data (not yet wired into `convert`).
+//! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`).
 
 pub mod attention;
 pub mod blocks;
@@ -36,7 +35,6 @@ pub mod fp8;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
-pub mod gemma3_hf;
 pub mod gpt3;
 pub mod hf;
 pub mod llama;

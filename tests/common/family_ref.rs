@@ -139,10 +139,13 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
         };
         Array2::from_shape_vec((rows, cols), uniform(&mut rng, rows * cols, lo, hi)).unwrap()
     };
-    let mut p = RefParams { top: BTreeMap::new(), layers: vec![BTreeMap::new(); m.config.layers as usize] };
+    let layers = m.stacks().iter().map(|s| s.count as usize).sum();
+    let mut p = RefParams { top: BTreeMap::new(), layers: vec![BTreeMap::new(); layers] };
     for def in m.param_defs() {
-        if let Some(rest) = def.name.strip_prefix("decoder.layers.") {
-            for layer in p.layers.iter_mut() {
+        if let Some(rest) = def.name.strip_prefix("decoder.layers_remainder.") {
+            p.layers.last_mut().unwrap().insert(rest.to_string(), draw(rest, &def.shape));
+        } else if let Some(rest) = def.name.strip_prefix("decoder.layers.") {
+            for layer in p.layers.iter_mut().take(scanned_layers(m)) {
                 layer.insert(rest.to_string(), draw(rest, &def.shape[1..]));
             }
         } else if let Some(rest) = def.name.strip_prefix("decoder.layers_") {
@@ -155,13 +158,20 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
     p
 }
 
+/// The layers of stack `decoder.layers` (before Gemma 3's `layers_remainder`).
+fn scanned_layers(m: &Model) -> usize {
+    m.stacks()[0].count as usize
+}
+
 /// The parameters as program inputs `params.<name>` in the model's layout.
 pub fn host_params(m: &Model, p: &RefParams) -> Tree<HostTensor> {
     let mut out = Tree::new();
     let flat = |a: &Array2<f64>| a.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     for def in m.param_defs() {
-        let values: Vec<f32> = if let Some(rest) = def.name.strip_prefix("decoder.layers.") {
-            p.layers.iter().flat_map(|l| flat(&l[rest])).collect()
+        let values: Vec<f32> = if let Some(rest) = def.name.strip_prefix("decoder.layers_remainder.") {
+            flat(&p.layers.last().unwrap()[rest])
+        } else if let Some(rest) = def.name.strip_prefix("decoder.layers.") {
+            p.layers.iter().take(scanned_layers(m)).flat_map(|l| flat(&l[rest])).collect()
         } else if let Some(rest) = def.name.strip_prefix("decoder.layers_") {
             let (i, name) = rest.split_once('.').unwrap();
             flat(&p.layers[i.parse::<usize>().unwrap()][name])
@@ -481,7 +491,11 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
                 let x = gemma_layer(spec, m, l, &x, "_local", spec.window);
                 gemma_layer(spec, m, l, &x, "_global", None)
             }
-            Family::Gemma3 => (0..6).fold(x, |x, j| gemma3_layer(spec, m, l, &x, &format!("layers_{j}."), 6 * i + j)),
+            Family::Gemma3 => {
+                // A block of 6 layers, or Gemma 3's remainder block of fewer after the last one.
+                let n = l.keys().filter(|k| k.ends_with(".pre_self_attention_norm.scale")).count();
+                (0..n).fold(x, |x, j| gemma3_layer(spec, m, l, &x, &format!("layers_{j}."), 6 * i + j))
+            }
             Family::Gpt3 => gpt3_layer(spec, m, l, &x),
         };
         layers.push(x.clone());
