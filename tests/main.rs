@@ -20,8 +20,12 @@
 /// cache (`jax_cache_dir`, set through MaxText's `M_JAX_CACHE_DIR`) in Cargo's scratch directory
 /// for tests, not the user's `~/jax_cache`: a program that several tests compile (a resumed run,
 /// the default model's step) is compiled once per build directory.
+///
+/// And libtpu's variables (`maxrs::aot::compile::prepare_libtpu_environment`), set here rather
+/// than by the first TPU test: setting the environment while another test's XLA spawns `ptxas`
+/// made that spawn fail ("Bad address").
 // SAFETY: a constructor runs before `main`, while the process has one thread, so nothing can
-// read the environment while it is changed; it only sets three variables.
+// read the environment while it is changed; it only sets environment variables.
 #[ctor::ctor(unsafe)]
 fn fast_cached_compiles_unless_the_user_chose_otherwise() {
     if std::env::var_os("XLA_FLAGS").is_none() {
@@ -37,6 +41,7 @@ fn fast_cached_compiles_unless_the_user_chose_otherwise() {
     if std::env::var_os("M_JAX_CACHE_DIR").is_none() {
         std::env::set_var("M_JAX_CACHE_DIR", concat!(env!("CARGO_TARGET_TMPDIR"), "/jax_cache"));
     }
+    maxrs::aot::compile::prepare_libtpu_environment();
 }
 
 mod aot_compile;

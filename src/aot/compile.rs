@@ -359,8 +359,10 @@ fn cuda_major(plugin: &Plugin, resolved: &ResolvedPlugin) -> Result<CudaMajor> {
 /// loaded; a value the user set is kept. Without them libtpu spends minutes querying the cloud
 /// metadata server of a TPU VM that is not there, and a lock file in /tmp makes a second
 /// process that compiles at the same time fail. Setting the environment while other threads
-/// may read it is a known hazard; it happens once, and libtpu offers no other channel.
-fn prepare_libtpu_environment() {
+/// may read it is a known hazard (a thread spawning a program at that moment, e.g. XLA's
+/// `ptxas`, can fail); it happens once, and libtpu offers no other channel. A process with
+/// threads of its own (the test binary) calls this first, while it has one thread.
+pub fn prepare_libtpu_environment() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let log_dir = std::env::temp_dir().join("maxrs-tpu-logs");
