@@ -45,6 +45,26 @@ const MOE_EXPERT_PARALLEL: &[&str] = &[
     "capacity_factor=1.25",
     "ici_expert_parallelism=2",
 ];
+/// A small DeepSeek layer (multi-head latent attention), with default and YaRN RoPE.
+const DEEPSEEK: &[&str] = &[
+    "decoder_block=deepseek",
+    "attention_type=mla",
+    "base_num_kv_heads=4",
+    "kv_lora_rank=32",
+    "qk_nope_head_dim=16",
+    "qk_rope_head_dim=8",
+    "v_head_dim=16",
+];
+const DEEPSEEK_YARN: &[&str] = &[
+    "decoder_block=deepseek",
+    "attention_type=mla",
+    "base_num_kv_heads=4",
+    "kv_lora_rank=32",
+    "qk_nope_head_dim=16",
+    "qk_rope_head_dim=8",
+    "v_head_dim=16",
+    "rope_type=yarn",
+];
 use Effect::*;
 
 const KEYS: &[(&str, Effect)] = &[
@@ -74,7 +94,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("on_checkpoint_error", Runtime("stop or continue when a save fails")),
     ("load_parameters_path", Runtime("initial parameters from a file or checkpoint")),
     ("load_full_state_path", Runtime("initial state (parameters, optimizer, step) from a checkpoint")),
-    ("decoder_block", Refused("deepseek")),
+    ("decoder_block", Refused("llama4")),
     ("global_parameter_scale", Program("2")),
     ("base_emb_dim", Program("128")),
     ("base_num_query_heads", Program("8")),
@@ -102,6 +122,22 @@ const KEYS: &[(&str, Effect)] = &[
     ("fused_qkv", ProgramVs("true", "false", &["decoder_block=gpt3", "base_num_kv_heads=4"])),
     ("enable_dropout", Refused("true")),
     ("attention", Program("flash")),
+    ("attention_type", Refused("local_sliding")),
+    ("q_lora_rank", ProgramVs("16", "0", DEEPSEEK)),
+    ("kv_lora_rank", ProgramVs("16", "32", DEEPSEEK)),
+    ("qk_nope_head_dim", ProgramVs("8", "16", DEEPSEEK)),
+    ("qk_rope_head_dim", ProgramVs("4", "8", DEEPSEEK)),
+    ("v_head_dim", ProgramVs("8", "16", DEEPSEEK)),
+    ("max_position_embeddings", ProgramVs("4096", "163840", DEEPSEEK)),
+    ("original_max_position_embeddings", ProgramVs("8192", "4096", DEEPSEEK_YARN)),
+    ("rope_factor", ProgramVs("8", "40", DEEPSEEK_YARN)),
+    ("beta_fast", ProgramVs("1000", "32", DEEPSEEK_YARN)),
+    ("beta_slow", ProgramVs("0.1", "1", DEEPSEEK_YARN)),
+    ("mscale", ProgramVs("0.5", "1.0", DEEPSEEK)),
+    ("rope_interleave", ProgramVs("false", "true", DEEPSEEK_YARN)),
+    ("rope_truncate", ProgramVs("false", "true", DEEPSEEK_YARN)),
+    ("rope_attention_scaling", ProgramVs("true", "false", DEEPSEEK_YARN)),
+    ("mtp_num_layers", Refused("1")),
     ("dtype", Program("float32")),
     ("weight_dtype", Program("bfloat16")),
     ("quantization", Program("fp8")),

@@ -12,9 +12,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::choices::{
-    none_or_int, AttentionKernel, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
-    OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType, SamplingStrategy,
-    TokenizerType, WsdDecayStyle,
+    none_or_int, AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule,
+    LrScheduleType, OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType,
+    SamplingStrategy, TokenizerType, WsdDecayStyle,
 };
 use super::ranges::{
     closed, int, int_or_fill, open, open_max, open_min, MAX_AXIS, MAX_EMB, MAX_HEADS, MAX_SECONDS, MAX_STEPS,
@@ -28,8 +28,9 @@ const MISTRAL_GEMMA2_3: Families = Families::Only(&[DecoderBlock::Mistral, Decod
 const GEMMA2_3: Families = Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::Gemma3]);
 const GEMMA3: Families = Families::Only(&[DecoderBlock::Gemma3]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
-const MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe]);
+const MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe, DecoderBlock::Deepseek]);
 const QWEN3: Families = Families::Only(&[DecoderBlock::Qwen3, DecoderBlock::Qwen3Moe]);
+const DEEPSEEK: Families = Families::Only(&[DecoderBlock::Deepseek]);
 
 declare_keys! {
     section "Run" {
@@ -145,7 +146,7 @@ declare_keys! {
         // it for every family with default RoPE; maxrs implements it for gemma3 only so far and
         // refuses it elsewhere (the families check).
         rope_linear_scaling_factor: f64 = 1.0 => MaxText.model(GEMMA3).range(closed(1e-6, 1e6)).model_file(),
-        /// default (half-split RoPE) or llama3.1 (scaled frequencies, interleaved pairs); yarn is not supported yet.
+        /// default (half-split RoPE), llama3.1 (scaled frequencies, interleaved pairs) or yarn (deepseek only yet).
         /// llama3.1 is also chosen by a model_name starting with llama3.1, as in MaxText.
         rope_type: RopeType = "default" => MaxText.model(ALL).model_file(),
         /// llama3.1 RoPE: apply Llama 3.1's frequency scaling.
@@ -184,7 +185,45 @@ declare_keys! {
         attention: AttentionKernel = "autoselected" => MaxText.model(ALL),
     }
 
-    /// decoder_block=mixtral, qwen3_moe; MaxText's layers/moe.py.
+    /// decoder_block=deepseek (MaxText's layers/attention_mla.py and YarnRotaryEmbedding in layers/embeddings.py):
+    /// queries and keys of qk_nope_head_dim + qk_rope_head_dim, RoPE on the qk_rope_head_dim part only.
+    section "Multi-head latent attention" {
+        /// global (every family but deepseek) or mla (deepseek); local_sliding, chunk, full, compressed and block_diffusion are not supported yet.
+        attention_type: AttentionType = "global" => MaxText.model(ALL).model_file(),
+        /// The queries' low-rank projection (wq_a, q_norm, wq_b); 0: one projection (query).
+        q_lora_rank: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_EMB)).model_file(),
+        /// The keys' and values' shared latent (wkv_a, kv_norm, wkv_b), the compressed cache of decoding.
+        kv_lora_rank: i64 = 512 => MaxText.model(DEEPSEEK).range(int(1, MAX_EMB)).model_file(),
+        /// Each head's query and key dimensions without RoPE.
+        qk_nope_head_dim: i64 = 128 => MaxText.model(DEEPSEEK).range(int(1, MAX_HEADS)).model_file(),
+        /// Each head's query and key dimensions with RoPE (the key's are shared by the heads); even.
+        qk_rope_head_dim: i64 = 64 => MaxText.model(DEEPSEEK).range(int(2, MAX_HEADS)).model_file(),
+        /// Each head's value dimension.
+        v_head_dim: i64 = 128 => MaxText.model(DEEPSEEK).range(int(1, MAX_HEADS)).model_file(),
+        /// The context length the model is extended to; above original_max_position_embeddings the
+        /// softmax scale is multiplied by (0.1 mscale ln(rope_factor) + 1)^2.
+        max_position_embeddings: i64 = 163840 => MaxText.model(DEEPSEEK).range(int(1, 1 << 30)).model_file(),
+        /// yarn: the context length RoPE's base frequencies were trained for.
+        original_max_position_embeddings: i64 = 4096 => MaxText.model(DEEPSEEK).range(int(1, 1 << 30)).model_file(),
+        /// yarn: the context extension factor (low frequencies are divided by it).
+        rope_factor: f64 = 40 => MaxText.model(DEEPSEEK).range(closed(1.0, 1e6)).model_file(),
+        /// yarn: rotations over original_max_position_embeddings above which a frequency is kept.
+        beta_fast: f64 = 32 => MaxText.model(DEEPSEEK).range(open(0.0, 1e6)).model_file(),
+        /// yarn: rotations below which a frequency is divided by rope_factor (linear ramp between).
+        beta_slow: f64 = 1 => MaxText.model(DEEPSEEK).range(open(0.0, 1e6)).model_file(),
+        /// The softmax scale's YaRN correction factor (see max_position_embeddings).
+        mscale: f64 = 1.0 => MaxText.model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
+        /// yarn: RoPE rotates interleaved pairs (x[2i], x[2i+1]); false: the two halves.
+        rope_interleave: bool = true => MaxText.model(DEEPSEEK).model_file(),
+        /// yarn: the correction range's bounds are rounded outwards to whole dimensions.
+        rope_truncate: bool = true => MaxText.model(DEEPSEEK).model_file(),
+        /// yarn: RoPE's output is multiplied by 0.1 ln(rope_factor) + 1.
+        rope_attention_scaling: bool = false => MaxText.model(DEEPSEEK).model_file(),
+        /// Multi-token prediction layers; only 0 is supported yet.
+        mtp_num_layers: i64 = 0 => MaxText.model(ALL).range(int(0, MAX_HEADS)).model_file(),
+    }
+
+    /// decoder_block=mixtral, qwen3_moe, deepseek; MaxText's layers/moe.py.
     section "Mixture of experts" {
         /// Experts in each MoE layer.
         num_experts: i64 = 1 => MaxText.model(MOE).range(int(1, MAX_HEADS)).model_file(),
@@ -468,6 +507,12 @@ declare_keys! {
             ["qkv", []],
             ["kv", []],
             ["kv_head_dim", []],
+            ["q_lora", ["fsdp", "fsdp_transpose", "context", "expert"]],
+            ["q_lora", ["fsdp", "context", "expert"]],
+            ["q_lora_up_proj", []],
+            ["kv_lora", ["fsdp", "fsdp_transpose", "context", "expert"]],
+            ["kv_lora", ["fsdp", "context", "expert"]],
+            ["kv_lora_up_proj", []],
             ["activation_batch_moe", ["data", "fsdp", "fsdp_transpose", "expert"]],
             ["activation_length_moe", ["context"]],
             ["activation_norm_length_moe", ["tensor_sequence", "context"]],

@@ -566,6 +566,8 @@ fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: O
     let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let kv_heads = k.shape()[2];
     let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
+    // The values' head dimension may differ from the queries' and keys' (MLA's v_head_dim).
+    let dv = v.shape()[3];
     let scores = einsum("btngk,bsnk->bngts", &[&q, k]).astype(DType::F32);
     let scores = match soft_cap {
         Some(cap) => (scores / cap).tanh() * cap,
@@ -573,7 +575,7 @@ fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: O
     };
     let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
     let probs = where_(&mask, &scores, MASK_VALUE).softmax(-1).astype(v.dtype());
-    einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, d])
+    einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, dv])
 }
 
 /// `how` for a sequence of `seq` queries: blockwise attention's block shrunk to a divisor of

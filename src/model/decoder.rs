@@ -42,7 +42,7 @@ use super::blocks::{Activation, Norm};
 use super::flops::{StepShape, StepTflops};
 use super::fp8::{self, Scaling};
 use super::params::{self, ParamDef, ParamInit};
-use super::{gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen3, ModelConfig};
+use super::{deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen3, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
@@ -137,6 +137,7 @@ fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
         DecoderBlock::Gpt3 => Arc::new(gpt3::Gpt3::from_config(c, mc)?),
         DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral::from_config(c, mc)?),
         DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe => Arc::new(qwen3::Qwen3::from_config(c, mc)?),
+        DecoderBlock::Deepseek => Arc::new(deepseek::Deepseek::from_config(c, mc)?),
     })
 }
 

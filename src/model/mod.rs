@@ -17,7 +17,8 @@
 //!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
 //!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gpt3`], [`mixtral`] (Llama's
-//!   attention and a routed MoE block), [`qwen3`] (Llama's layer with QK-norm).
+//!   attention and a routed MoE block), [`qwen3`] (Llama's layer with QK-norm), [`deepseek`]
+//!   (multi-head latent attention, [`mla`], with YaRN RoPE; dense or MoE).
 //! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`); beside Gemma 3's
 //!   family file, [`gemma3_hf`], its Hugging Face tensor names as data (not yet wired into `convert`).
 
@@ -27,6 +28,7 @@ pub mod blockwise;
 pub mod config;
 pub mod cudnn;
 pub mod decoder;
+pub mod deepseek;
 pub mod flops;
 pub mod fp8;
 pub mod gemma;
@@ -38,6 +40,7 @@ pub mod hf;
 pub mod llama;
 pub mod mistral;
 pub mod mixtral;
+pub mod mla;
 pub mod moe;
 pub mod params;
 pub mod qwen3;

@@ -175,7 +175,7 @@ pub fn host_params(m: &Model, p: &RefParams) -> Tree<HostTensor> {
 // Building blocks, in f64.
 // ---------------------------------------------------------------------------------------------
 
-fn rms_norm(x: &Array2<f64>, gain: &Array2<f64>, eps: f64) -> Array2<f64> {
+pub fn rms_norm(x: &Array2<f64>, gain: &Array2<f64>, eps: f64) -> Array2<f64> {
     let mut y = x.clone();
     for mut row in y.rows_mut() {
         let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / row.len() as f64 + eps).sqrt();
@@ -203,7 +203,7 @@ fn gelu_tanh(x: f64) -> f64 {
     0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
 }
 
-fn silu(x: f64) -> f64 {
+pub fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
@@ -313,7 +313,7 @@ fn rope_attention(
 }
 
 /// `act_0(h wi_0) * act_1(h wi_1) wo` (Llama: silu x linear; Gemma: tanh GELU x linear).
-fn gated_mlp(l: &BTreeMap<String, Array2<f64>>, prefix: &str, h: &Array2<f64>, act: fn(f64) -> f64) -> Array2<f64> {
+pub fn gated_mlp(l: &BTreeMap<String, Array2<f64>>, prefix: &str, h: &Array2<f64>, act: fn(f64) -> f64) -> Array2<f64> {
     let gate = h.dot(&l[&format!("{prefix}.wi_0.kernel")]).mapv(act);
     let up = h.dot(&l[&format!("{prefix}.wi_1.kernel")]);
     (gate * up).dot(&l[&format!("{prefix}.wo.kernel")])

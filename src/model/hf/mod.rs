@@ -100,6 +100,10 @@ pub fn check_model(c: &Config) -> Result<()> {
             "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet (maxrs converts \
              llama2, mistral, mixtral, qwen3, qwen3_moe, gemma, gemma2)"
         ),
+        DecoderBlock::Deepseek => bail!(
+            "decoder_block=deepseek: converting deepseek to Hugging Face's layout is not supported yet (maxrs converts \
+             llama2, mistral, mixtral, qwen3, qwen3_moe, gemma, gemma2)"
+        ),
         DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe if !c.use_qk_norm => {
             bail!("use_qk_norm=false: Hugging Face's Qwen3 always normalizes queries and keys")
         }

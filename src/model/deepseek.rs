@@ -1,0 +1,114 @@
+//! The DeepSeek decoder layers (MaxText's `decoder_block: deepseek`, `DeepSeekDenseLayer` and
+//! `DeepSeekMoELayer` in `src/maxtext/models/deepseek.py`, main at e591f30): pre-norm
+//! multi-head latent attention (`mla.rs`), then, after a second RMSNorm, the dense MLP
+//! (`mlp.wi_0`, `mlp.wi_1`, `mlp.wo`, as Llama's) or the mixture-of-experts block
+//! `DeepSeekMoeBlock_0` (MaxText's `RoutedAndSharedMoE`: its routed experts `MoeBlock_0`,
+//! `moe.rs`). Embedding, stacking, final norm, logits and loss are the shared decoder's.
+//!
+//! One layer's parameters: `pre_self_attention_layer_norm.scale`, `self_attention.*` (the MLA
+//! table in `mla.rs`), `post_self_attention_layer_norm.scale`, and `mlp.*` (dense) or
+//! `DeepSeekMoeBlock_0.MoeBlock_0.{gate.kernel, wi_0, wi_1, wo}` (as Mixtral's `MoeBlock_0`).
+//!
+//! Which layers are dense: MaxText's `first_num_dense_layers` comes with the decoder's layer
+//! stacks; until then every layer is dense with `num_experts: 1` and a MoE layer otherwise. As
+//! MaxText's `post_process` does, the load-balancing loss is reported (and added) only with
+//! `load_balance_loss_weight > 0`.
+
+use crate::config::Config;
+use crate::tensor::{Tensor, Tree};
+
+use super::attention::LayerContext;
+use super::blocks::{Mlp, Norm};
+use super::decoder::{constrain, Family, LayerFlops, LayerOutput};
+use super::mla::Mla;
+use super::moe::{self, moe_block, MoeConfig};
+use super::params::ParamDef;
+use super::ModelConfig;
+
+/// The residual stream's logical axes in MaxText's DeepSeek layers (`logical_axis_names`).
+const ACTIVATIONS: &[&str] = &["activation_batch", "activation_norm_length", "activation_embed"];
+
+/// The routed experts' prefix in a layer.
+const MOE: &str = "DeepSeekMoeBlock_0.MoeBlock_0";
+
+/// A DeepSeek layer.
+#[derive(Debug)]
+pub struct Deepseek {
+    pub mla: Mla,
+    /// The routed experts in place of the MLP.
+    pub moe: Option<MoeConfig>,
+}
+
+impl Deepseek {
+    /// The layer `c` describes. The MLPs are SwiGLU (DeepSeek's), so other `mlp_activations` are
+    /// refused with experts, as in the other MoE families.
+    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Deepseek, String> {
+        let moe = (c.num_experts > 1).then(|| MoeConfig::from_config(c));
+        if moe.is_some() && mc.mlp_activations != ["silu", "linear"] {
+            return Err(format!(
+                "mlp_activations=[{}]: deepseek's experts are SwiGLU MLPs, [silu, linear]; other activations are not supported yet",
+                mc.mlp_activations.join(", ")
+            ));
+        }
+        if c.v_head_dim > c.qk_nope_head_dim + c.qk_rope_head_dim {
+            return Err(format!(
+                "v_head_dim={}: maxrs's attention kernels take values at most as wide as the keys \
+                 (qk_nope_head_dim + qk_rope_head_dim = {}); wider values are not supported yet",
+                c.v_head_dim,
+                c.qk_nope_head_dim + c.qk_rope_head_dim
+            ));
+        }
+        Ok(Deepseek { mla: Mla::from_config(c), moe })
+    }
+}
+
+impl Family for Deepseek {
+    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
+        let norm = Norm::Rms { eps: c.eps };
+        let mut defs = norm.params("pre_self_attention_layer_norm", c.emb);
+        defs.extend(self.mla.params("self_attention", c));
+        defs.extend(norm.params("post_self_attention_layer_norm", c.emb));
+        match &self.moe {
+            None => defs.extend(Mlp::new(c, false, None).params("mlp", c.emb, c.mlp)),
+            Some(m) => defs.extend(
+                moe::param_defs(m, c.emb, c.mlp)
+                    .into_iter()
+                    .map(|def| ParamDef { name: format!("{MOE}.{}", def.name), ..def }),
+            ),
+        }
+        defs
+    }
+
+    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+        let norm = Norm::Rms { eps: c.eps };
+        let x = constrain(c, x.clone(), ACTIVATIONS);
+        let h = constrain(c, norm.apply(p, "pre_self_attention_layer_norm", &x), ACTIVATIONS);
+        let attention = constrain(c, self.mla.apply(c, p, "self_attention", &h, ctx), ACTIVATIONS);
+        let x = x + &attention;
+        let h = constrain(c, norm.apply(p, "post_self_attention_layer_norm", &x), ACTIVATIONS);
+        let Some(m) = &self.moe else {
+            let mlp = constrain(c, Mlp::new(c, false, None).apply(c, p, "mlp", &h), ACTIVATIONS);
+            return LayerOutput::new(constrain(c, mlp + &x, ACTIVATIONS));
+        };
+        let block = moe_block(c, m, &p.subtree(MOE), &h);
+        let out = constrain(c, constrain(c, block.output, ACTIVATIONS) + &x, ACTIVATIONS);
+        let mut aux_losses = Tree::new();
+        if let Some(loss) = block.load_balance_loss {
+            aux_losses.insert("moe_lb_loss", loss);
+        }
+        LayerOutput { x: out, aux_losses }
+    }
+
+    /// MaxText's DeepSeek terms (`calculate_tflops_training_per_device`, e591f30): MLA's
+    /// (`Mla::flops`), and the dense MLP or the router and `num_experts_per_tok` expert MLPs.
+    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+        let (e, mlp) = (c.emb as f64, c.mlp as f64);
+        let ffn = 2.0 * tokens * mlp * e * (c.mlp_activations.len() as f64 + 1.0);
+        let ffn = match &self.moe {
+            None => ffn,
+            Some(m) => 2.0 * tokens * e * m.num_experts as f64 + ffn * m.num_experts_per_tok as f64,
+        };
+        let attention = self.mla.flops(c, tokens, seq);
+        LayerFlops { weights: ffn + attention.weights, attention: attention.attention }
+    }
+}
