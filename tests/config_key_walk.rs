@@ -205,6 +205,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("decode_sampling_top_k", Runtime("maxrs decode's top k")),
     ("decode_sampling_temperature", Runtime("maxrs decode's temperature")),
     ("decode_seed", Runtime("maxrs decode's sampling key")),
+    ("mla_naive_kvcache", Runtime("deepseek decoding's cache: every head's keys and values, or MLA's latents")),
     ("compiled_trainstep_file", Runtime("saves (train-compile) or loads (train) the compiled step")),
     ("compile_topology", Runtime("train-compile's target")),
     ("gpu_target_config", Runtime("train-compile: the GPU description the CUDA plugin compiles against")),

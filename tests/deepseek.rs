@@ -3,7 +3,9 @@
 //! formulation), tiny (emb 32, 4 heads, q_lora 12, kv_lora 16, nope 8, rope 8, v 6, 2 layers) in
 //! float32 on a 2 x 16 batch with random parameters: every layer's output, the logits, the loss,
 //! and the gradient through MLA's own pieces (the latents' norms, the low-rank projections)
-//! against central differences of the reference loss.
+//! against central differences of the reference loss. (The one-projection queries,
+//! `q_lora_rank=0`, are checked against Hugging Face's logits by `convert_families`; decoding by
+//! `decode`.)
 
 use crate::common::family_ref::{self, batch, host_params, random_params, Family, RopeRef, Spec};
 use crate::common::llama_ref::{scaled_err, with_batch};
@@ -75,51 +77,43 @@ fn draw_spec() -> Spec {
     }
 }
 
-fn tiny(extra: &[&str]) -> Model {
-    let args: Vec<&str> = TINY.iter().chain(extra).copied().collect();
-    family_ref::model("default", &args)
+fn tiny() -> Model {
+    family_ref::model("default", TINY)
 }
 
-/// Layers, logits and loss of `m` against the reference.
-fn check_forward(label: &str, m: &Model, s: &MlaSpec) {
-    let p = random_params(&draw_spec(), m, 1);
-    let b = batch(m, 2);
-    let program = crate::common::llama_ref::forward_program(m, 0.0);
-    let out = crate::common::run(&program, &with_batch(host_params(m, &p), &b));
-    let want = mla_ref::reference(s, &p, &b);
+/// One program (one compile): every layer's output, the logits, the loss and its gradient
+/// against the reference's, the gradient at probes through MLA's latents and projections
+/// against central differences of the reference loss.
+#[test]
+fn deepseek_matches_reference_and_finite_differences() {
+    let (m, s) = (tiny(), spec(12));
+    let p = random_params(&draw_spec(), &m, 3);
+    let b = batch(&m, 4);
+    let program = trace(&crate::common::llama_ref::signature(&m), |_ctx, inp| {
+        let fwd = m.forward(&inp.subtree("params"), inp, true);
+        let (loss, grads) = value_and_grad(&inp.subtree("params"), |params| m.loss(params, inp, 0.0).0);
+        grads
+            .prefixed("grad")
+            .with("loss", loss)
+            .with("layers", fwd.layer_outputs.expect("layer outputs"))
+            .with("logits", fwd.logits)
+    })
+    .expect("the program traces");
+    let out = crate::common::run(&program, &with_batch(host_params(&m, &p), &b));
+
+    let want = mla_ref::reference(&s, &p, &b);
     let layers = out["layers"].to_f64();
     let per = layers.len() / want.layers.len();
     for (i, l) in want.layers.iter().enumerate() {
         let err = scaled_err(&layers[i * per..(i + 1) * per], l.as_slice().unwrap());
-        assert!(err < 1e-4, "{label}: layer {i} output differs: {err:e}");
+        assert!(err < 1e-4, "layer {i} output differs: {err:e}");
     }
     let err = scaled_err(&out["logits"].to_f64(), want.logits.as_slice().unwrap());
     let loss = out["loss"].to_f64()[0];
-    println!("{label}: logits scaled error {err:e}, loss {loss} vs reference {}", want.loss);
-    assert!(err < 1e-4, "{label}: logits differ: {err:e}");
-    assert!((loss - want.loss).abs() < 1e-4 * want.loss.abs(), "{label}: loss {loss} vs {}", want.loss);
-}
+    println!("logits scaled error {err:e}, loss {loss} vs reference {}", want.loss);
+    assert!(err < 1e-4, "logits differ: {err:e}");
+    assert!((loss - want.loss).abs() < 1e-4 * want.loss.abs(), "loss {loss} vs {}", want.loss);
 
-/// Scanned with the low-rank queries; unrolled with one query projection.
-#[test]
-fn deepseek_layer_matches_reference() {
-    check_forward("deepseek, q_lora_rank=12", &tiny(&[]), &spec(12));
-    check_forward("deepseek, q_lora_rank=0, unscanned", &tiny(&["q_lora_rank=0", "scan_layers=false"]), &spec(0));
-}
-
-/// The loss's gradient through MLA's latents and projections, against central differences of
-/// the reference loss.
-#[test]
-fn deepseek_gradient_matches_finite_differences() {
-    let (m, s) = (tiny(&[]), spec(12));
-    let p = random_params(&draw_spec(), &m, 3);
-    let b = batch(&m, 4);
-    let program = trace(&crate::common::llama_ref::signature(&m), |_ctx, inp| {
-        let (loss, grads) = value_and_grad(&inp.subtree("params"), |params| m.loss(params, inp, 0.0).0);
-        grads.prefixed("grad").with("loss", loss)
-    })
-    .expect("the gradient traces");
-    let out = crate::common::run(&program, &with_batch(host_params(&m, &p), &b));
     let probes = [
         (0, "self_attention.q_norm.scale", 5),
         (1, "self_attention.kv_norm.scale", 3),

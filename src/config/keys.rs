@@ -407,6 +407,8 @@ declare_keys! {
         /// The sampling key is jax.random.PRNGKey(decode_seed) (MaxText's decode.py fixes PRNGKey(1234)).
         // A u32 PRNG key, like init_weights_seed.
         decode_seed: i64 = 1234 => Maxrs.run().range(int(0, u32::MAX as i64)),
+        /// deepseek: the cache holds every head's keys and values; false: each token's compressed latent and RoPE key (MLA's cache).
+        mla_naive_kvcache: bool = true => MaxText.program().read_by_model(DEEPSEEK),
     }
 
     /// maxrs train-compile.

@@ -305,6 +305,47 @@ impl LayerContext {
         }
     }
 
+    /// MLA's attention with a compressed cache (MaxText's `MlaKVCache`, `mla_naive_kvcache=false`):
+    /// the cache holds each token's `latent: [batch, seq, 1, a]` and `rope: [batch, seq, 1, b]`
+    /// (as `key` and `value`), and `expand` turns them into keys and values. Outside decoding and
+    /// in prefill, attention runs over the tokens' own expanded keys and values (prefill records
+    /// the latents); a generate step writes the tokens' latents at their positions and attends
+    /// over the whole cached layer, expanded, up to each query's position.
+    pub fn attend_latent(
+        &self,
+        q: &Tensor,
+        [latent, rope]: [&Tensor; 2],
+        expand: impl Fn(&Tensor, &Tensor) -> (Tensor, Tensor),
+        how: AttentionImpl,
+    ) -> Tensor {
+        let how = fitted(how, q.shape()[1]);
+        let options = AttendOptions::default();
+        let Some(cache) = &self.cache else {
+            let (k, v) = expand(latent, rope);
+            return self.attend_whole([q, &k, &v], None, how, &options, true);
+        };
+        match &mut *cache.borrow_mut() {
+            LayerCache::Fill { len, filled } => {
+                let t = latent.shape()[1];
+                let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
+                filled.push(KvCache { key: pad(latent), value: pad(rope) });
+                let (k, v) = expand(latent, rope);
+                self.attend_whole([q, &k, &v], None, how, &options, false)
+            }
+            LayerCache::Update { layer, caches, used } => {
+                let Some(slot) = caches.get_mut(*used) else {
+                    panic!("the layer makes more attention calls than the cache has ({})", caches.len())
+                };
+                *used += 1;
+                slot.key = write_rows(&slot.key, latent, layer, &self.positions);
+                slot.value = write_rows(&slot.value, rope, layer, &self.positions);
+                let (k, v) = expand(&layer_of(&slot.key, layer), &layer_of(&slot.value, layer));
+                let allowed = self.cache_mask(None, k.shape()[1]);
+                dot_product(q, &k, &v, &allowed, None).astype(q.dtype()).checkpoint_name("context")
+            }
+        }
+    }
+
     /// Attention over the queries' own keys (training, prefill): `attend_with`, or cuDNN's
     /// calls (`training`: the differentiable pair) where `cudnn_call` allows, else blockwise.
     fn attend_whole(

@@ -51,6 +51,9 @@ pub struct Mla {
     /// What the queries are multiplied by.
     pub softmax_scale: f64,
     pub rope: MlaRope,
+    /// Decoding caches the normed latent and the rotated RoPE key (`mla_naive_kvcache=false`,
+    /// MaxText's `MlaKVCache`) instead of every head's keys and values.
+    pub latent_cache: bool,
 }
 
 /// RoPE on the `qk_rope_head_dim` dimensions.
@@ -103,6 +106,7 @@ impl Mla {
             v_head_dim: c.v_head_dim,
             softmax_scale,
             rope,
+            latent_cache: !c.mla_naive_kvcache,
         }
     }
 
@@ -179,10 +183,21 @@ impl Mla {
                 1,
                 self.qk_rope_head_dim,
             ]));
-        let (k, v) = self.keys_values(c, p, prefix, &latent, &k_rope);
-        let (k, v) = (k.checkpoint_name("key_proj"), v.checkpoint_name("value_proj"));
-
-        let out = self.attend(c, ctx, &q, &k, &v);
+        let out = if self.latent_cache {
+            let latent = latent.reshape(&[b, t, 1, self.kv_lora_rank]);
+            let expand = |latent: &Tensor, k_rope: &Tensor| {
+                let s = latent.shape();
+                let (k, v) = self.keys_values(c, p, prefix, &latent.reshape(&[s[0], s[1], s[3]]), k_rope);
+                (k.checkpoint_name("key_proj"), self.padded(c, &v).checkpoint_name("value_proj"))
+            };
+            ctx.attend_latent(&q, [&latent, &k_rope], expand, c.attention)
+        } else {
+            let (k, v) = self.keys_values(c, p, prefix, &latent, &k_rope);
+            let (k, v) = (k.checkpoint_name("key_proj"), self.padded(c, &v).checkpoint_name("value_proj"));
+            ctx.attend(&q, &k, &v, None, c.attention, &AttendOptions::default())
+        };
+        // The values' padding (`padded`) sliced off.
+        let out = out.slice_axis(3, 0, self.v_head_dim);
         project("out", &out, "bthk,hkd->btd").checkpoint_name("out_proj")
     }
 
@@ -205,19 +220,15 @@ impl Mla {
         (concatenate(&[&k_nope, &k_rope.astype(k_nope.dtype())], 3), v)
     }
 
-    /// Causal attention of `q` over `k`, `v` (the decoder's cache, when decoding, through
-    /// `LayerContext::attend`). Blockwise attention and cuDNN's take one head dimension: values
-    /// narrower than the keys are padded with zeros to it there, and the output sliced back
-    /// (the zero dimensions add nothing).
-    fn attend(&self, c: &ModelConfig, ctx: &LayerContext, q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
+    /// `v` padded with zeros to the keys' head dimension where attention takes one head
+    /// dimension (blockwise attention, cuDNN's); the zero dimensions add nothing to the output,
+    /// which `apply` slices back. Dot-product attention takes `v` as it is.
+    fn padded(&self, c: &ModelConfig, v: &Tensor) -> Tensor {
         let (qk, dv) = (self.qk_head_dim(), self.v_head_dim);
-        let options = AttendOptions::default();
         if c.attention == AttentionImpl::DotProduct || qk == dv {
-            return ctx.attend(q, k, v, None, c.attention, &options);
+            return v.clone();
         }
-        assert!(dv < qk, "v_head_dim {dv} wider than the keys' {qk}: the family refuses it");
-        let padded = v.pad(0.0, &[0, 0, 0, 0], &[0, 0, 0, qk - dv], &[0, 0, 0, 0]);
-        ctx.attend(q, k, &padded, None, c.attention, &options).slice_axis(3, 0, dv)
+        v.pad(0.0, &[0, 0, 0, 0], &[0, 0, 0, qk - dv], &[0, 0, 0, 0])
     }
 
     /// MaxText's `calculate_mla_tflops_per_device` (`src/maxtext/utils/maxtext_utils.py`,
