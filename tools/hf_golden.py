@@ -117,6 +117,25 @@ def gemma_tensors(layers, gemma2, kv):
     return t
 
 
+def deepseek_tensors(layers, qk_nope=16, qk_rope=8, v_head=12, kv_lora=16):
+    """DeepSeek-V3's dense layers (every layer before `first_k_dense_replace`), queries without
+    a low-rank projection (`q_lora_rank` null)."""
+    t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E], "lm_head.weight": [V, E]}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        t[p + "input_layernorm.weight"] = [E]
+        t[p + "self_attn.q_proj.weight"] = [H * (qk_nope + qk_rope), E]
+        t[p + "self_attn.kv_a_proj_with_mqa.weight"] = [kv_lora + qk_rope, E]
+        t[p + "self_attn.kv_a_layernorm.weight"] = [kv_lora]
+        t[p + "self_attn.kv_b_proj.weight"] = [H * (qk_nope + v_head), kv_lora]
+        t[p + "self_attn.o_proj.weight"] = [E, H * v_head]
+        t[p + "post_attention_layernorm.weight"] = [E]
+        t[p + "mlp.gate_proj.weight"] = [M, E]
+        t[p + "mlp.up_proj.weight"] = [M, E]
+        t[p + "mlp.down_proj.weight"] = [E, M]
+    return t
+
+
 def cases():
     llama = dict(BASE, architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=2,
                  hidden_act="silu", tie_word_embeddings=False)
@@ -141,7 +160,19 @@ def cases():
                   hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True,
                   query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=5.0,
                   final_logit_softcapping=3.0)
+    # YaRN as DeepSeek-V3's (mscale = mscale_all_dim = 1: the softmax scale grows, RoPE's does
+    # not), written as `maxrs convert to-hf` writes it back.
+    deepseek_v3 = dict(BASE, architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+                       num_hidden_layers=2, num_key_value_heads=H, head_dim=8, hidden_act="silu",
+                       tie_word_embeddings=False, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16,
+                       qk_rope_head_dim=8, v_head_dim=12, first_k_dense_replace=2, n_routed_experts=4,
+                       num_experts_per_tok=2, n_group=1, topk_group=1, num_nextn_predict_layers=0,
+                       rope_interleave=True, attention_bias=False, rope_scaling={
+                           "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                           "beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "mscale": 1.0,
+                           "mscale_all_dim": 1.0})
     return {
+        "deepseek_v3": (deepseek_v3, deepseek_tensors(2)),
         "llama": (llama, llama_tensors(2)),
         "llama3.1": (llama31, llama_tensors(2)),
         "mistral": (mistral, llama_tensors(2)),
