@@ -83,6 +83,7 @@ mod mixtral;
 mod model_families;
 mod model_packing;
 mod model_reference;
+mod moe_deepseek;
 mod moe_reference;
 mod ops_values;
 mod pipeline;

@@ -9,7 +9,7 @@ use crate::common::{f64_tensor, rng, run, uniform};
 use maxrs::autodiff::value_and_grad_with_aux;
 use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Program, Signature};
-use maxrs::model::moe::{moe_block, param_defs, MoeConfig};
+use maxrs::model::moe::{moe_block, param_defs, MoeConfig, Router};
 use maxrs::model::ModelConfig;
 use maxrs::sharding::Mesh;
 use maxrs::tensor::{trace, Tree};
@@ -31,6 +31,8 @@ fn config(sparse_matmul: bool, capacity_factor: f64, load_balance_loss_weight: f
         float32_weight_sum: true,
         float32_gate_logits: false,
         dispatch_no_expert_sharding: false,
+        router: Router::Softmax,
+        shared_experts: 0,
     }
 }
 

@@ -47,6 +47,12 @@ string_enum!(
 );
 
 string_enum!(
+    /// `routed_score_func`: what the DeepSeek router applies to its logits (MaxText's
+    /// `GateLogit.score_func`, layers/moe.py at e591f30; "" keeps the logits).
+    RoutedScoreFunc { Logits = "", Sigmoid = "sigmoid", Softmax = "softmax" }
+);
+
+string_enum!(
     /// What the backward pass recomputes instead of keeping from the forward pass.
     RematPolicy {
         Full = "full",

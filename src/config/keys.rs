@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::choices::{
     none_or_int, AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule,
     LrScheduleType, OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType,
-    SamplingStrategy, TokenizerType, WsdDecayStyle,
+    RoutedScoreFunc, SamplingStrategy, TokenizerType, WsdDecayStyle,
 };
 use super::ranges::{
     closed, int, int_or_fill, open, open_max, open_min, MAX_AXIS, MAX_EMB, MAX_HEADS, MAX_SECONDS, MAX_STEPS,
@@ -30,6 +30,8 @@ const GEMMA3: Families = Families::Only(&[DecoderBlock::Gemma3]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
 const MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe, DecoderBlock::Deepseek]);
 const QWEN3: Families = Families::Only(&[DecoderBlock::Qwen3, DecoderBlock::Qwen3Moe]);
+/// decoder_block=deepseek: multi-head latent attention and YaRN (`model::mla`), DeepSeek-V3's
+/// routing and shared experts (`model::moe::MoeConfig::deepseek`).
 const DEEPSEEK: Families = Families::Only(&[DecoderBlock::Deepseek]);
 
 declare_keys! {
@@ -245,6 +247,23 @@ declare_keys! {
         float32_gate_logits: bool = false => MaxText.step().read_by_model(MOE),
         /// True: the dispatched tokens of the dropping path keep the expert axis for the experts (all-to-all) instead of the batch.
         moe_dispatch_no_expert_sharding: bool = false => MaxText.step().read_by_model(MOE),
+        /// deepseek: the width of the shared MLP, in experts (shared_experts x the experts' width), added to the routed output.
+        // MaxText's `RoutedAndSharedMoE` (layers/moe.py, e591f30); 0: no shared MLP.
+        shared_experts: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
+        /// deepseek: the router's scores: "" (the logits), sigmoid or softmax (over the experts).
+        routed_score_func: RoutedScoreFunc = "" => MaxText.step().read_by_model(DEEPSEEK).model_file(),
+        /// deepseek: a learned per-expert bias (gate.bias) added to the scores to choose the experts; the weights come from the unbiased scores.
+        // Its gradient is zero (it only moves the top-k choice); routed_bias_update_rate moves it.
+        routed_bias: bool = false => MaxText.model(DEEPSEEK).model_file(),
+        /// deepseek: auxiliary-loss-free balancing, bias += rate x sign(mean load - expert's load) after each step; > 0 is not supported yet.
+        routed_bias_update_rate: f64 = 0.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e3)),
+        /// deepseek: the experts in n_routing_groups equal groups; each token chooses only from its topk_routing_group best groups (-1: no groups).
+        // A group's score is the sum of its two best biased scores (`expert_group_mask`).
+        n_routing_groups: i64 = -1 => MaxText.step().read_by_model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
+        /// deepseek: how many of the n_routing_groups groups each token chooses its experts from (-1: no groups).
+        topk_routing_group: i64 = -1 => MaxText.step().read_by_model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
+        /// deepseek: the routing weights are multiplied by this (after sigmoid scores are normalized to sum to 1).
+        routed_scaling_factor: f64 = 1.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
     }
 
     section "Numerics and memory" {

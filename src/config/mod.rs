@@ -24,8 +24,8 @@ mod value;
 pub use builtin::MODELS;
 pub use choices::{
     AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
-    OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType, RuleAxes, SamplingStrategy,
-    TokenizerType, WsdDecayStyle, MLP_ACTIVATIONS,
+    OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType, RoutedScoreFunc, RuleAxes,
+    SamplingStrategy, TokenizerType, WsdDecayStyle, MLP_ACTIVATIONS,
 };
 pub use error::{escape, quote, ConfigError};
 pub use keys::Config;

@@ -2,12 +2,15 @@
 //! `DeepSeekMoELayer` in `src/maxtext/models/deepseek.py`, main at e591f30): pre-norm
 //! multi-head latent attention (`mla.rs`), then, after a second RMSNorm, the dense MLP
 //! (`mlp.wi_0`, `mlp.wi_1`, `mlp.wo`, as Llama's) or the mixture-of-experts block
-//! `DeepSeekMoeBlock_0` (MaxText's `RoutedAndSharedMoE`: its routed experts `MoeBlock_0`,
-//! `moe.rs`). Embedding, stacking, final norm, logits and loss are the shared decoder's.
+//! `DeepSeekMoeBlock_0` (MaxText's `RoutedAndSharedMoE`, `moe.rs`: routed experts `MoeBlock_0`
+//! with DeepSeek-V3's router, and `shared_experts`). Embedding, stacking, final norm, logits and
+//! loss are the shared decoder's.
 //!
 //! One layer's parameters: `pre_self_attention_layer_norm.scale`, `self_attention.*` (the MLA
 //! table in `mla.rs`), `post_self_attention_layer_norm.scale`, and `mlp.*` (dense) or
-//! `DeepSeekMoeBlock_0.MoeBlock_0.{gate.kernel, wi_0, wi_1, wo}` (as Mixtral's `MoeBlock_0`).
+//! `DeepSeekMoeBlock_0.MoeBlock_0.{gate.kernel, gate.bias, wi_0, wi_1, wo}` and
+//! `DeepSeekMoeBlock_0.shared_experts.{wi_0,wi_1,wo}.kernel` (`moe.rs`). The experts are
+//! `base_mlp_dim` wide until MaxText's `base_moe_mlp_dim` comes with the layer stacks.
 //!
 //! Which layers are dense: MaxText's `first_num_dense_layers` comes with the decoder's layer
 //! stacks; until then every layer is dense with `num_experts: 1` and a MoE layer otherwise. As
@@ -21,21 +24,21 @@ use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm};
 use super::decoder::{constrain, Family, LayerFlops, LayerOutput};
 use super::mla::Mla;
-use super::moe::{self, moe_block, MoeConfig};
+use super::moe::{routed_and_shared_block, routed_and_shared_flops, routed_and_shared_param_defs, MoeConfig};
 use super::params::ParamDef;
 use super::ModelConfig;
 
 /// The residual stream's logical axes in MaxText's DeepSeek layers (`logical_axis_names`).
 const ACTIVATIONS: &[&str] = &["activation_batch", "activation_norm_length", "activation_embed"];
 
-/// The routed experts' prefix in a layer.
-const MOE: &str = "DeepSeekMoeBlock_0.MoeBlock_0";
+/// The experts' block in a layer (MaxText's `RoutedAndSharedMoE`).
+const MOE: &str = "DeepSeekMoeBlock_0";
 
 /// A DeepSeek layer.
 #[derive(Debug)]
 pub struct Deepseek {
     pub mla: Mla,
-    /// The routed experts in place of the MLP.
+    /// The routed and shared experts in place of the MLP.
     pub moe: Option<MoeConfig>,
 }
 
@@ -43,7 +46,7 @@ impl Deepseek {
     /// The layer `c` describes. The MLPs are SwiGLU (DeepSeek's), so other `mlp_activations` are
     /// refused with experts, as in the other MoE families.
     pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Deepseek, String> {
-        let moe = (c.num_experts > 1).then(|| MoeConfig::from_config(c));
+        let moe = if c.num_experts > 1 { Some(MoeConfig::deepseek(c)?) } else { None };
         if moe.is_some() && mc.mlp_activations != ["silu", "linear"] {
             return Err(format!(
                 "mlp_activations=[{}]: deepseek's experts are SwiGLU MLPs, [silu, linear]; other activations are not supported yet",
@@ -71,7 +74,7 @@ impl Family for Deepseek {
         match &self.moe {
             None => defs.extend(Mlp::new(c, false, None).params("mlp", c.emb, c.mlp)),
             Some(m) => defs.extend(
-                moe::param_defs(m, c.emb, c.mlp)
+                routed_and_shared_param_defs(c, m, c.emb, c.mlp)
                     .into_iter()
                     .map(|def| ParamDef { name: format!("{MOE}.{}", def.name), ..def }),
             ),
@@ -90,7 +93,7 @@ impl Family for Deepseek {
             let mlp = constrain(c, Mlp::new(c, false, None).apply(c, p, "mlp", &h), ACTIVATIONS);
             return LayerOutput::new(constrain(c, mlp + &x, ACTIVATIONS));
         };
-        let block = moe_block(c, m, &p.subtree(MOE), &h);
+        let block = routed_and_shared_block(c, m, &p.subtree(MOE), &h);
         let out = constrain(c, constrain(c, block.output, ACTIVATIONS) + &x, ACTIVATIONS);
         let mut aux_losses = Tree::new();
         if let Some(loss) = block.load_balance_loss {
@@ -100,13 +103,12 @@ impl Family for Deepseek {
     }
 
     /// MaxText's DeepSeek terms (`calculate_tflops_training_per_device`, e591f30): MLA's
-    /// (`Mla::flops`), and the dense MLP or the router and `num_experts_per_tok` expert MLPs.
+    /// (`Mla::flops`), and the dense MLP or the router, the `num_experts_per_tok` chosen experts
+    /// and the shared ones.
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
-        let (e, mlp) = (c.emb as f64, c.mlp as f64);
-        let ffn = 2.0 * tokens * mlp * e * (c.mlp_activations.len() as f64 + 1.0);
         let ffn = match &self.moe {
-            None => ffn,
-            Some(m) => 2.0 * tokens * e * m.num_experts as f64 + ffn * m.num_experts_per_tok as f64,
+            None => 2.0 * tokens * (c.mlp * c.emb) as f64 * (c.mlp_activations.len() as f64 + 1.0),
+            Some(m) => routed_and_shared_flops(m, c.emb, c.mlp, tokens),
         };
         let attention = self.mla.flops(c, tokens, seq);
         LayerFlops { weights: ffn + attention.weights, attention: attention.attention }

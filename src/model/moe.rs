@@ -36,13 +36,30 @@
 //! The experts' fan-in is MaxText's: its `RoutedMoE` initializes the stacked kernels with
 //! `in_axis=0, out_axis=1`, so JAX's `variance_scaling` counts `experts x (the remaining dim)` as
 //! the fan-in.
+//!
+//! DeepSeek-V3's router ([`Router::DeepSeek`], MaxText's `GateLogit`, `deepseek_routing`,
+//! `expert_group_mask` and `deepseek_scale_weights` in `layers/moe.py` at e591f30) scores the
+//! logits (`routed_score_func`: sigmoid for DeepSeek-V3), adds a learned per-expert bias
+//! (`routed_bias`: `gate.bias`, [experts], zeros, logical axis none) to choose the experts only,
+//! optionally only from the `topk_routing_group` best of `n_routing_groups` equal groups (a
+//! group's score: the sum of its two best biased scores; the other groups' experts are masked to
+//! -inf), takes the top k of the biased scores, and weighs them with the UNBIASED scores —
+//! divided by their sum plus 1e-20 for sigmoid scores — times `routed_scaling_factor`. The bias
+//! gets a zero gradient (it only moves the choice), as in MaxText; MaxText's update rule
+//! (`routed_bias_update_rate` > 0) is not supported yet (0, MaxText's default and DeepSeek-V3's
+//! model file's, keeps the bias as loaded).
+//!
+//! DeepSeek's block is MaxText's `RoutedAndSharedMoE` ([`routed_and_shared_block`]): the routed
+//! block under `MoeBlock_0.` (its gate kernel's logical axes `embed_moe, -`) plus a shared
+//! SwiGLU MLP `shared_experts.{wi_0,wi_1,wo}.kernel`, `shared_experts x` the experts' width.
 
+use super::blocks::Mlp;
 use super::decoder::constrain;
 use super::{ModelConfig, ParamDef, ParamInit};
-use crate::config::Config;
+use crate::config::{Config, RoutedScoreFunc};
 use crate::ir::DType;
 use crate::sharding::PartitionSpec;
-use crate::tensor::{einsum, Tensor, Tree};
+use crate::tensor::{einsum, where_, Tensor, Tree};
 
 /// What the block needs from the run's configuration besides `ModelConfig` (MaxText's key
 /// names).
@@ -60,6 +77,32 @@ pub struct MoeConfig {
     /// `moe_dispatch_no_expert_sharding`: keep the `expert` mesh axis off the batch dim of the
     /// dispatched tokens, so the expert matmuls stay expert-parallel (all-to-all).
     pub dispatch_no_expert_sharding: bool,
+    /// How each token's experts are chosen and weighed.
+    pub router: Router,
+    /// `shared_experts`: the shared MLP of [`routed_and_shared_block`] is this many experts wide.
+    pub shared_experts: i64,
+}
+
+/// How the router picks each token's experts and weighs them.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Router {
+    /// MaxText's default (Mixtral, Qwen3 MoE): `top_k` of the logits, weights `softmax` over them.
+    Softmax,
+    /// DeepSeek-V3's (see the module header).
+    DeepSeek(DeepSeekRouter),
+}
+
+/// DeepSeek-V3's routing keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeepSeekRouter {
+    /// `routed_score_func`.
+    pub score_func: RoutedScoreFunc,
+    /// `routed_bias`: the `gate.bias` parameter, added to the scores to choose the experts.
+    pub bias: bool,
+    /// `(n_routing_groups, topk_routing_group)`, when the experts are grouped.
+    pub groups: Option<(i64, i64)>,
+    /// `routed_scaling_factor`.
+    pub scaling_factor: f64,
 }
 
 impl MoeConfig {
@@ -73,7 +116,58 @@ impl MoeConfig {
             float32_weight_sum: c.float32_weight_sum,
             float32_gate_logits: c.float32_gate_logits,
             dispatch_no_expert_sharding: c.moe_dispatch_no_expert_sharding,
+            router: Router::Softmax,
+            shared_experts: 0,
         }
+    }
+
+    /// The block of a DeepSeek-V3 layer (MaxText's `RoutedAndSharedMoE`): DeepSeek's router and
+    /// `shared_experts`, with the routing keys checked; an error names the key and what is valid.
+    /// The family calls this, then [`routed_and_shared_param_defs`] and
+    /// [`routed_and_shared_block`].
+    pub fn deepseek(c: &Config) -> Result<MoeConfig, String> {
+        let (e, k) = (c.num_experts, c.num_experts_per_tok);
+        if c.routed_bias_update_rate > 0.0 {
+            return Err(format!(
+                "routed_bias_update_rate={}: updating the routing bias after each step is not supported yet; use 0 (the bias stays as loaded, as in MaxText's deepseek3 model files)",
+                c.routed_bias_update_rate
+            ));
+        }
+        if k > e {
+            return Err(format!("num_experts_per_tok={k}: more than num_experts={e}; use at most {e}"));
+        }
+        let groups = match (c.n_routing_groups, c.topk_routing_group) {
+            (-1, -1) => None,
+            (-1, t) => {
+                return Err(format!(
+                    "topk_routing_group={t}: needs n_routing_groups (-1: no groups); set both or neither"
+                ))
+            }
+            (g, _) if e % g != 0 || e / g < 2 => {
+                return Err(format!(
+                    "n_routing_groups={g}: num_experts={e} must split into groups of at least 2 experts (a group scores by its top 2); use a divisor of {e} up to {}",
+                    e / 2
+                ));
+            }
+            (g, t) if t < 1 || t > g || t * (e / g) < k => {
+                return Err(format!(
+                    "topk_routing_group={t}: must be in [1, n_routing_groups={g}] and leave num_experts_per_tok={k} experts to choose from ({} per group)",
+                    e / g
+                ));
+            }
+            (g, t) => Some((g, t)),
+        };
+        let router = DeepSeekRouter {
+            score_func: c.routed_score_func,
+            bias: c.routed_bias,
+            groups,
+            scaling_factor: c.routed_scaling_factor,
+        };
+        Ok(MoeConfig {
+            router: Router::DeepSeek(router),
+            shared_experts: c.shared_experts,
+            ..MoeConfig::from_config(c)
+        })
     }
 
     /// Per-sequence expert capacity of the dropping path (MaxText's `generate_masks`).
@@ -107,12 +201,60 @@ pub fn param_defs(m: &MoeConfig, emb: i64, mlp: i64) -> Vec<ParamDef> {
         logical: logical.to_vec(),
         init,
     };
-    vec![
-        def("gate.kernel", &[emb, e], &["embed", ""], ParamInit::FanIn(emb)),
+    let (gate_axes, bias) = match &m.router {
+        Router::Softmax => (["embed", ""], false),
+        Router::DeepSeek(r) => (["embed_moe", ""], r.bias),
+    };
+    let gate_bias = bias.then(|| def("gate.bias", &[e], &[""], ParamInit::Zeros));
+    let mut defs = vec![def("gate.kernel", &[emb, e], &gate_axes, ParamInit::FanIn(emb))];
+    defs.extend(gate_bias);
+    defs.extend([
         def("wi_0", &[e, emb, mlp], &["exp", "embed_moe", "mlp_moe"], ParamInit::FanIn(e * mlp)),
         def("wi_1", &[e, emb, mlp], &["exp", "embed_moe", "mlp_moe"], ParamInit::FanIn(e * mlp)),
         def("wo", &[e, mlp, emb], &["exp", "mlp_moe", "embed_moe"], ParamInit::FanIn(e * emb)),
-    ]
+    ]);
+    defs
+}
+
+/// The parameters of [`routed_and_shared_block`], relative to it: the routed block's under
+/// `MoeBlock_0.` (experts `moe_mlp` wide) and the shared MLP's under `shared_experts.`, as a
+/// MaxText DeepSeek checkpoint names them (`DeepSeekMoeBlock_0.{MoeBlock_0,shared_experts}`).
+pub fn routed_and_shared_param_defs(c: &ModelConfig, m: &MoeConfig, emb: i64, moe_mlp: i64) -> Vec<ParamDef> {
+    let mut defs: Vec<ParamDef> = param_defs(m, emb, moe_mlp)
+        .into_iter()
+        .map(|def| ParamDef { name: format!("MoeBlock_0.{}", def.name), ..def })
+        .collect();
+    if m.shared_experts > 0 {
+        defs.extend(shared_mlp(c).params("shared_experts", emb, m.shared_experts * moe_mlp));
+    }
+    defs
+}
+
+/// The shared experts: MaxText's `MlpBlock` without biases.
+fn shared_mlp(c: &ModelConfig) -> Mlp {
+    Mlp::new(c, false, None)
+}
+
+/// MaxText's `RoutedAndSharedMoE` on `x: [batch, seq, emb]`: the routed block
+/// (`p["MoeBlock_0.*"]`) plus the shared MLP (`p["shared_experts.*"]`); the load-balancing loss
+/// is the routed block's.
+pub fn routed_and_shared_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOutput {
+    let routed = moe_block(c, m, &p.subtree("MoeBlock_0"), x);
+    let output = match m.shared_experts {
+        0 => routed.output,
+        _ => routed.output + &shared_mlp(c).apply(c, p, "shared_experts", x),
+    };
+    MoeOutput { output, load_balance_loss: routed.load_balance_loss }
+}
+
+/// The weight FLOPs of [`routed_and_shared_block`] on `tokens` tokens, as MaxText counts them
+/// (`calculate_routed_and_shared_ffn_tflops_per_device`): the router, the `k` chosen experts and
+/// the shared MLP, each SwiGLU expert `2 x tokens x emb x moe_mlp x 3`.
+pub fn routed_and_shared_flops(m: &MoeConfig, emb: i64, moe_mlp: i64, tokens: f64) -> f64 {
+    let (e, mlp) = (emb as f64, moe_mlp as f64);
+    let router = 2.0 * tokens * e * m.num_experts as f64;
+    let expert = 2.0 * tokens * e * mlp * 3.0;
+    router + expert * (m.num_experts_per_tok + m.shared_experts) as f64
 }
 
 /// The block's result: its output and, with `load_balance_loss_weight > 0`, the weighted
@@ -140,12 +282,20 @@ pub fn moe_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOut
     let gate_dtype = if m.float32_gate_logits { wide(c) } else { c.dtype };
     let logits = x.astype(gate_dtype).matmul(&p["gate.kernel"].astype(gate_dtype));
     let logits = constrain(c, logits, &["activation_batch_moe", "activation_length_moe", ""]);
-    let (top_logits, experts) = logits.top_k(m.num_experts_per_tok);
-    let weights = top_logits.astype(wide(c)).softmax(-1).astype(c.dtype);
-    let load_balance_loss = (m.load_balance_loss_weight > 0.0).then(|| load_balance_loss(c, m, &logits, &experts));
+    let (routes, scores) = match &m.router {
+        Router::Softmax => {
+            let (top_logits, experts) = logits.top_k(m.num_experts_per_tok);
+            let weights = top_logits.astype(wide(c)).softmax(-1).astype(c.dtype);
+            (Routes { weights, experts }, logits)
+        }
+        Router::DeepSeek(r) => deepseek_routes(c, m, r, p, &logits),
+    };
+    // MaxText's load-balancing loss takes the softmax of the gate's output, which for DeepSeek's
+    // router is the biased scores (`GateLogit` returns them).
+    let load_balance_loss =
+        (m.load_balance_loss_weight > 0.0).then(|| load_balance_loss(c, m, &scores, &routes.experts));
     let w = |name: &str| p[name].astype(c.dtype);
     let kernels = Kernels { wi_0: w("wi_0"), wi_1: w("wi_1"), wo: w("wo") };
-    let routes = Routes { weights, experts };
     let output = if m.sparse_matmul {
         dropless(c, m, x, &routes, &kernels)
     } else if m.capacity_factor > 0.0 {
@@ -154,6 +304,45 @@ pub fn moe_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOut
         every_expert(c, m, x, &routes, &kernels)
     };
     MoeOutput { output, load_balance_loss }
+}
+
+/// DeepSeek's routes from the gate logits `[batch, seq, E]` (in the gate's dtype), and the
+/// biased scores that choose the experts. The weights are the chosen experts' unbiased scores,
+/// normalized (sigmoid scores) and scaled, in `dtype`.
+fn deepseek_routes(c: &ModelConfig, m: &MoeConfig, r: &DeepSeekRouter, p: &Tree, logits: &Tensor) -> (Routes, Tensor) {
+    let scores = match r.score_func {
+        RoutedScoreFunc::Logits => logits.clone(),
+        RoutedScoreFunc::Sigmoid => logits.sigmoid(),
+        RoutedScoreFunc::Softmax => logits.softmax(-1),
+    };
+    let biased = match r.bias {
+        true => &scores + &p["gate.bias"].astype(scores.dtype()),
+        false => scores.clone(),
+    };
+    // Only the choice depends on the bias and the group mask: neither has a gradient.
+    let choice = match r.groups {
+        None => biased.stop_gradient(),
+        Some((groups, top_groups)) => in_best_groups(c, m, &biased.stop_gradient(), groups, top_groups),
+    };
+    let (_, experts) = choice.top_k(m.num_experts_per_tok);
+    let mut weights = scores.take_along_axis(&experts, -1);
+    if r.score_func == RoutedScoreFunc::Sigmoid {
+        weights = &weights / &(weights.sum_keepdims(&[-1]) + 1e-20);
+    }
+    let weights = (weights * r.scaling_factor).astype(c.dtype);
+    (Routes { weights, experts }, biased)
+}
+
+/// `scores` `[batch, seq, E]` with the experts outside each token's `top_groups` best of
+/// `groups` equal groups set to -inf; a group scores the sum of its two best scores (in f32).
+fn in_best_groups(c: &ModelConfig, m: &MoeConfig, scores: &Tensor, groups: i64, top_groups: i64) -> Tensor {
+    let (b, s, e) = (scores.shape()[0], scores.shape()[1], m.num_experts);
+    let grouped = scores.reshape(&[b, s, groups, e / groups]);
+    let (top2, _) = grouped.top_k(2);
+    let (_, best) = top2.astype(wide(c)).sum(&[-1]).top_k(top_groups);
+    let chosen = best.one_hot(groups, DType::S32).sum(&[-2]).gt(0);
+    let mask = chosen.expand_dims(-1).broadcast_to(&[b, s, groups, e / groups]).reshape(&[b, s, e]);
+    where_(&mask, scores, f64::NEG_INFINITY)
 }
 
 /// `mean_{b,e}(density[b,e] x probability[b,e]) x E^2 x weight`, where `density` is the fraction
@@ -275,4 +464,65 @@ fn constrain_dispatch(c: &ModelConfig, m: &MoeConfig, x: Tensor, logical: &[&str
         })
         .collect();
     x.with_sharding_constraint(&PartitionSpec::from_axes(dims))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::model::Model;
+
+    fn load(keys: &[&str]) -> Config {
+        let mut all = vec!["num_experts=16".to_string(), "num_experts_per_tok=4".to_string()];
+        all.extend(keys.iter().map(|k| k.to_string()));
+        crate::config::load(None, &all).expect("the keys load")
+    }
+
+    #[test]
+    fn deepseek_routing_reads_its_keys() {
+        let c = load(&[
+            "n_routing_groups=4",
+            "topk_routing_group=2",
+            "routed_score_func=sigmoid",
+            "routed_bias=true",
+            "routed_scaling_factor=2.5",
+            "shared_experts=2",
+        ]);
+        let m = MoeConfig::deepseek(&c).expect("valid routing");
+        let want = DeepSeekRouter {
+            score_func: RoutedScoreFunc::Sigmoid,
+            bias: true,
+            groups: Some((4, 2)),
+            scaling_factor: 2.5,
+        };
+        assert_eq!((m.router, m.shared_experts), (Router::DeepSeek(want), 2));
+        let ungrouped = MoeConfig::deepseek(&load(&[])).expect("valid routing");
+        assert!(matches!(ungrouped.router, Router::DeepSeek(DeepSeekRouter { groups: None, bias: false, .. })));
+    }
+
+    /// Each invalid combination is refused naming its key and value.
+    #[test]
+    fn deepseek_routing_refuses_by_name() {
+        let cases: [(&[&str], &str); 6] = [
+            (&["routed_bias_update_rate=0.001"], "routed_bias_update_rate=0.001: "),
+            (&["topk_routing_group=2"], "topk_routing_group=2: needs n_routing_groups"),
+            (&["n_routing_groups=3", "topk_routing_group=1"], "n_routing_groups=3: "),
+            (&["n_routing_groups=16", "topk_routing_group=1"], "n_routing_groups=16: "),
+            (&["n_routing_groups=4", "topk_routing_group=5"], "topk_routing_group=5: "),
+            // 2 groups of 2 experts leave fewer than 4 to choose from.
+            (&["n_routing_groups=8", "topk_routing_group=1"], "topk_routing_group=1: "),
+        ];
+        for (keys, culprit) in cases {
+            let err = MoeConfig::deepseek(&load(keys)).expect_err(culprit);
+            assert!(err.starts_with(culprit), "{keys:?}: {err}");
+        }
+    }
+
+    /// No family maxrs has reads the DeepSeek routing keys yet: a non-default value is refused.
+    #[test]
+    fn other_families_refuse_the_routing_keys() {
+        let c = load(&["decoder_block=mixtral", "routed_bias=true"]);
+        let err = Model::from_config(&c).expect_err("mixtral does not route with a bias");
+        assert!(err.starts_with("routed_bias=true: no decoder_block"), "{err}");
+    }
 }

@@ -1,7 +1,7 @@
 //! An independent f64 reference of MaxText's routed MoE block (`layers/moe.py`), written with
 //! ndarray on one sequence at a time (`[seq, emb]`): router top-k with softmax weights over the
 //! chosen logits, SwiGLU experts, first-come-first-served capacity per expert and sequence, and
-//! the load-balancing loss.
+//! the load-balancing loss. And DeepSeek-V3's routed-and-shared block ([`deepseek_moe`]).
 
 use super::{rng, uniform};
 use ndarray::{s, Array2, Array3};
@@ -60,7 +60,7 @@ pub struct MoeRef {
     pub min_margin: f64,
 }
 
-fn silu(v: f64) -> f64 {
+pub fn silu(v: f64) -> f64 {
     v / (1.0 + (-v).exp())
 }
 
@@ -72,7 +72,7 @@ fn softmax(v: &[f64]) -> Vec<f64> {
 }
 
 /// Expert `e`'s SwiGLU MLP on one token.
-fn expert(p: &MoeParams, e: usize, x: &ndarray::ArrayView1<f64>) -> ndarray::Array1<f64> {
+pub fn expert(p: &MoeParams, e: usize, x: &ndarray::ArrayView1<f64>) -> ndarray::Array1<f64> {
     let gate = x.dot(&p.wi_0.slice(s![e, .., ..])).mapv(silu);
     let up = x.dot(&p.wi_1.slice(s![e, .., ..]));
     (gate * up).dot(&p.wo.slice(s![e, .., ..]))
@@ -126,4 +126,108 @@ pub fn moe(p: &MoeParams, xs: &[Array2<f64>], k: usize, routing: Routing) -> Moe
     let e = experts as f64;
     load_balance = load_balance / (xs.len() as f64 * e) * e * e;
     MoeRef { outputs, load_balance, dropped, kept, min_margin }
+}
+
+/// DeepSeek-V3's block besides the routed experts' `MoeParams`: the router's correction bias
+/// `[E]` and the shared MLP (`wi_0`, `wi_1`: `[emb, shared]`, `wo`: `[shared, emb]`).
+#[derive(Clone)]
+pub struct DeepSeekParams {
+    pub routed: MoeParams,
+    pub bias: Vec<f64>,
+    pub shared_wi_0: Array2<f64>,
+    pub shared_wi_1: Array2<f64>,
+    pub shared_wo: Array2<f64>,
+}
+
+/// DeepSeek-V3's routing settings (Hugging Face's `n_group`, `topk_group`,
+/// `routed_scaling_factor`; sigmoid scores, `norm_topk_prob: true`).
+#[derive(Clone, Copy, Debug)]
+pub struct DeepSeekRouting {
+    pub k: usize,
+    pub groups: usize,
+    pub top_groups: usize,
+    pub scaling: f64,
+}
+
+/// What the reference chose, per token (row-major over the sequences).
+pub struct DeepSeekRef {
+    pub outputs: Vec<Array2<f64>>,
+    /// The chosen experts, in descending biased score.
+    pub chosen: Vec<Vec<usize>>,
+    /// The top k of the biased scores without the group limit, and of the unbiased ones: the
+    /// test data must make the groups and the bias matter.
+    pub chosen_ungrouped: Vec<Vec<usize>>,
+    pub chosen_unbiased: Vec<Vec<usize>>,
+    /// The smallest gap between the k-th and (k+1)-th candidate, and between the last chosen
+    /// group and the next: a choice comparable across precisions needs both clear of 0.
+    pub min_margin: f64,
+    /// The smallest biased score (Hugging Face masks other groups with 0, MaxText with -inf:
+    /// the same choice while every biased score is positive).
+    pub min_biased_score: f64,
+}
+
+/// Descending order, ties to the lower index (`jax.lax.top_k`'s and `torch.topk`'s order).
+fn descending(v: &[f64]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    order.sort_by(|&a, &b| v[b].partial_cmp(&v[a]).unwrap());
+    order
+}
+
+/// Hugging Face's `DeepseekV3MoE` (transformers' `modeling_deepseek_v3.py`,
+/// `route_tokens_to_experts` + shared experts) on each sequence of `xs`: sigmoid scores, the
+/// bias added for the choice only, the `top_groups` groups with the best sum of their two best
+/// biased scores, top k of the biased scores in those groups, weights the unbiased scores of the
+/// chosen experts over their sum plus 1e-20, times `scaling`; plus the shared MLP.
+pub fn deepseek_moe(p: &DeepSeekParams, xs: &[Array2<f64>], r: DeepSeekRouting) -> DeepSeekRef {
+    let experts = p.routed.gate.ncols();
+    let per_group = experts / r.groups;
+    let mut out = DeepSeekRef {
+        outputs: Vec::new(),
+        chosen: Vec::new(),
+        chosen_ungrouped: Vec::new(),
+        chosen_unbiased: Vec::new(),
+        min_margin: f64::INFINITY,
+        min_biased_score: f64::INFINITY,
+    };
+    for x in xs {
+        let logits = x.dot(&p.routed.gate);
+        let mut y = Array2::<f64>::zeros(x.raw_dim());
+        for t in 0..x.nrows() {
+            let scores: Vec<f64> = logits.row(t).iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
+            let biased: Vec<f64> = scores.iter().zip(&p.bias).map(|(s, b)| s + b).collect();
+            out.min_biased_score = biased.iter().cloned().fold(out.min_biased_score, f64::min);
+            let group_score: Vec<f64> = (0..r.groups)
+                .map(|g| {
+                    let order = descending(&biased[g * per_group..(g + 1) * per_group]);
+                    biased[g * per_group + order[0]] + biased[g * per_group + order[1]]
+                })
+                .collect();
+            let group_order = descending(&group_score);
+            if r.top_groups < r.groups {
+                let gap = group_score[group_order[r.top_groups - 1]] - group_score[group_order[r.top_groups]];
+                out.min_margin = out.min_margin.min(gap);
+            }
+            let masked: Vec<f64> = (0..experts)
+                .map(|e| match group_order[..r.top_groups].contains(&(e / per_group)) {
+                    true => biased[e],
+                    false => f64::NEG_INFINITY,
+                })
+                .collect();
+            let order = descending(&masked);
+            let gap = masked[order[r.k - 1]] - masked[order[r.k]];
+            out.min_margin = out.min_margin.min(gap);
+            let chosen = order[..r.k].to_vec();
+            let sum: f64 = chosen.iter().map(|&e| scores[e]).sum::<f64>() + 1e-20;
+            for &e in &chosen {
+                y.row_mut(t).scaled_add(scores[e] / sum * r.scaling, &expert(&p.routed, e, &x.row(t)));
+            }
+            let h = x.row(t).dot(&p.shared_wi_0).mapv(silu) * x.row(t).dot(&p.shared_wi_1);
+            y.row_mut(t).scaled_add(1.0, &h.dot(&p.shared_wo));
+            out.chosen.push(chosen);
+            out.chosen_ungrouped.push(descending(&biased)[..r.k].to_vec());
+            out.chosen_unbiased.push(descending(&scores)[..r.k].to_vec());
+        }
+        out.outputs.push(y);
+    }
+    out
 }
