@@ -45,52 +45,27 @@ const MOE_EXPERT_PARALLEL: &[&str] = &[
     "capacity_factor=1.25",
     "ici_expert_parallelism=2",
 ];
-/// A small DeepSeek layer (multi-head latent attention), with default and YaRN RoPE.
-const DEEPSEEK: &[&str] = &[
-    "decoder_block=deepseek",
-    "attention_type=mla",
-    "base_num_kv_heads=4",
-    "kv_lora_rank=32",
-    "qk_nope_head_dim=16",
-    "qk_rope_head_dim=8",
-    "v_head_dim=16",
-];
-const DEEPSEEK_YARN: &[&str] = &[
-    "decoder_block=deepseek",
-    "attention_type=mla",
-    "base_num_kv_heads=4",
-    "kv_lora_rank=32",
-    "qk_nope_head_dim=16",
-    "qk_rope_head_dim=8",
-    "v_head_dim=16",
-    "rope_type=yarn",
-];
-/// The DeepSeek layer with routed experts.
-const DEEPSEEK_MOE: &[&str] = &[
-    "decoder_block=deepseek",
-    "attention_type=mla",
-    "base_num_kv_heads=4",
-    "kv_lora_rank=32",
-    "qk_nope_head_dim=16",
-    "qk_rope_head_dim=8",
-    "v_head_dim=16",
-    "num_experts=4",
-    "num_experts_per_tok=2",
-];
-/// Its experts in 2 groups, each token choosing from the best one.
-const DEEPSEEK_GROUPED: &[&str] = &[
-    "decoder_block=deepseek",
-    "attention_type=mla",
-    "base_num_kv_heads=4",
-    "kv_lora_rank=32",
-    "qk_nope_head_dim=16",
-    "qk_rope_head_dim=8",
-    "v_head_dim=16",
-    "num_experts=4",
-    "num_experts_per_tok=2",
-    "n_routing_groups=2",
-    "topk_routing_group=1",
-];
+/// A small DeepSeek layer (multi-head latent attention) with `extra` keys.
+macro_rules! deepseek {
+    ($($extra:literal),*) => {
+        &[
+            "decoder_block=deepseek",
+            "attention_type=mla",
+            "base_num_kv_heads=4",
+            "kv_lora_rank=32",
+            "qk_nope_head_dim=16",
+            "qk_rope_head_dim=8",
+            "v_head_dim=16",
+            $($extra),*
+        ]
+    };
+}
+const DEEPSEEK: &[&str] = deepseek!();
+const DEEPSEEK_YARN: &[&str] = deepseek!("rope_type=yarn");
+/// With routed experts, and those in 2 groups, each token choosing from the best one.
+const DEEPSEEK_MOE: &[&str] = deepseek!("num_experts=4", "num_experts_per_tok=2");
+const DEEPSEEK_GROUPED: &[&str] =
+    deepseek!("num_experts=4", "num_experts_per_tok=2", "n_routing_groups=2", "topk_routing_group=1");
 use Effect::*;
 
 const KEYS: &[(&str, Effect)] = &[

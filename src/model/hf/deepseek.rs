@@ -37,7 +37,7 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use super::llama::{common_config, common_keys, rope_fields};
+use super::llama::{common_config, common_keys, outer_entries, rope_fields};
 use super::{layer_entry, Entry, Fields, Map};
 use crate::config::{Config, RopeType};
 use crate::model::Model;
@@ -221,28 +221,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
 /// Every tensor of a deepseek model.
 pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
     let m = &model.config;
-    let mut out = vec![
-        Entry {
-            maxrs: "token_embedder.embedding".into(),
-            slot: vec![],
-            hf: "model.embed_tokens.weight".into(),
-            map: Map::COPY,
-        },
-        Entry {
-            maxrs: "decoder.decoder_norm.scale".into(),
-            slot: vec![],
-            hf: "model.norm.weight".into(),
-            map: Map::COPY,
-        },
-    ];
-    if !m.logits_via_embedding {
-        out.push(Entry {
-            maxrs: "decoder.logits_dense.kernel".into(),
-            slot: vec![],
-            hf: "lm_head.weight".into(),
-            map: Map::linear(1),
-        });
-    }
+    let mut out = outer_entries(model);
     let query: &[(&str, &str, Map)] = match c.q_lora_rank {
         0 => &[("query.kernel", "q_proj.weight", Map::linear(1))],
         _ => &[
