@@ -264,6 +264,10 @@ declare_keys! {
         topk_routing_group: i64 = -1 => MaxText.step().read_by_model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
         /// deepseek: the routing weights are multiplied by this (after sigmoid scores are normalized to sum to 1).
         routed_scaling_factor: f64 = 1.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
+        /// deepseek: the experts' (routed and shared) hidden size, before global_parameter_scale; -1: unset (refused with experts).
+        // MaxText's types.py: moe_mlp_dim must be positive with num_experts > 1, and equal
+        // base_mlp_dim when every layer is routed (first_num_dense_layers=0).
+        base_moe_mlp_dim: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, 4 * MAX_EMB)).model_file(),
     }
 
     section "Numerics and memory" {

@@ -9,8 +9,8 @@
 //! One layer's parameters: `pre_self_attention_layer_norm.scale`, `self_attention.*` (the MLA
 //! table in `mla.rs`), `post_self_attention_layer_norm.scale`, and `mlp.*` (dense) or
 //! `DeepSeekMoeBlock_0.MoeBlock_0.{gate.kernel, gate.bias, wi_0, wi_1, wo}` and
-//! `DeepSeekMoeBlock_0.shared_experts.{wi_0,wi_1,wo}.kernel` (`moe.rs`). The experts are
-//! `base_mlp_dim` wide until MaxText's `base_moe_mlp_dim` comes with the layer stacks.
+//! `DeepSeekMoeBlock_0.shared_experts.{wi_0,wi_1,wo}.kernel` (`moe.rs`), the experts
+//! `base_moe_mlp_dim` wide.
 //!
 //! Which layers are dense: MaxText's `first_num_dense_layers` comes with the decoder's layer
 //! stacks; until then every layer is dense with `num_experts: 1` and a MoE layer otherwise. As
@@ -40,6 +40,9 @@ pub struct Deepseek {
     pub mla: Mla,
     /// The routed and shared experts in place of the MLP.
     pub moe: Option<MoeConfig>,
+    /// The experts' hidden size (MaxText's `moe_mlp_dim`: `base_moe_mlp_dim` scaled as
+    /// `base_mlp_dim` is).
+    pub moe_mlp: i64,
 }
 
 impl Deepseek {
@@ -47,6 +50,20 @@ impl Deepseek {
     /// refused with experts, as in the other MoE families.
     pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Deepseek, String> {
         let moe = if c.num_experts > 1 { Some(MoeConfig::deepseek(c)?) } else { None };
+        // MaxText's checks of `moe_mlp_dim` (`src/maxtext/configs/types.py`, e591f30).
+        if moe.is_some() && c.base_moe_mlp_dim < 1 {
+            return Err(format!(
+                "base_moe_mlp_dim={}: num_experts={} needs the experts' hidden size; set base_moe_mlp_dim",
+                c.base_moe_mlp_dim, c.num_experts
+            ));
+        }
+        if moe.is_some() && c.base_moe_mlp_dim != c.base_mlp_dim {
+            return Err(format!(
+                "base_moe_mlp_dim={}: with every layer routed, MaxText requires base_mlp_dim ({}) to equal it",
+                c.base_moe_mlp_dim, c.base_mlp_dim
+            ));
+        }
+        let (_, _, mlp_scale, _) = crate::config::parameter_scales(c.global_parameter_scale);
         if moe.is_some() && mc.mlp_activations != ["silu", "linear"] {
             return Err(format!(
                 "mlp_activations=[{}]: deepseek's experts are SwiGLU MLPs, [silu, linear]; other activations are not supported yet",
@@ -61,7 +78,7 @@ impl Deepseek {
                 c.qk_nope_head_dim + c.qk_rope_head_dim
             ));
         }
-        Ok(Deepseek { mla: Mla::from_config(c), moe })
+        Ok(Deepseek { mla: Mla::from_config(c), moe, moe_mlp: c.base_moe_mlp_dim.max(0) << mlp_scale })
     }
 }
 
@@ -74,7 +91,7 @@ impl Family for Deepseek {
         match &self.moe {
             None => defs.extend(Mlp::new(c, false, None).params("mlp", c.emb, c.mlp)),
             Some(m) => defs.extend(
-                routed_and_shared_param_defs(c, m, c.emb, c.mlp)
+                routed_and_shared_param_defs(c, m, c.emb, self.moe_mlp)
                     .into_iter()
                     .map(|def| ParamDef { name: format!("{MOE}.{}", def.name), ..def }),
             ),
@@ -108,7 +125,7 @@ impl Family for Deepseek {
     fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
         let ffn = match &self.moe {
             None => 2.0 * tokens * (c.mlp * c.emb) as f64 * (c.mlp_activations.len() as f64 + 1.0),
-            Some(m) => routed_and_shared_flops(m, c.emb, c.mlp, tokens),
+            Some(m) => routed_and_shared_flops(m, c.emb, self.moe_mlp, tokens),
         };
         let attention = self.mla.flops(c, tokens, seq);
         LayerFlops { weights: ffn + attention.weights, attention: attention.attention }
