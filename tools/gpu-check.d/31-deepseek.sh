@@ -4,9 +4,9 @@
 # DeepSeek-V3's head sizes: queries and keys 128 + 64 wide, values 128, so blockwise attention
 # pads the values; YaRN; routed experts with DeepSeek-V3's grouped sigmoid router and a shared
 # expert; 30 steps, the same synthetic batches) with attention=dot_product, attention=flash and
-# attention=cudnn_flash_jax (cuDNN's calls take one head dimension: the layer falls back to
-# blockwise attention, which the losses show): the losses agree step by step within bf16
-# tolerance (2% relative). Writes $GPU_CHECK_OUT/31-deepseek.losses.txt.
+# attention=cudnn_flash_jax (cuDNN's fused attention at head dimension 192, the values padded to
+# it, as blockwise attention pads them): the losses agree step by step within bf16 tolerance (2%
+# relative) and fall. Writes $GPU_CHECK_OUT/31-deepseek.losses.txt.
 check_31_deepseek() {
   local plugin="${GPU_CHECK_PLUGIN:-cuda13}"
   local small=(hardware=gpu "plugin=$plugin" decoder_block=deepseek attention_type=mla base_emb_dim=512
