@@ -97,10 +97,13 @@ fn compiles_for_two_a3mega_hosts_on_a_cpu_only_machine() {
     assert!(stdout.contains("compiled for a3mega-2 (16 devices)"), "{stdout}");
 }
 
+/// The whole train step for two TPU slices over DCN. Two v5e-16 slices: the same multi-slice
+/// path as MaxText's two v5e-256 slices at a sixth of the compile (3 vs 19 CPU-s);
+/// aot_compile's `v5e_256_compiles_for_two_slices_of_256_chips` compiles for all 512 chips.
 #[test]
-fn compiles_for_two_v5e_256_slices() {
-    let Some((ok, stdout, stderr)) = train_compile_cli("v5e-256", 2, &["per_device_batch_size=1"]) else { return };
+fn compiles_for_two_v5e_slices() {
+    let Some((ok, stdout, stderr)) = train_compile_cli("v5e-16", 2, &["per_device_batch_size=1"]) else { return };
     assert!(ok, "{stdout}\n{stderr}");
-    assert!(stdout.contains("devices: 512 in 2 slices"), "{stdout}");
-    assert!(stdout.contains("compiled for v5e-256"), "{stdout}");
+    assert!(stdout.contains("devices: 32 in 2 slices"), "{stdout}");
+    assert!(stdout.contains("compiled for v5e-16"), "{stdout}");
 }

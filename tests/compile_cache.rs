@@ -22,7 +22,6 @@ fn entries(dir: &Path) -> BTreeMap<String, SystemTime> {
 fn run(dir: &Path) -> (Vec<String>, String) {
     let env = [
         ("M_JAX_CACHE_DIR", dir.to_str().unwrap()),
-        ("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"),
         ("RUST_LOG", "info,maxrs::pjrt::compile_cache=debug"),
         // Every program is kept, however fast this machine compiles it.
         ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"),

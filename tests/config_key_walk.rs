@@ -56,6 +56,7 @@ macro_rules! deepseek {
             "qk_nope_head_dim=16",
             "qk_rope_head_dim=8",
             "v_head_dim=16",
+            "first_num_dense_layers=2",
             $($extra),*
         ]
     };
@@ -63,11 +64,13 @@ macro_rules! deepseek {
 const DEEPSEEK: &[&str] = deepseek!();
 const DEEPSEEK_YARN: &[&str] = deepseek!("rope_type=yarn");
 /// With routed experts, and those in 2 groups, each token choosing from the best one.
-const DEEPSEEK_MOE: &[&str] = deepseek!("num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=512");
+const DEEPSEEK_MOE: &[&str] =
+    deepseek!("first_num_dense_layers=1", "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=256");
 const DEEPSEEK_GROUPED: &[&str] = deepseek!(
+    "first_num_dense_layers=1",
     "num_experts=4",
     "num_experts_per_tok=2",
-    "base_moe_mlp_dim=512",
+    "base_moe_mlp_dim=256",
     "n_routing_groups=2",
     "topk_routing_group=1"
 );
@@ -168,8 +171,8 @@ const KEYS: &[(&str, Effect)] = &[
     ("n_routing_groups", ProgramVs("1", "2", DEEPSEEK_GROUPED)),
     ("topk_routing_group", ProgramVs("2", "1", DEEPSEEK_GROUPED)),
     ("routed_scaling_factor", ProgramVs("2.5", "1.0", DEEPSEEK_MOE)),
-    // Every layer routed (no first_num_dense_layers yet), it must equal base_mlp_dim.
-    ("base_moe_mlp_dim", Refused("256")),
+    ("first_num_dense_layers", ProgramVs("1", "2", DEEPSEEK_MOE)),
+    ("base_moe_mlp_dim", ProgramVs("128", "256", DEEPSEEK_MOE)),
     ("logits_dot_in_fp32", Program("true")),
     ("use_iota_embed", Program("true")),
     ("dataset_type", Refused("tfds")),

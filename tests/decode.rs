@@ -149,6 +149,7 @@ fn deepseek_latent_cache_greedy_decoding_equals_the_full_forward_pass() {
         "v_head_dim=6",
         "rope_type=yarn",
         "mla_naive_kvcache=false",
+        "first_num_dense_layers=2",
         "per_device_batch_size=4",
     ];
     let c = load(&deepseek);

@@ -24,6 +24,7 @@ const TINY: &[&str] = &[
     "base_num_kv_heads=4",
     "base_mlp_dim=48",
     "base_num_decoder_layers=2",
+    "first_num_dense_layers=2",
     "vocab_size=64",
     "q_lora_rank=12",
     "kv_lora_rank=16",
@@ -132,8 +133,8 @@ fn deepseek_matches_reference_and_finite_differences() {
             mla_ref::reference(&s, &q, &b).loss
         };
         let fd = (nudged(h) - nudged(-h)) / (2.0 * h);
-        let g =
-            out[format!("grad.decoder.layers.{name}").as_str()].to_f64()[layer * p.layers[layer][name].len() + index];
+        let g = out[format!("grad.decoder.dense_layers.{name}").as_str()].to_f64()
+            [layer * p.layers[layer][name].len() + index];
         println!("d loss / d {name}[{layer}][{index}]: traced {g:e}, finite difference {fd:e}");
         assert!(fd.abs() > 1e-7, "{name}[{index}] does not affect the loss; pick another probe");
         assert!((g - fd).abs() <= 2e-3 * fd.abs() + 1e-6, "{name}: traced {g} vs finite difference {fd}");

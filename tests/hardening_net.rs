@@ -33,7 +33,7 @@ fn run(args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Ran {
     let dir = tempfile::tempdir().unwrap();
     let (out, err) = (dir.path().join("out"), dir.path().join("err"));
     let mut cmd = Command::new(MAXRS);
-    cmd.args(args).env_remove("MAXRS_PJRT_PLUGIN").env_remove("XLA_FLAGS").env("RUST_LOG", "warn");
+    cmd.args(args).env_remove("MAXRS_PJRT_PLUGIN").env("RUST_LOG", "warn");
     for var in ["JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_IP", "JAX_COORDINATOR_PORT", "NNODES", "NODE_RANK"] {
         cmd.env_remove(var);
     }

@@ -264,7 +264,9 @@ declare_keys! {
         topk_routing_group: i64 = -1 => MaxText.step().read_by_model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
         /// deepseek: the routing weights are multiplied by this (after sigmoid scores are normalized to sum to 1).
         routed_scaling_factor: f64 = 1.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
-        /// deepseek: the experts' (routed and shared) hidden size, before global_parameter_scale; -1: unset (refused with experts).
+        /// deepseek: the layers before the routed ones (dense_layers, then moe_layers).
+        first_num_dense_layers: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
+        /// deepseek: the experts' (routed and shared) hidden size, before global_parameter_scale; -1: unset (refused with routed layers).
         // MaxText's types.py: moe_mlp_dim must be positive with num_experts > 1, and equal
         // base_mlp_dim when every layer is routed (first_num_dense_layers=0).
         base_moe_mlp_dim: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, 4 * MAX_EMB)).model_file(),
@@ -431,7 +433,7 @@ declare_keys! {
         // A u32 PRNG key, like init_weights_seed.
         decode_seed: i64 = 1234 => Maxrs.run().range(int(0, u32::MAX as i64)),
         /// deepseek: the cache holds every head's keys and values; false: each token's compressed latent and RoPE key (MLA's cache).
-        mla_naive_kvcache: bool = true => MaxText.program().read_by_model(DEEPSEEK),
+        mla_naive_kvcache: bool = true => MaxText.step().read_by_model(DEEPSEEK),
     }
 
     /// maxrs train-compile.

@@ -5,7 +5,8 @@
 //! - `prefill`: `params.*`, `tokens: s32[batch, prefill_len]` (each row a prompt, right-padded),
 //!   `lengths: s32[batch]` (each prompt's length, >= 1), `key: u32[2]` -> the key/value cache
 //!   `cache.<i>.key` / `cache.<i>.value` (`[layers, batch, cache_len, kv_heads, head_dim]`,
-//!   sharded by the `cache_*` logical rules), the first generated token of each row `tokens:
+//!   sharded by the `cache_*` logical rules; `cache.<stack>.<i>.key` for each stack of a model of
+//!   several, `Model::decode`), the first generated token of each row `tokens:
 //!   s32[batch]` (sampled from the logits at the prompt's last token), its position
 //!   `positions: s32[batch]` (the prompt's length) and the next `key`.
 //! - `generate` (`steps` tokens per call): `params.*`, the cache, `tokens`, `positions`, `key`,
@@ -56,8 +57,11 @@ impl Engine {
     pub fn check_cache_sharding(&self) -> Result<(), String> {
         let (Some(mesh), Some(spec)) = (&self.mesh, self.cache_sharding()) else { return Ok(()) };
         let c = &self.model.config;
-        let dims = [c.layers, self.batch, self.cache_len, c.kv_heads, c.head_dim];
-        for (d, (&size, logical)) in dims.iter().zip(CACHE_AXES).enumerate() {
+        let stacks = self.model.stacks().iter();
+        let dims =
+            stacks.flat_map(|s| [s.count, self.batch, self.cache_len, c.kv_heads, c.head_dim].into_iter().enumerate());
+        for (d, size) in dims {
+            let logical = CACHE_AXES[d];
             let axes = spec.dim(d);
             let shards: usize = axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1)).product();
             if size % shards as i64 != 0 {

@@ -1,12 +1,12 @@
 //! The decoder seam: what every decoder family shares, written once. A family (`Family`)
-//! declares one layer's parameters and computes one layer; the shared decoder stacks the layers
-//! (scanned over stacked parameters with `scan_layers`, unrolled otherwise, each layer a
-//! `checkpoint` region under the remat policy), and owns the token (and learned position)
-//! embedding, the final norm (of the family's kind), the logits, the loss (with the layers'
-//! auxiliary losses, e.g. MoE load balancing, averaged over layers and added as MaxText adds
-//! them), the parameter list and count, and the FLOP count. The train step, the initializer,
-//! TFLOPs, the AOT artifact's compiled keys and the parameter-file check all ask a `Model`
-//! instead of knowing any family's layout.
+//! declares its stacks of layers (`stacks.rs`: by default one stack `layers`), one layer's
+//! parameters and one layer's computation for each kind of layer; the shared decoder runs the
+//! stacks (`stacks.rs`; with a key/value cache `decode.rs`), and owns the token (and learned
+//! position) embedding, the final norm (of the family's kind), the logits, the loss (with the
+//! layers' auxiliary losses, e.g. MoE load balancing, averaged over layers and added as MaxText
+//! adds them), the parameter list and count, and the FLOP count. The train step, the
+//! initializer, TFLOPs, the AOT artifact's compiled keys and the parameter-file check all ask a
+//! `Model` instead of knowing any family's layout.
 //!
 //! Shared parameters (names as in a MaxText checkpoint's `params` tree):
 //!
@@ -20,7 +20,8 @@
 //! | `decoder.position_embedder.embedding` (with `trainable_position_size` > 0) | [trainable_position_size, emb] | vocab, embed | normal(1.0) |
 //!
 //! With `scan_layers=false` layer `i`'s parameters are `decoder.layers_{i}.<layer param>`
-//! without the leading axis (MaxText's unscanned names).
+//! without the leading axis (MaxText's unscanned names); another stack than `layers` is named
+//! the same way after its own name (`stacks.rs`).
 //!
 //! Embedding and logits follow MaxText's `Decoder` (`src/maxtext/layers/decoders.py`, e591f30):
 //! learned position embeddings are added to the token embeddings; with `logits_via_embedding`
@@ -28,35 +29,42 @@
 //! then soft-capped with `final_logits_soft_cap`.
 
 use std::fmt;
-use std::ops::Range;
 use std::sync::Arc;
 
 use crate::config::registry::{self, Families, Key};
 use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
-use crate::tensor::{checkpoint, einsum, scan, scan_reverse, stack, Tensor, Tree};
+use crate::tensor::{einsum, Tensor, Tree};
 
-use super::attention::{cache_slots, cache_tree, LayerCache, LayerContext};
+use super::attention::LayerContext;
 use super::blocks::{Activation, Norm};
 use super::flops::{StepShape, StepTflops};
 use super::fp8::{self, Scaling};
 use super::params::{self, ParamDef, ParamInit};
+use super::stacks::{unstack_layers, Stack};
 use super::{deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen3, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
-    /// One layer's parameters, named relative to the layer (`self_attention.query.kernel`), with
-    /// the logical axes of one layer (the decoder adds `layers` when stacking).
-    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef>;
+    /// The decoder's stacks of layers, in order (`stacks.rs`); by default MaxText's one stack
+    /// `layers` of `c.layers` layers of kind 0.
+    fn stacks(&self, c: &ModelConfig) -> Vec<Stack> {
+        vec![Stack::new("layers", c.layers, 0)]
+    }
 
-    /// One decoder layer on the residual stream `x: [batch, seq, emb]` (in `dtype`) with that
-    /// layer's parameters `p`.
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput;
+    /// One layer's parameters for a layer of `kind` (a `Stack::kind` of `stacks`), named
+    /// relative to the layer (`self_attention.query.kernel`), with the logical axes of one layer
+    /// (the decoder adds `layers` when stacking).
+    fn layer_params(&self, c: &ModelConfig, kind: usize) -> Vec<ParamDef>;
 
-    /// Forward FLOPs of one layer for `tokens` tokens in sequences of `seq`: matmuls against
-    /// weights, and attention's activation-activation matmuls (MaxText's split).
-    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops;
+    /// One decoder layer of `kind` on the residual stream `x: [batch, seq, emb]` (in `dtype`)
+    /// with that layer's parameters `p`.
+    fn layer(&self, c: &ModelConfig, kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput;
+
+    /// Forward FLOPs of one layer of `kind` for `tokens` tokens in sequences of `seq`: matmuls
+    /// against weights, and attention's activation-activation matmuls (MaxText's split).
+    fn layer_flops(&self, c: &ModelConfig, kind: usize, tokens: f64, seq: f64) -> LayerFlops;
 
     /// The decoder's final norm (`decoder.decoder_norm`): MaxText's `get_norm_layer` of the
     /// family, with `normalization_layer_epsilon`.
@@ -173,7 +181,9 @@ pub struct Model {
     pub config: ModelConfig,
     /// `decoder_block`: which keys the model reads (`config_keys`).
     block: DecoderBlock,
-    family: Arc<dyn Family>,
+    pub(super) family: Arc<dyn Family>,
+    /// The family's stacks of layers, in order, none empty.
+    stacks: Vec<Stack>,
 }
 
 /// The forward pass's results.
@@ -188,30 +198,6 @@ pub struct Forward {
     pub aux_losses: Tree,
 }
 
-/// The part of the decoder a parameter belongs to ([`Model::param_role`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ParamRole {
-    /// The token embedding (before layer 0).
-    Embedding,
-    /// Stacked over every layer on a leading `layers` axis (`scan_layers`).
-    StackedLayers,
-    /// Of one layer (unscanned).
-    Layer(i64),
-    /// The final norm and output projection (after the last layer).
-    Head,
-}
-
-/// Adds one layer's auxiliary losses to the running sums over layers (`sums`, by name).
-fn add_aux_losses(sums: &mut Tree, layer: &Tree) {
-    for (name, value) in layer.iter() {
-        let sum = match sums.get(name) {
-            Some(sum) => sum + value,
-            None => value.clone(),
-        };
-        sums.insert(name, sum);
-    }
-}
-
 /// `[batch, seq, emb]` activations' logical axes.
 pub const BTE: &[&str] = &["activation_batch", "activation_length", "activation_embed"];
 
@@ -221,7 +207,14 @@ impl Model {
         let config = ModelConfig::from_config(c);
         check_shared(c, &config)?;
         let family = family(c, &config)?;
-        Ok(Model { config, block: c.decoder_block, family })
+        let stacks: Vec<Stack> = family.stacks(&config).into_iter().filter(|s| s.count > 0).collect();
+        assert!(!stacks.is_empty(), "the {} family declares no layers", c.decoder_block);
+        Ok(Model { config, block: c.decoder_block, family, stacks })
+    }
+
+    /// The stacks of layers, in order.
+    pub fn stacks(&self) -> &[Stack] {
+        &self.stacks
     }
 
     /// Every configuration key the traced model depends on: those whose declaration says this
@@ -244,19 +237,8 @@ impl Model {
             &["vocab", "embed"],
             ParamInit::Normal(1.0),
         )];
-        for layer in self.family.layer_params(c) {
-            if scan {
-                defs.push(ParamDef {
-                    name: format!("decoder.layers.{}", layer.name),
-                    shape: [&[c.layers][..], &layer.shape].concat(),
-                    logical: [&["layers"][..], &layer.logical].concat(),
-                    init: layer.init,
-                });
-            } else {
-                for i in 0..c.layers {
-                    defs.push(ParamDef { name: format!("decoder.layers_{i}.{}", layer.name), ..layer.clone() });
-                }
-            }
+        for s in &self.stacks {
+            defs.extend(s.param_defs(&self.family.layer_params(c, s.kind), scan));
         }
         defs.extend(self.family.final_norm(c).params("decoder.decoder_norm", c.emb));
         if !c.logits_via_embedding {
@@ -294,8 +276,11 @@ impl Model {
     /// parameters are (`decoder.layers.mlp.wo.input_scale`, ...); none otherwise.
     pub fn fp8_state_defs(&self) -> Vec<ParamDef> {
         let c = &self.config;
-        let kernels = if c.fp8 == Some(Scaling::Delayed) { self.family.layer_params(c) } else { vec![] };
-        fp8::model_state_defs(&kernels, c.layers, c.scan_layers)
+        if c.fp8 != Some(Scaling::Delayed) {
+            return vec![];
+        }
+        let stacks = self.stacks.iter();
+        stacks.flat_map(|s| fp8::stack_state_defs(&self.family.layer_params(c, s.kind), s, c.scan_layers)).collect()
     }
 
     /// Draws every parameter from `key` (`random::key(ctx, init_weights_seed)`). Unscanned
@@ -308,7 +293,7 @@ impl Model {
         if self.config.scan_layers {
             return stacked;
         }
-        params::unstack_layers(&stacked, self.param_defs())
+        unstack_layers(&stacked, self.param_defs(), &self.stacks)
     }
 
     /// Embeds `batch["inputs"]` (`s32[batch, seq]`), runs the decoder layers and the final
@@ -320,40 +305,7 @@ impl Model {
         let c = &self.config;
         let ctx = LayerContext::new(c, batch);
         let x = self.embed(params, &batch["inputs"], &ctx.positions);
-        // A layer's region returns `x` and its auxiliary losses under `aux.`.
-        let layer = |x: &Tensor, p: &Tree| -> Tree {
-            // The layer's parameters and its input are the region's inputs: with `full` only they
-            // are kept for the backward pass, everything inside is recomputed.
-            let inputs = p.clone().prefixed("params").with("x", x.clone());
-            checkpoint(&c.remat, &inputs, |a| {
-                let out = self.family.layer(c, &a.subtree("params"), &a["x"], &ctx);
-                out.aux_losses.prefixed("aux").with("x", out.x)
-            })
-        };
-        let (y, layer_outputs, aux_losses) = if c.scan_layers {
-            let (carry, ys) = scan(&Tree::new().with("x", x.clone()), &params.subtree("decoder.layers"), |carry, p| {
-                let out = layer(&carry["x"], p);
-                let mut ys = out.subtree("aux").prefixed("aux");
-                if keep_layer_outputs {
-                    ys.insert("x", out["x"].clone());
-                }
-                (Tree::new().with("x", out["x"].clone()), ys)
-            });
-            let aux = ys.subtree("aux").map(|_, per_layer| per_layer.mean(&[0]));
-            (carry["x"].clone(), ys.get("x").cloned(), aux)
-        } else {
-            let mut outs = Vec::new();
-            let mut aux_sums = Tree::new();
-            let mut y = x.clone();
-            for i in 0..c.layers {
-                let out = layer(&y, &params.subtree(&format!("decoder.layers_{i}")));
-                add_aux_losses(&mut aux_sums, &out.subtree("aux"));
-                y = out["x"].clone();
-                outs.push(y.clone());
-            }
-            let stacked = keep_layer_outputs.then(|| stack(&outs.iter().collect::<Vec<_>>(), 0));
-            (y, stacked, aux_sums.map(|_, sum| sum / c.layers as f64))
-        };
+        let (y, layer_outputs, aux_losses) = self.run_stacks(params, &x, &ctx, keep_layer_outputs);
         Forward { embeddings: x, layer_outputs, logits: self.head(params, &y), aux_losses }
     }
 
@@ -397,207 +349,12 @@ impl Model {
         constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"])
     }
 
-    /// Decoding with a key/value cache: the decoder layers on `tokens: s32[batch, seq]` at
-    /// `positions: s32[batch, seq]`; returns the last layer's output `[batch, seq, emb]` (`head`
-    /// turns the rows wanted into logits) and the cache afterwards. The cache is a tree with
-    /// `<i>.key` and `<i>.value` for the `i`-th attention call of a layer, each `[layers, batch,
-    /// len, kv_heads, head_dim]` in `dtype` (`KvCache`, logical axes `CACHE_AXES`).
-    ///
-    /// - `CacheStep::Prefill { len }`: the tokens are prompts starting at position 0 (rows may
-    ///   end in padding: causal attention keeps it out of the real tokens); the layers run as
-    ///   in training and the cache is created, `len` positions long, holding the tokens' keys
-    ///   and values at their positions.
-    /// - `CacheStep::Generate(cache)`: `cache` (from prefill or an earlier step) is updated at
-    ///   the tokens' positions, in place (it is carried through the layer loop and each layer
-    ///   writes only its rows), and each token attends over the cached positions up to its own.
-    ///
-    /// The family's layer is the training one: its attention calls `LayerContext::attend`, to
-    /// which the decoder attaches each layer's cache. No remat: there is no backward pass.
-    pub fn decode(&self, params: &Tree, tokens: &Tensor, positions: &Tensor, step: CacheStep) -> (Tensor, Tree) {
-        let c = &self.config;
-        let x = self.embed(params, tokens, positions);
-        let ctx = LayerContext::new(
-            c,
-            &Tree::new().with("inputs", tokens.clone()).with("inputs_position", positions.clone()),
-        );
-        let layer_params = |i: i64| params.subtree(&format!("decoder.layers_{i}"));
-        match step {
-            CacheStep::Prefill { len } => {
-                let fill = |x: &Tensor, p: &Tree| -> (Tensor, Tree) {
-                    let layer_ctx = ctx.with_cache(LayerCache::Fill { len, filled: Vec::new() });
-                    let y = self.family.layer(c, p, x, &layer_ctx).x;
-                    let Some(LayerCache::Fill { filled, .. }) = layer_ctx.into_cache() else { unreachable!() };
-                    (y, cache_tree(filled))
-                };
-                if c.scan_layers {
-                    let (carry, cache) =
-                        scan(&Tree::new().with("x", x), &params.subtree("decoder.layers"), |carry, p| {
-                            let (y, cache) = fill(&carry["x"], p);
-                            (Tree::new().with("x", y), cache)
-                        });
-                    (carry["x"].clone(), cache)
-                } else {
-                    let mut y = x;
-                    let mut per_layer = Vec::new();
-                    for i in 0..c.layers {
-                        let (out, cache) = fill(&y, &layer_params(i));
-                        y = out;
-                        per_layer.push(cache);
-                    }
-                    let stacked = per_layer[0]
-                        .names()
-                        .map(|name| {
-                            let layers: Vec<&Tensor> = per_layer.iter().map(|t| &t[name]).collect();
-                            (name.to_string(), stack(&layers, 0))
-                        })
-                        .collect();
-                    (y, stacked)
-                }
-            }
-            CacheStep::Generate(cache) => {
-                let update = |x: &Tensor, p: &Tree, layer: &Tensor, cache: &Tree| -> (Tensor, Tree) {
-                    let caches = cache_slots(cache);
-                    let expected = caches.len();
-                    let layer_ctx = ctx.with_cache(LayerCache::Update { layer: layer.clone(), caches, used: 0 });
-                    let y = self.family.layer(c, p, x, &layer_ctx).x;
-                    let Some(LayerCache::Update { caches, used, .. }) = layer_ctx.into_cache() else { unreachable!() };
-                    assert_eq!(
-                        used, expected,
-                        "the layer made {used} attention calls, but the cache is for {expected}"
-                    );
-                    (y, cache_tree(caches))
-                };
-                if c.scan_layers {
-                    let s32 = |v: f64| x.trace().scalar(v, DType::S32);
-                    let carry = cache.clone().prefixed("cache").with("x", x.clone()).with("layer", s32(0.0));
-                    let (carry, _) = scan(&carry, &params.subtree("decoder.layers"), |carry, p| {
-                        let (y, cache) = update(&carry["x"], p, &carry["layer"], &carry.subtree("cache"));
-                        let next = cache.prefixed("cache").with("x", y).with("layer", &carry["layer"] + 1.0);
-                        (next, Tree::new())
-                    });
-                    (carry["x"].clone(), carry.subtree("cache"))
-                } else {
-                    let (mut y, mut cache) = (x, cache.clone());
-                    for i in 0..c.layers {
-                        let layer = y.trace().scalar(i as f64, DType::S32);
-                        (y, cache) = update(&y, &layer_params(i), &layer, &cache);
-                    }
-                    (y, cache)
-                }
-            }
-        }
-    }
-
     /// The final norm, logits and [`loss_from_logits`]'s summed loss and aux values of the last
     /// layer's output `y` on `batch` (a pipeline's last stage; the layers' auxiliary losses are
     /// the stages' to add).
     pub fn head_loss(&self, params: &Tree, y: &Tensor, batch: &Tree, z_loss_multiplier: f64) -> (Tensor, Tree) {
         let logits = self.head(params, y);
         loss_from_logits(&logits, &batch["targets"], &batch["targets_segmentation"], z_loss_multiplier)
-    }
-
-    /// Which part of the decoder the parameter `name` (a name of [`Model::param_defs`]) belongs
-    /// to: how a pipeline splits the parameters over its stages.
-    pub fn param_role(&self, name: &str) -> ParamRole {
-        if name.starts_with("token_embedder.") || name.starts_with("decoder.position_embedder.") {
-            ParamRole::Embedding
-        } else if name.starts_with("decoder.layers.") {
-            ParamRole::StackedLayers
-        } else if let Some(index) =
-            name.strip_prefix("decoder.layers_").and_then(|rest| rest.split('.').next()).and_then(|i| i.parse().ok())
-        {
-            ParamRole::Layer(index)
-        } else {
-            ParamRole::Head
-        }
-    }
-
-    /// Runs the contiguous decoder layers `layers` on `x` (a pipeline stage's share): `params`
-    /// holds their parameters under the model's names (`decoder.layers.*` stacked over just these
-    /// layers with `scan_layers`, else `decoder.layers_{i}.*`). Returns the last layer's output,
-    /// every layer's input stacked, `[layers, batch, seq, emb]` (what [`Model::layers_backward`]
-    /// needs, the values `remat_policy=full` keeps), and each auxiliary loss summed over these
-    /// layers (the decoder's loss adds their mean over all layers).
-    pub fn layers_forward(
-        &self,
-        params: &Tree,
-        layers: Range<i64>,
-        x: &Tensor,
-        ctx: &LayerContext,
-    ) -> (Tensor, Tensor, Tree) {
-        let c = &self.config;
-        if c.scan_layers {
-            let stacked = params.subtree("decoder.layers");
-            let (carry, ys) = scan(&Tree::new().with("x", x.clone()), &stacked, |carry, p| {
-                let x = &carry["x"];
-                let out = self.family.layer(c, p, x, ctx);
-                (Tree::new().with("x", out.x), out.aux_losses.prefixed("aux").with("x", x.clone()))
-            });
-            let aux = ys.subtree("aux").map(|_, per_layer| per_layer.sum(&[0]));
-            (carry["x"].clone(), ys["x"].clone(), aux)
-        } else {
-            let mut inputs = Vec::new();
-            let mut aux_sums = Tree::new();
-            let mut y = x.clone();
-            for i in layers {
-                inputs.push(y.clone());
-                let out = self.family.layer(c, &params.subtree(&format!("decoder.layers_{i}")), &y, ctx);
-                add_aux_losses(&mut aux_sums, &out.aux_losses);
-                y = out.x;
-            }
-            (y, stack(&inputs.iter().collect::<Vec<_>>(), 0), aux_sums)
-        }
-    }
-
-    /// The backward pass of [`Model::layers_forward`] from the layers' saved inputs
-    /// (`[layers, batch, seq, emb]`) and the cotangent `ct` of the last layer's output: each
-    /// layer is recomputed from its input and differentiated, last to first, as the train step
-    /// does under `remat_policy=full`. Each layer's auxiliary losses enter with weight
-    /// `aux_weight` (an f32 scalar). Returns the cotangent of the first layer's input and the
-    /// gradient of every parameter of `params`, under the same names.
-    pub fn layers_backward(
-        &self,
-        params: &Tree,
-        layers: Range<i64>,
-        inputs: &Tensor,
-        ct: &Tensor,
-        aux_weight: &Tensor,
-        ctx: &LayerContext,
-    ) -> (Tensor, Tree) {
-        let c = &self.config;
-        // The vector-Jacobian product of one layer: the gradient of <layer(p, x), ct> plus its
-        // weighted auxiliary losses.
-        let layer_vjp = |p: &Tree, x: &Tensor, ct: &Tensor| -> (Tensor, Tree) {
-            let args = p.clone().prefixed("params").with("x", x.clone());
-            let (_, grads) = crate::autodiff::value_and_grad(&args, |a| {
-                let out = self.family.layer(c, &a.subtree("params"), &a["x"], ctx);
-                let mut objective = (out.x.astype(DType::F32) * ct.astype(DType::F32)).sum_all();
-                for (_, value) in out.aux_losses.iter() {
-                    objective = objective + &(value * aux_weight);
-                }
-                objective
-            });
-            (grads["x"].clone(), grads.subtree("params"))
-        };
-        if c.scan_layers {
-            let xs = params.subtree("decoder.layers").prefixed("params").with("x", inputs.clone());
-            let (carry, grads) = scan_reverse(&Tree::new().with("ct", ct.clone()), &xs, |carry, xs| {
-                let (dx, dp) = layer_vjp(&xs.subtree("params"), &xs["x"], &carry["ct"]);
-                (Tree::new().with("ct", dx), dp)
-            });
-            (carry["ct"].clone(), grads.prefixed("decoder.layers"))
-        } else {
-            let mut ct = ct.clone();
-            let mut grads = Tree::new();
-            for (k, i) in layers.enumerate().collect::<Vec<_>>().into_iter().rev() {
-                let name = format!("decoder.layers_{i}");
-                let x = inputs.slice_axis(0, k as i64, k as i64 + 1).squeeze(0);
-                let (dx, dp) = layer_vjp(&params.subtree(&name), &x, &ct);
-                grads.extend(dp.prefixed(&name));
-                ct = dx;
-            }
-            (ct, grads)
-        }
     }
 
     /// MaxText's loss on a batch tree with `inputs`, `targets` (s32 `[batch, seq]`) and
@@ -625,21 +382,18 @@ impl Model {
         let c = &self.config;
         let seq = shape.max_target_length as f64;
         let tokens = shape.per_device_batch_size * seq;
-        let layer = self.family.layer_flops(c, tokens, seq);
+        let (mut weights, mut attention) = (0.0, 0.0);
+        for s in &self.stacks {
+            let layer = self.family.layer_flops(c, s.kind, tokens, seq);
+            weights += layer.weights * s.count as f64;
+            attention += layer.attention * s.count as f64;
+        }
         let unembedding = 2.0 * tokens * c.emb as f64 * c.vocab as f64;
         let scale = 3.0 / 1e12 * shape.gradient_accumulation_steps as f64;
-        let learnable_weight = (layer.weights * c.layers as f64 + unembedding) * scale;
-        let attention = layer.attention * c.layers as f64 * scale;
+        let learnable_weight = (weights + unembedding) * scale;
+        let attention = attention * scale;
         StepTflops { total: learnable_weight + attention, learnable_weight, attention }
     }
-}
-
-/// What `Model::decode` does with the key/value cache.
-pub enum CacheStep<'a> {
-    /// Create it, `len` positions long, from prompts.
-    Prefill { len: i64 },
-    /// Update this one (a tree `Model::decode` returned).
-    Generate(&'a Tree),
 }
 
 /// The embeddings `[batch, seq, emb]` of `tokens` (or positions) from `table: [rows, emb]` (in `dtype`).

@@ -43,6 +43,7 @@ use crate::ir::DType;
 use crate::tensor::{composite, concatenate, where_, Tensor, Tree};
 
 use super::params::{ParamDef, ParamInit};
+use super::stacks::Stack;
 
 /// How the scales of the fp8 products are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,24 +84,19 @@ pub fn state_defs(op: &str) -> Vec<ParamDef> {
         .collect()
 }
 
-/// The fp8 state of a model whose layers have the parameters `layer_params`: one product per
-/// `<op>.kernel`, stacked over `layers` (`decoder.layers.<op>.<name>`, `[layers, n]`) or one per
-/// layer (`decoder.layers_<i>.<op>.<name>`), as the parameters are.
-pub fn model_state_defs(layer_params: &[ParamDef], layers: i64, scan: bool) -> Vec<ParamDef> {
+/// The fp8 state of a stack whose layers have the parameters `layer_params`: one product per
+/// `<op>.kernel`, stacked over the stack's layers (`decoder.layers.<op>.<name>`, `[layers, n]`) or
+/// one per layer (`decoder.layers_<i>.<op>.<name>`), as the parameters are.
+pub fn stack_state_defs(layer_params: &[ParamDef], stack: &Stack, scan_layers: bool) -> Vec<ParamDef> {
     let ops = layer_params.iter().filter_map(|p| p.name.strip_suffix(".kernel"));
     let per_layer: Vec<ParamDef> = ops.flat_map(state_defs).collect();
-    if scan {
-        let stacked = |d: ParamDef| ParamDef {
-            name: format!("decoder.layers.{}", d.name),
-            shape: [&[layers][..], &d.shape].concat(),
-            logical: [&["layers"][..], &d.logical].concat(),
-            init: d.init,
-        };
-        return per_layer.into_iter().map(stacked).collect();
+    if stack.scanned(scan_layers) {
+        return per_layer.iter().map(|d| stack.stacked(d)).collect();
     }
-    (0..layers)
+    (0..stack.count)
         .flat_map(|i| {
-            per_layer.iter().map(move |d| ParamDef { name: format!("decoder.layers_{i}.{}", d.name), ..d.clone() })
+            let prefix = stack.layer_prefix(i);
+            per_layer.iter().map(move |d| ParamDef { name: format!("{prefix}.{}", d.name), ..d.clone() })
         })
         .collect()
 }

@@ -48,7 +48,7 @@ pub const LAYER_NORM_EPS: f64 = 1e-6;
 pub struct Gemma;
 
 impl Family for Gemma {
-    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
+    fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let norm = Norm::Rms { eps: LAYER_NORM_EPS };
         let mut defs = norm.params("pre_self_attention_norm", c.emb);
         defs.extend(SelfAttention::params("self_attention", c));
@@ -58,7 +58,7 @@ impl Family for Gemma {
     }
 
     /// `x + attention(norm(x))`, then `+ mlp(norm(.))`.
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+    fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         let norm = Norm::Rms { eps: LAYER_NORM_EPS };
         let h = norm.apply(p, "pre_self_attention_norm", x);
         let x = constrain(c, x + &SelfAttention::default().apply(c, p, "self_attention", &h, ctx), BTE);
@@ -66,7 +66,7 @@ impl Family for Gemma {
         LayerOutput::new(constrain(c, &x + &Mlp::new(c, false, None).apply(c, p, "mlp", &h), BTE))
     }
 
-    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    fn layer_flops(&self, c: &ModelConfig, _kind: usize, tokens: f64, seq: f64) -> LayerFlops {
         dense_layer_flops(c, tokens, seq)
     }
 }

@@ -161,13 +161,13 @@ pub(super) fn sandwich(
 }
 
 impl Family for Gemma2 {
-    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
+    fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let mut defs = self.half_params(c, "local");
         defs.extend(self.half_params(c, "global"));
         defs
     }
 
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+    fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         let x = self.half(c, p, x, ctx, "local");
         LayerOutput::new(self.half(c, p, &x, ctx, "global"))
     }
@@ -175,7 +175,7 @@ impl Family for Gemma2 {
     /// MaxText's `calculate_gemma2_tflops_training_per_device`: twice the dense weight terms,
     /// causal global attention `2 * batch * seq^2 * heads * head_dim` and local attention
     /// `4 * batch * (seq * w - w^2 / 2) * heads * head_dim` with `w = min(window, seq)`.
-    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    fn layer_flops(&self, c: &ModelConfig, _kind: usize, tokens: f64, seq: f64) -> LayerFlops {
         let dense = dense_layer_flops(c, tokens, seq);
         let (global, local) = global_and_local_attention_flops(c, tokens, seq, self.window);
         LayerFlops { weights: 2.0 * dense.weights, attention: global + local }

@@ -143,7 +143,7 @@ fn name(j: i64) -> impl Fn(&str) -> String {
 }
 
 impl Family for Gemma3 {
-    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
+    fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         (0..BLOCK)
             .flat_map(|j| {
                 let attention = self.attention(j).all_params(&name(j)("self_attention"), c);
@@ -152,7 +152,7 @@ impl Family for Gemma3 {
             .collect()
     }
 
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+    fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         // The tables are computed inside the layer (cheap, elementwise) rather than passed in:
         // they would be a full-size input of every remat region otherwise.
         let local = rope_tables(&ctx.positions, &self.local_rope);
@@ -172,7 +172,7 @@ impl Family for Gemma3 {
     /// pattern of 6 (`src/maxtext/utils/maxtext_utils.py`, e591f30): the dense weight terms of 6
     /// layers, one global layer's causal attention `2 * batch * seq^2 * heads * head_dim` and 5
     /// local ones `4 * batch * (seq * w - w^2 / 2) * heads * head_dim` with `w = min(window, seq)`.
-    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    fn layer_flops(&self, c: &ModelConfig, _kind: usize, tokens: f64, seq: f64) -> LayerFlops {
         let dense = dense_layer_flops(c, tokens, seq);
         let (global, local) = global_and_local_attention_flops(c, tokens, seq, self.window);
         LayerFlops { weights: BLOCK as f64 * dense.weights, attention: global + (BLOCK - 1) as f64 * local }

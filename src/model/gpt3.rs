@@ -72,7 +72,7 @@ impl Gpt3 {
 }
 
 impl Family for Gpt3 {
-    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
+    fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let (e, h, d) = (c.emb, c.heads, c.head_dim);
         let mut defs = Gpt3::norm(c).params("pre_self_attention_norm", e);
         let mut dense = |name: &str, kernel: &[i64], logical: &[&'static str], bias_dims: usize, fan_in: i64| {
@@ -94,13 +94,13 @@ impl Family for Gpt3 {
     }
 
     /// `x + attention(norm(x))`, then `+ mlp(.)` (the MLP block norms its input itself).
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+    fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         let h = Gpt3::norm(c).apply(p, "pre_self_attention_norm", x);
         let x = constrain(c, x + &self.attention(c, p, &h, ctx), BTE);
         LayerOutput::new(constrain(c, &x + &Gpt3::mlp(c).apply(c, p, "mlp", &x), BTE))
     }
 
-    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    fn layer_flops(&self, c: &ModelConfig, _kind: usize, tokens: f64, seq: f64) -> LayerFlops {
         dense_layer_flops(c, tokens, seq)
     }
 

@@ -32,15 +32,15 @@ impl Mistral {
 }
 
 impl Family for Mistral {
-    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
+    fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         llama::layer_params(c)
     }
 
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+    fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         LayerOutput::new(llama::layer(c, p, x, ctx, &SelfAttention { window: self.window, ..SelfAttention::default() }))
     }
 
-    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    fn layer_flops(&self, c: &ModelConfig, _kind: usize, tokens: f64, seq: f64) -> LayerFlops {
         dense_layer_flops(c, tokens, seq)
     }
 }

@@ -54,7 +54,7 @@ impl Mixtral {
 }
 
 impl Family for Mixtral {
-    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
+    fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let mut defs = attention_params(c);
         defs.extend(
             moe::param_defs(&self.moe, c.emb, c.mlp)
@@ -64,7 +64,7 @@ impl Family for Mixtral {
         defs
     }
 
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+    fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         let x = attention_half(c, p, x, ctx, &SelfAttention::default());
         let h = constrain(c, Norm::Rms { eps: c.eps }.apply(p, "post_self_attention_layer_norm", &x), ACTIVATIONS);
         let block = moe_block(c, &self.moe, &p.subtree("MoeBlock_0"), &h);
@@ -83,7 +83,7 @@ impl Family for Mixtral {
     /// router `2 * tokens * emb * experts`, and `num_experts_per_tok` expert MLPs of
     /// `2 * tokens * mlp * emb` per projection — the active experts only, as the dropless
     /// computation does; plus Llama's attention terms.
-    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    fn layer_flops(&self, c: &ModelConfig, _kind: usize, tokens: f64, seq: f64) -> LayerFlops {
         let (e, m) = (c.emb as f64, c.mlp as f64);
         let router = 2.0 * tokens * e * self.moe.num_experts as f64;
         let expert = 2.0 * tokens * m * e * (c.mlp_activations.len() as f64 + 1.0);

@@ -1,8 +1,11 @@
 //! Models traced with the `tensor` API, behind one decoder seam.
 //!
-//! - [`decoder`]: the shared decoder (`Model`): parameters and their layout, embedding, layer
-//!   stacking (scan / unroll, remat), final norm, logits, loss, parameter count, FLOPs; and the
-//!   `Family` trait a decoder family implements.
+//! - [`decoder`]: the shared decoder (`Model`): parameters and their layout, embedding, final
+//!   norm, logits, loss, parameter count, FLOPs; and the `Family` trait a decoder family
+//!   implements; [`stacks`]: the layers as an ordered list of stacks (MaxText's `layers`,
+//!   `layers_remainder`, `dense_layers`, `moe_layers`), their parameter names, the forward pass
+//!   over them (scan / unroll, remat) and a pipeline stage's share; [`decode`]: the layers with
+//!   a key/value cache (prefill, generate).
 //! - [`attention`]: RoPE (default and Llama 3.1's), attention masks (causal, sliding window,
 //!   packed documents) and attention (`attend`, optionally soft-capped), shared by the families;
 //!   [`blockwise`]: the memory-efficient blockwise attention with its own backward pass;
@@ -27,6 +30,7 @@ pub mod blocks;
 pub mod blockwise;
 pub mod config;
 pub mod cudnn;
+pub mod decode;
 pub mod decoder;
 pub mod deepseek;
 pub mod flops;
@@ -44,7 +48,10 @@ pub mod mla;
 pub mod moe;
 pub mod params;
 pub mod qwen3;
+pub mod stacks;
 
 pub use config::ModelConfig;
-pub use decoder::{loss_from_logits, CacheStep, Family, Forward, LayerFlops, LayerOutput, Model, ParamRole};
+pub use decode::CacheStep;
+pub use decoder::{loss_from_logits, Family, Forward, LayerFlops, LayerOutput, Model};
 pub use params::{ParamDef, ParamInit};
+pub use stacks::{ParamRole, Stack};

@@ -3,7 +3,7 @@
 //! sharded program inputs, and how unscanned layers take their values from the stacked draws. The shared decoder (`decoder.rs`) assembles the list from the
 //! family's per-layer definitions; nothing else derives a model's layout.
 
-use crate::ir::{DType, Prim, Signature};
+use crate::ir::{DType, Signature};
 use crate::sharding::LogicalRules;
 use crate::tensor::{random, Tensor, Tree};
 
@@ -77,30 +77,6 @@ pub fn init(defs: &[ParamDef], dtype: DType, key: &Tensor) -> Tree {
                 }
             };
             (def.name.clone(), value.astype(dtype))
-        })
-        .collect()
-}
-
-/// The parameters `defs` (an unscanned model's: `decoder.layers_{i}.NAME`) taken from `stacked`,
-/// the same model's scanned parameters (`decoder.layers.NAME`, layers first): layer `i` is
-/// slice `i`, every other parameter is the same. Behind an optimization barrier the stacked
-/// values are computed once; without it XLA fuses the random computation into every layer's
-/// slice and compiles it once per layer again.
-pub fn unstack_layers(stacked: &Tree, defs: Vec<ParamDef>) -> Tree {
-    let Some(first) = stacked.values().next() else { return Tree::new() };
-    let names: Vec<&str> = stacked.names().collect();
-    let fenced = first.trace().bind(Prim::OptimizationBarrier, &stacked.values().collect::<Vec<_>>());
-    let stacked: Tree = names.into_iter().zip(fenced).collect();
-    defs.into_iter()
-        .map(|def| {
-            let value = match def.name.strip_prefix("decoder.layers_").and_then(|rest| rest.split_once('.')) {
-                Some((layer, name)) => {
-                    let i: i64 = layer.parse().expect("a layer index");
-                    stacked[format!("decoder.layers.{name}").as_str()].slice_axis(0, i, i + 1).reshape(&def.shape)
-                }
-                None => stacked[def.name.as_str()].clone(),
-            };
-            (def.name, value)
         })
         .collect()
 }

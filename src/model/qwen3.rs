@@ -58,7 +58,7 @@ impl Qwen3 {
 }
 
 impl Family for Qwen3 {
-    fn layer_params(&self, c: &ModelConfig) -> Vec<ParamDef> {
+    fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let norm = Norm::Rms { eps: c.eps };
         let mut defs = llama::attention_params(c);
         if self.qk_norm {
@@ -76,7 +76,7 @@ impl Family for Qwen3 {
         defs
     }
 
-    fn layer(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+    fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         let Some(m) = &self.moe else {
             return LayerOutput::new(llama::layer(c, p, x, ctx, &self.attention(c)));
         };
@@ -95,7 +95,7 @@ impl Family for Qwen3 {
 
     /// Llama's terms, or with experts Mixtral's (`mixtral.rs`): the router and the
     /// `num_experts_per_tok` active expert MLPs.
-    fn layer_flops(&self, c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
+    fn layer_flops(&self, c: &ModelConfig, _kind: usize, tokens: f64, seq: f64) -> LayerFlops {
         let Some(m) = &self.moe else { return dense_layer_flops(c, tokens, seq) };
         let (e, mlp) = (c.emb as f64, c.mlp as f64);
         let router = 2.0 * tokens * e * m.num_experts as f64;

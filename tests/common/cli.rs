@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 /// Far more than any refusal takes, even in a debug build on a busy machine.
 pub const DEADLINE: Duration = Duration::from_secs(120);
 
-/// `maxrs args` with `env` added and the plugin variables of the caller's shell removed.
+/// `maxrs args` with `env` added and the caller's `MAXRS_PJRT_PLUGIN` removed. `XLA_FLAGS` is
+/// the test binary's (its cheapest-compile flags, see tests/main.rs, unless the caller set it).
 pub fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_maxrs"));
-    cmd.args(args).env_remove("MAXRS_PJRT_PLUGIN").env_remove("XLA_FLAGS");
+    cmd.args(args).env_remove("MAXRS_PJRT_PLUGIN");
     for (k, v) in env {
         cmd.env(k, v);
     }

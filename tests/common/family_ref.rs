@@ -138,18 +138,43 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
     };
     let mut p = RefParams { top: BTreeMap::new(), layers: vec![BTreeMap::new(); m.config.layers as usize] };
     for def in m.param_defs() {
-        if let Some(rest) = def.name.strip_prefix("decoder.layers.") {
-            for layer in p.layers.iter_mut() {
-                layer.insert(rest.to_string(), draw(rest, &def.shape[1..]));
+        match layer_param(m, &def.name) {
+            Some((layers, None, rest)) => {
+                for layer in &mut p.layers[layers] {
+                    layer.insert(rest.to_string(), draw(rest, &def.shape[1..]));
+                }
             }
-        } else if let Some(rest) = def.name.strip_prefix("decoder.layers_") {
-            let (i, name) = rest.split_once('.').unwrap();
-            p.layers[i.parse::<usize>().unwrap()].insert(name.to_string(), draw(name, &def.shape));
-        } else {
-            p.top.insert(def.name.clone(), draw(&def.name, &def.shape));
+            Some((layers, Some(i), rest)) => {
+                p.layers[layers.start + i].insert(rest.to_string(), draw(rest, &def.shape));
+            }
+            None => {
+                p.top.insert(def.name.clone(), draw(&def.name, &def.shape));
+            }
         }
     }
     p
+}
+
+/// A layer parameter's place: the model's layers its stack holds, the layer within the stack
+/// when it is not stacked, and its name in the layer (`None`: a top-level parameter).
+pub fn layer_param<'a>(m: &Model, name: &'a str) -> Option<(std::ops::Range<usize>, Option<usize>, &'a str)> {
+    let mut first = 0;
+    for s in m.stacks() {
+        let layers = first..first + s.count as usize;
+        first = layers.end;
+        if s.scanned(m.config.scan_layers) {
+            if let Some(rest) = name.strip_prefix(&format!("{}.", s.prefix())) {
+                return Some((layers, None, rest));
+            }
+            continue;
+        }
+        for i in 0..s.count {
+            if let Some(rest) = name.strip_prefix(&format!("{}.", s.layer_prefix(i))) {
+                return Some((layers, Some(i as usize), rest));
+            }
+        }
+    }
+    None
 }
 
 /// The parameters as program inputs `params.<name>` in the model's layout.
@@ -157,13 +182,10 @@ pub fn host_params(m: &Model, p: &RefParams) -> Tree<HostTensor> {
     let mut out = Tree::new();
     let flat = |a: &Array2<f64>| a.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     for def in m.param_defs() {
-        let values: Vec<f32> = if let Some(rest) = def.name.strip_prefix("decoder.layers.") {
-            p.layers.iter().flat_map(|l| flat(&l[rest])).collect()
-        } else if let Some(rest) = def.name.strip_prefix("decoder.layers_") {
-            let (i, name) = rest.split_once('.').unwrap();
-            flat(&p.layers[i.parse::<usize>().unwrap()][name])
-        } else {
-            flat(&p.top[&def.name])
+        let values: Vec<f32> = match layer_param(m, &def.name) {
+            Some((layers, None, rest)) => p.layers[layers].iter().flat_map(|l| flat(&l[rest])).collect(),
+            Some((layers, Some(i), rest)) => flat(&p.layers[layers.start + i][rest]),
+            None => flat(&p.top[&def.name]),
         };
         assert_eq!(values.len() as i64, def.shape.iter().product::<i64>(), "{}", def.name);
         out.insert(format!("params.{}", def.name), HostTensor::from_f32(&def.shape, &values));

@@ -140,24 +140,37 @@ pub fn attention(c: &Model, l: &BTreeMap<&str, Array2<f64>>, h: &Array2<f64>) ->
     let k = rope(c, &h.dot(&l["self_attention.key.kernel"]), kvh);
     let v = h.dot(&l["self_attention.value.kernel"]);
     let mut out = Array2::<f64>::zeros((B * T, heads * d));
+    // One [T, T] score matrix per sequence and query head (its key/value head `g`): whole-matrix
+    // products keep the finite differences of tests/train_step.rs (two passes per parameter
+    // element) cheap in a debug build.
     for b in 0..B {
+        let rows = b * T..(b + 1) * T;
         for hh in 0..heads {
             let g = hh / (heads / kvh);
-            for t in 0..T {
-                let qi = q.slice(s![b * T + t, hh * d..(hh + 1) * d]);
-                let scores: Vec<f64> = (0..=t).map(|u| qi.dot(&k.slice(s![b * T + u, g * d..(g + 1) * d]))).collect();
-                let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let ex: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
-                let z: f64 = ex.iter().sum();
-                for (u, e) in ex.iter().enumerate() {
-                    let vu = v.slice(s![b * T + u, g * d..(g + 1) * d]);
-                    let mut o = out.slice_mut(s![b * T + t, hh * d..(hh + 1) * d]);
-                    o.scaled_add(e / z, &vu);
-                }
-            }
+            let (qh, kh, vh) = (
+                q.slice(s![rows.clone(), hh * d..(hh + 1) * d]),
+                k.slice(s![rows.clone(), g * d..(g + 1) * d]),
+                v.slice(s![rows.clone(), g * d..(g + 1) * d]),
+            );
+            let probs = causal_softmax(qh.dot(&kh.t()));
+            out.slice_mut(s![rows.clone(), hh * d..(hh + 1) * d]).assign(&probs.dot(&vh));
         }
     }
     out.dot(&l["self_attention.out.kernel"])
+}
+
+/// Row `t` of `scores: [T, T]` softmaxed over the keys `u <= t`, the later ones 0.
+fn causal_softmax(mut scores: Array2<f64>) -> Array2<f64> {
+    for (t, mut row) in scores.rows_mut().into_iter().enumerate() {
+        let mx = row.iter().take(t + 1).cloned().fold(f64::NEG_INFINITY, f64::max);
+        let mut z = 0.0;
+        for (u, p) in row.iter_mut().enumerate() {
+            *p = if u <= t { (*p - mx).exp() } else { 0.0 };
+            z += *p;
+        }
+        row /= z;
+    }
+    scores
 }
 
 pub fn layer(c: &Model, l: &BTreeMap<&str, Array2<f64>>, x: &Array2<f64>) -> Array2<f64> {

@@ -31,8 +31,8 @@
 //! `mscale_all_dim` (DeepSeek-V3's 1.0: maxrs's `mscale`, no RoPE scaling) or `mscale_all_dim`
 //! is 0 or absent (RoPE scaled, no softmax factor); other combinations are refused by field.
 //!
-//! Which layers: the routed experts (layers from `first_k_dense_replace` on) come with the
-//! DeepSeek routing; until then a checkpoint converts when every layer is dense.
+//! Which layers: `first_k_dense_replace` is `first_num_dense_layers`; converting the routed
+//! layers after it is not supported yet, so a checkpoint converts when every layer is dense.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
@@ -70,12 +70,11 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         );
     }
     let layers = fields.number("num_hidden_layers", "base_num_decoder_layers", None)?;
-    if fields.number("first_k_dense_replace", "base_num_decoder_layers", Some(3))? < layers {
-        bail!(
-            "`first_k_dense_replace` is {}: layers with routed experts (from it on, of {layers}) are not supported yet for deepseek_v3",
-            hf["first_k_dense_replace"].as_i64().unwrap_or(3)
-        );
+    let dense = fields.number("first_k_dense_replace", "first_num_dense_layers", Some(3))?;
+    if dense < layers {
+        bail!("`first_k_dense_replace` is {dense}: converting layers with routed experts (from it on, of {layers}) is not supported yet for deepseek_v3");
     }
+    keys.push(("first_num_dense_layers".into(), layers.to_string()));
     let q_lora = fields.number("q_lora_rank", "q_lora_rank", Some(0))?;
     keys.push(("q_lora_rank".into(), q_lora.to_string()));
     for (field, key) in [
@@ -167,8 +166,13 @@ pub fn check_model(c: &Config) -> Result<()> {
     if c.rope_type != RopeType::Yarn {
         bail!("rope_type={}: maxrs converts deepseek with YaRN RoPE (rope_type=yarn) only yet", c.rope_type);
     }
-    if c.num_experts > 1 {
-        bail!("num_experts={}: converting deepseek's routed experts is not supported yet", c.num_experts);
+    let layers = c.base_num_decoder_layers << crate::config::parameter_scales(c.global_parameter_scale).3;
+    if c.first_num_dense_layers < layers {
+        bail!(
+            "first_num_dense_layers={}: converting deepseek's routed layers (the other {}) is not supported yet",
+            c.first_num_dense_layers,
+            layers - c.first_num_dense_layers
+        );
     }
     let softmax_factor = c.max_position_embeddings > c.original_max_position_embeddings && c.mscale != 0.0;
     if c.rope_attention_scaling == softmax_factor {

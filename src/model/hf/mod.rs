@@ -70,14 +70,23 @@ pub struct Entry {
     pub map: Map,
 }
 
-/// The name of a layer parameter `name` of layer `layer`, and its slot, as `scan_layers` lays
-/// it out; `inner` is a further slot (the expert) after the layer's.
+/// The name of a layer parameter `name` of layer `layer` (counted over the model's stacks), and
+/// its slot, as `scan_layers` lays it out; `inner` is a further slot (the expert) after the
+/// layer's.
 pub fn layer_entry(model: &Model, layer: i64, name: &str, inner: &[i64], hf: String, map: Map) -> Entry {
-    if model.config.scan_layers {
-        Entry { maxrs: format!("decoder.layers.{name}"), slot: [&[layer][..], inner].concat(), hf, map }
-    } else {
-        Entry { maxrs: format!("decoder.layers_{layer}.{name}"), slot: inner.to_vec(), hf, map }
+    let mut first = 0;
+    for s in model.stacks() {
+        let i = layer - first;
+        first += s.count;
+        if i >= s.count {
+            continue;
+        }
+        return match s.scanned(model.config.scan_layers) {
+            true => Entry { maxrs: format!("{}.{name}", s.prefix()), slot: [&[i][..], inner].concat(), hf, map },
+            false => Entry { maxrs: format!("{}.{name}", s.layer_prefix(i)), slot: inner.to_vec(), hf, map },
+        };
     }
+    panic!("layer {layer} is beyond the model's {first} layers")
 }
 
 /// maxrs configuration keys (`key=value` text) for a Hugging Face `config.json`: the family is

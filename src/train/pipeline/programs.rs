@@ -35,7 +35,7 @@
 //! zero accumulators, with stacked layers in stage-major order and split over the `stage` axis,
 //! so each stage's devices end up holding exactly that stage's arrays.
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 
 use super::layout::StageLayout;
 use crate::autodiff::{value_and_grad, value_and_grad_with_aux};
@@ -90,8 +90,19 @@ impl PipelineStep {
         let plan = derived.pipeline.as_ref().ok_or_else(|| anyhow!("the config has no pipeline"))?;
         let layout = StageLayout::new(plan);
         let stage_meshes = (0..layout.stages).map(|s| layout.stage_mesh(&mesh, s)).collect::<Result<_>>()?;
+        let model = Model::from_config(c).map_err(|e| anyhow!(e))?;
+        if let [first, second, ..] = model.stacks() {
+            bail!(
+                "ici_pipeline_parallelism={}, dcn_pipeline_parallelism={}: pipeline parallelism over a model of several \
+                 stacks of layers (decoder.{} and decoder.{}) is not supported yet; set both to 1",
+                c.ici_pipeline_parallelism,
+                c.dcn_pipeline_parallelism,
+                first.name,
+                second.name
+            );
+        }
         Ok(PipelineStep {
-            model: Model::from_config(c).map_err(|e| anyhow!(e))?,
+            model,
             optimizer: AdamW::from_config(c).map_err(|e| anyhow!(e))?,
             layout,
             microbatch: plan.microbatch_size as i64,
