@@ -1,6 +1,6 @@
 //! `maxrs convert` for every family against Hugging Face's own modeling code: for Llama, Llama 3.1
 //! (`rope_scaling` llama3), Mistral (sliding window), Mixtral, Gemma, Gemma 2, Qwen3, Qwen3 MoE and
-//! DeepSeek-V3 (multi-head latent attention, YaRN; dense layers), a tiny
+//! DeepSeek-V3 (multi-head latent attention, YaRN; dense, then routed layers), a tiny
 //! checkpoint in Hugging Face's layout, converted to maxrs, gives the logits and greedy tokens
 //! `transformers` computed on it (recorded in `tests/data/hf_golden.json` by
 //! `tools/hf_golden.py`, which states the command and versions), and converts back to the same
@@ -178,4 +178,9 @@ fn qwen3_moe_matches_transformers() {
 #[test]
 fn deepseek_v3_latent_attention_matches_transformers() {
     check_family("deepseek_v3", true);
+}
+
+#[test]
+fn deepseek_v3_routed_layers_match_transformers() {
+    check_family("deepseek_v3_moe", true);
 }

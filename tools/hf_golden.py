@@ -117,22 +117,35 @@ def gemma_tensors(layers, gemma2, kv):
     return t
 
 
-def deepseek_tensors(layers, qk_nope=16, qk_rope=8, v_head=12, kv_lora=16):
-    """DeepSeek-V3's dense layers (every layer before `first_k_dense_replace`), queries without
-    a low-rank projection (`q_lora_rank` null)."""
+def deepseek_tensors(layers, dense, q_lora=0, experts=0, moe=0, qk_nope=16, qk_rope=8, v_head=12, kv_lora=16):
+    """DeepSeek-V3's layers: dense before `dense` (`first_k_dense_replace`), routed (`experts`
+    of width `moe`, one shared) after; queries with a low-rank projection when `q_lora`."""
     t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E], "lm_head.weight": [V, E]}
     for l in range(layers):
         p = f"model.layers.{l}."
         t[p + "input_layernorm.weight"] = [E]
-        t[p + "self_attn.q_proj.weight"] = [H * (qk_nope + qk_rope), E]
+        if q_lora:
+            t[p + "self_attn.q_a_proj.weight"] = [q_lora, E]
+            t[p + "self_attn.q_a_layernorm.weight"] = [q_lora]
+            t[p + "self_attn.q_b_proj.weight"] = [H * (qk_nope + qk_rope), q_lora]
+        else:
+            t[p + "self_attn.q_proj.weight"] = [H * (qk_nope + qk_rope), E]
         t[p + "self_attn.kv_a_proj_with_mqa.weight"] = [kv_lora + qk_rope, E]
         t[p + "self_attn.kv_a_layernorm.weight"] = [kv_lora]
         t[p + "self_attn.kv_b_proj.weight"] = [H * (qk_nope + v_head), kv_lora]
         t[p + "self_attn.o_proj.weight"] = [E, H * v_head]
         t[p + "post_attention_layernorm.weight"] = [E]
-        t[p + "mlp.gate_proj.weight"] = [M, E]
-        t[p + "mlp.up_proj.weight"] = [M, E]
-        t[p + "mlp.down_proj.weight"] = [E, M]
+        if l < dense:
+            t[p + "mlp.gate_proj.weight"] = [M, E]
+            t[p + "mlp.up_proj.weight"] = [M, E]
+            t[p + "mlp.down_proj.weight"] = [E, M]
+            continue
+        t[p + "mlp.gate.weight"] = [experts, E]
+        t[p + "mlp.gate.e_score_correction_bias"] = [experts]
+        for q in [f"mlp.experts.{j}." for j in range(experts)] + ["mlp.shared_experts."]:
+            t[p + q + "gate_proj.weight"] = [moe, E]
+            t[p + q + "up_proj.weight"] = [moe, E]
+            t[p + q + "down_proj.weight"] = [E, moe]
     return t
 
 
@@ -171,8 +184,15 @@ def cases():
                            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "mscale": 1.0,
                            "mscale_all_dim": 1.0})
+    # A dense layer, then two routed ones (4 experts of width 32, top 2, a shared one; sigmoid
+    # scores with the correction bias, weights normalized and scaled), low-rank queries.
+    deepseek_v3_moe = dict(deepseek_v3, num_hidden_layers=3, first_k_dense_replace=1, q_lora_rank=24,
+                           n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                           moe_intermediate_size=32, routed_scaling_factor=2.5, norm_topk_prob=True,
+                           scoring_func="sigmoid", topk_method="noaux_tc")
     return {
-        "deepseek_v3": (deepseek_v3, deepseek_tensors(2)),
+        "deepseek_v3": (deepseek_v3, deepseek_tensors(2, 2)),
+        "deepseek_v3_moe": (deepseek_v3_moe, deepseek_tensors(3, 1, q_lora=24, experts=4, moe=32)),
         "llama": (llama, llama_tensors(2)),
         "llama3.1": (llama31, llama_tensors(2)),
         "mistral": (mistral, llama_tensors(2)),

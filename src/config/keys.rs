@@ -251,7 +251,7 @@ declare_keys! {
         // MaxText's `RoutedAndSharedMoE` (layers/moe.py, e591f30); 0: no shared MLP.
         shared_experts: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
         /// deepseek: the router's scores: "" (the logits), sigmoid or softmax (over the experts).
-        routed_score_func: RoutedScoreFunc = "" => MaxText.step().read_by_model(DEEPSEEK).model_file(),
+        routed_score_func: RoutedScoreFunc = "" => MaxText.model(DEEPSEEK).model_file(),
         /// deepseek: a learned per-expert bias (gate.bias) added to the scores to choose the experts; the weights come from the unbiased scores.
         // Its gradient is zero (it only moves the top-k choice); routed_bias_update_rate moves it.
         routed_bias: bool = false => MaxText.model(DEEPSEEK).model_file(),
@@ -259,11 +259,11 @@ declare_keys! {
         routed_bias_update_rate: f64 = 0.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e3)),
         /// deepseek: the experts in n_routing_groups equal groups; each token chooses only from its topk_routing_group best groups (-1: no groups).
         // A group's score is the sum of its two best biased scores (`expert_group_mask`).
-        n_routing_groups: i64 = -1 => MaxText.step().read_by_model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
+        n_routing_groups: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
         /// deepseek: how many of the n_routing_groups groups each token chooses its experts from (-1: no groups).
-        topk_routing_group: i64 = -1 => MaxText.step().read_by_model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
+        topk_routing_group: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
         /// deepseek: the routing weights are multiplied by this (after sigmoid scores are normalized to sum to 1).
-        routed_scaling_factor: f64 = 1.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
+        routed_scaling_factor: f64 = 1.0 => MaxText.model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
         /// deepseek: the layers before the routed ones (dense_layers, then moe_layers).
         first_num_dense_layers: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
         /// deepseek: the experts' (routed and shared) hidden size, before global_parameter_scale; -1: unset (refused with routed layers).

@@ -14,10 +14,15 @@
 //! | `self_attn.kv_b_proj.weight` | [H*(N+V), C] | `self_attention.wkv_b.kernel` | [C, H, N+V] |
 //! | `self_attn.o_proj.weight` | [E, H*V] | `self_attention.out.kernel` | [H, V, E] |
 //! | `post_attention_layernorm.weight` | [E] | `post_self_attention_layer_norm.scale` | [E] |
-//! | `mlp.{gate,up,down}_proj.weight` | as Llama's | `mlp.{wi_0,wi_1,wo}.kernel` | as Llama's |
+//! | `mlp.{gate,up,down}_proj.weight` (dense layers) | as Llama's | `mlp.{wi_0,wi_1,wo}.kernel` | as Llama's |
+//! | `mlp.gate.weight` (routed layers) | [X, E] | `DeepSeekMoeBlock_0.MoeBlock_0.gate.kernel` | [E, X] |
+//! | `mlp.gate.e_score_correction_bias` | [X] | `DeepSeekMoeBlock_0.MoeBlock_0.gate.bias` | [X] |
+//! | `mlp.experts.J.{gate,up,down}_proj.weight` | [M, E], [M, E], [E, M] | `DeepSeekMoeBlock_0.MoeBlock_0.{wi_0,wi_1,wo}[J]` | [E, M], [E, M], [M, E] |
+//! | `mlp.shared_experts.{gate,up,down}_proj.weight` | [S*M, E], ... | `DeepSeekMoeBlock_0.shared_experts.{wi_0,wi_1,wo}.kernel` | [E, S*M], ... |
 //!
 //! (N `qk_nope_head_dim`, R `qk_rope_head_dim`, V `v_head_dim`, Q `q_lora_rank`, C
-//! `kv_lora_rank`; the embedding, final norm and `lm_head` are Llama's.) Every map is a transpose:
+//! `kv_lora_rank`, X experts, M `moe_intermediate_size`, S `n_shared_experts`; the embedding,
+//! final norm and `lm_head` are Llama's; the layers before `first_k_dense_replace` are dense.) Every map is a transpose:
 //! both apply RoPE to the same elements in the same order (`rope_interleave`: pairs `(2i, 2i+1)`
 //! in both; Hugging Face de-interleaves them at run time, `apply_rotary_pos_emb_interleave`) and
 //! scale the scores at run time.
@@ -31,15 +36,16 @@
 //! `mscale_all_dim` (DeepSeek-V3's 1.0: maxrs's `mscale`, no RoPE scaling) or `mscale_all_dim`
 //! is 0 or absent (RoPE scaled, no softmax factor); other combinations are refused by field.
 //!
-//! Which layers: `first_k_dense_replace` is `first_num_dense_layers`; converting the routed
-//! layers after it is not supported yet, so a checkpoint converts when every layer is dense.
+//! Which layers: `first_k_dense_replace` is `first_num_dense_layers`; the routed layers after it
+//! are maxrs's `moe_layers`, with DeepSeek-V3's router (the per-expert tensors of the published
+//! checkpoints; `transformers` 5 fuses them on loading).
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
 use super::llama::{common_config, common_keys, outer_entries, rope_fields};
 use super::{layer_entry, Entry, Fields, Map};
-use crate::config::{Config, RopeType};
+use crate::config::{Config, RopeType, RoutedScoreFunc};
 use crate::model::Model;
 
 /// maxrs configuration keys (`key=value` text) for a DeepSeek-V3 `config.json`.
@@ -70,11 +76,11 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         );
     }
     let layers = fields.number("num_hidden_layers", "base_num_decoder_layers", None)?;
-    let dense = fields.number("first_k_dense_replace", "first_num_dense_layers", Some(3))?;
+    let dense = fields.number("first_k_dense_replace", "first_num_dense_layers", Some(3))?.min(layers);
+    keys.push(("first_num_dense_layers".into(), dense.to_string()));
     if dense < layers {
-        bail!("`first_k_dense_replace` is {dense}: converting layers with routed experts (from it on, of {layers}) is not supported yet for deepseek_v3");
+        keys.extend(moe_keys(&fields, dense)?);
     }
-    keys.push(("first_num_dense_layers".into(), layers.to_string()));
     let q_lora = fields.number("q_lora_rank", "q_lora_rank", Some(0))?;
     keys.push(("q_lora_rank".into(), q_lora.to_string()));
     for (field, key) in [
@@ -96,6 +102,62 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         keys.push(("normalize_embedding_logits".into(), "false".into()));
     }
     keys.push(("mlp_activations".into(), "[silu, linear]".into()));
+    Ok(keys)
+}
+
+/// The routed layers' keys: DeepSeek-V3's router (`DeepseekV3TopkRouter`: sigmoid scores, the
+/// `e_score_correction_bias` for the choice, `n_group` / `topk_group`, normalized top-k weights
+/// times `routed_scaling_factor`) and `n_shared_experts`, `moe_intermediate_size` wide. With no
+/// dense layer, MaxText requires `base_mlp_dim` equal to the experts' width: it is set so
+/// (`intermediate_size` is then unused).
+fn moe_keys(fields: &Fields, dense: i64) -> Result<Vec<(String, String)>> {
+    let hf = fields.0;
+    if fields.flag("norm_topk_prob")? == Some(false) {
+        bail!("`norm_topk_prob` is false: maxrs's DeepSeek router normalizes the top-k weights; not supported yet");
+    }
+    match fields.text("scoring_func")? {
+        None | Some("sigmoid") => {}
+        Some(other) => bail!(
+            "`scoring_func` is {other:?}: DeepSeek-V3's router scores with sigmoid; other scores are not supported yet"
+        ),
+    }
+    match fields.text("topk_method")? {
+        None | Some("noaux_tc") => {}
+        Some(other) => {
+            bail!("`topk_method` is {other:?}: maxrs routes as DeepSeek-V3 (\"noaux_tc\"); not supported yet")
+        }
+    }
+    let experts = fields.number("n_routed_experts", "num_experts", Some(256))?;
+    let k = fields.number("num_experts_per_tok", "num_experts_per_tok", Some(8))?;
+    let shared = fields.number("n_shared_experts", "shared_experts", Some(1))?;
+    if shared < 1 {
+        bail!(
+            "`n_shared_experts` is {shared}: Hugging Face's DeepSeek-V3 always has a shared expert; 0 is not supported"
+        );
+    }
+    let width = fields.number("moe_intermediate_size", "base_moe_mlp_dim", Some(2048))?;
+    let groups = fields.number("n_group", "n_routing_groups", Some(8))?;
+    let top_groups = fields.number("topk_group", "topk_routing_group", Some(4))?;
+    let scaling = fields.value("routed_scaling_factor", "routed_scaling_factor", Some(2.5))?;
+    let mut keys = vec![
+        ("num_experts".into(), experts.to_string()),
+        ("num_experts_per_tok".into(), k.to_string()),
+        ("shared_experts".into(), shared.to_string()),
+        ("base_moe_mlp_dim".into(), width.to_string()),
+        ("routed_scaling_factor".into(), scaling.to_string()),
+        ("routed_score_func".into(), "sigmoid".into()),
+        ("routed_bias".into(), "true".into()),
+    ];
+    // One group holding every expert is no grouping.
+    if groups > 1 {
+        keys.push(("n_routing_groups".into(), groups.to_string()));
+        keys.push(("topk_routing_group".into(), top_groups.to_string()));
+    } else if top_groups != 1 {
+        bail!("`topk_group` is {}: with `n_group` {} it must be 1", hf["topk_group"], hf["n_group"]);
+    }
+    if dense == 0 {
+        keys.push(("base_mlp_dim".into(), width.to_string()));
+    }
     Ok(keys)
 }
 
@@ -168,11 +230,15 @@ pub fn check_model(c: &Config) -> Result<()> {
     }
     let layers = c.base_num_decoder_layers << crate::config::parameter_scales(c.global_parameter_scale).3;
     if c.first_num_dense_layers < layers {
-        bail!(
-            "first_num_dense_layers={}: converting deepseek's routed layers (the other {}) is not supported yet",
-            c.first_num_dense_layers,
-            layers - c.first_num_dense_layers
-        );
+        // Hugging Face's router: sigmoid scores, a correction bias, a shared expert.
+        if c.routed_score_func != RoutedScoreFunc::Sigmoid || !c.routed_bias || c.shared_experts < 1 {
+            bail!(
+                "routed_score_func={:?}, routed_bias={}, shared_experts={}: Hugging Face's DeepSeek-V3 routes with sigmoid scores and a correction bias and has a shared expert (sigmoid, true, >= 1)",
+                c.routed_score_func.as_str(),
+                c.routed_bias,
+                c.shared_experts
+            );
+        }
     }
     let softmax_factor = c.max_position_embeddings > c.original_max_position_embeddings && c.mscale != 0.0;
     if c.rope_attention_scaling == softmax_factor {
@@ -203,7 +269,24 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     config["qk_nope_head_dim"] = json!(c.qk_nope_head_dim);
     config["qk_rope_head_dim"] = json!(c.qk_rope_head_dim);
     config["v_head_dim"] = json!(c.v_head_dim);
-    config["first_k_dense_replace"] = json!(m.layers);
+    config["first_k_dense_replace"] = json!(c.first_num_dense_layers);
+    if c.first_num_dense_layers < m.layers {
+        let (groups, top_groups) = match c.n_routing_groups {
+            -1 => (1, 1),
+            g => (g, c.topk_routing_group),
+        };
+        config["n_routed_experts"] = json!(c.num_experts);
+        config["num_experts_per_tok"] = json!(c.num_experts_per_tok);
+        config["n_shared_experts"] = json!(c.shared_experts);
+        let mlp_scale = crate::config::parameter_scales(c.global_parameter_scale).2;
+        config["moe_intermediate_size"] = json!(c.base_moe_mlp_dim << mlp_scale);
+        config["routed_scaling_factor"] = json!(c.routed_scaling_factor);
+        config["n_group"] = json!(groups);
+        config["topk_group"] = json!(top_groups);
+        config["norm_topk_prob"] = json!(true);
+        config["scoring_func"] = json!("sigmoid");
+        config["topk_method"] = json!("noaux_tc");
+    }
     config["num_nextn_predict_layers"] = json!(0);
     config["max_position_embeddings"] = json!(c.max_position_embeddings);
     config["rope_interleave"] = json!(c.rope_interleave);
@@ -249,8 +332,35 @@ pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
             add(&format!("self_attention.{name}"), &format!("self_attn.{hf_name}"), *map);
         }
         add("post_self_attention_layer_norm.scale", "post_attention_layernorm.weight", Map::COPY);
-        for (name, hf_name) in [("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj")] {
-            add(&format!("mlp.{name}.kernel"), &format!("mlp.{hf_name}.weight"), Map::linear(1));
+        const MLP: [(&str, &str); 3] = [("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj")];
+        if layer < c.first_num_dense_layers {
+            for (name, hf_name) in MLP {
+                add(&format!("mlp.{name}.kernel"), &format!("mlp.{hf_name}.weight"), Map::linear(1));
+            }
+            continue;
+        }
+        let block = "DeepSeekMoeBlock_0";
+        add(&format!("{block}.MoeBlock_0.gate.kernel"), "mlp.gate.weight", Map::linear(1));
+        add(&format!("{block}.MoeBlock_0.gate.bias"), "mlp.gate.e_score_correction_bias", Map::COPY);
+        for (name, hf_name) in MLP {
+            add(
+                &format!("{block}.shared_experts.{name}.kernel"),
+                &format!("mlp.shared_experts.{hf_name}.weight"),
+                Map::linear(1),
+            );
+        }
+        for expert in 0..c.num_experts {
+            for (name, hf_name) in MLP {
+                let hf_name = hf(&format!("mlp.experts.{expert}.{hf_name}.weight"));
+                out.push(layer_entry(
+                    model,
+                    layer,
+                    &format!("{block}.MoeBlock_0.{name}"),
+                    &[expert],
+                    hf_name,
+                    Map::linear(1),
+                ));
+            }
         }
     }
     out
@@ -288,7 +398,28 @@ mod tests {
         };
         refused("num_nextn_predict_layers", json!(1), "`num_nextn_predict_layers` is 1 (multi-token prediction");
         refused("quantization_config", json!({"quant_method": "fp8"}), "`quantization_config` is");
-        refused("first_k_dense_replace", json!(1), "`first_k_dense_replace` is 1");
+        // Routed layers from `first_k_dense_replace` on, with DeepSeek-V3's defaults.
+        let mut moe = v3.clone();
+        moe["first_k_dense_replace"] = json!(1);
+        let keys = config_from_hf(&moe).unwrap();
+        for want in [
+            ("first_num_dense_layers", "1"),
+            ("num_experts", "256"),
+            ("n_routing_groups", "8"),
+            ("routed_bias", "true"),
+        ] {
+            assert!(keys.contains(&(want.0.into(), want.1.into())), "{want:?} in {keys:?}");
+        }
+        for (field, value, want) in [
+            ("scoring_func", json!("softmax"), "`scoring_func` is \"softmax\""),
+            ("norm_topk_prob", json!(false), "`norm_topk_prob` is false"),
+            ("n_shared_experts", json!(0), "`n_shared_experts` is 0"),
+        ] {
+            let mut c = moe.clone();
+            c[field] = value;
+            let err = config_from_hf(&c).unwrap_err().to_string();
+            assert!(err.starts_with(want), "{field}: {err}");
+        }
         refused("num_key_value_heads", json!(2), "`num_key_value_heads` is 2");
         refused("rope_scaling.mscale", json!(0.707), "`rope_scaling.mscale` is 0.707");
         refused("rope_scaling.type", json!("linear"), "`rope_scaling.rope_type` is \"linear\"");
