@@ -1,6 +1,7 @@
 //! `maxrs convert` for every family against Hugging Face's own modeling code: for Llama, Llama 3.1
-//! (`rope_scaling` llama3), Mistral (sliding window), Mixtral, Gemma, Gemma 2, Qwen3, Qwen3 MoE and
-//! DeepSeek-V3 (multi-head latent attention, YaRN; dense, then routed layers), a tiny
+//! (`rope_scaling` llama3), Mistral (sliding window), Mixtral, Qwen3, Qwen3 MoE, Gemma, Gemma 2,
+//! Gemma 3 (a block of 6 layers and a remainder block) and DeepSeek-V3 (multi-head latent
+//! attention, YaRN; dense, then routed layers), a tiny
 //! checkpoint in Hugging Face's layout, converted to maxrs, gives the logits and greedy tokens
 //! `transformers` computed on it (recorded in `tests/data/hf_golden.json` by
 //! `tools/hf_golden.py`, which states the command and versions), and converts back to the same
@@ -121,11 +122,17 @@ fn check_family(family: &str, exact: bool) {
             assert_eq!(got_bytes, bytes, "{family}: {name} converts back bit for bit");
             continue;
         }
-        // Gemma 2's query scaling is folded into the query weights (query_pre_attn_scalar 24,
-        // head_dim 16); the checkpoint written back says query_pre_attn_scalar = head_dim.
-        let scale = if family == "gemma2" && name.contains("q_proj") { (16.0f64 / 24.0).sqrt() } else { 1.0 };
+        // The query scaling (query_pre_attn_scalar 24, head_dim 16) is folded into Gemma 2's query
+        // weights and into Gemma 3's query norm gain `1 + w`; the checkpoint written back says
+        // query_pre_attn_scalar = head_dim.
+        let scale = (16.0f64 / 24.0).sqrt();
+        let fold = |x: f64| match family {
+            "gemma2" if name.contains("q_proj") => x * scale,
+            "gemma3" if name.contains("q_norm") => (1.0 + x) * scale - 1.0,
+            _ => x,
+        };
         let f = |b: &[u8]| b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect::<Vec<_>>();
-        let want: Vec<f64> = f(bytes).into_iter().map(|x| x * scale).collect();
+        let want: Vec<f64> = f(bytes).into_iter().map(fold).collect();
         let diff = crate::common::max_rel_diff(&f(got_bytes), &want);
         assert!(diff < 1e-6, "{family}: {name} converts back within f32 rounding: {diff:e}");
     }
@@ -163,6 +170,12 @@ fn gemma_matches_transformers() {
 #[test]
 fn gemma2_matches_transformers() {
     check_family("gemma2", false);
+}
+
+/// Gemma 3 with 8 layers: a block of 6 and the `layers_remainder` block of 2.
+#[test]
+fn gemma3_with_a_remainder_block_matches_transformers() {
+    check_family("gemma3", false);
 }
 
 #[test]

@@ -263,7 +263,10 @@ fn bad_inputs_are_clear_errors() {
     let e = open_error(&cfg(dir.path(), &["tokenizer_path=/no/such/tokenizer.model"]));
     assert!(e.contains("/no/such/tokenizer.model") && e.contains("no such file"), "{e}");
     // gs:// is read through the storage seam: no bucket there (or no credentials) is one error
-    // naming the key and the location (tests/data_gcs.rs reads from an emulator).
+    // naming the key and the location (tests/data_gcs.rs reads from an emulator). The emulator
+    // first: the process's GCS endpoint is fixed at its first use, and without the emulator
+    // that would be "no credentials" for the emulator tests after this one.
+    let _ = crate::common::gcs_emulator::start(&[]);
     let e = open_error(&cfg(dir.path(), &["hf_train_files=gs://bucket/*.parquet"]));
     assert!(e.starts_with("hf_train_files: ") && e.contains("gs://bucket/"), "{e}");
     assert!(matches!(

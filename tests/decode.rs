@@ -178,10 +178,11 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
         "mlp_activations=[gelu, linear]",
         "per_device_batch_size=4",
     ];
-    // Gemma 3: one block of 5 local layers (window 4) and a global one, QK norms, two RoPE bases.
+    // Gemma 3: one block of 5 local layers (window 4) and a global one, then a remainder block of
+    // 2 local layers (its own cache), QK norms, two RoPE bases.
     let gemma3 = [
         "decoder_block=gemma3",
-        "base_num_decoder_layers=6",
+        "base_num_decoder_layers=8",
         "base_emb_dim=64",
         "head_dim=16",
         "base_mlp_dim=128",

@@ -75,6 +75,7 @@ fn draw_spec() -> Spec {
         fused_qkv: false,
         eps: 1e-5,
         gemma3: None,
+        qk_norm: false,
     }
 }
 

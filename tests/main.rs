@@ -74,7 +74,6 @@ mod docs_book;
 mod errors;
 mod fp8;
 mod fuzz;
-mod gemma3_hf;
 mod gpu_memory;
 mod grad_check;
 mod hardening_inputs;

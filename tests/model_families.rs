@@ -1,10 +1,10 @@
-//! The decoder families (`decoder_block` mistral, gemma, gemma2, gemma3, gpt3, and llama2 with Llama 3.1's
-//! RoPE) against the independent f64 reference of `common/family_ref.rs`, each from its MaxText
+//! The decoder families (`decoder_block` mistral, gemma, gemma2, gemma3, gpt3, qwen3, and llama2 with
+//! Llama 3.1's RoPE) against the independent f64 reference of `common/family_ref.rs`, each from its MaxText
 //! model file shrunk to a tiny size (emb 32, 2 stacked layers, vocab 64) in float32 on a 2 x 16
 //! batch with random non-zero parameters: embeddings, every layer's output, the logits and the
 //! loss, scanned and unrolled; the gradient of the loss against central differences of the
 //! reference loss for the parameters each family adds (windows, soft caps, post norms, biases,
-//! LayerNorms, learned positions, the tied and rescaled Gemma embedding, Llama 3.1's RoPE).
+//! LayerNorms, learned positions, the tied and rescaled Gemma embedding, Llama 3.1's RoPE, QK-norm).
 
 use crate::common::family_ref::*;
 use maxrs::autodiff::value_and_grad;
@@ -111,6 +111,7 @@ fn spec(family: Family, rope: RopeRef, eps: f64) -> Spec {
         fused_qkv: false,
         eps,
         gemma3: None,
+        qk_norm: false,
     }
 }
 
@@ -269,8 +270,9 @@ fn gpt3() {
     );
 }
 
-/// Gemma 3 from gemma3-12b's file with 12 layers (2 scanned blocks of 5 local + 1 global; 6 for
-/// the unscanned model, the gradients and the checks that each feature matters), a window of 5
+/// Gemma 3 from gemma3-12b's file with 8 layers (a block of 5 local + 1 global, then MaxText's
+/// `layers_remainder` block of 2 local layers; scanned and unscanned; 6 layers for the gradients
+/// and the checks that each feature matters), a window of 5
 /// on 16 tokens, QK-norm epsilon 1e-3 (the layer norms keep 1e-6), and RoPE bases
 /// and factor that make local and global layers differ at head_dim 8 (local base 10000, global
 /// 100 with factor 4: MaxText's 1e6 and 8 rotate too little over 16 positions to be told apart).
@@ -286,9 +288,10 @@ fn gemma3() {
     let g = Gemma3Spec { local_theta: 10000.0, global_theta: 100.0, global_factor: 4.0, query_pre_attn_scalar: 8.0 };
     let s =
         Spec { window: Some(5), post_norms: true, gemma3: Some(g), ..spec(Family::Gemma3, RopeRef::HalfSplit, 1e-3) };
-    let two_blocks = shrunk("gemma3-12b", &[&keys[..], &["base_num_decoder_layers=12"]].concat());
-    check_forward("gemma3 scanned, 2 blocks", &two_blocks, &s);
-    check_forward("gemma3 unscanned", &shrunk("gemma3-12b", &[&keys[..], &["scan_layers=false"]].concat()), &s);
+    let remainder = [&keys[..], &["base_num_decoder_layers=8"]].concat();
+    check_forward("gemma3 scanned, 1 block + 2", &shrunk("gemma3-12b", &remainder), &s);
+    let unscanned = shrunk("gemma3-12b", &[&remainder[..], &["scan_layers=false"]].concat());
+    check_forward("gemma3 unscanned, 1 block + 2", &unscanned, &s);
     let m = shrunk("gemma3-12b", &keys);
     // The window, the global RoPE factor and the QK norms (random scales) each change the function.
     let (p, b) = (random_params(&s, &m, 1), batch(&m, 2));
@@ -318,5 +321,24 @@ fn gemma3() {
             (Some(0), "layers_5.self_attention.key_norm.scale", 6),
             (Some(0), "layers_5.self_attention.query.kernel", 45),
         ],
+    );
+}
+
+/// Qwen3 from qwen3-8b's file (Llama's layer with QK-norm, RoPE base 1e6), scanned, with a norm
+/// epsilon of 1e-3 (QK-norms and layer norms alike) and random norm scales, which make the
+/// QK-norms change the function.
+#[test]
+fn qwen3() {
+    let m = shrunk("qwen3-8b", &["normalization_layer_epsilon=1e-3", "rope_max_timescale=100"]);
+    let s = Spec { qk_norm: true, ..spec(Family::Llama, RopeRef::HalfSplit, 1e-3) };
+    let want = check_forward("qwen3", &m, &s);
+    let (p, b) = (random_params(&s, &m, 1), batch(&m, 2));
+    let plain = reference(&Spec { qk_norm: false, ..s.clone() }, &m, &p, &b).logits;
+    assert!(scaled_err(&plain.iter().copied().collect::<Vec<_>>(), &want.logits) > 1e-3, "QK-norm changes nothing");
+    check_gradient(
+        "qwen3",
+        &m,
+        &s,
+        &[(Some(0), "self_attention.query_norm.scale", 3), (Some(1), "self_attention.key_norm.scale", 6)],
     );
 }

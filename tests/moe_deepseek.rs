@@ -4,7 +4,7 @@
 //! for the choice only, group-limited top-k, normalized and scaled weights, the shared MLP. One
 //! f64 program on random inputs where both the groups and the bias change some tokens' choice:
 //! the output, and the gradient of every parameter (the bias's is zero) and of the input against
-//! central differences of the reference.
+//! central differences of the reference; and softmax scores without groups or bias.
 
 use crate::common::moe_ref::{deepseek_moe, DeepSeekParams, DeepSeekRouting, MoeParams};
 use crate::common::{f64_tensor, rng, run, uniform};
@@ -22,22 +22,23 @@ const EMB: usize = 16;
 /// The routed experts' width; the shared MLP is `SHARED x` this.
 const MLP: usize = 8;
 const SHARED: usize = 2;
-const ROUTING: DeepSeekRouting = DeepSeekRouting { k: 4, groups: 4, top_groups: 2, scaling: 2.5 };
+const ROUTING: DeepSeekRouting = DeepSeekRouting { k: 4, groups: 4, top_groups: 2, scaling: 2.5, softmax: false };
 const EXPERTS: usize = 16;
 
-/// The block's configuration as the deepseek family gets it: from keys, through
-/// `MoeConfig::deepseek`.
-fn configs() -> (ModelConfig, MoeConfig) {
-    let keys = [
+/// The block's configuration as the deepseek family gets it: from keys (groups only when `r`
+/// has several), through `MoeConfig::deepseek`.
+fn configs(r: DeepSeekRouting, bias: bool) -> (ModelConfig, MoeConfig) {
+    let mut keys = vec![
         format!("num_experts={EXPERTS}"),
-        format!("num_experts_per_tok={}", ROUTING.k),
-        format!("n_routing_groups={}", ROUTING.groups),
-        format!("topk_routing_group={}", ROUTING.top_groups),
-        format!("routed_scaling_factor={}", ROUTING.scaling),
+        format!("num_experts_per_tok={}", r.k),
+        format!("routed_scaling_factor={}", r.scaling),
         format!("shared_experts={SHARED}"),
-        "routed_score_func=sigmoid".to_string(),
-        "routed_bias=true".to_string(),
+        format!("routed_score_func={}", if r.softmax { "softmax" } else { "sigmoid" }),
+        format!("routed_bias={bias}"),
     ];
+    if r.groups > 1 {
+        keys.extend([format!("n_routing_groups={}", r.groups), format!("topk_routing_group={}", r.top_groups)]);
+    }
     let config = maxrs::config::load(None, &keys).expect("the routing keys load");
     let mut c = ModelConfig::from_config(&config);
     c.dtype = DType::F64;
@@ -92,12 +93,14 @@ fn data(seed: u64) -> Data {
     Data { p: DeepSeekParams { routed, bias, shared_wi_0, shared_wi_1, shared_wo }, xs, w }
 }
 
-/// Every input in f64 under the block's parameter names.
-fn host(d: &Data) -> Tree<HostTensor> {
+/// Every input in f64 under the block's parameter names (the routing bias with `bias`).
+fn host(d: &Data, bias: bool) -> Tree<HostTensor> {
     let flat = |a: &Array2<f64>| a.iter().copied().collect::<Vec<_>>();
     let mut t: Tree<HostTensor> =
         d.p.routed.named().into_iter().map(|(n, dims, v)| (format!("MoeBlock_0.{n}"), f64_tensor(&dims, &v))).collect();
-    t.insert("MoeBlock_0.gate.bias", f64_tensor(&[EXPERTS as i64], &d.p.bias));
+    if bias {
+        t.insert("MoeBlock_0.gate.bias", f64_tensor(&[EXPERTS as i64], &d.p.bias));
+    }
     for (name, a) in [("wi_0", &d.p.shared_wi_0), ("wi_1", &d.p.shared_wi_1), ("wo", &d.p.shared_wo)] {
         let dims = [a.nrows() as i64, a.ncols() as i64];
         t.insert(format!("shared_experts.{name}.kernel").as_str(), f64_tensor(&dims, &flat(a)));
@@ -109,8 +112,8 @@ fn host(d: &Data) -> Tree<HostTensor> {
     t
 }
 
-fn ref_loss(d: &Data) -> f64 {
-    let r = deepseek_moe(&d.p, &d.xs, ROUTING);
+fn ref_loss(d: &Data, routing: DeepSeekRouting) -> f64 {
+    let r = deepseek_moe(&d.p, &d.xs, routing);
     r.outputs.iter().flat_map(|a| a.iter()).zip(&d.w).map(|(a, b)| a * b).sum()
 }
 
@@ -131,31 +134,23 @@ fn slot<'a>(d: &'a mut Data, name: &str, i: usize) -> &'a mut f64 {
     &mut flat.unwrap()[i]
 }
 
-#[test]
-fn routed_and_shared_block_matches_the_reference() {
-    let (c, m) = configs();
-    let d = data(14);
-    let want = deepseek_moe(&d.p, &d.xs, ROUTING);
-    let tokens = BATCH * S;
-    let set = |v: &[usize]| v.iter().copied().collect::<std::collections::BTreeSet<_>>();
-    let differ = |a: &[Vec<usize>], b: &[Vec<usize>]| (0..tokens).filter(|&t| set(&a[t]) != set(&b[t])).count();
-    let by_groups = differ(&want.chosen, &want.chosen_ungrouped);
-    let by_bias = differ(&want.chosen_ungrouped, &want.chosen_unbiased);
-    println!("choices changed by the groups: {by_groups}, by the bias: {by_bias}; margin {:e}", want.min_margin);
-    assert!(by_groups > 0 && by_bias > 0, "the test data must exercise both the groups and the bias");
+/// The block with `routing` (and the routing bias with `bias`; without it the reference's bias
+/// must be zero) against the reference: the output, and the gradient of every input at 4
+/// random elements against central differences.
+fn check(routing: DeepSeekRouting, bias: bool, d: &Data) {
+    let want = deepseek_moe(&d.p, &d.xs, routing);
     // A perturbation of the finite differences moves a score by at most 1e-5 / 4.
     assert!(want.min_margin > 1e-5, "the test data has a near-tie in routing: {:e}", want.min_margin);
-    assert!(want.min_biased_score > 0.0, "Hugging Face's 0-fill and MaxText's -inf mask would differ");
-
-    let out = run(&program(&c, &m), &host(&d));
+    let (c, m) = configs(routing, bias);
+    let inputs = host(d, bias);
+    let out = run(&program(&c, &m), &inputs);
     let flat: Vec<f64> = want.outputs.iter().flat_map(|a| a.iter().copied()).collect();
     let got = out["output"].to_f64();
     let err = got.iter().zip(&flat).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    assert!(err < 1e-12, "output differs from the reference by {err:e}");
+    assert!(err < 1e-12, "{routing:?}: output differs from the reference by {err:e}");
 
     let mut r = rng(5);
     let h = 1e-5;
-    let inputs = host(&d);
     for (name, _) in inputs.iter().filter(|(n, _)| *n != "w") {
         let grad = out[format!("grad.{name}").as_str()].to_f64();
         if name == "MoeBlock_0.gate.bias" {
@@ -166,14 +161,40 @@ fn routed_and_shared_block_matches_the_reference() {
             let at = |delta: f64| {
                 let mut e = Data { p: d.p.clone(), xs: d.xs.clone(), w: d.w.clone() };
                 *slot(&mut e, name, i) += delta;
-                ref_loss(&e)
+                ref_loss(&e, routing)
             };
             let fd = (at(h) - at(-h)) / (2.0 * h);
             let g = grad[i];
             assert!(
                 (g - fd).abs() <= 1e-6 * fd.abs().max(1.0),
-                "d loss / d {name}[{i}]: traced {g}, finite difference {fd}"
+                "{routing:?}: d loss / d {name}[{i}]: traced {g}, finite difference {fd}"
             );
         }
     }
+}
+
+/// DeepSeek-V3's routing: sigmoid scores, the bias, 2 of 4 groups, normalized and scaled.
+#[test]
+fn routed_and_shared_block_matches_the_reference() {
+    let d = data(14);
+    let want = deepseek_moe(&d.p, &d.xs, ROUTING);
+    let tokens = BATCH * S;
+    let set = |v: &[usize]| v.iter().copied().collect::<std::collections::BTreeSet<_>>();
+    let differ = |a: &[Vec<usize>], b: &[Vec<usize>]| (0..tokens).filter(|&t| set(&a[t]) != set(&b[t])).count();
+    let by_groups = differ(&want.chosen, &want.chosen_ungrouped);
+    let by_bias = differ(&want.chosen_ungrouped, &want.chosen_unbiased);
+    println!("choices changed by the groups: {by_groups}, by the bias: {by_bias}; margin {:e}", want.min_margin);
+    assert!(by_groups > 0 && by_bias > 0, "the test data must exercise both the groups and the bias");
+    assert!(want.min_biased_score > 0.0, "Hugging Face's 0-fill and MaxText's -inf mask would differ");
+    check(ROUTING, true, &d);
+}
+
+/// routed_score_func=softmax without groups or bias: the chosen experts' softmax probabilities,
+/// not renormalized, times the scaling factor (MaxText's `deepseek_scale_weights`).
+#[test]
+fn softmax_scores_without_groups_or_bias() {
+    let mut d = data(14);
+    d.p.bias.fill(0.0);
+    let routing = DeepSeekRouting { k: 3, groups: 1, top_groups: 1, scaling: 1.5, softmax: true };
+    check(routing, false, &d);
 }

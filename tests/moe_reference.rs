@@ -2,7 +2,8 @@
 //! `common/moe_ref.rs`, traced in f64 on random inputs: the dropless path, every expert on every
 //! token, dropping with a capacity that drops and one that does not, the load-balancing loss, and
 //! the gradient of a loss through each path against central differences of the reference. And
-//! expert-parallel dispatch on 8 devices: all-to-alls, and one device's numbers.
+//! on 8 devices, one device's numbers: expert-parallel dispatch (with all-to-alls), and the
+//! dropless path per batch shard.
 
 use crate::common::moe_ref::{moe, MoeParams, MoeRef, Routing};
 use crate::common::{f64_tensor, rng, run, uniform};
@@ -184,17 +185,35 @@ fn expert_parallel_dispatch_uses_all_to_all() {
     let d = data(13, batch);
     let m = MoeConfig { dispatch_no_expert_sharding: true, ..config(false, 1.0, 0.01) };
     let one = run(&program(&c, &m, batch, None), &host(&d, DType::F32));
-    let client = crate::common::client();
-    let mesh = Mesh::new(&[("expert", 8)]);
-    let compiled = maxrs::runtime::compile(&client, &program(&c, &m, batch, Some(&mesh))).expect("compiles");
-    // The optimized module is a serialized HloModuleProto, whose opcodes are strings.
-    let hlo = compiled.executable.executable().optimized_program().expect("optimized HLO").1;
+    let hlo = same_on_8_devices(&c, &m, &d, &one, &Mesh::new(&[("expert", 8)]));
     assert!(hlo.windows(10).any(|w| w == b"all-to-all"), "expert-parallel dispatch without an all-to-all");
-    let many = compiled.run(&client, &host(&d, DType::F32)).expect("the sharded block runs");
+}
+
+/// The dropless path on fsdp 4 x expert 2, where each batch shard sorts its own tokens against
+/// the experts' gathered kernels (`dropless_per_shard`), equals one device within 1e-5 (f32),
+/// the gradients of the fsdp- and expert-sharded kernels included.
+#[test]
+fn dropless_per_batch_shard_matches_one_device() {
+    let c = model_config(DType::F32);
+    let batch = 8;
+    let d = data(17, batch);
+    let m = config(true, -1.0, 0.01);
+    let one = run(&program(&c, &m, batch, None), &host(&d, DType::F32));
+    same_on_8_devices(&c, &m, &d, &one, &Mesh::new(&[("fsdp", 4), ("expert", 2)]));
+}
+
+/// Runs the block on `mesh` and checks every output against `one` device's; returns the
+/// optimized HLO (a serialized HloModuleProto, whose opcodes are strings).
+fn same_on_8_devices(c: &ModelConfig, m: &MoeConfig, d: &Data, one: &Tree<HostTensor>, mesh: &Mesh) -> Vec<u8> {
+    let client = crate::common::client();
+    let compiled = maxrs::runtime::compile(&client, &program(c, m, 8, Some(mesh))).expect("compiles");
+    let hlo = compiled.executable.executable().optimized_program().expect("optimized HLO").1;
+    let many = compiled.run(&client, &host(d, DType::F32)).expect("the sharded block runs");
     for (name, value) in one.iter() {
         let (a, b) = (value.to_f64(), many[name].to_f64());
         let scale = a.iter().fold(1.0f64, |m, v| m.max(v.abs()));
         let err = max_abs_diff(&a, &b) / scale;
         assert!(err < 1e-5, "{name}: 8 devices differ from one by {err:e} (scaled)");
     }
+    hlo
 }

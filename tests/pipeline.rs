@@ -373,7 +373,8 @@ fn train_with(args: &[&str]) -> Vec<f64> {
 /// top-2; Mistral emb 2048 / 1 head of 8 / mlp 896), with 2 layers (the fork's Llama2 and Mistral
 /// have 1, which 2 stages cannot split) and a 512-token vocabulary instead of 32000 to keep CI
 /// fast, train with 2 stages on 2 CPU devices (one per stage; the global batch of 8 sequences the
-/// test always had) for 3 steps: the loss falls.
+/// test always had) for 3 steps: the loss falls. Through `maxrs train` with XLA's default
+/// optimization (`train_optimized`): these models are big enough for that to be the cheaper way.
 #[test]
 fn jaxpp_tiny_llama2_mistral_and_mixtral_train_with_two_stages() {
     let common = [
@@ -432,13 +433,12 @@ fn jaxpp_tiny_llama2_mistral_and_mixtral_train_with_two_stages() {
         ),
     ];
     for (name, keys) in models {
-        let args: Vec<String> = common.iter().chain(keys.iter()).map(|s| s.to_string()).collect();
-        let c = config::load(None, &args).expect("config loads");
-        let report = maxrs::train::run::train(&c, &maxrs::pjrt::cpu_client(2).unwrap()).expect("the run trains");
-        println!("{name}: losses {:?}", report.losses);
-        assert!(report.pipeline.is_some(), "{name}: a pipelined run");
+        let args: Vec<&str> = common.iter().chain(keys.iter()).copied().collect();
+        let (losses, stdout) = crate::common::cli::train_optimized(&args);
+        println!("{name}: losses {losses:?}");
+        assert!(stdout.contains("pipeline: "), "{name}: a pipelined run\n{stdout}");
+        assert_eq!(losses.len(), 3, "{stdout}");
         // The CPU plugin is deterministic: 0.05 is far above rounding, below the smallest fall.
-        let (first, last) = (report.losses[0], report.losses[2]);
-        assert!(last < first - 0.05, "{name}: the loss falls: {:?}", report.losses);
+        assert!(losses[2] < losses[0] - 0.05, "{name}: the loss falls: {losses:?}");
     }
 }

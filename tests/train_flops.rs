@@ -121,13 +121,18 @@ fn gemma2_counts_pairs_of_local_and_global_layers() {
     }
 }
 
-/// gemma3-12b under MaxText's `calculate_mixed_attention_model_tflops_training_per_device` with
-/// an attention pattern of 6 (maxtext_utils.py, e591f30), by hand: 48 layers, of which 48 / 6 = 8
-/// global (causal over the sequence) and 40 local (over the 1024-token window).
+/// gemma3-12b and gemma3-4b under MaxText's `calculate_mixed_attention_model_tflops_training_per_device`
+/// with an attention pattern of 6 (maxtext_utils.py, e591f30), by hand: of 48 layers 48 / 6 = 8
+/// global (causal over the sequence) and 40 local (over the 1024-token window); of gemma3-4b's 34
+/// (5 blocks and a remainder of 4 local layers) 34 / 6 = 5 global and 29 local.
 #[test]
 fn gemma3_counts_local_and_global_layers() {
-    for seq in [8192u128, 512] {
-        let (e, h, kv, d, m, l, v) = (3840u128, 16u128, 8u128, 256u128, 15360u128, 48u128, 262144u128);
+    for (name, e, h, kv, m, l, globals, seq) in [
+        ("gemma3-12b", 3840u128, 16u128, 8u128, 15360u128, 48u128, 8u128, 8192u128),
+        ("gemma3-12b", 3840, 16, 8, 15360, 48, 8, 512),
+        ("gemma3-4b", 2560, 8, 4, 10240, 34, 5, 8192),
+    ] {
+        let (d, v) = (256u128, 262144u128);
         let ffn = 3 * 2 * seq * m * e;
         let qkv = 2 * seq * e * (h + 2 * kv) * d;
         let proj = 2 * seq * e * h * d;
@@ -135,8 +140,8 @@ fn gemma3_counts_local_and_global_layers() {
         let w = 1024.min(seq);
         let global = 2 * seq * seq * h * d;
         let local = 4 * (seq * w - w * w / 2) * h * d;
-        let attention = (8 * global + 40 * local) * 3;
-        let t = training_tflops_per_device(&model("gemma3-12b"), &shape(1.0, seq as u64));
+        let attention = (globals * global + (l - globals) * local) * 3;
+        let t = training_tflops_per_device(&model(name), &shape(1.0, seq as u64));
         assert_close(t.learnable_weight, weights as f64 / 1e12, 1e-12);
         assert_close(t.attention, attention as f64 / 1e12, 1e-12);
     }

@@ -98,7 +98,7 @@ def llama_tensors(layers, moe_experts=0, qk_norm=False, tied=False, qwen3_moe=Fa
     return t
 
 
-def gemma_tensors(layers, gemma2, kv):
+def gemma_tensors(layers, gemma2, kv, qk_norm=False):
     t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E]}
     for l in range(layers):
         p = f"model.layers.{l}."
@@ -111,6 +111,9 @@ def gemma_tensors(layers, gemma2, kv):
         t[p + "self_attn.k_proj.weight"] = [kv * D, E]
         t[p + "self_attn.v_proj.weight"] = [kv * D, E]
         t[p + "self_attn.o_proj.weight"] = [E, H * D]
+        if qk_norm:
+            t[p + "self_attn.q_norm.weight"] = [D]
+            t[p + "self_attn.k_norm.weight"] = [D]
         t[p + "mlp.gate_proj.weight"] = [M, E]
         t[p + "mlp.up_proj.weight"] = [M, E]
         t[p + "mlp.down_proj.weight"] = [E, M]
@@ -190,6 +193,15 @@ def cases():
                            n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                            moe_intermediate_size=32, routed_scaling_factor=2.5, norm_topk_prob=True,
                            scoring_func="sigmoid", topk_method="noaux_tc")
+    # Gemma 3: a block of 5 sliding + 1 full layer, then 2 sliding ones (maxrs's layers_remainder);
+    # global RoPE base 100 with linear factor 4 and local base 10000 (told apart over 12 positions),
+    # and a query_pre_attn_scalar other than head_dim (folded into the query norm on conversion).
+    gemma3 = dict(BASE, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=8,
+                  hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True,
+                  query_pre_attn_scalar=24, sliding_window=4, rope_parameters={
+                      "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100.0},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+    del gemma3["rope_theta"]
     return {
         "deepseek_v3": (deepseek_v3, deepseek_tensors(2, 2)),
         "deepseek_v3_moe": (deepseek_v3_moe, deepseek_tensors(3, 1, q_lora=24, experts=4, moe=32)),
@@ -201,6 +213,7 @@ def cases():
         "qwen3_moe": (qwen3_moe, llama_tensors(1, moe_experts=4, qk_norm=True, qwen3_moe=True)),
         "gemma": (gemma, gemma_tensors(2, False, 1)),
         "gemma2": (gemma2, gemma_tensors(4, True, K)),
+        "gemma3": (gemma3, gemma_tensors(8, True, K, qk_norm=True)),
     }
 
 

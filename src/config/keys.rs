@@ -141,8 +141,10 @@ declare_keys! {
         normalization_layer_epsilon: f64 = 1.0e-05 => MaxText.model(ALL).range(open(0.0, 1.0)).model_file(),
         /// RoPE's maximum timescale (the longest wavelength).
         rope_max_timescale: i64 = 10000 => MaxText.model(ALL).range(int(1, 1 << 53)).model_file(),
-        /// gemma3: RoPE's maximum timescale in the local (sliding-window) layers; -1: rope_max_timescale.
-        local_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA3).range(int_or_fill(1, 1 << 53)).model_file(),
+        /// gemma3: RoPE's maximum timescale in the local (sliding-window) layers; 0 or less: rope_max_timescale.
+        // MaxText's `Attention.init_rotary_embedding` (src/maxtext/layers/attentions.py, e591f30)
+        // uses it when positive.
+        local_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA3).range(int(-(1 << 53), 1 << 53)).model_file(),
         /// gemma3: RoPE's timescales are multiplied by this in the global layers (positions / factor).
         // MaxText's `RotaryEmbedding.timescale` (src/maxtext/layers/embeddings.py, e591f30) reads
         // it for every family with default RoPE; maxrs implements it for gemma3 only so far and

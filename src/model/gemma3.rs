@@ -6,10 +6,14 @@
 //! global layer (`GEMMA3_ATTENTION_PATTERN`). MaxText scans blocks of these 6 layers
 //! (`Decoder._apply_gemma3_scanned_blocks`, `src/maxtext/layers/decoders.py`, e591f30), and so
 //! one decoder "layer" of maxrs is such a block: `base_num_decoder_layers` counts the real layers,
-//! as in MaxText's model files, and the decoder stacks `base_num_decoder_layers / 6` blocks.
-//! MaxText runs the layers left over (gemma3-4b's 34 = 5 x 6 + 4) as a separate
-//! `layers_remainder` block, which maxrs does not have yet: it refuses a layer count that is not
-//! a multiple of 6.
+//! as in MaxText's model files, and the decoder stacks `base_num_decoder_layers / 6` blocks
+//! (stack `layers`). The layers left over (4 of gemma3-4b's 34, 2 of gemma3-27b's 62) run after
+//! them as one more block of that many layers, MaxText's `layers_remainder`
+//! (`Gemma3ScannableBlock(num_of_layers=num_decoder_layers % 6)`, applied once outside the scan),
+//! whose layer `j` has the attention of position `j` of the pattern: all local, since fewer than
+//! 6 remain (`get_attention_type(layer_id)` with the block's own `layer_id`). maxrs names unscanned
+//! blocks `decoder.layers_<i>.layers_<j>.*` (MaxText's unscanned Gemma 3 has one
+//! `decoder.layers_<n>` per layer instead).
 //!
 //! Each layer is Gemma 2's (`gemma2::sandwich`: the norms before and, with `use_post_attn_norm`
 //! / `use_post_ffw_norm`, after attention and the MLP; Gemma's folded `1 + scale` norms and
@@ -26,7 +30,8 @@
 //!
 //! One block's parameters, for `j` in 0..6 (layer `j` is global when `j == 5`; stacked on a
 //! leading `layers` axis by the decoder, which gives MaxText's scanned names
-//! `decoder.layers.layers_<j>.*`):
+//! `decoder.layers.layers_<j>.*`; the remainder's, `j` below its length, are
+//! `decoder.layers_remainder.layers_<j>.*`):
 //!
 //! | name | shape | logical axes | init |
 //! |---|---|---|---|
@@ -47,6 +52,7 @@ use super::blocks::SelfAttention;
 use super::decoder::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::gemma2::{global_and_local_attention_flops, sandwich, sandwich_params, PostNorms};
 use super::params::ParamDef;
+use super::stacks::Stack;
 use super::ModelConfig;
 
 /// Layers per block: `GEMMA3_ATTENTION_PATTERN`'s length (5 local, then 1 global).
@@ -66,26 +72,32 @@ pub struct Gemma3 {
     global_rope: Vec<f64>,
     query_scale: f64,
     qk_norm_eps: f64,
+    /// The layers after the last whole block (`num_decoder_layers % 6`).
+    remainder: i64,
 }
 
-/// MaxText's `get_query_pre_attn_scalar` (`src/maxtext/models/gemma3.py`, e591f30).
-fn query_pre_attn_scalar(c: &Config) -> f64 {
+/// The kinds of layer (`Stack::kind`): a whole block, and the remainder block.
+const WHOLE: usize = 0;
+const REMAINDER: usize = 1;
+
+/// The `s` of MaxText's `get_query_pre_attn_scalar` (`src/maxtext/models/gemma3.py`, e591f30),
+/// which multiplies the queries by `s^-1/2`: `emb // heads` for gemma3-27b, `head_dim` otherwise
+/// (Hugging Face's `query_pre_attn_scalar`).
+pub fn query_pre_attn_scalar(c: &Config) -> i64 {
     match c.model_name.as_str() {
-        "gemma3-27b" => ((c.base_emb_dim / c.base_num_query_heads) as f64).powf(-0.5),
-        _ => (c.head_dim as f64).powf(-0.5),
+        "gemma3-27b" => c.base_emb_dim / c.base_num_query_heads,
+        _ => c.head_dim,
     }
+}
+
+/// The model's layers (not blocks): `base_num_decoder_layers` scaled by `global_parameter_scale`.
+pub fn num_layers(c: &Config) -> i64 {
+    c.base_num_decoder_layers << config::parameter_scales(c.global_parameter_scale).3
 }
 
 impl Gemma3 {
     pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Gemma3, String> {
-        let layers = c.base_num_decoder_layers << config::parameter_scales(c.global_parameter_scale).3;
-        if layers % BLOCK != 0 {
-            return Err(format!(
-                "base_num_decoder_layers={}: gemma3 layers run in blocks of {BLOCK} (5 local, 1 global) and maxrs has no \
-                 remainder block (MaxText's layers_remainder) yet; use a multiple of {BLOCK} (gemma3-12b has 48)",
-                c.base_num_decoder_layers
-            ));
-        }
+        let layers = num_layers(c);
         if c.sliding_window_size <= 0 {
             return Err(format!(
                 "sliding_window_size={}: gemma3's local layers attend over a window of that many tokens; set it to a positive size (1024 in the Gemma 3 model files)",
@@ -121,9 +133,18 @@ impl Gemma3 {
             how,
             local_rope: default_frequencies(c.head_dim, local_timescale as f64, 1.0),
             global_rope: default_frequencies(c.head_dim, c.rope_max_timescale as f64, c.rope_linear_scaling_factor),
-            query_scale: query_pre_attn_scalar(c),
+            query_scale: (query_pre_attn_scalar(c) as f64).powf(-0.5),
             qk_norm_eps: c.normalization_layer_epsilon,
+            remainder: layers % BLOCK,
         })
+    }
+
+    /// The layers of a block of `kind`.
+    fn layers(&self, kind: usize) -> i64 {
+        match kind {
+            WHOLE => BLOCK,
+            _ => self.remainder,
+        }
     }
 
     /// The attention of layer `j` of a block.
@@ -143,8 +164,18 @@ fn name(j: i64) -> impl Fn(&str) -> String {
 }
 
 impl Family for Gemma3 {
-    fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
-        (0..BLOCK)
+    /// `Decoder._apply_gemma3_scanned_blocks` (`src/maxtext/layers/decoders.py`, e591f30): the
+    /// whole blocks, then the remainder.
+    fn stacks(&self, c: &ModelConfig) -> Vec<Stack> {
+        let mut stacks = vec![Stack::new("layers", c.layers, WHOLE)];
+        if self.remainder > 0 {
+            stacks.push(Stack::single("layers_remainder", REMAINDER));
+        }
+        stacks
+    }
+
+    fn layer_params(&self, c: &ModelConfig, kind: usize) -> Vec<ParamDef> {
+        (0..self.layers(kind))
             .flat_map(|j| {
                 let attention = self.attention(j).all_params(&name(j)("self_attention"), c);
                 sandwich_params(c, &name(j), self.post, attention)
@@ -152,13 +183,13 @@ impl Family for Gemma3 {
             .collect()
     }
 
-    fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
+    fn layer(&self, c: &ModelConfig, kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         // The tables are computed inside the layer (cheap, elementwise) rather than passed in:
         // they would be a full-size input of every remat region otherwise.
         let local = rope_tables(&ctx.positions, &self.local_rope);
         let global = rope_tables(&ctx.positions, &self.global_rope);
         let mut x = x.clone();
-        for j in 0..BLOCK {
+        for j in 0..self.layers(kind) {
             let attention = self.attention(j);
             let (cos, sin) = if attention.window.is_some() { &local } else { &global };
             x = sandwich(c, p, &x, &name(j), self.post, |prefix, h| {
@@ -169,13 +200,19 @@ impl Family for Gemma3 {
     }
 
     /// MaxText's `calculate_mixed_attention_model_tflops_training_per_device` with an attention
-    /// pattern of 6 (`src/maxtext/utils/maxtext_utils.py`, e591f30): the dense weight terms of 6
-    /// layers, one global layer's causal attention `2 * batch * seq^2 * heads * head_dim` and 5
-    /// local ones `4 * batch * (seq * w - w^2 / 2) * heads * head_dim` with `w = min(window, seq)`.
-    fn layer_flops(&self, c: &ModelConfig, _kind: usize, tokens: f64, seq: f64) -> LayerFlops {
+    /// pattern of 6 (`src/maxtext/utils/maxtext_utils.py`, e591f30): the dense weight terms of
+    /// each layer, a global layer's causal attention `2 * batch * seq^2 * heads * head_dim` and a
+    /// local one's `4 * batch * (seq * w - w^2 / 2) * heads * head_dim` with `w = min(window, seq)`
+    /// (MaxText counts `layers / 6` global layers: one per whole block, none in the remainder).
+    fn layer_flops(&self, c: &ModelConfig, kind: usize, tokens: f64, seq: f64) -> LayerFlops {
         let dense = dense_layer_flops(c, tokens, seq);
         let (global, local) = global_and_local_attention_flops(c, tokens, seq, self.window);
-        LayerFlops { weights: BLOCK as f64 * dense.weights, attention: global + (BLOCK - 1) as f64 * local }
+        let layers = self.layers(kind);
+        let globals = layers / BLOCK;
+        LayerFlops {
+            weights: layers as f64 * dense.weights,
+            attention: globals as f64 * global + (layers - globals) as f64 * local,
+        }
     }
 }
 
@@ -192,21 +229,54 @@ mod tests {
     /// head_dim 128; the others use head_dim.
     #[test]
     fn query_scale_follows_maxtext() {
-        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-27b"])), 168f64.powf(-0.5));
-        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-12b"])), 256f64.powf(-0.5));
+        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-27b"])), 168);
+        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-12b"])), 256);
     }
 
-    /// gemma3-12b's parameter count from its model file, by hand: per layer q, k, v, out
-    /// (3840 x 256 x (16 + 8 + 8 + 16)), the GeGLU MLP (3 x 3840 x 15360), four norms of 3840
-    /// and two QK norms of 256; 48 layers, the tied embedding (262144 x 3840) and the final norm.
+    /// gemma3's RoPE keys elsewhere: refused as not supported yet where MaxText reads them
+    /// (`rope_linear_scaling_factor` in every family's default RoPE, `local_rope_max_timescale` in
+    /// gemma2's local layers), as ignored where it does not; `local_rope_max_timescale` <= 0 is
+    /// unset, as in MaxText.
     #[test]
-    fn twelve_b_has_its_parameter_count_and_4b_is_refused() {
-        let c = load(&["model_name=gemma3-12b"]);
-        let m = super::super::Model::from_config(&c).unwrap();
-        assert_eq!(m.config.layers, 8, "48 layers in blocks of 6");
-        let layer = 3840 * 256 * (16 + 8 + 8 + 16) + 3 * 3840 * 15360 + 4 * 3840 + 2 * 256;
-        assert_eq!(m.num_params(), 48 * layer + 262144 * 3840 + 3840);
-        let e = super::super::Model::from_config(&load(&["model_name=gemma3-4b"])).unwrap_err();
-        assert!(e.contains("base_num_decoder_layers=34") && e.contains("multiple of 6"), "{e}");
+    fn rope_keys_elsewhere_are_refused_truthfully() {
+        let model = |args: &[&str]| super::super::Model::from_config(&load(args));
+        let e = model(&["rope_linear_scaling_factor=2"]).unwrap_err();
+        assert!(e.contains("not supported yet with decoder_block=llama2"), "{e}");
+        let e = model(&["decoder_block=gemma2", "sliding_window_size=4", "local_rope_max_timescale=100"]).unwrap_err();
+        assert!(e.contains("not supported yet with decoder_block=gemma2"), "{e}");
+        let e = model(&["local_rope_max_timescale=100"]).unwrap_err();
+        assert!(e.contains("MaxText ignores it there"), "{e}");
+        let gemma3 = ["decoder_block=gemma3", "base_num_decoder_layers=6", "sliding_window_size=4"];
+        let unset = model(&[&gemma3[..], &["local_rope_max_timescale=0"]].concat()).unwrap();
+        assert_eq!(format!("{:?}", unset.family), format!("{:?}", model(&gemma3).unwrap().family));
+    }
+
+    /// The parameter counts of gemma3-4b, -12b and -27b from their model files, by hand: per
+    /// layer q, k, v, out (`emb x head_dim x (heads + 2 kv_heads + heads)`), the GeGLU MLP
+    /// (`3 x emb x mlp`), four norms of `emb` and two QK norms of `head_dim`; the tied embedding
+    /// (262144 x emb) and the final norm.
+    #[test]
+    fn parameter_counts_and_the_remainder_block() {
+        for (name, layers, emb, heads, kv, head_dim, mlp, blocks) in [
+            ("gemma3-4b", 34, 2560, 8, 4, 256, 10240, 5),
+            ("gemma3-12b", 48, 3840, 16, 8, 256, 15360, 8),
+            ("gemma3-27b", 62, 5376, 32, 16, 128, 21504, 10),
+        ] {
+            let m = super::super::Model::from_config(&load(&[&format!("model_name={name}")])).unwrap();
+            let layer = emb * head_dim * (2 * heads + 2 * kv) + 3 * emb * mlp + 4 * emb + 2 * head_dim;
+            assert_eq!(m.num_params(), layers * layer + 262144 * emb + emb, "{name}");
+            let stacks: Vec<(&str, i64)> = m.stacks().iter().map(|s| (s.name, s.count)).collect();
+            let mut want = vec![("layers", blocks)];
+            if layers % 6 != 0 {
+                want.push(("layers_remainder", 1));
+            }
+            assert_eq!(stacks, want, "{name}");
+        }
+        // gemma3-4b's remainder: 4 local layers without a `layers` axis, after 5 stacked blocks.
+        let m = super::super::Model::from_config(&load(&["model_name=gemma3-4b"])).unwrap();
+        let shape = |n: &str| m.param_defs().into_iter().find(|d| d.name == n).map(|d| d.shape);
+        assert_eq!(shape("decoder.layers.layers_5.self_attention.query.kernel"), Some(vec![5, 2560, 8, 256]));
+        assert_eq!(shape("decoder.layers_remainder.layers_3.self_attention.query.kernel"), Some(vec![2560, 8, 256]));
+        assert_eq!(shape("decoder.layers_remainder.layers_4.self_attention.query.kernel"), None);
     }
 }

@@ -21,9 +21,8 @@
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
 //!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gpt3`], [`mixtral`] (Llama's
 //!   attention and a routed MoE block), [`qwen3`] (Llama's layer with QK-norm), [`deepseek`]
-//!   (multi-head latent attention, [`mla`], with YaRN RoPE; dense or MoE).
-//! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`); beside Gemma 3's
-//!   family file, [`gemma3_hf`], its Hugging Face tensor names as data (not yet wired into `convert`).
+//!   (multi-head latent attention, [`mla`], with YaRN RoPE; dense, then routed layers).
+//! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`).
 
 pub mod attention;
 pub mod blocks;
@@ -38,7 +37,6 @@ pub mod fp8;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
-pub mod gemma3_hf;
 pub mod gpt3;
 pub mod hf;
 pub mod llama;

@@ -10,7 +10,9 @@
 //!
 //! - `sparse_matmul=true` (the default): dropless. The `tokens x k` assignments are sorted by
 //!   expert, each expert's rows meet its weights in one grouped matmul (`ragged_dot`), and the
-//!   results are put back in token order (`permute` / `sparse_matmul` / `unpermute`).
+//!   results are put back in token order (`permute` / `sparse_matmul` / `unpermute`). On a mesh
+//!   each batch shard does this with its own tokens and the gathered kernels, as MaxText's
+//!   `shard_map` does (`dropless_per_shard`).
 //! - `sparse_matmul=false`, `capacity_factor > 0`: token dropping (`dense_matmul`'s dispatch
 //!   path). Each expert takes at most `C = max(ceil(S k / E) x capacity_factor, capacity_factor)`
 //!   tokens of each sequence, first come first served in (position, choice) order; the others
@@ -59,7 +61,7 @@ use super::{ModelConfig, ParamDef, ParamInit};
 use crate::config::{Config, RoutedScoreFunc};
 use crate::ir::DType;
 use crate::sharding::PartitionSpec;
-use crate::tensor::{einsum, where_, Tensor, Tree};
+use crate::tensor::{einsum, manual_computation, where_, Tensor, Tree};
 
 /// What the block needs from the run's configuration besides `ModelConfig` (MaxText's key
 /// names).
@@ -297,7 +299,7 @@ pub fn moe_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOut
     let w = |name: &str| p[name].astype(c.dtype);
     let kernels = Kernels { wi_0: w("wi_0"), wi_1: w("wi_1"), wo: w("wo") };
     let output = if m.sparse_matmul {
-        dropless(c, m, x, &routes, &kernels)
+        dropless_per_shard(c, m, x, &routes, &kernels)
     } else if m.capacity_factor > 0.0 {
         dropping(c, m, x, &routes, &kernels)
     } else {
@@ -360,6 +362,39 @@ fn load_balance_loss(c: &ModelConfig, m: &MoeConfig, logits: &Tensor, experts: &
 /// SwiGLU on the two up-projections, in `dtype`.
 fn activation(c: &ModelConfig, gate: &Tensor, up: &Tensor) -> Tensor {
     (gate.silu() * up).astype(c.dtype)
+}
+
+/// [`dropless`] on each batch shard's own tokens (MaxText's `sparse_matmul` in a `shard_map` over
+/// the batch axes): sorting the whole batch's assignments on every device would hold
+/// `global tokens x k` rows per device, growing with the mesh. Each device gets the experts'
+/// kernels whole (MaxText's all-gather), as one slice of a copy per batch shard, so that their
+/// gradients are per-shard values which the partitioner sums outside. Without batch shards (or a
+/// batch they do not divide) the block runs as traced.
+fn dropless_per_shard(c: &ModelConfig, m: &MoeConfig, x: &Tensor, routes: &Routes, kernels: &Kernels) -> Tensor {
+    let Some(mesh) = x.trace().mesh().cloned() else { return dropless(c, m, x, routes, kernels) };
+    let axes: Vec<String> = c.rules.spec(&["activation_batch_moe"], &mesh).dim(0).to_vec();
+    let axes: Vec<String> = axes.into_iter().filter(|a| mesh.axis_size(a).is_some_and(|n| n > 1)).collect();
+    let shards: i64 = axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1) as i64).product();
+    if shards == 1 || x.shape()[0] % shards != 0 {
+        return dropless(c, m, x, routes, kernels);
+    }
+    let split = |rank: usize| {
+        PartitionSpec::from_axes(std::iter::once(axes.clone()).chain(std::iter::repeat_n(vec![], rank - 1)).collect())
+    };
+    let copies = |w: &Tensor| {
+        let shape: Vec<i64> = std::iter::once(shards).chain(w.shape().iter().copied()).collect();
+        w.expand_dims(0).broadcast_to(&shape)
+    };
+    let (wi_0, wi_1, wo) = (copies(&kernels.wi_0), copies(&kernels.wi_1), copies(&kernels.wo));
+    let operands = [x, &routes.weights, &routes.experts, &wi_0, &wi_1, &wo];
+    let specs = [split(3), split(3), split(3), split(4), split(4), split(4)];
+    let out = manual_computation(&operands, &specs, &[split(3)], |local| {
+        let whole = |w: &Tensor| w.reshape(&w.shape()[1..]);
+        let routes = Routes { weights: local[1].clone(), experts: local[2].clone() };
+        let kernels = Kernels { wi_0: whole(&local[3]), wi_1: whole(&local[4]), wo: whole(&local[5]) };
+        vec![dropless(c, m, &local[0], &routes, &kernels)]
+    });
+    out[0].clone()
 }
 
 /// Sorts the `tokens x k` assignments by expert, runs each expert on its rows, and sums each
@@ -516,6 +551,17 @@ mod tests {
             let err = MoeConfig::deepseek(&load(keys)).expect_err(culprit);
             assert!(err.starts_with(culprit), "{keys:?}: {err}");
         }
+    }
+
+    /// DeepSeek-V3's MoE layer per token, by MaxText's
+    /// `calculate_routed_and_shared_ffn_tflops_per_device` (maxtext_utils.py, e591f30): the gate
+    /// `2 x 7168 x 256`, and 8 routed + 1 shared SwiGLU experts of `2 x 7168 x 2048 x 3` each.
+    #[test]
+    fn routed_and_shared_flops_are_maxtexts() {
+        let c = load(&["num_experts=256", "num_experts_per_tok=8", "shared_experts=1"]);
+        let m = MoeConfig::deepseek(&c).expect("valid routing");
+        let want = 2.0 * 7168.0 * 256.0 + 9.0 * (2.0 * 7168.0 * 2048.0 * 3.0);
+        assert_eq!(routed_and_shared_flops(&m, 7168, 2048, 1.0), want);
     }
 
     /// Only deepseek reads the DeepSeek routing keys: a non-default value is refused elsewhere.

@@ -57,9 +57,11 @@ struct Service {
     credentials: Option<Credentials>,
 }
 
-fn service() -> Result<&'static Service> {
+/// The service, for `what` (the request it serves, named in an error: a user without
+/// credentials learns which location needed them).
+fn service(what: &str) -> Result<&'static Service> {
     static SERVICE: OnceLock<Result<Service, String>> = OnceLock::new();
-    SERVICE.get_or_init(|| connect().map_err(|e| format!("{e:#}"))).as_ref().map_err(|e| anyhow!("{e}"))
+    SERVICE.get_or_init(|| connect().map_err(|e| format!("{e:#}"))).as_ref().map_err(|e| anyhow!("{what}: {e}"))
 }
 
 fn connect() -> Result<Service> {
@@ -132,8 +134,8 @@ fn status_error(what: &str, response: Response) -> anyhow::Error {
 }
 
 pub(super) fn put(bucket: &str, key: &str, bytes: &[u8]) -> Result<()> {
-    let service = service()?;
     let what = format!("writing gs://{bucket}/{key}");
+    let service = service(&what)?;
     let url = service.url(&["upload", "storage", "v1", "b", bucket, "o"], &[("uploadType", "media"), ("name", key)]);
     let response = service.send(&what, || {
         service.http.post(url.clone()).header("content-type", "application/octet-stream").body(bytes.to_vec())
@@ -150,8 +152,8 @@ pub(super) fn exists(bucket: &str, key: &str) -> Result<bool> {
 
 /// The object's metadata `fields` (JSON API), `None` when there is no such object.
 fn metadata(bucket: &str, key: &str, fields: &str) -> Result<Option<serde_json::Value>> {
-    let service = service()?;
     let what = format!("looking up gs://{bucket}/{key}");
+    let service = service(&what)?;
     let url = service.object_url(bucket, key, &[("fields", fields)]);
     let response = service.send(&what, || service.http.get(url.clone()))?;
     match response.status() {
@@ -180,8 +182,8 @@ pub(super) fn list_dir(bucket: &str, key: &str) -> Result<Vec<Entry>> {
 
 /// Every page of a listing of `prefix`, with `/` as delimiter or recursively.
 fn list(bucket: &str, prefix: &str, delimited: bool, mut on_page: impl FnMut(&serde_json::Value)) -> Result<()> {
-    let service = service()?;
     let what = format!("listing gs://{bucket}/{prefix}");
+    let service = service(&what)?;
     let mut token = String::new();
     loop {
         let mut query = vec![("prefix", prefix), ("fields", "items(name),prefixes,nextPageToken")];
@@ -217,7 +219,7 @@ impl JsonBody for Response {
 }
 
 pub(super) fn remove_prefix(bucket: &str, key: &str) -> Result<()> {
-    let service = service()?;
+    let service = service(&format!("deleting gs://{bucket}/{key}"))?;
     let mut names = vec![key.to_string()];
     list(bucket, &format!("{key}/"), false, |page| {
         names.extend(
@@ -246,8 +248,8 @@ pub(super) struct ObjectUpload {
 
 impl ObjectUpload {
     pub(super) fn start(bucket: &str, key: &str) -> Result<ObjectUpload> {
-        let service = service()?;
         let what = format!("writing gs://{bucket}/{key}");
+        let service = service(&what)?;
         let url =
             service.url(&["upload", "storage", "v1", "b", bucket, "o"], &[("uploadType", "resumable"), ("name", key)]);
         let response = service.send(&what, || service.http.post(url.clone()).header("content-length", "0"))?;
@@ -265,7 +267,7 @@ impl ObjectUpload {
 
     /// Sends the buffer as the next chunk; `last` states the total size.
     fn send_chunk(&mut self, last: bool) -> Result<()> {
-        let service = service()?;
+        let service = service(&self.what)?;
         let session = self.session.clone().expect("open until finished");
         let len = self.buffer.len() as u64;
         let total = if last { (self.sent + len).to_string() } else { "*".to_string() };
@@ -313,7 +315,7 @@ impl ObjectUpload {
 impl Drop for ObjectUpload {
     fn drop(&mut self) {
         // Cancels the session (the API answers 499), so no object appears.
-        if let (Some(session), Ok(service)) = (self.session.take(), service()) {
+        if let (Some(session), Ok(service)) = (self.session.take(), service(&self.what)) {
             if let Ok(request) = service.authorized(service.http.delete(session)) {
                 let _ = service.http.execute(request);
             }
@@ -328,8 +330,8 @@ pub(super) struct ObjectReader {
 
 impl ObjectReader {
     pub(super) fn open(bucket: &str, key: &str) -> Result<ObjectReader> {
-        let service = service()?;
         let what = format!("reading gs://{bucket}/{key}");
+        let service = service(&what)?;
         let url = service.object_url(bucket, key, &[("alt", "media")]);
         let response = service.send(&what, || service.http.get(url.clone()))?;
         if response.status() == StatusCode::NOT_FOUND {
@@ -363,8 +365,8 @@ pub(super) fn read_range(bucket: &str, key: &str, start: u64, len: u64) -> Resul
     if len == 0 {
         return Ok(Vec::new());
     }
-    let service = service()?;
     let what = format!("reading bytes {start}..{} of gs://{bucket}/{key}", start + len);
+    let service = service(&what)?;
     let url = service.object_url(bucket, key, &[("alt", "media")]);
     let range = format!("bytes={start}-{}", start + len - 1);
     let policy = retry_policy();

@@ -66,6 +66,9 @@ pub struct Spec {
     pub eps: f64,
     /// Gemma 3's RoPE and query scaling.
     pub gemma3: Option<Gemma3Spec>,
+    /// Qwen3's QK-norm (Hugging Face's `Qwen3Attention`: `q_norm`, `k_norm`, RMSNorms with
+    /// `rms_norm_eps` over each head's queries and keys before RoPE).
+    pub qk_norm: bool,
 }
 
 /// Gemma 3's attention settings, in Hugging Face's terms.
@@ -136,7 +139,8 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
         };
         Array2::from_shape_vec((rows, cols), uniform(&mut rng, rows * cols, lo, hi)).unwrap()
     };
-    let mut p = RefParams { top: BTreeMap::new(), layers: vec![BTreeMap::new(); m.config.layers as usize] };
+    let layers = m.stacks().iter().map(|s| s.count as usize).sum();
+    let mut p = RefParams { top: BTreeMap::new(), layers: vec![BTreeMap::new(); layers] };
     for def in m.param_defs() {
         match layer_param(m, &def.name) {
             Some((layers, None, rest)) => {
@@ -315,7 +319,7 @@ fn attend(
 // The families.
 // ---------------------------------------------------------------------------------------------
 
-/// Query/key/value/out attention with RoPE (Llama, Mistral, Gemma, Gemma 2).
+/// Query/key/value/out attention with RoPE (Llama, Mistral, Qwen3, Gemma, Gemma 2).
 fn rope_attention(
     spec: &Spec,
     m: &Model,
@@ -328,10 +332,26 @@ fn rope_attention(
     let (heads, kvh, d) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
     let w = |n: &str| &l[&format!("{prefix}.{n}.kernel")];
     let theta = c.rope_max_timescale;
-    let q = rope(spec, (theta, 1.0), d, &h.dot(w("query")), heads) / (d as f64).sqrt();
-    let k = rope(spec, (theta, 1.0), d, &h.dot(w("key")), kvh);
+    let (mut q, mut k) = (h.dot(w("query")), h.dot(w("key")));
+    if spec.qk_norm {
+        let scale = |n: &str| &l[&format!("{prefix}.{n}.scale")];
+        q = per_head(&q, heads, d, |x| rms_norm(x, scale("query_norm"), spec.eps));
+        k = per_head(&k, kvh, d, |x| rms_norm(x, scale("key_norm"), spec.eps));
+    }
+    let q = rope(spec, (theta, 1.0), d, &q, heads) / (d as f64).sqrt();
+    let k = rope(spec, (theta, 1.0), d, &k, kvh);
     let v = h.dot(w("value"));
     attend(&q, &k, &v, (heads, kvh, d), window, spec.attn_cap).dot(w("out"))
+}
+
+/// `f` applied to each of the `n` heads (`d` columns each) of `x`.
+fn per_head(x: &Array2<f64>, n: usize, d: usize, f: impl Fn(&Array2<f64>) -> Array2<f64>) -> Array2<f64> {
+    let mut y = x.clone();
+    for hh in 0..n {
+        let cols = s![.., hh * d..(hh + 1) * d];
+        y.slice_mut(cols).assign(&f(&x.slice(cols).to_owned()));
+    }
+    y
 }
 
 /// `act_0(h wi_0) * act_1(h wi_1) wo` (Llama: silu x linear; Gemma: tanh GELU x linear).
@@ -400,14 +420,7 @@ fn gemma3_layer(
     let norm =
         |name: &str, x: &Array2<f64>, eps: f64| gemma_norm(x, &gemma_scale(&l[&format!("{prefix}{name}.scale")]), eps);
     // q_norm / k_norm: Gemma3RMSNorm(head_dim, eps=rms_norm_eps) on each head.
-    let head_norm = |name: &str, x: &Array2<f64>, n: usize| {
-        let mut y = x.clone();
-        for hh in 0..n {
-            let cols = s![.., hh * d..(hh + 1) * d];
-            y.slice_mut(cols).assign(&norm(name, &x.slice(cols).to_owned(), spec.eps));
-        }
-        y
-    };
+    let head_norm = |name: &str, x: &Array2<f64>, n: usize| per_head(x, n, d, |x| norm(name, x, spec.eps));
     let h = norm("pre_self_attention_norm", x, 1e-6);
     let w = |n: &str| &l[&format!("{prefix}self_attention.{n}.kernel")];
     let q = head_norm("self_attention.query_norm", &h.dot(w("query")), heads);
@@ -491,7 +504,11 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
                 let x = gemma_layer(spec, m, l, &x, "_local", spec.window);
                 gemma_layer(spec, m, l, &x, "_global", None)
             }
-            Family::Gemma3 => (0..6).fold(x, |x, j| gemma3_layer(spec, m, l, &x, &format!("layers_{j}."), 6 * i + j)),
+            Family::Gemma3 => {
+                // A block of 6 layers, or Gemma 3's remainder block of fewer after the last one.
+                let n = l.keys().filter(|k| k.ends_with(".pre_self_attention_norm.scale")).count();
+                (0..n).fold(x, |x, j| gemma3_layer(spec, m, l, &x, &format!("layers_{j}."), 6 * i + j))
+            }
             Family::Gpt3 => gpt3_layer(spec, m, l, &x),
         };
         layers.push(x.clone());

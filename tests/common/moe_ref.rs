@@ -140,13 +140,15 @@ pub struct DeepSeekParams {
 }
 
 /// DeepSeek-V3's routing settings (Hugging Face's `n_group`, `topk_group`,
-/// `routed_scaling_factor`; sigmoid scores, `norm_topk_prob: true`).
+/// `routed_scaling_factor`; sigmoid scores, `norm_topk_prob: true`), or with softmax scores
+/// (MaxText's `routed_score_func: softmax`, whose weights are not renormalized).
 #[derive(Clone, Copy, Debug)]
 pub struct DeepSeekRouting {
     pub k: usize,
     pub groups: usize,
     pub top_groups: usize,
     pub scaling: f64,
+    pub softmax: bool,
 }
 
 /// What the reference chose, per token (row-major over the sequences).
@@ -193,7 +195,10 @@ pub fn deepseek_moe(p: &DeepSeekParams, xs: &[Array2<f64>], r: DeepSeekRouting) 
         let logits = x.dot(&p.routed.gate);
         let mut y = Array2::<f64>::zeros(x.raw_dim());
         for t in 0..x.nrows() {
-            let scores: Vec<f64> = logits.row(t).iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
+            let scores: Vec<f64> = match r.softmax {
+                true => softmax(&logits.row(t).to_vec()),
+                false => logits.row(t).iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
+            };
             let biased: Vec<f64> = scores.iter().zip(&p.bias).map(|(s, b)| s + b).collect();
             out.min_biased_score = biased.iter().cloned().fold(out.min_biased_score, f64::min);
             let group_score: Vec<f64> = (0..r.groups)
@@ -217,7 +222,10 @@ pub fn deepseek_moe(p: &DeepSeekParams, xs: &[Array2<f64>], r: DeepSeekRouting) 
             let gap = masked[order[r.k - 1]] - masked[order[r.k]];
             out.min_margin = out.min_margin.min(gap);
             let chosen = order[..r.k].to_vec();
-            let sum: f64 = chosen.iter().map(|&e| scores[e]).sum::<f64>() + 1e-20;
+            let sum = match r.softmax {
+                true => 1.0,
+                false => chosen.iter().map(|&e| scores[e]).sum::<f64>() + 1e-20,
+            };
             for &e in &chosen {
                 y.row_mut(t).scaled_add(scores[e] / sum * r.scaling, &expert(&p.routed, e, &x.row(t)));
             }

@@ -34,7 +34,7 @@ use crate::config::{Config, DecoderBlock};
 use crate::model::gemma::LAYER_NORM_EPS;
 use crate::model::Model;
 
-const NORM: Map = Map::value(Revalue::PlusOne);
+pub(super) const NORM: Map = Map::value(Revalue::PlusOne);
 
 /// maxrs configuration keys (`key=value` text) for a Gemma or Gemma 2 `config.json`.
 pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
@@ -117,12 +117,13 @@ fn check_layer_types(hf: &Value, layers: i64) -> Result<()> {
     Ok(())
 }
 
-/// The query's folded scale, `sqrt(head_dim / query_pre_attn_scalar)` (1 when equal or absent).
-fn query_scale(hf: &Value, head_dim: i64) -> Result<f64> {
+/// The query's folded scale, `sqrt(ours / query_pre_attn_scalar)` where maxrs scales queries by
+/// `ours^-1/2` (1 when equal or absent).
+pub(super) fn query_scale(hf: &Value, ours: i64) -> Result<f64> {
     let scalar = &hf["query_pre_attn_scalar"];
     match scalar.as_f64() {
         None if scalar.is_null() => Ok(1.0),
-        Some(s) if s > 0.0 && s.is_finite() => Ok((head_dim as f64 / s).sqrt()),
+        Some(s) if s > 0.0 && s.is_finite() => Ok((ours as f64 / s).sqrt()),
         _ => bail!("`query_pre_attn_scalar` is {scalar}; it must be a positive number"),
     }
 }
@@ -194,12 +195,11 @@ fn layer(model: &Model, pair: i64, hf_layer: i64, suffix: &str, query: Map, gemm
     }
 }
 
-/// Every tensor of a gemma or gemma2 model. `query_pre_attn_scalar` comes from the checkpoint
-/// being read (`from-hf`); maxrs's own models have `head_dim`'s.
-pub fn entries(c: &Config, model: &Model, hf_config: Option<&Value>) -> Result<Vec<Entry>> {
-    let m = &model.config;
-    let emb_scale = (m.emb as f64).sqrt();
-    let mut out = vec![
+/// The tensors outside the layers of a Gemma family model: the embedding (x sqrt(E)) and the final
+/// norm.
+pub(super) fn outer_entries(model: &Model) -> Vec<Entry> {
+    let emb_scale = (model.config.emb as f64).sqrt();
+    vec![
         Entry {
             maxrs: "token_embedder.embedding".into(),
             slot: vec![],
@@ -207,7 +207,14 @@ pub fn entries(c: &Config, model: &Model, hf_config: Option<&Value>) -> Result<V
             map: Map::value(Revalue::Scale(emb_scale)),
         },
         Entry { maxrs: "decoder.decoder_norm.scale".into(), slot: vec![], hf: "model.norm.weight".into(), map: NORM },
-    ];
+    ]
+}
+
+/// Every tensor of a gemma or gemma2 model. `query_pre_attn_scalar` comes from the checkpoint
+/// being read (`from-hf`); maxrs's own models have `head_dim`'s.
+pub fn entries(c: &Config, model: &Model, hf_config: Option<&Value>) -> Result<Vec<Entry>> {
+    let m = &model.config;
+    let mut out = outer_entries(model);
     let scale = match hf_config {
         Some(hf) => query_scale(hf, m.head_dim)?,
         None => 1.0,

@@ -3,7 +3,7 @@
 //! and written by `checkpoint::hf`; this module owns the mapping.
 //!
 //! A family file ([`llama`]: Llama 2/3/3.1/3.3, Mistral, Mixtral, Qwen3, Qwen3 MoE; [`gemma`]:
-//! Gemma, Gemma 2; [`deepseek`]: DeepSeek-V3)
+//! Gemma, Gemma 2; [`gemma3`]: Gemma 3; [`deepseek`]: DeepSeek-V3)
 //! lists one [`Entry`] per Hugging Face tensor: the maxrs parameter it becomes, its index on the
 //! parameter's stacked leading axes (`[layer]` with `scan_layers=true`, `[expert]` in a Mixtral
 //! layer, both), and the [`Map`] between the two. Every map is exact in both directions except
@@ -12,6 +12,7 @@
 
 pub mod deepseek;
 pub mod gemma;
+pub mod gemma3;
 pub mod llama;
 
 use std::collections::BTreeMap;
@@ -45,6 +46,8 @@ pub enum Revalue {
     PlusOne,
     /// maxrs = hf * factor.
     Scale(f64),
+    /// maxrs = (hf + 1) * factor (a Gemma norm gain with a scale folded in).
+    PlusOneTimes(f64),
 }
 
 impl Map {
@@ -70,9 +73,9 @@ pub struct Entry {
     pub map: Map,
 }
 
-/// The name of a layer parameter `name` of layer `layer` (counted over the model's stacks), and
-/// its slot, as `scan_layers` lays it out; `inner` is a further slot (the expert) after the
-/// layer's.
+/// The name of a layer parameter `name` of layer `layer` (counted over the model's stacks, as
+/// `Model::stacks` orders them), and its slot, as `scan_layers` lays it out; `inner` is a further
+/// slot (the expert) after the layer's.
 pub fn layer_entry(model: &Model, layer: i64, name: &str, inner: &[i64], hf: String, map: Map) -> Entry {
     let mut first = 0;
     for s in model.stacks() {
@@ -86,7 +89,7 @@ pub fn layer_entry(model: &Model, layer: i64, name: &str, inner: &[i64], hf: Str
             false => Entry { maxrs: format!("{}.{name}", s.layer_prefix(i)), slot: inner.to_vec(), hf, map },
         };
     }
-    panic!("layer {layer} is beyond the model's {first} layers")
+    panic!("layer {layer} of a model of {first} layers")
 }
 
 /// maxrs configuration keys (`key=value` text) for a Hugging Face `config.json`: the family is
@@ -95,9 +98,10 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     match hf["model_type"].as_str() {
         Some("llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe") => llama::config_from_hf(hf),
         Some("gemma" | "gemma2") => gemma::config_from_hf(hf),
+        Some("gemma3_text") => gemma3::config_from_hf(hf),
         Some("deepseek_v3") => deepseek::config_from_hf(hf),
         _ => bail!(
-            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"deepseek_v3\"",
+            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\", \"deepseek_v3\"",
             hf["model_type"]
         ),
     }
@@ -105,11 +109,11 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
 
 /// Refuses a model that Hugging Face's classes cannot express.
 pub fn check_model(c: &Config) -> Result<()> {
-    let gemma = matches!(c.decoder_block, DecoderBlock::Gemma | DecoderBlock::Gemma2);
+    let gemma = matches!(c.decoder_block, DecoderBlock::Gemma | DecoderBlock::Gemma2 | DecoderBlock::Gemma3);
     match c.decoder_block {
         DecoderBlock::Gpt3 => bail!(
             "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet (maxrs converts \
-             llama2, mistral, mixtral, qwen3, qwen3_moe, gemma, gemma2, deepseek)"
+             llama2, mistral, mixtral, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek)"
         ),
         DecoderBlock::Deepseek => deepseek::check_model(c),
         DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe if !c.use_qk_norm => {
@@ -129,6 +133,7 @@ pub fn check_model(c: &Config) -> Result<()> {
 pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     match c.decoder_block {
         DecoderBlock::Gemma | DecoderBlock::Gemma2 => gemma::hf_config(c, model, torch_dtype),
+        DecoderBlock::Gemma3 => gemma3::hf_config(c, model, torch_dtype),
         DecoderBlock::Deepseek => deepseek::hf_config(c, model, torch_dtype),
         _ => llama::hf_config(c, model, torch_dtype),
     }
@@ -138,6 +143,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
 fn entries(c: &Config, model: &Model, hf: Option<&Value>) -> Result<Vec<Entry>> {
     match c.decoder_block {
         DecoderBlock::Gemma | DecoderBlock::Gemma2 => gemma::entries(c, model, hf),
+        DecoderBlock::Gemma3 => gemma3::entries(c, model, hf),
         DecoderBlock::Deepseek => Ok(deepseek::entries(c, model)),
         _ => Ok(llama::entries(c, model)),
     }
@@ -247,6 +253,8 @@ fn revalue(t: &HostTensor, value: Revalue, inverse: bool) -> HostTensor {
         (Revalue::PlusOne, true) => x - 1.0,
         (Revalue::Scale(s), false) => x * s,
         (Revalue::Scale(s), true) => x / s,
+        (Revalue::PlusOneTimes(s), false) => (x + 1.0) * s,
+        (Revalue::PlusOneTimes(s), true) => x / s - 1.0,
     };
     let values: Vec<f32> = t.to_f64().into_iter().map(|x| f(x) as f32).collect();
     HostTensor::from_f32(&t.dims, &values)
@@ -468,6 +476,7 @@ mod tests {
             Map { linear_in_dims: Some(1), interleave_heads: Some(4), value: Revalue::Same },
             Map { linear_in_dims: Some(1), interleave_heads: None, value: Revalue::Scale(2.0) },
             Map::value(Revalue::PlusOne),
+            Map::value(Revalue::PlusOneTimes(0.5)),
         ] {
             let shape: Vec<i64> = if map.linear_in_dims.is_some() { vec![2, 4] } else { vec![4, 2] };
             let maxrs = to_maxrs(&t, map, &shape).unwrap();
