@@ -45,6 +45,35 @@ const MOE_EXPERT_PARALLEL: &[&str] = &[
     "capacity_factor=1.25",
     "ici_expert_parallelism=2",
 ];
+/// A small DeepSeek layer (multi-head latent attention) with `extra` keys.
+macro_rules! deepseek {
+    ($($extra:literal),*) => {
+        &[
+            "decoder_block=deepseek",
+            "attention_type=mla",
+            "base_num_kv_heads=4",
+            "kv_lora_rank=32",
+            "qk_nope_head_dim=16",
+            "qk_rope_head_dim=8",
+            "v_head_dim=16",
+            "first_num_dense_layers=2",
+            $($extra),*
+        ]
+    };
+}
+const DEEPSEEK: &[&str] = deepseek!();
+const DEEPSEEK_YARN: &[&str] = deepseek!("rope_type=yarn");
+/// With routed experts, and those in 2 groups, each token choosing from the best one.
+const DEEPSEEK_MOE: &[&str] =
+    deepseek!("first_num_dense_layers=1", "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=256");
+const DEEPSEEK_GROUPED: &[&str] = deepseek!(
+    "first_num_dense_layers=1",
+    "num_experts=4",
+    "num_experts_per_tok=2",
+    "base_moe_mlp_dim=256",
+    "n_routing_groups=2",
+    "topk_routing_group=1"
+);
 use Effect::*;
 
 const KEYS: &[(&str, Effect)] = &[
@@ -74,7 +103,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("on_checkpoint_error", Runtime("stop or continue when a save fails")),
     ("load_parameters_path", Runtime("initial parameters from a file or checkpoint")),
     ("load_full_state_path", Runtime("initial state (parameters, optimizer, step) from a checkpoint")),
-    ("decoder_block", Refused("deepseek")),
+    ("decoder_block", Refused("llama4")),
     ("global_parameter_scale", Program("2")),
     ("base_emb_dim", Program("128")),
     ("base_num_query_heads", Program("8")),
@@ -102,6 +131,22 @@ const KEYS: &[(&str, Effect)] = &[
     ("fused_qkv", ProgramVs("true", "false", &["decoder_block=gpt3", "base_num_kv_heads=4"])),
     ("enable_dropout", Refused("true")),
     ("attention", Program("flash")),
+    ("attention_type", Refused("local_sliding")),
+    ("q_lora_rank", ProgramVs("16", "0", DEEPSEEK)),
+    ("kv_lora_rank", ProgramVs("16", "32", DEEPSEEK)),
+    ("qk_nope_head_dim", ProgramVs("8", "16", DEEPSEEK)),
+    ("qk_rope_head_dim", ProgramVs("4", "8", DEEPSEEK)),
+    ("v_head_dim", ProgramVs("8", "16", DEEPSEEK)),
+    ("max_position_embeddings", ProgramVs("4096", "163840", DEEPSEEK)),
+    ("original_max_position_embeddings", ProgramVs("8192", "4096", DEEPSEEK_YARN)),
+    ("rope_factor", ProgramVs("8", "40", DEEPSEEK_YARN)),
+    ("beta_fast", ProgramVs("1000", "32", DEEPSEEK_YARN)),
+    ("beta_slow", ProgramVs("0.1", "1", DEEPSEEK_YARN)),
+    ("mscale", ProgramVs("0.5", "1.0", DEEPSEEK)),
+    ("rope_interleave", ProgramVs("false", "true", DEEPSEEK_YARN)),
+    ("rope_truncate", ProgramVs("false", "true", DEEPSEEK_YARN)),
+    ("rope_attention_scaling", ProgramVs("true", "false", DEEPSEEK_YARN)),
+    ("mtp_num_layers", Refused("1")),
     ("dtype", Program("float32")),
     ("weight_dtype", Program("bfloat16")),
     ("quantization", Program("fp8")),
@@ -119,13 +164,15 @@ const KEYS: &[(&str, Effect)] = &[
     ("moe_dispatch_no_expert_sharding", ProgramVs("true", "false", MOE_EXPERT_PARALLEL)),
     // DeepSeek's routing: no family reads these until decoder_block=deepseek exists (its routing
     // is tests/moe_deepseek.rs's).
-    ("shared_experts", Refused("1")),
-    ("routed_score_func", Refused("sigmoid")),
-    ("routed_bias", Refused("true")),
+    ("shared_experts", ProgramVs("1", "0", DEEPSEEK_MOE)),
+    ("routed_score_func", ProgramVs("sigmoid", "softmax", DEEPSEEK_MOE)),
+    ("routed_bias", ProgramVs("true", "false", DEEPSEEK_MOE)),
     ("routed_bias_update_rate", Refused("0.001")),
-    ("n_routing_groups", Refused("8")),
-    ("topk_routing_group", Refused("4")),
-    ("routed_scaling_factor", Refused("2.5")),
+    ("n_routing_groups", ProgramVs("1", "2", DEEPSEEK_GROUPED)),
+    ("topk_routing_group", ProgramVs("2", "1", DEEPSEEK_GROUPED)),
+    ("routed_scaling_factor", ProgramVs("2.5", "1.0", DEEPSEEK_MOE)),
+    ("first_num_dense_layers", ProgramVs("1", "2", DEEPSEEK_MOE)),
+    ("base_moe_mlp_dim", ProgramVs("128", "256", DEEPSEEK_MOE)),
     ("logits_dot_in_fp32", Program("true")),
     ("use_iota_embed", Program("true")),
     ("dataset_type", Refused("tfds")),
@@ -178,6 +225,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("decode_sampling_top_k", Runtime("maxrs decode's top k")),
     ("decode_sampling_temperature", Runtime("maxrs decode's temperature")),
     ("decode_seed", Runtime("maxrs decode's sampling key")),
+    ("mla_naive_kvcache", Runtime("deepseek decoding's cache: every head's keys and values, or MLA's latents")),
     ("compiled_trainstep_file", Runtime("saves (train-compile) or loads (train) the compiled step")),
     ("compile_topology", Runtime("train-compile's target")),
     ("gpu_target_config", Runtime("train-compile: the GPU description the CUDA plugin compiles against")),

@@ -1,6 +1,7 @@
 //! `maxrs convert` for every family against Hugging Face's own modeling code: for Llama, Llama 3.1
-//! (`rope_scaling` llama3), Mistral (sliding window), Mixtral, Qwen3, Qwen3 MoE, Gemma, Gemma 2 and
-//! Gemma 3 (a block of 6 layers and a remainder block), a tiny
+//! (`rope_scaling` llama3), Mistral (sliding window), Mixtral, Qwen3, Qwen3 MoE, Gemma, Gemma 2,
+//! Gemma 3 (a block of 6 layers and a remainder block) and DeepSeek-V3 (multi-head latent
+//! attention, YaRN; dense, then routed layers), a tiny
 //! checkpoint in Hugging Face's layout, converted to maxrs, gives the logits and greedy tokens
 //! `transformers` computed on it (recorded in `tests/data/hf_golden.json` by
 //! `tools/hf_golden.py`, which states the command and versions), and converts back to the same
@@ -185,4 +186,14 @@ fn qwen3_qk_norm_tied_matches_transformers() {
 #[test]
 fn qwen3_moe_matches_transformers() {
     check_family("qwen3_moe", true);
+}
+
+#[test]
+fn deepseek_v3_latent_attention_matches_transformers() {
+    check_family("deepseek_v3", true);
+}
+
+#[test]
+fn deepseek_v3_routed_layers_match_transformers() {
+    check_family("deepseek_v3_moe", true);
 }

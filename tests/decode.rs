@@ -40,7 +40,9 @@ fn load(extra: &[&str]) -> Config {
 /// reference's draw, or for the other families the init program's (seed 7).
 fn params(c: &Config) -> Tree<HostTensor> {
     let model = Model::from_config(c).unwrap();
-    assert!(model.config.kv_heads < model.config.heads, "the test must exercise grouped-query attention");
+    // Multi-head latent attention has one key per query head.
+    let mla = c.decoder_block == DecoderBlock::Deepseek;
+    assert!(mla || model.config.kv_heads < model.config.heads, "the test must exercise grouped-query attention");
     if c.decoder_block == DecoderBlock::Llama2 {
         return host_params(&model, &random_params(&model, 7)).subtree("params");
     }
@@ -124,6 +126,33 @@ fn blockwise_attention_greedy_decoding_equals_the_full_forward_pass() {
 #[test]
 fn mixtral_greedy_decoding_equals_the_full_forward_pass() {
     let c = load(&["decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2", "per_device_batch_size=4"]);
+    let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
+    check_against_full_forward(&c, &g);
+}
+
+/// DeepSeek's multi-head latent attention (YaRN, values narrower than the keys) decodes with
+/// MaxText's compressed cache (`mla_naive_kvcache=false`): each token's latent and RoPE key,
+/// from which each generate step expands every cached position's keys and values; greedy
+/// decoding equals the full forward pass. (The default cache, every head's keys and values, is
+/// the other families' cache.)
+#[test]
+fn deepseek_latent_cache_greedy_decoding_equals_the_full_forward_pass() {
+    let deepseek = [
+        "decoder_block=deepseek",
+        "attention_type=mla",
+        "base_emb_dim=64",
+        "base_num_kv_heads=4",
+        "base_mlp_dim=96",
+        "kv_lora_rank=16",
+        "qk_nope_head_dim=8",
+        "qk_rope_head_dim=8",
+        "v_head_dim=6",
+        "rope_type=yarn",
+        "mla_naive_kvcache=false",
+        "first_num_dense_layers=2",
+        "per_device_batch_size=4",
+    ];
+    let c = load(&deepseek);
     let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
     check_against_full_forward(&c, &g);
 }

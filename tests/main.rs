@@ -74,6 +74,7 @@ mod data_text;
 mod data_tokenizer;
 mod data_train;
 mod decode;
+mod deepseek;
 mod docs_book;
 mod errors;
 mod fp8;

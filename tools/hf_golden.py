@@ -120,6 +120,38 @@ def gemma_tensors(layers, gemma2, kv, qk_norm=False):
     return t
 
 
+def deepseek_tensors(layers, dense, q_lora=0, experts=0, moe=0, qk_nope=16, qk_rope=8, v_head=12, kv_lora=16):
+    """DeepSeek-V3's layers: dense before `dense` (`first_k_dense_replace`), routed (`experts`
+    of width `moe`, one shared) after; queries with a low-rank projection when `q_lora`."""
+    t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E], "lm_head.weight": [V, E]}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        t[p + "input_layernorm.weight"] = [E]
+        if q_lora:
+            t[p + "self_attn.q_a_proj.weight"] = [q_lora, E]
+            t[p + "self_attn.q_a_layernorm.weight"] = [q_lora]
+            t[p + "self_attn.q_b_proj.weight"] = [H * (qk_nope + qk_rope), q_lora]
+        else:
+            t[p + "self_attn.q_proj.weight"] = [H * (qk_nope + qk_rope), E]
+        t[p + "self_attn.kv_a_proj_with_mqa.weight"] = [kv_lora + qk_rope, E]
+        t[p + "self_attn.kv_a_layernorm.weight"] = [kv_lora]
+        t[p + "self_attn.kv_b_proj.weight"] = [H * (qk_nope + v_head), kv_lora]
+        t[p + "self_attn.o_proj.weight"] = [E, H * v_head]
+        t[p + "post_attention_layernorm.weight"] = [E]
+        if l < dense:
+            t[p + "mlp.gate_proj.weight"] = [M, E]
+            t[p + "mlp.up_proj.weight"] = [M, E]
+            t[p + "mlp.down_proj.weight"] = [E, M]
+            continue
+        t[p + "mlp.gate.weight"] = [experts, E]
+        t[p + "mlp.gate.e_score_correction_bias"] = [experts]
+        for q in [f"mlp.experts.{j}." for j in range(experts)] + ["mlp.shared_experts."]:
+            t[p + q + "gate_proj.weight"] = [moe, E]
+            t[p + q + "up_proj.weight"] = [moe, E]
+            t[p + q + "down_proj.weight"] = [E, moe]
+    return t
+
+
 def cases():
     llama = dict(BASE, architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=2,
                  hidden_act="silu", tie_word_embeddings=False)
@@ -144,6 +176,23 @@ def cases():
                   hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True,
                   query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=5.0,
                   final_logit_softcapping=3.0)
+    # YaRN as DeepSeek-V3's (mscale = mscale_all_dim = 1: the softmax scale grows, RoPE's does
+    # not), written as `maxrs convert to-hf` writes it back.
+    deepseek_v3 = dict(BASE, architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+                       num_hidden_layers=2, num_key_value_heads=H, head_dim=8, hidden_act="silu",
+                       tie_word_embeddings=False, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16,
+                       qk_rope_head_dim=8, v_head_dim=12, first_k_dense_replace=2, n_routed_experts=4,
+                       num_experts_per_tok=2, n_group=1, topk_group=1, num_nextn_predict_layers=0,
+                       rope_interleave=True, attention_bias=False, rope_scaling={
+                           "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                           "beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "mscale": 1.0,
+                           "mscale_all_dim": 1.0})
+    # A dense layer, then two routed ones (4 experts of width 32, top 2, a shared one; sigmoid
+    # scores with the correction bias, weights normalized and scaled), low-rank queries.
+    deepseek_v3_moe = dict(deepseek_v3, num_hidden_layers=3, first_k_dense_replace=1, q_lora_rank=24,
+                           n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                           moe_intermediate_size=32, routed_scaling_factor=2.5, norm_topk_prob=True,
+                           scoring_func="sigmoid", topk_method="noaux_tc")
     # Gemma 3: a block of 5 sliding + 1 full layer, then 2 sliding ones (maxrs's layers_remainder);
     # global RoPE base 100 with linear factor 4 and local base 10000 (told apart over 12 positions),
     # and a query_pre_attn_scalar other than head_dim (folded into the query norm on conversion).
@@ -154,6 +203,8 @@ def cases():
                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
     del gemma3["rope_theta"]
     return {
+        "deepseek_v3": (deepseek_v3, deepseek_tensors(2, 2)),
+        "deepseek_v3_moe": (deepseek_v3_moe, deepseek_tensors(3, 1, q_lora=24, experts=4, moe=32)),
         "llama": (llama, llama_tensors(2)),
         "llama3.1": (llama31, llama_tensors(2)),
         "mistral": (mistral, llama_tensors(2)),

@@ -39,6 +39,8 @@ pub const MODELS: &[(&str, &str)] = &[
     ("qwen3-32b", include_str!("../../models/qwen3-32b.yml")),
     ("qwen3-30b-a3b", include_str!("../../models/qwen3-30b-a3b.yml")),
     ("qwen3-235b-a22b", include_str!("../../models/qwen3-235b-a22b.yml")),
+    ("deepseek3-671b", include_str!("../../models/deepseek3-671b.yml")),
+    ("deepseek3-tiny", include_str!("../../models/deepseek3-tiny.yml")),
 ];
 
 /// The built-in text of `models/<name>.yml`.

@@ -127,7 +127,8 @@ string_enum!(
 string_enum!(
     /// MaxText's decoder block styles that maxrs implements, one family file each under
     /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP, qwen3 llama2's with
-    /// QK-norm, qwen3_moe qwen3's with a routed MoE block.
+    /// QK-norm, qwen3_moe qwen3's with a routed MoE block, deepseek DeepSeek-V3's layer
+    /// (multi-head latent attention).
     DecoderBlock {
         Llama2 = "llama2",
         Mistral = "mistral",
@@ -138,13 +139,14 @@ string_enum!(
         Mixtral = "mixtral",
         Qwen3 = "qwen3",
         Qwen3Moe = "qwen3_moe",
+        Deepseek = "deepseek",
     }
 );
 
 impl DecoderBlock {
     /// The blocks whose MLP is a routed mixture of experts (`num_experts` and the MoE keys).
     pub fn has_experts(self) -> bool {
-        matches!(self, DecoderBlock::Mixtral | DecoderBlock::Qwen3Moe)
+        matches!(self, DecoderBlock::Mixtral | DecoderBlock::Qwen3Moe | DecoderBlock::Deepseek)
     }
 }
 
@@ -160,9 +162,25 @@ string_enum!(
 );
 
 string_enum!(
-    /// MaxText's `rope_type`: `default` (half-split RoPE) or `llama3.1` (Llama 3.1's scaled
-    /// frequencies on interleaved pairs); `yarn` is refused by validation as not supported yet.
+    /// MaxText's `rope_type`: `default` (half-split RoPE), `llama3.1` (Llama 3.1's scaled
+    /// frequencies on interleaved pairs) or `yarn` (YaRN's frequencies; deepseek's multi-head
+    /// latent attention only, validation refuses it for the other families as not supported yet).
     RopeType { Default = "default", Llama31 = "llama3.1", Yarn = "yarn" }
+);
+
+string_enum!(
+    /// MaxText's `attention_type` (`AttentionType` in `src/maxtext/common/common_types.py`,
+    /// e591f30): maxrs's families compute `global` attention (their sliding windows come from
+    /// their own keys), deepseek's `mla`; the others are refused as not supported yet.
+    AttentionType {
+        Global = "global",
+        LocalSliding = "local_sliding",
+        Chunk = "chunk",
+        Mla = "mla",
+        Full = "full",
+        Compressed = "compressed",
+        BlockDiffusion = "block_diffusion",
+    }
 );
 
 string_enum!(

@@ -189,7 +189,6 @@ mod tests {
         let families = match key.families {
             Families::None => String::new(),
             Families::All => " (all families)".to_string(),
-            Families::Only([]) => " (no family yet)".to_string(),
             Families::Only(blocks) => {
                 format!(" ({})", blocks.iter().map(|b| b.as_str()).collect::<Vec<_>>().join(", "))
             }

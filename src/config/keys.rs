@@ -12,9 +12,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::choices::{
-    none_or_int, AttentionKernel, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
-    OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType, RoutedScoreFunc,
-    SamplingStrategy, TokenizerType, WsdDecayStyle,
+    none_or_int, AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule,
+    LrScheduleType, OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType,
+    RoutedScoreFunc, SamplingStrategy, TokenizerType, WsdDecayStyle,
 };
 use super::ranges::{
     closed, int, int_or_fill, open, open_max, open_min, MAX_AXIS, MAX_EMB, MAX_HEADS, MAX_SECONDS, MAX_STEPS,
@@ -28,11 +28,11 @@ const MISTRAL_GEMMA2_3: Families = Families::Only(&[DecoderBlock::Mistral, Decod
 const GEMMA2_3: Families = Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::Gemma3]);
 const GEMMA3: Families = Families::Only(&[DecoderBlock::Gemma3]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
-const MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe]);
+const MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe, DecoderBlock::Deepseek]);
 const QWEN3: Families = Families::Only(&[DecoderBlock::Qwen3, DecoderBlock::Qwen3Moe]);
-/// DeepSeek-V3's routing and shared experts (`model::moe::MoeConfig::deepseek`): read by
-/// decoder_block=deepseek once that family exists; until then every family refuses them.
-const DEEPSEEK: Families = Families::Only(&[]);
+/// decoder_block=deepseek: multi-head latent attention and YaRN (`model::mla`), DeepSeek-V3's
+/// routing and shared experts (`model::moe::MoeConfig::deepseek`).
+const DEEPSEEK: Families = Families::Only(&[DecoderBlock::Deepseek]);
 
 declare_keys! {
     section "Run" {
@@ -150,7 +150,7 @@ declare_keys! {
         // it for every family with default RoPE; maxrs implements it for gemma3 only so far and
         // refuses it elsewhere (the families check).
         rope_linear_scaling_factor: f64 = 1.0 => MaxText.model(GEMMA3).range(closed(1e-6, 1e6)).model_file(),
-        /// default (half-split RoPE) or llama3.1 (scaled frequencies, interleaved pairs); yarn is not supported yet.
+        /// default (half-split RoPE), llama3.1 (scaled frequencies, interleaved pairs) or yarn (deepseek only yet).
         /// llama3.1 is also chosen by a model_name starting with llama3.1, as in MaxText.
         rope_type: RopeType = "default" => MaxText.model(ALL).model_file(),
         /// llama3.1 RoPE: apply Llama 3.1's frequency scaling.
@@ -189,7 +189,45 @@ declare_keys! {
         attention: AttentionKernel = "autoselected" => MaxText.model(ALL),
     }
 
-    /// decoder_block=mixtral, qwen3_moe; MaxText's layers/moe.py.
+    /// decoder_block=deepseek (MaxText's layers/attention_mla.py and YarnRotaryEmbedding in layers/embeddings.py):
+    /// queries and keys of qk_nope_head_dim + qk_rope_head_dim, RoPE on the qk_rope_head_dim part only.
+    section "Multi-head latent attention" {
+        /// global (every family but deepseek) or mla (deepseek); local_sliding, chunk, full, compressed and block_diffusion are not supported yet.
+        attention_type: AttentionType = "global" => MaxText.model(ALL).model_file(),
+        /// The queries' low-rank projection (wq_a, q_norm, wq_b); 0: one projection (query).
+        q_lora_rank: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_EMB)).model_file(),
+        /// The keys' and values' shared latent (wkv_a, kv_norm, wkv_b), the compressed cache of decoding.
+        kv_lora_rank: i64 = 512 => MaxText.model(DEEPSEEK).range(int(1, MAX_EMB)).model_file(),
+        /// Each head's query and key dimensions without RoPE.
+        qk_nope_head_dim: i64 = 128 => MaxText.model(DEEPSEEK).range(int(1, MAX_HEADS)).model_file(),
+        /// Each head's query and key dimensions with RoPE (the key's are shared by the heads); even.
+        qk_rope_head_dim: i64 = 64 => MaxText.model(DEEPSEEK).range(int(2, MAX_HEADS)).model_file(),
+        /// Each head's value dimension.
+        v_head_dim: i64 = 128 => MaxText.model(DEEPSEEK).range(int(1, MAX_HEADS)).model_file(),
+        /// The context length the model is extended to; above original_max_position_embeddings the
+        /// softmax scale is multiplied by (0.1 mscale ln(rope_factor) + 1)^2.
+        max_position_embeddings: i64 = 163840 => MaxText.model(DEEPSEEK).range(int(1, 1 << 30)).model_file(),
+        /// yarn: the context length RoPE's base frequencies were trained for.
+        original_max_position_embeddings: i64 = 4096 => MaxText.model(DEEPSEEK).range(int(1, 1 << 30)).model_file(),
+        /// yarn: the context extension factor (low frequencies are divided by it).
+        rope_factor: f64 = 40 => MaxText.model(DEEPSEEK).range(closed(1.0, 1e6)).model_file(),
+        /// yarn: rotations over original_max_position_embeddings above which a frequency is kept.
+        beta_fast: f64 = 32 => MaxText.model(DEEPSEEK).range(open(0.0, 1e6)).model_file(),
+        /// yarn: rotations below which a frequency is divided by rope_factor (linear ramp between).
+        beta_slow: f64 = 1 => MaxText.model(DEEPSEEK).range(open(0.0, 1e6)).model_file(),
+        /// The softmax scale's YaRN correction factor (see max_position_embeddings).
+        mscale: f64 = 1.0 => MaxText.model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
+        /// yarn: RoPE rotates interleaved pairs (x[2i], x[2i+1]); false: the two halves.
+        rope_interleave: bool = true => MaxText.model(DEEPSEEK).model_file(),
+        /// yarn: the correction range's bounds are rounded outwards to whole dimensions.
+        rope_truncate: bool = true => MaxText.model(DEEPSEEK).model_file(),
+        /// yarn: RoPE's output is multiplied by 0.1 ln(rope_factor) + 1.
+        rope_attention_scaling: bool = false => MaxText.model(DEEPSEEK).model_file(),
+        /// Multi-token prediction layers; only 0 is supported yet.
+        mtp_num_layers: i64 = 0 => MaxText.model(ALL).range(int(0, MAX_HEADS)).model_file(),
+    }
+
+    /// decoder_block=mixtral, qwen3_moe, deepseek; MaxText's layers/moe.py.
     section "Mixture of experts" {
         /// Experts in each MoE layer.
         num_experts: i64 = 1 => MaxText.model(MOE).range(int(1, MAX_HEADS)).model_file(),
@@ -215,7 +253,7 @@ declare_keys! {
         // MaxText's `RoutedAndSharedMoE` (layers/moe.py, e591f30); 0: no shared MLP.
         shared_experts: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
         /// deepseek: the router's scores: "" (the logits), sigmoid or softmax (over the experts).
-        routed_score_func: RoutedScoreFunc = "" => MaxText.step().read_by_model(DEEPSEEK).model_file(),
+        routed_score_func: RoutedScoreFunc = "" => MaxText.model(DEEPSEEK).model_file(),
         /// deepseek: a learned per-expert bias (gate.bias) added to the scores to choose the experts; the weights come from the unbiased scores.
         // Its gradient is zero (it only moves the top-k choice); routed_bias_update_rate moves it.
         routed_bias: bool = false => MaxText.model(DEEPSEEK).model_file(),
@@ -223,11 +261,17 @@ declare_keys! {
         routed_bias_update_rate: f64 = 0.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e3)),
         /// deepseek: the experts in n_routing_groups equal groups; each token chooses only from its topk_routing_group best groups (-1: no groups).
         // A group's score is the sum of its two best biased scores (`expert_group_mask`).
-        n_routing_groups: i64 = -1 => MaxText.step().read_by_model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
+        n_routing_groups: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
         /// deepseek: how many of the n_routing_groups groups each token chooses its experts from (-1: no groups).
-        topk_routing_group: i64 = -1 => MaxText.step().read_by_model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
+        topk_routing_group: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
         /// deepseek: the routing weights are multiplied by this (after sigmoid scores are normalized to sum to 1).
-        routed_scaling_factor: f64 = 1.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
+        routed_scaling_factor: f64 = 1.0 => MaxText.model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
+        /// deepseek: the layers before the routed ones (dense_layers, then moe_layers).
+        first_num_dense_layers: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
+        /// deepseek: the experts' (routed and shared) hidden size, before global_parameter_scale; -1: unset (refused with routed layers).
+        // MaxText's types.py: moe_mlp_dim must be positive with num_experts > 1, and equal
+        // base_mlp_dim when every layer is routed (first_num_dense_layers=0).
+        base_moe_mlp_dim: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, 4 * MAX_EMB)).model_file(),
     }
 
     section "Numerics and memory" {
@@ -390,6 +434,8 @@ declare_keys! {
         /// The sampling key is jax.random.PRNGKey(decode_seed) (MaxText's decode.py fixes PRNGKey(1234)).
         // A u32 PRNG key, like init_weights_seed.
         decode_seed: i64 = 1234 => Maxrs.run().range(int(0, u32::MAX as i64)),
+        /// deepseek: the cache holds every head's keys and values; false: each token's compressed latent and RoPE key (MLA's cache).
+        mla_naive_kvcache: bool = true => MaxText.step().read_by_model(DEEPSEEK),
     }
 
     /// maxrs train-compile.
@@ -490,6 +536,12 @@ declare_keys! {
             ["qkv", []],
             ["kv", []],
             ["kv_head_dim", []],
+            ["q_lora", ["fsdp", "fsdp_transpose", "context", "expert"]],
+            ["q_lora", ["fsdp", "context", "expert"]],
+            ["q_lora_up_proj", []],
+            ["kv_lora", ["fsdp", "fsdp_transpose", "context", "expert"]],
+            ["kv_lora", ["fsdp", "context", "expert"]],
+            ["kv_lora_up_proj", []],
             ["activation_batch_moe", ["data", "fsdp", "fsdp_transpose", "expert"]],
             ["activation_length_moe", ["context"]],
             ["activation_norm_length_moe", ["tensor_sequence", "context"]],

@@ -11,6 +11,7 @@ mod error;
 mod keys;
 mod load;
 mod mesh;
+mod mla;
 mod pipeline;
 mod quantization;
 mod ranges;
@@ -22,9 +23,9 @@ mod value;
 
 pub use builtin::MODELS;
 pub use choices::{
-    AttentionKernel, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType, OnCheckpointError,
-    PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType, RoutedScoreFunc, RuleAxes, SamplingStrategy,
-    TokenizerType, WsdDecayStyle, MLP_ACTIVATIONS,
+    AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
+    OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType, RoutedScoreFunc, RuleAxes,
+    SamplingStrategy, TokenizerType, WsdDecayStyle, MLP_ACTIVATIONS,
 };
 pub use error::{escape, quote, ConfigError};
 pub use keys::Config;

@@ -4,11 +4,12 @@
 use std::fmt;
 
 use super::choices::{
-    DatasetType, DecoderBlock, Hardware, ProfilerKind, RopeType, SamplingStrategy, TokenizerType, MLP_ACTIVATIONS,
+    DatasetType, DecoderBlock, Hardware, ProfilerKind, SamplingStrategy, TokenizerType, MLP_ACTIVATIONS,
 };
 use super::error::{closest, escape, quote, ConfigError};
 use super::keys::Config;
 use super::mesh::{self, Mesh};
+use super::mla;
 use super::pipeline::{self, PipelinePlan};
 use super::quantization;
 use super::ranges;
@@ -439,12 +440,7 @@ fn check_model_variants(c: &Config) -> Result<(), ConfigError> {
             ));
         }
     }
-    if c.rope_type == RopeType::Yarn {
-        return Err(ConfigError::invalid(
-            "rope_type",
-            "yarn is not supported yet; use rope_type=default or rope_type=llama3.1",
-        ));
-    }
+    mla::check(c)?;
     if c.head_dim % 2 != 0 && c.decoder_block != DecoderBlock::Gpt3 {
         return Err(ConfigError::invalid(
             "head_dim",
@@ -470,7 +466,7 @@ fn check_moe(c: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid(
             "num_experts",
             format!(
-                "num_experts={} needs a block with experts: decoder_block=mixtral or qwen3_moe (decoder_block={} has one MLP)",
+                "num_experts={} needs a block with experts: decoder_block=mixtral, qwen3_moe or deepseek (decoder_block={} has one MLP)",
                 c.num_experts, c.decoder_block
             ),
         ));

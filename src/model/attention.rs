@@ -305,6 +305,47 @@ impl LayerContext {
         }
     }
 
+    /// MLA's attention with a compressed cache (MaxText's `MlaKVCache`, `mla_naive_kvcache=false`):
+    /// the cache holds each token's `latent: [batch, seq, 1, a]` and `rope: [batch, seq, 1, b]`
+    /// (as `key` and `value`), and `expand` turns them into keys and values. Outside decoding and
+    /// in prefill, attention runs over the tokens' own expanded keys and values (prefill records
+    /// the latents); a generate step writes the tokens' latents at their positions and attends
+    /// over the whole cached layer, expanded, up to each query's position.
+    pub fn attend_latent(
+        &self,
+        q: &Tensor,
+        [latent, rope]: [&Tensor; 2],
+        expand: impl Fn(&Tensor, &Tensor) -> (Tensor, Tensor),
+        how: AttentionImpl,
+    ) -> Tensor {
+        let how = fitted(how, q.shape()[1]);
+        let options = AttendOptions::default();
+        let Some(cache) = &self.cache else {
+            let (k, v) = expand(latent, rope);
+            return self.attend_whole([q, &k, &v], None, how, &options, true);
+        };
+        match &mut *cache.borrow_mut() {
+            LayerCache::Fill { len, filled } => {
+                let t = latent.shape()[1];
+                let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
+                filled.push(KvCache { key: pad(latent), value: pad(rope) });
+                let (k, v) = expand(latent, rope);
+                self.attend_whole([q, &k, &v], None, how, &options, false)
+            }
+            LayerCache::Update { layer, caches, used } => {
+                let Some(slot) = caches.get_mut(*used) else {
+                    panic!("the layer makes more attention calls than the cache has ({})", caches.len())
+                };
+                *used += 1;
+                slot.key = write_rows(&slot.key, latent, layer, &self.positions);
+                slot.value = write_rows(&slot.value, rope, layer, &self.positions);
+                let (k, v) = expand(&layer_of(&slot.key, layer), &layer_of(&slot.value, layer));
+                let allowed = self.cache_mask(None, k.shape()[1]);
+                dot_product(q, &k, &v, &allowed, None).astype(q.dtype()).checkpoint_name("context")
+            }
+        }
+    }
+
     /// Attention over the queries' own keys (training, prefill): `attend_with`, or cuDNN's
     /// calls (`training`: the differentiable pair) where `cudnn_call` allows, else blockwise.
     fn attend_whole(
@@ -566,6 +607,8 @@ fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: O
     let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let kv_heads = k.shape()[2];
     let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
+    // The values' head dimension may differ from the queries' and keys' (MLA's v_head_dim).
+    let dv = v.shape()[3];
     let scores = einsum("btngk,bsnk->bngts", &[&q, k]).astype(DType::F32);
     let scores = match soft_cap {
         Some(cap) => (scores / cap).tanh() * cap,
@@ -573,7 +616,7 @@ fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: O
     };
     let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
     let probs = where_(&mask, &scores, MASK_VALUE).softmax(-1).astype(v.dtype());
-    einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, d])
+    einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, dv])
 }
 
 /// `how` for a sequence of `seq` queries: blockwise attention's block shrunk to a divisor of

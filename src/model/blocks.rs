@@ -24,7 +24,13 @@ use super::ModelConfig;
 /// `product(x, kernel)` of the kernel `<op>.kernel` (cast to `dtype`): MaxText's `DenseGeneral`,
 /// an fp8 product with `quantization=fp8` (state `<op>.input_scale`, ... in `p`) or
 /// `te_fp8_currentscaling`.
-fn dense(c: &ModelConfig, p: &Tree, op: &str, x: &Tensor, product: impl Fn(&Tensor, &Tensor) -> Tensor) -> Tensor {
+pub(super) fn dense(
+    c: &ModelConfig,
+    p: &Tree,
+    op: &str,
+    x: &Tensor,
+    product: impl Fn(&Tensor, &Tensor) -> Tensor,
+) -> Tensor {
     let kernel = p[format!("{op}.kernel").as_str()].astype(c.dtype);
     match c.fp8 {
         Some(Scaling::Delayed) => fp8::dot(p, op, x, &kernel, product),

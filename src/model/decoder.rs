@@ -43,7 +43,7 @@ use super::flops::{StepShape, StepTflops};
 use super::fp8::{self, Scaling};
 use super::params::{self, ParamDef, ParamInit};
 use super::stacks::{unstack_layers, Stack};
-use super::{gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen3, ModelConfig};
+use super::{deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen3, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
@@ -143,11 +143,6 @@ fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
         if let Some(value) = config::non_default_value(c, key) {
             let users: Vec<&str> =
                 DecoderBlock::ALL.iter().filter(|b| declared.read_by(**b)).map(|b| b.as_str()).collect();
-            if users.is_empty() {
-                return Err(format!(
-                    "{key}={value}: no decoder_block maxrs has uses {key} yet (MaxText's deepseek does); not supported yet"
-                ));
-            }
             let users = users.join(", ");
             let block = c.decoder_block;
             if NOT_YET.iter().any(|(k, families)| *k == key && families(block)) {
@@ -169,6 +164,7 @@ fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
         DecoderBlock::Gpt3 => Arc::new(gpt3::Gpt3::from_config(c, mc)?),
         DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral::from_config(c, mc)?),
         DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe => Arc::new(qwen3::Qwen3::from_config(c, mc)?),
+        DecoderBlock::Deepseek => Arc::new(deepseek::Deepseek::from_config(c, mc)?),
     })
 }
 

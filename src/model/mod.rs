@@ -20,7 +20,8 @@
 //!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
 //!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gpt3`], [`mixtral`] (Llama's
-//!   attention and a routed MoE block), [`qwen3`] (Llama's layer with QK-norm).
+//!   attention and a routed MoE block), [`qwen3`] (Llama's layer with QK-norm), [`deepseek`]
+//!   (multi-head latent attention, [`mla`], with YaRN RoPE; dense, then routed layers).
 //! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`).
 
 pub mod attention;
@@ -30,6 +31,7 @@ pub mod config;
 pub mod cudnn;
 pub mod decode;
 pub mod decoder;
+pub mod deepseek;
 pub mod flops;
 pub mod fp8;
 pub mod gemma;
@@ -40,6 +42,7 @@ pub mod hf;
 pub mod llama;
 pub mod mistral;
 pub mod mixtral;
+pub mod mla;
 pub mod moe;
 pub mod params;
 pub mod qwen3;

@@ -564,11 +564,12 @@ mod tests {
         assert_eq!(routed_and_shared_flops(&m, 7168, 2048, 1.0), want);
     }
 
-    /// No family maxrs has reads the DeepSeek routing keys yet: a non-default value is refused.
+    /// Only deepseek reads the DeepSeek routing keys: a non-default value is refused elsewhere.
     #[test]
     fn other_families_refuse_the_routing_keys() {
         let c = load(&["decoder_block=mixtral", "routed_bias=true"]);
         let err = Model::from_config(&c).expect_err("mixtral does not route with a bias");
-        assert!(err.starts_with("routed_bias=true: no decoder_block"), "{err}");
+        assert!(err.starts_with("routed_bias=true: decoder_block=mixtral does not use routed_bias"), "{err}");
+        assert!(err.ends_with("it applies to decoder_block deepseek"), "{err}");
     }
 }

@@ -142,25 +142,43 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
     let layers = m.stacks().iter().map(|s| s.count as usize).sum();
     let mut p = RefParams { top: BTreeMap::new(), layers: vec![BTreeMap::new(); layers] };
     for def in m.param_defs() {
-        if let Some(rest) = def.name.strip_prefix("decoder.layers_remainder.") {
-            p.layers.last_mut().unwrap().insert(rest.to_string(), draw(rest, &def.shape));
-        } else if let Some(rest) = def.name.strip_prefix("decoder.layers.") {
-            for layer in p.layers.iter_mut().take(scanned_layers(m)) {
-                layer.insert(rest.to_string(), draw(rest, &def.shape[1..]));
+        match layer_param(m, &def.name) {
+            Some((layers, None, rest)) => {
+                for layer in &mut p.layers[layers] {
+                    layer.insert(rest.to_string(), draw(rest, &def.shape[1..]));
+                }
             }
-        } else if let Some(rest) = def.name.strip_prefix("decoder.layers_") {
-            let (i, name) = rest.split_once('.').unwrap();
-            p.layers[i.parse::<usize>().unwrap()].insert(name.to_string(), draw(name, &def.shape));
-        } else {
-            p.top.insert(def.name.clone(), draw(&def.name, &def.shape));
+            Some((layers, Some(i), rest)) => {
+                p.layers[layers.start + i].insert(rest.to_string(), draw(rest, &def.shape));
+            }
+            None => {
+                p.top.insert(def.name.clone(), draw(&def.name, &def.shape));
+            }
         }
     }
     p
 }
 
-/// The layers of stack `decoder.layers` (before Gemma 3's `layers_remainder`).
-fn scanned_layers(m: &Model) -> usize {
-    m.stacks()[0].count as usize
+/// A layer parameter's place: the model's layers its stack holds, the layer within the stack
+/// when it is not stacked, and its name in the layer (`None`: a top-level parameter).
+pub fn layer_param<'a>(m: &Model, name: &'a str) -> Option<(std::ops::Range<usize>, Option<usize>, &'a str)> {
+    let mut first = 0;
+    for s in m.stacks() {
+        let layers = first..first + s.count as usize;
+        first = layers.end;
+        if s.scanned(m.config.scan_layers) {
+            if let Some(rest) = name.strip_prefix(&format!("{}.", s.prefix())) {
+                return Some((layers, None, rest));
+            }
+            continue;
+        }
+        for i in 0..s.count {
+            if let Some(rest) = name.strip_prefix(&format!("{}.", s.layer_prefix(i))) {
+                return Some((layers, Some(i as usize), rest));
+            }
+        }
+    }
+    None
 }
 
 /// The parameters as program inputs `params.<name>` in the model's layout.
@@ -168,15 +186,10 @@ pub fn host_params(m: &Model, p: &RefParams) -> Tree<HostTensor> {
     let mut out = Tree::new();
     let flat = |a: &Array2<f64>| a.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     for def in m.param_defs() {
-        let values: Vec<f32> = if let Some(rest) = def.name.strip_prefix("decoder.layers_remainder.") {
-            flat(&p.layers.last().unwrap()[rest])
-        } else if let Some(rest) = def.name.strip_prefix("decoder.layers.") {
-            p.layers.iter().take(scanned_layers(m)).flat_map(|l| flat(&l[rest])).collect()
-        } else if let Some(rest) = def.name.strip_prefix("decoder.layers_") {
-            let (i, name) = rest.split_once('.').unwrap();
-            flat(&p.layers[i.parse::<usize>().unwrap()][name])
-        } else {
-            flat(&p.top[&def.name])
+        let values: Vec<f32> = match layer_param(m, &def.name) {
+            Some((layers, None, rest)) => p.layers[layers].iter().flat_map(|l| flat(&l[rest])).collect(),
+            Some((layers, Some(i), rest)) => flat(&p.layers[layers.start + i][rest]),
+            None => flat(&p.top[&def.name]),
         };
         assert_eq!(values.len() as i64, def.shape.iter().product::<i64>(), "{}", def.name);
         out.insert(format!("params.{}", def.name), HostTensor::from_f32(&def.shape, &values));
@@ -188,7 +201,7 @@ pub fn host_params(m: &Model, p: &RefParams) -> Tree<HostTensor> {
 // Building blocks, in f64.
 // ---------------------------------------------------------------------------------------------
 
-fn rms_norm(x: &Array2<f64>, gain: &Array2<f64>, eps: f64) -> Array2<f64> {
+pub fn rms_norm(x: &Array2<f64>, gain: &Array2<f64>, eps: f64) -> Array2<f64> {
     let mut y = x.clone();
     for mut row in y.rows_mut() {
         let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / row.len() as f64 + eps).sqrt();
@@ -216,7 +229,7 @@ fn gelu_tanh(x: f64) -> f64 {
     0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
 }
 
-fn silu(x: f64) -> f64 {
+pub fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
@@ -342,7 +355,7 @@ fn per_head(x: &Array2<f64>, n: usize, d: usize, f: impl Fn(&Array2<f64>) -> Arr
 }
 
 /// `act_0(h wi_0) * act_1(h wi_1) wo` (Llama: silu x linear; Gemma: tanh GELU x linear).
-fn gated_mlp(l: &BTreeMap<String, Array2<f64>>, prefix: &str, h: &Array2<f64>, act: fn(f64) -> f64) -> Array2<f64> {
+pub fn gated_mlp(l: &BTreeMap<String, Array2<f64>>, prefix: &str, h: &Array2<f64>, act: fn(f64) -> f64) -> Array2<f64> {
     let gate = h.dot(&l[&format!("{prefix}.wi_0.kernel")]).mapv(act);
     let up = h.dot(&l[&format!("{prefix}.wi_1.kernel")]);
     (gate * up).dot(&l[&format!("{prefix}.wo.kernel")])

@@ -9,6 +9,7 @@ pub mod gcs_emulator;
 pub mod key_value_load;
 pub mod llama_ref;
 pub mod mixtral_ref;
+pub mod mla_ref;
 pub mod moe_ref;
 pub mod provision;
 pub mod tensorboard_reader;

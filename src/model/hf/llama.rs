@@ -304,9 +304,8 @@ pub fn common_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     })
 }
 
-/// Every tensor of a llama2, mistral or mixtral model.
-pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
-    let m = &model.config;
+/// The embedding, the final norm and (untied) `lm_head`, as Llama's (DeepSeek-V3's too).
+pub fn outer_entries(model: &Model) -> Vec<Entry> {
     let mut out = vec![
         Entry {
             maxrs: "token_embedder.embedding".into(),
@@ -321,7 +320,7 @@ pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
             map: Map::COPY,
         },
     ];
-    if !m.logits_via_embedding {
+    if !model.config.logits_via_embedding {
         out.push(Entry {
             maxrs: "decoder.logits_dense.kernel".into(),
             slot: vec![],
@@ -329,6 +328,13 @@ pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
             map: Map::linear(1),
         });
     }
+    out
+}
+
+/// Every tensor of a llama2, mistral or mixtral model.
+pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
+    let m = &model.config;
+    let mut out = outer_entries(model);
     let interleave = matches!(m.rope, Rope::Llama31 { .. }).then_some(m.head_dim);
     for layer in 0..m.layers {
         let hf = |name: &str| format!("model.layers.{layer}.{name}");

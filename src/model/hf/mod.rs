@@ -3,13 +3,14 @@
 //! and written by `checkpoint::hf`; this module owns the mapping.
 //!
 //! A family file ([`llama`]: Llama 2/3/3.1/3.3, Mistral, Mixtral, Qwen3, Qwen3 MoE; [`gemma`]:
-//! Gemma, Gemma 2; [`gemma3`]: Gemma 3)
+//! Gemma, Gemma 2; [`gemma3`]: Gemma 3; [`deepseek`]: DeepSeek-V3)
 //! lists one [`Entry`] per Hugging Face tensor: the maxrs parameter it becomes, its index on the
 //! parameter's stacked leading axes (`[layer]` with `scan_layers=true`, `[expert]` in a Mixtral
 //! layer, both), and the [`Map`] between the two. Every map is exact in both directions except
 //! the value maps (Gemma's `1 + scale` norms, a folded scale), which are computed in f64 and
 //! rounded once to the weight dtype.
 
+pub mod deepseek;
 pub mod gemma;
 pub mod gemma3;
 pub mod llama;
@@ -98,8 +99,9 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         Some("llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe") => llama::config_from_hf(hf),
         Some("gemma" | "gemma2") => gemma::config_from_hf(hf),
         Some("gemma3_text") => gemma3::config_from_hf(hf),
+        Some("deepseek_v3") => deepseek::config_from_hf(hf),
         _ => bail!(
-            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\"",
+            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\", \"deepseek_v3\"",
             hf["model_type"]
         ),
     }
@@ -111,8 +113,9 @@ pub fn check_model(c: &Config) -> Result<()> {
     match c.decoder_block {
         DecoderBlock::Gpt3 => bail!(
             "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet (maxrs converts \
-             llama2, mistral, mixtral, qwen3, qwen3_moe, gemma, gemma2, gemma3)"
+             llama2, mistral, mixtral, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek)"
         ),
+        DecoderBlock::Deepseek => deepseek::check_model(c),
         DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe if !c.use_qk_norm => {
             bail!("use_qk_norm=false: Hugging Face's Qwen3 always normalizes queries and keys")
         }
@@ -131,6 +134,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     match c.decoder_block {
         DecoderBlock::Gemma | DecoderBlock::Gemma2 => gemma::hf_config(c, model, torch_dtype),
         DecoderBlock::Gemma3 => gemma3::hf_config(c, model, torch_dtype),
+        DecoderBlock::Deepseek => deepseek::hf_config(c, model, torch_dtype),
         _ => llama::hf_config(c, model, torch_dtype),
     }
 }
@@ -140,6 +144,7 @@ fn entries(c: &Config, model: &Model, hf: Option<&Value>) -> Result<Vec<Entry>> 
     match c.decoder_block {
         DecoderBlock::Gemma | DecoderBlock::Gemma2 => gemma::entries(c, model, hf),
         DecoderBlock::Gemma3 => gemma3::entries(c, model, hf),
+        DecoderBlock::Deepseek => Ok(deepseek::entries(c, model)),
         _ => Ok(llama::entries(c, model)),
     }
 }

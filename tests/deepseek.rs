@@ -1,0 +1,143 @@
+//! DeepSeek-V3's layer (`decoder_block=deepseek`: multi-head latent attention with YaRN RoPE,
+//! then the MLP) against the independent f64 reference of `common/mla_ref.rs` (Hugging Face's
+//! formulation), tiny (emb 32, 4 heads, q_lora 12, kv_lora 16, nope 8, rope 8, v 6, 2 layers) in
+//! float32 on a 2 x 16 batch with random parameters: every layer's output, the logits, the loss,
+//! and the gradient through MLA's own pieces (the latents' norms, the low-rank projections)
+//! against central differences of the reference loss. (The one-projection queries,
+//! `q_lora_rank=0`, are checked against Hugging Face's logits by `convert_families`; decoding by
+//! `decode`.)
+
+use crate::common::family_ref::{self, batch, host_params, random_params, Family, RopeRef, Spec};
+use crate::common::llama_ref::{scaled_err, with_batch};
+use crate::common::mla_ref::{self, MlaSpec};
+use maxrs::autodiff::value_and_grad;
+use maxrs::model::Model;
+use maxrs::tensor::trace;
+
+/// YaRN with a correction range inside the 4 rotated pairs (theta 100, original context 64,
+/// beta_fast 4): one frequency kept, two blended, one divided by the factor 4.
+const TINY: &[&str] = &[
+    "decoder_block=deepseek",
+    "attention_type=mla",
+    "base_emb_dim=32",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=4",
+    "base_mlp_dim=48",
+    "base_num_decoder_layers=2",
+    "first_num_dense_layers=2",
+    "vocab_size=64",
+    "q_lora_rank=12",
+    "kv_lora_rank=16",
+    "qk_nope_head_dim=8",
+    "qk_rope_head_dim=8",
+    "v_head_dim=6",
+    "rope_type=yarn",
+    "rope_max_timescale=100",
+    "rope_factor=4",
+    "original_max_position_embeddings=64",
+    "max_position_embeddings=256",
+    "beta_fast=4",
+    "beta_slow=1",
+    "normalization_layer_epsilon=1e-5",
+];
+
+/// What the reference computes: Hugging Face's YaRN inverse frequencies and softmax scale for
+/// these sizes (transformers 5.23.0: `ROPE_INIT_FUNCTIONS["yarn"]` and
+/// `DeepseekV3Attention(DeepseekV3Config(hidden_size=32, num_attention_heads=4, q_lora_rank=12,
+/// kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=6, rope_theta=100.0,
+/// max_position_embeddings=1024, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+/// "original_max_position_embeddings": 64, "beta_fast": 4, "beta_slow": 1, "mscale": 1.0,
+/// "mscale_all_dim": 1.0}), 0).scaling`).
+fn spec(q_lora: usize) -> MlaSpec {
+    MlaSpec {
+        heads: 4,
+        q_lora,
+        kv_lora: 16,
+        nope: 8,
+        rope: 8,
+        v: 6,
+        inv_freq: vec![1.0, 0.23717081546783447, 0.04999999701976776, 0.007905694656074047],
+        interleave: true,
+        scaling: 0.32411924819517657,
+        eps: 1e-5,
+    }
+}
+
+/// The random parameters' draw (`family_ref`'s: norm gains around 1, fan-in scaled kernels).
+fn draw_spec() -> Spec {
+    Spec {
+        family: Family::Llama,
+        rope: RopeRef::None,
+        window: None,
+        attn_cap: None,
+        final_cap: None,
+        post_norms: false,
+        fused_qkv: false,
+        eps: 1e-5,
+        gemma3: None,
+        qk_norm: false,
+    }
+}
+
+fn tiny() -> Model {
+    family_ref::model("default", TINY)
+}
+
+/// One program (one compile): every layer's output, the logits, the loss and its gradient
+/// against the reference's, the gradient at probes through MLA's latents and projections
+/// against central differences of the reference loss.
+#[test]
+fn deepseek_matches_reference_and_finite_differences() {
+    let (m, s) = (tiny(), spec(12));
+    let p = random_params(&draw_spec(), &m, 3);
+    let b = batch(&m, 4);
+    let program = trace(&crate::common::llama_ref::signature(&m), |_ctx, inp| {
+        let fwd = m.forward(&inp.subtree("params"), inp, true);
+        let (loss, grads) = value_and_grad(&inp.subtree("params"), |params| m.loss(params, inp, 0.0).0);
+        grads
+            .prefixed("grad")
+            .with("loss", loss)
+            .with("layers", fwd.layer_outputs.expect("layer outputs"))
+            .with("logits", fwd.logits)
+    })
+    .expect("the program traces");
+    let out = crate::common::run(&program, &with_batch(host_params(&m, &p), &b));
+
+    let want = mla_ref::reference(&s, &p, &b);
+    let layers = out["layers"].to_f64();
+    let per = layers.len() / want.layers.len();
+    for (i, l) in want.layers.iter().enumerate() {
+        let err = scaled_err(&layers[i * per..(i + 1) * per], l.as_slice().unwrap());
+        assert!(err < 1e-4, "layer {i} output differs: {err:e}");
+    }
+    let err = scaled_err(&out["logits"].to_f64(), want.logits.as_slice().unwrap());
+    let loss = out["loss"].to_f64()[0];
+    println!("logits scaled error {err:e}, loss {loss} vs reference {}", want.loss);
+    assert!(err < 1e-4, "logits differ: {err:e}");
+    assert!((loss - want.loss).abs() < 1e-4 * want.loss.abs(), "loss {loss} vs {}", want.loss);
+
+    let probes = [
+        (0, "self_attention.q_norm.scale", 5),
+        (1, "self_attention.kv_norm.scale", 3),
+        (0, "self_attention.wq_b.kernel", 77),
+        (1, "self_attention.wkv_a.kernel", 30),
+        (0, "self_attention.wkv_b.kernel", 200),
+        (1, "self_attention.out.kernel", 50),
+    ];
+    for (layer, name, index) in probes {
+        let h = 1e-4;
+        let nudged = |delta: f64| {
+            let mut q = p.clone();
+            let a = q.layers[layer].get_mut(name).unwrap_or_else(|| panic!("no parameter {name}"));
+            let cols = a.ncols();
+            a[[index / cols, index % cols]] += delta;
+            mla_ref::reference(&s, &q, &b).loss
+        };
+        let fd = (nudged(h) - nudged(-h)) / (2.0 * h);
+        let g = out[format!("grad.decoder.dense_layers.{name}").as_str()].to_f64()
+            [layer * p.layers[layer][name].len() + index];
+        println!("d loss / d {name}[{layer}][{index}]: traced {g:e}, finite difference {fd:e}");
+        assert!(fd.abs() > 1e-7, "{name}[{index}] does not affect the loss; pick another probe");
+        assert!((g - fd).abs() <= 2e-3 * fd.abs() + 1e-6, "{name}: traced {g} vs finite difference {fd}");
+    }
+}
