@@ -305,6 +305,34 @@ fn pipeline_configs_that_cannot_run_are_refused_naming_the_keys() {
     assert!(e.contains("decoding with them is not supported yet"), "{e}");
 }
 
+/// Stages split the config's decoder layers; a family that scans several of them as one stacked
+/// row (Gemma 3's blocks of 6) or a model of several stacks (DeepSeek-V3's dense then MoE layers)
+/// is refused before anything compiles (a pipelined Gemma 3 used to train with wrong rows).
+#[test]
+fn pipelines_over_blocks_or_several_stacks_are_refused() {
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["model_name=gemma3-4b", "base_num_decoder_layers=12", "head_dim=8", "sliding_window_size=8"],
+            "decoder_block=gemma3 scans them as 2 blocks (decoder.layers)",
+        ),
+        (
+            &[
+                "model_name=deepseek3-tiny",
+                "base_num_decoder_layers=4",
+                "first_num_dense_layers=1",
+                "base_num_kv_heads=4",
+            ],
+            "several stacks of layers (decoder.dense_layers and decoder.moe_layers)",
+        ),
+    ];
+    for (model, want) in cases {
+        let mut args = vec!["override_model_config=true", "ici_pipeline_parallelism=2", "logits_via_embedding=false"];
+        args.extend(model);
+        let e = maxrs::train::run::train(&load(&args), &crate::common::client()).expect_err("refused").to_string();
+        assert!(e.contains(want) && e.contains("not supported yet"), "{e}");
+    }
+}
+
 #[test]
 fn schedule_names_are_checked_when_loading() {
     let all: Vec<String> = crate::common::PIPELINE_TINY

@@ -101,6 +101,24 @@ impl PipelineStep {
                 second.name
             );
         }
+        // The plan splits the config's decoder layers; a family that scans several of them as one
+        // stacked row (Gemma 3's blocks of 6) would have its rows cut wrongly.
+        let planned = (plan.virtual_stages() * plan.layers_per_stage) as i64;
+        if let [stack] = model.stacks() {
+            if stack.count != planned {
+                bail!(
+                    "ici_pipeline_parallelism={}, dcn_pipeline_parallelism={}: pipeline parallelism splits \
+                     base_num_decoder_layers={} into stages, but decoder_block={} scans them as {} blocks \
+                     (decoder.{}); pipeline parallelism for it is not supported yet; set both to 1",
+                    c.ici_pipeline_parallelism,
+                    c.dcn_pipeline_parallelism,
+                    c.base_num_decoder_layers,
+                    c.decoder_block,
+                    stack.count,
+                    stack.name
+                );
+            }
+        }
         Ok(PipelineStep {
             model,
             optimizer: AdamW::from_config(c).map_err(|e| anyhow!(e))?,
