@@ -45,6 +45,17 @@ fn cuda_runs_get_cudnn_and_the_rest_say_why_not() {
         ),
         (&["dtype=float32"], "takes bf16 or f16, not f32"),
         (&["head_dim=12"], "a multiple of 8, at most 256, not 12"),
+        // Multi-head latent attention's queries and keys are qk_nope_head_dim + qk_rope_head_dim wide.
+        (
+            &[
+                "decoder_block=deepseek",
+                "attention_type=mla",
+                "qk_nope_head_dim=8",
+                "qk_rope_head_dim=4",
+                "head_dim=16",
+            ],
+            "a multiple of 8, at most 256, not 12",
+        ),
         (&["attn_logits_soft_cap=30.0"], "no soft cap (attn_logits_soft_cap=30)"),
         (&["dataset_type=hf", "packing=true"], "packed documents (packing=true) keep their segment masking"),
         (&["ici_context_parallelism=2"], "the sequence is sharded (context parallelism)"),
