@@ -20,11 +20,7 @@ fn default_run_trains_and_writes_metrics() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("global batch 8"), "the derived values are printed: {stdout}");
-    let losses: Vec<f64> = stdout
-        .lines()
-        .filter(|l| l.starts_with("completed step: "))
-        .map(|l| l.rsplit("loss: ").next().unwrap().parse().unwrap())
-        .collect();
+    let losses = crate::common::cli::losses(&stdout);
     assert_eq!(losses.len(), 15, "{stdout}");
     // 15 steps (30 until CI time mattered): 6.76 -> 5.43, deterministic on the CPU plugin.
     assert!(losses[14] < losses[0] - 1.0, "the loss falls: {losses:?}");

@@ -7,6 +7,17 @@ use super::choices::{AttentionType, DecoderBlock, RopeType};
 use super::error::ConfigError;
 use super::keys::Config;
 
+impl Config {
+    /// The width of each query and key head the attention kernels see: multi-head latent
+    /// attention's `qk_nope_head_dim + qk_rope_head_dim`, else `head_dim`.
+    pub fn qk_head_dim(&self) -> i64 {
+        match self.attention_type {
+            AttentionType::Mla => self.qk_nope_head_dim + self.qk_rope_head_dim,
+            _ => self.head_dim,
+        }
+    }
+}
+
 pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
     let deepseek = c.decoder_block == DecoderBlock::Deepseek;
     if c.mtp_num_layers > 0 {

@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use crate::config::{AttentionKernel, AttentionType, Config, DatasetType, DecoderBlock, Hardware};
+use crate::config::{AttentionKernel, Config, DatasetType, DecoderBlock, Hardware};
 use crate::ir::DType;
 use crate::tensor::{concatenate, einsum, where_, Tensor, Tree};
 
@@ -94,13 +94,8 @@ pub fn cudnn_declined(c: &Config) -> Option<String> {
             c.compile_topology
         ));
     }
-    // The width of the queries and keys each call sees: multi-head latent attention's is
-    // qk_nope_head_dim + qk_rope_head_dim (its values are padded to it), not head_dim.
-    let qk_head_dim = match c.attention_type {
-        AttentionType::Mla => c.qk_nope_head_dim + c.qk_rope_head_dim,
-        _ => c.head_dim,
-    };
-    if let Some(reason) = cudnn::unsupported(super::config::dtype(c.dtype), qk_head_dim) {
+    // The width each call sees (multi-head latent attention pads its values to its keys').
+    if let Some(reason) = cudnn::unsupported(super::config::dtype(c.dtype), c.qk_head_dim()) {
         return Some(reason);
     }
     if c.attn_logits_soft_cap > 0.0 {

@@ -83,12 +83,12 @@ impl Deepseek {
                 mc.mlp_activations.join(", ")
             ));
         }
-        if c.v_head_dim > c.qk_nope_head_dim + c.qk_rope_head_dim {
+        if c.v_head_dim > c.qk_head_dim() {
             return Err(format!(
                 "v_head_dim={}: maxrs's attention kernels take values at most as wide as the keys \
                  (qk_nope_head_dim + qk_rope_head_dim = {}); wider values are not supported yet",
                 c.v_head_dim,
-                c.qk_nope_head_dim + c.qk_rope_head_dim
+                c.qk_head_dim()
             ));
         }
         let (_, _, mlp_scale, _) = crate::config::parameter_scales(c.global_parameter_scale);

@@ -70,8 +70,7 @@ pub struct MlaRope {
 impl Mla {
     /// The block `c` describes (keys checked by `config::validate`).
     pub fn from_config(c: &Config) -> Mla {
-        let qk_head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
-        let mut softmax_scale = (qk_head_dim as f64).powf(-0.5);
+        let mut softmax_scale = (c.qk_head_dim() as f64).powf(-0.5);
         if c.max_position_embeddings > c.original_max_position_embeddings {
             let m = 0.1 * c.mscale * c.rope_factor.ln() + 1.0;
             softmax_scale *= m * m;

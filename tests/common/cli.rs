@@ -82,10 +82,14 @@ pub fn train_optimized(args: &[&str]) -> (Vec<f64>, String) {
     let out = maxrs(&all, &[("XLA_FLAGS", "")]);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "maxrs {all:?}:\n{stdout}\n{stderr}");
-    let losses = stdout
+    (losses(&stdout), stdout.into_owned())
+}
+
+/// The `loss` of each `completed step` line of a run's stdout (not `moe_lb_loss`).
+pub fn losses(stdout: &str) -> Vec<f64> {
+    stdout
         .lines()
         .filter(|l| l.starts_with("completed step: "))
         .map(|l| l.split(", ").find_map(|f| f.strip_prefix("loss: ")).unwrap().parse().unwrap())
-        .collect();
-    (losses, stdout.into_owned())
+        .collect()
 }
