@@ -10,7 +10,7 @@
 use crate::common::{f64_tensor, rng, run, uniform};
 use maxrs::autodiff::value_and_grad;
 use maxrs::host::HostTensor;
-use maxrs::ir::{DType, Prim, Program, Signature};
+use maxrs::ir::{DType, Prim, Program, RematFences, Signature};
 use maxrs::model::attention::{attend, AttentionImpl, Mask};
 use maxrs::runtime::compile;
 use maxrs::tensor::{checkpoint, trace, RematPolicy, Tree};
@@ -56,7 +56,10 @@ fn program(case: Case, how: AttentionImpl, dtype: DType, remat: bool) -> Program
         let forward = |p: &Tree| -> maxrs::tensor::Tensor {
             if remat {
                 let policy = RematPolicy::SaveNames(vec!["context".into()]);
-                checkpoint(&policy, p, |a| Tree::new().with("out", attention(a)))["out"].clone()
+                checkpoint(&policy, RematFences { inputs: true, cotangents: true }, p, |a| {
+                    Tree::new().with("out", attention(a))
+                })["out"]
+                    .clone()
             } else {
                 attention(p)
             }

@@ -6,7 +6,7 @@
 use crate::common::{batched_row_gather, f64_tensor, max_rel_diff, rng, run, uniform};
 use maxrs::autodiff::value_and_grad;
 use maxrs::host::HostTensor;
-use maxrs::ir::{DType, DotDims, Prim, RaggedDotMode, Signature};
+use maxrs::ir::{DType, DotDims, Prim, RaggedDotMode, RematFences, Signature};
 use maxrs::runtime::compile;
 use maxrs::tensor::{checkpoint, concatenate, einsum, scan, sort, trace, where_, RematPolicy, Tensor, Trace, Tree};
 
@@ -164,9 +164,12 @@ fn cases() -> Vec<Case> {
             &ys["y"].sum(&[0]) + &c["h"]
         }),
         case("remat", &[a23, s(&[3, 3], ANY)], |_, x| {
-            let out = checkpoint(&RematPolicy::Full, &Tree::new().with("x", x[0].clone()), |t| {
-                Tree::new().with("y", t["x"].matmul(&x[1]).tanh().matmul(&x[1]))
-            });
+            let out = checkpoint(
+                &RematPolicy::Full,
+                RematFences { inputs: true, cotangents: true },
+                &Tree::new().with("x", x[0].clone()),
+                |t| Tree::new().with("y", t["x"].matmul(&x[1]).tanh().matmul(&x[1])),
+            );
             out["y"].clone()
         }),
     ]

@@ -1,16 +1,21 @@
 //! `cargo run --release --example cudnn_check -- [hardware=gpu plugin=cuda13]`: on a CUDA GPU,
-//! cuDNN's fused attention (`model::cudnn`) against maxrs's blockwise attention, both in bf16 on
-//! random inputs: outputs and the gradients of `sum(out * w)` with respect to q, k and v, for
-//! causal MHA, GQA, a 256-token sliding window and per-row valid lengths (`PADDING_CAUSAL`;
-//! blockwise sees the padding as a second document, and `w` is zero on padded queries, whose
-//! outputs cuDNN leaves undefined). Shapes: batch 2, 1024 tokens, 8 query heads of 128. Prints
-//! each difference (largest |a - b| over the largest |b|) and exits non-zero when one is above
-//! the bf16 tolerance. Run by `tools/gpu-check` (`tools/gpu-check.d/27-cudnn.sh`).
+//! cuDNN's fused attention (`model::cudnn`) and maxrs's blockwise attention, both in bf16 on
+//! random inputs, against the exact attention (blockwise in f32 on the same bf16-rounded
+//! inputs): outputs and the gradients of `sum(out * w)` with respect to q, k and v, for causal
+//! MHA, GQA, a 256-token sliding window and per-row valid lengths (`PADDING_CAUSAL`; blockwise
+//! sees the padding as a second document, and `w` is zero on padded queries, whose outputs cuDNN
+//! leaves undefined). Shapes: batch 2, 1024 tokens, 8 query heads of 128. Prints each distance
+//! (largest |a - b| over the largest |b|) and exits non-zero where cuDNN is further from the
+//! exact attention than both the bf16 tolerance and blockwise attention: blockwise rounds its
+//! scores to bf16 (as MaxText's dot-product attention does), which on these unscaled inputs puts
+//! it about 2.5e-2 off, where cuDNN, scoring in f32, is about 1e-2 off (an H200, 2026-11-26). On
+//! the CPU plugin it prints blockwise's distances alone. Run by `tools/gpu-check`
+//! (`tools/gpu-check.d/27-cudnn.sh`).
 
 use anyhow::{bail, Result};
 use maxrs::autodiff::value_and_grad;
 use maxrs::cluster::client_for;
-use maxrs::config;
+use maxrs::config::{self, Hardware};
 use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::model::attention::Mask;
@@ -40,7 +45,18 @@ const CASES: [Case; 4] = [
     Case { name: "lengths", kv_heads: 8, window: None, lengths: Some([1024, 700]) },
 ];
 
-fn program(case: Case, fused: bool) -> Program {
+/// Which attention a program computes.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// cuDNN's fused attention on the bf16 inputs.
+    Cudnn,
+    /// maxrs's blockwise attention on the bf16 inputs, in bf16.
+    Blockwise,
+    /// Blockwise attention on the same (bf16-rounded) inputs computed in f32: what both approximate.
+    Reference,
+}
+
+fn program(case: Case, kind: Kind) -> Program {
     let mut sig = Signature::new(None);
     for (name, heads) in [("q", HEADS), ("k", case.kv_heads), ("v", case.kv_heads)] {
         sig.input(&format!("p.{name}"), DType::F32, &[B, T, heads, D]);
@@ -54,9 +70,10 @@ fn program(case: Case, fused: bool) -> Program {
         let segments = (valid.astype(DType::S32) * -1i32) + 2i32;
         let w = &inp["w"] * &valid.astype(DType::F32).broadcast_in_dim(&[B, T, HEADS, D], &[0, 1]);
         let attend = |p: &Tree| -> Tensor {
-            let cast = |n: &str| p[n].astype(DType::BF16);
+            let dtype = if kind == Kind::Reference { DType::F32 } else { DType::BF16 };
+            let cast = |n: &str| p[n].astype(DType::BF16).astype(dtype);
             let (q, k, v) = (cast("q"), cast("k"), cast("v"));
-            let out = if fused {
+            let out = if kind == Kind::Cudnn {
                 let lengths = case.lengths.is_some().then_some((lengths, lengths));
                 cudnn::attention(&q, &k, &v, case.window, lengths, true).0
             } else {
@@ -107,22 +124,38 @@ fn main() -> Result<()> {
     if args.is_empty() {
         args = vec!["hardware=gpu".into(), "plugin=cuda13".into()];
     }
-    let client = client_for(&config::load_args(&args)?)?;
+    let config = config::load_args(&args)?;
+    // The CPU plugin has no cuDNN: there the tool measures blockwise attention alone.
+    let gpu = config.hardware != Hardware::Cpu;
+    let client = client_for(&config)?;
     let mut failed = vec![];
     for case in CASES {
-        let fused = run_program(&client, &program(case, true), &inputs(case))?;
-        let reference = run_program(&client, &program(case, false), &inputs(case))?;
+        let reference = run_program(&client, &program(case, Kind::Reference), &inputs(case))?;
+        let blockwise = run_program(&client, &program(case, Kind::Blockwise), &inputs(case))?;
+        let fused = if gpu { Some(run_program(&client, &program(case, Kind::Cudnn), &inputs(case))?) } else { None };
         for name in ["out", "grad.q", "grad.k", "grad.v"] {
-            let err = scaled_diff(&fused[name].to_f64(), &reference[name].to_f64());
-            let verdict = if err < TOLERANCE { "ok" } else { "FAIL" };
-            println!("cudnn vs blockwise, {}: {name} differs by {err:.2e} ({verdict})", case.name);
-            if err >= TOLERANCE {
+            let exact = reference[name].to_f64();
+            let block_err = scaled_diff(&blockwise[name].to_f64(), &exact);
+            let Some(fused) = &fused else {
+                println!("{}: {name}: blockwise (bf16) is off the f32 attention by {block_err:.2e}", case.name);
+                continue;
+            };
+            let fused_err = scaled_diff(&fused[name].to_f64(), &exact);
+            let between = scaled_diff(&fused[name].to_f64(), &blockwise[name].to_f64());
+            let ok = fused_err <= TOLERANCE.max(block_err);
+            println!(
+                "{}: {name}: off the f32 attention by {fused_err:.2e} (cuDNN) and {block_err:.2e} (blockwise); \
+                 cuDNN vs blockwise {between:.2e} ({})",
+                case.name,
+                if ok { "ok" } else { "FAIL" }
+            );
+            if !ok {
                 failed.push(format!("{} {name}", case.name));
             }
         }
     }
     if !failed.is_empty() {
-        bail!("cuDNN and blockwise attention differ beyond {TOLERANCE:e}: {}", failed.join(", "));
+        bail!("cuDNN attention is further from the f32 attention than bf16 tolerance ({TOLERANCE:e}) and blockwise allow: {}", failed.join(", "));
     }
     Ok(())
 }

@@ -15,6 +15,8 @@ output and the softmax statistics tagged `context`). Remat policies: `full` (not
 are drawn on the device (truncated normal, fan-in scaled; not maxrs's numbers: this run measures
 speed), the tokens are random.
 
+`--profile-dir DIR` profiles the whole run (every step) into DIR (`tools/xplane_top.py` reads it).
+
 Output: {"jax_version", "device", "timings_s": {"compile", "first_step", "median_step"},
 "losses", "peak_bytes"} (peak device memory from `memory_stats`, null where the backend has none).
 """
@@ -85,6 +87,7 @@ def main():
     a.add_argument("--scan-layers", choices=("true", "false"), default="true")
     for flag in ("emb", "heads", "kv-heads", "head-dim", "mlp", "layers", "vocab", "batch", "seq", "steps"):
         a.add_argument(f"--{flag}", type=int, required=True)
+    a.add_argument("--profile-dir", help="write a profile of the whole run (jax.profiler.trace) under this folder")
     args = a.parse_args()
     jt.REMAT_POLICIES = ("full", "minimal_flash", "none")
     jt.remat_policy = remat_policy
@@ -102,7 +105,11 @@ def main():
         "z_loss_multiplier": 0.0, "num_devices": 1,
     })
     rows = np.random.default_rng(0).integers(0, c.vocab, size=(c.global_batch * 2, c.seq + 1), dtype=np.int32)
-    result = jt.train(c, device_params(c, 0), rows, log=False)
+    if args.profile_dir:
+        with jax.profiler.trace(args.profile_dir):
+            result = jt.train(c, device_params(c, 0), rows, log=False)
+    else:
+        result = jt.train(c, device_params(c, 0), rows, log=False)
     device = jax.devices()[0]
     stats = device.memory_stats() or {}
     print(json.dumps({

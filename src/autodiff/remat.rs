@@ -1,8 +1,8 @@
 //! Differentiating a remat (`checkpoint`) region. Forward: the body is inlined and only the
 //! values tagged with a name the policy saves are kept for later. Backward: the body is
-//! recomputed from its operands behind an optimization barrier (so XLA cannot merge the
-//! recomputation with the forward pass), with the saved values substituted for their tags,
-//! and then differentiated. Recomputation that only fed saved values is dead and removed, and so
+//! recomputed from its operands (behind an optimization barrier where `fences.inputs` says, so
+//! XLA cannot merge the recomputation with the forward pass), with the saved values substituted
+//! for their tags, and then differentiated. Recomputation that only fed saved values is dead and removed, and so
 //! is a saved value the backward pass does not read (its barrier lane is dropped by
 //! `Graph::dce`), as JAX's `save_only_these_names` keeps only the named values that are
 //! residuals (e.g. MaxText's `mlpwo`, only added to the residual stream). A
@@ -30,8 +30,12 @@ pub(crate) fn backward(
     cts: &[Option<Tensor>],
     needs: &[bool],
 ) -> Vec<Option<Tensor>> {
-    let fence_in: Vec<&Tensor> = ins.iter().copied().chain(saved).collect();
-    let fenced = dest.bind(Prim::OptimizationBarrier, &fence_in);
+    let fence_in: Vec<Tensor> = ins.iter().map(|&t| t.clone()).chain(saved.iter().cloned()).collect();
+    let fenced = if r.fences.inputs {
+        dest.bind(Prim::OptimizationBarrier, &fence_in.iter().collect::<Vec<_>>())
+    } else {
+        fence_in
+    };
     let (args, kept) = fenced.split_at(ins.len());
     let saved_at = saved_eqns(r);
     let composites = saved_composites(r, &saved_at);
@@ -43,7 +47,12 @@ pub(crate) fn backward(
         let (_, picks) = composites.iter().find(|(j, _)| *j == i)?;
         Some((picks.iter().map(|&p| kept[p].clone()).collect(), Extra::None))
     });
-    fence_together(dest, super::backward(dest, &r.body, &tape, cts))
+    let cts = super::backward(dest, &r.body, &tape, cts);
+    if r.fences.cotangents {
+        fence_together(dest, cts)
+    } else {
+        cts
+    }
 }
 
 /// The region's input cotangents behind one optimization barrier: the cotangent that flows on

@@ -13,7 +13,7 @@ pub use dtype::DType;
 pub use graph::{Eqn, Graph, ValueId};
 pub use prim::{
     BinaryOp, Comparison, Composite, CustomCall, DotDims, GatherDims, Literal, Manual, Prim, RaggedDotMode, ReduceOp,
-    Remat, Scan, ScatterDims, UnaryOp,
+    Remat, RematFences, Scan, ScatterDims, UnaryOp,
 };
 pub use program::{InputSpec, OutputSpec, Program, Signature};
 pub use types::{Shape, Type};

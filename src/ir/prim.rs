@@ -235,6 +235,22 @@ pub struct Scan {
 pub struct Remat {
     pub body: Arc<Graph>,
     pub saved_names: Arc<[Arc<str>]>,
+    pub fences: RematFences,
+}
+
+/// Where the backward pass of a [`Remat`] region puts optimization barriers. Both matter only for
+/// regions XLA sees side by side (unrolled layers); in a scan body each iteration stands alone,
+/// and a barrier there only costs: XLA copies what passes through it out of the stacked
+/// parameters, residuals and gradients instead of reading or writing them in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RematFences {
+    /// JAX's `prevent_cse`: the recomputation reads the region's operands through a barrier, so
+    /// that XLA cannot merge it with the forward pass.
+    pub inputs: bool,
+    /// The region's operand cotangents leave through one barrier, so that XLA cannot defer a
+    /// layer's weight-gradient products past the layers before it (keeping every layer's
+    /// operands alive at once).
+    pub cotangents: bool,
 }
 
 /// A function given with its own backward pass, as JAX's `custom_vjp`: `forward` maps the
@@ -300,7 +316,7 @@ impl PartialEq for Scan {
 
 impl PartialEq for Remat {
     fn eq(&self, other: &Remat) -> bool {
-        Arc::ptr_eq(&self.body, &other.body) && self.saved_names == other.saved_names
+        Arc::ptr_eq(&self.body, &other.body) && self.saved_names == other.saved_names && self.fences == other.fences
     }
 }
 

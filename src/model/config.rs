@@ -48,6 +48,11 @@ pub struct ModelConfig {
     pub use_iota_embed: bool,
     /// Per-layer rematerialization.
     pub remat: RematPolicy,
+    /// Whether a layer's recomputation reads its inputs through an optimization barrier: JAX's
+    /// `prevent_cse`, as MaxText sets it (`should_prevent_cse_in_remat`,
+    /// `src/maxtext/utils/maxtext_utils.py` at e591f30): not with scanned layers, nor with
+    /// gradient accumulation on GPUs.
+    pub remat_prevent_cse: bool,
     /// `quantization=fp8` (delayed scaling) or `te_fp8_currentscaling` (current scaling): the
     /// layers' projections and MLP are fp8 products (`fp8`).
     pub fp8: Option<Scaling>,
@@ -110,6 +115,9 @@ impl ModelConfig {
             logits_dot_in_fp32: c.logits_dot_in_fp32,
             use_iota_embed: c.use_iota_embed,
             remat: remat_policy(c.remat_policy),
+            remat_prevent_cse: !(c.scan_layers
+                || (c.gradient_accumulation_steps > 1
+                    && matches!(c.hardware, config::Hardware::Gpu | config::Hardware::GpuMultiprocess))),
             fp8: match c.quantization {
                 config::Quantization::Fp8 => Some(Scaling::Delayed),
                 config::Quantization::TeFp8CurrentScaling => Some(Scaling::Current),

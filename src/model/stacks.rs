@@ -18,7 +18,7 @@
 
 use std::ops::Range;
 
-use crate::ir::{DType, Prim};
+use crate::ir::{DType, Prim, RematFences};
 use crate::tensor::{checkpoint, concatenate, scan, scan_reverse, stack, Tensor, Tree};
 
 use super::attention::LayerContext;
@@ -196,11 +196,12 @@ impl Model {
     ) -> (Tensor, Option<Tensor>, Tree) {
         let c = &self.config;
         // A layer's region returns `x` and its auxiliary losses under `aux.`.
-        let layer = |kind: usize, x: &Tensor, p: &Tree| -> Tree {
+        let layer = |kind: usize, x: &Tensor, p: &Tree, scanned: bool| -> Tree {
             // The layer's parameters and its input are the region's inputs: with `full` only they
             // are kept for the backward pass, everything inside is recomputed.
             let inputs = p.clone().prefixed("params").with("x", x.clone());
-            checkpoint(&c.remat, &inputs, |a| {
+            let fences = RematFences { inputs: c.remat_prevent_cse, cotangents: !scanned };
+            checkpoint(&c.remat, fences, &inputs, |a| {
                 let out = self.family.layer(c, kind, &a.subtree("params"), &a["x"], ctx);
                 out.aux_losses.prefixed("aux").with("x", out.x)
             })
@@ -211,7 +212,7 @@ impl Model {
         for s in self.stacks() {
             if s.scanned(c.scan_layers) {
                 let (carry, ys) = scan(&Tree::new().with("x", y), &params.subtree(&s.prefix()), |carry, p| {
-                    let out = layer(s.kind, &carry["x"], p);
+                    let out = layer(s.kind, &carry["x"], p, true);
                     let mut ys = out.subtree("aux").prefixed("aux");
                     if keep_layer_outputs {
                         ys.insert("x", out["x"].clone());
@@ -224,7 +225,7 @@ impl Model {
             } else {
                 let mut outs = Vec::new();
                 for i in 0..s.count {
-                    let out = layer(s.kind, &y, &params.subtree(&s.layer_prefix(i)));
+                    let out = layer(s.kind, &y, &params.subtree(&s.layer_prefix(i)), false);
                     add_aux_losses(&mut sums, &mut counts, &out.subtree("aux"), 1);
                     y = out["x"].clone();
                     outs.push(y.clone());

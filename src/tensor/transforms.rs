@@ -10,7 +10,7 @@
 
 use super::trace::{usage_error, Tensor, Trace};
 use super::Tree;
-use crate::ir::{Composite, CustomCall, Manual, Prim, Remat, Scan, Type};
+use crate::ir::{Composite, CustomCall, Manual, Prim, Remat, RematFences, Scan, Type};
 use crate::sharding::PartitionSpec;
 use std::sync::Arc;
 
@@ -83,9 +83,10 @@ pub enum RematPolicy {
     SaveNames(Vec<String>),
 }
 
-/// Applies `f` to `inputs` as a rematerialization region under `policy`.
+/// Applies `f` to `inputs` as a rematerialization region under `policy`, its backward pass
+/// fenced as `fences` says.
 #[track_caller]
-pub fn checkpoint(policy: &RematPolicy, inputs: &Tree, f: impl FnOnce(&Tree) -> Tree) -> Tree {
+pub fn checkpoint(policy: &RematPolicy, fences: RematFences, inputs: &Tree, f: impl FnOnce(&Tree) -> Tree) -> Tree {
     let saved_names: Arc<[Arc<str>]> = match policy {
         RematPolicy::None => return f(inputs),
         RematPolicy::Full => Arc::from(Vec::new()),
@@ -97,7 +98,7 @@ pub fn checkpoint(policy: &RematPolicy, inputs: &Tree, f: impl FnOnce(&Tree) -> 
     let outs = f(&args);
     let (graph, captures) = child.finish(&outs.values().collect::<Vec<_>>());
     let operands: Vec<&Tensor> = inputs.values().chain(&captures).collect();
-    let results = parent.bind(Prim::Remat(Remat { body: Arc::new(graph), saved_names }), &operands);
+    let results = parent.bind(Prim::Remat(Remat { body: Arc::new(graph), saved_names, fences }), &operands);
     outs.names().zip(results).collect()
 }
 

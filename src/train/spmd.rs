@@ -212,10 +212,18 @@ impl StepExecutor for SpmdStep {
     /// Runs the init program (without the parameters when they come from elsewhere), then puts
     /// the given arrays onto this run's mesh with its shardings, whatever mesh wrote them.
     fn initialize(&mut self, initial: Initial) -> Result<()> {
+        let t = std::time::Instant::now();
         let init =
             self.step.init(matches!(initial, Initial::Fresh)).map_err(|e| anyhow!("tracing the initializer: {e}"))?;
+        let traced = t.elapsed().as_secs_f64();
         let init = runtime::compile(&self.client, &init)?;
+        let compiled = t.elapsed().as_secs_f64();
         let outputs = init.execute(&[])?;
+        tracing::debug!(
+            "init program: trace {traced:.3} s, compile {:.3} s, run {:.3} s",
+            compiled - traced,
+            t.elapsed().as_secs_f64() - compiled
+        );
         for (spec, array) in init.program.outputs.iter().zip(outputs) {
             self.state[self.compiled.input_index(&spec.name)?] = Some(array);
         }

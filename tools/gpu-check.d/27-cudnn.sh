@@ -1,8 +1,9 @@
 # Issue 27 (cuDNN fused attention), sourced by tools/gpu-check: defines check_27_cudnn.
 #
-# 1. cuDNN's calls against blockwise attention, outputs and q/k/v gradients in bf16, for causal
-#    MHA, GQA, a sliding window and per-row lengths (target/release/examples/cudnn_check, built
-#    by `cargo build --release --example cudnn_check` and carried with target/release/maxrs).
+# 1. cuDNN's calls and blockwise attention, in bf16, against the exact (f32) attention: outputs
+#    and q/k/v gradients, for causal MHA, GQA, a sliding window and per-row lengths; cuDNN must be
+#    as close as the bf16 tolerance or blockwise allows (target/release/examples/cudnn_check,
+#    built by `cargo build --release --example cudnn_check` and carried with target/release/maxrs).
 # 2. The same training run (a small bf16 Llama, 30 steps, the same synthetic batches) with
 #    attention=cudnn_flash_jax and attention=flash: the start-up line says cuDNN, and the losses
 #    agree step by step within bf16 tolerance (2% relative).
