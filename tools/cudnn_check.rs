@@ -15,7 +15,7 @@
 use anyhow::{bail, Result};
 use maxrs::autodiff::value_and_grad;
 use maxrs::cluster::client_for;
-use maxrs::config::{self, Hardware};
+use maxrs::config;
 use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Program, Signature};
 use maxrs::model::attention::Mask;
@@ -126,22 +126,24 @@ fn main() -> Result<()> {
     }
     let config = config::load_args(&args)?;
     // The CPU plugin has no cuDNN: there the tool measures blockwise attention alone.
-    let gpu = config.hardware != Hardware::Cpu;
+    let gpu = config.hardware.is_gpu();
     let client = client_for(&config)?;
     let mut failed = vec![];
     for case in CASES {
-        let reference = run_program(&client, &program(case, Kind::Reference), &inputs(case))?;
-        let blockwise = run_program(&client, &program(case, Kind::Blockwise), &inputs(case))?;
-        let fused = if gpu { Some(run_program(&client, &program(case, Kind::Cudnn), &inputs(case))?) } else { None };
+        let inputs = inputs(case);
+        let reference = run_program(&client, &program(case, Kind::Reference), &inputs)?;
+        let blockwise = run_program(&client, &program(case, Kind::Blockwise), &inputs)?;
+        let fused = if gpu { Some(run_program(&client, &program(case, Kind::Cudnn), &inputs)?) } else { None };
         for name in ["out", "grad.q", "grad.k", "grad.v"] {
-            let exact = reference[name].to_f64();
-            let block_err = scaled_diff(&blockwise[name].to_f64(), &exact);
+            let (exact, block) = (reference[name].to_f64(), blockwise[name].to_f64());
+            let block_err = scaled_diff(&block, &exact);
             let Some(fused) = &fused else {
                 println!("{}: {name}: blockwise (bf16) is off the f32 attention by {block_err:.2e}", case.name);
                 continue;
             };
-            let fused_err = scaled_diff(&fused[name].to_f64(), &exact);
-            let between = scaled_diff(&fused[name].to_f64(), &blockwise[name].to_f64());
+            let got = fused[name].to_f64();
+            let fused_err = scaled_diff(&got, &exact);
+            let between = scaled_diff(&got, &block);
             let ok = fused_err <= TOLERANCE.max(block_err);
             println!(
                 "{}: {name}: off the f32 attention by {fused_err:.2e} (cuDNN) and {block_err:.2e} (blockwise); \

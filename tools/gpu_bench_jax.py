@@ -22,6 +22,7 @@ Output: {"jax_version", "device", "timings_s": {"compile", "first_step", "median
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -105,10 +106,7 @@ def main():
         "z_loss_multiplier": 0.0, "num_devices": 1,
     })
     rows = np.random.default_rng(0).integers(0, c.vocab, size=(c.global_batch * 2, c.seq + 1), dtype=np.int32)
-    if args.profile_dir:
-        with jax.profiler.trace(args.profile_dir):
-            result = jt.train(c, device_params(c, 0), rows, log=False)
-    else:
+    with jax.profiler.trace(args.profile_dir) if args.profile_dir else contextlib.nullcontext():
         result = jt.train(c, device_params(c, 0), rows, log=False)
     device = jax.devices()[0]
     stats = device.memory_stats() or {}

@@ -88,6 +88,9 @@ def main():
     for plane in planes:
         modules, ops, kernels, intervals = defaultdict(list), defaultdict(list), defaultdict(list), []
         seen_stats = set()
+        # Raw traces carry no "XLA Ops" / "XLA Modules" lines: each kernel names its HLO operation
+        # and module in its stats.
+        derived = {line.name for line in plane.lines} & {"XLA Ops", "XLA Modules"}
         for line in plane.lines:
             for ev in line.events:
                 d = ev.duration_ns
@@ -102,10 +105,9 @@ def main():
                     kernels[ev.name].append(d)
                     intervals.append((ev.start_ns, ev.start_ns + d))
                     seen_stats.update(st)
-                    # Raw traces carry no "XLA Ops" line: each kernel names its HLO operation.
-                    if "hlo_op" in st and not any(l.name == "XLA Ops" for l in plane.lines):
+                    if "hlo_op" in st and "XLA Ops" not in derived:
                         ops[str(st["hlo_op"])].append(d)
-                    if "hlo_module" in st and not any(l.name == "XLA Modules" for l in plane.lines):
+                    if "hlo_module" in st and "XLA Modules" not in derived:
                         modules.setdefault(str(st["hlo_module"]), [])
         busy = busy_ns(intervals) or 1
         span = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0

@@ -2,8 +2,8 @@
 //! values tagged with a name the policy saves are kept for later. Backward: the body is
 //! recomputed from its operands (behind an optimization barrier where `fences.inputs` says, so
 //! XLA cannot merge the recomputation with the forward pass), with the saved values substituted
-//! for their tags, and then differentiated. Recomputation that only fed saved values is dead and removed, and so
-//! is a saved value the backward pass does not read (its barrier lane is dropped by
+//! for their tags, and then differentiated. Recomputation that only fed saved values is dead and
+//! removed, and so is a saved value the backward pass does not read (its barrier lane is dropped by
 //! `Graph::dce`), as JAX's `save_only_these_names` keeps only the named values that are
 //! residuals (e.g. MaxText's `mlpwo`, only added to the residual stream). A
 //! composite whose results are all saved (blockwise attention's output and statistics under
@@ -30,11 +30,11 @@ pub(crate) fn backward(
     cts: &[Option<Tensor>],
     needs: &[bool],
 ) -> Vec<Option<Tensor>> {
-    let fence_in: Vec<Tensor> = ins.iter().map(|&t| t.clone()).chain(saved.iter().cloned()).collect();
+    let fence_in: Vec<&Tensor> = ins.iter().copied().chain(saved).collect();
     let fenced = if r.fences.inputs {
-        dest.bind(Prim::OptimizationBarrier, &fence_in.iter().collect::<Vec<_>>())
+        dest.bind(Prim::OptimizationBarrier, &fence_in)
     } else {
-        fence_in
+        fence_in.into_iter().cloned().collect()
     };
     let (args, kept) = fenced.split_at(ins.len());
     let saved_at = saved_eqns(r);

@@ -102,6 +102,13 @@ string_enum!(
     Hardware { Cpu = "cpu", Gpu = "gpu", GpuMultiprocess = "gpu_multiprocess", Tpu = "tpu" }
 );
 
+impl Hardware {
+    /// `gpu` or `gpu_multiprocess`.
+    pub fn is_gpu(self) -> bool {
+        matches!(self, Hardware::Gpu | Hardware::GpuMultiprocess)
+    }
+}
+
 string_enum!(
     /// Where training batches come from.
     DatasetType { Synthetic = "synthetic", Tokens = "tokens", Hf = "hf" }

@@ -82,7 +82,7 @@ pub fn cudnn_declined(c: &Config) -> Option<String> {
     }
     let cuda_plugin = matches!(c.plugin.as_str(), "cuda12" | "cuda13")
         || std::path::Path::new(&c.plugin).file_name().is_some_and(|f| f.to_string_lossy().contains("cuda"));
-    if !matches!(c.hardware, Hardware::Gpu | Hardware::GpuMultiprocess) || !cuda_plugin {
+    if !c.hardware.is_gpu() || !cuda_plugin {
         return Some(format!(
             "cuDNN runs on a CUDA GPU (hardware=gpu with plugin=cuda12 or cuda13), not hardware={} plugin={:?}",
             c.hardware, c.plugin

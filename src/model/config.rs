@@ -115,9 +115,7 @@ impl ModelConfig {
             logits_dot_in_fp32: c.logits_dot_in_fp32,
             use_iota_embed: c.use_iota_embed,
             remat: remat_policy(c.remat_policy),
-            remat_prevent_cse: !(c.scan_layers
-                || (c.gradient_accumulation_steps > 1
-                    && matches!(c.hardware, config::Hardware::Gpu | config::Hardware::GpuMultiprocess))),
+            remat_prevent_cse: !(c.scan_layers || (c.gradient_accumulation_steps > 1 && c.hardware.is_gpu())),
             fp8: match c.quantization {
                 config::Quantization::Fp8 => Some(Scaling::Delayed),
                 config::Quantization::TeFp8CurrentScaling => Some(Scaling::Current),

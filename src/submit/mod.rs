@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::config::{self, Hardware};
+use crate::config;
 use machine::MachineType;
 
 /// The maxrs subcommands a cluster job may run.
@@ -113,7 +113,7 @@ impl Job {
         // A GPU job needs hardware=gpu and a CUDA plugin: added where the user left the key out,
         // refused where the user set it to something else.
         // MaxText's A3 recipes run with `hardware: gpu` (maxtext src/maxtext/configs/gpu/models/llama2_7b.yml at 23be6e4f).
-        let gpu = matches!(loaded.hardware, Hardware::Gpu | Hardware::GpuMultiprocess);
+        let gpu = loaded.hardware.is_gpu();
         let cuda = loaded.plugin.starts_with("cuda") || loaded.plugin.contains('/');
         let mut added_args = Vec::new();
         for (fits, key, value, added, valid) in [
