@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use maxrs::cluster::client_for;
 use maxrs::config::{self, Config};
-use maxrs::data::{self, ProcessShare, Split, TextBatches, TextState};
+use maxrs::data::{self, Packing, ProcessShare, Split, TextBatches, TextState};
 use maxrs::pjrt::provision::{Provisioner, WheelPin};
 use maxrs::train::run::train;
 use parquet::basic::Compression;
@@ -75,7 +75,7 @@ fn text_pass(c: &Config, workers: usize) -> (f64, u64, u64) {
     spec.repeat = false;
     spec.workers = workers;
     let start = Instant::now();
-    let mut it = TextBatches::start(spec, TextState::default(), ROWS, SEQ, c.packing);
+    let mut it = TextBatches::start(spec, TextState::default(), ROWS, SEQ, Packing::of(c));
     let mut batches = 0u64;
     while it.next_batch().unwrap().is_some() {
         batches += 1;

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use maxrs::cluster::client_for;
 use maxrs::config::{self, Config};
-use maxrs::data::{self, ProcessShare, Split, TextBatches, TextState};
+use maxrs::data::{self, Packing, ProcessShare, Split, TextBatches, TextState};
 use maxrs::files::Location;
 use maxrs::train::run::train;
 
@@ -84,7 +84,7 @@ fn pass(c: &Config, workers: usize) -> (f64, u64) {
     let mut spec = data::text_spec(c, Split::Eval, tokenizer, ProcessShare::SINGLE).unwrap();
     spec.workers = workers;
     let t = Instant::now();
-    let mut batches = TextBatches::start(spec, TextState::default(), ROWS, SEQ, c.packing);
+    let mut batches = TextBatches::start(spec, TextState::default(), ROWS, SEQ, Packing::of(c));
     while batches.next_batch().unwrap().is_some() {}
     (t.elapsed().as_secs_f64(), batches.stats().2)
 }

@@ -187,6 +187,10 @@ const KEYS: &[(&str, Effect)] = &[
     ("add_bos", Runtime("BOS added by the tokenizer")),
     ("add_eos", Runtime("EOS added by the tokenizer")),
     ("packing", Runtime("packs documents into rows (and feeds segment ids to the step)")),
+    (
+        "max_segments_per_seq",
+        Runtime("caps the documents a packed row takes (data::packing) and sizes cuDNN's packed layout (cudnn_model)"),
+    ),
     ("use_sft", Runtime("rows are conversations rendered with the chat template (data_sft)")),
     ("sft_train_on_completion_only", Runtime("prompt targets get no loss (data_sft)")),
     ("chat_template", Runtime("the SFT chat template itself (data_sft)")),

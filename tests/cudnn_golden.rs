@@ -3,12 +3,16 @@
 //! with `jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=1.0,
 //! implementation="cudnn")`, plus `local_window_size=(255, 0)` for `window` and
 //! `query_seq_lengths = key_value_seq_lengths = [1024, 700]` for `seqlens`; `fwdbwd` is
-//! `jax.vjp` of it with a cotangent of ones). For each case the calls are compared field by
+//! `jax.vjp` of it with a cotangent of ones), and for packed documents (`packed*`, at most 3 a
+//! row) JAX's `fused_attention_stablehlo.dot_product_attention` with `q_seqlen`, `q_offsets`,
+//! lowered for CUDA without a GPU (`packed_golden.py` there says how, and checks the method
+//! against `causal_mha`). For each case the calls are compared field by
 //! field: target, backend config (parsed and compared as JSON), operand and result layouts,
 //! operand and result types; SSA names are ignored. The CPU plugin cannot run cuDNN, so what
 //! the calls compute is checked on a GPU (`tools/gpu-check.d/27-cudnn.sh`).
 
 use maxrs::autodiff::value_and_grad;
+use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Signature};
 use maxrs::lower::to_stablehlo;
 use maxrs::model::cudnn;
@@ -91,34 +95,53 @@ fn golden(name: &str) -> Vec<Call> {
     calls(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
 }
 
+/// What a golden case's rows hold.
+#[derive(Clone, Copy, PartialEq)]
+enum Rows {
+    Whole,
+    /// Valid lengths `[1024, 700]`.
+    Lengths,
+    /// At most 3 documents a row.
+    Packed,
+}
+
 #[derive(Clone, Copy)]
 struct Case {
     name: &'static str,
     kv_heads: i64,
     window: Option<i64>,
-    lengths: bool,
+    rows: Rows,
 }
 
-const CASES: [Case; 4] = [
-    Case { name: "causal_mha", kv_heads: 8, window: None, lengths: false },
-    Case { name: "causal_gqa", kv_heads: 2, window: None, lengths: false },
+const CASES: [Case; 6] = [
+    Case { name: "causal_mha", kv_heads: 8, window: None, rows: Rows::Whole },
+    Case { name: "causal_gqa", kv_heads: 2, window: None, rows: Rows::Whole },
     // JAX's `local_window_size=(255, 0)`: the token itself and 255 before it.
-    Case { name: "window", kv_heads: 8, window: Some(256), lengths: false },
-    Case { name: "seqlens", kv_heads: 8, window: None, lengths: true },
+    Case { name: "window", kv_heads: 8, window: Some(256), rows: Rows::Whole },
+    Case { name: "seqlens", kv_heads: 8, window: None, rows: Rows::Lengths },
+    Case { name: "packed", kv_heads: 8, window: None, rows: Rows::Packed },
+    Case { name: "packed_gqa_window", kv_heads: 2, window: Some(256), rows: Rows::Packed },
 ];
 
 /// The golden files' shapes: batch 2, 1024 tokens, 8 query heads of 128, bf16.
 fn emitted(case: Case, backward: bool) -> Vec<Call> {
     let mut sig = Signature::new(None);
-    for (name, heads) in [("q", 8), ("k", case.kv_heads), ("v", case.kv_heads)] {
+    for (name, heads) in [("p.q", 8), ("p.k", case.kv_heads), ("p.v", case.kv_heads)] {
         sig.input(name, DType::BF16, &[2, 1024, heads, 128]);
     }
+    sig.input("segments", DType::S32, &[2, 1024]);
     let program = trace(&sig, |ctx, inp| {
         let lengths = ctx.constant(DType::S32, &[2], &[1024.0, 700.0]);
+        let segments = &inp["segments"];
         let attend = |p: &Tree, training: bool| {
-            let lengths = case.lengths.then_some((&lengths, &lengths));
-            cudnn::attention(&p["q"], &p["k"], &p["v"], case.window, lengths, training).0
+            let sequences = match case.rows {
+                Rows::Whole => cudnn::Sequences::Whole,
+                Rows::Lengths => cudnn::Sequences::Lengths(&lengths, &lengths),
+                Rows::Packed => cudnn::Sequences::Packed { segments, max: 3 },
+            };
+            cudnn::attention(&p["q"], &p["k"], &p["v"], case.window, sequences, training).0
         };
+        let inp = &inp.subtree("p");
         if !backward {
             return Tree::new().with("out", attend(inp, false));
         }
@@ -157,7 +180,7 @@ fn backend_config_is_written_as_json_dumps_writes_it() {
         head_dim: 128,
         dtype: DType::BF16,
         window: Some(256),
-        padded: false,
+        rows: cudnn::Rows::Whole,
     };
     let configs: Vec<String> = text
         .lines()
@@ -179,7 +202,15 @@ fn sharded_calls_see_local_shapes_in_a_manual_computation() {
     let program = trace(&sig, |_, inp| {
         let (batch, heads) = (vec!["data".to_string()], vec!["tensor".to_string()]);
         let (_, grads) = value_and_grad(inp, |p| {
-            let (out, _) = cudnn::sharded_attention(&p["q"], &p["k"], &p["v"], None, &batch, &heads, true);
+            let (out, _) = cudnn::sharded_attention(
+                &p["q"],
+                &p["k"],
+                &p["v"],
+                None,
+                cudnn::Sequences::Whole,
+                (&batch, &heads),
+                true,
+            );
             out.astype(DType::F32).sum_all()
         });
         grads
@@ -196,7 +227,7 @@ fn sharded_calls_see_local_shapes_in_a_manual_computation() {
         head_dim: 64,
         dtype: DType::BF16,
         window: None,
-        padded: false,
+        rows: cudnn::Rows::Whole,
     };
     let got = calls(&mlir);
     assert_eq!(got.len(), 2);
@@ -218,7 +249,7 @@ fn a_bare_custom_call_is_not_differentiated() {
         sig.input(name, DType::BF16, &[1, 128, 2, 64]);
     }
     let err = trace(&sig, |_, inp| {
-        let fmha = cudnn::Fmha::new(&inp["q"], &inp["k"], None, false);
+        let fmha = cudnn::Fmha::new(&inp["q"], &inp["k"], None, cudnn::Rows::Whole);
         let (_, grads) = value_and_grad(inp, |p| {
             let out = maxrs::tensor::custom_call(fmha.forward_call(false), &[&p["q"], &p["k"], &p["v"]]);
             out[0].astype(DType::F32).sum_all()
@@ -228,4 +259,76 @@ fn a_bare_custom_call_is_not_differentiated() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("custom_call @__cudnn$fmhaSoftmax has no derivative of its own"), "{err}");
+}
+
+/// cuDNN's packed layout computed from each token's document, against JAX 0.11.2's
+/// `_fix_seqlen_offsets` (`packed_golden.py offsets`) of the same documents' lengths and starts in
+/// the form JAX's API takes them (row 0: documents of 3, 4 and 2 tokens and 7 of padding, which
+/// joins the last document; row 1: one document and padding; row 2: padding only).
+#[test]
+fn packed_layout_is_what_jax_hands_cudnn() {
+    let mut sig = Signature::new(None);
+    sig.input("segments", DType::S32, &[3, 16]);
+    let program = trace(&sig, |_, inp| {
+        let [q_seqlen, kv_seqlen, q_offsets, kv_offsets] = cudnn::packed_layout(&inp["segments"], 3, 4, 2, 8);
+        Tree::new()
+            .with("q_seqlen", q_seqlen)
+            .with("kv_seqlen", kv_seqlen)
+            .with("q_offsets", q_offsets)
+            .with("kv_offsets", kv_offsets)
+    })
+    .expect("traces");
+    let rows: [[i32; 16]; 3] =
+        [[1, 1, 1, 2, 2, 2, 2, 3, 3, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0], [0; 16]];
+    let inputs = Tree::new().with("segments", HostTensor::from_i32(&[3, 16], &rows.concat()));
+    let out = crate::common::run(&program, &inputs);
+    let seqlen = [3, 4, 9, 16, 16, 0, 0, 0, 0];
+    assert_eq!(out["q_seqlen"].to_i64(), seqlen);
+    assert_eq!(out["kv_seqlen"].to_i64(), seqlen);
+    assert_eq!(out["q_offsets"].to_i64(), [0, 96, 224, 512, 1024, 1536, 1536, 1536, 1536, 1536, 1536, 1536]);
+    assert_eq!(out["kv_offsets"].to_i64(), [0, 48, 112, 256, 512, 768, 768, 768, 768, 768, 768, 768]);
+    assert_eq!(out["q_offsets"].dims, [3, 4]);
+}
+
+/// On a mesh, packed documents' tokens are split by rows with the batch, and each device's calls
+/// take the lengths and offsets of its own rows (`[local batch, max]`, `[local batch, max + 1]`),
+/// with statistics for each of its rows' documents.
+#[test]
+fn sharded_packed_calls_take_each_devices_documents() {
+    let mesh = Mesh::new(&[("data", 2), ("fsdp", 1), ("tensor", 2)]);
+    let mut sig = Signature::new(Some(mesh));
+    for (name, heads) in [("p.q", 8), ("p.k", 2), ("p.v", 2)] {
+        sig.input(name, DType::BF16, &[4, 256, heads, 64]);
+    }
+    sig.input("segments", DType::S32, &[4, 256]);
+    let program = trace(&sig, |_, inp| {
+        let (batch, heads) = (vec!["data".to_string()], vec!["tensor".to_string()]);
+        let sequences = cudnn::Sequences::Packed { segments: &inp["segments"], max: 4 };
+        let (_, grads) = value_and_grad(&inp.subtree("p"), |p| {
+            let (out, _) = cudnn::sharded_attention(&p["q"], &p["k"], &p["v"], None, sequences, (&batch, &heads), true);
+            out.astype(DType::F32).sum_all()
+        });
+        grads
+    })
+    .expect("traces");
+    let got = calls(&to_stablehlo(&program));
+    assert_eq!(got.len(), 2);
+    let local = cudnn::Fmha {
+        batch: 2,
+        seq: 256,
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 64,
+        dtype: DType::BF16,
+        window: None,
+        rows: cudnn::Rows::Packed { max: 4 },
+    };
+    let configs: Vec<Value> =
+        [false, true].iter().map(|&b| serde_json::from_str(&local.backend_config(b)).unwrap()).collect();
+    assert_eq!(got.iter().map(|c| c.backend_config.clone()).collect::<Vec<_>>(), configs);
+    assert_eq!(
+        got[0].signature,
+        "(tensor<2x256x4x64xbf16>, tensor<2x256x1x64xbf16>, tensor<2x256x1x64xbf16>, tensor<2x4xi32>, tensor<2x4xi32>, \
+         tensor<2x5xi32>, tensor<2x5xi32>) -> (tensor<2x4x256x64xbf16>, tensor<8x4x256xf32>, tensor<0xui8>)"
+    );
 }

@@ -34,6 +34,8 @@ fn cuda_runs_get_cudnn_and_the_rest_say_why_not() {
     assert!(yes.contains("-> XLA's cuDNN fused attention (`__cudnn$fmhaSoftmax`"), "{yes}");
     let te = line(&["attention=cudnn_flash_te"]);
     assert!(te.contains("cuDNN fused attention") && te.contains("no Transformer Engine"), "{te}");
+    let packed = line(&["dataset_type=hf", "packing=true", "max_segments_per_seq=32"]);
+    assert!(packed.contains("-> XLA's cuDNN fused attention"), "{packed}");
     for (extra, why) in [
         (
             &["hardware=cpu", "plugin=cpu"][..],
@@ -57,7 +59,7 @@ fn cuda_runs_get_cudnn_and_the_rest_say_why_not() {
             "a multiple of 8, at most 256, not 12",
         ),
         (&["attn_logits_soft_cap=30.0"], "no soft cap (attn_logits_soft_cap=30)"),
-        (&["dataset_type=hf", "packing=true"], "packed documents (packing=true) keep their segment masking"),
+        (&["dataset_type=hf", "packing=true"], "packed documents (dataset_type=hf, packing=true) go into cuDNN's packed layout only with a fixed number of documents a row: set max_segments_per_seq"),
         (&["ici_context_parallelism=2"], "the sequence is sharded (context parallelism)"),
     ] {
         let got = line(extra);
@@ -71,15 +73,46 @@ fn cuda_runs_get_cudnn_and_the_rest_say_why_not() {
     assert!(auto.contains("autoselected -> blockwise attention") && !auto.contains("cuDNN"), "{auto}");
 }
 
-/// The custom calls in the train step of `extra` on `devices` devices: (forward calls, backward
-/// calls). On several devices they run in manual computations; on one, bare.
-fn calls_in_step(devices: usize, extra: &[&str]) -> (usize, usize) {
+/// MaxText's rule (`src/maxtext/configs/types.py` at e591f30): Transformer Engine's attention on
+/// packed documents needs `max_segments_per_seq`.
+#[test]
+fn cudnn_flash_te_on_packed_documents_needs_max_segments_per_seq() {
+    let files = concat!("hf_train_files=", env!("CARGO_MANIFEST_DIR"), "/tests/data/tokenizer_corpus.jsonl");
+    let tokenizer = concat!("tokenizer_path=", env!("CARGO_MANIFEST_DIR"), "/tests/data/shakespeare-bpe512.model");
+    let packed = ["dataset_type=hf", files, tokenizer, "packing=true", "attention=cudnn_flash_te"];
+    let err = config::check(&load(&[GPU, &packed].concat())).unwrap_err().to_string();
+    assert!(err.contains("max_segments_per_seq") && err.contains("MaxText's GPU configs use 32"), "{err}");
+    config::check(&load(&[GPU, &packed, &["max_segments_per_seq=32"]].concat())).expect("checks");
+    config::check(&load(&[GPU, &["attention=cudnn_flash_te"]].concat())).expect("synthetic rows are not packed");
+}
+
+/// The train step of `extra` on `devices` devices as StableHLO; `packed`: on packed batches (the
+/// program `dataset_type=hf` with `packing=true` traces, without needing its files).
+fn step_mlir(devices: usize, extra: &[&str], packed: bool) -> String {
     let c = load(&[GPU, extra].concat());
     config::check(&c).expect("checks");
     let derived = config::validate(&c, devices, 1).expect("valid");
     let mesh = derived.mesh.step_mesh(&[(0..devices as i64).collect()]).expect("mesh");
-    let step = TrainStep::new(&c, &derived, mesh).expect("step");
-    let mlir = to_stablehlo(&step.train_step().expect("traces"));
+    let mut step = TrainStep::new(&c, &derived, mesh).expect("step");
+    step.packed = packed;
+    to_stablehlo(&step.train_step().expect("traces"))
+}
+
+/// With `max_segments_per_seq`, packed batches' attention is cuDNN's packed layout: both calls
+/// take the documents' lengths and offsets and say how many documents a row holds.
+#[test]
+fn packed_batches_use_cudnns_packed_layout() {
+    for devices in [1, 4] {
+        let mlir = step_mlir(devices, &["max_segments_per_seq=4", "remat_policy=minimal_flash"], true);
+        assert_eq!(mlir.matches("max_seg_per_batch\\22: 4,").count(), 2, "{devices} devices");
+        assert_eq!(mlir.matches("PADDING_CAUSAL").count(), 2, "{devices} devices");
+    }
+}
+
+/// The custom calls in the train step of `extra` on `devices` devices: (forward calls, backward
+/// calls). On several devices they run in manual computations; on one, bare.
+fn calls_in_step(devices: usize, extra: &[&str]) -> (usize, usize) {
+    let mlir = step_mlir(devices, extra, false);
     assert_eq!(mlir.contains("sdy.manual_computation("), devices > 1, "manual computations on {devices} devices");
     (
         mlir.matches("custom_call @__cudnn$fmhaSoftmax(").count(),

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use maxrs::data::batch::Batch;
 use maxrs::data::chat::{ChatTemplate, Message};
-use maxrs::data::packing::{Encoded, Packer};
+use maxrs::data::packing::{Encoded, Packer, Packing};
 use maxrs::data::TextTokenizer;
 use serde_json::Value;
 
@@ -67,7 +67,7 @@ fn completion_only_mask_survives_packing_and_the_shift() {
     let (template, tokenizer) = load("qwen3");
     let pad = tokenizer.pad_id();
     let cases = golden["qwen3"].as_array().unwrap();
-    let mut packer = Packer::new(256, 2, true, pad);
+    let mut packer = Packer::new(256, 2, Packing::On { max_segments: None }, pad);
     let mut completion_tokens = 0;
     for case in cases {
         let messages: Vec<Message> = serde_json::from_value(case["messages"].clone()).unwrap();

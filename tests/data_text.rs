@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use maxrs::config::{self, Config};
 use maxrs::data::{
-    self, Batch, BatchIterator, DataError, DataState, ProcessShare, Split, TextBatches, TextState, TextTokenizer,
+    self, Batch, BatchIterator, DataError, DataState, Packing, ProcessShare, Split, TextBatches, TextState,
+    TextTokenizer,
 };
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
@@ -141,6 +142,7 @@ fn one_epoch(c: &Config, processes: usize, packing: bool) -> Vec<Vec<Batch>> {
             let share = ProcessShare { index: p, count: processes };
             let mut spec = data::text_spec(c, Split::Train, data::load_tokenizer(c).unwrap(), share).unwrap();
             spec.repeat = false;
+            let packing = if packing { Packing::On { max_segments: None } } else { Packing::Off };
             let mut it = TextBatches::start(spec, TextState::default(), ROWS, SEQ, packing);
             std::iter::from_fn(|| it.next_batch().unwrap()).collect()
         })

@@ -2,9 +2,11 @@
 //! cuDNN's fused attention (`model::cudnn`) and maxrs's blockwise attention, both in bf16 on
 //! random inputs, against the exact attention (blockwise in f32 on the same bf16-rounded
 //! inputs): outputs and the gradients of `sum(out * w)` with respect to q, k and v, for causal
-//! MHA, GQA, a 256-token sliding window and per-row valid lengths (`PADDING_CAUSAL`; blockwise
-//! sees the padding as a second document, and `w` is zero on padded queries, whose outputs cuDNN
-//! leaves undefined). Shapes: batch 2, 1024 tokens, 8 query heads of 128. Prints each distance
+//! MHA, GQA, a 256-token sliding window, per-row valid lengths (`PADDING_CAUSAL`; blockwise
+//! sees the padding as a second document) and packed documents (cuDNN's packed layout, up to 3
+//! documents a row; blockwise masks by segment), with and without GQA and a window. `w` is zero
+//! on padded queries, whose outputs cuDNN leaves undefined (with lengths) or computes over their
+//! last document (packed). Shapes: batch 2, 1024 tokens, 8 query heads of 128. Prints each distance
 //! (largest |a - b| over the largest |b|) and exits non-zero where cuDNN is further from the
 //! exact attention than both the bf16 tolerance and blockwise attention: blockwise rounds its
 //! scores to bf16 (as MaxText's dot-product attention does), which on these unscaled inputs puts
@@ -30,20 +32,70 @@ const D: i64 = 128;
 /// bf16 keeps 8 significant bits; both kernels round their matmul operands to it.
 const TOLERANCE: f64 = 2e-2;
 
+/// What the rows hold.
+#[derive(Clone, Copy)]
+enum Rows {
+    Whole,
+    /// Each row's valid length.
+    Lengths([i64; 2]),
+    /// Each row's documents' lengths, then padding.
+    Packed([&'static [i64]; 2]),
+}
+
 #[derive(Clone, Copy)]
 struct Case {
     name: &'static str,
     kv_heads: i64,
     window: Option<i64>,
-    lengths: Option<[i32; 2]>,
+    rows: Rows,
 }
 
-const CASES: [Case; 4] = [
-    Case { name: "causal", kv_heads: 8, window: None, lengths: None },
-    Case { name: "gqa", kv_heads: 2, window: None, lengths: None },
-    Case { name: "window", kv_heads: 8, window: Some(256), lengths: None },
-    Case { name: "lengths", kv_heads: 8, window: None, lengths: Some([1024, 700]) },
+/// Documents of 300, 200 and 400 tokens then 124 of padding; of 512 and 500 then 12.
+const DOCUMENTS: [&[i64]; 2] = [&[300, 200, 400], &[512, 500]];
+
+const CASES: [Case; 6] = [
+    Case { name: "causal", kv_heads: 8, window: None, rows: Rows::Whole },
+    Case { name: "gqa", kv_heads: 2, window: None, rows: Rows::Whole },
+    Case { name: "window", kv_heads: 8, window: Some(256), rows: Rows::Whole },
+    Case { name: "lengths", kv_heads: 8, window: None, rows: Rows::Lengths([1024, 700]) },
+    Case { name: "packed", kv_heads: 8, window: None, rows: Rows::Packed(DOCUMENTS) },
+    Case { name: "packed_gqa_window", kv_heads: 2, window: Some(256), rows: Rows::Packed(DOCUMENTS) },
 ];
+
+impl Case {
+    /// Each token's segment as blockwise attention masks by it (with lengths, the padding is
+    /// a second document; packed, padding is segment 0), row after row.
+    fn segments(&self) -> Vec<i32> {
+        let row = |r: usize| -> Vec<i32> {
+            let mut out = vec![];
+            match self.rows {
+                Rows::Whole => out.resize(T as usize, 1),
+                Rows::Lengths(lengths) => {
+                    out.resize(lengths[r] as usize, 1);
+                    out.resize(T as usize, 2);
+                }
+                Rows::Packed(documents) => {
+                    for (i, &n) in documents[r].iter().enumerate() {
+                        out.extend(std::iter::repeat_n(i as i32 + 1, n as usize));
+                    }
+                    out.resize(T as usize, 0);
+                }
+            }
+            out
+        };
+        (0..B as usize).flat_map(row).collect()
+    }
+
+    /// 1 where a token is not padding, row after row.
+    fn valid(&self) -> Vec<f32> {
+        let segments = self.segments();
+        match self.rows {
+            Rows::Whole => vec![1.0; segments.len()],
+            Rows::Lengths(_) => segments.iter().map(|&s| if s == 1 { 1.0 } else { 0.0 }).collect(),
+            Rows::Packed(_) => segments.iter().map(|&s| if s != 0 { 1.0 } else { 0.0 }).collect(),
+        }
+    }
+}
 
 /// Which attention a program computes.
 #[derive(Clone, Copy, PartialEq)]
@@ -63,29 +115,32 @@ fn program(case: Case, kind: Kind) -> Program {
     }
     sig.input("w", DType::F32, &[B, T, HEADS, D]);
     sig.input("lengths", DType::S32, &[B]);
-    trace(&sig, |ctx, inp| {
-        let lengths = &inp["lengths"];
-        // Position t of row b is valid when t < lengths[b]: segment 1, else 2 (blockwise's view).
-        let valid = ctx.iota(DType::S32, &[B, T], 1).lt(lengths.broadcast_in_dim(&[B, T], &[0]));
-        let segments = (valid.astype(DType::S32) * -1i32) + 2i32;
-        let w = &inp["w"] * &valid.astype(DType::F32).broadcast_in_dim(&[B, T, HEADS, D], &[0, 1]);
+    sig.input("segments", DType::S32, &[B, T]);
+    sig.input("valid", DType::F32, &[B, T]);
+    trace(&sig, |_, inp| {
+        let (lengths, segments) = (&inp["lengths"], &inp["segments"]);
+        let valid = inp["valid"].broadcast_in_dim(&[B, T, HEADS, D], &[0, 1]);
+        let w = &inp["w"] * &valid;
         let attend = |p: &Tree| -> Tensor {
             let dtype = if kind == Kind::Reference { DType::F32 } else { DType::BF16 };
             let cast = |n: &str| p[n].astype(DType::BF16).astype(dtype);
             let (q, k, v) = (cast("q"), cast("k"), cast("v"));
             let out = if kind == Kind::Cudnn {
-                let lengths = case.lengths.is_some().then_some((lengths, lengths));
-                cudnn::attention(&q, &k, &v, case.window, lengths, true).0
+                let sequences = match case.rows {
+                    Rows::Whole => cudnn::Sequences::Whole,
+                    Rows::Lengths(_) => cudnn::Sequences::Lengths(lengths, lengths),
+                    Rows::Packed(_) => cudnn::Sequences::Packed { segments, max: 3 },
+                };
+                cudnn::attention(&q, &k, &v, case.window, sequences, true).0
             } else {
-                let mask = Mask { window: case.window, segments: case.lengths.is_some().then(|| segments.clone()) };
-                blockwise::attention(&q, &k, &v, &mask, 512).0
+                let segments = (!matches!(case.rows, Rows::Whole)).then(|| segments.clone());
+                blockwise::attention(&q, &k, &v, &Mask { window: case.window, segments }, 512).0
             };
             out.astype(DType::F32)
         };
         let out = attend(&inp.subtree("p"));
         let (_, grads) = value_and_grad(&inp.subtree("p"), |p| (attend(p) * &w).sum_all());
-        let out = &out * &valid.astype(DType::F32).broadcast_in_dim(&[B, T, HEADS, D], &[0, 1]);
-        grads.prefixed("grad").with("out", out)
+        grads.prefixed("grad").with("out", &out * &valid)
     })
     .expect("traces")
 }
@@ -110,7 +165,13 @@ fn inputs(case: Case) -> Tree<HostTensor> {
         let n = dims.iter().product::<i64>() as usize;
         t.insert(*name, HostTensor::from_f32(&dims, &uniform(i as u64 + 1, n, 1.0)));
     }
-    t.insert("lengths", HostTensor::from_i32(&[B], &case.lengths.unwrap_or([T as i32, T as i32])));
+    let lengths = match case.rows {
+        Rows::Lengths(lengths) => lengths.map(|n| n as i32),
+        Rows::Whole | Rows::Packed(_) => [T as i32; 2],
+    };
+    t.insert("lengths", HostTensor::from_i32(&[B], &lengths));
+    t.insert("segments", HostTensor::from_i32(&[B, T], &case.segments()));
+    t.insert("valid", HostTensor::from_f32(&[B, T], &case.valid()));
     t
 }
 

@@ -329,6 +329,8 @@ declare_keys! {
         add_eos: bool = true => MaxText.run(),
         /// Pack several documents into each row (attention stays within a document); false pads.
         packing: bool = true => MaxText.run(),
+        /// With packing: at most this many documents in a row; -1 (or 0): no limit. cuDNN's attention (attention=cudnn_flash_te, cudnn_flash_jax) needs it to keep packed documents apart (MaxText's GPU configs use 32).
+        max_segments_per_seq: i64 = -1 => MaxText.step().range(int_or_fill(0, 1 << 24)),
         /// Supervised fine-tuning: rows are conversations (train_data_columns [messages], [prompt, completion] or [question, answer]) rendered with the chat template.
         use_sft: bool = false => MaxText.run(),
         /// With use_sft: the loss counts only the completions (assistant replies), not the prompts.
@@ -654,5 +656,13 @@ declare_keys! {
         set_remat_policy_on_pipeline_iterations: bool = true => MaxText.program(),
         /// Set the remat policy on the scan over a stage's layers (SPMD pipeline).
         set_remat_policy_on_layers_per_stage: bool = false => MaxText.program(),
+    }
+}
+
+impl Config {
+    /// Whether training batches are packed documents (`dataset_type=hf` with `packing=true`):
+    /// the other datasets give one sequence a row, whatever `packing` says.
+    pub fn packed_batches(&self) -> bool {
+        self.dataset_type == DatasetType::Hf && self.packing
     }
 }

@@ -102,7 +102,6 @@ pub const REFUSED: &[Refusal] = &[
     refuse(
         &[
             "use_truncation",
-            "max_segments_per_seq",
             "num_epoch",
             "generate_padding_batch_train",
             "generate_padding_batch_eval",

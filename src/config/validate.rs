@@ -4,7 +4,8 @@
 use std::fmt;
 
 use super::choices::{
-    DatasetType, DecoderBlock, Hardware, ProfilerKind, SamplingStrategy, TokenizerType, MLP_ACTIVATIONS,
+    AttentionKernel, DatasetType, DecoderBlock, Hardware, ProfilerKind, SamplingStrategy, TokenizerType,
+    MLP_ACTIVATIONS,
 };
 use super::error::{closest, escape, quote, ConfigError};
 use super::keys::Config;
@@ -661,6 +662,19 @@ fn check_hardware(c: &Config) -> Result<(), ConfigError> {
                 escape(plugin),
                 fits.join(" or plugin=")
             ),
+        ));
+    }
+    // MaxText's own rule (`src/maxtext/configs/types.py` at e591f30), for the runs whose batches
+    // maxrs packs: cuDNN's packed layout has a fixed number of documents a row.
+    if c.hardware.is_gpu()
+        && c.packed_batches()
+        && c.attention == AttentionKernel::CudnnFlashTe
+        && c.max_segments_per_seq <= 0
+    {
+        return Err(ConfigError::invalid(
+            "max_segments_per_seq",
+            "must be set (> 0; MaxText's GPU configs use 32) when attention=cudnn_flash_te trains on packed documents \
+             (dataset_type=hf with packing=true)",
         ));
     }
     Ok(())

@@ -41,6 +41,7 @@ use crate::config::{Config, DatasetType};
 
 pub use batch::{Batch, PackedRow};
 pub use error::DataError;
+pub use packing::Packing;
 pub use synthetic::Synthetic;
 pub use text::{TextBatches, TextSpec, TextState};
 pub use tokenizer::TextTokenizer;
@@ -278,7 +279,7 @@ pub fn open_train(
                     Some(other) => return Err(mismatch(other)),
                 };
                 let spec = text_spec(c, Split::Train, load_tokenizer(c)?, process)?;
-                Ok(BatchIterator::Text(TextBatches::start(spec, at, rows.len(), seq, c.packing)))
+                Ok(BatchIterator::Text(TextBatches::start(spec, at, rows.len(), seq, Packing::of(c))))
             }
             Some(mix) => {
                 let at = match resume {
@@ -294,7 +295,14 @@ pub fn open_train(
                     .collect::<Result<Vec<_>, _>>()?;
                 let docs = mixture::MixedDocs::start(&specs, mix.proportions, at.clone())?;
                 let state = DataState::HfMixture(at);
-                Ok(BatchIterator::Text(TextBatches::from_stream(docs, state, &tokenizer, rows.len(), seq, c.packing)))
+                Ok(BatchIterator::Text(TextBatches::from_stream(
+                    docs,
+                    state,
+                    &tokenizer,
+                    rows.len(),
+                    seq,
+                    Packing::of(c),
+                )))
             }
         },
     }
@@ -305,7 +313,7 @@ pub struct EvalData {
     spec: TextSpec,
     rows: usize,
     seq: usize,
-    packing: bool,
+    packing: Packing,
 }
 
 impl EvalData {
@@ -316,12 +324,12 @@ impl EvalData {
         }
         let rows = host_rows(global_batch, process.index, process.count)?;
         let spec = text_spec(c, Split::Eval, load_tokenizer(c)?, process)?;
-        Ok(Some(EvalData { spec, rows: rows.len(), seq: c.max_target_length as usize, packing: c.packing }))
+        Ok(Some(EvalData { spec, rows: rows.len(), seq: c.max_target_length as usize, packing: Packing::of(c) }))
     }
 
     /// Whether its batches are packed (`packing`).
     pub fn packed(&self) -> bool {
-        self.packing
+        self.packing.is_on()
     }
 
     /// A new pass over the eval files.

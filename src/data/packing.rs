@@ -4,11 +4,37 @@
 //! e591f30): a document goes into the first row with room for it; when no row has room and the
 //! batch has all its rows, the batch is complete and the document starts the next one. Each
 //! document is a segment of its row (ids 1, 2, ... in placement order) with positions restarting
-//! at 0. With `packing=false` each document gets a row of its own, padded. Documents are at most
+//! at 0; with `max_segments_per_seq` a row takes at most that many documents (grain's
+//! `max_sequences_per_bin`). With `packing=false` each document gets a row of its own, padded. Documents are at most
 //! a row long (the tokenizer truncates them), and a complete batch's unused room is padding
 //! (segment 0, the pad id).
 
 use super::batch::PackedRow;
+use crate::config::Config;
+
+/// How documents share the batch's rows: MaxText's `packing` and `max_segments_per_seq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Packing {
+    /// A row per document, padded.
+    Off,
+    /// First-fit, at most `max_segments` documents a row when given.
+    On { max_segments: Option<usize> },
+}
+
+impl Packing {
+    pub fn of(c: &Config) -> Packing {
+        match c.packing {
+            false => Packing::Off,
+            true => {
+                Packing::On { max_segments: (c.max_segments_per_seq > 0).then_some(c.max_segments_per_seq as usize) }
+            }
+        }
+    }
+
+    pub fn is_on(self) -> bool {
+        self != Packing::Off
+    }
+}
 
 /// A tokenized document: its ids, and its targets column where it differs from the ids (SFT's
 /// prompt tokens masked with the pad id, [`super::chat`]).
@@ -30,13 +56,13 @@ impl Encoded {
 pub struct Packer {
     seq_len: usize,
     rows: usize,
-    packing: bool,
+    packing: Packing,
     pad_id: i32,
     building: Vec<PackedRow>,
 }
 
 impl Packer {
-    pub fn new(seq_len: usize, rows: usize, packing: bool, pad_id: i32) -> Packer {
+    pub fn new(seq_len: usize, rows: usize, packing: Packing, pad_id: i32) -> Packer {
         Packer { seq_len, rows, packing, pad_id, building: Vec::with_capacity(rows) }
     }
 
@@ -49,10 +75,11 @@ impl Packer {
     pub fn add(&mut self, encoded: &Encoded) -> bool {
         let doc = encoded.ids.as_slice();
         debug_assert!(!doc.is_empty() && doc.len() <= self.seq_len);
-        let row = if self.packing {
-            self.building.iter().position(|r| self.seq_len - r.ids.len() >= doc.len())
-        } else {
-            None
+        let row = match self.packing {
+            Packing::On { .. } => {
+                self.building.iter().position(|r| self.seq_len - r.ids.len() >= doc.len() && !self.at_most_documents(r))
+            }
+            Packing::Off => None,
         };
         let row = match row {
             Some(r) => r,
@@ -71,9 +98,19 @@ impl Packer {
         true
     }
 
+    /// Whether row `r` holds as many documents as a row may.
+    fn at_most_documents(&self, r: &PackedRow) -> bool {
+        let documents = r.segments.last().copied().unwrap_or(0) as usize;
+        matches!(self.packing, Packing::On { max_segments: Some(max) } if documents >= max)
+    }
+
     /// True when no further document of any length fits.
     pub fn is_full(&self) -> bool {
-        self.building.len() == self.rows && self.building.iter().all(|r| !self.packing || r.ids.len() == self.seq_len)
+        self.building.len() == self.rows
+            && self
+                .building
+                .iter()
+                .all(|r| !self.packing.is_on() || r.ids.len() == self.seq_len || self.at_most_documents(r))
     }
 
     /// The batch's rows, padded to `seq_len` (missing rows are all padding); resets the packer.
@@ -101,7 +138,7 @@ mod tests {
 
     #[test]
     fn first_fit_packs_segments_with_restarting_positions() {
-        let mut p = Packer::new(6, 2, true, 0);
+        let mut p = Packer::new(6, 2, Packing::On { max_segments: None }, 0);
         assert!(p.add(&doc(&[1, 2, 3])));
         assert!(p.add(&doc(&[4, 5, 6, 7]))); // does not fit row 0 (3 left): opens row 1
         assert!(p.add(&Encoded { ids: vec![8, 9], targets: Some(vec![0, 9]) })); // fits row 0
@@ -118,9 +155,25 @@ mod tests {
         assert!(p.is_empty());
     }
 
+    /// grain's `max_sequences_per_bin`: a row with that many documents takes no more, though it
+    /// has room.
+    #[test]
+    fn a_row_takes_at_most_max_segments_documents() {
+        let mut p = Packer::new(8, 2, Packing::On { max_segments: Some(2) }, 0);
+        assert!(p.add(&doc(&[1])));
+        assert!(p.add(&doc(&[2])));
+        assert!(p.add(&doc(&[3]))); // row 0 has 2 documents: row 1
+        assert!(p.add(&doc(&[4])));
+        assert!(p.is_full());
+        assert!(!p.add(&doc(&[5])));
+        let rows = p.finish();
+        assert_eq!(rows[0].segments, [1, 2, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(rows[1].ids, [3, 4, 0, 0, 0, 0, 0, 0]);
+    }
+
     #[test]
     fn without_packing_each_document_has_its_row() {
-        let mut p = Packer::new(4, 2, false, 9);
+        let mut p = Packer::new(4, 2, Packing::Off, 9);
         assert!(p.add(&doc(&[1])));
         assert!(p.add(&doc(&[2, 3])));
         assert!(p.is_full());

@@ -40,7 +40,7 @@ use super::batch::Batch;
 use super::chat::Sft;
 use super::documents::{read_conversations, read_file, Doc, Rows};
 use super::error::DataError;
-use super::packing::{Encoded, Packer};
+use super::packing::{Encoded, Packer, Packing};
 use super::shuffle::{key, shuffle};
 use super::storage::Storage;
 use super::tokenizer::TextTokenizer;
@@ -448,7 +448,7 @@ pub struct TextBatches {
 impl TextBatches {
     /// Starts the background threads at `at` (the default state is the beginning). `rows` is
     /// this process's rows per batch, `seq_len` = `max_target_length`.
-    pub fn start(spec: TextSpec, at: TextState, rows: usize, seq_len: usize, packing: bool) -> TextBatches {
+    pub fn start(spec: TextSpec, at: TextState, rows: usize, seq_len: usize, packing: Packing) -> TextBatches {
         let docs = CheckedDocs::start(&spec, at);
         TextBatches::from_stream(docs, DataState::Hf(at), &spec.tokenizer, rows, seq_len, packing)
     }
@@ -460,7 +460,7 @@ impl TextBatches {
         tokenizer: &TextTokenizer,
         rows: usize,
         seq_len: usize,
-        packing: bool,
+        packing: Packing,
     ) -> TextBatches {
         let stats = Arc::new(Stats::default());
         let (tx, rx) = sync_channel::<Delivery>(PREFETCH_BATCHES);

@@ -24,13 +24,16 @@ use std::fmt::Write;
 /// and a GPU needs about 300 to be compute-bound (an H100's 989 TFLOP/s over 3.35 TB/s). Rows
 /// mode takes a quarter of the mean group (256 rows for Mixtral's 2 x 2048 tokens, top 2 of 8
 /// experts: about an eighth more rows than assigned), groups mode the whole mean group (1024:
-/// about half the groups then take a second, partly empty tile), as powers of two.
+/// about half the groups then take a second, partly empty tile), as powers of two. Each tile is
+/// one loop iteration with its own slices and update, so large batches take large tiles: at
+/// most 1024 and 4096 rows (Mixtral's 2 layers at 12 x 4096 tokens on an H200: 0.94 s a step
+/// with at most 256 and 1024, 0.79 s with these).
 fn tile_rows(mode: RaggedDotMode, rows: i64, groups: i64) -> i64 {
     let mean = (rows / groups.max(1)).max(1);
     let pow2 = |n: i64| n.max(1).unsigned_abs().next_power_of_two() as i64;
     match mode {
-        RaggedDotMode::NonContracting { .. } => pow2(mean / 4).clamp(8, 256),
-        RaggedDotMode::Contracting => pow2(mean).clamp(8, 1024),
+        RaggedDotMode::NonContracting { .. } => pow2(mean / 4).clamp(8, 1024),
+        RaggedDotMode::Contracting => pow2(mean).clamp(8, 4096),
     }
 }
 

@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use crate::config::{AttentionKernel, Config, DatasetType, DecoderBlock, Hardware};
+use crate::config::{AttentionKernel, Config, DecoderBlock, Hardware};
 use crate::ir::DType;
 use crate::tensor::{concatenate, einsum, where_, Tensor, Tree};
 
@@ -28,7 +28,7 @@ pub enum AttentionImpl {
     /// size, with its own backward pass: memory `O(seq)` per query block.
     Blockwise { block: i64 },
     /// XLA's cuDNN fused attention (`__cudnn$fmhaSoftmax`), on CUDA; blockwise attention with
-    /// `block` for a call cuDNN cannot serve (packed documents, a soft cap, an f32 product).
+    /// `block` for a call cuDNN cannot serve (a soft cap, an f32 product).
     Cudnn { block: i64 },
 }
 
@@ -104,10 +104,10 @@ pub fn cudnn_declined(c: &Config) -> Option<String> {
             c.attn_logits_soft_cap
         ));
     }
-    if c.packing && c.dataset_type != DatasetType::Synthetic {
+    if c.packed_batches() && c.max_segments_per_seq <= 0 {
         return Some(
-            "packed documents (packing=true) keep their segment masking, which maxrs does not express in cuDNN's packed \
-             layout (per-document offsets, max_seg_per_batch) yet"
+            "packed documents (dataset_type=hf, packing=true) go into cuDNN's packed layout only with a fixed number of \
+             documents a row: set max_segments_per_seq (MaxText's GPU configs use 32)"
                 .into(),
         );
     }
@@ -176,6 +176,8 @@ pub struct LayerContext {
     pub positions: Tensor,
     /// `s32[batch, seq]`: each token's document (`inputs_segmentation`), when the batch is packed.
     pub segments: Option<Tensor>,
+    /// At most this many documents in a packed row (`max_segments_per_seq`), for cuDNN.
+    max_segments: Option<i64>,
     /// RoPE rotates interleaved pairs `(x[2i], x[2i+1])` (Llama 3.1) instead of the two halves.
     pub interleaved_rope: bool,
     /// On a mesh: the mesh axes (of size > 1) that shard the batch, the heads and the sequence
@@ -236,6 +238,7 @@ impl LayerContext {
             sin,
             positions,
             segments: batch.get("inputs_segmentation").cloned(),
+            max_segments: c.max_segments_per_seq,
             interleaved_rope: matches!(c.rope, Rope::Llama31 { .. }),
             axes: ctx.mesh().map(|mesh| ActivationAxes::new(c, mesh)),
             cache: None,
@@ -249,6 +252,7 @@ impl LayerContext {
             sin: self.sin.clone(),
             positions: self.positions.clone(),
             segments: self.segments.clone(),
+            max_segments: self.max_segments,
             interleaved_rope: self.interleaved_rope,
             axes: self.axes.clone(),
             cache: Some(RefCell::new(cache)),
@@ -361,9 +365,13 @@ impl LayerContext {
         let Some(split) = self.cudnn_call(q, k, options) else {
             return attend_with(q, k, v, &self.mask(window), AttentionImpl::Blockwise { block }, options);
         };
+        let sequences = match (&self.segments, self.max_segments) {
+            (Some(segments), Some(max)) => cudnn::Sequences::Packed { segments, max },
+            _ => cudnn::Sequences::Whole,
+        };
         let (out, stats) = match split {
-            Some((batch, heads)) => cudnn::sharded_attention(q, k, v, window, &batch, &heads, training),
-            None => cudnn::attention(q, k, v, window, None, training),
+            Some((batch, heads)) => cudnn::sharded_attention(q, k, v, window, sequences, (&batch, &heads), training),
+            None => cudnn::attention(q, k, v, window, sequences, training),
         };
         // Tagged as MaxText's `cudnn_jax_flash_attention` tags its output and `lse`.
         if let Some(stats) = stats {
@@ -372,8 +380,8 @@ impl LayerContext {
         out.checkpoint_name("context")
     }
 
-    /// Whether cuDNN's fused attention can compute this call: `None` if not (packed documents,
-    /// a soft cap, an f32 product, a dtype or head dim it refuses, a sharded sequence, heads or
+    /// Whether cuDNN's fused attention can compute this call: `None` if not (packed documents
+    /// without `max_segments_per_seq`, a soft cap, an f32 product, a dtype or head dim it refuses, a sharded sequence, heads or
     /// batch that do not split evenly); otherwise the mesh axes of the batch and the heads to run
     /// it under (`None` without a mesh, or on one whose batch and head axes are all of size 1).
     #[allow(clippy::type_complexity)]
@@ -383,7 +391,8 @@ impl LayerContext {
         k: &Tensor,
         options: &AttendOptions,
     ) -> Option<Option<(Vec<String>, Vec<String>)>> {
-        let plain = self.segments.is_none() && options.logits_soft_cap.is_none() && !options.float32_qk_product;
+        let documents_known = self.segments.is_none() || self.max_segments.is_some();
+        let plain = documents_known && options.logits_soft_cap.is_none() && !options.float32_qk_product;
         if !plain || cudnn::unsupported(q.dtype(), q.shape()[3]).is_some() {
             return None;
         }

@@ -42,6 +42,9 @@ pub struct ModelConfig {
     pub scan_layers: bool,
     /// How attention is computed (`attention`, resolved for `hardware` and the sequence length).
     pub attention: AttentionImpl,
+    /// At most this many documents in a packed row (`max_segments_per_seq` when > 0; the data
+    /// packer keeps to it): what cuDNN's packed layout needs to attend within documents.
+    pub max_segments_per_seq: Option<i64>,
     /// The logits as an f32 matmul (MaxText's `logits_dot_in_fp32`).
     pub logits_dot_in_fp32: bool,
     /// The token embedding as a one-hot matmul instead of a gather (MaxText's `use_iota_embed`).
@@ -112,6 +115,7 @@ impl ModelConfig {
             weight_dtype: dtype(c.weight_dtype),
             scan_layers: c.scan_layers,
             attention: AttentionImpl::for_config(c),
+            max_segments_per_seq: (c.max_segments_per_seq > 0).then_some(c.max_segments_per_seq),
             logits_dot_in_fp32: c.logits_dot_in_fp32,
             use_iota_embed: c.use_iota_embed,
             remat: remat_policy(c.remat_policy),

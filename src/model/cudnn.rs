@@ -11,10 +11,11 @@
 //!   `u8[0]` workspace XLA sizes itself;
 //! - the backward pass is `__cudnn$fmhaSoftmaxBackward` on `q, k, v, stats, d_out, out`;
 //! - both carry JAX's backend config (`create_dot_product_attention_backend_config`): the mask
-//!   (`CAUSAL`, or `PADDING_CAUSAL` with per-row lengths as two more `s32[batch]` operands), the
-//!   sliding window (`sliding_window_length`: key `s` is seen from query `t` when `t - s <
-//!   window`, JAX's `local_window_size=(window - 1, 0)`), the dot dimension numbers of the BTNH
-//!   layout and `fmha_scale = 1.0`.
+//!   (`CAUSAL`, or `PADDING_CAUSAL` with per-row lengths as two more `s32[batch]` operands, or
+//!   with packed documents in cuDNN's packed layout, [`Sequences::Packed`]), the sliding window
+//!   (`sliding_window_length`: key `s` is seen from query `t` when `t - s < window`, JAX's
+//!   `local_window_size=(window - 1, 0)`), the dot dimension numbers of the BTNH layout and
+//!   `fmha_scale = 1.0`.
 //!
 //! The pair is one `composite` (JAX's `custom_vjp`): its forward returns the output and the
 //! statistics, both tagged `context` by the caller, so `remat_policy=minimal_flash` keeps them
@@ -47,8 +48,41 @@ pub struct Fmha {
     pub dtype: DType,
     /// Keys within `window` tokens back (`t - s < window`), besides causality.
     pub window: Option<i64>,
-    /// Per-row valid lengths of queries and keys are operands (`PADDING_CAUSAL`).
-    pub padded: bool,
+    pub rows: Rows,
+}
+
+/// What a row of the batch holds, for the calls' mask and extra operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// One sequence (`CAUSAL`).
+    Whole,
+    /// One sequence of a valid length (`PADDING_CAUSAL`, two `s32[batch]` lengths).
+    Lengths,
+    /// Up to `max` documents (`PADDING_CAUSAL`, `max_seg_per_batch = max`): each document's
+    /// length and start as cuDNN's packed layout takes them ([`packed_layout`]).
+    Packed { max: i64 },
+}
+
+/// The tensors behind [`Rows`]: nothing, the `s32[batch]` valid lengths of the queries and of
+/// the keys, or each token's document `s32[batch, seq]` (`inputs_segmentation`) with at most
+/// `max` documents a row.
+#[derive(Clone, Copy)]
+pub enum Sequences<'a> {
+    Whole,
+    Lengths(&'a Tensor, &'a Tensor),
+    Packed { segments: &'a Tensor, max: i64 },
+}
+
+impl Sequences<'_> {
+    /// A packing of at most one document a row is one sequence a row: a document's padding
+    /// follows it, and what padding queries see never reaches the loss.
+    fn rows(&self) -> Rows {
+        match *self {
+            Sequences::Whole | Sequences::Packed { max: ..=1, .. } => Rows::Whole,
+            Sequences::Lengths(..) => Rows::Lengths,
+            Sequences::Packed { max, .. } => Rows::Packed { max },
+        }
+    }
 }
 
 /// Why cuDNN's fused attention cannot serve attention of this kind, if it cannot: JAX's
@@ -68,7 +102,7 @@ pub fn unsupported(dtype: DType, head_dim: i64) -> Option<String> {
 
 impl Fmha {
     /// The call for `q: [batch, seq, heads, head_dim]` and `k: [batch, seq, kv_heads, head_dim]`.
-    pub fn new(q: &Tensor, k: &Tensor, window: Option<i64>, padded: bool) -> Fmha {
+    pub fn new(q: &Tensor, k: &Tensor, window: Option<i64>, rows: Rows) -> Fmha {
         let s = q.shape();
         Fmha {
             batch: s[0],
@@ -78,7 +112,7 @@ impl Fmha {
             head_dim: s[3],
             dtype: q.dtype(),
             window,
-            padded,
+            rows,
         }
     }
 
@@ -86,23 +120,33 @@ impl Fmha {
         Type::new(self.dtype, vec![self.batch, heads, self.seq, self.head_dim])
     }
 
-    fn stats_type(&self) -> Type {
-        Type::new(DType::F32, vec![self.batch, self.heads, self.seq])
+    /// Documents per row as cuDNN counts them (`max_seg_per_batch`).
+    fn segments_per_row(&self) -> i64 {
+        match self.rows {
+            Rows::Packed { max } => max,
+            Rows::Whole | Rows::Lengths => 1,
+        }
     }
 
-    fn seqlen_layouts(&self) -> Vec<Vec<usize>> {
-        if self.padded {
-            vec![vec![0], vec![0]]
-        } else {
-            vec![]
+    /// The f32 softmax statistics, `[batch x documents a row, heads, seq]`.
+    fn stats_type(&self) -> Type {
+        Type::new(DType::F32, vec![self.batch * self.segments_per_row(), self.heads, self.seq])
+    }
+
+    /// The layouts of the operands after `q, k, v` (and, backward, the statistics and outputs).
+    fn sequence_layouts(&self) -> Vec<Vec<usize>> {
+        match self.rows {
+            Rows::Whole => vec![],
+            Rows::Lengths => vec![vec![0]; 2],
+            Rows::Packed { .. } => vec![vec![1, 0]; 4],
         }
     }
 
     /// The forward call: results `out: [batch, heads, seq, head_dim]` and, when `training`, the
-    /// f32 statistics `[batch, heads, seq]`.
+    /// f32 statistics `[batch x documents a row, heads, seq]`.
     pub fn forward_call(&self, training: bool) -> CustomCall {
         let mut operand_layouts = vec![vec![3, 2, 1, 0]; 3];
-        operand_layouts.extend(self.seqlen_layouts());
+        operand_layouts.extend(self.sequence_layouts());
         let (mut results, mut result_layouts) = (vec![self.bnth(self.heads)], vec![vec![3, 1, 2, 0]]);
         if training {
             results.push(self.stats_type());
@@ -124,7 +168,7 @@ impl Fmha {
     pub fn backward_call(&self) -> CustomCall {
         let mut operand_layouts = vec![vec![3, 2, 1, 0], vec![3, 2, 1, 0], vec![3, 2, 1, 0], vec![2, 1, 0]];
         operand_layouts.extend([vec![3, 2, 1, 0], vec![3, 2, 1, 0]]);
-        operand_layouts.extend(self.seqlen_layouts());
+        operand_layouts.extend(self.sequence_layouts());
         CustomCall {
             target: BACKWARD.into(),
             backend_config: self.backend_config(true).into(),
@@ -142,7 +186,7 @@ impl Fmha {
             DType::F16 => "F16",
             _ => "BF16",
         };
-        let mask = if self.padded { "PADDING_CAUSAL" } else { "CAUSAL" };
+        let mask = if self.rows == Rows::Whole { "CAUSAL" } else { "PADDING_CAUSAL" };
         let mut s = String::from("{\"operation_queue_id\": \"0\", \"cudnn_fmha_backend_config\": {");
         s.push_str("\"algorithm\": {\"algo_id\": \"0\", \"math_type\": \"TENSOR_OP_MATH\", \"tuning_knobs\": {\"17\": \"1\", \"24\": \"0\"}, \"is_cudnn_frontend\": true, \"workspace_size\": \"0\"}, ");
         s.push_str("\"fmha_scale\": 1.0, ");
@@ -173,8 +217,9 @@ impl Fmha {
         }
         let _ = write!(
             s,
-            "\"dropout_rate\": 0.0, \"seed\": 42, \"sliding_window_length\": {}, \"max_seg_per_batch\": 1, \"is_paged_attention\": false}}}}",
-            self.window.unwrap_or(0)
+            "\"dropout_rate\": 0.0, \"seed\": 42, \"sliding_window_length\": {}, \"max_seg_per_batch\": {}, \"is_paged_attention\": false}}}}",
+            self.window.unwrap_or(0),
+            self.segments_per_row()
         );
         s
     }
@@ -189,24 +234,80 @@ fn btnh(x: &Tensor) -> Tensor {
     x.transpose(&[0, 2, 1, 3])
 }
 
+/// The operands that describe packed documents to cuDNN, computed from each token's document
+/// `segments: s32[batch, seq]` (at most `max` documents a row), in the form JAX 0.11.2's
+/// `_fix_seqlen_offsets` gives the call (`jax/_src/cudnn/fused_attention_stablehlo.py`):
+///
+/// - `q_seqlen`, `kv_seqlen: s32[batch, max]`: the lengths of all the batch's documents, row
+///   after row, then zeros;
+/// - `q_offsets`, `kv_offsets: s32[batch, max + 1]`: where each of them starts in the whole
+///   `[batch, seq, heads, head_dim]` array, in elements (token `b * seq + t` times the heads
+///   times `head_dim`), then the batch's end.
+///
+/// A document starts where a row starts and where the segment id changes to a non-zero one: a
+/// row's padding (segment 0, at its end) belongs to its last document. Its queries then see that
+/// document, where blockwise attention lets them see only padding; either way padded tokens
+/// never reach the loss (their targets are masked), so the loss and every gradient are the
+/// same, and every token is in some document (cuDNN leaves the output of a token outside every
+/// document undefined).
+pub fn packed_layout(segments: &Tensor, max: i64, heads: i64, kv_heads: i64, head_dim: i64) -> [Tensor; 4] {
+    let (b, t) = (segments.shape()[0], segments.shape()[1]);
+    let ctx = segments.trace();
+    let previous = segments.slice_axis(1, 0, t - 1).pad(0i32, &[0, 1], &[0, 0], &[0, 0]);
+    let row_start = ctx.iota(DType::S32, &[b, t], 1).eq(0i32);
+    let starts = row_start.bitwise_or(segments.ne(&previous).bitwise_and(segments.ne(0i32)));
+    // Each token's document, numbered through the whole batch.
+    let document = starts.astype(DType::S32).reshape(&[b * t]).cumsum(0) - 1i32;
+    let count = |slots: i64, per_slot: fn(&Tensor, &Tensor) -> Tensor| {
+        let slot = ctx.iota(DType::S32, &[b * t, slots], 1);
+        per_slot(&document.broadcast_in_dim(&[b * t, slots], &[0]), &slot).astype(DType::S32).sum(&[0])
+    };
+    // Slot j: the tokens of document j (0 past the last document) and the tokens before it (b *
+    // t past the last: the end).
+    let lengths = count(b * max, |doc, j| doc.eq(j)).reshape(&[b, max]);
+    let starts = count(b * (max + 1), |doc, j| doc.lt(j)).reshape(&[b, max + 1]);
+    [lengths.clone(), lengths, &starts * (heads * head_dim) as i32, &starts * (kv_heads * head_dim) as i32]
+}
+
+/// The extra operands of a call on `q: [batch, seq, heads, head_dim]` and `k` for `sequences`.
+fn sequence_operands(q: &Tensor, k: &Tensor, sequences: Sequences) -> Vec<Tensor> {
+    if sequences.rows() == Rows::Whole {
+        return vec![];
+    }
+    match sequences {
+        Sequences::Whole => vec![],
+        Sequences::Lengths(lq, lk) => vec![lq.clone(), lk.clone()],
+        Sequences::Packed { segments, max } => {
+            packed_layout(segments, max, q.shape()[2], k.shape()[2], q.shape()[3]).into()
+        }
+    }
+}
+
+/// `sequences` for one device's shards `given` of its tensors (in `sharded_attention`'s order).
+fn localized<'a>(sequences: Sequences, given: &'a [Tensor]) -> Sequences<'a> {
+    match sequences {
+        Sequences::Whole => Sequences::Whole,
+        Sequences::Lengths(..) => Sequences::Lengths(&given[0], &given[1]),
+        Sequences::Packed { max, .. } => Sequences::Packed { segments: &given[0], max },
+    }
+}
+
 /// Causal attention of `q: [batch, seq, heads, head_dim]` (already scaled) over `k, v: [batch,
-/// seq, kv_heads, head_dim]` by cuDNN, within `window` tokens when given and, with `lengths`
-/// (`s32[batch]` valid lengths of the queries and of the keys), over each row's first tokens
-/// only. `training` gives the differentiable form, which also returns the f32 statistics
-/// `[batch, heads, seq]`; otherwise the forward call alone (inference), as JAX emits each.
+/// seq, kv_heads, head_dim]` by cuDNN, within `window` tokens when given, over what `sequences`
+/// says each row holds. `training` gives the differentiable form, which also returns the f32
+/// statistics; otherwise the forward call alone (inference), as JAX emits each.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     window: Option<i64>,
-    lengths: Option<(&Tensor, &Tensor)>,
+    sequences: Sequences,
     training: bool,
 ) -> (Tensor, Option<Tensor>) {
-    let fmha = Fmha::new(q, k, window, lengths.is_some());
+    let fmha = Fmha::new(q, k, window, sequences.rows());
+    let extra = sequence_operands(q, k, sequences);
     let mut inputs = vec![q, k, v];
-    if let Some((lq, lk)) = lengths {
-        inputs.extend([lq, lk]);
-    }
+    inputs.extend(&extra);
     if !training {
         let out = custom_call(fmha.forward_call(false), &inputs);
         return (btnh(&out[0]), None);
@@ -227,45 +328,65 @@ pub fn attention(
     (results[0].clone(), Some(results[1].clone()))
 }
 
-/// `attention` on a mesh: the batch split over `batch_axes` and the heads over `head_axes`
-/// (mesh axes; those of size 1 are dropped), each device running cuDNN on its own shards
+/// `attention` on a mesh: the batch split over the mesh axes `batch_axes` and the heads over
+/// `head_axes` (`split`; axes of size 1 are dropped), each device running cuDNN on its own shards
 /// inside a manual computation. The forward and the backward calls each get their own manual
-/// computation inside the composite, so autodiff never differentiates one.
+/// computation inside the composite, so autodiff never differentiates one. Packed documents'
+/// lengths and offsets are computed inside, from the device's own rows (they index its local
+/// arrays), as JAX computes them inside its partitioned primitive.
 pub fn sharded_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     window: Option<i64>,
-    batch_axes: &[String],
-    head_axes: &[String],
+    sequences: Sequences,
+    (batch_axes, head_axes): (&[String], &[String]),
     training: bool,
 ) -> (Tensor, Option<Tensor>) {
     let qkv = PartitionSpec::from_axes(vec![batch_axes.to_vec(), vec![], head_axes.to_vec(), vec![]]);
     let stats = PartitionSpec::from_axes(vec![batch_axes.to_vec(), head_axes.to_vec(), vec![]]);
-    let specs = |n: usize| vec![qkv.clone(); n];
+    // The tensors behind `sequences`, split by rows like the batch.
+    let (given, given_specs): (Vec<&Tensor>, Vec<PartitionSpec>) = match sequences {
+        Sequences::Whole => (vec![], vec![]),
+        Sequences::Lengths(lq, lk) => (vec![lq, lk], vec![PartitionSpec::from_axes(vec![batch_axes.to_vec()]); 2]),
+        Sequences::Packed { segments, .. } => {
+            (vec![segments], vec![PartitionSpec::from_axes(vec![batch_axes.to_vec(), vec![]])])
+        }
+    };
+    let specs = |n: usize| -> Vec<PartitionSpec> { [vec![qkv.clone(); n], given_specs.clone()].concat() };
+    let mut inputs = vec![q, k, v];
+    inputs.extend(&given);
     if !training {
-        let out = manual_computation(&[q, k, v], &specs(3), &specs(1), |ins| {
-            vec![attention(&ins[0], &ins[1], &ins[2], window, None, false).0]
+        let out = manual_computation(&inputs, &specs(3), std::slice::from_ref(&qkv), |ins| {
+            vec![attention(&ins[0], &ins[1], &ins[2], window, localized(sequences, &ins[3..]), false).0]
         });
         return (out[0].clone(), None);
     }
     let results = composite(
         "cudnn_fmha",
-        &[q, k, v],
+        &inputs,
         |ins| {
             let outs = [qkv.clone(), stats.clone()];
             manual_computation(&ins.iter().collect::<Vec<_>>(), &specs(3), &outs, |local| {
-                let fmha = Fmha::new(&local[0], &local[1], window, false);
-                let out = custom_call(fmha.forward_call(true), &local.iter().collect::<Vec<_>>());
+                let sequences = localized(sequences, &local[3..]);
+                let fmha = Fmha::new(&local[0], &local[1], window, sequences.rows());
+                let extra = sequence_operands(&local[0], &local[1], sequences);
+                let operands: Vec<&Tensor> = local[..3].iter().chain(&extra).collect();
+                let out = custom_call(fmha.forward_call(true), &operands);
                 vec![btnh(&out[0]), out[1].clone()]
             })
         },
         |ins, outs, cts| {
-            let operands = [&ins[0], &ins[1], &ins[2], &outs[1], &cts[0], &outs[0]];
-            let in_specs = [qkv.clone(), qkv.clone(), qkv.clone(), stats.clone(), qkv.clone(), qkv.clone()];
-            manual_computation(&operands, &in_specs, &specs(3), |local| {
-                let fmha = Fmha::new(&local[0], &local[1], window, false);
-                let grads = custom_call(fmha.backward_call(), &local.iter().collect::<Vec<_>>());
+            let mut operands = vec![&ins[0], &ins[1], &ins[2], &outs[1], &cts[0], &outs[0]];
+            operands.extend(&ins[3..]);
+            let in_specs =
+                [vec![qkv.clone(); 3], vec![stats.clone()], vec![qkv.clone(); 2], given_specs.clone()].concat();
+            manual_computation(&operands, &in_specs, &vec![qkv.clone(); 3], |local| {
+                let sequences = localized(sequences, &local[6..]);
+                let fmha = Fmha::new(&local[0], &local[1], window, sequences.rows());
+                let extra = sequence_operands(&local[0], &local[1], sequences);
+                let operands: Vec<&Tensor> = local[..6].iter().chain(&extra).collect();
+                let grads = custom_call(fmha.backward_call(), &operands);
                 grads.iter().map(btnh).collect()
             })
         },

@@ -20,7 +20,7 @@
 //!   `metrics.<name>` for each auxiliary loss the model's layers report (`moe_lb_loss`).
 
 use crate::autodiff::value_and_grad_with_aux;
-use crate::config::{Config, DatasetType, Derived};
+use crate::config::{Config, Derived};
 use crate::ir::{DType, Program, Signature};
 use crate::model::{fp8, params, Model};
 use crate::sharding::{Mesh, PartitionSpec};
@@ -70,7 +70,7 @@ impl TrainStep {
             z_loss_multiplier: c.z_loss_multiplier,
             init_weights_seed: c.init_weights_seed as u32,
             mesh,
-            packed: c.dataset_type == DatasetType::Hf && c.packing,
+            packed: c.packed_batches(),
         })
     }
 

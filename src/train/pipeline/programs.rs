@@ -39,7 +39,7 @@ use anyhow::{anyhow, bail, Result};
 
 use super::layout::StageLayout;
 use crate::autodiff::{value_and_grad, value_and_grad_with_aux};
-use crate::config::{Config, DatasetType, Derived};
+use crate::config::{Config, Derived};
 use crate::ir::{DType, Program, Signature};
 use crate::model::attention::LayerContext;
 use crate::model::decoder::BTE;
@@ -127,7 +127,7 @@ impl PipelineStep {
             seq: derived.max_target_length as i64,
             z_loss_multiplier: c.z_loss_multiplier,
             init_weights_seed: c.init_weights_seed as u32,
-            packed: c.dataset_type == DatasetType::Hf && c.packing,
+            packed: c.packed_batches(),
             mesh,
             stage_meshes,
         })
