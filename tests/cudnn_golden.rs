@@ -190,35 +190,29 @@ fn backend_config_is_written_as_json_dumps_writes_it() {
     assert_eq!(configs, [fmha.backend_config(false), fmha.backend_config(true)]);
 }
 
-/// On a mesh the calls run inside Shardy manual computations over the batch (`data`) and head
-/// (`tensor`) axes, with each device's local shapes in the calls and their backend configs.
-#[test]
-fn sharded_calls_see_local_shapes_in_a_manual_computation() {
+/// The train-step gradient of attention on a `data` x `tensor` mesh of 2 x 2: `[4, 256]` tokens,
+/// 8 query and 2 key/value heads of 64, over packed rows of at most `max_documents` documents
+/// when given; as StableHLO, with the backend configs each device's calls should carry.
+fn sharded(max_documents: Option<i64>) -> (String, Vec<Value>) {
     let mesh = Mesh::new(&[("data", 2), ("fsdp", 1), ("tensor", 2)]);
     let mut sig = Signature::new(Some(mesh));
-    for (name, heads) in [("q", 8), ("k", 2), ("v", 2)] {
+    for (name, heads) in [("p.q", 8), ("p.k", 2), ("p.v", 2)] {
         sig.input(name, DType::BF16, &[4, 256, heads, 64]);
     }
+    sig.input("segments", DType::S32, &[4, 256]);
     let program = trace(&sig, |_, inp| {
         let (batch, heads) = (vec!["data".to_string()], vec!["tensor".to_string()]);
-        let (_, grads) = value_and_grad(inp, |p| {
-            let (out, _) = cudnn::sharded_attention(
-                &p["q"],
-                &p["k"],
-                &p["v"],
-                None,
-                cudnn::Sequences::Whole,
-                (&batch, &heads),
-                true,
-            );
+        let sequences = match max_documents {
+            Some(max) => cudnn::Sequences::Packed { segments: &inp["segments"], max },
+            None => cudnn::Sequences::Whole,
+        };
+        let (_, grads) = value_and_grad(&inp.subtree("p"), |p| {
+            let (out, _) = cudnn::sharded_attention(&p["q"], &p["k"], &p["v"], None, sequences, (&batch, &heads), true);
             out.astype(DType::F32).sum_all()
         });
         grads
     })
     .expect("traces");
-    let mlir = to_stablehlo(&program);
-    assert_eq!(mlir.matches("sdy.manual_computation(").count(), 2, "{mlir}");
-    assert!(mlir.contains("manual_axes={\"data\", \"tensor\"}"), "{mlir}");
     let local = cudnn::Fmha {
         batch: 2,
         seq: 256,
@@ -227,17 +221,42 @@ fn sharded_calls_see_local_shapes_in_a_manual_computation() {
         head_dim: 64,
         dtype: DType::BF16,
         window: None,
-        rows: cudnn::Rows::Whole,
+        rows: max_documents.map_or(cudnn::Rows::Whole, |max| cudnn::Rows::Packed { max }),
     };
+    let configs = [false, true].iter().map(|&b| serde_json::from_str(&local.backend_config(b)).unwrap()).collect();
+    (to_stablehlo(&program), configs)
+}
+
+/// On a mesh the calls run inside Shardy manual computations over the batch (`data`) and head
+/// (`tensor`) axes, with each device's local shapes in the calls and their backend configs.
+#[test]
+fn sharded_calls_see_local_shapes_in_a_manual_computation() {
+    let (mlir, configs) = sharded(None);
+    assert_eq!(mlir.matches("sdy.manual_computation(").count(), 2, "{mlir}");
+    assert!(mlir.contains("manual_axes={\"data\", \"tensor\"}"), "{mlir}");
     let got = calls(&mlir);
     assert_eq!(got.len(), 2);
-    let configs: Vec<Value> =
-        [false, true].iter().map(|&b| serde_json::from_str(&local.backend_config(b)).unwrap()).collect();
     assert_eq!(got.iter().map(|c| c.backend_config.clone()).collect::<Vec<_>>(), configs);
     assert!(got[0].signature.starts_with("(tensor<2x256x4x64xbf16>, tensor<2x256x1x64xbf16>"), "{}", got[0].signature);
     assert!(got[1]
         .signature
         .ends_with("(tensor<2x4x256x64xbf16>, tensor<2x1x256x64xbf16>, tensor<2x1x256x64xbf16>, tensor<0xui8>)"));
+}
+
+/// On a mesh, packed documents' tokens are split by rows with the batch, and each device's calls
+/// take the lengths and offsets of its own rows (`[local batch, max]`, `[local batch, max + 1]`),
+/// with statistics for each of its rows' documents.
+#[test]
+fn sharded_packed_calls_take_each_devices_documents() {
+    let (mlir, configs) = sharded(Some(4));
+    let got = calls(&mlir);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got.iter().map(|c| c.backend_config.clone()).collect::<Vec<_>>(), configs);
+    assert_eq!(
+        got[0].signature,
+        "(tensor<2x256x4x64xbf16>, tensor<2x256x1x64xbf16>, tensor<2x256x1x64xbf16>, tensor<2x4xi32>, tensor<2x4xi32>, \
+         tensor<2x5xi32>, tensor<2x5xi32>) -> (tensor<2x4x256x64xbf16>, tensor<8x4x256xf32>, tensor<0xui8>)"
+    );
 }
 
 /// A custom call has no derivative of its own: differentiating one outside its composite is
@@ -288,47 +307,4 @@ fn packed_layout_is_what_jax_hands_cudnn() {
     assert_eq!(out["q_offsets"].to_i64(), [0, 96, 224, 512, 1024, 1536, 1536, 1536, 1536, 1536, 1536, 1536]);
     assert_eq!(out["kv_offsets"].to_i64(), [0, 48, 112, 256, 512, 768, 768, 768, 768, 768, 768, 768]);
     assert_eq!(out["q_offsets"].dims, [3, 4]);
-}
-
-/// On a mesh, packed documents' tokens are split by rows with the batch, and each device's calls
-/// take the lengths and offsets of its own rows (`[local batch, max]`, `[local batch, max + 1]`),
-/// with statistics for each of its rows' documents.
-#[test]
-fn sharded_packed_calls_take_each_devices_documents() {
-    let mesh = Mesh::new(&[("data", 2), ("fsdp", 1), ("tensor", 2)]);
-    let mut sig = Signature::new(Some(mesh));
-    for (name, heads) in [("p.q", 8), ("p.k", 2), ("p.v", 2)] {
-        sig.input(name, DType::BF16, &[4, 256, heads, 64]);
-    }
-    sig.input("segments", DType::S32, &[4, 256]);
-    let program = trace(&sig, |_, inp| {
-        let (batch, heads) = (vec!["data".to_string()], vec!["tensor".to_string()]);
-        let sequences = cudnn::Sequences::Packed { segments: &inp["segments"], max: 4 };
-        let (_, grads) = value_and_grad(&inp.subtree("p"), |p| {
-            let (out, _) = cudnn::sharded_attention(&p["q"], &p["k"], &p["v"], None, sequences, (&batch, &heads), true);
-            out.astype(DType::F32).sum_all()
-        });
-        grads
-    })
-    .expect("traces");
-    let got = calls(&to_stablehlo(&program));
-    assert_eq!(got.len(), 2);
-    let local = cudnn::Fmha {
-        batch: 2,
-        seq: 256,
-        heads: 4,
-        kv_heads: 1,
-        head_dim: 64,
-        dtype: DType::BF16,
-        window: None,
-        rows: cudnn::Rows::Packed { max: 4 },
-    };
-    let configs: Vec<Value> =
-        [false, true].iter().map(|&b| serde_json::from_str(&local.backend_config(b)).unwrap()).collect();
-    assert_eq!(got.iter().map(|c| c.backend_config.clone()).collect::<Vec<_>>(), configs);
-    assert_eq!(
-        got[0].signature,
-        "(tensor<2x256x4x64xbf16>, tensor<2x256x1x64xbf16>, tensor<2x256x1x64xbf16>, tensor<2x4xi32>, tensor<2x4xi32>, \
-         tensor<2x5xi32>, tensor<2x5xi32>) -> (tensor<2x4x256x64xbf16>, tensor<8x4x256xf32>, tensor<0xui8>)"
-    );
 }
