@@ -5,9 +5,9 @@
 //! batch has all its rows, the batch is complete and the document starts the next one. Each
 //! document is a segment of its row (ids 1, 2, ... in placement order) with positions restarting
 //! at 0; with `max_segments_per_seq` a row takes at most that many documents (grain's
-//! `max_sequences_per_bin`). With `packing=false` each document gets a row of its own, padded. Documents are at most
-//! a row long (the tokenizer truncates them), and a complete batch's unused room is padding
-//! (segment 0, the pad id).
+//! `max_sequences_per_bin`). With `packing=false` each document gets a row of its own, padded.
+//! Documents are at most a row long (the tokenizer truncates them), and a complete batch's unused
+//! room is padding (segment 0, the pad id).
 
 use super::batch::PackedRow;
 use crate::config::Config;
@@ -76,9 +76,10 @@ impl Packer {
         let doc = encoded.ids.as_slice();
         debug_assert!(!doc.is_empty() && doc.len() <= self.seq_len);
         let row = match self.packing {
-            Packing::On { .. } => {
-                self.building.iter().position(|r| self.seq_len - r.ids.len() >= doc.len() && !self.at_most_documents(r))
-            }
+            Packing::On { .. } => self
+                .building
+                .iter()
+                .position(|r| self.seq_len - r.ids.len() >= doc.len() && !self.holds_max_documents(r)),
             Packing::Off => None,
         };
         let row = match row {
@@ -99,7 +100,7 @@ impl Packer {
     }
 
     /// Whether row `r` holds as many documents as a row may.
-    fn at_most_documents(&self, r: &PackedRow) -> bool {
+    fn holds_max_documents(&self, r: &PackedRow) -> bool {
         let documents = r.segments.last().copied().unwrap_or(0) as usize;
         matches!(self.packing, Packing::On { max_segments: Some(max) } if documents >= max)
     }
@@ -110,7 +111,7 @@ impl Packer {
             && self
                 .building
                 .iter()
-                .all(|r| !self.packing.is_on() || r.ids.len() == self.seq_len || self.at_most_documents(r))
+                .all(|r| !self.packing.is_on() || r.ids.len() == self.seq_len || self.holds_max_documents(r))
     }
 
     /// The batch's rows, padded to `seq_len` (missing rows are all padding); resets the packer.
