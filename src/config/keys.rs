@@ -665,4 +665,9 @@ impl Config {
     pub fn packed_batches(&self) -> bool {
         self.dataset_type == DatasetType::Hf && self.packing
     }
+
+    /// `max_segments_per_seq` as a limit on the documents of a packed row: none for -1 or 0.
+    pub fn max_documents_per_row(&self) -> Option<i64> {
+        (self.max_segments_per_seq > 0).then_some(self.max_segments_per_seq)
+    }
 }

@@ -669,7 +669,7 @@ fn check_hardware(c: &Config) -> Result<(), ConfigError> {
     if c.hardware.is_gpu()
         && c.packed_batches()
         && c.attention == AttentionKernel::CudnnFlashTe
-        && c.max_segments_per_seq <= 0
+        && c.max_documents_per_row().is_none()
     {
         return Err(ConfigError::invalid(
             "max_segments_per_seq",

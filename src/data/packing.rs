@@ -25,9 +25,7 @@ impl Packing {
     pub fn of(c: &Config) -> Packing {
         match c.packing {
             false => Packing::Off,
-            true => {
-                Packing::On { max_segments: (c.max_segments_per_seq > 0).then_some(c.max_segments_per_seq as usize) }
-            }
+            true => Packing::On { max_segments: c.max_documents_per_row().map(|n| n as usize) },
         }
     }
 

@@ -104,7 +104,7 @@ pub fn cudnn_declined(c: &Config) -> Option<String> {
             c.attn_logits_soft_cap
         ));
     }
-    if c.packed_batches() && c.max_segments_per_seq <= 0 {
+    if c.packed_batches() && c.max_documents_per_row().is_none() {
         return Some(
             "packed documents (dataset_type=hf, packing=true) go into cuDNN's packed layout only with a fixed number of \
              documents a row: set max_segments_per_seq (MaxText's GPU configs use 32)"
@@ -381,9 +381,10 @@ impl LayerContext {
     }
 
     /// Whether cuDNN's fused attention can compute this call: `None` if not (packed documents
-    /// without `max_segments_per_seq`, a soft cap, an f32 product, a dtype or head dim it refuses, a sharded sequence, heads or
-    /// batch that do not split evenly); otherwise the mesh axes of the batch and the heads to run
-    /// it under (`None` without a mesh, or on one whose batch and head axes are all of size 1).
+    /// without `max_segments_per_seq`, a soft cap, an f32 product, a dtype or head dim it refuses,
+    /// a sharded sequence, heads or batch that do not split evenly); otherwise the mesh axes of
+    /// the batch and the heads to run it under (`None` without a mesh, or on one whose batch and
+    /// head axes are all of size 1).
     #[allow(clippy::type_complexity)]
     fn cudnn_call(
         &self,

@@ -115,7 +115,7 @@ impl ModelConfig {
             weight_dtype: dtype(c.weight_dtype),
             scan_layers: c.scan_layers,
             attention: AttentionImpl::for_config(c),
-            max_segments_per_seq: (c.max_segments_per_seq > 0).then_some(c.max_segments_per_seq),
+            max_segments_per_seq: c.max_documents_per_row(),
             logits_dot_in_fp32: c.logits_dot_in_fp32,
             use_iota_embed: c.use_iota_embed,
             remat: remat_policy(c.remat_policy),

@@ -73,18 +73,6 @@ pub enum Sequences<'a> {
     Packed { segments: &'a Tensor, max: i64 },
 }
 
-impl Sequences<'_> {
-    /// A packing of at most one document a row is one sequence a row: a document's padding
-    /// follows it, and what padding queries see never reaches the loss.
-    fn rows(&self) -> Rows {
-        match *self {
-            Sequences::Whole | Sequences::Packed { max: ..=1, .. } => Rows::Whole,
-            Sequences::Lengths(..) => Rows::Lengths,
-            Sequences::Packed { max, .. } => Rows::Packed { max },
-        }
-    }
-}
-
 /// Why cuDNN's fused attention cannot serve attention of this kind, if it cannot: JAX's
 /// `check_layout` and `check_is_flash_attention` (bf16/f16 only; head dim a multiple of 8, at
 /// most 256 on Hopper or later: maxrs targets Hopper, JAX allows 128 before it).
@@ -269,33 +257,82 @@ pub fn packed_layout(segments: &Tensor, max: i64, heads: i64, kv_heads: i64, hea
     [lengths.clone(), lengths, &starts * (heads * head_dim) as i32, &starts * (kv_heads * head_dim) as i32]
 }
 
-/// The extra operands of a call on `q: [batch, seq, heads, head_dim]` and `k` for `sequences`.
-fn sequence_operands(q: &Tensor, k: &Tensor, sequences: Sequences) -> Vec<Tensor> {
-    if sequences.rows() == Rows::Whole {
-        return vec![];
+impl<'a> Sequences<'a> {
+    /// A packing of at most one document a row is one sequence a row: a document's padding
+    /// follows it, and what padding queries see never reaches the loss.
+    fn rows(&self) -> Rows {
+        match *self {
+            Sequences::Whole | Sequences::Packed { max: ..=1, .. } => Rows::Whole,
+            Sequences::Lengths(..) => Rows::Lengths,
+            Sequences::Packed { max, .. } => Rows::Packed { max },
+        }
     }
-    match sequences {
-        Sequences::Whole => vec![],
-        Sequences::Lengths(lq, lk) => vec![lq.clone(), lk.clone()],
-        Sequences::Packed { segments, max } => {
-            packed_layout(segments, max, q.shape()[2], k.shape()[2], q.shape()[3]).into()
+
+    /// The tensors behind it, which a call's extra operands are computed from.
+    fn tensors(&self) -> Vec<&'a Tensor> {
+        match *self {
+            Sequences::Whole => vec![],
+            Sequences::Lengths(lq, lk) => vec![lq, lk],
+            Sequences::Packed { segments, .. } => vec![segments],
+        }
+    }
+
+    /// The same kind of rows over `given`, other copies of its `tensors` (one device's shards, a
+    /// composite's inputs).
+    fn over<'b>(&self, given: &'b [Tensor]) -> Sequences<'b> {
+        match *self {
+            Sequences::Whole => Sequences::Whole,
+            Sequences::Lengths(..) => Sequences::Lengths(&given[0], &given[1]),
+            Sequences::Packed { max, .. } => Sequences::Packed { segments: &given[0], max },
+        }
+    }
+
+    /// The extra operands of a call on `q: [batch, seq, heads, head_dim]` and `k`.
+    fn operands(&self, q: &Tensor, k: &Tensor) -> Vec<Tensor> {
+        match (*self, self.rows()) {
+            (_, Rows::Whole) | (Sequences::Whole, _) => vec![],
+            (Sequences::Lengths(lq, lk), _) => vec![lq.clone(), lk.clone()],
+            (Sequences::Packed { segments, max }, _) => {
+                packed_layout(segments, max, q.shape()[2], k.shape()[2], q.shape()[3]).into()
+            }
         }
     }
 }
 
-/// `sequences` for one device's shards `given` of its tensors (in `sharded_attention`'s order).
-fn localized<'a>(sequences: Sequences, given: &'a [Tensor]) -> Sequences<'a> {
-    match sequences {
-        Sequences::Whole => Sequences::Whole,
-        Sequences::Lengths(..) => Sequences::Lengths(&given[0], &given[1]),
-        Sequences::Packed { max, .. } => Sequences::Packed { segments: &given[0], max },
+/// The forward call on `q, k, v` over `sequences`: the output `[batch, seq, heads, head_dim]`
+/// and, when `training`, the f32 statistics.
+fn forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<i64>,
+    sequences: Sequences,
+    training: bool,
+) -> Vec<Tensor> {
+    let fmha = Fmha::new(q, k, window, sequences.rows());
+    let extra = sequences.operands(q, k);
+    let operands: Vec<&Tensor> = [q, k, v].into_iter().chain(&extra).collect();
+    let out = custom_call(fmha.forward_call(training), &operands);
+    let mut results = vec![btnh(&out[0])];
+    if training {
+        results.push(out[1].clone());
     }
+    results
+}
+
+/// The backward call on `[q, k, v, stats, d_out, out]` over `sequences`: `dq, dk, dv`.
+fn backward(saved: [&Tensor; 6], window: Option<i64>, sequences: Sequences) -> Vec<Tensor> {
+    let fmha = Fmha::new(saved[0], saved[1], window, sequences.rows());
+    let extra = sequences.operands(saved[0], saved[1]);
+    let operands: Vec<&Tensor> = saved.into_iter().chain(&extra).collect();
+    custom_call(fmha.backward_call(), &operands).iter().map(btnh).collect()
 }
 
 /// Causal attention of `q: [batch, seq, heads, head_dim]` (already scaled) over `k, v: [batch,
 /// seq, kv_heads, head_dim]` by cuDNN, within `window` tokens when given, over what `sequences`
 /// says each row holds. `training` gives the differentiable form, which also returns the f32
-/// statistics; otherwise the forward call alone (inference), as JAX emits each.
+/// statistics; otherwise the forward call alone (inference), as JAX emits each. The forward and
+/// the backward call each compute their extra operands from `sequences`' tensors, as JAX's do.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -304,25 +341,16 @@ pub fn attention(
     sequences: Sequences,
     training: bool,
 ) -> (Tensor, Option<Tensor>) {
-    let fmha = Fmha::new(q, k, window, sequences.rows());
-    let extra = sequence_operands(q, k, sequences);
-    let mut inputs = vec![q, k, v];
-    inputs.extend(&extra);
     if !training {
-        let out = custom_call(fmha.forward_call(false), &inputs);
-        return (btnh(&out[0]), None);
+        return (forward(q, k, v, window, sequences, false).remove(0), None);
     }
+    let inputs: Vec<&Tensor> = [q, k, v].into_iter().chain(sequences.tensors()).collect();
     let results = composite(
         "cudnn_fmha",
         &inputs,
-        |ins| {
-            let out = custom_call(fmha.forward_call(true), &ins.iter().collect::<Vec<_>>());
-            vec![btnh(&out[0]), out[1].clone()]
-        },
+        |ins| forward(&ins[0], &ins[1], &ins[2], window, sequences.over(&ins[3..]), true),
         |ins, outs, cts| {
-            let mut operands = vec![&ins[0], &ins[1], &ins[2], &outs[1], &cts[0], &outs[0]];
-            operands.extend(&ins[3..]);
-            custom_call(fmha.backward_call(), &operands).iter().map(btnh).collect()
+            backward([&ins[0], &ins[1], &ins[2], &outs[1], &cts[0], &outs[0]], window, sequences.over(&ins[3..]))
         },
     );
     (results[0].clone(), Some(results[1].clone()))
@@ -346,19 +374,20 @@ pub fn sharded_attention(
     let qkv = PartitionSpec::from_axes(vec![batch_axes.to_vec(), vec![], head_axes.to_vec(), vec![]]);
     let stats = PartitionSpec::from_axes(vec![batch_axes.to_vec(), head_axes.to_vec(), vec![]]);
     // The tensors behind `sequences`, split by rows like the batch.
-    let (given, given_specs): (Vec<&Tensor>, Vec<PartitionSpec>) = match sequences {
-        Sequences::Whole => (vec![], vec![]),
-        Sequences::Lengths(lq, lk) => (vec![lq, lk], vec![PartitionSpec::from_axes(vec![batch_axes.to_vec()]); 2]),
-        Sequences::Packed { segments, .. } => {
-            (vec![segments], vec![PartitionSpec::from_axes(vec![batch_axes.to_vec(), vec![]])])
-        }
-    };
+    let given = sequences.tensors();
+    let given_specs: Vec<PartitionSpec> = given
+        .iter()
+        .map(|t| {
+            let mut axes = vec![batch_axes.to_vec()];
+            axes.resize(t.shape().len(), vec![]);
+            PartitionSpec::from_axes(axes)
+        })
+        .collect();
     let specs = |n: usize| -> Vec<PartitionSpec> { [vec![qkv.clone(); n], given_specs.clone()].concat() };
-    let mut inputs = vec![q, k, v];
-    inputs.extend(&given);
+    let inputs: Vec<&Tensor> = [q, k, v].into_iter().chain(given).collect();
     if !training {
         let out = manual_computation(&inputs, &specs(3), std::slice::from_ref(&qkv), |ins| {
-            vec![attention(&ins[0], &ins[1], &ins[2], window, localized(sequences, &ins[3..]), false).0]
+            forward(&ins[0], &ins[1], &ins[2], window, sequences.over(&ins[3..]), false)
         });
         return (out[0].clone(), None);
     }
@@ -368,12 +397,7 @@ pub fn sharded_attention(
         |ins| {
             let outs = [qkv.clone(), stats.clone()];
             manual_computation(&ins.iter().collect::<Vec<_>>(), &specs(3), &outs, |local| {
-                let sequences = localized(sequences, &local[3..]);
-                let fmha = Fmha::new(&local[0], &local[1], window, sequences.rows());
-                let extra = sequence_operands(&local[0], &local[1], sequences);
-                let operands: Vec<&Tensor> = local[..3].iter().chain(&extra).collect();
-                let out = custom_call(fmha.forward_call(true), &operands);
-                vec![btnh(&out[0]), out[1].clone()]
+                forward(&local[0], &local[1], &local[2], window, sequences.over(&local[3..]), true)
             })
         },
         |ins, outs, cts| {
@@ -382,12 +406,8 @@ pub fn sharded_attention(
             let in_specs =
                 [vec![qkv.clone(); 3], vec![stats.clone()], vec![qkv.clone(); 2], given_specs.clone()].concat();
             manual_computation(&operands, &in_specs, &vec![qkv.clone(); 3], |local| {
-                let sequences = localized(sequences, &local[6..]);
-                let fmha = Fmha::new(&local[0], &local[1], window, sequences.rows());
-                let extra = sequence_operands(&local[0], &local[1], sequences);
-                let operands: Vec<&Tensor> = local[..6].iter().chain(&extra).collect();
-                let grads = custom_call(fmha.backward_call(), &operands);
-                grads.iter().map(btnh).collect()
+                let saved = [&local[0], &local[1], &local[2], &local[3], &local[4], &local[5]];
+                backward(saved, window, sequences.over(&local[6..]))
             })
         },
     );
