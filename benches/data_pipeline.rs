@@ -75,7 +75,7 @@ fn text_pass(c: &Config, workers: usize) -> (f64, u64, u64) {
     spec.repeat = false;
     spec.workers = workers;
     let start = Instant::now();
-    let mut it = TextBatches::start(spec, TextState::default(), ROWS, SEQ, Packing::of(c));
+    let mut it = TextBatches::start(spec, TextState::default(), ROWS, SEQ, Packing::of(c)).unwrap();
     let mut batches = 0u64;
     while it.next_batch().unwrap().is_some() {
         batches += 1;

@@ -84,7 +84,7 @@ fn pass(c: &Config, workers: usize) -> (f64, u64) {
     let mut spec = data::text_spec(c, Split::Eval, tokenizer, ProcessShare::SINGLE).unwrap();
     spec.workers = workers;
     let t = Instant::now();
-    let mut batches = TextBatches::start(spec, TextState::default(), ROWS, SEQ, Packing::of(c));
+    let mut batches = TextBatches::start(spec, TextState::default(), ROWS, SEQ, Packing::of(c)).unwrap();
     while batches.next_batch().unwrap().is_some() {}
     (t.elapsed().as_secs_f64(), batches.stats().2)
 }
@@ -96,6 +96,8 @@ fn tokens_per_s(c: &Config, workers: usize, repeats: usize) -> (f64, u64) {
 }
 
 fn main() {
+    // The emulator's address, set while this process has one thread (see gcs_emulator.rs).
+    std::env::set_var("STORAGE_EMULATOR_HOST", gcs_emulator::reserve_address());
     let quick = std::env::args().any(|a| a == "--quick");
     let repeats = if quick { 1 } else { 3 };
     let cores = data::default_workers();

@@ -18,7 +18,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 
 use crate::config::registry::{self, Access, Role};
-use crate::config::Config;
+use crate::config::{Config, Resolved};
+use crate::data;
+use crate::data::storage::Storage;
 use crate::files::{self, absolute, describe_special, same_file, shown, Kind, Location, NEW_DIR};
 use crate::pjrt::provision::PluginSpec;
 use crate::storage;
@@ -66,6 +68,27 @@ fn path_value(c: &Config, key: &str) -> Option<PathBuf> {
 /// [`check`] for the files `command` reads and writes by config key. Run it before compiling,
 /// so a bad path costs nothing.
 pub fn check_paths(c: &Config, command: Command) -> Result<()> {
+    let (inputs, outputs) = key_paths(c, command);
+    check(&inputs, &outputs)
+}
+
+/// [`check_paths`] with the setting files the config was read from ([`Resolved::files_read`])
+/// among the inputs: what the commands run first, so that `compiled_trainstep_file=CONFIG.yml`
+/// cannot replace the config file with the compiled step.
+pub fn check_resolved_paths(resolved: &Resolved, command: Command) -> Result<()> {
+    let (mut inputs, outputs) = key_paths(&resolved.config, command);
+    inputs.extend(resolved.files_read.iter().map(|(name, path)| Input {
+        name,
+        location: Location::Local(path.clone()),
+        directory: false,
+    }));
+    check(&inputs, &outputs)
+}
+
+/// The files `command` reads and writes by config key: the path keys', and the local data files
+/// the data keys' globs and mixtures match (a glob or file the readers will refuse is left to
+/// them, whose errors say what it should hold).
+fn key_paths(c: &Config, command: Command) -> (Vec<Input<'static>>, Vec<Output<'static>>) {
     let (mut inputs, mut outputs) = (Vec::new(), Vec::new());
     for key in registry::keys_with(Role::Path) {
         let (Some(path), Some(used)) = (path_value(c, key.name), key.path) else { continue };
@@ -83,7 +106,33 @@ pub fn check_paths(c: &Config, command: Command) -> Result<()> {
             Access::Ignores => {}
         }
     }
-    check(&inputs, &outputs)
+    if command == Command::Train {
+        inputs.extend(data_files(c));
+    }
+    (inputs, outputs)
+}
+
+/// The local files the training and eval data keys match.
+fn data_files(c: &Config) -> Vec<Input<'static>> {
+    let mut patterns: Vec<(&'static str, String)> = Vec::new();
+    // A mixture file in a bucket is read by the data pipeline, not fetched for this check.
+    let mixture =
+        if c.grain_train_mixture_config_path.contains("://") { Ok(None) } else { data::mixture::Mixture::of(c) };
+    match mixture {
+        Ok(Some(mixture)) => patterns.extend(mixture.components.into_iter().map(|m| (mixture.key, m.pattern))),
+        Ok(None) => patterns.push(("hf_train_files", c.hf_train_files.clone())),
+        Err(_) => {}
+    }
+    patterns.push(("hf_eval_files", c.hf_eval_files.clone()));
+    let local = |(_, pattern): &(&str, String)| !pattern.is_empty() && !pattern.contains("://");
+    patterns
+        .into_iter()
+        .filter(local)
+        .flat_map(|(key, pattern)| {
+            data::storage::LocalFiles.glob(key, &pattern).unwrap_or_default().into_iter().map(move |p| (key, p))
+        })
+        .map(|(name, path)| Input { name, location: Location::Local(path), directory: false })
+        .collect()
 }
 
 /// Checks what a command reads and writes before it starts (see the module docs).
@@ -96,7 +145,11 @@ pub fn check(inputs: &[Input], outputs: &[Output]) -> Result<()> {
         if let Some(kind) =
             std::fs::metadata(path).ok().filter(|_| !allowed_dir).and_then(|m| describe_special(&m.file_type()))
         {
-            bail!("{} is {kind}; maxrs reads a regular file there", shown(input.name, &input.location));
+            // As `crate::input` words it, which refuses the same file when it is opened.
+            bail!(
+                "{} is {kind}, not a regular file: maxrs reads a regular file there",
+                shown(input.name, &input.location)
+            );
         }
     }
     for (i, output) in outputs.iter().enumerate() {

@@ -96,7 +96,8 @@ fn committed(base: &Path) -> Vec<u64> {
 }
 
 /// Restores the newest checkpoint on `processes` processes with `--devices-per-process` and
-/// `--fsdp` as given; returns the step every rank restored (all must agree and say identical).
+/// `--fsdp` as given; returns the step every rank restored (all must agree and say identical),
+/// `None` when every rank failed for want of a checkpoint.
 fn verify(base: &Path, name: &str, processes: usize, devices: usize, fsdp: usize, seed: u64) -> Option<u64> {
     let extra = [
         "--verify-only".to_string(),
@@ -108,6 +109,11 @@ fn verify(base: &Path, name: &str, processes: usize, devices: usize, fsdp: usize
     a.extend(extra);
     let codes = spawn(base, name, processes, &a, &[]).wait(Duration::from_secs(60));
     let outputs: Vec<String> = (0..processes).map(|r| output(base, name, r)).collect();
+    // Each rank says so, or that the job failed as another rank said so first.
+    if outputs.iter().all(|out| out.contains("--verify-only: no checkpoint in")) {
+        assert!(codes.iter().all(|&c| c == Some(1)), "{name}: {codes:?}\n{}", outputs.join("\n"));
+        return None;
+    }
     assert!(codes.iter().all(|&c| c == Some(0)), "{name}: {codes:?}\n{}", outputs.join("\n"));
     let steps: Vec<Option<u64>> = outputs
         .iter()

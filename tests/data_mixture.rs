@@ -182,16 +182,8 @@ fn a_mixture_file_may_change_on_resume() {
 fn maxrs_trains_on_a_mixture_and_refuses_mixtures_it_cannot_read() {
     let dir = tempfile::tempdir().unwrap();
     corpus(dir.path());
-    let tiny = [
-        "base_emb_dim=32",
-        "base_num_query_heads=2",
-        "base_num_kv_heads=2",
-        "head_dim=16",
-        "base_mlp_dim=64",
-        "base_num_decoder_layers=1",
-        "per_device_batch_size=4",
-        "steps=2",
-    ];
+    let tiny: Vec<&str> =
+        crate::common::TINY_DECODER.iter().copied().chain(["per_device_batch_size=4", "steps=2"]).collect();
     let report = train(&cfg(dir.path(), &tiny), &cpu_client(1).unwrap()).expect("trains on the mixture");
     assert_eq!(report.losses.len(), 2);
     let Some(DataState::HfMixture(m)) = &report.data_state else { panic!("{:?}", report.data_state) };

@@ -14,7 +14,7 @@ use maxrs::data::packing::{Encoded, Packer, Packing};
 use maxrs::data::TextTokenizer;
 use serde_json::Value;
 
-fn chat_dir(name: &str) -> PathBuf {
+pub(crate) fn chat_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat").join(name)
 }
 

@@ -143,7 +143,7 @@ fn one_epoch(c: &Config, processes: usize, packing: bool) -> Vec<Vec<Batch>> {
             let mut spec = data::text_spec(c, Split::Train, data::load_tokenizer(c).unwrap(), share).unwrap();
             spec.repeat = false;
             let packing = if packing { Packing::On { max_segments: None } } else { Packing::Off };
-            let mut it = TextBatches::start(spec, TextState::default(), ROWS, SEQ, packing);
+            let mut it = TextBatches::start(spec, TextState::default(), ROWS, SEQ, packing).unwrap();
             std::iter::from_fn(|| it.next_batch().unwrap()).collect()
         })
         .collect()

@@ -21,8 +21,9 @@
 /// for tests, not the user's `~/jax_cache`: a program that several tests compile (a resumed run,
 /// the default model's step) is compiled once per build directory.
 ///
-/// And libtpu's variables (`maxrs::aot::compile::prepare_libtpu_environment`), set here rather
-/// than by the first TPU test: setting the environment while another test's XLA spawns `ptxas`
+/// And libtpu's variables (`maxrs::aot::compile::prepare_libtpu_environment`) and the GCS
+/// emulator's address (`common::gcs_emulator::reserve_address`), set here rather than by the
+/// first test that needs them: setting the environment while another test's XLA spawns `ptxas`
 /// made that spawn fail ("Bad address").
 // SAFETY: a constructor runs before `main`, while the process has one thread, so nothing can
 // read the environment while it is changed; it only sets environment variables.
@@ -42,6 +43,7 @@ fn fast_cached_compiles_unless_the_user_chose_otherwise() {
         std::env::set_var("M_JAX_CACHE_DIR", concat!(env!("CARGO_TARGET_TMPDIR"), "/jax_cache"));
     }
     maxrs::aot::compile::prepare_libtpu_environment();
+    std::env::set_var("STORAGE_EMULATOR_HOST", common::gcs_emulator::reserve_address());
 }
 
 mod aot_compile;
@@ -81,10 +83,13 @@ mod fp8;
 mod fuzz;
 mod gpu_memory;
 mod grad_check;
+mod hardening_checkpoint3;
+mod hardening_data3;
 mod hardening_inputs;
 mod hardening_misc;
 mod hardening_net;
 mod hardening_outputs;
+mod hardening_round3;
 mod layers;
 mod lowering_snapshot;
 mod manual_computation;

@@ -73,12 +73,46 @@ pub fn gpu_target_config(plugin: &Path, target: GpuTarget, file: Option<&Path>) 
     Ok(found)
 }
 
+/// The numbers of a `gpu_device_info` block that XLA sizes kernels and buffers by, divides by,
+/// or checks the step's memory against: a description must give each, positive. (A
+/// `threads_per_warp: 0` killed the compile with SIGFPE, and `device_memory_size: 0` was
+/// compiled against.)
+const POSITIVE_DEVICE_INFO: [&str; 17] = [
+    "threads_per_block_limit",
+    "threads_per_warp",
+    "shared_memory_per_block",
+    "shared_memory_per_core",
+    "threads_per_core_limit",
+    "core_count",
+    "fpus_per_core",
+    "block_dim_limit_x",
+    "block_dim_limit_y",
+    "block_dim_limit_z",
+    "memory_bandwidth",
+    "l2_cache_size",
+    "clock_rate_ghz",
+    "device_memory_size",
+    "shared_memory_per_block_optin",
+    "registers_per_core_limit",
+    "registers_per_block_limit",
+];
+
 /// Why `text` is not a description of `target`, if it is not.
 fn check_describes(text: &str, target: GpuTarget) -> std::result::Result<(), String> {
-    if !text.contains("gpu_device_info") {
-        return Err("is not an XLA GpuTargetConfigProto text (no `gpu_device_info` block); give one such as \
+    let Some(info) = device_info_fields(text) else {
+        return Err("is not an XLA GpuTargetConfigProto text (no `gpu_device_info { ... }` block); give one such as \
                     src/aot/gpu_targets/h100-sxm.txtpb"
             .to_string());
+    };
+    for field in POSITIVE_DEVICE_INFO {
+        let value = info.iter().find(|(name, _)| *name == field).map(|(_, value)| *value);
+        if !value.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v.is_finite() && v > 0.0) {
+            return Err(format!(
+                "gives gpu_device_info.{field} {}; it must be a positive number (see \
+                 src/aot/gpu_targets/h100-sxm.txtpb)",
+                value.map_or("no value".to_string(), |v| format!("as {v}"))
+            ));
+        }
     }
     let named = text.lines().find_map(|l| l.trim().strip_prefix("device_description_str:")).map(str::trim);
     let wanted = format!("\"{}\"", target.device_kind());
@@ -90,6 +124,32 @@ fn check_describes(text: &str, target: GpuTarget) -> std::result::Result<(), Str
             named.unwrap_or("no device (no device_description_str)")
         )),
     }
+}
+
+/// The `name: value` fields directly inside the text's `gpu_device_info { ... }` block (not
+/// those of blocks nested in it), or `None` when it has no such block. Text format puts one
+/// field or brace per line in XLA's descriptions; `#` starts a comment.
+fn device_info_fields(text: &str) -> Option<Vec<(&str, &str)>> {
+    let mut lines = text.lines().map(|l| l.split('#').next().unwrap_or("").trim());
+    lines.find(|l| {
+        l.strip_prefix("gpu_device_info").is_some_and(|rest| rest.trim_start().trim_start_matches(':').trim() == "{")
+    })?;
+    let (mut depth, mut fields) = (1usize, Vec::new());
+    for line in lines {
+        if line.ends_with('{') {
+            depth += 1;
+        } else if line == "}" {
+            depth -= 1;
+            if depth == 0 {
+                return Some(fields);
+            }
+        } else if depth == 1 {
+            if let Some((name, value)) = line.split_once(':') {
+                fields.push((name.trim(), value.trim()));
+            }
+        }
+    }
+    None
 }
 
 /// Scans `path` for the NUL-delimited config text containing `needle`.
@@ -169,7 +229,7 @@ mod tests {
         assert_eq!((&*h100.text, h100.source.as_str()), (config("NVIDIA H100 80GB HBM3").as_str(), "the plugin file"));
         // A named file is used as is, for the GPU it describes only.
         let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), config("NVIDIA H100 80GB HBM3")).unwrap();
+        std::fs::write(file.path(), bundled(GpuTarget::H100Sxm)).unwrap();
         let given = gpu_target_config(Path::new("/nonexistent"), GpuTarget::H100Sxm, Some(file.path())).unwrap();
         assert!(given.source.contains(&file.path().display().to_string()));
         let err = gpu_target_config(Path::new("/x"), GpuTarget::H200, Some(file.path())).unwrap_err().to_string();
@@ -180,6 +240,26 @@ mod tests {
         std::fs::write(file.path(), "name: \"x\"").unwrap();
         let err = gpu_target_config(Path::new("/x"), GpuTarget::H200, Some(file.path())).unwrap_err().to_string();
         assert!(err.contains("is not an XLA GpuTargetConfigProto text") && !err.contains('\n'), "{err}");
+    }
+
+    /// A description XLA would divide by zero with, or size a device of no memory by, is refused
+    /// naming the field (a description of a modified GPU may change any number).
+    #[test]
+    fn a_description_needs_every_size_positive() {
+        let h100 = bundled(GpuTarget::H100Sxm);
+        for (from, to, said) in [
+            ("threads_per_warp: 32", "threads_per_warp: 0", "gpu_device_info.threads_per_warp as 0"),
+            ("device_memory_size: 84942979072", "device_memory_size: 0", "device_memory_size as 0"),
+            ("clock_rate_ghz: 1.98\n  device", "clock_rate_ghz: -1\n  device", "clock_rate_ghz as -1"),
+            ("  core_count: 132\n", "", "gpu_device_info.core_count no value"),
+        ] {
+            assert!(h100.contains(from), "{from}");
+            let problem = check_describes(&h100.replacen(from, to, 1), GpuTarget::H100Sxm).unwrap_err();
+            assert!(problem.contains(said) && problem.contains("must be a positive number"), "{problem}");
+        }
+        // The same names nested deeper (a unit's clock) are not the device's.
+        let nested = h100.replacen("clock_rate_ghz: 1.98\n  device", "device", 1);
+        assert!(check_describes(&nested, GpuTarget::H100Sxm).unwrap_err().contains("clock_rate_ghz no value"));
     }
 
     /// maxrs's copies are what the pinned plugin embeds, with the device the catalog names.

@@ -7,7 +7,7 @@ use std::fmt;
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::config::quote;
+use crate::config::{quote, MAX_CPU_DEVICES, MAX_GPU_HOSTS};
 use crate::pjrt::provision::PluginName;
 
 /// The kind of hardware, which picks the compile path.
@@ -309,6 +309,24 @@ pub fn lookup(name: &str, num_slices: u32) -> Result<Topology> {
         .rsplit_once('-')
         .and_then(|(family, n)| Some((family, n.parse::<u32>().ok().filter(|n| *n > 0)?)))
         .ok_or_else(|| anyhow!("unknown topology {}: valid names are {VALID}", quote(name)))?;
+    // Bounded before anything is sized by them: XLA aborts or crashes on huge targets.
+    let gpu_hosts = match family {
+        "a3" | "a3mega" | "a3ultra" => Some(u64::from(size) * u64::from(num_slices)),
+        "h100" => Some(u64::from(num_slices)),
+        _ => None,
+    };
+    if let Some(hosts) = gpu_hosts.filter(|hosts| *hosts > MAX_GPU_HOSTS as u64) {
+        bail!(
+            "topology {} with {num_slices} slice(s) is {hosts} GPU hosts; maxrs compiles for at most {MAX_GPU_HOSTS}",
+            quote(name)
+        );
+    }
+    if family == "cpu" && i64::from(size) > MAX_CPU_DEVICES {
+        bail!(
+            "topology {}: the CPU plugin makes at most {MAX_CPU_DEVICES} devices (cpu-1 to cpu-{MAX_CPU_DEVICES})",
+            quote(name)
+        );
+    }
     match family {
         "a3" | "a3mega" => Ok(gpu_topology(GpuTarget::H100Sxm, size, 8, name, num_slices)),
         "a3ultra" => Ok(gpu_topology(GpuTarget::H200, size, 8, name, num_slices)),
@@ -316,7 +334,7 @@ pub fn lookup(name: &str, num_slices: u32) -> Result<Topology> {
         "h100" => bail!("unknown topology {}: h100-1 and h100-8 are one host; use a3mega-N for N hosts of 8", quote(name)),
         "cpu" if num_slices > 1 => bail!(
             "topology `{name}` cannot have {num_slices} slices: the CPU plugin runs one process (use cpu-{} for that many devices)",
-            size * num_slices
+            u64::from(size) * u64::from(num_slices)
         ),
         "cpu" => Ok(Topology {
             name: name.to_string(),
@@ -360,14 +378,14 @@ pub fn catalog() -> Vec<Family> {
         }
     };
     vec![
-        gpu("a3-N", "N >= 1 hosts", GpuTarget::H100Sxm, 8),
-        gpu("a3mega-N", "N >= 1 hosts", GpuTarget::H100Sxm, 8),
-        gpu("a3ultra-N", "N >= 1 hosts", GpuTarget::H200, 8),
+        gpu("a3-N", "1 to 4096 hosts", GpuTarget::H100Sxm, 8),
+        gpu("a3mega-N", "1 to 4096 hosts", GpuTarget::H100Sxm, 8),
+        gpu("a3ultra-N", "1 to 4096 hosts", GpuTarget::H200, 8),
         gpu("h100-1", "one GPU", GpuTarget::H100Sxm, 1),
         gpu("h100-8", "one host", GpuTarget::H100Sxm, 8),
         Family {
             pattern: "cpu-N",
-            sizes: "N >= 1 devices, one process".into(),
+            sizes: "1 to 1024 devices, one process".into(),
             platform: Platform::Cpu,
             devices_per_host: None,
             device_kind: "cpu",

@@ -72,6 +72,14 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     // it is the target's, whatever the machine compiling it is. (The platform does not depend on
     // the number of slices, which is checked with the other keys below.)
     let target_kind = topology::lookup(&c.compile_topology, 1)?;
+    if !c.gpu_target_config.is_empty() && target_kind.platform != Platform::Cuda {
+        bail!(
+            "gpu_target_config={:?} describes the GPU of a deviceless CUDA compile, but compile_topology={} is not a \
+             GPU target; unset gpu_target_config, or give a GPU topology (`maxrs topologies` lists them)",
+            c.gpu_target_config,
+            c.compile_topology
+        );
+    }
     let (hardware, plugin) = target_settings(c, &target_kind);
     check_plugin(&target_kind, &plugin)?;
     let c = &Config { hardware, plugin, ..c.clone() };

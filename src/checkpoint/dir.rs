@@ -20,9 +20,9 @@ use anyhow::{anyhow, bail, Result};
 use serde::{Deserialize, Serialize};
 
 use super::manifest::{self, ArrayEntry, FileEntry, Manifest, SliceEntry, MANIFEST_FILE};
-use super::read;
-use super::shards::{elements, intersect, ranges, Bounds, HostArray};
+use super::shards::{check_tiling, ranges, Bounds, HostArray};
 use super::tensor_file::write_safetensors;
+use super::{folder, read};
 use crate::files::Location;
 use crate::host::params_io::{from_dtype, to_dtype};
 use crate::host::{convert_float, is_float, whole};
@@ -203,7 +203,7 @@ pub fn manifest_of(share: &Share, processes: usize, mut parts: Vec<Part>) -> Res
         mine.sort_by(|a, b| a.start.cmp(&b.start));
         let blocks: Vec<Bounds> =
             mine.iter().map(|s| s.start.iter().zip(&s.shape).map(|(&a, &n)| (a, n)).collect()).collect();
-        check_cover(&array.name, &array.dims, &blocks)?;
+        check_tiling(&array.dims, &blocks).map_err(|why| anyhow!("`{}` {:?}: {why}", array.name, array.dims))?;
         arrays.push(ArrayEntry {
             name: array.name.clone(),
             dtype: format!("{:?}", to_dtype(array.ty)),
@@ -235,24 +235,6 @@ pub fn manifest_of(share: &Share, processes: usize, mut parts: Vec<Part>) -> Res
     })
 }
 
-/// Checks that `blocks` lie inside an array of shape `dims`, do not overlap, and cover it.
-fn check_cover(name: &str, dims: &[i64], blocks: &[Bounds]) -> Result<()> {
-    let all = whole(dims);
-    for (i, b) in blocks.iter().enumerate() {
-        if b.len() != dims.len() || intersect(b, &all).as_ref() != Some(b) && elements(b) > 0 {
-            bail!("`{name}` {dims:?}: the block {} lies outside the array", ranges(b));
-        }
-        if let Some(other) = blocks[..i].iter().find(|o| intersect(o, b).is_some()) {
-            bail!("`{name}`: the blocks {} and {} overlap", ranges(other), ranges(b));
-        }
-    }
-    let covered: i64 = blocks.iter().map(elements).sum();
-    if covered != elements(&all) {
-        bail!("`{name}` {dims:?}: the blocks written cover {covered} of its {} elements", elements(&all));
-    }
-    Ok(())
-}
-
 /// Writes `manifest` into `dir`; returns its size.
 pub fn write_manifest(dir: &Location, manifest: &Manifest) -> Result<u64> {
     let text = serde_json::to_vec_pretty(manifest).expect("the manifest serializes");
@@ -276,7 +258,47 @@ pub fn read_manifest(dir: &Location) -> Result<Manifest> {
             manifest::VERSION
         );
     }
+    check_manifest(dir, &manifest).map_err(|why| anyhow!("{location}: {why}"))?;
     Ok(manifest)
+}
+
+/// Checks what a manifest says before anything is read or allocated by it: every file it names
+/// is a file of the checkpoint folder `dir` ([`folder::outside`]) listed once, every array is
+/// listed once under a group (`params.…`), its slices name listed files and tile it exactly
+/// (no overlap, no gap, whatever their numbers: [`check_tiling`]), and a job's data positions
+/// are one per process. The reason names the entry.
+fn check_manifest(dir: &Location, manifest: &Manifest) -> Result<(), String> {
+    let plain = "a manifest names its files by plain file names such as params.safetensors";
+    let mut files = BTreeSet::new();
+    for (i, file) in manifest.files.iter().enumerate() {
+        let entry = format!("files[{i}].name = {:?}", file.name);
+        if let Some(why) = folder::outside(dir, &file.name, plain) {
+            return Err(format!("{entry}: {why}"));
+        }
+        if !files.insert(file.name.as_str()) {
+            return Err(format!("{entry} is listed twice"));
+        }
+    }
+    let mut arrays = BTreeSet::new();
+    for (i, array) in manifest.arrays.iter().enumerate() {
+        if !arrays.insert(array.name.as_str()) {
+            return Err(format!("arrays[{i}]: {} is listed twice", array.name));
+        }
+        group_and_key(&array.name).map_err(|e| format!("arrays[{i}]: {e}"))?;
+        let what = format!("{} {:?}", array.name, array.shape);
+        let slices = array.slices();
+        if let Some((j, slice)) = slices.iter().enumerate().find(|(_, s)| !files.contains(s.file.as_str())) {
+            return Err(format!("{what}: slices[{j}].file = {:?} is not one of the manifest's files", slice.file));
+        }
+        let blocks: Vec<Bounds> = slices.into_iter().map(|s| s.bounds).collect();
+        check_tiling(&array.shape, &blocks).map_err(|why| format!("{what}: {why}"))?;
+    }
+    let processes = manifest.processes.unwrap_or(1);
+    let positions = manifest.data_per_process.len();
+    if processes == 0 || (processes > 1 && positions != processes) {
+        return Err(format!("processes is {processes}, with {positions} data positions (data_per_process)"));
+    }
+    Ok(())
 }
 
 /// One array a run expects from a checkpoint.
@@ -357,7 +379,9 @@ pub fn load_blocks(
 
 /// Checks that the checkpoint `manifest` (at `dir`) fits a run expecting `expected`, reporting
 /// every difference at once: model keys, missing, unexpected (in the groups the run reads) and
-/// mis-shaped arrays.
+/// mis-shaped arrays, and whole groups of state one side lacks. Resuming (not `convert_floats`)
+/// takes every group of the checkpoint: one the run lacks (an fp8 run's scaling state resumed
+/// without fp8) would be dropped.
 fn check_fits(
     dir: &Location,
     manifest: &Manifest,
@@ -366,8 +390,8 @@ fn check_fits(
     convert_floats: bool,
 ) -> Result<()> {
     let by_name: BTreeMap<&str, &ArrayEntry> = manifest.arrays.iter().map(|a| (a.name.as_str(), a)).collect();
-    let groups: BTreeSet<&str> =
-        expected.iter().map(|e| group_and_key(&e.name).map(|(g, _)| g)).collect::<Result<_>>()?;
+    let groups: BTreeMap<&str, usize> = group_counts(expected.iter().map(|e| e.name.as_str()))?;
+    let saved_groups = group_counts(manifest.arrays.iter().map(|a| a.name.as_str()))?;
     let expected_names: BTreeSet<&str> = expected.iter().map(|e| e.name.as_str()).collect();
 
     let mut problems = Vec::new();
@@ -379,11 +403,22 @@ fn check_fits(
     if !differences.is_empty() {
         problems.push(format!("config keys that differ: {}", differences.join("; ")));
     }
+    for (group, &n) in &saved_groups {
+        if !convert_floats && !groups.contains_key(group) {
+            problems.push(dropped_group(group, n));
+        }
+    }
+    for (group, &n) in &groups {
+        if !saved_groups.contains_key(group) {
+            problems.push(missing_group(group, n));
+        }
+    }
     let mut missing = Vec::new();
     let mut wrong = Vec::new();
     for e in expected {
         let want = shape_string(e.ty, &e.dims);
         match by_name.get(e.name.as_str()) {
+            None if !saved_groups.contains_key(group_and_key(&e.name)?.0) => {}
             None => missing.push(format!("{} ({want})", e.name)),
             Some(a) => {
                 let ty = element_type(&a.dtype);
@@ -398,7 +433,8 @@ fn check_fits(
         .arrays
         .iter()
         .filter(|a| {
-            group_and_key(&a.name).is_ok_and(|(g, _)| groups.contains(g)) && !expected_names.contains(a.name.as_str())
+            group_and_key(&a.name).is_ok_and(|(g, _)| groups.contains_key(g))
+                && !expected_names.contains(a.name.as_str())
         })
         .map(|a| a.name.as_str())
         .collect();
@@ -415,6 +451,44 @@ fn check_fits(
         bail!("checkpoint {dir} does not fit this run: {}", problems.join("; "));
     }
     Ok(())
+}
+
+/// The number of arrays of each group (`params`, `opt_state`, `fp8`) among `names`.
+fn group_counts<'a>(names: impl Iterator<Item = &'a str>) -> Result<BTreeMap<&'a str, usize>> {
+    let mut counts = BTreeMap::new();
+    for name in names {
+        *counts.entry(group_and_key(name)?.0).or_insert(0) += 1;
+    }
+    Ok(counts)
+}
+
+/// The group of the fp8 scales and amax histories of `quantization=fp8`
+/// (`TrainStep::state_specs`), which the other quantizations do not keep.
+const FP8_GROUP: &str = "fp8";
+
+/// A checkpoint's group of `n` arrays that a resuming run does not have.
+fn dropped_group(group: &str, n: usize) -> String {
+    match group {
+        FP8_GROUP => format!(
+            "it holds quantization=fp8's scaling state ({n} arrays fp8.…), which this run (quantization is not fp8) \
+             would drop: resume with quantization=fp8, or start another run_name from its parameters \
+             (load_parameters_path)"
+        ),
+        _ => format!("it holds {n} arrays {group}.… that this run does not have"),
+    }
+}
+
+/// A run's group of `n` arrays that a checkpoint has none of.
+fn missing_group(group: &str, n: usize) -> String {
+    match group {
+        FP8_GROUP => format!(
+            "it holds no fp8 scaling state (it was saved without quantization=fp8), which this run \
+             (quantization=fp8) needs ({n} arrays fp8.…): resume without quantization=fp8 (or with \
+             te_fp8_currentscaling, which keeps no state), or start another run_name from its parameters \
+             (load_parameters_path)"
+        ),
+        _ => format!("it has none of this run's {n} arrays {group}.…"),
+    }
 }
 
 /// The maxrs element type of a safetensors dtype name (`F32`, `BF16`, ...).

@@ -5,8 +5,11 @@
 //! header carries `{"format": "pt"}`, which `transformers` requires. Local or gs://.
 //!
 //! [`from_hf`] and [`to_hf`] are `maxrs convert`: the tensor mapping is the family's
-//! (`model::hf`), the files are read and written here. Both write a new directory whole
-//! (`StagedDir::write_whole`): it appears complete or not at all, and never over an existing one.
+//! (`model::hf`), the files are read and written here, with the checks on values: weights are
+//! F16, BF16 or F32 (an integer tensor is refused by name), a value the target dtype cannot
+//! hold is refused, NaN and infinite values are converted with a warning. Both write a new
+//! directory whole (`StagedDir::write_whole`): it appears complete or not at all, and never over
+//! an existing one.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,11 +18,13 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
 use super::dir::{self, Expected, Snapshot};
+use super::folder;
 use super::manifest::{self, MANIFEST_FILE};
 use super::tensor_file::{read_safetensors, write_safetensors};
 use crate::config::{self, Config};
 use crate::files::Location;
 use crate::host::convert_float;
+use crate::host::params_io::to_dtype;
 use crate::host::{shape_string, ElementType, HostTensor};
 use crate::input;
 use crate::model::{hf as layout, Model};
@@ -52,6 +57,7 @@ fn read_tensors(dir: &Location) -> Result<BTreeMap<String, HostTensor>> {
         let location = dir.join(&file);
         let mut input = storage::open_read(&location)?;
         for (name, tensor) in read_safetensors(&mut input, &location.to_string())?.tensors {
+            check_weight(&location, &name, &tensor)?;
             if tensors.insert(name.clone(), tensor).is_some() {
                 bail!("{location}: tensor {name} is also in another shard");
             }
@@ -61,11 +67,7 @@ fn read_tensors(dir: &Location) -> Result<BTreeMap<String, HostTensor>> {
 }
 
 /// The shard files `model.safetensors.index.json` names, each checked to be a file of the
-/// checkpoint folder: a plain file name (no `/`, `..` or absolute path), and locally not a
-/// symlink leading out of the folder, so that an index cannot make maxrs read
-/// `../../../../etc/passwd`. The one link out that is allowed is Hugging Face's own cache
-/// layout, where `snapshots/<revision>/<file>` links to `../../blobs/<hash>` (huggingface_hub
-/// `docs/source/en/guides/manage-cache.md`).
+/// checkpoint folder (`folder::outside`).
 fn shard_files(dir: &Location) -> Result<Vec<String>> {
     let index_location = dir.join(INDEX_FILE);
     let index: Value = serde_json::from_slice(&storage::read(&index_location, input::SETTINGS)?)
@@ -79,48 +81,15 @@ fn shard_files(dir: &Location) -> Result<Vec<String>> {
         let Some(name) = file.as_str() else {
             return Err(bad("not a file name"));
         };
-        let plain = !name.is_empty()
-            && name != "."
-            && name != ".."
-            && !name.contains(['/', '\\', '\0'])
-            && std::path::Path::new(name).is_relative();
-        if !plain {
-            return Err(bad(
-                "not a file of the checkpoint folder; the index names shards by plain file names such as \
-                 model-00001-of-00002.safetensors",
-            ));
-        }
-        if let Location::Local(folder) = dir {
-            if let Some(target) = link_out_of(folder, name) {
-                return Err(bad(&format!(
-                    "a symlink to {target:?}, outside the checkpoint folder; copy the shard into the folder"
-                )));
-            }
+        let plain = "the index names shards by plain file names such as model-00001-of-00002.safetensors";
+        if let Some(why) = folder::outside(dir, name, plain) {
+            return Err(bad(&why));
         }
         files.push(name.to_string());
     }
     files.sort();
     files.dedup();
     Ok(files)
-}
-
-/// Where `folder/name` leads when it is a symlink whose target lies outside `folder` (and
-/// outside the `blobs` folder of a Hugging Face cache snapshot).
-fn link_out_of(folder: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
-    let path = folder.join(name);
-    if !std::fs::symlink_metadata(&path).ok()?.file_type().is_symlink() {
-        return None;
-    }
-    // An unresolvable link is reported by the reader with what it is (missing, a loop).
-    let target = std::fs::canonicalize(&path).ok()?;
-    let root = std::fs::canonicalize(folder).ok()?;
-    let cache_blobs = root
-        .parent()
-        .filter(|snapshots| snapshots.file_name().is_some_and(|n| n == "snapshots"))
-        .and_then(|snapshots| snapshots.parent())
-        .map(|repo| repo.join("blobs"));
-    let inside = target.starts_with(&root) || cache_blobs.is_some_and(|blobs| target.starts_with(blobs));
-    (!inside).then_some(target)
 }
 
 /// Writes `config` and `tensors` to `dir`: one `model.safetensors`, or shards of at most
@@ -195,8 +164,76 @@ fn dtype_name(ty: ElementType) -> &'static str {
     }
 }
 
-fn cast(tensors: BTreeMap<String, HostTensor>, ty: ElementType) -> BTreeMap<String, HostTensor> {
-    tensors.into_iter().map(|(n, t)| if t.ty == ty { (n, t) } else { (n.clone(), convert_float(&t, ty)) }).collect()
+/// The dtypes of the weights `maxrs convert` reads and writes (those of `--dtype`, narrowest
+/// range first); an integer or boolean tensor (a position index, a mask) is no weight to convert
+/// as floats.
+const WEIGHT_TYPES: [ElementType; 3] = [ElementType::F16, ElementType::BF16, ElementType::F32];
+
+/// Refuses the tensor `name` of the file at `location` unless it is of a weight dtype.
+fn check_weight(location: &Location, name: &str, tensor: &HostTensor) -> Result<()> {
+    if !WEIGHT_TYPES.contains(&tensor.ty) {
+        bail!(
+            "{location}: tensor {name} is {:?} {:?}: maxrs converts weights stored as F16, BF16 or F32",
+            to_dtype(tensor.ty),
+            tensor.dims
+        );
+    }
+    Ok(())
+}
+
+/// Whether `ty` holds `x` as a finite value.
+fn holds(ty: ElementType, x: f64) -> bool {
+    convert_float(&HostTensor::from_f64(&[], &[x]), ty).to_f64()[0].is_finite()
+}
+
+/// `ty`'s largest finite value.
+fn largest(ty: ElementType) -> f64 {
+    match ty {
+        ElementType::BF16 => half::bf16::MAX.to_f64(),
+        ElementType::F16 => half::f16::MAX.to_f64(),
+        _ => f32::MAX as f64,
+    }
+}
+
+/// `tensors` in `ty`: a warning names each tensor holding NaN or infinite values, converted as
+/// they are (a diverged run's weights may be converted to be looked at); finite values beyond
+/// `ty`'s range are refused, naming the tensor (they would become inf, and the user asked for
+/// `ty`: another dtype holds them). Each tensor is dropped once converted, so that the weights
+/// are held about once.
+fn cast(tensors: BTreeMap<String, HostTensor>, ty: ElementType) -> Result<BTreeMap<String, HostTensor>> {
+    tensors
+        .into_iter()
+        .map(|(name, t)| {
+            let (nan, inf, most) = value_stats(&t);
+            if nan + inf > 0 {
+                tracing::warn!("{name} holds {nan} NaN and {inf} infinite values, converted as they are");
+            }
+            if t.ty == ty {
+                return Ok((name, t));
+            }
+            if !holds(ty, most) {
+                let wider: Vec<&str> =
+                    WEIGHT_TYPES.into_iter().filter(|&w| w != ty && holds(w, most)).map(dtype_name).collect();
+                bail!(
+                    "converting to {to}: {name} holds values up to {most} in magnitude, beyond {to}'s largest {} \
+                     (they would become inf): convert with --dtype {}",
+                    largest(ty),
+                    wider.join(" or "),
+                    to = dtype_name(ty)
+                );
+            }
+            Ok((name, convert_float(&t, ty)))
+        })
+        .collect()
+}
+
+/// A tensor's NaN count, infinite count and largest finite magnitude.
+fn value_stats(t: &HostTensor) -> (usize, usize, f64) {
+    t.to_f64().into_iter().fold((0, 0, 0.0), |(nan, inf, most), v| match v {
+        _ if v.is_nan() => (nan + 1, inf, most),
+        _ if v.is_infinite() => (nan, inf + 1, most),
+        _ => (nan, inf, most.max(v.abs())),
+    })
 }
 
 /// The maxrs config of a model: the user's arguments `user` (a config file first, if any) over
@@ -226,7 +263,7 @@ pub fn from_hf(src: &Location, dst: &Location, dtype: Option<&str>, overrides: &
     let mut derived: Vec<String> = model_keys.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
     derived.push(format!("weight_dtype={}", dtype_name(ty)));
     let (c, model) = model_config(&derived, overrides)?;
-    let params = cast(layout::from_hf(&c, &model, &hf_config, &tensors)?, ty);
+    let params = cast(layout::from_hf(&c, &model, &hf_config, &tensors)?, ty)?;
     let snapshot = Snapshot {
         step: None,
         arrays: params.into_iter().map(|(n, t)| (format!("params.{n}"), t)).collect(),
@@ -262,22 +299,31 @@ pub fn to_hf(
     max_shard_bytes: u64,
     args: &[String],
 ) -> Result<Converted> {
-    let is_checkpoint = storage::is_file(&src.join(MANIFEST_FILE))?;
-    let derived: Vec<String> = if is_checkpoint {
-        dir::read_manifest(src)?.model.iter().map(|(k, v)| format!("{k}={}", plain(v))).collect()
-    } else {
-        Vec::new()
+    let checkpoint = match storage::is_file(&src.join(MANIFEST_FILE))? {
+        true => Some(dir::read_manifest(src)?),
+        false => None,
     };
+    let derived: Vec<String> =
+        checkpoint.iter().flat_map(|m| m.model.iter().map(|(k, v)| format!("{k}={}", plain(v)))).collect();
     let (c, model) = model_config(&derived, args)?;
     layout::check_model(&c)?;
     let weight = crate::runtime::element_type(model.config.weight_dtype);
     let ty = dtype.map(element_type).transpose()?.unwrap_or(weight);
+    // Read in the dtypes stored, so that `cast` sees every value before it is narrowed (one
+    // array at a time: the wide copy of the whole state is the one read).
+    let stored = |name: &str| {
+        let array = checkpoint.as_ref()?.arrays.iter().find(|a| a.name == name)?;
+        dir::element_type(&array.dtype).filter(|t| WEIGHT_TYPES.contains(t))
+    };
     let expected: Vec<Expected> = model
         .param_defs()
         .into_iter()
-        .map(|d| Expected { name: format!("params.{}", d.name), ty, dims: d.shape })
+        .map(|d| {
+            let name = format!("params.{}", d.name);
+            Expected { ty: stored(&name).unwrap_or(weight), name, dims: d.shape }
+        })
         .collect();
-    let params: BTreeMap<String, HostTensor> = if is_checkpoint {
+    let params: BTreeMap<String, HostTensor> = if checkpoint.is_some() {
         let loaded = dir::load(src, &expected, &manifest::model_keys(&c, &model), true)?;
         loaded.arrays.into_iter().map(|(n, t)| (n["params.".len()..].to_string(), t)).collect()
     } else {
@@ -293,13 +339,15 @@ pub fn to_hf(
             if t.dims != e.dims {
                 bail!("{src}: tensor {name} is {}, the model has {}", t.shape_string(), shape_string(e.ty, &e.dims));
             }
+            check_weight(src, name, &t)?;
             params.insert(name.to_string(), t);
         }
         if let Some(extra) = tensors.keys().next() {
             bail!("{src}: tensor {extra} is not a parameter of the model ({} such)", tensors.len());
         }
-        cast(params, ty)
+        params
     };
+    let params = cast(params, ty)?;
     let tensors = layout::to_hf(&c, &model, &params, ty)?;
     let hf_config = layout::hf_config(&c, &model, dtype_name(ty));
     // config.json, written last, is what marks a gs:// directory complete.
@@ -307,36 +355,4 @@ pub fn to_hf(
     let bytes = tensors.values().map(|t| t.data.len() as u64).sum();
     let model_args = manifest::model_keys(&c, &model).iter().map(|(k, v)| format!("{k}={}", plain(v))).collect();
     Ok(Converted { model_args, tensors: tensors.len(), bytes, files })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn links_may_stay_in_the_folder_or_lead_into_a_hub_cache_blob() {
-        let root = tempfile::tempdir().unwrap();
-        let repo = root.path().join("models--org--name");
-        let snapshot = repo.join("snapshots").join("0123abc");
-        std::fs::create_dir_all(&snapshot).unwrap();
-        std::fs::create_dir_all(repo.join("blobs")).unwrap();
-        std::fs::write(repo.join("blobs").join("f00d"), b"weights").unwrap();
-        std::fs::write(snapshot.join("plain.safetensors"), b"weights").unwrap();
-        std::fs::write(root.path().join("outside.safetensors"), b"weights").unwrap();
-        let link = |name: &str, target: &str| std::os::unix::fs::symlink(target, snapshot.join(name)).unwrap();
-        link("cached.safetensors", "../../blobs/f00d");
-        link("sibling.safetensors", "plain.safetensors");
-        link("out.safetensors", "../../../outside.safetensors");
-        link("dangling.safetensors", "missing");
-        for inside in ["plain.safetensors", "cached.safetensors", "sibling.safetensors", "dangling.safetensors"] {
-            assert_eq!(link_out_of(&snapshot, inside), None, "{inside}");
-        }
-        let out = link_out_of(&snapshot, "out.safetensors");
-        assert_eq!(out, Some(root.path().join("outside.safetensors").canonicalize().unwrap()));
-        // Outside a snapshot folder, a cache-like `blobs` link is a link out like any other.
-        let plain_dir = root.path().join("ckpt");
-        std::fs::create_dir_all(&plain_dir).unwrap();
-        std::os::unix::fs::symlink("../models--org--name/blobs/f00d", plain_dir.join("m.safetensors")).unwrap();
-        assert!(link_out_of(&plain_dir, "m.safetensors").is_some());
-    }
 }

@@ -32,7 +32,9 @@
 //!   its slices: which file holds which block (`start`, `shape`), under which safetensors key,
 //!   at which byte `offset` of the file, with the CRC32C of its bytes. The slices of an array
 //!   cover it exactly once (each distinct block of the saving mesh, replicas left out), so a
-//!   restoring process reads the slices its devices need with ranged reads and checks each.
+//!   restoring process reads the slices its devices need with ranged reads and checks each
+//!   (`dir::read_manifest` refuses a manifest whose slices do not tile an array exactly, or that
+//!   names a file outside its folder).
 //!   Version 1 (one process, whole arrays) named one `file` and `key` per array instead; it is
 //!   still read.
 

@@ -8,7 +8,8 @@
 //! - [`shards`]: a state as the processes of a job hold it (blocks per device), which process
 //!   writes each distinct block.
 //! - [`dir`]: writing one checkpoint directory atomically (or one process's part of it),
-//!   reading one back, whole or the blocks a process needs, with every check (`read`: the
+//!   reading one back, whole or the blocks a process needs, with every check (the manifest's
+//!   file names, its slices tiling each array, the model, sizes, checksums; `read`: the
 //!   slices' ranged reads).
 //! - [`job`]: a checkpoint written by every process of a job, committed by process 0 once all
 //!   wrote their parts.
@@ -16,6 +17,8 @@
 //!   save schedule, the background writer, retention, the error policy.
 //! - [`drill`]: `maxrs checkpoint-check`'s synthetic sharded state, checked bit for bit.
 //! - [`hf`]: Hugging Face checkpoint directories (`config.json`, sharded safetensors, index).
+//! - `folder`: the file names a checkpoint's own index gives (a manifest, a Hugging Face weight
+//!   map), each checked to be a file of the checkpoint's folder.
 //! - [`DataState`]: the data pipeline's position, which each checkpoint records.
 //!
 //! A checkpoint holds every array of the state as slices covering it (whole arrays from a job
@@ -24,6 +27,7 @@
 
 pub mod dir;
 pub mod drill;
+mod folder;
 pub mod hf;
 pub mod job;
 pub mod manager;

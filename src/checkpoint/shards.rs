@@ -37,10 +37,95 @@ pub fn elements(bounds: &Bounds) -> i64 {
     bounds.iter().map(|b| b.1).product()
 }
 
-/// `[0:4096,512:1024]`: a block's ranges, as checkpoint files name a slice of an array.
+/// `[0:4096,512:1024]`: a block's ranges, as checkpoint files name a slice of an array. In
+/// i128, so that the numbers of a manifest not yet checked show as they are.
 pub fn ranges(bounds: &Bounds) -> String {
-    let parts: Vec<String> = bounds.iter().map(|(s, n)| format!("{s}:{}", s + n)).collect();
+    let parts: Vec<String> = bounds.iter().map(|&(s, n)| format!("{s}:{}", s as i128 + n as i128)).collect();
     format!("[{}]", parts.join(","))
+}
+
+/// The most pieces [`check_tiling`] cuts an array into: a job's blocks of an array form a grid of
+/// at most one piece per device, far fewer; this bounds the check's memory (64 MiB) whatever the
+/// numbers of a manifest say.
+const MOST_PIECES: usize = 1 << 24;
+
+/// Checks that `blocks` tile an array of shape `dims` exactly: each lies inside it, no two
+/// overlap, and every element is in one. The reason names the first block outside, or the first
+/// two that overlap, or the first part that none holds. Bounded in time and memory by the
+/// number of blocks, whatever their numbers: the edges of the blocks cut the array into a grid of
+/// pieces (one per block for the grids of blocks a mesh gives), and each piece is claimed once.
+pub fn check_tiling(dims: &[i64], blocks: &[Bounds]) -> Result<(), String> {
+    if let Some(d) = dims.iter().find(|&&d| d < 0) {
+        return Err(format!("dimension {d} is negative"));
+    }
+    for b in blocks {
+        if b.len() != dims.len() {
+            return Err(format!("the slice {} has {} dimensions, the array {}", ranges(b), b.len(), dims.len()));
+        }
+        if b.iter().zip(dims).any(|(&(start, n), &d)| start < 0 || n < 0 || start > d - n) {
+            return Err(format!("the slice {} lies outside the array", ranges(b)));
+        }
+    }
+    // (Not `elements`: the product of a manifest's numbers may overflow.)
+    let blocks: Vec<&Bounds> = blocks.iter().filter(|b| b.iter().all(|&(_, n)| n > 0)).collect();
+    // The cuts along each dimension: every block's edges, and the array's.
+    let cuts: Vec<Vec<i64>> = (0..dims.len())
+        .map(|axis| {
+            let mut at: Vec<i64> = blocks.iter().flat_map(|b| [b[axis].0, b[axis].0 + b[axis].1]).collect();
+            at.extend([0, dims[axis]]);
+            at.sort_unstable();
+            at.dedup();
+            at
+        })
+        .collect();
+    let pieces = cuts
+        .iter()
+        .try_fold(1usize, |n, at| n.checked_mul(at.len() - 1))
+        .filter(|&n| n <= MOST_PIECES)
+        .ok_or_else(|| format!("its {} slices cut it into more than {MOST_PIECES} pieces", blocks.len()))?;
+    // Which block holds each piece (row-major): 0 for none, i + 1 for block i.
+    let mut holder: Vec<u32> = vec![0; pieces];
+    for (i, b) in blocks.iter().enumerate() {
+        // The block's pieces: per dimension, the range of cut intervals it spans.
+        let spans: Vec<(usize, usize)> = b
+            .iter()
+            .zip(&cuts)
+            .map(|(&(start, n), at)| (at.partition_point(|&c| c < start), at.partition_point(|&c| c < start + n)))
+            .collect();
+        let mut piece: Vec<usize> = spans.iter().map(|s| s.0).collect();
+        loop {
+            let index = piece.iter().zip(&cuts).fold(0, |index, (&p, at)| index * (at.len() - 1) + p);
+            if holder[index] != 0 {
+                let other = blocks[holder[index] as usize - 1];
+                return Err(format!("the slices {} and {} overlap", ranges(other), ranges(b)));
+            }
+            holder[index] = i as u32 + 1;
+            // The next piece, the last dimension fastest; done after the last.
+            let Some(axis) = (0..piece.len()).rev().find(|&a| piece[a] + 1 < spans[a].1) else { break };
+            piece[axis] += 1;
+            piece[axis + 1..].iter_mut().zip(&spans[axis + 1..]).for_each(|(p, s)| *p = s.0);
+        }
+    }
+    match holder.iter().position(|&h| h == 0) {
+        Some(gap) => Err(format!("no slice holds {}", ranges(&piece_bounds(gap, &cuts)))),
+        None => Ok(()),
+    }
+}
+
+/// The bounds of piece `index` (row-major) of the grid `cuts` draws.
+fn piece_bounds(mut index: usize, cuts: &[Vec<i64>]) -> Bounds {
+    let mut bounds: Bounds = cuts
+        .iter()
+        .rev()
+        .map(|at| {
+            let count = at.len() - 1;
+            let p = index % count;
+            index /= count;
+            (at[p], at[p + 1] - at[p])
+        })
+        .collect();
+    bounds.reverse();
+    bounds
 }
 
 /// One array of a state: its global dtype and shape, and every device's block with the process
@@ -244,6 +329,29 @@ mod tests {
             copy_region(&mut column, &want, &block.data, at, &region, 4);
         }
         assert_eq!(HostTensor::new(global.ty, &[4, 2], column).to_i32(), [2, 3, 102, 103, 202, 203, 302, 303]);
+    }
+
+    /// Any exact tiling passes (a mesh's grid, bricks, a scalar, an empty array); an overlap, a
+    /// gap or a block outside is named; absurd numbers cost no more than the blocks.
+    #[test]
+    fn tilings_are_checked_exactly_and_cheaply() {
+        let grid: Vec<Bounds> = (0..4).flat_map(|r| (0..2).map(move |c| vec![(r * 2, 2), (c * 3, 3)])).collect();
+        assert_eq!(check_tiling(&[8, 6], &grid), Ok(()));
+        let bricks = [vec![(0, 2), (0, 4)], vec![(2, 2), (0, 1)], vec![(2, 2), (1, 3)]];
+        assert_eq!(check_tiling(&[4, 4], &bricks), Ok(()));
+        assert_eq!(check_tiling(&[], &[vec![]]), Ok(()));
+        assert_eq!(check_tiling(&[0, 4], &[vec![(0, 0), (0, 4)]]), Ok(()));
+        assert_eq!(check_tiling(&[], &[vec![], vec![]]), Err("the slices [] and [] overlap".into()));
+        assert_eq!(check_tiling(&[4, 4], &bricks[..2]), Err("no slice holds [2:4,1:4]".into()));
+        let outside = [vec![(0, 4), (2, i64::MAX)]];
+        assert_eq!(
+            check_tiling(&[4, 4], &outside),
+            Err(format!("the slice [0:4,2:{}] lies outside the array", i64::MAX as i128 + 2))
+        );
+        // Single-element blocks staggered along a diagonal of a huge array: too many pieces.
+        let diagonal: Vec<Bounds> = (0..5000).map(|i| vec![(i, 1), (i, 1)]).collect();
+        let e = check_tiling(&[1 << 40, 1 << 40], &diagonal).unwrap_err();
+        assert_eq!(e, format!("its 5000 slices cut it into more than {MOST_PIECES} pieces"));
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! it must hold, then "trains" to `steps` (`--step-ms` per step), saving on the run's schedule
 //! (`checkpoint_period`, `async_checkpointing`, `max_num_checkpoints_to_keep`,
 //! `save_checkpoint_on_completion`) into `base_output_directory/run_name/checkpoints` with the
-//! same multi-process commit as `maxrs train`. With `enable_autocheckpoint`, SIGTERM to any
+//! same multi-process commit as `maxrs train` (`--verify-only`: restores and compares the newest
+//! checkpoint, and fails when there is none). With `enable_autocheckpoint`, SIGTERM to any
 //! process makes every process save the same step and exit 0. The tests kill it at random
 //! moments; on a real cluster it checks the storage and the commit before a long job.
 
@@ -38,7 +39,7 @@ pub struct CheckpointCheckArgs {
     /// The seed of the state's values.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Restore and compare the newest checkpoint, then stop.
+    /// Restore and compare the newest checkpoint, then stop (an error when there is none).
     #[arg(long)]
     verify_only: bool,
     /// A config file (default: the built-in base.yml), then key=value overrides.
@@ -95,6 +96,11 @@ fn check(c: &Config, a: &CheckpointCheckArgs, cluster: &Cluster, terminate: &Ato
             );
             step + 1
         }
+        None if a.verify_only => bail!(
+            "--verify-only: no checkpoint in {dir} to verify (committed step folders such as {dir}/3 with a \
+             manifest.json, as checkpoint-check saves them for this base_output_directory and run_name)",
+            dir = checkpoints.dir
+        ),
         None => {
             println!("no checkpoint in {}: starting at step 0", checkpoints.dir);
             0

@@ -19,9 +19,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
     if args.config.printed(&resolved) {
         return Ok(());
     }
+    // Every key on its own before anything starts (a huge cpu_device_count crashes the plugin),
+    // then what the run reads and writes.
+    config::check(&resolved.config)?;
+    maxrs::output::check_resolved_paths(&resolved, maxrs::output::Command::Train)?;
     let mut c = resolved.config;
-    // Every key on its own before anything starts (a huge cpu_device_count crashes the plugin).
-    config::check(&c)?;
     // A compiled step loads only into the plugin build that compiled it: that build's file.
     if let Some(plugin) = maxrs::runtime::artifact::plugin_for_step(&c)? {
         c.plugin = plugin.display().to_string();

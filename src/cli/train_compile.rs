@@ -42,6 +42,8 @@ pub fn run(a: TrainCompileArgs) -> Result<()> {
     if a.config.printed(&resolved) {
         return Ok(());
     }
+    // The config file is an input too: the compiled step may not be written over it.
+    maxrs::output::check_resolved_paths(&resolved, maxrs::output::Command::TrainCompile)?;
     aot::train_compile::train_compile(&resolved.config)?;
     Ok(())
 }

@@ -17,7 +17,8 @@ use super::choices::{
     RoutedScoreFunc, SamplingStrategy, TokenizerType, WsdDecayStyle,
 };
 use super::ranges::{
-    closed, int, int_or_fill, open, open_max, open_min, MAX_AXIS, MAX_EMB, MAX_HEADS, MAX_SECONDS, MAX_STEPS,
+    closed, int, int_or_fill, open, open_max, open_min, MAX_AXIS, MAX_CPU_DEVICES, MAX_EMB, MAX_GPU_HOSTS, MAX_HEADS,
+    MAX_SECONDS, MAX_STEPS,
 };
 use super::registry::Access::{Ignores, Reads, Writes};
 use super::registry::Origin::{MaxText, Maxrs};
@@ -312,7 +313,7 @@ declare_keys! {
         /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files; or a weighted mixture "glob,weight;glob,weight" (maxrs's own: grain_train_files' syntax and grain's mixing, see docs/src/guides/data.md).
         hf_train_files: String = "" => MaxText.run(),
         /// For dataset_type=hf, instead of hf_train_files: a JSON file {"name": {"path": GLOB, "weight": W}, ...}, the training mixture by name, which may change on resume (MaxText's grain key, see docs/src/guides/data.md).
-        grain_train_mixture_config_path: String = "" => MaxText.run(),
+        grain_train_mixture_config_path: String = "" => MaxText.path(Reads, Ignores).remote(),
         /// For eval (eval_interval > 0): a file or glob, read in order once per eval.
         hf_eval_files: String = "" => MaxText.run(),
         /// The text column of hf_train_files.
@@ -320,7 +321,7 @@ declare_keys! {
         /// The text column of hf_eval_files.
         eval_data_columns: Vec<String> = ["text"] => MaxText.run(),
         /// A SentencePiece .model, or a tokenizer.json (or its folder) with tokenizer_type=huggingface.
-        tokenizer_path: String = "" => MaxText.run(),
+        tokenizer_path: String = "" => MaxText.path(Reads, Ignores).directory(),
         /// sentencepiece or huggingface (tiktoken is not supported yet).
         tokenizer_type: TokenizerType = "sentencepiece" => MaxText.run(),
         /// The tokenizer adds BOS to each document.
@@ -338,7 +339,7 @@ declare_keys! {
         /// With use_sft: a Jinja chat template; empty: chat_template_path, else the tokenizer_config.json's.
         chat_template: String = "" => MaxText.run(),
         /// With use_sft and no chat_template: a .jinja/.j2/.txt template, or a .json file with a chat_template entry.
-        chat_template_path: String = "" => MaxText.run(),
+        chat_template_path: String = "" => MaxText.path(Reads, Ignores),
         /// Shuffle files and document windows (hf) or rows (tokens) each epoch.
         enable_data_shuffling: bool = true => MaxText.run(),
         /// Seeds the shuffles, and the synthetic sequence.
@@ -447,7 +448,7 @@ declare_keys! {
         /// train-compile's target, e.g. v5e-256, or a GPU topology.
         compile_topology: String = "" => MaxText.program(),
         /// train-compile's number of slices; set to a positive number with compile_topology.
-        compile_topology_num_slices: i64 = -1 => MaxText.program().range(int_or_fill(1, 1 << 12)),
+        compile_topology_num_slices: i64 = -1 => MaxText.program().range(int_or_fill(1, MAX_GPU_HOSTS)),
         /// train-compile for a GPU: an XLA GpuTargetConfigProto text describing the GPU (default: the plugin's own, else maxrs's copy).
         gpu_target_config: String = "" => Maxrs.path(Ignores, Reads),
         /// The persistent compilation cache (JAX's, which MaxText sets from this key): programs that took 1 s or more to compile are kept here and loaded by later runs of the same program, plugin, devices and XLA_FLAGS; "" turns it off. A local directory; ~ is the home directory.
@@ -460,8 +461,7 @@ declare_keys! {
         /// PJRT plugin: cpu, cuda12, cuda13, tpu or a path to a plugin .so.
         plugin: String = "cpu" => Maxrs.path(Reads, Reads),
         /// Number of devices the CPU plugin creates.
-        // Start-up time of the CPU plugin grows with the square of this (1024: ~3 s, 4096: ~12 s).
-        cpu_device_count: i64 = 1 => Maxrs.run().range(int(1, 1024)),
+        cpu_device_count: i64 = 1 => Maxrs.run().range(int(1, MAX_CPU_DEVICES)),
         /// A file under xla_flags/ whose flags are added to XLA_FLAGS.
         xla_flags_file: String = "" => Maxrs.path(Reads, Reads),
         /// For MFU; 0 looks the peak up from the device kind.

@@ -80,6 +80,10 @@ impl fmt::Display for Source {
 pub struct Resolved {
     pub config: Config,
     pub sources: BTreeMap<String, Source>,
+    /// The setting files on disk it was read from, each with what named it (`CONFIG`, the
+    /// command's config argument; `model_name`, a model file found on disk): no output of the
+    /// command may overwrite one (`output::check_resolved_paths`).
+    pub files_read: Vec<(&'static str, PathBuf)>,
 }
 
 impl Resolved {
@@ -191,7 +195,9 @@ pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resol
         Some(Value::String(name)) => name,
         _ => DEFAULT_MODEL.to_string(),
     };
-    let (text, model_origin) = model_source(&model_name, config_path)?;
+    let (text, model_origin, model_file) = model_source(&model_name, config_path)?;
+    let files_read =
+        config_path.map(|p| ("CONFIG", p.to_path_buf())).into_iter().chain(model_file.map(|p| ("model_name", p)));
     let model = read_layer(&text, &format!("in {model_origin}"))?;
     let model_source = Source::Model(model_origin.clone());
 
@@ -229,7 +235,7 @@ pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resol
     }
     let config = serde_yaml::from_value(Value::Mapping(merged.values))
         .map_err(|e| ConfigError::invalid("config", e.to_string()))?;
-    Ok(Resolved { config, sources: merged.sources })
+    Ok(Resolved { config, sources: merged.sources, files_read: files_read.collect() })
 }
 
 /// A `key=value` that differs from the model file's value is refused (MaxText's
@@ -410,8 +416,9 @@ fn apply(merged: &mut Mapping, layer: &Layer, is_base: bool) -> Result<(), Confi
     Ok(())
 }
 
-/// The text of `models/<name>.yml` and a description of where it came from.
-fn model_source(name: &str, config_path: Option<&Path>) -> Result<(String, String), ConfigError> {
+/// The text of `models/<name>.yml`, a description of where it came from, and its path when it
+/// was read from disk.
+fn model_source(name: &str, config_path: Option<&Path>) -> Result<(String, String, Option<PathBuf>), ConfigError> {
     let dirs: Vec<PathBuf> = match config_path {
         Some(path) => {
             let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
@@ -423,10 +430,11 @@ fn model_source(name: &str, config_path: Option<&Path>) -> Result<(String, Strin
         // Anything at the path is read, so that a FIFO or folder is refused for what it is.
         dirs.iter().map(|d| d.join(format!("{name}.yml"))).find(|p| p.symlink_metadata().is_ok()).map(|p| {
             let text = input::read_to_string("model file", &p, input::SETTINGS)?;
-            Ok((text, p.display().to_string()))
+            Ok((text, p.display().to_string(), Some(p)))
         })
     };
-    let built_in = || builtin::model(name).map(|text| Ok((text.to_string(), format!("built-in models/{name}.yml"))));
+    let built_in =
+        || builtin::model(name).map(|text| Ok((text.to_string(), format!("built-in models/{name}.yml"), None)));
     let found = if config_path.is_some() { from_disk().or_else(built_in) } else { built_in().or_else(from_disk) };
     if let Some(result) = found {
         return result;

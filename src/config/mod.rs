@@ -34,7 +34,7 @@ pub(crate) use mesh::plural;
 pub use mesh::{Mesh, MeshAxis, MESH_AXES};
 pub use pipeline::PipelinePlan;
 pub use quantization::FP8_FAMILIES;
-pub use ranges::{range, Range};
+pub use ranges::{range, Range, MAX_CPU_DEVICES, MAX_GPU_HOSTS};
 pub use rules::{axis_rules, logical_rules};
 pub use validate::{
     check, check_host_memory, parameter_scales, validate, validate_decode, Derived, MEMORY_REMEDIES, PLUGINS,

@@ -60,6 +60,12 @@ pub(crate) const MAX_HEADS: i64 = 1 << 12;
 pub(crate) const MAX_AXIS: i64 = 1 << 20;
 /// Largest step count: 2^40.
 pub(crate) const MAX_STEPS: i64 = 1 << 40;
+/// Most devices the CPU plugin is asked for (`cpu_device_count`, `cpu-N`): its start-up time
+/// grows with the square of the count (1024: ~3 s, 4096: ~12 s), and XLA aborts or crashes
+/// past about 20,000.
+pub const MAX_CPU_DEVICES: i64 = 1024;
+/// Most GPU hosts of a compile target (hosts per slice x slices): 4,096 hosts of 8 GPUs.
+pub const MAX_GPU_HOSTS: i64 = 1 << 12;
 /// Longest timeout: a year, in seconds.
 pub(crate) const MAX_SECONDS: i64 = 365 * 24 * 3600;
 

@@ -576,6 +576,15 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
             format!("true reads conversations with dataset_type=hf, not dataset_type={}", c.dataset_type),
         ));
     }
+    if c.sft_train_on_completion_only && !c.use_sft {
+        // MaxText reads it only under `if use_sft:` (maxtext src/maxtext/input_pipeline/
+        // hf_data_processing.py, e591f30): without SFT it would be ignored.
+        return Err(ConfigError::invalid(
+            "sft_train_on_completion_only",
+            "true, but use_sft=false: only SFT conversations have completions to train on (MaxText ignores it \
+             without SFT); set use_sft=true or drop it",
+        ));
+    }
     let mixture_file = !c.grain_train_mixture_config_path.is_empty();
     if mixture_file && c.dataset_type != DatasetType::Hf {
         return Err(ConfigError::invalid(

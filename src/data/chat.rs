@@ -3,7 +3,8 @@
 //!
 //! # The template
 //! The Jinja template comes from `chat_template` (the template itself), else `chat_template_path`
-//! (a `.jinja`/`.j2`/`.txt` file, or a `.json` file with a `chat_template` entry: maxtext
+//! (a `.jinja`/`.j2`/`.txt` file, or a `.json` file with a `chat_template` entry, local or
+//! `gs://`: maxtext
 //! `src/maxtext/input_pipeline/instruction_data_processing.py` `load_chat_template_from_file`,
 //! e591f30), else the `chat_template` of the `tokenizer_config.json` beside the tokenizer (a
 //! string, or a list of named templates of which `default` is taken, as transformers does). It is
@@ -12,7 +13,10 @@
 //! `trim_blocks`, `lstrip_blocks`, loop controls, `raise_exception(msg)`, a `tojson` that writes
 //! Python's `json.dumps(ensure_ascii=False)`, Python's string methods (`.strip()`,
 //! `.startswith()`, ... through minijinja-contrib's pycompat), and the variables `messages`,
-//! `add_generation_prompt`, `bos_token`, `eos_token`, `unk_token`, `pad_token`.
+//! `add_generation_prompt`, `bos_token`, `eos_token`, `unk_token`, `pad_token`. A rendering may
+//! run [`TEMPLATE_FUEL`] instructions (minijinja's fuel), so a runaway template fails within
+//! seconds instead of hanging the run. Errors name the template (`chat template
+//! chat_template_path="t.jinja": ...`); the first conversation is rendered before training.
 //!
 //! # Conversations to ids, as MaxText does
 //! maxtext `src/maxtext/input_pipeline/input_pipeline_utils.py` (`apply_chat_template`,
@@ -33,7 +37,10 @@
 //! `[messages]` (a list of `{role, content}`), `[prompt, completion]` (lists of messages,
 //! interleaved turn by turn as MaxText's `combine_columns`; plain strings are taken as one user
 //! and one assistant message) or `[question, answer]` (strings: one user and one assistant
-//! message, MaxText's `math_qa_formatting` without a template).
+//! message, MaxText's `math_qa_formatting` without a template). A conversation without a user
+//! or assistant message (ShareGPT's `human`/`gpt` roles, an empty list) gives MaxText an empty
+//! row; here it is an undecodable row with the reason: skipped and counted, and files of only
+//! such rows are refused, naming the first file, its row and the valid roles.
 
 use std::path::Path;
 
@@ -67,7 +74,7 @@ pub fn check_columns(key: &'static str, columns: &[String]) -> Result<(), DataEr
     if known {
         return Ok(());
     }
-    Err(DataError::BadState(format!(
+    Err(DataError::Invalid(format!(
         "{key}={columns:?}: use_sft=true reads the columns [messages], [prompt, completion] or [question, answer]"
     )))
 }
@@ -88,8 +95,8 @@ pub fn conversation(row: &serde_json::Map<String, Json>, columns: &[String]) -> 
             other => Err(format!("`{name}` is {}, not a list of messages", kind(other))),
         }
     };
-    match columns {
-        [one] => messages(one, field(one)?, "user"),
+    let conversation = match columns {
+        [one] => messages(one, field(one)?, "user")?,
         [a, b] => {
             let (first, second) = if a == "completion" || a == "answer" { (b, a) } else { (a, b) };
             let prompt = messages(first, field(first)?, "user")?;
@@ -100,10 +107,34 @@ pub fn conversation(row: &serde_json::Map<String, Json>, columns: &[String]) -> 
                 out.push(p);
                 out.extend(reply.get(i).cloned());
             }
-            Ok(out)
+            out
         }
-        _ => Err(format!("cannot read the columns {columns:?}")),
+        _ => return Err(format!("cannot read the columns {columns:?}")),
+    };
+    trainable(&columns.join(", "), conversation)
+}
+
+/// `messages` when it has a message MaxText trains on: its `apply_chat_template`
+/// (input_pipeline_utils.py, e591f30) makes segments of the `user` and `assistant` messages only
+/// and skips every other role, so a conversation without either gives an empty row.
+fn trainable(columns: &str, messages: Vec<Message>) -> Result<Vec<Message>, String> {
+    if messages.iter().any(|m| m.role == "user" || m.role == "assistant") {
+        return Ok(messages);
     }
+    if messages.is_empty() {
+        return Err(format!("`{columns}` holds no message; a conversation needs a user or an assistant message"));
+    }
+    let mut roles: Vec<&str> = Vec::new();
+    for message in &messages {
+        if !roles.contains(&message.role.as_str()) {
+            roles.push(&message.role);
+        }
+    }
+    Err(format!(
+        "`{columns}` has no user or assistant message (its roles: {roles:?}); SFT trains on the roles user and \
+         assistant (with an optional first system message), as MaxText does; rename ShareGPT's human/gpt to \
+         user/assistant"
+    ))
 }
 
 fn kind(v: &Json) -> &'static str {
@@ -125,7 +156,8 @@ pub struct Sft {
 }
 
 /// Renders and tokenizes the first conversation of the files, so that a template that cannot
-/// render the data fails before training, naming the file and why.
+/// render the data (or never finishes, [`TEMPLATE_FUEL`]) fails before training, naming the
+/// template, the file and why.
 pub fn check_first(
     sft: &Sft,
     tokenizer: &TextTokenizer,
@@ -135,29 +167,35 @@ pub fn check_first(
     for path in files {
         for doc in super::documents::read_conversations(storage, path, &sft.columns)? {
             if let super::documents::Doc::Chat(messages) = doc? {
-                return sft
-                    .template
-                    .encode(tokenizer, &messages, sft.completion_only, usize::MAX)
-                    .map(|_| ())
-                    .map_err(|why| DataError::BadState(format!("{}: its first conversation: {why}", path.display())));
+                return sft.template.encode(tokenizer, &messages, sft.completion_only, usize::MAX).map(|_| ()).map_err(
+                    |why| sft.template.error(format!("cannot render the first conversation of {path:?}: {why}")),
+                );
             }
         }
     }
     Ok(())
 }
 
-/// Where the template came from, for errors.
-const TEMPLATE_KEYS: &str = "chat_template / chat_template_path / the tokenizer's tokenizer_config.json";
+/// Template instructions one rendering may run (minijinja's fuel). The recorded templates
+/// (tests/data/chat: Llama 3, Qwen3, Gemma 3, Mistral) spend 25-65 a message, so this renders
+/// conversations of tens of thousands of messages, while nested `range(100000)` loops, which
+/// would run for hours, stop in about a second (1.2 s in a debug build).
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
+/// The origin of a template given as text.
+const INLINE: &str = "in chat_template";
 
 /// A chat template ready to render, with the tokenizer's special tokens.
 pub struct ChatTemplate {
     env: Environment<'static>,
     specials: Vec<(&'static str, Option<String>)>,
+    /// Where it came from, for errors: `chat_template_path="t.jinja"`.
+    origin: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").field("specials", &self.specials).finish()
+        f.debug_struct("ChatTemplate").field("origin", &self.origin).field("specials", &self.specials).finish()
     }
 }
 
@@ -171,17 +209,17 @@ impl ChatTemplate {
     ) -> Result<ChatTemplate, DataError> {
         let folder = Path::new(tokenizer_path);
         let folder = if folder.is_dir() { folder } else { folder.parent().unwrap_or(Path::new(".")) };
-        let config = read_json(&folder.join("tokenizer_config.json"))?;
-        let source = if !chat_template.is_empty() {
-            chat_template.to_string()
+        let config_path = folder.join("tokenizer_config.json");
+        let config = read_json(&config_path)?;
+        let (origin, source) = if !chat_template.is_empty() {
+            (INLINE.to_string(), chat_template.to_string())
         } else if !chat_template_path.is_empty() {
-            template_file(Path::new(chat_template_path))?
+            (format!("chat_template_path={chat_template_path:?}"), template_file(chat_template_path)?)
         } else {
-            match config.as_ref().map(|c| template_of(c, &folder.join("tokenizer_config.json"))).transpose()?.flatten()
-            {
-                Some(t) => t,
+            match config.as_ref().map(|c| template_of(c, &config_path)).transpose()?.flatten() {
+                Some(t) => (format!("of {config_path:?}"), t),
                 None => {
-                    return Err(DataError::BadState(format!(
+                    return Err(DataError::Invalid(format!(
                         "use_sft=true needs a chat template: set chat_template or chat_template_path, or give a \
                          tokenizer whose tokenizer_config.json has one ({} has none)",
                         folder.display()
@@ -202,12 +240,22 @@ impl ChatTemplate {
             ("unk_token", special("unk_token")),
             ("pad_token", special("pad_token")),
         ];
-        Self::new(source, specials)
+        Self::compile(origin, source, specials)
     }
 
-    /// A template from its source and special tokens (name, text).
+    /// The template `source` given as text (as the `chat_template` key gives it), with the special
+    /// tokens (name, text).
     pub fn new(source: String, specials: Vec<(&'static str, Option<String>)>) -> Result<ChatTemplate, DataError> {
+        Self::compile(INLINE.to_string(), source, specials)
+    }
+
+    fn compile(
+        origin: String,
+        source: String,
+        specials: Vec<(&'static str, Option<String>)>,
+    ) -> Result<ChatTemplate, DataError> {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -215,9 +263,15 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, message))
         });
         env.add_filter("tojson", tojson);
-        env.add_template_owned("chat", source)
-            .map_err(|e| DataError::BadState(format!("{TEMPLATE_KEYS}: the chat template is not valid Jinja ({e})")))?;
-        Ok(ChatTemplate { env, specials })
+        if let Err(e) = env.add_template_owned("chat", source) {
+            return Err(DataError::Template { origin, message: format!("not valid Jinja ({e})") });
+        }
+        Ok(ChatTemplate { env, specials, origin })
+    }
+
+    /// An error about this template.
+    pub fn error(&self, message: String) -> DataError {
+        DataError::Template { origin: self.origin.clone(), message }
     }
 
     /// transformers' `apply_chat_template(messages, add_generation_prompt=..., tokenize=False)`.
@@ -233,21 +287,45 @@ impl ChatTemplate {
         let template = self.env.get_template("chat").map_err(|e| e.to_string())?;
         template.render(ctx).map_err(|e| match e.kind() {
             ErrorKind::InvalidOperation => format!("the chat template refused it: {}", e.detail().unwrap_or("")),
+            ErrorKind::OutOfFuel => format!(
+                "the chat template ran more than {TEMPLATE_FUEL} instructions without finishing (a runaway loop?); \
+                 chat templates spend under a hundred a message"
+            ),
             _ => format!("the chat template failed: {e}"),
         })
     }
 
     /// MaxText's segments of a conversation: (ids, is the prompt), see the module docs.
     pub fn segments(&self, tokenizer: &TextTokenizer, messages: &[Message]) -> Result<Vec<(Vec<i32>, bool)>, String> {
-        let mut segments = Vec::new();
+        self.segments_within(tokenizer, messages, usize::MAX)
+    }
+
+    /// The first [`Self::segments`], until they hold `max_len` ids: the rest would be truncated,
+    /// and a row of a million messages costs what the run keeps of it.
+    fn segments_within(
+        &self,
+        tokenizer: &TextTokenizer,
+        messages: &[Message],
+        max_len: usize,
+    ) -> Result<Vec<(Vec<i32>, bool)>, String> {
+        // Checked over the whole conversation, as MaxText checks it before truncating.
+        if let Some(i) = messages.iter().skip(1).position(|m| m.role == "system") {
+            return Err(format!("message {} is a system message; only message 0 may be", i + 1));
+        }
+        let (mut segments, mut held) = (Vec::new(), 0);
         let mut round: Vec<Message> = Vec::new();
         for (i, message) in messages.iter().enumerate() {
-            match message.role.as_str() {
-                "system" if i != 0 => return Err(format!("message {i} is a system message; only message 0 may be")),
-                "system" => round.push(message.clone()),
+            if held >= max_len {
+                break;
+            }
+            let segment = match message.role.as_str() {
+                "system" => {
+                    round.push(message.clone());
+                    continue;
+                }
                 "user" => {
                     round.push(message.clone());
-                    segments.push((tokenizer.encode_text(&self.render(&round, true)?)?, true));
+                    (tokenizer.encode_text(&self.render(&round, true)?)?, true)
                 }
                 "assistant" => {
                     round.push(message.clone());
@@ -260,12 +338,14 @@ impl ChatTemplate {
                              completion starts is unknown"
                         ));
                     }
-                    segments.push((full[common..].to_vec(), false));
                     round.clear();
+                    (full[common..].to_vec(), false)
                 }
                 // MaxText skips the other roles (tool, ...).
-                _ => {}
-            }
+                _ => continue,
+            };
+            held += segment.0.len();
+            segments.push(segment);
         }
         Ok(segments)
     }
@@ -280,16 +360,13 @@ impl ChatTemplate {
         max_len: usize,
     ) -> Result<(Vec<i32>, Vec<i32>), String> {
         let (mut ids, mut targets) = (Vec::new(), Vec::new());
-        for (segment, prompt) in self.segments(tokenizer, messages)? {
+        for (segment, prompt) in self.segments_within(tokenizer, messages, max_len)? {
             if completion_only && prompt {
                 targets.extend(std::iter::repeat_n(tokenizer.pad_id(), segment.len()));
             } else {
                 targets.extend_from_slice(&segment);
             }
             ids.extend(segment);
-            if ids.len() >= max_len {
-                break;
-            }
         }
         ids.truncate(max_len);
         targets.truncate(max_len);
@@ -351,7 +428,7 @@ fn read_json(path: &Path) -> Result<Option<Json>, DataError> {
     match input::read("tokenizer_path", path, input::SETTINGS) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| DataError::BadState(format!("{}: not valid JSON ({e})", path.display()))),
+            .map_err(|e| DataError::Invalid(format!("{}: not valid JSON ({e})", path.display()))),
         Err(e) if e.is_missing() => Ok(None),
         Err(e) => Err(e.into()),
     }
@@ -367,37 +444,24 @@ fn template_of(config: &Json, path: &Path) -> Result<Option<String>, DataError> 
             let default = named.iter().find(|t| t.get("name").and_then(Json::as_str) == Some("default"));
             Ok(default.and_then(|t| t.get("template")).and_then(Json::as_str).map(str::to_string))
         }
-        Some(_) => {
-            Err(DataError::BadState(format!("{}: chat_template is neither a string nor a list", path.display())))
-        }
+        Some(_) => Err(DataError::Invalid(format!("{}: chat_template is neither a string nor a list", path.display()))),
     }
 }
 
-/// MaxText's `load_chat_template_from_file`: a template file, or a JSON file's `chat_template`.
-fn template_file(path: &Path) -> Result<String, DataError> {
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-    let bytes = input::read("chat_template_path", path, input::SETTINGS)?;
-    let text = String::from_utf8(bytes)
-        .map_err(|_| DataError::BadState(format!("chat_template_path={:?}: not UTF-8", path.display().to_string())))?;
-    match ext {
-        "jinja" | "j2" | "txt" => Ok(text),
-        "json" => {
-            let json: Json = serde_json::from_str(&text).map_err(|e| {
-                DataError::BadState(format!(
-                    "chat_template_path={:?}: not valid JSON ({e})",
-                    path.display().to_string()
-                ))
-            })?;
-            template_of(&json, path)?.ok_or_else(|| {
-                DataError::BadState(format!(
-                    "chat_template_path={:?}: the JSON has no chat_template",
-                    path.display().to_string()
-                ))
-            })
-        }
-        _ => Err(DataError::BadState(format!(
-            "chat_template_path={:?}: a .jinja, .j2, .txt or .json file (with a chat_template entry)",
-            path.display().to_string()
-        ))),
+/// MaxText's `load_chat_template_from_file`: a template file, or a JSON file's `chat_template`;
+/// local or `gs://` ([`super::storage::read_whole`]).
+fn template_file(path: &str) -> Result<String, DataError> {
+    let key = "chat_template_path";
+    let bad = |why: String| DataError::Invalid(format!("{key}={path:?}: {why}"));
+    let ext = Path::new(path).extension().and_then(|e| e.to_str()).unwrap_or("");
+    if !matches!(ext, "jinja" | "j2" | "txt" | "json") {
+        return Err(bad("a .jinja, .j2, .txt or .json file (with a chat_template entry)".into()));
     }
+    let bytes = super::storage::read_whole(key, path, input::SETTINGS)?;
+    let text = String::from_utf8(bytes).map_err(|_| bad("not UTF-8".into()))?;
+    if ext != "json" {
+        return Ok(text);
+    }
+    let json: Json = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+    template_of(&json, Path::new(path))?.ok_or_else(|| bad("the JSON has no chat_template".into()))
 }

@@ -101,7 +101,7 @@ pub fn read_conversations(storage: &dyn Storage, path: &Path, columns: &[String]
                 })
             })))
         }
-        Format::Text => Err(DataError::BadState(format!(
+        Format::Text => Err(DataError::Invalid(format!(
             "{}: use_sft=true reads conversations from JSON Lines or Parquet files, not text files",
             path.display()
         ))),

@@ -106,8 +106,25 @@ pub enum DataError {
 
     #[error("data iterator state: {0}")]
     BadState(String),
+    /// A setting or file the message itself names (`train_data_columns=...: ...`).
+    #[error("{0}")]
+    Invalid(String),
+    /// A chat template that cannot be loaded or cannot render a conversation; `origin` names
+    /// where it came from (`chat_template_path="t.jinja"`).
+    #[error("chat template {origin}: {message}")]
+    Template { origin: String, message: String },
     #[error("the input pipeline's background worker stopped: {0}")]
     Worker(String),
+    #[error(
+        "cannot start the input pipeline's {what} thread ({source}): the machine's limit on threads is reached \
+         (ulimit -u, the container's pids.max)"
+    )]
+    Spawn { what: String, source: std::io::Error },
+    #[error(
+        "no target token of the first {batches} batches ({rows} rows of max_target_length={seq}) carries loss, so \
+         training would learn nothing: {cause}"
+    )]
+    NoLossTokens { batches: usize, rows: usize, seq: usize, cause: String },
 }
 
 /// A path in an error, quoted with its control characters escaped.

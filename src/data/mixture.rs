@@ -26,18 +26,39 @@
 //! The position ([`MixtureState`]) is the mixture's document index and each component's own text
 //! position: a resumed run re-opens every component where it stood and continues the
 //! interleaving at the same index (grain's iterator state: `index` and each parent's state).
+//!
+//! What a mixture may be: at most [`MAX_COMPONENTS`] datasets, weights finite and positive with
+//! a finite sum and at most [`MAX_WEIGHT_RATIO`] between the largest and the smallest (what
+//! grain's integer proportions can hold); the mixture file is read whole, so bounded as a config
+//! file is (`input::SETTINGS`). Its paths are the user's, as the YAML config's are: absolute, or
+//! relative to the working directory, as MaxText's `find_data_files` resolves them
+//! (grain_data_processing.py, e591f30: `Path(pattern).expanduser().resolve()`). The components
+//! share one pool of tokenizer threads ([`super::text::Pool`]): a mixture of 10,000 datasets
+//! runs as many threads as one dataset.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::error::DataError;
 use super::packing::Encoded;
-use super::storage::storage_for;
-use super::text::{CheckedDocs, DocStream, TextSpec, TextState};
+use super::storage::read_whole;
+use super::text::{CheckedDocs, DocStream, Pool, TextSpec, TextState};
 use super::DataState;
 use crate::config::Config;
+use crate::input;
+
+/// The most datasets a mixture may have. Every dataset holds a window of its documents in memory
+/// (its shuffle window), so a mixture this large already needs a large machine; with
+/// [`MAX_WEIGHT_RATIO`] it keeps the proportions' sum below 2^64, as [`select`]'s arithmetic
+/// needs.
+pub const MAX_COMPONENTS: usize = 100_000;
+
+/// The largest ratio between two weights of a mixture. grain scales the weights to integers with
+/// the smallest at 100 (`_float_to_int_proportions`), so the largest becomes 100 x this: a
+/// dataset weighted 1e-12 of another gets one document in a trillion, and a subnormal weight
+/// (1e-310) would make the scale infinite.
+pub const MAX_WEIGHT_RATIO: f64 = 1e12;
 
 /// One dataset of a mixture: its file pattern and its weight as written.
 #[derive(Clone, Debug, PartialEq)]
@@ -79,9 +100,7 @@ impl Mixture {
             let proportions = proportions(&weights).expect("parse checked the weights");
             return Ok(Some(Mixture { key: "hf_train_files", components, names: vec![], proportions }));
         }
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut storage_for(path).open(Path::new(path))?.reader(), &mut bytes)
-            .map_err(|e| DataError::Io { path: path.into(), source: e })?;
+        let bytes = read_whole(key, path, input::SETTINGS)?;
         let bad = |message: String| DataError::BadMixture { key, value: path.clone(), message };
         // Sorted by name: the order in which grain flattens MaxText's dict of datasets.
         let entries: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&bytes).map_err(|e| {
@@ -103,9 +122,11 @@ impl Mixture {
                 }
             }
         }
+        let names: Vec<String> = entries.into_keys().collect();
+        check_weights(&components, |i| format!("dataset {:?}", names[i])).map_err(bad)?;
         let total: f64 = components.iter().map(|m| m.weight).sum();
         let proportions = grain_proportions(&components.iter().map(|m| m.weight / total).collect::<Vec<_>>());
-        Ok(Some(Mixture { key, components, names: entries.into_keys().collect(), proportions }))
+        Ok(Some(Mixture { key, components, names, proportions }))
     }
 
     /// Where the mixture starts: at the beginning, or at `saved`, the position of the run it
@@ -154,8 +175,45 @@ pub fn parse(key: &'static str, value: &str) -> Result<Option<Vec<Component>>, D
             Ok(Component { pattern: pattern.trim().to_string(), weight })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    check_weights(&components, |i| format!("{:?}", components[i].pattern)).map_err(bad)?;
     proportions(&components.iter().map(|c| c.weight).collect::<Vec<_>>()).map_err(bad)?;
     Ok(Some(components))
+}
+
+/// Checks what grain's integer proportions need of a mixture's weights (each already finite and
+/// positive): at most [`MAX_COMPONENTS`] datasets, a finite sum, and at most [`MAX_WEIGHT_RATIO`]
+/// between the largest and the smallest. `name` names component `i` in the message.
+fn check_weights(components: &[Component], name: impl Fn(usize) -> String) -> Result<(), String> {
+    if components.len() > MAX_COMPONENTS {
+        return Err(format!(
+            "{} datasets, more than the {MAX_COMPONENTS} a mixture may have; merge some of them into one glob",
+            components.len()
+        ));
+    }
+    let sum: f64 = components.iter().map(|c| c.weight).sum();
+    if !sum.is_finite() {
+        return Err(format!(
+            "the weights add up to {sum}, past the largest number; scale them down (only their ratios matter)"
+        ));
+    }
+    let by_weight = |a: &(usize, &Component), b: &(usize, &Component)| a.1.weight.total_cmp(&b.1.weight);
+    let (Some((small, smallest)), Some((large, largest))) =
+        (components.iter().enumerate().min_by(by_weight), components.iter().enumerate().max_by(by_weight))
+    else {
+        return Ok(());
+    };
+    if largest.weight / smallest.weight > MAX_WEIGHT_RATIO {
+        return Err(format!(
+            "the weight {:?} of {} is less than 1/{MAX_WEIGHT_RATIO:e} of the weight {:?} of {}; weights may differ \
+             by at most {MAX_WEIGHT_RATIO:e} times (grain scales them to integers, the smallest to 100): raise it or \
+             drop that dataset",
+            smallest.weight,
+            name(small),
+            largest.weight,
+            name(large)
+        ));
+    }
+    Ok(())
 }
 
 /// The integer proportions of `hf_train_files`' `weights`: MaxText's `round(w / sum(weights),
@@ -221,8 +279,11 @@ impl MixedDocs {
                 specs.len()
             )));
         }
+        // One pool for all the components: the threads do not grow with their number.
+        let pool = Pool::start(specs.first().map_or(1, |spec| spec.workers))?;
+        let ahead = pool.ahead(specs.len());
         let components =
-            specs.iter().zip(&at.components).map(|(spec, &start)| CheckedDocs::start(spec, start)).collect();
+            specs.iter().zip(&at.components).map(|(spec, &start)| CheckedDocs::on(&pool, ahead, spec, start)).collect();
         Ok(MixedDocs { components, proportions, state: at })
     }
 }

@@ -14,6 +14,9 @@
 //! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam
 //!   (local files, and `gs://` read in ranges).
 //!
+//! A run's start refuses a stream whose first batches give the loss no target to count
+//! ([`BatchIterator::check_loss_tokens`]).
+//!
 //! Sharding: each process produces only its own rows of the global batch (`process_index` of
 //! `process_count`): for `synthetic` and `tokens` a contiguous block of the global batch's rows,
 //! for `hf` its share of the files (or of the rows, with fewer files than processes).
@@ -118,6 +121,42 @@ impl BatchIterator {
             _ => None,
         }
     }
+
+    /// Refuses a stream of which none of the first [`LOSS_CHECK_BATCHES`] batches has a target
+    /// that carries loss: a run on it would log `total_weights: 0, loss: 0.000` and learn
+    /// nothing. The batches read stay to be delivered. Token files and the synthetic sequence
+    /// count every target. `rows` is the rows of each batch.
+    pub fn check_loss_tokens(&mut self, c: &Config, rows: usize) -> Result<(), DataError> {
+        let BatchIterator::Text(text) = self else { return Ok(()) };
+        if text.carries_loss_within(LOSS_CHECK_BATCHES)? {
+            return Ok(());
+        }
+        Err(DataError::NoLossTokens {
+            batches: LOSS_CHECK_BATCHES,
+            rows: LOSS_CHECK_BATCHES * rows,
+            seq: c.max_target_length as usize,
+            cause: no_loss_cause(c),
+        })
+    }
+}
+
+/// Batches a run's start reads ahead, at most, for one whose targets carry loss
+/// ([`BatchIterator::check_loss_tokens`]): normally the first has, and the check waits for it only.
+pub const LOSS_CHECK_BATCHES: usize = text::PREFETCH_BATCHES;
+
+/// Why no target of a run's batches carries loss, and what to change, from its settings.
+pub fn no_loss_cause(c: &Config) -> String {
+    if c.use_sft && c.sft_train_on_completion_only {
+        return format!(
+            "with sft_train_on_completion_only=true only the assistant replies carry loss, and these rows hold none \
+             within max_target_length={} (user-only conversations, or prompts that fill the row); give \
+             conversations with assistant replies, raise max_target_length, or set sft_train_on_completion_only=false",
+            c.max_target_length
+        );
+    }
+    "every document is a single token (a target needs the next token of its document); give longer documents, or \
+     raise max_target_length"
+        .to_string()
 }
 
 /// Tokenizer threads: one per core, at most 8 (the packer and reader are light).
@@ -208,7 +247,7 @@ fn text_spec_of(
         let column = match columns.as_slice() {
             [one] => one.clone(),
             other => {
-                return Err(DataError::BadState(format!(
+                return Err(DataError::Invalid(format!(
                     "{columns_key}: pre-training reads one text column, got {other:?}"
                 )))
             }
@@ -279,7 +318,7 @@ pub fn open_train(
                     Some(other) => return Err(mismatch(other)),
                 };
                 let spec = text_spec(c, Split::Train, load_tokenizer(c)?, process)?;
-                Ok(BatchIterator::Text(TextBatches::start(spec, at, rows.len(), seq, Packing::of(c))))
+                Ok(BatchIterator::Text(TextBatches::start(spec, at, rows.len(), seq, Packing::of(c))?))
             }
             Some(mix) => {
                 let at = match resume {
@@ -302,7 +341,7 @@ pub fn open_train(
                     rows.len(),
                     seq,
                     Packing::of(c),
-                )))
+                )?))
             }
         },
     }
@@ -333,13 +372,8 @@ impl EvalData {
     }
 
     /// A new pass over the eval files.
-    pub fn batches(&self) -> BatchIterator {
-        BatchIterator::Text(TextBatches::start(
-            self.spec.clone(),
-            TextState::default(),
-            self.rows,
-            self.seq,
-            self.packing,
-        ))
+    pub fn batches(&self) -> Result<BatchIterator, DataError> {
+        let batches = TextBatches::start(self.spec.clone(), TextState::default(), self.rows, self.seq, self.packing)?;
+        Ok(BatchIterator::Text(batches))
     }
 }

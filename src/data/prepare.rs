@@ -102,7 +102,7 @@ pub fn tokenize_files(
     let mut pending: Vec<i32> = Vec::with_capacity(2 * row_len);
     crate::files::write_atomic(output, |file| {
         let mut writer = BufWriter::with_capacity(1 << 20, &*file);
-        let mut docs = TokenizedDocs::start(&spec, TextState::default());
+        let mut docs = TokenizedDocs::start(&spec, TextState::default()).map_err(std::io::Error::other)?;
         while let Some((_, ids)) = docs.next_doc().map_err(std::io::Error::other)? {
             let Some(super::packing::Encoded { ids, .. }) = ids else {
                 summary.undecodable += 1;

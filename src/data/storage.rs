@@ -137,7 +137,16 @@ fn expand_home(pattern: &str) -> String {
 pub struct GcsFiles;
 
 fn location(key: &str, text: &str) -> Result<Location, DataError> {
-    Location::parse(text).map_err(|e| DataError::BadState(format!("{key}={text:?}: {e:#}")))
+    Location::parse(text).map_err(|e| DataError::Invalid(format!("{key}={text:?}: {e:#}")))
+}
+
+/// The whole file `path` (the value of `key`), local or `gs://`, refused past `limit` bytes: the
+/// small files the pipeline reads whole (a chat template, a mixture file).
+pub fn read_whole(key: &'static str, path: &str, limit: input::Limit) -> Result<Vec<u8>, DataError> {
+    if !path.starts_with("gs://") {
+        return Ok(input::read(key, Path::new(path), limit)?);
+    }
+    storage::read(&location(key, path)?, limit).map_err(|e| DataError::Remote { key, message: format!("{e:#}") })
 }
 
 impl Storage for GcsFiles {

@@ -13,13 +13,18 @@
 //! repeats epochs with new orders; eval reads one epoch in file order.
 //!
 //! # Threads
-//! A reader thread reads windows and hands them to tokenizer workers over a bounded queue; a
-//! packer thread puts the tokenized windows back in order, packs them ([`super::packing`]) and
+//! A [`Pool`] of threads (`workers`, one per core up to 8, and one more) reads and tokenizes
+//! windows: each stream keeps a few of its next windows requested, and a request is a job that
+//! reads the stream's next window (streams are read in order, one window at a time) and
+//! tokenizes it. A
+//! packer thread takes the tokenized documents in order, packs them ([`super::packing`]) and
 //! keeps [`PREFETCH_BATCHES`] batches ready in a bounded queue (the packer reads any
-//! [`DocStream`]: one dataset's [`CheckedDocs`], or a mixture's, `super::mixture`). The train
-//! loop only takes the next batch. Dropping the iterator closes the queues and every thread ends. An epoch in which
-//! no row gives a document (all undecodable or empty) ends the stream with an error: repeating
-//! it could never fill a batch.
+//! [`DocStream`]: one dataset's [`CheckedDocs`], or a mixture's, `super::mixture`, whose
+//! datasets all share one pool: the threads are `workers + 2` however many datasets a mixture
+//! has). The train loop only takes the next batch. Dropping the iterator closes the queues and
+//! every thread ends; a thread that cannot be started is an error naming the machine's limit.
+//! An epoch in which no row gives a document (all undecodable or empty) ends the stream with an
+//! error: repeating it could never fill a batch.
 //!
 //! # The position
 //! [`TextState`] names the next document not yet in a delivered batch: epoch, file (index in this
@@ -27,10 +32,10 @@
 //! that window are already used. Restarting from it re-reads that window and skips them, so a
 //! resumed stream continues exactly where the saved one stopped.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
@@ -118,7 +123,7 @@ fn epoch_files(spec: &TextSpec, epoch: u64) -> (Vec<usize>, Option<(u64, u64)>) 
 
 /// Reads this process's rows in stream order from a position.
 struct Cursor {
-    spec: TextSpec,
+    spec: Arc<TextSpec>,
     epoch: u64,
     files: Vec<usize>,
     filter: Option<(u64, u64)>,
@@ -130,7 +135,7 @@ struct Cursor {
 }
 
 impl Cursor {
-    fn new(spec: TextSpec, at: TextState) -> Cursor {
+    fn new(spec: Arc<TextSpec>, at: TextState) -> Cursor {
         let (files, filter) = epoch_files(&spec, at.epoch);
         Cursor { spec, epoch: at.epoch, files, filter, file: at.file, row: 0, rows: None, skip: at.row }
     }
@@ -187,9 +192,8 @@ impl Cursor {
     }
 }
 
-/// A window of documents for the tokenizer workers.
+/// A window of documents for the pool's threads.
 struct Window {
-    seq: u64,
     start: TextState,
     docs: Vec<Doc>,
 }
@@ -200,40 +204,173 @@ struct Tokenized {
     docs: Vec<Option<Encoded>>,
 }
 
-type Job = (u64, Result<Window, DataError>);
+/// What a request for a stream's next window gets: the window tokenized, or `None` at the end
+/// of the stream.
+type WindowResult = Result<Option<Tokenized>, DataError>;
 type WindowDocs = std::vec::IntoIter<Option<Encoded>>;
-type Done = (u64, Result<Tokenized, DataError>);
+/// A unit of work for a [`Pool`]'s threads.
+type Job = Box<dyn FnOnce() + Send>;
 
-/// The tokenized documents of a stream, in order, from background threads (the reader and the
-/// tokenizer workers). Each item is `(position of the document, its ids or None)`.
+/// Starts a named thread; a failure (the machine's thread limit) is an error, not a panic.
+pub(super) fn spawn(name: String, body: impl FnOnce() + Send + 'static) -> Result<(), DataError> {
+    match thread::Builder::new().name(name.clone()).spawn(body) {
+        Ok(_) => Ok(()),
+        Err(source) => Err(DataError::Spawn { what: name, source }),
+    }
+}
+
+/// The threads that read and tokenize the windows of one pipeline's streams: `workers + 1`
+/// however many streams share them (a mixture of 10,000 datasets runs as many threads as one
+/// dataset). The one more than the tokenizers stands for a reader: while a thread waits for a
+/// window's bytes (a `gs://` range), the others keep tokenizing. The queue has no bound of its
+/// own: each stream keeps at most its `ahead` windows requested ([`TokenizedDocs`]). The threads
+/// end when every stream holding the pool is dropped.
+pub struct Pool {
+    jobs: Sender<Job>,
+    workers: usize,
+}
+
+impl Pool {
+    /// A pool for `workers` tokenizer threads (`spec.workers`).
+    pub fn start(workers: usize) -> Result<Arc<Pool>, DataError> {
+        let workers = workers.max(1);
+        let (jobs, queue) = channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..=workers {
+            let queue = queue.clone();
+            spawn(format!("maxrs-data-{i}"), move || run_jobs(&queue))?;
+        }
+        Ok(Arc::new(Pool { jobs, workers }))
+    }
+
+    /// Windows each of `streams` streams keeps requested: twice the threads between them, at
+    /// least one each (its next window is read while the current one is consumed).
+    pub fn ahead(&self, streams: usize) -> usize {
+        (2 * self.workers / streams.max(1)).max(1)
+    }
+
+    fn run(&self, job: Job) -> Result<(), DataError> {
+        self.jobs.send(job).map_err(|_| DataError::Worker("the data threads have stopped".into()))
+    }
+}
+
+fn run_jobs(queue: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = match queue.lock() {
+            Ok(queue) => queue.recv(),
+            Err(_) => return,
+        };
+        let Ok(job) = job else { return };
+        job();
+    }
+}
+
+/// A stream's windows, read in order by whichever pool thread serves its next request.
+struct WindowSource {
+    cursor: Cursor,
+    epoch_had_rows: bool,
+    finished: bool,
+    /// The requests not yet served, oldest first: the k-th window read answers the k-th.
+    waiting: VecDeque<SyncSender<WindowResult>>,
+}
+
+impl WindowSource {
+    /// The next window of the stream (shuffled), or `None` at its end: an eval stream's after one
+    /// epoch; a training stream's never, unless an epoch gave no rows (then an error).
+    fn next_window(&mut self) -> Result<Option<Window>, DataError> {
+        let spec = self.cursor.spec.clone();
+        let size = if spec.shuffle_seed.is_some() { SHUFFLE_WINDOW } else { PLAIN_WINDOW };
+        while !self.finished {
+            let start = self.cursor.position();
+            let mut docs = Vec::with_capacity(size);
+            let mut at_end = false;
+            while docs.len() < size {
+                match self.cursor.next() {
+                    Ok(Some(doc)) => docs.push(doc),
+                    Ok(None) => {
+                        at_end = true;
+                        break;
+                    }
+                    Err(e) => {
+                        self.finished = true;
+                        return Err(e);
+                    }
+                }
+            }
+            self.epoch_had_rows |= !docs.is_empty();
+            if at_end {
+                self.end_epoch()?;
+            }
+            if !docs.is_empty() {
+                if let Some(seed) = spec.shuffle_seed {
+                    shuffle(&mut docs, key(&[seed, start.epoch, start.file, start.row]));
+                }
+                return Ok(Some(Window { start, docs }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// At the end of an epoch: the stream ends (eval), or the next epoch starts (training).
+    fn end_epoch(&mut self) -> Result<(), DataError> {
+        let spec = &self.cursor.spec;
+        if !spec.repeat {
+            self.finished = true;
+            return Ok(());
+        }
+        if !self.epoch_had_rows {
+            self.finished = true;
+            return Err(DataError::Worker(format!(
+                "epoch {} gave this process (index {} of {}) no rows; the files are empty",
+                self.cursor.epoch, spec.process_index, spec.process_count
+            )));
+        }
+        self.cursor.next_epoch();
+        self.epoch_had_rows = false;
+        Ok(())
+    }
+}
+
+/// The tokenized documents of a stream, in order, read and tokenized by a [`Pool`]'s threads a
+/// window at a time, `ahead` windows ahead of the one handed out. Each item is `(position of
+/// the document, its ids or None)`.
 pub struct TokenizedDocs {
-    results: Receiver<Done>,
-    pending: BTreeMap<u64, Result<Tokenized, DataError>>,
-    next_seq: u64,
+    spec: Arc<TextSpec>,
+    source: Arc<Mutex<WindowSource>>,
+    pool: Arc<Pool>,
+    ahead: usize,
+    /// The answers to the windows requested, in stream order.
+    requested: VecDeque<Receiver<WindowResult>>,
     /// The window being handed out: its start, its remaining documents, the next one's index.
     current: Option<(TextState, WindowDocs, u64)>,
     skip: u64,
+    ended: bool,
 }
 
 impl TokenizedDocs {
-    pub fn start(spec: &TextSpec, at: TextState) -> TokenizedDocs {
-        let workers = spec.workers.max(1);
-        let (job_tx, job_rx) = sync_channel::<Job>(2 * workers);
-        let (done_tx, done_rx) = sync_channel::<Done>(2 * workers);
-        let reader_spec = spec.clone();
-        thread::Builder::new()
-            .name("maxrs-data-reader".into())
-            .spawn(move || read_windows(reader_spec, at, job_tx))
-            .expect("spawning the data reader thread");
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        for i in 0..workers {
-            let (jobs, done, spec) = (job_rx.clone(), done_tx.clone(), spec.clone());
-            thread::Builder::new()
-                .name(format!("maxrs-tokenizer-{i}"))
-                .spawn(move || tokenize_windows(&jobs, &done, &spec))
-                .expect("spawning a tokenizer thread");
+    /// The stream of `spec` from `at`, with a pool of `spec.workers` threads of its own.
+    pub fn start(spec: &TextSpec, at: TextState) -> Result<TokenizedDocs, DataError> {
+        let pool = Pool::start(spec.workers)?;
+        let ahead = pool.ahead(1);
+        Ok(TokenizedDocs::on(&pool, ahead, spec, at))
+    }
+
+    /// The stream of `spec` from `at`, served by `pool`. Nothing is read before the first
+    /// [`Self::next_doc`].
+    pub fn on(pool: &Arc<Pool>, ahead: usize, spec: &TextSpec, at: TextState) -> TokenizedDocs {
+        let spec = Arc::new(spec.clone());
+        let cursor = Cursor::new(spec.clone(), at);
+        let source = WindowSource { cursor, epoch_had_rows: false, finished: false, waiting: VecDeque::new() };
+        TokenizedDocs {
+            spec,
+            source: Arc::new(Mutex::new(source)),
+            pool: pool.clone(),
+            ahead,
+            requested: VecDeque::new(),
+            current: None,
+            skip: at.taken,
+            ended: false,
         }
-        TokenizedDocs { results: done_rx, pending: BTreeMap::new(), next_seq: 0, current: None, skip: at.taken }
     }
 
     /// The next document: its position (`taken` = its index in its window) and its ids.
@@ -252,69 +389,49 @@ impl TokenizedDocs {
                 }
                 self.current = None;
             }
-            while !self.pending.contains_key(&self.next_seq) {
-                match self.results.recv() {
-                    Ok((seq, result)) => {
-                        self.pending.insert(seq, result);
-                    }
-                    Err(_) => return Ok(None),
-                }
+            if self.ended {
+                return Ok(None);
             }
-            let window = self.pending.remove(&self.next_seq).expect("checked above")?;
-            self.next_seq += 1;
-            self.current = Some((window.start, window.docs.into_iter(), 0));
+            self.request()?;
+            let answer = self.requested.pop_front().expect("request() keeps `ahead` (>= 1) windows requested");
+            match answer.recv() {
+                Ok(Ok(Some(window))) => self.current = Some((window.start, window.docs.into_iter(), 0)),
+                Ok(Ok(None)) => self.ended = true,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(DataError::Worker("a data thread stopped before reading a window".into())),
+            }
         }
+    }
+
+    /// Requests windows until `ahead` are: each request queues a job that reads the stream's
+    /// next window and tokenizes it.
+    fn request(&mut self) -> Result<(), DataError> {
+        while self.requested.len() < self.ahead {
+            let (answer, answered) = sync_channel(1);
+            lock(&self.source).waiting.push_back(answer);
+            let (source, spec) = (self.source.clone(), self.spec.clone());
+            self.pool.run(Box::new(move || {
+                let (answer, window) = {
+                    let mut source = lock(&source);
+                    let answer = source.waiting.pop_front().expect("one waiting request per job");
+                    (answer, source.next_window())
+                };
+                let tokenized = window.map(|w| {
+                    w.map(|w| Tokenized { start: w.start, docs: w.docs.iter().map(|doc| encode(&spec, doc)).collect() })
+                });
+                // The stream may have been dropped meanwhile; then no one waits for the window.
+                let _ = answer.send(tokenized);
+            }))?;
+            self.requested.push_back(answered);
+        }
+        Ok(())
     }
 }
 
-fn read_windows(spec: TextSpec, at: TextState, jobs: SyncSender<Job>) {
-    let size = if spec.shuffle_seed.is_some() { SHUFFLE_WINDOW } else { PLAIN_WINDOW };
-    let mut cursor = Cursor::new(spec.clone(), at);
-    let mut seq = 0u64;
-    let mut epoch_had_rows = false;
-    loop {
-        let start = cursor.position();
-        let mut docs = Vec::with_capacity(size);
-        let mut at_end = false;
-        while docs.len() < size {
-            match cursor.next() {
-                Ok(Some(doc)) => docs.push(doc),
-                Ok(None) => {
-                    at_end = true;
-                    break;
-                }
-                Err(e) => {
-                    let _ = jobs.send((seq, Err(e)));
-                    return;
-                }
-            }
-        }
-        epoch_had_rows |= !docs.is_empty();
-        if !docs.is_empty() {
-            if let Some(seed) = spec.shuffle_seed {
-                shuffle(&mut docs, key(&[seed, start.epoch, start.file, start.row]));
-            }
-            if jobs.send((seq, Ok(Window { seq, start, docs }))).is_err() {
-                return;
-            }
-            seq += 1;
-        }
-        if at_end {
-            if !spec.repeat {
-                return;
-            }
-            if !epoch_had_rows {
-                let error = DataError::Worker(format!(
-                    "epoch {} gave this process (index {} of {}) no rows; the files are empty",
-                    cursor.epoch, spec.process_index, spec.process_count
-                ));
-                let _ = jobs.send((seq, Err(error)));
-                return;
-            }
-            cursor.next_epoch();
-            epoch_had_rows = false;
-        }
-    }
+/// The stream's source, even after a job panicked holding it: the panicking job's request
+/// fails (its answer is dropped), and the stream stops at that window.
+fn lock(source: &Mutex<WindowSource>) -> std::sync::MutexGuard<'_, WindowSource> {
+    source.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// One row's ids (and targets), or `None` when it gives no document (undecodable, a template or
@@ -328,24 +445,6 @@ fn encode(spec: &TextSpec, doc: &Doc) -> Option<Encoded> {
             Some(Encoded { targets: (targets != ids).then_some(targets), ids })
         }
         _ => None,
-    }
-}
-
-fn tokenize_windows(jobs: &Mutex<Receiver<Job>>, done: &SyncSender<Done>, spec: &TextSpec) {
-    loop {
-        let job = match jobs.lock() {
-            Ok(rx) => rx.recv(),
-            Err(_) => return,
-        };
-        let Ok((seq, window)) = job else { return };
-        let result = window.map(|w| {
-            debug_assert_eq!(w.seq, seq);
-            let docs = w.docs.iter().map(|doc| encode(spec, doc)).collect();
-            Tokenized { start: w.start, docs }
-        });
-        if done.send((seq, result)).is_err() {
-            return;
-        }
     }
 }
 
@@ -397,7 +496,8 @@ pub struct CheckedDocs {
 }
 
 impl CheckedDocs {
-    pub fn start(spec: &TextSpec, at: TextState) -> CheckedDocs {
+    /// The stream of `spec` from `at`, served by `pool` ([`TokenizedDocs::on`]).
+    pub fn on(pool: &Arc<Pool>, ahead: usize, spec: &TextSpec, at: TextState) -> CheckedDocs {
         let unused = Unused {
             last_document_epoch: at.epoch,
             epoch: at.epoch,
@@ -405,7 +505,7 @@ impl CheckedDocs {
             undecodable: 0,
             process: (spec.process_index, spec.process_count),
         };
-        CheckedDocs { docs: TokenizedDocs::start(spec, at), unused }
+        CheckedDocs { docs: TokenizedDocs::on(pool, ahead, spec, at), unused }
     }
 
     /// The next document: its position and its ids.
@@ -440,6 +540,8 @@ type Delivery = Result<(Batch, DataState), DataError>;
 /// ([`super::mixture`]).
 pub struct TextBatches {
     batches: Receiver<Delivery>,
+    /// Batches read ahead of the train loop ([`Self::carries_loss_within`]), delivered first.
+    read_ahead: VecDeque<(Batch, DataState)>,
     state: DataState,
     stats: Arc<Stats>,
     finished: bool,
@@ -448,8 +550,15 @@ pub struct TextBatches {
 impl TextBatches {
     /// Starts the background threads at `at` (the default state is the beginning). `rows` is
     /// this process's rows per batch, `seq_len` = `max_target_length`.
-    pub fn start(spec: TextSpec, at: TextState, rows: usize, seq_len: usize, packing: Packing) -> TextBatches {
-        let docs = CheckedDocs::start(&spec, at);
+    pub fn start(
+        spec: TextSpec,
+        at: TextState,
+        rows: usize,
+        seq_len: usize,
+        packing: Packing,
+    ) -> Result<TextBatches, DataError> {
+        let pool = Pool::start(spec.workers)?;
+        let docs = CheckedDocs::on(&pool, pool.ahead(1), &spec, at);
         TextBatches::from_stream(docs, DataState::Hf(at), &spec.tokenizer, rows, seq_len, packing)
     }
 
@@ -461,58 +570,81 @@ impl TextBatches {
         rows: usize,
         seq_len: usize,
         packing: Packing,
-    ) -> TextBatches {
+    ) -> Result<TextBatches, DataError> {
         let stats = Arc::new(Stats::default());
         let (tx, rx) = sync_channel::<Delivery>(PREFETCH_BATCHES);
         let thread_stats = stats.clone();
         let (pad, bos) = (tokenizer.pad_id(), tokenizer.bos_id());
         let state = at.clone();
-        thread::Builder::new()
-            .name("maxrs-packer".into())
-            .spawn(move || {
-                let mut packer = Packer::new(seq_len, rows, packing, pad);
-                let deliver = |packer: &mut Packer, after: DataState| {
-                    tx.send(Ok((Batch::from_documents(&packer.finish(), seq_len, pad, bos), after))).is_ok()
-                };
-                let mut last = at;
-                loop {
-                    match docs.next_doc() {
-                        Ok(Some((position, after, ids))) => {
-                            last = after;
-                            let Some(ids) = ids else {
-                                thread_stats.undecodable.fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            };
-                            if ids.ids.is_empty() {
-                                continue;
-                            }
-                            if !packer.add(&ids) {
-                                if !deliver(&mut packer, position) {
-                                    return;
-                                }
-                                packer.add(&ids);
-                            }
-                            thread_stats.documents.fetch_add(1, Ordering::Relaxed);
-                            thread_stats.tokens.fetch_add(ids.ids.len() as u64, Ordering::Relaxed);
-                            if packer.is_full() && !deliver(&mut packer, last.clone()) {
+        spawn("maxrs-packer".into(), move || {
+            let mut packer = Packer::new(seq_len, rows, packing, pad);
+            let deliver = |packer: &mut Packer, after: DataState| {
+                tx.send(Ok((Batch::from_documents(&packer.finish(), seq_len, pad, bos), after))).is_ok()
+            };
+            let mut last = at;
+            loop {
+                match docs.next_doc() {
+                    Ok(Some((position, after, ids))) => {
+                        last = after;
+                        let Some(ids) = ids else {
+                            thread_stats.undecodable.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        };
+                        if ids.ids.is_empty() {
+                            continue;
+                        }
+                        if !packer.add(&ids) {
+                            if !deliver(&mut packer, position) {
                                 return;
                             }
+                            packer.add(&ids);
                         }
-                        Ok(None) => {
-                            if !packer.is_empty() {
-                                deliver(&mut packer, last);
-                            }
-                            return;
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e));
+                        thread_stats.documents.fetch_add(1, Ordering::Relaxed);
+                        thread_stats.tokens.fetch_add(ids.ids.len() as u64, Ordering::Relaxed);
+                        if packer.is_full() && !deliver(&mut packer, last.clone()) {
                             return;
                         }
                     }
+                    Ok(None) => {
+                        if !packer.is_empty() {
+                            deliver(&mut packer, last);
+                        }
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
                 }
-            })
-            .expect("spawning the packer thread");
-        TextBatches { batches: rx, state, stats, finished: false }
+            }
+        })?;
+        Ok(TextBatches { batches: rx, read_ahead: VecDeque::new(), state, stats, finished: false })
+    }
+
+    /// Whether a target of the next `n` batches carries loss, reading them ahead (they are still
+    /// delivered, in order): stops at the first batch that has one. An error of the stream is
+    /// returned at once.
+    pub fn carries_loss_within(&mut self, n: usize) -> Result<bool, DataError> {
+        if self.read_ahead.iter().any(|(batch, _)| batch.total_weights() > 0) {
+            return Ok(true);
+        }
+        while self.read_ahead.len() < n {
+            match self.batches.recv() {
+                Ok(Ok((batch, after))) => {
+                    let carries = batch.total_weights() > 0;
+                    self.read_ahead.push_back((batch, after));
+                    if carries {
+                        return Ok(true);
+                    }
+                }
+                Ok(Err(e)) => {
+                    self.finished = true;
+                    return Err(e);
+                }
+                Err(_) => return Ok(false),
+            }
+        }
+        Ok(false)
     }
 
     /// The next batch, or `None` when a non-repeating stream has ended (its last batch is
@@ -521,7 +653,7 @@ impl TextBatches {
         if self.finished {
             return Ok(None);
         }
-        match self.batches.recv() {
+        match self.read_ahead.pop_front().map_or_else(|| self.batches.recv(), |ahead| Ok(Ok(ahead))) {
             Ok(Ok((batch, after))) => {
                 self.state = after;
                 Ok(Some(batch))

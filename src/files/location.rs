@@ -37,6 +37,10 @@ impl Location {
         if let Some((scheme, _)) = text.split_once("://") {
             bail!("{text}: `{scheme}://` is not supported; use a local path or gs://BUCKET/PATH");
         }
+        // `gs:/bkt/runs` (a slash lost in a script) would otherwise be a local folder `./gs:`.
+        if let Some(scheme) = url_scheme(text) {
+            bail!("{text}: `{scheme}:` followed by one slash is not a location; write gs://BUCKET/PATH, or ./{text} for a local path");
+        }
         if text.is_empty() {
             bail!("an empty path names no file");
         }
@@ -85,6 +89,16 @@ impl Location {
             Location::Gcs { .. } => None,
         }
     }
+}
+
+/// The scheme of a text that starts like a URL with a slash missing (`gs:/bkt`, `https:/host`):
+/// a letter, then letters, digits, `+`, `-` or `.`, then `:/` (so `run:1/x` stays a path).
+fn url_scheme(text: &str) -> Option<&str> {
+    let (scheme, rest) = text.split_once(':')?;
+    let mut chars = scheme.chars();
+    let well_formed = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    (well_formed && rest.starts_with('/')).then_some(scheme)
 }
 
 impl fmt::Display for Location {

@@ -14,4 +14,4 @@ mod write;
 pub(crate) use check::{absolute, check_output, describe_special, shown, NEW_DIR};
 pub use check::{same_file, Kind};
 pub use location::Location;
-pub use write::{sync_dir, write_atomic, AtomicFile, LockedAppend};
+pub use write::{place_executable, sync_dir, write_atomic, AtomicFile, LockedAppend};

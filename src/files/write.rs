@@ -8,7 +8,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use tempfile::NamedTempFile;
 
 use super::{check_output, shown, Kind, Location};
@@ -76,6 +76,46 @@ pub fn write_atomic(path: &Path, fill: impl FnOnce(&mut File) -> std::io::Result
     // Errors name the file the user asked for, not the temporary one.
     fill(file.file()).with_context(|| format!("writing {}", path.display()))?;
     file.commit()
+}
+
+/// Places a copy of the finished file `source` at `dest` as an executable (mode 0755): a `cp`
+/// process writes the copy under a temporary name in `dest`'s folder, which is then renamed
+/// over `dest` (replacing a symlink there, never writing through it).
+///
+/// Why a child process: the kernel refuses to run a file that any process holds open for
+/// writing (`ETXTBSY`, "Text file busy"), and a child that another thread of this process
+/// forks while this process writes a file inherits that descriptor until the child execs. So a
+/// file this process wrote could not be run at once while other threads start processes (seen
+/// in CI: the test binary unpacked mdBook while other tests started `maxrs`). No process of
+/// ours ever opens the copy `cp` writes for writing, so no descriptor of it can linger.
+pub fn place_executable(source: &Path, dest: &Path) -> Result<()> {
+    let dir = parent(dest);
+    // A name only: a file this process created would be one it had opened for writing.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let name = dest.file_name().unwrap_or_default().to_string_lossy();
+    let copy = dir.join(format!(".{name}.{}.{nanos}.exec", std::process::id()));
+    let placed = (|| {
+        let copied = std::process::Command::new("cp")
+            .arg("--")
+            .arg(source)
+            .arg(&copy)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .context("running cp")?;
+        if !copied.status.success() {
+            bail!("cp {} {}: {}", source.display(), copy.display(), String::from_utf8_lossy(&copied.stderr).trim());
+        }
+        #[cfg(unix)]
+        std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        // Read-only: syncing needs no descriptor open for writing.
+        File::open(&copy).and_then(|f| f.sync_all())?;
+        std::fs::rename(&copy, dest)?;
+        sync_dir(dir)
+    })();
+    if placed.is_err() {
+        let _ = std::fs::remove_file(&copy);
+    }
+    placed.with_context(|| format!("placing executable {}", dest.display()))
 }
 
 /// Flushes a directory's entries (a rename or a new file in it) to disk.

@@ -134,15 +134,17 @@ impl ArtifactHeader {
             let value = |map: &BTreeMap<String, String>| map.get(key).cloned().unwrap_or_else(|| "(unset)".into());
             differ(true, key, &value(&saved.config), &value(&self.config));
         }
-        if saved.arguments != self.arguments {
-            let describe = |a: &ArgumentSpec| format!("{} {}{:?} {}", a.name, a.dtype, a.shape, a.sharding);
-            let n = saved.arguments.len().max(self.arguments.len());
-            for i in 0..n {
-                let s = saved.arguments.get(i).map(describe).unwrap_or_else(|| "(none)".into());
-                let c = self.arguments.get(i).map(describe).unwrap_or_else(|| "(none)".into());
-                differ(true, &format!("argument {i}"), &s, &c);
-            }
+        // A few arguments say what changed; all of them differ when the devices do (40 lines).
+        let describe = |a: &ArgumentSpec| format!("{} {}{:?} {}", a.name, a.dtype, a.shape, same_sharding(&a.sharding));
+        let describe_at =
+            |args: &[ArgumentSpec], i: usize| args.get(i).map(describe).unwrap_or_else(|| "(none)".into());
+        let differing: Vec<usize> = (0..saved.arguments.len().max(self.arguments.len()))
+            .filter(|&i| describe_at(&saved.arguments, i) != describe_at(&self.arguments, i))
+            .collect();
+        for &i in differing.iter().take(ARGUMENTS_SHOWN) {
+            differ(true, &format!("argument {i}"), &describe_at(&saved.arguments, i), &describe_at(&self.arguments, i));
         }
+        let more_arguments = differing.len().checked_sub(ARGUMENTS_SHOWN).filter(|n| *n > 0);
         // The keys and arguments above name what differs; the fingerprint also catches a setting
         // that changes the step without being listed.
         if !saved.program_fingerprint.is_empty() {
@@ -166,7 +168,28 @@ impl ArtifactHeader {
         }
         differ(false, "XLA flags", &format!("{:?}", saved.xla_flags), &format!("{:?}", self.xla_flags));
         differ(false, "maxrs version", &saved.maxrs_version, &self.maxrs_version);
+        if let Some(more) = more_arguments {
+            let (noun, verb) = if more == 1 { ("argument", "differs") } else { ("arguments", "differ") };
+            diff.errors.push(format!("and {more} more {noun} {verb}"));
+        }
         diff
+    }
+}
+
+/// Differing arguments listed one by one; the rest are counted.
+const ARGUMENTS_SHOWN: usize = 4;
+
+/// A sharding as compared: one that splits no dimension (`P(None, None)`) is `replicated`, as
+/// a one-device run writes it.
+fn same_sharding(sharding: &str) -> &str {
+    let splits_nothing = sharding
+        .strip_prefix("P(")
+        .and_then(|rest| rest.strip_suffix(')'))
+        .is_some_and(|dims| dims.split(',').all(|d| matches!(d.trim(), "None" | "")));
+    if splits_nothing {
+        "replicated"
+    } else {
+        sharding
     }
 }
 
@@ -420,6 +443,32 @@ mod tests {
         let mut old = header();
         old.program_fingerprint.clear();
         assert!(other.differences(&old).errors.is_empty());
+    }
+
+    /// A step compiled for 2 devices loaded by a 1-device run: the real differences and a count,
+    /// not 40 argument lines of which many were the same sharding written two ways.
+    #[test]
+    fn argument_differences_are_counted_past_a_few_and_unsplit_equals_replicated() {
+        let argument = |i: usize, sharding: &str| ArgumentSpec {
+            name: format!("params.w{i}"),
+            dtype: "f32".into(),
+            shape: vec![4, 4],
+            sharding: sharding.into(),
+        };
+        let mut saved = header();
+        saved.arguments =
+            (0..10).map(|i| argument(i, if i % 2 == 0 { "P(None, None)" } else { "P('fsdp', None)" })).collect();
+        let mut current = header();
+        current.arguments = (0..10).map(|i| argument(i, "replicated")).collect();
+        let errors = current.differences(&saved).errors;
+        let arguments: Vec<&String> = errors.iter().filter(|e| e.starts_with("argument ")).collect();
+        assert_eq!(arguments.len(), ARGUMENTS_SHOWN, "{errors:?}");
+        assert!(arguments[0].starts_with("argument 1: compiled with params.w1 f32[4, 4] P('fsdp', None), this run has"));
+        assert_eq!(errors.last().unwrap(), "and 1 more argument differs", "5 of 10 differ: {errors:?}");
+        saved.arguments.retain(|a| a.sharding == "P(None, None)");
+        current.arguments =
+            saved.arguments.iter().map(|a| ArgumentSpec { sharding: "replicated".into(), ..a.clone() }).collect();
+        assert!(current.differences(&saved).errors.is_empty());
     }
 
     #[test]

@@ -38,6 +38,25 @@ const HOW_TO_GET_CREDENTIALS: &str = "gs:// needs them: run `gcloud auth applica
 /// Chunk of a resumable upload (a multiple of 256 KiB, as the API requires).
 const PART_BYTES: usize = 16 << 20;
 
+/// How long one request may wait for an answer (to connect, for the response, for each read of
+/// its body) before it is given up and tried again: 60 s, the default of Google's own storage
+/// clients (python-storage `docs/retry_timeout.rst`; googleapis
+/// `google/storage/v2/storage_grpc_service_config.json`: 60 s, 5 attempts). An endpoint that
+/// accepts and never answers so fails in 5 x 60 s, each try announced, not 25 silent minutes.
+const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The environment variable that sets [`DEFAULT_REQUEST_TIMEOUT`] otherwise (seconds), for a
+/// slow link or a test.
+pub const TIMEOUT_ENV: &str = "MAXRS_GCS_TIMEOUT";
+
+/// The request timeout: `$MAXRS_GCS_TIMEOUT` seconds (a positive number up to a day), else 60 s.
+fn request_timeout() -> Result<Duration> {
+    let Some(text) = std::env::var_os(TIMEOUT_ENV) else { return Ok(DEFAULT_REQUEST_TIMEOUT) };
+    let text = text.to_string_lossy();
+    text.trim().parse::<f64>().ok().filter(|s| *s > 0.0 && *s <= 86_400.0).map(Duration::from_secs_f64).ok_or_else(
+        || anyhow!("{TIMEOUT_ENV}={text:?}: give the seconds a Cloud Storage request may wait, from 0 to 86400"),
+    )
+}
+
 /// Idempotent requests: 5 tries, waits of 0.25, 0.5, 1 and 2 s.
 fn retry_policy() -> RetryPolicy {
     RetryPolicy {
@@ -53,6 +72,8 @@ fn retry_policy() -> RetryPolicy {
 struct Service {
     base: Url,
     http: Client,
+    /// Each request's wait for an answer ([`request_timeout`]).
+    timeout: Duration,
     /// `None` for an emulator.
     credentials: Option<Credentials>,
 }
@@ -65,15 +86,16 @@ fn service(what: &str) -> Result<&'static Service> {
 }
 
 fn connect() -> Result<Service> {
-    let http = net::client(Duration::from_secs(300))?;
+    let timeout = request_timeout()?;
+    let http = net::client(timeout)?;
     if let Some(host) = std::env::var(EMULATOR_ENV).ok().filter(|h| !h.trim().is_empty()) {
         let host = host.trim();
         let base = if host.contains("://") { host.to_string() } else { format!("http://{host}") };
-        return Ok(Service { base: google::endpoint(EMULATOR_ENV, &base)?, http, credentials: None });
+        return Ok(Service { base: google::endpoint(EMULATOR_ENV, &base)?, http, timeout, credentials: None });
     }
     let credentials = Credentials::find(HOW_TO_GET_CREDENTIALS)?;
     let base = google::endpoint("the Cloud Storage endpoint", GCS)?;
-    Ok(Service { base, http, credentials: Some(credentials) })
+    Ok(Service { base, http, timeout, credentials: Some(credentials) })
 }
 
 impl Service {
@@ -100,6 +122,14 @@ impl Service {
         Ok(request)
     }
 
+    /// What ends an error after `tries` tries that each waited out the timeout.
+    fn no_answer(&self, tries: u32) -> String {
+        format!(
+            " (no answer within {} in each of {tries} tries; {TIMEOUT_ENV} sets the wait, {EMULATOR_ENV} the endpoint)",
+            seconds(self.timeout)
+        )
+    }
+
     /// Sends the request `make` builds, retrying transient failures; returns the response
     /// (any status) or the last transport error.
     fn send(&self, what: &str, make: impl Fn() -> RequestBuilder) -> Result<Response> {
@@ -111,15 +141,34 @@ impl Service {
                 Ok(r) => r.status() == StatusCode::TOO_MANY_REQUESTS || r.status().is_server_error(),
                 Err(e) => e.is_connect() || e.is_timeout() || e.is_request(),
             };
+            let timed_out = matches!(&result, Err(e) if e.is_timeout());
             if !retry || tries.last() {
-                return result.map_err(|e| anyhow!("{what}: {}", chain(&e)));
+                return result.map_err(|e| {
+                    let waited = if timed_out { self.no_answer(tries.attempt()) } else { String::new() };
+                    anyhow!("{what}: {}{waited}", chain(&e))
+                });
             }
             let attempt = tries.attempt();
             let delay = tries.next(None);
-            tracing::debug!("{what}: attempt {attempt} failed; retrying in {delay:?}");
+            if timed_out {
+                // A silent wait of minutes looks like a hang: say what is waited for, and until when.
+                tracing::warn!(
+                    "{what}: no answer within {}; try {} of {} in {delay:.2?} ({TIMEOUT_ENV} sets the wait)",
+                    seconds(self.timeout),
+                    attempt + 1,
+                    tries.attempts()
+                );
+            } else {
+                tracing::debug!("{what}: attempt {attempt} failed; retrying in {delay:?}");
+            }
             std::thread::sleep(delay);
         }
     }
+}
+
+/// `60 s`, `0.5 s`.
+fn seconds(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
 }
 
 /// A failed response as one line: status and the API's error message.
@@ -385,6 +434,7 @@ pub(super) fn read_range(bucket: &str, key: &str, start: u64, len: u64) -> Resul
         }
         let expected = response.content_length();
         let whole = status == StatusCode::OK;
+        let mut timed_out = false;
         let failure = match response.bytes() {
             Ok(body) if expected.is_none_or(|n| n == body.len() as u64) => {
                 // A server that ignores Range answers 200 with the whole object.
@@ -392,13 +442,21 @@ pub(super) fn read_range(bucket: &str, key: &str, start: u64, len: u64) -> Resul
                 return Ok(body[..body.len().min(len as usize)].to_vec());
             }
             Ok(body) => format!("the body ended after {} of {} bytes", body.len(), expected.unwrap_or(0)),
+            Err(e) if e.is_timeout() => {
+                timed_out = true;
+                format!("no answer within {} ({TIMEOUT_ENV} sets the wait)", seconds(service.timeout))
+            }
             Err(e) => chain(&e),
         };
         if tries.last() {
             bail!("{what}: {failure} ({} tries)", tries.attempt());
         }
         let delay = tries.next(None);
-        tracing::debug!("{what}: {failure}; retrying in {delay:?}");
+        if timed_out {
+            tracing::warn!("{what}: {failure}; try {} of {} in {delay:.2?}", tries.attempt(), tries.attempts());
+        } else {
+            tracing::debug!("{what}: {failure}; retrying in {delay:?}");
+        }
         std::thread::sleep(delay);
     }
 }

@@ -59,7 +59,7 @@ impl Evaluator {
         // This process's rows of the global eval batch.
         let first_row = self.compiled.local_rows(self.batch_slots[0])?.start as i64;
         let mut metrics = EvalMetrics { step: after_step, ..EvalMetrics::default() };
-        let mut batches: BatchIterator = self.data.batches();
+        let mut batches: BatchIterator = self.data.batches()?;
         let mut slots: Vec<Option<DeviceArray>> = self.compiled.program.inputs.iter().map(|_| None).collect();
         while eval_steps <= 0 || (metrics.eval_steps as i64) < eval_steps {
             let Some(batch) = batches.next_batch()? else { break };

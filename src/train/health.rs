@@ -5,6 +5,11 @@
 //!   at main e591f30); with the key false, a warning (once) and the run goes on.
 //! - A gradient norm of exactly 0 for [`ZERO_GRAD_STEPS`] steps in a row gets a warning: the
 //!   model no longer learns (maxrs's own check; MaxText has none).
+//! - A step whose batch has no target that carries loss (`total_weights` 0: SFT rows whose
+//!   completions are cut off or missing) gets a warning of its own, every time: it trained
+//!   nothing, and its `loss: 0.000` is no loss at all. (A run whose first batches have none is
+//!   refused at its start, `data::BatchIterator::check_loss_tokens`.) Such steps do not count
+//!   towards the zero-gradient warning, whose causes are others.
 
 use anyhow::{bail, Result};
 
@@ -20,15 +25,23 @@ pub struct Health {
     abort_on_inf: bool,
     non_finite_warned: bool,
     zero_grad_steps: u64,
+    /// Why a step may have no target that carries loss, for its warning.
+    no_loss_cause: String,
 }
 
 impl Health {
     pub fn new(c: &Config) -> Health {
-        Health { abort_on_nan: c.abort_on_nan_loss, abort_on_inf: c.abort_on_inf_loss, ..Health::default() }
+        Health {
+            abort_on_nan: c.abort_on_nan_loss,
+            abort_on_inf: c.abort_on_inf_loss,
+            no_loss_cause: crate::data::no_loss_cause(c),
+            ..Health::default()
+        }
     }
 
-    /// Judges step `step`: an error stops the run; `Ok(Some(warning))` is to be logged.
-    pub fn observe(&mut self, step: u64, loss: f64, grad_norm: f64) -> Result<Option<String>> {
+    /// Judges step `step` (`total_weights`: its targets that carry loss): an error stops the run;
+    /// `Ok(Some(warning))` is to be logged.
+    pub fn observe(&mut self, step: u64, loss: f64, grad_norm: f64, total_weights: u64) -> Result<Option<String>> {
         if !loss.is_finite() {
             let (key, abort) = if loss.is_nan() {
                 ("abort_on_nan_loss", self.abort_on_nan)
@@ -42,6 +55,12 @@ impl Health {
                 self.non_finite_warned = true;
                 return Ok(Some(format!("step {step}: the loss is {loss}; training goes on because {key}=false")));
             }
+        }
+        if total_weights == 0 {
+            return Ok(Some(format!(
+                "step {step}: no target token of its batch carries loss (total_weights: 0), so it trained nothing: {}",
+                self.no_loss_cause
+            )));
         }
         self.zero_grad_steps = if grad_norm == 0.0 { self.zero_grad_steps + 1 } else { 0 };
         if self.zero_grad_steps == ZERO_GRAD_STEPS {
@@ -65,14 +84,14 @@ mod tests {
 
     #[test]
     fn non_finite_losses_stop_or_warn_once() {
-        let e = health(true, true).observe(4, f64::NAN, 1.0).unwrap_err().to_string();
+        let e = health(true, true).observe(4, f64::NAN, 1.0, 8).unwrap_err().to_string();
         assert!(e.contains("step 4") && e.contains("NaN") && e.contains("abort_on_nan_loss=true"), "{e}");
-        let e = health(true, true).observe(2, f64::INFINITY, 1.0).unwrap_err().to_string();
+        let e = health(true, true).observe(2, f64::INFINITY, 1.0, 8).unwrap_err().to_string();
         assert!(e.contains("abort_on_inf_loss=true"), "{e}");
         let mut h = health(false, true);
-        assert!(h.observe(1, f64::NAN, 1.0).unwrap().unwrap().contains("abort_on_nan_loss=false"));
-        assert_eq!(h.observe(2, f64::NAN, 1.0).unwrap(), None, "warned once");
-        assert!(h.observe(3, f64::NEG_INFINITY, 1.0).is_err());
+        assert!(h.observe(1, f64::NAN, 1.0, 8).unwrap().unwrap().contains("abort_on_nan_loss=false"));
+        assert_eq!(h.observe(2, f64::NAN, 1.0, 8).unwrap(), None, "warned once");
+        assert!(h.observe(3, f64::NEG_INFINITY, 1.0, 8).is_err());
     }
 
     #[test]
@@ -81,7 +100,7 @@ mod tests {
         let mut warnings = vec![];
         for step in 0..30 {
             let norm = if step == 3 { 0.5 } else { 0.0 };
-            warnings.extend(h.observe(step, 2.0, norm).unwrap());
+            warnings.extend(h.observe(step, 2.0, norm, 8).unwrap());
         }
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].contains("steps 4..=13"), "{}", warnings[0]);

@@ -33,7 +33,7 @@ impl<'a> StepRecorder<'a> {
             print_line(&self.bar, &metrics.log_line());
         }
         outputs.step(&metrics, self.run_name).context("writing the run's metrics")?;
-        let verdict = self.health.observe(metrics.step, metrics.loss, metrics.grad_norm);
+        let verdict = self.health.observe(metrics.step, metrics.loss, metrics.grad_norm, metrics.total_weights);
         if verdict.is_err() {
             self.bar.finish_and_clear();
         }

@@ -48,6 +48,30 @@ fn host_memory_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// [`gpu_memory::step_shortfall`] for the CPU plugin, whose devices share this machine's memory:
+/// `None` when a compiled step of `stats` on each of `client`'s devices fits in it (or the
+/// devices are not the host's), else what it needs and what there is. Without it a step too
+/// large for the machine (deepseek3-tiny's defaults: 32 GB) died of XLA's allocation error,
+/// which names no key.
+pub(super) fn cpu_step_shortfall(client: &Client, stats: &pjrt::CompiledMemoryStats) -> Result<Option<String>> {
+    if client.platform_name()? != "cpu" {
+        return Ok(None);
+    }
+    let Some(host) = host_memory_bytes() else { return Ok(None) };
+    let devices = client.addressable_devices()?.len() as u64;
+    let per_device = stats.total_bytes().max(0) as u64;
+    let needed = per_device.saturating_mul(devices);
+    Ok((needed > host).then(|| {
+        use indicatif::HumanBytes;
+        format!(
+            "needs {} on the CPU devices ({devices} x {}), more than this machine's {} of memory",
+            HumanBytes(needed),
+            HumanBytes(per_device),
+            HumanBytes(host)
+        )
+    }))
+}
+
 /// Trains as configured on `client`'s devices, as the only process.
 pub fn train(c: &Config, client: &Client) -> Result<RunReport> {
     train_in(c, client, &Cluster::single())
@@ -116,7 +140,10 @@ impl Run<'_> {
         // pipeline reads ahead while XLA compiles (gs:// datasets are read in ranges as they are
         // used). A resumed run or a process feeding only its share reopens it below, once its
         // position and rows are known.
-        let fresh_data = data::open_train(c, derived.global_batch_size, ProcessShare::SINGLE, None)?;
+        let mut fresh_data = data::open_train(c, derived.global_batch_size, ProcessShare::SINGLE, None)?;
+        // A run whose first batches give the loss nothing to count is refused now, not after the
+        // compile and a run of `loss: 0.000` steps.
+        fresh_data.check_loss_tokens(c, derived.global_batch_size)?;
         // Before the compile: a profiler that cannot work fails the run now. As in MaxText (without
         // `upload_all_profiler_results`), process 0 profiles.
         let profiler = if logger { StepProfiler::new(c, client.plugin(), derived.steps as u64)? } else { None };

@@ -73,7 +73,11 @@ impl StepPlan for SpmdPlan {
         };
         startup.compile = t.elapsed().as_secs_f64();
         let stats = compiled.executable.executable().compiled_memory_stats()?;
-        if let Some(short) = gpu_memory::step_shortfall(client, &stats)? {
+        let short = match gpu_memory::step_shortfall(client, &stats)? {
+            Some(short) => Some(short),
+            None => super::run::cpu_step_shortfall(client, &stats)?,
+        };
+        if let Some(short) = short {
             bail!("out of memory: the train step {short}. To fit, {}.", crate::config::MEMORY_REMEDIES);
         }
 

@@ -228,7 +228,10 @@ impl<E: StepExecutor> StepLoop<'_, E> {
         self.report.perf_skipped_steps = skipped;
         self.recorder.bar.finish_and_clear();
         if let Some((documents, undecodable, tokens)) = self.data.text_stats().filter(|_| self.logger) {
-            println!("data: {documents} documents, {tokens} tokens packed so far; {undecodable} rows could not be decoded (skipped)");
+            println!(
+                "data: {documents} documents, {tokens} tokens packed so far; {undecodable} rows skipped (undecodable, \
+                 or a conversation with no user or assistant message)"
+            );
         }
         // The position after the last step run (the input pipeline itself may have read ahead).
         self.report.data_state = self.data_position.state.clone();

@@ -24,13 +24,19 @@ pub struct Emulator {
     _shell: Child,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// Where the emulator will listen: a free loopback port, chosen by the test binary's
+/// constructor (tests/main.rs), which sets `STORAGE_EMULATOR_HOST` to it while the process has
+/// one thread. Setting it when the emulator starts, as this module did, changed the
+/// environment while other tests' threads (XLA's among them) read it, which C code may not
+/// survive; and every `maxrs` a test starts inherits one endpoint from the start.
+pub fn reserve_address() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    format!("http://127.0.0.1:{port}")
 }
 
-/// Starts the emulator (once per test binary), points `STORAGE_EMULATOR_HOST` at it and
-/// creates `buckets`. `None` when it cannot be downloaded and [`super::provision::skip_offline`]
-/// skips (the caller returns).
+/// Starts the emulator (once per test binary) at the address `STORAGE_EMULATOR_HOST` names
+/// ([`reserve_address`]) and creates `buckets`. `None` when it cannot be downloaded and
+/// [`super::provision::skip_offline`] skips (the caller returns).
 pub fn start(buckets: &[&str]) -> Option<&'static Emulator> {
     static EMULATOR: OnceLock<Option<Emulator>> = OnceLock::new();
     let emulator = EMULATOR
@@ -42,8 +48,8 @@ pub fn start(buckets: &[&str]) -> Option<&'static Emulator> {
                     return None;
                 }
             };
-            let port = free_port();
-            let url = format!("http://127.0.0.1:{port}");
+            let url = std::env::var("STORAGE_EMULATOR_HOST").expect("set by the test binary's constructor");
+            let port = url.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).expect("a loopback port");
             let shell = Command::new("sh")
                 .args(["-c", "\"$0\" \"$@\" & pid=$!; read _; kill $pid"])
                 .arg(&binary)
@@ -59,7 +65,6 @@ pub fn start(buckets: &[&str]) -> Option<&'static Emulator> {
                 assert!(Instant::now() < deadline, "fake-gcs-server did not listen on port {port} within 20 s");
                 std::thread::sleep(Duration::from_millis(50));
             }
-            std::env::set_var("STORAGE_EMULATOR_HOST", &url);
             Some(Emulator { url, _shell: shell })
         })
         .as_ref()?;

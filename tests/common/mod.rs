@@ -51,6 +51,17 @@ pub fn small_model(extra: &[&str]) -> Vec<String> {
     model.iter().chain(extra).map(|s| s.to_string()).collect()
 }
 
+/// The smallest decoder the data tests train (one layer of width 32), whose compile and steps
+/// cost next to nothing beside the data they read.
+pub const TINY_DECODER: &[&str] = &[
+    "base_emb_dim=32",
+    "base_num_query_heads=2",
+    "base_num_kv_heads=2",
+    "head_dim=16",
+    "base_mlp_dim=64",
+    "base_num_decoder_layers=1",
+];
+
 /// A tiny decoder in f32 whose every size divides over 8 devices: the pipeline tests' model
 /// (tests/pipeline.rs, tests/pipeline_checkpoints.rs).
 pub const PIPELINE_TINY: &[&str] = &[

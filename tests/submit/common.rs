@@ -93,15 +93,15 @@ pub fn with_seed<'a>(args: &[&'a str]) -> Vec<&'a str> {
     all
 }
 
-/// A directory with executable stand-ins for commands (`name`, shell body).
+/// A directory with executable stand-ins for commands (`name`, shell body), placed so that
+/// they run at once while other tests start processes (`maxrs::files::place_executable`).
 pub fn fake_bin(dir: &Path, programs: &[(&str, &str)]) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     for (name, body) in programs {
-        let path = bin.join(name);
-        std::fs::write(&path, format!("#!/bin/bash\n{body}\n")).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let script = dir.join(format!("{name}.sh"));
+        std::fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
+        maxrs::files::place_executable(&script, &bin.join(name)).unwrap();
     }
     bin
 }

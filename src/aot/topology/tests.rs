@@ -102,6 +102,21 @@ fn cpu_topology_is_one_process() {
     assert!(lookup("cpu-8", 2).unwrap_err().to_string().contains("cpu-16"));
 }
 
+/// `cpu-100000` crashed inside XLA and `cpu-20000` aborted in one of its checks; a huge GPU
+/// target overflowed the host count.
+#[test]
+fn targets_too_large_to_compile_for_are_refused_with_the_bound() {
+    assert_eq!(lookup("cpu-1024", 1).unwrap().num_devices(), 1024);
+    let e = lookup("cpu-100000", 1).unwrap_err().to_string();
+    assert!(e.contains("at most 1024 devices (cpu-1 to cpu-1024)"), "{e}");
+    assert_eq!(lookup("a3mega-4096", 1).unwrap().num_hosts(), 4096);
+    let e = lookup("a3mega-4294967295", 2).unwrap_err().to_string();
+    assert!(e.contains("is 8589934590 GPU hosts; maxrs compiles for at most 4096"), "{e}");
+    assert!(lookup("h100-8", 4097).unwrap_err().to_string().contains("4097 GPU hosts"));
+    let e = lookup("cpu-4294967295", 2).unwrap_err().to_string();
+    assert!(e.contains("at most 1024 devices"), "{e}");
+}
+
 #[test]
 fn catalog_lists_every_family() {
     let patterns: Vec<_> = catalog().iter().map(|f| f.pattern).collect();

