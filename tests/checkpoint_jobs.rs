@@ -71,6 +71,17 @@ impl Ranks {
     }
 }
 
+/// Waits until every rank of job `name` has joined and begun its steps (said where it starts).
+fn started(dir: &Path, name: &str, processes: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for rank in 0..processes {
+        while !output(dir, name, rank).contains(": starting at step 0") {
+            assert!(Instant::now() < deadline, "rank {rank} did not start within 60 s:\n{}", output(dir, name, rank));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
 fn output(dir: &Path, name: &str, rank: usize) -> String {
     std::fs::read_to_string(dir.join(format!("{name}.{rank}.out"))).unwrap_or_default()
 }
@@ -145,6 +156,10 @@ fn random_kills_of_a_two_process_job_leave_the_newest_committed_checkpoint_resto
         a.extend(["--step-ms=2".to_string(), format!("--seed={seed}")]);
         // Each data file write pauses, so that kills land inside saves.
         let ranks = spawn(&base, "save", 2, &a, &[(SLOW_WRITE_ENV, "3")]);
+        // The random moment counts from when both ranks run their steps: a signal before a
+        // rank has installed its SIGTERM handler (a loaded machine starts processes slowly)
+        // would kill it outright, which no preemption notice does on a running job.
+        started(&base, "save", 2);
         std::thread::sleep(Duration::from_millis(rng.gen_range(50..700)));
         let codes = if preempt {
             ranks.signal(0, libc::SIGTERM);
