@@ -2,7 +2,7 @@
 //! `trace` returns them as errors instead of panicking out of the caller.
 
 use maxrs::autodiff::value_and_grad;
-use maxrs::ir::{DType, Signature};
+use maxrs::ir::{DType, DotDims, Signature};
 use maxrs::tensor::{einsum, scan, trace, Tensor, Trace, Tree};
 
 fn signature(inputs: &[(&str, DType, &[i64])]) -> Signature {
@@ -38,6 +38,42 @@ fn broadcasting_and_dtype_mismatches() {
     assert!(msg.starts_with("add: shapes do not broadcast; operands: (f32[2,3], f32[4])"), "{msg}");
     let msg = error_at(&sig, line!(), |_, i| Tree::new().with("y", &i["a"] * &i["c"]));
     assert!(msg.starts_with("mul: element types differ") && msg.contains("(f32[2,3], bf16[2,3])"), "{msg}");
+}
+
+/// `dot_general` of the inputs `a` and `b` over `a`'s last dim and `b`'s first, with a
+/// preferred result type when given; errors point at the caller.
+#[track_caller]
+fn dot(i: &Tree, a: &str, b: &str, preferred: Option<DType>) -> Tree {
+    let dims = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
+    let y = match preferred {
+        Some(dtype) => i[a].dot_general_preferred(&i[b], dims, dtype),
+        None => i[a].dot_general(&i[b], dims),
+    };
+    Tree::new().with("y", y)
+}
+
+/// A dot's operand types must agree, except for the two 8-bit formats under a preferred result
+/// type, which must be a float no narrower than the operands.
+#[test]
+fn dot_element_types() {
+    let sig = signature(&[
+        ("a", DType::F32, &[2, 3]),
+        ("b", DType::BF16, &[3, 2]),
+        ("c", DType::F32, &[3, 2]),
+        ("e4", DType::F8E4M3FN, &[3, 2]),
+        ("e5", DType::F8E5M2, &[2, 3]),
+    ]);
+    let msg = error_at(&sig, line!(), |_, i| dot(i, "a", "b", None));
+    assert!(msg.starts_with("dot_general: operand element types differ; operands: (f32[2,3], bf16[3,2])"), "{msg}");
+    let msg = error_at(&sig, line!(), |_, i| dot(i, "a", "b", Some(DType::F32)));
+    let want = "dot_general: operand element types differ (only the two 8-bit float formats may mix)";
+    assert!(msg.starts_with(want), "{msg}");
+    let msg = error_at(&sig, line!(), |_, i| dot(i, "a", "c", Some(DType::BF16)));
+    assert!(msg.starts_with("dot_general: the preferred element type bf16 is narrower than the operands"), "{msg}");
+    let msg = error_at(&sig, line!(), |_, i| dot(i, "e5", "e4", None));
+    assert!(msg.starts_with("dot_general: operand element types differ;"), "{msg}");
+    let fp8 = trace(&sig, |_, i| dot(i, "e5", "e4", Some(DType::BF16))).unwrap();
+    assert_eq!(fp8.outputs[0].ty.to_string(), "bf16[2,2]");
 }
 
 #[test]

@@ -1,12 +1,15 @@
-//! fp8 (issue 30) through the CPU plugin: the 8-bit float converts against an independent
-//! rounding (every value of the format, nearest, ties to the even bit pattern), and flax's fp8
-//! product (`model::fp8::dot`: delayed scaling, quantize-dequantize, amax histories, the new
-//! state as the state's gradient) over three steps against an f64 reference written here.
+//! fp8 (issues 30 and 43) through the CPU plugin: the 8-bit float converts against an
+//! independent rounding (every value of the format, nearest, ties to the even bit pattern), and
+//! flax's direct fp8 product (`model::fp8::dot`: delayed scaling, the 8-bit values multiplied by
+//! `dot_general` with the scales on the result, amax histories, the new state as the state's
+//! gradient) over three steps against an f64 reference written here, with its three products on
+//! 8-bit operands in the lowered program.
 
 use crate::common::{rng, run, uniform};
 use maxrs::autodiff::value_and_grad_with_aux;
 use maxrs::host::HostTensor;
-use maxrs::ir::{DType, Signature};
+use maxrs::ir::{DType, DotDims, Program, Signature};
+use maxrs::lower::to_stablehlo;
 use maxrs::model::fp8::{self, AMAX_HISTORY_LENGTH, STATE};
 use maxrs::tensor::{trace, Tree};
 
@@ -156,10 +159,43 @@ fn assert_close(what: &str, got: &[f64], want: &[f64]) {
     assert!(err < 1e-5, "{what}: max error {err:e} of the largest value {scale:e}\ngot  {got:?}\nwant {want:?}");
 }
 
+/// `x`'s last dim contracted with `k`'s first (`x @ k`), as the fp8 product takes it.
+fn last_with_first(x_rank: usize) -> DotDims {
+    DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![x_rank - 1], rhs_contract: vec![0] }
+}
+
+/// The element types of every `dot_general` of `program`'s lowering: its two operands' (in
+/// sorted order) and its result's.
+fn dot_types(program: &Program) -> Vec<[String; 3]> {
+    let element = |t: &str| t.split('>').next().and_then(|t| t.rsplit('x').next()).unwrap_or_default().to_string();
+    to_stablehlo(program)
+        .lines()
+        .filter(|l| l.contains("stablehlo.dot_general"))
+        .map(|l| {
+            let types: Vec<String> = l.rsplit(" : ").next().unwrap().split("tensor<").skip(1).map(element).collect();
+            let mut operands = [types[0].clone(), types[1].clone()];
+            operands.sort();
+            let [a, b] = operands;
+            [a, b, types[2].clone()]
+        })
+        .collect()
+}
+
+/// The forward product on two e4m3fn operands and the two backward products on the e5m2
+/// gradient and an e4m3fn operand, each accumulating into f32: no product on dequantized values.
+fn assert_fp8_products(program: &Program) {
+    let mut dots = dot_types(program);
+    dots.sort();
+    let want = |a: &str, b: &str| [a.to_string(), b.to_string(), "f32".to_string()];
+    let (e4m3, e5m2) = ("f8E4M3FN", "f8E5M2");
+    assert_eq!(dots, [want(e4m3, e4m3), want(e4m3, e5m2), want(e4m3, e5m2)]);
+}
+
 /// Three steps of `y = x @ k` as an fp8 product in f32 with `loss = sum(y * w)`, each step's
 /// new state fed to the next, at magnitudes that make step 2 clip (`x` far beyond the
 /// history's amax, the gradient far beyond its own) and step 3 quantize into the subnormals:
-/// `y`, the gradients of `x` and `k`, and the new scales and histories match the reference.
+/// `y`, the gradients of `x` and `k`, and the new scales and histories match the reference, and
+/// all three products take 8-bit operands.
 #[test]
 fn fp8_product_and_delayed_scaling_match_an_f64_reference_over_three_steps() {
     let (rows, inner, cols) = (6usize, 4usize, 5usize);
@@ -174,7 +210,7 @@ fn fp8_product_and_delayed_scaling_match_an_f64_reference_over_three_steps() {
     let program = trace(&sig, |_, inp| {
         let vars = inp.subtree("op").prefixed("op").with("x", inp["x"].clone()).with("k", inp["k"].clone());
         let (_, aux, grads) = value_and_grad_with_aux(&vars, |v| {
-            let y = fp8::dot(v, "op", &v["x"], &v["k"], |a, b| a.matmul(b));
+            let y = fp8::dot(v, "op", &v["x"], &v["k"], &last_with_first(3));
             ((&y * &inp["w"]).sum_all(), Tree::new().with("y", y))
         });
         let mut out = grads.prefixed("grad");
@@ -182,6 +218,7 @@ fn fp8_product_and_delayed_scaling_match_an_f64_reference_over_three_steps() {
         out
     })
     .unwrap();
+    assert_fp8_products(&program);
 
     let (mut mx, mut mk, mut mg) = (Meta::new(), Meta::new(), Meta::new());
     let mut state: Tree<HostTensor> = Tree::new();
@@ -231,7 +268,8 @@ fn fp8_product_and_delayed_scaling_match_an_f64_reference_over_three_steps() {
 }
 
 /// `te_fp8_currentscaling`'s product (`model::fp8::dot_current`): `x`, `k` and the output's
-/// gradient each quantized with the scale of its own amax, no state; against the reference.
+/// gradient each quantized with the scale of its own amax, no state; against the reference, its
+/// three products on 8-bit operands.
 #[test]
 fn current_scaling_product_matches_an_f64_reference() {
     let (rows, inner, cols) = (6usize, 4usize, 5usize);
@@ -242,7 +280,7 @@ fn current_scaling_product_matches_an_f64_reference() {
     let program = trace(&sig, |_, inp| {
         let vars = Tree::new().with("x", inp["x"].clone()).with("k", inp["k"].clone());
         let (_, aux, grads) = value_and_grad_with_aux(&vars, |v| {
-            let y = fp8::dot_current(&v["x"], &v["k"], |a, b| a.matmul(b));
+            let y = fp8::dot_current(&v["x"], &v["k"], &last_with_first(2));
             ((&y * &inp["w"]).sum_all(), Tree::new().with("y", y))
         });
         let mut out = grads.prefixed("grad");
@@ -250,6 +288,7 @@ fn current_scaling_product_matches_an_f64_reference() {
         out
     })
     .unwrap();
+    assert_fp8_products(&program);
     let mut r = rng(301);
     let f32s = |v: Vec<f64>| v.iter().map(|&x| x as f32 as f64).collect::<Vec<_>>();
     let (x, k, w) = (

@@ -87,6 +87,16 @@ fn cases() -> Vec<Case> {
                 DotDims { lhs_batch: vec![1], rhs_batch: vec![1], lhs_contract: vec![2, 0], rhs_contract: vec![0, 2] },
             )
         }),
+        // A wider result than the operands (`preferred_element_type`): the f64 cotangent meets
+        // the other operand in f64 and each operand's cotangent returns to f32.
+        Case {
+            coarse: true,
+            ..case("dot_preferred", &[s(&[2, 3, 4], ANY), s(&[4, 3, 2], ANY)], |_, x| {
+                let dims =
+                    DotDims { lhs_batch: vec![1], rhs_batch: vec![1], lhs_contract: vec![2], rhs_contract: vec![0] };
+                x[0].astype(DType::F32).dot_general_preferred(&x[1].astype(DType::F32), dims, DType::F64)
+            })
+        },
         case("einsum_btd_dhk", &[s(&[2, 2, 3], ANY), s(&[3, 2, 2], ANY)], |_, x| {
             einsum("btd,dhk->bthk", &[&x[0], &x[1]])
         }),

@@ -80,6 +80,7 @@ mod deepseek;
 mod docs_book;
 mod errors;
 mod fp8;
+mod fp8_gpu_hlo;
 mod fuzz;
 mod gpu_memory;
 mod grad_check;

@@ -42,7 +42,7 @@ fn outputs_active(eqn: &Eqn, ins: &[bool]) -> Vec<bool> {
         | Prim::Convert(_)
         | Prim::Iota { .. }
         | Prim::Constant { .. }
-        | Prim::DotGeneral(_)
+        | Prim::DotGeneral { .. }
         | Prim::Reduce { .. }
         | Prim::Reshape(_)
         | Prim::Transpose(_)

@@ -3,8 +3,8 @@
 //! (`None`: zero, or not differentiable — integer, boolean and index operands).
 
 use super::{manual, remat, scan, Extra};
-use crate::ir::{BinaryOp, Composite, DType, DotDims, GatherDims, Prim, RaggedDotMode, ReduceOp, ScatterDims, UnaryOp};
-use crate::tensor::{sort, usage_error, where_, Tensor, Trace};
+use crate::ir::{BinaryOp, Composite, DType, GatherDims, Prim, RaggedDotMode, ReduceOp, ScatterDims, UnaryOp};
+use crate::tensor::{dot_transpose_lhs, dot_transpose_rhs, sort, usage_error, where_, Tensor, Trace};
 use std::f64::consts::PI;
 
 pub(crate) fn vjp(
@@ -29,10 +29,16 @@ pub(crate) fn vjp(
         }
         Prim::Convert(_) => vec![only(0, &|| g().astype(ins[0].dtype()))],
         Prim::Iota { .. } | Prim::Constant { .. } => vec![],
-        Prim::DotGeneral(dims) => vec![
-            only(0, &|| dot_transpose_lhs(g(), ins[0], ins[1], dims)),
-            only(1, &|| dot_transpose_rhs(g(), ins[0], ins[1], dims)),
-        ],
+        // With a preferred result type the cotangent has that type: the other operand meets it
+        // there, and each operand's cotangent returns to the operand's type (as JAX's transpose
+        // rules convert it). Without one every conversion here is the identity.
+        Prim::DotGeneral { dims, .. } => {
+            let (lhs, rhs, g) = (ins[0], ins[1], g());
+            vec![
+                only(0, &|| dot_transpose_lhs(g, lhs.rank(), &rhs.astype(g.dtype()), dims, None).astype(lhs.dtype())),
+                only(1, &|| dot_transpose_rhs(g, &lhs.astype(g.dtype()), rhs.rank(), dims, None).astype(rhs.dtype())),
+            ]
+        }
         Prim::Reduce { op: ReduceOp::Sum, axes } => vec![Some(unreduce(g(), ins[0].shape(), axes))],
         Prim::Reduce { op: ReduceOp::Max, axes } => {
             // The cotangent is shared equally among the positions attaining the maximum.
@@ -297,76 +303,4 @@ fn unbroadcast(g: &Tensor, operand: &[i64], shape: &[i64], dims: &[usize]) -> Te
     let stretched: Vec<isize> =
         (0..operand.len()).filter(|&i| operand[i] == 1 && shape[dims[i]] != 1).map(|i| i as isize).collect();
     ordered.sum_keepdims(&stretched)
-}
-
-/// Dimensions of `0..rank` not in `a` or `b`, in order.
-fn remaining(rank: usize, a: &[usize], b: &[usize]) -> Vec<usize> {
-    (0..rank).filter(|d| !a.contains(d) && !b.contains(d)).collect()
-}
-
-/// Cotangent of the lhs of `dot_general` (JAX's `_dot_general_transpose_lhs`): contract the
-/// output cotangent with the rhs over the rhs's free dims, then restore the lhs's dim order.
-fn dot_transpose_lhs(g: &Tensor, x: &Tensor, y: &Tensor, d: &DotDims) -> Tensor {
-    transpose_side(g, x.rank(), y.rank(), y, &d.lhs_batch, &d.lhs_contract, &d.rhs_batch, &d.rhs_contract, false)
-}
-
-fn dot_transpose_rhs(g: &Tensor, x: &Tensor, y: &Tensor, d: &DotDims) -> Tensor {
-    transpose_side(g, y.rank(), x.rank(), x, &d.rhs_batch, &d.rhs_contract, &d.lhs_batch, &d.lhs_contract, true)
-}
-
-/// `me` is the operand whose cotangent we want, `other` the other one. `swapped`: `me` is
-/// the rhs, so its free dims come last in the output cotangent `g`.
-#[allow(clippy::too_many_arguments)]
-fn transpose_side(
-    g: &Tensor,
-    me_rank: usize,
-    other_rank: usize,
-    other: &Tensor,
-    me_batch: &[usize],
-    me_contract: &[usize],
-    other_batch: &[usize],
-    other_contract: &[usize],
-    swapped: bool,
-) -> Tensor {
-    let nb = me_batch.len();
-    let me_kept = remaining(me_rank, me_contract, me_batch);
-    let other_kept = remaining(other_rank, other_contract, other_batch);
-    // Positions of the other operand's free dims in `g`.
-    let other_start = if swapped { nb } else { nb + me_kept.len() };
-    let g_other: Vec<usize> = (other_start..other_start + other_kept.len()).collect();
-    // The other operand's contracting dims survive in increasing order; each pairs with one of
-    // my contracting dims.
-    let mut pairs: Vec<(usize, usize)> = other_contract.iter().copied().zip(me_contract.iter().copied()).collect();
-    pairs.sort_unstable();
-    let partners = pairs.iter().map(|p| p.1);
-    // Contract `g` with `other` over the other's free dims, keeping my dims in the order in
-    // which I have them: `g` first for the lhs, `other` first for the rhs (so an ordinary
-    // matmul needs no transpose).
-    let mut layout: Vec<usize> = me_batch.to_vec();
-    let prod = if swapped {
-        layout.extend(partners);
-        layout.extend(&me_kept);
-        let dims = DotDims {
-            lhs_batch: other_batch.to_vec(),
-            rhs_batch: (0..nb).collect(),
-            lhs_contract: other_kept,
-            rhs_contract: g_other,
-        };
-        other.dot_general(g, dims)
-    } else {
-        layout.extend(&me_kept);
-        layout.extend(partners);
-        let dims = DotDims {
-            lhs_batch: (0..nb).collect(),
-            rhs_batch: other_batch.to_vec(),
-            lhs_contract: g_other,
-            rhs_contract: other_kept,
-        };
-        g.dot_general(other, dims)
-    };
-    let mut perm = vec![0; me_rank];
-    for (pos, &dim) in layout.iter().enumerate() {
-        perm[dim] = pos;
-    }
-    prod.transpose(&perm)
 }

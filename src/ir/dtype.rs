@@ -27,6 +27,11 @@ impl DType {
         }
     }
 
+    /// The 8-bit floats: fp8 products take them as operands, of either format.
+    pub fn is_f8(self) -> bool {
+        matches!(self, DType::F8E4M3FN | DType::F8E5M2)
+    }
+
     pub fn is_integer(self) -> bool {
         match self {
             DType::S32 | DType::U32 => true,

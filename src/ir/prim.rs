@@ -25,7 +25,14 @@ pub enum Prim {
         ty: Type,
         value: Literal,
     },
-    DotGeneral(DotDims),
+    /// `dot_general`; `preferred` is JAX's `preferred_element_type`: the result's element type
+    /// when it is not the operands' (a float no narrower than them, which the products
+    /// accumulate into). With one, the operands may be the two 8-bit formats: an fp8 product
+    /// multiplies e4m3 values, and e5m2 gradients by e4m3 values, into bf16 or f32.
+    DotGeneral {
+        dims: DotDims,
+        preferred: Option<DType>,
+    },
     Reduce {
         op: ReduceOp,
         axes: Vec<usize>,
@@ -344,7 +351,7 @@ impl Prim {
             Prim::Convert(_) => "convert",
             Prim::Iota { .. } => "iota",
             Prim::Constant { .. } => "constant",
-            Prim::DotGeneral(_) => "dot_general",
+            Prim::DotGeneral { .. } => "dot_general",
             Prim::Reduce { op: ReduceOp::Sum, .. } => "reduce_sum",
             Prim::Reduce { op: ReduceOp::Max, .. } => "reduce_max",
             Prim::Reshape(_) => "reshape",

@@ -89,9 +89,10 @@ pub fn infer(prim: &Prim, ins: &[&Type]) -> RuleResult {
             }
             Ok(vec![ty.clone()])
         }
-        Prim::DotGeneral(dims) => {
+        Prim::DotGeneral { dims, preferred } => {
             arity(ins, 2)?;
-            dot_general(dims, ins[0], ins[1])
+            let dtype = dot_result_type(*preferred, ins[0].dtype, ins[1].dtype)?;
+            dot_general(dims, dtype, ins[0], ins[1])
         }
         Prim::Reduce { op, axes } => {
             arity(ins, 1)?;
@@ -408,10 +409,28 @@ fn distinct_in_range(axes: &[usize], rank: usize, what: &str) -> Result<(), Stri
     Ok(())
 }
 
-fn dot_general(d: &DotDims, lhs: &Type, rhs: &Type) -> RuleResult {
-    if lhs.dtype != rhs.dtype {
-        return Err("operand element types differ".into());
+/// The element type of a dot's result: the operands' (which must agree), or a preferred one: a
+/// float no narrower than the float operands, which may then be the two 8-bit formats mixed.
+fn dot_result_type(preferred: Option<DType>, lhs: DType, rhs: DType) -> Result<DType, String> {
+    let Some(p) = preferred else {
+        return match lhs == rhs {
+            true => Ok(lhs),
+            false => Err("operand element types differ".into()),
+        };
+    };
+    if !(p.is_float() && lhs.is_float() && rhs.is_float()) {
+        return Err(format!("a preferred element type ({p}) needs float operands and a float result"));
     }
+    if lhs != rhs && !(lhs.is_f8() && rhs.is_f8()) {
+        return Err("operand element types differ (only the two 8-bit float formats may mix)".into());
+    }
+    if p.byte_size() < lhs.byte_size().max(rhs.byte_size()) {
+        return Err(format!("the preferred element type {p} is narrower than the operands"));
+    }
+    Ok(p)
+}
+
+fn dot_general(d: &DotDims, dtype: DType, lhs: &Type, rhs: &Type) -> RuleResult {
     if d.lhs_batch.len() != d.rhs_batch.len() || d.lhs_contract.len() != d.rhs_contract.len() {
         return Err("batch or contracting dimension lists differ in length".into());
     }
@@ -432,7 +451,7 @@ fn dot_general(d: &DotDims, lhs: &Type, rhs: &Type) -> RuleResult {
     let mut dims: Vec<i64> = d.lhs_batch.iter().map(|&a| lhs.shape[a]).collect();
     dims.extend((0..lhs.rank()).filter(|a| !lhs_used.contains(a)).map(|a| lhs.shape[a]));
     dims.extend((0..rhs.rank()).filter(|a| !rhs_used.contains(a)).map(|a| rhs.shape[a]));
-    Ok(vec![Type { dtype: lhs.dtype, shape: Shape::from(dims) }])
+    Ok(vec![Type { dtype, shape: Shape::from(dims) }])
 }
 
 /// Sizes and checks shared by gather and scatter: the index vector length must match the

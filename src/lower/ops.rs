@@ -41,7 +41,8 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
         Prim::Convert(_) => vec![e.op(&format!("stablehlo.convert {} : ({}) -> {t}", ins[0], in_ty(0)))],
         Prim::Iota { axis, .. } => vec![e.op(&format!("stablehlo.iota dim = {axis} : {t}"))],
         Prim::Constant { ty, value } => vec![e.constant(ty, value)],
-        Prim::DotGeneral(d) => {
+        // The result type (`t`) carries a preferred element type.
+        Prim::DotGeneral { dims: d, .. } => {
             let mut line = format!("stablehlo.dot_general {}, {}, ", ins[0], ins[1]);
             if !d.lhs_batch.is_empty() {
                 w(write!(line, "batching_dims = {} x {}, ", List(&d.lhs_batch), List(&d.rhs_batch)));

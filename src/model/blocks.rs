@@ -13,7 +13,8 @@
 //! the softmax are f32; GPT-3's LayerNorm reduces in `dtype` (`reductions_in_fp32=False`). With
 //! fp8 quantization every product with a kernel (MaxText's `DenseGeneral`s) is an fp8 product.
 
-use crate::tensor::{einsum, Tensor, Tree};
+use crate::ir::DotDims;
+use crate::tensor::{Tensor, Tree};
 
 use super::fp8::{self, Scaling};
 
@@ -21,21 +22,23 @@ use super::attention::{rope_with, AttendOptions, AttentionImpl, LayerContext};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
 
-/// `product(x, kernel)` of the kernel `<op>.kernel` (cast to `dtype`): MaxText's `DenseGeneral`,
-/// an fp8 product with `quantization=fp8` (state `<op>.input_scale`, ... in `p`) or
-/// `te_fp8_currentscaling`.
-pub(super) fn dense(
-    c: &ModelConfig,
-    p: &Tree,
-    op: &str,
-    x: &Tensor,
-    product: impl Fn(&Tensor, &Tensor) -> Tensor,
-) -> Tensor {
+/// The product of `x` with the kernel `<op>.kernel` (cast to `dtype`), MaxText's `DenseGeneral`:
+/// `x`'s last `axes` dims contracted with the kernel's first `axes` (`_compute_dot_general` in
+/// `src/maxtext/layers/linears.py`, e591f30: `dot_general(inputs, kernel, ((axis,
+/// contract_ind), ((), ())))`); an fp8 product with `quantization=fp8` (state
+/// `<op>.input_scale`, ... in `p`) or `te_fp8_currentscaling`, which take those dims as they are.
+pub(super) fn dense(c: &ModelConfig, p: &Tree, op: &str, x: &Tensor, axes: usize) -> Tensor {
     let kernel = p[format!("{op}.kernel").as_str()].astype(c.dtype);
+    let dims = DotDims {
+        lhs_batch: vec![],
+        rhs_batch: vec![],
+        lhs_contract: (x.rank() - axes..x.rank()).collect(),
+        rhs_contract: (0..axes).collect(),
+    };
     match c.fp8 {
-        Some(Scaling::Delayed) => fp8::dot(p, op, x, &kernel, product),
-        Some(Scaling::Current) => fp8::dot_current(x, &kernel, product),
-        None => product(x, &kernel),
+        Some(Scaling::Delayed) => fp8::dot(p, op, x, &kernel, &dims),
+        Some(Scaling::Current) => fp8::dot_current(x, &kernel, &dims),
+        None => x.dot_general(&kernel, dims),
     }
 }
 
@@ -159,7 +162,7 @@ impl Mlp {
     /// output `mlpwo` (MaxText's `checkpoint_name`s, which remat policies save).
     pub fn apply(&self, c: &ModelConfig, p: &Tree, prefix: &str, h: &Tensor) -> Tensor {
         let dense = |name: &str, x: &Tensor| {
-            let y = dense(c, p, &format!("{prefix}.{name}"), x, |x, k| x.matmul(k));
+            let y = dense(c, p, &format!("{prefix}.{name}"), x, 1);
             match self.use_bias {
                 true => y + &p[format!("{prefix}.{name}.bias").as_str()].astype(c.dtype),
                 false => y,
@@ -244,12 +247,11 @@ impl SelfAttention {
         ctx: &LayerContext,
         (cos, sin): (&Tensor, &Tensor),
     ) -> Tensor {
-        let project = |name: &str, x: &Tensor, spec: &'static str| {
-            dense(c, p, &format!("{prefix}.{name}"), x, |x, k| einsum(spec, &[x, k]))
-        };
-        let q = project("query", h, "btd,dhk->bthk");
-        let k = project("key", h, "btd,dhk->bthk");
-        let v = project("value", h, "btd,dhk->bthk").checkpoint_name("value_proj");
+        // `btd,dhk->bthk`, and `bthk,hkd->btd` for the output.
+        let project = |name: &str, x: &Tensor, axes: usize| dense(c, p, &format!("{prefix}.{name}"), x, axes);
+        let q = project("query", h, 1);
+        let k = project("key", h, 1);
+        let v = project("value", h, 1).checkpoint_name("value_proj");
         let (q, k) = match self.qk_norm {
             Some(eps) => {
                 let norm = Norm::Rms { eps };
@@ -265,7 +267,7 @@ impl SelfAttention {
         let k = rope_with(&k, cos, sin, ctx.interleaved_rope).checkpoint_name("key_proj");
         let how = self.how.unwrap_or(c.attention);
         let out = ctx.attend(&q, &k, &v, self.window, how, &self.options);
-        project("out", &out, "bthk,hkd->btd").checkpoint_name("out_proj")
+        project("out", &out, 2).checkpoint_name("out_proj")
     }
 }
 

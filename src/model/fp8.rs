@@ -1,46 +1,48 @@
 //! fp8 training (`quantization=fp8`): flax's XLA-native fp8 dot products with delayed scaling, as
 //! MaxText uses them for the decoder layers' projections and MLP (`Fp8Quantization` in
-//! `src/maxtext/layers/quantizations.py`, MaxText e591f30; the logits are not quantized:
-//! `decoders.py`'s "We do not quantize the logits matmul").
+//! `src/maxtext/layers/quantizations.py`, MaxText e591f30, whose `dot_general_cls` is flax's
+//! `Fp8DirectDotGeneralOp`; the logits are not quantized: `decoders.py`'s "We do not quantize the
+//! logits matmul").
 //!
-//! Each quantized product `y = x . k` (one per kernel of a decoder layer) keeps six arrays of
-//! state, flax's `Fp8DotGeneralBase` variables (`flax/linen/fp8_ops.py`, flax 18f8f311):
-//! `input_scale`, `kernel_scale`, `output_grad_scale` (f32 `[1]`, starting at 1) and
+//! Each quantized product `y = dot_general(x, k)` (one per kernel of a decoder layer) keeps six
+//! arrays of state, flax's `Fp8DotGeneralBase` variables (`flax/linen/fp8_ops.py`, flax
+//! 18f8f311): `input_scale`, `kernel_scale`, `output_grad_scale` (f32 `[1]`, starting at 1) and
 //! `input_amax_history`, `kernel_amax_history`, `output_grad_amax_history` (f32
 //! `[AMAX_HISTORY_LENGTH]`, starting at 0). Per step, for `x` and `k` (e4m3fn) in the forward
 //! pass and the output's gradient `g` (e5m2) in the backward pass, with the state `(s, h)`:
 //!
 //! 1. the new scale from the history *before* this step (delayed scaling, `compute_scale` with
 //!    margin 0): `s' = max(h) / fp8_max` when `max(h)` is positive and finite, else `s`;
-//! 2. the value quantized and dequantized with it (`qdq`): `clip(v / s', -fp8_max, fp8_max)`
-//!    converted to the 8-bit type and back, times `s'`, in the compute dtype (the kernel's:
-//!    `dtype`);
+//! 2. the value quantized with it (`quantize`): `clip(v / s', -fp8_max, fp8_max)` in the compute
+//!    dtype (the kernel's: `dtype`), converted to the 8-bit type;
 //! 3. the new history (`compute_amax_history`): `roll(h, -1)` with `max(|v|)` written at 0.
 //!
-//! The products use the quantized `x` and `k` (and the backward pass the quantized `g`), in the
-//! quantize-dequantize form of flax's `Fp8DotGeneralOp` that XLA's GPU compiler rewrites into
-//! cuBLASLt fp8 GEMMs (`convert` to f8, `convert` back, scale, around the `dot`). MaxText
-//! e591f30 calls flax's `Fp8DirectDotGeneralOp`, which computes the same values with the
-//! `dot` on the 8-bit arrays written out; the state and its update rule are the same.
+//! The products are flax's direct ones (`fp8_scaled_dot_general`, `quantized_dot`): the 8-bit
+//! values go into the `dot_general` itself, which accumulates into the compute dtype
+//! (`preferred_element_type`), and the scales multiply its result: `y = (qx . qk) * sx * sk`,
+//! and backward `dx = (qg . qk^T) * sk * sg`, `dk = (qx^T . qg) * sx * sg` (the gradient
+//! quantized to e5m2, the operands the forward pass's e4m3 values). XLA's GPU compiler runs such
+//! dots as fp8 GEMMs (cuBLASLt or Triton); the quantize-dequantize form flax's `Fp8DotGeneralOp`
+//! writes (and maxrs wrote before) it simplifies back to bf16 GEMMs (issue 43). The values are
+//! those of the quantize-dequantize form up to where the products are rounded.
 //!
 //! The new state leaves the step as the *gradient* of the state (flax's
-//! `OVERWRITE_WITH_GRADIENT` collection): each quantize-dequantize is a `composite` whose
-//! backward pass returns the new scale and history as the cotangents of the old ones, the
-//! value's own cotangent passing straight through (`in_qdq`, `out_qdq`). The train step takes
-//! those "gradients" as the new state instead of handing them to the optimizer, and they are
-//! neither clipped nor counted in the gradient norm (MaxText's `apply_gradient_clipping`).
-//! MaxText has no key for the history length: flax's default, 1024.
+//! `OVERWRITE_WITH_GRADIENT` collection): each product is a `composite` whose backward pass
+//! returns the new scales and histories as the cotangents of the old ones ([`dot`]). The train
+//! step takes those "gradients" as the new state instead of handing them to the optimizer, and
+//! they are neither clipped nor counted in the gradient norm (MaxText's
+//! `apply_gradient_clipping`). MaxText has no key for the history length: flax's default, 1024.
 //!
 //! `quantization=te_fp8_currentscaling` is Transformer Engine's `Float8CurrentScaling` recipe
-//! (MaxText hands it to TE; maxrs computes it with the same XLA fp8 products): each value is
+//! (MaxText hands it to TE; maxrs computes it with the same direct fp8 products): each value is
 //! quantized with the scale of its own amax, `max(|v|) / fp8_max` (1 when that is zero or not
 //! finite; TE's defaults: no epsilon, no power-of-two scales, e4m3 forward and e5m2 backward,
 //! `Float8CurrentScalingQuantizer` in `transformer_engine/pytorch/tensor/float8_tensor.py`).
 //! It keeps no state ([`dot_current`]).
 
 use crate::host::f8::F8;
-use crate::ir::DType;
-use crate::tensor::{composite, concatenate, where_, Tensor, Tree};
+use crate::ir::{DType, DotDims};
+use crate::tensor::{composite, concatenate, dot_transpose_lhs, dot_transpose_rhs, where_, Tensor, Tree};
 
 use super::params::{ParamDef, ParamInit};
 use super::stacks::Stack;
@@ -131,55 +133,80 @@ pub fn next_history(history: &Tensor, v: &Tensor) -> Tensor {
     concatenate(&[&amax, &history.slice_axis(0, 2, n), &history.slice_axis(0, 0, 1)], 0)
 }
 
-/// `qdq`: `v` quantized to `format` with `scale` and dequantized, in `v`'s dtype.
-pub fn quantize_dequantize(format: F8, v: &Tensor, scale: &Tensor) -> Tensor {
-    let s = scale.reshape(&[]).astype(v.dtype());
+/// flax's `quantize`: `clip(v / scale, -fp8_max, fp8_max)` in `v`'s dtype, converted to
+/// `format`.
+fn quantize(format: F8, v: &Tensor, scale: &Tensor) -> Tensor {
     let max = format.max();
-    (v / &s).clamp(-max, max).astype(dtype(format)).astype(v.dtype()) * &s
+    (v / &scale.reshape(&[]).astype(v.dtype())).clamp(-max, max).astype(dtype(format))
 }
 
-/// flax's `in_qdq`: `v` quantized (e4m3fn) with the new scale; the backward pass passes the
-/// cotangent through and returns the new scale and history as the state's cotangents.
-pub fn in_qdq(v: &Tensor, scale: &Tensor, history: &Tensor) -> Tensor {
-    let format = F8::E4M3FN;
-    let outs = composite(
-        "fp8_in_qdq",
-        &[v, scale, history],
-        |a| {
-            let new_scale = next_scale(format, &a[1], &a[2]);
-            let new_history = next_history(&a[2], &a[0]);
-            vec![quantize_dequantize(format, &a[0], &new_scale), new_scale, new_history]
-        },
-        |_, outs, cts| vec![cts[0].clone(), outs[1].clone(), outs[2].clone()],
-    );
-    outs[0].clone()
+/// flax's `dequantize` of a product: `v` times `scale` (f32 `[1]`, cast to `v`'s dtype).
+fn dequantize(v: &Tensor, scale: &Tensor) -> Tensor {
+    v * &scale.reshape(&[]).astype(v.dtype())
 }
 
-/// flax's `out_qdq`: the identity on `y`; the backward pass quantizes the cotangent (e5m2)
-/// with the new scale and returns the new scale and history as the state's cotangents.
-pub fn out_qdq(y: &Tensor, scale: &Tensor, history: &Tensor) -> Tensor {
-    let format = F8::E5M2;
-    let outs = composite(
-        "fp8_out_qdq",
-        &[y, scale, history],
-        |a| vec![a[0].clone()],
-        |ins, _, cts| {
-            let new_scale = next_scale(format, &ins[1], &ins[2]);
-            let new_history = next_history(&ins[2], &cts[0]);
-            vec![quantize_dequantize(format, &cts[0], &new_scale), new_scale, new_history]
-        },
-    );
-    outs[0].clone()
+/// One operand of a quantized product: its 8-bit values and the scale they were quantized with.
+struct Quantized {
+    q: Tensor,
+    scale: Tensor,
 }
 
-/// The product `product(x, kernel)` of the quantized product `op` whose state is in `p`
-/// (`<op>.input_scale`, ...), flax's `Fp8DotGeneralOp.__call__`: `x` is cast to the kernel's
-/// dtype (the compute dtype), both are quantized, and the output's gradient will be.
-pub fn dot(p: &Tree, op: &str, x: &Tensor, kernel: &Tensor, product: impl Fn(&Tensor, &Tensor) -> Tensor) -> Tensor {
+impl Quantized {
+    /// `v` quantized to e4m3fn with `scale`.
+    fn e4m3(v: &Tensor, scale: Tensor) -> Quantized {
+        Quantized { q: quantize(F8::E4M3FN, v, &scale), scale }
+    }
+}
+
+/// The forward product (flax's `quantized_dot` and `out_dq`): the 8-bit operands multiplied
+/// into `dtype` by one `dot_general`, times both scales.
+fn scaled_dot(x: &Quantized, k: &Quantized, dims: &DotDims, dtype: DType) -> Tensor {
+    dequantize(&x.q.dot_general_preferred(&k.q, dims.clone(), dtype), &(&x.scale * &k.scale))
+}
+
+/// The backward products (flax's `quantized_dot_bwd`): the output's gradient `g` quantized to
+/// e5m2 with `g_scale`, multiplied with the other operand's 8-bit values into `g`'s dtype (the
+/// compute dtype), times that operand's scale and `g_scale`. Returns the gradients of `x` and `k`.
+fn backward_products(g: &Tensor, g_scale: &Tensor, x: &Quantized, k: &Quantized, dims: &DotDims) -> [Tensor; 2] {
+    let dtype = Some(g.dtype());
+    let qg = quantize(F8::E5M2, g, g_scale);
+    let dx = dot_transpose_lhs(&qg, x.q.rank(), &k.q, dims, dtype);
+    let dk = dot_transpose_rhs(&qg, &x.q, k.q.rank(), dims, dtype);
+    [dequantize(&dx, &(&k.scale * g_scale)), dequantize(&dk, &(&x.scale * g_scale))]
+}
+
+/// The quantized product `dot_general(x, kernel, dims)` whose state is in `p` (`<op>.input_scale`,
+/// ...), flax's `Fp8DirectDotGeneralOp`: `x` is cast to the kernel's dtype (the compute dtype);
+/// both are quantized with their new scales and multiplied as 8-bit values, and the output's
+/// gradient will be. One composite: its results after the product are what its backward pass
+/// reads (the 8-bit operands, their new scales and histories), flax's residuals.
+pub fn dot(p: &Tree, op: &str, x: &Tensor, kernel: &Tensor, dims: &DotDims) -> Tensor {
     let state = |name: &str| &p[format!("{op}.{name}").as_str()];
-    let x = in_qdq(&x.astype(kernel.dtype()), state("input_scale"), state("input_amax_history"));
-    let k = in_qdq(kernel, state("kernel_scale"), state("kernel_amax_history"));
-    out_qdq(&product(&x, &k), state("output_grad_scale"), state("output_grad_amax_history"))
+    let x = x.astype(kernel.dtype());
+    let names = STATE.map(state);
+    let operands = [&x, kernel, names[0], names[1], names[2], names[3], names[4], names[5]];
+    let outs = composite(
+        "fp8_dot",
+        &operands,
+        |a| {
+            let format = F8::E4M3FN;
+            let qx = Quantized::e4m3(&a[0], next_scale(format, &a[2], &a[3]));
+            let qk = Quantized::e4m3(&a[1], next_scale(format, &a[4], &a[5]));
+            let y = scaled_dot(&qx, &qk, dims, a[0].dtype());
+            let (hx, hk) = (next_history(&a[3], &a[0]), next_history(&a[5], &a[1]));
+            vec![y, qx.q, qx.scale, hx, qk.q, qk.scale, hk]
+        },
+        |ins, outs, cts| {
+            let g = &cts[0];
+            let g_scale = next_scale(F8::E5M2, &ins[6], &ins[7]);
+            let x = Quantized { q: outs[1].clone(), scale: outs[2].clone() };
+            let k = Quantized { q: outs[4].clone(), scale: outs[5].clone() };
+            let [dx, dk] = backward_products(g, &g_scale, &x, &k, dims);
+            let g_history = next_history(&ins[7], g);
+            vec![dx, dk, x.scale, outs[3].clone(), k.scale, outs[6].clone(), g_scale, g_history]
+        },
+    );
+    outs[0].clone()
 }
 
 /// The scale of current scaling: `max(|v|) / fp8_max` as f32 `[1]`, or 1 when that amax is zero
@@ -191,25 +218,24 @@ pub fn current_scale(format: F8, v: &Tensor) -> Tensor {
     where_(&amax.gt(0.0), &finite, &one)
 }
 
-/// The product `product(x, kernel)` with current scaling: `x` (cast to the kernel's dtype) and
-/// the kernel quantized to e4m3fn with their own scales, the output's gradient to e5m2 with its
-/// own; the quantizations pass cotangents straight through.
-pub fn dot_current(x: &Tensor, kernel: &Tensor, product: impl Fn(&Tensor, &Tensor) -> Tensor) -> Tensor {
-    let quantize = |v: &Tensor| {
-        let outs = composite(
-            "fp8_current_qdq",
-            &[v],
-            |a| vec![quantize_dequantize(F8::E4M3FN, &a[0], &current_scale(F8::E4M3FN, &a[0]))],
-            |_, _, cts| vec![cts[0].clone()],
-        );
-        outs[0].clone()
-    };
-    let y = product(&quantize(&x.astype(kernel.dtype())), &quantize(kernel));
+/// The quantized product `dot_general(x, kernel, dims)` with current scaling, the direct product
+/// of [`dot`] with each value's own scale: `x` (cast to the kernel's dtype) and the kernel to
+/// e4m3fn, the output's gradient to e5m2.
+pub fn dot_current(x: &Tensor, kernel: &Tensor, dims: &DotDims) -> Tensor {
+    let x = x.astype(kernel.dtype());
     let outs = composite(
-        "fp8_current_grad_qdq",
-        &[&y],
-        |a| vec![a[0].clone()],
-        |_, _, cts| vec![quantize_dequantize(F8::E5M2, &cts[0], &current_scale(F8::E5M2, &cts[0]))],
+        "fp8_dot_current",
+        &[&x, kernel],
+        |a| {
+            let qx = Quantized::e4m3(&a[0], current_scale(F8::E4M3FN, &a[0]));
+            let qk = Quantized::e4m3(&a[1], current_scale(F8::E4M3FN, &a[1]));
+            vec![scaled_dot(&qx, &qk, dims, a[0].dtype()), qx.q, qx.scale, qk.q, qk.scale]
+        },
+        |_, outs, cts| {
+            let x = Quantized { q: outs[1].clone(), scale: outs[2].clone() };
+            let k = Quantized { q: outs[3].clone(), scale: outs[4].clone() };
+            backward_products(&cts[0], &current_scale(F8::E5M2, &cts[0]), &x, &k, dims).into()
+        },
     );
     outs[0].clone()
 }

@@ -31,7 +31,7 @@
 //! are laid out alike, so the scores (and everything observable) are the same.
 
 use crate::config::{Config, RopeType};
-use crate::tensor::{concatenate, einsum, Tensor, Tree};
+use crate::tensor::{concatenate, Tensor, Tree};
 
 use super::attention::{default_frequencies, rope_tables, rope_with, AttendOptions, AttentionImpl, LayerContext};
 use super::blocks::{dense, Norm};
@@ -146,9 +146,9 @@ impl Mla {
 
     /// The block on the normed input `h: [batch, seq, emb]`; returns `[batch, seq, emb]`.
     pub fn apply(&self, c: &ModelConfig, p: &Tree, prefix: &str, h: &Tensor, ctx: &LayerContext) -> Tensor {
-        let project = |name: &str, x: &Tensor, spec: &str| {
-            dense(c, p, &format!("{prefix}.{name}"), x, |x, k| einsum(spec, &[x, k]))
-        };
+        // DenseGeneral over the last `axes` dims of `x`: one for every projection here (`btd,dhk->
+        // bthk`, `btd,dr->btr`, `btr,rhk->bthk`), two for the output's (`bthk,hkd->btd`).
+        let project = |name: &str, x: &Tensor, axes: usize| dense(c, p, &format!("{prefix}.{name}"), x, axes);
         let norm = |name: &str, x: &Tensor| Norm::Rms { eps: c.eps }.apply(p, &format!("{prefix}.{name}"), x);
         let (cos, sin) = rope_tables(&ctx.positions, &self.rope.frequencies);
         let rope = |x: &Tensor| {
@@ -162,17 +162,17 @@ impl Mla {
 
         // Queries, MaxText's `mla_query_projection`: the checkpoint names are its.
         let q = if self.q_lora_rank == 0 {
-            project("query", h, "btd,dhk->bthk")
+            project("query", h, 1)
         } else {
-            let latent = project("wq_a", h, "btd,dr->btr").checkpoint_name("query_wa_proj");
+            let latent = project("wq_a", h, 1).checkpoint_name("query_wa_proj");
             let latent = norm("q_norm", &latent).checkpoint_name("mla_q");
-            project("wq_b", &latent, "btr,rhk->bthk")
+            project("wq_b", &latent, 1)
         };
         let q = concatenate(&[&q.slice_axis(3, 0, nope), &rope(&q.slice_axis(3, nope, qk))], 3);
         let q = (q * self.softmax_scale).checkpoint_name("query_proj");
 
         // Keys and values, MaxText's `mla_kv_projection`.
-        let low_rank = project("wkv_a", h, "btd,dr->btr").checkpoint_name("kv_wa_proj");
+        let low_rank = project("wkv_a", h, 1).checkpoint_name("kv_wa_proj");
         let (b, t) = (h.shape()[0], h.shape()[1]);
         let latent = norm("kv_norm", &low_rank.slice_axis(2, 0, self.kv_lora_rank)).checkpoint_name("mla_kv");
         let k_rope =
@@ -197,7 +197,7 @@ impl Mla {
         };
         // The values' padding (`padded`) sliced off.
         let out = out.slice_axis(3, 0, self.v_head_dim);
-        project("out", &out, "bthk,hkd->btd").checkpoint_name("out_proj")
+        project("out", &out, 2).checkpoint_name("out_proj")
     }
 
     /// Every head's keys and values, `[batch, len, heads, qk_head_dim]` and `[batch, len, heads,
@@ -211,7 +211,8 @@ impl Mla {
         latent: &Tensor,
         k_rope: &Tensor,
     ) -> (Tensor, Tensor) {
-        let kv = dense(c, p, &format!("{prefix}.wkv_b"), latent, |x, k| einsum("btr,rhk->bthk", &[x, k]));
+        // `btr,rhk->bthk`: every head's key part and value from the latent.
+        let kv = dense(c, p, &format!("{prefix}.wkv_b"), latent, 1);
         let nope = self.qk_nope_head_dim;
         let (k_nope, v) = (kv.slice_axis(3, 0, nope), kv.slice_axis(3, nope, nope + self.v_head_dim));
         let s = k_nope.shape();

@@ -36,7 +36,7 @@ mod transforms;
 mod tree;
 
 pub use elementwise::{broadcast_shapes, where_, IntoOperand, Operand};
-pub use linalg::einsum;
+pub use linalg::{dot_transpose_lhs, dot_transpose_rhs, einsum};
 pub use program::{trace, TraceError};
 pub use shape_ops::{concatenate, stack};
 pub use sorting::sort;
