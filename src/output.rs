@@ -51,9 +51,8 @@ pub struct Output<'a> {
     pub kind: Kind,
 }
 
-/// The value of path key `key` in `c`, if set (empty means unset).
-fn path_value(c: &Config, key: &str) -> Option<PathBuf> {
-    let values = serde_json::to_value(c).ok()?;
+/// The value of path key `key` in the config's `values`, if set (empty means unset).
+fn path_value(values: &serde_json::Value, key: &str) -> Option<PathBuf> {
     let text = values.get(key)?.as_str()?;
     if key == "plugin" {
         return match text.parse() {
@@ -68,30 +67,33 @@ fn path_value(c: &Config, key: &str) -> Option<PathBuf> {
 /// [`check`] for the files `command` reads and writes by config key. Run it before compiling,
 /// so a bad path costs nothing.
 pub fn check_paths(c: &Config, command: Command) -> Result<()> {
-    let (inputs, outputs) = key_paths(c, command);
+    let (mut inputs, outputs) = key_paths(c, command);
+    if command == Command::Train {
+        inputs.extend(data_files(c));
+    }
     check(&inputs, &outputs)
 }
 
-/// [`check_paths`] with the setting files the config was read from ([`Resolved::files_read`])
-/// among the inputs: what the commands run first, so that `compiled_trainstep_file=CONFIG.yml`
-/// cannot replace the config file with the compiled step.
+/// The outputs of `command` checked against the setting files the config was read from
+/// ([`Resolved::files_read`]), which no config key names: what the commands run first, so that
+/// `compiled_trainstep_file=CONFIG.yml` cannot replace the config file with the compiled step.
+/// The files the keys name are [`check_paths`]'s, which the command runs before compiling.
 pub fn check_resolved_paths(resolved: &Resolved, command: Command) -> Result<()> {
-    let (mut inputs, outputs) = key_paths(&resolved.config, command);
-    inputs.extend(resolved.files_read.iter().map(|(name, path)| Input {
-        name,
-        location: Location::Local(path.clone()),
-        directory: false,
-    }));
-    check(&inputs, &outputs)
+    let (_, outputs) = key_paths(&resolved.config, command);
+    let settings: Vec<Input> = resolved
+        .files_read
+        .iter()
+        .map(|(name, path)| Input { name, location: Location::Local(path.clone()), directory: false })
+        .collect();
+    check(&settings, &outputs)
 }
 
-/// The files `command` reads and writes by config key: the path keys', and the local data files
-/// the data keys' globs and mixtures match (a glob or file the readers will refuse is left to
-/// them, whose errors say what it should hold).
+/// The files `command` reads and writes by path key.
 fn key_paths(c: &Config, command: Command) -> (Vec<Input<'static>>, Vec<Output<'static>>) {
     let (mut inputs, mut outputs) = (Vec::new(), Vec::new());
+    let Ok(values) = serde_json::to_value(c) else { return (inputs, outputs) };
     for key in registry::keys_with(Role::Path) {
-        let (Some(path), Some(used)) = (path_value(c, key.name), key.path) else { continue };
+        let (Some(path), Some(used)) = (path_value(&values, key.name), key.path) else { continue };
         let location = Location::Local(path);
         let access = match command {
             Command::Train => used.train,
@@ -106,13 +108,11 @@ fn key_paths(c: &Config, command: Command) -> (Vec<Input<'static>>, Vec<Output<'
             Access::Ignores => {}
         }
     }
-    if command == Command::Train {
-        inputs.extend(data_files(c));
-    }
     (inputs, outputs)
 }
 
-/// The local files the training and eval data keys match.
+/// The local files the training and eval data keys' globs and mixtures match (a glob or file the
+/// readers will refuse is left to them, whose errors say what it should hold).
 fn data_files(c: &Config) -> Vec<Input<'static>> {
     let mut patterns: Vec<(&'static str, String)> = Vec::new();
     // A mixture file in a bucket is read by the data pipeline, not fetched for this check.

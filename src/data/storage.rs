@@ -143,10 +143,10 @@ fn location(key: &str, text: &str) -> Result<Location, DataError> {
 /// The whole file `path` (the value of `key`), local or `gs://`, refused past `limit` bytes: the
 /// small files the pipeline reads whole (a chat template, a mixture file).
 pub fn read_whole(key: &'static str, path: &str, limit: input::Limit) -> Result<Vec<u8>, DataError> {
-    if !path.starts_with("gs://") {
-        return Ok(input::read(key, Path::new(path), limit)?);
+    match location(key, path)? {
+        Location::Local(local) => Ok(input::read(key, &local, limit)?),
+        remote => storage::read(&remote, limit).map_err(|e| DataError::Remote { key, message: format!("{e:#}") }),
     }
-    storage::read(&location(key, path)?, limit).map_err(|e| DataError::Remote { key, message: format!("{e:#}") })
 }
 
 impl Storage for GcsFiles {

@@ -122,12 +122,9 @@ impl Service {
         Ok(request)
     }
 
-    /// What ends an error after `tries` tries that each waited out the timeout.
-    fn no_answer(&self, tries: u32) -> String {
-        format!(
-            " (no answer within {} in each of {tries} tries; {TIMEOUT_ENV} sets the wait, {EMULATOR_ENV} the endpoint)",
-            seconds(self.timeout)
-        )
+    /// What a try that waited out the timeout is told: `no answer within 60 s`.
+    fn no_answer(&self) -> String {
+        format!("no answer within {} s", self.timeout.as_secs_f64())
     }
 
     /// Sends the request `make` builds, retrying transient failures; returns the response
@@ -144,7 +141,14 @@ impl Service {
             let timed_out = matches!(&result, Err(e) if e.is_timeout());
             if !retry || tries.last() {
                 return result.map_err(|e| {
-                    let waited = if timed_out { self.no_answer(tries.attempt()) } else { String::new() };
+                    let waited = match timed_out {
+                        true => format!(
+                            " ({} in each of {} tries; {TIMEOUT_ENV} sets the wait, {EMULATOR_ENV} the endpoint)",
+                            self.no_answer(),
+                            tries.attempt()
+                        ),
+                        false => String::new(),
+                    };
                     anyhow!("{what}: {}{waited}", chain(&e))
                 });
             }
@@ -153,8 +157,8 @@ impl Service {
             if timed_out {
                 // A silent wait of minutes looks like a hang: say what is waited for, and until when.
                 tracing::warn!(
-                    "{what}: no answer within {}; try {} of {} in {delay:.2?} ({TIMEOUT_ENV} sets the wait)",
-                    seconds(self.timeout),
+                    "{what}: {}; try {} of {} in {delay:.2?} ({TIMEOUT_ENV} sets the wait)",
+                    self.no_answer(),
                     attempt + 1,
                     tries.attempts()
                 );
@@ -164,11 +168,6 @@ impl Service {
             std::thread::sleep(delay);
         }
     }
-}
-
-/// `60 s`, `0.5 s`.
-fn seconds(d: Duration) -> String {
-    format!("{} s", d.as_secs_f64())
 }
 
 /// A failed response as one line: status and the API's error message.
@@ -444,7 +443,7 @@ pub(super) fn read_range(bucket: &str, key: &str, start: u64, len: u64) -> Resul
             Ok(body) => format!("the body ended after {} of {} bytes", body.len(), expected.unwrap_or(0)),
             Err(e) if e.is_timeout() => {
                 timed_out = true;
-                format!("no answer within {} ({TIMEOUT_ENV} sets the wait)", seconds(service.timeout))
+                format!("{} ({TIMEOUT_ENV} sets the wait)", service.no_answer())
             }
             Err(e) => chain(&e),
         };
