@@ -1,11 +1,12 @@
-//! The synthetic and token-file sources: reproducible, predictable, sharded by process, shuffled
-//! by epoch with every row once per epoch, resumable from their state; and each error.
+//! maxrs's synthetic progressions (`synthetic_progression`) and the token-file source:
+//! reproducible, predictable, sharded by process, shuffled by epoch with every row once per
+//! epoch, resumable from their state; and each error.
 
 use std::path::PathBuf;
 
 use maxrs::config::{self, Config};
 use maxrs::data::{
-    self, host_rows, write_tokens_file, BatchIterator, DataError, DataState, ProcessShare, Synthetic, TokensFile,
+    self, host_rows, write_tokens_file, BatchIterator, DataError, DataState, ProcessShare, Progression, TokensFile,
 };
 use maxrs::host::{ElementType, HostTensor};
 
@@ -27,8 +28,14 @@ fn next(it: &mut BatchIterator) -> data::Batch {
     it.next_batch().unwrap().unwrap()
 }
 
+/// maxrs's synthetic progressions (MaxText's synthetic batch: tests/data_synthetic.rs).
 fn synthetic(seed: i64, vocab: i64, seq: i64) -> Config {
-    cfg(&[&format!("data_shuffle_seed={seed}"), &format!("vocab_size={vocab}"), &format!("max_target_length={seq}")])
+    cfg(&[
+        "synthetic_progression=true",
+        &format!("data_shuffle_seed={seed}"),
+        &format!("vocab_size={vocab}"),
+        &format!("max_target_length={seq}"),
+    ])
 }
 
 #[test]
@@ -57,7 +64,7 @@ fn synthetic_is_reproducible_and_varies_by_step_and_seed() {
 #[test]
 fn synthetic_next_token_is_determined_by_the_previous_two() {
     let vocab = 37;
-    let source = Synthetic::new(1, vocab, 64).unwrap();
+    let source = Progression::new(1, vocab, 64).unwrap();
     let mut strides = std::collections::BTreeSet::new();
     for step in 0..5 {
         for row in 0..16 {
@@ -81,7 +88,7 @@ fn synthetic_next_token_is_determined_by_the_previous_two() {
     for (inputs, targets) in rows_of(&batch.inputs).iter().zip(rows_of(&batch.targets)) {
         assert_eq!(inputs[1..], targets[..63]);
     }
-    assert_eq!(Synthetic::new(0, 2, 4).unwrap().row(0, 0).windows(2).filter(|w| w[0] == w[1]).count(), 0);
+    assert_eq!(Progression::new(0, 2, 4).unwrap().row(0, 0).windows(2).filter(|w| w[0] == w[1]).count(), 0);
 }
 
 #[test]
@@ -218,7 +225,7 @@ fn tokens_file_errors_name_the_culprit() {
 
     let e = write_tokens_file(&dir.path().join("uneven.bin"), &[vec![1, 2], vec![3]]).unwrap_err();
     assert!(e.to_string().contains("row 1 has 1 ids, row 0 has 2"), "{e}");
-    assert!(matches!(Synthetic::new(0, 1, 4).unwrap_err(), DataError::VocabTooSmall(1)));
+    assert!(matches!(Progression::new(0, 1, 4).unwrap_err(), DataError::VocabTooSmall(1)));
     // A resume state of another dataset type is refused.
     let e = data::open_train(&synthetic(0, 10, 4), 1, ProcessShare::SINGLE, Some(DataState::Tokens { position: 3 }))
         .err()
@@ -247,7 +254,7 @@ fn data_keys_are_validated_with_maxtext_names() {
     assert!(e.contains("train_data_columns") && e.contains("exactly one"), "{e}");
     let e = invalid(&["dataset_type=tfds"]);
     assert!(e.contains("synthetic, tokens, hf"), "{e}");
-    for key in ["hf_path=allenai/c4", "tokenize_train_data=false", "grain_train_files=x", "num_epoch=2"] {
+    for key in ["eval_split=test", "tokenize_train_data=false", "grain_train_files=x", "num_epoch=2"] {
         let e = invalid(&[key]);
         assert!(e.contains("is MaxText's, but not supported yet"), "{key}: {e}");
     }

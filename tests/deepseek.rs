@@ -141,3 +141,52 @@ fn deepseek_matches_reference_and_finite_differences() {
         assert!((g - fd).abs() <= 2e-3 * fd.abs() + 1e-6, "{name}: traced {g} vs finite difference {fd}");
     }
 }
+
+/// YaRN's `rope_attention_scaling` multiplies the rotated f32 values before their cast back to
+/// bf16 (MaxText's `YarnRotaryEmbedding.__call__`, `src/maxtext/layers/embeddings.py` at main
+/// e591f30: `output * attention_scaling`, then `astype(fprop_dtype)`): each bf16 output is the
+/// exact product rounded once (within half a bf16 step, plus f32's error). Scaling after the cast
+/// rounds twice, up to a whole step off.
+#[test]
+fn yarn_attention_scaling_rounds_once_to_bf16() {
+    use maxrs::ir::{DType, Signature};
+    use maxrs::model::attention::{rope_scaled, rope_tables};
+    use maxrs::tensor::Tree;
+
+    let (b, t, h, k) = (2i64, 8i64, 3i64, 16i64);
+    let mut r = crate::common::rng(31);
+    let bf = |x: f64| half::bf16::from_f64(x).to_f64();
+    let x: Vec<f64> = crate::common::uniform(&mut r, (b * t * h * k) as usize, -4.0, 4.0).into_iter().map(bf).collect();
+    let frequencies: Vec<f64> = (0..k / 2).map(|i| 10_000f64.powf(-2.0 * i as f64 / k as f64)).collect();
+    let scale = 0.1 * 40f64.ln() + 1.0;
+    let mut sig = Signature::new(None);
+    sig.input("x", DType::F64, &[b, t, h, k]);
+    let program = trace(&sig, |ctx, inp| {
+        let positions = ctx.iota(DType::S32, &[b, t], 1);
+        let (cos, sin) = rope_tables(&positions, &frequencies);
+        let y = rope_scaled(&inp["x"].astype(DType::BF16), &cos, &sin, false, scale);
+        Tree::new().with("y", y.astype(DType::F64))
+    })
+    .unwrap();
+    let inputs = Tree::new().with("x", crate::common::f64_tensor(&[b, t, h, k], &x));
+    let got = crate::common::run(&program, &inputs)["y"].to_f64();
+
+    // The rotation of the halves (x1, x2) at position p, in f64.
+    let half = (k / 2) as usize;
+    let mut worst = (0.0f64, 0.0f64);
+    for (row, chunk) in x.chunks(k as usize).enumerate() {
+        let p = ((row as i64 / h) % t) as f64;
+        for i in 0..half {
+            let (c, s) = ((p * frequencies[i]).cos(), (p * frequencies[i]).sin());
+            let exact = [chunk[i] * c - chunk[i + half] * s, chunk[i + half] * c + chunk[i] * s];
+            for (j, e) in exact.into_iter().enumerate() {
+                let step = bf(e.abs()).max(1e-30) * 2f64.powi(-7);
+                let got = got[row * k as usize + i + j * half];
+                worst.0 = worst.0.max((got - e * scale).abs() / (step * scale));
+                worst.1 = worst.1.max((bf(bf(e) * scale) - e * scale).abs() / (step * scale));
+            }
+        }
+    }
+    assert!(worst.0 < 0.51, "maxrs: {:.3} bf16 steps from the exact product", worst.0);
+    assert!(worst.1 > 0.6, "rounding twice would be {:.3} steps off: the test tells them apart", worst.1);
+}

@@ -10,9 +10,9 @@ use crate::common::family_ref::*;
 use maxrs::autodiff::value_and_grad;
 use maxrs::model::Model;
 use maxrs::tensor::trace;
-use ndarray::Array2;
 
-const SIZES: &[&str] = &[
+/// The tiny shape every family's reference test uses.
+pub(crate) const SIZES: &[&str] = &[
     "base_emb_dim=32",
     "base_num_query_heads=4",
     "base_num_kv_heads=2",
@@ -27,14 +27,6 @@ fn shrunk(model_name: &str, extra: &[&str]) -> Model {
     model(model_name, &args)
 }
 
-/// max |a - b| over max |b|.
-fn scaled_err(got: &[f64], want: &Array2<f64>) -> f64 {
-    let want: Vec<f64> = want.iter().copied().collect();
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
-    got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale
-}
-
 /// Embeddings, every layer, logits and loss of `m` against the reference of `spec`.
 fn check_forward(label: &str, m: &Model, spec: &Spec) -> RefOut {
     let p = random_params(spec, m, 1);
@@ -42,21 +34,7 @@ fn check_forward(label: &str, m: &Model, spec: &Spec) -> RefOut {
     let program = crate::common::llama_ref::forward_program(m, 0.0);
     let out = crate::common::run(&program, &inputs(m, &p, &b));
     let want = reference(spec, m, &p, &b);
-    let tol = 1e-4;
-    let err = scaled_err(&out["embeddings"].to_f64(), &want.embeddings);
-    assert!(err < tol, "{label}: embeddings differ: {err:e}");
-    let layers = out["layers"].to_f64();
-    let per = B * T * m.config.emb as usize;
-    for (i, l) in want.layers.iter().enumerate() {
-        let err = scaled_err(&layers[i * per..(i + 1) * per], l);
-        assert!(err < tol, "{label}: layer {i} output differs: {err:e}");
-    }
-    let err = scaled_err(&out["logits"].to_f64(), &want.logits);
-    assert!(err < tol, "{label}: logits differ: {err:e}");
-    let loss = out["loss"].to_f64()[0];
-    let rel = (loss - want.loss).abs() / want.loss.abs();
-    println!("{label}: logits scaled error {err:e}, loss {loss} vs reference {} (rel {rel:e})", want.loss);
-    assert!(rel < tol, "{label}: loss {loss} vs reference {}", want.loss);
+    check_outputs(label, m, &out, &want);
     want
 }
 

@@ -34,6 +34,7 @@ fn config(sparse_matmul: bool, capacity_factor: f64, load_balance_loss_weight: f
         dispatch_no_expert_sharding: false,
         router: Router::Softmax,
         shared_experts: 0,
+        norm_topk_prob: false,
     }
 }
 

@@ -44,7 +44,8 @@ use serde::{Deserialize, Serialize};
 
 use super::shards::Bounds;
 use crate::config::registry::{self, Role};
-use crate::config::Config;
+use crate::config::{Config, RopeType};
+use crate::model::config::Rope;
 use crate::model::Model;
 
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -202,8 +203,20 @@ pub fn model_keys(config: &Config, model: &Model) -> BTreeMap<String, serde_json
         .config_keys()
         .into_iter()
         .filter(|k| registry::key(k).is_some_and(|k| k.role == Role::Model))
-        .map(|k| (k.to_string(), all[k].clone()))
+        .map(|k| (k.to_string(), effective(config, k, &all[k])))
         .collect()
+}
+
+/// The value of model key `key` as the run computes it, where the model name decides too: a
+/// `llama3.1-*` model computes Llama 3.1's RoPE whatever `rope_type` says (`Rope::from_config`,
+/// as MaxText), so it records `llama3.1`, as a converted Llama 3.1 checkpoint does.
+fn effective(config: &Config, key: &str, value: &serde_json::Value) -> serde_json::Value {
+    match key {
+        "rope_type" if matches!(Rope::from_config(config), Rope::Llama31 { .. }) => {
+            serde_json::Value::from(RopeType::Llama31.as_str())
+        }
+        _ => value.clone(),
+    }
 }
 
 /// `key: checkpoint A, this run B` for each model key whose values differ (keys one side lacks
@@ -231,4 +244,30 @@ fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 
 pub fn crc_hex(crc: u32) -> String {
     format!("{crc:08x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The case: a Llama 3.1 checkpoint converted from Hugging Face records
+    /// `rope_type: llama3.1`; `model_name=llama3.1-8b` leaves `rope_type` at its default but
+    /// computes Llama 3.1's RoPE (attentions.py `init_rotary_embedding` at MaxText e591f30), so
+    /// the two fit. A model named otherwise with the default RoPE does not.
+    #[test]
+    fn a_llama31_model_name_records_the_rope_it_computes() {
+        let keys = |args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            let c = crate::config::load(None, &args).unwrap();
+            model_keys(&c, &Model::from_config(&c).unwrap())
+        };
+        let named = keys(&["model_name=llama3.1-8b"]);
+        assert_eq!(named["rope_type"], "llama3.1");
+        let mut converted = named.clone();
+        converted.insert("rope_type".into(), serde_json::json!("llama3.1"));
+        assert!(model_differences(&converted, &named).is_empty());
+        let llama3 = keys(&["model_name=llama3-8b"]);
+        assert_eq!(llama3["rope_type"], "default");
+        assert_eq!(model_differences(&converted, &llama3).iter().filter(|d| d.starts_with("rope_type")).count(), 1);
+    }
 }

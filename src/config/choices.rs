@@ -133,9 +133,9 @@ string_enum!(
 
 string_enum!(
     /// MaxText's decoder block styles that maxrs implements, one family file each under
-    /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP, qwen3 llama2's with
-    /// QK-norm, qwen3_moe qwen3's with a routed MoE block, deepseek DeepSeek-V3's layer
-    /// (multi-head latent attention).
+    /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP, qwen2 llama2's with
+    /// query/key/value biases, qwen3 llama2's with QK-norm, qwen3_moe qwen3's with a routed MoE
+    /// block, deepseek DeepSeek-V3's layer (multi-head latent attention).
     DecoderBlock {
         Llama2 = "llama2",
         Mistral = "mistral",
@@ -144,6 +144,7 @@ string_enum!(
         Gemma3 = "gemma3",
         Gpt3 = "gpt3",
         Mixtral = "mixtral",
+        Qwen2 = "qwen2",
         Qwen3 = "qwen3",
         Qwen3Moe = "qwen3_moe",
         Deepseek = "deepseek",

@@ -14,7 +14,7 @@ pub enum ConfigError {
     UnknownKey { key: String, origin: String, suggestion: Option<String> },
 
     #[error("`{key}` {origin} is MaxText's, but not supported yet: {reason}")]
-    NotSupported { key: String, origin: String, reason: &'static str },
+    NotSupported { key: String, origin: String, reason: String },
 
     #[error("`{key}` {origin} expects {expected}, got {}", quote(value))]
     WrongType { key: String, origin: String, expected: String, value: String },

@@ -30,7 +30,12 @@ const GEMMA2_3: Families = Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::
 const GEMMA3: Families = Families::Only(&[DecoderBlock::Gemma3]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
 const MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe, DecoderBlock::Deepseek]);
-const QWEN3: Families = Families::Only(&[DecoderBlock::Qwen3, DecoderBlock::Qwen3Moe]);
+/// decoder_block=qwen2, qwen3, qwen3_moe: `qwen2.py` and `qwen3.py` (MaxText e591f30) both pass
+/// `use_qk_norm` to their `Attention`.
+const QWEN2_3: Families = Families::Only(&[DecoderBlock::Qwen2, DecoderBlock::Qwen3, DecoderBlock::Qwen3Moe]);
+/// decoder_block=qwen2: the only block maxrs has whose MaxText layer reads `attention_bias`.
+const QWEN2: Families = Families::Only(&[DecoderBlock::Qwen2]);
+const MIXTRAL_QWEN3_MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe]);
 /// decoder_block=deepseek: multi-head latent attention and YaRN (`model::mla`), DeepSeek-V3's
 /// routing and shared experts (`model::moe::MoeConfig::deepseek`).
 const DEEPSEEK: Families = Families::Only(&[DecoderBlock::Deepseek]);
@@ -167,8 +172,10 @@ declare_keys! {
         trainable_position_size: i64 = -1 => MaxText.model(ALL).range(int_or_fill(0, 1 << 24)).model_file(),
         /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2, gemma3: the local layers' window.
         sliding_window_size: i64 = 0 => MaxText.model(MISTRAL_GEMMA2_3).range(int(0, 1 << 24)).model_file(),
-        /// qwen3, qwen3_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm).
-        use_qk_norm: bool = false => MaxText.model(QWEN3).model_file(),
+        /// qwen2, qwen3, qwen3_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm).
+        use_qk_norm: bool = false => MaxText.model(QWEN2_3).model_file(),
+        /// qwen2: learned biases on the query, key and value projections (not the output's).
+        attention_bias: bool = false => MaxText.model(QWEN2).model_file(),
         /// gemma2, gemma3: attention scores = cap * tanh(scores / cap); 0 disables.
         attn_logits_soft_cap: f64 = 0.0 => MaxText.model(GEMMA2_3).range(closed(0.0, 1e9)).model_file(),
         /// gemma2, gemma3: RMSNorm after attention, before the residual add.
@@ -269,10 +276,16 @@ declare_keys! {
         routed_scaling_factor: f64 = 1.0 => MaxText.model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
         /// deepseek: the layers before the routed ones (dense_layers, then moe_layers).
         first_num_dense_layers: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
-        /// deepseek: the experts' (routed and shared) hidden size, before global_parameter_scale; -1: unset (refused with routed layers).
-        // MaxText's types.py: moe_mlp_dim must be positive with num_experts > 1, and equal
-        // base_mlp_dim when every layer is routed (first_num_dense_layers=0).
-        base_moe_mlp_dim: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, 4 * MAX_EMB)).model_file(),
+        /// The experts' hidden size, before global_parameter_scale: deepseek's routed and shared experts, qwen3_moe's experts; mixtral's experts are base_mlp_dim wide, which it must equal.
+        /// -1: unset; deepseek refuses it with routed layers, mixtral and qwen3_moe then take base_mlp_dim (MaxText refuses an unset one with num_experts > 1).
+        // MaxText's types.py at e591f30: moe_mlp_dim must be positive with num_experts > 1, and
+        // equal base_mlp_dim when every layer is routed; for qwen3_moe it replaces base_mlp_dim
+        // instead (qwen3.py sizes the experts with moe_mlp_dim, mixtral.py with mlp_dim).
+        base_moe_mlp_dim: i64 = -1 => MaxText.model(MOE).range(int_or_fill(1, 4 * MAX_EMB)).model_file(),
+        /// mixtral, qwen3_moe: the top-k routing weights (softmax over the chosen logits) are divided by their sum, in dtype.
+        // MaxText's `get_topk` (layers/moe.py at e591f30) renormalizes after the softmax, which
+        // already sums to 1: the two values differ by dtype rounding only.
+        norm_topk_prob: bool = false => MaxText.model(MIXTRAL_QWEN3_MOE).model_file(),
     }
 
     section "Numerics and memory" {
@@ -306,8 +319,11 @@ declare_keys! {
 
     /// See the data guide (docs/src/guides/data.md). MaxText's default dataset_type is tfds; maxrs has none.
     section "Data" {
-        /// synthetic (a learnable sequence), tokens (a flat file of token ids) or hf (Parquet / JSON Lines / text files, tokenized on the fly).
+        /// synthetic (MaxText's: one batch of random tokens, fed at every step), tokens (a flat file of token ids) or hf (Parquet / JSON Lines / text files, tokenized on the fly).
         dataset_type: DatasetType = "synthetic" => MaxText.run(),
+        /// maxrs's own: with dataset_type=synthetic, rows are arithmetic progressions modulo vocab_size, new at every step and seeded by data_shuffle_seed, instead of MaxText's fixed random batch (the default model's quick start sets it).
+        /// The next token follows from the previous two, so a small model learns a rule instead of memorizing one batch; the rows are one segment each, whatever packing says.
+        synthetic_progression: bool = false => Maxrs.run(),
         /// For dataset_type=tokens: rows of max_target_length + 1 token ids (see docs/src/reference/formats.md).
         dataset_path: String = "" => MaxText.path(Reads, Ignores).remote(),
         /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files; or a weighted mixture "glob,weight;glob,weight" (maxrs's own: grain_train_files' syntax and grain's mixing, see docs/src/guides/data.md).
@@ -316,6 +332,19 @@ declare_keys! {
         grain_train_mixture_config_path: String = "" => MaxText.path(Reads, Ignores).remote(),
         /// For eval (eval_interval > 0): a file or glob, read in order once per eval.
         hf_eval_files: String = "" => MaxText.run(),
+        /// For dataset_type=hf: how the files are found and read, as MaxText's datasets.load_dataset(hf_path, ...): '' reads hf_train_files / hf_eval_files by file extension (maxrs's own; MaxText needs hf_path); json, parquet, csv, text (a row per line) or arrow reads them, or hf_data_dir's files, in that builder's format whatever their names; org/name streams a Hub dataset's split from the Hub ($HF_ENDPOINT, default https://huggingface.co). See docs/src/guides/data.md.
+        hf_path: String = "" => MaxText.run(),
+        /// A Hub dataset's config (a config_name of its README's configs:); '' the default one.
+        hf_name: String = "" => MaxText.run(),
+        /// A folder of the dataset whose files make its splits (split names in file or folder names): in the Hub repository, or, with a builder hf_path and no hf_train_files, on the local disk.
+        hf_data_dir: String = "" => MaxText.run(),
+        /// The split of hf_path's dataset that training reads; hf_train_files' files are the split train.
+        train_split: String = "train" => MaxText.run(),
+        /// The split of hf_path's dataset that eval reads (eval_interval > 0); with hf_eval_files it is train, as in MaxText.
+        hf_eval_split: String = "" => MaxText.run(),
+        #[serde(serialize_with = "redact")]
+        /// A Hugging Face token for private or gated Hub datasets; '' uses $HF_TOKEN. Sent only to the Hub endpoint's own host, never printed or saved (shown as `<redacted>`).
+        hf_access_token: String = "" => MaxText.run(),
         /// The text column of hf_train_files.
         train_data_columns: Vec<String> = ["text"] => MaxText.run(),
         /// The text column of hf_eval_files.
@@ -342,8 +371,10 @@ declare_keys! {
         chat_template_path: String = "" => MaxText.path(Reads, Ignores),
         /// Shuffle files and document windows (hf) or rows (tokens) each epoch.
         enable_data_shuffling: bool = true => MaxText.run(),
-        /// Seeds the shuffles, and the synthetic sequence.
+        /// Seeds the shuffles, and synthetic_progression's rows (MaxText's synthetic batch has fixed keys).
         data_shuffle_seed: i64 = 0 => MaxText.run().range(int(0, i64::MAX)),
+        /// Non-zero: the first batch a process reads is fed at every step (for performance runs; MaxText's GPU recipes set it).
+        reuse_example_batch: i64 = 0 => MaxText.run().range(int(0, i64::MAX)),
         /// Sequences per device and step; may be fractional; int(devices x this) must be >= 1.
         per_device_batch_size: f64 = 12.0 => MaxText.step().range(open_min(0.0, (1 << 24) as f64)),
         /// The sequence length, in tokens.
@@ -377,6 +408,8 @@ declare_keys! {
         steps: i64 = 150001 => MaxText.step().range(int(1, MAX_STEPS)),
         /// Microbatches whose gradients add up to each optimizer step.
         gradient_accumulation_steps: i64 = 1 => MaxText.step().range(int(1, 1 << 20)),
+        /// Accumulate as Tunix's optax.MultiSteps (mean of microbatch means) instead of MaxText's own accumulation; no effect with gradient_accumulation_steps=1, the only value maxrs takes it with yet.
+        use_tunix_gradient_accumulation: bool = false => MaxText.step(),
         /// The peak learning rate.
         learning_rate: f64 = 3.0e-5 => MaxText.step().range(closed(0.0, 1e3)),
         /// The schedule's length in steps; -1: `steps`.
@@ -660,14 +693,26 @@ declare_keys! {
 }
 
 impl Config {
-    /// Whether training batches are packed documents (`dataset_type=hf` with `packing=true`):
-    /// the other datasets give one sequence a row, whatever `packing` says.
+    /// Whether training batches may hold several segments a row: `dataset_type=hf` with
+    /// `packing=true`, and MaxText's synthetic batch with `packing=true` and
+    /// `max_segments_per_seq >= 2` (`data::synthetic`); token files and `synthetic_progression`
+    /// give one sequence a row, whatever `packing` says.
     pub fn packed_batches(&self) -> bool {
-        self.dataset_type == DatasetType::Hf && self.packing
+        match self.dataset_type {
+            DatasetType::Hf => self.packing,
+            DatasetType::Synthetic => self.packing && self.max_segments_per_seq >= 2 && !self.synthetic_progression,
+            DatasetType::Tokens => false,
+        }
     }
 
     /// `max_segments_per_seq` as a limit on the documents of a packed row: none for -1 or 0.
     pub fn max_documents_per_row(&self) -> Option<i64> {
         (self.max_segments_per_seq > 0).then_some(self.max_segments_per_seq)
     }
+}
+
+/// A secret's value as it is printed and saved (`--print-config`, the run's config.yml): whether
+/// it is set, never what it is.
+fn redact<S: serde::Serializer>(value: &str, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(if value.is_empty() { "" } else { "<redacted>" })
 }

@@ -30,6 +30,7 @@ use super::builtin;
 use super::choices::LogicalAxisRule;
 use super::error::{closest, escape, quote, ConfigError};
 use super::keys::Config;
+use super::maxtext_keys;
 use super::registry::{self, Origin};
 use super::rules;
 use super::value::{coerce, schema, show};
@@ -178,14 +179,11 @@ pub fn load(config_path: Option<&Path>, overrides: &[String]) -> Result<Config, 
 pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resolved, ConfigError> {
     let cli = parse_overrides(overrides)?;
     let env = env_overrides(&cli)?;
-    let file: Layer = match config_path {
-        Some(path) => {
-            let text = input::read_to_string("config file", path, input::SETTINGS)?;
-            read_layer(&text, &format!("in {}", path.display()))?
-        }
+    let chain = match config_path {
+        Some(path) => read_config_chain(path)?,
         None => Vec::new(),
     };
-    let file_source = || Source::ConfigFile(config_path.map(Path::to_path_buf).unwrap_or_default());
+    let file = flatten(&chain);
 
     let value_of = |key: &str| {
         let last = |layer: &Layer| layer.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
@@ -196,15 +194,19 @@ pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resol
         _ => DEFAULT_MODEL.to_string(),
     };
     let (text, model_origin, model_file) = model_source(&model_name, config_path)?;
-    let files_read =
-        config_path.map(|p| ("CONFIG", p.to_path_buf())).into_iter().chain(model_file.map(|p| ("model_name", p)));
+    let files_read = chain
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, (path, _))| (if i == 0 { "CONFIG" } else { BASE_CONFIG }, path.clone()))
+        .chain(model_file.map(|p| ("model_name", p)));
     let model = read_layer(&text, &format!("in {model_origin}"))?;
     let model_source = Source::Model(model_origin.clone());
 
     let mut merged = Merged::defaults();
     if model_name == DEFAULT_MODEL {
         merged.apply(&model, false, &model_source)?;
-        merged.apply(&file, true, &file_source())?;
+        merged.apply_files(&chain)?;
         merged.apply(&cli, false, &Source::CommandLine)?;
     } else {
         if !matches!(value_of("override_model_config"), Some(Value::Bool(true))) {
@@ -222,8 +224,8 @@ pub fn resolve(config_path: Option<&Path>, overrides: &[String]) -> Result<Resol
         if !override_model {
             check_model_not_contradicted(&model, &cli, &model_origin)?;
         }
-        merged.apply(&file, true, &file_source())?;
-        warn_model_wins(&model, &file, config_path, &model_origin);
+        merged.apply_files(&chain)?;
+        warn_model_wins(&model, &chain, &model_origin);
         // With override_model_config, MaxText applies only the model keys the command line leaves alone.
         let model: Layer =
             model.into_iter().filter(|(k, _)| !(override_model && cli.iter().any(|(c, _)| c == k))).collect();
@@ -259,10 +261,14 @@ fn check_model_not_contradicted(model: &Layer, cli: &Layer, model_origin: &str) 
 /// The model file wins over the config file's model keys (MaxText's rule); say so when the config
 /// file chose a value of its own (one that is not base.yml's default), so it does not vanish
 /// silently.
-fn warn_model_wins(model: &Layer, file: &Layer, config_path: Option<&Path>, model_origin: &str) {
-    let Some(path) = config_path else { return };
-    for (key, file_v) in file {
-        let Some((_, model_v)) = model.iter().find(|(k, _)| k == key) else { continue };
+fn warn_model_wins(model: &Layer, chain: &[(PathBuf, Layer)], model_origin: &str) {
+    for (key, file_v) in flatten(chain) {
+        let Some(path) = chain.iter().rev().find(|(_, layer)| layer.iter().any(|(k, _)| *k == key)).map(|(p, _)| p)
+        else {
+            continue;
+        };
+        let Some((_, model_v)) = model.iter().find(|(k, _)| *k == key) else { continue };
+        let file_v = &file_v;
         if file_v != model_v && schema().get(key.as_str()) != Some(file_v) {
             tracing::warn!(
                 "{} sets {key}={}, but {model_origin} sets {} and wins (a model file overrides the config \
@@ -296,9 +302,109 @@ impl Merged {
         }
         Ok(())
     }
+
+    /// Lays a config file's `base_config` chain over the values, base first; each file replaces
+    /// `logical_axis_rules` rather than merging them (MaxText merges the chain with
+    /// `OmegaConf.merge`, which replaces lists).
+    fn apply_files(&mut self, chain: &[(PathBuf, Layer)]) -> Result<(), ConfigError> {
+        for (path, layer) in chain {
+            self.apply(layer, true, &Source::ConfigFile(path.clone()))?;
+        }
+        Ok(())
+    }
 }
 
 type Layer = Vec<(String, Value)>;
+
+/// The key of a config file that names the file it extends (MaxText's `_BASE_CONFIG_ATTR`).
+const BASE_CONFIG: &str = "base_config";
+
+/// The one file of maxrs's configs directory, which stands where MaxText's `MAXTEXT_CONFIGS_DIR`
+/// does for a `base_config` not found next to the file: `base.yml`, the built-in defaults (every
+/// key's default, so it adds no layer).
+const BUILT_IN_BASE: &str = "base.yml";
+
+/// A config file and the files its `base_config` names, in turn, base first: each file's path and
+/// keys. As MaxText's `_load_config` (`src/maxtext/configs/pyconfig.py` at main e591f30), a
+/// relative `base_config` is looked for next to the file that names it, then in the configs
+/// directory (for maxrs, the built-in `base.yml`); an absolute one is read as it is. A file named
+/// twice in one chain is refused (MaxText recurses until Python gives up).
+fn read_config_chain(path: &Path) -> Result<Vec<(PathBuf, Layer)>, ConfigError> {
+    let mut chain: Vec<(PathBuf, Layer)> = Vec::new();
+    let mut next = Some(path.to_path_buf());
+    while let Some(path) = next.take() {
+        let text = input::read_to_string("config file", &path, input::SETTINGS)?;
+        let origin = format!("in {}", path.display());
+        let (layer, base) = read_config_layer(&text, &origin)?;
+        let identity = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        if chain.iter().any(|(p, _)| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()) == identity) {
+            let names: Vec<String> = chain.iter().map(|(p, _)| p.display().to_string()).collect();
+            return Err(ConfigError::invalid(
+                BASE_CONFIG,
+                format!(
+                    "{} is named twice in one chain ({} -> {}): a config file cannot extend itself",
+                    path.display(),
+                    names.join(" -> "),
+                    path.display()
+                ),
+            ));
+        }
+        if let Some(base) = base {
+            let base_path = Path::new(&base);
+            let beside = path.parent().unwrap_or(Path::new(".")).join(base_path);
+            if base_path.is_absolute() {
+                next = Some(base_path.to_path_buf());
+            } else if beside.is_file() {
+                next = Some(beside);
+            } else if base != BUILT_IN_BASE {
+                return Err(ConfigError::invalid(
+                    BASE_CONFIG,
+                    format!(
+                        "{} {origin} is not a file next to it ({}) nor one of maxrs's configs (only {BUILT_IN_BASE}, the built-in defaults)",
+                        quote(&base),
+                        beside.display()
+                    ),
+                ));
+            }
+        }
+        chain.push((path, layer));
+    }
+    chain.reverse();
+    Ok(chain)
+}
+
+/// A config file's keys and its `base_config`, if it names one.
+fn read_config_layer(text: &str, origin: &str) -> Result<(Layer, Option<String>), ConfigError> {
+    let mut base = None;
+    let mut layer = Layer::new();
+    for (key, value) in parse_mapping(text, origin)? {
+        if key == BASE_CONFIG {
+            match value {
+                Value::String(s) if !s.trim().is_empty() => base = Some(s),
+                Value::Null => {}
+                other => {
+                    return Err(ConfigError::invalid(
+                        BASE_CONFIG,
+                        format!("{origin} is {}, expected the path of a config file", quote(&show(&other))),
+                    ))
+                }
+            }
+        } else if let Some(value) = typed(&key, value, origin)? {
+            layer.push((key, value));
+        }
+    }
+    Ok((layer, base))
+}
+
+/// The chain's keys as one layer, a later file's value replacing an earlier one's.
+fn flatten(chain: &[(PathBuf, Layer)]) -> Layer {
+    let mut flat = Layer::new();
+    for (key, value) in chain.iter().flat_map(|(_, layer)| layer) {
+        flat.retain(|(k, _)| k != key);
+        flat.push((key.clone(), value.clone()));
+    }
+    flat
+}
 
 /// MaxText's name for the environment variable that overrides `key`: `M_` and the key in capitals.
 fn env_key(key: &str) -> String {
@@ -343,9 +449,26 @@ fn parse_overrides(overrides: &[String]) -> Result<Layer, ConfigError> {
             if key.is_empty() {
                 return Err(ConfigError::Malformed(arg.clone()));
             }
-            Ok((key.to_string(), coerce(key, Value::String(value.to_string()), "on the command line")?))
+            if key == BASE_CONFIG {
+                return Err(ConfigError::invalid(
+                    BASE_CONFIG,
+                    "is read only from a config file, as in MaxText (its pyconfig ignores it on the command line); \
+                     give the file as the first argument",
+                ));
+            }
+            Ok(typed(key, Value::String(value.to_string()), "on the command line")?.map(|v| (key.to_string(), v)))
         })
+        .filter_map(Result::transpose)
         .collect()
+}
+
+/// `value` typed for `key`, or `None` for a MaxText key maxrs lacks set to MaxText's default
+/// (`maxtext_keys`: it asks for nothing maxrs does not do, so it is left out).
+fn typed(key: &str, value: Value, origin: &str) -> Result<Option<Value>, ConfigError> {
+    if registry::key(key).is_none() && maxtext_keys::at_default(key, &value) {
+        return Ok(None);
+    }
+    coerce(key, value, origin).map(Some)
 }
 
 /// Refuses a user's command line that gives one key two different values. MaxText's loader
@@ -374,8 +497,22 @@ fn refuse_repeated(overrides: &[String]) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// A YAML file's keys, each checked and typed.
+/// A model file's keys, each checked and typed.
 fn read_layer(text: &str, origin: &str) -> Result<Layer, ConfigError> {
+    parse_mapping(text, origin)?
+        .into_iter()
+        .map(|(key, value)| {
+            if key == BASE_CONFIG {
+                return Err(ConfigError::invalid(BASE_CONFIG, format!("{origin}: a model file cannot extend another (MaxText reads base_config in the config file only)")));
+            }
+            Ok(typed(&key, value, origin)?.map(|v| (key, v)))
+        })
+        .filter_map(Result::transpose)
+        .collect()
+}
+
+/// A YAML file's top-level keys and their values, untyped.
+fn parse_mapping(text: &str, origin: &str) -> Result<Vec<(String, Value)>, ConfigError> {
     let yaml_error = |message: String| ConfigError::Yaml { origin: origin.to_string(), message };
     let mapping: Mapping = match serde_yaml::from_str::<Value>(text).map_err(|e| yaml_error(e.to_string()))? {
         Value::Mapping(m) => m,
@@ -389,7 +526,6 @@ fn read_layer(text: &str, origin: &str) -> Result<Layer, ConfigError> {
                 .as_str()
                 .ok_or_else(|| yaml_error(format!("key {} is not a string", quote(&show(&key)))))?
                 .to_string();
-            let value = coerce(&key, value, origin)?;
             Ok((key, value))
         })
         .collect()

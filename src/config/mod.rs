@@ -10,6 +10,7 @@ pub mod docs;
 mod error;
 mod keys;
 mod load;
+mod maxtext_keys;
 mod mesh;
 mod mla;
 mod pipeline;

@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use super::choices::{DatasetType, PipelineSchedule, RematPolicy};
+use super::choices::{PipelineSchedule, RematPolicy};
 use super::error::ConfigError;
 use super::keys::Config;
 use super::mesh::Mesh;
@@ -265,7 +265,7 @@ pub(crate) fn check_eval(c: &Config, plan: &PipelinePlan, eval_batch: usize) -> 
     if c.eval_interval <= 0 {
         return Ok(());
     }
-    if c.packing && c.dataset_type != DatasetType::Hf {
+    if c.packing && !c.packed_batches() {
         return Err(ConfigError::invalid(
             "packing, dataset_type, eval_interval",
             format!(

@@ -49,6 +49,8 @@ pub const REFUSED: &[Refusal] = &[
         "there is one checkpoint directory per run",
     ),
     refuse(&["lora_input_adapters_path", "hf_lora_adapter_path"], "maxrs has no LoRA"),
+    refuse(&["use_dpo", "dpo"], "maxrs has no DPO"),
+    refuse(&["lora"], "maxrs has no LoRA (its mapping is accepted with enable_lora: false)"),
     refuse(
         &[
             "use_multimodal",
@@ -80,10 +82,6 @@ pub const REFUSED: &[Refusal] = &[
         "TensorBoard event files are written to base_output_directory/run_name/tensorboard/",
     ),
     refuse(
-        &["hf_path", "hf_name", "hf_data_dir", "hf_eval_split", "hf_access_token"],
-        "maxrs reads no Hub datasets; give local files with hf_train_files / hf_eval_files",
-    ),
-    refuse(
         &["tokenize_train_data", "tokenize_eval_data"],
         "pre-tokenized hf columns are not read; convert with `maxrs tokenize` and use dataset_type=tokens",
     ),
@@ -94,7 +92,6 @@ pub const REFUSED: &[Refusal] = &[
             "grain_file_type",
             "dataset_name",
             "eval_dataset_name",
-            "train_split",
             "eval_split",
         ],
         "maxrs has no grain or tfds pipeline; use dataset_type=hf or tokens",
@@ -106,7 +103,6 @@ pub const REFUSED: &[Refusal] = &[
             "generate_padding_batch_train",
             "generate_padding_batch_eval",
             "expansion_factor_real_data",
-            "use_dpo",
             "use_chat_template",
         ],
         "maxrs always truncates documents and repeats epochs until `steps`",

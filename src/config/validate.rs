@@ -322,7 +322,7 @@ fn check_products(c: &Config, micro: usize, accumulation: usize) -> Result<(), C
     let mlp_kernel = ((c.base_num_decoder_layers as u128) << layers)
         * c.num_experts as u128
         * ((c.base_emb_dim as u128) << emb)
-        * ((c.base_mlp_dim as u128) << mlp);
+        * ((c.base_mlp_dim.max(c.base_moe_mlp_dim) as u128) << mlp);
     let (seq, vocab) = (c.max_target_length as u128, c.vocab_size as u128);
     let products: [(&str, &str, u128); 5] = [
         ("per_device_batch_size, gradient_accumulation_steps", "sequences per step (global batch)", global),
@@ -342,8 +342,8 @@ fn check_products(c: &Config, micro: usize, accumulation: usize) -> Result<(), C
             micro as u128 * heads * seq * seq,
         ),
         (
-            "base_num_decoder_layers, num_experts, base_emb_dim, base_mlp_dim",
-            "MLP weights of one kernel (layers x num_experts x emb x mlp)",
+            "base_num_decoder_layers, num_experts, base_emb_dim, base_mlp_dim, base_moe_mlp_dim",
+            "MLP weights of one kernel (layers x num_experts x emb x the wider of the two MLP widths)",
             mlp_kernel,
         ),
     ];
@@ -481,6 +481,22 @@ fn check_moe(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
+    // MaxText's types.py (e591f30): a fully routed model's base_mlp_dim must equal
+    // base_moe_mlp_dim; mixtral.py sizes the experts with mlp_dim. (qwen3_moe takes
+    // base_moe_mlp_dim instead, deepseek checks its own layers.)
+    if c.decoder_block == DecoderBlock::Mixtral
+        && c.num_experts > 1
+        && c.base_moe_mlp_dim > 0
+        && c.base_moe_mlp_dim != c.base_mlp_dim
+    {
+        return Err(ConfigError::invalid(
+            "base_moe_mlp_dim",
+            format!(
+                "base_moe_mlp_dim={}: decoder_block=mixtral's experts are base_mlp_dim wide, and MaxText requires the two equal in a fully routed model; set it to base_mlp_dim={} (or leave it unset)",
+                c.base_moe_mlp_dim, c.base_mlp_dim
+            ),
+        ));
+    }
     if c.capacity_factor > 0.0 && c.sparse_matmul {
         return Err(ConfigError::invalid(
             "capacity_factor",
@@ -495,6 +511,19 @@ fn check_moe(c: &Config) -> Result<(), ConfigError> {
 }
 
 fn check_training(c: &Config) -> Result<(), ConfigError> {
+    // MaxText's Tunix accumulation differs from its own only across microbatches (`trainers/
+    // pre_train/train.py`, `input_pipeline/hf_data_processing.py` at main e591f30): with one, the
+    // loss and the batch are the same, as post_train/sft.yml runs it.
+    if c.use_tunix_gradient_accumulation && c.gradient_accumulation_steps > 1 {
+        return Err(ConfigError::invalid(
+            "use_tunix_gradient_accumulation",
+            format!(
+                "true with gradient_accumulation_steps={} is not supported yet (Tunix averages the microbatch means); \
+                 maxrs accumulates as MaxText's own accumulation (use_tunix_gradient_accumulation=false)",
+                c.gradient_accumulation_steps
+            ),
+        ));
+    }
     if c.profiler != ProfilerKind::None && c.skip_first_n_steps_for_profiler >= c.steps {
         return Err(ConfigError::invalid(
             "skip_first_n_steps_for_profiler, steps",
@@ -596,6 +625,10 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
+    // hf_path naming a Hub dataset, or a builder with hf_data_dir, has splits of its own: no
+    // hf_train_files / hf_eval_files needed (data::split_files).
+    let has_splits = !c.hf_path.is_empty()
+        && (!matches!(c.hf_path.as_str(), "json" | "parquet" | "csv" | "text" | "arrow") || !c.hf_data_dir.is_empty());
     if c.dataset_type == DatasetType::Hf {
         if mixture_file && !c.hf_train_files.is_empty() {
             return Err(ConfigError::invalid(
@@ -603,7 +636,7 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
                 "both name the training data; give the mixture file or hf_train_files, not both",
             ));
         }
-        if c.hf_train_files.is_empty() && !mixture_file {
+        if c.hf_train_files.is_empty() && !mixture_file && !has_splits {
             return Err(ConfigError::invalid(
                 "hf_train_files",
                 "empty, but dataset_type=hf reads it; give a file or glob of .parquet, .jsonl or .txt files",
@@ -613,10 +646,20 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
         one_column(c, "train_data_columns", &c.train_data_columns)?;
     }
     if c.eval_interval > 0 {
-        if c.hf_eval_files.is_empty() {
+        if c.hf_eval_files.is_empty() && !(has_splits && c.dataset_type == DatasetType::Hf) {
             return Err(ConfigError::invalid(
                 "hf_eval_files",
                 format!("empty, but eval_interval={} evaluates on it; give a file or glob", c.eval_interval),
+            ));
+        }
+        // configs/types.py at MaxText e591f30: "Please specify hf_eval_split or set eval_interval to <=0."
+        if c.hf_eval_files.is_empty() && c.hf_eval_split.is_empty() {
+            return Err(ConfigError::invalid(
+                "hf_eval_split",
+                format!(
+                    "empty, but eval_interval={} evaluates hf_path={}'s split of that name",
+                    c.eval_interval, c.hf_path
+                ),
             ));
         }
         needs_text("eval")?;

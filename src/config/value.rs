@@ -9,6 +9,7 @@ use serde_yaml::{Mapping, Value};
 use super::docs;
 use super::error::{closest, ConfigError};
 use super::keys::Config;
+use super::maxtext_keys;
 use super::refused::not_supported_yet;
 use super::registry::{self, Kind};
 
@@ -47,6 +48,14 @@ pub fn non_default_value(config: &Config, key: &str) -> Option<String> {
 pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, ConfigError> {
     let Some(declared) = registry::key(key) else {
         if let Some(reason) = not_supported_yet(key) {
+            return Err(ConfigError::NotSupported {
+                key: key.to_string(),
+                origin: origin.to_string(),
+                reason: reason.into(),
+            });
+        }
+        if let Some(default) = maxtext_keys::default_of(key) {
+            let reason = format!("maxrs has only its default ({})", show(default));
             return Err(ConfigError::NotSupported { key: key.to_string(), origin: origin.to_string(), reason });
         }
         return Err(ConfigError::UnknownKey {
@@ -148,7 +157,7 @@ fn exact_i64(x: f64) -> Option<i64> {
 }
 
 /// MaxText's YAML loader accepts Python's spellings of booleans as well as YAML's.
-fn parse_bool(s: &str) -> Option<bool> {
+pub(super) fn parse_bool(s: &str) -> Option<bool> {
     match s.trim() {
         "true" | "True" | "TRUE" => Some(true),
         "false" | "False" | "FALSE" => Some(false),
@@ -163,7 +172,7 @@ fn parse_number<T: std::str::FromStr>(s: &str) -> Option<T> {
 
 /// A command-line list: YAML flow syntax (`[silu, linear]`, `['a','b']`) or, as in MaxText, a bare
 /// word meaning a list of one.
-fn parse_list(s: &str) -> Value {
+pub(super) fn parse_list(s: &str) -> Value {
     match serde_yaml::from_str::<Value>(s) {
         Ok(list @ Value::Sequence(_)) => list,
         _ => Value::Sequence(vec![Value::String(s.trim().to_string())]),

@@ -8,8 +8,9 @@
 //! - `targets_segmentation`: non-zero where the loss counts the target. The loss is the
 //!   cross-entropy averaged over those tokens, which is also MaxText's `total_weights`.
 //!
-//! Rows of a token file or of the synthetic sequence hold one unbroken sequence of `S + 1` ids
-//! ([`Batch::from_sequences`]): segmentation all ones, positions `0..S`. Rows of tokenized
+//! Rows of a token file or of `synthetic_progression` hold one unbroken sequence of `S + 1` ids
+//! ([`Batch::from_sequences`]): segmentation all ones, positions `0..S`; MaxText's synthetic batch
+//! may cut its rows into segments ([`super::synthetic`]). Rows of tokenized
 //! documents ([`Batch::from_documents`]) are built as MaxText's Hugging Face pipeline builds them
 //! (maxtext `src/maxtext/input_pipeline/hf_data_processing.py` and `input_pipeline_utils.py`
 //! `ShiftData`/`shift_and_refine`, main e591f30): the targets are the inputs shifted left with

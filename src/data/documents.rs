@@ -9,6 +9,19 @@
 //! - `.txt` / `.md`: one document per paragraph (lines up to a blank line), as Hugging Face's
 //!   `text` builder with `sample_by="paragraph"`.
 //!
+//! Those are the formats by file name (`hf_path=''`, maxrs's own). `hf_path` names a builder of
+//! the `datasets` library instead, which reads every file in its format whatever the name
+//! ([`Format::builder`]; a Hub dataset's is inferred by [`super::splits`]):
+//!
+//! - `json`: JSON Lines as above, or a file that is one JSON list of objects (the builder reads a
+//!   file that is not JSON Lines whole, as one JSON document); `parquet`: as above.
+//! - `text`: one row per line, blank lines included as empty rows, line breaks dropped (the
+//!   builder's defaults `sample_by="line"`, `keep_linebreaks=False`: `str.splitlines` of the file).
+//! - `csv`: the header row names the columns, each later record is a row (pandas' `read_csv`
+//!   defaults: `,`, `"` quoting, `.tsv` files `\t`); an empty field is a null.
+//! - `arrow`: an Arrow IPC stream (what `datasets` writes as `.arrow`); the column must hold
+//!   strings (`utf8` / `large_utf8`).
+//!
 //! A row whose text cannot be decoded (bytes that are not UTF-8, a line that is not JSON, a
 //! null) is a [`Doc::Undecodable`] row, with the reason: counted and reported by the pipeline,
 //! not fatal. A missing column or a non-string column is an error naming the file and listing
@@ -26,6 +39,7 @@ use parquet::record::reader::RowIter;
 
 use super::chat::{self, Message};
 use super::error::DataError;
+use super::formats;
 use super::storage::{DataFile, Storage};
 
 /// One row of a file.
@@ -38,24 +52,49 @@ pub enum Doc {
     Undecodable(String),
 }
 
-/// The formats, by file name.
+/// The formats, by file name or by `hf_path`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Parquet,
     JsonLines,
+    /// JSON Lines, or a file that is one JSON list of objects (`hf_path=json`: the builder reads
+    /// a file that is not JSON Lines whole, as one JSON document).
+    Json,
+    /// Paragraphs (`.txt` / `.md` by file name).
     Text,
+    /// Lines (`hf_path=text`).
+    Lines,
+    /// Comma- (or, `tab`, tab-) separated values with a header row.
+    Csv {
+        tab: bool,
+    },
+    /// An Arrow IPC stream.
+    Arrow,
 }
 
 impl Format {
     /// The format a file name says; an unknown extension is an error listing the known ones.
     pub fn of(path: &Path) -> Result<Format, DataError> {
-        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+        let named = if gzipped(path) { Path::new(path.file_stem().unwrap_or_default()) } else { path };
+        let ext = named.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         match ext.as_str() {
             "parquet" => Ok(Format::Parquet),
             "jsonl" | "json" | "ndjson" => Ok(Format::JsonLines),
             "txt" | "md" | "text" => Ok(Format::Text),
             _ => Err(DataError::UnknownFormat { path: path.to_path_buf() }),
         }
+    }
+
+    /// The format of `hf_path`'s packaged builder (`datasets`' `packaged_modules`), if it names one.
+    pub fn builder(hf_path: &str) -> Option<Format> {
+        Some(match hf_path {
+            "json" => Format::Json,
+            "parquet" => Format::Parquet,
+            "text" => Format::Lines,
+            "csv" => Format::Csv { tab: false },
+            "arrow" => Format::Arrow,
+            _ => return None,
+        })
     }
 }
 
@@ -64,13 +103,33 @@ pub type Rows = Box<dyn Iterator<Item = Result<Doc, DataError>> + Send>;
 
 /// Opens `path` and reads column `column` of each row.
 pub fn read_file(storage: &dyn Storage, path: &Path, column: &str) -> Result<Rows, DataError> {
+    let format = storage.format(path)?;
     let file = storage.open(path)?;
-    match Format::of(path)? {
+    match format {
         Format::Parquet => Ok(Box::new(ParquetRows::open(file, path, column)?)),
-        Format::JsonLines => Ok(Box::new(JsonRows::new(file.reader(), path, column, None))),
-        Format::Text => {
-            Ok(Box::new(Paragraphs { lines: BufReader::new(file.reader()), path: path.to_path_buf(), count: 0 }))
+        Format::JsonLines | Format::Json => {
+            Ok(Box::new(JsonRows::new(stream(file, path), path, column, None, format == Format::Json)))
         }
+        Format::Text => {
+            Ok(Box::new(Paragraphs { lines: BufReader::new(stream(file, path)), path: path.to_path_buf(), count: 0 }))
+        }
+        Format::Lines => Ok(Box::new(Lines::new(stream(file, path), path))),
+        Format::Csv { tab } => Ok(Box::new(formats::csv_rows(stream(file, path), path, column, tab)?)),
+        Format::Arrow => Ok(Box::new(formats::arrow_rows(stream(file, path), path, column)?)),
+    }
+}
+
+/// Whether `path` is gzip-compressed (`.gz`): read through a decompressor, as the `datasets`
+/// library opens compressed data files (`.jsonl.gz`, `.txt.gz`, `.csv.gz`).
+fn gzipped(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz"))
+}
+
+/// `file` from its start, decompressed when [`gzipped`].
+fn stream(file: DataFile, path: &Path) -> Box<dyn Read + Send> {
+    match gzipped(path) {
+        true => Box::new(flate2::read::MultiGzDecoder::new(BufReader::new(file.reader()))),
+        false => file.reader(),
     }
 }
 
@@ -78,10 +137,13 @@ pub fn read_file(storage: &dyn Storage, path: &Path, column: &str) -> Result<Row
 /// objects, or Parquet rows (any nesting: lists of `{role, content}` structs); text files hold no
 /// conversations and are refused.
 pub fn read_conversations(storage: &dyn Storage, path: &Path, columns: &[String]) -> Result<Rows, DataError> {
-    let format = Format::of(path)?;
+    let format = storage.format(path)?;
     let file = storage.open(path)?;
     match format {
-        Format::JsonLines => Ok(Box::new(JsonRows::new(file.reader(), path, &columns[0], Some(columns.to_vec())))),
+        Format::JsonLines | Format::Json => {
+            let whole = format == Format::Json;
+            Ok(Box::new(JsonRows::new(stream(file, path), path, &columns[0], Some(columns.to_vec()), whole)))
+        }
         Format::Parquet => {
             let reader = parquet_reader(file, path)?;
             let fields = reader.metadata().file_metadata().schema_descr().root_schema().get_fields().to_vec();
@@ -101,8 +163,8 @@ pub fn read_conversations(storage: &dyn Storage, path: &Path, columns: &[String]
                 })
             })))
         }
-        Format::Text => Err(DataError::Invalid(format!(
-            "{}: use_sft=true reads conversations from JSON Lines or Parquet files, not text files",
+        Format::Text | Format::Lines | Format::Csv { .. } | Format::Arrow => Err(DataError::Invalid(format!(
+            "{}: use_sft=true reads conversations from JSON Lines or Parquet files, not {format:?} files",
             path.display()
         ))),
     }
@@ -114,15 +176,16 @@ pub fn read_conversations(storage: &dyn Storage, path: &Path, columns: &[String]
 /// are refused, naming the first file and its first bad row. Reading stops at the first row
 /// with text, normally the first row of the first file.
 pub fn check_files(storage: &dyn Storage, files: &[PathBuf], column: &str) -> Result<(), DataError> {
-    check_rows(files, column, |path| read_file(storage, path, column))
+    check_rows(storage, files, column, |path| read_file(storage, path, column))
 }
 
 /// [`check_files`] for conversations ([`read_conversations`]): some row must hold one.
 pub fn check_conversations(storage: &dyn Storage, files: &[PathBuf], columns: &[String]) -> Result<(), DataError> {
-    check_rows(files, &columns.join(", "), |path| read_conversations(storage, path, columns))
+    check_rows(storage, files, &columns.join(", "), |path| read_conversations(storage, path, columns))
 }
 
 fn check_rows(
+    storage: &dyn Storage,
     files: &[PathBuf],
     column: &str,
     read: impl Fn(&Path) -> Result<Rows, DataError>,
@@ -145,7 +208,7 @@ fn check_rows(
     };
     Err(DataError::NoText {
         path: path.clone(),
-        format: Format::of(path)?,
+        format: storage.format(path)?,
         column: column.to_string(),
         rows,
         first_problem: first_problem.unwrap_or_default(),
@@ -162,6 +225,7 @@ fn parquet_reader(file: DataFile, path: &Path) -> Result<Box<dyn FileReader>, Da
     Ok(match file {
         DataFile::Local(file) => Box::new(SerializedFileReader::new(file).map_err(corrupt)?),
         DataFile::Remote(remote) => Box::new(SerializedFileReader::new(remote).map_err(corrupt)?),
+        DataFile::Hub(hub) => Box::new(SerializedFileReader::new(hub).map_err(corrupt)?),
     })
 }
 
@@ -171,13 +235,24 @@ struct JsonRows {
     column: String,
     /// `Some(columns)`: rows are conversations read from these columns.
     conversation: Option<Vec<String>>,
-    /// Lines read so far, blank ones included (for the reasons of undecodable rows).
+    /// Lines read so far, blank ones included (for the reasons of undecodable rows); items of
+    /// `list` handed out so far.
     line: u64,
     seen_row: bool,
+    /// Whether a file that opens a JSON list is read as one (else it is refused).
+    whole: bool,
+    /// The items of a file that is one JSON list.
+    list: Option<std::vec::IntoIter<serde_json::Value>>,
 }
 
 impl JsonRows {
-    fn new(file: Box<dyn Read + Send>, path: &Path, column: &str, conversation: Option<Vec<String>>) -> JsonRows {
+    fn new(
+        file: Box<dyn Read + Send>,
+        path: &Path,
+        column: &str,
+        conversation: Option<Vec<String>>,
+        whole: bool,
+    ) -> JsonRows {
         JsonRows {
             lines: BufReader::new(file),
             path: path.to_path_buf(),
@@ -185,49 +260,38 @@ impl JsonRows {
             conversation,
             line: 0,
             seen_row: false,
+            whole,
+            list: None,
         }
     }
-}
 
-impl Iterator for JsonRows {
-    type Item = Result<Doc, DataError>;
+    /// The next item of a JSON list file.
+    fn next_item(&mut self) -> Option<Result<Doc, DataError>> {
+        let value = self.list.as_mut()?.next()?;
+        self.line += 1;
+        let at = format!("item {}", self.line);
+        Some(self.row(value, &at, self.line == 1))
+    }
 
-    fn next(&mut self) -> Option<Self::Item> {
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match self.lines.read_until(b'\n', &mut line) {
-                Ok(0) => return None,
-                Ok(_) => self.line += 1,
-                Err(e) => return Some(Err(DataError::io(&self.path, e))),
-            }
-            if !line.iter().all(u8::is_ascii_whitespace) {
-                break;
-            }
-        }
-        let first = !std::mem::replace(&mut self.seen_row, true);
-        if first && line.trim_ascii_start().starts_with(b"[") {
-            return Some(Err(DataError::JsonArray { path: self.path.clone() }));
-        }
-        let at = self.line;
-        let object = match serde_json::from_slice::<serde_json::Value>(&line) {
-            Ok(serde_json::Value::Object(object)) => object,
-            Ok(_) => return Some(Ok(Doc::Undecodable(format!("line {at}: not a JSON object")))),
-            Err(e) => return Some(Ok(Doc::Undecodable(format!("line {at}: {e}")))),
+    /// The row of one JSON value (`at` says where it is); `first`: the file's first row, which
+    /// decides whether the file has the conversation columns at all.
+    fn row(&self, value: serde_json::Value, at: &str, first: bool) -> Result<Doc, DataError> {
+        let object = match value {
+            serde_json::Value::Object(object) => object,
+            _ => return Ok(Doc::Undecodable(format!("{at}: not a JSON object"))),
         };
         if let Some(columns) = &self.conversation {
             if let Some(missing) = columns.iter().find(|c| !object.contains_key(*c)).filter(|_| first) {
-                // The first row decides whether the file has the columns at all.
                 let available = object.keys().cloned().collect();
-                return Some(Err(DataError::NoColumn { path: self.path.clone(), column: missing.clone(), available }));
+                return Err(DataError::NoColumn { path: self.path.clone(), column: missing.clone(), available });
             }
-            return Some(Ok(chat::conversation(&object, columns)
+            return Ok(chat::conversation(&object, columns)
                 .map(Doc::Chat)
-                .unwrap_or_else(|why| Doc::Undecodable(format!("line {at}: {why}")))));
+                .unwrap_or_else(|why| Doc::Undecodable(format!("{at}: {why}"))));
         }
-        Some(match object.get(&self.column) {
+        match object.get(&self.column) {
             Some(serde_json::Value::String(text)) => Ok(Doc::Text(text.clone())),
-            Some(serde_json::Value::Null) => Ok(Doc::Undecodable(format!("line {at}: `{}` is null", self.column))),
+            Some(serde_json::Value::Null) => Ok(Doc::Undecodable(format!("{at}: `{}` is null", self.column))),
             Some(other) => Err(DataError::NotText {
                 path: self.path.clone(),
                 column: self.column.clone(),
@@ -244,6 +308,52 @@ impl Iterator for JsonRows {
                 column: self.column.clone(),
                 available: object.keys().cloned().collect(),
             }),
+        }
+    }
+}
+
+impl Iterator for JsonRows {
+    type Item = Result<Doc, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.list.is_some() {
+            return self.next_item();
+        }
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match self.lines.read_until(b'\n', &mut line) {
+                Ok(0) => return None,
+                Ok(_) => self.line += 1,
+                Err(e) => return Some(Err(DataError::io(&self.path, e))),
+            }
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                break;
+            }
+        }
+        let first = !std::mem::replace(&mut self.seen_row, true);
+        if first && line.trim_ascii_start().starts_with(b"[") {
+            if !self.whole {
+                return Some(Err(DataError::JsonArray { path: self.path.clone() }));
+            }
+            if let Err(e) = self.lines.read_to_end(&mut line) {
+                return Some(Err(DataError::io(&self.path, e)));
+            }
+            return match serde_json::from_slice::<Vec<serde_json::Value>>(&line) {
+                Ok(items) => {
+                    (self.line, self.list) = (0, Some(items.into_iter()));
+                    self.next_item()
+                }
+                Err(e) => Some(Err(DataError::Invalid(format!(
+                    "{}: neither JSON Lines nor one JSON list of objects: {e}",
+                    self.path.display()
+                )))),
+            };
+        }
+        let at = format!("line {}", self.line);
+        Some(match serde_json::from_slice::<serde_json::Value>(&line) {
+            Ok(value) => self.row(value, &at, first),
+            Err(e) => Ok(Doc::Undecodable(format!("{at}: {e}"))),
         })
     }
 }
@@ -290,6 +400,54 @@ impl Iterator for Paragraphs {
         Some(Ok(String::from_utf8(paragraph).map(Doc::Text).unwrap_or_else(|e| {
             Doc::Undecodable(format!("paragraph {at}: not UTF-8 (byte {})", e.utf8_error().valid_up_to()))
         })))
+    }
+}
+
+/// The lines of a text file as `str.splitlines` cuts them (`\n`, `\r\n`, `\r` and Unicode's
+/// other line boundaries), blank ones included: the `text` builder's rows.
+struct Lines {
+    lines: BufReader<Box<dyn Read + Send>>,
+    path: PathBuf,
+    /// Rows of the current physical line not handed out yet.
+    pending: std::collections::VecDeque<Doc>,
+    /// Lines read so far.
+    count: u64,
+}
+
+impl Lines {
+    fn new(file: Box<dyn Read + Send>, path: &Path) -> Lines {
+        Lines { lines: BufReader::new(file), path: path.to_path_buf(), pending: Default::default(), count: 0 }
+    }
+}
+
+/// Python's line boundaries besides `\n` (`str.splitlines`).
+fn is_line_boundary(c: char) -> bool {
+    matches!(c, '\r' | '\x0b' | '\x0c' | '\x1c' | '\x1d' | '\x1e' | '\u{85}' | '\u{2028}' | '\u{2029}')
+}
+
+impl Iterator for Lines {
+    type Item = Result<Doc, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(doc) = self.pending.pop_front() {
+            return Some(Ok(doc));
+        }
+        let mut line = Vec::new();
+        match self.lines.read_until(b'\n', &mut line) {
+            Ok(0) => return None,
+            Ok(_) => self.count += 1,
+            Err(e) => return Some(Err(DataError::io(&self.path, e))),
+        }
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        let at = self.count;
+        match std::str::from_utf8(text) {
+            Ok(text) => self.pending.extend(text.split(is_line_boundary).map(|s| Doc::Text(s.to_string()))),
+            Err(e) => {
+                self.pending.push_back(Doc::Undecodable(format!("line {at}: not UTF-8 (byte {})", e.valid_up_to())))
+            }
+        }
+        self.pending.pop_front().map(Ok)
     }
 }
 

@@ -55,7 +55,7 @@ pub enum DataError {
     Input(#[from] InputError),
     #[error(
         "{} holds a JSON array, not JSON Lines: dataset_type=hf reads one JSON object per line \
-         (convert it with `jq -c '.[]'`)",
+         (convert it with `jq -c '.[]'`, or read it with hf_path=json)",
         quoted(path)
     )]
     JsonArray { path: PathBuf },
@@ -141,9 +141,13 @@ fn no_text(path: &std::path::Path, format: Format, column: &str, rows: u64, firs
         n => format!(" (nor have the other {n} files)"),
     };
     let (unit, what) = match format {
-        Format::JsonLines => ("JSON lines", format!("no valid JSON line with a `{column}` field in {file}")),
+        Format::JsonLines | Format::Json => {
+            ("JSON lines", format!("no valid JSON line with a `{column}` field in {file}"))
+        }
         Format::Parquet => ("rows", format!("no row with text in column `{column}` of {file}")),
         Format::Text => ("paragraphs", format!("no paragraph of UTF-8 text in {file}")),
+        Format::Lines => ("lines", format!("no line of UTF-8 text in {file}")),
+        Format::Csv { .. } | Format::Arrow => ("rows", format!("no row with text in column `{column}` of {file}")),
     };
     if rows == 0 {
         return format!("{file} is empty: it has no {unit}{nor}");

@@ -3,13 +3,17 @@
 //! save it with a checkpoint, for its [`DataState`].
 //!
 //! - [`batch`]: the step's arrays (MaxText's names) and how rows become them.
-//! - [`synthetic`]: `dataset_type=synthetic`, a learnable sequence.
+//! - [`synthetic`]: `dataset_type=synthetic`, MaxText's fixed random batch (drawn with JAX's
+//!   PRNG, [`threefry`]) or maxrs's learnable sequence (`synthetic_progression`).
 //! - [`tokens`]: `dataset_type=tokens`, a memory-mapped file of token ids, shuffled by row.
 //! - [`text`]: `dataset_type=hf`, Parquet / JSON Lines / text files tokenized by background
 //!   workers ([`documents`] reads the files, [`tokenizer`] turns text into ids, [`packing`]
 //!   fills rows), shuffled by file and by window; with `use_sft` the rows are conversations
 //!   rendered by the tokenizer's chat template ([`chat`]), with their prompts masked; several
-//!   datasets can be mixed by weight ([`mixture`], MaxText's / grain's mixtures).
+//!   datasets can be mixed by weight ([`mixture`], MaxText's / grain's mixtures). `hf_path` picks
+//!   how the files are found and read, as MaxText's `datasets.load_dataset` call does: `''` by
+//!   file name (maxrs's own), a builder (`json`, `parquet`, `csv`, `text`, `arrow`: [`formats`]),
+//!   or a Hub dataset ([`hub`]), its split's files chosen as the library chooses them ([`splits`]).
 //! - [`prepare`]: `maxrs tokenize`, text files to the `tokens` format.
 //! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam
 //!   (local files, and `gs://` read in ranges).
@@ -25,13 +29,17 @@ pub mod batch;
 pub mod chat;
 pub mod documents;
 pub mod error;
+pub mod formats;
+pub mod hub;
 pub mod mixture;
 pub mod packing;
 pub mod prepare;
 pub mod shuffle;
+pub mod splits;
 pub mod storage;
 pub mod synthetic;
 pub mod text;
+pub mod threefry;
 pub mod tokenizer;
 pub mod tokens;
 
@@ -45,7 +53,7 @@ use crate::config::{Config, DatasetType};
 pub use batch::{Batch, PackedRow};
 pub use error::DataError;
 pub use packing::Packing;
-pub use synthetic::Synthetic;
+pub use synthetic::{Progression, Synthetic};
 pub use text::{TextBatches, TextSpec, TextState};
 pub use tokenizer::TextTokenizer;
 pub use tokens::{write_tokens_file, TokensFile};
@@ -54,7 +62,7 @@ pub use tokens::{write_tokens_file, TokensFile};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "dataset_type", rename_all = "snake_case")]
 pub enum DataState {
-    /// The next step of the synthetic sequence.
+    /// The next step of the synthetic data.
     Synthetic { step: u64 },
     /// Rows of the token file's global stream consumed by all processes.
     Tokens { position: u64 },
@@ -124,7 +132,7 @@ impl BatchIterator {
 
     /// Refuses a stream of which none of the first [`LOSS_CHECK_BATCHES`] batches has a target
     /// that carries loss: a run on it would log `total_weights: 0, loss: 0.000` and learn
-    /// nothing. The batches read stay to be delivered. Token files and the synthetic sequence
+    /// nothing. The batches read stay to be delivered. Token files and the synthetic data
     /// count every target. `rows` is the rows of each batch.
     pub fn check_loss_tokens(&mut self, c: &Config, rows: usize) -> Result<(), DataError> {
         let BatchIterator::Text(text) = self else { return Ok(()) };
@@ -205,9 +213,6 @@ pub fn text_spec(
         Split::Train => ("hf_train_files", &c.hf_train_files),
         Split::Eval => ("hf_eval_files", &c.hf_eval_files),
     };
-    if pattern.is_empty() {
-        return Err(DataError::NoFilesKey { key: files_key });
-    }
     if split == Split::Eval && pattern.contains(';') {
         return Err(DataError::BadMixture {
             key: files_key,
@@ -231,11 +236,7 @@ fn text_spec_of(
         Split::Train => ("train_data_columns", &c.train_data_columns),
         Split::Eval => ("eval_data_columns", &c.eval_data_columns),
     };
-    let storage: Arc<dyn storage::Storage> = storage::storage_for(pattern).into();
-    let files = storage.glob(files_key, pattern)?;
-    for path in &files {
-        documents::Format::of(path)?;
-    }
+    let (files, storage) = split_files(c, split, files_key, pattern)?;
     let (column, sft) = if c.use_sft {
         chat::check_columns(columns_key, columns)?;
         let template = chat::ChatTemplate::load(&c.chat_template, &c.chat_template_path, &c.tokenizer_path)?;
@@ -274,6 +275,98 @@ fn text_spec_of(
     })
 }
 
+/// The files of `split` and the storage that reads them, as `hf_path` says (MaxText passes
+/// `hf_path`, `hf_name`, `hf_data_dir`, `pattern` as `data_files` and the split to
+/// `datasets.load_dataset(..., streaming=True)`: `input_pipeline/hf_data_processing.py` at MaxText
+/// e591f30). `pattern` is `hf_train_files` / `hf_eval_files` (or one component of a mixture).
+fn split_files(
+    c: &Config,
+    split: Split,
+    files_key: &'static str,
+    pattern: &str,
+) -> Result<(Vec<std::path::PathBuf>, Arc<dyn storage::Storage>), DataError> {
+    // MaxText sets hf_eval_split to "train" when hf_eval_files is given (configs/types.py at
+    // MaxText e591f30): a data_files string is the split `train`.
+    let (split_key, split_name) = match split {
+        Split::Train => ("train_split", c.train_split.as_str()),
+        Split::Eval if !c.hf_eval_files.is_empty() => ("hf_eval_split", "train"),
+        Split::Eval => ("hf_eval_split", c.hf_eval_split.as_str()),
+    };
+    let culprit = |message: String| DataError::Invalid(format!("hf_path={}: {message}", c.hf_path));
+    if !pattern.is_empty() && split_name != "train" {
+        return Err(DataError::Invalid(format!(
+            "{split_key}={split_name}: the files of {files_key} are the one split 'train' (as the datasets library \
+             names a data_files string); set {split_key}=train"
+        )));
+    }
+    if c.hf_path.is_empty() {
+        if pattern.is_empty() {
+            return Err(DataError::NoFilesKey { key: files_key });
+        }
+        let storage: Arc<dyn storage::Storage> = storage::storage_for(pattern).into();
+        let files = storage.glob(files_key, pattern)?;
+        for path in &files {
+            storage.format(path)?;
+        }
+        return Ok((files, storage));
+    }
+    if let Some(format) = documents::Format::builder(&c.hf_path) {
+        let data_dir = c.hf_data_dir.trim_end_matches('/');
+        if !pattern.is_empty() {
+            // The library resolves relative data_files under data_dir.
+            let relative = !pattern.starts_with('/') && !pattern.starts_with('~') && !pattern.contains("://");
+            let pattern =
+                if relative && !data_dir.is_empty() { format!("{data_dir}/{pattern}") } else { pattern.to_string() };
+            let inner = storage::storage_for(&pattern);
+            let files = inner.glob(files_key, &pattern)?;
+            return Ok((files, Arc::new(storage::Typed { inner, format })));
+        }
+        if data_dir.is_empty() {
+            return Err(culprit(format!(
+                "the {} builder needs files: give {files_key} (a file or glob), or a folder with hf_data_dir",
+                c.hf_path
+            )));
+        }
+        let listing = storage::local_listing("hf_data_dir", std::path::Path::new(data_dir))?;
+        let request = splits::Request { name: &c.hf_name, data_dir: "", data_files: "", split: split_name };
+        let chosen =
+            splits::choose(&listing, None, &request).map_err(|e| culprit(format!("hf_data_dir={data_dir}: {e}")))?;
+        let files = chosen.files.iter().map(|f| std::path::Path::new(data_dir).join(f)).collect();
+        return Ok((files, Arc::new(storage::Typed { inner: Box::new(storage::LocalFiles), format })));
+    }
+    let folder = std::path::Path::new(&c.hf_path);
+    if folder.is_dir() {
+        // A local folder, read as a Hub repository's files would be (load.py's
+        // LocalDatasetModuleFactory): its card's configs, else the default patterns.
+        let listing = storage::local_listing("hf_path", folder)?;
+        let readme = std::fs::read_to_string(folder.join("README.md")).ok();
+        let request =
+            splits::Request { name: &c.hf_name, data_dir: &c.hf_data_dir, data_files: pattern, split: split_name };
+        let chosen = splits::choose(&listing, readme.as_deref(), &request).map_err(culprit)?;
+        let files = chosen.files.iter().map(|f| folder.join(f)).collect();
+        return Ok((files, Arc::new(storage::Typed { inner: Box::new(storage::LocalFiles), format: chosen.format })));
+    }
+    if !hub::is_repo(&c.hf_path) {
+        return Err(culprit(
+            "not a builder (json, parquet, csv, text, arrow), a local folder nor a Hub dataset `org/name`; '' reads \
+             hf_train_files by file extension"
+                .into(),
+        ));
+    }
+    let hub = hub::Hub::new(&c.hf_path, &c.hf_access_token)?;
+    let listing = hub.list()?;
+    let readme = match listing.iter().any(|(p, _)| p == "README.md") {
+        true => hub.small_file("README.md")?,
+        false => None,
+    };
+    let names: Vec<String> = listing.iter().map(|(p, _)| p.clone()).collect();
+    let request =
+        splits::Request { name: &c.hf_name, data_dir: &c.hf_data_dir, data_files: pattern, split: split_name };
+    let chosen = splits::choose(&names, readme.as_deref(), &request).map_err(culprit)?;
+    let (storage, files) = hub::HubFiles::new(hub, listing, &chosen.files, chosen.format);
+    Ok((files, Arc::new(storage)))
+}
+
 /// The training stream of this process for a global batch of `global_batch` rows, from the
 /// start or from `resume`.
 pub fn open_train(
@@ -294,8 +387,7 @@ pub fn open_train(
                 Some(DataState::Synthetic { step }) => step,
                 Some(other) => return Err(mismatch(other)),
             };
-            let source = Synthetic::new(seed, c.vocab_size as u32, seq)?;
-            Ok(BatchIterator::Synthetic(synthetic::SyntheticBatches::new(source, rows, step)))
+            Ok(BatchIterator::Synthetic(synthetic::SyntheticBatches::new(Synthetic::of(c)?, rows, step)))
         }
         DatasetType::Tokens => {
             if c.dataset_path.is_empty() {

@@ -6,13 +6,17 @@
 //! consumes it (JSON Lines and text in [`storage::RANGE_CHUNK`] chunks, Parquet its footer and
 //! then each row group's column chunks), each range retried on its own when a connection breaks,
 //! never downloaded whole first. Every local file is checked to be a regular file before it is
-//! read ([`crate::input`]): a FIFO, device or symlink loop is named for what it is.
+//! read ([`crate::input`]): a FIFO, device or symlink loop is named for what it is. A Hub
+//! dataset (`hf_path=org/name`) is [`super::hub::HubFiles`]; [`Typed`] reads every file of
+//! another storage in the one format `hf_path` names.
 
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use super::documents::Format;
 use super::error::DataError;
+use super::hub::HubFile;
 use crate::files::Location;
 use crate::input;
 use crate::storage;
@@ -22,6 +26,8 @@ pub enum DataFile {
     Local(File),
     /// A remote file: read in ranges on demand.
     Remote(RemoteFile),
+    /// A file of a Hub dataset: streamed, or read in ranges (Parquet).
+    Hub(HubFile),
 }
 
 impl DataFile {
@@ -30,6 +36,7 @@ impl DataFile {
         match self {
             DataFile::Local(file) => Box::new(file),
             DataFile::Remote(remote) => Box::new(storage::RangeReader::new(remote.location, 0)),
+            DataFile::Hub(hub) => hub.reader(),
         }
     }
 }
@@ -76,6 +83,30 @@ pub trait Storage: Send + Sync {
     fn glob(&self, key: &'static str, pattern: &str) -> Result<Vec<PathBuf>, DataError>;
     /// Opens one file for reading.
     fn open(&self, path: &Path) -> Result<DataFile, DataError>;
+    /// The format `path` is read in: by default the one its name says.
+    fn format(&self, path: &Path) -> Result<Format, DataError> {
+        Format::of(path)
+    }
+}
+
+/// Another storage's files, all read in one format whatever their names (`hf_path=json`, ...).
+pub struct Typed {
+    pub inner: Box<dyn Storage>,
+    pub format: Format,
+}
+
+impl Storage for Typed {
+    fn glob(&self, key: &'static str, pattern: &str) -> Result<Vec<PathBuf>, DataError> {
+        self.inner.glob(key, pattern)
+    }
+
+    fn open(&self, path: &Path) -> Result<DataFile, DataError> {
+        self.inner.open(path)
+    }
+
+    fn format(&self, _: &Path) -> Result<Format, DataError> {
+        Ok(self.format)
+    }
 }
 
 /// The local file system.
@@ -130,6 +161,28 @@ fn expand_home(pattern: &str) -> String {
         (Some(rest), Some(home)) => home.join(rest).display().to_string(),
         _ => pattern.to_string(),
     }
+}
+
+/// Every file under the folder `dir` (the value of `key`), as relative `/`-separated paths.
+pub fn local_listing(key: &'static str, dir: &Path) -> Result<Vec<String>, DataError> {
+    let dir = PathBuf::from(expand_home(&dir.to_string_lossy()));
+    if !dir.is_dir() {
+        return Err(DataError::Invalid(format!("{key}={}: not a folder", dir.display())));
+    }
+    let mut out = Vec::new();
+    let mut pending = vec![dir.clone()];
+    while let Some(folder) = pending.pop() {
+        for entry in std::fs::read_dir(&folder).map_err(|e| DataError::io(&folder, e))? {
+            let path = entry.map_err(|e| DataError::io(&folder, e))?.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if let Ok(relative) = path.strip_prefix(&dir) {
+                out.push(relative.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// `gs://` buckets (their files are named by `gs://bucket/key` paths).

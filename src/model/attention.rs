@@ -543,9 +543,22 @@ pub fn rope(x: &Tensor, ctx: &LayerContext) -> Tensor {
 /// `rope` with the tables `cos`, `sin` (`[batch, seq, head_dim / 2]`, `rope_tables`), rotating
 /// interleaved pairs when `interleaved`.
 pub fn rope_with(x: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Tensor {
+    rotate_f32(x, cos, sin, interleaved).astype(x.dtype())
+}
+
+/// `rope_with`, the rotated values multiplied by `scale` (YaRN's `rope_attention_scaling`) in
+/// f32, before the cast back to `x`'s dtype, as MaxText's `YarnRotaryEmbedding.__call__`
+/// (`src/maxtext/layers/embeddings.py` at main e591f30) scales `output` before its
+/// `astype(fprop_dtype)`.
+pub fn rope_scaled(x: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool, scale: f64) -> Tensor {
+    (rotate_f32(x, cos, sin, interleaved) * scale).astype(x.dtype())
+}
+
+/// The rotation of `rope_with`, in f32.
+fn rotate_f32(x: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Tensor {
     let (b, t, h, k) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
     let xf = x.astype(DType::F32);
-    let rotated = if interleaved {
+    if interleaved {
         let table = |v: &Tensor| v.reshape(&[b, t, 1, k / 2, 1]);
         let (cos, sin) = (table(cos), table(sin));
         let xp = xf.reshape(&[b, t, h, k / 2, 2]);
@@ -556,8 +569,7 @@ pub fn rope_with(x: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> T
         let (cos, sin) = (table(cos), table(sin));
         let (x1, x2) = (xf.slice_axis(3, 0, k / 2), xf.slice_axis(3, k / 2, k));
         concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 3)
-    };
-    rotated.astype(x.dtype())
+    }
 }
 
 /// What `attend_with` does besides the plain softmax attention of `attend`.

@@ -203,6 +203,12 @@ pub struct SelfAttention {
     /// What the queries are multiplied by after RoPE, instead of `1 / sqrt(head_dim)` (MaxText's
     /// `query_pre_attn_scalar`).
     pub query_scale: Option<f64>,
+    /// Learned biases on the query, key and value projections (`<proj>.bias`: the projection's
+    /// output shape and axes, zeros), added in `dtype` after the product, before QK-norm and RoPE:
+    /// MaxText's `use_bias_in_projections` as qwen2 sets it from `attention_bias`, which leaves the
+    /// output projection without one (`Attention.init_out_w` in `src/maxtext/layers/attentions.py`,
+    /// `DenseGeneral` in `layers/linears.py`, e591f30).
+    pub qkv_bias: bool,
 }
 
 impl SelfAttention {
@@ -220,9 +226,20 @@ impl SelfAttention {
         ]
     }
 
-    /// `params`, with the query and key norms when the block has them.
+    /// `params`, with the projection biases and the query and key norms when the block has them.
     pub fn all_params(&self, prefix: &str, c: &ModelConfig) -> Vec<ParamDef> {
         let mut defs = SelfAttention::params(prefix, c);
+        if self.qkv_bias {
+            let (h, kv, d) = (c.heads, c.kv_heads, c.head_dim);
+            for (name, heads, axis) in [("query", h, "heads"), ("key", kv, "kv_heads"), ("value", kv, "kv_heads")] {
+                defs.push(ParamDef::new(
+                    &format!("{prefix}.{name}.bias"),
+                    &[heads, d],
+                    &[axis, "kv"],
+                    ParamInit::Zeros,
+                ));
+            }
+        }
         if self.qk_norm.is_some() {
             for name in ["query_norm", "key_norm"] {
                 defs.push(ParamDef::new(&format!("{prefix}.{name}.scale"), &[c.head_dim], &["norm"], ParamInit::Ones));
@@ -249,9 +266,13 @@ impl SelfAttention {
     ) -> Tensor {
         // `btd,dhk->bthk`, and `bthk,hkd->btd` for the output.
         let project = |name: &str, x: &Tensor, axes: usize| dense(c, p, &format!("{prefix}.{name}"), x, axes);
-        let q = project("query", h, 1);
-        let k = project("key", h, 1);
-        let v = project("value", h, 1).checkpoint_name("value_proj");
+        let input = |name: &str| match self.qkv_bias {
+            true => project(name, h, 1) + &p[format!("{prefix}.{name}.bias").as_str()].astype(c.dtype),
+            false => project(name, h, 1),
+        };
+        let q = input("query");
+        let k = input("key");
+        let v = input("value").checkpoint_name("value_proj");
         let (q, k) = match self.qk_norm {
             Some(eps) => {
                 let norm = Norm::Rms { eps };

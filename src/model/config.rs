@@ -95,7 +95,13 @@ impl ModelConfig {
             heads: c.base_num_query_heads << head_scale,
             kv_heads: c.base_num_kv_heads << head_scale,
             head_dim: c.head_dim,
-            mlp: c.base_mlp_dim << mlp_scale,
+            // qwen3_moe's experts are `base_moe_mlp_dim` wide when it is set: MaxText's types.py
+            // (e591f30) makes it qwen3_moe's `base_mlp_dim` (every layer is routed), and
+            // qwen3.py sizes the experts with `moe_mlp_dim`.
+            mlp: match c.decoder_block {
+                config::DecoderBlock::Qwen3Moe if c.base_moe_mlp_dim > 0 => c.base_moe_mlp_dim << mlp_scale,
+                _ => c.base_mlp_dim << mlp_scale,
+            },
             // Gemma 3's decoder "layer" is a block of its 6-layer attention pattern (`gemma3.rs`),
             // as MaxText scans it; a count that is not a multiple is refused by the family.
             layers: match c.decoder_block {

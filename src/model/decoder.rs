@@ -43,7 +43,7 @@ use super::flops::{StepShape, StepTflops};
 use super::fp8::{self, Scaling};
 use super::params::{self, ParamDef, ParamInit};
 use super::stacks::{unstack_layers, Stack};
-use super::{deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen3, ModelConfig};
+use super::{deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen2, qwen3, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
@@ -163,6 +163,7 @@ fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
         DecoderBlock::Gemma3 => Arc::new(gemma3::Gemma3::from_config(c, mc)?),
         DecoderBlock::Gpt3 => Arc::new(gpt3::Gpt3::from_config(c, mc)?),
         DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral::from_config(c, mc)?),
+        DecoderBlock::Qwen2 => Arc::new(qwen2::Qwen2::from_config(c)),
         DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe => Arc::new(qwen3::Qwen3::from_config(c, mc)?),
         DecoderBlock::Deepseek => Arc::new(deepseek::Deepseek::from_config(c, mc)?),
     })
@@ -176,13 +177,15 @@ fn check_shared(c: &Config, mc: &ModelConfig) -> Result<(), String> {
             config::MLP_ACTIVATIONS.join(", ")
         ));
     }
+    // A soft cap asks for capped logits, which MaxText computes only on the tied path
+    // (`decoders.py` `apply_output_head` at main e591f30). `normalize_embedding_logits=false`
+    // asks for none of its division, which untied logits never have: MaxText's qwen2.5 and qwen3
+    // files set it on untied models, and the model is the same.
     if !mc.logits_via_embedding {
-        for key in ["normalize_embedding_logits", "final_logits_soft_cap"] {
-            if let Some(value) = config::non_default_value(c, key) {
-                return Err(format!(
-                    "{key}={value}: it applies to the tied logits of logits_via_embedding=true only (MaxText ignores it otherwise)"
-                ));
-            }
+        if let Some(value) = config::non_default_value(c, "final_logits_soft_cap") {
+            return Err(format!(
+                "final_logits_soft_cap={value}: it applies to the tied logits of logits_via_embedding=true only (MaxText ignores it otherwise)"
+            ));
         }
     }
     if !matches!(mc.rope, super::config::Rope::Llama31 { .. }) && !c.rope_use_scale {

@@ -155,6 +155,7 @@ impl Gemma3 {
             how: self.how,
             qk_norm: Some(self.qk_norm_eps),
             query_scale: Some(self.query_scale),
+            qkv_bias: false,
         }
     }
 }

@@ -16,7 +16,8 @@
 //! | `MoeBlock_0.wi_1` | [experts, emb, mlp] | exp, embed_moe, mlp_moe | fan_in (experts x mlp) |
 //! | `MoeBlock_0.wo` | [experts, mlp, emb] | exp, mlp_moe, embed_moe | fan_in (experts x emb) |
 //!
-//! The experts are `base_mlp_dim` wide, as MaxText's Mixtral layer builds them.
+//! The experts are `base_mlp_dim` wide, as MaxText's Mixtral layer builds them (a set
+//! `base_moe_mlp_dim` must equal it, `config::validate`).
 
 use crate::config::Config;
 use crate::ir::DType;

@@ -33,7 +33,9 @@
 use crate::config::{Config, RopeType};
 use crate::tensor::{concatenate, Tensor, Tree};
 
-use super::attention::{default_frequencies, rope_tables, rope_with, AttendOptions, AttentionImpl, LayerContext};
+use super::attention::{
+    default_frequencies, rope_scaled, rope_tables, rope_with, AttendOptions, AttentionImpl, LayerContext,
+};
 use super::blocks::{dense, Norm};
 use super::decoder::LayerFlops;
 use super::params::{ParamDef, ParamInit};
@@ -151,12 +153,9 @@ impl Mla {
         let project = |name: &str, x: &Tensor, axes: usize| dense(c, p, &format!("{prefix}.{name}"), x, axes);
         let norm = |name: &str, x: &Tensor| Norm::Rms { eps: c.eps }.apply(p, &format!("{prefix}.{name}"), x);
         let (cos, sin) = rope_tables(&ctx.positions, &self.rope.frequencies);
-        let rope = |x: &Tensor| {
-            let rotated = rope_with(x, &cos, &sin, self.rope.interleaved);
-            match self.rope.scale {
-                Some(scale) => rotated * scale,
-                None => rotated,
-            }
+        let rope = |x: &Tensor| match self.rope.scale {
+            Some(scale) => rope_scaled(x, &cos, &sin, self.rope.interleaved, scale),
+            None => rope_with(x, &cos, &sin, self.rope.interleaved),
         };
         let (nope, qk) = (self.qk_nope_head_dim, self.qk_head_dim());
 

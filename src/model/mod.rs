@@ -20,7 +20,8 @@
 //!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
 //!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gpt3`], [`mixtral`] (Llama's
-//!   attention and a routed MoE block), [`qwen3`] (Llama's layer with QK-norm), [`deepseek`]
+//!   attention and a routed MoE block), [`qwen2`] (Llama's layer with query/key/value biases),
+//!   [`qwen3`] (Llama's layer with QK-norm), [`deepseek`]
 //!   (multi-head latent attention, [`mla`], with YaRN RoPE; dense, then routed layers).
 //! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`).
 
@@ -45,6 +46,7 @@ pub mod mixtral;
 pub mod mla;
 pub mod moe;
 pub mod params;
+pub mod qwen2;
 pub mod qwen3;
 pub mod stacks;
 

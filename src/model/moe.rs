@@ -83,6 +83,9 @@ pub struct MoeConfig {
     pub router: Router,
     /// `shared_experts`: the shared MLP of [`routed_and_shared_block`] is this many experts wide.
     pub shared_experts: i64,
+    /// `norm_topk_prob` ([`Router::Softmax`]): the top-k weights are divided by their sum in
+    /// `dtype` after the softmax, as MaxText's `get_topk` does.
+    pub norm_topk_prob: bool,
 }
 
 /// How the router picks each token's experts and weighs them.
@@ -120,6 +123,7 @@ impl MoeConfig {
             dispatch_no_expert_sharding: c.moe_dispatch_no_expert_sharding,
             router: Router::Softmax,
             shared_experts: 0,
+            norm_topk_prob: c.norm_topk_prob,
         }
     }
 
@@ -287,7 +291,10 @@ pub fn moe_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOut
     let (routes, scores) = match &m.router {
         Router::Softmax => {
             let (top_logits, experts) = logits.top_k(m.num_experts_per_tok);
-            let weights = top_logits.astype(wide(c)).softmax(-1).astype(c.dtype);
+            let mut weights = top_logits.astype(wide(c)).softmax(-1).astype(c.dtype);
+            if m.norm_topk_prob {
+                weights = &weights / &weights.sum_keepdims(&[-1]);
+            }
             (Routes { weights, experts }, logits)
         }
         Router::DeepSeek(r) => deepseek_routes(c, m, r, p, &logits),

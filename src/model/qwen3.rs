@@ -4,8 +4,10 @@
 //! keys get a per-head RMSNorm before RoPE when `use_qk_norm` (every Qwen3 model file sets it),
 //! queries scaled by `1 / sqrt(head_dim)` — followed by Llama's MLP (`qwen3`) or a routed
 //! mixture-of-experts block (`qwen3_moe`: `moe.rs` under `moe_block.`, its experts
-//! `base_mlp_dim` wide; no shared expert). The MoE router's weights are the softmax over the
-//! top-k logits, which is Qwen3's `norm_topk_prob: true` (all of its MoE checkpoints).
+//! `base_moe_mlp_dim` wide when set, else `base_mlp_dim`: `ModelConfig::mlp`; no shared expert).
+//! The MoE router's weights are the softmax over the top-k logits, which is Qwen3's
+//! `norm_topk_prob: true` (all of its MoE checkpoints); MaxText's `norm_topk_prob` divides them
+//! by their sum once more (`moe.rs`).
 //!
 //! One layer's parameters besides Llama's attention ones (`attention_params` in `llama.rs`):
 //!

@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Value};
 
 use crate::checkpoint::DataState;
-use crate::config::Config;
+use crate::config::{self, Config};
 use crate::data;
 
 /// The keys whose values make the stream; a resumed run must have the same ones.
@@ -15,6 +15,12 @@ const IDENTITY: &[&str] = &[
     "dataset_type",
     "dataset_path",
     "hf_train_files",
+    "hf_path",
+    "hf_name",
+    "hf_data_dir",
+    "train_split",
+    "synthetic_progression",
+    "max_segments_per_seq",
     "train_data_columns",
     "tokenizer_path",
     "add_bos",
@@ -27,10 +33,17 @@ const IDENTITY: &[&str] = &[
 
 const KIND: &str = "input_pipeline";
 
+/// The keys of [`IDENTITY`] added after checkpoints were first written: a checkpoint without
+/// one was written with the key's default, which is what it matches.
+const ADDED: &[&str] =
+    &["hf_path", "hf_name", "hf_data_dir", "train_split", "synthetic_progression", "max_segments_per_seq"];
+
 /// The identity of a run's stream and where it stands.
 #[derive(Clone, Debug)]
 pub struct DataPosition {
     identity: Value,
+    /// The [`ADDED`] keys this run sets to other values than their defaults.
+    changed: Vec<&'static str>,
     /// After the last delivered batch; `None` before the first.
     pub state: Option<data::DataState>,
 }
@@ -43,7 +56,8 @@ impl DataPosition {
             identity.insert(key.to_string(), values.get(*key).cloned().unwrap_or(Value::Null));
         }
         identity.insert("global_batch".into(), json!(global_batch));
-        Ok(DataPosition { identity: Value::Object(identity), state: None })
+        let changed = ADDED.iter().copied().filter(|k| config::non_default_value(c, k).is_some()).collect();
+        Ok(DataPosition { identity: Value::Object(identity), changed, state: None })
     }
 }
 
@@ -64,7 +78,10 @@ impl DataState for DataPosition {
         }
         let keys = self.identity.as_object().expect("an object").keys();
         let differences: Vec<String> = keys
-            .filter(|k| saved["stream"][k.as_str()] != self.identity[k.as_str()])
+            .filter(|k| match saved["stream"].get(k.as_str()) {
+                Some(value) => *value != self.identity[k.as_str()],
+                None => !ADDED.contains(&k.as_str()) || self.changed.contains(&k.as_str()),
+            })
             .map(|k| format!("{k}: checkpoint {}, this run {}", saved["stream"][k.as_str()], self.identity[k.as_str()]))
             .collect();
         if !differences.is_empty() {

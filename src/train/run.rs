@@ -229,6 +229,7 @@ impl Run<'_> {
             report,
             first_step: start.first_step,
             steps,
+            example_batch: None,
         };
         step_loop.run()
     }

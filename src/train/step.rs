@@ -30,8 +30,8 @@ use super::optimizer::{AdamW, COUNT};
 
 /// The batch arrays every step reads.
 pub const BATCH_INPUTS: &[&str] = &["inputs", "targets", "targets_segmentation"];
-/// The arrays a step on packed batches reads too. Unpacked rows (synthetic, token files,
-/// `packing=false`) hold one sequence from position 0, which is what the model assumes without
+/// The arrays a step on packed batches reads too (`Config::packed_batches`). Unpacked rows (token
+/// files, `synthetic_progression`, `packing=false`) hold one sequence from position 0, which is what the model assumes without
 /// them, so their programs stay without these inputs.
 pub const PACKED_INPUTS: &[&str] = &["inputs_position", "inputs_segmentation"];
 

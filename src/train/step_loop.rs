@@ -61,6 +61,8 @@ pub(super) struct StepLoop<'a, E: StepExecutor> {
     pub report: RunReport,
     pub first_step: u64,
     pub steps: u64,
+    /// With `reuse_example_batch`, the first batch this process read, fed at every step.
+    pub example_batch: Option<data::Batch>,
 }
 
 /// A step's batch where the step reads it, with the data position after it.
@@ -168,7 +170,18 @@ impl<E: StepExecutor> StepLoop<'_, E> {
     fn feed(&mut self, step: u64) -> Result<StepBatch<E::Fed>> {
         diagnostics::set_phase(Some(step), "reading and feeding the batch");
         let wait = Instant::now();
-        let batch = self.data.next_batch()?.ok_or_else(|| anyhow!("the training data ended at step {step}"))?;
+        // MaxText's `reuse_example_batch` (`common/data_loader.py` at main e591f30): the first
+        // batch a process loads is fed at every later step, the input pipeline left where it was.
+        let batch = match &self.example_batch {
+            Some(batch) => batch.clone(),
+            None => {
+                let batch = self.data.next_batch()?.ok_or_else(|| anyhow!("the training data ended at step {step}"))?;
+                if self.c.reuse_example_batch != 0 {
+                    self.example_batch = Some(batch.clone());
+                }
+                batch
+            }
+        };
         let wait_seconds = wait.elapsed().as_secs_f64();
         Ok(StepBatch { fed: self.executor.feed(batch)?, data_state: self.data.state(), wait_seconds })
     }

@@ -466,6 +466,34 @@ pub struct RefOut {
     pub loss: f64,
 }
 
+/// max |a - b| over max |b|.
+pub fn scaled_err(got: &[f64], want: &Array2<f64>) -> f64 {
+    let want: Vec<f64> = want.iter().copied().collect();
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
+    got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale
+}
+
+/// Checks the outputs of `llama_ref::forward_program` for `m` (embeddings, every layer, logits,
+/// loss) against the reference `want`, each within 1e-4 (scaled error, relative loss).
+pub fn check_outputs(label: &str, m: &Model, out: &Tree<HostTensor>, want: &RefOut) {
+    let tol = 1e-4;
+    let err = scaled_err(&out["embeddings"].to_f64(), &want.embeddings);
+    assert!(err < tol, "{label}: embeddings differ: {err:e}");
+    let layers = out["layers"].to_f64();
+    let per = B * T * m.config.emb as usize;
+    for (i, l) in want.layers.iter().enumerate() {
+        let err = scaled_err(&layers[i * per..(i + 1) * per], l);
+        assert!(err < tol, "{label}: layer {i} output differs: {err:e}");
+    }
+    let err = scaled_err(&out["logits"].to_f64(), &want.logits);
+    assert!(err < tol, "{label}: logits differ: {err:e}");
+    let loss = out["loss"].to_f64()[0];
+    let rel = (loss - want.loss).abs() / want.loss.abs();
+    println!("{label}: logits scaled error {err:e}, loss {loss} vs reference {} (rel {rel:e})", want.loss);
+    assert!(rel < tol, "{label}: loss {loss} vs reference {}", want.loss);
+}
+
 pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     let c = &m.config;
     let e = c.emb as usize;

@@ -4,7 +4,11 @@
 //! `Qwen3MoeForCausalLM` (maxrs's `qwen3` / `qwen3_moe`: Llama's tensors plus
 //! `self_attn.q_norm.weight` / `k_norm.weight` [D] as `self_attention.query_norm.scale` /
 //! `key_norm.scale`; Qwen3 MoE's experts as Mixtral's below, named `mlp.gate.weight` and
-//! `mlp.experts.J.{gate,up,down}_proj.weight`, maxrs's `moe_block.*`).
+//! `mlp.experts.J.{gate,up,down}_proj.weight`, maxrs's `moe_block.*`); and `Qwen2ForCausalLM`
+//! (maxrs's `qwen2`, Qwen2.5: Llama's tensors plus `self_attn.{q,k,v}_proj.bias` [H*D], [K*D],
+//! [K*D] as `self_attention.{query,key,value}.bias` [H, D], [K, D], [K, D]; transformers'
+//! `Qwen2Attention` always has these three biases and none on `o_proj`, and its queries are
+//! scaled at run time, as MaxText's qwen2 layer and maxrs's, so nothing is folded).
 //!
 //! | Hugging Face | shape | maxrs | shape |
 //! |---|---|---|---|
@@ -96,6 +100,7 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     let block = match hf["model_type"].as_str() {
         Some("mistral") => "mistral",
         Some("mixtral") => "mixtral",
+        Some("qwen2") => "qwen2",
         Some("qwen3") => "qwen3",
         Some("qwen3_moe") => "qwen3_moe",
         _ => "llama2",
@@ -104,7 +109,9 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         None | Some("silu") => {}
         Some(act) => bail!("`hidden_act` is {act:?}; the Llama family here has a SwiGLU (silu) MLP"),
     }
-    for bias in ["attention_bias", "mlp_bias"] {
+    // Qwen2's q/k/v biases are not a config field: transformers' `Qwen2Attention` always has them.
+    let biases: &[&str] = if block == "qwen2" { &["mlp_bias"] } else { &["attention_bias", "mlp_bias"] };
+    for &bias in biases {
         if fields.flag(bias)? == Some(true) {
             bail!("`{bias}` is true; the Llama family here has no biases");
         }
@@ -149,11 +156,14 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         }
         _ => {}
     }
+    if (qwen3 || block == "qwen2") && fields.flag("use_sliding_window")? == Some(true) {
+        bail!("`use_sliding_window` is true: Qwen's sliding-window layers are not supported yet");
+    }
     if qwen3 {
-        if fields.flag("use_sliding_window")? == Some(true) {
-            bail!("`use_sliding_window` is true: Qwen3's sliding-window layers are not supported yet");
-        }
         keys.push(("use_qk_norm".into(), "true".into()));
+    }
+    if block == "qwen2" {
+        keys.push(("attention_bias".into(), "true".into()));
     }
     if block == "qwen3_moe" {
         keys.extend(qwen3_moe_keys(&fields)?);
@@ -243,6 +253,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     let (architecture, model_type) = match c.decoder_block {
         DecoderBlock::Mistral => ("MistralForCausalLM", "mistral"),
         DecoderBlock::Mixtral => ("MixtralForCausalLM", "mixtral"),
+        DecoderBlock::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
         DecoderBlock::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
         DecoderBlock::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
         _ => ("LlamaForCausalLM", "llama"),
@@ -251,7 +262,10 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     config["architectures"] = json!([architecture]);
     config["model_type"] = json!(model_type);
     config["hidden_act"] = json!("silu");
-    config["attention_bias"] = json!(false);
+    // Qwen2Config has no `attention_bias` (its q/k/v biases are always there: `check_model`).
+    if c.decoder_block != DecoderBlock::Qwen2 {
+        config["attention_bias"] = json!(false);
+    }
     config["mlp_bias"] = json!(false);
     config["tie_word_embeddings"] = json!(c.logits_via_embedding);
     config["rope_theta"] = json!(c.rope_max_timescale as f64);
@@ -274,6 +288,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
             config["num_local_experts"] = json!(c.num_experts);
             config["num_experts_per_tok"] = json!(c.num_experts_per_tok);
         }
+        DecoderBlock::Qwen2 => config["use_sliding_window"] = json!(false),
         DecoderBlock::Qwen3Moe => {
             config["num_experts"] = json!(c.num_experts);
             config["num_experts_per_tok"] = json!(c.num_experts_per_tok);
@@ -344,6 +359,12 @@ pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
                 map.interleave_heads = interleave;
             }
             out.push(layer_entry(model, layer, name, &[], hf(hf_name), map));
+        }
+        if c.decoder_block == DecoderBlock::Qwen2 {
+            for (name, hf_name) in [("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")] {
+                let (name, hf_name) = (format!("self_attention.{name}.bias"), hf(&format!("self_attn.{hf_name}.bias")));
+                out.push(layer_entry(model, layer, &name, &[], hf_name, Map::FLAT));
+            }
         }
         if c.use_qk_norm {
             for (name, hf_name) in [("query_norm", "q_norm"), ("key_norm", "k_norm")] {

@@ -2,7 +2,7 @@
 //! `config.json` fields <-> maxrs keys, and its tensors <-> maxrs parameters. The files are read
 //! and written by `checkpoint::hf`; this module owns the mapping.
 //!
-//! A family file ([`llama`]: Llama 2/3/3.1/3.3, Mistral, Mixtral, Qwen3, Qwen3 MoE; [`gemma`]:
+//! A family file ([`llama`]: Llama 2/3/3.1/3.3, Mistral, Mixtral, Qwen2, Qwen3, Qwen3 MoE; [`gemma`]:
 //! Gemma, Gemma 2; [`gemma3`]: Gemma 3; [`deepseek`]: DeepSeek-V3)
 //! lists one [`Entry`] per Hugging Face tensor: the maxrs parameter it becomes, its index on the
 //! parameter's stacked leading axes (`[layer]` with `scan_layers=true`, `[expert]` in a Mixtral
@@ -36,6 +36,9 @@ pub struct Map {
     pub interleave_heads: Option<i64>,
     /// maxrs's value from Hugging Face's.
     pub value: Revalue,
+    /// Hugging Face's tensor is maxrs's flattened to one dimension (a linear's bias `[H*D]`,
+    /// maxrs's `[H, D]`): the same elements in the same order.
+    pub flat: bool,
 }
 
 /// An elementwise change of value between the two layouts (`Map::value`).
@@ -51,14 +54,17 @@ pub enum Revalue {
 }
 
 impl Map {
-    pub const COPY: Map = Map { linear_in_dims: None, interleave_heads: None, value: Revalue::Same };
+    pub const COPY: Map = Map { linear_in_dims: None, interleave_heads: None, value: Revalue::Same, flat: false };
+
+    /// A bias `[out]` in Hugging Face's layout for maxrs's `[out...]` (Qwen2's q/k/v biases).
+    pub const FLAT: Map = Map { flat: true, ..Map::COPY };
 
     pub const fn linear(in_dims: usize) -> Map {
-        Map { linear_in_dims: Some(in_dims), interleave_heads: None, value: Revalue::Same }
+        Map { linear_in_dims: Some(in_dims), ..Map::COPY }
     }
 
     pub const fn value(value: Revalue) -> Map {
-        Map { linear_in_dims: None, interleave_heads: None, value }
+        Map { value, ..Map::COPY }
     }
 }
 
@@ -96,12 +102,12 @@ pub fn layer_entry(model: &Model, layer: i64, name: &str, inner: &[i64], hf: Str
 /// `model_type`'s; refuses what maxrs does not model, naming the field (the caller names the file).
 pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     match hf["model_type"].as_str() {
-        Some("llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe") => llama::config_from_hf(hf),
+        Some("llama" | "mistral" | "mixtral" | "qwen2" | "qwen3" | "qwen3_moe") => llama::config_from_hf(hf),
         Some("gemma" | "gemma2") => gemma::config_from_hf(hf),
         Some("gemma3_text") => gemma3::config_from_hf(hf),
         Some("deepseek_v3") => deepseek::config_from_hf(hf),
         _ => bail!(
-            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\", \"deepseek_v3\"",
+            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\", \"deepseek_v3\"",
             hf["model_type"]
         ),
     }
@@ -113,9 +119,13 @@ pub fn check_model(c: &Config) -> Result<()> {
     match c.decoder_block {
         DecoderBlock::Gpt3 => bail!(
             "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet (maxrs converts \
-             llama2, mistral, mixtral, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek)"
+             llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek)"
         ),
         DecoderBlock::Deepseek => deepseek::check_model(c),
+        DecoderBlock::Qwen2 if !c.attention_bias => {
+            bail!("attention_bias=false: Hugging Face's Qwen2 always has query, key and value biases")
+        }
+        DecoderBlock::Qwen2 if c.use_qk_norm => bail!("use_qk_norm=true: Hugging Face's Qwen2 has no QK-norm"),
         DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe if !c.use_qk_norm => {
             bail!("use_qk_norm=false: Hugging Face's Qwen3 always normalizes queries and keys")
         }
@@ -267,6 +277,7 @@ fn to_maxrs(t: &HostTensor, map: Map, shape: &[i64]) -> Option<HostTensor> {
         value => revalue(t, value, false),
     };
     match map.linear_in_dims {
+        None if map.flat => (t.dims == [shape.iter().product::<i64>()]).then(|| HostTensor::new(t.ty, shape, t.data)),
         None => (t.dims == shape).then_some(t),
         Some(k) => {
             let (inner, outer): (i64, i64) = (shape[..k].iter().product(), shape[k..].iter().product());
@@ -284,6 +295,7 @@ fn to_maxrs(t: &HostTensor, map: Map, shape: &[i64]) -> Option<HostTensor> {
 /// One maxrs slice as the Hugging Face tensor (the inverse of `to_maxrs`).
 fn to_hf_tensor(t: &HostTensor, map: Map) -> HostTensor {
     let mut t = match map.linear_in_dims {
+        None if map.flat => HostTensor::new(t.ty, &[t.dims.iter().product::<i64>()], t.data.clone()),
         None => t.clone(),
         Some(k) => {
             let (inner, outer): (i64, i64) = (t.dims[..k].iter().product(), t.dims[k..].iter().product());
@@ -473,8 +485,8 @@ mod tests {
     fn maps_invert() {
         let t = HostTensor::from_f32(&[4, 2], &[0.5, -1.0, 2.0, 0.25, 3.0, -0.5, 1.5, 0.125]);
         for map in [
-            Map { linear_in_dims: Some(1), interleave_heads: Some(4), value: Revalue::Same },
-            Map { linear_in_dims: Some(1), interleave_heads: None, value: Revalue::Scale(2.0) },
+            Map { interleave_heads: Some(4), ..Map::linear(1) },
+            Map { value: Revalue::Scale(2.0), ..Map::linear(1) },
             Map::value(Revalue::PlusOne),
             Map::value(Revalue::PlusOneTimes(0.5)),
         ] {
@@ -485,5 +497,11 @@ mod tests {
         // A linear's maxrs kernel is its transpose.
         let k = to_maxrs(&t, Map::linear(1), &[2, 4]).unwrap();
         assert_eq!(k.to_f32(), vec![0.5, 2.0, 3.0, 1.5, -1.0, 0.25, -0.5, 0.125]);
+        // A flat bias is maxrs's [heads, head_dim] in the same order, and nothing else fits it.
+        let bias = HostTensor::from_f32(&[8], &t.to_f32());
+        let b = to_maxrs(&bias, Map::FLAT, &[4, 2]).unwrap();
+        assert_eq!((b.dims.clone(), b.to_f32()), (vec![4, 2], t.to_f32()));
+        assert_eq!(to_hf_tensor(&b, Map::FLAT).dims, [8]);
+        assert!(to_maxrs(&t, Map::FLAT, &[4, 2]).is_none());
     }
 }
