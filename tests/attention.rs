@@ -165,3 +165,53 @@ fn saving_context_skips_recomputing_blockwise_attention() {
         assert!(scaled_diff(&a[name].to_f64(), &b[name].to_f64()) < 1e-6, "{name}");
     }
 }
+
+/// `rope_linear_scaling_factor` multiplies every timescale of the default RoPE, in every family
+/// that has it (MaxText's `RotaryEmbedding.timescale`, `src/maxtext/layers/embeddings.py` at main
+/// e591f30): the angle of position `p` in pair `i` is `p / (max_timescale^(2i / head_dim) *
+/// factor)`. Llama 3.1's RoPE, which MaxText builds without it, refuses it.
+#[test]
+fn rope_linear_scaling_factor_scales_the_default_ropes_timescales() {
+    use maxrs::model::attention::LayerContext;
+    use maxrs::model::{config::ModelConfig, Model};
+    let (t, head_dim, max_timescale, factor) = (7i64, 16i64, 500.0f64, 8.0f64);
+    for block in ["llama2", "mistral", "qwen3", "gemma2"] {
+        let args: Vec<String> = [
+            format!("decoder_block={block}"),
+            format!("head_dim={head_dim}"),
+            format!("rope_max_timescale={max_timescale}"),
+            format!("rope_linear_scaling_factor={factor}"),
+        ]
+        .into_iter()
+        .chain(matches!(block, "mistral" | "gemma2").then(|| "sliding_window_size=4".to_string()))
+        .collect();
+        let c = maxrs::config::load(None, &args).unwrap();
+        Model::from_config(&c).unwrap_or_else(|e| panic!("{block}: {e}"));
+        let mc = ModelConfig::from_config(&c);
+        let mut sig = Signature::new(None);
+        sig.input("inputs", DType::S32, &[1, t]);
+        let p = trace(&sig, |_, inp| {
+            let ctx = LayerContext::new(&mc, &Tree::new().with("inputs", inp["inputs"].clone()));
+            Tree::new().with("cos", ctx.cos.astype(DType::F64)).with("sin", ctx.sin.astype(DType::F64))
+        })
+        .unwrap();
+        let out = run(&p, &Tree::new().with("inputs", HostTensor::from_i32(&[1, t], &vec![0; t as usize])));
+        let (cos, sin) = (out["cos"].to_f64(), out["sin"].to_f64());
+        let half = (head_dim / 2) as usize;
+        for pos in 0..t as usize {
+            for i in 0..half {
+                let angle = pos as f64 / (max_timescale.powf(2.0 * i as f64 / head_dim as f64) * factor);
+                let (c, s) = (cos[pos * half + i], sin[pos * half + i]);
+                assert!((c - angle.cos()).abs() < 1e-5 && (s - angle.sin()).abs() < 1e-5, "{block}: p {pos} i {i}");
+            }
+        }
+    }
+    let refused = |args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap_err()
+    };
+    let e = refused(&["rope_type=llama3.1", "rope_linear_scaling_factor=8"]);
+    assert!(e.contains("Llama 3.1's RoPE") && e.contains("MaxText ignores it there"), "{e}");
+    let e = refused(&["decoder_block=gpt3", "rope_linear_scaling_factor=8"]);
+    assert!(e.contains("MaxText ignores it there"), "{e}");
+}

@@ -126,11 +126,14 @@ const KEYS: &[(&str, Effect)] = &[
     ("use_post_attn_norm", ProgramVs("true", "false", GEMMA2)),
     ("use_qk_norm", ProgramVs("true", "false", &["decoder_block=qwen3"])),
     ("attention_bias", ProgramVs("true", "false", &["decoder_block=qwen2"])),
+    // qwen3_custom_moe requires attention_output_dim = moe_expert_input_dim, so neither can vary
+    // alone there; their effect is tests/qwen3_custom.rs's. Other families refuse them by name.
+    ("attention_output_dim", Refused("768")),
     ("use_post_ffw_norm", ProgramVs("true", "false", GEMMA2)),
     ("local_rope_max_timescale", ProgramVs("100", "-1", GEMMA3)),
     ("rope_linear_scaling_factor", ProgramVs("8.0", "1.0", GEMMA3)),
     ("fused_qkv", ProgramVs("true", "false", &["decoder_block=gpt3", "base_num_kv_heads=4"])),
-    ("enable_dropout", Refused("true")),
+    ("enable_dropout", KernelChoice("dropout at dropout_rate 0, the only rate maxrs takes, is the identity in MaxText (flax's Dropout) as in maxrs")),
     ("attention", Program("flash")),
     ("attention_type", Refused("local_sliding")),
     ("q_lora_rank", ProgramVs("16", "0", DEEPSEEK)),
@@ -158,6 +161,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("num_experts_per_tok", ProgramVs("2", "1", &["decoder_block=mixtral", "num_experts=4"])),
     ("capacity_factor", ProgramVs("1.25", "2.0", &["decoder_block=mixtral", "num_experts=4", "sparse_matmul=false"])),
     ("norm_topk_prob", ProgramVs("true", "false", MOE)),
+    ("moe_expert_input_dim", Refused("768")),
     ("sparse_matmul", ProgramVs("false", "true", MOE)),
     ("megablox", KernelChoice("MaxText's Pallas grouped matmul (true) or jax.lax.ragged_dot (false); maxrs lowers ragged_dot to tiled dense products either way")),
     ("load_balance_loss_weight", ProgramVs("0.01", "0.0", MOE)),

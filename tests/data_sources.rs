@@ -253,7 +253,9 @@ fn data_keys_are_validated_with_maxtext_names() {
     let e = invalid(&["dataset_type=hf", "hf_train_files=a.parquet", "tokenizer_path=t", "train_data_columns=[a, b]"]);
     assert!(e.contains("train_data_columns") && e.contains("exactly one"), "{e}");
     let e = invalid(&["dataset_type=tfds"]);
-    assert!(e.contains("synthetic, tokens, hf"), "{e}");
+    assert!(e.starts_with("dataset_type: tfds is not supported yet") && e.contains("use synthetic, tokens"), "{e}");
+    let e = invalid(&["dataset_type=c4"]);
+    assert!(e.contains("synthetic, tokens, hf, tfds, grain"), "{e}");
     for key in ["eval_split=test", "tokenize_train_data=false", "grain_train_files=x", "num_epoch=2"] {
         let e = invalid(&[key]);
         assert!(e.contains("is MaxText's, but not supported yet"), "{key}: {e}");

@@ -110,6 +110,7 @@ mod pipeline_checkpoints;
 mod pipeline_eval;
 mod pjrt_runtime;
 mod qwen2;
+mod qwen3_custom;
 mod random;
 mod run_outputs;
 mod scan_remat;

@@ -171,3 +171,73 @@ fn reuse_example_batch_feeds_the_first_batch_at_every_step() {
     assert_eq!(reused.losses, reference.losses);
     assert_ne!(run(&varied, "0").losses, reference.losses, "the file's later rows differ");
 }
+
+/// MaxText's gemma3-4b.yml as the config file: its vision tower's keys (`vision_encoder_block`,
+/// `*_for_vit`, `image_placeholder`) build nothing without `use_multimodal`, in MaxText as in
+/// maxrs, so the file gives the text model of `model_name=gemma3-4b`.
+#[test]
+fn maxtext_gemma3_file_with_its_vision_keys_loads_as_the_text_model() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/maxtext_models/gemma3-4b.yml");
+    let from_file = config::load_args(&args(&file, &[])).unwrap();
+    let named = config::load(None, &["model_name=gemma3-4b".to_string()]).unwrap();
+    let shape = |c: &config::Config| {
+        (c.base_emb_dim, c.base_num_decoder_layers, c.vocab_size, c.rope_linear_scaling_factor, c.sliding_window_size)
+    };
+    assert_eq!(shape(&from_file), shape(&named));
+    let e = error(&file, &["use_multimodal=true"]);
+    assert!(e.contains("`use_multimodal`") && e.contains("text only"), "{e}");
+}
+
+/// MaxText's own base.yml (all its 696 keys) as the config file: MaxText's experimental TPU
+/// recipes (`configs/experimental/32b.sh`) name it with their keys on the command line. Every key
+/// maxrs lacks holds MaxText's default there, so it loads; its `dataset_type: tfds` is refused
+/// only while nothing replaces it.
+#[test]
+fn maxtext_base_yml_loads_with_a_recipes_command_line() {
+    let file = fixture("base.yml");
+    let recipe = [
+        "run_name=x",
+        "steps=30",
+        "per_device_batch_size=8",
+        "enable_checkpointing=false",
+        "remat_policy=minimal",
+        "global_parameter_scale=32",
+        "ici_fsdp_parallelism=-1",
+        "ici_tensor_parallelism=4",
+        "max_target_length=2048",
+        "use_iota_embed=true",
+        "reuse_example_batch=1",
+        "dataset_type=synthetic",
+        "attention=flash",
+        "quantization=",
+        // MaxText's recipe runs on TPUs; here, the CPU plugin.
+        "hardware=cpu",
+    ];
+    let c = config::load_args(&args(&file, &recipe)).unwrap();
+    config::check(&c).unwrap();
+    assert_eq!((c.base_emb_dim, c.global_parameter_scale, c.reuse_example_batch), (2048, 32, 1));
+    let e = config::check(&config::load_args(&args(&file, &["hardware=cpu"])).unwrap()).unwrap_err().to_string();
+    assert!(e.starts_with("dataset_type: tfds is not supported yet"), "{e}");
+
+    // It trains, its mesh_axes and rules naming MaxText's size-one axes (diloco,
+    // context_usp_ulysses, context_autoregressive) included; a tiny model on one CPU device.
+    let tiny = [
+        "hardware=cpu",
+        "dataset_type=synthetic",
+        "enable_checkpointing=false",
+        "base_emb_dim=64",
+        "base_num_query_heads=4",
+        "base_num_kv_heads=4",
+        "base_mlp_dim=128",
+        "base_num_decoder_layers=2",
+        "head_dim=16",
+        "vocab_size=256",
+        "max_target_length=32",
+        "per_device_batch_size=2",
+        "steps=2",
+    ];
+    let c = config::load_args(&args(&file, &tiny)).unwrap();
+    assert!(c.mesh_axes.iter().any(|a| a == "diloco"));
+    let report = train(&c, &client_for(&c).unwrap()).unwrap();
+    assert!(report.losses.len() == 2 && report.losses.iter().all(|l| l.is_finite()), "{:?}", report.losses);
+}

@@ -279,9 +279,19 @@ const fn v3(hidden: u64, heads: u64, experts: u64, dense_layers: u64) -> DeepSee
 
 /// The model files no Hugging Face model has: MaxText's test sizes of DeepSeek-V3 (counted by
 /// the same formula with their files' values), GPT-3 (OpenAI published no checkpoint; MaxText's
-/// sizes are its own) and maxrs's `default` / `maxtext-default` (MaxText's base.yml model).
-const WITHOUT_HF: &[&str] =
-    &["deepseek3-tiny", "deepseek3-test", "gpt3-175b", "gpt3-22b", "gpt3-6b", "gpt3-52k", "default", "maxtext-default"];
+/// sizes are its own), MaxText's qwen3-custom-30b-a3b (counted by its own formula below) and
+/// maxrs's `default` / `maxtext-default` (MaxText's base.yml model).
+const WITHOUT_HF: &[&str] = &[
+    "deepseek3-tiny",
+    "deepseek3-test",
+    "gpt3-175b",
+    "gpt3-22b",
+    "gpt3-6b",
+    "gpt3-52k",
+    "qwen3-custom-30b-a3b",
+    "default",
+    "maxtext-default",
+];
 
 fn model(name: &str, overrides: &[&str]) -> Result<Model, String> {
     let mut keys = vec![format!("model_name={name}")];
@@ -362,6 +372,24 @@ fn deepseek3_test_sizes() {
     assert_eq!(num_params("deepseek3-tiny"), deepseek_count(&tiny));
     let test = DeepSeek { moe_mlp: 512, ..v3(512, 128, 256, 3) };
     assert_eq!(num_params("deepseek3-test"), deepseek_count(&test));
+}
+
+/// qwen3-custom-30b-a3b by a formula with its file's values (MaxText's
+/// `qwen3-custom-30b-a3b.yml` at e591f30; the layer's parameters as `qwen3_custom.py` creates
+/// them): per layer the pre-attention norm, query/key/value from emb, the output projection to
+/// attention_output_dim, the QK-norms, the unused post-attention norm `AttentionWithNorm` creates,
+/// `latent_norm`, the gate and experts on attention_output_dim, `layer_up_projection`; the
+/// untied embedding and output projection and the final norm.
+#[test]
+fn qwen3_custom_size() {
+    let (vocab, emb, layers, heads, kv_heads, head_dim) = (151936u64, 2048u64, 48u64, 16u64, 2u64, 256u64);
+    let (latent, experts, moe_mlp) = (768u64, 128u64, 2048u64);
+    let attention = emb * (heads + 2 * kv_heads) * head_dim + heads * head_dim * latent + 2 * head_dim;
+    let moe = latent * experts + experts * 3 * latent * moe_mlp;
+    let layer = emb + attention + emb + latent + moe + latent * emb;
+    let want = 2 * vocab * emb + layers * layer + emb;
+    assert_eq!(num_params("qwen3-custom-30b-a3b"), want);
+    println!("qwen3-custom-30b-a3b: {:.2}B parameters", want as f64 / 1e9);
 }
 
 /// `base_moe_mlp_dim` sizes qwen3_moe's experts (MaxText's qwen3.py reads `moe_mlp_dim`), also

@@ -54,7 +54,7 @@ fn draw_spec() -> Spec {
 
 /// `rotate_half` RoPE (`apply_rotary_pos_emb`): element `i` of each head pairs with `i + d/2`,
 /// rotated by `pos / theta^(2i/d)`.
-fn rope(x: &Array2<f64>, heads: usize, d: usize) -> Array2<f64> {
+pub(crate) fn rope(x: &Array2<f64>, heads: usize, d: usize) -> Array2<f64> {
     let mut y = x.clone();
     for r in 0..B * T {
         let pos = (r % T) as f64;
@@ -72,7 +72,14 @@ fn rope(x: &Array2<f64>, heads: usize, d: usize) -> Array2<f64> {
 
 /// Causal softmax attention of scaled `q` over `k`, `v`, query head `h` reading key/value head
 /// `h / (heads / kv_heads)` (`repeat_kv`).
-fn attend(q: &Array2<f64>, k: &Array2<f64>, v: &Array2<f64>, heads: usize, kvh: usize, d: usize) -> Array2<f64> {
+pub(crate) fn attend(
+    q: &Array2<f64>,
+    k: &Array2<f64>,
+    v: &Array2<f64>,
+    heads: usize,
+    kvh: usize,
+    d: usize,
+) -> Array2<f64> {
     let mut out = Array2::<f64>::zeros((B * T, heads * d));
     for b in 0..B {
         for h in 0..heads {

@@ -5,12 +5,12 @@ sets it to that default (MaxText then does what it does without the key) and ref
 value by name (src/config/maxtext_keys.rs).
 
 MaxText's default for a key is its value in `configs/base.yml` (pyconfig always loads it), else
-the literal default of its field in `configs/types.py` (read with `ast`, not imported: types.py
-needs JAX and MaxText). A field whose type is one of types.py's own models (`lora: LoRA`,
+the literal (or enum member's) default of its field in `configs/types.py` (read with `ast`, not
+imported: types.py needs JAX and MaxText; enums from `common/common_types.py` too). A field whose type is one of types.py's own models (`lora: LoRA`,
 `dpo: DPO`) gets the mapping of that model's defaults.
 
 Usage (MaxText main e591f30, the commit src/config/maxtext_keys.rs cites):
-    git --git-dir=MAXTEXT.git archive e591f30 src/maxtext/configs | tar x -C /tmp/mt
+    git --git-dir=MAXTEXT.git archive e591f30 src/maxtext/configs src/maxtext/common | tar x -C /tmp/mt
     python3 tools/maxtext_keys.py /tmp/mt/src/maxtext/configs e591f30
 Run it again after declaring a key in src/config/keys.rs (a unit test says when).
 """
@@ -24,8 +24,31 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Enum classes (`VisionEncoderBlockType.NONE` as a default means its value, "none"), read from
+# types.py and common/common_types.py.
+ENUMS = {}
+
+
+def read_enums(path):
+    for cls in ast.parse(open(path).read()).body:
+        if isinstance(cls, ast.ClassDef):
+            members = {}
+            for stmt in cls.body:
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                    try:
+                        members[stmt.targets[0].id] = ast.literal_eval(stmt.value)
+                    except ValueError:
+                        pass
+            if members:
+                ENUMS[cls.name] = members
+
+
 def literal(node):
-    """The Python value of a literal expression, or raises ValueError."""
+    """The Python value of a literal expression or an enum member, or raises ValueError."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        members = ENUMS.get(node.value.id, {})
+        if node.attr in members:
+            return members[node.attr]
     return ast.literal_eval(node)
 
 
@@ -75,6 +98,8 @@ def types_defaults(path):
 
 def main():
     configs, commit = sys.argv[1], sys.argv[2]
+    read_enums(os.path.join(configs, "..", "common", "common_types.py"))
+    read_enums(os.path.join(configs, "types.py"))
     defaults = types_defaults(os.path.join(configs, "types.py"))
     base = yaml.safe_load(open(os.path.join(configs, "base.yml")))
     defaults.update(base)

@@ -49,6 +49,7 @@ pub const MODELS: &[(&str, &str)] = &[
     ("qwen3-30b-a3b-base", include_str!("../../models/qwen3-30b-a3b-base.yml")),
     ("qwen3-235b-a22b", include_str!("../../models/qwen3-235b-a22b.yml")),
     ("qwen3-480b-a35b", include_str!("../../models/qwen3-480b-a35b.yml")),
+    ("qwen3-custom-30b-a3b", include_str!("../../models/qwen3-custom-30b-a3b.yml")),
     ("deepseek3-671b", include_str!("../../models/deepseek3-671b.yml")),
     ("deepseek3-tiny", include_str!("../../models/deepseek3-tiny.yml")),
     ("deepseek3-test", include_str!("../../models/deepseek3-test.yml")),

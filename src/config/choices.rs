@@ -110,8 +110,9 @@ impl Hardware {
 }
 
 string_enum!(
-    /// Where training batches come from.
-    DatasetType { Synthetic = "synthetic", Tokens = "tokens", Hf = "hf" }
+    /// Where training batches come from. MaxText's tfds (its base.yml default) and grain are
+    /// read, so that a layer above can replace them, and refused when a run keeps them.
+    DatasetType { Synthetic = "synthetic", Tokens = "tokens", Hf = "hf", Tfds = "tfds", Grain = "grain" }
 );
 
 string_enum!(
@@ -135,7 +136,8 @@ string_enum!(
     /// MaxText's decoder block styles that maxrs implements, one family file each under
     /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP, qwen2 llama2's with
     /// query/key/value biases, qwen3 llama2's with QK-norm, qwen3_moe qwen3's with a routed MoE
-    /// block, deepseek DeepSeek-V3's layer (multi-head latent attention).
+    /// block, qwen3_custom_moe qwen3's attention into a narrower latent with a routed MoE block
+    /// there, deepseek DeepSeek-V3's layer (multi-head latent attention).
     DecoderBlock {
         Llama2 = "llama2",
         Mistral = "mistral",
@@ -147,6 +149,7 @@ string_enum!(
         Qwen2 = "qwen2",
         Qwen3 = "qwen3",
         Qwen3Moe = "qwen3_moe",
+        Qwen3CustomMoe = "qwen3_custom_moe",
         Deepseek = "deepseek",
     }
 );
@@ -154,7 +157,10 @@ string_enum!(
 impl DecoderBlock {
     /// The blocks whose MLP is a routed mixture of experts (`num_experts` and the MoE keys).
     pub fn has_experts(self) -> bool {
-        matches!(self, DecoderBlock::Mixtral | DecoderBlock::Qwen3Moe | DecoderBlock::Deepseek)
+        matches!(
+            self,
+            DecoderBlock::Mixtral | DecoderBlock::Qwen3Moe | DecoderBlock::Qwen3CustomMoe | DecoderBlock::Deepseek
+        )
     }
 }
 

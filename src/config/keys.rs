@@ -28,14 +28,39 @@ const ALL: Families = Families::All;
 const MISTRAL_GEMMA2_3: Families = Families::Only(&[DecoderBlock::Mistral, DecoderBlock::Gemma2, DecoderBlock::Gemma3]);
 const GEMMA2_3: Families = Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::Gemma3]);
 const GEMMA3: Families = Families::Only(&[DecoderBlock::Gemma3]);
+/// The families with MaxText's default RoPE (`RotaryEmbedding`), whose timescales
+/// `rope_linear_scaling_factor` scales (gemma3: its global layers only).
+const DEFAULT_ROPE: Families = Families::Only(&[
+    DecoderBlock::Llama2,
+    DecoderBlock::Mistral,
+    DecoderBlock::Mixtral,
+    DecoderBlock::Gemma,
+    DecoderBlock::Gemma2,
+    DecoderBlock::Gemma3,
+    DecoderBlock::Qwen2,
+    DecoderBlock::Qwen3,
+    DecoderBlock::Qwen3Moe,
+    DecoderBlock::Qwen3CustomMoe,
+]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
-const MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe, DecoderBlock::Deepseek]);
-/// decoder_block=qwen2, qwen3, qwen3_moe: `qwen2.py` and `qwen3.py` (MaxText e591f30) both pass
-/// `use_qk_norm` to their `Attention`.
-const QWEN2_3: Families = Families::Only(&[DecoderBlock::Qwen2, DecoderBlock::Qwen3, DecoderBlock::Qwen3Moe]);
+const MOE: Families = Families::Only(&[
+    DecoderBlock::Mixtral,
+    DecoderBlock::Qwen3Moe,
+    DecoderBlock::Qwen3CustomMoe,
+    DecoderBlock::Deepseek,
+]);
+/// decoder_block=qwen2, qwen3, qwen3_moe, qwen3_custom_moe: `qwen2.py`, `qwen3.py` and
+/// `qwen3_custom.py` (MaxText e591f30) all pass `use_qk_norm` to their `Attention`.
+const QWEN2_3: Families =
+    Families::Only(&[DecoderBlock::Qwen2, DecoderBlock::Qwen3, DecoderBlock::Qwen3Moe, DecoderBlock::Qwen3CustomMoe]);
 /// decoder_block=qwen2: the only block maxrs has whose MaxText layer reads `attention_bias`.
 const QWEN2: Families = Families::Only(&[DecoderBlock::Qwen2]);
-const MIXTRAL_QWEN3_MOE: Families = Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe]);
+const MIXTRAL_QWEN3_MOE: Families =
+    Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe, DecoderBlock::Qwen3CustomMoe]);
+/// decoder_block=qwen3_custom_moe: `Qwen3CustomMoeDecoderLayer` (`models/qwen3_custom.py`, MaxText
+/// e591f30) is the only layer maxrs has that reads `attention_output_dim`, and the only one where
+/// `moe_expert_input_dim` may differ from the embedding size.
+const QWEN3_CUSTOM: Families = Families::Only(&[DecoderBlock::Qwen3CustomMoe]);
 /// decoder_block=deepseek: multi-head latent attention and YaRN (`model::mla`), DeepSeek-V3's
 /// routing and shared experts (`model::moe::MoeConfig::deepseek`).
 const DEEPSEEK: Families = Families::Only(&[DecoderBlock::Deepseek]);
@@ -118,7 +143,8 @@ declare_keys! {
         /// The decoder family, one file each under src/model/.
         /// llama2, mistral (llama2's block plus sliding_window_size), gemma, gemma2, gemma3 (text
         /// only), gpt3, mixtral (llama2 with routed experts), qwen3 (llama2 with QK-norm),
-        /// qwen3_moe (qwen3 with routed experts).
+        /// qwen3_moe (qwen3 with routed experts), qwen3_custom_moe (qwen3's attention into an
+        /// attention_output_dim latent, routed experts there, then up to the embedding).
         decoder_block: DecoderBlock = "llama2" => MaxText.model(ALL).model_file(),
         /// A power of two that scales the base_* sizes as MaxText does.
         /// With log2(scale) = 3q + r: emb x 2^(q + [r > 1]), query and kv heads and mlp x
@@ -151,11 +177,10 @@ declare_keys! {
         // MaxText's `Attention.init_rotary_embedding` (src/maxtext/layers/attentions.py, e591f30)
         // uses it when positive.
         local_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA3).range(int(-(1 << 53), 1 << 53)).model_file(),
-        /// gemma3: RoPE's timescales are multiplied by this in the global layers (positions / factor).
-        // MaxText's `RotaryEmbedding.timescale` (src/maxtext/layers/embeddings.py, e591f30) reads
-        // it for every family with default RoPE; maxrs implements it for gemma3 only so far and
-        // refuses it elsewhere (the families check).
-        rope_linear_scaling_factor: f64 = 1.0 => MaxText.model(GEMMA3).range(closed(1e-6, 1e6)).model_file(),
+        /// The default RoPE's timescales are multiplied by this (positions / factor): every layer of the families with it, gemma3's global layers; not Llama 3.1's or YaRN's RoPE.
+        // MaxText's `RotaryEmbedding.timescale` (src/maxtext/layers/embeddings.py, e591f30) and
+        // `Attention.init_rotary_embedding` (attentions.py), which skips gemma3's local layers.
+        rope_linear_scaling_factor: f64 = 1.0 => MaxText.model(DEFAULT_ROPE).range(closed(1e-6, 1e6)).model_file(),
         /// default (half-split RoPE), llama3.1 (scaled frequencies, interleaved pairs) or yarn (deepseek only yet).
         /// llama3.1 is also chosen by a model_name starting with llama3.1, as in MaxText.
         rope_type: RopeType = "default" => MaxText.model(ALL).model_file(),
@@ -172,7 +197,7 @@ declare_keys! {
         trainable_position_size: i64 = -1 => MaxText.model(ALL).range(int_or_fill(0, 1 << 24)).model_file(),
         /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2, gemma3: the local layers' window.
         sliding_window_size: i64 = 0 => MaxText.model(MISTRAL_GEMMA2_3).range(int(0, 1 << 24)).model_file(),
-        /// qwen2, qwen3, qwen3_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm).
+        /// qwen2, qwen3, qwen3_moe, qwen3_custom_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm).
         use_qk_norm: bool = false => MaxText.model(QWEN2_3).model_file(),
         /// qwen2: learned biases on the query, key and value projections (not the output's).
         attention_bias: bool = false => MaxText.model(QWEN2).model_file(),
@@ -182,9 +207,13 @@ declare_keys! {
         use_post_attn_norm: bool = false => MaxText.model(GEMMA2_3).model_file(),
         /// gemma2, gemma3: RMSNorm after the MLP, before the residual add.
         use_post_ffw_norm: bool = false => MaxText.model(GEMMA2_3).model_file(),
+        /// qwen3_custom_moe: the attention output projection's width (the latent the MoE block runs on); -1: unset (qwen3_custom_moe needs it set).
+        // `Qwen3CustomAttention.init_out_w` (models/qwen3_custom.py at MaxText e591f30) refuses a
+        // non-positive value; a value other than the embedding size adds layer_up_projection.
+        attention_output_dim: i64 = -1 => MaxText.model(QWEN3_CUSTOM).range(int_or_fill(1, MAX_EMB)).model_file(),
         /// gpt3: one [emb, 3, heads, head_dim] projection for query, key and value.
         fused_qkv: bool = false => MaxText.model(GPT3).model_file(),
-        /// maxrs has no dropout: true is refused (MaxText's default is true, with dropout_rate 0).
+        /// MaxText's dropout switch. Its dropout_rate is 0 (MaxText's default, the only value maxrs takes), with which flax's Dropout is the identity: both values compute the same step.
         enable_dropout: bool = false => MaxText.program().model_file(),
         /// How attention is computed: autoselected, dot_product, flash, cudnn_flash_te or cudnn_flash_jax.
         /// dot_product: every score at once ([batch, heads, seq, seq] in memory). flash: maxrs's
@@ -235,7 +264,7 @@ declare_keys! {
         mtp_num_layers: i64 = 0 => MaxText.model(ALL).range(int(0, MAX_HEADS)).model_file(),
     }
 
-    /// decoder_block=mixtral, qwen3_moe, deepseek; MaxText's layers/moe.py.
+    /// decoder_block=mixtral, qwen3_moe, qwen3_custom_moe, deepseek; MaxText's layers/moe.py.
     section "Mixture of experts" {
         /// Experts in each MoE layer.
         num_experts: i64 = 1 => MaxText.model(MOE).range(int(1, MAX_HEADS)).model_file(),
@@ -276,13 +305,17 @@ declare_keys! {
         routed_scaling_factor: f64 = 1.0 => MaxText.model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
         /// deepseek: the layers before the routed ones (dense_layers, then moe_layers).
         first_num_dense_layers: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
-        /// The experts' hidden size, before global_parameter_scale: deepseek's routed and shared experts, qwen3_moe's experts; mixtral's experts are base_mlp_dim wide, which it must equal.
+        /// The experts' hidden size, before global_parameter_scale: deepseek's routed and shared experts, qwen3_moe's experts; mixtral's and qwen3_custom_moe's experts are base_mlp_dim wide, which it must equal.
         /// -1: unset; deepseek refuses it with routed layers, mixtral and qwen3_moe then take base_mlp_dim (MaxText refuses an unset one with num_experts > 1).
         // MaxText's types.py at e591f30: moe_mlp_dim must be positive with num_experts > 1, and
         // equal base_mlp_dim when every layer is routed; for qwen3_moe it replaces base_mlp_dim
         // instead (qwen3.py sizes the experts with moe_mlp_dim, mixtral.py with mlp_dim).
         base_moe_mlp_dim: i64 = -1 => MaxText.model(MOE).range(int_or_fill(1, 4 * MAX_EMB)).model_file(),
-        /// mixtral, qwen3_moe: the top-k routing weights (softmax over the chosen logits) are divided by their sum, in dtype.
+        /// qwen3_custom_moe: the width of the tokens entering the experts, equal to attention_output_dim; -1: base_emb_dim.
+        // MaxText's `RoutedMoE` (layers/moe.py at e591f30) sizes its gate and experts with it;
+        // types.py requires it to equal attention_output_dim for qwen3_custom_moe.
+        moe_expert_input_dim: i64 = -1 => MaxText.model(QWEN3_CUSTOM).range(int_or_fill(1, MAX_EMB)).model_file(),
+        /// mixtral, qwen3_moe, qwen3_custom_moe: the top-k routing weights (softmax over the chosen logits) are divided by their sum, in dtype.
         // MaxText's `get_topk` (layers/moe.py at e591f30) renormalizes after the softmax, which
         // already sums to 1: the two values differ by dtype rounding only.
         norm_topk_prob: bool = false => MaxText.model(MIXTRAL_QWEN3_MOE).model_file(),
@@ -701,7 +734,7 @@ impl Config {
         match self.dataset_type {
             DatasetType::Hf => self.packing,
             DatasetType::Synthetic => self.packing && self.max_segments_per_seq >= 2 && !self.synthetic_progression,
-            DatasetType::Tokens => false,
+            DatasetType::Tokens | DatasetType::Tfds | DatasetType::Grain => false,
         }
     }
 

@@ -462,10 +462,10 @@ fn parse_overrides(overrides: &[String]) -> Result<Layer, ConfigError> {
         .collect()
 }
 
-/// `value` typed for `key`, or `None` for a MaxText key maxrs lacks set to MaxText's default
-/// (`maxtext_keys`: it asks for nothing maxrs does not do, so it is left out).
+/// `value` typed for `key`, or `None` for a MaxText key maxrs lacks that changes nothing here
+/// (`maxtext_keys::inert`: at MaxText's default, or an encoder's key), which is left out.
 fn typed(key: &str, value: Value, origin: &str) -> Result<Option<Value>, ConfigError> {
-    if registry::key(key).is_none() && maxtext_keys::at_default(key, &value) {
+    if registry::key(key).is_none() && maxtext_keys::inert(key, &value) {
         return Ok(None);
     }
     coerce(key, value, origin).map(Some)

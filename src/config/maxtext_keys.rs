@@ -18,6 +18,83 @@ static DEFAULTS: LazyLock<Mapping> = LazyLock::new(|| {
     serde_yaml::from_str(include_str!("maxtext_defaults.yml")).expect("maxtext_defaults.yml is a YAML mapping")
 });
 
+/// MaxText's keys of its vision and audio encoders (`configs/types.py` at MaxText e591f30:
+/// `MultimodalGeneral` less its switches, `VisionTower`, `VisionProjector`, `AudioEncoder`).
+/// MaxText builds an encoder only with `use_multimodal=true`, which maxrs refuses, so in every run
+/// maxrs accepts these keys change nothing in MaxText either, whatever their value; MaxText's
+/// gemma3 model files set them.
+const ENCODER_ONLY: &[&str] = &[
+    "attention_for_vit",
+    "vision_encoder_block",
+    "freeze_vision_encoder_params",
+    "freeze_audio_encoder_params",
+    "image_size_for_vit",
+    "image_path",
+    "image_placeholder",
+    "posemb_type_for_vit",
+    "max_num_images_per_example",
+    "video_path",
+    "audio_path",
+    "video_placeholder",
+    "audio_placeholder",
+    "use_audio_in_video",
+    "position_id_per_seconds",
+    "video_max_grid_t",
+    "video_max_grid_h",
+    "video_max_grid_w",
+    "dtype_mm",
+    "remat_policy_for_vit",
+    "hidden_size_for_vit",
+    "intermediate_size_for_vit",
+    "num_attention_heads_for_vit",
+    "num_channels_for_vit",
+    "tile_size_for_vit",
+    "patch_size_for_vit",
+    "conv_stride_for_vit",
+    "num_hidden_layers_for_vit",
+    "rope_theta_for_vit",
+    "vision_output_dim_for_vit",
+    "spatial_merge_size_for_vit",
+    "out_hidden_size_for_vit",
+    "temporal_patch_size_for_vit",
+    "num_position_embeddings_for_vit",
+    "deepstack_visual_indexes_for_vit",
+    "vision_output_length",
+    "projector_input_dim_for_vit",
+    "projector_output_dim_for_vit",
+    "pixel_shuffle_ratio_for_vit",
+    "projector_dropout_for_vit",
+    "vision_projector_type",
+    "vision_connector_num_layers",
+    "vision_connector_hidden_size",
+    "vision_connector_activation",
+    "vision_connector_use_bias",
+    "d_model_for_audio",
+    "encoder_attention_heads_for_audio",
+    "encoder_ffn_dim_for_audio",
+    "encoder_layers_for_audio",
+    "attention_dropout_for_audio",
+    "activation_dropout_for_audio",
+    "activation_function_for_audio",
+    "num_mel_bins_for_audio",
+    "max_source_positions_for_audio",
+    "scale_embedding_for_audio",
+    "n_window_for_audio",
+    "n_window_infer_for_audio",
+    "conv_chunksize_for_audio",
+    "downsample_hidden_size_for_audio",
+    "output_dim_for_audio",
+    "num_conv_layers_for_audio",
+    "max_timescale_for_audio",
+    "max_sample_len_for_audio",
+];
+
+/// Whether MaxText's key `key` (one maxrs does not declare) set to `value` leaves a run maxrs
+/// accepts as MaxText runs it without the key: at MaxText's default, or an encoder's key.
+pub(crate) fn inert(key: &str, value: &Value) -> bool {
+    ENCODER_ONLY.contains(&key) || at_default(key, value)
+}
+
 /// MaxText's default for a key maxrs does not declare.
 pub(crate) fn default_of(key: &str) -> Option<&'static Value> {
     DEFAULTS.get(key)
@@ -85,6 +162,18 @@ mod tests {
         let on: Value = serde_yaml::from_str("{enable_lora: true}").unwrap();
         assert!(!at_default("lora", &on));
         assert!(!at_default("not_a_maxtext_key", &s("0")));
+        // gemma3-4b.yml's vision tower, inert without use_multimodal.
+        assert!(
+            inert("hidden_size_for_vit", &Value::from(1152)) && !at_default("hidden_size_for_vit", &Value::from(1152))
+        );
+        assert!(!inert("use_multimodal", &Value::Bool(true)));
+    }
+
+    /// Every encoder key is a key of MaxText's (a misspelt one would accept a typo).
+    #[test]
+    fn encoder_keys_are_maxtexts() {
+        let unknown: Vec<&&str> = ENCODER_ONLY.iter().filter(|k| default_of(k).is_none()).collect();
+        assert!(unknown.is_empty(), "{unknown:?}");
     }
 
     /// A key maxrs declares must leave the generated table (rerun `tools/maxtext_keys.py`), or the

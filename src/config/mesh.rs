@@ -20,6 +20,18 @@ pub const MESH_AXES: &[(&str, &str)] = &[
     ("autoregressive", "autoregressive"),
 ];
 
+/// MaxText's mesh axes that maxrs does not implement (`mesh_axes` of `src/maxtext/configs/base.yml`
+/// at MaxText e591f30). Their `ici_*` / `dcn_*` parallelism keys take only MaxText's default, 1
+/// (`maxtext_keys`), so they are always of size 1 here: `mesh_axes` and the logical axis rules may
+/// name them, as MaxText's own files do, and they shard nothing (leaving an axis out of the mesh
+/// is the same as giving it size 1).
+pub const SIZE_ONE_AXES: &[&str] = &["diloco", "context_usp_ulysses", "context_autoregressive"];
+
+/// Whether `axis` is a mesh axis maxrs builds.
+pub(crate) fn built(axis: &str) -> bool {
+    MESH_AXES.iter().any(|(a, _)| *a == axis)
+}
+
 /// One axis of the mesh. Its size is `dcn x ici`; as in MaxText's hybrid mesh, the DCN part is the
 /// slower-varying one (index = dcn index x ici + ici index), so neighbours share a slice.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,7 +160,8 @@ pub(crate) fn build(config: &Config, num_devices: usize, num_slices: usize) -> R
     }
 
     let (mut ici, mut dcn) = (Vec::new(), Vec::new());
-    for name in &config.mesh_axes {
+    let built_axes: Vec<&String> = config.mesh_axes.iter().filter(|a| built(a)).collect();
+    for name in &built_axes {
         let word = MESH_AXES.iter().find(|(a, _)| a == name).map(|(_, w)| *w).expect("names checked above");
         let (i, d) = parallelism(config, name);
         ici.push((ici_key(word), i));
@@ -157,9 +170,8 @@ pub(crate) fn build(config: &Config, num_devices: usize, num_slices: usize) -> R
     let per_slice = num_devices / num_slices;
     let ici = fill("ICI", ici, per_slice, &format!("{per_slice} devices per slice"))?;
     let dcn = fill("DCN", dcn, num_slices, &plural(num_slices, "slice"))?;
-    let axes = config
-        .mesh_axes
-        .iter()
+    let axes = built_axes
+        .into_iter()
         .zip(ici.into_iter().zip(dcn))
         .map(|(name, (ici, dcn))| MeshAxis { name: name.clone(), ici, dcn })
         .collect();
@@ -169,7 +181,7 @@ pub(crate) fn build(config: &Config, num_devices: usize, num_slices: usize) -> R
 fn check_axis_names(config: &Config) -> Result<(), ConfigError> {
     let known: Vec<&str> = MESH_AXES.iter().map(|(a, _)| *a).collect();
     for (i, axis) in config.mesh_axes.iter().enumerate() {
-        if !known.contains(&axis.as_str()) {
+        if !known.contains(&axis.as_str()) && !SIZE_ONE_AXES.contains(&axis.as_str()) {
             let hint =
                 closest(axis, known.iter().copied()).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
             return Err(ConfigError::invalid(

@@ -5,7 +5,7 @@
 use super::choices::LogicalAxisRule;
 use super::error::{closest, quote, ConfigError};
 use super::keys::Config;
-use super::mesh::MESH_AXES;
+use super::mesh::{built, MESH_AXES, SIZE_ONE_AXES};
 
 /// The rules as `(logical axis name, mesh axes)` rows, in table order, keeping only mesh axes
 /// that are in `mesh_axes` (leaving an axis out of the mesh is the same as giving it size 1).
@@ -28,7 +28,7 @@ pub fn logical_rules(config: &Config) -> crate::sharding::LogicalRules {
 }
 
 fn in_mesh(config: &Config, axes: Vec<String>) -> Vec<String> {
-    axes.into_iter().filter(|a| config.mesh_axes.contains(a)).collect()
+    axes.into_iter().filter(|a| config.mesh_axes.contains(a) && built(a)).collect()
 }
 
 /// The mesh axes of the first rule for `logical` (empty if there is none).
@@ -68,13 +68,14 @@ pub(crate) fn check(config: &Config) -> Result<(), ConfigError> {
             ),
         )
     };
+    let named = |a: &String| known.contains(&a.as_str()) || SIZE_ONE_AXES.contains(&a.as_str());
     for LogicalAxisRule(name, axes) in &config.logical_axis_rules {
-        if let Some(axis) = axes.to_vec().iter().find(|a| !known.contains(&a.as_str())) {
+        if let Some(axis) = axes.to_vec().iter().find(|a| !named(a)) {
             return Err(unknown(axis, "logical_axis_rules", format!("the rule for {}", quote(name))));
         }
     }
     for group in &config.data_sharding {
-        if let Some(axis) = group.iter().find(|a| !known.contains(&a.as_str())) {
+        if let Some(axis) = group.iter().find(|a| !named(a)) {
             return Err(unknown(axis, "data_sharding", "data_sharding".into()));
         }
     }

@@ -395,9 +395,6 @@ fn check_model(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     check_model_variants(c)?;
-    if c.enable_dropout {
-        return Err(ConfigError::invalid("enable_dropout", "true, but maxrs has no dropout; set enable_dropout=false"));
-    }
     Ok(())
 }
 
@@ -467,7 +464,7 @@ fn check_moe(c: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid(
             "num_experts",
             format!(
-                "num_experts={} needs a block with experts: decoder_block=mixtral, qwen3_moe or deepseek (decoder_block={} has one MLP)",
+                "num_experts={} needs a block with experts: decoder_block=mixtral, qwen3_moe, qwen3_custom_moe or deepseek (decoder_block={} has one MLP)",
                 c.num_experts, c.decoder_block
             ),
         ));
@@ -482,9 +479,10 @@ fn check_moe(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     // MaxText's types.py (e591f30): a fully routed model's base_mlp_dim must equal
-    // base_moe_mlp_dim; mixtral.py sizes the experts with mlp_dim. (qwen3_moe takes
-    // base_moe_mlp_dim instead, deepseek checks its own layers.)
-    if c.decoder_block == DecoderBlock::Mixtral
+    // base_moe_mlp_dim; mixtral.py sizes the experts with mlp_dim, qwen3_custom.py with
+    // moe_mlp_dim (the same then). (qwen3_moe takes base_moe_mlp_dim instead, deepseek checks its
+    // own layers.)
+    if matches!(c.decoder_block, DecoderBlock::Mixtral | DecoderBlock::Qwen3CustomMoe)
         && c.num_experts > 1
         && c.base_moe_mlp_dim > 0
         && c.base_moe_mlp_dim != c.base_mlp_dim
@@ -492,8 +490,8 @@ fn check_moe(c: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid(
             "base_moe_mlp_dim",
             format!(
-                "base_moe_mlp_dim={}: decoder_block=mixtral's experts are base_mlp_dim wide, and MaxText requires the two equal in a fully routed model; set it to base_mlp_dim={} (or leave it unset)",
-                c.base_moe_mlp_dim, c.base_mlp_dim
+                "base_moe_mlp_dim={}: decoder_block={}'s experts are base_mlp_dim wide, and MaxText requires the two equal in a fully routed model; set it to base_mlp_dim={} (or leave it unset)",
+                c.base_moe_mlp_dim, c.decoder_block, c.base_mlp_dim
             ),
         ));
     }
@@ -584,6 +582,16 @@ fn check_outputs(c: &Config) -> Result<(), ConfigError> {
 /// The data and eval keys that must agree before any file is opened (files, columns and the
 /// tokenizer itself are checked by `data` when the run opens them).
 fn check_data(c: &Config) -> Result<(), ConfigError> {
+    if matches!(c.dataset_type, DatasetType::Tfds | DatasetType::Grain) {
+        return Err(ConfigError::invalid(
+            "dataset_type",
+            format!(
+                "{} is not supported yet: maxrs has no TFDS or Grain pipeline; use synthetic, tokens (a token file) or hf \
+                 (Parquet, JSON Lines, CSV, Arrow, text, Hub datasets)",
+                c.dataset_type
+            ),
+        ));
+    }
     if c.tokenizer_type == TokenizerType::Tiktoken {
         return Err(ConfigError::invalid(
             "tokenizer_type",

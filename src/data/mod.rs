@@ -402,6 +402,10 @@ pub fn open_train(
             let shuffle = c.enable_data_shuffling.then_some(seed);
             Ok(BatchIterator::Tokens(tokens::TokensBatches::new(file, global_batch, rows, shuffle, position)))
         }
+        // Refused by the config's checks (`validate::check_data`) before any run reads data.
+        DatasetType::Tfds | DatasetType::Grain => {
+            Err(DataError::Invalid(format!("dataset_type={} is not supported yet", c.dataset_type)))
+        }
         DatasetType::Hf => match mixture::Mixture::of(c)? {
             None => {
                 let at = match resume {

@@ -221,14 +221,16 @@ impl LayerContext {
         let (b, t) = (tokens.shape()[0], tokens.shape()[1]);
         let ctx = tokens.trace();
         let positions = batch.get("inputs_position").cloned().unwrap_or_else(|| ctx.iota(DType::S32, &[b, t], 1));
-        // MaxText's timescales: `max_timescale^(2i / head_dim)` for `i < head_dim / 2`; the angle
-        // of position `p` is `p / timescale`.
+        // MaxText's timescales: `max_timescale^(2i / head_dim)` for `i < head_dim / 2`, times
+        // `rope_linear_scaling_factor` for the default RoPE (`RotaryEmbedding.timescale` in
+        // `layers/embeddings.py` at main e591f30); the angle of position `p` is `p / timescale`.
         let inv_timescale: Vec<f64> = (0..c.head_dim / 2)
             .map(|i| {
                 let frequency = c.rope_max_timescale.powf(-2.0 * i as f64 / c.head_dim as f64);
                 match c.rope {
                     Rope::Llama31 { use_scale: true } => llama31_scaled_frequency(frequency),
-                    Rope::Llama31 { use_scale: false } | Rope::Default => frequency,
+                    Rope::Llama31 { use_scale: false } => frequency,
+                    Rope::Default => frequency / c.rope_linear_factor,
                 }
             })
             .collect();

@@ -28,6 +28,8 @@ pub struct ModelConfig {
     pub eps: f64,
     pub rope_max_timescale: f64,
     pub rope: Rope,
+    /// `rope_linear_scaling_factor`: the default RoPE's timescales are multiplied by it.
+    pub rope_linear_factor: f64,
     pub logits_via_embedding: bool,
     /// With `logits_via_embedding`: the logits are divided by `sqrt(emb)`.
     pub normalize_embedding_logits: bool,
@@ -113,6 +115,7 @@ impl ModelConfig {
             eps: c.normalization_layer_epsilon,
             rope_max_timescale: c.rope_max_timescale as f64,
             rope: Rope::from_config(c),
+            rope_linear_factor: c.rope_linear_scaling_factor,
             logits_via_embedding: c.logits_via_embedding,
             normalize_embedding_logits: c.normalize_embedding_logits,
             final_logits_soft_cap: (c.final_logits_soft_cap > 0.0).then_some(c.final_logits_soft_cap),

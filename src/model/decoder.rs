@@ -43,7 +43,7 @@ use super::flops::{StepShape, StepTflops};
 use super::fp8::{self, Scaling};
 use super::params::{self, ParamDef, ParamInit};
 use super::stacks::{unstack_layers, Stack};
-use super::{deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen2, qwen3, ModelConfig};
+use super::{deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen2, qwen3, qwen3_custom, ModelConfig};
 
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
@@ -122,10 +122,10 @@ type FamilyTest = fn(DecoderBlock) -> bool;
 /// `rope_linear_scaling_factor` scales every family's default RoPE (`RotaryEmbedding` in
 /// `src/maxtext/layers/embeddings.py`; `Attention.init_rotary_embedding` in
 /// `src/maxtext/layers/attentions.py`, e591f30, skips only gemma3's local layers and other kinds
-/// of RoPE), `local_rope_max_timescale` every `LOCAL_SLIDING` attention (gemma2's local layers).
-/// gpt3 has no RoPE.
+/// of RoPE), which maxrs does but in DeepSeek's latent attention; `local_rope_max_timescale` every
+/// `LOCAL_SLIDING` attention (gemma2's local layers). gpt3 has no RoPE.
 const NOT_YET: &[(&str, FamilyTest)] = &[
-    ("rope_linear_scaling_factor", |b| b != DecoderBlock::Gpt3),
+    ("rope_linear_scaling_factor", |b| b == DecoderBlock::Deepseek),
     ("local_rope_max_timescale", |b| b == DecoderBlock::Gemma2),
 ];
 
@@ -165,6 +165,7 @@ fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
         DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral::from_config(c, mc)?),
         DecoderBlock::Qwen2 => Arc::new(qwen2::Qwen2::from_config(c)),
         DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe => Arc::new(qwen3::Qwen3::from_config(c, mc)?),
+        DecoderBlock::Qwen3CustomMoe => Arc::new(qwen3_custom::Qwen3Custom::from_config(c, mc)?),
         DecoderBlock::Deepseek => Arc::new(deepseek::Deepseek::from_config(c, mc)?),
     })
 }
@@ -185,6 +186,15 @@ fn check_shared(c: &Config, mc: &ModelConfig) -> Result<(), String> {
         if let Some(value) = config::non_default_value(c, "final_logits_soft_cap") {
             return Err(format!(
                 "final_logits_soft_cap={value}: it applies to the tied logits of logits_via_embedding=true only (MaxText ignores it otherwise)"
+            ));
+        }
+    }
+    // MaxText's `init_rotary_embedding` (attentions.py at main e591f30) builds Llama 3.1's RoPE
+    // without the linear factor.
+    if matches!(mc.rope, super::config::Rope::Llama31 { .. }) {
+        if let Some(value) = config::non_default_value(c, "rope_linear_scaling_factor") {
+            return Err(format!(
+                "rope_linear_scaling_factor={value}: Llama 3.1's RoPE (rope_type=llama3.1 or a llama3.1 model_name) does not use it (MaxText ignores it there); it scales the default RoPE"
             ));
         }
     }

@@ -241,8 +241,8 @@ mod tests {
     #[test]
     fn rope_keys_elsewhere_are_refused_truthfully() {
         let model = |args: &[&str]| super::super::Model::from_config(&load(args));
-        let e = model(&["rope_linear_scaling_factor=2"]).unwrap_err();
-        assert!(e.contains("not supported yet with decoder_block=llama2"), "{e}");
+        let e = model(&["decoder_block=deepseek", "attention_type=mla", "rope_linear_scaling_factor=2"]).unwrap_err();
+        assert!(e.contains("not supported yet with decoder_block=deepseek"), "{e}");
         let e = model(&["decoder_block=gemma2", "sliding_window_size=4", "local_rope_max_timescale=100"]).unwrap_err();
         assert!(e.contains("not supported yet with decoder_block=gemma2"), "{e}");
         let e = model(&["local_rope_max_timescale=100"]).unwrap_err();

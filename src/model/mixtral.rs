@@ -20,7 +20,6 @@
 //! `base_moe_mlp_dim` must equal it, `config::validate`).
 
 use crate::config::Config;
-use crate::ir::DType;
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
@@ -69,14 +68,8 @@ impl Family for Mixtral {
         let x = attention_half(c, p, x, ctx, &SelfAttention::default());
         let h = constrain(c, Norm::Rms { eps: c.eps }.apply(p, "post_self_attention_layer_norm", &x), ACTIVATIONS);
         let block = moe_block(c, &self.moe, &p.subtree("MoeBlock_0"), &h);
+        let aux_losses = block.aux_losses(&self.moe);
         let out = constrain(c, &x + &constrain(c, block.output, ACTIVATIONS), ACTIVATIONS);
-        // MaxText adds the load-balancing loss only with several experts (`loss_fn`), and logs it
-        // (as 0 when its weight is 0) in that case only.
-        let mut aux_losses = Tree::new();
-        if self.moe.num_experts > 1 {
-            let loss = block.load_balance_loss.unwrap_or_else(|| x.trace().scalar(0.0, DType::F32));
-            aux_losses.insert("moe_lb_loss", loss);
-        }
         LayerOutput { x: out, aux_losses }
     }
 

@@ -21,7 +21,8 @@
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
 //!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gpt3`], [`mixtral`] (Llama's
 //!   attention and a routed MoE block), [`qwen2`] (Llama's layer with query/key/value biases),
-//!   [`qwen3`] (Llama's layer with QK-norm), [`deepseek`]
+//!   [`qwen3`] (Llama's layer with QK-norm), [`qwen3_custom`] (Qwen3's attention into a narrower
+//!   latent, routed experts there, then back up to `emb`), [`deepseek`]
 //!   (multi-head latent attention, [`mla`], with YaRN RoPE; dense, then routed layers).
 //! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`).
 
@@ -48,6 +49,7 @@ pub mod moe;
 pub mod params;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_custom;
 pub mod stacks;
 
 pub use config::ModelConfig;

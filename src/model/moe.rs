@@ -270,6 +270,19 @@ pub struct MoeOutput {
     pub load_balance_loss: Option<Tensor>,
 }
 
+impl MoeOutput {
+    /// The layer's auxiliary losses: MaxText adds the load-balancing loss only with several
+    /// experts (`loss_fn`), and logs it (as 0 when its weight is 0) in that case only.
+    pub fn aux_losses(&self, m: &MoeConfig) -> Tree {
+        let mut aux = Tree::new();
+        if m.num_experts > 1 {
+            let loss = self.load_balance_loss.clone().unwrap_or_else(|| self.output.trace().scalar(0.0, DType::F32));
+            aux.insert("moe_lb_loss", loss);
+        }
+        aux
+    }
+}
+
 /// Where the router sends each token: `[batch, seq, k]` weights (in `dtype`) and s32 expert ids.
 struct Routes {
     weights: Tensor,

@@ -21,7 +21,6 @@
 //! The QK-norms use `normalization_layer_epsilon`, as MaxText's `Attention` builds them.
 
 use crate::config::{Config, DecoderBlock};
-use crate::ir::DType;
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
@@ -85,13 +84,8 @@ impl Family for Qwen3 {
         let x = llama::attention_half(c, p, x, ctx, &self.attention(c));
         let h = Norm::Rms { eps: c.eps }.apply(p, "post_self_attention_layer_norm", &x);
         let block = moe_block(c, m, &p.subtree("moe_block"), &h);
+        let aux_losses = block.aux_losses(m);
         let out = constrain(c, &x + &block.output, BTE);
-        // As Mixtral's: the load-balancing loss is logged with several experts.
-        let mut aux_losses = Tree::new();
-        if m.num_experts > 1 {
-            let loss = block.load_balance_loss.unwrap_or_else(|| x.trace().scalar(0.0, DType::F32));
-            aux_losses.insert("moe_lb_loss", loss);
-        }
         LayerOutput { x: out, aux_losses }
     }
 

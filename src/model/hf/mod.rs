@@ -121,6 +121,13 @@ pub fn check_model(c: &Config) -> Result<()> {
             "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet (maxrs converts \
              llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek)"
         ),
+        // MaxText's qwen3_custom_moe (`models/qwen3_custom.py` at MaxText e591f30) has no
+        // Hugging Face model: no transformers class narrows attention's output to a latent.
+        DecoderBlock::Qwen3CustomMoe => bail!(
+            "decoder_block=qwen3_custom_moe: converting qwen3_custom_moe to Hugging Face's layout is not supported yet \
+             (Hugging Face has no such model; maxrs converts llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, \
+             gemma3, deepseek)"
+        ),
         DecoderBlock::Deepseek => deepseek::check_model(c),
         DecoderBlock::Qwen2 if !c.attention_bias => {
             bail!("attention_bias=false: Hugging Face's Qwen2 always has query, key and value biases")
