@@ -7,9 +7,7 @@
 //! LayerNorms, learned positions, the tied and rescaled Gemma embedding, Llama 3.1's RoPE, QK-norm).
 
 use crate::common::family_ref::*;
-use maxrs::autodiff::value_and_grad;
 use maxrs::model::Model;
-use maxrs::tensor::trace;
 
 /// The tiny shape every family's reference test uses.
 pub(crate) const SIZES: &[&str] = &[
@@ -46,12 +44,7 @@ type Probe = (Option<usize>, &'static str, usize);
 fn check_gradient(label: &str, m: &Model, spec: &Spec, probes: &[Probe]) {
     let p = random_params(spec, m, 3);
     let b = batch(m, 4);
-    let program = trace(&signature(m), |_ctx, inp| {
-        let (loss, grads) = value_and_grad(&inp.subtree("params"), |params| m.loss(params, inp, 0.0).0);
-        grads.prefixed("grad").with("loss", loss)
-    })
-    .expect("the gradient traces");
-    let out = crate::common::run(&program, &inputs(m, &p, &b));
+    let out = loss_and_gradient(m, &p, &b);
     for &(layer, name, index) in probes {
         let h = 1e-4;
         let nudged = |delta: f64| {

@@ -13,9 +13,7 @@
 use crate::common::family_ref::{
     self, batch, inputs, random_params, rms_norm, scaled_err, silu, Batch, RefOut, RefParams, Spec, B, T,
 };
-use maxrs::autodiff::value_and_grad;
 use maxrs::model::{Model, ParamInit};
-use maxrs::tensor::trace;
 use ndarray::{s, Array2};
 use std::collections::BTreeMap;
 
@@ -190,12 +188,7 @@ fn qwen2_tied_logits_match_the_reference() {
 fn qwen2_bias_gradients_match_finite_differences() {
     let m = shrunk("qwen2.5-7b", &[]);
     let (p, b) = (random_params(&draw_spec(), &m, 3), batch(&m, 4));
-    let program = trace(&family_ref::signature(&m), |_ctx, inp| {
-        let (loss, grads) = value_and_grad(&inp.subtree("params"), |params| m.loss(params, inp, 0.0).0);
-        grads.prefixed("grad").with("loss", loss)
-    })
-    .expect("the gradient traces");
-    let out = crate::common::run(&program, &inputs(&m, &p, &b));
+    let out = family_ref::loss_and_gradient(&m, &p, &b);
     let probes = [
         (0, "self_attention.query.bias", 5),
         (1, "self_attention.query.bias", 30),

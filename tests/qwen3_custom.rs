@@ -16,9 +16,7 @@
 use crate::common::family_ref::{
     self, batch, inputs, random_params, rms_norm, silu, Batch, RefOut, RefParams, Spec, B, T,
 };
-use maxrs::autodiff::value_and_grad;
 use maxrs::model::{Model, ParamInit};
-use maxrs::tensor::trace;
 use ndarray::{s, Array2};
 use std::collections::BTreeMap;
 
@@ -222,12 +220,7 @@ fn qwen3_custom_gradients_match_finite_differences() {
     let (p, b) = (draw(&m, 3), batch(&m, 4));
     let (_, margin) = reference(&m, &p, &b);
     assert!(margin > 1e-3, "a routing near-tie ({margin:e}); pick another seed");
-    let program = trace(&family_ref::signature(&m), |_ctx, inp| {
-        let (loss, grads) = value_and_grad(&inp.subtree("params"), |params| m.loss(params, inp, 0.0).0);
-        grads.prefixed("grad").with("loss", loss)
-    })
-    .expect("the gradient traces");
-    let out = crate::common::run(&program, &inputs(&m, &p, &b));
+    let out = family_ref::loss_and_gradient(&m, &p, &b);
     let probes = [
         (0, "latent_norm.scale", 3),
         (1, "latent_norm.scale", 11),

@@ -466,6 +466,18 @@ pub struct RefOut {
     pub loss: f64,
 }
 
+/// The loss of `m` on `b` with parameters `p` and its gradient (`grad.<name>`), traced with
+/// `value_and_grad` and run through the plugin.
+pub fn loss_and_gradient(m: &Model, p: &RefParams, b: &Batch) -> Tree<HostTensor> {
+    let program = maxrs::tensor::trace(&signature(m), |_ctx, inp| {
+        let (loss, grads) =
+            maxrs::autodiff::value_and_grad(&inp.subtree("params"), |params| m.loss(params, inp, 0.0).0);
+        grads.prefixed("grad").with("loss", loss)
+    })
+    .expect("the gradient traces");
+    super::run(&program, &inputs(m, p, b))
+}
+
 /// max |a - b| over max |b|.
 pub fn scaled_err(got: &[f64], want: &Array2<f64>) -> f64 {
     let want: Vec<f64> = want.iter().copied().collect();
