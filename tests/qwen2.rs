@@ -30,8 +30,9 @@ fn shrunk(model_name: &str, extra: &[&str]) -> Model {
 }
 
 /// What `random_params` draws from: gains in [0.5, 1.5], biases and embeddings in [-0.5, 0.5],
-/// kernels with a fan-in scale (family_ref's Llama-like spec; its forward pass is not used here).
-fn draw_spec() -> Spec {
+/// kernels with a fan-in scale (family_ref's Llama-like spec: `random_params` reads its family
+/// only, and its forward pass is not used here).
+pub(crate) fn draw_spec() -> Spec {
     Spec {
         family: family_ref::Family::Llama,
         rope: family_ref::RopeRef::HalfSplit,

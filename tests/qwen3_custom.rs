@@ -13,15 +13,14 @@
 //! against central differences of the reference loss; the parameters' names, shapes and axes;
 //! the refusals; and a short training run on CPU.
 
-use crate::common::family_ref::{
-    self, batch, inputs, random_params, rms_norm, silu, Batch, RefOut, RefParams, Spec, B, T,
-};
+use crate::common::family_ref::{self, batch, inputs, random_params, rms_norm, silu, Batch, RefOut, RefParams, B, T};
 use maxrs::model::{Model, ParamInit};
 use ndarray::{s, Array2};
 use std::collections::BTreeMap;
 
-// The Qwen2 reference's RoPE (its base, 100, is TINY's rope_max_timescale) and grouped-query attention.
-use crate::qwen2::{attend, rope};
+// The Qwen2 reference's RoPE (its base, 100, is TINY's rope_max_timescale), grouped-query
+// attention and parameter draw.
+use crate::qwen2::{attend, draw_spec, rope};
 
 const EPS: f64 = 1e-3;
 const EXPERTS: usize = 4;
@@ -50,23 +49,6 @@ const TINY: &[&str] = &[
 fn tiny(extra: &[&str]) -> Model {
     let args: Vec<&str> = TINY.iter().chain(extra).copied().collect();
     family_ref::model("qwen3-custom-30b-a3b", &args)
-}
-
-/// What `random_params` draws from: gains in [0.5, 1.5], embeddings in [-0.5, 0.5], kernels
-/// with a scale of 1.7 / sqrt(rows) (the experts' are rescaled in `draw`).
-fn draw_spec() -> Spec {
-    Spec {
-        family: family_ref::Family::Llama,
-        rope: family_ref::RopeRef::HalfSplit,
-        window: None,
-        attn_cap: None,
-        final_cap: None,
-        post_norms: false,
-        fused_qkv: false,
-        eps: EPS,
-        gemma3: None,
-        qk_norm: true,
-    }
 }
 
 /// Random parameters; the experts' kernels (held as `[experts, in x out]`) rescaled to a fan-in

@@ -331,13 +331,15 @@ const BUILT_IN_BASE: &str = "base.yml";
 /// twice in one chain is refused (MaxText recurses until Python gives up).
 fn read_config_chain(path: &Path) -> Result<Vec<(PathBuf, Layer)>, ConfigError> {
     let mut chain: Vec<(PathBuf, Layer)> = Vec::new();
+    // Each file of the chain as the file system names it, to tell a file named twice.
+    let mut identities: Vec<PathBuf> = Vec::new();
     let mut next = Some(path.to_path_buf());
     while let Some(path) = next.take() {
         let text = input::read_to_string("config file", &path, input::SETTINGS)?;
         let origin = format!("in {}", path.display());
         let (layer, base) = read_config_layer(&text, &origin)?;
         let identity = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
-        if chain.iter().any(|(p, _)| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()) == identity) {
+        if identities.contains(&identity) {
             let names: Vec<String> = chain.iter().map(|(p, _)| p.display().to_string()).collect();
             return Err(ConfigError::invalid(
                 BASE_CONFIG,
@@ -367,6 +369,7 @@ fn read_config_chain(path: &Path) -> Result<Vec<(PathBuf, Layer)>, ConfigError> 
                 ));
             }
         }
+        identities.push(identity);
         chain.push((path, layer));
     }
     chain.reverse();
