@@ -31,3 +31,4 @@ pub mod storage;
 pub mod submit;
 pub mod tensor;
 pub mod train;
+pub mod train_state;

@@ -145,10 +145,7 @@ fn restore_onto_another_mesh_and_device_count() {
 pub(crate) fn state_expected(c: &config::Config) -> Vec<dir::Expected> {
     let derived = config::validate(c, 1, 1).unwrap();
     let step = maxrs::train::step::TrainStep::new(c, &derived, None).unwrap();
-    step.state_specs()
-        .into_iter()
-        .map(|(name, dtype, dims, _)| dir::Expected { name, ty: maxrs::runtime::element_type(dtype), dims })
-        .collect()
+    dir::Expected::of_state(&step.state())
 }
 
 #[test]

@@ -43,7 +43,7 @@ fn cuda_runs_get_cudnn_and_the_rest_say_why_not() {
         ),
         (
             &["compile_topology=a3-8", "compile_topology_num_slices=1"],
-            "a deviceless compile (compile_topology=\"a3-8\") skips XLA's cuDNN passes",
+            "a deviceless compile (compile_topology=\"a3-8\") cannot hold cuDNN's compiled graphs",
         ),
         (&["dtype=float32"], "takes bf16 or f16, not f32"),
         (&["head_dim=12"], "a multiple of 8, at most 256, not 12"),
@@ -125,4 +125,59 @@ fn saving_context_keeps_the_backward_pass_from_recomputing_attention() {
     assert_eq!(calls_in_step(4, &["remat_policy=minimal_flash"]), (1, 1));
     assert_eq!(calls_in_step(4, &["remat_policy=full"]), (2, 1));
     assert_eq!(calls_in_step(1, &["remat_policy=minimal_flash"]), (1, 1));
+}
+
+/// `train-compile` of a cuDNN-attention run for an H100 (deviceless): the saved step has
+/// blockwise attention (its executable could not hold cuDNN's graphs, which XLA builds only on a
+/// GPU), and the memory verdict is for the step a run on the GPU compiles, whose optimized
+/// module still calls cuDNN's fused attention, forward and backward.
+#[test]
+fn a_deviceless_compile_judges_the_cudnn_step_and_saves_the_blockwise_one() {
+    use maxrs::aot::topology::lookup;
+    if !crate::common::provision::provisioned(&lookup("h100-1", 1).unwrap()) {
+        return;
+    }
+    let dump = tempfile::tempdir().unwrap();
+    let flags = format!(
+        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_gpu_autotune_level=0 \
+         --xla_dump_to={} --xla_dump_hlo_as_text",
+        dump.path().display()
+    );
+    let args = [
+        "train-compile",
+        "--topology=h100-1",
+        "base_emb_dim=64",
+        "base_num_query_heads=2",
+        "base_num_kv_heads=2",
+        "head_dim=32",
+        "base_mlp_dim=128",
+        "base_num_decoder_layers=1",
+        "vocab_size=256",
+        "per_device_batch_size=1",
+        "max_target_length=128",
+        "dtype=bfloat16",
+        "attention=cudnn_flash_te",
+    ];
+    let out = crate::common::cli::finish(crate::common::cli::command(&args, &[("XLA_FLAGS", &flags)]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains("-> blockwise attention") && stdout.contains("cannot hold cuDNN's compiled graphs"),
+        "{stdout}"
+    );
+    let saved = stdout.find("memory of the saved step (blockwise attention):").expect("the saved step's table");
+    let judged = stdout.find("memory of the step a run on the GPU compiles (cuDNN's attention").expect("the verdict's");
+    assert!(saved < judged, "the verdict's table comes last: {stdout}");
+    // Two modules were compiled: one calls cuDNN's attention, the other does not.
+    let optimized: Vec<String> = std::fs::read_dir(dump.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with("gpu_after_optimizations.txt"))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    let calling =
+        |target: &str| optimized.iter().filter(|m| m.contains(&format!("custom_call_target=\"{target}\""))).count();
+    assert_eq!(optimized.len(), 2, "the saved and the judged step");
+    assert_eq!(calling(maxrs::model::cudnn::FORWARD), 1, "the judged step calls cuDNN's forward attention");
+    assert_eq!(calling(maxrs::model::cudnn::BACKWARD), 1, "and its backward");
 }

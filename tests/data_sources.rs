@@ -198,8 +198,7 @@ fn tokens_file_errors_name_the_culprit() {
     let empty = dir.path().join("empty.bin");
     std::fs::write(&empty, b"").unwrap();
     assert!(matches!(open(empty), DataError::EmptyFile { .. }));
-    // The emulator first: the process's GCS endpoint is fixed at its first use, and without the
-    // emulator that would be "no credentials" for the emulator tests after this one.
+    // The emulator answers, so the error is the missing bucket's, not a refused connection's.
     let _ = crate::common::gcs_emulator::start(&[]);
     let e = data::open_train(
         &cfg(&["dataset_type=tokens", "dataset_path=gs://bucket/t.bin"]),

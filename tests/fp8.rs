@@ -16,14 +16,14 @@ use maxrs::tensor::{trace, Tree};
 /// An 8-bit float format as the reference sees it: `ml_dtypes`' float8_e4m3fn (bias 7, 3
 /// mantissa bits, largest 448) or float8_e5m2 (bias 15, 2 mantissa bits, largest 57344).
 #[derive(Clone, Copy)]
-struct Format {
+pub(crate) struct Format {
     exponent_bits: u32,
     mantissa_bits: u32,
     max: f64,
 }
 
-const E4M3FN: Format = Format { exponent_bits: 4, mantissa_bits: 3, max: 448.0 };
-const E5M2: Format = Format { exponent_bits: 5, mantissa_bits: 2, max: 57344.0 };
+pub(crate) const E4M3FN: Format = Format { exponent_bits: 4, mantissa_bits: 3, max: 448.0 };
+pub(crate) const E5M2: Format = Format { exponent_bits: 5, mantissa_bits: 2, max: 57344.0 };
 
 impl Format {
     /// Every non-negative finite value with its bit pattern.
@@ -54,7 +54,7 @@ impl Format {
         (best.copysign(v), bits | sign)
     }
 
-    fn qdq(self, v: &[f64], scale: f64) -> Vec<f64> {
+    pub(crate) fn qdq(self, v: &[f64], scale: f64) -> Vec<f64> {
         v.iter().map(|x| self.round((x / scale).clamp(-self.max, self.max)).0 * scale).collect()
     }
 }
@@ -114,19 +114,19 @@ fn f8_converts_on_the_cpu_plugin_match_the_reference_rounding() {
 
 /// One product's state in the reference: scale and amax history.
 #[derive(Clone)]
-struct Meta {
-    scale: f64,
-    history: Vec<f64>,
+pub(crate) struct Meta {
+    pub(crate) scale: f64,
+    pub(crate) history: Vec<f64>,
 }
 
 impl Meta {
-    fn new() -> Meta {
+    pub(crate) fn new() -> Meta {
         Meta { scale: 1.0, history: vec![0.0; AMAX_HISTORY_LENGTH as usize] }
     }
 
     /// flax's `compute_scale` (margin 0) and `compute_amax_history` (`jnp.roll(h, -1)`, then
     /// the new amax at index 0), as `fp8_ops.py` writes them.
-    fn update(&self, format: Format, v: &[f64]) -> Meta {
+    pub(crate) fn update(&self, format: Format, v: &[f64]) -> Meta {
         let amax = self.history.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let scale = if amax > 0.0 && amax.is_finite() { amax / format.max } else { self.scale };
         let n = self.history.len();
@@ -137,7 +137,7 @@ impl Meta {
 }
 
 /// `out[m, n] = sum_k a[m, k] b[k, n]` for row-major `a: [rows, inner]`, `b: [inner, cols]`.
-fn matmul(a: &[f64], b: &[f64], rows: usize, inner: usize, cols: usize) -> Vec<f64> {
+pub(crate) fn matmul(a: &[f64], b: &[f64], rows: usize, inner: usize, cols: usize) -> Vec<f64> {
     let mut out = vec![0.0; rows * cols];
     for m in 0..rows {
         for k in 0..inner {
@@ -149,11 +149,11 @@ fn matmul(a: &[f64], b: &[f64], rows: usize, inner: usize, cols: usize) -> Vec<f
     out
 }
 
-fn transpose(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+pub(crate) fn transpose(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
     (0..cols * rows).map(|i| a[(i % rows) * cols + i / rows]).collect()
 }
 
-fn assert_close(what: &str, got: &[f64], want: &[f64]) {
+pub(crate) fn assert_close(what: &str, got: &[f64], want: &[f64]) {
     let scale = want.iter().map(|v| v.abs()).fold(0.0, f64::max).max(1e-30);
     let err = got.iter().zip(want).map(|(g, w)| (g - w).abs()).fold(0.0, f64::max) / scale;
     assert!(err < 1e-5, "{what}: max error {err:e} of the largest value {scale:e}\ngot  {got:?}\nwant {want:?}");

@@ -4,7 +4,8 @@
 //! after optimization (a cuBLASLt `__cublas$lt$matmul$f8` call, or a Triton GEMM fusion whose
 //! dot reads them): none was dequantized to a bf16 GEMM; and the scanned layers' loop bodies
 //! hold the 7 forward products (query, key, value, out, `wi_0`, `wi_1`, `wo`) and their 14
-//! backward ones. The CUDA plugin and `ptxas` are downloaded on first use (see `skip_offline`
+//! backward ones; a Mixtral's hold its expert products too. The CUDA plugin and `ptxas` are downloaded on first use
+//! (see `skip_offline`
 //! in tests/common/provision.rs).
 
 use std::collections::{HashMap, HashSet};
@@ -232,34 +233,67 @@ fn dumped(dir: &Path, suffix: &str) -> Module {
     Module::parse(&std::fs::read_to_string(file).unwrap())
 }
 
-#[test]
-fn the_fp8_step_compiles_to_fp8_gemms_for_an_h100() {
+/// The step of `model` compiled deviceless for one H100: the dots XLA is given and its
+/// optimized module; `None` where the CUDA plugin cannot be provisioned.
+fn compile(model: &[&str]) -> Option<(Vec<Gemm>, Module)> {
     if !provisioned(&lookup("h100-1", 1).unwrap()) {
-        return;
+        return None;
     }
     let dump = tempfile::tempdir().unwrap();
     let flags = format!("{XLA_FLAGS} --xla_dump_to={} --xla_dump_hlo_as_text", dump.path().display());
-    let args: Vec<&str> = ["train-compile", "--topology=h100-1"].iter().chain(MODEL).copied().collect();
+    let args: Vec<&str> = ["train-compile", "--topology=h100-1"].iter().chain(model).copied().collect();
     let out = finish(command(&args, &[("XLA_FLAGS", &flags)]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-
     let given = dumped(dump.path(), ".before_optimizations.txt").gemms();
-    let optimized = dumped(dump.path(), "sm_9.0a_gpu_after_optimizations.txt");
+    Some((given, dumped(dump.path(), "sm_9.0a_gpu_after_optimizations.txt")))
+}
+
+/// Every dot given on f8 operands is a GEMM on f8 operands after optimization, and the others
+/// are the unquantized products only; returns the f8
+/// GEMMs per layer body (e4m3 x e4m3, e5m2 x e4m3).
+fn f8_gemms_per_body(what: &str, given: &[Gemm], optimized: &Module) -> Vec<(usize, usize)> {
     let gemms = optimized.gemms();
     let count = |gemms: &[Gemm], f8: bool| gemms.iter().filter(|g| g.f8() == f8).count();
     println!(
-        "dots given to XLA: {} on f8 operands, {} others; GEMMs after optimization: {} on f8 operands, {} others",
-        count(&given, true),
-        count(&given, false),
+        "{what}: dots given to XLA: {} on f8 operands, {} others; GEMMs after optimization: {} on f8 operands, {} others",
+        count(given, true),
+        count(given, false),
         count(&gemms, true),
         count(&gemms, false)
     );
-    assert_eq!(count(&gemms, true), count(&given, true), "every quantized product stays a GEMM on f8 operands");
+    assert_eq!(count(&gemms, true), count(given, true), "{what}: every quantized product stays a GEMM on f8 operands");
+    // Attention's products (scores, values and their gradients) and the logits' are not quantized.
+    assert_eq!(count(&gemms, false), 11, "{what}: a quantized product fell back to a GEMM on wider operands");
+    let per_body = optimized.f8_gemms_per_loop_body(&gemms);
+    println!("{what}: per layer body (e4m3 x e4m3, e5m2 x e4m3 GEMMs): {per_body:?}");
+    assert_eq!(per_body.len(), 2, "{what}: a forward and a backward layer body: {per_body:?}");
+    per_body
+}
+
+#[test]
+fn the_fp8_step_compiles_to_fp8_gemms_for_an_h100() {
+    let Some((given, optimized)) = compile(MODEL) else { return };
     // The scanned layers' forward body holds the forward products (e4m3 by e4m3), the backward
     // body the gradients' (e5m2 by e4m3), besides any products it recomputes.
-    let per_body = optimized.f8_gemms_per_loop_body(&gemms);
-    println!("per layer body (e4m3 x e4m3, e5m2 x e4m3 GEMMs): {per_body:?}");
-    assert_eq!(per_body.len(), 2, "a forward and a backward layer body: {per_body:?}");
+    let per_body = f8_gemms_per_body("llama", &given, &optimized);
     assert!(per_body.contains(&(7, 0)), "the forward body: {per_body:?}");
     assert!(per_body.iter().any(|&(_, e5m2)| e5m2 == 14), "the backward body: {per_body:?}");
+}
+
+/// The same Llama as a Mixtral of 4 experts, top 2, dropping tokens past a capacity
+/// (`sparse_matmul=false`, `capacity_factor=1`: fp8 refuses the dropless path).
+const MIXTRAL: &[&str] =
+    &["decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2", "sparse_matmul=false", "capacity_factor=1"];
+
+/// Mixtral's fp8 step: the layer's forward body holds 10 products on e4m3 operands (query, key,
+/// value, out, the gate, and the experts' dispatch, `wi_0`, `wi_1`, `wo` and combine einsums,
+/// each one batched GEMM over the experts), and the backward body the gradients' e5m2 GEMMs: two
+/// per product, but none for the dispatch mask, which has no gradient (19).
+#[test]
+fn the_fp8_mixtral_step_compiles_its_expert_products_to_fp8_gemms_for_an_h100() {
+    let model: Vec<&str> = MODEL.iter().chain(MIXTRAL).copied().collect();
+    let Some((given, optimized)) = compile(&model) else { return };
+    let per_body = f8_gemms_per_body("mixtral", &given, &optimized);
+    assert!(per_body.contains(&(10, 0)), "the forward body: {per_body:?}");
+    assert!(per_body.iter().any(|&(_, e5m2)| e5m2 == 19), "the backward body: {per_body:?}");
 }

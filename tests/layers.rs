@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["sharding", "host", "files", "input", "net"],
     &["ir", "config"],
     &["tensor", "autodiff", "lower", "pjrt"],
-    &["model", "runtime", "storage", "output", "data", "cluster"],
+    &["model", "train_state", "runtime", "storage", "output", "data", "cluster"],
     &["checkpoint"],
     &["train", "inference"],
     &["aot", "submit", "cli"],

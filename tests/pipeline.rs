@@ -15,6 +15,7 @@ use maxrs::tensor::Tree;
 use maxrs::train::pipeline::run::build;
 use maxrs::train::run::StartupTimes;
 use maxrs::train::step::{batch_inputs, TrainStep};
+use maxrs::train_state::Group;
 
 fn load(args: &[&str]) -> Config {
     let all: Vec<String> = crate::common::PIPELINE_TINY.iter().chain(args).map(|s| s.to_string()).collect();
@@ -29,7 +30,8 @@ fn batches(c: &Config, derived: &Derived) -> BatchIterator {
     data::open_train(c, derived.global_batch_size, ProcessShare::SINGLE, None).unwrap()
 }
 
-/// Losses per step and final parameters of the pipelined run of `args`.
+/// Losses per step and final parameters (and fp8 state, `fp8.*`, with `quantization=fp8`) of
+/// the pipelined run of `args`.
 fn pipelined(args: &[&str]) -> (Vec<f64>, Tree<HostTensor>) {
     let c = load(args);
     let derived = config::validate(&c, 8, 1).expect("valid config");
@@ -44,7 +46,13 @@ fn pipelined(args: &[&str]) -> (Vec<f64>, Tree<HostTensor>) {
         assert!((0.0..1.0).contains(&bubble), "bubble {bubble}");
         losses.push(result.loss);
     }
-    (losses, pipeline.parameters().expect("parameters"))
+    let mut kept = pipeline.parameters().expect("parameters");
+    for (name, array) in pipeline.state().expect("the state") {
+        if let Some((Group::Fp8, _)) = Group::of(&name) {
+            kept.insert(name, array);
+        }
+    }
+    (losses, kept)
 }
 
 /// The same run without pipeline parallelism: the one-executable train step on all 8 devices
@@ -93,14 +101,17 @@ fn unpipelined_with(args: &[&str], extra: &[&str]) -> (Vec<f64>, Tree<HostTensor
         last = outputs.into_iter().flatten().collect();
     }
     drop(last);
-    let mut params = Tree::new();
+    let mut kept = Tree::new();
     for (i, input) in compiled.program.inputs.iter().enumerate() {
-        if let Some(name) = input.name.strip_prefix("params.") {
-            let o = compiled.output_index(&input.name).unwrap();
-            params.insert(name, compiled.fetch(o, state[i].as_ref().unwrap()).unwrap());
-        }
+        let name = match Group::of(&input.name) {
+            Some((Group::Params, key)) => key.to_string(),
+            Some((Group::Fp8, _)) => input.name.clone(),
+            _ => continue,
+        };
+        let o = compiled.output_index(&input.name).unwrap();
+        kept.insert(name, compiled.fetch(o, state[i].as_ref().unwrap()).unwrap());
     }
-    (losses, params)
+    (losses, kept)
 }
 
 /// Unscanned parameters (`decoder.layers_{i}.*`) stacked as the scanned layout names them.
@@ -257,6 +268,43 @@ fn two_stages_mixtral_equals_gradient_accumulation_over_the_same_microbatches() 
         "ici_tensor_parallelism=2",
     ];
     assert_same_run("mixtral pp=2 fsdp=4 m=4", &pipelined(&args), &unpipelined_with(&args, &accumulated));
+}
+
+/// `quantization=fp8` on stages: every microbatch's quantized products use the scales of the
+/// state before the step, and the step's new scales and amax histories are the maximum over its
+/// microbatches (flax's `fp32_max_grad`), which is what the unpipelined step computes over the
+/// whole batch. Losses, parameters and the fp8 state equal the unpipelined run's, scanned and
+/// unscanned, with interleaved repeats (each chunk updates only its rows of the stage's state).
+#[test]
+fn fp8_stages_equal_the_unpipelined_step() {
+    let scanned = [
+        "quantization=fp8",
+        "base_num_decoder_layers=4",
+        "ici_pipeline_parallelism=2",
+        "ici_fsdp_parallelism=4",
+        "num_pipeline_microbatches=4",
+        "per_device_batch_size=2",
+    ];
+    let got = pipelined(&scanned);
+    assert!(got.1.names().any(|n| n.starts_with("fp8.decoder.layers.")), "the fp8 state is compared");
+    assert_same_run("fp8 pp=2 fsdp=4 m=4", &got, &unpipelined(&scanned));
+    let interleaved = [
+        "quantization=fp8",
+        "base_num_decoder_layers=4",
+        "scan_layers=false",
+        "ici_pipeline_parallelism=2",
+        "ici_fsdp_parallelism=4",
+        "num_layers_per_pipeline_stage=1",
+        "num_pipeline_microbatches=4",
+        "per_device_batch_size=2",
+    ];
+    let (losses, state) = pipelined(&interleaved);
+    let want = unpipelined(&interleaved);
+    assert_same_run(
+        "fp8 unscanned pp=2 interleaved m=4",
+        &(losses, stacked(&state, 4)),
+        &(want.0, stacked(&want.1, 4)),
+    );
 }
 
 fn invalid(args: &[&str]) -> String {

@@ -13,8 +13,8 @@ use maxrs::pjrt::cpu_client;
 use maxrs::train::run::{train, RunReport};
 
 /// The tiny f32 decoder of tests/pipeline.rs (its `steps` overridden), 4 layers; `pipelined` picks 2 stages of 2 layers
-/// (data 2 x fsdp 2 inside each) or one SPMD step over fsdp 8.
-fn run(dir: &Path, run_name: &str, steps: u64, pipelined: bool) -> RunReport {
+/// (data 2 x fsdp 2 inside each) or one SPMD step over fsdp 8; `extra` keys last.
+fn run(dir: &Path, run_name: &str, steps: u64, pipelined: bool, extra: &[&str]) -> RunReport {
     let mut args: Vec<String> = crate::common::PIPELINE_TINY
         .iter()
         .chain(&[
@@ -49,6 +49,7 @@ fn run(dir: &Path, run_name: &str, steps: u64, pipelined: bool) -> RunReport {
     } else {
         args.push("ici_fsdp_parallelism=8".into());
     }
+    args.extend(extra.iter().map(|s| s.to_string()));
     let c = config::load(None, &args).expect("config loads");
     train(&c, &cpu_client(8).unwrap()).expect("the run trains")
 }
@@ -88,24 +89,43 @@ fn assert_close(what: &str, got: &[f64], want: &[f64], tolerance: f64) {
 fn pipelined_checkpoints_resume_pipelined_and_unpipelined_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let whole = run(dir, "whole", 6, true);
+    let whole = run(dir, "whole", 6, true, &[]);
     assert_eq!(whole.losses.len(), 6);
 
-    let first = run(dir, "cut", 3, true);
+    let first = run(dir, "cut", 3, true, &[]);
     assert_eq!(first.losses, whole.losses[..3], "the same run up to the cut");
     assert_eq!(first.checkpoints.last().and_then(|s| s.step), Some(2), "saved on completion");
     copy_checkpoints(dir, "cut", "to_flat");
-    let resumed = run(dir, "cut", 6, true);
+    let resumed = run(dir, "cut", 6, true, &[]);
     assert_eq!(resumed.first_step, 3);
     assert_eq!(resumed.losses, whole.losses[3..], "a resumed pipelined run gives the uninterrupted losses");
 
-    let flat = run(dir, "to_flat", 6, false);
+    let flat = run(dir, "to_flat", 6, false, &[]);
     assert_eq!(flat.first_step, 3);
     assert_close("an unpipelined run resumed from a pipelined checkpoint", &flat.losses, &whole.losses[3..], 1e-5);
 
-    run(dir, "from_flat", 3, false);
+    run(dir, "from_flat", 3, false, &[]);
     copy_checkpoints(dir, "from_flat", "to_pipelined");
-    let back = run(dir, "to_pipelined", 6, true);
+    let back = run(dir, "to_pipelined", 6, true, &[]);
     assert_eq!(back.first_step, 3);
     assert_close("a pipelined run resumed from an unpipelined checkpoint", &back.losses, &whole.losses[3..], 1e-5);
+}
+
+/// With `quantization=fp8` the fp8 scaling state is part of the checkpoint in the same layout:
+/// a pipelined run resumed from its own checkpoint gives the uninterrupted losses bit for bit
+/// (the scales and histories came back), and an unpipelined run resumes from it.
+#[test]
+fn pipelined_fp8_checkpoints_carry_the_scaling_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let fp8 = ["quantization=fp8"];
+    let whole = run(dir, "whole", 4, true, &fp8);
+    let first = run(dir, "cut", 2, true, &fp8);
+    assert_eq!(first.losses, whole.losses[..2], "the same run up to the cut");
+    copy_checkpoints(dir, "cut", "to_flat");
+    let resumed = run(dir, "cut", 4, true, &fp8);
+    assert_eq!(resumed.first_step, 2);
+    assert_eq!(resumed.losses, whole.losses[2..], "a resumed pipelined fp8 run gives the uninterrupted losses");
+    let flat = run(dir, "to_flat", 4, false, &fp8);
+    assert_close("an unpipelined fp8 run resumed from a pipelined checkpoint", &flat.losses, &whole.losses[2..], 1e-5);
 }

@@ -117,13 +117,7 @@ fn measure(model: &ModelCase, base: &str, storage: &str) -> Result<Row> {
         &model.keys.iter().map(|s| s.to_string()).chain(["dtype=float32".into()]).collect::<Vec<_>>(),
     )?;
     let m = Model::from_config(&c).map_err(|e| anyhow::anyhow!(e))?;
-    let derived = config::validate(&c, 1, 1)?;
-    let step = maxrs::train::step::TrainStep::new(&c, &derived, None).map_err(|e| anyhow::anyhow!(e))?;
-    let expected: Vec<dir::Expected> = step
-        .state_specs()
-        .into_iter()
-        .map(|(name, dtype, dims, _)| dir::Expected { name, ty: maxrs::runtime::element_type(dtype), dims })
-        .collect();
+    let expected = dir::Expected::of_state(&maxrs::train_state::TrainState::of(&m));
     let newest = sync.checkpoints.last().context("the run saved")?.location.clone();
     let t = Instant::now();
     dir::load(&newest, &expected, &manifest::model_keys(&c, &m), false)?;

@@ -272,6 +272,27 @@ impl CompileTarget {
         compiled.with_context(|| format!("compiling for part of topology `{}`", self.topology.name))
     }
 
+    /// Compiles StableHLO lowered elsewhere (JAX's `Lowered.as_text()`: MaxText's own step in
+    /// `tools/compile_stablehlo.rs`) as an SPMD program over all the target's devices in id
+    /// order, with the options, overrides and process count maxrs's own programs get.
+    pub fn compile_module(&self, mlir: &str) -> Result<Executable> {
+        let ids: Vec<i64> = self.granules.iter().flatten().copied().collect();
+        let mut options = CompileOptions::spmd(ids.len() as i64);
+        options.device_assignment = Some(ids);
+        options.process_count = self.topology.num_hosts().into();
+        options.xla_option_overrides.extend(self.xla_overrides.iter().cloned());
+        if self.disable_cub_sort && has_sort(mlir) {
+            options.xla_option_overrides.push((CUB_RADIX_SORT.to_string(), "false".to_string()));
+        }
+        let compiled = match &self.backend {
+            Backend::Deviceless(topology) => topology.compile(mlir, &options),
+            Backend::Client(client) => {
+                client.compile_uncached(mlir, &options).and_then(LoadedExecutable::into_executable)
+            }
+        };
+        compiled.with_context(|| format!("compiling a lowered module for topology `{}`", self.topology.name))
+    }
+
     /// On a GPU target, what XLA's allocator will let a run use of each device, under the
     /// allocator variables of this environment (the run's must be the same: train-compile's
     /// verdict says so when it matters).

@@ -13,7 +13,7 @@ use super::memory::MemoryReport;
 use super::topology::{self, Platform, Topology};
 use crate::config::{self, escape, Config, Hardware, Resolved, Source};
 use crate::lower::to_stablehlo;
-use crate::model::attention::describe;
+use crate::model::attention::{describe, AttentionImpl};
 use crate::pjrt::gpu_memory::GpuAllocator;
 use crate::pjrt::Plugin;
 use crate::runtime::artifact;
@@ -134,13 +134,28 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     derived.print_summary(step.model.num_params());
     println!("{}", describe(c, step.model.config.attention));
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
+    let judged = gpu_run_step(c, &step)
+        .map(|gpu| gpu.train_step().map_err(|e| anyhow!("tracing the cuDNN-attention train step: {e}")))
+        .transpose()?;
     let trace_seconds = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
     let mlir = to_stablehlo(&program);
     let executable = target.compile_lowered(&program, &mlir)?;
-    let compile_seconds = t.elapsed().as_secs_f64();
     let memory = target.memory_report(&executable)?;
+    let memory = match judged {
+        None => memory,
+        Some(gpu) => {
+            println!("memory of the saved step (blockwise attention):\n{memory}");
+            let judged = target.memory_report(&target.compile_lowered(&gpu, &to_stablehlo(&gpu))?)?;
+            println!(
+                "memory of the step a run on the GPU compiles (cuDNN's attention, whose workspaces XLA sizes only on a \
+                 GPU: not counted), which decides whether the run fits:"
+            );
+            judged
+        }
+    };
+    let compile_seconds = t.elapsed().as_secs_f64();
     memory.check()?; // the error shows the table
     println!("{memory}");
 
@@ -180,6 +195,20 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     };
     summary.print("", "executable");
     Ok(summary)
+}
+
+/// The step a run on the target's GPUs compiles, when it is not `step`: with cuDNN's attention
+/// (`attention=cudnn_flash_te|cudnn_flash_jax`), which a deviceless compile cannot hold
+/// (`model::attention::cudnn_declined`), so that `step` has blockwise attention instead. The memory
+/// verdict is this program's: the one the run executes when it compiles on its GPUs.
+fn gpu_run_step(c: &Config, step: &TrainStep) -> Option<TrainStep> {
+    let on_gpu = AttentionImpl::for_config(&Config { compile_topology: String::new(), ..c.clone() });
+    let (AttentionImpl::Cudnn { .. }, AttentionImpl::Blockwise { .. }) = (on_gpu, step.model.config.attention) else {
+        return None;
+    };
+    let mut gpu = step.clone();
+    gpu.model.config.attention = on_gpu;
+    Some(gpu)
 }
 
 /// The `hardware` and `plugin` a compile for `target` uses. The target decides the hardware, as

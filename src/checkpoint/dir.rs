@@ -21,13 +21,15 @@ use serde::{Deserialize, Serialize};
 
 use super::manifest::{self, ArrayEntry, FileEntry, Manifest, SliceEntry, MANIFEST_FILE};
 use super::shards::{check_tiling, ranges, Bounds, HostArray};
-use super::tensor_file::write_safetensors;
+use super::tensor_file::{element_type, write_safetensors};
 use super::{folder, read};
 use crate::files::Location;
-use crate::host::params_io::{from_dtype, to_dtype};
+use crate::host::params_io::to_dtype;
 use crate::host::{convert_float, is_float, whole};
 use crate::host::{shape_string, ElementType, HostTensor};
+use crate::runtime::element_type as element_type_of;
 use crate::storage::{self, StagedDir};
+use crate::train_state::{Group, StateArray, TrainState};
 
 /// Test hook: milliseconds to pause after writing each data file of a checkpoint, so a test can
 /// kill a run in the middle of a write. Never set in normal use.
@@ -309,6 +311,15 @@ pub struct Expected {
     pub dims: Vec<i64>,
 }
 
+impl Expected {
+    /// Every array of a train state (what a training run's checkpoint holds).
+    pub fn of_state(state: &TrainState) -> Vec<Expected> {
+        let array =
+            |a: &StateArray| Expected { name: a.name(), ty: element_type_of(a.dtype), dims: a.def.shape.clone() };
+        state.arrays.iter().map(array).collect()
+    }
+}
+
 /// A checkpoint read back and checked.
 pub struct Loaded {
     pub location: Location,
@@ -462,37 +473,29 @@ fn group_counts<'a>(names: impl Iterator<Item = &'a str>) -> Result<BTreeMap<&'a
     Ok(counts)
 }
 
-/// The group of the fp8 scales and amax histories of `quantization=fp8`
-/// (`TrainStep::state_specs`), which the other quantizations do not keep.
-const FP8_GROUP: &str = "fp8";
-
 /// A checkpoint's group of `n` arrays that a resuming run does not have.
 fn dropped_group(group: &str, n: usize) -> String {
-    match group {
-        FP8_GROUP => format!(
+    if group == Group::Fp8.file_group() {
+        format!(
             "it holds quantization=fp8's scaling state ({n} arrays fp8.…), which this run (quantization is not fp8) \
              would drop: resume with quantization=fp8, or start another run_name from its parameters \
              (load_parameters_path)"
-        ),
-        _ => format!("it holds {n} arrays {group}.… that this run does not have"),
+        )
+    } else {
+        format!("it holds {n} arrays {group}.… that this run does not have")
     }
 }
 
 /// A run's group of `n` arrays that a checkpoint has none of.
 fn missing_group(group: &str, n: usize) -> String {
-    match group {
-        FP8_GROUP => format!(
+    if group == Group::Fp8.file_group() {
+        format!(
             "it holds no fp8 scaling state (it was saved without quantization=fp8), which this run \
              (quantization=fp8) needs ({n} arrays fp8.…): resume without quantization=fp8 (or with \
              te_fp8_currentscaling, which keeps no state), or start another run_name from its parameters \
              (load_parameters_path)"
-        ),
-        _ => format!("it has none of this run's {n} arrays {group}.…"),
+        )
+    } else {
+        format!("it has none of this run's {n} arrays {group}.…")
     }
-}
-
-/// The maxrs element type of a safetensors dtype name (`F32`, `BF16`, ...).
-pub(super) fn element_type(name: &str) -> Option<ElementType> {
-    let dtype: safetensors::Dtype = serde_json::from_value(serde_json::Value::String(name.into())).ok()?;
-    from_dtype(dtype)
 }

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use super::dir::{self, Expected, Snapshot};
 use super::folder;
 use super::manifest::{self, MANIFEST_FILE};
-use super::tensor_file::{read_safetensors, write_safetensors};
+use super::tensor_file::{self, read_safetensors, write_safetensors};
 use crate::config::{self, Config};
 use crate::files::Location;
 use crate::host::convert_float;
@@ -29,6 +29,7 @@ use crate::host::{shape_string, ElementType, HostTensor};
 use crate::input;
 use crate::model::{hf as layout, Model};
 use crate::storage::{self, StagedDir};
+use crate::train_state::Group;
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -266,7 +267,7 @@ pub fn from_hf(src: &Location, dst: &Location, dtype: Option<&str>, overrides: &
     let params = cast(layout::from_hf(&c, &model, &hf_config, &tensors)?, ty)?;
     let snapshot = Snapshot {
         step: None,
-        arrays: params.into_iter().map(|(n, t)| (format!("params.{n}"), t)).collect(),
+        arrays: params.into_iter().map(|(n, t)| (Group::Params.name(&n), t)).collect(),
         model: manifest::model_keys(&c, &model),
         data: None,
     };
@@ -276,7 +277,7 @@ pub fn from_hf(src: &Location, dst: &Location, dtype: Option<&str>, overrides: &
         model_args,
         tensors: snapshot.arrays.len(),
         bytes: saved.bytes,
-        files: vec![MANIFEST_FILE.into(), "params.safetensors".into()],
+        files: vec![MANIFEST_FILE.into(), dir::file_name(Group::Params.file_group(), 0, 1)],
     })
 }
 
@@ -313,26 +314,26 @@ pub fn to_hf(
     // array at a time: the wide copy of the whole state is the one read).
     let stored = |name: &str| {
         let array = checkpoint.as_ref()?.arrays.iter().find(|a| a.name == name)?;
-        dir::element_type(&array.dtype).filter(|t| WEIGHT_TYPES.contains(t))
+        tensor_file::element_type(&array.dtype).filter(|t| WEIGHT_TYPES.contains(t))
     };
     let expected: Vec<Expected> = model
         .param_defs()
         .into_iter()
         .map(|d| {
-            let name = format!("params.{}", d.name);
+            let name = Group::Params.name(&d.name);
             Expected { ty: stored(&name).unwrap_or(weight), name, dims: d.shape }
         })
         .collect();
     let params: BTreeMap<String, HostTensor> = if checkpoint.is_some() {
         let loaded = dir::load(src, &expected, &manifest::model_keys(&c, &model), true)?;
-        loaded.arrays.into_iter().map(|(n, t)| (n["params.".len()..].to_string(), t)).collect()
+        Group::Params.subtree(&loaded.arrays.into_iter().collect()).into_iter().collect()
     } else {
         let mut input = storage::open_read(src)?;
         let file = read_safetensors(&mut input, &src.to_string())?;
         let mut tensors = file.tensors;
         let mut params = BTreeMap::new();
-        for e in &expected {
-            let name = &e.name["params.".len()..];
+        for (e, def) in expected.iter().zip(model.param_defs()) {
+            let name = &def.name;
             let t = tensors
                 .remove(name)
                 .ok_or_else(|| anyhow!("{src}: no tensor {name} ({})", shape_string(e.ty, &e.dims)))?;

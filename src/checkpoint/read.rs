@@ -36,7 +36,7 @@ impl<'a> SliceReader<'a> {
     /// The blocks `wanted` of `array` (in its saved dtype), each assembled from the slices that
     /// meet it.
     pub fn read(&mut self, array: &ArrayEntry, wanted: &[Bounds]) -> Result<HostArray> {
-        let ty = super::dir::element_type(&array.dtype).ok_or_else(|| {
+        let ty = super::tensor_file::element_type(&array.dtype).ok_or_else(|| {
             anyhow!(
                 "checkpoint {}: array {} has dtype {}, which maxrs does not read",
                 self.dir,

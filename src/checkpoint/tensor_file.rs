@@ -13,7 +13,13 @@ use anyhow::{anyhow, bail, Result};
 use safetensors::tensor::Metadata;
 
 use crate::host::params_io::{from_dtype, to_dtype};
-use crate::host::{shape_string, HostTensor};
+use crate::host::{shape_string, ElementType, HostTensor};
+
+/// The maxrs element type of a safetensors dtype name (`F32`, `BF16`, ...).
+pub(super) fn element_type(name: &str) -> Option<ElementType> {
+    let dtype: safetensors::Dtype = serde_json::from_value(serde_json::Value::String(name.into())).ok()?;
+    from_dtype(dtype)
+}
 
 /// Size and CRC32C of a file as written or read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,17 +1,19 @@
 //! What `quantization` may be combined with. maxrs implements MaxText's `fp8` (flax's XLA-native
 //! fp8 dot products with delayed scaling, `model::fp8`) and `te_fp8_currentscaling` (Transformer
 //! Engine's current scaling, computed with the same XLA fp8 products) for the dense decoder
-//! families; every other value of MaxText's is refused by name, as are the combinations whose fp8
-//! state maxrs does not carry yet.
+//! families, and `fp8` for Mixtral's token-dropping and all-experts MoE paths; every other value
+//! of MaxText's is refused by name, as are the combinations whose fp8 state maxrs does not carry
+//! yet and those MaxText cannot run.
 
 use super::choices::{DecoderBlock, Quantization};
 use super::error::ConfigError;
 use super::keys::Config;
 
-/// The decoder families whose layers' projections and MLP are quantized: those built from the
-/// shared attention and MLP blocks (`model::blocks`).
+/// The decoder families whose layers' products are quantized: those built from the shared
+/// attention and MLP blocks (`model::blocks`), and Mixtral's (those attention blocks and the
+/// experts of `model::moe`, `fp8` only: see [`check_experts`]).
 pub const FP8_FAMILIES: &[DecoderBlock] =
-    &[DecoderBlock::Llama2, DecoderBlock::Mistral, DecoderBlock::Gemma, DecoderBlock::Gemma2];
+    &[DecoderBlock::Llama2, DecoderBlock::Mistral, DecoderBlock::Gemma, DecoderBlock::Gemma2, DecoderBlock::Mixtral];
 
 /// The checks that need no devices.
 pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
@@ -39,13 +41,19 @@ pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
-    // Current scaling keeps no state: only delayed scaling's would be updated per micro-batch.
+    if c.decoder_block.has_experts() {
+        check_experts(c)?;
+    }
+    // MaxText refuses delayed scaling with accumulation ("FP8 quantization is not compatible with
+    // gradient accumulation", `src/maxtext/configs/types.py` at e591f30); current scaling keeps no
+    // state and MaxText accepts it. (A pipeline's microbatches share the state as flax does.)
     if c.quantization == Quantization::Fp8 && c.gradient_accumulation_steps > 1 {
         return Err(ConfigError::invalid(
             "quantization, gradient_accumulation_steps",
             format!(
-                "quantization=fp8 with gradient_accumulation_steps={} is not supported yet (each micro-batch would \
-                 update the fp8 scales); use gradient_accumulation_steps=1",
+                "quantization=fp8 with gradient_accumulation_steps={} is not supported: MaxText refuses fp8's \
+                 delayed scaling with gradient accumulation; use gradient_accumulation_steps=1 (or \
+                 quantization=te_fp8_currentscaling)",
                 c.gradient_accumulation_steps
             ),
         ));
@@ -53,14 +61,27 @@ pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Pipeline stages run their own programs, which do not carry the fp8 state yet (nor has current
-/// scaling been checked there).
-pub(super) fn check_pipeline(c: &Config, pipelined: bool) -> Result<(), ConfigError> {
-    if c.quantization != Quantization::None && pipelined {
+/// The MoE paths MaxText e591f30 can quantize (`layers/moe.py`, `layers/quantizations.py`):
+/// `dense_matmul`'s einsums come from `quant.einsum()`, which Transformer Engine's recipes raise
+/// on, and the dropless `sparse_matmul` reads `quant.quant_dg`, which `Fp8Quantization` lacks
+/// (an AttributeError): `fp8` with `sparse_matmul=false` only.
+fn check_experts(c: &Config) -> Result<(), ConfigError> {
+    if c.quantization == Quantization::TeFp8CurrentScaling {
         return Err(ConfigError::invalid(
-            "quantization, ici_pipeline_parallelism",
+            "quantization",
             format!(
-                "quantization={} with pipeline parallelism is not supported yet; use ici_pipeline_parallelism=1",
+                "te_fp8_currentscaling is not supported for decoder_block={}: MaxText's Transformer Engine \
+                 quantization has no einsum for the experts; use quantization=fp8",
+                c.decoder_block
+            ),
+        ));
+    }
+    if c.sparse_matmul {
+        return Err(ConfigError::invalid(
+            "quantization, sparse_matmul",
+            format!(
+                "quantization={} with sparse_matmul=true is not supported: MaxText's dropless experts read the AQT \
+                 config (quant_dg) that fp8 has none of; use sparse_matmul=false (with capacity_factor as wanted)",
                 c.quantization
             ),
         ));
@@ -104,6 +125,20 @@ mod tests {
         }
         let r = refusal(&["quantization=fp8", "decoder_block=gpt3", "override_model_config=true"]);
         assert!(r.contains("fp8 is not supported yet for decoder_block=gpt3"), "{r}");
+        assert!(r.ends_with("it quantizes decoder_block llama2, mistral, gemma, gemma2, mixtral"), "{r}");
+        let r = refusal(&["quantization=fp8", "decoder_block=qwen3_moe"]);
+        assert!(r.contains("fp8 is not supported yet for decoder_block=qwen3_moe"), "{r}");
+        let mixtral = ["quantization=fp8", "decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2"];
+        let r = refusal(&[&mixtral[..], &["sparse_matmul=true"]].concat());
+        assert!(r.starts_with("quantization, sparse_matmul: quantization=fp8 with sparse_matmul=true"), "{r}");
+        let r = refusal(&[&mixtral[1..], &["sparse_matmul=false", "quantization=te_fp8_currentscaling"]].concat());
+        assert!(r.starts_with("quantization: te_fp8_currentscaling is not supported for decoder_block=mixtral"), "{r}");
+        for capacity in ["capacity_factor=1", "capacity_factor=-1"] {
+            let args: Vec<String> =
+                [&mixtral[..], &["sparse_matmul=false", capacity]].concat().iter().map(|a| a.to_string()).collect();
+            let c = load(None, &args).unwrap();
+            assert!(super::super::check(&c).is_ok(), "{capacity}");
+        }
         let r = refusal(&["quantization=fp8", "gradient_accumulation_steps=2"]);
         assert!(r.starts_with("quantization, gradient_accumulation_steps:"), "{r}");
         let current = ["quantization=te_fp8_currentscaling".to_string(), "gradient_accumulation_steps=2".to_string()];

@@ -216,7 +216,6 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
     if let Some(plan) = &pipeline {
         pipeline::check_eval(config, plan, eval_batch)?;
     }
-    quantization::check_pipeline(config, pipeline.is_some())?;
 
     let accumulation = config.gradient_accumulation_steps as usize;
     check_products(config, micro, accumulation)?;

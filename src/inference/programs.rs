@@ -21,6 +21,7 @@ use crate::model::attention::CACHE_AXES;
 use crate::model::{CacheStep, Model};
 use crate::sharding::{Mesh, PartitionSpec};
 use crate::tensor::{einsum, random, scan, trace, Tensor, TraceError, Tree};
+use crate::train_state::Group;
 
 use super::sampling::Sampling;
 
@@ -78,7 +79,7 @@ impl Engine {
     /// A signature with the parameters (sharded by the logical rules, not donated).
     fn signature(&self) -> Signature {
         let mut sig = Signature::new(self.mesh.clone());
-        self.model.declare_params(&mut sig, "params");
+        self.model.declare_params(&mut sig, Group::Params.prefix());
         sig
     }
 
@@ -93,7 +94,7 @@ impl Engine {
         sig.input("key", DType::U32, &[2]);
         let cache_spec = self.cache_sharding();
         trace(&sig, |ctx, inp| {
-            let params = inp.subtree("params");
+            let params = Group::Params.subtree(inp);
             let (b, p) = (self.batch, self.prefill_len);
             let positions = ctx.iota(DType::S32, &[b, p], 1);
             let (y, cache) =
@@ -145,7 +146,7 @@ impl Engine {
         sig.input("positions", DType::S32, &[self.batch]).donated();
         sig.input("key", DType::U32, &[2]).donated();
         trace(&sig, |ctx, inp| {
-            let params = inp.subtree("params");
+            let params = Group::Params.subtree(inp);
             let state = inp
                 .subtree("cache")
                 .prefixed("cache")

@@ -20,6 +20,7 @@ use crate::runtime::{self, Compiled, DeviceArray};
 use crate::sharding::Mesh;
 use crate::storage;
 use crate::tensor::{random, trace, Tree};
+use crate::train_state::Group;
 
 use super::programs::Engine;
 use super::sampling::Sampling;
@@ -238,7 +239,7 @@ fn read_params(c: &Config, model: &Model, path: &str) -> Result<Tree<HostTensor>
     if storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))? {
         let expected: Vec<Expected> = expected_params(model)
             .into_iter()
-            .map(|p| Expected { name: format!("params.{}", p.name), ty: p.ty, dims: p.dims })
+            .map(|p| Expected { name: Group::Params.name(&p.name), ty: p.ty, dims: p.dims })
             .collect();
         let loaded = checkpoint::dir::load(&location, &expected, &checkpoint::manifest::model_keys(c, model), true)
             .map_err(|e| {
@@ -249,11 +250,7 @@ fn read_params(c: &Config, model: &Model, path: &str) -> Result<Tree<HostTensor>
             })?;
         let step = loaded.manifest.step.map_or(String::new(), |s| format!(" (step {s})"));
         println!("loaded {} parameters from the checkpoint {location}{step}", loaded.arrays.len());
-        return Ok(loaded
-            .arrays
-            .into_iter()
-            .map(|(name, tensor)| (name.strip_prefix("params.").unwrap_or(&name).to_string(), tensor))
-            .collect());
+        return Ok(Group::Params.subtree(&loaded.arrays.into_iter().collect()));
     }
     let file = match &location {
         Location::Local(file) => load_parameters(file, &expected_params(model)),
@@ -282,7 +279,7 @@ fn put_params(
     let mut params = HashMap::new();
     for spec in expected_params(model) {
         let value = host.get(&spec.name).ok_or_else(|| anyhow!("parameter \"{}\" is missing", spec.name))?;
-        let name = format!("params.{}", spec.name);
+        let name = Group::Params.name(&spec.name);
         let index = prefill.input_index(&name)?;
         params.insert(name, prefill.put(client, index, value)?);
     }
@@ -293,12 +290,13 @@ fn put_params(
 /// devices in the layout of `prefill`'s inputs.
 fn init_params(model: &Model, client: &Client, seed: u32, prefill: &Compiled) -> Result<HashMap<String, DeviceArray>> {
     let mut sig = Signature::new(prefill.program.mesh.clone());
-    for input in prefill.program.inputs.iter().filter(|i| i.name.starts_with("params.")) {
+    let is_param = |name: &str| Group::of(name).is_some_and(|(g, _)| g == Group::Params);
+    for input in prefill.program.inputs.iter().filter(|i| is_param(&i.name)) {
         if let Some(spec) = &input.sharding {
             sig.output_sharding(&input.name, spec.clone());
         }
     }
-    let init = trace(&sig, |ctx, _| model.init_params(&random::key(ctx, seed)).prefixed("params"))
+    let init = trace(&sig, |ctx, _| Group::Params.prefixed(model.init_params(&random::key(ctx, seed))))
         .map_err(|e| anyhow!("tracing the initializer: {e}"))?;
     let init = runtime::compile(client, &init)?;
     let outputs = init.execute(&[])?;

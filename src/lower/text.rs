@@ -103,7 +103,8 @@ fn nested(out: &mut String, dtype: DType, shape: &[i64], values: &[f64]) {
 }
 
 /// One element. Floats print in decimal when finite (as the nearest value of the element
-/// type, so parsing gives it back exactly), else and for 16- and 8-bit floats as exact hex bits (also the 8-bit floats).
+/// type, so parsing gives it back exactly), else and for 16- and 8-bit floats as exact hex bits (also the 8-bit
+/// floats).
 fn scalar(out: &mut String, dtype: DType, v: f64) {
     let r = match dtype {
         DType::Pred => write!(out, "{}", v != 0.0),

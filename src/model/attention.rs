@@ -88,9 +88,14 @@ pub fn cudnn_declined(c: &Config) -> Option<String> {
             c.hardware, c.plugin
         ));
     }
+    // XLA builds cuDNN's graphs only with a GPU at hand (`RunCudnnCompilerPasses` runs only with a
+    // stream executor, `xla/service/gpu/gpu_compiler.cc`), and a loaded executable's `CuDnnThunk`
+    // looks its graph up among them (`xla/backends/gpu/runtime/cudnn_thunk.cc`): a deviceless
+    // compile's executable holds none, so it could not run its cuDNN calls.
     if !c.compile_topology.is_empty() {
         return Some(format!(
-            "a deviceless compile (compile_topology={:?}) skips XLA's cuDNN passes, so the executable would not load",
+            "a deviceless compile (compile_topology={:?}) cannot hold cuDNN's compiled graphs, which XLA builds only \
+             on a GPU",
             c.compile_topology
         ));
     }

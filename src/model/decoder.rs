@@ -66,6 +66,12 @@ pub trait Family: fmt::Debug + Send + Sync {
     /// against weights, and attention's activation-activation matmuls (MaxText's split).
     fn layer_flops(&self, c: &ModelConfig, kind: usize, tokens: f64, seq: f64) -> LayerFlops;
 
+    /// The quantized products of one layer of `kind` with `quantization=fp8`, named relative to
+    /// the layer as their state is (`fp8::state_defs`): by default one per kernel `<op>.kernel`.
+    fn fp8_products(&self, c: &ModelConfig, kind: usize) -> Vec<String> {
+        fp8::kernel_products(&self.layer_params(c, kind))
+    }
+
     /// The decoder's final norm (`decoder.decoder_norm`): MaxText's `get_norm_layer` of the
     /// family, with `normalization_layer_epsilon`.
     fn final_norm(&self, c: &ModelConfig) -> Norm {
@@ -304,15 +310,16 @@ impl Model {
         params::declare(sig, &self.param_defs(), self.config.weight_dtype, &self.config.rules, prefix);
     }
 
-    /// The fp8 state (`quantization=fp8`, see `fp8`): for each kernel of a layer, named as its
-    /// parameters are (`decoder.layers.mlp.wo.input_scale`, ...); none otherwise.
+    /// The fp8 state (`quantization=fp8`, see `fp8`): for each quantized product of a layer
+    /// (`Family::fp8_products`), named as the parameters are (`decoder.layers.mlp.wo.input_scale`,
+    /// ...); none otherwise.
     pub fn fp8_state_defs(&self) -> Vec<ParamDef> {
         let c = &self.config;
         if c.fp8 != Some(Scaling::Delayed) {
             return vec![];
         }
         let stacks = self.stacks.iter();
-        stacks.flat_map(|s| fp8::stack_state_defs(&self.family.layer_params(c, s.kind), s, c.scan_layers)).collect()
+        stacks.flat_map(|s| fp8::stack_state_defs(&self.family.fp8_products(c, s.kind), s, c.scan_layers)).collect()
     }
 
     /// Draws every parameter from `key` (`random::key(ctx, init_weights_seed)`). Unscanned

@@ -26,6 +26,10 @@
 //! writes (and maxrs wrote before) it simplifies back to bf16 GEMMs (issue 43). The values are
 //! those of the quantize-dequantize form up to where the products are rounded.
 //!
+//! Mixtral's experts use flax's `Fp8Einsum` instead ([`einsum`], MaxText's `_Fp8EinsumWrapper`):
+//! the same product and state behind `jnp.einsum`, so a stacked `[E, ...]` kernel has one scale
+//! over all its experts.
+//!
 //! The new state leaves the step as the *gradient* of the state (flax's
 //! `OVERWRITE_WITH_GRADIENT` collection): each product is a `composite` whose backward pass
 //! returns the new scales and histories as the cotangents of the old ones ([`dot`]). The train
@@ -86,12 +90,18 @@ pub fn state_defs(op: &str) -> Vec<ParamDef> {
         .collect()
 }
 
-/// The fp8 state of a stack whose layers have the parameters `layer_params`: one product per
-/// `<op>.kernel`, stacked over the stack's layers (`decoder.layers.<op>.<name>`, `[layers, n]`) or
-/// one per layer (`decoder.layers_<i>.<op>.<name>`), as the parameters are.
-pub fn stack_state_defs(layer_params: &[ParamDef], stack: &Stack, scan_layers: bool) -> Vec<ParamDef> {
-    let ops = layer_params.iter().filter_map(|p| p.name.strip_suffix(".kernel"));
-    let per_layer: Vec<ParamDef> = ops.flat_map(state_defs).collect();
+/// The products of a layer whose parameters are `layer_params`: one per kernel `<op>.kernel`,
+/// named `<op>` (MaxText's `DenseGeneral`s, whose `Fp8DirectDotGeneralOp_0` maxrs leaves out of
+/// the state's names).
+pub fn kernel_products(layer_params: &[ParamDef]) -> Vec<String> {
+    layer_params.iter().filter_map(|p| p.name.strip_suffix(".kernel")).map(str::to_string).collect()
+}
+
+/// The fp8 state of a stack whose layers' quantized products are `products` (relative to the
+/// layer): stacked over the stack's layers (`decoder.layers.<op>.<name>`, `[layers, n]`) or one
+/// per layer (`decoder.layers_<i>.<op>.<name>`), as the parameters are.
+pub fn stack_state_defs(products: &[String], stack: &Stack, scan_layers: bool) -> Vec<ParamDef> {
+    let per_layer: Vec<ParamDef> = products.iter().flat_map(|op| state_defs(op)).collect();
     if stack.scanned(scan_layers) {
         return per_layer.iter().map(|d| stack.stacked(d)).collect();
     }
@@ -207,6 +217,33 @@ pub fn dot(p: &Tree, op: &str, x: &Tensor, kernel: &Tensor, dims: &DotDims) -> T
         },
     );
     outs[0].clone()
+}
+
+/// flax's `Fp8Einsum` (`flax/linen/fp8_ops.py`, flax 18f8f311) on two operands: `jnp.einsum`
+/// with [`dot`] as its one `dot_general`, so each operand has one scale over the whole tensor
+/// (over every expert of a stacked `[E, ...]` kernel), with the state `<op>.input_scale`, ... in
+/// `p`. `spec` is `"x,kernel->out"`; each label of an operand is in the other or in the output
+/// (batch labels are in all three, contracted ones in both operands only).
+pub fn einsum(p: &Tree, op: &str, spec: &str, x: &Tensor, kernel: &Tensor) -> Tensor {
+    let (inputs, out) = spec.split_once("->").expect("an einsum spec `x,kernel->out`");
+    let (xl, kl) = inputs.split_once(',').expect("two operands");
+    let [xl, kl, out]: [Vec<char>; 3] = [xl, kl, out].map(|l| l.trim().chars().collect());
+    let batch: Vec<char> = out.iter().copied().filter(|c| xl.contains(c) && kl.contains(c)).collect();
+    let contract: Vec<char> = xl.iter().copied().filter(|c| kl.contains(c) && !out.contains(c)).collect();
+    let pos = |l: &[char], c: &char| l.iter().position(|x| x == c).expect("a label of the operand");
+    let dims = DotDims {
+        lhs_batch: batch.iter().map(|c| pos(&xl, c)).collect(),
+        rhs_batch: batch.iter().map(|c| pos(&kl, c)).collect(),
+        lhs_contract: contract.iter().map(|c| pos(&xl, c)).collect(),
+        rhs_contract: contract.iter().map(|c| pos(&kl, c)).collect(),
+    };
+    // dot_general's result: the batch labels, then x's free ones, then the kernel's.
+    let free =
+        |l: &[char]| l.iter().copied().filter(|c| !batch.contains(c) && !contract.contains(c)).collect::<Vec<_>>();
+    let labels: Vec<char> = batch.iter().copied().chain(free(&xl)).chain(free(&kl)).collect();
+    assert_eq!(labels.len(), out.len(), "einsum \"{spec}\": every label of an operand is in the other or the output");
+    let perm: Vec<usize> = out.iter().map(|c| pos(&labels, c)).collect();
+    dot(p, op, x, kernel, &dims).transpose(&perm)
 }
 
 /// The scale of current scaling: `max(|v|) / fp8_max` as f32 `[1]`, or 1 when that amax is zero

@@ -18,6 +18,13 @@
 //!
 //! The experts are `base_mlp_dim` wide, as MaxText's Mixtral layer builds them (a set
 //! `base_moe_mlp_dim` must equal it, `config::validate`).
+//!
+//! With `quantization=fp8` the layer's products are MaxText's fp8 ones: the attention projections
+//! (`blocks::dense`) and the gate (`MoeBlock_0.gate`) as flax's `Fp8DirectDotGeneralOp`, the
+//! experts' einsums as `moe::Products::Fp8` describes, whose state is the layer's
+//! `_Fp8EinsumWrapper_<i>.fp8_einsum.*` (MaxText's `MixtralDecoderLayer` is an nnx module run
+//! through `to_linen_class`, the linen scope the einsums' modules are created in:
+//! `models/mixtral.py` at e591f30).
 
 use crate::config::Config;
 use crate::tensor::{Tensor, Tree};
@@ -25,8 +32,9 @@ use crate::tensor::{Tensor, Tree};
 use super::attention::LayerContext;
 use super::blocks::{Norm, SelfAttention};
 use super::decoder::{attention_flops, constrain, Family, LayerFlops, LayerOutput};
+use super::fp8::{self, Scaling};
 use super::llama::{attention_half, attention_params};
-use super::moe::{self, moe_block, MoeConfig};
+use super::moe::{self, moe_block_with, MoeConfig, Products};
 use super::params::ParamDef;
 use super::ModelConfig;
 
@@ -64,10 +72,22 @@ impl Family for Mixtral {
         defs
     }
 
+    /// The products with a kernel (the attention projections, the gate) and the experts' einsums.
+    fn fp8_products(&self, c: &ModelConfig, kind: usize) -> Vec<String> {
+        let mut products = fp8::kernel_products(&self.layer_params(c, kind));
+        products.extend(moe::fp8_einsums(&self.moe));
+        products
+    }
+
     fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         let x = attention_half(c, p, x, ctx, &SelfAttention::default());
         let h = constrain(c, Norm::Rms { eps: c.eps }.apply(p, "post_self_attention_layer_norm", &x), ACTIVATIONS);
-        let block = moe_block(c, &self.moe, &p.subtree("MoeBlock_0"), &h);
+        let products = match c.fp8 {
+            Some(Scaling::Delayed) => Products::Fp8(p),
+            // `config` refuses current scaling for Mixtral: MaxText's has no einsum for it.
+            Some(Scaling::Current) | None => Products::Plain,
+        };
+        let block = moe_block_with(c, &self.moe, &p.subtree("MoeBlock_0"), &h, products);
         let aux_losses = block.aux_losses(&self.moe);
         let out = constrain(c, &x + &constrain(c, block.output, ACTIVATIONS), ACTIVATIONS);
         LayerOutput { x: out, aux_losses }

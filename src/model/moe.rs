@@ -22,6 +22,9 @@
 //! - `sparse_matmul=false`, `capacity_factor <= 0`: every expert on every token, weighted by the
 //!   (mostly zero) routing weights (`dense_matmul` without capacity).
 //!
+//! With `quantization=fp8` (Mixtral) the gate and the `sparse_matmul=false` paths' einsums are
+//! fp8 products ([`Products::Fp8`]).
+//!
 //! With `load_balance_loss_weight > 0` the block also returns the Switch Transformer auxiliary
 //! loss (`load_balance_loss`): per sequence, the fraction of assignments each expert receives
 //! times its mean router probability, averaged, times `E^2 x weight`.
@@ -57,9 +60,10 @@
 
 use super::blocks::Mlp;
 use super::decoder::constrain;
+use super::fp8;
 use super::{ModelConfig, ParamDef, ParamInit};
 use crate::config::{Config, RoutedScoreFunc};
-use crate::ir::DType;
+use crate::ir::{DType, DotDims};
 use crate::sharding::PartitionSpec;
 use crate::tensor::{einsum, manual_computation, where_, Tensor, Tree};
 
@@ -296,10 +300,66 @@ struct Kernels {
     wo: Tensor,
 }
 
+/// How the block multiplies by its weights.
+#[derive(Clone, Copy)]
+pub enum Products<'a> {
+    Plain,
+    /// `quantization=fp8` as MaxText's `RoutedMoE` has it (`layers/moe.py` at e591f30, with
+    /// `Fp8Quantization` from `layers/quantizations.py`): the gate is an fp8 product (`GateLogit`'s
+    /// `Fp8DirectDotGeneralOp_0`, `fp8::dot`, state `gate.*` in the block's parameters) and every
+    /// einsum `dense_matmul` takes from `get_einsum` is flax's `Fp8Einsum` (`fp8::einsum`), one
+    /// scale per operand over all experts. Those are `_Fp8EinsumWrapper` linen modules created
+    /// while the layer runs, so linen names them in the layer's scope in call order:
+    /// `_Fp8EinsumWrapper_<i>.fp8_einsum.*` ([`fp8_einsums`]), whose state is in this tree (the
+    /// layer's parameters and state). The weighted sum of the experts' outputs is a plain einsum
+    /// there; the dispatch and combine einsums are fp8 ones (`get_einsum` keeps them plain only
+    /// with `model_call_mode=inference`). The dropless path has none: MaxText's fails with fp8
+    /// (its `gmm` reads `quant_dg`, which `Fp8Quantization` lacks), and `config` refuses it.
+    Fp8(&'a Tree),
+}
+
+impl Products<'_> {
+    /// The `i`-th einsum of `dense_matmul` with a quantized form, `spec` on `x` and `kernel`.
+    fn einsum(&self, i: usize, spec: &str, x: &Tensor, kernel: &Tensor) -> Tensor {
+        match self {
+            Products::Plain => einsum(spec, &[x, kernel]),
+            Products::Fp8(state) => fp8::einsum(state, &fp8_einsum(i), spec, x, kernel),
+        }
+    }
+}
+
+/// The name of the `i`-th fp8 einsum, relative to the layer (MaxText's module path).
+fn fp8_einsum(i: usize) -> String {
+    format!("_Fp8EinsumWrapper_{i}.fp8_einsum")
+}
+
+/// The fp8 einsums of a block with [`Products::Fp8`], relative to the layer, in MaxText's call
+/// order: with a capacity dispatch, `wi_0`, `wi_1`, `wo`, combine; without, `wi_0`, `wi_1`, `wo`.
+pub fn fp8_einsums(m: &MoeConfig) -> Vec<String> {
+    let count = match (m.sparse_matmul, m.capacity_factor > 0.0) {
+        (true, _) => 0,
+        (false, true) => 5,
+        (false, false) => 3,
+    };
+    (0..count).map(fp8_einsum).collect()
+}
+
 /// The block on `x: [batch, seq, emb]` (in `dtype`) with its parameters `p`.
 pub fn moe_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOutput {
+    moe_block_with(c, m, p, x, Products::Plain)
+}
+
+/// [`moe_block`] with its products multiplied as `products` says.
+pub fn moe_block_with(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor, products: Products) -> MoeOutput {
     let gate_dtype = if m.float32_gate_logits { wide(c) } else { c.dtype };
-    let logits = x.astype(gate_dtype).matmul(&p["gate.kernel"].astype(gate_dtype));
+    let (gate_x, gate_kernel) = (x.astype(gate_dtype), p["gate.kernel"].astype(gate_dtype));
+    let logits = match products {
+        Products::Plain => gate_x.matmul(&gate_kernel),
+        Products::Fp8(_) => {
+            let dims = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![2], rhs_contract: vec![0] };
+            fp8::dot(p, "gate", &gate_x, &gate_kernel, &dims)
+        }
+    };
     let logits = constrain(c, logits, &["activation_batch_moe", "activation_length_moe", ""]);
     let (routes, scores) = match &m.router {
         Router::Softmax => {
@@ -321,9 +381,9 @@ pub fn moe_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOut
     let output = if m.sparse_matmul {
         dropless_per_shard(c, m, x, &routes, &kernels)
     } else if m.capacity_factor > 0.0 {
-        dropping(c, m, x, &routes, &kernels)
+        dropping(c, m, x, &routes, &kernels, products)
     } else {
-        every_expert(c, m, x, &routes, &kernels)
+        every_expert(c, m, x, &routes, &kernels, products)
     };
     MoeOutput { output, load_balance_loss }
 }
@@ -447,7 +507,14 @@ fn dense_weights(c: &ModelConfig, m: &MoeConfig, weights: &Tensor, experts: &Ten
 
 /// Capacity-limited experts: per sequence, expert `e` takes the first `C` assignments to it in
 /// (position, choice) order; a dropped assignment contributes nothing.
-fn dropping(c: &ModelConfig, m: &MoeConfig, x: &Tensor, routes: &Routes, kernels: &Kernels) -> Tensor {
+fn dropping(
+    c: &ModelConfig,
+    m: &MoeConfig,
+    x: &Tensor,
+    routes: &Routes,
+    kernels: &Kernels,
+    products: Products,
+) -> Tensor {
     let (weights, experts) = (&routes.weights, &routes.experts);
     let (wi_0, wi_1, wo) = (&kernels.wi_0, &kernels.wi_1, &kernels.wo);
     let (b, s) = (x.shape()[0], x.shape()[1]);
@@ -466,8 +533,8 @@ fn dropping(c: &ModelConfig, m: &MoeConfig, x: &Tensor, routes: &Routes, kernels
     let combine = constrain(c, routed.expand_dims(-1) * &position, &mask_axes);
     let dispatch = constrain(c, combine.ne(0.0).astype(c.dtype), &mask_axes);
     let expert_axes = |last: &'static str| ["activation_exp", "activation_batch_moe", "", last];
-    let tokens =
-        constrain_dispatch(c, m, einsum("bsm,bsec->ebcm", &[x, &dispatch]), &expert_axes("activation_embed_moe"));
+    let tokens = products.einsum(0, "bsm,bsec->ebcm", x, &dispatch);
+    let tokens = constrain_dispatch(c, m, tokens, &expert_axes("activation_embed_moe"));
     // With expert parallelism, MaxText pins the kernels to their expert sharding here, so the
     // partitioner gathers their embed dim rather than moving the experts
     // (`maybe_all_gather_kernel_weight_in_expert_parallelism`).
@@ -479,23 +546,32 @@ fn dropping(c: &ModelConfig, m: &MoeConfig, x: &Tensor, routes: &Routes, kernels
     let wi_0 = kernel(wi_0, &["exp", "", "mlp"]);
     let wi_1 = kernel(wi_1, &["exp", "", "mlp"]);
     let wo = kernel(wo, &["exp", "mlp", ""]);
-    let gate = constrain_dispatch(c, m, einsum("ebcm,emh->ebch", &[&tokens, &wi_0]), &expert_axes("activation_mlp"))
-        .checkpoint_name("moe_mlpwi_0");
-    let up = constrain_dispatch(c, m, einsum("ebcm,emh->ebch", &[&tokens, &wi_1]), &expert_axes("activation_mlp"))
-        .checkpoint_name("moe_mlpwi_1");
-    let out = einsum("ebch,ehm->ebcm", &[&activation(c, &gate, &up), &wo]);
+    let up_projection = |i: usize, w: &Tensor| {
+        let y = products.einsum(i, "ebcm,emh->ebch", &tokens, w);
+        constrain_dispatch(c, m, y, &expert_axes("activation_mlp"))
+    };
+    let gate = up_projection(1, &wi_0).checkpoint_name("moe_mlpwi_0");
+    let up = up_projection(2, &wi_1).checkpoint_name("moe_mlpwi_1");
+    let out = products.einsum(3, "ebch,ehm->ebcm", &activation(c, &gate, &up), &wo);
     let out = constrain(c, out, &expert_axes("activation_embed_moe")).checkpoint_name("moe_mlpwo");
-    einsum("ebcm,bsec->bsm", &[&out, &combine])
+    products.einsum(4, "ebcm,bsec->bsm", &out, &combine)
 }
 
 /// Every expert on every token, weighted by the routing weights.
-fn every_expert(c: &ModelConfig, m: &MoeConfig, x: &Tensor, routes: &Routes, kernels: &Kernels) -> Tensor {
+fn every_expert(
+    c: &ModelConfig,
+    m: &MoeConfig,
+    x: &Tensor,
+    routes: &Routes,
+    kernels: &Kernels,
+    products: Products,
+) -> Tensor {
     let (weights, experts) = (&routes.weights, &routes.experts);
     let (wi_0, wi_1, wo) = (&kernels.wi_0, &kernels.wi_1, &kernels.wo);
     let x = constrain(c, x.clone(), &["activation_batch_moe", "activation_norm_length_moe", "activation_embed_moe"]);
-    let gate = einsum("bsm,emh->bseh", &[&x, wi_0]).checkpoint_name("mlpwi_0");
-    let up = einsum("bsm,emh->bseh", &[&x, wi_1]).checkpoint_name("mlpwi_1");
-    let out = einsum("bseh,ehm->bsem", &[&activation(c, &gate, &up), wo]).checkpoint_name("mlpwo");
+    let gate = products.einsum(0, "bsm,emh->bseh", &x, wi_0).checkpoint_name("mlpwi_0");
+    let up = products.einsum(1, "bsm,emh->bseh", &x, wi_1).checkpoint_name("mlpwi_1");
+    let out = products.einsum(2, "bseh,ehm->bsem", &activation(c, &gate, &up), wo).checkpoint_name("mlpwo");
     let sum_dtype = if m.float32_weight_sum { wide(c) } else { c.dtype };
     let dense = dense_weights(c, m, weights, experts);
     einsum("bsem,bse->bsm", &[&out.astype(sum_dtype), &dense.astype(sum_dtype)]).astype(c.dtype)

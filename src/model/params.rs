@@ -1,6 +1,7 @@
 //! Parameter declarations: a `ParamDef` per parameter (full dotted name, shape, logical axis
 //! name per dimension, initializer), how they are drawn from a seed, and how they become
-//! sharded program inputs, and how unscanned layers take their values from the stacked draws. The shared decoder (`decoder.rs`) assembles the list from the
+//! sharded program inputs, and how unscanned layers take their values from the stacked draws. The shared decoder
+//! (`decoder.rs`) assembles the list from the
 //! family's per-layer definitions; nothing else derives a model's layout.
 
 use crate::ir::{DType, Signature};

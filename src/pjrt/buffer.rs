@@ -100,7 +100,8 @@ pub struct Buffer {
 // PJRT buffers may be used from any thread.
 // SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for Buffer {}
-// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no
+// unsynchronized state beside it.
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
@@ -118,7 +119,8 @@ impl Buffer {
         Ok(if args.num_dims == 0 {
             Vec::new()
         } else {
-            // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the object, which is alive here.
+            // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the
+            // object, which is alive here.
             unsafe { std::slice::from_raw_parts(args.dims, args.num_dims) }.to_vec()
         })
     }

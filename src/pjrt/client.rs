@@ -34,7 +34,8 @@ pub(crate) struct ClientInner {
 
 // SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for ClientInner {}
-// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no
+// unsynchronized state beside it.
 unsafe impl Sync for ClientInner {}
 
 impl Drop for ClientInner {
@@ -67,7 +68,8 @@ pub struct Device {
 
 // SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for Device {}
-// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no
+// unsynchronized state beside it.
 unsafe impl Sync for Device {}
 
 impl std::fmt::Debug for Device {
@@ -112,9 +114,11 @@ pub(crate) fn describe(plugin: &Plugin, raw: *mut ffi::DeviceDescription) -> Res
     Ok(Description {
         id: id.id,
         process_index: process.process_index,
-        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+        // which is alive here.
         kind: unsafe { string_from(kind.device_kind, kind.device_kind_size) },
-        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+        // which is alive here.
         attributes: unsafe { read_named_values(attributes.attributes, attributes.num_attributes) },
     })
 }
@@ -201,7 +205,8 @@ impl Client {
         let mut args: ffi::ClientPlatformNameArgs = ffi::args();
         args.client = self.inner.raw;
         crate::pjrt_call!(self.inner.plugin, PJRT_Client_PlatformName, args)?;
-        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+        // which is alive here.
         Ok(unsafe { string_from(args.platform_name, args.platform_name_size) })
     }
 
@@ -209,7 +214,8 @@ impl Client {
         let mut args: ffi::ClientPlatformVersionArgs = ffi::args();
         args.client = self.inner.raw;
         crate::pjrt_call!(self.inner.plugin, PJRT_Client_PlatformVersion, args)?;
-        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+        // which is alive here.
         Ok(unsafe { string_from(args.platform_version, args.platform_version_size) })
     }
 
@@ -240,7 +246,8 @@ impl Client {
         if len == 0 {
             return Ok(Vec::new());
         }
-        // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the object, which is alive here.
+        // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the
+        // object, which is alive here.
         unsafe { std::slice::from_raw_parts(raw, len) }.iter().map(|&d| Device::from_raw(&self.inner, d)).collect()
     }
 

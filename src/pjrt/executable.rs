@@ -55,7 +55,8 @@ pub struct Executable {
 
 // SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for Executable {}
-// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no
+// unsynchronized state beside it.
 unsafe impl Sync for Executable {}
 
 impl Drop for Executable {
@@ -77,7 +78,8 @@ impl Executable {
         let mut args: ffi::ExecutableNameArgs = ffi::args();
         args.executable = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_Executable_Name, args)?;
-        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+        // which is alive here.
         Ok(unsafe { string_from(args.executable_name, args.executable_name_size) })
     }
 
@@ -100,12 +102,14 @@ impl Executable {
         let mut args: ffi::ExecutableSerializeArgs = ffi::args();
         args.executable = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_Executable_Serialize, args)?;
-        // SAFETY: the plugin returned these serialized bytes with their length in the successful call above; they live until the deleter runs below.
+        // SAFETY: the plugin returned these serialized bytes with their length in the successful call above; they live
+        // until the deleter runs below.
         let bytes = unsafe {
             std::slice::from_raw_parts(args.serialized_bytes as *const u8, args.serialized_bytes_size).to_vec()
         };
         if let Some(deleter) = args.serialized_executable_deleter {
-            // SAFETY: the plugin's own deleter for the serialized executable it returned; called exactly once, after the bytes were copied.
+            // SAFETY: the plugin's own deleter for the serialized executable it returned; called exactly once, after
+            // the bytes were copied.
             unsafe { deleter(args.serialized_executable) };
         }
         Ok(bytes)
@@ -117,7 +121,8 @@ impl Executable {
         args.executable = self.raw;
         match crate::pjrt_call!(self.plugin, PJRT_Executable_Fingerprint, args) {
             Ok(()) if args.executable_fingerprint.is_null() => Ok(None),
-            // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+            // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+            // which is alive here.
             Ok(()) => Ok(Some(unsafe { string_from(args.executable_fingerprint, args.executable_fingerprint_size) })),
             Err(e) if e.is_unsupported() => Ok(None),
             Err(e) => Err(e),
@@ -143,7 +148,8 @@ impl Executable {
         let mut args: ffi::ExecutableGetCostAnalysisArgs = ffi::args();
         args.executable = self.raw;
         match crate::pjrt_call!(self.plugin, PJRT_Executable_GetCostAnalysis, args) {
-            // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+            // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+            // which is alive here.
             Ok(()) => Ok(Some(unsafe { read_named_values(args.properties, args.num_properties) })),
             Err(e) if e.is_unsupported() => Ok(None),
             Err(e) => Err(e),
@@ -165,7 +171,8 @@ impl Executable {
         program.code = code.as_mut_ptr().cast();
         crate::pjrt_call!(self.plugin, PJRT_Executable_OptimizedProgram, args)?;
         code.truncate(program.code_size);
-        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+        // which is alive here.
         let format = unsafe { string_from(program.format, program.format_size) };
         Ok((format, code))
     }
@@ -248,7 +255,8 @@ pub struct LoadedExecutable {
 
 // SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for LoadedExecutable {}
-// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no
+// unsynchronized state beside it.
 unsafe impl Sync for LoadedExecutable {}
 
 impl Drop for LoadedExecutable {
@@ -285,7 +293,8 @@ impl LoadedExecutable {
         crate::pjrt_call!(plugin, PJRT_LoadedExecutable_AddressableDevices, devices)?;
         if devices.num_addressable_devices > 0 {
             loaded.devices =
-                // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the object, which is alive here.
+                // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by
+                // the object, which is alive here.
                 unsafe { std::slice::from_raw_parts(devices.addressable_devices, devices.num_addressable_devices) }
                     .iter()
                     .map(|&d| Device::from_raw(client, d))

@@ -4,8 +4,10 @@
 //!
 //! Layout: `ffi` (raw C declarations) -> `plugin` (loading, the checked call path, errors) ->
 //! `client` / `buffer` / `executable` / `topology` (RAII handles), `compile_options` (the
-//! protobuf PJRT compiles with), `compile_cache` (MaxText's `jax_cache_dir`), `profiler` (the plugin's profiler extension) and `gpu_memory`
-//! (the CUDA allocator's settings from JAX's variables, and the memory a run may use). `provision` finds or downloads plugin files; `xla_flags`
+//! protobuf PJRT compiles with), `compile_cache` (MaxText's `jax_cache_dir`), `profiler` (the plugin's profiler
+//! extension) and `gpu_memory`
+//! (the CUDA allocator's settings from JAX's variables, and the memory a run may use). `provision` finds or downloads
+//! plugin files; `xla_flags`
 //! checks `XLA_FLAGS` against a plugin before it is loaded (an unknown flag kills the process).
 //!
 //! Every `unsafe` block and impl says in a `// SAFETY:` comment why it is sound (the lint below

@@ -158,7 +158,8 @@ pub struct Plugin {
 // The PJRT C API is thread-safe; the table itself is immutable after initialisation.
 // SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for Plugin {}
-// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no
+// unsynchronized state beside it.
 unsafe impl Sync for Plugin {}
 
 static LOADED: OnceLock<Mutex<HashMap<PathBuf, Arc<Plugin>>>> = OnceLock::new();
@@ -173,9 +174,11 @@ impl Plugin {
             return Ok(plugin.clone());
         }
         let load_error = |reason: String| Error::Load { path: key.display().to_string(), reason };
-        // SAFETY: loading runs the library's initialisers; maxrs loads PJRT plugins only (the GetPjrtApi symbol is checked next) and never unloads them.
+        // SAFETY: loading runs the library's initialisers; maxrs loads PJRT plugins only (the GetPjrtApi symbol is
+        // checked next) and never unloads them.
         let library = unsafe { libloading::Library::new(&key) }.map_err(|e| load_error(e.to_string()))?;
-        // SAFETY: every PJRT plugin exports GetPjrtApi with this signature; it returns a pointer to its static function table.
+        // SAFETY: every PJRT plugin exports GetPjrtApi with this signature; it returns a pointer to its static function
+        // table.
         let api = unsafe {
             let get_api: libloading::Symbol<ffi::GetPjrtApi> = library
                 .get(b"GetPjrtApi\0")
@@ -206,7 +209,8 @@ impl Plugin {
 
     fn api(&self) -> &ffi::Api {
         // Valid for the life of the process: the library is never unloaded.
-        // SAFETY: `api` was checked non-null at load and points to the plugin's static table, which lives as long as the library, which is never unloaded.
+        // SAFETY: `api` was checked non-null at load and points to the plugin's static table, which lives as long as
+        // the library, which is never unloaded.
         unsafe { &*self.api }
     }
 
@@ -226,7 +230,8 @@ impl Plugin {
     pub fn attributes(&self) -> Result<Vec<(String, Value)>> {
         let mut args: ffi::PluginAttributesArgs = ffi::args();
         crate::pjrt_call!(self, PJRT_Plugin_Attributes, args)?;
-        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+        // which is alive here.
         Ok(unsafe { read_named_values(args.attributes, args.num_attributes) })
     }
 
@@ -245,7 +250,8 @@ impl Plugin {
             return Err(Error::Unsupported { function, major, minor });
         }
         let f = slot(api).ok_or(Error::Unsupported { function, major, minor })?;
-        // SAFETY: the table holds this slot (checked above) and `f` is its function, whose argument type is the slot's args struct; `args` is a live value of that type.
+        // SAFETY: the table holds this slot (checked above) and `f` is its function, whose argument type is the slot's
+        // args struct; `args` is a live value of that type.
         let error = unsafe { f(args) };
         // SAFETY: `error` is what the plugin just returned: null or a live error object.
         unsafe { self.check(function, error) }

@@ -18,7 +18,8 @@ pub struct Topology {
 
 // SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
 unsafe impl Send for Topology {}
-// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no unsynchronized state beside it.
+// SAFETY: the plugin synchronizes concurrent calls on one handle itself (the PJRT C API is thread-safe); maxrs holds no
+// unsynchronized state beside it.
 unsafe impl Sync for Topology {}
 
 /// One device of a topology.
@@ -59,7 +60,8 @@ impl Topology {
         let mut args: ffi::TopologyPlatformNameArgs = ffi::args();
         args.topology = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_TopologyDescription_PlatformName, args)?;
-        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+        // which is alive here.
         Ok(unsafe { string_from(args.platform_name, args.platform_name_size) })
     }
 
@@ -67,7 +69,8 @@ impl Topology {
         let mut args: ffi::TopologyPlatformVersionArgs = ffi::args();
         args.topology = self.raw;
         crate::pjrt_call!(self.plugin, PJRT_TopologyDescription_PlatformVersion, args)?;
-        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object, which is alive here.
+        // SAFETY: the plugin filled this (pointer, length) in the successful call above; it points into the object,
+        // which is alive here.
         Ok(unsafe { string_from(args.platform_version, args.platform_version_size) })
     }
 
@@ -78,7 +81,8 @@ impl Topology {
         if args.num_descriptions == 0 {
             return Ok(Vec::new());
         }
-        // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the object, which is alive here.
+        // SAFETY: the plugin returned this array with this many entries in the successful call above, owned by the
+        // object, which is alive here.
         unsafe { std::slice::from_raw_parts(args.descriptions, args.num_descriptions) }
             .iter()
             .map(|&raw| {

@@ -14,8 +14,9 @@
 //! session URL the API answers with included), and URLs are built from percent-encoded path
 //! segments.
 
+use std::collections::BTreeMap;
 use std::io::Read;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
@@ -78,18 +79,27 @@ struct Service {
     credentials: Option<Credentials>,
 }
 
-/// The service, for `what` (the request it serves, named in an error: a user without
-/// credentials learns which location needed them).
-fn service(what: &str) -> Result<&'static Service> {
-    static SERVICE: OnceLock<Result<Service, String>> = OnceLock::new();
-    SERVICE.get_or_init(|| connect().map_err(|e| format!("{e:#}"))).as_ref().map_err(|e| anyhow!("{what}: {e}"))
+/// The service of the endpoint the environment names now (an emulator's or Google's), for
+/// `what` (the request it serves, named in an error: a user without credentials learns which
+/// location needed them). Each endpoint is connected once and kept (its connections and
+/// credentials reused), so one process may use an emulator and Cloud Storage in turn, whichever
+/// it uses first.
+fn service(what: &str) -> Result<Arc<Service>> {
+    type Services = BTreeMap<Option<String>, Result<Arc<Service>, String>>;
+    static SERVICES: Mutex<Services> = Mutex::new(BTreeMap::new());
+    let emulator = std::env::var(EMULATOR_ENV).ok().map(|h| h.trim().to_string()).filter(|h| !h.is_empty());
+    let mut services = SERVICES.lock().unwrap_or_else(PoisonError::into_inner);
+    let service = services
+        .entry(emulator.clone())
+        .or_insert_with(|| connect(emulator.as_deref()).map(Arc::new).map_err(|e| format!("{e:#}")));
+    service.clone().map_err(|e| anyhow!("{what}: {e}"))
 }
 
-fn connect() -> Result<Service> {
+/// The service of an emulator at `emulator` (`host:port` or a URL), or of Google's endpoint.
+fn connect(emulator: Option<&str>) -> Result<Service> {
     let timeout = request_timeout()?;
     let http = net::client(timeout)?;
-    if let Some(host) = std::env::var(EMULATOR_ENV).ok().filter(|h| !h.trim().is_empty()) {
-        let host = host.trim();
+    if let Some(host) = emulator {
         let base = if host.contains("://") { host.to_string() } else { format!("http://{host}") };
         return Ok(Service { base: google::endpoint(EMULATOR_ENV, &base)?, http, timeout, credentials: None });
     }

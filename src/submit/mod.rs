@@ -112,7 +112,8 @@ impl Job {
         let loaded = config::load_args(&train_args).context("the train command's config")?;
         // A GPU job needs hardware=gpu and a CUDA plugin: added where the user left the key out,
         // refused where the user set it to something else.
-        // MaxText's A3 recipes run with `hardware: gpu` (maxtext src/maxtext/configs/gpu/models/llama2_7b.yml at 23be6e4f).
+        // MaxText's A3 recipes run with `hardware: gpu` (maxtext src/maxtext/configs/gpu/models/llama2_7b.yml at
+        // 23be6e4f).
         let gpu = loaded.hardware.is_gpu();
         let cuda = loaded.plugin.starts_with("cuda") || loaded.plugin.contains('/');
         let mut added_args = Vec::new();

@@ -6,6 +6,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use crate::data::{Batch, BatchIterator, EvalData};
 use crate::pjrt::Client;
 use crate::runtime::{self, Compiled, DeviceArray};
+use crate::train_state::Group;
 
 use super::metrics::EvalMetrics;
 use super::step::{batch_inputs, TrainStep};
@@ -33,7 +34,7 @@ impl Evaluator {
             .program
             .inputs
             .iter()
-            .map(|i| match i.name.starts_with("params.") || i.name.starts_with("fp8.") {
+            .map(|i| match Group::of(&i.name).is_some_and(|(group, _)| group.read_by_forward()) {
                 true => train.input_index(&i.name).map(Some),
                 false => Ok(None),
             })

@@ -21,6 +21,7 @@ use crate::data::{Batch, EvalData};
 use crate::host::HostTensor;
 use crate::model::Model;
 use crate::pjrt::Client;
+use crate::train_state::TrainState;
 
 use super::metrics::{EvalMetrics, PerDeviceWork, StepMetrics};
 use super::report::{RunReport, StartupTimes};
@@ -68,8 +69,11 @@ pub(super) trait StepExecutor {
 
     fn model(&self) -> &Model;
 
-    /// The arrays of the state a checkpoint holds, by their names in checkpoint files.
-    fn state_specs(&self) -> Vec<Expected>;
+    /// The arrays of the state a checkpoint holds, by their names in checkpoint files: the
+    /// model's whole train state, whatever layout the step keeps it in.
+    fn state_specs(&self) -> Vec<Expected> {
+        Expected::of_state(&TrainState::of(self.model()))
+    }
 
     /// Creates the state on the devices.
     fn initialize(&mut self, initial: Initial) -> Result<()>;

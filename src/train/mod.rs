@@ -12,13 +12,15 @@
 //! - [`run`]: `maxrs train`'s job: start-up, then the one step loop (`step_loop`) over a step
 //!   executor (`executor`): the SPMD step (`spmd`, with its `eval`) or the pipelined one
 //!   (`pipeline::run`). Around it: where the state comes from (`restore`), what each step's
-//!   metrics go to (`recorder`), `signals`, `timing`, and the report a run returns (`report`).
+//!   metrics go to (`recorder`), `signals`, `timing`, whether the host's memory holds a CPU run
+//!   (`host_memory`), and the report a run returns (`report`).
 
 pub mod data_position;
 mod eval;
 mod executor;
 pub mod flops;
 pub mod health;
+mod host_memory;
 pub mod metrics;
 pub mod optimizer;
 pub mod outputs;

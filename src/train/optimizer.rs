@@ -16,6 +16,7 @@
 use crate::config::Config;
 use crate::ir::DType;
 use crate::tensor::{where_, Tensor, Tree};
+use crate::train_state::OptState;
 
 use super::schedule::LearningRateSchedule;
 
@@ -32,10 +33,6 @@ pub struct AdamW {
     pub schedule: LearningRateSchedule,
 }
 
-/// The optimizer's state for one parameter tree: `mu.<name>`, `nu.<name>` (the parameter's
-/// dtype and shape) and `count` (s32 scalar, the number of updates applied).
-pub const COUNT: &str = "count";
-
 impl AdamW {
     pub fn from_config(c: &Config) -> Result<AdamW, String> {
         let schedule = LearningRateSchedule::from_config(c)?;
@@ -50,20 +47,20 @@ impl AdamW {
         })
     }
 
-    /// Zero moments and count for `params`.
-    pub fn init(&self, params: &Tree) -> Tree {
-        let mut state = Tree::new();
-        for (name, p) in params.iter() {
-            state.insert(format!("mu.{name}"), p.zeros_like());
-            state.insert(format!("nu.{name}"), p.zeros_like());
-        }
+    /// Zero moments (each like its parameter) and count (s32 scalar, the number of updates
+    /// applied) for `params`.
+    pub fn init(&self, params: &Tree) -> OptState {
         let ctx = params.values().next().expect("a model has parameters").trace();
-        state.with(COUNT, ctx.scalar(0.0, DType::S32))
+        OptState {
+            mu: params.map(|_, p| p.zeros_like()),
+            nu: params.map(|_, p| p.zeros_like()),
+            count: ctx.scalar(0.0, DType::S32),
+        }
     }
 
     /// One update: returns the new parameters, the new state and the metrics `grad_norm` and
     /// `learning_rate` (f32 scalars).
-    pub fn update(&self, params: &Tree, grads: &Tree, state: &Tree) -> (Tree, Tree, Tree) {
+    pub fn update(&self, params: &Tree, grads: &Tree, state: &OptState) -> (Tree, OptState, Tree) {
         self.update_with_norm(params, grads, state, &global_norm(grads))
     }
 
@@ -74,16 +71,16 @@ impl AdamW {
         &self,
         params: &Tree,
         grads: &Tree,
-        state: &Tree,
+        state: &OptState,
         grad_norm: &Tensor,
-    ) -> (Tree, Tree, Tree) {
+    ) -> (Tree, OptState, Tree) {
         let grads = if self.clip_threshold > 0.0 {
             let scale = where_(&grad_norm.lt(self.clip_threshold), 1.0, &(self.clip_threshold / grad_norm));
             grads.map(|_, g| g * &scale.astype(g.dtype()))
         } else {
             grads.clone()
         };
-        let count = &state[COUNT];
+        let count = &state.count;
         let lr = self.schedule.traced(count);
         let next_count = count + 1;
         let t = next_count.astype(DType::F32);
@@ -91,17 +88,17 @@ impl AdamW {
         let correction = |b: f64| 1.0 - (&t * b.ln()).exp();
         let (c1, c2) = (correction(self.b1), correction(self.b2));
         let mut new_params = Tree::new();
-        let mut new_state = Tree::new().with(COUNT, next_count.clone());
+        let mut new_state = OptState { mu: Tree::new(), nu: Tree::new(), count: next_count.clone() };
         for (name, p) in params.iter() {
             let g = &grads[name];
-            let mu = &state[&format!("mu.{name}")] * self.b1 + g * (1.0 - self.b1);
-            let nu = &state[&format!("nu.{name}")] * self.b2 + g.square() * (1.0 - self.b2);
+            let mu = &state.mu[name] * self.b1 + g * (1.0 - self.b1);
+            let nu = &state.nu[name] * self.b2 + g.square() * (1.0 - self.b2);
             let mu_hat = &mu / &c1.astype(mu.dtype());
             let nu_hat = &nu / &c2.astype(nu.dtype());
             let update = mu_hat / ((nu_hat + self.eps_root).sqrt() + self.eps) + p * self.weight_decay;
             new_params.insert(name, p - &(update * &lr.astype(p.dtype())));
-            new_state.insert(format!("mu.{name}"), mu);
-            new_state.insert(format!("nu.{name}"), nu);
+            new_state.mu.insert(name, mu);
+            new_state.nu.insert(name, nu);
         }
         let metrics = Tree::new().with("grad_norm", grad_norm.clone()).with("learning_rate", lr);
         (new_params, new_state, metrics)

@@ -13,6 +13,7 @@ use crate::files::Location;
 use crate::host::HostTensor;
 use crate::model::Model;
 use crate::storage;
+use crate::train_state::Group;
 
 use super::executor::Initial;
 use super::outputs;
@@ -105,7 +106,8 @@ fn load_parameter_arrays(
     model_keys: &BTreeMap<String, serde_json::Value>,
 ) -> Result<BTreeMap<String, HostTensor>> {
     let location = Location::parse(&c.load_parameters_path)?;
-    let params: Vec<Expected> = expected.iter().filter(|e| e.name.starts_with("params.")).cloned().collect();
+    let params: Vec<Expected> =
+        expected.iter().filter(|e| Group::of(&e.name).is_some_and(|(g, _)| g == Group::Params)).cloned().collect();
     let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
     let arrays = if is_checkpoint {
         checkpoint::dir::load(&location, &params, model_keys, true)
@@ -114,13 +116,13 @@ fn load_parameter_arrays(
     } else {
         let specs: Vec<ParamSpec> = params
             .iter()
-            .map(|e| ParamSpec { name: e.name["params.".len()..].to_string(), ty: e.ty, dims: e.dims.clone() })
+            .filter_map(|e| Some(ParamSpec { name: Group::of(&e.name)?.1.to_string(), ty: e.ty, dims: e.dims.clone() }))
             .collect();
         let local = match &location {
             Location::Local(path) => load_parameters(path, &specs)?,
             remote => load_parameters(&storage::download(remote)?, &specs)?,
         };
-        local.into_iter().map(|(name, tensor)| (format!("params.{name}"), tensor)).collect()
+        local.into_iter().map(|(name, tensor)| (Group::Params.name(&name), tensor)).collect()
     };
     println!("loaded {} parameters from {location}", arrays.len());
     Ok(arrays)

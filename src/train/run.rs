@@ -26,6 +26,7 @@ use crate::pjrt::{self, Client};
 use super::data_position::DataPosition;
 use super::executor::{StepExecutor, StepPlan};
 use super::flops;
+use super::host_memory::host_memory_bytes;
 use super::metrics::PerDeviceWork;
 use super::outputs::{self, RunOutputs};
 use super::pipeline::run::PipelinedPlan;
@@ -39,38 +40,6 @@ use crate::model::flops::StepShape;
 
 /// What [`train`] returns.
 pub use super::report::{PipelineReport, RunReport, StartupTimes};
-
-/// Total memory of this machine, from `/proc/meminfo` (Linux); `None` elsewhere.
-fn host_memory_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// [`gpu_memory::step_shortfall`] for the CPU plugin, whose devices share this machine's memory:
-/// `None` when a compiled step of `stats` on each of `client`'s devices fits in it (or the
-/// devices are not the host's), else what it needs and what there is. Without it a step too
-/// large for the machine (deepseek3-tiny's defaults: 32 GB) died of XLA's allocation error,
-/// which names no key.
-pub(super) fn cpu_step_shortfall(client: &Client, stats: &pjrt::CompiledMemoryStats) -> Result<Option<String>> {
-    if client.platform_name()? != "cpu" {
-        return Ok(None);
-    }
-    let Some(host) = host_memory_bytes() else { return Ok(None) };
-    let devices = client.addressable_devices()?.len() as u64;
-    let per_device = stats.total_bytes().max(0) as u64;
-    let needed = per_device.saturating_mul(devices);
-    Ok((needed > host).then(|| {
-        use indicatif::HumanBytes;
-        format!(
-            "needs {} on the CPU devices ({devices} x {}), more than this machine's {} of memory",
-            HumanBytes(needed),
-            HumanBytes(per_device),
-            HumanBytes(host)
-        )
-    }))
-}
 
 /// Trains as configured on `client`'s devices, as the only process.
 pub fn train(c: &Config, client: &Client) -> Result<RunReport> {

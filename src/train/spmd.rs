@@ -14,7 +14,6 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::checkpoint::shards::{ArrayLayout, HostArray};
-use crate::checkpoint::Expected;
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
 use crate::data::{Batch, EvalData};
@@ -75,7 +74,7 @@ impl StepPlan for SpmdPlan {
         let stats = compiled.executable.executable().compiled_memory_stats()?;
         let short = match gpu_memory::step_shortfall(client, &stats)? {
             Some(short) => Some(short),
-            None => super::run::cpu_step_shortfall(client, &stats)?,
+            None => super::host_memory::cpu_step_shortfall(client, &stats)?,
         };
         if let Some(short) = short {
             bail!("out of memory: the train step {short}. To fit, {}.", crate::config::MEMORY_REMEDIES);
@@ -84,9 +83,10 @@ impl StepPlan for SpmdPlan {
         let slots = Slots::of(&compiled, batch_inputs(step.packed))?;
         let rows = compiled.local_rows(slots.batch[0])?;
         let state_slots = step
-            .state_specs()
+            .state()
+            .names()
             .into_iter()
-            .map(|(name, ..)| Ok((name.clone(), compiled.input_index(&name)?, compiled.output_index(&name)?)))
+            .map(|name| Ok((name.clone(), compiled.input_index(&name)?, compiled.output_index(&name)?)))
             .collect::<Result<_>>()?;
         Ok(SpmdStep {
             client: client.clone(),
@@ -203,14 +203,6 @@ impl StepExecutor for SpmdStep {
 
     fn model(&self) -> &Model {
         &self.step.model
-    }
-
-    fn state_specs(&self) -> Vec<Expected> {
-        self.step
-            .state_specs()
-            .into_iter()
-            .map(|(name, dtype, dims, _)| Expected { name, ty: runtime::element_type(dtype), dims })
-            .collect()
     }
 
     /// Runs the init program (without the parameters when they come from elsewhere), then puts

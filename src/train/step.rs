@@ -26,12 +26,15 @@ use crate::model::{fp8, params, Model};
 use crate::sharding::{Mesh, PartitionSpec};
 use crate::tensor::{random, scan, trace, Tensor, TraceError, Tree};
 
-use super::optimizer::{AdamW, COUNT};
+use crate::train_state::{Group, OptState, StateArray, TrainState};
+
+use super::optimizer::AdamW;
 
 /// The batch arrays every step reads.
 pub const BATCH_INPUTS: &[&str] = &["inputs", "targets", "targets_segmentation"];
 /// The arrays a step on packed batches reads too (`Config::packed_batches`). Unpacked rows (token
-/// files, `synthetic_progression`, `packing=false`) hold one sequence from position 0, which is what the model assumes without
+/// files, `synthetic_progression`, `packing=false`) hold one sequence from position 0, which is what the model assumes
+/// without
 /// them, so their programs stay without these inputs.
 pub const PACKED_INPUTS: &[&str] = &["inputs_position", "inputs_segmentation"];
 
@@ -74,28 +77,14 @@ impl TrainStep {
         })
     }
 
-    /// Name, dtype, shape and sharding of every state array (parameters, then optimizer state).
-    pub fn state_specs(&self) -> Vec<(String, DType, Vec<i64>, Option<PartitionSpec>)> {
-        let mut specs = Vec::new();
-        let defs = self.model.param_defs();
-        for prefix in ["params", "opt_state.mu", "opt_state.nu"] {
-            for def in &defs {
-                let sharding = self.mesh.as_ref().map(|m| self.model.config.rules.spec(&def.logical, m));
-                specs.push((
-                    format!("{prefix}.{}", def.name),
-                    self.model.config.weight_dtype,
-                    def.shape.clone(),
-                    sharding,
-                ));
-            }
-        }
-        let replicated = self.mesh.as_ref().map(|_| PartitionSpec::replicated());
-        specs.push((format!("opt_state.{COUNT}"), DType::S32, vec![], replicated));
-        for def in self.model.fp8_state_defs() {
-            let sharding = self.mesh.as_ref().map(|m| self.model.config.rules.spec(&def.logical, m));
-            specs.push((format!("fp8.{}", def.name), DType::F32, def.shape, sharding));
-        }
-        specs
+    /// The train state this step carries (`train_state`).
+    pub fn state(&self) -> TrainState {
+        TrainState::of(&self.model)
+    }
+
+    /// The sharding of a state array (none: one device).
+    fn state_sharding(&self, array: &StateArray) -> Option<PartitionSpec> {
+        self.mesh.as_ref().map(|m| array.sharding(&self.model.config.rules, m))
     }
 
     /// The sharding of the `[global_batch, seq]` batch arrays.
@@ -105,11 +94,12 @@ impl TrainStep {
 
     fn signature(&self) -> Signature {
         let mut sig = Signature::new(self.mesh.clone());
-        for (name, dtype, shape, sharding) in self.state_specs() {
+        for array in &self.state().arrays {
+            let (name, sharding) = (array.name(), self.state_sharding(array));
             if let Some(spec) = &sharding {
                 sig.output_sharding(&name, spec.clone());
             }
-            let input = sig.input(&name, dtype, &shape);
+            let input = sig.input(&name, array.dtype, &array.def.shape);
             input.donated();
             if let Some(spec) = sharding {
                 input.sharded(spec);
@@ -123,19 +113,18 @@ impl TrainStep {
     /// the parameters come from elsewhere (`with_params` false).
     pub fn init(&self, with_params: bool) -> Result<Program, TraceError> {
         let mut sig = Signature::new(self.mesh.clone());
-        for (name, _, _, sharding) in self.state_specs() {
-            if let Some(spec) = sharding.filter(|_| with_params || !name.starts_with("params.")) {
-                sig.output_sharding(&name, spec);
+        for array in &self.state().arrays {
+            if let Some(spec) = self.state_sharding(array).filter(|_| with_params || array.group != Group::Params) {
+                sig.output_sharding(&array.name(), spec);
             }
         }
         trace(&sig, |ctx, _| {
             let key = random::key(ctx, self.init_weights_seed);
             let params = self.model.init_params(&key);
-            let state = self.optimizer.init(&params);
-            let mut out = state.prefixed("opt_state");
-            out.extend(params::init(&self.model.fp8_state_defs(), DType::F32, &key).prefixed("fp8"));
+            let mut out = self.optimizer.init(&params).into_names();
+            out.extend(Group::Fp8.prefixed(params::init(&self.model.fp8_state_defs(), DType::F32, &key)));
             if with_params {
-                out.extend(params.prefixed("params"));
+                out.extend(Group::Params.prefixed(params));
             }
             out
         })
@@ -151,17 +140,17 @@ impl TrainStep {
             }
         }
         trace(&sig, |_, inp| {
-            let (params, state, batch) = (inp.subtree("params"), inp.subtree("opt_state"), inp.subtree("batch"));
-            let (loss, aux, grads, new_fp8) = self.loss_and_grads(&params, &inp.subtree("fp8"), &batch);
+            let (params, state, batch) = (Group::Params.subtree(inp), OptState::from_names(inp), inp.subtree("batch"));
+            let (loss, aux, grads, new_fp8) = self.loss_and_grads(&params, &Group::Fp8.subtree(inp), &batch);
             let (new_params, new_state, opt_metrics) = self.optimizer.update(&params, &grads, &state);
             let mut metrics = opt_metrics
                 .with("loss", loss)
                 .with("total_weights", aux["total_weights"].clone())
                 .with("z_loss", aux["z_loss"].clone());
             metrics.extend(aux.subtree("aux_losses"));
-            let mut out = new_params.prefixed("params");
-            out.extend(new_state.prefixed("opt_state"));
-            out.extend(new_fp8.prefixed("fp8"));
+            let mut out = Group::Params.prefixed(new_params);
+            out.extend(new_state.into_names());
+            out.extend(Group::Fp8.prefixed(new_fp8));
             out.extend(metrics.prefixed("metrics"));
             out
         })
@@ -174,8 +163,12 @@ impl TrainStep {
     /// as for [`batch_inputs`].
     pub fn eval_step(&self, rows: i64, packed: bool) -> Result<Program, TraceError> {
         let mut sig = Signature::new(self.mesh.clone());
-        self.model.declare_params(&mut sig, "params");
-        params::declare(&mut sig, &self.model.fp8_state_defs(), DType::F32, &self.model.config.rules, "fp8");
+        for array in self.state().arrays.iter().filter(|a| a.group.read_by_forward()) {
+            let input = sig.input(&array.name(), array.dtype, &array.def.shape);
+            if let Some(spec) = self.state_sharding(array) {
+                input.sharded(spec);
+            }
+        }
         for name in batch_inputs(packed) {
             let input = sig.input(&format!("batch.{name}"), DType::S32, &[rows, self.seq]);
             if let Some(spec) = self.batch_sharding() {
@@ -183,8 +176,8 @@ impl TrainStep {
             }
         }
         trace(&sig, |_, inp| {
-            let mut model_inputs = inp.subtree("params");
-            model_inputs.extend(inp.subtree("fp8"));
+            let mut model_inputs = Group::Params.subtree(inp);
+            model_inputs.extend(Group::Fp8.subtree(inp));
             let (loss, aux) = self.model.loss(&model_inputs, &inp.subtree("batch"), self.z_loss_multiplier);
             let mut metrics = Tree::new()
                 .with("loss", loss)

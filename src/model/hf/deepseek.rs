@@ -22,7 +22,8 @@
 //!
 //! (N `qk_nope_head_dim`, R `qk_rope_head_dim`, V `v_head_dim`, Q `q_lora_rank`, C
 //! `kv_lora_rank`, X experts, M `moe_intermediate_size`, S `n_shared_experts`; the embedding,
-//! final norm and `lm_head` are Llama's; the layers before `first_k_dense_replace` are dense.) Every map is a transpose:
+//! final norm and `lm_head` are Llama's; the layers before `first_k_dense_replace` are dense.) Every map is a
+//! transpose:
 //! both apply RoPE to the same elements in the same order (`rope_interleave`: pairs `(2i, 2i+1)`
 //! in both; Hugging Face de-interleaves them at run time, `apply_rotary_pos_emb_interleave`) and
 //! scale the scores at run time.

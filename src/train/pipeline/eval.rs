@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use super::executor::{split_batch, Pipeline};
+use super::executor::{split_batch, Pipeline, Weights};
 use crate::data::Batch;
 use crate::runtime;
 
@@ -48,7 +48,7 @@ impl Pipeline {
         }
         let passes = rows / pass_rows;
         let micro = split_batch(batch, passes * self.schedule.microbatches, self.step.packed)?;
-        let reports = self.run_passes(&micro, passes, 0.0, true)?;
+        let reports = self.run_passes(&micro, passes, Weights::default(), true)?;
         let mut sums = [0.0f64; 3];
         for l in &reports.last().expect("a pipeline has stages").losses {
             for k in 0..3 {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::layout::StageLayout;
-use super::programs::{PipelineStep, StagePrograms, GRAD, MU, NU, PARAMS};
+use super::programs::{PipelineStep, StagePrograms, FP8_NEXT, GRAD};
 use super::schedule::{Pass, Schedule, Task, Timeline};
 use crate::data::Batch;
 use crate::host::HostTensor;
@@ -28,8 +28,8 @@ use crate::ir::Program;
 use crate::pjrt::{Client, Device};
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::tensor::Tree;
-use crate::train::optimizer::COUNT;
 use crate::train::step::batch_inputs;
+use crate::train_state::{Group, TrainState};
 
 /// A stage's compiled programs (the order of [`StagePrograms`]).
 pub struct StageExecutables {
@@ -186,14 +186,15 @@ impl Pipeline {
         Ok(Pipeline { step, schedule, client: client.clone(), stages, passes })
     }
 
-    /// Names of the arrays stage `stage` keeps.
+    /// Names of the arrays stage `stage` keeps: its part of the train state and its
+    /// accumulators.
     fn state_names(&self, stage: usize) -> Vec<String> {
-        let defs = self.step.layout.stage_params(&self.step.model, stage);
-        let mut names: Vec<String> = [PARAMS, MU, NU, GRAD]
-            .iter()
-            .flat_map(|prefix| defs.iter().map(move |d| format!("{prefix}.{}", d.name)))
-            .collect();
-        names.push(format!("opt_state.{COUNT}"));
+        let (layout, model) = (&self.step.layout, &self.step.model);
+        let (params, fp8) =
+            (layout.stage_params(model, stage), layout.stage_defs(model, &model.fp8_state_defs(), stage));
+        let mut names = TrainState::from_defs(&params, &fp8, model.config.weight_dtype).names();
+        names.extend(params.iter().map(|d| format!("{GRAD}.{}", d.name)));
+        names.extend(fp8.iter().map(|d| format!("{FP8_NEXT}.{}", d.name)));
         names
     }
 
@@ -227,8 +228,9 @@ impl Pipeline {
         if let Some(full) = parameters {
             for stage in &mut self.stages {
                 let update = &stage.programs.update;
-                for (name, host) in self.step.layout.split(&self.step.model, full, stage.index)?.iter() {
-                    let name = format!("{PARAMS}.{name}");
+                let defs = self.step.model.param_defs();
+                for (name, host) in self.step.layout.split(&self.step.model, &defs, full, stage.index)?.iter() {
+                    let name = Group::Params.name(name);
                     let array = update.put(&self.client, update.input_index(&name)?, host)?;
                     stage.state.insert(name, array);
                 }
@@ -246,14 +248,16 @@ impl Pipeline {
     /// pipeline, then the norm and the update.
     pub fn step(&mut self, batch: &Batch) -> Result<StepResult> {
         let micro = split_batch(batch, self.passes * self.schedule.microbatches, self.step.packed)?;
-        // The layers' auxiliary losses count as their mean over layers and microbatches (as the
-        // unpipelined step's gradient accumulation counts them); each backward weighs its
-        // layers' by `tokens / (microbatches x layers)` because the gradients are of the summed
-        // loss and are divided by the token count at the end.
+        // The gradients are of the step's mean loss, as the unpipelined step's: the head scales
+        // each microbatch's summed loss by one over the step's token count, and the layers'
+        // auxiliary losses count as their mean over layers and microbatches (as the unpipelined
+        // step's gradient accumulation counts them).
         let microbatches = (self.passes * self.schedule.microbatches) as f64;
-        let aux_weight =
-            (batch.total_weights() as f64).max(1.0) / (microbatches * self.step.model.config.layers as f64);
-        let reports = self.run_passes(&micro, self.passes, aux_weight, false)?;
+        let weights = Weights {
+            aux: 1.0 / (microbatches * self.step.model.config.layers as f64),
+            loss_scale: 1.0 / (batch.total_weights() as f64).max(1.0),
+        };
+        let reports = self.run_passes(&micro, self.passes, weights, false)?;
 
         let mut sums = [0.0f64; 3];
         for l in &reports.last().expect("a pipeline has stages").losses {
@@ -268,9 +272,9 @@ impl Pipeline {
             *aux_losses.entry(name.clone()).or_insert(0.0) +=
                 sum / (microbatches * self.step.model.config.layers as f64);
         }
-        let sumsq: Vec<f64> = self.on_every_stage(|stage, client| stage.gradient_sumsq(client, total_weights))?;
+        let sumsq: Vec<f64> = self.on_every_stage(|stage, _| stage.gradient_sumsq())?;
         let grad_norm = sumsq.iter().sum::<f64>().sqrt();
-        let rates = self.on_every_stage(|stage, client| stage.update(client, total_weights, grad_norm))?;
+        let rates = self.on_every_stage(|stage, client| stage.update(client, grad_norm))?;
 
         let overhead = reports.iter().map(|r| (r.total - r.executing - r.waiting).max(0.0)).sum::<f64>()
             / reports.len() as f64
@@ -294,11 +298,11 @@ impl Pipeline {
         &mut self,
         micro: &[HashMap<String, HostTensor>],
         passes: usize,
-        aux_weight: f64,
+        weights: Weights,
         forward_only: bool,
     ) -> Result<Vec<StageReport>> {
         let ctx = StepContext {
-            aux_weight,
+            weights,
             schedule: &self.schedule,
             layout: &self.step.layout,
             micro,
@@ -367,11 +371,20 @@ struct StepContext<'a> {
     client: &'a Client,
     /// Per stage: its devices and their positions in its mesh.
     devices: Vec<(Vec<Device>, Vec<usize>)>,
-    /// The backward programs' `aux_weight`.
-    aux_weight: f64,
+    /// The scalars the training programs read.
+    weights: Weights,
     /// Set when a stage fails: the others stop waiting.
     abort: AtomicBool,
     start: Instant,
+}
+
+/// The scalar inputs of a step's training programs.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Weights {
+    /// The backward programs' `aux_weight`: each layer's auxiliary losses' weight in the loss.
+    pub aux: f64,
+    /// The last chunk's forward `loss_scale`: one over the step's token count.
+    pub loss_scale: f64,
 }
 
 /// How an error says that a stage stopped because another failed.
@@ -409,12 +422,16 @@ impl Stage {
         let loop_start = ctx.now();
         let mut pending: HashMap<Key, DeviceArray> = HashMap::new();
         let microbatches = ctx.schedule.microbatches;
-        let backward = &self.programs.backward[0];
-        let aux_weight = backward.put(
-            ctx.client,
-            backward.input_index("aux_weight")?,
-            &HostTensor::from_f32(&[], &[ctx.aux_weight as f32]),
-        )?;
+        let scalar = |program: &Compiled, name: &str, v: f64| {
+            program.put(ctx.client, program.input_index(name)?, &HostTensor::from_f32(&[], &[v as f32]))
+        };
+        let aux_weight = scalar(&self.programs.backward[0], "aux_weight", ctx.weights.aux)?;
+        // Only the last chunk's forward reads it; the stage that runs it runs it last.
+        let last_forward = self.programs.forward.last().expect("a stage runs chunks");
+        let loss_scale = match last_forward.input_index("loss_scale") {
+            Ok(_) => Some(scalar(last_forward, "loss_scale", ctx.weights.loss_scale)?),
+            Err(_) => None,
+        };
         for pass in 0..ctx.passes {
             // Per microbatch, the batch arrays on this stage's devices (put when first needed).
             let mut batches: HashMap<usize, HashMap<String, DeviceArray>> = HashMap::new();
@@ -474,6 +491,7 @@ impl Stage {
                 let started = ctx.now();
                 let outputs = execute_named(program, |name| match name {
                     "aux_weight" => Some(&aux_weight),
+                    "loss_scale" => loss_scale.as_ref(),
                     _ => batch.get(name).or_else(|| locals.get(name)).or_else(|| self.state.get(name)),
                 })
                 .with_context(|| format!("stage {} running {task}", self.index))?;
@@ -485,7 +503,7 @@ impl Stage {
                 let mut kept = HashMap::new();
                 let mut metrics = [0.0; 3];
                 for (name, array) in outputs {
-                    if name.starts_with("grad.") {
+                    if name.starts_with(&format!("{GRAD}.")) || name.starts_with(&format!("{FP8_NEXT}.")) {
                         self.state.insert(name, array);
                     } else if name.starts_with("residual.") {
                         kept.insert(name, array);
@@ -542,24 +560,19 @@ impl Stage {
     }
 
     /// The squared norm of the stage's gradients of the mean loss.
-    fn gradient_sumsq(&mut self, client: &Client, total_weights: f64) -> Result<f64> {
+    fn gradient_sumsq(&mut self) -> Result<f64> {
         let norm = &self.programs.norm;
-        let weights =
-            norm.put(client, norm.input_index("total_weights")?, &HostTensor::from_f32(&[], &[total_weights as f32]))?;
-        let outputs =
-            execute_named(norm, |name| if name == "total_weights" { Some(&weights) } else { self.state.get(name) })?;
+        let outputs = execute_named(norm, |name| self.state.get(name))?;
         let (name, array) = outputs.into_iter().next().ok_or_else(|| anyhow!("the norm program has no output"))?;
         Ok(norm.fetch(norm.output_index(&name)?, &array)?.to_f64()[0])
     }
 
     /// The optimizer update; returns the learning rate it used.
-    fn update(&mut self, client: &Client, total_weights: f64, grad_norm: f64) -> Result<f64> {
+    fn update(&mut self, client: &Client, grad_norm: f64) -> Result<f64> {
         let update = &self.programs.update;
-        let scalar =
-            |name: &str, v: f64| update.put(client, update.input_index(name)?, &HostTensor::from_f32(&[], &[v as f32]));
-        let (weights, norm) = (scalar("total_weights", total_weights)?, scalar("grad_norm", grad_norm)?);
+        let norm =
+            update.put(client, update.input_index("grad_norm")?, &HostTensor::from_f32(&[], &[grad_norm as f32]))?;
         let outputs = execute_named(update, |name| match name {
-            "total_weights" => Some(&weights),
             "grad_norm" => Some(&norm),
             _ => self.state.get(name),
         })

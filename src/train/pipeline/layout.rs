@@ -97,10 +97,15 @@ impl StageLayout {
     /// The parameters stage `stage` holds: the model's definitions, stacked ones cut to the
     /// stage's `repeats x layers_per_stage` rows.
     pub fn stage_params(&self, model: &Model, stage: usize) -> Vec<ParamDef> {
+        self.stage_defs(model, &model.param_defs(), stage)
+    }
+
+    /// The part of `defs` (arrays named and laid out as the model's parameters are: the
+    /// parameters, or the fp8 state of their products) stage `stage` holds.
+    pub fn stage_defs(&self, model: &Model, defs: &[ParamDef], stage: usize) -> Vec<ParamDef> {
         let rows = (self.repeats * self.layers_per_stage) as i64;
-        model
-            .param_defs()
-            .into_iter()
+        defs.iter()
+            .cloned()
             .filter_map(|def| match self.owner(model, &def) {
                 Some(owner) if owner != stage => None,
                 Some(_) => Some(def),
@@ -116,8 +121,13 @@ impl StageLayout {
     /// The names of the parameters chunk `chunk` reads: its layers', plus the embedding (first
     /// chunk) or the final norm and output projection (last chunk).
     pub fn chunk_params(&self, model: &Model, chunk: usize) -> Vec<ParamDef> {
+        self.chunk_defs(model, &model.param_defs(), chunk)
+    }
+
+    /// The part of `defs` (as for [`StageLayout::stage_defs`]) chunk `chunk` reads.
+    pub fn chunk_defs(&self, model: &Model, defs: &[ParamDef], chunk: usize) -> Vec<ParamDef> {
         let layers = self.chunk_layers(chunk);
-        self.stage_params(model, self.stage_of(chunk))
+        self.stage_defs(model, defs, self.stage_of(chunk))
             .into_iter()
             .filter(|def| match model.param_role(&def.name) {
                 ParamRole::Embedding => self.is_first(chunk),
@@ -140,13 +150,19 @@ impl StageLayout {
         mesh.slice("stage", stage).map_err(|e| anyhow!(e))
     }
 
-    /// Stage `stage`'s arrays of host parameters `full` (in the model's layout, every name of
-    /// [`Model::param_defs`]).
-    pub fn split(&self, model: &Model, full: &Tree<HostTensor>, stage: usize) -> Result<Tree<HostTensor>> {
+    /// Stage `stage`'s arrays of host arrays `full` (in the model's layout, every name of `defs`,
+    /// as for [`StageLayout::stage_defs`]).
+    pub fn split(
+        &self,
+        model: &Model,
+        defs: &[ParamDef],
+        full: &Tree<HostTensor>,
+        stage: usize,
+    ) -> Result<Tree<HostTensor>> {
         let mut out = Tree::new();
-        for def in model.param_defs() {
-            let host = full.get(&def.name).ok_or_else(|| anyhow!("no parameter {}", def.name))?;
-            match self.owner(model, &def) {
+        for def in defs {
+            let host = full.get(&def.name).ok_or_else(|| anyhow!("no array {}", def.name))?;
+            match self.owner(model, def) {
                 Some(owner) if owner != stage => {}
                 Some(_) => {
                     out.insert(def.name.clone(), host.clone());
@@ -164,18 +180,18 @@ impl StageLayout {
         Ok(out)
     }
 
-    /// The model's full layout from every stage's arrays (`stages[s]` as [`StageLayout::split`]
-    /// gives them).
-    pub fn join(&self, model: &Model, stages: &[Tree<HostTensor>]) -> Result<Tree<HostTensor>> {
+    /// The model's full layout of `defs` from every stage's arrays (`stages[s]` as
+    /// [`StageLayout::split`] gives them).
+    pub fn join(&self, model: &Model, defs: &[ParamDef], stages: &[Tree<HostTensor>]) -> Result<Tree<HostTensor>> {
         if stages.len() != self.stages {
-            bail!("{} stages' parameters for a pipeline of {}", stages.len(), self.stages);
+            bail!("{} stages' arrays for a pipeline of {}", stages.len(), self.stages);
         }
         let mut out = Tree::new();
-        for def in model.param_defs() {
+        for def in defs {
             let find = |stage: usize| {
-                stages[stage].get(&def.name).ok_or_else(|| anyhow!("stage {stage} has no parameter {}", def.name))
+                stages[stage].get(&def.name).ok_or_else(|| anyhow!("stage {stage} has no array {}", def.name))
             };
-            match self.owner(model, &def) {
+            match self.owner(model, def) {
                 Some(owner) => {
                     out.insert(def.name.clone(), find(owner)?.clone());
                 }

@@ -9,31 +9,44 @@
 //!   `residual.layer_inputs` (`[layers of the chunk, microbatch, seq, emb]`, kept on the stage
 //!   for the backward pass) and `metrics.aux.<name>` (each auxiliary loss of the layers, e.g.
 //!   MoE's `moe_lb_loss`, summed over the chunk's layers). The last chunk also runs the final
-//!   norm, the logits and the loss and differentiates them at once: its outputs are
-//!   `residual.cotangent` (the loss's gradient with respect to the last layer's output), the
-//!   summed `metrics.total_loss`, `metrics.total_weights` and `metrics.z_loss_sum`, and `grad.*`
-//!   of the head's parameters (accumulators, donated).
+//!   norm, the logits and the loss and differentiates them at once: it also reads `loss_scale`
+//!   (one over the step's token count, so that every gradient is of the step's mean loss, as
+//!   the unpipelined step's), and its outputs are `residual.cotangent` (the scaled loss's
+//!   gradient with respect to the last layer's output), the summed `metrics.total_loss`,
+//!   `metrics.total_weights` and `metrics.z_loss_sum`, and `grad.*` of the head's parameters
+//!   (accumulators, donated).
 //! - **backward** `chunk.{c}.backward`: `params.*`, the batch's token arrays,
 //!   `residual.layer_inputs`, `cotangent` (the next chunk's input gradient; `residual.cotangent`
-//!   on the last chunk), `aux_weight` (the weight of the layers' auxiliary losses in the summed
+//!   on the last chunk), `aux_weight` (the weight of each layer's auxiliary losses in the step's
 //!   loss) and the `grad.*` accumulators (donated) -> `cotangent` (for the previous chunk; the
 //!   first chunk adds it to the embeddings' gradients instead) and the accumulators plus this
-//!   microbatch's gradients of the summed loss. Each layer is recomputed from its saved input
-//!   (`Model::layers_backward`).
+//!   microbatch's share of the gradients of the step's loss. Each layer is recomputed from its
+//!   saved input (`Model::layers_backward`).
 //!
 //! - **eval** `eval.head` (on the last stage): the last chunk's forward with the loss and
 //!   without gradients (an eval's forward runs the other chunks' forward programs and drops
 //!   their `residual.layer_inputs`): `params.*`, the batch's arrays with the targets,
 //!   `activation` (donated) -> the `metrics.*` of the last chunk's forward.
 //!
-//! Per stage: **norm** `stage.{s}.norm` (`grad.*`, `total_weights` -> `sumsq`, the squared norm
-//! of the stage's gradients of the mean loss) and **update** `stage.{s}.update` (`params.*`,
-//! `opt_state.*`, `grad.*` donated, `total_weights`, `grad_norm` -> the new parameters and
-//! optimizer state, zeroed accumulators and `metrics.learning_rate`): the unpipelined step's
+//! Per stage: **norm** `stage.{s}.norm` (`grad.*` -> `sumsq`, the squared norm of the stage's
+//! gradients) and **update** `stage.{s}.update` (`params.*`, `opt_state.*`, `grad.*` donated,
+//! `grad_norm` -> the new parameters and optimizer state, zeroed accumulators and
+//! `metrics.learning_rate`): the unpipelined step's
 //! clipping, AdamW and schedule, with the norm over every stage. And once, on every device,
 //! **init**: the unpipelined initializer's parameters (same draws), their optimizer state and
 //! zero accumulators, with stacked layers in stage-major order and split over the `stage` axis,
 //! so each stage's devices end up holding exactly that stage's arrays.
+//!
+//! With `quantization=fp8` the forward, backward and eval programs also read `fp8.*` (the
+//! delayed-scaling state of the chunk's quantized products, `model::fp8`), and the backward
+//! program keeps the new state its products compute (their "gradients") in `fp8_next.*`
+//! (donated), as the element-wise maximum over the step's microbatches: flax's answer for fp8
+//! state shared by the microbatches of a pipeline (`fp32_max_grad` in `flax/linen/fp8_ops.py`,
+//! whose gradients accumulate with `max`, used by MaxText's pipelines through
+//! `Fp8DirectDotGeneralOp`). Every microbatch of a step quantizes with the same scales (those
+//! of the state before the step), so the maximum is the history with the step's largest amax
+//! at its head: what one unpipelined step over the whole batch computes. The update program
+//! makes `fp8_next.*` the new `fp8.*` and zeroes it.
 
 use anyhow::{anyhow, bail, Result};
 
@@ -43,11 +56,12 @@ use crate::config::{Config, Derived};
 use crate::ir::{DType, Program, Signature};
 use crate::model::attention::LayerContext;
 use crate::model::decoder::BTE;
-use crate::model::{Model, ParamDef, ParamRole};
+use crate::model::{params, Model, ParamDef, ParamRole};
 use crate::sharding::{Mesh, PartitionSpec};
 use crate::tensor::{random, trace, Tensor, TraceError, Tree};
-use crate::train::optimizer::{AdamW, COUNT};
+use crate::train::optimizer::AdamW;
 use crate::train::step::batch_inputs;
+use crate::train_state::{Group, OptState};
 
 /// Everything that decides a pipelined step's programs.
 #[derive(Clone, Debug)]
@@ -77,11 +91,12 @@ pub struct StagePrograms {
     pub update: Program,
 }
 
-/// Names of a stage's arrays.
-pub const PARAMS: &str = "params";
+/// The prefix of a stage's gradient accumulators (`grad.<parameter>`), which only a pipeline
+/// keeps: its train state is `train_state`'s.
 pub const GRAD: &str = "grad";
-pub const MU: &str = "opt_state.mu";
-pub const NU: &str = "opt_state.nu";
+/// The prefix of a stage's fp8 state accumulators (`fp8_next.<product>.<name>`): the new fp8
+/// state of the step so far, the element-wise maximum of every microbatch's (see the module docs).
+pub const FP8_NEXT: &str = "fp8_next";
 
 impl PipelineStep {
     /// The step of a validated pipelined config on `mesh` (the whole mesh, with its `stage`
@@ -133,6 +148,15 @@ impl PipelineStep {
         })
     }
 
+    /// The model's definitions of a train-state group laid out as the parameters are: the
+    /// parameters (and their moments) or the fp8 state.
+    pub fn full_defs(&self, group: Group) -> Vec<ParamDef> {
+        match group {
+            Group::Fp8 => self.model.fp8_state_defs(),
+            _ => self.model.param_defs(),
+        }
+    }
+
     /// A parameter's sharding inside a stage (the logical rules; the `stage` axis has size 1
     /// there, so it never appears).
     pub fn param_spec(&self, def: &ParamDef) -> PartitionSpec {
@@ -164,12 +188,15 @@ impl PipelineStep {
     }
 
     /// Declares `{prefix}.{name}` inputs for `defs` (donated when asked), with those outputs'
-    /// shardings when they are donated (so each aliases its input).
+    /// shardings when they are donated (so each aliases its input): in `weight_dtype`, or f32
+    /// for the fp8 state and its accumulators (prefixes `fp8`, `fp8_next`).
     fn declare(&self, sig: &mut Signature, prefix: &str, defs: &[ParamDef], donated: bool) {
+        let fp8 = prefix == Group::Fp8.prefix() || prefix == FP8_NEXT;
+        let dtype = if fp8 { DType::F32 } else { self.model.config.weight_dtype };
         for def in defs {
             let name = format!("{prefix}.{}", def.name);
             let spec = self.param_spec(def);
-            let input = sig.input(&name, self.model.config.weight_dtype, &def.shape);
+            let input = sig.input(&name, dtype, &def.shape);
             input.sharded(spec.clone());
             if donated {
                 input.donated();
@@ -202,19 +229,39 @@ impl PipelineStep {
             .collect()
     }
 
-    /// `acc + g`, where `g` is the gradient of `chunk`'s rows when `name` is stacked over
-    /// several repeats.
-    fn accumulate(&self, name: &str, acc: &Tensor, g: &Tensor, chunk: usize) -> Tensor {
+    /// The fp8 state `chunk` reads (`quantization=fp8`; none otherwise).
+    fn chunk_fp8(&self, chunk: usize) -> Vec<ParamDef> {
+        self.layout.chunk_defs(&self.model, &self.model.fp8_state_defs(), chunk)
+    }
+
+    /// What the model's layers and head read from a chunk program's inputs: the parameters and
+    /// the fp8 state of the quantized products, under the model's names.
+    fn model_inputs(inp: &Tree) -> Tree {
+        let mut params = Group::Params.subtree(inp);
+        params.extend(Group::Fp8.subtree(inp));
+        params
+    }
+
+    /// `combine(acc, g)`, where `g` is for `chunk`'s rows when `name` is stacked over several
+    /// repeats (only those rows of `acc` change).
+    fn accumulate(
+        &self,
+        name: &str,
+        acc: &Tensor,
+        g: &Tensor,
+        chunk: usize,
+        combine: impl Fn(&Tensor, &Tensor) -> Tensor,
+    ) -> Tensor {
         match self.model.param_role(name) {
             ParamRole::StackedLayers if self.layout.repeats > 1 => {
                 let rows = self.layout.chunk_rows(chunk);
                 let ctx = acc.trace();
                 let mut starts = vec![ctx.scalar(rows.start as f64, DType::S32)];
                 starts.extend((1..acc.rank()).map(|_| ctx.scalar(0.0, DType::S32)));
-                let updated = acc.slice_axis(0, rows.start, rows.end) + g;
+                let updated = combine(&acc.slice_axis(0, rows.start, rows.end), g);
                 acc.dynamic_update_slice(&updated, &starts.iter().collect::<Vec<_>>())
             }
-            _ => acc + g,
+            _ => combine(acc, g),
         }
     }
 
@@ -229,13 +276,15 @@ impl PipelineStep {
         let mesh = &self.stage_meshes[self.layout.stage_of(chunk)];
         let c = &self.model.config;
         let mut sig = Signature::new(Some(mesh.clone()));
-        self.declare(&mut sig, PARAMS, &self.layout.chunk_params(&self.model, chunk), false);
+        self.declare(&mut sig, Group::Params.prefix(), &self.layout.chunk_params(&self.model, chunk), false);
+        self.declare(&mut sig, Group::Fp8.prefix(), &self.chunk_fp8(chunk), false);
         self.declare_batch(&mut sig, last);
         let act = self.activation_spec();
         if !first {
             sig.input("activation", c.dtype, &self.activation_shape()).sharded(act.clone()).donated();
         }
         if last {
+            sig.input("loss_scale", DType::F32, &[]);
             self.declare(&mut sig, GRAD, &self.head_defs(chunk), true);
             sig.output_sharding("residual.cotangent", act.clone());
             for name in ["total_loss", "total_weights", "z_loss_sum"] {
@@ -247,7 +296,7 @@ impl PipelineStep {
         sig.output_sharding("residual.layer_inputs", self.residual_spec());
         let layers = self.layout.chunk_layers(chunk);
         trace(&sig, |_, inp| {
-            let (params, batch) = (inp.subtree(PARAMS), inp.subtree("batch"));
+            let (params, batch) = (Self::model_inputs(inp), inp.subtree("batch"));
             let context = LayerContext::new(c, &batch);
             let x = if first {
                 self.model.embed(&params, &batch["inputs"], &context.positions)
@@ -267,15 +316,15 @@ impl PipelineStep {
                 .filter(|(n, _)| self.model.param_role(n) == ParamRole::Head)
                 .map(|(n, p)| (n, p.clone()))
                 .collect();
-            let args = head.prefixed(PARAMS).with("y", y);
+            let args = head.prefixed("head").with("y", y);
             let z = self.z_loss_multiplier;
             let (_, aux, grads) = value_and_grad_with_aux(&args, |a| {
-                let (_, aux) = self.model.head_loss(&a.subtree(PARAMS), &a["y"], &batch, z);
-                (aux["total_loss"].clone(), aux)
+                let (_, aux) = self.model.head_loss(&a.subtree("head"), &a["y"], &batch, z);
+                (&aux["total_loss"] * &inp["loss_scale"], aux)
             });
-            for (name, g) in grads.subtree(PARAMS).iter() {
+            for (name, g) in grads.subtree("head").iter() {
                 let acc = &inp[&format!("{GRAD}.{name}")];
-                out.insert(format!("{GRAD}.{name}"), self.accumulate(name, acc, g, chunk));
+                out.insert(format!("{GRAD}.{name}"), self.accumulate(name, acc, g, chunk, |a, g| a + g));
             }
             out.insert("residual.cotangent", grads["y"].clone());
             out.insert("metrics.total_loss", aux["total_loss"].clone());
@@ -292,7 +341,8 @@ impl PipelineStep {
         let mesh = &self.stage_meshes[self.layout.stage_of(chunk)];
         let c = &self.model.config;
         let mut sig = Signature::new(Some(mesh.clone()));
-        self.declare(&mut sig, PARAMS, &self.layout.chunk_params(&self.model, chunk), false);
+        self.declare(&mut sig, Group::Params.prefix(), &self.layout.chunk_params(&self.model, chunk), false);
+        self.declare(&mut sig, Group::Fp8.prefix(), &self.chunk_fp8(chunk), false);
         self.declare_batch(&mut sig, true);
         sig.input("activation", c.dtype, &self.activation_shape()).sharded(self.activation_spec()).donated();
         for name in ["total_loss", "total_weights", "z_loss_sum"] {
@@ -300,7 +350,7 @@ impl PipelineStep {
         }
         let layers = self.layout.chunk_layers(chunk);
         trace(&sig, |_, inp| {
-            let (params, batch) = (inp.subtree(PARAMS), inp.subtree("batch"));
+            let (params, batch) = (Self::model_inputs(inp), inp.subtree("batch"));
             let context = LayerContext::new(c, &batch);
             let layer_params = self.chunk_layer_params(&params, chunk);
             let (y, _, aux_sums) = self.model.layers_forward(&layer_params, layers, &inp["activation"], &context);
@@ -319,8 +369,11 @@ impl PipelineStep {
         let mesh = &self.stage_meshes[self.layout.stage_of(chunk)];
         let c = &self.model.config;
         let defs = self.layout.chunk_params(&self.model, chunk);
+        let fp8 = self.chunk_fp8(chunk);
         let mut sig = Signature::new(Some(mesh.clone()));
-        self.declare(&mut sig, PARAMS, &defs, false);
+        self.declare(&mut sig, Group::Params.prefix(), &defs, false);
+        self.declare(&mut sig, Group::Fp8.prefix(), &fp8, false);
+        self.declare(&mut sig, FP8_NEXT, &fp8, true);
         self.declare_batch(&mut sig, false);
         let residual_shape = [&[self.layout.layers_per_stage as i64][..], &self.activation_shape()].concat();
         sig.input("residual.layer_inputs", c.dtype, &residual_shape).sharded(self.residual_spec()).donated();
@@ -336,7 +389,7 @@ impl PipelineStep {
         }
         let layers = self.layout.chunk_layers(chunk);
         trace(&sig, |_, inp| {
-            let (params, batch) = (inp.subtree(PARAMS), inp.subtree("batch"));
+            let (params, batch) = (Self::model_inputs(inp), inp.subtree("batch"));
             let context = LayerContext::new(c, &batch);
             let layer_params = self.chunk_layer_params(&params, chunk);
             let (dx, mut grads) = self.model.layers_backward(
@@ -363,26 +416,27 @@ impl PipelineStep {
                 out.insert("cotangent", dx);
             }
             for def in &accumulated {
-                let acc = &inp[&format!("{GRAD}.{}", def.name)];
-                out.insert(format!("{GRAD}.{}", def.name), self.accumulate(&def.name, acc, &grads[&def.name], chunk));
+                let (name, g) = (format!("{GRAD}.{}", def.name), &grads[&def.name]);
+                out.insert(name.clone(), self.accumulate(&def.name, &inp[&name], g, chunk, |a, g| a + g));
+            }
+            // The fp8 state's "gradients" are this microbatch's new state: the step keeps the
+            // element-wise maximum over its microbatches (see the module docs).
+            for def in &fp8 {
+                let (name, new) = (format!("{FP8_NEXT}.{}", def.name), &grads[&def.name]);
+                out.insert(name.clone(), self.accumulate(&def.name, &inp[&name], new, chunk, |a, n| a.maximum(n)));
             }
             out
         })
     }
 
-    /// The squared norm of stage `stage`'s gradients of the mean loss (see the module docs).
+    /// The squared norm of stage `stage`'s gradients (see the module docs).
     pub fn norm(&self, stage: usize) -> Result<Program, TraceError> {
         let mut sig = Signature::new(Some(self.stage_meshes[stage].clone()));
         self.declare(&mut sig, GRAD, &self.layout.stage_params(&self.model, stage), false);
-        sig.input("total_weights", DType::F32, &[]);
         sig.output_sharding("sumsq", PartitionSpec::replicated());
         trace(&sig, |_, inp| {
-            let weights = inp["total_weights"].maximum(1.0);
-            let squares: Vec<Tensor> = inp
-                .subtree(GRAD)
-                .values()
-                .map(|g| (g / &weights.astype(g.dtype())).astype(DType::F32).square().sum_all())
-                .collect();
+            let squares: Vec<Tensor> =
+                inp.subtree(GRAD).values().map(|g| g.astype(DType::F32).square().sum_all()).collect();
             let mut total = squares[0].clone();
             for s in &squares[1..] {
                 total = total + s;
@@ -395,24 +449,30 @@ impl PipelineStep {
     pub fn update(&self, stage: usize) -> Result<Program, TraceError> {
         let defs = self.layout.stage_params(&self.model, stage);
         let mut sig = Signature::new(Some(self.stage_meshes[stage].clone()));
-        for prefix in [PARAMS, MU, NU, GRAD] {
-            self.declare(&mut sig, prefix, &defs, true);
+        for group in Group::PER_PARAMETER {
+            self.declare(&mut sig, group.prefix(), &defs, true);
         }
-        let count = format!("opt_state.{COUNT}");
-        sig.input(&count, DType::S32, &[]).donated();
-        sig.output_sharding(&count, PartitionSpec::replicated());
-        sig.input("total_weights", DType::F32, &[]);
+        self.declare(&mut sig, GRAD, &defs, true);
+        let fp8 = self.layout.stage_defs(&self.model, &self.model.fp8_state_defs(), stage);
+        self.declare(&mut sig, Group::Fp8.prefix(), &fp8, true);
+        self.declare(&mut sig, FP8_NEXT, &fp8, true);
+        let count = Group::Count.prefix();
+        sig.input(count, DType::S32, &[]).donated();
+        sig.output_sharding(count, PartitionSpec::replicated());
         sig.input("grad_norm", DType::F32, &[]);
         sig.output_sharding("metrics.learning_rate", PartitionSpec::replicated());
         trace(&sig, |_, inp| {
-            let weights = inp["total_weights"].maximum(1.0);
-            let acc = inp.subtree(GRAD);
-            let grads = acc.map(|_, g| g / &weights.astype(g.dtype()));
-            let (params, state) = (inp.subtree(PARAMS), inp.subtree("opt_state"));
+            let grads = inp.subtree(GRAD);
+            let (params, state) = (Group::Params.subtree(inp), OptState::from_names(inp));
             let (params, state, metrics) = self.optimizer.update_with_norm(&params, &grads, &state, &inp["grad_norm"]);
-            let mut out = params.prefixed(PARAMS);
-            out.extend(state.prefixed("opt_state"));
-            out.extend(acc.map(|_, g| g.zeros_like()).prefixed(GRAD));
+            let mut out = Group::Params.prefixed(params);
+            out.extend(state.into_names());
+            out.extend(grads.map(|_, g| g.zeros_like()).prefixed(GRAD));
+            // The step's new fp8 state; the accumulators start again from 0, below every new
+            // scale and amax (both positive or zero).
+            let next = inp.subtree(FP8_NEXT);
+            out.extend(next.map(|_, n| n.zeros_like()).prefixed(FP8_NEXT));
+            out.extend(Group::Fp8.prefixed(next));
             out.insert("metrics.learning_rate", metrics["learning_rate"].clone());
             out
         })
@@ -431,37 +491,49 @@ impl PipelineStep {
     }
 
     /// The initializer over every device (see the module docs): `params.*` (unless
-    /// `with_params` is false: the parameters come from a file), `opt_state.*` and `grad.*`
-    /// under the model's names, stacked layers in stage-major order.
+    /// `with_params` is false: the parameters come from a file), `opt_state.*`, `fp8.*` and the
+    /// accumulators `grad.*`, `fp8_next.*` under the model's names, stacked layers in
+    /// stage-major order.
     pub fn init(&self, with_params: bool) -> Result<Program, TraceError> {
-        let defs = self.model.param_defs();
+        let (defs, fp8) = (self.model.param_defs(), self.model.fp8_state_defs());
         let mut sig = Signature::new(Some(self.mesh.clone()));
         for def in &defs {
             let spec = self.init_spec(def);
-            for prefix in [PARAMS, MU, NU, GRAD] {
-                if with_params || prefix != PARAMS {
+            for prefix in [Group::Params.prefix(), Group::Mu.prefix(), Group::Nu.prefix(), GRAD] {
+                if with_params || prefix != Group::Params.prefix() {
                     sig.output_sharding(&format!("{prefix}.{}", def.name), spec.clone());
                 }
             }
         }
-        sig.output_sharding(&format!("opt_state.{COUNT}"), PartitionSpec::replicated());
+        for def in &fp8 {
+            for prefix in [Group::Fp8.prefix(), FP8_NEXT] {
+                sig.output_sharding(&format!("{prefix}.{}", def.name), self.init_spec(def));
+            }
+        }
+        sig.output_sharding(Group::Count.prefix(), PartitionSpec::replicated());
         let order: Vec<f64> = self.layout.stage_major_order().into_iter().map(|l| l as f64).collect();
         trace(&sig, |ctx, _| {
-            let drawn = self.model.init_params(&random::key(ctx, self.init_weights_seed));
-            let params: Tree = drawn
-                .iter()
-                .map(|(name, p)| match self.model.param_role(name) {
-                    ParamRole::StackedLayers if self.layout.repeats > 1 => {
-                        let rows = ctx.constant(DType::S32, &[order.len() as i64], &order);
-                        (name.to_string(), p.take(&rows))
-                    }
-                    _ => (name.to_string(), p.clone()),
-                })
-                .collect();
-            let mut out = self.optimizer.init(&params).prefixed("opt_state");
+            let key = random::key(ctx, self.init_weights_seed);
+            let stage_major = |drawn: Tree| -> Tree {
+                drawn
+                    .iter()
+                    .map(|(name, p)| match self.model.param_role(name) {
+                        ParamRole::StackedLayers if self.layout.repeats > 1 => {
+                            let rows = ctx.constant(DType::S32, &[order.len() as i64], &order);
+                            (name.to_string(), p.take(&rows))
+                        }
+                        _ => (name.to_string(), p.clone()),
+                    })
+                    .collect()
+            };
+            let params = stage_major(self.model.init_params(&key));
+            let fp8_state = stage_major(params::init(&fp8, DType::F32, &key));
+            let mut out = self.optimizer.init(&params).into_names();
             out.extend(params.map(|_, p| p.zeros_like()).prefixed(GRAD));
+            out.extend(fp8_state.map(|_, s| s.zeros_like()).prefixed(FP8_NEXT));
+            out.extend(Group::Fp8.prefixed(fp8_state));
             if with_params {
-                out.extend(params.prefixed(PARAMS));
+                out.extend(Group::Params.prefixed(params));
             }
             out
         })

@@ -20,11 +20,9 @@ use super::executor::{Pipeline, StageExecutables, StepResult};
 use super::programs::{PipelineStep, StagePrograms};
 use super::schedule::Schedule;
 use crate::checkpoint::shards::{ArrayLayout, HostArray};
-use crate::checkpoint::Expected;
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
 use crate::data::{Batch, EvalData};
-use crate::host::ElementType;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
 use crate::pjrt::Client;
@@ -32,9 +30,9 @@ use crate::runtime::{self, Compiled};
 use crate::tensor::Tree;
 use crate::train::executor::{Initial, StepExecutor, StepPlan};
 use crate::train::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
-use crate::train::optimizer::COUNT;
 use crate::train::report::{PipelineReport, RunReport, StartupTimes};
 use crate::train::restore;
+use crate::train_state::Group;
 
 /// The pipelined step of `c` on the devices of `granules`, compiled (or loaded from
 /// `compiled_trainstep_file`) and initialized (from `load_parameters_path`, else the init
@@ -192,33 +190,12 @@ impl StepExecutor for PipelinedStep {
         &self.pipeline.step.model
     }
 
-    /// The unpipelined step's state (parameters, `mu`, `nu` in `weight_dtype`, the count), in
-    /// the model's full layout: a pipelined checkpoint restores into an unpipelined run and back.
-    fn state_specs(&self) -> Vec<Expected> {
-        let model = &self.pipeline.step.model;
-        let dtype = runtime::element_type(model.config.weight_dtype);
-        let mut specs: Vec<Expected> = ["params", "opt_state.mu", "opt_state.nu"]
-            .iter()
-            .flat_map(|group| {
-                model.param_defs().into_iter().map(move |d| Expected {
-                    name: format!("{group}.{}", d.name),
-                    ty: dtype,
-                    dims: d.shape,
-                })
-            })
-            .collect();
-        specs.push(Expected { name: format!("opt_state.{COUNT}"), ty: ElementType::S32, dims: vec![] });
-        specs
-    }
-
     /// The init program's state, its parameters split over the stages; or the given parameters
     /// (the model's full layout), split by the layout.
     fn initialize(&mut self, initial: Initial) -> Result<()> {
         let parameters = match initial {
             Initial::Fresh => None,
-            Initial::Parameters(arrays) => {
-                Some(arrays.into_iter().map(|(name, t)| (name["params.".len()..].to_string(), t)).collect::<Tree<_>>())
-            }
+            Initial::Parameters(arrays) => Some(Group::Params.subtree(&arrays.into_iter().collect::<Tree<_>>())),
             Initial::State(arrays) => {
                 let whole = arrays.into_iter().map(|(name, a)| Ok((name, a.assemble()?))).collect::<Result<_>>()?;
                 return self.pipeline.restore(&whole);
