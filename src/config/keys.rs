@@ -105,8 +105,7 @@ declare_keys! {
     section "Checkpointing" {
         /// Save checkpoints (needs base_output_directory); false unlike MaxText, so quick runs write nothing.
         enable_checkpointing: bool = false => MaxText.run(),
-        /// Initial parameters: a safetensors file in maxrs's parameter layout (see docs/src/reference/parameters.md),
-        /// or a checkpoint directory (its parameters), local or gs://.
+        /// Initial parameters: a safetensors file in maxrs's parameter layout (see docs/src/reference/parameters.md), or a checkpoint directory (its parameters), local or gs://.
         load_parameters_path: String = "" => MaxText.path(Reads, Ignores).directory().remote(),
         /// Initial state: a checkpoint directory (parameters, optimizer state and step), local or gs://.
         load_full_state_path: String = "" => MaxText.path(Reads, Ignores).directory().remote(),
@@ -178,8 +177,7 @@ declare_keys! {
         // MaxText's `Attention.init_rotary_embedding` (src/maxtext/layers/attentions.py, e591f30)
         // uses it when positive.
         local_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA3).range(int(-(1 << 53), 1 << 53)).model_file(),
-        /// The default RoPE's timescales are multiplied by this (positions / factor): every layer of the families with
-        /// it, gemma3's global layers; not Llama 3.1's or YaRN's RoPE.
+        /// The default RoPE's timescales are multiplied by this (positions / factor): every layer of the families with it, gemma3's global layers; not Llama 3.1's or YaRN's RoPE.
         // MaxText's `RotaryEmbedding.timescale` (src/maxtext/layers/embeddings.py, e591f30) and
         // `Attention.init_rotary_embedding` (attentions.py), which skips gemma3's local layers.
         rope_linear_scaling_factor: f64 = 1.0 => MaxText.model(DEFAULT_ROPE).range(closed(1e-6, 1e6)).model_file(),
@@ -199,8 +197,7 @@ declare_keys! {
         trainable_position_size: i64 = -1 => MaxText.model(ALL).range(int_or_fill(0, 1 << 24)).model_file(),
         /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2, gemma3: the local layers' window.
         sliding_window_size: i64 = 0 => MaxText.model(MISTRAL_GEMMA2_3).range(int(0, 1 << 24)).model_file(),
-        /// qwen2, qwen3, qwen3_moe, qwen3_custom_moe: an RMSNorm over each head's queries and keys before RoPE
-        /// (QK-norm).
+        /// qwen2, qwen3, qwen3_moe, qwen3_custom_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm).
         use_qk_norm: bool = false => MaxText.model(QWEN2_3).model_file(),
         /// qwen2: learned biases on the query, key and value projections (not the output's).
         attention_bias: bool = false => MaxText.model(QWEN2).model_file(),
@@ -210,15 +207,13 @@ declare_keys! {
         use_post_attn_norm: bool = false => MaxText.model(GEMMA2_3).model_file(),
         /// gemma2, gemma3: RMSNorm after the MLP, before the residual add.
         use_post_ffw_norm: bool = false => MaxText.model(GEMMA2_3).model_file(),
-        /// qwen3_custom_moe: the attention output projection's width (the latent the MoE block runs on); -1: unset
-        /// (qwen3_custom_moe needs it set).
+        /// qwen3_custom_moe: the attention output projection's width (the latent the MoE block runs on); -1: unset (qwen3_custom_moe needs it set).
         // `Qwen3CustomAttention.init_out_w` (models/qwen3_custom.py at MaxText e591f30) refuses a
         // non-positive value; a value other than the embedding size adds layer_up_projection.
         attention_output_dim: i64 = -1 => MaxText.model(QWEN3_CUSTOM).range(int_or_fill(1, MAX_EMB)).model_file(),
         /// gpt3: one [emb, 3, heads, head_dim] projection for query, key and value.
         fused_qkv: bool = false => MaxText.model(GPT3).model_file(),
-        /// MaxText's dropout switch. Its dropout_rate is 0 (MaxText's default, the only value maxrs takes), with which
-        /// flax's Dropout is the identity: both values compute the same step.
+        /// MaxText's dropout switch. Its dropout_rate is 0 (MaxText's default, the only value maxrs takes), with which flax's Dropout is the identity: both values compute the same step.
         enable_dropout: bool = false => MaxText.program().model_file(),
         /// How attention is computed: autoselected, dot_product, flash, cudnn_flash_te or cudnn_flash_jax.
         /// dot_product: every score at once ([batch, heads, seq, seq] in memory). flash: maxrs's
@@ -234,8 +229,7 @@ declare_keys! {
     /// decoder_block=deepseek (MaxText's layers/attention_mla.py and YarnRotaryEmbedding in layers/embeddings.py):
     /// queries and keys of qk_nope_head_dim + qk_rope_head_dim, RoPE on the qk_rope_head_dim part only.
     section "Multi-head latent attention" {
-        /// global (every family but deepseek) or mla (deepseek); local_sliding, chunk, full, compressed and
-        /// block_diffusion are not supported yet.
+        /// global (every family but deepseek) or mla (deepseek); local_sliding, chunk, full, compressed and block_diffusion are not supported yet.
         attention_type: AttentionType = "global" => MaxText.model(ALL).model_file(),
         /// The queries' low-rank projection (wq_a, q_norm, wq_b); 0: one projection (query).
         q_lora_rank: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_EMB)).model_file(),
@@ -276,15 +270,12 @@ declare_keys! {
         num_experts: i64 = 1 => MaxText.model(MOE).range(int(1, MAX_HEADS)).model_file(),
         /// Experts per token: top-k of the router logits, weights softmax over those k.
         num_experts_per_tok: i64 = 1 => MaxText.model(MOE).range(int(1, MAX_HEADS)).model_file(),
-        /// > 0 (with sparse_matmul=false): each expert takes at most ceil(seq x k / experts) x this tokens per
-        /// sequence, dropping the rest.
+        /// > 0 (with sparse_matmul=false): each expert takes at most ceil(seq x k / experts) x this tokens per sequence, dropping the rest.
         // <= 0: no capacity limit (MaxText's default -1); above, a multiple of the even share.
         capacity_factor: f64 = -1.0 => MaxText.step().read_by_model(MOE).range(closed(-1.0, 1e3)).model_file(),
-        /// True: dropless (tokens sorted by expert, grouped matmuls); false: one-hot dispatch einsums (with
-        /// capacity_factor > 0) or every expert on every token.
+        /// True: dropless (tokens sorted by expert, grouped matmuls); false: one-hot dispatch einsums (with capacity_factor > 0) or every expert on every token.
         sparse_matmul: bool = true => MaxText.step().read_by_model(MOE).model_file(),
-        /// MaxText's choice of grouped-matmul kernel for sparse_matmul; maxrs has one (tiled loops of dense products),
-        /// so both values compute the same.
+        /// MaxText's choice of grouped-matmul kernel for sparse_matmul; maxrs has one (tiled loops of dense products), so both values compute the same.
         megablox: bool = true => MaxText.program(),
         /// Weight of the Switch Transformer load-balancing loss, added to the loss (learning/moe_lb_loss).
         load_balance_loss_weight: f64 = 0.0 =>
@@ -293,24 +284,19 @@ declare_keys! {
         float32_weight_sum: bool = true => MaxText.step().read_by_model(MOE),
         /// Compute the router logits in float32.
         float32_gate_logits: bool = false => MaxText.step().read_by_model(MOE),
-        /// True: the dispatched tokens of the dropping path keep the expert axis for the experts (all-to-all) instead
-        /// of the batch.
+        /// True: the dispatched tokens of the dropping path keep the expert axis for the experts (all-to-all) instead of the batch.
         moe_dispatch_no_expert_sharding: bool = false => MaxText.step().read_by_model(MOE),
-        /// deepseek: the width of the shared MLP, in experts (shared_experts x the experts' width), added to the routed
-        /// output.
+        /// deepseek: the width of the shared MLP, in experts (shared_experts x the experts' width), added to the routed output.
         // MaxText's `RoutedAndSharedMoE` (layers/moe.py, e591f30); 0: no shared MLP.
         shared_experts: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
         /// deepseek: the router's scores: "" (the logits), sigmoid or softmax (over the experts).
         routed_score_func: RoutedScoreFunc = "" => MaxText.model(DEEPSEEK).model_file(),
-        /// deepseek: a learned per-expert bias (gate.bias) added to the scores to choose the experts; the weights come
-        /// from the unbiased scores.
+        /// deepseek: a learned per-expert bias (gate.bias) added to the scores to choose the experts; the weights come from the unbiased scores.
         // Its gradient is zero (it only moves the top-k choice); routed_bias_update_rate moves it.
         routed_bias: bool = false => MaxText.model(DEEPSEEK).model_file(),
-        /// deepseek: auxiliary-loss-free balancing, bias += rate x sign(mean load - expert's load) after each step; > 0
-        /// is not supported yet.
+        /// deepseek: auxiliary-loss-free balancing, bias += rate x sign(mean load - expert's load) after each step; > 0 is not supported yet.
         routed_bias_update_rate: f64 = 0.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e3)),
-        /// deepseek: the experts in n_routing_groups equal groups; each token chooses only from its topk_routing_group
-        /// best groups (-1: no groups).
+        /// deepseek: the experts in n_routing_groups equal groups; each token chooses only from its topk_routing_group best groups (-1: no groups).
         // A group's score is the sum of its two best biased scores (`expert_group_mask`).
         n_routing_groups: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
         /// deepseek: how many of the n_routing_groups groups each token chooses its experts from (-1: no groups).
@@ -319,21 +305,17 @@ declare_keys! {
         routed_scaling_factor: f64 = 1.0 => MaxText.model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
         /// deepseek: the layers before the routed ones (dense_layers, then moe_layers).
         first_num_dense_layers: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
-        /// The experts' hidden size, before global_parameter_scale: deepseek's routed and shared experts, qwen3_moe's
-        /// experts; mixtral's and qwen3_custom_moe's experts are base_mlp_dim wide, which it must equal.
-        /// -1: unset; deepseek refuses it with routed layers, mixtral and qwen3_moe then take base_mlp_dim (MaxText
-        /// refuses an unset one with num_experts > 1).
+        /// The experts' hidden size, before global_parameter_scale: deepseek's routed and shared experts, qwen3_moe's experts; mixtral's and qwen3_custom_moe's experts are base_mlp_dim wide, which it must equal.
+        /// -1: unset; deepseek refuses it with routed layers, mixtral and qwen3_moe then take base_mlp_dim (MaxText refuses an unset one with num_experts > 1).
         // MaxText's types.py at e591f30: moe_mlp_dim must be positive with num_experts > 1, and
         // equal base_mlp_dim when every layer is routed; for qwen3_moe it replaces base_mlp_dim
         // instead (qwen3.py sizes the experts with moe_mlp_dim, mixtral.py with mlp_dim).
         base_moe_mlp_dim: i64 = -1 => MaxText.model(MOE).range(int_or_fill(1, 4 * MAX_EMB)).model_file(),
-        /// qwen3_custom_moe: the width of the tokens entering the experts, equal to attention_output_dim; -1:
-        /// base_emb_dim.
+        /// qwen3_custom_moe: the width of the tokens entering the experts, equal to attention_output_dim; -1: base_emb_dim.
         // MaxText's `RoutedMoE` (layers/moe.py at e591f30) sizes its gate and experts with it;
         // types.py requires it to equal attention_output_dim for qwen3_custom_moe.
         moe_expert_input_dim: i64 = -1 => MaxText.model(QWEN3_CUSTOM).range(int_or_fill(1, MAX_EMB)).model_file(),
-        /// mixtral, qwen3_moe, qwen3_custom_moe: the top-k routing weights (softmax over the chosen logits) are divided
-        /// by their sum, in dtype.
+        /// mixtral, qwen3_moe, qwen3_custom_moe: the top-k routing weights (softmax over the chosen logits) are divided by their sum, in dtype.
         // MaxText's `get_topk` (layers/moe.py at e591f30) renormalizes after the softmax, which
         // already sums to 1: the two values differ by dtype rounding only.
         norm_topk_prob: bool = false => MaxText.model(MIXTRAL_QWEN3_MOE).model_file(),
@@ -370,45 +352,31 @@ declare_keys! {
 
     /// See the data guide (docs/src/guides/data.md). MaxText's default dataset_type is tfds; maxrs has none.
     section "Data" {
-        /// synthetic (MaxText's: one batch of random tokens, fed at every step), tokens (a flat file of token ids) or
-        /// hf (Parquet / JSON Lines / text files, tokenized on the fly).
+        /// synthetic (MaxText's: one batch of random tokens, fed at every step), tokens (a flat file of token ids) or hf (Parquet / JSON Lines / text files, tokenized on the fly).
         dataset_type: DatasetType = "synthetic" => MaxText.run(),
-        /// maxrs's own: with dataset_type=synthetic, rows are arithmetic progressions modulo vocab_size, new at every
-        /// step and seeded by data_shuffle_seed, instead of MaxText's fixed random batch (the default model's quick
-        /// start sets it).
-        /// The next token follows from the previous two, so a small model learns a rule instead of memorizing one
-        /// batch; the rows are one segment each, whatever packing says.
+        /// maxrs's own: with dataset_type=synthetic, rows are arithmetic progressions modulo vocab_size, new at every step and seeded by data_shuffle_seed, instead of MaxText's fixed random batch (the default model's quick start sets it).
+        /// The next token follows from the previous two, so a small model learns a rule instead of memorizing one batch; the rows are one segment each, whatever packing says.
         synthetic_progression: bool = false => Maxrs.run(),
         /// For dataset_type=tokens: rows of max_target_length + 1 token ids (see docs/src/reference/formats.md).
         dataset_path: String = "" => MaxText.path(Reads, Ignores).remote(),
-        /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files; or a weighted mixture
-        /// "glob,weight;glob,weight" (maxrs's own: grain_train_files' syntax and grain's mixing, see
-        /// docs/src/guides/data.md).
+        /// For dataset_type=hf: a file or glob of .parquet, .jsonl or .txt files; or a weighted mixture "glob,weight;glob,weight" (maxrs's own: grain_train_files' syntax and grain's mixing, see docs/src/guides/data.md).
         hf_train_files: String = "" => MaxText.run(),
-        /// For dataset_type=hf, instead of hf_train_files: a JSON file {"name": {"path": GLOB, "weight": W}, ...}, the
-        /// training mixture by name, which may change on resume (MaxText's grain key, see docs/src/guides/data.md).
+        /// For dataset_type=hf, instead of hf_train_files: a JSON file {"name": {"path": GLOB, "weight": W}, ...}, the training mixture by name, which may change on resume (MaxText's grain key, see docs/src/guides/data.md).
         grain_train_mixture_config_path: String = "" => MaxText.path(Reads, Ignores).remote(),
         /// For eval (eval_interval > 0): a file or glob, read in order once per eval.
         hf_eval_files: String = "" => MaxText.run(),
-        /// For dataset_type=hf: how the files are found and read, as MaxText's datasets.load_dataset(hf_path, ...): ''
-        /// reads hf_train_files / hf_eval_files by file extension (maxrs's own; MaxText needs hf_path); json, parquet,
-        /// csv, text (a row per line) or arrow reads them, or hf_data_dir's files, in that builder's format whatever
-        /// their names; org/name streams a Hub dataset's split from the Hub ($HF_ENDPOINT, default
-        /// https://huggingface.co). See docs/src/guides/data.md.
+        /// For dataset_type=hf: how the files are found and read, as MaxText's datasets.load_dataset(hf_path, ...): '' reads hf_train_files / hf_eval_files by file extension (maxrs's own; MaxText needs hf_path); json, parquet, csv, text (a row per line) or arrow reads them, or hf_data_dir's files, in that builder's format whatever their names; org/name streams a Hub dataset's split from the Hub ($HF_ENDPOINT, default https://huggingface.co). See docs/src/guides/data.md.
         hf_path: String = "" => MaxText.run(),
         /// A Hub dataset's config (a config_name of its README's configs:); '' the default one.
         hf_name: String = "" => MaxText.run(),
-        /// A folder of the dataset whose files make its splits (split names in file or folder names): in the Hub
-        /// repository, or, with a builder hf_path and no hf_train_files, on the local disk.
+        /// A folder of the dataset whose files make its splits (split names in file or folder names): in the Hub repository, or, with a builder hf_path and no hf_train_files, on the local disk.
         hf_data_dir: String = "" => MaxText.run(),
         /// The split of hf_path's dataset that training reads; hf_train_files' files are the split train.
         train_split: String = "train" => MaxText.run(),
-        /// The split of hf_path's dataset that eval reads (eval_interval > 0); with hf_eval_files it is train, as in
-        /// MaxText.
+        /// The split of hf_path's dataset that eval reads (eval_interval > 0); with hf_eval_files it is train, as in MaxText.
         hf_eval_split: String = "" => MaxText.run(),
         #[serde(serialize_with = "redact")]
-        /// A Hugging Face token for private or gated Hub datasets; '' uses $HF_TOKEN. Sent only to the Hub endpoint's
-        /// own host, never printed or saved (shown as `<redacted>`).
+        /// A Hugging Face token for private or gated Hub datasets; '' uses $HF_TOKEN. Sent only to the Hub endpoint's own host, never printed or saved (shown as `<redacted>`).
         hf_access_token: String = "" => MaxText.run(),
         /// The text column of hf_train_files.
         train_data_columns: Vec<String> = ["text"] => MaxText.run(),
@@ -424,12 +392,9 @@ declare_keys! {
         add_eos: bool = true => MaxText.run(),
         /// Pack several documents into each row (attention stays within a document); false pads.
         packing: bool = true => MaxText.run(),
-        /// With packing: at most this many documents in a row; -1 (or 0): no limit. cuDNN's attention
-        /// (attention=cudnn_flash_te, cudnn_flash_jax) needs it to keep packed documents apart (MaxText's GPU configs
-        /// use 32).
+        /// With packing: at most this many documents in a row; -1 (or 0): no limit. cuDNN's attention (attention=cudnn_flash_te, cudnn_flash_jax) needs it to keep packed documents apart (MaxText's GPU configs use 32).
         max_segments_per_seq: i64 = -1 => MaxText.step().range(int_or_fill(0, 1 << 24)),
-        /// Supervised fine-tuning: rows are conversations (train_data_columns [messages], [prompt, completion] or
-        /// [question, answer]) rendered with the chat template.
+        /// Supervised fine-tuning: rows are conversations (train_data_columns [messages], [prompt, completion] or [question, answer]) rendered with the chat template.
         use_sft: bool = false => MaxText.run(),
         /// With use_sft: the loss counts only the completions (assistant replies), not the prompts.
         sft_train_on_completion_only: bool = false => MaxText.run(),
@@ -441,8 +406,7 @@ declare_keys! {
         enable_data_shuffling: bool = true => MaxText.run(),
         /// Seeds the shuffles, and synthetic_progression's rows (MaxText's synthetic batch has fixed keys).
         data_shuffle_seed: i64 = 0 => MaxText.run().range(int(0, i64::MAX)),
-        /// Non-zero: the first batch a process reads is fed at every step (for performance runs; MaxText's GPU recipes
-        /// set it).
+        /// Non-zero: the first batch a process reads is fed at every step (for performance runs; MaxText's GPU recipes set it).
         reuse_example_batch: i64 = 0 => MaxText.run().range(int(0, i64::MAX)),
         /// Sequences per device and step; may be fractional; int(devices x this) must be >= 1.
         per_device_batch_size: f64 = 12.0 => MaxText.step().range(open_min(0.0, (1 << 24) as f64)),
@@ -477,8 +441,7 @@ declare_keys! {
         steps: i64 = 150001 => MaxText.step().range(int(1, MAX_STEPS)),
         /// Microbatches whose gradients add up to each optimizer step.
         gradient_accumulation_steps: i64 = 1 => MaxText.step().range(int(1, 1 << 20)),
-        /// Accumulate as Tunix's optax.MultiSteps (mean of microbatch means) instead of MaxText's own accumulation; no
-        /// effect with gradient_accumulation_steps=1, the only value maxrs takes it with yet.
+        /// Accumulate as Tunix's optax.MultiSteps (mean of microbatch means) instead of MaxText's own accumulation; no effect with gradient_accumulation_steps=1, the only value maxrs takes it with yet.
         use_tunix_gradient_accumulation: bool = false => MaxText.step(),
         /// The peak learning rate.
         learning_rate: f64 = 3.0e-5 => MaxText.step().range(closed(0.0, 1e3)),
@@ -540,8 +503,7 @@ declare_keys! {
         /// The sampling key is jax.random.PRNGKey(decode_seed) (MaxText's decode.py fixes PRNGKey(1234)).
         // A u32 PRNG key, like init_weights_seed.
         decode_seed: i64 = 1234 => Maxrs.run().range(int(0, u32::MAX as i64)),
-        /// deepseek: the cache holds every head's keys and values; false: each token's compressed latent and RoPE key
-        /// (MLA's cache).
+        /// deepseek: the cache holds every head's keys and values; false: each token's compressed latent and RoPE key (MLA's cache).
         mla_naive_kvcache: bool = true => MaxText.step().read_by_model(DEEPSEEK),
     }
 
@@ -553,12 +515,9 @@ declare_keys! {
         compile_topology: String = "" => MaxText.program(),
         /// train-compile's number of slices; set to a positive number with compile_topology.
         compile_topology_num_slices: i64 = -1 => MaxText.program().range(int_or_fill(1, MAX_GPU_HOSTS)),
-        /// train-compile for a GPU: an XLA GpuTargetConfigProto text describing the GPU (default: the plugin's own,
-        /// else maxrs's copy).
+        /// train-compile for a GPU: an XLA GpuTargetConfigProto text describing the GPU (default: the plugin's own, else maxrs's copy).
         gpu_target_config: String = "" => Maxrs.path(Ignores, Reads),
-        /// The persistent compilation cache (JAX's, which MaxText sets from this key): programs that took 1 s or more
-        /// to compile are kept here and loaded by later runs of the same program, plugin, devices and XLA_FLAGS; ""
-        /// turns it off. A local directory; ~ is the home directory.
+        /// The persistent compilation cache (JAX's, which MaxText sets from this key): programs that took 1 s or more to compile are kept here and loaded by later runs of the same program, plugin, devices and XLA_FLAGS; "" turns it off. A local directory; ~ is the home directory.
         jax_cache_dir: String = "~/jax_cache" => MaxText.run(),
     }
 
