@@ -250,12 +250,7 @@ impl CompileTarget {
         if self.disable_cub_sort && has_sort(mlir) {
             options.xla_option_overrides.push((CUB_RADIX_SORT.to_string(), "false".to_string()));
         }
-        let compiled = match &self.backend {
-            Backend::Deviceless(topology) => topology.compile(mlir, &options),
-            Backend::Client(client) => {
-                client.compile_uncached(mlir, &options).and_then(LoadedExecutable::into_executable)
-            }
-        };
+        let compiled = self.compile_with(mlir, &options);
         compiled.with_context(|| format!("compiling for topology `{}`", self.topology.name))
     }
 
@@ -263,13 +258,18 @@ impl CompileTarget {
     /// be a part of the target's (a pipeline stage's devices).
     pub fn compile_part_lowered(&self, program: &Program, mlir: &str) -> Result<Executable> {
         let options = self.options(program, true)?;
-        let compiled = match &self.backend {
-            Backend::Deviceless(topology) => topology.compile(mlir, &options),
-            Backend::Client(client) => {
-                client.compile_uncached(mlir, &options).and_then(LoadedExecutable::into_executable)
-            }
-        };
+        let compiled = self.compile_with(mlir, &options);
         compiled.with_context(|| format!("compiling for part of topology `{}`", self.topology.name))
+    }
+
+    /// `mlir` compiled with `options` by the target's backend: deviceless, or on a client.
+    fn compile_with(&self, mlir: &str, options: &CompileOptions) -> crate::pjrt::Result<Executable> {
+        match &self.backend {
+            Backend::Deviceless(topology) => topology.compile(mlir, options),
+            Backend::Client(client) => {
+                client.compile_uncached(mlir, options).and_then(LoadedExecutable::into_executable)
+            }
+        }
     }
 
     /// Compiles StableHLO lowered elsewhere (JAX's `Lowered.as_text()`: MaxText's own step in
@@ -284,12 +284,7 @@ impl CompileTarget {
         if self.disable_cub_sort && has_sort(mlir) {
             options.xla_option_overrides.push((CUB_RADIX_SORT.to_string(), "false".to_string()));
         }
-        let compiled = match &self.backend {
-            Backend::Deviceless(topology) => topology.compile(mlir, &options),
-            Backend::Client(client) => {
-                client.compile_uncached(mlir, &options).and_then(LoadedExecutable::into_executable)
-            }
-        };
+        let compiled = self.compile_with(mlir, &options);
         compiled.with_context(|| format!("compiling a lowered module for topology `{}`", self.topology.name))
     }
 
