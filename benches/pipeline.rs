@@ -94,8 +94,7 @@ fn main() -> anyhow::Result<()> {
                                 tasks.iter().map(move |(task, start, end)| ((s, *task), end - start))
                             })
                             .collect();
-                        let ideal =
-                            pipeline.schedule.simulate(|s, task| took[&(s, *task)]).map_err(anyhow::Error::msg)?;
+                        let ideal = pipeline.schedule.simulate(|s, task| took[&(s, *task)])?;
                         simulated.push(ideal.bubble());
                     }
                 }

@@ -15,8 +15,8 @@ use maxrs::aot::topology::{lookup, GpuTarget};
 use maxrs::aot::{target_config, CompileTarget};
 use maxrs::autodiff::value_and_grad;
 use maxrs::config;
-use maxrs::host::ElementType;
-use maxrs::ir::{DType, Program, Signature};
+use maxrs::host::DType;
+use maxrs::ir::{Program, Signature};
 use maxrs::pjrt::provision::resolve_plugin;
 use maxrs::sharding::{Mesh, PartitionSpec};
 use maxrs::tensor::trace;
@@ -78,7 +78,7 @@ fn compile_and_check(name: &str, slices: u32) -> Option<CompileTarget> {
     );
     assert!(!serialized.is_empty());
 
-    let f32 = ElementType::F32;
+    let f32 = DType::F32;
     let signature = executable.signature().unwrap();
     let batch = PER_DEVICE_BATCH * data * fsdp;
     let expected =

@@ -11,7 +11,9 @@ use crate::common::{f64_tensor, rng, run, uniform};
 use maxrs::autodiff::value_and_grad;
 use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Prim, Program, RematFences, Signature};
-use maxrs::model::attention::{attend, AttentionImpl, Mask};
+use maxrs::model::attention::attend;
+use maxrs::model::kernel::AttentionImpl;
+use maxrs::model::mask::Mask;
 use maxrs::runtime::compile;
 use maxrs::tensor::{checkpoint, trace, RematPolicy, Tree};
 
@@ -208,7 +210,7 @@ fn rope_linear_scaling_factor_scales_the_default_ropes_timescales() {
     }
     let refused = |args: &[&str]| {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap_err()
+        Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap_err().to_string()
     };
     let e = refused(&["rope_type=llama3.1", "rope_linear_scaling_factor=8"]);
     assert!(e.contains("Llama 3.1's RoPE") && e.contains("MaxText ignores it there"), "{e}");

@@ -49,7 +49,7 @@ fn layouts(compiled: &Compiled, granules: &[Vec<i64>]) -> Vec<ArrayLayout> {
         .enumerate()
         .map(|(i, spec)| ArrayLayout {
             name: spec.name.clone(),
-            ty: runtime::element_type(spec.ty.dtype),
+            ty: spec.ty.dtype,
             dims: spec.ty.shape.to_vec(),
             blocks: compiled.input_blocks(i, granules).unwrap(),
         })

@@ -18,15 +18,27 @@ fn entries(dir: &Path) -> BTreeMap<String, SystemTime> {
         .unwrap_or_default()
 }
 
-/// A 2-step run of the default model with its cache in `dir`; returns its loss lines and stderr.
+/// A 2-step run of the tests' tiniest decoder with its cache in `dir` (the default model took
+/// twice the CPU to compile and its steps a second each, nothing this test needs); returns its
+/// loss lines and stderr.
 fn run(dir: &Path) -> (Vec<String>, String) {
+    run_with(dir, &[])
+}
+
+/// `run` with `extra` keys (replacing the tiny decoder's own).
+fn run_with(dir: &Path, extra: &[&str]) -> (Vec<String>, String) {
     let env = [
         ("M_JAX_CACHE_DIR", dir.to_str().unwrap()),
         ("RUST_LOG", "info,maxrs::pjrt::compile_cache=debug"),
         // Every program is kept, however fast this machine compiles it.
         ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"),
     ];
-    let out = maxrs(&["train", "steps=2"], &env);
+    let args = ["train", "steps=2", "max_target_length=32", "per_device_batch_size=2"];
+    let key = |arg: &&str| arg.split('=').next().unwrap().to_string();
+    let overridden: Vec<String> = extra.iter().map(key).collect();
+    let tiny: Vec<&str> =
+        crate::common::TINY_DECODER.iter().copied().filter(|a| !overridden.contains(&key(a))).collect();
+    let out = maxrs(&[&args[..], &tiny, extra].concat(), &env);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let losses =
@@ -56,6 +68,26 @@ fn a_second_run_loads_what_the_first_compiled_and_a_broken_entry_is_compiled_aga
     let (fourth, stderr) = run(dir.path());
     assert_eq!(fourth, first);
     assert!(stderr.contains("compilation cache: loaded") && !stderr.contains("cannot use"), "rewritten:\n{stderr}");
+}
+
+/// A pipelined run's stage programs (compiled once, their bytes loaded onto every stage) go
+/// through the cache too: a second run compiles nothing.
+#[test]
+fn a_pipelined_run_loads_its_stage_programs_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipelined = [
+        "cpu_device_count=2",
+        "ici_pipeline_parallelism=2",
+        "base_num_decoder_layers=2",
+        "num_pipeline_microbatches=2",
+    ];
+    let (first, stderr) = run_with(dir.path(), &pipelined);
+    let written = entries(dir.path());
+    assert!(written.len() >= 4, "the stages' programs are kept (an unpipelined run has two):\n{stderr}");
+    let (second, stderr) = run_with(dir.path(), &pipelined);
+    assert_eq!(second, first, "loaded stage programs train as the compiled ones");
+    assert!(stderr.contains("compilation cache: loaded"), "{stderr}");
+    assert_eq!(entries(dir.path()), written, "nothing is compiled, so nothing is written");
 }
 
 #[test]

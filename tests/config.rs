@@ -402,7 +402,7 @@ steps: 50 (schedule 50, warmup 5)";
 }
 
 fn model(list: &[&str]) -> Result<maxrs::model::Model, String> {
-    maxrs::model::Model::from_config(&load(list).expect("loads"))
+    maxrs::model::Model::from_config(&load(list).expect("loads")).map_err(|e| e.to_string())
 }
 
 /// The family model files give the published parameter counts: Hugging Face's for Llama 3.1,

@@ -426,7 +426,7 @@ fn every_key_of_base_yml_does_something_or_is_refused() {
                 // Refused by the config's checks, or by the model's (a key no family reads).
                 let result = load(&set(value)).and_then(|c| {
                     config::validate(&c, DEVICES, 1).map_err(|e| e.to_string())?;
-                    maxrs::model::Model::from_config(&c).map(|_| ())
+                    maxrs::model::Model::from_config(&c).map(|_| ()).map_err(|e| e.to_string())
                 });
                 match result {
                     Err(e) if e.contains(key) => None,

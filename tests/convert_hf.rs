@@ -14,8 +14,8 @@ use half::bf16;
 use maxrs::checkpoint::dir;
 use maxrs::config;
 use maxrs::files::Location;
-use maxrs::host::{ElementType, HostTensor};
-use maxrs::ir::{DType, Signature};
+use maxrs::host::{DType, HostTensor};
+use maxrs::ir::Signature;
 use maxrs::model::Model;
 use maxrs::tensor::{trace, Tree};
 use ndarray::{Array2, Array3};
@@ -226,7 +226,7 @@ pub(crate) fn maxrs_logits(dir: &Path, tokens: &[i32], extra: &[&str]) -> Vec<f6
         &model
             .param_defs()
             .into_iter()
-            .map(|d| dir::Expected { name: format!("params.{}", d.name), ty: ElementType::F32, dims: d.shape })
+            .map(|d| dir::Expected { name: format!("params.{}", d.name), ty: DType::F32, dims: d.shape })
             .collect::<Vec<_>>(),
         &maxrs::checkpoint::manifest::model_keys(&c, &model),
         true,

@@ -6,7 +6,7 @@
 
 use maxrs::config::{self, Config};
 use maxrs::lower::to_stablehlo;
-use maxrs::model::attention::{describe, AttentionImpl};
+use maxrs::model::kernel::{describe, AttentionImpl};
 use maxrs::model::ModelConfig;
 use maxrs::train::step::TrainStep;
 

@@ -8,7 +8,7 @@ use maxrs::config::{self, Config};
 use maxrs::data::{
     self, host_rows, write_tokens_file, BatchIterator, DataError, DataState, ProcessShare, Progression, TokensFile,
 };
-use maxrs::host::{ElementType, HostTensor};
+use maxrs::host::{DType, HostTensor};
 
 fn cfg(overrides: &[&str]) -> Config {
     let args: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
@@ -50,7 +50,7 @@ fn synthetic_is_reproducible_and_varies_by_step_and_seed() {
     assert_ne!(a0.inputs, a1.inputs);
     assert_ne!(a0.inputs, next(&mut other_seed).inputs);
     for (name, t) in a0.named() {
-        assert_eq!((t.ty, t.dims.as_slice()), (ElementType::S32, &[4i64, 16][..]), "{name}");
+        assert_eq!((t.ty, t.dims.as_slice()), (DType::S32, &[4i64, 16][..]), "{name}");
     }
     assert_eq!(rows_of(&a0.inputs_position)[2], (0..16).collect::<Vec<i32>>());
     assert!(a0.inputs_segmentation.to_i32().iter().chain(&a0.targets_segmentation.to_i32()).all(|&v| v == 1));

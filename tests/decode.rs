@@ -237,19 +237,12 @@ fn sliding_window_attention_through_the_cache_equals_the_full_mask() {
     let program = trace(&sig, |ctx, inp| {
         let tokens = |n: i64| ctx.zeros(DType::S32, &[b, n]);
         let (q, k, v) = (&inp["q"], &inp["k"], &inp["v"]);
-        let full = LayerContext::new(&mc, &Tree::new().with("inputs", tokens(t))).attend(
-            q,
-            k,
-            v,
-            Some(window),
-            mc.attention,
-            &opts,
-        );
+        let full = LayerContext::new(&mc, &Tree::new().with("inputs", tokens(t))).attend(q, k, v, Some(window), &opts);
 
         let prefill = LayerContext::new(&mc, &Tree::new().with("inputs", tokens(p)))
             .with_cache(LayerCache::Fill { len: t, filled: Vec::new() });
         let first = |x: &maxrs::tensor::Tensor| x.slice_axis(1, 0, p);
-        let mut outputs = vec![prefill.attend(&first(q), &first(k), &first(v), Some(window), mc.attention, &opts)];
+        let mut outputs = vec![prefill.attend(&first(q), &first(k), &first(v), Some(window), &opts)];
         let Some(LayerCache::Fill { filled, .. }) = prefill.into_cache() else { unreachable!() };
         let stacked = |x: &maxrs::tensor::Tensor| x.reshape(&[1, b, t, kv, d]);
         let mut cache = KvCache { key: stacked(&filled[0].key), value: stacked(&filled[0].value) };
@@ -263,7 +256,7 @@ fn sliding_window_attention_through_the_cache_equals_the_full_mask() {
                 used: 0,
             });
             let at = |x: &maxrs::tensor::Tensor| x.slice_axis(1, pos, pos + 1);
-            outputs.push(step.attend(&at(q), &at(k), &at(v), Some(window), mc.attention, &opts));
+            outputs.push(step.attend(&at(q), &at(k), &at(v), Some(window), &opts));
             let Some(LayerCache::Update { mut caches, .. }) = step.into_cache() else { unreachable!() };
             cache = caches.remove(0);
         }

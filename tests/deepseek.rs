@@ -190,3 +190,32 @@ fn yarn_attention_scaling_rounds_once_to_bf16() {
     assert!(worst.0 < 0.51, "maxrs: {:.3} bf16 steps from the exact product", worst.0);
     assert!(worst.1 > 0.6, "rounding twice would be {:.3} steps off: the test tells them apart", worst.1);
 }
+
+/// MaxText names the stacked axis of DeepSeek's two stacks after them, `dense_layers` and
+/// `moe_layers` (`scan_decoder_layers`' `metadata_axis_name`, `src/maxtext/layers/decoders.py` at
+/// e591f30), both unsharded by base.yml's rules; a rule for one shards that stack alone.
+#[test]
+fn the_stacks_axes_are_named_and_sharded_as_maxtext_names_them() {
+    let routed = [
+        "base_num_decoder_layers=3",
+        "first_num_dense_layers=1",
+        "num_experts=4",
+        "num_experts_per_tok=2",
+        "base_moe_mlp_dim=16",
+    ];
+    let axes = |extra: &[&str]| {
+        let args: Vec<&str> = TINY.iter().chain(&routed).chain(extra).copied().collect();
+        let model = family_ref::model("default", &args);
+        let mesh = maxrs::sharding::Mesh::new(&[("fsdp", 2)]);
+        let first_axis = |stack: &str| {
+            let def =
+                model.param_defs().into_iter().find(|d| d.name.starts_with(&format!("decoder.{stack}."))).unwrap();
+            (def.logical[0], model.config.rules.spec(&def.logical, &mesh).dim(0).to_vec())
+        };
+        (first_axis("dense_layers"), first_axis("moe_layers"))
+    };
+    let none: Vec<String> = vec![];
+    assert_eq!(axes(&[]), (("dense_layers", none.clone()), ("moe_layers", none.clone())));
+    let sharded = axes(&["logical_axis_rules=[[moe_layers, [fsdp]]]"]);
+    assert_eq!(sharded, (("dense_layers", none), ("moe_layers", vec!["fsdp".to_string()])));
+}

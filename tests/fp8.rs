@@ -87,8 +87,8 @@ fn f8_converts_on_the_cpu_plugin_match_the_reference_rounding() {
     let bits: Vec<u8> = (0..=255).collect();
     let host = Tree::new()
         .with("x", HostTensor::from_f32(&[n], &x.iter().map(|&v| v as f32).collect::<Vec<_>>()))
-        .with("a", HostTensor::new(maxrs::host::ElementType::F8E4M3FN, &[256], bits.clone()))
-        .with("b", HostTensor::new(maxrs::host::ElementType::F8E5M2, &[256], bits.clone()));
+        .with("a", HostTensor::new(maxrs::host::DType::F8E4M3FN, &[256], bits.clone()))
+        .with("b", HostTensor::new(maxrs::host::DType::F8E5M2, &[256], bits.clone()));
     let out = run(&program, &host);
     for (name, format) in [("x_e4m3", E4M3FN), ("x_e5m2", E5M2)] {
         let want: Vec<u8> = x.iter().map(|&v| format.round(v as f32 as f64).1).collect();

@@ -1,6 +1,7 @@
 //! Fuzzing the readers of untrusted bytes with proptest: config YAML and `key=value` text, the
-//! compiled-train-step file (AOT header), the token file reader and the safetensors parameter
-//! reader. Each gets arbitrary bytes and small mutations of a valid input (bit flips,
+//! compiled-train-step file (AOT header), the token file reader, the safetensors parameter
+//! reader and MaxText's Orbax checkpoints (OCDBT manifest, B+tree and zarr chunk bytes, the
+//! PyTree metadata). Each gets arbitrary bytes and small mutations of a valid input (bit flips,
 //! truncation, splices), and must answer with a value or an error, never a panic.
 //!
 //! CI runs `CASES` cases per target (seeded, so a run is reproducible); set `PROPTEST_CASES`
@@ -9,15 +10,17 @@
 
 use std::path::Path;
 
+use maxrs::checkpoint::orbax::Checkpoint;
 use maxrs::config;
 use maxrs::data::tokens::TokensBatches;
 use maxrs::data::TokensFile;
+use maxrs::files::Location;
 use maxrs::host::params_io::{load_parameters, save_safetensors, ParamSpec, Params};
-use maxrs::host::{ElementType, HostTensor};
+use maxrs::host::{DType, HostTensor};
 use maxrs::runtime::artifact::{self, ArtifactHeader};
 use proptest::prelude::*;
 
-/// Cases per target in CI: all four targets together take a few seconds in a debug build.
+/// Cases per target in CI: all the targets together take seconds in a debug build.
 const CASES: u32 = 256;
 
 fn cases() -> ProptestConfig {
@@ -147,6 +150,48 @@ proptest! {
         let path = write(dir.path(), "params.safetensors", &bytes);
         let _ = load_parameters(&path, &expected_params());
     }
+
+    #[test]
+    fn orbax_checkpoint_reader_never_panics((file, bytes) in prop_oneof![
+        mutated(orbax_file("manifest.ocdbt")).prop_map(|b| ("manifest.ocdbt", b)),
+        mutated(orbax_file(ORBAX_DATA)).prop_map(|b| (ORBAX_DATA, b)),
+        mutated(orbax_file("_METADATA")).prop_map(|b| ("_METADATA", b)),
+    ]) {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(&orbax_item(), dir.path());
+        std::fs::write(dir.path().join(file), &bytes).unwrap();
+        if let Ok(ckpt) = Checkpoint::open(&Location::Local(dir.path().to_path_buf())) {
+            let names: Vec<String> = ckpt.names().map(str::to_string).collect();
+            for name in names {
+                let _ = ckpt.read(&name);
+            }
+        }
+    }
+}
+
+/// A MaxText parameter-only checkpoint's item folder (tests/data/orbax/README.md): one data file
+/// holds its B+tree nodes and zarr chunks.
+fn orbax_item() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/orbax/nnx_params/0/items")
+}
+
+const ORBAX_DATA: &str = "d/3c2f216ca779fe3ec52aaa09bbdf62f0";
+
+fn orbax_file(name: &str) -> Vec<u8> {
+    std::fs::read(orbax_item().join(name)).unwrap()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
 }
 
 fn sample_header() -> ArtifactHeader {
@@ -176,8 +221,8 @@ fn valid_artifact() -> Vec<u8> {
 
 fn expected_params() -> Vec<ParamSpec> {
     vec![
-        ParamSpec { name: "w".into(), ty: ElementType::F32, dims: vec![2, 3] },
-        ParamSpec { name: "e".into(), ty: ElementType::BF16, dims: vec![4] },
+        ParamSpec { name: "w".into(), ty: DType::F32, dims: vec![2, 3] },
+        ParamSpec { name: "e".into(), ty: DType::BF16, dims: vec![4] },
     ]
 }
 

@@ -14,7 +14,7 @@ use maxrs::checkpoint::shards::HostArray;
 use maxrs::checkpoint::tensor_file::{read_safetensors, write_safetensors};
 use maxrs::checkpoint::Checkpoints;
 use maxrs::files::Location;
-use maxrs::host::{block_of, ElementType, HostTensor};
+use maxrs::host::{block_of, DType, HostTensor};
 use serde_json::json;
 
 use crate::common::cli::{maxrs, refused};
@@ -133,7 +133,7 @@ fn two_slice_checkpoint(dir: &Path) {
         arrays: vec![
             HostArray {
                 name: "params.w".into(),
-                ty: ElementType::F32,
+                ty: DType::F32,
                 dims: vec![512, 4],
                 blocks: vec![(rows(0), block_of(&w, &rows(0))), (rows(256), block_of(&w, &rows(256)))],
             },
@@ -373,7 +373,7 @@ fn integer_tensors_are_not_converted_as_weights() {
     let hf = hf_checkpoint(root.path(), |_| {});
     let name = "model.layers.0.input_layernorm.weight";
     let shard = shard_of(&hf, name);
-    for (ty, dtype) in [(ElementType::S32, "I32"), (ElementType::Pred, "BOOL"), (ElementType::S64, "I64")] {
+    for (ty, dtype) in [(DType::S32, "I32"), (DType::Pred, "BOOL"), (DType::S64, "I64")] {
         rewrite_tensor(&shard, name, |t| HostTensor::zeros(ty, &t.dims));
         let out = root.path().join("out");
         let e = refused(&["convert", "from-hf", hf.to_str().unwrap(), out.to_str().unwrap()], &[]);

@@ -106,6 +106,7 @@ mod model_reference;
 mod moe_deepseek;
 mod moe_reference;
 mod ops_values;
+mod orbax;
 mod param_names;
 mod pipeline;
 mod pipeline_checkpoints;

@@ -176,7 +176,7 @@ fn gemma2() {
         .chain(&caps)
         .map(|a| a.to_string())
         .collect();
-    let e = Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap_err();
+    let e = Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap_err().to_string();
     assert!(e.contains("attention=flash") && e.contains("attn_logits_soft_cap"), "{e}");
     let uncapped = Spec { attn_cap: None, ..s.clone() };
     let flash = [

@@ -298,7 +298,7 @@ fn model(name: &str, overrides: &[&str]) -> Result<Model, String> {
     keys.extend(overrides.iter().map(|s| s.to_string()));
     let c = config::load(None, &keys).map_err(|e| e.to_string())?;
     config::validate(&c, 1, 1).map_err(|e| e.to_string())?;
-    Model::from_config(&c)
+    Model::from_config(&c).map_err(|e| e.to_string())
 }
 
 fn num_params(name: &str) -> u64 {

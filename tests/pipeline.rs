@@ -445,14 +445,20 @@ fn train_with(args: &[&str]) -> Vec<f64> {
 }
 
 /// The JaxPP fork's tiny test models (`jaxpp.README.md` at NVIDIA/maxtext-jaxpp 4765782: Llama2
-/// emb 1024 / 8 heads of 128 / mlp 11008; Mixtral emb 1024 / 2 heads of 16 / 8 experts of 896,
-/// top-2; Mistral emb 2048 / 1 head of 8 / mlp 896), with 2 layers (the fork's Llama2 and Mistral
-/// have 1, which 2 stages cannot split) and a 512-token vocabulary instead of 32000 to keep CI
-/// fast, train with 2 stages on 2 CPU devices (one per stage; the global batch of 8 sequences the
-/// test always had) for 3 steps: the loss falls. Through `maxrs train` with XLA's default
-/// optimization (`train_optimized`): these models are big enough for that to be the cheaper way.
+/// emb 1024 / 8 heads of 128 / mlp 11008; Mistral emb 2048 / 1 head of 8 / mlp 896), with 2
+/// layers (the fork's have 1, which 2 stages cannot split) and a 512-token vocabulary instead of
+/// 32000 to keep CI fast, train with 2 stages on 2 CPU devices (one per stage; the global batch
+/// of 8 sequences the test always had: with 4 the Llama2 loss does not fall in 3 steps) for 3
+/// steps: the loss falls. Through `maxrs train` with XLA's default optimization
+/// (`train_optimized`): these models are big enough for that to be the cheaper way.
+///
+/// The fork's third model, its tiny Mixtral, is not run here: its run was a third of this test's
+/// time (27 of 79 CPU-s) and what it adds is covered by two tests, its shapes training in
+/// `mixtral::jaxpp_tiny_mixtral_trains` and Mixtral on two stages
+/// (`two_stages_mixtral_equals_gradient_accumulation_over_the_same_microbatches`, which checks
+/// the pipelined losses and parameters rather than only a falling loss).
 #[test]
-fn jaxpp_tiny_llama2_mistral_and_mixtral_train_with_two_stages() {
+fn jaxpp_tiny_llama2_and_mistral_train_with_two_stages() {
     let common = [
         "max_target_length=64",
         "per_device_batch_size=4",
@@ -463,15 +469,15 @@ fn jaxpp_tiny_llama2_mistral_and_mixtral_train_with_two_stages() {
         "dtype=float32",
         // 1e-3 makes the llama2 one diverge (unpipelined too: 6.70 -> 9.13 in 6 steps).
         "learning_rate=1e-4",
-        // 3 steps keep CI fast: the loss falls by 0.13 to 0.6 in them (llama2 6.70 -> 6.10,
-        // mixtral 6.80 -> 6.67, mistral 6.68 -> 6.55; in 6 steps llama2 fell 6.70 -> 6.42).
+        // 3 steps keep CI fast: the loss falls by 0.13 to 0.5 in them (llama2 6.70 -> 6.21,
+        // mistral 6.68 -> 6.55; in 6 steps llama2 fell 6.70 -> 6.42).
         "steps=3",
         "cpu_device_count=2",
         "ici_pipeline_parallelism=2",
         "num_pipeline_microbatches=2",
         "num_layers_per_pipeline_stage=1",
     ];
-    let models: [(&str, &[&str]); 3] = [
+    let models: [(&str, &[&str]); 2] = [
         (
             "llama2",
             &[
@@ -481,19 +487,6 @@ fn jaxpp_tiny_llama2_mistral_and_mixtral_train_with_two_stages() {
                 "base_num_kv_heads=8",
                 "base_mlp_dim=11008",
                 "head_dim=128",
-            ],
-        ),
-        (
-            "mixtral",
-            &[
-                "decoder_block=mixtral",
-                "base_emb_dim=1024",
-                "base_num_query_heads=2",
-                "base_num_kv_heads=2",
-                "base_mlp_dim=896",
-                "head_dim=16",
-                "num_experts=8",
-                "num_experts_per_tok=2",
             ],
         ),
         (

@@ -2,7 +2,7 @@
 //! transfers of every element type, donation, and the errors maxrs raises before the plugin.
 
 use half::bf16;
-use maxrs::host::{ElementType, HostTensor};
+use maxrs::host::{DType, HostTensor};
 use maxrs::pjrt::{cpu_client, Buffer, Client, CompileOptions, Error, LoadedExecutable};
 
 /// `a * b + 1` on a [16, 4] array sharded by rows over 8 devices, plus the sum of all elements
@@ -63,7 +63,7 @@ fn sharded_program_runs_on_eight_devices() {
     assert_eq!(client.addressable_devices().unwrap().len(), 8);
     let exe = client.compile(SHARDED_MLIR, &CompileOptions::spmd(8)).unwrap();
     // Per-device signature: each device holds 2 of the 16 rows.
-    assert_eq!(exe.signature().parameters, vec![(ElementType::F32, vec![2, 4]); 2]);
+    assert_eq!(exe.signature().parameters, vec![(DType::F32, vec![2, 4]); 2]);
     let (out, total) = run_sharded(&client, &exe);
     let (want, want_total) = expected();
     assert_eq!(out, want);
@@ -145,7 +145,7 @@ func.func @main(%x: tensor<4xbf16>) -> tensor<4xbf16> {
     let exe = client.compile(mlir, &CompileOptions::single_device()).unwrap();
     let values: Vec<bf16> = [1.0f32, -0.5, 3.0, 1.0e-2].iter().map(|&v| bf16::from_f32(v)).collect();
     let out = exe.execute_host(&[HostTensor::from_bf16(&[4], &values)]).unwrap();
-    assert_eq!(out[0].ty, ElementType::BF16);
+    assert_eq!(out[0].ty, DType::BF16);
     let want: Vec<f32> = values.iter().map(|v| (*v + *v).to_f32()).collect();
     assert_eq!(out[0].to_f32(), want);
 }
@@ -197,6 +197,6 @@ func.func @main(%x: tensor<2x3xf32>, %y: tensor<2x3xf32>) -> tensor<2x3xf32> {
 fn host_data_must_match_its_shape() {
     let client = cpu_client(1).unwrap();
     let device = &client.addressable_devices().unwrap()[0];
-    let err = client.bytes_to_device(&[0u8; 12], ElementType::F32, &[2, 2], device).err().unwrap();
+    let err = client.bytes_to_device(&[0u8; 12], DType::F32, &[2, 2], device).err().unwrap();
     assert!(err.to_string().contains("12 bytes") && err.to_string().contains("f32[2,2]"), "{err}");
 }

@@ -251,7 +251,7 @@ fn qwen2_refusals_name_the_culprit() {
         maxrs::config::load(None, &args).expect("the keys load")
     };
     let c = load(&["model_name=llama2-7b", "attention_bias=true"]);
-    let err = Model::from_config(&c).expect_err("llama2 has no attention biases");
+    let err = Model::from_config(&c).expect_err("llama2 has no attention biases").to_string();
     assert!(err.contains("attention_bias=true") && err.contains("qwen2"), "{err}");
     for (key, why) in [("attention_bias=false", "always has"), ("use_qk_norm=true", "no QK-norm")] {
         let c = load(&["model_name=qwen2.5-7b", key]);

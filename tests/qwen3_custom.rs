@@ -275,14 +275,15 @@ fn qwen3_custom_refusals_name_the_culprit() {
     };
     let custom = |extra: &[&str]| {
         let args: Vec<&str> = ["model_name=qwen3-custom-30b-a3b"].iter().chain(TINY).chain(extra).copied().collect();
-        Model::from_config(&load(&args))
+        Model::from_config(&load(&args)).map_err(|e| e.to_string())
     };
     let err = custom(&["attention_output_dim=-1", "moe_expert_input_dim=-1"]).expect_err("unset");
     assert!(err.contains("attention_output_dim=-1") && err.contains("positive"), "{err}");
     let err = custom(&["moe_expert_input_dim=8"]).expect_err("unequal");
     assert!(err.contains("moe_expert_input_dim=8") && err.contains("attention_output_dim=16"), "{err}");
     for key in ["attention_output_dim=16", "moe_expert_input_dim=16"] {
-        let err = Model::from_config(&load(&["model_name=qwen3-30b-a3b", key])).expect_err("not qwen3_moe's");
+        let err =
+            Model::from_config(&load(&["model_name=qwen3-30b-a3b", key])).expect_err("not qwen3_moe's").to_string();
         assert!(err.contains(key) && err.contains("qwen3_custom_moe"), "{err}");
     }
     let err = maxrs::model::hf::check_model(&load(&["model_name=qwen3-custom-30b-a3b"])).expect_err("no HF model");
@@ -290,10 +291,10 @@ fn qwen3_custom_refusals_name_the_culprit() {
 }
 
 /// A scaled-down qwen3-custom-30b-a3b (emb 64, latent 32, 8 experts of 64, top-2, 2 layers)
-/// trains on CPU through `maxrs train`: the loss falls within 4 steps.
+/// trains on CPU through `maxrs train`: the loss falls within 4 steps (5.33 -> 4.92).
 #[test]
 fn tiny_qwen3_custom_trains() {
-    let (losses, stdout) = crate::common::cli::train_optimized(&[
+    let (losses, stdout) = crate::common::cli::train(&[
         "model_name=qwen3-custom-30b-a3b",
         "override_model_config=true",
         "base_emb_dim=64",

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use half::bf16;
 use maxrs::host::params_io::{load_parameters, save_safetensors, ParamSpec, Params, ParamsError};
-use maxrs::host::{ElementType, HostTensor};
+use maxrs::host::{DType, HostTensor};
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("maxrs-train-params-{}-{name}", std::process::id()));
@@ -14,7 +14,7 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn spec(name: &str, ty: ElementType, dims: &[i64]) -> ParamSpec {
+fn spec(name: &str, ty: DType, dims: &[i64]) -> ParamSpec {
     ParamSpec { name: name.into(), ty, dims: dims.to_vec() }
 }
 
@@ -31,9 +31,9 @@ fn params() -> Params {
 
 fn specs() -> Vec<ParamSpec> {
     vec![
-        spec("decoder.layers.mlp.wi_0", ElementType::F32, &[2, 3]),
-        spec("token_embedder.embedding", ElementType::BF16, &[2, 2]),
-        spec("step", ElementType::S32, &[]),
+        spec("decoder.layers.mlp.wi_0", DType::F32, &[2, 3]),
+        spec("token_embedder.embedding", DType::BF16, &[2, 2]),
+        spec("step", DType::S32, &[]),
     ]
 }
 
@@ -72,17 +72,17 @@ fn floats_convert_to_the_expected_dtype() {
     let path = dir.join("p.safetensors");
     save_safetensors(&path, &params()).unwrap();
     let wanted = vec![
-        spec("decoder.layers.mlp.wi_0", ElementType::BF16, &[2, 3]),
-        spec("token_embedder.embedding", ElementType::F64, &[2, 2]),
-        spec("step", ElementType::S32, &[]),
+        spec("decoder.layers.mlp.wi_0", DType::BF16, &[2, 3]),
+        spec("token_embedder.embedding", DType::F64, &[2, 2]),
+        spec("step", DType::S32, &[]),
     ];
     let loaded = load_parameters(&path, &wanted).unwrap();
     let wi = &loaded["decoder.layers.mlp.wi_0"];
-    assert_eq!(wi.ty, ElementType::BF16);
+    assert_eq!(wi.ty, DType::BF16);
     let expected: Vec<f32> = [1.0f32, -2.5, 3.25, 0.0, 1e-3, 7.0].iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
     assert_eq!(wi.to_f32(), expected);
     let emb = &loaded["token_embedder.embedding"];
-    assert_eq!((emb.ty, emb.to_f64()), (ElementType::F64, vec![0.5, 1.0, 0.0, -4.0]));
+    assert_eq!((emb.ty, emb.to_f64()), (DType::F64, vec![0.5, 1.0, 0.0, -4.0]));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -94,10 +94,10 @@ fn one_error_lists_every_mismatch() {
     file_params.insert("decoder.extra_bias".into(), HostTensor::from_f32(&[4], &[0.0; 4]));
     save_safetensors(&path, &file_params).unwrap();
     let wanted = vec![
-        spec("decoder.layers.mlp.wi_0", ElementType::F32, &[3, 2]), // wrong shape
-        spec("token_embedder.embedding", ElementType::BF16, &[2, 2]), // fine
-        spec("step", ElementType::F32, &[]),                        // s32 does not convert to f32
-        spec("decoder.norm.scale", ElementType::F32, &[2]),         // missing
+        spec("decoder.layers.mlp.wi_0", DType::F32, &[3, 2]), // wrong shape
+        spec("token_embedder.embedding", DType::BF16, &[2, 2]), // fine
+        spec("step", DType::F32, &[]),                        // s32 does not convert to f32
+        spec("decoder.norm.scale", DType::F32, &[2]),         // missing
     ];
     let e = load_parameters(&path, &wanted).unwrap_err();
     let ParamsError::Mismatch(m) = &e else { panic!("{e}") };
@@ -107,7 +107,7 @@ fn one_error_lists_every_mismatch() {
         m.wrong,
         [
             ("decoder.layers.mlp.wi_0".to_string(), "f32[3,2]".to_string(), "f32[2,3]".to_string()),
-            ("step".to_string(), "f32[]".to_string(), "i32[]".to_string()),
+            ("step".to_string(), "f32[]".to_string(), "s32[]".to_string()),
         ]
     );
     let text = e.to_string();
@@ -116,7 +116,7 @@ fn one_error_lists_every_mismatch() {
         "missing (1):\n    decoder.norm.scale: expected f32[2]",
         "unexpected (1):\n    decoder.extra_bias: found f32[4]",
         "decoder.layers.mlp.wi_0: expected f32[3,2], found f32[2,3]",
-        "step: expected f32[], found i32[]",
+        "step: expected f32[], found s32[]",
     ] {
         assert!(text.contains(needle), "{needle:?} not in:\n{text}");
     }

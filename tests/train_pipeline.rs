@@ -15,8 +15,11 @@ use prost::Message;
 
 use crate::common::provision::skip_offline;
 
+/// A 5-step run of the tests' tiniest decoder: what these tests check (metrics lines, the
+/// profiler's steps) does not depend on the model, and the default one took twice the CPU.
 fn config(extra: &[&str]) -> config::Config {
-    let args: Vec<String> = ["dtype=float32", "steps=5"].iter().chain(extra).map(|s| s.to_string()).collect();
+    let run = ["dtype=float32", "steps=5", "max_target_length=32"];
+    let args: Vec<String> = run.iter().chain(crate::common::TINY_DECODER).chain(extra).map(|s| s.to_string()).collect();
     config::load(None, &args).expect("config loads")
 }
 

@@ -161,12 +161,14 @@ fn traced_schedule_matches_the_host_one_at_every_step() {
 
 #[test]
 fn bad_values_name_the_key() {
-    let new = |w: f64, wsd, ss: i64, steps: i64| LearningRateSchedule::new(1.0, 0.1, w, wsd, ss, steps).unwrap_err();
+    let new = |w: f64, wsd, ss: i64, steps: i64| {
+        LearningRateSchedule::new(1.0, 0.1, w, wsd, ss, steps).unwrap_err().to_string()
+    };
     assert!(new(1.5, None, -1, 10).contains("warmup_steps_fraction=1.5"));
     assert!(new(0.1, None, 0, 10).contains("learning_rate_schedule_steps=0"));
     assert!(new(0.1, None, -1, 0).contains("steps=0"));
     let e = new(0.5, Some((0.6, WsdDecayStyle::Linear)), -1, 10);
     assert!(e.contains("wsd_decay_steps_fraction=0.6") && e.contains("warmup_steps_fraction=0.5"), "{e}");
-    let e = LearningRateSchedule::new(-1.0, 0.1, 0.1, None, -1, 10).unwrap_err();
+    let e = LearningRateSchedule::new(-1.0, 0.1, 0.1, None, -1, 10).unwrap_err().to_string();
     assert!(e.contains("learning_rate=-1"), "{e}");
 }

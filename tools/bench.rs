@@ -43,7 +43,7 @@ fn main() -> Result<()> {
     let c = config::load_args(&args)?;
     if vs_jax {
         // jax_train.py is maxrs's Llama model (llama2 block, default RoPE) and nothing else.
-        let llama = maxrs::model::Model::from_config(&c).map_err(|e| anyhow!(e))?;
+        let llama = maxrs::model::Model::from_config(&c)?;
         if c.decoder_block != config::DecoderBlock::Llama2
             || llama.config.rope != maxrs::model::config::Rope::Default
             || c.global_parameter_scale != 1
@@ -89,7 +89,7 @@ fn main() -> Result<()> {
 /// trains from them (so maxrs and JAX read identical inputs).
 fn with_shared_inputs(c: &Config, args: &[String], dir: &Path, client: &Client) -> Result<Config> {
     let derived = config::validate(c, client.addressable_devices()?.len(), 1)?;
-    let step = TrainStep::new(c, &derived, None).map_err(|e| anyhow!(e))?;
+    let step = TrainStep::new(c, &derived, None)?;
     let init = step.init(true).map_err(|e| anyhow!("{e}"))?;
     let values = runtime::run_program(client, &init, &Tree::new())?;
     let params: Params =

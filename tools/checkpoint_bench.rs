@@ -116,7 +116,7 @@ fn measure(model: &ModelCase, base: &str, storage: &str) -> Result<Row> {
         None,
         &model.keys.iter().map(|s| s.to_string()).chain(["dtype=float32".into()]).collect::<Vec<_>>(),
     )?;
-    let m = Model::from_config(&c).map_err(|e| anyhow::anyhow!(e))?;
+    let m = Model::from_config(&c)?;
     let expected = dir::Expected::of_state(&maxrs::train_state::TrainState::of(&m));
     let newest = sync.checkpoints.last().context("the run saved")?.location.clone();
     let t = Instant::now();

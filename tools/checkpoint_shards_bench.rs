@@ -19,7 +19,7 @@ use maxrs::checkpoint::dir::{load_blocks, manifest_of, write_manifest, write_par
 use maxrs::checkpoint::shards::{Bounds, HostArray};
 use maxrs::config;
 use maxrs::files::Location;
-use maxrs::host::{whole, ElementType, HostTensor};
+use maxrs::host::{whole, DType, HostTensor};
 use maxrs::model::Model;
 
 const WAYS: usize = 16;
@@ -34,14 +34,14 @@ fn state(layers: usize) -> Result<Vec<Expected>> {
             format!("base_num_decoder_layers={layers}"),
         ],
     )?;
-    let model = Model::from_config(&c).map_err(|e| anyhow::anyhow!(e))?;
+    let model = Model::from_config(&c)?;
     let mut out = Vec::new();
     for group in ["params", "opt_state.mu", "opt_state.nu"] {
         for p in model.param_defs() {
-            out.push(Expected { name: format!("{group}.{}", p.name), ty: ElementType::F32, dims: p.shape.clone() });
+            out.push(Expected { name: format!("{group}.{}", p.name), ty: DType::F32, dims: p.shape.clone() });
         }
     }
-    out.push(Expected { name: "opt_state.count".into(), ty: ElementType::S32, dims: vec![] });
+    out.push(Expected { name: "opt_state.count".into(), ty: DType::S32, dims: vec![] });
     Ok(out)
 }
 

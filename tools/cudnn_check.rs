@@ -20,7 +20,7 @@ use maxrs::cluster::client_for;
 use maxrs::config;
 use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Program, Signature};
-use maxrs::model::attention::Mask;
+use maxrs::model::mask::Mask;
 use maxrs::model::{blockwise, cudnn};
 use maxrs::runtime::run_program;
 use maxrs::tensor::{trace, Tensor, Tree};

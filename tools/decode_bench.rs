@@ -58,7 +58,7 @@ fn main() -> Result<()> {
     ids.sort_unstable();
     let derived = config::validate(&c, ids.len(), 1)?;
     config::validate_decode(&c)?;
-    let model = Model::from_config(&c).map_err(|e| anyhow!(e))?;
+    let model = Model::from_config(&c)?;
     let params = initial_params(&model, &client, c.init_weights_seed as u32)?;
     let batch = derived.micro_batch_size;
     let prompts = prompts(batch, c.max_prefill_predict_length as usize, c.vocab_size as i32);
@@ -78,7 +78,7 @@ fn main() -> Result<()> {
     let mut rows = Vec::new();
     let mut reference: Option<Vec<Vec<i32>>> = None;
     for &k in &steps_per_call {
-        let mesh = derived.mesh.step_mesh(std::slice::from_ref(&ids)).map_err(|e| anyhow!(e))?;
+        let mesh = derived.mesh.step_mesh(std::slice::from_ref(&ids))?;
         let session = Session::new(&c, &derived, mesh, &client, ParamSource::Host(&params), k)?;
         session.generate(&prompts, None)?; // warm-up
         let runs: Vec<Generation> = (0..repeats).map(|_| session.generate(&prompts, None)).collect::<Result<_>>()?;

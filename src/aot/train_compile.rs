@@ -13,7 +13,7 @@ use super::memory::MemoryReport;
 use super::topology::{self, Platform, Topology};
 use crate::config::{self, escape, Config, Hardware, Resolved, Source};
 use crate::lower::to_stablehlo;
-use crate::model::attention::{describe, AttentionImpl};
+use crate::model::kernel::{describe, AttentionImpl};
 use crate::pjrt::gpu_memory::GpuAllocator;
 use crate::pjrt::Plugin;
 use crate::runtime::artifact;
@@ -103,7 +103,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     let setup_seconds = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let derived = config::validate(c, target.num_devices(), target.granules().len())?;
-    let mesh = derived.mesh.step_mesh(target.granules()).map_err(|e| anyhow!(e))?;
+    let mesh = derived.mesh.step_mesh(target.granules())?;
     if let Some(plan) = &derived.pipeline {
         let mesh = mesh.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
         let step = PipelineStep::new(c, &derived, mesh)?;
@@ -130,7 +130,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
         summary.print(&format!("{} pipeline programs", compiled.programs), "executables");
         return Ok(summary);
     }
-    let step = TrainStep::new(c, &derived, mesh).map_err(|e| anyhow!(e))?;
+    let step = TrainStep::new(c, &derived, mesh)?;
     derived.print_summary(step.model.num_params());
     println!("{}", describe(c, step.model.config.attention));
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
@@ -199,7 +199,7 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
 
 /// The step a run on the target's GPUs compiles, when it is not `step`: with cuDNN's attention
 /// (`attention=cudnn_flash_te|cudnn_flash_jax`), which a deviceless compile cannot hold
-/// (`model::attention::cudnn_declined`), so that `step` has blockwise attention instead. The memory
+/// (`model::kernel::cudnn_declined`), so that `step` has blockwise attention instead. The memory
 /// verdict is this program's: the one the run executes when it compiles on its GPUs.
 fn gpu_run_step(c: &Config, step: &TrainStep) -> Option<TrainStep> {
     let on_gpu = AttentionImpl::for_config(&Config { compile_topology: String::new(), ..c.clone() });

@@ -26,8 +26,7 @@ use super::{folder, read};
 use crate::files::Location;
 use crate::host::params_io::to_dtype;
 use crate::host::{convert_float, is_float, whole};
-use crate::host::{shape_string, ElementType, HostTensor};
-use crate::runtime::element_type as element_type_of;
+use crate::host::{shape_string, DType, HostTensor};
 use crate::storage::{self, StagedDir};
 use crate::train_state::{Group, StateArray, TrainState};
 
@@ -307,15 +306,14 @@ fn check_manifest(dir: &Location, manifest: &Manifest) -> Result<(), String> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Expected {
     pub name: String,
-    pub ty: ElementType,
+    pub ty: DType,
     pub dims: Vec<i64>,
 }
 
 impl Expected {
     /// Every array of a train state (what a training run's checkpoint holds).
     pub fn of_state(state: &TrainState) -> Vec<Expected> {
-        let array =
-            |a: &StateArray| Expected { name: a.name(), ty: element_type_of(a.dtype), dims: a.def.shape.clone() };
+        let array = |a: &StateArray| Expected { name: a.name(), ty: a.dtype, dims: a.def.shape.clone() };
         state.arrays.iter().map(array).collect()
     }
 }

@@ -16,16 +16,16 @@ use anyhow::{bail, Result};
 
 use super::dir::{Expected, LoadedBlocks, Share};
 use super::shards::{plan, ArrayLayout, Bounds, HostArray};
-use crate::host::{block_of, whole, ElementType, HostTensor};
+use crate::host::{block_of, whole, DType, HostTensor};
 
 /// The arrays: name, dtype, shape and the dimension split over fsdp (`None`: replicated).
-const ARRAYS: &[(&str, ElementType, &[i64], Option<usize>)] = &[
-    ("params.token_embedder.embedding", ElementType::F32, &[128, 64], Some(0)),
-    ("params.decoder.layers.mlp.wi", ElementType::BF16, &[3, 64, 48], Some(1)),
-    ("params.decoder.decoder_norm.scale", ElementType::F32, &[64], None),
-    ("opt_state.mu.token_embedder.embedding", ElementType::F32, &[128, 64], Some(0)),
-    ("opt_state.mu.decoder.layers.mlp.wi", ElementType::F32, &[3, 64, 48], Some(1)),
-    ("opt_state.count", ElementType::S32, &[], None),
+const ARRAYS: &[(&str, DType, &[i64], Option<usize>)] = &[
+    ("params.token_embedder.embedding", DType::F32, &[128, 64], Some(0)),
+    ("params.decoder.layers.mlp.wi", DType::BF16, &[3, 64, 48], Some(1)),
+    ("params.decoder.decoder_norm.scale", DType::F32, &[64], None),
+    ("opt_state.mu.token_embedder.embedding", DType::F32, &[128, 64], Some(0)),
+    ("opt_state.mu.decoder.layers.mlp.wi", DType::F32, &[3, 64, 48], Some(1)),
+    ("opt_state.count", DType::S32, &[], None),
 ];
 
 /// The largest split: the sharded dimensions are all multiples of 64.

@@ -25,7 +25,7 @@ use crate::config::{self, Config};
 use crate::files::Location;
 use crate::host::convert_float;
 use crate::host::params_io::to_dtype;
-use crate::host::{shape_string, ElementType, HostTensor};
+use crate::host::{shape_string, DType, HostTensor};
 use crate::input;
 use crate::model::{hf as layout, Model};
 use crate::storage::{self, StagedDir};
@@ -148,19 +148,19 @@ pub struct Converted {
     pub files: Vec<String>,
 }
 
-fn element_type(dtype: &str) -> Result<ElementType> {
+fn element_type(dtype: &str) -> Result<DType> {
     match dtype {
-        "float32" => Ok(ElementType::F32),
-        "bfloat16" => Ok(ElementType::BF16),
-        "float16" => Ok(ElementType::F16),
+        "float32" => Ok(DType::F32),
+        "bfloat16" => Ok(DType::BF16),
+        "float16" => Ok(DType::F16),
         other => bail!("--dtype {other}: expected float32, bfloat16 or float16"),
     }
 }
 
-fn dtype_name(ty: ElementType) -> &'static str {
+fn dtype_name(ty: DType) -> &'static str {
     match ty {
-        ElementType::BF16 => "bfloat16",
-        ElementType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
         _ => "float32",
     }
 }
@@ -168,7 +168,7 @@ fn dtype_name(ty: ElementType) -> &'static str {
 /// The dtypes of the weights `maxrs convert` reads and writes (those of `--dtype`, narrowest
 /// range first); an integer or boolean tensor (a position index, a mask) is no weight to convert
 /// as floats.
-const WEIGHT_TYPES: [ElementType; 3] = [ElementType::F16, ElementType::BF16, ElementType::F32];
+const WEIGHT_TYPES: [DType; 3] = [DType::F16, DType::BF16, DType::F32];
 
 /// Refuses the tensor `name` of the file at `location` unless it is of a weight dtype.
 fn check_weight(location: &Location, name: &str, tensor: &HostTensor) -> Result<()> {
@@ -183,15 +183,15 @@ fn check_weight(location: &Location, name: &str, tensor: &HostTensor) -> Result<
 }
 
 /// Whether `ty` holds `x` as a finite value.
-fn holds(ty: ElementType, x: f64) -> bool {
+fn holds(ty: DType, x: f64) -> bool {
     convert_float(&HostTensor::from_f64(&[], &[x]), ty).to_f64()[0].is_finite()
 }
 
 /// `ty`'s largest finite value.
-fn largest(ty: ElementType) -> f64 {
+fn largest(ty: DType) -> f64 {
     match ty {
-        ElementType::BF16 => half::bf16::MAX.to_f64(),
-        ElementType::F16 => half::f16::MAX.to_f64(),
+        DType::BF16 => half::bf16::MAX.to_f64(),
+        DType::F16 => half::f16::MAX.to_f64(),
         _ => f32::MAX as f64,
     }
 }
@@ -201,7 +201,7 @@ fn largest(ty: ElementType) -> f64 {
 /// `ty`'s range are refused, naming the tensor (they would become inf, and the user asked for
 /// `ty`: another dtype holds them). Each tensor is dropped once converted, so that the weights
 /// are held about once.
-fn cast(tensors: BTreeMap<String, HostTensor>, ty: ElementType) -> Result<BTreeMap<String, HostTensor>> {
+fn cast(tensors: BTreeMap<String, HostTensor>, ty: DType) -> Result<BTreeMap<String, HostTensor>> {
     tensors
         .into_iter()
         .map(|(name, t)| {
@@ -245,7 +245,7 @@ fn model_config(derived: &[String], user: &[String]) -> Result<(Config, Model)> 
     let file = user.iter().position(|a| !a.contains('='));
     let rest: Vec<String> = user.iter().enumerate().filter(|(i, _)| Some(*i) != file).map(|(_, a)| a.clone()).collect();
     let c = config::load_over(file.map(|i| Path::new(user[i].as_str())), derived, &rest)?;
-    let model = Model::from_config(&c).map_err(|e| anyhow!(e))?;
+    let model = Model::from_config(&c)?;
     Ok((c, model))
 }
 
@@ -308,7 +308,7 @@ pub fn to_hf(
         checkpoint.iter().flat_map(|m| m.model.iter().map(|(k, v)| format!("{k}={}", plain(v)))).collect();
     let (c, model) = model_config(&derived, args)?;
     layout::check_model(&c)?;
-    let weight = crate::runtime::element_type(model.config.weight_dtype);
+    let weight = model.config.weight_dtype;
     let ty = dtype.map(element_type).transpose()?.unwrap_or(weight);
     // Read in the dtypes stored, so that `cast` sees every value before it is narrowed (one
     // array at a time: the wide copy of the whole state is the one read).

@@ -17,6 +17,7 @@
 //!   save schedule, the background writer, retention, the error policy.
 //! - [`drill`]: `maxrs checkpoint-check`'s synthetic sharded state, checked bit for bit.
 //! - [`hf`]: Hugging Face checkpoint directories (`config.json`, sharded safetensors, index).
+//! - [`orbax`]: MaxText's Orbax checkpoints (OCDBT, zarr v3, `_METADATA`), read.
 //! - `folder`: the file names a checkpoint's own index gives (a manifest, a Hugging Face weight
 //!   map), each checked to be a file of the checkpoint's folder.
 //! - [`DataState`]: the data pipeline's position, which each checkpoint records.
@@ -32,6 +33,7 @@ pub mod hf;
 pub mod job;
 pub mod manager;
 pub mod manifest;
+pub mod orbax;
 mod read;
 pub mod shards;
 pub mod tensor_file;

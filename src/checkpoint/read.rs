@@ -13,7 +13,7 @@ use super::shards::{elements, intersect, Bounds, HostArray};
 use super::tensor_file::read_safetensors;
 use crate::files::Location;
 use crate::host::params_io::to_dtype;
-use crate::host::{copy_region, ElementType, HostTensor};
+use crate::host::{copy_region, DType, HostTensor};
 use crate::storage;
 
 /// Reads slices of one checkpoint directory whose manifest `dir::read_manifest` read (and
@@ -71,7 +71,7 @@ impl<'a> SliceReader<'a> {
     }
 
     /// The bytes of one slice, checked.
-    fn slice_bytes(&mut self, array: &ArrayEntry, ty: ElementType, slice: &Slice) -> Result<Vec<u8>> {
+    fn slice_bytes(&mut self, array: &ArrayEntry, ty: DType, slice: &Slice) -> Result<Vec<u8>> {
         let location = self.dir.join(&slice.file);
         let entry =
             self.manifest.files.iter().find(|f| f.name == slice.file).expect("read_manifest checked the slices' files");
@@ -106,7 +106,7 @@ impl<'a> SliceReader<'a> {
     fn whole_file_tensor(
         &mut self,
         array: &ArrayEntry,
-        ty: ElementType,
+        ty: DType,
         slice: &Slice,
         entry: &manifest::FileEntry,
     ) -> Result<Vec<u8>> {

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::host::{copy_region, shape_string, whole, ElementType, HostTensor};
+use crate::host::{copy_region, shape_string, whole, DType, HostTensor};
 
 pub use crate::host::Bounds;
 
@@ -133,7 +133,7 @@ fn piece_bounds(mut index: usize, cuts: &[Vec<i64>]) -> Bounds {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ArrayLayout {
     pub name: String,
-    pub ty: ElementType,
+    pub ty: DType,
     pub dims: Vec<i64>,
     /// `(process, block)` for every device of the job.
     pub blocks: Vec<(usize, Bounds)>,
@@ -141,7 +141,7 @@ pub struct ArrayLayout {
 
 impl ArrayLayout {
     /// An array held whole by process 0 alone.
-    pub fn whole(name: &str, ty: ElementType, dims: &[i64]) -> ArrayLayout {
+    pub fn whole(name: &str, ty: DType, dims: &[i64]) -> ArrayLayout {
         ArrayLayout { name: name.into(), ty, dims: dims.to_vec(), blocks: vec![(0, whole(dims))] }
     }
 
@@ -239,7 +239,7 @@ pub fn to_write(
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostArray {
     pub name: String,
-    pub ty: ElementType,
+    pub ty: DType,
     /// The global shape.
     pub dims: Vec<i64>,
     pub blocks: Vec<(Bounds, HostTensor)>,
@@ -361,7 +361,7 @@ mod tests {
         let rows = |n: i64, k: i64| -> Vec<Bounds> { (0..k).map(|i| vec![(i * n / k, n / k)]).collect() };
         let layout = |name: &str, blocks: Vec<Bounds>| ArrayLayout {
             name: name.into(),
-            ty: ElementType::F32,
+            ty: DType::F32,
             dims: vec![8],
             blocks: [0, 0, 1, 1].into_iter().zip(blocks).collect(),
         };

@@ -13,10 +13,10 @@ use anyhow::{anyhow, bail, Result};
 use safetensors::tensor::Metadata;
 
 use crate::host::params_io::{from_dtype, to_dtype};
-use crate::host::{shape_string, ElementType, HostTensor};
+use crate::host::{shape_string, DType, HostTensor};
 
 /// The maxrs element type of a safetensors dtype name (`F32`, `BF16`, ...).
-pub(super) fn element_type(name: &str) -> Option<ElementType> {
+pub(super) fn element_type(name: &str) -> Option<DType> {
     let dtype: safetensors::Dtype = serde_json::from_value(serde_json::Value::String(name.into())).ok()?;
     from_dtype(dtype)
 }

@@ -46,6 +46,17 @@ string_enum!(
     DType { Bfloat16 = "bfloat16", Float32 = "float32", Float16 = "float16" }
 );
 
+impl DType {
+    /// The element type the traced program computes in.
+    pub fn ir(self) -> crate::ir::DType {
+        match self {
+            DType::Bfloat16 => crate::ir::DType::BF16,
+            DType::Float32 => crate::ir::DType::F32,
+            DType::Float16 => crate::ir::DType::F16,
+        }
+    }
+}
+
 string_enum!(
     /// `routed_score_func`: what the DeepSeek router applies to its logits (MaxText's
     /// `GateLogit.score_func`, layers/moe.py at e591f30; "" keeps the logits).
@@ -70,7 +81,7 @@ string_enum!(
 );
 
 string_enum!(
-    /// MaxText's `attention`: how attention is computed (see `model::attention::AttentionImpl`
+    /// MaxText's `attention`: how attention is computed (see `model::kernel::AttentionImpl`
     /// for what each kind maps to in maxrs).
     AttentionKernel {
         Autoselected = "autoselected",

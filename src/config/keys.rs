@@ -631,6 +631,8 @@ declare_keys! {
             ["embed", ["fsdp", "context", "expert"]],
             ["norm", ["tensor"]],
             ["layers", "stage"],
+            ["dense_layers", []],
+            ["moe_layers", []],
             ["cache_heads", ["autoregressive", "tensor", "tensor_sequence"]],
             ["cache_batch", []],
             ["cache_kv", []],

@@ -84,14 +84,14 @@ impl Mesh {
 
     /// The physical mesh on real devices: `granules[g]` are the device ids of slice (or host) `g`
     /// in their local order; ICI neighbours stay inside a granule (`sharding::Mesh::hybrid`).
-    pub fn physical(&self, granules: &[Vec<i64>]) -> Result<crate::sharding::Mesh, String> {
+    pub fn physical(&self, granules: &[Vec<i64>]) -> anyhow::Result<crate::sharding::Mesh> {
         crate::sharding::Mesh::hybrid(&self.names(), &self.ici_shape(), &self.dcn_shape(), granules)
     }
 
     /// The mesh a step is traced on, the same rule for `maxrs train`, `maxrs train-compile` and
     /// `maxrs decode`: none on one device (a plain, unpartitioned program), else [`Mesh::physical`]
     /// over `granules`, the device ids of each host (GPU) or slice (TPU).
-    pub fn step_mesh(&self, granules: &[Vec<i64>]) -> Result<Option<crate::sharding::Mesh>, String> {
+    pub fn step_mesh(&self, granules: &[Vec<i64>]) -> anyhow::Result<Option<crate::sharding::Mesh>> {
         match granules.iter().map(Vec::len).sum::<usize>() {
             1 => Ok(None),
             _ => self.physical(granules).map(Some),

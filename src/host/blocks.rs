@@ -13,7 +13,7 @@ use crate::sharding::{Mesh, PartitionSpec};
 
 /// The block of `global` that the device at mesh position `pos` holds under `spec`.
 pub fn shard(global: &HostTensor, mesh: &Mesh, spec: &PartitionSpec, pos: usize) -> Result<HostTensor> {
-    let bounds = mesh.shard_bounds(spec, &global.dims, pos).map_err(|e| anyhow!(e))?;
+    let bounds = mesh.shard_bounds(spec, &global.dims, pos)?;
     Ok(block_of(global, &bounds))
 }
 
@@ -42,7 +42,7 @@ pub fn assemble(
     let ty = shards.first().ok_or_else(|| anyhow!("no shards"))?.ty;
     let mut data = vec![0u8; dims.iter().product::<i64>() as usize * ty.byte_size()];
     for (block, &pos) in shards.iter().zip(positions) {
-        let bounds = mesh.shard_bounds(spec, dims, pos).map_err(|e| anyhow!(e))?;
+        let bounds = mesh.shard_bounds(spec, dims, pos)?;
         copy_region(&mut data, &whole(dims), &block.data, &bounds, &bounds, ty.byte_size());
     }
     Ok(HostTensor::new(ty, dims, data))

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, Metadata, TensorView};
 
-use super::{convert_float, is_float, shape_string, ElementType, HostTensor};
+use super::{convert_float, is_float, shape_string, DType, HostTensor};
 
 /// Parameters by name; ordered so files and listings are deterministic.
 pub type Params = BTreeMap<String, HostTensor>;
@@ -25,7 +25,7 @@ pub type Params = BTreeMap<String, HostTensor>;
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
     pub name: String,
-    pub ty: ElementType,
+    pub ty: DType,
     pub dims: Vec<i64>,
 }
 
@@ -82,38 +82,38 @@ impl fmt::Display for Mismatch {
     }
 }
 
-pub(crate) fn to_dtype(ty: ElementType) -> Dtype {
+pub(crate) fn to_dtype(ty: DType) -> Dtype {
     match ty {
-        ElementType::Pred => Dtype::BOOL,
-        ElementType::S8 => Dtype::I8,
-        ElementType::S32 => Dtype::I32,
-        ElementType::S64 => Dtype::I64,
-        ElementType::U8 => Dtype::U8,
-        ElementType::U32 => Dtype::U32,
-        ElementType::F16 => Dtype::F16,
-        ElementType::BF16 => Dtype::BF16,
-        ElementType::F32 => Dtype::F32,
-        ElementType::F64 => Dtype::F64,
-        ElementType::F8E4M3FN => Dtype::F8_E4M3,
-        ElementType::F8E5M2 => Dtype::F8_E5M2,
+        DType::Pred => Dtype::BOOL,
+        DType::S8 => Dtype::I8,
+        DType::S32 => Dtype::I32,
+        DType::S64 => Dtype::I64,
+        DType::U8 => Dtype::U8,
+        DType::U32 => Dtype::U32,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::F8E4M3FN => Dtype::F8_E4M3,
+        DType::F8E5M2 => Dtype::F8_E5M2,
     }
 }
 
-pub(crate) fn from_dtype(dtype: Dtype) -> Option<ElementType> {
+pub(crate) fn from_dtype(dtype: Dtype) -> Option<DType> {
     Some(match dtype {
-        Dtype::BOOL => ElementType::Pred,
-        Dtype::I8 => ElementType::S8,
-        Dtype::I32 => ElementType::S32,
-        Dtype::I64 => ElementType::S64,
-        Dtype::U8 => ElementType::U8,
-        Dtype::U32 => ElementType::U32,
-        Dtype::F16 => ElementType::F16,
-        Dtype::BF16 => ElementType::BF16,
-        Dtype::F32 => ElementType::F32,
-        Dtype::F64 => ElementType::F64,
+        Dtype::BOOL => DType::Pred,
+        Dtype::I8 => DType::S8,
+        Dtype::I32 => DType::S32,
+        Dtype::I64 => DType::S64,
+        Dtype::U8 => DType::U8,
+        Dtype::U32 => DType::U32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
         // safetensors' F8_E4M3 is the `fn` variant (no infinities), as torch's float8_e4m3fn.
-        Dtype::F8_E4M3 => ElementType::F8E4M3FN,
-        Dtype::F8_E5M2 => ElementType::F8E5M2,
+        Dtype::F8_E4M3 => DType::F8E4M3FN,
+        Dtype::F8_E5M2 => DType::F8E5M2,
         _ => return None,
     })
 }
@@ -228,17 +228,17 @@ mod tests {
         let file = tempfile::Builder::new().suffix(".safetensors").tempfile().unwrap();
         let path = file.path();
         let params: Params = [
-            ("a".to_string(), HostTensor::new(ElementType::F8E4M3FN, &[16, 16], bits.clone())),
-            ("b".to_string(), HostTensor::new(ElementType::F8E5M2, &[256], bits.clone())),
+            ("a".to_string(), HostTensor::new(DType::F8E4M3FN, &[16, 16], bits.clone())),
+            ("b".to_string(), HostTensor::new(DType::F8E5M2, &[256], bits.clone())),
         ]
         .into();
         save_safetensors(path, &params).unwrap();
         let header = String::from_utf8_lossy(&std::fs::read(path).unwrap()[8..200]).to_string();
         assert!(header.contains("\"F8_E4M3\"") && header.contains("\"F8_E5M2\""), "{header}");
-        let spec = |name: &str, ty: ElementType, dims: &[i64]| ParamSpec { name: name.into(), ty, dims: dims.to_vec() };
-        let same = [spec("a", ElementType::F8E4M3FN, &[16, 16]), spec("b", ElementType::F8E5M2, &[256])];
+        let spec = |name: &str, ty: DType, dims: &[i64]| ParamSpec { name: name.into(), ty, dims: dims.to_vec() };
+        let same = [spec("a", DType::F8E4M3FN, &[16, 16]), spec("b", DType::F8E5M2, &[256])];
         assert_eq!(load_parameters(path, &same).unwrap(), params);
-        let wide = [spec("a", ElementType::F32, &[16, 16]), spec("b", ElementType::F32, &[256])];
+        let wide = [spec("a", DType::F32, &[16, 16]), spec("b", DType::F32, &[256])];
         let loaded = load_parameters(path, &wide).unwrap();
         for name in ["a", "b"] {
             let (want, got) = (params[name].to_f64(), loaded[name].to_f64());

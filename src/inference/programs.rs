@@ -55,7 +55,7 @@ impl Engine {
 
     /// Checks that the mesh axes the `cache_*` rules give each cache dimension divide it (e.g. the
     /// `autoregressive` and `tensor` axes of `cache_heads` divide the kv heads).
-    pub fn check_cache_sharding(&self) -> Result<(), String> {
+    pub fn check_cache_sharding(&self) -> anyhow::Result<()> {
         let (Some(mesh), Some(spec)) = (&self.mesh, self.cache_sharding()) else { return Ok(()) };
         let c = &self.model.config;
         let stacks = self.model.stacks().iter();
@@ -66,7 +66,7 @@ impl Engine {
             let axes = spec.dim(d);
             let shards: usize = axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1)).product();
             if size % shards as i64 != 0 {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "the key/value cache's {logical} dimension ({size}) does not split over the {shards} devices of mesh \
                      axes [{}] (the {logical} rule of logical_axis_rules); use parallelism that divides it",
                     axes.join(", ")

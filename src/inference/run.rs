@@ -89,7 +89,7 @@ pub fn decode(c: &Config, client: &Client, origin: PromptOrigin) -> Result<Decod
     }
     let mut ids: Vec<i64> = devices.iter().map(|d| d.id as i64).collect();
     ids.sort_unstable();
-    let mesh = derived.mesh.step_mesh(&[ids]).map_err(|e| anyhow!(e))?;
+    let mesh = derived.mesh.step_mesh(&[ids])?;
     let source = match c.load_parameters_path.as_str() {
         "" => {
             println!(

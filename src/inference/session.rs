@@ -103,14 +103,14 @@ impl Session {
     ) -> Result<Session> {
         crate::config::validate_decode(c)?;
         let engine = Engine {
-            model: Model::from_config(c).map_err(|e| anyhow!(e))?,
+            model: Model::from_config(c)?,
             batch: derived.micro_batch_size as i64,
             prefill_len: c.max_prefill_predict_length,
             cache_len: c.max_target_length,
             sampling: Sampling::from_config(c),
             mesh,
         };
-        engine.check_cache_sharding().map_err(|e| anyhow!(e))?;
+        engine.check_cache_sharding()?;
         let mut startup = DecodeStartup::default();
         let t = Instant::now();
         // A parameter file is read first: a file for another model fails before compiling.
@@ -264,7 +264,7 @@ fn read_params(c: &Config, model: &Model, path: &str) -> Result<Tree<HostTensor>
 }
 
 fn expected_params(model: &Model) -> Vec<ParamSpec> {
-    let dtype = runtime::element_type(model.config.weight_dtype);
+    let dtype = model.config.weight_dtype;
     model.param_defs().into_iter().map(|d| ParamSpec { name: d.name, ty: dtype, dims: d.shape }).collect()
 }
 

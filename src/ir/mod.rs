@@ -2,14 +2,13 @@
 //! graphs of equations, and traced programs. Pure data: nothing here traces, differentiates,
 //! lowers or runs — `tensor`, `autodiff` and `lower` do, each by matching `Prim` exhaustively.
 
-mod dtype;
 mod graph;
 mod prim;
 mod program;
 pub mod shape_rules;
 mod types;
 
-pub use dtype::DType;
+pub use crate::host::DType;
 pub use graph::{Eqn, Graph, ValueId};
 pub use prim::{
     BinaryOp, Comparison, Composite, CustomCall, DotDims, GatherDims, Literal, Manual, Prim, RaggedDotMode, ReduceOp,

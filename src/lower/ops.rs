@@ -293,8 +293,8 @@ fn compare_name(dir: Comparison) -> &'static str {
 fn compare_type(dtype: DType) -> &'static str {
     match dtype {
         DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::F8E4M3FN | DType::F8E5M2 => "FLOAT",
-        DType::S32 => "SIGNED",
-        DType::U32 | DType::Pred => "UNSIGNED",
+        DType::S8 | DType::S32 | DType::S64 => "SIGNED",
+        DType::U8 | DType::U32 | DType::Pred => "UNSIGNED",
     }
 }
 
@@ -305,8 +305,10 @@ fn reduce_init(op: ReduceOp, dtype: DType) -> f64 {
         (ReduceOp::Max, DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::F8E5M2) => f64::NEG_INFINITY,
         // e4m3fn has no infinity: its lowest value is -448 (`jnp.finfo(jnp.float8_e4m3fn).min`).
         (ReduceOp::Max, DType::F8E4M3FN) => -crate::host::f8::F8::E4M3FN.max(),
+        (ReduceOp::Max, DType::S8) => i8::MIN as f64,
         (ReduceOp::Max, DType::S32) => i32::MIN as f64,
-        (ReduceOp::Max, DType::U32 | DType::Pred) => 0.0,
+        (ReduceOp::Max, DType::S64) => i64::MIN as f64,
+        (ReduceOp::Max, DType::U8 | DType::U32 | DType::Pred) => 0.0,
     }
 }
 

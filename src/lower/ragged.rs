@@ -41,7 +41,7 @@ fn tile_rows(mode: RaggedDotMode, rows: i64, groups: i64) -> i64 {
 fn accumulator(dtype: DType) -> DType {
     match dtype {
         DType::BF16 | DType::F16 | DType::F8E4M3FN | DType::F8E5M2 => DType::F32,
-        DType::F32 | DType::F64 | DType::S32 | DType::U32 | DType::Pred => dtype,
+        DType::F32 | DType::F64 | DType::S8 | DType::S32 | DType::S64 | DType::U8 | DType::U32 | DType::Pred => dtype,
     }
 }
 

@@ -108,7 +108,7 @@ fn nested(out: &mut String, dtype: DType, shape: &[i64], values: &[f64]) {
 fn scalar(out: &mut String, dtype: DType, v: f64) {
     let r = match dtype {
         DType::Pred => write!(out, "{}", v != 0.0),
-        DType::S32 | DType::U32 => write!(out, "{}", v as i64),
+        DType::S8 | DType::S32 | DType::S64 | DType::U8 | DType::U32 => write!(out, "{}", v as i64),
         DType::F16 => write!(out, "0x{:04X}", f16::from_f64(v).to_bits()),
         DType::BF16 => write!(out, "0x{:04X}", bf16::from_f64(v).to_bits()),
         DType::F8E4M3FN => write!(out, "0x{:02X}", F8::E4M3FN.encode(v)),

@@ -1,175 +1,25 @@
 //! What attention is, for every family: the per-batch context the layers share (RoPE tables for
-//! each token's position, the mask of which keys each query may see) and attention over
-//! grouped-query heads (optionally soft-capped), computed the way the `attention` key asks
-//! (`AttentionImpl`): dot-product attention over the whole `[seq, seq]` score matrix,
-//! blockwise attention (`super::blockwise`) with an online softmax over key/value blocks, or
-//! XLA's cuDNN fused attention on CUDA (`super::cudnn`), which falls back to blockwise attention
-//! for what cuDNN cannot serve (`cudnn_declined` says why at start-up).
+//! each token's position, the mask of which keys each query may see, the attention kernel
+//! `kernel.rs` decided, fitted to the batch's sequence) and attention over grouped-query heads
+//! (optionally soft-capped), computed as that kernel says: dot-product attention over the whole
+//! `[seq, seq]` score matrix, blockwise attention (`super::blockwise`) with an online softmax
+//! over key/value blocks, or XLA's cuDNN fused attention on CUDA (`super::cudnn`), which falls
+//! back to blockwise attention for a call cuDNN cannot take (an f32 query-key product, heads or
+//! batch that do not split over the mesh).
 //! Families compute their own projections (or use `blocks::SelfAttention`) and call
 //! `LayerContext::attend`, which is also where decoding's key/value cache is read and written:
-//! no family knows whether it runs in training, in prefill or in a generate step.
+//! no family knows whether it runs in training, in prefill or in a generate step, nor which
+//! kernel computes its attention.
 
 use std::cell::RefCell;
-use std::fmt;
 
-use crate::config::{AttentionKernel, Config, DecoderBlock, Hardware};
 use crate::ir::DType;
 use crate::tensor::{concatenate, einsum, where_, Tensor, Tree};
 
 use super::config::Rope;
+use super::kernel::AttentionImpl;
+use super::mask::{Mask, MASK_VALUE};
 use super::{blockwise, cudnn, ModelConfig};
-
-/// How `attend` computes attention, resolved from MaxText's `attention` key and the hardware.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttentionImpl {
-    /// Scores for every query and key at once: `[batch, heads, seq, seq]` in memory.
-    DotProduct,
-    /// An online softmax over key/value blocks of `block` tokens, per query block of the same
-    /// size, with its own backward pass: memory `O(seq)` per query block.
-    Blockwise { block: i64 },
-    /// XLA's cuDNN fused attention (`__cudnn$fmhaSoftmax`), on CUDA; blockwise attention with
-    /// `block` for a call cuDNN cannot serve (a soft cap, an f32 product).
-    Cudnn { block: i64 },
-}
-
-/// Query and key/value block size of blockwise attention (MaxText's splash attention default
-/// block sizes, `sa_block_q`/`sa_block_kv`, are 512 too).
-pub const BLOCK: i64 = 512;
-
-impl AttentionImpl {
-    /// What `attention` means on `hardware` for sequences of `seq` tokens. MaxText's
-    /// `autoselected` is dot-product attention on CPU and for sequences under 128 tokens, flash
-    /// attention otherwise (`AttentionOp.apply_attention` in `src/maxtext/layers/attention_op.py`,
-    /// main at e591f30). maxrs's memory-efficient attention is its blockwise kernel, which stands
-    /// for `flash` (MaxText: a Pallas Triton kernel on GPU, Splash on TPU), `cudnn_flash_te`
-    /// (Transformer Engine's cuDNN attention) and `cudnn_flash_jax` (XLA's cuDNN fused attention).
-    pub fn resolve(kernel: AttentionKernel, hardware: Hardware, seq: i64) -> AttentionImpl {
-        let blockwise = AttentionImpl::Blockwise { block: block_size(seq) };
-        match kernel {
-            AttentionKernel::DotProduct => AttentionImpl::DotProduct,
-            AttentionKernel::Autoselected if hardware == Hardware::Cpu || seq < 128 => AttentionImpl::DotProduct,
-            AttentionKernel::Autoselected
-            | AttentionKernel::Flash
-            | AttentionKernel::CudnnFlashTe
-            | AttentionKernel::CudnnFlashJax => blockwise,
-        }
-    }
-
-    /// What `c.attention` means for the run `c` describes: `resolve`, with cuDNN's fused
-    /// attention for `cudnn_flash_te` and `cudnn_flash_jax` where `cudnn_declined` finds nothing
-    /// against it. `autoselected` never picks cuDNN: MaxText's picks its Pallas Triton flash
-    /// kernel on GPU (`AttentionOp.apply_attention`, `src/maxtext/layers/attention_op.py`,
-    /// e591f30), which maxrs's blockwise attention stands for.
-    pub fn for_config(c: &Config) -> AttentionImpl {
-        match AttentionImpl::resolve(c.attention, c.hardware, c.max_target_length) {
-            AttentionImpl::Blockwise { block } if cudnn_wanted(c.attention) && cudnn_declined(c).is_none() => {
-                AttentionImpl::Cudnn { block }
-            }
-            other => other,
-        }
-    }
-}
-
-fn cudnn_wanted(kernel: AttentionKernel) -> bool {
-    matches!(kernel, AttentionKernel::CudnnFlashTe | AttentionKernel::CudnnFlashJax)
-}
-
-/// Why `attention=cudnn_flash_te|cudnn_flash_jax` cannot use cuDNN's fused attention for the run
-/// `c` describes (`None`: it can, or another kind was asked for).
-pub fn cudnn_declined(c: &Config) -> Option<String> {
-    if !cudnn_wanted(c.attention) {
-        return None;
-    }
-    let cuda_plugin = matches!(c.plugin.as_str(), "cuda12" | "cuda13")
-        || std::path::Path::new(&c.plugin).file_name().is_some_and(|f| f.to_string_lossy().contains("cuda"));
-    if !c.hardware.is_gpu() || !cuda_plugin {
-        return Some(format!(
-            "cuDNN runs on a CUDA GPU (hardware=gpu with plugin=cuda12 or cuda13), not hardware={} plugin={:?}",
-            c.hardware, c.plugin
-        ));
-    }
-    // XLA builds cuDNN's graphs only with a GPU at hand (`RunCudnnCompilerPasses` runs only with a
-    // stream executor, `xla/service/gpu/gpu_compiler.cc`), and a loaded executable's `CuDnnThunk`
-    // looks its graph up among them (`xla/backends/gpu/runtime/cudnn_thunk.cc`): a deviceless
-    // compile's executable holds none, so it could not run its cuDNN calls.
-    if !c.compile_topology.is_empty() {
-        return Some(format!(
-            "a deviceless compile (compile_topology={:?}) cannot hold cuDNN's compiled graphs, which XLA builds only \
-             on a GPU",
-            c.compile_topology
-        ));
-    }
-    // The width each call sees (multi-head latent attention pads its values to its keys').
-    if let Some(reason) = cudnn::unsupported(super::config::dtype(c.dtype), c.qk_head_dim()) {
-        return Some(reason);
-    }
-    if c.attn_logits_soft_cap > 0.0 {
-        return Some(format!(
-            "cuDNN's fused attention has no soft cap (attn_logits_soft_cap={})",
-            c.attn_logits_soft_cap
-        ));
-    }
-    if c.packed_batches() && c.max_documents_per_row().is_none() {
-        return Some(
-            "packed documents (dataset_type=hf, packing=true) go into cuDNN's packed layout only with a fixed number of \
-             documents a row: set max_segments_per_seq (MaxText's GPU configs use 32)"
-                .into(),
-        );
-    }
-    if c.ici_context_parallelism * c.dcn_context_parallelism > 1 {
-        return Some("the sequence is sharded (context parallelism), which cuDNN's calls do not split".into());
-    }
-    None
-}
-
-impl fmt::Display for AttentionImpl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AttentionImpl::DotProduct => write!(f, "dot-product attention ([batch, heads, seq, seq] scores)"),
-            AttentionImpl::Blockwise { block } => {
-                write!(f, "blockwise attention (online softmax over {block}-token key/value blocks)")
-            }
-            AttentionImpl::Cudnn { .. } => {
-                write!(f, "XLA's cuDNN fused attention (`{}` / `{}` custom calls)", cudnn::FORWARD, cudnn::BACKWARD)
-            }
-        }
-    }
-}
-
-/// The start-up line that says what `c.attention` became (`how`) and, for a fallback, why.
-pub fn describe(c: &Config, how: AttentionImpl) -> String {
-    let kernel = c.attention;
-    let note = match kernel {
-        AttentionKernel::CudnnFlashTe | AttentionKernel::CudnnFlashJax => match (how, cudnn_declined(c)) {
-            (AttentionImpl::Cudnn { block }, _) => {
-                let te = match kernel {
-                    AttentionKernel::CudnnFlashTe => "; maxrs has no Transformer Engine: XLA's calls instead",
-                    _ => "",
-                };
-                let global = match c.decoder_block {
-                    DecoderBlock::Gemma2 => format!(
-                        "; blockwise ({block}-token blocks) in the global layers, whose f32 query-key product cuDNN does not take"
-                    ),
-                    _ => String::new(),
-                };
-                format!("{te}{global}")
-            }
-            (_, Some(reason)) => format!("; not cuDNN: {reason}"),
-            (_, None) => String::new(),
-        },
-        AttentionKernel::Flash => "; MaxText's Pallas (GPU) and Splash (TPU) kernels are not in maxrs".into(),
-        AttentionKernel::Autoselected | AttentionKernel::DotProduct => String::new(),
-    };
-    format!("attention: {kernel} -> {how}{note}")
-}
-
-/// The largest block of at most `BLOCK` tokens that divides `seq` (all of it when shorter).
-fn block_size(seq: i64) -> i64 {
-    (1..=BLOCK.min(seq)).rev().find(|b| seq % b == 0).unwrap_or(seq)
-}
-
-/// The large negative score masked positions get (MaxText's `DEFAULT_MASK_VALUE`).
-pub const MASK_VALUE: f64 = -0.7 * f32::MAX as f64;
 
 /// What the layers of one forward pass share, built once from the batch.
 pub struct LayerContext {
@@ -185,6 +35,8 @@ pub struct LayerContext {
     max_segments: Option<i64>,
     /// RoPE rotates interleaved pairs `(x[2i], x[2i+1])` (Llama 3.1) instead of the two halves.
     pub interleaved_rope: bool,
+    /// The model's attention kernel (`ModelConfig::attention`) fitted to this batch's sequence.
+    how: AttentionImpl,
     /// On a mesh: the mesh axes (of size > 1) that shard the batch, the heads and the sequence
     /// of `[batch, seq, heads, head_dim]` activations, for cuDNN's calls (`cudnn_call`).
     axes: Option<ActivationAxes>,
@@ -247,6 +99,7 @@ impl LayerContext {
             segments: batch.get("inputs_segmentation").cloned(),
             max_segments: c.max_segments_per_seq,
             interleaved_rope: matches!(c.rope, Rope::Llama31 { .. }),
+            how: c.attention.fitted(t),
             axes: ctx.mesh().map(|mesh| ActivationAxes::new(c, mesh)),
             cache: None,
         }
@@ -261,6 +114,7 @@ impl LayerContext {
             segments: self.segments.clone(),
             max_segments: self.max_segments,
             interleaved_rope: self.interleaved_rope,
+            how: self.how,
             axes: self.axes.clone(),
             cache: Some(RefCell::new(cache)),
         }
@@ -273,22 +127,14 @@ impl LayerContext {
 
     /// Self-attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over keys
     /// and values `k, v: [batch, seq, kv_heads, head_dim]` of the same tokens, causal and within
-    /// `window` tokens when given, computed as `how` says with `options`: the one entry point
+    /// `window` tokens when given, computed by the model's kernel with `options`: the one entry point
     /// families call. Outside decoding it is `attend_with` under `mask(window)`. When decoding,
     /// the shared decoder has attached this layer's cache: prefill attends the same way and
     /// records `k`, `v`; a generate step writes `k`, `v` at the tokens' positions and attends
     /// (dot-product: one query per row) over every cached position up to each query's (and within
     /// `window`), so each query sees exactly the keys the full sequence would give it.
-    pub fn attend(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        window: Option<i64>,
-        how: AttentionImpl,
-        options: &AttendOptions,
-    ) -> Tensor {
-        let how = fitted(how, q.shape()[1]);
+    pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, window: Option<i64>, options: &AttendOptions) -> Tensor {
+        let how = self.how;
         let Some(cache) = &self.cache else { return self.attend_whole([q, k, v], window, how, options, true) };
         match &mut *cache.borrow_mut() {
             LayerCache::Fill { len, filled } => {
@@ -328,9 +174,8 @@ impl LayerContext {
         q: &Tensor,
         [latent, rope]: [&Tensor; 2],
         expand: impl Fn(&Tensor, &Tensor) -> (Tensor, Tensor),
-        how: AttentionImpl,
     ) -> Tensor {
-        let how = fitted(how, q.shape()[1]);
+        let how = self.how;
         let options = AttendOptions::default();
         let Some(cache) = &self.cache else {
             let (k, v) = expand(latent, rope);
@@ -461,43 +306,6 @@ impl ActivationAxes {
             batch,
             heads,
         }
-    }
-}
-
-/// Which keys each query may see: key `s` is visible to query `t` when `s <= t`, `t - s <
-/// window` (with a window), and both are in the same document (with segments). Dot-product
-/// attention builds it whole, blockwise attention one block at a time (`allowed`).
-#[derive(Clone)]
-pub struct Mask {
-    pub window: Option<i64>,
-    /// `s32[batch, seq]`: each token's document, when the batch is packed.
-    pub segments: Option<Tensor>,
-}
-
-impl Mask {
-    /// `pred[1 or batch, queries, keys]` for query positions `query: s32[queries]` and key
-    /// positions `key: s32[keys]`, with their documents `query_segments: s32[batch, queries]` and
-    /// `key_segments: s32[batch, keys]` when packed.
-    pub fn allowed(&self, query: &Tensor, key: &Tensor, segments: Option<(&Tensor, &Tensor)>) -> Tensor {
-        let (tq, tk) = (query.shape()[0], key.shape()[0]);
-        let query = query.broadcast_in_dim(&[1, tq, tk], &[1]);
-        let key = key.broadcast_in_dim(&[1, tq, tk], &[2]);
-        let mut allowed = key.le(&query);
-        if let Some(w) = self.window {
-            allowed = allowed.bitwise_and((&query - &key).lt(w as f64));
-        }
-        if let Some((sq, sk)) = segments {
-            let b = sq.shape()[0];
-            let same = sq.broadcast_in_dim(&[b, tq, tk], &[0, 1]).eq(sk.broadcast_in_dim(&[b, tq, tk], &[0, 2]));
-            allowed = same.bitwise_and(allowed.broadcast_in_dim(&[b, tq, tk], &[0, 1, 2]));
-        }
-        allowed
-    }
-
-    /// `pred[1 or batch, seq, seq]` for a sequence of `seq` tokens on `like`'s trace.
-    fn dense(&self, like: &Tensor, seq: i64) -> Tensor {
-        let positions = like.trace().iota(DType::S32, &[seq], 0);
-        self.allowed(&positions, &positions, self.segments.as_ref().map(|s| (s, s)))
     }
 }
 
@@ -647,17 +455,6 @@ fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: O
     let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
     let probs = where_(&mask, &scores, MASK_VALUE).softmax(-1).astype(v.dtype());
     einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, dv])
-}
-
-/// `how` for a sequence of `seq` queries: blockwise attention's block shrunk to a divisor of
-/// `seq` when the configured one (sized for `max_target_length`) does not divide it, as in
-/// prefill over `max_prefill_predict_length` tokens.
-fn fitted(how: AttentionImpl, seq: i64) -> AttentionImpl {
-    match how {
-        AttentionImpl::Blockwise { block } if seq % block != 0 => AttentionImpl::Blockwise { block: block_size(seq) },
-        AttentionImpl::Cudnn { block } if seq % block != 0 => AttentionImpl::Cudnn { block: block_size(seq) },
-        other => other,
-    }
 }
 
 /// `cache: [layers, batch, len, kv_heads, head_dim]` with row `b` of `new: [batch, seq, kv_heads,

@@ -18,7 +18,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::fp8::{self, Scaling};
 
-use super::attention::{rope_with, AttendOptions, AttentionImpl, LayerContext};
+use super::attention::{rope_with, AttendOptions, LayerContext};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
 
@@ -195,8 +195,6 @@ pub struct SelfAttention {
     /// Keys at most this many tokens back (`t - s < window`), besides causality.
     pub window: Option<i64>,
     pub options: AttendOptions,
-    /// How attention is computed when the family overrides the model's (`ModelConfig::attention`).
-    pub how: Option<AttentionImpl>,
     /// QK-norm (MaxText's `use_qk_norm`): an RMSNorm over each head's queries and keys, with this
     /// epsilon, before RoPE (`query_norm.scale`, `key_norm.scale`: [head_dim]).
     pub qk_norm: Option<f64>,
@@ -286,8 +284,7 @@ impl SelfAttention {
         let scale = self.query_scale.unwrap_or(1.0 / (c.head_dim as f64).sqrt());
         let q = (rope_with(&q, cos, sin, ctx.interleaved_rope) * scale).checkpoint_name("query_proj");
         let k = rope_with(&k, cos, sin, ctx.interleaved_rope).checkpoint_name("key_proj");
-        let how = self.how.unwrap_or(c.attention);
-        let out = ctx.attend(&q, &k, &v, self.window, how, &self.options);
+        let out = ctx.attend(&q, &k, &v, self.window, &self.options);
         project("out", &out, 2).checkpoint_name("out_proj")
     }
 }

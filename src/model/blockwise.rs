@@ -28,7 +28,7 @@
 use crate::ir::DType;
 use crate::tensor::{composite, concatenate, einsum, scan, where_, Tensor, Tree};
 
-use super::attention::{Mask, MASK_VALUE};
+use super::mask::{Mask, MASK_VALUE};
 
 /// Blockwise attention of `q: [batch, seq, heads, head_dim]` (already scaled) over `k, v:
 /// [batch, seq, kv_heads, head_dim]` under `mask`, with query and key blocks of `block` tokens

@@ -8,8 +8,8 @@ use crate::ir::DType;
 use crate::sharding::LogicalRules;
 use crate::tensor::RematPolicy;
 
-use super::attention::AttentionImpl;
 use super::fp8::Scaling;
+use super::kernel::{self, AttentionImpl};
 
 /// The sizes and numerics every decoder family shares. Sizes are the effective ones (MaxText's
 /// `emb_dim`, `num_query_heads`, ...: the `base_*` keys scaled by `global_parameter_scale`).
@@ -20,6 +20,8 @@ pub struct ModelConfig {
     pub kv_heads: i64,
     pub head_dim: i64,
     pub mlp: i64,
+    /// MaxText's decoder layers (`base_num_decoder_layers` scaled; a Gemma 2 decoder layer is a
+    /// local and a global one).
     pub layers: i64,
     pub vocab: i64,
     /// `mlp_activations`: one input projection per entry, multiplied together (`[silu, linear]`
@@ -42,8 +44,12 @@ pub struct ModelConfig {
     /// Parameters.
     pub weight_dtype: DType,
     pub scan_layers: bool,
-    /// How attention is computed (`attention`, resolved for `hardware` and the sequence length).
+    /// How attention is computed (`attention`, resolved once by `kernel.rs` for the hardware,
+    /// the sequence length and the soft cap).
     pub attention: AttentionImpl,
+    /// Attention's scores become `cap * tanh(scores / cap)` (`attn_logits_soft_cap` when positive;
+    /// read by Gemma 2 and 3).
+    pub attn_logits_soft_cap: Option<f64>,
     /// At most this many documents in a packed row (`max_segments_per_seq` when > 0; the data
     /// packer keeps to it): what cuDNN's packed layout needs to attend within documents.
     pub max_segments_per_seq: Option<i64>,
@@ -104,12 +110,7 @@ impl ModelConfig {
                 config::DecoderBlock::Qwen3Moe if c.base_moe_mlp_dim > 0 => c.base_moe_mlp_dim << mlp_scale,
                 _ => c.base_mlp_dim << mlp_scale,
             },
-            // Gemma 3's decoder "layer" is a block of its 6-layer attention pattern (`gemma3.rs`),
-            // as MaxText scans it; a count that is not a multiple is refused by the family.
-            layers: match c.decoder_block {
-                config::DecoderBlock::Gemma3 => (c.base_num_decoder_layers << layer_scale) / super::gemma3::BLOCK,
-                _ => c.base_num_decoder_layers << layer_scale,
-            },
+            layers: c.base_num_decoder_layers << layer_scale,
             vocab: c.vocab_size,
             mlp_activations: c.mlp_activations.clone(),
             eps: c.normalization_layer_epsilon,
@@ -120,10 +121,11 @@ impl ModelConfig {
             normalize_embedding_logits: c.normalize_embedding_logits,
             final_logits_soft_cap: (c.final_logits_soft_cap > 0.0).then_some(c.final_logits_soft_cap),
             trainable_position_size: (c.trainable_position_size > 0).then_some(c.trainable_position_size),
-            dtype: dtype(c.dtype),
-            weight_dtype: dtype(c.weight_dtype),
+            dtype: c.dtype.ir(),
+            weight_dtype: c.weight_dtype.ir(),
             scan_layers: c.scan_layers,
             attention: AttentionImpl::for_config(c),
+            attn_logits_soft_cap: kernel::soft_cap(c),
             max_segments_per_seq: c.max_documents_per_row(),
             logits_dot_in_fp32: c.logits_dot_in_fp32,
             use_iota_embed: c.use_iota_embed,
@@ -136,14 +138,6 @@ impl ModelConfig {
             },
             rules: config::logical_rules(c),
         }
-    }
-}
-
-pub fn dtype(d: config::DType) -> DType {
-    match d {
-        config::DType::Bfloat16 => DType::BF16,
-        config::DType::Float32 => DType::F32,
-        config::DType::Float16 => DType::F16,
     }
 }
 

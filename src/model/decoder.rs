@@ -1,12 +1,13 @@
-//! The decoder seam: what every decoder family shares, written once. A family (`Family`)
-//! declares its stacks of layers (`stacks.rs`: by default one stack `layers`), one layer's
-//! parameters and one layer's computation for each kind of layer; the shared decoder runs the
-//! stacks (`stacks.rs`; with a key/value cache `decode.rs`), and owns the token (and learned
-//! position) embedding, the final norm (of the family's kind), the logits, the loss (with the
-//! layers' auxiliary losses, e.g. MoE load balancing, averaged over layers and added as MaxText
-//! adds them), the parameter list and count, and the FLOP count. The train step, the
-//! initializer, TFLOPs, the AOT artifact's compiled keys and the parameter-file check all ask a
-//! `Model` instead of knowing any family's layout.
+//! The shared decoder (`Model`): what every decoder family shares, written once. A family
+//! (`family.rs`, built by `families.rs` from `decoder_block`) declares its stacks of layers
+//! (`stacks.rs`: by default one stack `layers`), one layer's parameters and one layer's
+//! computation for each kind of layer; the shared decoder runs the stacks (`run_stacks.rs`; with
+//! a key/value cache `decode.rs`), and owns the token (and learned position) embedding, the final
+//! norm (of the family's kind), the logits, the loss (with the layers' auxiliary losses, e.g. MoE
+//! load balancing, averaged over layers and added as MaxText adds them), the parameter list and
+//! count, and the FLOP count. The train step, the initializer, TFLOPs, the AOT artifact's
+//! compiled keys and the parameter-file check all ask a `Model` instead of knowing any family's
+//! layout.
 //!
 //! Shared parameters (names as in a MaxText checkpoint's `params` tree):
 //!
@@ -28,158 +29,31 @@
 //! the logits are `y @ embedding^T`, divided by `sqrt(emb)` with `normalize_embedding_logits`,
 //! then soft-capped with `final_logits_soft_cap`.
 
-use std::fmt;
 use std::sync::Arc;
 
-use crate::config::registry::{self, Families, Key};
+use anyhow::bail;
+
+use crate::config::registry;
 use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
 use crate::tensor::{einsum, Tensor, Tree};
 
 use super::attention::LayerContext;
-use super::blocks::{Activation, Norm};
+use super::blocks::Activation;
+use super::families;
+use super::family::{constrain, Family, BTE};
 use super::flops::{StepShape, StepTflops};
 use super::fp8::{self, Scaling};
+use super::kernel;
 use super::params::{self, ParamDef, ParamInit};
 use super::stacks::{unstack_layers, Stack};
-use super::{deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen2, qwen3, qwen3_custom, ModelConfig};
-
-/// What a decoder family defines; everything else is the shared decoder's.
-pub trait Family: fmt::Debug + Send + Sync {
-    /// The decoder's stacks of layers, in order (`stacks.rs`); by default MaxText's one stack
-    /// `layers` of `c.layers` layers of kind 0.
-    fn stacks(&self, c: &ModelConfig) -> Vec<Stack> {
-        vec![Stack::new("layers", c.layers, 0)]
-    }
-
-    /// One layer's parameters for a layer of `kind` (a `Stack::kind` of `stacks`), named
-    /// relative to the layer (`self_attention.query.kernel`), with the logical axes of one layer
-    /// (the decoder adds `layers` when stacking).
-    fn layer_params(&self, c: &ModelConfig, kind: usize) -> Vec<ParamDef>;
-
-    /// One decoder layer of `kind` on the residual stream `x: [batch, seq, emb]` (in `dtype`)
-    /// with that layer's parameters `p`.
-    fn layer(&self, c: &ModelConfig, kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput;
-
-    /// Forward FLOPs of one layer of `kind` for `tokens` tokens in sequences of `seq`: matmuls
-    /// against weights, and attention's activation-activation matmuls (MaxText's split).
-    fn layer_flops(&self, c: &ModelConfig, kind: usize, tokens: f64, seq: f64) -> LayerFlops;
-
-    /// The quantized products of one layer of `kind` with `quantization=fp8`, named relative to
-    /// the layer as their state is (`fp8::state_defs`): by default one per kernel `<op>.kernel`.
-    fn fp8_products(&self, c: &ModelConfig, kind: usize) -> Vec<String> {
-        fp8::kernel_products(&self.layer_params(c, kind))
-    }
-
-    /// The decoder's final norm (`decoder.decoder_norm`): MaxText's `get_norm_layer` of the
-    /// family, with `normalization_layer_epsilon`.
-    fn final_norm(&self, c: &ModelConfig) -> Norm {
-        Norm::Rms { eps: c.eps }
-    }
-}
-
-/// One layer's result: the new residual stream and its auxiliary losses, named f32 scalars
-/// (already weighted; every layer of a model reports the same names). The decoder averages each
-/// over the layers and adds it to the loss, as MaxText's `loss_fn` does with the `moe_lb_loss`
-/// intermediates.
-pub struct LayerOutput {
-    pub x: Tensor,
-    pub aux_losses: Tree,
-}
-
-impl LayerOutput {
-    /// A layer without auxiliary losses.
-    pub fn new(x: Tensor) -> LayerOutput {
-        LayerOutput { x, aux_losses: Tree::new() }
-    }
-}
-
-/// Forward FLOPs of one layer, split as MaxText's `calculate_tflops_training_per_device`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LayerFlops {
-    pub weights: f64,
-    pub attention: f64,
-}
-
-/// MaxText's dense per-layer terms (`calculate_tflops_training_per_device` in
-/// `src/maxtext/utils/maxtext_utils.py`, e591f30): `2 * tokens * mlp * emb` per MLP projection
-/// (one per activation, and the output), `2 * tokens * emb * (heads + 2 kv_heads) * head_dim` for
-/// q/k/v, `2 * tokens * emb * heads * head_dim` for the output projection; attention's `QK^T` and
-/// `PV` counted causally, `4 * tokens * seq * heads * head_dim / 2`.
-pub fn dense_layer_flops(c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
-    let ffn = 2.0 * tokens * c.mlp as f64 * c.emb as f64 * (c.mlp_activations.len() as f64 + 1.0);
-    let attention = attention_flops(c, tokens, seq);
-    LayerFlops { weights: ffn + attention.weights, attention: attention.attention }
-}
-
-/// The attention terms of `dense_layer_flops` alone (for families whose MLP differs: Mixtral).
-pub fn attention_flops(c: &ModelConfig, tokens: f64, seq: f64) -> LayerFlops {
-    let [e, h, kv, d] = [c.emb, c.heads, c.kv_heads, c.head_dim].map(|x| x as f64);
-    let qkv = 2.0 * tokens * e * (h + 2.0 * kv) * d;
-    let out = 2.0 * tokens * e * h * d;
-    LayerFlops { weights: qkv + out, attention: 4.0 * tokens * seq * h * d / 2.0 }
-}
-
-/// Whether a key applies to a family.
-type FamilyTest = fn(DecoderBlock) -> bool;
-
-/// Keys MaxText reads in more families than maxrs implements them for, with those families:
-/// `rope_linear_scaling_factor` scales every family's default RoPE (`RotaryEmbedding` in
-/// `src/maxtext/layers/embeddings.py`; `Attention.init_rotary_embedding` in
-/// `src/maxtext/layers/attentions.py`, e591f30, skips only gemma3's local layers and other kinds
-/// of RoPE), which maxrs does but in DeepSeek's latent attention; `local_rope_max_timescale` every
-/// `LOCAL_SLIDING` attention (gemma2's local layers). gpt3 has no RoPE.
-const NOT_YET: &[(&str, FamilyTest)] = &[
-    ("rope_linear_scaling_factor", |b| b == DecoderBlock::Deepseek),
-    ("local_rope_max_timescale", |b| b == DecoderBlock::Gemma2),
-];
-
-/// The family `decoder_block` names, with its own keys read from `c`.
-fn family(c: &Config, mc: &ModelConfig) -> Result<Arc<dyn Family>, String> {
-    // A key only some families read (its declaration names them) is ignored by the others in
-    // MaxText; maxrs refuses a non-default value of it instead, checking the keys by name.
-    let mut optional: Vec<&Key> = registry::keys().iter().filter(|k| matches!(k.families, Families::Only(_))).collect();
-    optional.sort_by_key(|k| k.name);
-    for declared in optional {
-        let key = declared.name;
-        if declared.read_by(c.decoder_block) {
-            continue;
-        }
-        if let Some(value) = config::non_default_value(c, key) {
-            let users: Vec<&str> =
-                DecoderBlock::ALL.iter().filter(|b| declared.read_by(**b)).map(|b| b.as_str()).collect();
-            let users = users.join(", ");
-            let block = c.decoder_block;
-            if NOT_YET.iter().any(|(k, families)| *k == key && families(block)) {
-                return Err(format!(
-                    "{key}={value}: not supported yet with decoder_block={block} (MaxText applies it to {block}'s default RoPE too); maxrs applies it to decoder_block {users}"
-                ));
-            }
-            return Err(format!(
-                "{key}={value}: decoder_block={block} does not use {key} (MaxText ignores it there); it applies to decoder_block {users}"
-            ));
-        }
-    }
-    Ok(match c.decoder_block {
-        DecoderBlock::Llama2 => Arc::new(llama::Llama),
-        DecoderBlock::Mistral => Arc::new(mistral::Mistral::from_config(c)),
-        DecoderBlock::Gemma => Arc::new(gemma::Gemma),
-        DecoderBlock::Gemma2 => Arc::new(gemma2::Gemma2::from_config(c, mc)?),
-        DecoderBlock::Gemma3 => Arc::new(gemma3::Gemma3::from_config(c, mc)?),
-        DecoderBlock::Gpt3 => Arc::new(gpt3::Gpt3::from_config(c, mc)?),
-        DecoderBlock::Mixtral => Arc::new(mixtral::Mixtral::from_config(c, mc)?),
-        DecoderBlock::Qwen2 => Arc::new(qwen2::Qwen2::from_config(c)),
-        DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe => Arc::new(qwen3::Qwen3::from_config(c, mc)?),
-        DecoderBlock::Qwen3CustomMoe => Arc::new(qwen3_custom::Qwen3Custom::from_config(c, mc)?),
-        DecoderBlock::Deepseek => Arc::new(deepseek::Deepseek::from_config(c, mc)?),
-    })
-}
+use super::ModelConfig;
 
 /// Checks of the shared keys that only mean something together with others.
-fn check_shared(c: &Config, mc: &ModelConfig) -> Result<(), String> {
+fn check_shared(c: &Config, mc: &ModelConfig) -> anyhow::Result<()> {
     if let Some(bad) = mc.mlp_activations.iter().find(|a| Activation::parse(a).is_none()) {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "mlp_activations: `{bad}` is not supported yet; use {}",
             config::MLP_ACTIVATIONS.join(", ")
         ));
@@ -190,7 +64,7 @@ fn check_shared(c: &Config, mc: &ModelConfig) -> Result<(), String> {
     // files set it on untied models, and the model is the same.
     if !mc.logits_via_embedding {
         if let Some(value) = config::non_default_value(c, "final_logits_soft_cap") {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "final_logits_soft_cap={value}: it applies to the tied logits of logits_via_embedding=true only (MaxText ignores it otherwise)"
             ));
         }
@@ -199,15 +73,14 @@ fn check_shared(c: &Config, mc: &ModelConfig) -> Result<(), String> {
     // without the linear factor.
     if matches!(mc.rope, super::config::Rope::Llama31 { .. }) {
         if let Some(value) = config::non_default_value(c, "rope_linear_scaling_factor") {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "rope_linear_scaling_factor={value}: Llama 3.1's RoPE (rope_type=llama3.1 or a llama3.1 model_name) does not use it (MaxText ignores it there); it scales the default RoPE"
             ));
         }
     }
     if !matches!(mc.rope, super::config::Rope::Llama31 { .. }) && !c.rope_use_scale {
-        return Err(
+        bail!(
             "rope_use_scale=false: it applies to Llama 3.1's RoPE only (rope_type=llama3.1 or a llama3.1 model_name); MaxText ignores it otherwise"
-                .to_string(),
         );
     }
     Ok(())
@@ -236,15 +109,15 @@ pub struct Forward {
     pub aux_losses: Tree,
 }
 
-/// `[batch, seq, emb]` activations' logical axes.
-pub const BTE: &[&str] = &["activation_batch", "activation_length", "activation_embed"];
-
 impl Model {
     /// The model `c` describes. Errors name the key that a family cannot use.
-    pub fn from_config(c: &Config) -> Result<Model, String> {
+    pub fn from_config(c: &Config) -> anyhow::Result<Model> {
         let config = ModelConfig::from_config(c);
         check_shared(c, &config)?;
-        let family = family(c, &config)?;
+        let family = families::build(c, &config)?;
+        if let Some(refusal) = kernel::soft_cap_refusal(c) {
+            bail!(refusal);
+        }
         let stacks: Vec<Stack> = family.stacks(&config).into_iter().filter(|s| s.count > 0).collect();
         assert!(!stacks.is_empty(), "the {} family declares no layers", c.decoder_block);
         Ok(Model { config, block: c.decoder_block, family, stacks })
@@ -458,14 +331,6 @@ fn embed(c: &ModelConfig, table: &Tensor, tokens: &Tensor) -> Tensor {
     let batch_axes: Vec<String> = activation.dim(0).iter().filter(|a| !embed_axes.contains(a)).cloned().collect();
     let spec = PartitionSpec::from_axes(vec![batch_axes, vec![], embed_axes]);
     looked_up.with_sharding_constraint(&spec)
-}
-
-/// Pins an activation's sharding by logical axis names (no-op without a mesh).
-pub fn constrain(c: &ModelConfig, x: Tensor, logical: &[&str]) -> Tensor {
-    match x.trace().mesh().cloned() {
-        Some(mesh) => x.with_sharding_constraint(&c.rules.spec(logical, &mesh)),
-        None => x,
-    }
 }
 
 /// The loss of `Model::loss` given f32 logits.

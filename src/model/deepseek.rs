@@ -20,7 +20,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm};
-use super::decoder::{constrain, Family, LayerFlops, LayerOutput};
+use super::family::{constrain, Family, LayerFlops, LayerOutput};
 use super::mla::Mla;
 use super::moe::{routed_and_shared_block, routed_and_shared_flops, routed_and_shared_param_defs, MoeConfig};
 use super::params::ParamDef;
@@ -54,17 +54,19 @@ impl Deepseek {
     /// The layers `c` describes, with MaxText's checks of the experts' width
     /// (`src/maxtext/configs/types.py`, e591f30). The MLPs are SwiGLU (DeepSeek's), so other
     /// `mlp_activations` are refused with experts, as in the other MoE families.
-    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Deepseek, String> {
+    pub fn from_config(c: &Config, mc: &ModelConfig) -> anyhow::Result<Deepseek> {
         let moe = MoeConfig::deepseek(c)?;
         let routed = mc.layers > c.first_num_dense_layers;
         if c.first_num_dense_layers > mc.layers {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "first_num_dense_layers={}: more than the model's {} layers; use at most {}",
-                c.first_num_dense_layers, mc.layers, mc.layers
+                c.first_num_dense_layers,
+                mc.layers,
+                mc.layers
             ));
         }
         if routed && c.base_moe_mlp_dim < 1 {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "base_moe_mlp_dim={}: the {} layers after first_num_dense_layers={} have experts, whose hidden size it is; set it",
                 c.base_moe_mlp_dim,
                 mc.layers - c.first_num_dense_layers,
@@ -72,19 +74,19 @@ impl Deepseek {
             ));
         }
         if c.num_experts > 1 && c.first_num_dense_layers == 0 && c.base_moe_mlp_dim != c.base_mlp_dim {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "base_moe_mlp_dim={}: with every layer routed (first_num_dense_layers=0), MaxText requires base_mlp_dim ({}) to equal it",
                 c.base_moe_mlp_dim, c.base_mlp_dim
             ));
         }
         if routed && mc.mlp_activations != ["silu", "linear"] {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "mlp_activations=[{}]: deepseek's experts are SwiGLU MLPs, [silu, linear]; other activations are not supported yet",
                 mc.mlp_activations.join(", ")
             ));
         }
         if c.v_head_dim > c.qk_head_dim() {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "v_head_dim={}: maxrs's attention kernels take values at most as wide as the keys \
                  (qk_nope_head_dim + qk_rope_head_dim = {}); wider values are not supported yet",
                 c.v_head_dim,

@@ -29,12 +29,12 @@
 //! | `mlp_<h>.wo.kernel` | [mlp, emb] | mlp, embed | fan_in |
 //! | `post_ffw_norm_<h>.scale` (with `use_post_ffw_norm`) | [emb] | norm | ones |
 
-use crate::config::{AttentionKernel, Config};
+use crate::config::Config;
 use crate::tensor::{Tensor, Tree};
 
-use super::attention::{AttendOptions, AttentionImpl, LayerContext};
+use super::attention::{AttendOptions, LayerContext};
 use super::blocks::{Mlp, Norm, SelfAttention};
-use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
+use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::gemma::LAYER_NORM_EPS;
 use super::params::ParamDef;
 use super::ModelConfig;
@@ -44,48 +44,29 @@ use super::ModelConfig;
 pub struct Gemma2 {
     /// The local layer's window (`sliding_window_size`).
     pub window: i64,
-    /// `attn_logits_soft_cap` when positive.
-    pub soft_cap: Option<f64>,
     pub post_attn_norm: bool,
     pub post_ffw_norm: bool,
-    /// Dot-product attention where the model's would be blockwise: `attention=autoselected` with a
-    /// soft cap (maxrs's blockwise attention has none).
-    pub how: Option<AttentionImpl>,
 }
 
 impl Gemma2 {
-    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Gemma2, String> {
+    pub fn from_config(c: &Config) -> anyhow::Result<Gemma2> {
         if c.sliding_window_size <= 0 {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "sliding_window_size={}: gemma2's local layers attend over a window of that many tokens; set it to a positive size (4096 in the Gemma 2 model files)",
                 c.sliding_window_size
             ));
         }
-        let soft_cap = (c.attn_logits_soft_cap > 0.0).then_some(c.attn_logits_soft_cap);
-        let blockwise = matches!(mc.attention, AttentionImpl::Blockwise { .. });
-        let how = match (soft_cap, blockwise) {
-            (Some(_), true) if c.attention == AttentionKernel::Autoselected => Some(AttentionImpl::DotProduct),
-            (Some(cap), true) => {
-                return Err(format!(
-                    "attention={}: maxrs's blockwise attention has no attn_logits_soft_cap ({cap}) yet; use attention=dot_product (or autoselected, which picks it for gemma2)",
-                    c.attention
-                ))
-            }
-            _ => None,
-        };
         Ok(Gemma2 {
             window: c.sliding_window_size,
-            soft_cap,
             post_attn_norm: c.use_post_attn_norm,
             post_ffw_norm: c.use_post_ffw_norm,
-            how,
         })
     }
 
     /// The attention of the local (`local`) or global half.
-    fn attention(&self, local: bool) -> SelfAttention {
-        let options = AttendOptions { logits_soft_cap: self.soft_cap, float32_qk_product: !local };
-        SelfAttention { window: local.then_some(self.window), options, how: self.how, ..SelfAttention::default() }
+    fn attention(&self, c: &ModelConfig, local: bool) -> SelfAttention {
+        let options = AttendOptions { logits_soft_cap: c.attn_logits_soft_cap, float32_qk_product: !local };
+        SelfAttention { window: local.then_some(self.window), options, ..SelfAttention::default() }
     }
 
     fn half_params(&self, c: &ModelConfig, half: &str) -> Vec<ParamDef> {
@@ -99,7 +80,7 @@ impl Gemma2 {
 
     /// One half: `x + post_norm(attention(norm(x)))`, then `+ post_norm(mlp(norm(.)))`.
     fn half(&self, c: &ModelConfig, p: &Tree, x: &Tensor, ctx: &LayerContext, half: &str) -> Tensor {
-        let attention = self.attention(half == "local");
+        let attention = self.attention(c, half == "local");
         sandwich(c, p, x, &|n| format!("{n}_{half}"), self.post_norms(), |name, h| attention.apply(c, p, name, h, ctx))
     }
 }

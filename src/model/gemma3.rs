@@ -47,9 +47,9 @@
 use crate::config::{self, Config, RopeType};
 use crate::tensor::{Tensor, Tree};
 
-use super::attention::{default_frequencies, rope_tables, AttendOptions, AttentionImpl, LayerContext};
+use super::attention::{default_frequencies, rope_tables, AttendOptions, LayerContext};
 use super::blocks::SelfAttention;
-use super::decoder::{dense_layer_flops, Family, LayerFlops, LayerOutput};
+use super::family::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::gemma2::{global_and_local_attention_flops, sandwich, sandwich_params, PostNorms};
 use super::params::ParamDef;
 use super::stacks::Stack;
@@ -63,10 +63,7 @@ pub const BLOCK: i64 = 6;
 pub struct Gemma3 {
     /// The local layers' window (`sliding_window_size`).
     window: i64,
-    soft_cap: Option<f64>,
     post: PostNorms,
-    /// Dot-product attention where the model's would be blockwise (a soft cap, as in Gemma 2).
-    how: Option<AttentionImpl>,
     /// RoPE frequencies of the local and the global layers.
     local_rope: Vec<f64>,
     global_rope: Vec<f64>,
@@ -96,41 +93,27 @@ pub fn num_layers(c: &Config) -> i64 {
 }
 
 impl Gemma3 {
-    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Gemma3, String> {
+    pub fn from_config(c: &Config) -> anyhow::Result<Gemma3> {
         let layers = num_layers(c);
         if c.sliding_window_size <= 0 {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "sliding_window_size={}: gemma3's local layers attend over a window of that many tokens; set it to a positive size (1024 in the Gemma 3 model files)",
                 c.sliding_window_size
             ));
         }
         if c.rope_type != RopeType::Default {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "rope_type={}: gemma3's RoPE is MaxText's default one; use rope_type=default",
                 c.rope_type
             ));
         }
-        let soft_cap = (c.attn_logits_soft_cap > 0.0).then_some(c.attn_logits_soft_cap);
-        let how = match (soft_cap, mc.attention) {
-            (Some(cap), AttentionImpl::Blockwise { .. } | AttentionImpl::Cudnn { .. }) => match c.attention {
-                config::AttentionKernel::Autoselected => Some(AttentionImpl::DotProduct),
-                kernel => {
-                    return Err(format!(
-                        "attention={kernel}: maxrs's blockwise attention has no attn_logits_soft_cap ({cap}) yet; use attention=dot_product"
-                    ))
-                }
-            },
-            _ => None,
-        };
         let local_timescale = match c.local_rope_max_timescale {
             t if t > 0 => t,
             _ => c.rope_max_timescale,
         };
         Ok(Gemma3 {
             window: c.sliding_window_size,
-            soft_cap,
             post: PostNorms { attention: c.use_post_attn_norm, ffw: c.use_post_ffw_norm },
-            how,
             local_rope: default_frequencies(c.head_dim, local_timescale as f64, 1.0),
             global_rope: default_frequencies(c.head_dim, c.rope_max_timescale as f64, c.rope_linear_scaling_factor),
             query_scale: (query_pre_attn_scalar(c) as f64).powf(-0.5),
@@ -148,11 +131,10 @@ impl Gemma3 {
     }
 
     /// The attention of layer `j` of a block.
-    fn attention(&self, j: i64) -> SelfAttention {
+    fn attention(&self, c: &ModelConfig, j: i64) -> SelfAttention {
         SelfAttention {
             window: (j < BLOCK - 1).then_some(self.window),
-            options: AttendOptions { logits_soft_cap: self.soft_cap, float32_qk_product: false },
-            how: self.how,
+            options: AttendOptions { logits_soft_cap: c.attn_logits_soft_cap, float32_qk_product: false },
             qk_norm: Some(self.qk_norm_eps),
             query_scale: Some(self.query_scale),
             qkv_bias: false,
@@ -168,7 +150,7 @@ impl Family for Gemma3 {
     /// `Decoder._apply_gemma3_scanned_blocks` (`src/maxtext/layers/decoders.py`, e591f30): the
     /// whole blocks, then the remainder.
     fn stacks(&self, c: &ModelConfig) -> Vec<Stack> {
-        let mut stacks = vec![Stack::new("layers", c.layers, WHOLE)];
+        let mut stacks = vec![Stack::new("layers", c.layers / BLOCK, WHOLE)];
         if self.remainder > 0 {
             stacks.push(Stack::single("layers_remainder", REMAINDER));
         }
@@ -178,7 +160,7 @@ impl Family for Gemma3 {
     fn layer_params(&self, c: &ModelConfig, kind: usize) -> Vec<ParamDef> {
         (0..self.layers(kind))
             .flat_map(|j| {
-                let attention = self.attention(j).all_params(&name(j)("self_attention"), c);
+                let attention = self.attention(c, j).all_params(&name(j)("self_attention"), c);
                 sandwich_params(c, &name(j), self.post, attention)
             })
             .collect()
@@ -191,7 +173,7 @@ impl Family for Gemma3 {
         let global = rope_tables(&ctx.positions, &self.global_rope);
         let mut x = x.clone();
         for j in 0..self.layers(kind) {
-            let attention = self.attention(j);
+            let attention = self.attention(c, j);
             let (cos, sin) = if attention.window.is_some() { &local } else { &global };
             x = sandwich(c, p, &x, &name(j), self.post, |prefix, h| {
                 attention.apply_with_rope(c, p, prefix, h, ctx, (cos, sin))
@@ -240,7 +222,7 @@ mod tests {
     /// unset, as in MaxText.
     #[test]
     fn rope_keys_elsewhere_are_refused_truthfully() {
-        let model = |args: &[&str]| super::super::Model::from_config(&load(args));
+        let model = |args: &[&str]| super::super::Model::from_config(&load(args)).map_err(|e| e.to_string());
         let e = model(&["decoder_block=deepseek", "attention_type=mla", "rope_linear_scaling_factor=2"]).unwrap_err();
         assert!(e.contains("not supported yet with decoder_block=deepseek"), "{e}");
         let e = model(&["decoder_block=gemma2", "sliding_window_size=4", "local_rope_max_timescale=100"]).unwrap_err();

@@ -34,7 +34,7 @@ use crate::tensor::{einsum, Tensor, Tree};
 
 use super::attention::{AttendOptions, LayerContext};
 use super::blocks::{Mlp, Norm};
-use super::decoder::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
+use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
 
@@ -45,16 +45,16 @@ pub struct Gpt3 {
 }
 
 impl Gpt3 {
-    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Gpt3, String> {
+    pub fn from_config(c: &Config, mc: &ModelConfig) -> anyhow::Result<Gpt3> {
         if mc.heads != mc.kv_heads {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "base_num_kv_heads={}: gpt3's attention is multi-head, so it must equal base_num_query_heads={} (MaxText asserts the same)",
                 c.base_num_kv_heads, c.base_num_query_heads
             ));
         }
         for key in ["rope_max_timescale", "rope_type"] {
             if let Some(value) = config::non_default_value(c, key) {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "{key}={value}: gpt3 has no RoPE (its positions are learned embeddings, trainable_position_size)"
                 ));
             }
@@ -127,7 +127,7 @@ impl Gpt3 {
         };
         let q = (q * (1.0 / (c.head_dim as f64).sqrt())).checkpoint_name("query_proj");
         let (k, v) = (k.checkpoint_name("key_proj"), v.checkpoint_name("value_proj"));
-        let out = ctx.attend(&q, &k, &v, None, c.attention, &AttendOptions::default());
+        let out = ctx.attend(&q, &k, &v, None, &AttendOptions::default());
         (einsum("bthk,hkd->btd", &[&out, &param("out.kernel")]) + &param("out.bias")).checkpoint_name("out_proj")
     }
 }

@@ -14,7 +14,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::SelfAttention;
-use super::decoder::{dense_layer_flops, Family, LayerFlops, LayerOutput};
+use super::family::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::params::ParamDef;
 use super::{llama, ModelConfig};
 

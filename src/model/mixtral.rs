@@ -31,7 +31,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Norm, SelfAttention};
-use super::decoder::{attention_flops, constrain, Family, LayerFlops, LayerOutput};
+use super::family::{attention_flops, constrain, Family, LayerFlops, LayerOutput};
 use super::fp8::{self, Scaling};
 use super::llama::{attention_half, attention_params};
 use super::moe::{self, moe_block_with, MoeConfig, Products};
@@ -50,9 +50,9 @@ pub struct Mixtral {
 impl Mixtral {
     /// The layer `c` describes. The experts are SwiGLU MLPs (`moe.rs`), so other
     /// `mlp_activations` are refused.
-    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Mixtral, String> {
+    pub fn from_config(c: &Config, mc: &ModelConfig) -> anyhow::Result<Mixtral> {
         if mc.mlp_activations != ["silu", "linear"] {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "mlp_activations=[{}]: mixtral's experts are SwiGLU MLPs, [silu, linear]; other activations are not supported yet",
                 mc.mlp_activations.join(", ")
             ));

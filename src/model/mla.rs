@@ -33,11 +33,10 @@
 use crate::config::{Config, RopeType};
 use crate::tensor::{concatenate, Tensor, Tree};
 
-use super::attention::{
-    default_frequencies, rope_scaled, rope_tables, rope_with, AttendOptions, AttentionImpl, LayerContext,
-};
+use super::attention::{default_frequencies, rope_scaled, rope_tables, rope_with, AttendOptions, LayerContext};
 use super::blocks::{dense, Norm};
-use super::decoder::LayerFlops;
+use super::family::LayerFlops;
+use super::kernel::AttentionImpl;
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
 
@@ -188,11 +187,11 @@ impl Mla {
                 let (k, v) = self.keys_values(c, p, prefix, &latent.reshape(&[s[0], s[1], s[3]]), k_rope);
                 (k.checkpoint_name("key_proj"), self.padded(c, &v).checkpoint_name("value_proj"))
             };
-            ctx.attend_latent(&q, [&latent, &k_rope], expand, c.attention)
+            ctx.attend_latent(&q, [&latent, &k_rope], expand)
         } else {
             let (k, v) = self.keys_values(c, p, prefix, &latent, &k_rope);
             let (k, v) = (k.checkpoint_name("key_proj"), self.padded(c, &v).checkpoint_name("value_proj"));
-            ctx.attend(&q, &k, &v, None, c.attention, &AttendOptions::default())
+            ctx.attend(&q, &k, &v, None, &AttendOptions::default())
         };
         // The values' padding (`padded`) sliced off.
         let out = out.slice_axis(3, 0, self.v_head_dim);

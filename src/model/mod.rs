@@ -1,15 +1,20 @@
-//! Models traced with the `tensor` API, behind one decoder seam.
+//! Models traced with the `tensor` API, behind one decoder seam. Files import downward only
+//! (no import cycle; `tests/layers.rs` checks it):
 //!
 //! - [`decoder`]: the shared decoder (`Model`): parameters and their layout, embedding, final
-//!   norm, logits, loss, parameter count, FLOPs; and the `Family` trait a decoder family
-//!   implements; [`stacks`]: the layers as an ordered list of stacks (MaxText's `layers`,
-//!   `layers_remainder`, `dense_layers`, `moe_layers`), their parameter names, the forward pass
-//!   over them (scan / unroll, remat) and a pipeline stage's share; [`decode`]: the layers with
-//!   a key/value cache (prefill, generate).
-//! - [`attention`]: RoPE (default and Llama 3.1's), attention masks (causal, sliding window,
-//!   packed documents) and attention (`attend`, optionally soft-capped), shared by the families;
-//!   [`blockwise`]: the memory-efficient blockwise attention with its own backward pass;
-//!   [`cudnn`]: XLA's cuDNN fused attention custom calls, as JAX emits them (CUDA only).
+//!   norm, logits, loss, parameter count, FLOPs; [`run_stacks`]: the forward pass over the
+//!   stacks (scan / unroll, remat) and a pipeline stage's share; [`decode`]: the layers with a
+//!   key/value cache (prefill, generate).
+//! - [`family`]: the seam, the `Family` trait a decoder family implements and what its layers
+//!   use of the decoder; [`families`]: which family each `decoder_block` is (the only file that
+//!   names them all); [`stacks`]: the layers as an ordered list of stacks (MaxText's `layers`,
+//!   `layers_remainder`, `dense_layers`, `moe_layers`) and their parameter names.
+//! - [`kernel`]: which attention kernel a run uses, decided once from the config;
+//!   [`attention`]: RoPE (default and Llama 3.1's), the per-batch layer context and attention
+//!   (`attend`, optionally soft-capped), shared by the families; [`mask`]: causal, sliding
+//!   window and packed-document masks; [`blockwise`]: the memory-efficient blockwise attention
+//!   with its own backward pass; [`cudnn`]: XLA's cuDNN fused attention custom calls, as JAX
+//!   emits them (CUDA only).
 //! - [`blocks`]: MaxText's layer blocks several families share: norms, the MLP block, the
 //!   self-attention block.
 //! - [`config`]: `ModelConfig`, the sizes and numerics every family reads, and `remat_policy`.
@@ -34,6 +39,8 @@ pub mod cudnn;
 pub mod decode;
 pub mod decoder;
 pub mod deepseek;
+pub mod families;
+pub mod family;
 pub mod flops;
 pub mod fp8;
 pub mod gemma;
@@ -41,7 +48,9 @@ pub mod gemma2;
 pub mod gemma3;
 pub mod gpt3;
 pub mod hf;
+pub mod kernel;
 pub mod llama;
+pub mod mask;
 pub mod mistral;
 pub mod mixtral;
 pub mod mla;
@@ -50,10 +59,13 @@ pub mod params;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_custom;
+pub mod run_stacks;
 pub mod stacks;
 
 pub use config::ModelConfig;
 pub use decode::CacheStep;
-pub use decoder::{loss_from_logits, Family, Forward, LayerFlops, LayerOutput, Model};
+pub use decoder::{loss_from_logits, Forward, Model};
+pub use family::{Family, LayerFlops, LayerOutput};
 pub use params::{ParamDef, ParamInit};
-pub use stacks::{ParamRole, Stack};
+pub use run_stacks::ParamRole;
+pub use stacks::Stack;

@@ -59,7 +59,7 @@
 //! SwiGLU MLP `shared_experts.{wi_0,wi_1,wo}.kernel`, `shared_experts x` the experts' width.
 
 use super::blocks::Mlp;
-use super::decoder::constrain;
+use super::family::constrain;
 use super::fp8;
 use super::{ModelConfig, ParamDef, ParamInit};
 use crate::config::{Config, RoutedScoreFunc};
@@ -135,32 +135,32 @@ impl MoeConfig {
     /// `shared_experts`, with the routing keys checked; an error names the key and what is valid.
     /// The family calls this, then [`routed_and_shared_param_defs`] and
     /// [`routed_and_shared_block`].
-    pub fn deepseek(c: &Config) -> Result<MoeConfig, String> {
+    pub fn deepseek(c: &Config) -> anyhow::Result<MoeConfig> {
         let (e, k) = (c.num_experts, c.num_experts_per_tok);
         if c.routed_bias_update_rate > 0.0 {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "routed_bias_update_rate={}: updating the routing bias after each step is not supported yet; use 0 (the bias stays as loaded, as in MaxText's deepseek3 model files)",
                 c.routed_bias_update_rate
             ));
         }
         if k > e {
-            return Err(format!("num_experts_per_tok={k}: more than num_experts={e}; use at most {e}"));
+            return Err(anyhow::anyhow!("num_experts_per_tok={k}: more than num_experts={e}; use at most {e}"));
         }
         let groups = match (c.n_routing_groups, c.topk_routing_group) {
             (-1, -1) => None,
             (-1, t) => {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "topk_routing_group={t}: needs n_routing_groups (-1: no groups); set both or neither"
                 ))
             }
             (g, _) if e % g != 0 || e / g < 2 => {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "n_routing_groups={g}: num_experts={e} must split into groups of at least 2 experts (a group scores by its top 2); use a divisor of {e} up to {}",
                     e / 2
                 ));
             }
             (g, t) if t < 1 || t > g || t * (e / g) < k => {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "topk_routing_group={t}: must be in [1, n_routing_groups={g}] and leave num_experts_per_tok={k} experts to choose from ({} per group)",
                     e / g
                 ));
@@ -196,7 +196,10 @@ fn wide(c: &ModelConfig) -> DType {
         | DType::F16
         | DType::F8E4M3FN
         | DType::F8E5M2
+        | DType::S8
         | DType::S32
+        | DType::S64
+        | DType::U8
         | DType::U32
         | DType::Pred => DType::F32,
     }
@@ -644,7 +647,7 @@ mod tests {
             (&["n_routing_groups=8", "topk_routing_group=1"], "topk_routing_group=1: "),
         ];
         for (keys, culprit) in cases {
-            let err = MoeConfig::deepseek(&load(keys)).expect_err(culprit);
+            let err = MoeConfig::deepseek(&load(keys)).expect_err(culprit).to_string();
             assert!(err.starts_with(culprit), "{keys:?}: {err}");
         }
     }
@@ -664,7 +667,7 @@ mod tests {
     #[test]
     fn other_families_refuse_the_routing_keys() {
         let c = load(&["decoder_block=mixtral", "routed_bias=true"]);
-        let err = Model::from_config(&c).expect_err("mixtral does not route with a bias");
+        let err = Model::from_config(&c).expect_err("mixtral does not route with a bias").to_string();
         assert!(err.starts_with("routed_bias=true: decoder_block=mixtral does not use routed_bias"), "{err}");
         assert!(err.ends_with("it applies to decoder_block deepseek"), "{err}");
     }

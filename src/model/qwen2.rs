@@ -31,7 +31,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm, SelfAttention};
-use super::decoder::{dense_layer_flops, Family, LayerFlops, LayerOutput};
+use super::family::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::llama;
 use super::params::ParamDef;
 use super::ModelConfig;

@@ -25,7 +25,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm, SelfAttention};
-use super::decoder::{attention_flops, constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
+use super::family::{attention_flops, constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::llama;
 use super::moe::{self, moe_block, MoeConfig};
 use super::params::ParamDef;
@@ -42,10 +42,10 @@ pub struct Qwen3 {
 
 impl Qwen3 {
     /// The layer `c` describes; the experts are SwiGLU MLPs (`moe.rs`), as Mixtral's.
-    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Qwen3, String> {
+    pub fn from_config(c: &Config, mc: &ModelConfig) -> anyhow::Result<Qwen3> {
         let moe = (c.decoder_block == DecoderBlock::Qwen3Moe).then(|| MoeConfig::from_config(c));
         if moe.is_some() && mc.mlp_activations != ["silu", "linear"] {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "mlp_activations=[{}]: qwen3_moe's experts are SwiGLU MLPs, [silu, linear]; other activations are not supported yet",
                 mc.mlp_activations.join(", ")
             ));

@@ -39,7 +39,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{dense, Norm, SelfAttention};
-use super::decoder::{constrain, Family, LayerFlops, LayerOutput, BTE};
+use super::family::{constrain, Family, LayerFlops, LayerOutput, BTE};
 use super::llama;
 use super::moe::{self, moe_block, MoeConfig};
 use super::params::{ParamDef, ParamInit};
@@ -59,20 +59,20 @@ pub struct Qwen3Custom {
 impl Qwen3Custom {
     /// The layer `c` describes, with MaxText's checks of its two widths (`qwen3_custom.py` and
     /// `types.py` at MaxText e591f30); the experts are SwiGLU MLPs (`moe.rs`), as qwen3_moe's.
-    pub fn from_config(c: &Config, mc: &ModelConfig) -> Result<Qwen3Custom, String> {
+    pub fn from_config(c: &Config, mc: &ModelConfig) -> anyhow::Result<Qwen3Custom> {
         let (latent, expert_input) = (c.attention_output_dim, c.moe_expert_input_dim);
         if latent <= 0 {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "attention_output_dim={latent}: decoder_block=qwen3_custom_moe needs a positive attention_output_dim (the attention output's width, e.g. 768 in models/qwen3-custom-30b-a3b.yml)"
             ));
         }
         if expert_input != latent {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "moe_expert_input_dim={expert_input}: decoder_block=qwen3_custom_moe runs its experts on the attention output; set it to attention_output_dim={latent}"
             ));
         }
         if mc.mlp_activations != ["silu", "linear"] {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "mlp_activations=[{}]: qwen3_custom_moe's experts are SwiGLU MLPs, [silu, linear]; other activations are not supported yet",
                 mc.mlp_activations.join(", ")
             ));

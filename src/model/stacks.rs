@@ -3,11 +3,8 @@
 //! trees (`Decoder` in `src/maxtext/layers/decoders.py`, e591f30): `layers` (every family's main
 //! stack), `layers_remainder` (Gemma 3's layers after the last whole block of 6, one module
 //! without a `layers` axis), `dense_layers` and `moe_layers` (DeepSeek's first dense layers, then
-//! the MoE ones). This file owns how a stack's parameters are named and stacked, the forward pass
-//! over the stacks (scanned over stacked parameters with `scan_layers`, unrolled otherwise, each
-//! layer a `checkpoint` region under the remat policy), the pipeline's share of the layers
-//! (`layers_forward` / `layers_backward`) and which part of the decoder a parameter is
-//! (`ParamRole`).
+//! the MoE ones). This file owns how a stack's parameters are named and stacked; `run_stacks.rs`
+//! runs them.
 //!
 //! Parameter names of a stack `s` (`decoder.` then, for a layer parameter `p`):
 //!
@@ -16,13 +13,9 @@
 //! | a stack of layers | `s.p`, `[count, ...]`, logical axes `layers, ...` | `s_{i}.p` for layer `i` of the stack |
 //! | a single module (`Stack::single`) | `s.p` | `s.p` |
 
-use std::ops::Range;
+use crate::ir::Prim;
+use crate::tensor::Tree;
 
-use crate::ir::{DType, Prim, RematFences};
-use crate::tensor::{checkpoint, concatenate, scan, scan_reverse, stack, Tensor, Tree};
-
-use super::attention::LayerContext;
-use super::decoder::Model;
 use super::params::ParamDef;
 
 /// One stack of a decoder's layers.
@@ -84,54 +77,28 @@ impl Stack {
             .collect()
     }
 
-    /// `d` (one layer's) stacked over this stack's layers.
+    /// `d` (one layer's) stacked over this stack's layers, on a leading axis whose logical name
+    /// is the stack's (`layers`, DeepSeek's `dense_layers` and `moe_layers`), as MaxText's
+    /// `scan_decoder_layers` names it (`metadata_axis_name`, `src/maxtext/layers/decoders.py` at
+    /// e591f30); `logical_axis_rules` shard each of them on its own.
     pub fn stacked(&self, d: &ParamDef) -> ParamDef {
         ParamDef {
             name: format!("{}.{}", self.prefix(), d.name),
             shape: [&[self.count][..], &d.shape].concat(),
-            logical: [&["layers"][..], &d.logical].concat(),
+            logical: [&[self.name][..], &d.logical].concat(),
             init: d.init.clone(),
         }
     }
 
     /// The layer index and the layer's own name of `name` when it is an unstacked layer's
     /// parameter (`decoder.<name>_<i>.<rest>`).
-    fn unstacked_layer<'a>(&self, name: &'a str) -> Option<(i64, &'a str)> {
+    pub(super) fn unstacked_layer<'a>(&self, name: &'a str) -> Option<(i64, &'a str)> {
         if self.single {
             return None;
         }
         let rest = name.strip_prefix("decoder.")?.strip_prefix(self.name)?.strip_prefix('_')?;
         let (i, rest) = rest.split_once('.')?;
         Some((i.parse().ok()?, rest))
-    }
-}
-
-/// The part of the decoder a parameter belongs to ([`Model::param_role`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ParamRole {
-    /// The token embedding (before layer 0).
-    Embedding,
-    /// Stacked over every layer of a stack on a leading `layers` axis (`scan_layers`).
-    StackedLayers,
-    /// Of one layer (unscanned, or a single module), numbered over all stacks.
-    Layer(i64),
-    /// The final norm and output projection (after the last layer).
-    Head,
-}
-
-/// Adds one layer's (or stack's) auxiliary losses to the running sums (`sums`, by name), and
-/// `layers` to the count of layers that reported each.
-fn add_aux_losses(sums: &mut Tree, counts: &mut Vec<(String, i64)>, reported: &Tree, layers: i64) {
-    for (name, value) in reported.iter() {
-        let sum = match sums.get(name) {
-            Some(sum) => sum + value,
-            None => value.clone(),
-        };
-        sums.insert(name, sum);
-        match counts.iter_mut().find(|(n, _)| n == name) {
-            Some((_, count)) => *count += layers,
-            None => counts.push((name.to_string(), layers)),
-        }
     }
 }
 
@@ -157,189 +124,4 @@ pub fn unstack_layers(stacked: &Tree, defs: Vec<ParamDef>, stacks: &[Stack]) -> 
             (def.name, value)
         })
         .collect()
-}
-
-impl Model {
-    /// Which part of the decoder the parameter `name` (a name of [`Model::param_defs`]) belongs
-    /// to: how a pipeline splits the parameters over its stages.
-    pub fn param_role(&self, name: &str) -> ParamRole {
-        if name.starts_with("token_embedder.") || name.starts_with("decoder.position_embedder.") {
-            return ParamRole::Embedding;
-        }
-        let mut first = 0;
-        for s in self.stacks() {
-            let stacked = name.strip_prefix(&s.prefix()).is_some_and(|rest| rest.starts_with('.'));
-            if stacked && s.single {
-                return ParamRole::Layer(first);
-            }
-            if stacked {
-                return ParamRole::StackedLayers;
-            }
-            if let Some((i, _)) = s.unstacked_layer(name) {
-                return ParamRole::Layer(first + i);
-            }
-            first += s.count;
-        }
-        ParamRole::Head
-    }
-
-    /// Every stack's layers on the embeddings `x`: the last layer's output, every layer's output
-    /// stacked `[layers, batch, seq, emb]` with `keep_layer_outputs`, and each auxiliary loss
-    /// averaged over the layers that report it (MaxText's `loss_fn` takes the mean of every
-    /// layer's `moe_lb_loss` intermediate, `src/maxtext/trainers/pre_train/train.py`, e591f30).
-    pub(super) fn run_stacks(
-        &self,
-        params: &Tree,
-        x: &Tensor,
-        ctx: &LayerContext,
-        keep_layer_outputs: bool,
-    ) -> (Tensor, Option<Tensor>, Tree) {
-        let c = &self.config;
-        // A layer's region returns `x` and its auxiliary losses under `aux.`.
-        let layer = |kind: usize, x: &Tensor, p: &Tree, scanned: bool| -> Tree {
-            // The layer's parameters and its input are the region's inputs: with `full` only they
-            // are kept for the backward pass, everything inside is recomputed.
-            let inputs = p.clone().prefixed("params").with("x", x.clone());
-            let fences = RematFences { inputs: c.remat_prevent_cse, cotangents: !scanned };
-            checkpoint(&c.remat, fences, &inputs, |a| {
-                let out = self.family.layer(c, kind, &a.subtree("params"), &a["x"], ctx);
-                out.aux_losses.prefixed("aux").with("x", out.x)
-            })
-        };
-        let (mut sums, mut counts) = (Tree::new(), Vec::new());
-        let mut outputs = Vec::new();
-        let mut y = x.clone();
-        for s in self.stacks() {
-            if s.scanned(c.scan_layers) {
-                let (carry, ys) = scan(&Tree::new().with("x", y), &params.subtree(&s.prefix()), |carry, p| {
-                    let out = layer(s.kind, &carry["x"], p, true);
-                    let mut ys = out.subtree("aux").prefixed("aux");
-                    if keep_layer_outputs {
-                        ys.insert("x", out["x"].clone());
-                    }
-                    (Tree::new().with("x", out["x"].clone()), ys)
-                });
-                add_aux_losses(&mut sums, &mut counts, &ys.subtree("aux").map(|_, l| l.sum(&[0])), s.count);
-                outputs.extend(ys.get("x").cloned());
-                y = carry["x"].clone();
-            } else {
-                let mut outs = Vec::new();
-                for i in 0..s.count {
-                    let out = layer(s.kind, &y, &params.subtree(&s.layer_prefix(i)), false);
-                    add_aux_losses(&mut sums, &mut counts, &out.subtree("aux"), 1);
-                    y = out["x"].clone();
-                    outs.push(y.clone());
-                }
-                if keep_layer_outputs {
-                    outputs.push(stack(&outs.iter().collect::<Vec<_>>(), 0));
-                }
-            }
-        }
-        let layer_outputs = match outputs.len() {
-            0 => None,
-            1 => outputs.pop(),
-            _ => Some(concatenate(&outputs.iter().collect::<Vec<_>>(), 0)),
-        };
-        let aux = counts.into_iter().map(|(name, n)| (name.clone(), &sums[name.as_str()] / n as f64)).collect();
-        (y, layer_outputs, aux)
-    }
-
-    /// The one stack a pipeline splits over its stages (`PipelineStep::new` refuses a model of
-    /// several stacks).
-    fn pipelined_stack(&self) -> &Stack {
-        match self.stacks() {
-            [s] => s,
-            stacks => panic!("a pipeline runs a model of one stack of layers, this one has {}", stacks.len()),
-        }
-    }
-
-    /// Runs the contiguous decoder layers `layers` on `x` (a pipeline stage's share): `params`
-    /// holds their parameters under the model's names (`decoder.layers.*` stacked over just these
-    /// layers with `scan_layers`, else `decoder.layers_{i}.*`). Returns the last layer's output,
-    /// every layer's input stacked, `[layers, batch, seq, emb]` (what [`Model::layers_backward`]
-    /// needs, the values `remat_policy=full` keeps), and each auxiliary loss summed over these
-    /// layers (the decoder's loss adds their mean over all layers).
-    pub fn layers_forward(
-        &self,
-        params: &Tree,
-        layers: Range<i64>,
-        x: &Tensor,
-        ctx: &LayerContext,
-    ) -> (Tensor, Tensor, Tree) {
-        let c = &self.config;
-        let s = self.pipelined_stack();
-        if s.scanned(c.scan_layers) {
-            let stacked = params.subtree(&s.prefix());
-            let (carry, ys) = scan(&Tree::new().with("x", x.clone()), &stacked, |carry, p| {
-                let x = &carry["x"];
-                let out = self.family.layer(c, s.kind, p, x, ctx);
-                (Tree::new().with("x", out.x), out.aux_losses.prefixed("aux").with("x", x.clone()))
-            });
-            let aux = ys.subtree("aux").map(|_, per_layer| per_layer.sum(&[0]));
-            (carry["x"].clone(), ys["x"].clone(), aux)
-        } else {
-            let mut inputs = Vec::new();
-            let (mut aux_sums, mut counts) = (Tree::new(), Vec::new());
-            let mut y = x.clone();
-            for i in layers {
-                inputs.push(y.clone());
-                let out = self.family.layer(c, s.kind, &params.subtree(&s.layer_prefix(i)), &y, ctx);
-                add_aux_losses(&mut aux_sums, &mut counts, &out.aux_losses, 1);
-                y = out.x;
-            }
-            (y, stack(&inputs.iter().collect::<Vec<_>>(), 0), aux_sums)
-        }
-    }
-
-    /// The backward pass of [`Model::layers_forward`] from the layers' saved inputs
-    /// (`[layers, batch, seq, emb]`) and the cotangent `ct` of the last layer's output: each
-    /// layer is recomputed from its input and differentiated, last to first, as the train step
-    /// does under `remat_policy=full`. Each layer's auxiliary losses enter with weight
-    /// `aux_weight` (an f32 scalar). Returns the cotangent of the first layer's input and the
-    /// gradient of every parameter of `params`, under the same names.
-    pub fn layers_backward(
-        &self,
-        params: &Tree,
-        layers: Range<i64>,
-        inputs: &Tensor,
-        ct: &Tensor,
-        aux_weight: &Tensor,
-        ctx: &LayerContext,
-    ) -> (Tensor, Tree) {
-        let c = &self.config;
-        let s = self.pipelined_stack();
-        // The vector-Jacobian product of one layer: the gradient of <layer(p, x), ct> plus its
-        // weighted auxiliary losses.
-        let layer_vjp = |p: &Tree, x: &Tensor, ct: &Tensor| -> (Tensor, Tree) {
-            let args = p.clone().prefixed("params").with("x", x.clone());
-            let (_, grads) = crate::autodiff::value_and_grad(&args, |a| {
-                let out = self.family.layer(c, s.kind, &a.subtree("params"), &a["x"], ctx);
-                let mut objective = (out.x.astype(DType::F32) * ct.astype(DType::F32)).sum_all();
-                for (_, value) in out.aux_losses.iter() {
-                    objective = objective + &(value * aux_weight);
-                }
-                objective
-            });
-            (grads["x"].clone(), grads.subtree("params"))
-        };
-        if s.scanned(c.scan_layers) {
-            let xs = params.subtree(&s.prefix()).prefixed("params").with("x", inputs.clone());
-            let (carry, grads) = scan_reverse(&Tree::new().with("ct", ct.clone()), &xs, |carry, xs| {
-                let (dx, dp) = layer_vjp(&xs.subtree("params"), &xs["x"], &carry["ct"]);
-                (Tree::new().with("ct", dx), dp)
-            });
-            (carry["ct"].clone(), grads.prefixed(&s.prefix()))
-        } else {
-            let mut ct = ct.clone();
-            let mut grads = Tree::new();
-            for (k, i) in layers.enumerate().collect::<Vec<_>>().into_iter().rev() {
-                let name = s.layer_prefix(i);
-                let x = inputs.slice_axis(0, k as i64, k as i64 + 1).squeeze(0);
-                let (dx, dp) = layer_vjp(&params.subtree(&name), &x, &ct);
-                grads.extend(dp.prefixed(&name));
-                ct = dx;
-            }
-            (ct, grads)
-        }
-    }
 }

@@ -13,32 +13,32 @@ use super::client::ClientInner;
 use super::error::{Error, Result};
 use super::ffi;
 use super::plugin::Plugin;
-use crate::host::{ElementType, HostTensor};
+use crate::host::{DType, HostTensor};
 
 /// Each element type with its `PJRT_Buffer_Type` number (pjrt_c_api.h) and its
 /// `xla.PrimitiveType` number (xla_data.proto): the two numberings differ.
-const NUMBERING: [(ElementType, ffi::BufferType, i32); 12] = [
-    (ElementType::Pred, 1, 1),
-    (ElementType::S8, 2, 2),
-    (ElementType::S32, 4, 4),
-    (ElementType::S64, 5, 5),
-    (ElementType::U8, 6, 6),
-    (ElementType::U32, 8, 8),
-    (ElementType::F16, 10, 10),
-    (ElementType::F32, 11, 11),
-    (ElementType::F64, 12, 12),
-    (ElementType::BF16, 13, 16),
-    (ElementType::F8E5M2, 16, 19),
-    (ElementType::F8E4M3FN, 17, 20),
+const NUMBERING: [(DType, ffi::BufferType, i32); 12] = [
+    (DType::Pred, 1, 1),
+    (DType::S8, 2, 2),
+    (DType::S32, 4, 4),
+    (DType::S64, 5, 5),
+    (DType::U8, 6, 6),
+    (DType::U32, 8, 8),
+    (DType::F16, 10, 10),
+    (DType::F32, 11, 11),
+    (DType::F64, 12, 12),
+    (DType::BF16, 13, 16),
+    (DType::F8E5M2, 16, 19),
+    (DType::F8E4M3FN, 17, 20),
 ];
 
 /// The `PJRT_Buffer_Type` number of `ty`.
-pub(crate) fn to_raw(ty: ElementType) -> ffi::BufferType {
+pub(crate) fn to_raw(ty: DType) -> ffi::BufferType {
     NUMBERING.iter().find(|(t, _, _)| *t == ty).map(|(_, raw, _)| *raw).expect("every type is numbered")
 }
 
 /// The element type of a `PJRT_Buffer_Type` number.
-pub(crate) fn from_raw(raw: ffi::BufferType) -> Result<ElementType> {
+pub(crate) fn from_raw(raw: ffi::BufferType) -> Result<DType> {
     NUMBERING
         .iter()
         .find(|(_, r, _)| *r == raw)
@@ -47,7 +47,7 @@ pub(crate) fn from_raw(raw: ffi::BufferType) -> Result<ElementType> {
 }
 
 /// The element type of an `xla.PrimitiveType` number (as in HLO protos).
-pub(crate) fn from_xla_primitive(primitive: i32) -> Result<ElementType> {
+pub(crate) fn from_xla_primitive(primitive: i32) -> Result<DType> {
     NUMBERING
         .iter()
         .find(|(_, _, p)| *p == primitive)
@@ -105,7 +105,7 @@ unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
-    pub fn element_type(&self) -> Result<ElementType> {
+    pub fn element_type(&self) -> Result<DType> {
         let mut args: ffi::BufferElementTypeArgs = ffi::args();
         args.buffer = self.raw;
         crate::pjrt_call!(self.client.plugin, PJRT_Buffer_ElementType, args)?;

@@ -13,7 +13,7 @@ use super::error::{Error, ErrorCode, Result};
 use super::executable::LoadedExecutable;
 use super::ffi;
 use super::plugin::{read_named_values, string_from, NamedValues, Plugin, Value};
-use crate::host::{ElementType, HostTensor};
+use crate::host::{DType, HostTensor};
 
 /// A key-value store shared by all processes of a job. Multi-node GPU clients publish their
 /// local topology and NCCL clique ids through it. Implementations must be thread-safe; `get`
@@ -257,6 +257,14 @@ impl Client {
         super::compile_cache::compile_through(self, mlir, options, || self.compile_uncached(mlir, options))
     }
 
+    /// The executable of `mlir`, serialized, through the compilation cache (`jax_cache_dir`):
+    /// what a pipeline loads onto each stage that runs the program.
+    pub fn compile_serialized(&self, mlir: &str, options: &CompileOptions) -> Result<Vec<u8>> {
+        super::compile_cache::serialized_through(self, mlir, options, || {
+            self.compile_uncached(mlir, options)?.executable().serialize()
+        })
+    }
+
     /// [`Client::compile`] without the compilation cache, for an executable that will be
     /// serialized (an AOT artifact, a pipeline stage's program shared with other stages): a CPU
     /// executable loaded from serialized bytes does not serialize whole again (running the copy
@@ -305,7 +313,7 @@ impl Client {
 
     /// Like [`Client::to_device`] for bytes that are not in a [`HostTensor`] (e.g. a slice of
     /// a memory-mapped checkpoint).
-    pub fn bytes_to_device(&self, data: &[u8], ty: ElementType, dims: &[i64], device: &Device) -> Result<Buffer> {
+    pub fn bytes_to_device(&self, data: &[u8], ty: DType, dims: &[i64], device: &Device) -> Result<Buffer> {
         let count: i64 = dims.iter().product();
         if dims.iter().any(|&d| d < 0) || data.len() != count as usize * ty.byte_size() {
             return Err(Error::invalid(format!(

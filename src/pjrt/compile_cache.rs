@@ -9,10 +9,12 @@
 //! compressed, and a cache that cannot be read or written costs a warning, never the run.
 //!
 //! Like JAX's, the cache is process-wide: a run sets it from its config ([`configure`]) and
-//! every [`Client::compile`](super::Client::compile) consults it. Deviceless (topology)
-//! compiles do not (PJRT loads a serialized executable only onto a client's devices), nor do
-//! compiles whose executable is serialized again ([`Client::compile_uncached`](super::Client::compile_uncached)):
-//! a CPU executable loaded from its bytes does not serialize whole again.
+//! every [`Client::compile`](super::Client::compile) consults it, as does
+//! [`Client::compile_serialized`](super::Client::compile_serialized) (a pipeline's stage
+//! programs, whose bytes are loaded onto each stage). Deviceless (topology) compiles do not
+//! (PJRT loads a serialized executable only onto a client's devices), nor does an AOT artifact's
+//! compile ([`Client::compile_uncached`](super::Client::compile_uncached)), whose executable is
+//! serialized again: a CPU executable loaded from its bytes does not serialize whole again.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -115,6 +117,49 @@ pub(crate) fn compile_through(
     Ok(executable)
 }
 
+/// `compile_through` for an executable wanted as bytes (a pipeline stage's program, loaded onto
+/// every stage that runs it): the cached bytes when the cache has them (checked by loading them
+/// once), else `compile`'s, kept as `compile_through` keeps an executable. A CPU executable
+/// loaded from bytes does not serialize whole again, so the bytes are what is shared.
+pub(crate) fn serialized_through(
+    client: &Client,
+    mlir: &str,
+    options: &CompileOptions,
+    compile: impl FnOnce() -> super::Result<Vec<u8>>,
+) -> super::Result<Vec<u8>> {
+    let Some(dir) = dir() else { return compile() };
+    let entry = match key(client, mlir, options) {
+        Ok(key) => dir.join(key),
+        Err(e) => {
+            tracing::warn!("compilation cache: cannot key this program ({e:#}); compiling it");
+            return compile();
+        }
+    };
+    let cached = read(&entry).and_then(|bytes| match bytes {
+        Some(bytes) => client.deserialize(&bytes).map(|_| Some(bytes)).map_err(Into::into),
+        None => Ok(None),
+    });
+    let broken = match cached {
+        Ok(Some(bytes)) => {
+            tracing::debug!("compilation cache: loaded {}", entry.display());
+            return Ok(bytes);
+        }
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!("compilation cache: cannot use {} ({e:#}); compiling again", entry.display());
+            true
+        }
+    };
+    let start = Instant::now();
+    let serialized = compile()?;
+    if (broken || start.elapsed() >= min_compile_time()) && client.process_index().unwrap_or(0) == 0 {
+        if let Err(e) = store_serialized(&serialized, &entry) {
+            tracing::warn!("compilation cache: cannot write {} ({e:#})", entry.display());
+        }
+    }
+    Ok(serialized)
+}
+
 /// What the compiled code depends on, hashed: the program and its compile options, the plugin
 /// (file, size, modification time, platform version), the devices' kinds and processes, and
 /// `XLA_FLAGS` (JAX's key has the same parts: module, jaxlib version, platform, flags, compile
@@ -144,18 +189,28 @@ fn key(client: &Client, mlir: &str, options: &CompileOptions) -> Result<String> 
 
 /// The executable kept at `entry`, if there is one.
 fn load(client: &Client, entry: &Path) -> Result<Option<LoadedExecutable>> {
+    match read(entry)? {
+        Some(serialized) => Ok(Some(client.deserialize(&serialized)?)),
+        None => Ok(None),
+    }
+}
+
+/// The serialized executable kept at `entry`, if there is one.
+fn read(entry: &Path) -> Result<Option<Vec<u8>>> {
     let compressed = match std::fs::read(entry) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let serialized = zstd::stream::decode_all(compressed.as_slice())?;
-    Ok(Some(client.deserialize(&serialized)?))
+    Ok(Some(zstd::stream::decode_all(compressed.as_slice())?))
 }
 
 fn store(executable: &LoadedExecutable, entry: &Path) -> Result<()> {
-    let serialized = executable.executable().serialize()?;
-    let compressed = zstd::stream::encode_all(serialized.as_slice(), 1)?;
+    store_serialized(&executable.executable().serialize()?, entry)
+}
+
+fn store_serialized(serialized: &[u8], entry: &Path) -> Result<()> {
+    let compressed = zstd::stream::encode_all(serialized, 1)?;
     if let Some(parent) = entry.parent() {
         std::fs::create_dir_all(parent)?;
     }

@@ -15,13 +15,13 @@ use super::client::{ClientInner, Device};
 use super::error::{Error, Result};
 use super::ffi;
 use super::plugin::{read_named_values, string_from, Plugin, Value};
-use crate::host::{shape_string, ElementType, HostTensor};
+use crate::host::{shape_string, DType, HostTensor};
 
 /// Per-device parameter and output shapes of an executable.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Signature {
-    pub parameters: Vec<(ElementType, Vec<i64>)>,
-    pub outputs: Vec<(ElementType, Vec<i64>)>,
+    pub parameters: Vec<(DType, Vec<i64>)>,
+    pub outputs: Vec<(DType, Vec<i64>)>,
 }
 
 /// Memory the executable needs per device, as XLA computed it at compile time.
@@ -206,7 +206,7 @@ impl Executable {
 
 /// The slice of XLA's `hlo.proto` / `xla_data.proto` needed to read an entry signature.
 mod hlo {
-    use super::{ElementType, Result};
+    use super::{DType, Result};
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct ShapeProto {
@@ -238,7 +238,7 @@ mod hlo {
         pub hlo_module: Option<HloModuleProto>,
     }
 
-    pub fn array_shape(shape: &ShapeProto) -> Result<(ElementType, Vec<i64>)> {
+    pub fn array_shape(shape: &ShapeProto) -> Result<(DType, Vec<i64>)> {
         let ty = super::from_xla_primitive(shape.element_type)?;
         Ok((ty, shape.dimensions.clone()))
     }

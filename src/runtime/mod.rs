@@ -1,32 +1,17 @@
 //! Running traced programs on a PJRT client: lower to StableHLO, compile (SPMD over the
 //! program's mesh, device assignment in mesh order), split each host input into the blocks its
 //! sharding gives each device, execute, and reassemble the outputs from their shards.
-//! The only place where the tracer's types meet the runtime's (`DType` -> `ElementType`).
 //! [`artifact`] is the file a compiled train step travels in (`compiled_trainstep_file`): written
 //! by `maxrs train-compile`, loaded by `maxrs train` instead of compiling.
 
 pub mod artifact;
 
-use crate::host::{assemble, block_of, shard, whole, Bounds, ElementType, HostTensor};
-use crate::ir::{DType, Program};
+use crate::host::{assemble, block_of, shard, whole, Bounds, HostTensor};
+use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::pjrt::{Buffer, Client, CompileOptions, Device, LoadedExecutable};
 use crate::tensor::Tree;
 use anyhow::{anyhow, bail, Context, Result};
-
-pub fn element_type(dtype: DType) -> ElementType {
-    match dtype {
-        DType::Pred => ElementType::Pred,
-        DType::S32 => ElementType::S32,
-        DType::U32 => ElementType::U32,
-        DType::F16 => ElementType::F16,
-        DType::BF16 => ElementType::BF16,
-        DType::F32 => ElementType::F32,
-        DType::F64 => ElementType::F64,
-        DType::F8E4M3FN => ElementType::F8E4M3FN,
-        DType::F8E5M2 => ElementType::F8E5M2,
-    }
-}
 
 /// A global array on the devices: one buffer per addressable device, in execution order.
 pub type DeviceArray = Vec<Buffer>;
@@ -107,7 +92,7 @@ impl Compiled {
     /// Copies the global host array for input `index` to the devices, each getting its block.
     pub fn put(&self, client: &Client, index: usize, host: &HostTensor) -> Result<DeviceArray> {
         let spec = &self.program.inputs[index];
-        if host.ty != element_type(spec.ty.dtype) || host.dims[..] != spec.ty.shape[..] {
+        if host.ty != spec.ty.dtype || host.dims[..] != spec.ty.shape[..] {
             bail!("input \"{}\" must be {}, got {}", spec.name, spec.ty, host.shape_string());
         }
         self.to_devices(client, |d, _| match (&self.program.mesh, &spec.sharding) {
@@ -138,7 +123,7 @@ impl Compiled {
         let spec = &self.program.inputs[index];
         let global = &spec.ty.shape;
         let rows = local.dims.first().copied().unwrap_or(0);
-        if local.ty != element_type(spec.ty.dtype) || local.dims[1..] != global[1..] || first_row + rows > global[0] {
+        if local.ty != spec.ty.dtype || local.dims[1..] != global[1..] || first_row + rows > global[0] {
             bail!("rows {first_row}.. of input \"{}\" ({}) cannot be {}", spec.name, spec.ty, local.shape_string());
         }
         self.to_devices(client, |d, device| match (&self.program.mesh, &spec.sharding) {
@@ -247,7 +232,7 @@ impl Compiled {
             };
             let host = block(&bounds)?;
             let dims: Vec<i64> = bounds.iter().map(|b| b.1).collect();
-            if host.ty != element_type(spec.ty.dtype) || host.dims != dims {
+            if host.ty != spec.ty.dtype || host.dims != dims {
                 bail!("input \"{}\": a block of {dims:?} must be {}, got {}", spec.name, spec.ty, host.shape_string());
             }
             Ok(host)

@@ -20,14 +20,14 @@ impl Mesh {
     /// `ici[k] * dcn[k]`, its DCN factor is the major one, and `granules[g]` (the devices of one
     /// host or slice, in their local order) fills the ICI block at DCN position `g` (row-major).
     /// So ICI-axis neighbours are always devices of the same host.
-    pub fn hybrid(names: &[&str], ici: &[usize], dcn: &[usize], granules: &[Vec<i64>]) -> Result<Mesh, String> {
+    pub fn hybrid(names: &[&str], ici: &[usize], dcn: &[usize], granules: &[Vec<i64>]) -> anyhow::Result<Mesh> {
         if names.len() != ici.len() || names.len() != dcn.len() {
-            return Err("mesh axis names, ICI and DCN factors differ in length".into());
+            anyhow::bail!("mesh axis names, ICI and DCN factors differ in length");
         }
         let per_granule: usize = ici.iter().product();
         let num_granules: usize = dcn.iter().product();
         if granules.len() != num_granules || granules.iter().any(|g| g.len() != per_granule) {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "DCN factors {dcn:?} need {num_granules} hosts of {per_granule} devices (ICI factors {ici:?}), \
                  got {} hosts with {:?} devices",
                 granules.len(),
@@ -71,10 +71,14 @@ impl Mesh {
     /// The devices at `index` along axis `name`, as a mesh with the same axes in which `name` has
     /// size 1 (a pipeline stage's devices: shardings written for the whole mesh mean the same
     /// on it, minus that axis).
-    pub fn slice(&self, name: &str, index: usize) -> Result<Mesh, String> {
-        let k = self.axes.iter().position(|a| a.0 == name).ok_or_else(|| format!("the mesh has no axis `{name}`"))?;
+    pub fn slice(&self, name: &str, index: usize) -> anyhow::Result<Mesh> {
+        let k = self
+            .axes
+            .iter()
+            .position(|a| a.0 == name)
+            .ok_or_else(|| anyhow::anyhow!("the mesh has no axis `{name}`"))?;
         if index >= self.axes[k].1 {
-            return Err(format!("index {index} is outside mesh axis `{name}` of size {}", self.axes[k].1));
+            return Err(anyhow::anyhow!("index {index} is outside mesh axis `{name}` of size {}", self.axes[k].1));
         }
         let mut axes = self.axes.clone();
         axes[k].1 = 1;
@@ -94,8 +98,8 @@ impl Mesh {
 
     /// The block of a global array of shape `dims` held by the device at mesh position `pos`
     /// under `spec`: per dimension, (start, length).
-    pub fn shard_bounds(&self, spec: &PartitionSpec, dims: &[i64], pos: usize) -> Result<Vec<(i64, i64)>, String> {
-        spec.validate(self, dims.len())?;
+    pub fn shard_bounds(&self, spec: &PartitionSpec, dims: &[i64], pos: usize) -> anyhow::Result<Vec<(i64, i64)>> {
+        spec.validate(self, dims.len()).map_err(anyhow::Error::msg)?;
         let coords = self.coords(pos);
         let mut out = Vec::with_capacity(dims.len());
         for (d, &size) in dims.iter().enumerate() {
@@ -106,7 +110,7 @@ impl Mesh {
                 count *= self.axes[k].1;
             }
             if size % count as i64 != 0 {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "dimension {d} of size {size} is not divisible into {count} shards by {spec}: its size must be a \
                      multiple of {count}, or those mesh axes smaller (their ici_/dcn_*_parallelism keys)"
                 ));

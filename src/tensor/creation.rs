@@ -60,7 +60,11 @@ impl Tensor {
 fn check_representable(value: f64, dtype: DType) {
     let ok = match dtype {
         DType::Pred => value == 0.0 || value == 1.0,
+        DType::S8 => value.fract() == 0.0 && value >= i8::MIN as f64 && value <= i8::MAX as f64,
         DType::S32 => value.fract() == 0.0 && value >= i32::MIN as f64 && value <= i32::MAX as f64,
+        // Exact up to 2^53, what an f64 holds.
+        DType::S64 => value.fract() == 0.0 && value.abs() <= (1u64 << 53) as f64,
+        DType::U8 => value.fract() == 0.0 && value >= 0.0 && value <= u8::MAX as f64,
         DType::U32 => value.fract() == 0.0 && value >= 0.0 && value <= u32::MAX as f64,
         DType::F16 | DType::BF16 | DType::F32 | DType::F64 => true,
         // Printed as the nearest 8-bit value; e4m3fn has no infinity, which would become NaN.

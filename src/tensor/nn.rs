@@ -33,7 +33,9 @@ impl Tensor {
         let dtype = self.dtype();
         let x = match dtype {
             DType::BF16 | DType::F16 | DType::F8E4M3FN | DType::F8E5M2 => self.astype(DType::F32),
-            DType::F32 | DType::F64 | DType::Pred | DType::S32 | DType::U32 => self.clone(),
+            DType::F32 | DType::F64 | DType::Pred | DType::S8 | DType::S32 | DType::S64 | DType::U8 | DType::U32 => {
+                self.clone()
+            }
         };
         let inv = (x.square().mean_keepdims(&[-1]) + eps).rsqrt();
         (x * &inv).astype(dtype) * &scale.astype(dtype)

@@ -34,7 +34,7 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    pub fn from_config(c: &Config) -> Result<AdamW, String> {
+    pub fn from_config(c: &Config) -> anyhow::Result<AdamW> {
         let schedule = LearningRateSchedule::from_config(c)?;
         Ok(AdamW {
             b1: c.adam_b1,

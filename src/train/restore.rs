@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, Context, Result};
 
-use crate::checkpoint::shards::{ArrayLayout, Bounds};
+use crate::checkpoint::shards::{ArrayLayout, Bounds, HostArray};
 use crate::checkpoint::{self, Checkpoints, Expected, LoadedBlocks, OnError, Policy};
 use crate::config::{Config, OnCheckpointError};
 use crate::files::Location;
@@ -82,6 +82,25 @@ pub(super) fn initial_state(
     }
     if !c.load_full_state_path.is_empty() {
         let dir = Location::parse(&c.load_full_state_path)?;
+        let is_maxrs = storage::is_file(&dir.join(checkpoint::manifest::MANIFEST_FILE))?;
+        if !is_maxrs && checkpoint::orbax::Checkpoint::is_orbax(&dir)? {
+            // A MaxText train state: read whole, cut into the blocks this process's devices hold.
+            let state = checkpoint::orbax::state::load(&dir, expected)
+                .with_context(|| format!("load_full_state_path={dir}"))?;
+            let wanted = restoring.wanted();
+            let arrays = state
+                .arrays
+                .into_iter()
+                .map(|(name, tensor)| {
+                    let blocks = wanted[&name].iter().map(|b| (b.clone(), crate::host::block_of(&tensor, b))).collect();
+                    let array = HostArray { name: name.clone(), ty: tensor.ty, dims: tensor.dims.clone(), blocks };
+                    (name, array)
+                })
+                .collect();
+            println!("loaded MaxText's train state from {dir}; training continues at step {}", state.next_step);
+            eprintln!("{}", checkpoint::orbax::NOT_YET_EQUAL);
+            return Ok(Start { initial: Initial::State(arrays), first_step: state.next_step, data: None });
+        }
         let loaded =
             restoring.load(&dir, expected, &model_keys).with_context(|| format!("load_full_state_path={dir}"))?;
         let step_done = loaded.manifest.step.ok_or_else(|| {
@@ -98,7 +117,8 @@ pub(super) fn initial_state(
 }
 
 /// The parameters `load_parameters_path` names: a checkpoint directory (its `params`, float
-/// types converted to `weight_dtype`) or a safetensors file, local or gs://. Keys are the train
+/// types converted to `weight_dtype`), a MaxText Orbax checkpoint (a step or its `items/`, the
+/// same conversion) or a safetensors file, local or gs://. Keys are the train
 /// step's names (`params.…`).
 fn load_parameter_arrays(
     c: &Config,
@@ -109,7 +129,19 @@ fn load_parameter_arrays(
     let params: Vec<Expected> =
         expected.iter().filter(|e| Group::of(&e.name).is_some_and(|(g, _)| g == Group::Params)).cloned().collect();
     let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
-    let arrays = if is_checkpoint {
+    let arrays = if !is_checkpoint && checkpoint::orbax::Checkpoint::is_orbax(&location)? {
+        // A MaxText checkpoint: its parameters under maxrs's keys, floats as `weight_dtype`.
+        let wanted: Vec<checkpoint::orbax::params::Wanted> = params
+            .iter()
+            .filter_map(|e| {
+                Some(checkpoint::orbax::params::Wanted { key: Group::of(&e.name)?.1, ty: e.ty, dims: &e.dims })
+            })
+            .collect();
+        let loaded = checkpoint::orbax::params::load(&location, &wanted)
+            .with_context(|| format!("load_parameters_path={location}"))?;
+        eprintln!("{}", checkpoint::orbax::NOT_YET_EQUAL);
+        loaded.into_iter().map(|(key, tensor)| (Group::Params.name(&key), tensor)).collect()
+    } else if is_checkpoint {
         checkpoint::dir::load(&location, &params, model_keys, true)
             .with_context(|| format!("load_parameters_path={location}"))?
             .arrays

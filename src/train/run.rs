@@ -102,7 +102,7 @@ impl Run<'_> {
         let logger = cluster.is_logger();
         if logger {
             derived.print_summary(plan.model().num_params());
-            println!("{}", crate::model::attention::describe(c, plan.model().config.attention));
+            println!("{}", crate::model::kernel::describe(c, plan.model().config.attention));
         }
         self.check_before_compile(plan.model())?;
         // The training data opens before the compile, so a bad file or tokenizer fails early and the

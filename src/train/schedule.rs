@@ -85,7 +85,7 @@ pub struct LearningRateSchedule {
 
 impl LearningRateSchedule {
     /// The schedule of a run's config; an out-of-range value is an error naming its key.
-    pub fn from_config(c: &Config) -> Result<LearningRateSchedule, String> {
+    pub fn from_config(c: &Config) -> anyhow::Result<LearningRateSchedule> {
         let decay = match c.lr_schedule_type {
             LrScheduleType::Cosine => None,
             LrScheduleType::Wsd => Some((c.wsd_decay_steps_fraction, c.wsd_decay_style)),
@@ -109,24 +109,24 @@ impl LearningRateSchedule {
         decay: Option<(f64, WsdDecayStyle)>,
         learning_rate_schedule_steps: i64,
         steps: i64,
-    ) -> Result<LearningRateSchedule, String> {
+    ) -> anyhow::Result<LearningRateSchedule> {
         if !(learning_rate >= 0.0 && learning_rate.is_finite()) {
-            return Err(format!("learning_rate={learning_rate}: must be a finite number >= 0"));
+            return Err(anyhow::anyhow!("learning_rate={learning_rate}: must be a finite number >= 0"));
         }
         if !(final_fraction >= 0.0 && final_fraction.is_finite()) {
-            return Err(format!("learning_rate_final_fraction={final_fraction}: must be a finite number >= 0"));
+            return Err(anyhow::anyhow!("learning_rate_final_fraction={final_fraction}: must be a finite number >= 0"));
         }
         if !(0.0..=1.0).contains(&warmup_steps_fraction) {
-            return Err(format!("warmup_steps_fraction={warmup_steps_fraction}: must be in [0, 1]"));
+            return Err(anyhow::anyhow!("warmup_steps_fraction={warmup_steps_fraction}: must be in [0, 1]"));
         }
         if steps < 1 {
-            return Err(format!("steps={steps}: must be at least 1"));
+            return Err(anyhow::anyhow!("steps={steps}: must be at least 1"));
         }
         let schedule_steps = match learning_rate_schedule_steps {
             -1 => steps as u64,
             n if n >= 1 => n as u64,
             n => {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "learning_rate_schedule_steps={n}: must be -1 (use `steps`) or a positive step count"
                 ))
             }
@@ -150,7 +150,7 @@ impl LearningRateSchedule {
             }
             Some((fraction, style)) => {
                 if !(0.0..=1.0).contains(&fraction) || fraction + warmup_steps_fraction > 1.0 {
-                    return Err(format!(
+                    return Err(anyhow::anyhow!(
                         "wsd_decay_steps_fraction={fraction}: must be in [0, 1] and, with warmup_steps_fraction={warmup_steps_fraction}, not exceed 1"
                     ));
                 }

@@ -38,8 +38,8 @@ pub(super) struct SpmdPlan {
 
 impl SpmdPlan {
     pub fn new(c: &Config, derived: &Derived, granules: &[Vec<i64>]) -> Result<SpmdPlan> {
-        let mesh = derived.mesh.step_mesh(granules).map_err(|e| anyhow!(e))?;
-        Ok(SpmdPlan { step: TrainStep::new(c, derived, mesh).map_err(|e| anyhow!(e))? })
+        let mesh = derived.mesh.step_mesh(granules)?;
+        Ok(SpmdPlan { step: TrainStep::new(c, derived, mesh)? })
     }
 }
 
@@ -331,7 +331,7 @@ impl StepExecutor for SpmdStep {
                 let spec = &self.compiled.program.inputs[*input];
                 Ok(ArrayLayout {
                     name: name.clone(),
-                    ty: runtime::element_type(spec.ty.dtype),
+                    ty: spec.ty.dtype,
                     dims: spec.ty.shape.to_vec(),
                     blocks: self.compiled.input_blocks(*input, &self.granules)?,
                 })
@@ -347,7 +347,7 @@ impl StepExecutor for SpmdStep {
                 let spec = &self.compiled.program.outputs[*output];
                 Ok(HostArray {
                     name: name.clone(),
-                    ty: runtime::element_type(spec.ty.dtype),
+                    ty: spec.ty.dtype,
                     dims: spec.ty.shape.to_vec(),
                     blocks: self.compiled.fetch_blocks(*output, array)?,
                 })

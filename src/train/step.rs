@@ -63,7 +63,7 @@ pub struct TrainStep {
 }
 
 impl TrainStep {
-    pub fn new(c: &Config, derived: &Derived, mesh: Option<Mesh>) -> Result<TrainStep, String> {
+    pub fn new(c: &Config, derived: &Derived, mesh: Option<Mesh>) -> anyhow::Result<TrainStep> {
         Ok(TrainStep {
             model: Model::from_config(c)?,
             optimizer: AdamW::from_config(c)?,

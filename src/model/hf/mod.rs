@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::Model;
 use crate::config::{self, Config, DecoderBlock};
-use crate::host::{ElementType, HostTensor};
+use crate::host::{DType, HostTensor};
 
 /// How a Hugging Face tensor becomes a maxrs parameter (read `from_hf`; `to_hf` inverts it).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -383,7 +383,7 @@ pub fn to_hf(
     c: &Config,
     model: &Model,
     params: &BTreeMap<String, HostTensor>,
-    ty: ElementType,
+    ty: DType,
 ) -> Result<BTreeMap<String, HostTensor>> {
     let mut out = BTreeMap::new();
     for e in entries(c, model, None)? {

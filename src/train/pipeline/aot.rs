@@ -23,7 +23,7 @@ use crate::ir::Program;
 use crate::lower::to_stablehlo;
 use crate::pjrt::{Client, CompiledMemoryStats};
 use crate::runtime::artifact::{self, ArtifactHeader, PipelineSection, Platform};
-use crate::runtime::{element_type, Compiled};
+use crate::runtime::Compiled;
 
 /// One stage's memory per device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,12 +115,10 @@ impl fmt::Display for PipelineMemory {
 fn input_bytes(program: &Program, name: &str) -> Result<u64> {
     let input = program.inputs.iter().find(|i| i.name == name).ok_or_else(|| anyhow!("no input {name}"))?;
     let dims: Vec<i64> = match (&program.mesh, &input.sharding) {
-        (Some(mesh), Some(spec)) => {
-            mesh.shard_bounds(spec, &input.ty.shape, 0).map_err(|e| anyhow!(e))?.iter().map(|b| b.1).collect()
-        }
+        (Some(mesh), Some(spec)) => mesh.shard_bounds(spec, &input.ty.shape, 0)?.iter().map(|b| b.1).collect(),
         _ => input.ty.shape.to_vec(),
     };
-    Ok(dims.iter().product::<i64>() as u64 * element_type(input.ty.dtype).byte_size() as u64)
+    Ok(dims.iter().product::<i64>() as u64 * input.ty.dtype.byte_size() as u64)
 }
 
 /// Stage memory from its programs and their compiled statistics (`stats[k]` of the k-th name

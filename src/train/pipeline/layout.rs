@@ -147,7 +147,7 @@ impl StageLayout {
 
     /// The devices of stage `stage`: the mesh at that index of its `stage` axis.
     pub fn stage_mesh(&self, mesh: &Mesh, stage: usize) -> Result<Mesh> {
-        mesh.slice("stage", stage).map_err(|e| anyhow!(e))
+        mesh.slice("stage", stage)
     }
 
     /// Stage `stage`'s arrays of host arrays `full` (in the model's layout, every name of `defs`,

@@ -55,7 +55,7 @@ use crate::autodiff::{value_and_grad, value_and_grad_with_aux};
 use crate::config::{Config, Derived};
 use crate::ir::{DType, Program, Signature};
 use crate::model::attention::LayerContext;
-use crate::model::decoder::BTE;
+use crate::model::family::BTE;
 use crate::model::{params, Model, ParamDef, ParamRole};
 use crate::sharding::{Mesh, PartitionSpec};
 use crate::tensor::{random, trace, Tensor, TraceError, Tree};
@@ -105,7 +105,7 @@ impl PipelineStep {
         let plan = derived.pipeline.as_ref().ok_or_else(|| anyhow!("the config has no pipeline"))?;
         let layout = StageLayout::new(plan);
         let stage_meshes = (0..layout.stages).map(|s| layout.stage_mesh(&mesh, s)).collect::<Result<_>>()?;
-        let model = Model::from_config(c).map_err(|e| anyhow!(e))?;
+        let model = Model::from_config(c)?;
         if let [first, second, ..] = model.stacks() {
             bail!(
                 "ici_pipeline_parallelism={}, dcn_pipeline_parallelism={}: pipeline parallelism over a model of several \
@@ -136,7 +136,7 @@ impl PipelineStep {
         }
         Ok(PipelineStep {
             model,
-            optimizer: AdamW::from_config(c).map_err(|e| anyhow!(e))?,
+            optimizer: AdamW::from_config(c)?,
             layout,
             microbatch: plan.microbatch_size as i64,
             seq: derived.max_target_length as i64,

@@ -69,11 +69,7 @@ pub(in crate::train) struct PipelinedPlan {
 impl PipelinedPlan {
     pub fn new(c: &Config, derived: &Derived, granules: &[Vec<i64>]) -> Result<PipelinedPlan> {
         let plan = derived.pipeline.as_ref().ok_or_else(|| anyhow!("the config has no pipeline"))?;
-        let mesh = derived
-            .mesh
-            .step_mesh(granules)
-            .map_err(|e| anyhow!(e))?
-            .ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
+        let mesh = derived.mesh.step_mesh(granules)?.ok_or_else(|| anyhow!("a pipeline needs a mesh"))?;
         let step = PipelineStep::new(c, derived, mesh)?;
         let schedule = Schedule::new(plan);
         schedule.simulate(|_, _| 1.0).map_err(|e| anyhow!("pipeline_schedule={}: {e}", plan.schedule))?;
@@ -136,7 +132,8 @@ fn compile_stages(
 ) -> Result<(Vec<StageExecutables>, f64)> {
     let mut lowering = 0.0;
     // Stages between the first and the last run the same programs on other devices: each
-    // distinct program is compiled once and loaded onto the others' devices.
+    // distinct program is compiled once (or loaded from the compilation cache) and its bytes
+    // loaded onto each stage's devices.
     let mut compiled: HashMap<String, Vec<u8>> = HashMap::new();
     let mut executables = Vec::new();
     for (stage, stage_programs) in programs.iter().enumerate() {
@@ -144,17 +141,17 @@ fn compile_stages(
             let t = Instant::now();
             let mlir = to_stablehlo(program);
             lowering += t.elapsed().as_secs_f64();
-            let executable = match compiled.get(&mlir) {
-                Some(bytes) => client.deserialize_with_options(bytes, &runtime::compile_options(program))?,
+            let options = runtime::compile_options(program);
+            let bytes = match compiled.get(&mlir) {
+                Some(bytes) => bytes,
                 None => {
-                    // Uncached: its bytes are loaded onto the other stages' devices.
-                    let executable = client
-                        .compile_uncached(&mlir, &runtime::compile_options(program))
+                    let bytes = client
+                        .compile_serialized(&mlir, &options)
                         .with_context(|| format!("compiling the pipeline's {name}"))?;
-                    compiled.insert(mlir, executable.executable().serialize()?);
-                    executable
+                    compiled.entry(mlir).or_insert(bytes)
                 }
             };
+            let executable = client.deserialize_with_options(bytes, &options)?;
             Compiled::new(program, executable)
         })?);
     }

@@ -166,12 +166,12 @@ impl Schedule {
     /// transfers: a task starts when its stage is free and its input exists (the previous
     /// chunk's forward, the next chunk's backward, its own forward). Errors when the orders
     /// deadlock or miss a task.
-    pub fn simulate(&self, cost: impl Fn(usize, &Task) -> f64) -> Result<Timeline, String> {
+    pub fn simulate(&self, cost: impl Fn(usize, &Task) -> f64) -> anyhow::Result<Timeline> {
         let chunks = self.chunks();
         let expected = 2 * chunks * self.microbatches;
         let count: usize = self.per_stage.iter().map(Vec::len).sum();
         if count != expected || self.per_stage.len() != self.stages {
-            return Err(format!(
+            return Err(anyhow::anyhow!(
                 "the schedule has {count} tasks on {} stages; expected {expected}",
                 self.per_stage.len()
             ));
@@ -187,7 +187,7 @@ impl Schedule {
             for s in 0..self.stages {
                 let Some(task) = self.per_stage[s].get(next[s]) else { continue };
                 if task.chunk >= chunks || task.microbatch >= self.microbatches || task.chunk % self.stages != s {
-                    return Err(format!("stage {s} cannot run {task}"));
+                    return Err(anyhow::anyhow!("stage {s} cannot run {task}"));
                 }
                 let deps: Vec<Task> = match task.pass {
                     Pass::Forward if task.chunk == 0 => vec![],
@@ -201,7 +201,7 @@ impl Schedule {
                 let ready: Option<Vec<f64>> = deps.iter().map(|d| done[index(d)]).collect();
                 let Some(ready) = ready else { continue };
                 if done[index(task)].is_some() {
-                    return Err(format!("stage {s} runs {task} twice"));
+                    return Err(anyhow::anyhow!("stage {s} runs {task} twice"));
                 }
                 let start = ready.into_iter().fold(free[s], f64::max);
                 let end = start + cost(s, task);
@@ -216,7 +216,7 @@ impl Schedule {
                 let waiting: Vec<String> = (0..self.stages)
                     .filter_map(|s| self.per_stage[s].get(next[s]).map(|t| format!("stage {s} at {t}")))
                     .collect();
-                return Err(format!("the schedule deadlocks: {}", waiting.join(", ")));
+                return Err(anyhow::anyhow!("the schedule deadlocks: {}", waiting.join(", ")));
             }
         }
         Ok(timeline)
@@ -289,7 +289,7 @@ mod tests {
         // first: F0.0, B0.0, F0.1, B0.1 against F1.0, F1.1, B1.0, B1.1.
         s.per_stage[1] = vec![Task::forward(1, 0), Task::forward(1, 1), Task::backward(1, 0), Task::backward(1, 1)];
         s.per_stage[0] = vec![Task::forward(0, 0), Task::backward(0, 0), Task::forward(0, 1), Task::backward(0, 1)];
-        let err = s.simulate(unit_costs(1)).unwrap_err();
+        let err = s.simulate(unit_costs(1)).unwrap_err().to_string();
         assert!(err.contains("deadlocks"), "{err}");
     }
 }

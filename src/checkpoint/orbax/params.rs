@@ -1,0 +1,197 @@
+//! A model's parameters in a MaxText Orbax checkpoint, under maxrs's names. MaxText's names are
+//! maxrs's already below their root (`decoder/layers/mlp/wi_0/kernel` is maxrs's
+//! `params.decoder.layers.mlp.wi_0.kernel`); only the root differs by what wrote the checkpoint
+//! (MaxText e591f30):
+//! - a train state's item (`load_full_state_path`'s `<step>/items`) and a Linen parameter-only
+//!   checkpoint hold them under `params/params/` (`load_params_from_path` in
+//!   `src/maxtext/common/checkpointing.py`: the item `params`, Flax's `params` collection in it);
+//! - `generate_param_only_checkpoint` with `pure_nnx=true` (MaxText's default) writes NNX state:
+//!   each parameter at its bare path with a `value` leaf (`decoder/.../kernel/value`).
+//!
+//! The one difference in the arrays: a scanned stack's parameters (`decoder.layers.…`,
+//! `decoder.dense_layers.…`, `decoder.moe_layers.…`) have their layer axis at MaxText's
+//! `param_scan_axis`, 1 by default (`src/maxtext/configs/base.yml` at MaxText e591f30), so
+//! `wi_0` is `[emb, layers, mlp]` there; maxrs stacks layers on axis 0 (`model::stacks`,
+//! `[layers, emb, mlp]`). [`to_maxrs`] moves the axis; a checkpoint written with another
+//! `param_scan_axis` fails the shape check, naming the array and both shapes.
+
+use std::collections::BTreeMap;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::Checkpoint;
+use crate::files::Location;
+use crate::host::{convert_float, shape_string, DType, HostTensor};
+
+/// The root of the parameters in a train state or Linen parameter checkpoint.
+const LINEN_ROOT: &str = "params/params/";
+/// The leaf of each parameter in NNX state.
+const NNX_LEAF: &str = "/value";
+
+/// A parameter the model expects: its maxrs key (`decoder.layers.mlp.wi_0.kernel`), type and
+/// dimensions.
+pub struct Wanted<'a> {
+    pub key: &'a str,
+    pub ty: DType,
+    pub dims: &'a [i64],
+}
+
+/// The checkpoint's parameters: maxrs key -> the checkpoint's array name.
+pub fn parameter_names(ckpt: &Checkpoint) -> Result<BTreeMap<String, String>> {
+    let names: Vec<&str> = ckpt.names().collect();
+    let linen: BTreeMap<String, String> =
+        names.iter().filter_map(|n| Some((n.strip_prefix(LINEN_ROOT)?.replace('/', "."), n.to_string()))).collect();
+    if !linen.is_empty() {
+        return Ok(linen);
+    }
+    let nnx: BTreeMap<String, String> =
+        names.iter().filter_map(|n| Some((n.strip_suffix(NNX_LEAF)?.replace('/', "."), n.to_string()))).collect();
+    if !nnx.is_empty() && nnx.len() == names.len() {
+        return Ok(nnx);
+    }
+    bail!(
+        "{}: no parameters (neither {LINEN_ROOT}... arrays, as a MaxText train state or Linen parameter checkpoint \
+         holds them, nor NNX parameters .../value); it holds {}",
+        ckpt.location(),
+        names.iter().take(4).copied().collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// Whether the maxrs parameter `key` is a scanned stack's (its layer axis first in maxrs, at
+/// MaxText's `param_scan_axis` 1 in the checkpoint): the stacks of `model::stacks` but the
+/// single `layers_remainder` module and the unscanned `layers_<i>`.
+fn is_stacked(key: &str) -> bool {
+    let mut parts = key.split('.');
+    parts.next() == Some("decoder") && matches!(parts.next(), Some("layers" | "dense_layers" | "moe_layers"))
+}
+
+/// The dims maxrs gives the checkpoint's array of `dims` for the parameter `key`.
+pub(super) fn maxrs_dims(key: &str, dims: &[i64]) -> Vec<i64> {
+    let mut dims = dims.to_vec();
+    if is_stacked(key) && dims.len() >= 2 {
+        dims.swap(0, 1);
+    }
+    dims
+}
+
+/// The checkpoint's array of `stored` dims for an error: with maxrs's `dims` when they differ.
+pub(super) fn describe(ty: DType, stored: &[i64], dims: &[i64]) -> String {
+    match stored == dims {
+        true => shape_string(ty, stored),
+        false => format!("{} ({} with the layers first)", shape_string(ty, stored), shape_string(ty, dims)),
+    }
+}
+
+/// The checkpoint's array for the parameter `key` in maxrs's layout: a stacked parameter's
+/// layer axis moved from 1 to 0 (`[a, layers, ...]` -> `[layers, a, ...]`).
+pub(super) fn to_maxrs(key: &str, tensor: HostTensor) -> HostTensor {
+    if !is_stacked(key) || tensor.dims.len() < 2 {
+        return tensor;
+    }
+    let (a, layers) = (tensor.dims[0] as usize, tensor.dims[1] as usize);
+    let row = tensor.data.len() / (a * layers).max(1);
+    let mut data = vec![0u8; tensor.data.len()];
+    for l in 0..layers {
+        for i in 0..a {
+            let (src, dst) = ((i * layers + l) * row, (l * a + i) * row);
+            data[dst..dst + row].copy_from_slice(&tensor.data[src..src + row]);
+        }
+    }
+    HostTensor::new(tensor.ty, &maxrs_dims(key, &tensor.dims), data)
+}
+
+/// Reads `wanted` from the Orbax checkpoint at `location` (a step folder or its `items/`): each
+/// of the expected shape, float types converted to the expected one (a parameter-only checkpoint
+/// is bfloat16), keyed by maxrs key.
+pub fn load(location: &Location, wanted: &[Wanted]) -> Result<BTreeMap<String, HostTensor>> {
+    let ckpt = Checkpoint::open(location)?;
+    let names = parameter_names(&ckpt)?;
+    let mut out = BTreeMap::new();
+    for w in wanted {
+        let name = names.get(w.key).ok_or_else(|| {
+            anyhow!(
+                "{}: no array for the model's parameter {} (a checkpoint of another model? it has {} parameters)",
+                ckpt.location(),
+                w.key,
+                names.len()
+            )
+        })?;
+        let array = ckpt.array(name)?;
+        let stored: Vec<i64> = array.shape.iter().map(|&d| d as i64).collect();
+        let dims = maxrs_dims(w.key, &stored);
+        if dims != w.dims || !(array.ty == w.ty || (array.ty.is_float() && w.ty.is_float())) {
+            bail!(
+                "{}: {name} is {} but the model's {} is {}",
+                ckpt.location(),
+                describe(array.ty, &stored, &dims),
+                w.key,
+                shape_string(w.ty, w.dims)
+            );
+        }
+        let tensor = to_maxrs(w.key, array.read(&ckpt.db).with_context(|| format!("{}: {name}", ckpt.location()))?);
+        let tensor = if tensor.ty == w.ty { tensor } else { convert_float(&tensor, w.ty) };
+        out.insert(w.key.to_string(), tensor);
+    }
+    let unused: Vec<&String> = names.keys().filter(|k| !wanted.iter().any(|w| w.key == k.as_str())).collect();
+    if let Some(first) = unused.first() {
+        bail!(
+            "{}: {} parameters the model does not have, e.g. {first} (a checkpoint of another model?)",
+            ckpt.location(),
+            unused.len()
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::fixture;
+    use super::*;
+
+    #[test]
+    fn the_three_layouts_name_the_same_parameters() {
+        for (folder, root) in [
+            ("nnx/checkpoints/1", "params/params/"),
+            ("linen_params/0/items", "params/params/"),
+            ("nnx_params/0/items", ""),
+        ] {
+            let names = parameter_names(&Checkpoint::open(&fixture(folder)).unwrap()).unwrap();
+            assert_eq!(names.len(), 12, "{folder}: {names:?}");
+            let leaf = if root.is_empty() { "/value" } else { "" };
+            assert_eq!(
+                names["decoder.layers.mlp.wi_0.kernel"],
+                format!("{root}decoder/layers/mlp/wi_0/kernel{leaf}"),
+                "{folder}"
+            );
+        }
+    }
+
+    /// `[a=2, layers=3, 2]` with element value 100 a + 10 layer + last: maxrs's `[3, 2, 2]` has
+    /// the same value at `[layer, a, last]`.
+    #[test]
+    fn the_layer_axis_moves_first() {
+        let values: Vec<f32> = (0..12).map(|i| (100 * (i / 6) + 10 * (i / 2 % 3) + i % 2) as f32).collect();
+        let moved = to_maxrs("decoder.layers.mlp.wo.kernel", HostTensor::from_f32(&[2, 3, 2], &values));
+        assert_eq!(moved.dims, [3, 2, 2]);
+        let want: Vec<f32> = (0..12).map(|i| (10 * (i / 4) + 100 * (i / 2 % 2) + i % 2) as f32).collect();
+        assert_eq!(moved, HostTensor::from_f32(&[3, 2, 2], &want));
+        let unstacked = HostTensor::from_f32(&[2, 3, 2], &values);
+        assert_eq!(to_maxrs("decoder.logits_dense.kernel", unstacked.clone()), unstacked);
+        assert_eq!(to_maxrs("decoder.layers_remainder.mlp.wo.kernel", unstacked.clone()), unstacked);
+    }
+
+    #[test]
+    fn a_mismatch_names_the_parameter_and_both_shapes() {
+        let dims = [3, 16, 33];
+        let wanted = [Wanted { key: "decoder.layers.mlp.wi_0.kernel", ty: DType::F32, dims: &dims }];
+        let e = load(&fixture("nnx_params/0/items"), &wanted).unwrap_err().to_string();
+        assert!(
+            e.contains("decoder/layers/mlp/wi_0/kernel/value is bf16[16,3,32] (bf16[3,16,32] with the layers first)"),
+            "{e}"
+        );
+        assert!(e.contains("decoder.layers.mlp.wi_0.kernel is f32[3,16,33]"), "{e}");
+        let wanted = [Wanted { key: "decoder.absent", ty: DType::F32, dims: &dims }];
+        let e = load(&fixture("nnx_params/0/items"), &wanted).unwrap_err().to_string();
+        assert!(e.contains("no array for the model's parameter decoder.absent"), "{e}");
+    }
+}

@@ -1,0 +1,379 @@
+//! Zarr v3 arrays, read only, from any [`Store`] of keys (an OCDBT database here): the array
+//! metadata (`<array>/zarr.json`), its regular chunk grid with the default chunk key encoding
+//! (`<array>/c/0/1`, `<array>/c` for a 0-d array), and the codecs TensorStore writes for Orbax:
+//! `bytes` (little endian), `zstd`, `crc32c`, and `sharding_indexed` holding such inner chunks
+//! (its index at the shard's end or start, read by itself before the inner chunks it points
+//! to, each inner chunk one ranged read). Any other codec, data type or encoding is refused by
+//! name.
+//!
+//! The format is the Zarr v3 core specification (zarr-developers/zarr-specs
+//! `docs/v3/core/index.rst`, with `docs/v3/codecs/{bytes,crc32c,sharding-indexed,zstd}`), as
+//! TensorStore writes it (google/tensorstore commit bc4fbc11f69ee5379b2f611a934663006e1f573f,
+//! `tensorstore/driver/zarr3/`: `bfloat16` is its extension data type).
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use serde_json::Value as Json;
+
+use crate::host::{DType, HostTensor};
+
+/// Keys holding bytes, each read by ranges.
+pub trait Store {
+    /// The size of the value of `key`, `None` when there is none.
+    fn value_len(&self, key: &str) -> Option<u64>;
+    /// Bytes `start..start + len` of the value of `key`.
+    fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Vec<u8>>;
+}
+
+/// A zarr v3 array's metadata: what it holds and how its chunks are stored.
+#[derive(Clone, Debug)]
+pub struct Array {
+    /// The key prefix of the array (`params.params.decoder.decoder_norm.scale`).
+    pub path: String,
+    pub ty: DType,
+    pub shape: Vec<u64>,
+    chunk_shape: Vec<u64>,
+    codecs: Codecs,
+    /// Whether a missing chunk reads as zeros (the fill value is zero); else it is an error.
+    fill_is_zero: bool,
+}
+
+/// How a stored chunk decodes to its elements.
+#[derive(Clone, Debug)]
+enum Codecs {
+    /// `bytes`, then bytes-to-bytes codecs (in writing order).
+    Plain(Vec<BytesCodec>),
+    /// `sharding_indexed`: the shard holds inner chunks of `chunk_shape`, decoded by `inner`, and
+    /// an index of `(offset, length)` per inner chunk, decoded by `index`.
+    Sharded { chunk_shape: Vec<u64>, inner: Vec<BytesCodec>, index: Vec<BytesCodec>, index_at_end: bool },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum BytesCodec {
+    Zstd,
+    Crc32c,
+}
+
+impl Array {
+    /// Reads `<path>/zarr.json` from `store`.
+    pub fn open(store: &dyn Store, path: &str) -> Result<Array> {
+        let key = format!("{path}/zarr.json");
+        let len = store.value_len(&key).ok_or_else(|| anyhow!("no zarr array {path:?} (no {key:?})"))?;
+        ensure!(len <= 1 << 20, "{key}: {len} bytes, not array metadata");
+        let text = store.read_range(&key, 0, len)?;
+        let meta: Json = serde_json::from_slice(&text).with_context(|| format!("{key}: not JSON"))?;
+        Array::from_metadata(path, &meta).with_context(|| key.clone())
+    }
+
+    fn from_metadata(path: &str, meta: &Json) -> Result<Array> {
+        let field = |name: &str| meta.get(name).ok_or_else(|| anyhow!("no {name:?}"));
+        ensure!(field("zarr_format")? == 3, "zarr_format {} (maxrs reads zarr v3)", field("zarr_format")?);
+        ensure!(field("node_type")? == "array", "node_type {} (an array was expected)", field("node_type")?);
+        let data_type = field("data_type")?.as_str().ok_or_else(|| anyhow!("data_type is not a name"))?;
+        let ty = element_type(data_type)?;
+        let shape = dims(field("shape")?).context("shape")?;
+        let grid = field("chunk_grid")?;
+        ensure!(grid["name"] == "regular", "chunk grid {} (maxrs reads \"regular\")", grid["name"]);
+        let chunk_shape = dims(&grid["configuration"]["chunk_shape"]).context("chunk_shape")?;
+        ensure!(chunk_shape.len() == shape.len(), "chunk_shape {chunk_shape:?} for shape {shape:?}");
+        ensure!(chunk_shape.iter().all(|&c| c > 0), "chunk_shape {chunk_shape:?} has a zero");
+        let encoding = field("chunk_key_encoding")?;
+        let separator = encoding["configuration"]["separator"].as_str().unwrap_or("/");
+        ensure!(
+            encoding["name"] == "default" && separator == "/",
+            "chunk key encoding {encoding} (maxrs reads \"default\" with separator \"/\")"
+        );
+        let fill = field("fill_value")?;
+        let fill_is_zero = fill.as_f64() == Some(0.0) || fill == false;
+        let codecs = codecs(field("codecs")?, ty, chunk_shape.len())?;
+        if let Codecs::Sharded { chunk_shape: inner, .. } = &codecs {
+            let divides = inner.iter().zip(&chunk_shape).all(|(i, s)| *i > 0 && s % i == 0);
+            ensure!(divides, "sharding_indexed chunk_shape {inner:?} does not divide the shard shape {chunk_shape:?}");
+        }
+        Ok(Array { path: path.to_string(), ty, shape, chunk_shape, codecs, fill_is_zero })
+    }
+
+    /// The whole array, in row-major order.
+    pub fn read(&self, store: &dyn Store) -> Result<HostTensor> {
+        let elem = self.ty.byte_size();
+        let count: u64 = self.shape.iter().product();
+        let mut out = vec![0u8; count as usize * elem];
+        let grid: Vec<u64> = self.shape.iter().zip(&self.chunk_shape).map(|(s, c)| s.div_ceil(*c)).collect();
+        for chunk in indices(&grid) {
+            let origin: Vec<u64> = chunk.iter().zip(&self.chunk_shape).map(|(i, c)| i * c).collect();
+            let key = chunk_key(&self.path, &chunk);
+            let Some(len) = store.value_len(&key) else {
+                ensure!(self.fill_is_zero, "{key}: no such chunk, and the array's fill value is not zero");
+                continue;
+            };
+            match &self.codecs {
+                Codecs::Plain(codecs) => {
+                    let bytes = decode(store.read_range(&key, 0, len)?, codecs, self.chunk_bytes(&self.chunk_shape))
+                        .with_context(|| key.clone())?;
+                    self.place(&mut out, &bytes, &origin, &self.chunk_shape).with_context(|| key.clone())?;
+                }
+                Codecs::Sharded { chunk_shape, inner, index, index_at_end } => {
+                    let per_shard: Vec<u64> = self.chunk_shape.iter().zip(chunk_shape).map(|(s, c)| s / c).collect();
+                    let n: u64 = per_shard.iter().product();
+                    let index_len = n * 16 + if index.contains(&BytesCodec::Crc32c) { 4 } else { 0 };
+                    ensure!(len >= index_len, "{key}: a shard of {len} bytes, shorter than its index of {index_len}");
+                    let index_start = if *index_at_end { len - index_len } else { 0 };
+                    let entries = decode(store.read_range(&key, index_start, index_len)?, index, n * 16)
+                        .with_context(|| format!("{key}: the shard index"))?;
+                    ensure!(
+                        entries.len() as u64 == n * 16,
+                        "{key}: a shard index of {} bytes for {n} chunks",
+                        entries.len()
+                    );
+                    for (i, inner_chunk) in indices(&per_shard).enumerate() {
+                        let entry = &entries[i * 16..i * 16 + 16];
+                        let offset = u64::from_le_bytes(entry[..8].try_into().expect("8 bytes"));
+                        let nbytes = u64::from_le_bytes(entry[8..].try_into().expect("8 bytes"));
+                        if offset == u64::MAX && nbytes == u64::MAX {
+                            ensure!(
+                                self.fill_is_zero,
+                                "{key}: inner chunk {inner_chunk:?} missing, fill value not zero"
+                            );
+                            continue;
+                        }
+                        ensure!(
+                            offset.checked_add(nbytes).is_some_and(|end| end <= len),
+                            "{key}: inner chunk {inner_chunk:?} at {offset}+{nbytes}, past the shard's {len} bytes"
+                        );
+                        let inner_origin: Vec<u64> =
+                            origin.iter().zip(&inner_chunk).zip(chunk_shape).map(|((o, i), c)| o + i * c).collect();
+                        let bytes =
+                            decode(store.read_range(&key, offset, nbytes)?, inner, self.chunk_bytes(chunk_shape))
+                                .with_context(|| format!("{key}: inner chunk {inner_chunk:?}"))?;
+                        self.place(&mut out, &bytes, &inner_origin, chunk_shape)
+                            .with_context(|| format!("{key}: inner chunk {inner_chunk:?}"))?;
+                    }
+                }
+            }
+        }
+        let dims: Vec<i64> = self.shape.iter().map(|&d| d as i64).collect();
+        Ok(HostTensor::new(self.ty, &dims, out))
+    }
+
+    fn chunk_bytes(&self, chunk_shape: &[u64]) -> u64 {
+        chunk_shape.iter().product::<u64>() * self.ty.byte_size() as u64
+    }
+
+    /// Copies the part of the decoded chunk `bytes` (of `chunk_shape`, at `origin`) inside the
+    /// array into `out`, row by row of the last dimension.
+    fn place(&self, out: &mut [u8], bytes: &[u8], origin: &[u64], chunk_shape: &[u64]) -> Result<()> {
+        let elem = self.ty.byte_size() as u64;
+        let chunk_count: u64 = chunk_shape.iter().product();
+        ensure!(
+            bytes.len() as u64 == chunk_count * elem,
+            "{} decoded bytes for a chunk of {chunk_count} {} elements",
+            bytes.len(),
+            self.ty
+        );
+        let rank = self.shape.len();
+        if rank == 0 {
+            out.copy_from_slice(bytes);
+            return Ok(());
+        }
+        // The extent of the chunk inside the array (a chunk at the edge overhangs it).
+        let extent: Vec<u64> = (0..rank).map(|d| chunk_shape[d].min(self.shape[d].saturating_sub(origin[d]))).collect();
+        let row = extent[rank - 1] * elem;
+        for at in indices(&extent[..rank - 1]) {
+            let (mut src, mut dst) = (0u64, 0u64);
+            for d in 0..rank - 1 {
+                src = src * chunk_shape[d] + at[d];
+                dst = dst * self.shape[d] + origin[d] + at[d];
+            }
+            let src = (src * chunk_shape[rank - 1]) * elem;
+            let dst = (dst * self.shape[rank - 1] + origin[rank - 1]) * elem;
+            out[dst as usize..(dst + row) as usize].copy_from_slice(&bytes[src as usize..(src + row) as usize]);
+        }
+        Ok(())
+    }
+}
+
+/// The chunk key of the default encoding: `c` then each index, `/`-separated.
+fn chunk_key(path: &str, chunk: &[u64]) -> String {
+    let mut key = format!("{path}/c");
+    for i in chunk {
+        key.push_str(&format!("/{i}"));
+    }
+    key
+}
+
+/// Every index of a grid of `extent`, in row-major order (one empty index for rank 0).
+fn indices(extent: &[u64]) -> impl Iterator<Item = Vec<u64>> + '_ {
+    let count: u64 = extent.iter().product();
+    (0..count).map(move |mut flat| {
+        let mut index = vec![0; extent.len()];
+        for d in (0..extent.len()).rev() {
+            index[d] = flat % extent[d];
+            flat /= extent[d];
+        }
+        index
+    })
+}
+
+fn dims(json: &Json) -> Result<Vec<u64>> {
+    let list = json.as_array().ok_or_else(|| anyhow!("{json} is not a list"))?;
+    list.iter().map(|d| d.as_u64().ok_or_else(|| anyhow!("{d} is not a size"))).collect()
+}
+
+/// The element type of a zarr v3 data type name.
+fn element_type(name: &str) -> Result<DType> {
+    Ok(match name {
+        "bool" => DType::Pred,
+        "int8" => DType::S8,
+        "int32" => DType::S32,
+        "int64" => DType::S64,
+        "uint8" => DType::U8,
+        "uint32" => DType::U32,
+        "float16" => DType::F16,
+        "bfloat16" => DType::BF16,
+        "float32" => DType::F32,
+        "float64" => DType::F64,
+        "float8_e4m3fn" => DType::F8E4M3FN,
+        "float8_e5m2" => DType::F8E5M2,
+        other => bail!(
+            "data type {other:?} is not supported (bool, int8, int32, int64, uint8, uint32, float16, bfloat16, \
+             float32, float64, float8_e4m3fn, float8_e5m2 are)"
+        ),
+    })
+}
+
+/// A codec list: the array-to-bytes codec (`bytes`, or `sharding_indexed` at the top level)
+/// and the bytes-to-bytes codecs after it.
+fn codecs(json: &Json, ty: DType, rank: usize) -> Result<Codecs> {
+    let list = json.as_array().ok_or_else(|| anyhow!("codecs {json} is not a list"))?;
+    let (first, rest) = list.split_first().ok_or_else(|| anyhow!("an empty codec list"))?;
+    match first["name"].as_str() {
+        Some("sharding_indexed") => {
+            ensure!(rest.is_empty(), "codecs after sharding_indexed are not supported: {}", Json::from(rest.to_vec()));
+            let config = &first["configuration"];
+            let chunk_shape = dims(&config["chunk_shape"]).context("sharding_indexed chunk_shape")?;
+            ensure!(chunk_shape.len() == rank, "sharding_indexed chunk_shape {chunk_shape:?} for rank {rank}");
+            let inner = match codecs(&config["codecs"], ty, rank)? {
+                Codecs::Plain(inner) => inner,
+                Codecs::Sharded { .. } => bail!("nested sharding_indexed is not supported"),
+            };
+            let index = match codecs(&config["index_codecs"], DType::S64, 1)? {
+                Codecs::Plain(index) => index,
+                Codecs::Sharded { .. } => bail!("a sharded shard index is not supported"),
+            };
+            ensure!(!index.contains(&BytesCodec::Zstd), "a compressed shard index is not supported");
+            let index_at_end = match config.get("index_location").and_then(Json::as_str) {
+                None | Some("end") => true,
+                Some("start") => false,
+                Some(other) => bail!("sharding_indexed index_location {other:?} (\"start\" or \"end\")"),
+            };
+            Ok(Codecs::Sharded { chunk_shape, inner, index, index_at_end })
+        }
+        Some("bytes") => {
+            let endian = first["configuration"]["endian"].as_str();
+            ensure!(
+                endian == Some("little") || (endian.is_none() && ty.byte_size() == 1),
+                "bytes codec with endian {:?} is not supported (little endian is)",
+                endian
+            );
+            let rest = rest
+                .iter()
+                .map(|codec| match codec["name"].as_str() {
+                    Some("zstd") => Ok(BytesCodec::Zstd),
+                    Some("crc32c") => Ok(BytesCodec::Crc32c),
+                    _ => bail!("codec {codec} is not supported (bytes, zstd, crc32c, sharding_indexed are)"),
+                })
+                .collect::<Result<_>>()?;
+            Ok(Codecs::Plain(rest))
+        }
+        _ => bail!("codec {first} is not supported (bytes, zstd, crc32c, sharding_indexed are)"),
+    }
+}
+
+/// Undoes the bytes-to-bytes codecs, last written first; `expected` is the decoded size, which
+/// bounds what a corrupt zstd frame can make us allocate.
+fn decode(mut bytes: Vec<u8>, codecs: &[BytesCodec], expected: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    // A crc32c codec before zstd adds its 4 bytes to what zstd decompresses.
+    let limit = expected + 4 * codecs.len() as u64;
+    for codec in codecs.iter().rev() {
+        bytes = match codec {
+            BytesCodec::Zstd => {
+                let mut out = Vec::new();
+                zstd::stream::Decoder::new(bytes.as_slice())?.take(limit + 1).read_to_end(&mut out).context("zstd")?;
+                ensure!(out.len() as u64 <= limit, "zstd decompresses past the {expected} bytes of the chunk");
+                out
+            }
+            BytesCodec::Crc32c => {
+                ensure!(bytes.len() >= 4, "{} bytes, too short for a crc32c", bytes.len());
+                let (data, crc) = bytes.split_at(bytes.len() - 4);
+                let want = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
+                ensure!(crc32c::crc32c(data) == want, "its crc32c does not match (corrupt)");
+                data.to_vec()
+            }
+        };
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    struct Memory(BTreeMap<String, Vec<u8>>);
+
+    impl Store for Memory {
+        fn value_len(&self, key: &str) -> Option<u64> {
+            self.0.get(key).map(|v| v.len() as u64)
+        }
+        fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Vec<u8>> {
+            Ok(self.0[key][start as usize..(start + len) as usize].to_vec())
+        }
+    }
+
+    /// A 3x5 int32 array of value 10 * row + column in 2x2 chunks (the last row and column of
+    /// chunks overhang it), the chunk at (1, 2) missing (fill value 0), each chunk's elements
+    /// 10 * row + column of the array position they stand for, overhang included.
+    #[test]
+    fn chunks_overhanging_the_array_and_missing_ones() {
+        let meta = serde_json::json!({
+            "zarr_format": 3, "node_type": "array", "data_type": "int32", "shape": [3, 5],
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2, 2]}},
+            "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
+            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+        });
+        let mut store = BTreeMap::new();
+        store.insert("a/zarr.json".to_string(), serde_json::to_vec(&meta).unwrap());
+        for (ci, cj) in [(0i32, 0i32), (0, 1), (0, 2), (1, 0), (1, 1)] {
+            let mut bytes = Vec::new();
+            for i in 0..2 {
+                for j in 0..2 {
+                    bytes.extend_from_slice(&(10 * (2 * ci + i) + 2 * cj + j).to_le_bytes());
+                }
+            }
+            let crc = crc32c::crc32c(&bytes);
+            bytes.extend_from_slice(&crc.to_le_bytes());
+            store.insert(format!("a/c/{ci}/{cj}"), bytes);
+        }
+        let store = Memory(store);
+        let tensor = Array::open(&store, "a").unwrap().read(&store).unwrap();
+        let values: Vec<i32> = tensor.data.chunks(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect();
+        let want: Vec<i32> =
+            (0..3).flat_map(|i| (0..5).map(move |j| if i == 2 && j == 4 { 0 } else { 10 * i + j })).collect();
+        assert_eq!(values, want);
+    }
+
+    #[test]
+    fn unsupported_codecs_and_types_are_named() {
+        let e = codecs(
+            &serde_json::json!([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip"}]),
+            DType::F32,
+            1,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("codec {\"name\":\"gzip\"} is not supported"), "{e}");
+        let e = codecs(&serde_json::json!([{"name": "bytes", "configuration": {"endian": "big"}}]), DType::F32, 1)
+            .unwrap_err();
+        assert!(e.to_string().contains("endian Some(\"big\")"), "{e}");
+        assert!(element_type("complex64").unwrap_err().to_string().contains("\"complex64\" is not supported"));
+    }
+}

