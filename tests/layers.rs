@@ -116,53 +116,11 @@ fn is_ident(c: char) -> bool {
 /// The top-level modules `code` names after `crate::`, with the line of each: `crate::a::b`
 /// gives `a`, `crate::{a::x, b}` gives `a` and `b`, `crate::name!` nothing (a macro).
 fn crate_references(code: &str) -> Vec<(usize, String)> {
-    let mut found = Vec::new();
-    let mut from = 0;
-    while let Some(at) = code[from..].find("crate::").map(|p| p + from) {
-        from = at + "crate::".len();
-        // `$crate::` (in macros) is the crate too; `mycrate::` is not.
-        if code[..at].chars().next_back().is_some_and(is_ident) {
-            continue;
-        }
-        let line = code[..at].matches('\n').count() + 1;
-        let rest = &code[from..];
-        if rest.starts_with('{') {
-            let (mut depth, mut item_start) = (0, true);
-            let mut chars = rest.char_indices().peekable();
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '{' => {
-                        depth += 1;
-                        item_start = depth == 1;
-                    }
-                    '}' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            break;
-                        }
-                    }
-                    ',' if depth == 1 => item_start = true,
-                    c if item_start && is_ident(c) => {
-                        let name: String = rest[i..].chars().take_while(|&c| is_ident(c)).collect();
-                        for _ in 1..name.chars().count() {
-                            chars.next();
-                        }
-                        if name != "self" {
-                            found.push((line + rest[..i].matches('\n').count(), name));
-                        }
-                        item_start = false;
-                    }
-                    _ => {}
-                }
-            }
-        } else {
-            let name: String = rest.chars().take_while(|&c| is_ident(c)).collect();
-            if !name.is_empty() && !rest[name.len()..].starts_with('!') {
-                found.push((line, name));
-            }
-        }
-    }
-    found
+    let paths = relative_paths(code).into_iter();
+    paths
+        .filter(|(_, path)| path.len() > 1 && path[0] == "crate" && path[1] != "self")
+        .map(|(l, p)| (l, p[1].clone()))
+        .collect()
 }
 
 /// Every `.rs` file under `dir`.
@@ -334,16 +292,18 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ("sharding", &["mesh", "spec"]),
 ];
 
-/// The paths in `code` that start at `crate::`, `super::` or `self::`, as their segments
-/// (`super::{a::x, b}` gives `[super, a]` and `[super, b]`: a group's items by their first
-/// name), with the line of each.
+/// The paths in `code` that start at `crate::` (or a macro's `$crate::`), `super::` or
+/// `self::`, as their segments (`super::{a::x, b}` gives `[super, a]` and `[super, b]`: a
+/// group's items by their first name; `crate::name!` gives `[crate]`: a macro is no item), with
+/// the line of each.
 fn relative_paths(code: &str) -> Vec<(usize, Vec<String>)> {
     let chars: Vec<char> = code.chars().collect();
     let ident_at = |i: usize| -> String { chars[i..].iter().take_while(|&&c| is_ident(c)).collect() };
     let mut found = Vec::new();
     let mut i = 0;
     while i < chars.len() {
-        let path_start = (i == 0 || !(is_ident(chars[i - 1]) || chars[i - 1] == ':' || chars[i - 1] == '$'))
+        // `$crate::` (in macros) is the crate too; `mycrate::` and `a::super_x` are not paths.
+        let path_start = (i == 0 || !(is_ident(chars[i - 1]) || chars[i - 1] == ':'))
             && ["crate", "super", "self"].contains(&ident_at(i).as_str());
         if !path_start {
             i += 1;
@@ -357,6 +317,10 @@ fn relative_paths(code: &str) -> Vec<(usize, Vec<String>)> {
             j += name.chars().count();
             segments.push(name);
             if !(chars.get(j) == Some(&':') && chars.get(j + 1) == Some(&':')) {
+                // `path::name!`: a macro, not an item of the path.
+                if chars.get(j) == Some(&'!') {
+                    segments.pop();
+                }
                 found.push((line, segments));
                 break;
             }
@@ -431,7 +395,8 @@ fn submodule_imports(src: &Path, module: &str) -> Vec<Import> {
         let code = code_only(&text);
         let code = &code[..code.find("#[cfg(test)]").unwrap_or(code.len())];
         for (line, path) in relative_paths(code) {
-            let absolute: Vec<String> = match path[0].as_str() {
+            let Some(first) = path.first() else { continue };
+            let absolute: Vec<String> = match first.as_str() {
                 "crate" => path[1..].to_vec(),
                 "self" => place.iter().chain(&path[1..]).cloned().collect(),
                 _ => {

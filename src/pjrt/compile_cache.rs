@@ -87,34 +87,7 @@ pub(crate) fn compile_through(
     options: &CompileOptions,
     compile: impl FnOnce() -> super::Result<LoadedExecutable>,
 ) -> super::Result<LoadedExecutable> {
-    let Some(dir) = dir() else { return compile() };
-    let entry = match key(client, mlir, options) {
-        Ok(key) => dir.join(key),
-        Err(e) => {
-            tracing::warn!("compilation cache: cannot key this program ({e:#}); compiling it");
-            return compile();
-        }
-    };
-    // A broken entry is replaced whatever the compile takes: the program was worth keeping once.
-    let broken = match load(client, &entry) {
-        Ok(Some(executable)) => {
-            tracing::debug!("compilation cache: loaded {}", entry.display());
-            return Ok(executable);
-        }
-        Ok(None) => false,
-        Err(e) => {
-            tracing::warn!("compilation cache: cannot use {} ({e:#}); compiling again", entry.display());
-            true
-        }
-    };
-    let start = Instant::now();
-    let executable = compile()?;
-    if (broken || start.elapsed() >= min_compile_time()) && client.process_index().unwrap_or(0) == 0 {
-        if let Err(e) = store(&executable, &entry) {
-            tracing::warn!("compilation cache: cannot write {} ({e:#})", entry.display());
-        }
-    }
-    Ok(executable)
+    through(client, mlir, options, |entry| load(client, entry), store, compile)
 }
 
 /// `compile_through` for an executable wanted as bytes (a pipeline stage's program, loaded onto
@@ -127,6 +100,23 @@ pub(crate) fn serialized_through(
     options: &CompileOptions,
     compile: impl FnOnce() -> super::Result<Vec<u8>>,
 ) -> super::Result<Vec<u8>> {
+    let checked = |entry: &Path| match read(entry)? {
+        Some(bytes) => client.deserialize(&bytes).map(|_| Some(bytes)).map_err(Into::into),
+        None => Ok(None),
+    };
+    through(client, mlir, options, checked, |bytes: &Vec<u8>, entry| store_serialized(bytes, entry), compile)
+}
+
+/// The cache's rule for either form of a compiled program (`T`): `load` a hit, else `compile`
+/// and `store` it when it took long enough (or replaced a broken entry), on process 0 only.
+fn through<T>(
+    client: &Client,
+    mlir: &str,
+    options: &CompileOptions,
+    load: impl FnOnce(&Path) -> Result<Option<T>>,
+    store: impl FnOnce(&T, &Path) -> Result<()>,
+    compile: impl FnOnce() -> super::Result<T>,
+) -> super::Result<T> {
     let Some(dir) = dir() else { return compile() };
     let entry = match key(client, mlir, options) {
         Ok(key) => dir.join(key),
@@ -135,14 +125,11 @@ pub(crate) fn serialized_through(
             return compile();
         }
     };
-    let cached = read(&entry).and_then(|bytes| match bytes {
-        Some(bytes) => client.deserialize(&bytes).map(|_| Some(bytes)).map_err(Into::into),
-        None => Ok(None),
-    });
-    let broken = match cached {
-        Ok(Some(bytes)) => {
+    // A broken entry is replaced whatever the compile takes: the program was worth keeping once.
+    let broken = match load(&entry) {
+        Ok(Some(compiled)) => {
             tracing::debug!("compilation cache: loaded {}", entry.display());
-            return Ok(bytes);
+            return Ok(compiled);
         }
         Ok(None) => false,
         Err(e) => {
@@ -151,13 +138,13 @@ pub(crate) fn serialized_through(
         }
     };
     let start = Instant::now();
-    let serialized = compile()?;
+    let compiled = compile()?;
     if (broken || start.elapsed() >= min_compile_time()) && client.process_index().unwrap_or(0) == 0 {
-        if let Err(e) = store_serialized(&serialized, &entry) {
+        if let Err(e) = store(&compiled, &entry) {
             tracing::warn!("compilation cache: cannot write {} ({e:#})", entry.display());
         }
     }
-    Ok(serialized)
+    Ok(compiled)
 }
 
 /// What the compiled code depends on, hashed: the program and its compile options, the plugin
