@@ -16,6 +16,11 @@
 //!   as a stable argsort ranks them), with `k1, k2 = split(PRNGKey(42))`. Positions do not
 //!   restart at the cuts and every target counts in the loss, as in MaxText.
 //!
+//! Those are the draws under JAX's default PRNG (threefry). MaxText's trainer switches JAX to
+//! `unsafe_rbg` before building the iterator (`jax_default_prng_impl`,
+//! `trainers/pre_train/train.py` at e591f30), so a MaxText run's tokens are XLA `RngBitGenerator`
+//! draws instead, which maxrs does not reproduce yet (issue 47's resumption check found it).
+//!
 //! `data_shuffle_seed` does not enter it (MaxText's keys are fixed). The draws use JAX's
 //! threefry ([`super::threefry`]), whose partitionable layout makes an element a function of its
 //! flat index only: each host computes only its own rows, and they equal the single-host rows.

@@ -18,7 +18,7 @@
 /// What a run loaded from a MaxText checkpoint says: the arrays are MaxText's, bit for bit, but
 /// the model does not yet compute MaxText's losses from them (issue 47): MaxText's query kernels
 /// carry `1/sqrt(head_dim)` (its init and converters fold it in; maxrs scales queries at run
-/// time, `docs/src/reference/parameters.md`), and the fixture's first loss differs beyond that.
+/// time, `docs/src/reference/parameters.md`), and Adam's updates differ under that rescaling.
 pub const NOT_YET_EQUAL: &str = "warning: maxrs reads MaxText's arrays exactly, but does not yet compute MaxText's \
      losses from them (MaxText folds 1/sqrt(head_dim) into its query kernels, which maxrs applies at run time; issue 47)";
 
