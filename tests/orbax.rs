@@ -98,7 +98,8 @@ fn maxtext_losses() -> BTreeMap<u64, f64> {
 fn a_run_starts_from_a_maxtext_checkpoints_parameters() {
     // The parameters Orbax read from step 1's state, as a safetensors file of maxrs's keys and
     // layout (the parameter file format maxrs already loads): the scanned layers' parameters
-    // with their layer axis (MaxText's `param_scan_axis`, 1) moved first.
+    // with their layer axis (MaxText's `param_scan_axis`, 1) moved first, the query kernel
+    // times sqrt(head_dim).
     let dir = tempfile::tempdir().unwrap();
     let golden = orbax_values("nnx_step1");
     let file = dir.path().join("params.safetensors");
@@ -107,8 +108,18 @@ fn a_run_starts_from_a_maxtext_checkpoints_parameters() {
         .filter_map(|(name, (_, dims, data))| {
             let key = name.strip_prefix("params/params/")?.replace('/', ".");
             let dims: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+            // MaxText's query kernel carries 1/sqrt(head_dim = 8), which maxrs applies at run time.
+            let data: Vec<u8> = match key.ends_with("self_attention.query.kernel") {
+                true => data
+                    .chunks(4)
+                    .flat_map(|b| {
+                        ((f32::from_le_bytes(b.try_into().unwrap()) as f64 * 8f64.sqrt()) as f32).to_le_bytes()
+                    })
+                    .collect(),
+                false => data.clone(),
+            };
             if !key.starts_with("decoder.layers.") {
-                return Some((key, dims, data.clone()));
+                return Some((key, dims, data));
             }
             // Element [a, l, rest] of the checkpoint is element [l, a, rest] of maxrs's.
             let (a, layers, rest) = (dims[0], dims[1], dims[2..].iter().product::<usize>() * 4);
@@ -129,6 +140,9 @@ fn a_run_starts_from_a_maxtext_checkpoints_parameters() {
     safetensors::serialize_to_file(views, &None, &file).unwrap();
 
     let from_file = run(&load(&file)).unwrap();
+    // MaxText's llama2 function of these parameters on this (threefry) batch, in f64:
+    // `tools/maxtext_llama_loss.py --prng threefry2x32` gives 4.667259.
+    assert!((from_file.losses[0] - 4.667259).abs() < 2e-5, "{}", from_file.losses[0]);
     let fresh = run(&["steps=1".into()]).unwrap();
     assert_ne!(fresh.losses[0], from_file.losses[0], "the checkpoint's parameters are not the init's");
     // A step folder and its item folder both load, to the same first loss as the file.
@@ -173,15 +187,15 @@ fn a_run_resumes_a_maxtext_train_state() {
 
 /// Issue 47's check: resumed from MaxText's checkpoint, maxrs's losses are MaxText's own
 /// continued run's. Fails today, for two reasons found with an f64 reference of MaxText's llama2
-/// forward pass in Python (the session note of 2026-11-28 has it), which gives MaxText's first
-/// loss, 4.815190, from these parameters:
+/// forward pass (`tools/maxtext_llama_loss.py`), which gives MaxText's first loss, 4.815190,
+/// from these parameters:
 /// - MaxText's trainer draws its synthetic batch with `unsafe_rbg` (`train.py` at e591f30 sets
 ///   `jax_default_prng_impl` before building the iterator), maxrs with threefry: other tokens;
 /// - MaxText folds `1/sqrt(head_dim)` into the query kernel (`Attention.init_query_w`,
 ///   `src/maxtext/layers/attentions.py`) and does not scale queries at run time; maxrs scales
-///   them (`model::blocks`). Loading can compensate the parameters, but Adam's updates are not
-///   invariant to that rescaling, so the following steps differ until maxrs follows MaxText's
-///   convention.
+///   them (`model::blocks`). Loading compensates the parameters (`Model::maxtext_factors`, the
+///   first loss is MaxText's function: see above), but Adam's updates are not invariant to that
+///   rescaling, so the following steps differ until maxrs follows MaxText's convention.
 #[test]
 #[ignore = "maxrs's synthetic batch and query scaling are not MaxText's yet (see the doc comment)"]
 fn a_resumed_run_continues_with_maxtexts_losses() {

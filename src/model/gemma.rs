@@ -36,7 +36,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm, SelfAttention};
-use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
+use super::family::{constrain, dense_layer_flops, folded_queries, Family, LayerFlops, LayerOutput, BTE};
 use super::params::ParamDef;
 use super::ModelConfig;
 
@@ -48,6 +48,10 @@ pub const LAYER_NORM_EPS: f64 = 1e-6;
 pub struct Gemma;
 
 impl Family for Gemma {
+    fn maxtext_factors(&self, c: &ModelConfig, _kind: usize) -> Vec<(String, f64)> {
+        folded_queries(c, &["self_attention"])
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let norm = Norm::Rms { eps: LAYER_NORM_EPS };
         let mut defs = norm.params("pre_self_attention_norm", c.emb);

@@ -34,7 +34,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::{AttendOptions, LayerContext};
 use super::blocks::{Mlp, Norm, SelfAttention};
-use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
+use super::family::{constrain, dense_layer_flops, folded_queries, Family, LayerFlops, LayerOutput, BTE};
 use super::gemma::LAYER_NORM_EPS;
 use super::params::ParamDef;
 use super::ModelConfig;
@@ -142,6 +142,10 @@ pub(super) fn sandwich(
 }
 
 impl Family for Gemma2 {
+    fn maxtext_factors(&self, c: &ModelConfig, _kind: usize) -> Vec<(String, f64)> {
+        folded_queries(c, &["self_attention_local", "self_attention_global"])
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let mut defs = self.half_params(c, "local");
         defs.extend(self.half_params(c, "global"));

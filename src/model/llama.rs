@@ -28,8 +28,8 @@
 //! **Query scaling.** Attention scales the queries by `1 / sqrt(head_dim)` explicitly in the
 //! forward pass (after RoPE), and the query kernel is initialized like the other kernels. MaxText
 //! instead folds `1 / sqrt(head_dim)` into the query kernel's initializer (and its checkpoint
-//! converters fold it into the converted query weights) and does not scale at run time: to use a
-//! MaxText-converted query kernel here, multiply it by `sqrt(head_dim)`.
+//! converters fold it into the converted query weights) and does not scale at run time: reading
+//! a MaxText checkpoint multiplies the query kernel by `sqrt(head_dim)` (`maxtext_factors`).
 //!
 //! Numerics: weights are cast to `dtype` where used; activations are `dtype`; RMSNorm statistics,
 //! RoPE and the softmax are f32.
@@ -38,7 +38,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm, SelfAttention};
-use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
+use super::family::{constrain, dense_layer_flops, folded_queries, Family, LayerFlops, LayerOutput, BTE};
 use super::params::ParamDef;
 use super::ModelConfig;
 
@@ -47,6 +47,10 @@ use super::ModelConfig;
 pub struct Llama;
 
 impl Family for Llama {
+    fn maxtext_factors(&self, c: &ModelConfig, _kind: usize) -> Vec<(String, f64)> {
+        folded_queries(c, &["self_attention"])
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         layer_params(c)
     }

@@ -31,7 +31,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Norm, SelfAttention};
-use super::family::{attention_flops, constrain, Family, LayerFlops, LayerOutput};
+use super::family::{attention_flops, constrain, folded_queries, Family, LayerFlops, LayerOutput};
 use super::fp8::{self, Scaling};
 use super::llama::{attention_half, attention_params};
 use super::moe::{self, moe_block_with, MoeConfig, Products};
@@ -62,6 +62,10 @@ impl Mixtral {
 }
 
 impl Family for Mixtral {
+    fn maxtext_factors(&self, c: &ModelConfig, _kind: usize) -> Vec<(String, f64)> {
+        folded_queries(c, &["self_attention"])
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let mut defs = attention_params(c);
         defs.extend(

@@ -85,7 +85,7 @@ pub(super) fn initial_state(
         let is_maxrs = storage::is_file(&dir.join(checkpoint::manifest::MANIFEST_FILE))?;
         if !is_maxrs && checkpoint::orbax::Checkpoint::is_orbax(&dir)? {
             // A MaxText train state: read whole, cut into the blocks this process's devices hold.
-            let state = checkpoint::orbax::state::load(&dir, expected)
+            let state = checkpoint::orbax::state::load(&dir, expected, &model.maxtext_factors())
                 .with_context(|| format!("load_full_state_path={dir}"))?;
             let wanted = restoring.wanted();
             let arrays = state
@@ -111,7 +111,7 @@ pub(super) fn initial_state(
     }
     let initial = match c.load_parameters_path.as_str() {
         "" => Initial::Fresh,
-        _ => Initial::Parameters(load_parameter_arrays(c, expected, &model_keys)?),
+        _ => Initial::Parameters(load_parameter_arrays(c, expected, model, &model_keys)?),
     };
     Ok(Start { initial, first_step: 0, data: None })
 }
@@ -123,6 +123,7 @@ pub(super) fn initial_state(
 fn load_parameter_arrays(
     c: &Config,
     expected: &[Expected],
+    model: &Model,
     model_keys: &BTreeMap<String, serde_json::Value>,
 ) -> Result<BTreeMap<String, HostTensor>> {
     let location = Location::parse(&c.load_parameters_path)?;
@@ -131,10 +132,13 @@ fn load_parameter_arrays(
     let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
     let arrays = if !is_checkpoint && checkpoint::orbax::Checkpoint::is_orbax(&location)? {
         // A MaxText checkpoint: its parameters under maxrs's keys, floats as `weight_dtype`.
+        let factors = model.maxtext_factors();
         let wanted: Vec<checkpoint::orbax::params::Wanted> = params
             .iter()
             .filter_map(|e| {
-                Some(checkpoint::orbax::params::Wanted { key: Group::of(&e.name)?.1, ty: e.ty, dims: &e.dims })
+                let key = Group::of(&e.name)?.1;
+                let factor = factors.get(key).copied().unwrap_or(1.0);
+                Some(checkpoint::orbax::params::Wanted { key, ty: e.ty, dims: &e.dims, factor })
             })
             .collect();
         let loaded = checkpoint::orbax::params::load(&location, &wanted)

@@ -15,12 +15,13 @@
 //! Every array is read through [`crate::storage`] by ranges (local or `gs://`): the B+tree nodes,
 //! each shard's index, each inner chunk, never a data file whole.
 
-/// What a run loaded from a MaxText checkpoint says: the arrays are MaxText's, bit for bit, but
-/// the model does not yet compute MaxText's losses from them (issue 47): MaxText's query kernels
-/// carry `1/sqrt(head_dim)` (its init and converters fold it in; maxrs scales queries at run
-/// time, `docs/src/reference/parameters.md`), and Adam's updates differ under that rescaling.
-pub const NOT_YET_EQUAL: &str = "warning: maxrs reads MaxText's arrays exactly, but does not yet compute MaxText's \
-     losses from them (MaxText folds 1/sqrt(head_dim) into its query kernels, which maxrs applies at run time; issue 47)";
+/// What a run loaded from a MaxText checkpoint says (issue 47): the model computes MaxText's
+/// function of the arrays (the query kernels' folded `1/sqrt(head_dim)` moved to run time,
+/// `Model::maxtext_factors`), but does not train as MaxText would: Adam's steps on a rescaled
+/// parameter are not the rescaled steps.
+pub const NOT_YET_EQUAL: &str =
+    "warning: maxrs computes MaxText's model from these arrays, but its training steps are not yet \
+     MaxText's (MaxText folds 1/sqrt(head_dim) into its query kernels, maxrs applies it at run time; issue 47)";
 
 pub mod ocdbt;
 pub mod params;

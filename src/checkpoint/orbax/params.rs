@@ -34,6 +34,8 @@ pub struct Wanted<'a> {
     pub key: &'a str,
     pub ty: DType,
     pub dims: &'a [i64],
+    /// What turns MaxText's value into maxrs's (`Model::maxtext_factors`; 1 for most).
+    pub factor: f64,
 }
 
 /// The checkpoint's parameters: maxrs key -> the checkpoint's array name.
@@ -100,6 +102,15 @@ pub(super) fn to_maxrs(key: &str, tensor: HostTensor) -> HostTensor {
     HostTensor::new(tensor.ty, &maxrs_dims(key, &tensor.dims), data)
 }
 
+/// `tensor` (floats) times `factor`, computed in f64 and rounded to its type once.
+pub fn scaled(tensor: HostTensor, factor: f64) -> HostTensor {
+    if factor == 1.0 {
+        return tensor;
+    }
+    let values: Vec<f64> = tensor.to_f64().into_iter().map(|v| v * factor).collect();
+    convert_float(&HostTensor::from_f64(&tensor.dims, &values), tensor.ty)
+}
+
 /// Reads `wanted` from the Orbax checkpoint at `location` (a step folder or its `items/`): each
 /// of the expected shape, float types converted to the expected one (a parameter-only checkpoint
 /// is bfloat16), keyed by maxrs key.
@@ -130,7 +141,7 @@ pub fn load(location: &Location, wanted: &[Wanted]) -> Result<BTreeMap<String, H
         }
         let tensor = to_maxrs(w.key, array.read(&ckpt.db).with_context(|| format!("{}: {name}", ckpt.location()))?);
         let tensor = if tensor.ty == w.ty { tensor } else { convert_float(&tensor, w.ty) };
-        out.insert(w.key.to_string(), tensor);
+        out.insert(w.key.to_string(), scaled(tensor, w.factor));
     }
     let unused: Vec<&String> = names.keys().filter(|k| !wanted.iter().any(|w| w.key == k.as_str())).collect();
     if let Some(first) = unused.first() {
@@ -183,14 +194,14 @@ mod tests {
     #[test]
     fn a_mismatch_names_the_parameter_and_both_shapes() {
         let dims = [3, 16, 33];
-        let wanted = [Wanted { key: "decoder.layers.mlp.wi_0.kernel", ty: DType::F32, dims: &dims }];
+        let wanted = [Wanted { key: "decoder.layers.mlp.wi_0.kernel", ty: DType::F32, dims: &dims, factor: 1.0 }];
         let e = load(&fixture("nnx_params/0/items"), &wanted).unwrap_err().to_string();
         assert!(
             e.contains("decoder/layers/mlp/wi_0/kernel/value is bf16[16,3,32] (bf16[3,16,32] with the layers first)"),
             "{e}"
         );
         assert!(e.contains("decoder.layers.mlp.wi_0.kernel is f32[3,16,33]"), "{e}");
-        let wanted = [Wanted { key: "decoder.absent", ty: DType::F32, dims: &dims }];
+        let wanted = [Wanted { key: "decoder.absent", ty: DType::F32, dims: &dims, factor: 1.0 }];
         let e = load(&fixture("nnx_params/0/items"), &wanted).unwrap_err().to_string();
         assert!(e.contains("no array for the model's parameter decoder.absent"), "{e}");
     }

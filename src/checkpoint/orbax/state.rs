@@ -46,8 +46,11 @@ fn maxtext_name(name: &str) -> Result<String> {
 }
 
 /// Reads the `expected` arrays of a train state (each of exactly the expected type and shape,
-/// as resuming needs) and its step from the Orbax checkpoint at `location`.
-pub fn load(location: &Location, expected: &[Expected]) -> Result<State> {
+/// as resuming needs) and its step from the Orbax checkpoint at `location`. A parameter maxrs
+/// holds as `factor` times MaxText's (`factors`, by parameter name: `Model::maxtext_factors`)
+/// is multiplied by it, and its AdamW moments follow: the gradient of the rescaled parameter is
+/// the gradient divided by `factor`, so `mu` is divided by it and `nu` by its square.
+pub fn load(location: &Location, expected: &[Expected], factors: &BTreeMap<String, f64>) -> Result<State> {
     let ckpt = Checkpoint::open(location)?;
     let at = ckpt.location().clone();
     let names: Vec<String> = ckpt.names().map(str::to_string).collect();
@@ -72,7 +75,11 @@ pub fn load(location: &Location, expected: &[Expected]) -> Result<State> {
             e.name,
             shape_string(e.ty, &e.dims)
         );
-        arrays.insert(e.name.clone(), params::to_maxrs(key, ckpt.read(&name)?));
+        let factor = match (factors.get(key), Group::of(&e.name)) {
+            (Some(&f), Some((group, _))) => group_factor(group, f),
+            _ => 1.0,
+        };
+        arrays.insert(e.name.clone(), params::scaled(params::to_maxrs(key, ckpt.read(&name)?), factor));
     }
     let step = scalar(&ckpt, "step")?;
     for count in names.iter().filter(|n| n.starts_with("opt_state/") && n.ends_with("/count")) {
@@ -88,6 +95,18 @@ pub fn load(location: &Location, expected: &[Expected]) -> Result<State> {
         bail!("{at}: {} arrays the run does not have, e.g. {first} (a checkpoint of another model?)", unused.len());
     }
     Ok(State { next_step: step, arrays })
+}
+
+/// What an array of `group` is multiplied by when its parameter is `factor` times MaxText's:
+/// with `p' = factor p` the gradient is `g / factor`, so AdamW's first moment (a mean of
+/// gradients) is divided by `factor` and its second (of squared gradients) by `factor^2`.
+fn group_factor(group: Group, factor: f64) -> f64 {
+    match group {
+        Group::Params => factor,
+        Group::Mu => 1.0 / factor,
+        Group::Nu => 1.0 / (factor * factor),
+        Group::Count | Group::Fp8 => 1.0,
+    }
 }
 
 /// A non-negative integer scalar of the checkpoint.
@@ -121,15 +140,25 @@ mod tests {
     }
 
     #[test]
+    fn a_rescaled_parameter_brings_its_moments_along() {
+        // Adam's moments of `p' = 2p`: gradients halve, so `mu` halves and `nu` quarters.
+        let got: Vec<f64> = [Group::Params, Group::Mu, Group::Nu, Group::Count].map(|g| group_factor(g, 2.0)).to_vec();
+        assert_eq!(got, [2.0, 0.5, 0.25, 1.0]);
+    }
+
+    #[test]
     fn the_step_and_the_count_and_what_is_refused() {
         let count = Expected { name: "opt_state.count".into(), ty: DType::S32, dims: vec![] };
-        let e = load(&fixture("nnx/checkpoints/1"), std::slice::from_ref(&count)).err().unwrap().to_string();
+        let e = load(&fixture("nnx/checkpoints/1"), std::slice::from_ref(&count), &BTreeMap::new())
+            .err()
+            .unwrap()
+            .to_string();
         // Loading only the count leaves the checkpoint's parameters unused: another model.
         assert!(e.contains("36 arrays the run does not have"), "{e}");
-        let e = load(&fixture("nnx_params/0/items"), &[count]).err().unwrap().to_string();
+        let e = load(&fixture("nnx_params/0/items"), &[count], &BTreeMap::new()).err().unwrap().to_string();
         assert!(e.contains("a parameter-only checkpoint; use load_parameters_path"), "{e}");
         let wrong = Expected { name: "params.decoder.decoder_norm.scale".into(), ty: DType::BF16, dims: vec![16] };
-        let e = load(&fixture("nnx/checkpoints/1"), &[wrong]).err().unwrap().to_string();
+        let e = load(&fixture("nnx/checkpoints/1"), &[wrong], &BTreeMap::new()).err().unwrap().to_string();
         assert!(e.contains("params/params/decoder/decoder_norm/scale is f32[16] but the run's"), "{e}");
     }
 }
