@@ -85,7 +85,7 @@ pub(super) fn initial_state(
         let is_maxrs = storage::is_file(&dir.join(checkpoint::manifest::MANIFEST_FILE))?;
         if !is_maxrs && checkpoint::orbax::Checkpoint::is_orbax(&dir)? {
             // A MaxText train state: read whole, cut into the blocks this process's devices hold.
-            let state = checkpoint::orbax::state::load(&dir, expected, &model.maxtext_factors())
+            let state = checkpoint::orbax::state::load(&dir, expected, &checkpoint::orbax::params::stored(model))
                 .with_context(|| format!("load_full_state_path={dir}"))?;
             let wanted = restoring.wanted();
             let arrays = state
@@ -132,16 +132,13 @@ fn load_parameter_arrays(
     let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
     let arrays = if !is_checkpoint && checkpoint::orbax::Checkpoint::is_orbax(&location)? {
         // A MaxText checkpoint: its parameters under maxrs's keys, floats as `weight_dtype`.
-        let factors = model.maxtext_factors();
         let wanted: Vec<checkpoint::orbax::params::Wanted> = params
             .iter()
             .filter_map(|e| {
-                let key = Group::of(&e.name)?.1;
-                let factor = factors.get(key).copied().unwrap_or(1.0);
-                Some(checkpoint::orbax::params::Wanted { key, ty: e.ty, dims: &e.dims, factor })
+                Some(checkpoint::orbax::params::Wanted { key: Group::of(&e.name)?.1, ty: e.ty, dims: &e.dims })
             })
             .collect();
-        let loaded = checkpoint::orbax::params::load(&location, &wanted)
+        let loaded = checkpoint::orbax::params::load(&location, &wanted, &checkpoint::orbax::params::stored(model))
             .with_context(|| format!("load_parameters_path={location}"))?;
         eprintln!("{}", checkpoint::orbax::NOT_YET_EQUAL);
         loaded.into_iter().map(|(key, tensor)| (Group::Params.name(&key), tensor)).collect()

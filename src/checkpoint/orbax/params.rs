@@ -13,7 +13,8 @@
 //! `param_scan_axis`, 1 by default (`src/maxtext/configs/base.yml` at MaxText e591f30), so
 //! `wi_0` is `[emb, layers, mlp]` there; maxrs stacks layers on axis 0 (`model::stacks`,
 //! `[layers, emb, mlp]`). [`to_maxrs`] moves the axis; a checkpoint written with another
-//! `param_scan_axis` fails the shape check, naming the array and both shapes.
+//! `param_scan_axis` fails the shape check, naming the array and both shapes. Which parameters
+//! are stacked, and which MaxText stores scaled, the model says ([`stored`]).
 
 use std::collections::BTreeMap;
 
@@ -22,6 +23,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::Checkpoint;
 use crate::files::Location;
 use crate::host::{convert_float, shape_string, DType, HostTensor};
+use crate::model::{Model, ParamRole};
 
 /// The root of the parameters in a train state or Linen parameter checkpoint.
 const LINEN_ROOT: &str = "params/params/";
@@ -34,8 +36,33 @@ pub struct Wanted<'a> {
     pub key: &'a str,
     pub ty: DType,
     pub dims: &'a [i64],
-    /// What turns MaxText's value into maxrs's (`Model::maxtext_factors`; 1 for most).
+}
+
+/// How MaxText stores one of the model's parameters, relative to maxrs's array of it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stored {
+    /// Stacked over a stack's layers (`ParamRole::StackedLayers`): MaxText keeps that axis at
+    /// its `param_scan_axis`.
+    pub stacked: bool,
+    /// maxrs's value over MaxText's (`Model::maxtext_factors`).
     pub factor: f64,
+}
+
+impl Stored {
+    /// A parameter stored as maxrs holds it.
+    pub const SAME: Stored = Stored { stacked: false, factor: 1.0 };
+}
+
+/// Each of `model`'s parameters, by maxrs key, as MaxText stores it.
+pub fn stored(model: &Model) -> BTreeMap<String, Stored> {
+    let factors = model.maxtext_factors();
+    let defs = model.param_defs().into_iter();
+    defs.map(|d| {
+        let stacked = model.param_role(&d.name) == ParamRole::StackedLayers;
+        let factor = factors.get(&d.name).copied().unwrap_or(1.0);
+        (d.name, Stored { stacked, factor })
+    })
+    .collect()
 }
 
 /// The checkpoint's parameters: maxrs key -> the checkpoint's array name.
@@ -59,18 +86,10 @@ pub fn parameter_names(ckpt: &Checkpoint) -> Result<BTreeMap<String, String>> {
     )
 }
 
-/// Whether the maxrs parameter `key` is a scanned stack's (its layer axis first in maxrs, at
-/// MaxText's `param_scan_axis` 1 in the checkpoint): the stacks of `model::stacks` but the
-/// single `layers_remainder` module and the unscanned `layers_<i>`.
-fn is_stacked(key: &str) -> bool {
-    let mut parts = key.split('.');
-    parts.next() == Some("decoder") && matches!(parts.next(), Some("layers" | "dense_layers" | "moe_layers"))
-}
-
-/// The dims maxrs gives the checkpoint's array of `dims` for the parameter `key`.
-pub(super) fn maxrs_dims(key: &str, dims: &[i64]) -> Vec<i64> {
+/// The dims maxrs gives the checkpoint's array of `dims` (of a `stacked` parameter or not).
+pub(super) fn maxrs_dims(stacked: bool, dims: &[i64]) -> Vec<i64> {
     let mut dims = dims.to_vec();
-    if is_stacked(key) && dims.len() >= 2 {
+    if stacked && dims.len() >= 2 {
         dims.swap(0, 1);
     }
     dims
@@ -84,10 +103,10 @@ pub(super) fn describe(ty: DType, stored: &[i64], dims: &[i64]) -> String {
     }
 }
 
-/// The checkpoint's array for the parameter `key` in maxrs's layout: a stacked parameter's
-/// layer axis moved from 1 to 0 (`[a, layers, ...]` -> `[layers, a, ...]`).
-pub(super) fn to_maxrs(key: &str, tensor: HostTensor) -> HostTensor {
-    if !is_stacked(key) || tensor.dims.len() < 2 {
+/// The checkpoint's array of a parameter in maxrs's layout: a `stacked` parameter's layer axis
+/// moved from 1 to 0 (`[a, layers, ...]` -> `[layers, a, ...]`).
+pub(super) fn to_maxrs(stacked: bool, tensor: HostTensor) -> HostTensor {
+    if !stacked || tensor.dims.len() < 2 {
         return tensor;
     }
     let (a, layers) = (tensor.dims[0] as usize, tensor.dims[1] as usize);
@@ -99,7 +118,7 @@ pub(super) fn to_maxrs(key: &str, tensor: HostTensor) -> HostTensor {
             data[dst..dst + row].copy_from_slice(&tensor.data[src..src + row]);
         }
     }
-    HostTensor::new(tensor.ty, &maxrs_dims(key, &tensor.dims), data)
+    HostTensor::new(tensor.ty, &maxrs_dims(true, &tensor.dims), data)
 }
 
 /// `tensor` (floats) times `factor`, computed in f64 and rounded to its type once.
@@ -113,8 +132,12 @@ pub fn scaled(tensor: HostTensor, factor: f64) -> HostTensor {
 
 /// Reads `wanted` from the Orbax checkpoint at `location` (a step folder or its `items/`): each
 /// of the expected shape, float types converted to the expected one (a parameter-only checkpoint
-/// is bfloat16), keyed by maxrs key.
-pub fn load(location: &Location, wanted: &[Wanted]) -> Result<BTreeMap<String, HostTensor>> {
+/// is bfloat16), as `stored` says MaxText holds it, keyed by maxrs key.
+pub fn load(
+    location: &Location,
+    wanted: &[Wanted],
+    stored: &BTreeMap<String, Stored>,
+) -> Result<BTreeMap<String, HostTensor>> {
     let ckpt = Checkpoint::open(location)?;
     let names = parameter_names(&ckpt)?;
     let mut out = BTreeMap::new();
@@ -128,8 +151,9 @@ pub fn load(location: &Location, wanted: &[Wanted]) -> Result<BTreeMap<String, H
             )
         })?;
         let array = ckpt.array(name)?;
+        let how = stored.get(w.key).copied().unwrap_or(Stored::SAME);
         let stored: Vec<i64> = array.shape.iter().map(|&d| d as i64).collect();
-        let dims = maxrs_dims(w.key, &stored);
+        let dims = maxrs_dims(how.stacked, &stored);
         if dims != w.dims || !(array.ty == w.ty || (array.ty.is_float() && w.ty.is_float())) {
             bail!(
                 "{}: {name} is {} but the model's {} is {}",
@@ -139,9 +163,10 @@ pub fn load(location: &Location, wanted: &[Wanted]) -> Result<BTreeMap<String, H
                 shape_string(w.ty, w.dims)
             );
         }
-        let tensor = to_maxrs(w.key, array.read(&ckpt.db).with_context(|| format!("{}: {name}", ckpt.location()))?);
+        let tensor =
+            to_maxrs(how.stacked, array.read(&ckpt.db).with_context(|| format!("{}: {name}", ckpt.location()))?);
         let tensor = if tensor.ty == w.ty { tensor } else { convert_float(&tensor, w.ty) };
-        out.insert(w.key.to_string(), scaled(tensor, w.factor));
+        out.insert(w.key.to_string(), scaled(tensor, how.factor));
     }
     let unused: Vec<&String> = names.keys().filter(|k| !wanted.iter().any(|w| w.key == k.as_str())).collect();
     if let Some(first) = unused.first() {
@@ -182,27 +207,51 @@ mod tests {
     #[test]
     fn the_layer_axis_moves_first() {
         let values: Vec<f32> = (0..12).map(|i| (100 * (i / 6) + 10 * (i / 2 % 3) + i % 2) as f32).collect();
-        let moved = to_maxrs("decoder.layers.mlp.wo.kernel", HostTensor::from_f32(&[2, 3, 2], &values));
+        let moved = to_maxrs(true, HostTensor::from_f32(&[2, 3, 2], &values));
         assert_eq!(moved.dims, [3, 2, 2]);
         let want: Vec<f32> = (0..12).map(|i| (10 * (i / 4) + 100 * (i / 2 % 2) + i % 2) as f32).collect();
         assert_eq!(moved, HostTensor::from_f32(&[3, 2, 2], &want));
         let unstacked = HostTensor::from_f32(&[2, 3, 2], &values);
-        assert_eq!(to_maxrs("decoder.logits_dense.kernel", unstacked.clone()), unstacked);
-        assert_eq!(to_maxrs("decoder.layers_remainder.mlp.wo.kernel", unstacked.clone()), unstacked);
+        assert_eq!(to_maxrs(false, unstacked.clone()), unstacked);
+    }
+
+    /// The model says which parameters are stacked (Gemma 3's whole blocks, not its single
+    /// remainder module, nor any unscanned layer) and which MaxText scales (Gemma 3 has QK-norm:
+    /// none; Llama's query kernel, by `sqrt(head_dim)`).
+    #[test]
+    fn the_model_says_how_maxtext_stores_each_parameter() {
+        let model = |args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            Model::from_config(&crate::config::load(None, &args).unwrap()).unwrap()
+        };
+        let gemma3 = ["decoder_block=gemma3", "base_num_decoder_layers=8", "sliding_window_size=4"];
+        let scanned = stored(&model(&gemma3));
+        let stacked = Stored { stacked: true, factor: 1.0 };
+        assert_eq!(scanned["decoder.layers.layers_5.mlp.wo.kernel"], stacked);
+        assert_eq!(scanned["decoder.layers_remainder.layers_1.mlp.wo.kernel"], Stored::SAME);
+        assert!(scanned.values().all(|s| s.factor == 1.0));
+        let unscanned = stored(&model(&[&gemma3[..], &["scan_layers=false"]].concat()));
+        assert!(unscanned.values().all(|s| *s == Stored::SAME));
+        let llama = stored(&model(&["head_dim=16"]));
+        assert_eq!(llama["decoder.layers.self_attention.query.kernel"], Stored { stacked: true, factor: 4.0 });
+        assert_eq!(llama["decoder.layers.self_attention.key.kernel"], stacked);
+        assert_eq!(llama["token_embedder.embedding"], Stored::SAME);
     }
 
     #[test]
     fn a_mismatch_names_the_parameter_and_both_shapes() {
         let dims = [3, 16, 33];
-        let wanted = [Wanted { key: "decoder.layers.mlp.wi_0.kernel", ty: DType::F32, dims: &dims, factor: 1.0 }];
-        let e = load(&fixture("nnx_params/0/items"), &wanted).unwrap_err().to_string();
+        let key = "decoder.layers.mlp.wi_0.kernel";
+        let stored = BTreeMap::from([(key.to_string(), Stored { stacked: true, factor: 1.0 })]);
+        let wanted = [Wanted { key, ty: DType::F32, dims: &dims }];
+        let e = load(&fixture("nnx_params/0/items"), &wanted, &stored).unwrap_err().to_string();
         assert!(
             e.contains("decoder/layers/mlp/wi_0/kernel/value is bf16[16,3,32] (bf16[3,16,32] with the layers first)"),
             "{e}"
         );
         assert!(e.contains("decoder.layers.mlp.wi_0.kernel is f32[3,16,33]"), "{e}");
-        let wanted = [Wanted { key: "decoder.absent", ty: DType::F32, dims: &dims, factor: 1.0 }];
-        let e = load(&fixture("nnx_params/0/items"), &wanted).unwrap_err().to_string();
+        let wanted = [Wanted { key: "decoder.absent", ty: DType::F32, dims: &dims }];
+        let e = load(&fixture("nnx_params/0/items"), &wanted, &stored).unwrap_err().to_string();
         assert!(e.contains("no array for the model's parameter decoder.absent"), "{e}");
     }
 }

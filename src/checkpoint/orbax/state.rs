@@ -9,7 +9,7 @@
 //! - `step`: the updates applied, which is the step MaxText runs next (`get_first_step` in
 //!   `src/maxtext/trainers/pre_train/train.py` at MaxText e591f30: `int(state.step)`);
 //! - parameters and moments of a scanned stack have their layer axis at 1, maxrs's at 0
-//!   (`params::to_maxrs` moves it);
+//!   (`params::to_maxrs` moves it, for the parameters the model says are stacked);
 //! - `nnx_aux/...`: NNX's random streams (dropout's and the init's), which maxrs draws by itself.
 
 use std::collections::BTreeMap;
@@ -46,11 +46,10 @@ fn maxtext_name(name: &str) -> Result<String> {
 }
 
 /// Reads the `expected` arrays of a train state (each of exactly the expected type and shape,
-/// as resuming needs) and its step from the Orbax checkpoint at `location`. A parameter maxrs
-/// holds as `factor` times MaxText's (`factors`, by parameter name: `Model::maxtext_factors`)
-/// is multiplied by it, and its AdamW moments follow: the gradient of the rescaled parameter is
-/// the gradient divided by `factor`, so `mu` is divided by it and `nu` by its square.
-pub fn load(location: &Location, expected: &[Expected], factors: &BTreeMap<String, f64>) -> Result<State> {
+/// as resuming needs) and its step from the Orbax checkpoint at `location`, each parameter and
+/// its moments as `stored` says MaxText holds the parameter (`params::stored`): a parameter
+/// maxrs holds as `factor` times MaxText's is multiplied by it, its moments by `group_factor`.
+pub fn load(location: &Location, expected: &[Expected], stored: &BTreeMap<String, params::Stored>) -> Result<State> {
     let ckpt = Checkpoint::open(location)?;
     let at = ckpt.location().clone();
     let names: Vec<String> = ckpt.names().map(str::to_string).collect();
@@ -66,8 +65,9 @@ pub fn load(location: &Location, expected: &[Expected], factors: &BTreeMap<Strin
         }
         let array = ckpt.array(&name)?;
         let key = Group::of(&e.name).map_or("", |(_, key)| key);
+        let how = stored.get(key).copied().unwrap_or(params::Stored::SAME);
         let stored: Vec<i64> = array.shape.iter().map(|&d| d as i64).collect();
-        let dims = params::maxrs_dims(key, &stored);
+        let dims = params::maxrs_dims(how.stacked, &stored);
         ensure!(
             array.ty == e.ty && dims == e.dims,
             "{at}: {name} is {} but the run's {} is {}",
@@ -75,11 +75,8 @@ pub fn load(location: &Location, expected: &[Expected], factors: &BTreeMap<Strin
             e.name,
             shape_string(e.ty, &e.dims)
         );
-        let factor = match (factors.get(key), Group::of(&e.name)) {
-            (Some(&f), Some((group, _))) => group_factor(group, f),
-            _ => 1.0,
-        };
-        arrays.insert(e.name.clone(), params::scaled(params::to_maxrs(key, ckpt.read(&name)?), factor));
+        let factor = Group::of(&e.name).map_or(1.0, |(group, _)| group_factor(group, how.factor));
+        arrays.insert(e.name.clone(), params::scaled(params::to_maxrs(how.stacked, ckpt.read(&name)?), factor));
     }
     let step = scalar(&ckpt, "step")?;
     for count in names.iter().filter(|n| n.starts_with("opt_state/") && n.ends_with("/count")) {
