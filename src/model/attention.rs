@@ -428,7 +428,10 @@ pub fn attend_with(
         }
         // `LayerContext::attend` runs cuDNN's calls; elsewhere (a bare `attend`), blockwise.
         AttentionImpl::Blockwise { block } | AttentionImpl::Cudnn { block } => {
-            assert!(options.logits_soft_cap.is_none(), "blockwise attention has no soft cap (the family refuses it)");
+            assert!(
+                options.logits_soft_cap.is_none(),
+                "blockwise attention has no soft cap (kernel::soft_cap_refusal refuses it)"
+            );
             // The kernel's matmuls take one dtype: with an f32 query-key product, f32 values too.
             let vk = if options.float32_qk_product { v.astype(DType::F32) } else { v.clone() };
             let (out, lse) = blockwise::attention(&qk, &kk, &vk, mask, block);

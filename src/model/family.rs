@@ -25,7 +25,7 @@ pub trait Family: fmt::Debug + Send + Sync {
 
     /// One layer's parameters for a layer of `kind` (a `Stack::kind` of `stacks`), named
     /// relative to the layer (`self_attention.query.kernel`), with the logical axes of one layer
-    /// (the decoder adds `layers` when stacking).
+    /// (stacking adds the stack's own axis: `layers`, DeepSeek's `dense_layers` / `moe_layers`).
     fn layer_params(&self, c: &ModelConfig, kind: usize) -> Vec<ParamDef>;
 
     /// One decoder layer of `kind` on the residual stream `x: [batch, seq, emb]` (in `dtype`)

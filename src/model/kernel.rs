@@ -23,7 +23,7 @@ pub enum AttentionImpl {
     /// size, with its own backward pass: memory `O(seq)` per query block.
     Blockwise { block: i64 },
     /// XLA's cuDNN fused attention (`__cudnn$fmhaSoftmax`), on CUDA; blockwise attention with
-    /// `block` for a call cuDNN cannot serve (a soft cap, an f32 product).
+    /// `block` for a call cuDNN cannot serve (an f32 product, heads or batch that do not split).
     Cudnn { block: i64 },
 }
 

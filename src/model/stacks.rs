@@ -10,7 +10,7 @@
 //!
 //! | stack | `scan_layers=true` | `scan_layers=false` |
 //! |---|---|---|
-//! | a stack of layers | `s.p`, `[count, ...]`, logical axes `layers, ...` | `s_{i}.p` for layer `i` of the stack |
+//! | a stack of layers | `s.p`, `[count, ...]`, logical axes `s, ...` | `s_{i}.p` for layer `i` of the stack |
 //! | a single module (`Stack::single`) | `s.p` | `s.p` |
 
 use crate::ir::Prim;
