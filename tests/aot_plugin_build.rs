@@ -14,6 +14,10 @@ use maxrs::aot::topology::lookup;
 
 const RUN: &[&str] = &["per_device_batch_size=1", "max_target_length=32", "steps=3", "cpu_device_count=2"];
 
+/// The tests' tiniest decoder on top of `RUN`: what is checked is which plugin build a step
+/// records and loads, not the model (the default model's compiles were most of these tests' CPU).
+const MODEL: &[&str] = crate::common::TINY_DECODER;
+
 /// An index URL on a loopback port nothing listens on: any download fails at once.
 fn closed_index() -> String {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -28,6 +32,7 @@ fn compile(topology: &str, file: &Path, extra: &[&str]) -> String {
     let file = format!("compiled_trainstep_file={}", file.display());
     let mut args = vec!["train-compile", topology, file.as_str()];
     args.extend(RUN);
+    args.extend(MODEL);
     args.extend(extra);
     let out = maxrs(&args, &[]);
     assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
@@ -37,6 +42,7 @@ fn compile(topology: &str, file: &Path, extra: &[&str]) -> String {
 fn train_args<'a>(file: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["train", file];
     args.extend(RUN);
+    args.extend(MODEL);
     args.extend(extra);
     args
 }

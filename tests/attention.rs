@@ -92,19 +92,36 @@ fn scaled_diff(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
 }
 
-fn compare(case: Case, dtype: DType, tolerance: f64) {
+/// Blockwise against dot-product attention on `case`; returns the blockwise outputs.
+fn compare(case: Case, dtype: DType, tolerance: f64) -> Tree<HostTensor> {
     let blockwise = run(&program(case, AttentionImpl::Blockwise { block: BLOCK }, dtype, false), &inputs(case, 7));
     let reference = run(&program(case, AttentionImpl::DotProduct, dtype, false), &inputs(case, 7));
     for name in ["out", "grad.q", "grad.k", "grad.v"] {
         let err = scaled_diff(&blockwise[name].to_f64(), &reference[name].to_f64());
         assert!(err < tolerance, "{dtype} window {:?} packed {}: {name} differs by {err:e}", case.window, case.packed);
     }
+    blockwise
 }
 
+/// In f32, without and with a window and packed documents; and with `context` saved, the
+/// backward pass uses the saved output and log-sum-exp: the attention's forward appears once in
+/// the differentiated program, and the gradients equal those without remat (once a test of its
+/// own, `saving_context_skips_recomputing_blockwise_attention`; its remat-less program is this
+/// comparison's first one, compiled once for both).
 #[test]
 fn blockwise_matches_dot_product_in_f32() {
-    for case in [Case { window: None, packed: false }, Case { window: Some(6), packed: true }] {
-        compare(case, DType::F32, 2e-5);
+    let plain = Case { window: None, packed: false };
+    let blockwise = compare(plain, DType::F32, 2e-5);
+    compare(Case { window: Some(6), packed: true }, DType::F32, 2e-5);
+
+    let with_remat = program(plain, AttentionImpl::Blockwise { block: BLOCK }, DType::F32, true);
+    // The plain forward (`out`) keeps its remat region; the loss's is inlined by autodiff, so
+    // its attention is the one top-level composite, and a recomputation would add a second.
+    let composites = with_remat.graph.eqns.iter().filter(|e| matches!(e.prim, Prim::Composite(_))).count();
+    assert_eq!(composites, 1, "blockwise attention recomputed in the backward pass");
+    let a = run(&with_remat, &inputs(plain, 7));
+    for name in ["grad.q", "grad.k", "grad.v"] {
+        assert!(scaled_diff(&a[name].to_f64(), &blockwise[name].to_f64()) < 1e-6, "{name}");
     }
 }
 
@@ -146,25 +163,6 @@ fn blockwise_gradient_matches_finite_differences() {
         let analytic: f64 = g.iter().zip(&dir).map(|(a, b)| a * b).sum();
         let err = (numeric - analytic).abs() / analytic.abs().max(1.0);
         assert!(err < 1e-6, "{name}: finite difference {numeric} vs gradient {analytic}");
-    }
-}
-
-/// With `context` saved, the backward pass uses the saved output and log-sum-exp: the
-/// attention's forward appears once in the differentiated program, and the gradients equal
-/// those without remat.
-#[test]
-fn saving_context_skips_recomputing_blockwise_attention() {
-    let case = Case { window: None, packed: false };
-    let how = AttentionImpl::Blockwise { block: BLOCK };
-    let with_remat = program(case, how, DType::F32, true);
-    // The plain forward (`out`) keeps its remat region; the loss's is inlined by autodiff, so
-    // its attention is the one top-level composite, and a recomputation would add a second.
-    let composites = with_remat.graph.eqns.iter().filter(|e| matches!(e.prim, Prim::Composite(_))).count();
-    assert_eq!(composites, 1, "blockwise attention recomputed in the backward pass");
-    let a = run(&with_remat, &inputs(case, 5));
-    let b = run(&program(case, how, DType::F32, false), &inputs(case, 5));
-    for name in ["grad.q", "grad.k", "grad.v"] {
-        assert!(scaled_diff(&a[name].to_f64(), &b[name].to_f64()) < 1e-6, "{name}");
     }
 }
 

@@ -45,11 +45,36 @@ fn steps_on_disk(base: &Path, run_name: &str) -> Vec<u64> {
     steps
 }
 
+/// Also retention and `load_parameters_path` (formerly their own test, which trained the same
+/// model on its own): the uninterrupted run keeps its newest 2 checkpoints, and the parameters of
+/// its last one load into a bf16 run.
 #[test]
 fn resume_is_exact_and_bad_checkpoints_fall_back() {
     let base = tempfile::tempdir().unwrap();
     let a = ["per_device_batch_size=8", "checkpoint_period=2"];
-    let whole = run(1, &args(&[&a[..], &["steps=8"]].concat())).unwrap();
+    // The uninterrupted run checkpoints too (which changes no loss): every step, keeping 2.
+    let keep = ["per_device_batch_size=8", "checkpoint_period=1", "max_num_checkpoints_to_keep=2", "steps=8"];
+    let whole = run(1, &ckpt_args(base.path(), "keep", &keep)).unwrap();
+    assert_eq!(steps_on_disk(base.path(), "keep"), [6, 7]);
+    // The parameters of step 7's checkpoint (the optimizer state starts fresh), converted to
+    // bfloat16 weights: the first loss is that of the trained model.
+    let dir = base.path().join("keep/checkpoints/7");
+    let from_dir = run(
+        1,
+        &args(&[
+            "per_device_batch_size=8",
+            "steps=1",
+            "weight_dtype=bfloat16",
+            &format!("load_parameters_path={}", dir.display()),
+        ]),
+    )
+    .unwrap();
+    assert!(
+        from_dir.losses[0] < whole.losses[0] - 0.05,
+        "trained parameters: {} vs {}",
+        from_dir.losses[0],
+        whole.losses[0]
+    );
     // The "interrupted" run: 5 of the 8 steps (checkpoints after steps 0, 2, 4), written by the
     // background writer.
     let first = run(1, &ckpt_args(base.path(), "r", &[&a[..], &["steps=5"]].concat())).unwrap();
@@ -146,31 +171,4 @@ pub(crate) fn state_expected(c: &config::Config) -> Vec<dir::Expected> {
     let derived = config::validate(c, 1, 1).unwrap();
     let step = maxrs::train::step::TrainStep::new(c, &derived, None).unwrap();
     dir::Expected::of_state(&step.state())
-}
-
-#[test]
-fn retention_and_parameter_loading_from_a_checkpoint() {
-    let base = tempfile::tempdir().unwrap();
-    let a = ["per_device_batch_size=8", "checkpoint_period=1", "max_num_checkpoints_to_keep=2", "steps=5"];
-    let first = run(1, &ckpt_args(base.path(), "keep", &a)).unwrap();
-    assert_eq!(steps_on_disk(base.path(), "keep"), [3, 4]);
-    // The parameters of step 4's checkpoint (the optimizer state starts fresh), converted to
-    // bfloat16 weights: the first loss is that of the trained model.
-    let dir = base.path().join("keep/checkpoints/4");
-    let from_dir = run(
-        1,
-        &args(&[
-            "per_device_batch_size=8",
-            "steps=1",
-            "weight_dtype=bfloat16",
-            &format!("load_parameters_path={}", dir.display()),
-        ]),
-    )
-    .unwrap();
-    assert!(
-        from_dir.losses[0] < first.losses[0] - 0.05,
-        "trained parameters: {} vs {}",
-        from_dir.losses[0],
-        first.losses[0]
-    );
 }

@@ -17,7 +17,7 @@ use maxrs::host::HostTensor;
 use maxrs::inference::{Generation, ParamSource, Sampling, Session};
 use maxrs::ir::{DType, Signature};
 use maxrs::model::attention::{AttendOptions, KvCache, LayerCache, LayerContext};
-use maxrs::model::Model;
+use maxrs::model::{Model, ParamInit};
 use maxrs::tensor::{random, trace, Tree};
 
 /// Prompts of different lengths (the longest fills the prefill) and one idle batch row.
@@ -37,7 +37,11 @@ fn load(extra: &[&str]) -> Config {
 }
 
 /// The model's parameters, random, as host arrays by name (the same for every test): the Llama
-/// reference's draw, or for the other families the init program's (seed 7).
+/// reference's draw; for Gemma 3 and DeepSeek the init program's (seed 7: no training test runs
+/// theirs); for the other families a host draw (seed 7) at each parameter's init scale
+/// (`ParamDef::init`: uniform with the initializer's standard deviation, norm scales 1, biases 0),
+/// as compiling their init programs, which the training tests run (`train_run`, `mixtral`), was a
+/// third of a family's decode test.
 fn params(c: &Config) -> Tree<HostTensor> {
     let model = Model::from_config(c).unwrap();
     // Multi-head latent attention has one key per query head.
@@ -46,14 +50,36 @@ fn params(c: &Config) -> Tree<HostTensor> {
     if c.decoder_block == DecoderBlock::Llama2 {
         return host_params(&model, &random_params(&model, 7)).subtree("params");
     }
-    let init = trace(&Signature::new(None), |ctx, _| model.init_params(&random::key(ctx, 7))).unwrap();
-    crate::common::run(&init, &Tree::new())
+    if matches!(c.decoder_block, DecoderBlock::Gemma3 | DecoderBlock::Deepseek) {
+        let init = trace(&Signature::new(None), |ctx, _| model.init_params(&random::key(ctx, 7))).unwrap();
+        return crate::common::run(&init, &Tree::new());
+    }
+    let mut rng = crate::common::rng(7);
+    model
+        .param_defs()
+        .into_iter()
+        .map(|d| {
+            let n = d.shape.iter().product::<i64>() as usize;
+            let std = match d.init {
+                ParamInit::Ones => return (d.name, HostTensor::from_f32(&d.shape, &vec![1.0; n])),
+                ParamInit::Zeros => return (d.name, HostTensor::from_f32(&d.shape, &vec![0.0; n])),
+                ParamInit::Normal(std) => std,
+                ParamInit::FanIn(fan_in) | ParamInit::FanInNormal(fan_in) => (1.0 / fan_in as f64).sqrt(),
+            };
+            // Uniform on [-a, a] has standard deviation a / sqrt(3).
+            let a = std * 3f64.sqrt();
+            let values: Vec<f32> = crate::common::uniform(&mut rng, n, -a, a).into_iter().map(|x| x as f32).collect();
+            (d.name, HostTensor::from_f32(&d.shape, &values))
+        })
+        .collect()
 }
 
-fn session(c: &Config, devices: usize, steps_per_call: i64) -> Session {
+/// A decode session of `c` with the parameters `p` (drawn once by the caller, as the check
+/// against the full forward pass reads them too: an init program is compiled once).
+fn session(c: &Config, p: &Tree<HostTensor>, devices: usize, steps_per_call: i64) -> Session {
     let derived: Derived = config::validate(c, devices, 1).expect("valid config");
     let mesh = derived.mesh.step_mesh(&[(0..devices as i64).collect()]).unwrap();
-    Session::new(c, &derived, mesh, &crate::common::client(), ParamSource::Host(&params(c)), steps_per_call)
+    Session::new(c, &derived, mesh, &crate::common::client(), ParamSource::Host(p), steps_per_call)
         .expect("the decode programs compile")
 }
 
@@ -64,7 +90,7 @@ fn prompts() -> Vec<Vec<i32>> {
 /// For each prompt, every generated token is the argmax of the full model's logits at the
 /// position before it, the model run once over the prompt and the generated tokens (causal
 /// attention makes position t's logits those of the sequence cut after t).
-fn check_against_full_forward(c: &Config, g: &Generation) {
+fn check_against_full_forward(c: &Config, p: &Tree<HostTensor>, g: &Generation) {
     let model = Model::from_config(c).unwrap();
     let rows = PROMPTS.len() as i64;
     let mut sig = Signature::new(None);
@@ -81,7 +107,7 @@ fn check_against_full_forward(c: &Config, g: &Generation) {
         let sequence: Vec<i32> = prompt.iter().chain(&out[..out.len() - 1]).copied().collect();
         tokens[r * CACHE as usize..r * CACHE as usize + sequence.len()].copy_from_slice(&sequence);
     }
-    let mut inputs = params(c).prefixed("params");
+    let mut inputs = p.clone().prefixed("params");
     inputs.insert("inputs", HostTensor::from_i32(&[rows, CACHE], &tokens));
     let next = crate::common::run(&forward, &inputs)["next"].to_i32();
     for (r, (prompt, out)) in PROMPTS.iter().zip(&g.tokens).enumerate() {
@@ -91,15 +117,24 @@ fn check_against_full_forward(c: &Config, g: &Generation) {
     }
 }
 
+/// Greedy decoding of [`PROMPTS`] on one device, one token per call, checked against the full
+/// forward pass.
+fn greedy_decoding_checked(c: &Config) {
+    let p = params(c);
+    let g = session(c, &p, 1, 1).generate(&prompts(), None).unwrap();
+    check_against_full_forward(c, &p, &g);
+}
+
 /// Greedy decoding with the cache equals the full forward pass, for every prompt of the batch;
 /// EOS ends a sequence after that token and leaves the others as they were.
 #[test]
 fn greedy_decoding_equals_the_full_forward_pass() {
     let c = load(&["per_device_batch_size=4"]);
-    let s = session(&c, 1, 1);
+    let p = params(&c);
+    let s = session(&c, &p, 1, 1);
     let g = s.generate(&prompts(), None).unwrap();
     println!("{:?}", g.tokens);
-    check_against_full_forward(&c, &g);
+    check_against_full_forward(&c, &p, &g);
     assert!(g.per_token_seconds().is_some() && g.tokens_per_second().unwrap() > 0.0);
 
     // EOS: a token prompt 0 makes mid-way (its first occurrence) ends each sequence after its
@@ -117,8 +152,7 @@ fn greedy_decoding_equals_the_full_forward_pass() {
 #[test]
 fn blockwise_attention_greedy_decoding_equals_the_full_forward_pass() {
     let c = load(&["attention=flash", "per_device_batch_size=4"]);
-    let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
-    check_against_full_forward(&c, &g);
+    greedy_decoding_checked(&c);
 }
 
 /// Mixtral (routed experts, dropless: each token's experts do not depend on the others) decodes
@@ -126,8 +160,7 @@ fn blockwise_attention_greedy_decoding_equals_the_full_forward_pass() {
 #[test]
 fn mixtral_greedy_decoding_equals_the_full_forward_pass() {
     let c = load(&["decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2", "per_device_batch_size=4"]);
-    let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
-    check_against_full_forward(&c, &g);
+    greedy_decoding_checked(&c);
 }
 
 /// DeepSeek's multi-head latent attention (YaRN, values narrower than the keys) decodes with
@@ -153,8 +186,7 @@ fn deepseek_latent_cache_greedy_decoding_equals_the_full_forward_pass() {
         "per_device_batch_size=4",
     ];
     let c = load(&deepseek);
-    let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
-    check_against_full_forward(&c, &g);
+    greedy_decoding_checked(&c);
 }
 
 /// The other families decode through the same cache: Gemma 2 (local and global layers, two
@@ -179,10 +211,10 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
         "per_device_batch_size=4",
     ];
     // Gemma 3: one block of 5 local layers (window 4) and a global one, then a remainder block of
-    // 2 local layers (its own cache), QK norms, two RoPE bases.
+    // 1 local layer (its own cache), QK norms, two RoPE bases.
     let gemma3 = [
         "decoder_block=gemma3",
-        "base_num_decoder_layers=8",
+        "base_num_decoder_layers=7",
         "base_emb_dim=64",
         "head_dim=16",
         "base_mlp_dim=128",
@@ -198,8 +230,7 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
     ];
     for extra in [&gemma2[..], &gemma[..], &gemma3[..]] {
         let c = load(extra);
-        let g = session(&c, 1, 1).generate(&prompts(), None).unwrap();
-        check_against_full_forward(&c, &g);
+        greedy_decoding_checked(&c);
     }
 }
 
@@ -213,12 +244,13 @@ fn sharded_unrolled_multi_token_decoding_equals_the_full_forward_pass() {
         "ici_autoregressive_parallelism=2",
         "scan_layers=false",
     ]);
-    let s = session(&c, 4, 4);
+    let p = params(&c);
+    let s = session(&c, &p, 4, 4);
     let cache_spec = s.engine.cache_sharding().unwrap().to_string();
     assert!(cache_spec.contains("autoregressive"), "the cache's kv heads are split: {cache_spec}");
     let g = s.generate(&prompts(), None).unwrap();
     assert_eq!(g.call_seconds.len(), ((CACHE - PREFILL) / 4) as usize, "four steps per call");
-    check_against_full_forward(&c, &g);
+    check_against_full_forward(&c, &p, &g);
 }
 
 /// Sliding-window attention through the cache (prefill of the first tokens, then one token per

@@ -19,7 +19,9 @@
 /// The runs of the tests (in this process and the `maxrs` they start) share one compilation
 /// cache (`jax_cache_dir`, set through MaxText's `M_JAX_CACHE_DIR`) in Cargo's scratch directory
 /// for tests, not the user's `~/jax_cache`: a program that several tests compile (a resumed run,
-/// the default model's step) is compiled once per build directory.
+/// the default model's step) is compiled once per build directory. Every compile is written
+/// (`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0`; JAX's default 1 s would keep the tiny
+/// models' sub-second compiles out of it, and those are most of the tests' programs).
 ///
 /// And libtpu's variables (`maxrs::aot::compile::prepare_libtpu_environment`) and the GCS
 /// emulator's address (`common::gcs_emulator::reserve_address`), set here rather than by the
@@ -41,6 +43,9 @@ fn fast_cached_compiles_unless_the_user_chose_otherwise() {
     }
     if std::env::var_os("M_JAX_CACHE_DIR").is_none() {
         std::env::set_var("M_JAX_CACHE_DIR", concat!(env!("CARGO_TARGET_TMPDIR"), "/jax_cache"));
+    }
+    if std::env::var_os("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS").is_none() {
+        std::env::set_var("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0");
     }
     maxrs::aot::compile::prepare_libtpu_environment();
     std::env::set_var("STORAGE_EMULATOR_HOST", common::gcs_emulator::reserve_address());

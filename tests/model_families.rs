@@ -2,7 +2,8 @@
 //! Llama 3.1's RoPE) against the independent f64 reference of `common/family_ref.rs`, each from its MaxText
 //! model file shrunk to a tiny size (emb 32, 2 stacked layers, vocab 64) in float32 on a 2 x 16
 //! batch with random non-zero parameters: embeddings, every layer's output, the logits and the
-//! loss, scanned and unrolled; the gradient of the loss against central differences of the
+//! loss, scanned and unrolled; the gradient of the loss (from the program of one of the forward
+//! checks, on its parameters and batch) against central differences of the
 //! reference loss for the parameters each family adds (windows, soft caps, post norms, biases,
 //! LayerNorms, learned positions, the tied and rescaled Gemma embedding, Llama 3.1's RoPE, QK-norm).
 
@@ -27,24 +28,27 @@ fn shrunk(model_name: &str, extra: &[&str]) -> Model {
 
 /// Embeddings, every layer, logits and loss of `m` against the reference of `spec`.
 fn check_forward(label: &str, m: &Model, spec: &Spec) -> RefOut {
-    let p = random_params(spec, m, 1);
-    let b = batch(m, 2);
-    let program = crate::common::llama_ref::forward_program(m, 0.0);
-    let out = crate::common::run(&program, &inputs(m, &p, &b));
-    let want = reference(spec, m, &p, &b);
-    check_outputs(label, m, &out, &want);
-    want
+    check_forward_and_gradient(label, m, spec, &[])
 }
 
 /// A parameter element: `layer` (None: a top-level parameter), the name, and the element's index
 /// in the row-major flattening of one layer's (or the top-level) tensor.
 type Probe = (Option<usize>, &'static str, usize);
 
-/// `value_and_grad`'s gradient at each probe against central differences of the reference loss.
-fn check_gradient(label: &str, m: &Model, spec: &Spec, probes: &[Probe]) {
-    let p = random_params(spec, m, 3);
-    let b = batch(m, 4);
-    let out = loss_and_gradient(m, &p, &b);
+/// [`check_forward`], and with `probes` the gradient of the loss (`value_and_grad`) at each probe
+/// against central differences of the reference loss, from the same program (one compile for
+/// both; the forward pass alone when there are no probes).
+fn check_forward_and_gradient(label: &str, m: &Model, spec: &Spec, probes: &[Probe]) -> RefOut {
+    let p = random_params(spec, m, 1);
+    let b = batch(m, 2);
+    let program = if probes.is_empty() {
+        crate::common::llama_ref::forward_program(m, 0.0)
+    } else {
+        forward_and_gradient_program(m)
+    };
+    let out = crate::common::run(&program, &inputs(m, &p, &b));
+    let want = reference(spec, m, &p, &b);
+    check_outputs(label, m, &out, &want);
     for &(layer, name, index) in probes {
         let h = 1e-4;
         let nudged = |delta: f64| {
@@ -69,6 +73,7 @@ fn check_gradient(label: &str, m: &Model, spec: &Spec, probes: &[Probe]) {
         assert!(fd.abs() > 1e-7, "{label}: {name}[{index}] does not affect the loss; pick another probe");
         assert!((g - fd).abs() <= 2e-3 * fd.abs() + 1e-6, "{label}: {name}: traced {g} vs finite difference {fd}");
     }
+    want
 }
 
 fn spec(family: Family, rope: RopeRef, eps: f64) -> Spec {
@@ -90,7 +95,8 @@ fn spec(family: Family, rope: RopeRef, eps: f64) -> Spec {
 fn mistral_sliding_window() {
     let m = shrunk("mistral-7b", &["sliding_window_size=5"]);
     let windowed = Spec { window: Some(5), ..spec(Family::Llama, RopeRef::HalfSplit, 1e-5) };
-    let want = check_forward("mistral window 5", &m, &windowed);
+    let probes = [(Some(0), "self_attention.query.kernel", 37), (Some(1), "self_attention.key.kernel", 101)];
+    let want = check_forward_and_gradient("mistral window 5", &m, &windowed, &probes);
     // The window matters on 16 tokens: the unwindowed reference is another function.
     let plain =
         reference(&spec(Family::Llama, RopeRef::HalfSplit, 1e-5), &m, &random_params(&windowed, &m, 1), &batch(&m, 2));
@@ -103,12 +109,6 @@ fn mistral_sliding_window() {
     );
     // MaxText's mistral files leave the window at 0: plain causal attention.
     check_forward("mistral no window", &shrunk("mistral-7b", &[]), &spec(Family::Llama, RopeRef::HalfSplit, 1e-5));
-    check_gradient(
-        "mistral",
-        &m,
-        &windowed,
-        &[(Some(0), "self_attention.query.kernel", 37), (Some(1), "self_attention.key.kernel", 101)],
-    );
 }
 
 /// Llama 3.1's RoPE with head_dim 16 and theta 500000: its 8 frequencies have wavelengths from 6
@@ -118,7 +118,8 @@ fn llama31_rope() {
     let sizes = ["head_dim=16"];
     let scaled = spec(Family::Llama, RopeRef::Llama31 { scaled: true }, 1e-5);
     let m = shrunk("llama3.1-8b", &sizes);
-    check_forward("llama3.1-8b", &m, &scaled);
+    let probes = [(Some(0), "self_attention.key.kernel", 77), (Some(1), "self_attention.query.kernel", 300)];
+    check_forward_and_gradient("llama3.1-8b", &m, &scaled, &probes);
     check_forward("llama3.3-70b", &shrunk("llama3.3-70b", &sizes), &scaled);
     let unscaled = spec(Family::Llama, RopeRef::Llama31 { scaled: false }, 1e-5);
     check_forward(
@@ -127,12 +128,6 @@ fn llama31_rope() {
         &unscaled,
     );
     check_forward("llama2 rope_type=llama3.1", &shrunk("llama2-7b", &["head_dim=16", "rope_type=llama3.1"]), &scaled);
-    check_gradient(
-        "llama3.1",
-        &m,
-        &scaled,
-        &[(Some(0), "self_attention.key.kernel", 77), (Some(1), "self_attention.query.kernel", 300)],
-    );
 }
 
 #[test]
@@ -140,8 +135,7 @@ fn gemma() {
     // A final-norm epsilon unlike the layer norms' fixed 1e-6, and multi-query attention.
     let m = shrunk("gemma-2b", &["base_num_kv_heads=1", "normalization_layer_epsilon=1e-3"]);
     let s = spec(Family::Gemma, RopeRef::HalfSplit, 1e-3);
-    check_forward("gemma", &m, &s);
-    check_gradient(
+    check_forward_and_gradient(
         "gemma",
         &m,
         &s,
@@ -164,9 +158,17 @@ fn gemma2() {
         post_norms: true,
         ..spec(Family::Gemma2, RopeRef::HalfSplit, 1e-6)
     };
-    for scan in ["scan_layers=true", "scan_layers=false"] {
+    // The gradient from the scanned model's program.
+    let probes = [
+        (Some(0), "self_attention_local.query.kernel", 45),
+        (Some(1), "self_attention_global.key.kernel", 90),
+        (Some(0), "post_self_attention_norm_local.scale", 3),
+        (Some(1), "post_ffw_norm_global.scale", 11),
+        (None, "token_embedder.embedding", 1000),
+    ];
+    for (scan, probes) in [("scan_layers=true", &probes[..]), ("scan_layers=false", &[])] {
         let m = shrunk("gemma2-2b", &[&caps[..], &[scan]].concat());
-        check_forward(&format!("gemma2 {scan}"), &m, &s);
+        check_forward_and_gradient(&format!("gemma2 {scan}"), &m, &s, probes);
     }
     // Blockwise attention has no soft cap: asked for by name it is refused; without a cap it
     // computes the global layers' f32 query-key product.
@@ -199,46 +201,29 @@ fn gemma2() {
         let other = reference(&without, &m, &p, &b).logits;
         assert!(scaled_err(&other.iter().copied().collect::<Vec<_>>(), &logits) > 1e-3, "{without:?} changes nothing");
     }
-    check_gradient(
-        "gemma2",
-        &m,
-        &s,
-        &[
-            (Some(0), "self_attention_local.query.kernel", 45),
-            (Some(1), "self_attention_global.key.kernel", 90),
-            (Some(0), "post_self_attention_norm_local.scale", 3),
-            (Some(1), "post_ffw_norm_global.scale", 11),
-            (None, "token_embedder.embedding", 1000),
-        ],
-    );
 }
 
 #[test]
 fn gpt3() {
     let sizes = ["base_num_kv_heads=4", "trainable_position_size=16", "max_target_length=16"];
     let fused = Spec { fused_qkv: true, ..spec(Family::Gpt3, RopeRef::None, 1e-5) };
-    for scan in ["scan_layers=true", "scan_layers=false"] {
+    // The gradient from the scanned model's program.
+    let probes = [
+        (Some(0), "self_attention.qkv_proj.bias", 70),
+        (Some(1), "self_attention.qkv_proj.kernel", 500),
+        (Some(0), "pre_self_attention_norm.scale", 9),
+        (Some(1), "mlp.mlp_layer_norm.bias", 4),
+        (Some(0), "mlp.wi.bias", 17),
+        (Some(1), "self_attention.out.bias", 30),
+        (None, "decoder.decoder_norm.bias", 2),
+        (None, "decoder.position_embedder.embedding", 100),
+    ];
+    for (scan, probes) in [("scan_layers=true", &probes[..]), ("scan_layers=false", &[])] {
         let m = shrunk("gpt3-52k", &[&sizes[..], &[scan]].concat());
-        check_forward(&format!("gpt3 fused {scan}"), &m, &fused);
+        check_forward_and_gradient(&format!("gpt3 fused {scan}"), &m, &fused, probes);
     }
     let separate = Spec { fused_qkv: false, ..fused.clone() };
     check_forward("gpt3 fused_qkv=false", &shrunk("gpt3-52k", &[&sizes[..], &["fused_qkv=false"]].concat()), &separate);
-    let m = shrunk("gpt3-52k", &sizes);
-    check_gradient(
-        "gpt3",
-        &m,
-        &fused,
-        &[
-            (Some(0), "self_attention.qkv_proj.bias", 70),
-            (Some(1), "self_attention.qkv_proj.kernel", 500),
-            (Some(0), "pre_self_attention_norm.scale", 9),
-            (Some(1), "mlp.mlp_layer_norm.bias", 4),
-            (Some(0), "mlp.wi.bias", 17),
-            (Some(1), "self_attention.out.bias", 30),
-            (None, "decoder.decoder_norm.bias", 2),
-            (None, "decoder.position_embedder.embedding", 100),
-        ],
-    );
 }
 
 /// Gemma 3 from gemma3-12b's file with 8 layers (a block of 5 local + 1 global, then MaxText's
@@ -283,16 +268,14 @@ fn gemma3() {
         let other = reference(&without, &m, q, &b).logits;
         assert!(scaled_err(&other.iter().copied().collect::<Vec<_>>(), &logits) > 1e-3, "{without:?} changes nothing");
     }
-    check_gradient(
-        "gemma3",
-        &m,
-        &s,
-        &[
-            (Some(0), "layers_1.self_attention.query_norm.scale", 3),
-            (Some(0), "layers_5.self_attention.key_norm.scale", 6),
-            (Some(0), "layers_5.self_attention.query.kernel", 45),
-        ],
-    );
+    // The gradient from the 6-layer model (one block; with the remainder its program took 1.4
+    // times the CPU), whose forward pass is checked too.
+    let probes = [
+        (Some(0), "layers_1.self_attention.query_norm.scale", 3),
+        (Some(0), "layers_5.self_attention.key_norm.scale", 6),
+        (Some(0), "layers_5.self_attention.query.kernel", 45),
+    ];
+    check_forward_and_gradient("gemma3 1 block", &m, &s, &probes);
 }
 
 /// Qwen3 from qwen3-8b's file (Llama's layer with QK-norm, RoPE base 1e6), scanned, with a norm
@@ -302,14 +285,9 @@ fn gemma3() {
 fn qwen3() {
     let m = shrunk("qwen3-8b", &["normalization_layer_epsilon=1e-3", "rope_max_timescale=100"]);
     let s = Spec { qk_norm: true, ..spec(Family::Llama, RopeRef::HalfSplit, 1e-3) };
-    let want = check_forward("qwen3", &m, &s);
+    let probes = [(Some(0), "self_attention.query_norm.scale", 3), (Some(1), "self_attention.key_norm.scale", 6)];
+    let want = check_forward_and_gradient("qwen3", &m, &s, &probes);
     let (p, b) = (random_params(&s, &m, 1), batch(&m, 2));
     let plain = reference(&Spec { qk_norm: false, ..s.clone() }, &m, &p, &b).logits;
     assert!(scaled_err(&plain.iter().copied().collect::<Vec<_>>(), &want.logits) > 1e-3, "QK-norm changes nothing");
-    check_gradient(
-        "qwen3",
-        &m,
-        &s,
-        &[(Some(0), "self_attention.query_norm.scale", 3), (Some(1), "self_attention.key_norm.scale", 6)],
-    );
 }

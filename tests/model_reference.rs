@@ -3,19 +3,23 @@
 //! vocab 512, 2 layers) in float32 on a 2 x 16 batch, with random non-zero parameters made on the
 //! host. Embeddings, every layer's output, the logits and the loss are compared layer by layer,
 //! with `scan_layers` on and off; the gradient of the loss is checked against finite differences
-//! of the reference loss.
+//! of the reference loss (from the forward checks' programs).
 
 use crate::common::llama_ref::*;
-use maxrs::autodiff::value_and_grad;
 use maxrs::ir::Signature;
 use maxrs::tensor::{trace, Tree};
 use ndarray::Array2;
 
-fn check_forward(scan_layers: bool, extra: &[&str], z: f64) {
+/// The forward pass against the reference; with `gradient`, the gradient too, from the same
+/// program (`family_ref::forward_and_gradient_program`, z-loss 0).
+fn check_forward(scan_layers: bool, extra: &[&str], z: f64, gradient: bool) {
     let c = config(scan_layers, extra);
     let p = random_params(&c, 1);
     let b = batch(&c, 2);
-    let program = crate::common::llama_ref::forward_program(&c, z);
+    let program = match gradient {
+        true => crate::common::family_ref::forward_and_gradient_program(&c),
+        false => crate::common::llama_ref::forward_program(&c, z),
+    };
     let out = crate::common::run(&program, &inputs(&c, &p, &b));
     let want = reference(&c, &p, &b.tokens, &b.targets, &b.seg, z);
     let tol = 1e-4;
@@ -36,67 +40,64 @@ fn check_forward(scan_layers: bool, extra: &[&str], z: f64) {
     let rel = (loss - want.loss).abs() / want.loss.abs();
     println!("scan_layers={scan_layers} loss {loss} vs reference {} (rel {rel:e})", want.loss);
     assert!(rel < tol, "loss {loss} vs reference {}", want.loss);
+    if gradient {
+        assert_eq!(z, 0.0, "the gradient program has no z-loss");
+        check_gradient(&c, &p, &b, &out);
+    }
 }
 
+/// The forward pass, unrolled, and from the same program the gradient (see [`check_gradient`]).
 #[test]
 fn forward_matches_reference_unrolled() {
-    check_forward(false, &[], 0.0);
+    check_forward(false, &["remat_policy=full"], 0.0, true);
 }
 
+/// The forward pass, scanned, and from the same program the gradient (see [`check_gradient`]).
 #[test]
 fn forward_matches_reference_scanned() {
-    check_forward(true, &[], 0.0);
+    check_forward(true, &["remat_policy=full"], 0.0, true);
 }
 
 #[test]
 fn forward_matches_reference_tied_embedding_z_loss_minimal_remat() {
-    check_forward(true, &["logits_via_embedding=true", "remat_policy=minimal"], 1e-2);
+    check_forward(true, &["logits_via_embedding=true", "remat_policy=minimal"], 1e-2, false);
 }
 
-/// The gradient from `value_and_grad` against central differences of the f64 reference loss.
-#[test]
-fn gradient_matches_finite_differences() {
-    for scan_layers in [true, false] {
-        let c = config(scan_layers, &["remat_policy=full"]);
-        let p = random_params(&c, 3);
-        let b = batch(&c, 4);
-        let program = trace(&signature(&c), |_ctx, inp| {
-            let (loss, grads) = value_and_grad(&inp.subtree("params"), |params| c.loss(params, inp, 0.0).0);
-            grads.prefixed("grad").with("loss", loss)
-        })
-        .expect("the gradient traces");
-        let out = crate::common::run(&program, &inputs(&c, &p, &b));
-        // (layer, reference parameter, row, col) and the element's index in the model's layout.
-        let probes: &[(usize, &str, usize, usize)] = &[
-            (0, "self_attention.query.kernel", 3, 70),
-            (1, "self_attention.key.kernel", 10, 5),
-            (0, "self_attention.value.kernel", 200, 100),
-            (1, "self_attention.out.kernel", 130, 7),
-            (0, "mlp.wi_0.kernel", 17, 300),
-            (1, "mlp.wo.kernel", 400, 11),
-            (0, "pre_self_attention_layer_norm.scale", 0, 42),
-        ];
-        for &(li, name, r, col) in probes {
-            let mut plus = clone_params(&p);
-            let mut minus = clone_params(&p);
-            let h = 1e-4;
-            plus.layers[li].get_mut(name).unwrap()[[r, col]] += h;
-            minus.layers[li].get_mut(name).unwrap()[[r, col]] -= h;
-            let fd = (reference(&c, &plus, &b.tokens, &b.targets, &b.seg, 0.0).loss
-                - reference(&c, &minus, &b.tokens, &b.targets, &b.seg, 0.0).loss)
-                / (2.0 * h);
-            let cols = p.layers[li][name].ncols();
-            let (grad_name, offset) = if scan_layers {
-                (format!("grad.decoder.layers.{name}"), li * p.layers[li][name].len())
-            } else {
-                (format!("grad.decoder.layers_{li}.{name}"), 0)
-            };
-            let g = out[grad_name.as_str()].to_f64()[offset + r * cols + col];
-            println!(
-                "scan_layers={scan_layers} d loss / d {name}[{li}][{r},{col}]: traced {g:e}, finite difference {fd:e}"
-            );
-            assert!((g - fd).abs() <= 1e-3 * fd.abs() + 1e-6, "{name}: traced {g} vs finite difference {fd}");
-        }
+/// The gradient from `value_and_grad` (`out`, with full rematerialization) against central
+/// differences of the f64 reference loss. (Once a test of its own, with its own program; now read
+/// from the forward tests' programs, one compile for both.)
+fn check_gradient(c: &maxrs::model::Model, p: &RefParams, b: &Batch, out: &Tree<maxrs::host::HostTensor>) {
+    let scan_layers = c.config.scan_layers;
+    // (layer, reference parameter, row, col) and the element's index in the model's layout.
+    let probes: &[(usize, &str, usize, usize)] = &[
+        (0, "self_attention.query.kernel", 3, 70),
+        (1, "self_attention.key.kernel", 10, 5),
+        (0, "self_attention.value.kernel", 200, 100),
+        (1, "self_attention.out.kernel", 130, 7),
+        (0, "mlp.wi_0.kernel", 17, 300),
+        (1, "mlp.wo.kernel", 400, 11),
+        (0, "pre_self_attention_layer_norm.scale", 0, 42),
+    ];
+    for &(li, name, r, col) in probes {
+        let mut plus = clone_params(p);
+        let mut minus = clone_params(p);
+        let h = 1e-4;
+        plus.layers[li].get_mut(name).unwrap()[[r, col]] += h;
+        minus.layers[li].get_mut(name).unwrap()[[r, col]] -= h;
+        let fd = (reference(c, &plus, &b.tokens, &b.targets, &b.seg, 0.0).loss
+            - reference(c, &minus, &b.tokens, &b.targets, &b.seg, 0.0).loss)
+            / (2.0 * h);
+        let cols = p.layers[li][name].ncols();
+        let (grad_name, offset) = if scan_layers {
+            (format!("grad.decoder.layers.{name}"), li * p.layers[li][name].len())
+        } else {
+            (format!("grad.decoder.layers_{li}.{name}"), 0)
+        };
+        let g = out[grad_name.as_str()].to_f64()[offset + r * cols + col];
+        println!(
+            "scan_layers={scan_layers} d loss / d {name}[{li}][{r},{col}]: traced {g:e}, finite difference {fd:e}"
+        );
+        assert!((g - fd).abs() <= 1e-3 * fd.abs() + 1e-6, "{name}: traced {g} vs finite difference {fd}");
     }
 }
 
@@ -119,10 +120,14 @@ fn init_params_follow_the_defs_and_the_seed() {
     ];
     let gpt3 = Model::from_config(&maxrs::config::load(None, &gpt3.map(String::from)).unwrap()).unwrap();
     for c in [config(true, &[]), gpt3] {
+        // The seed is an input: one compile per model for the three draws.
+        let mut sig = Signature::new(None);
+        sig.input("seed", maxrs::ir::DType::U32, &[]);
+        let program = trace(&sig, |_, inp| c.init_params(&random::key_from(&inp["seed"]))).expect("init traces");
+        let compiled = maxrs::runtime::compile(&crate::common::client(), &program).expect("init compiles");
         let init = |seed: u32| {
-            let program =
-                trace(&Signature::new(None), |ctx, _| c.init_params(&random::key(ctx, seed))).expect("init traces");
-            crate::common::run(&program, &Tree::new())
+            let inputs = Tree::new().with("seed", maxrs::host::HostTensor::from_u32(&[], &[seed]));
+            compiled.run(&crate::common::client(), &inputs).expect("init runs")
         };
         let (a, again, other) = (init(0), init(0), init(1));
         let defs = c.param_defs();

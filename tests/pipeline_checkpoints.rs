@@ -1,10 +1,13 @@
-//! Checkpoints of pipelined runs (`ici_pipeline_parallelism=2` on 8 CPU devices): the state is
-//! saved in the unpipelined step's layout and names, so
+//! Checkpoints of pipelined runs (`ici_pipeline_parallelism=2` on 8 CPU devices, `quantization=fp8`):
+//! the state, fp8 scaling state included, is saved in the unpipelined step's layout and names, so
 //! - a pipelined run resumed from the step-2 checkpoint of a pipelined run gives that run's
 //!   later losses, bit for bit;
 //! - a pipelined checkpoint resumes an unpipelined run, and an unpipelined one a pipelined run,
 //!   with the uninterrupted pipelined losses (within the 1e-5 that tests/pipeline.rs allows
-//!   between the two steps, in f32).
+//!   between the two steps, in f32);
+//! - the pipeline `maxrs train-compile` saves for `cpu-8` (every stage's executables and the
+//!   schedule in one file) trains the resumed pipelined runs without a compile, like a fresh
+//!   compile, and a run with another schedule is refused.
 
 use std::path::Path;
 
@@ -12,14 +15,16 @@ use maxrs::config;
 use maxrs::pjrt::cpu_client;
 use maxrs::train::run::{train, RunReport};
 
-/// The tiny f32 decoder of tests/pipeline.rs (its `steps` overridden), 4 layers; `pipelined` picks 2 stages of 2 layers
-/// (data 2 x fsdp 2 inside each) or one SPMD step over fsdp 8; `extra` keys last.
-fn run(dir: &Path, run_name: &str, steps: u64, pipelined: bool, extra: &[&str]) -> RunReport {
+/// The tiny f32 decoder of tests/pipeline.rs with `quantization=fp8` (its `steps` overridden), 4
+/// layers; `pipelined` picks 2 stages of 2 layers (data 2 x fsdp 2 inside each) or one SPMD step
+/// over fsdp 8; `extra` keys last.
+fn config(dir: &Path, run_name: &str, steps: u64, pipelined: bool, extra: &[&str]) -> config::Config {
     let mut args: Vec<String> = crate::common::PIPELINE_TINY
         .iter()
         .chain(&[
             // The schedule of the 8-step run in every run, stopped early or not.
             "learning_rate_schedule_steps=8",
+            "quantization=fp8",
             "base_num_decoder_layers=4",
             "per_device_batch_size=2",
             "enable_checkpointing=true",
@@ -50,8 +55,11 @@ fn run(dir: &Path, run_name: &str, steps: u64, pipelined: bool, extra: &[&str]) 
         args.push("ici_fsdp_parallelism=8".into());
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    let c = config::load(None, &args).expect("config loads");
-    train(&c, &cpu_client(8).unwrap()).expect("the run trains")
+    config::load(None, &args).expect("config loads")
+}
+
+fn run(dir: &Path, run_name: &str, steps: u64, pipelined: bool, extra: &[&str]) -> RunReport {
+    train(&config(dir, run_name, steps, pipelined, extra), &cpu_client(8).unwrap()).expect("the run trains")
 }
 
 /// Copies run `from`'s checkpoint of step `step` to run `to`, so that `to` resumes from it.
@@ -87,52 +95,71 @@ fn assert_close(what: &str, got: &[f64], want: &[f64], tolerance: f64) {
     }
 }
 
-/// Four runs where three resumes need them (each pipelined run compiles its stages, the most
-/// of this test's time): the uninterrupted pipelined run saves step 2 on the way (period 2), a
-/// pipelined and an unpipelined run resume from that checkpoint, and a pipelined run resumes
-/// from the unpipelined one's checkpoint saved on completion.
+/// Four runs where three resumes need them, and the pipeline compiled ahead of time
+/// (`maxrs train-compile` for `cpu-8`) that the resumed pipelined runs load instead of compiling
+/// (each pipelined compile of the stages is most of a run's time): the uninterrupted pipelined
+/// run (a fresh compile) saves step 2 on the way (period 2); a pipelined run resumed from it with
+/// the saved executables gives the later losses bit for bit, so the parameters, optimizer state
+/// and fp8 scales and histories came back and the saved pipeline trains like a fresh compile; an
+/// unpipelined run resumes from that checkpoint; and a pipelined run resumes from the unpipelined
+/// one's checkpoint saved on completion. A run with another schedule than the saved one's is
+/// refused.
+///
+/// One test for what were three: this one without fp8, `pipelined_fp8_checkpoints_carry_the_scaling_state`
+/// (the fp8 state is saved and restored beside the parameters by the same code, so the fp8 runs
+/// check both) and tests/pipeline.rs's `a_saved_pipeline_trains_and_a_different_schedule_is_refused`
+/// (its file, memory report and refusal are checked here, its fresh-compile comparison is the
+/// resumed run's).
 #[test]
-fn pipelined_checkpoints_resume_pipelined_and_unpipelined_runs() {
+fn pipelined_fp8_checkpoints_resume_pipelined_and_unpipelined_runs_from_a_saved_pipeline() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
+    let file = dir.join("pipeline.aot");
+    let saved = format!("compiled_trainstep_file={}", file.display());
+    let compile = ["compile_topology=cpu-8", "compile_topology_num_slices=1", &saved];
+    let summary = maxrs::aot::train_compile::train_compile(&config(dir, "compile", 8, true, &compile))
+        .expect("compiles for cpu-8");
+    match &summary.memory {
+        maxrs::aot::train_compile::CompiledMemory::Pipeline(memory) => {
+            assert_eq!(memory.stages.len(), 2);
+            // 1f1b keeps at most 2 microbatches in flight on stage 0, 1 on stage 1.
+            assert_eq!(memory.stages.iter().map(|s| s.in_flight).collect::<Vec<_>>(), [2, 1]);
+            assert!(memory.stages.iter().all(|s| s.state_bytes > 0 && s.residual_bytes > 0), "{memory}");
+        }
+        other => panic!("expected a pipeline's memory, got {other:?}"),
+    }
+    let header = maxrs::runtime::artifact::read_header(&file).expect("the file's header");
+    let section = header.pipeline.expect("the header has the pipeline");
+    assert!(section.schedule.starts_with("1f1b"), "{}", section.schedule);
+    assert_eq!(section.tasks.len(), 2, "each stage's tasks");
+    assert_eq!(section.tasks[0].first().map(String::as_str), Some("F0.0"), "{:?}", section.tasks);
+
     let whole = run(dir, "whole", 8, true, &["checkpoint_period=2"]);
     assert_eq!(whole.losses.len(), 8);
+    assert!(whole.pipeline.as_ref().is_some_and(|p| p.bubbles.len() == 8), "a pipelined run reports its bubbles");
     assert!(whole.checkpoints.iter().any(|s| s.step == Some(2)), "saved after step 2: {:?}", whole.checkpoints);
 
     copy_checkpoint(dir, "whole", 2, "resumed");
-    let resumed = run(dir, "resumed", 8, true, &[]);
+    let resumed = run(dir, "resumed", 8, true, &[&saved]);
     assert_eq!(resumed.first_step, 3);
-    assert_eq!(resumed.losses, whole.losses[3..], "a resumed pipelined run gives the uninterrupted losses");
+    assert_eq!(
+        resumed.losses,
+        whole.losses[3..],
+        "a pipelined fp8 run resumed with the saved executables gives the uninterrupted losses"
+    );
 
     copy_checkpoint(dir, "whole", 2, "flat");
     let flat = run(dir, "flat", 6, false, &[]);
     assert_eq!(flat.first_step, 3);
-    assert_close("an unpipelined run resumed from a pipelined checkpoint", &flat.losses, &whole.losses[3..6], 1e-5);
+    assert_close("an unpipelined fp8 run resumed from a pipelined checkpoint", &flat.losses, &whole.losses[3..6], 1e-5);
     assert_eq!(flat.checkpoints.last().and_then(|s| s.step), Some(5), "saved on completion");
 
     copy_checkpoint(dir, "flat", 5, "back");
-    let back = run(dir, "back", 8, true, &[]);
+    let back = run(dir, "back", 8, true, &[&saved]);
     assert_eq!(back.first_step, 6);
-    assert_close("a pipelined run resumed from an unpipelined checkpoint", &back.losses, &whole.losses[6..], 1e-5);
-}
+    assert_close("a pipelined fp8 run resumed from an unpipelined checkpoint", &back.losses, &whole.losses[6..], 1e-5);
 
-/// With `quantization=fp8` the fp8 scaling state is part of the checkpoint in the same layout:
-/// a pipelined run resumed from the step-1 checkpoint of an uninterrupted one gives its later
-/// losses bit for bit (the scales and histories came back), and an unpipelined run resumes from
-/// it (three runs, not four: the pipelined ones' stage compiles are this test's time).
-#[test]
-fn pipelined_fp8_checkpoints_carry_the_scaling_state() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    let fp8 = ["quantization=fp8"];
-    // Saves after every step: the resumes start from its step 1.
-    let whole = run(dir, "whole", 4, true, &["quantization=fp8", "checkpoint_period=1"]);
-    assert!(whole.checkpoints.iter().any(|s| s.step == Some(1)), "saved after step 1: {:?}", whole.checkpoints);
-    copy_checkpoint(dir, "whole", 1, "resumed");
-    copy_checkpoint(dir, "whole", 1, "to_flat");
-    let resumed = run(dir, "resumed", 4, true, &fp8);
-    assert_eq!(resumed.first_step, 2);
-    assert_eq!(resumed.losses, whole.losses[2..], "a resumed pipelined fp8 run gives the uninterrupted losses");
-    let flat = run(dir, "to_flat", 4, false, &fp8);
-    assert_close("an unpipelined fp8 run resumed from a pipelined checkpoint", &flat.losses, &whole.losses[2..], 1e-5);
+    let other = config(dir, "other", 8, true, &[&saved, "pipeline_schedule=gpipe"]);
+    let err = train(&other, &cpu_client(8).unwrap()).expect_err("another schedule").to_string();
+    assert!(err.contains("pipeline schedule: compiled with 1f1b") && err.contains("this run has gpipe"), "{err}");
 }

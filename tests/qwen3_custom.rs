@@ -160,23 +160,34 @@ fn reference(m: &Model, p: &RefParams, b: &Batch) -> (RefOut, f64) {
 // The comparisons.
 // ---------------------------------------------------------------------------------------------
 
-/// Embeddings, every layer, logits and loss of `m` against the reference.
-fn check_forward(label: &str, m: &Model) {
+/// Embeddings, every layer, logits and loss of `m` against the reference; with `gradient`, from
+/// the same program, the gradient's probes (see [`check_gradient`]).
+fn check_forward(label: &str, m: &Model, gradient: bool) {
     let (p, b) = (draw(m, 1), batch(m, 2));
     let (want, margin) = reference(m, &p, &b);
     // f32 and f64 must choose the same experts for the comparison to mean anything.
     assert!(margin > 1e-3, "{label}: a routing near-tie ({margin:e}); pick another seed");
-    let out = crate::common::run(&crate::common::llama_ref::forward_program(m, 0.0), &inputs(m, &p, &b));
+    let program = match gradient {
+        true => family_ref::forward_and_gradient_program(m),
+        false => crate::common::llama_ref::forward_program(m, 0.0),
+    };
+    let out = crate::common::run(&program, &inputs(m, &p, &b));
     family_ref::check_outputs(label, m, &out, &want);
+    if gradient {
+        check_gradient(m, &p, &b, &out);
+    }
 }
 
 /// The layer with `attention_output_dim` (16) != emb (32), scanned and unrolled, dropless and
-/// every-expert (the same numbers), against the reference.
+/// every-expert (the same numbers), against the reference; the scanned dropless program computes
+/// the gradient too (the former test `qwen3_custom_gradients_match_finite_differences`, on its
+/// own draw of parameters and batch: one compile for both).
 #[test]
 fn qwen3_custom_matches_the_reference_layer_by_layer() {
     for (scan, sparse) in [("true", "true"), ("false", "true"), ("true", "false")] {
         let m = tiny(&[&format!("scan_layers={scan}"), &format!("sparse_matmul={sparse}")]);
-        check_forward(&format!("qwen3_custom scan_layers={scan} sparse_matmul={sparse}"), &m);
+        let gradient = scan == "true" && sparse == "true";
+        check_forward(&format!("qwen3_custom scan_layers={scan} sparse_matmul={sparse}"), &m, gradient);
     }
 }
 
@@ -193,16 +204,11 @@ fn qwen3_custom_without_up_projection_matches_the_reference() {
     family_ref::check_outputs("qwen3_custom attention_output_dim=emb", &m, &out, &want);
 }
 
-/// `value_and_grad`'s gradient of the loss with respect to elements of the new parameters (and
-/// of the narrowed attention output, a gate and an expert kernel) against central differences of
-/// the reference loss; the unused `post_self_attention_layer_norm` gets a zero gradient.
-#[test]
-fn qwen3_custom_gradients_match_finite_differences() {
-    let m = tiny(&[]);
-    let (p, b) = (draw(&m, 3), batch(&m, 4));
-    let (_, margin) = reference(&m, &p, &b);
-    assert!(margin > 1e-3, "a routing near-tie ({margin:e}); pick another seed");
-    let out = family_ref::loss_and_gradient(&m, &p, &b);
+/// `value_and_grad`'s gradient of the loss (`out`, scanned layers) with respect to elements of the
+/// new parameters (and of the narrowed attention output, a gate and an expert kernel) against
+/// central differences of the reference loss; the unused `post_self_attention_layer_norm` gets a
+/// zero gradient.
+fn check_gradient(m: &Model, p: &RefParams, b: &Batch, out: &maxrs::tensor::Tree<maxrs::host::HostTensor>) {
     let probes = [
         (0, "latent_norm.scale", 3),
         (1, "latent_norm.scale", 11),
@@ -224,7 +230,7 @@ fn qwen3_custom_gradients_match_finite_differences() {
             let a = q.layers[layer].get_mut(name).expect("a layer parameter");
             let cols = a.ncols();
             a[[index / cols, index % cols]] += delta;
-            reference(&m, &q, &b).0.loss
+            reference(m, &q, b).0.loss
         };
         let fd = (nudged(h) - nudged(-h)) / (2.0 * h);
         let g = grad(layer, name, index);
