@@ -41,7 +41,8 @@ fn uniform(name: &str, n: usize) -> Vec<f64> {
         .collect()
 }
 
-/// A tensor's values, as `tools/hf_golden.py`'s `values`.
+/// A tensor's values, as `tools/hf_golden.py`'s `values` (embeddings rounded to bfloat16, so
+/// that the rounding of MaxText's tied logits changes nothing and transformers' logits are its).
 fn values(name: &str, n: usize, plus_one_norms: bool) -> Vec<f32> {
     let u = uniform(name, n);
     let f = |v: f64| -> f64 {
@@ -52,7 +53,7 @@ fn values(name: &str, n: usize, plus_one_norms: bool) -> Vec<f32> {
                 1.0 + 0.2 * v
             }
         } else if name.contains("embed_tokens") {
-            v
+            half::bf16::from_f32(v as f32).to_f64()
         } else {
             0.25 * v
         }

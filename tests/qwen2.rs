@@ -135,7 +135,7 @@ fn reference(m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     let y = rms_norm(&x, &p.top["decoder.decoder_norm.scale"], EPS);
     let logits = match p.top.get("decoder.logits_dense.kernel") {
         Some(w) => y.dot(w),
-        None => y.dot(&table.t()),
+        None => y.dot(&crate::common::tied_logit_table(table).t()),
     };
     let loss = crate::common::llama_ref::cross_entropy(&logits, &b.targets, &b.seg, 0.0);
     RefOut { embeddings, layers, logits, loss }

@@ -21,6 +21,7 @@ model.safetensors) to DIR, e.g. to compare `maxrs decode` on it with the recorde
 
 import json
 import math
+import struct
 import sys
 import tempfile
 
@@ -46,14 +47,24 @@ def uniform(name, n):
     return out
 
 
+def bf16(v):
+    """v (an f32 value) rounded to the nearest bfloat16, ties to even."""
+    bits = struct.unpack("<I", struct.pack("<f", v))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
 def values(name, n, plus_one_norms):
     """A tensor's values (as f32 after rounding): norms near 1 (or near 0 where the model adds
-    1), embeddings in [-1, 1), other weights in [-0.25, 0.25)."""
+    1), embeddings in [-1, 1) and bfloat16 values, other weights in [-0.25, 0.25). (MaxText's
+    tied logits round the table to bfloat16, `attend_on_embedding` in `layers/embeddings.py` at
+    e591f30, so maxrs does; with a table of bfloat16 values that rounding changes nothing, and
+    transformers' f32 logits are MaxText's.)"""
     u = uniform(name, n)
     if name.endswith("norm.weight"):
         return [0.2 * v for v in u] if plus_one_norms else [1.0 + 0.2 * v for v in u]
     if "embed_tokens" in name:
-        return u
+        return [bf16(v) for v in u]
     return [0.25 * v for v in u]
 
 

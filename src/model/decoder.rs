@@ -256,14 +256,17 @@ impl Model {
     pub fn head(&self, params: &Tree, y: &Tensor) -> Tensor {
         let c = &self.config;
         let y = self.family.final_norm(c).apply(params, "decoder.decoder_norm", y);
-        // MaxText's `logits_dot_in_fp32` (`Decoder._apply_output_head` in
-        // `src/maxtext/layers/decoders.py`, main at e591f30): the output projection in f32. Tied
-        // to the embedding it is `jnp.dot(y, table.astype(bf16).T, preferred_element_type=f32)`:
-        // the same products of bf16 operands, summed in f32.
+        // MaxText's `logits_dot_in_fp32` (`Decoder.apply_output_head` in
+        // `src/maxtext/layers/decoders.py`, main at e591f30): the output projection in f32.
         let in_f32 = |x: &Tensor| if c.logits_dot_in_fp32 { x.astype(DType::F32) } else { x.clone() };
         let logits = if c.logits_via_embedding {
-            let mut logits =
-                einsum("btd,vd->btv", &[&in_f32(&y), &in_f32(&params["token_embedder.embedding"].astype(c.dtype))]);
+            // Tied, MaxText's `attend_on_embedding` (`src/maxtext/layers/embeddings.py` at
+            // e591f30) is `jnp.dot(y, jnp.asarray(table, jnp.bfloat16).T,
+            // preferred_element_type=attend_dtype)`: the table is rounded to bf16 whatever `dtype`
+            // is (and promoted back to `y`'s dtype for the product), so its gradient through the
+            // logits is rounded to bf16 too.
+            let table = params["token_embedder.embedding"].astype(DType::BF16).astype(c.dtype);
+            let mut logits = einsum("btd,vd->btv", &[&in_f32(&y), &in_f32(&table)]);
             if c.normalize_embedding_logits {
                 logits = logits * (1.0 / (c.emb as f64).sqrt());
             }

@@ -104,6 +104,11 @@ pub fn model(model_name: &str, overrides: &[&str]) -> Model {
 pub struct RefParams {
     pub top: BTreeMap<String, Array2<f64>>,
     pub layers: Vec<BTreeMap<String, Array2<f64>>>,
+    /// The tied logits' bf16 rounding of the table (`common::tied_logit_table` minus the table)
+    /// held fixed, or None to round the table as it is. MaxText's gradient passes through the
+    /// rounding (JAX transposes a dtype conversion to the reverse conversion), so finite
+    /// differences of its loss are taken with the rounding of the point they start from.
+    pub tied_rounding: Option<Array2<f64>>,
 }
 
 /// The 2-D shape a parameter is held in: vectors as one row, else the first dimension (the
@@ -140,7 +145,7 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
         Array2::from_shape_vec((rows, cols), uniform(&mut rng, rows * cols, lo, hi)).unwrap()
     };
     let layers = m.stacks().iter().map(|s| s.count as usize).sum();
-    let mut p = RefParams { top: BTreeMap::new(), layers: vec![BTreeMap::new(); layers] };
+    let mut p = RefParams { top: BTreeMap::new(), layers: vec![BTreeMap::new(); layers], tied_rounding: None };
     for def in m.param_defs() {
         match layer_param(m, &def.name) {
             Some((layers, None, rest)) => {
@@ -528,10 +533,11 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     let e = c.emb as usize;
     let table = &p.top["token_embedder.embedding"];
     // Gemma's own embedding table is MaxText's stored one over sqrt(emb); Gemma scales by sqrt(emb).
-    let (table_own, input_scale) = match spec.family {
-        Family::Gemma | Family::Gemma2 | Family::Gemma3 => (table / (e as f64).sqrt(), (e as f64).sqrt()),
-        Family::Llama | Family::Gpt3 => (table.clone(), 1.0),
+    let own_scale = match spec.family {
+        Family::Gemma | Family::Gemma2 | Family::Gemma3 => 1.0 / (e as f64).sqrt(),
+        Family::Llama | Family::Gpt3 => 1.0,
     };
+    let (table_own, input_scale) = (table * own_scale, 1.0 / own_scale);
     let mut x = Array2::<f64>::zeros((B * T, e));
     for (r, &tok) in b.tokens.iter().enumerate() {
         x.row_mut(r).assign(&(&table_own.row(tok as usize) * input_scale));
@@ -579,7 +585,15 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     };
     let mut logits = match p.top.get("decoder.logits_dense.kernel") {
         Some(w) => y.dot(w),
-        None => y.dot(&table_own.t()),
+        // Tied: MaxText's product with the table rounded to bf16 (Gemma's own table is the
+        // rounded stored one over sqrt(emb)).
+        None => {
+            let rounded = match &p.tied_rounding {
+                Some(rounding) => table + rounding,
+                None => super::tied_logit_table(table),
+            };
+            y.dot(&(rounded * own_scale).t())
+        }
     };
     if let Some(cap) = spec.final_cap {
         logits.mapv_inplace(|v| cap * (v / cap).tanh());

@@ -212,10 +212,11 @@ pub fn reference(c: &Model, p: &RefParams, tokens: &[i32], targets: &[i32], seg:
         layers.push(x.clone());
     }
     let y = rms_norm(&x, &p.final_norm, c.config.eps);
-    // Tied logits are divided by sqrt(emb): MaxText's normalize_embedding_logits, on by default.
+    // Tied logits: the table rounded to bf16 (`common::tied_logit_table`), divided by sqrt(emb):
+    // MaxText's normalize_embedding_logits, on by default.
     let logits = match &p.logits_dense {
         Some(w) => y.dot(w),
-        None => y.dot(&p.embedding.t()) / (e as f64).sqrt(),
+        None => y.dot(&super::tied_logit_table(&p.embedding).t()) / (e as f64).sqrt(),
     };
     let loss = cross_entropy(&logits, targets, seg, z);
     RefOut { embeddings, layers, logits, loss }

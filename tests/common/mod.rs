@@ -104,6 +104,12 @@ pub fn run(program: &Program, inputs: &Tree<HostTensor>) -> Tree<HostTensor> {
     run_program(&client(), program, inputs).expect("program runs")
 }
 
+/// MaxText's tied-logit table (`attend_on_embedding`, `layers/embeddings.py` at MaxText e591f30:
+/// `jnp.asarray(embedding_table, jnp.bfloat16)`): each entry rounded to bf16, to nearest even.
+pub fn tied_logit_table(table: &ndarray::Array2<f64>) -> ndarray::Array2<f64> {
+    table.mapv(|v| half::bf16::from_f32(v as f32).to_f64())
+}
+
 /// Largest |a - b| / max(1, |a|, |b|).
 pub fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
