@@ -23,6 +23,10 @@
 /// (`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0`; JAX's default 1 s would keep the tiny
 /// models' sub-second compiles out of it, and those are most of the tests' programs).
 ///
+/// No Python interpreter is asked for pip-installed plugins (`MAXRS_PYTHON` empty): the tests
+/// use the plugins maxrs fetches, and through pyenv's shims every `maxrs` started would spend
+/// ~0.2 CPU-s starting one.
+///
 /// And libtpu's variables (`maxrs::aot::compile::prepare_libtpu_environment`) and the GCS
 /// emulator's address (`common::gcs_emulator::reserve_address`), set here rather than by the
 /// first test that needs them: setting the environment while another test's XLA spawns `ptxas`
@@ -40,6 +44,9 @@ fn fast_cached_compiles_unless_the_user_chose_otherwise() {
     if std::env::var_os("RUST_TEST_THREADS").is_none() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         std::env::set_var("RUST_TEST_THREADS", (cores + 1).to_string());
+    }
+    if std::env::var_os("MAXRS_PYTHON").is_none() {
+        std::env::set_var("MAXRS_PYTHON", "");
     }
     if std::env::var_os("M_JAX_CACHE_DIR").is_none() {
         std::env::set_var("M_JAX_CACHE_DIR", concat!(env!("CARGO_TARGET_TMPDIR"), "/jax_cache"));
