@@ -73,7 +73,7 @@ fn an_installed_plugin_is_found_through_maxrs_python_and_an_empty_one_asks_none(
 
     let installed = run(python.to_str().unwrap());
     let first = installed.lines().next().unwrap();
-    assert!(first.contains(&format!("{}", site.join("lammps_jax_pjrt_cpu").display())), "{installed}");
+    assert!(first.contains(&site.join("lammps_jax_pjrt_cpu").display().to_string()), "{installed}");
     assert!(first.contains("lammps-jax-pjrt-cpu 9.8.7, from an installed Python package"), "{installed}");
     assert!(asked.exists());
     std::fs::remove_file(&asked).unwrap();

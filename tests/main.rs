@@ -8,10 +8,10 @@
 /// (`xla_cpu_disable_new_fusion_emitters`, a backend extra option: each fusion's MLIR pipeline
 /// was most of a compile; the default model's step compiles in 0.62 s instead of 1.7, the whole
 /// run takes half the CPU, its losses the same), and for the deviceless GPU compiles of the AOT
-/// tests no autotuning, no Triton or cuBLASLt GEMM fusions and `ptxas -O0`. The tests check numbers to tolerances that do not
-/// depend on XLA's optimizations, and compiling is most of their time (measured: 35-40% less
-/// CPU for the pipeline and Mixtral tests; a deviceless H100 compile of the default step 11.9
-/// -> 4.3 CPU-s; all pass either way). A user's own `XLA_FLAGS` is kept as it is; benchmarks
+/// tests no autotuning, no Triton or cuBLASLt GEMM fusions and `ptxas -O0`. The tests check
+/// numbers to tolerances that do not depend on XLA's optimizations, and compiling is most of
+/// their time (measured: 35-40% less CPU for the pipeline and Mixtral tests; a deviceless H100
+/// compile of the default step 11.9 -> 4.3 CPU-s; all pass either way). A user's own `XLA_FLAGS` is kept as it is; benchmarks
 /// and runs keep XLA's defaults.
 ///
 /// One test thread more than the machine has cores (unless `RUST_TEST_THREADS` or
@@ -38,26 +38,25 @@
 // read the environment while it is changed; it only sets environment variables.
 #[ctor::ctor(unsafe)]
 fn fast_cached_compiles_unless_the_user_chose_otherwise() {
-    if std::env::var_os("XLA_FLAGS").is_none() {
+    let unless_set = |name: &str, value: &dyn Fn() -> String| {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, value());
+        }
+    };
+    unless_set("XLA_FLAGS", &|| {
         let cpu = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true \
                    --xla_backend_extra_options=xla_cpu_disable_new_fusion_emitters=true";
         let gpu = "--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false --xla_gpu_enable_cublaslt=false \
                    --xla_gpu_disable_gpuasm_optimizations=true";
-        std::env::set_var("XLA_FLAGS", format!("{cpu} {gpu}"));
-    }
-    if std::env::var_os("RUST_TEST_THREADS").is_none() {
+        format!("{cpu} {gpu}")
+    });
+    unless_set("RUST_TEST_THREADS", &|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        std::env::set_var("RUST_TEST_THREADS", (cores + 1).to_string());
-    }
-    if std::env::var_os("MAXRS_PYTHON").is_none() {
-        std::env::set_var("MAXRS_PYTHON", "");
-    }
-    if std::env::var_os("M_JAX_CACHE_DIR").is_none() {
-        std::env::set_var("M_JAX_CACHE_DIR", concat!(env!("CARGO_TARGET_TMPDIR"), "/jax_cache"));
-    }
-    if std::env::var_os("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS").is_none() {
-        std::env::set_var("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0");
-    }
+        (cores + 1).to_string()
+    });
+    unless_set("MAXRS_PYTHON", &String::new);
+    unless_set("M_JAX_CACHE_DIR", &|| concat!(env!("CARGO_TARGET_TMPDIR"), "/jax_cache").to_string());
+    unless_set("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", &|| "0".to_string());
     maxrs::aot::compile::prepare_libtpu_environment();
     std::env::set_var("STORAGE_EMULATOR_HOST", common::gcs_emulator::reserve_address());
 }

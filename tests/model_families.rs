@@ -41,11 +41,7 @@ type Probe = (Option<usize>, &'static str, usize);
 fn check_forward_and_gradient(label: &str, m: &Model, spec: &Spec, probes: &[Probe]) -> RefOut {
     let p = random_params(spec, m, 1);
     let b = batch(m, 2);
-    let program = if probes.is_empty() {
-        crate::common::llama_ref::forward_program(m, 0.0)
-    } else {
-        forward_and_gradient_program(m)
-    };
+    let program = crate::common::llama_ref::forward_program(m, 0.0, !probes.is_empty());
     let out = crate::common::run(&program, &inputs(m, &p, &b));
     let want = reference(spec, m, &p, &b);
     check_outputs(label, m, &out, &want);

@@ -11,15 +11,12 @@ use maxrs::tensor::{trace, Tree};
 use ndarray::Array2;
 
 /// The forward pass against the reference; with `gradient`, the gradient too, from the same
-/// program (`family_ref::forward_and_gradient_program`, z-loss 0).
+/// program (`llama_ref::forward_program`).
 fn check_forward(scan_layers: bool, extra: &[&str], z: f64, gradient: bool) {
     let c = config(scan_layers, extra);
     let p = random_params(&c, 1);
     let b = batch(&c, 2);
-    let program = match gradient {
-        true => crate::common::family_ref::forward_and_gradient_program(&c),
-        false => crate::common::llama_ref::forward_program(&c, z),
-    };
+    let program = forward_program(&c, z, gradient);
     let out = crate::common::run(&program, &inputs(&c, &p, &b));
     let want = reference(&c, &p, &b.tokens, &b.targets, &b.seg, z);
     let tol = 1e-4;

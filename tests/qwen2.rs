@@ -148,7 +148,7 @@ fn reference(m: &Model, p: &RefParams, b: &Batch) -> RefOut {
 /// Embeddings, every layer, logits and loss of `m` against the reference; returns the reference.
 fn check_forward(label: &str, m: &Model) -> (RefParams, Batch, RefOut) {
     let (p, b) = (random_params(&draw_spec(), m, 1), batch(m, 2));
-    let out = crate::common::run(&crate::common::llama_ref::forward_program(m, 0.0), &inputs(m, &p, &b));
+    let out = crate::common::run(&crate::common::llama_ref::forward_program(m, 0.0, false), &inputs(m, &p, &b));
     let want = reference(m, &p, &b);
     family_ref::check_outputs(label, m, &out, &want);
     (p, b, want)

@@ -167,10 +167,7 @@ fn check_forward(label: &str, m: &Model, gradient: bool) {
     let (want, margin) = reference(m, &p, &b);
     // f32 and f64 must choose the same experts for the comparison to mean anything.
     assert!(margin > 1e-3, "{label}: a routing near-tie ({margin:e}); pick another seed");
-    let program = match gradient {
-        true => family_ref::forward_and_gradient_program(m),
-        false => crate::common::llama_ref::forward_program(m, 0.0),
-    };
+    let program = crate::common::llama_ref::forward_program(m, 0.0, gradient);
     let out = crate::common::run(&program, &inputs(m, &p, &b));
     family_ref::check_outputs(label, m, &out, &want);
     if gradient {
@@ -200,7 +197,7 @@ fn qwen3_custom_without_up_projection_matches_the_reference() {
     let (p, b) = (draw(&m, 1), batch(&m, 2));
     let (want, margin) = reference(&m, &p, &b);
     assert!(margin > 1e-3, "a routing near-tie ({margin:e}); pick another seed");
-    let out = crate::common::run(&crate::common::llama_ref::forward_program(&m, 0.0), &inputs(&m, &p, &b));
+    let out = crate::common::run(&crate::common::llama_ref::forward_program(&m, 0.0, false), &inputs(&m, &p, &b));
     family_ref::check_outputs("qwen3_custom attention_output_dim=emb", &m, &out, &want);
 }
 

@@ -483,23 +483,6 @@ pub fn loss_and_gradient(m: &Model, p: &RefParams, b: &Batch) -> Tree<HostTensor
     super::run(&program, &inputs(m, p, b))
 }
 
-/// `llama_ref::forward_program`'s outputs and `loss_and_gradient`'s gradient (`grad.<name>`) from
-/// one program: a test that checks both on one model compiles once.
-pub fn forward_and_gradient_program(m: &Model) -> maxrs::ir::Program {
-    maxrs::tensor::trace(&signature(m), |_ctx, inp| {
-        let params = inp.subtree("params");
-        let fwd = m.forward(&params, inp, true);
-        let (loss, grads) = maxrs::autodiff::value_and_grad(&params, |params| m.loss(params, inp, 0.0).0);
-        grads
-            .prefixed("grad")
-            .with("embeddings", fwd.embeddings)
-            .with("layers", fwd.layer_outputs.expect("layer outputs"))
-            .with("logits", fwd.logits)
-            .with("loss", loss)
-    })
-    .expect("the model and its gradient trace")
-}
-
 /// max |a - b| over max |b|.
 pub fn scaled_err(got: &[f64], want: &Array2<f64>) -> f64 {
     let want: Vec<f64> = want.iter().copied().collect();

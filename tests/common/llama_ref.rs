@@ -268,13 +268,19 @@ pub fn signature(c: &Model) -> Signature {
 }
 
 /// The model's forward pass on [`signature`]'s inputs, returning what the layer-by-layer
-/// comparisons read: the embeddings, every layer's output, the logits and the loss (z-loss `z`).
-pub fn forward_program(c: &Model, z: f64) -> Program {
+/// comparisons read: the embeddings, every layer's output, the logits and the loss (z-loss `z`);
+/// with `gradient`, the loss's gradient too (`grad.<name>`), from the same program: a test that
+/// checks both compiles once.
+pub fn forward_program(c: &Model, z: f64, gradient: bool) -> Program {
     trace(&signature(c), |_ctx, inp| {
         let params = inp.subtree("params");
         let fwd = c.forward(&params, inp, true);
-        let (loss, _) = c.loss(&params, inp, z);
-        Tree::new()
+        let (loss, grads) = match gradient {
+            true => maxrs::autodiff::value_and_grad(&params, |params| c.loss(params, inp, z).0),
+            false => (c.loss(&params, inp, z).0, Tree::new()),
+        };
+        grads
+            .prefixed("grad")
             .with("embeddings", fwd.embeddings)
             .with("layers", fwd.layer_outputs.expect("layer outputs"))
             .with("logits", fwd.logits)
