@@ -180,7 +180,7 @@ impl Slots {
                 .into_iter()
                 .chain(metric("moe_lb_loss").ok())
                 .collect(),
-            carried: compiled.program.outputs.iter().map(|o| compiled.input_index(&o.name).ok()).collect(),
+            carried: compiled.program.outputs.iter().map(|o| compiled.find_input(&o.name)).collect(),
         })
     }
 }

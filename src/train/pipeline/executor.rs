@@ -428,9 +428,9 @@ impl Stage {
         let aux_weight = scalar(&self.programs.backward[0], "aux_weight", ctx.weights.aux)?;
         // Only the last chunk's forward reads it; the stage that runs it runs it last.
         let last_forward = self.programs.forward.last().expect("a stage runs chunks");
-        let loss_scale = match last_forward.input_index("loss_scale") {
-            Ok(_) => Some(scalar(last_forward, "loss_scale", ctx.weights.loss_scale)?),
-            Err(_) => None,
+        let loss_scale = match last_forward.find_input("loss_scale") {
+            Some(_) => Some(scalar(last_forward, "loss_scale", ctx.weights.loss_scale)?),
+            None => None,
         };
         for pass in 0..ctx.passes {
             // Per microbatch, the batch arrays on this stage's devices (put when first needed).
@@ -553,8 +553,8 @@ impl Stage {
     /// stage reads it.
     fn put_batch(&self, client: &Client, name: &str, host: &HostTensor) -> Result<Option<DeviceArray>> {
         let input = format!("batch.{name}");
-        match self.programs.all().find(|p| p.input_index(&input).is_ok()) {
-            Some(program) => Ok(Some(program.put(client, program.input_index(&input)?, host)?)),
+        match self.programs.all().find_map(|p| Some((p, p.find_input(&input)?))) {
+            Some((program, index)) => Ok(Some(program.put(client, index, host)?)),
             None => Ok(None),
         }
     }
