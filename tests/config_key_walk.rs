@@ -66,7 +66,17 @@ const DEEPSEEK_YARN: &[&str] = deepseek!("rope_type=yarn");
 /// With routed experts, and those in 2 groups, each token choosing from the best one.
 const DEEPSEEK_MOE: &[&str] =
     deepseek!("first_num_dense_layers=1", "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=256");
+/// (Groups need a DeepSeek-V3 model name: MaxText groups only under deepseek3/deepseek4 names,
+/// `get_topk` in `layers/moe.py` at e591f30; here deepseek3-test at the default model's sizes.)
 const DEEPSEEK_GROUPED: &[&str] = deepseek!(
+    "model_name=deepseek3-test",
+    "override_model_config=true",
+    "base_emb_dim=256",
+    "base_num_query_heads=4",
+    "base_mlp_dim=512",
+    "base_num_decoder_layers=2",
+    "vocab_size=512",
+    "q_lora_rank=0",
     "first_num_dense_layers=1",
     "num_experts=4",
     "num_experts_per_tok=2",

@@ -14,6 +14,8 @@ use std::path::Path;
 use safetensors::serialize_to_file;
 use serde_json::Value;
 
+use maxrs::checkpoint::dir;
+
 use crate::convert_hf::{convert, maxrs_logits, raw, read_hf, Raw};
 
 /// The golden file's prompt length: the greedy tokens follow it.
@@ -81,16 +83,45 @@ fn write_checkpoint(dir: &Path, case: &Value) {
     serialize_to_file(views, &Some(metadata), &dir.join("model.safetensors")).unwrap();
 }
 
-/// Converts the family's golden checkpoint, checks maxrs's logits and greedy tokens against
-/// `transformers`', and converts back (`exact`: bit for bit; otherwise within f32 rounding of
-/// the value maps).
-fn check_family(family: &str, exact: bool) {
+/// A converted checkpoint: its directory (in `_dir`) and the model keys of the `maxrs train`
+/// command `from-hf` printed for it.
+struct Converted {
+    _dir: tempfile::TempDir,
+    ours: std::path::PathBuf,
+    printed: Vec<String>,
+}
+
+/// The words of a shell line quoted as maxrs prints it (single quotes, none inside).
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quoted) = (Vec::new(), None::<String>, false);
+    for ch in line.chars() {
+        match ch {
+            '\'' => {
+                quoted = !quoted;
+                word.get_or_insert_with(String::new);
+            }
+            ' ' if !quoted => words.extend(word.take()),
+            _ => word.get_or_insert_with(String::new).push(ch),
+        }
+    }
+    words.extend(word);
+    words
+}
+
+/// Converts the family's golden checkpoint, checks maxrs's logits (under the keys of the printed
+/// `maxrs train` command) and greedy tokens against `transformers`', and converts back (`exact`:
+/// bit for bit; otherwise within f32 rounding of the value maps).
+fn check_family(family: &str, exact: bool) -> Converted {
     let case = &golden()["families"][family];
     let d = tempfile::tempdir().unwrap();
     let hf = d.path().join("hf");
     write_checkpoint(&hf, case);
     let ours = d.path().join("maxrs");
-    convert(&["from-hf", hf.to_str().unwrap(), ours.to_str().unwrap()]);
+    let text = convert(&["from-hf", hf.to_str().unwrap(), ours.to_str().unwrap()]);
+    let line = text.lines().map(str::trim).find(|l| l.starts_with("maxrs train ")).expect("a printed command");
+    let words = shell_words(line);
+    assert_eq!(words[2], format!("load_parameters_path={}", ours.display()), "{family}: {line}");
+    let printed = words[3..].to_vec();
 
     let sequence: Vec<i32> = case["sequence"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect();
     let want: Vec<f64> = case["logits"]
@@ -100,7 +131,7 @@ fn check_family(family: &str, exact: bool) {
         .flat_map(|row| row.as_array().unwrap())
         .map(|x| x.as_f64().unwrap())
         .collect();
-    let got = maxrs_logits(&ours, &sequence, &[]);
+    let got = maxrs_logits(&ours, &sequence, &printed.iter().map(String::as_str).collect::<Vec<_>>());
     let err = crate::common::llama_ref::scaled_err(&got, &want);
     println!("{family}: logits scaled error vs transformers {err:e}");
     assert!(err < 2e-5, "{family}: logits differ from transformers': scaled error {err:e}");
@@ -141,6 +172,7 @@ fn check_family(family: &str, exact: bool) {
     for field in ["model_type", "hidden_size", "num_hidden_layers", "num_key_value_heads", "head_dim", "rope_scaling"] {
         assert_eq!(config[field], case["config"][field], "{family}: config.json's {field}");
     }
+    Converted { _dir: d, ours, printed }
 }
 
 #[test]
@@ -179,6 +211,43 @@ fn gemma3_with_a_remainder_block_matches_transformers() {
     check_family("gemma3", false);
 }
 
+/// Unscanned, Gemma 3's parameters are one module per layer, `decoder.layers_<n>` for Hugging Face
+/// layer `n` (the remainder's too: `layers/decoders.py:1205,1246` at MaxText e591f30): the
+/// logits are transformers', and `to-hf` writes back byte for byte what it writes from the
+/// scanned conversion.
+#[test]
+fn gemma3_unscanned_converts_per_layer() {
+    let case = &golden()["families"]["gemma3"];
+    let d = tempfile::tempdir().unwrap();
+    let at = |name: &str| d.path().join(name);
+    write_checkpoint(&at("hf"), case);
+    for scan in ["true", "false"] {
+        let (ours, back) = (at(&format!("maxrs-{scan}")), at(&format!("hf-{scan}")));
+        let arg = format!("scan_layers={scan}");
+        convert(&["from-hf", at("hf").to_str().unwrap(), ours.to_str().unwrap(), &arg]);
+        convert(&["to-hf", ours.to_str().unwrap(), back.to_str().unwrap()]);
+    }
+    assert_eq!(read_hf(&at("hf-false")), read_hf(&at("hf-true")));
+    let manifest = dir::read_manifest(&maxrs::files::Location::Local(at("maxrs-false"))).unwrap();
+    let names: Vec<&str> = manifest.arrays.iter().map(|a| a.name.as_str()).collect();
+    for layer in ["layers_0", "layers_5", "layers_6", "layers_7"] {
+        assert!(names.contains(&format!("params.decoder.{layer}.mlp.wo.kernel").as_str()), "{names:?}");
+    }
+    assert!(!names.iter().any(|n| n.contains("remainder") || n.contains(".layers.")), "{names:?}");
+
+    let sequence: Vec<i32> = case["sequence"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect();
+    let want: Vec<f64> = case["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.as_array().unwrap())
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let got = maxrs_logits(&at("maxrs-false"), &sequence, &["scan_layers=false"]);
+    let err = crate::common::llama_ref::scaled_err(&got, &want);
+    assert!(err < 2e-5, "gemma3 unscanned: logits differ from transformers': scaled error {err:e}");
+}
+
 #[test]
 fn qwen3_qk_norm_tied_matches_transformers() {
     check_family("qwen3", true);
@@ -194,7 +263,45 @@ fn deepseek_v3_latent_attention_matches_transformers() {
     check_family("deepseek_v3", true);
 }
 
+/// Hugging Face's DeepSeek-V3 router weighs the chosen experts by their unbiased scores, which
+/// MaxText does only for a model_name starting with deepseek3 (`get_topk`, `layers/moe.py` at
+/// MaxText e591f30): the printed command names one (the logits above ran under it). The
+/// checkpoint then does not fit a model named to route otherwise (MaxText's kimi-k2-1t), which
+/// `to-hf` refuses by name too.
 #[test]
 fn deepseek_v3_routed_layers_match_transformers() {
-    check_family("deepseek_v3_moe", true);
+    let converted = check_family("deepseek_v3_moe", true);
+    assert_eq!(converted.printed[..2], ["model_name=deepseek3-test", "override_model_config=true"]);
+    let kimi: Vec<String> = converted
+        .printed
+        .iter()
+        .map(|a| if a.starts_with("model_name=") { "model_name=kimi-k2-1t".into() } else { a.clone() })
+        .collect();
+    let c = maxrs::config::load(None, &kimi).unwrap();
+    let model = maxrs::model::Model::from_config(&c).unwrap();
+    let expected: Vec<dir::Expected> = model
+        .param_defs()
+        .into_iter()
+        .map(|d| dir::Expected { name: format!("params.{}", d.name), ty: maxrs::host::DType::F32, dims: d.shape })
+        .collect();
+    let location = maxrs::files::Location::Local(converted.ours.clone());
+    let err = dir::load(&location, &expected, &maxrs::checkpoint::manifest::model_keys(&c, &model), true)
+        .err()
+        .expect("a checkpoint routed as DeepSeek-V3 does not fit kimi-k2-1t")
+        .to_string();
+    assert!(
+        err.contains("model_name: checkpoint \"deepseek3-test\", this run \"kimi-k2-1t\" (MaxText routes DeepSeek's experts as DeepSeek-V3 only for a model_name starting with deepseek3 or deepseek4"),
+        "{err}"
+    );
+    let back = converted.ours.with_file_name("hf-kimi");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maxrs"))
+        .args(["convert", "to-hf", converted.ours.to_str().unwrap(), back.to_str().unwrap(), "model_name=kimi-k2-1t"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && text.contains("model_name=kimi-k2-1t: MaxText weighs this model's experts by their biased scores"),
+        "{text}"
+    );
 }

@@ -22,13 +22,18 @@ const EMB: usize = 16;
 /// The routed experts' width; the shared MLP is `SHARED x` this.
 const MLP: usize = 8;
 const SHARED: usize = 2;
-const ROUTING: DeepSeekRouting = DeepSeekRouting { k: 4, groups: 4, top_groups: 2, scaling: 2.5, softmax: false };
+const ROUTING: DeepSeekRouting =
+    DeepSeekRouting { k: 4, groups: 4, top_groups: 2, scaling: 2.5, softmax: false, v3: true };
 const EXPERTS: usize = 16;
 
 /// The block's configuration as the deepseek family gets it: from keys (groups only when `r`
-/// has several), through `MoeConfig::deepseek`.
+/// has several; DeepSeek-V3's routing under a deepseek3 model name), through
+/// `MoeConfig::deepseek`.
 fn configs(r: DeepSeekRouting, bias: bool) -> (ModelConfig, MoeConfig) {
+    let name = if r.v3 { "deepseek3-test" } else { "kimi-k2-1t" };
     let mut keys = vec![
+        format!("model_name={name}"),
+        "override_model_config=true".to_string(),
         format!("num_experts={EXPERTS}"),
         format!("num_experts_per_tok={}", r.k),
         format!("routed_scaling_factor={}", r.scaling),
@@ -153,7 +158,7 @@ fn check(routing: DeepSeekRouting, bias: bool, d: &Data) {
     let h = 1e-5;
     for (name, _) in inputs.iter().filter(|(n, _)| *n != "w") {
         let grad = out[format!("grad.{name}").as_str()].to_f64();
-        if name == "MoeBlock_0.gate.bias" {
+        if name == "MoeBlock_0.gate.bias" && routing.v3 {
             assert!(grad.iter().all(|&g| g == 0.0), "the routing bias has a gradient: {grad:?}");
         }
         for _ in 0..4 {
@@ -195,6 +200,21 @@ fn routed_and_shared_block_matches_the_reference() {
 fn softmax_scores_without_groups_or_bias() {
     let mut d = data(14);
     d.p.bias.fill(0.0);
-    let routing = DeepSeekRouting { k: 3, groups: 1, top_groups: 1, scaling: 1.5, softmax: true };
+    let routing = DeepSeekRouting { k: 3, groups: 1, top_groups: 1, scaling: 1.5, softmax: true, v3: true };
     check(routing, false, &d);
+}
+
+/// A `decoder_block=deepseek` model whose name does not start with deepseek3/deepseek4 (here
+/// MaxText's kimi-k2-1t: sigmoid scores, a routing bias, no groups): MaxText weighs the chosen
+/// experts by their biased scores, so the bias has a gradient (checked against the reference's
+/// central differences like every other input).
+#[test]
+fn other_model_names_weigh_by_the_biased_scores() {
+    let d = data(14);
+    let routing = DeepSeekRouting { k: 4, groups: 1, top_groups: 1, scaling: 2.827, softmax: false, v3: false };
+    let (v3, maxtext) =
+        (deepseek_moe(&d.p, &d.xs, DeepSeekRouting { v3: true, ..routing }), deepseek_moe(&d.p, &d.xs, routing));
+    let apart = v3.outputs.iter().zip(&maxtext.outputs).map(|(a, b)| (a - b).mapv(f64::abs).sum()).sum::<f64>();
+    assert!(apart > 1e-3, "the test data must tell the two weightings apart: {apart:e}");
+    check(routing, true, &d);
 }

@@ -182,18 +182,128 @@ fn deepseek_names_match_maxtext() {
     check("deepseek2-16b", &[TOP, &layer].concat());
 }
 
-/// Scanned only: MaxText's scanned Gemma 3 stacks blocks of 6 layers, `layers.layers_<j>`
-/// (models/gemma3.py:305, `Gemma3ScannableBlock`), and the layers after the last whole block as
-/// `layers_remainder` (layers/decoders.py:1390). Unscanned, MaxText has one `layers_<i>` per layer
-/// (layers/decoders.py:1209,1246) where maxrs keeps the blocks: not matched yet.
+/// One Gemma 3 layer's parameters under its module (`Gemma3DecoderLayer`, models/gemma3.py:95,
+/// 104,132,142,150,165 with `use_post_attn_norm` and `use_post_ffw_norm`; `Attention`'s query,
+/// key, value, out and, with `use_qk_norm=True` (models/gemma3.py:125), query_norm and key_norm;
+/// `MlpBlock`'s wi_0, wi_1 and wo).
+const GEMMA3_LAYER: &[&str] = &[
+    "pre_self_attention_norm.scale",
+    "self_attention.query.kernel",
+    "self_attention.key.kernel",
+    "self_attention.value.kernel",
+    "self_attention.out.kernel",
+    "self_attention.query_norm.scale",
+    "self_attention.key_norm.scale",
+    "post_self_attention_norm.scale",
+    "pre_ffw_norm.scale",
+    "mlp.wi_0.kernel",
+    "mlp.wi_1.kernel",
+    "mlp.wo.kernel",
+    "post_ffw_norm.scale",
+];
+
+/// The layer parameters (`decoder.layers*`) of a Gemma 3 of 8 layers with `scan_layers=scan`,
+/// sorted.
+fn gemma3_layer_names(scan: bool) -> Vec<String> {
+    let args = [
+        "decoder_block=gemma3",
+        "base_num_decoder_layers=8",
+        "sliding_window_size=4",
+        "use_post_attn_norm=true",
+        "use_post_ffw_norm=true",
+        &format!("scan_layers={scan}"),
+    ]
+    .map(str::to_string);
+    let c = maxrs::config::load(None, &args).expect("config loads");
+    let defs = Model::from_config(&c).expect("the model builds").param_defs();
+    let mut names: Vec<String> = defs.into_iter().map(|d| d.name).filter(|n| n.starts_with("decoder.layers")).collect();
+    names.sort();
+    names
+}
+
+/// `prefix.p` for each parameter `p` of a Gemma 3 layer, for each prefix.
+fn gemma3_modules(prefixes: impl Iterator<Item = String>) -> Vec<String> {
+    let mut names: Vec<String> = prefixes.flat_map(|m| GEMMA3_LAYER.iter().map(move |p| format!("{m}.{p}"))).collect();
+    names.sort();
+    names
+}
+
+/// Scanned, MaxText's Gemma 3 stacks blocks of 6 layers, `layers.layers_<j>` (scanned as `layers`,
+/// layers/decoders.py:1341,1373; sub-layer `j` named `layers_<j>`, models/gemma3.py:305), and the
+/// `8 % 6 = 2` layers after the last whole block as the module `layers_remainder`
+/// (layers/decoders.py:1385,1390), again `layers_<j>` inside.
 #[test]
 fn gemma3_scanned_names_match_maxtext() {
-    let want = [
-        "decoder.layers.layers_0.pre_self_attention_norm.scale",
-        "decoder.layers.layers_5.self_attention.query_norm.scale",
-        "decoder.layers.layers_5.post_ffw_norm.scale",
-        "decoder.layers_remainder.layers_3.mlp.wi_0.kernel",
-    ];
-    let want: Vec<String> = TOP.iter().chain(&want).map(|s| s.to_string()).collect();
-    check_scan("gemma3-4b", true, &want);
+    let blocks = (0..6).map(|j| format!("decoder.layers.layers_{j}"));
+    let remainder = (0..2).map(|j| format!("decoder.layers_remainder.layers_{j}"));
+    assert_eq!(gemma3_layer_names(true), gemma3_modules(blocks.chain(remainder)));
+    check_scan("gemma3-4b", true, &TOP.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+}
+
+/// Unscanned, MaxText builds one module per layer, `Gemma3DecoderLayer` (layers/decoders.py:466)
+/// named `layers_<n>` for `n` in `0..num_decoder_layers` (layers/decoders.py:1205,1246): no block
+/// and no `layers_remainder`, so 8 layers are `layers_0` .. `layers_7`.
+#[test]
+fn gemma3_unscanned_names_match_maxtext() {
+    assert_eq!(gemma3_layer_names(false), gemma3_modules((0..8).map(|n| format!("decoder.layers_{n}"))));
+    let want = ["decoder.layers_0.pre_self_attention_norm.scale", "decoder.layers_33.mlp.wi_0.kernel"];
+    check_scan("gemma3-4b", false, &TOP.iter().chain(&want).map(|s| s.to_string()).collect::<Vec<_>>());
+}
+
+/// Unscanned Gemma 3 initializes to the scanned model's values under MaxText's per-layer names:
+/// by hand, slice `b` of scanned `layers.layers_<j>.p` is unscanned `layers_<6b+j>.p`, and
+/// `layers_remainder.layers_<j>.p` is `layers_<12+j>.p` (14 layers: two blocks and 2 more).
+#[test]
+fn gemma3_unscanned_init_is_the_scanned_init_renamed() {
+    use maxrs::ir::Signature;
+    use maxrs::tensor::{random, trace, Tree};
+    let init = |scan: bool| {
+        let args = [
+            "decoder_block=gemma3",
+            "base_num_decoder_layers=14",
+            "sliding_window_size=4",
+            "use_post_attn_norm=true",
+            "use_post_ffw_norm=true",
+            "base_emb_dim=16",
+            "base_num_query_heads=2",
+            "base_num_kv_heads=1",
+            "head_dim=8",
+            "base_mlp_dim=32",
+            "vocab_size=32",
+            &format!("scan_layers={scan}"),
+        ]
+        .map(str::to_string);
+        let m = Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap();
+        let program = trace(&Signature::new(None), |ctx, _| m.init_params(&random::key(ctx, 3))).unwrap();
+        crate::common::run(&program, &Tree::new())
+    };
+    let (scanned, unscanned) = (init(true), init(false));
+    let mut layer_params = 0;
+    for (name, value) in scanned.iter() {
+        let values = value.to_f64();
+        let got = |n: String| unscanned[n.as_str()].to_f64();
+        if let Some((j, p)) = name.strip_prefix("decoder.layers.layers_").and_then(|r| r.split_once('.')) {
+            let (j, per_block) = (j.parse::<usize>().unwrap(), values.len() / 2);
+            for b in 0..2 {
+                assert_eq!(
+                    got(format!("decoder.layers_{}.{p}", 6 * b + j)),
+                    values[b * per_block..][..per_block],
+                    "{name}"
+                );
+            }
+            if p.ends_with(".kernel") {
+                assert_ne!(values[..per_block], values[per_block..], "{name}: the blocks' random values differ");
+            }
+            layer_params += 2;
+        } else if let Some((j, p)) =
+            name.strip_prefix("decoder.layers_remainder.layers_").and_then(|r| r.split_once('.'))
+        {
+            assert_eq!(got(format!("decoder.layers_{}.{p}", 12 + j.parse::<usize>().unwrap())), values, "{name}");
+            layer_params += 1;
+        } else {
+            assert_eq!(got(name.to_string()), values, "{name}");
+        }
+    }
+    assert_eq!(layer_params, 14 * GEMMA3_LAYER.len());
+    assert_eq!(unscanned.len(), scanned.len() + 6 * GEMMA3_LAYER.len());
 }

@@ -23,7 +23,8 @@
 //!   `trainers/pre_train/train.py` `get_first_step`, commit e591f30). `null` in a
 //!   parameters-only checkpoint made by `maxrs convert`.
 //! - `model`: the configuration keys that decide the model ([`model_keys`]), to say which key
-//!   differs when a checkpoint does not fit a run.
+//!   differs when a checkpoint does not fit a run; with `model_name` where the name decides too
+//!   (DeepSeek's routing).
 //! - `data`: the data pipeline's position ([`crate::checkpoint::DataState`]) on process 0; its
 //!   `next_step`, when it records one, is `step + 1`. `data_per_process`: every process's, in
 //!   process order, when the job had several (`processes`).
@@ -46,7 +47,7 @@ use super::shards::Bounds;
 use crate::config::registry::{self, Role};
 use crate::config::{Config, RopeType};
 use crate::model::config::Rope;
-use crate::model::Model;
+use crate::model::{moe, Model};
 
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const FORMAT: &str = "maxrs-checkpoint";
@@ -195,17 +196,31 @@ impl Manifest {
 }
 
 /// The values of the keys that decide `model` in `config`: its `config_keys` of the model-shape
-/// role. The others (activation numerics and sharding, how experts route and weigh tokens) may
-/// change between a checkpoint and the run restoring it.
+/// role. The others (activation numerics and sharding, expert capacity and dispatch) may change
+/// between a checkpoint and the run restoring it.
+///
+/// Where the model name decides what the model computes beyond its keys (a DeepSeek model with
+/// routed layers and a routing bias or groups: MaxText routes it as DeepSeek-V3 only under a
+/// `deepseek3*`/`deepseek4*` name, [`moe::routes_as_deepseek_v3`]), `model_name` is recorded
+/// too, with `override_model_config: true`: these keys then load over the named model's file as
+/// they are (the arguments `maxrs convert` prints and reads back), and [`model_differences`]
+/// compares the name by the routing it decides.
 pub fn model_keys(config: &Config, model: &Model) -> BTreeMap<String, serde_json::Value> {
     let all = serde_json::to_value(config).expect("Config serializes");
-    model
+    let mut keys: BTreeMap<String, serde_json::Value> = model
         .config_keys()
         .into_iter()
         .filter(|k| registry::key(k).is_some_and(|k| k.role == Role::Model))
         .map(|k| (k.to_string(), effective(config, k, &all[k])))
-        .collect()
+        .collect();
+    if moe::name_decides_routing(config, model.config.layers) {
+        keys.insert(MODEL_NAME.into(), serde_json::Value::from(config.model_name.as_str()));
+        keys.insert("override_model_config".into(), serde_json::Value::from(true));
+    }
+    keys
 }
+
+const MODEL_NAME: &str = "model_name";
 
 /// The value of model key `key` as the run computes it, where the model name decides too: a
 /// `llama3.1-*` model computes Llama 3.1's RoPE whatever `rope_type` says (`Rope::from_config`,
@@ -220,7 +235,8 @@ fn effective(config: &Config, key: &str, value: &serde_json::Value) -> serde_jso
 }
 
 /// `key: checkpoint A, this run B` for each model key whose values differ (keys one side lacks
-/// are left out: older or converted checkpoints may record fewer).
+/// are left out: older or converted checkpoints may record fewer). Two model names differ when
+/// they route DeepSeek's experts differently.
 pub fn model_differences(
     saved: &BTreeMap<String, serde_json::Value>,
     current: &BTreeMap<String, serde_json::Value>,
@@ -228,10 +244,21 @@ pub fn model_differences(
     saved
         .iter()
         .filter_map(|(key, value)| match current.get(key) {
+            Some(now) if key == MODEL_NAME && v3_routed(now) != v3_routed(value) => Some(format!(
+                "{key}: checkpoint {value}, this run {now} (MaxText routes DeepSeek's experts as DeepSeek-V3 only for a \
+                 model_name starting with {}, and weighs them by the biased scores otherwise)",
+                moe::DEEPSEEK_V3_PREFIXES
+            )),
+            Some(_) if key == MODEL_NAME => None,
             Some(now) if !same_value(now, value) => Some(format!("{key}: checkpoint {value}, this run {now}")),
             _ => None,
         })
         .collect()
+}
+
+/// Whether a recorded model name routes as DeepSeek-V3.
+fn v3_routed(name: &serde_json::Value) -> bool {
+    name.as_str().is_some_and(moe::routes_as_deepseek_v3)
 }
 
 /// Numbers compare by value (YAML may give `10000` where JSON gave `10000.0`).
@@ -269,5 +296,34 @@ mod tests {
         let llama3 = keys(&["model_name=llama3-8b"]);
         assert_eq!(llama3["rope_type"], "default");
         assert_eq!(model_differences(&converted, &llama3).iter().filter(|d| d.starts_with("rope_type")).count(), 1);
+    }
+
+    /// A DeepSeek model with a routing bias records its model name, which decides its routing
+    /// (`get_topk`, `layers/moe.py` at MaxText e591f30): two deepseek3 names fit, a name routing
+    /// the other way (MaxText's kimi-k2-1t) is a difference naming model_name and the prefixes.
+    #[test]
+    fn a_deepseek_model_name_is_compared_by_the_routing_it_decides() {
+        let keys = |args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            let c = crate::config::load(None, &args).unwrap();
+            model_keys(&c, &Model::from_config(&c).unwrap())
+        };
+        let name_differences = |a: &BTreeMap<_, _>, b: &BTreeMap<_, _>| {
+            model_differences(a, b).into_iter().filter(|d| d.starts_with("model_name")).collect::<Vec<_>>()
+        };
+        let test = keys(&["model_name=deepseek3-test"]);
+        assert_eq!((&test["model_name"], &test["override_model_config"]), (&"deepseek3-test".into(), &true.into()));
+        assert!(name_differences(&test, &keys(&["model_name=deepseek3-671b"])).is_empty());
+        let kimi = name_differences(&test, &keys(&["model_name=kimi-k2-1t"]));
+        assert_eq!(
+            kimi,
+            ["model_name: checkpoint \"deepseek3-test\", this run \"kimi-k2-1t\" (MaxText routes DeepSeek's experts \
+              as DeepSeek-V3 only for a model_name starting with deepseek3 or deepseek4, and weighs them by the biased \
+              scores otherwise)"]
+        );
+        // Without a bias or groups both routings compute the same: the name is not recorded.
+        let unbiased = keys(&["model_name=kimi-k2-1t", "override_model_config=true", "routed_bias=false"]);
+        assert!(!unbiased.contains_key("model_name"));
+        assert!(!keys(&[]).contains_key("model_name"));
     }
 }

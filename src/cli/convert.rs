@@ -8,6 +8,7 @@ use maxrs::checkpoint::hf;
 use maxrs::files::Kind;
 use maxrs::files::Location;
 use maxrs::output::{self, Input, Output};
+use maxrs::submit::shell_join;
 
 #[derive(clap::Args)]
 pub struct ConvertArgs {
@@ -92,9 +93,16 @@ pub fn run(args: ConvertArgs) -> Result<()> {
             let (src, dst) = locations(&src, &dst)?;
             let done = hf::from_hf(&src, &dst, dtype.as_deref(), &overrides)?;
             println!("wrote {} tensors ({:.1} MiB) to {dst}", done.tensors, done.bytes as f64 / (1 << 20) as f64);
+            // A model name the keys load over (DeepSeek-V3's routing) reads best first; each word
+            // is quoted for a shell where it needs it (`mlp_activations=[silu, linear]`).
+            let (named, keys): (Vec<String>, Vec<String>) = done
+                .model_args
+                .into_iter()
+                .partition(|a| a.starts_with("model_name=") || a.starts_with("override_model_config="));
+            let words = [vec!["maxrs".into(), "train".into(), format!("load_parameters_path={dst}")], named, keys];
             println!(
-                "train from it with the model's keys:\n  maxrs train load_parameters_path={dst} {}",
-                done.model_args.join(" ")
+                "train from it with the model's keys:\n  {}",
+                shell_join(words.iter().flatten().map(String::as_str))
             );
         }
         Direction::ToHf { src, dst, dtype, max_shard_size, args } => {

@@ -291,12 +291,13 @@ declare_keys! {
         shared_experts: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
         /// deepseek: the router's scores: "" (the logits), sigmoid or softmax (over the experts).
         routed_score_func: RoutedScoreFunc = "" => MaxText.model(DEEPSEEK).model_file(),
-        /// deepseek: a learned per-expert bias (gate.bias) added to the scores to choose the experts; the weights come from the unbiased scores.
-        // Its gradient is zero (it only moves the top-k choice); routed_bias_update_rate moves it.
+        /// deepseek: a learned per-expert bias (gate.bias) added to the scores to choose the experts; under a model_name starting with deepseek3 or deepseek4 the weights come from the unbiased scores, under any other name from the biased ones.
+        // MaxText's `get_topk` (layers/moe.py, e591f30). Under a deepseek3/deepseek4 name its
+        // gradient is zero (it only moves the top-k choice); routed_bias_update_rate moves it.
         routed_bias: bool = false => MaxText.model(DEEPSEEK).model_file(),
         /// deepseek: auxiliary-loss-free balancing, bias += rate x sign(mean load - expert's load) after each step; > 0 is not supported yet.
         routed_bias_update_rate: f64 = 0.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e3)),
-        /// deepseek: the experts in n_routing_groups equal groups; each token chooses only from its topk_routing_group best groups (-1: no groups).
+        /// deepseek: the experts in n_routing_groups equal groups; each token chooses only from its topk_routing_group best groups (-1: no groups; only under a model_name starting with deepseek3 or deepseek4).
         // A group's score is the sum of its two best biased scores (`expert_group_mask`).
         n_routing_groups: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
         /// deepseek: how many of the n_routing_groups groups each token chooses its experts from (-1: no groups).

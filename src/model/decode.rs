@@ -90,7 +90,7 @@ impl Model {
         let mut y = x.clone();
         let mut per_layer = Vec::new();
         for i in 0..s.count {
-            let (out, cache) = fill(&y, &params.subtree(&s.layer_prefix(i)));
+            let (out, cache) = fill(&y, &s.layer_params(params, i, c.scan_layers));
             y = out;
             per_layer.push(cache);
         }
@@ -130,7 +130,7 @@ impl Model {
         let (mut y, mut cache) = (x.clone(), cache.clone());
         for i in 0..s.count {
             let layer = y.trace().scalar(i as f64, DType::S32);
-            (y, cache) = update(&y, &params.subtree(&s.layer_prefix(i)), &layer, &cache);
+            (y, cache) = update(&y, &s.layer_params(params, i, c.scan_layers), &layer, &cache);
         }
         (y, cache)
     }

@@ -180,11 +180,11 @@ impl Model {
         let mut factors = BTreeMap::new();
         for s in &self.stacks {
             for (name, factor) in self.family.maxtext_factors(c, s.kind) {
-                let prefixes = match s.scanned(c.scan_layers) {
-                    true => vec![s.prefix()],
-                    false => (0..s.count).map(|i| s.layer_prefix(i)).collect(),
+                let names = match s.scanned(c.scan_layers) {
+                    true => vec![format!("{}.{name}", s.prefix())],
+                    false => (0..s.count).map(|i| s.layer_param_name(i, &name, c.scan_layers)).collect(),
                 };
-                factors.extend(prefixes.into_iter().map(|p| (format!("{p}.{name}"), factor)));
+                factors.extend(names.into_iter().map(|n| (n, factor)));
             }
         }
         factors

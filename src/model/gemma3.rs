@@ -11,9 +11,11 @@
 //! them as one more block of that many layers, MaxText's `layers_remainder`
 //! (`Gemma3ScannableBlock(num_of_layers=num_decoder_layers % 6)`, applied once outside the scan),
 //! whose layer `j` has the attention of position `j` of the pattern: all local, since fewer than
-//! 6 remain (`get_attention_type(layer_id)` with the block's own `layer_id`). maxrs names unscanned
-//! blocks `decoder.layers_<i>.layers_<j>.*` (MaxText's unscanned Gemma 3 has one
-//! `decoder.layers_<n>` per layer instead).
+//! 6 remain (`get_attention_type(layer_id)` with the block's own `layer_id`). Unscanned, MaxText
+//! builds one module per layer instead (`src/maxtext/layers/decoders.py:1205,1246` at MaxText
+//! e591f30: `Gemma3DecoderLayer` named `layers_<n>`, attention `get_attention_type(n)`), and so
+//! does maxrs's naming (`LayerNames::PerSubLayer`): layer `j` of block `b` is
+//! `decoder.layers_<6b+j>.*`, the remainder's layer `j` is `decoder.layers_<6 * blocks + j>.*`.
 //!
 //! Each layer is Gemma 2's (`gemma2::sandwich`: the norms before and, with `use_post_attn_norm`
 //! / `use_post_ffw_norm`, after attention and the MLP; Gemma's folded `1 + scale` norms and
@@ -148,11 +150,14 @@ fn name(j: i64) -> impl Fn(&str) -> String {
 
 impl Family for Gemma3 {
     /// `Decoder._apply_gemma3_scanned_blocks` (`src/maxtext/layers/decoders.py`, e591f30): the
-    /// whole blocks, then the remainder.
+    /// whole blocks, then the remainder; unscanned, every layer its own module `layers_<n>`
+    /// (`src/maxtext/layers/decoders.py:1205,1246` at MaxText e591f30).
     fn stacks(&self, c: &ModelConfig) -> Vec<Stack> {
-        let mut stacks = vec![Stack::new("layers", c.layers / BLOCK, WHOLE)];
+        let blocks = c.layers / BLOCK;
+        let mut stacks = vec![Stack::new("layers", blocks, WHOLE).per_sub_layer(BLOCK, 0)];
         if self.remainder > 0 {
-            stacks.push(Stack::single("layers_remainder", REMAINDER));
+            let remainder = Stack::single("layers_remainder", REMAINDER);
+            stacks.push(remainder.per_sub_layer(self.remainder, blocks * BLOCK));
         }
         stacks
     }
@@ -261,5 +266,12 @@ mod tests {
         assert_eq!(shape("decoder.layers.layers_5.self_attention.query.kernel"), Some(vec![5, 2560, 8, 256]));
         assert_eq!(shape("decoder.layers_remainder.layers_3.self_attention.query.kernel"), Some(vec![2560, 8, 256]));
         assert_eq!(shape("decoder.layers_remainder.layers_4.self_attention.query.kernel"), None);
+        // Unscanned, one module per layer (decoders.py:1205,1246 at MaxText e591f30): layer 33,
+        // the remainder's last, is `layers_33`, and the model's layers are the same arrays.
+        let m = super::super::Model::from_config(&load(&["model_name=gemma3-4b", "scan_layers=false"])).unwrap();
+        let shape = |n: &str| m.param_defs().into_iter().find(|d| d.name == n).map(|d| d.shape);
+        assert_eq!(shape("decoder.layers_33.self_attention.query.kernel"), Some(vec![2560, 8, 256]));
+        assert_eq!(shape("decoder.layers_34.self_attention.query.kernel"), None);
+        assert_eq!(m.num_params(), 34 * (2560 * 256 * 24 + 3 * 2560 * 10240 + 4 * 2560 + 512) + 262145 * 2560);
     }
 }

@@ -54,6 +54,13 @@
 //! (`routed_bias_update_rate` > 0) is not supported yet (0, MaxText's default and DeepSeek-V3's
 //! model file's, keeps the bias as loaded).
 //!
+//! MaxText routes this way only when `model_name` starts with `deepseek3` or `deepseek4`
+//! (`get_topk`, `layers/moe.py` at e591f30). For any other name with `decoder_block=deepseek`
+//! (`kimi-k2-1t`, `deepseek2-*`, a custom model) it takes the top k of the biased scores AS the
+//! weights (the bias then has a gradient), normalized and scaled the same way, and it never
+//! groups: maxrs does the same ([`DeepSeekRouter::v3`]), and refuses `n_routing_groups` there
+//! rather than ignore it. Without a bias both ways choose and weigh alike.
+//!
 //! DeepSeek's block is MaxText's `RoutedAndSharedMoE` ([`routed_and_shared_block`]): the routed
 //! block under `MoeBlock_0.` (its gate kernel's logical axes `embed_moe, -`) plus a shared
 //! SwiGLU MLP `shared_experts.{wi_0,wi_1,wo}.kernel`, `shared_experts x` the experts' width.
@@ -62,7 +69,7 @@ use super::blocks::Mlp;
 use super::family::constrain;
 use super::fp8;
 use super::{ModelConfig, ParamDef, ParamInit};
-use crate::config::{Config, RoutedScoreFunc};
+use crate::config::{Config, DecoderBlock, RoutedScoreFunc};
 use crate::ir::{DType, DotDims};
 use crate::sharding::PartitionSpec;
 use crate::tensor::{einsum, manual_computation, where_, Tensor, Tree};
@@ -112,6 +119,28 @@ pub struct DeepSeekRouter {
     pub groups: Option<(i64, i64)>,
     /// `routed_scaling_factor`.
     pub scaling_factor: f64,
+    /// DeepSeek-V3's routing (the bias chooses only; groups), which MaxText applies for a
+    /// `model_name` starting with `deepseek3` or `deepseek4`; else the biased scores are the
+    /// weights (see the module header).
+    pub v3: bool,
+}
+
+/// Whether MaxText routes a `decoder_block=deepseek` model named `model_name` as DeepSeek-V3
+/// (`get_topk`, `layers/moe.py` at e591f30: a name starting with deepseek3 or deepseek4).
+pub fn routes_as_deepseek_v3(model_name: &str) -> bool {
+    model_name.starts_with("deepseek3") || model_name.starts_with("deepseek4")
+}
+
+/// The valid `model_name` prefixes of [`routes_as_deepseek_v3`], for messages.
+pub const DEEPSEEK_V3_PREFIXES: &str = "deepseek3 or deepseek4";
+
+/// Whether the model name decides what `c`'s DeepSeek model of `layers` layers computes: it has
+/// routed layers, and a routing bias or groups (without both, MaxText's two routings choose and
+/// weigh alike).
+pub fn name_decides_routing(c: &Config, layers: i64) -> bool {
+    c.decoder_block == DecoderBlock::Deepseek
+        && c.first_num_dense_layers < layers
+        && (c.routed_bias || c.n_routing_groups != -1)
 }
 
 impl MoeConfig {
@@ -146,8 +175,15 @@ impl MoeConfig {
         if k > e {
             return Err(anyhow::anyhow!("num_experts_per_tok={k}: more than num_experts={e}; use at most {e}"));
         }
+        let v3 = routes_as_deepseek_v3(&c.model_name);
         let groups = match (c.n_routing_groups, c.topk_routing_group) {
             (-1, -1) => None,
+            (g, _) if !v3 => {
+                return Err(anyhow::anyhow!(
+                    "n_routing_groups={g}: MaxText groups the experts only for a model_name starting with deepseek3 or deepseek4 (get_topk, layers/moe.py at e591f30) and ignores the key for model_name={}; use such a model_name (e.g. deepseek3-671b with override_model_config=true) or n_routing_groups=-1",
+                    c.model_name
+                ))
+            }
             (-1, t) => {
                 return Err(anyhow::anyhow!(
                     "topk_routing_group={t}: needs n_routing_groups (-1: no groups); set both or neither"
@@ -172,6 +208,7 @@ impl MoeConfig {
             bias: c.routed_bias,
             groups,
             scaling_factor: c.routed_scaling_factor,
+            v3,
         };
         Ok(MoeConfig {
             router: Router::DeepSeek(router),
@@ -392,8 +429,9 @@ pub fn moe_block_with(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor, prod
 }
 
 /// DeepSeek's routes from the gate logits `[batch, seq, E]` (in the gate's dtype), and the
-/// biased scores that choose the experts. The weights are the chosen experts' unbiased scores,
-/// normalized (sigmoid scores) and scaled, in `dtype`.
+/// biased scores that choose the experts. The weights are the chosen experts' unbiased scores
+/// (DeepSeek-V3's routing) or biased ones (MaxText's for other model names), normalized
+/// (sigmoid scores) and scaled, in `dtype`.
 fn deepseek_routes(c: &ModelConfig, m: &MoeConfig, r: &DeepSeekRouter, p: &Tree, logits: &Tensor) -> (Routes, Tensor) {
     let scores = match r.score_func {
         RoutedScoreFunc::Logits => logits.clone(),
@@ -404,13 +442,17 @@ fn deepseek_routes(c: &ModelConfig, m: &MoeConfig, r: &DeepSeekRouter, p: &Tree,
         true => &scores + &p["gate.bias"].astype(scores.dtype()),
         false => scores.clone(),
     };
-    // Only the choice depends on the bias and the group mask: neither has a gradient.
+    // The choice (the bias and the group mask) has no gradient: the bias reaches the loss only
+    // through the biased weights of a model not routed as DeepSeek-V3.
     let choice = match r.groups {
         None => biased.stop_gradient(),
         Some((groups, top_groups)) => in_best_groups(c, m, &biased.stop_gradient(), groups, top_groups),
     };
     let (_, experts) = choice.top_k(m.num_experts_per_tok);
-    let mut weights = scores.take_along_axis(&experts, -1);
+    let mut weights = match r.v3 {
+        true => scores.take_along_axis(&experts, -1),
+        false => biased.take_along_axis(&experts, -1),
+    };
     if r.score_func == RoutedScoreFunc::Sigmoid {
         weights = &weights / &(weights.sum_keepdims(&[-1]) + 1e-20);
     }
@@ -612,9 +654,14 @@ mod tests {
         crate::config::load(None, &all).expect("the keys load")
     }
 
+    /// [`load`] under a DeepSeek-V3 model name, whose MoE MaxText routes as DeepSeek-V3.
+    fn load_v3(keys: &[&str]) -> Config {
+        load(&[&["model_name=deepseek3-test", "override_model_config=true"], keys].concat())
+    }
+
     #[test]
     fn deepseek_routing_reads_its_keys() {
-        let c = load(&[
+        let c = load_v3(&[
             "n_routing_groups=4",
             "topk_routing_group=2",
             "routed_score_func=sigmoid",
@@ -628,10 +675,31 @@ mod tests {
             bias: true,
             groups: Some((4, 2)),
             scaling_factor: 2.5,
+            v3: true,
         };
         assert_eq!((m.router, m.shared_experts), (Router::DeepSeek(want), 2));
-        let ungrouped = MoeConfig::deepseek(&load(&[])).expect("valid routing");
+        let ungrouped = MoeConfig::deepseek(&load_v3(&["routed_bias=false"])).expect("valid routing");
         assert!(matches!(ungrouped.router, Router::DeepSeek(DeepSeekRouter { groups: None, bias: false, .. })));
+    }
+
+    /// MaxText's `get_topk` (`layers/moe.py` at e591f30) routes as DeepSeek-V3 only for a
+    /// `model_name` starting with deepseek3 or deepseek4: other names weigh by the biased scores
+    /// and have no groups, which are refused rather than ignored.
+    #[test]
+    fn only_deepseek3_and_deepseek4_names_route_as_deepseek_v3() {
+        let route = |c: &Config| match MoeConfig::deepseek(c).expect("valid routing").router {
+            Router::DeepSeek(r) => r.v3,
+            Router::Softmax => unreachable!("deepseek routes"),
+        };
+        assert!(route(&load_v3(&[])));
+        assert!(!route(&load(&["routed_bias=true"])));
+        let kimi = load(&["model_name=kimi-k2-1t", "override_model_config=true"]);
+        assert!(kimi.routed_bias && !route(&kimi));
+        let err = MoeConfig::deepseek(&load(&["n_routing_groups=4", "topk_routing_group=2"]))
+            .expect_err("no groups outside deepseek3 names")
+            .to_string();
+        assert!(err.starts_with("n_routing_groups=4: MaxText groups the experts only for"), "{err}");
+        assert!(err.contains("model_name=default"), "{err}");
     }
 
     /// Each invalid combination is refused naming its key and value.
@@ -647,7 +715,7 @@ mod tests {
             (&["n_routing_groups=8", "topk_routing_group=1"], "topk_routing_group=1: "),
         ];
         for (keys, culprit) in cases {
-            let err = MoeConfig::deepseek(&load(keys)).expect_err(culprit).to_string();
+            let err = MoeConfig::deepseek(&load_v3(keys)).expect_err(culprit).to_string();
             assert!(err.starts_with(culprit), "{keys:?}: {err}");
         }
     }

@@ -49,16 +49,13 @@ impl Model {
         if name.starts_with("token_embedder.") || name.starts_with("decoder.position_embedder.") {
             return ParamRole::Embedding;
         }
-        let mut first = 0;
+        let (mut first, scan_layers) = (0, self.config.scan_layers);
         for s in self.stacks() {
             let stacked = name.strip_prefix(&s.prefix()).is_some_and(|rest| rest.starts_with('.'));
-            if stacked && s.single {
-                return ParamRole::Layer(first);
-            }
-            if stacked {
+            if stacked && s.scanned(scan_layers) {
                 return ParamRole::StackedLayers;
             }
-            if let Some((i, _)) = s.unstacked_layer(name) {
+            if let Some((i, _)) = s.unstacked_layer(name, scan_layers) {
                 return ParamRole::Layer(first + i);
             }
             first += s.count;
@@ -108,7 +105,7 @@ impl Model {
             } else {
                 let mut outs = Vec::new();
                 for i in 0..s.count {
-                    let out = layer(s.kind, &y, &params.subtree(&s.layer_prefix(i)), false);
+                    let out = layer(s.kind, &y, &s.layer_params(params, i, c.scan_layers), false);
                     add_aux_losses(&mut sums, &mut counts, &out.subtree("aux"), 1);
                     y = out["x"].clone();
                     outs.push(y.clone());
@@ -138,7 +135,7 @@ impl Model {
 
     /// Runs the contiguous decoder layers `layers` on `x` (a pipeline stage's share): `params`
     /// holds their parameters under the model's names (`decoder.layers.*` stacked over just these
-    /// layers with `scan_layers`, else `decoder.layers_{i}.*`). Returns the last layer's output,
+    /// layers with `scan_layers`, else layer by layer, `Stack::layer_param_name`). Returns the last layer's output,
     /// every layer's input stacked, `[layers, batch, seq, emb]` (what [`Model::layers_backward`]
     /// needs, the values `remat_policy=full` keeps), and each auxiliary loss summed over these
     /// layers (the decoder's loss adds their mean over all layers).
@@ -166,7 +163,7 @@ impl Model {
             let mut y = x.clone();
             for i in layers {
                 inputs.push(y.clone());
-                let out = self.family.layer(c, s.kind, &params.subtree(&s.layer_prefix(i)), &y, ctx);
+                let out = self.family.layer(c, s.kind, &s.layer_params(params, i, c.scan_layers), &y, ctx);
                 add_aux_losses(&mut aux_sums, &mut counts, &out.aux_losses, 1);
                 y = out.x;
             }
@@ -216,10 +213,9 @@ impl Model {
             let mut ct = ct.clone();
             let mut grads = Tree::new();
             for (k, i) in layers.enumerate().collect::<Vec<_>>().into_iter().rev() {
-                let name = s.layer_prefix(i);
                 let x = inputs.slice_axis(0, k as i64, k as i64 + 1).squeeze(0);
-                let (dx, dp) = layer_vjp(&params.subtree(&name), &x, &ct);
-                grads.extend(dp.prefixed(&name));
+                let (dx, dp) = layer_vjp(&s.layer_params(params, i, c.scan_layers), &x, &ct);
+                grads.extend(s.named_layer_params(&dp, i, c.scan_layers));
                 ct = dx;
             }
             (ct, grads)

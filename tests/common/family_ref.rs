@@ -150,11 +150,11 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
         match layer_param(m, &def.name) {
             Some((layers, None, rest)) => {
                 for layer in &mut p.layers[layers] {
-                    layer.insert(rest.to_string(), draw(rest, &def.shape[1..]));
+                    layer.insert(rest.clone(), draw(&rest, &def.shape[1..]));
                 }
             }
             Some((layers, Some(i), rest)) => {
-                p.layers[layers.start + i].insert(rest.to_string(), draw(rest, &def.shape));
+                p.layers[layers.start + i].insert(rest.clone(), draw(&rest, &def.shape));
             }
             None => {
                 p.top.insert(def.name.clone(), draw(&def.name, &def.shape));
@@ -166,21 +166,19 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
 
 /// A layer parameter's place: the model's layers its stack holds, the layer within the stack
 /// when it is not stacked, and its name in the layer (`None`: a top-level parameter).
-pub fn layer_param<'a>(m: &Model, name: &'a str) -> Option<(std::ops::Range<usize>, Option<usize>, &'a str)> {
+pub fn layer_param(m: &Model, name: &str) -> Option<(std::ops::Range<usize>, Option<usize>, String)> {
     let mut first = 0;
     for s in m.stacks() {
         let layers = first..first + s.count as usize;
         first = layers.end;
         if s.scanned(m.config.scan_layers) {
             if let Some(rest) = name.strip_prefix(&format!("{}.", s.prefix())) {
-                return Some((layers, None, rest));
+                return Some((layers, None, rest.to_string()));
             }
             continue;
         }
-        for i in 0..s.count {
-            if let Some(rest) = name.strip_prefix(&format!("{}.", s.layer_prefix(i))) {
-                return Some((layers, Some(i as usize), rest));
-            }
+        if let Some((i, own)) = s.unstacked_layer(name, m.config.scan_layers) {
+            return Some((layers, Some(i as usize), own));
         }
     }
     None
@@ -192,8 +190,8 @@ pub fn host_params(m: &Model, p: &RefParams) -> Tree<HostTensor> {
     let flat = |a: &Array2<f64>| a.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     for def in m.param_defs() {
         let values: Vec<f32> = match layer_param(m, &def.name) {
-            Some((layers, None, rest)) => p.layers[layers].iter().flat_map(|l| flat(&l[rest])).collect(),
-            Some((layers, Some(i), rest)) => flat(&p.layers[layers.start + i][rest]),
+            Some((layers, None, rest)) => p.layers[layers].iter().flat_map(|l| flat(&l[&rest])).collect(),
+            Some((layers, Some(i), rest)) => flat(&p.layers[layers.start + i][&rest]),
             None => flat(&p.top[&def.name]),
         };
         assert_eq!(values.len() as i64, def.shape.iter().product::<i64>(), "{}", def.name);

@@ -149,6 +149,11 @@ pub struct DeepSeekRouting {
     pub top_groups: usize,
     pub scaling: f64,
     pub softmax: bool,
+    /// DeepSeek-V3's weights (the chosen experts' unbiased scores); else MaxText's for a
+    /// `model_name` not starting with deepseek3/deepseek4 (`get_topk`, `layers/moe.py` at
+    /// MaxText e591f30: `jax.lax.top_k` of the biased scores, whose values are the weights;
+    /// then `deepseek_scale_weights`, as for V3), which has no groups.
+    pub v3: bool,
 }
 
 /// What the reference chose, per token (row-major over the sequences).
@@ -181,6 +186,7 @@ fn descending(v: &[f64]) -> Vec<usize> {
 /// biased scores, top k of the biased scores in those groups, weights the unbiased scores of the
 /// chosen experts over their sum plus 1e-20, times `scaling`; plus the shared MLP.
 pub fn deepseek_moe(p: &DeepSeekParams, xs: &[Array2<f64>], r: DeepSeekRouting) -> DeepSeekRef {
+    assert!(r.v3 || r.groups == 1, "MaxText groups experts only in DeepSeek-V3's routing");
     let experts = p.routed.gate.ncols();
     let per_group = experts / r.groups;
     let mut out = DeepSeekRef {
@@ -222,12 +228,13 @@ pub fn deepseek_moe(p: &DeepSeekParams, xs: &[Array2<f64>], r: DeepSeekRouting) 
             let gap = masked[order[r.k - 1]] - masked[order[r.k]];
             out.min_margin = out.min_margin.min(gap);
             let chosen = order[..r.k].to_vec();
+            let weight = |e: usize| if r.v3 { scores[e] } else { biased[e] };
             let sum = match r.softmax {
                 true => 1.0,
-                false => chosen.iter().map(|&e| scores[e]).sum::<f64>() + 1e-20,
+                false => chosen.iter().map(|&e| weight(e)).sum::<f64>() + 1e-20,
             };
             for &e in &chosen {
-                y.row_mut(t).scaled_add(scores[e] / sum * r.scaling, &expert(&p.routed, e, &x.row(t)));
+                y.row_mut(t).scaled_add(weight(e) / sum * r.scaling, &expert(&p.routed, e, &x.row(t)));
             }
             let h = x.row(t).dot(&p.shared_wi_0).mapv(silu) * x.row(t).dot(&p.shared_wi_1);
             y.row_mut(t).scaled_add(1.0, &h.dot(&p.shared_wo));

@@ -39,7 +39,9 @@
 //!
 //! Which layers: `first_k_dense_replace` is `first_num_dense_layers`; the routed layers after it
 //! are maxrs's `moe_layers`, with DeepSeek-V3's router (the per-expert tensors of the published
-//! checkpoints; `transformers` 5 fuses them on loading).
+//! checkpoints; `transformers` 5 fuses them on loading), which MaxText computes only under a
+//! `deepseek3*` model name: a model with routed layers converts under one (`v3_model_name`), and
+//! one named otherwise is refused by `check_model`.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
@@ -47,6 +49,7 @@ use serde_json::{json, Value};
 use super::llama::{common_config, common_keys, outer_entries, rope_fields};
 use super::{layer_entry, Entry, Fields, Map};
 use crate::config::{Config, RopeType, RoutedScoreFunc};
+use crate::model::moe::{routes_as_deepseek_v3, DEEPSEEK_V3_PREFIXES};
 use crate::model::Model;
 
 /// maxrs configuration keys (`key=value` text) for a DeepSeek-V3 `config.json`.
@@ -103,7 +106,33 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         keys.push(("normalize_embedding_logits".into(), "false".into()));
     }
     keys.push(("mlp_activations".into(), "[silu, linear]".into()));
+    if dense < layers {
+        let name = v3_model_name(&keys);
+        keys.extend([("model_name".into(), name.into()), ("override_model_config".into(), "true".into())]);
+    }
     Ok(keys)
+}
+
+/// The model name a DeepSeek-V3 with routed layers converts under: Hugging Face's
+/// `DeepseekV3TopkRouter` weighs the chosen experts by their unbiased scores, which MaxText does
+/// only for a `model_name` starting with deepseek3 or deepseek4 (`get_topk`, `layers/moe.py` at
+/// e591f30). MaxText's `deepseek3-671b` when the parameters have its shapes, else
+/// `deepseek3-test`; `override_model_config=true` lets the converted keys replace the file's.
+fn v3_model_name(keys: &[(String, String)]) -> &'static str {
+    const FULL: &str = "deepseek3-671b";
+    let shapes = |keys: &[(String, String)]| {
+        let args: Vec<String> = [format!("model_name={FULL}"), "override_model_config=true".into()]
+            .into_iter()
+            .chain(keys.iter().map(|(k, v)| format!("{k}={v}")))
+            .collect();
+        let c = crate::config::load(None, &args).ok()?;
+        let defs = Model::from_config(&c).ok()?.param_defs();
+        Some(defs.into_iter().map(|d| (d.name, d.shape)).collect::<Vec<_>>())
+    };
+    match shapes(keys) {
+        Some(converted) if Some(&converted) == shapes(&[]).as_ref() => FULL,
+        _ => "deepseek3-test",
+    }
 }
 
 /// The routed layers' keys: DeepSeek-V3's router (`DeepseekV3TopkRouter`: sigmoid scores, the
@@ -238,6 +267,13 @@ pub fn check_model(c: &Config) -> Result<()> {
                 c.routed_score_func.as_str(),
                 c.routed_bias,
                 c.shared_experts
+            );
+        }
+        // With the bias the two routings differ (see `v3_model_name`).
+        if !routes_as_deepseek_v3(&c.model_name) {
+            bail!(
+                "model_name={}: MaxText weighs this model's experts by their biased scores, Hugging Face's DeepSeek-V3 by the unbiased ones, as MaxText does only for a model_name starting with {DEEPSEEK_V3_PREFIXES} (get_topk, layers/moe.py at e591f30); convert only a model trained under such a name (e.g. model_name=deepseek3-test override_model_config=true with its keys)",
+                c.model_name
             );
         }
     }
@@ -421,10 +457,50 @@ mod tests {
             let err = config_from_hf(&c).unwrap_err().to_string();
             assert!(err.starts_with(want), "{field}: {err}");
         }
+        assert!(keys.contains(&("model_name".into(), "deepseek3-test".into())), "{keys:?}");
         refused("num_key_value_heads", json!(2), "`num_key_value_heads` is 2");
         refused("rope_scaling.mscale", json!(0.707), "`rope_scaling.mscale` is 0.707");
         refused("rope_scaling.type", json!("linear"), "`rope_scaling.rope_type` is \"linear\"");
         refused("rope_scaling", Value::Null, "`rope_scaling` is null");
         refused("max_position_embeddings", json!(4096), "`max_position_embeddings` is 4096");
+    }
+
+    /// DeepSeek-V3's published `config.json` (deepseek-ai/DeepSeek-V3, less its fp8
+    /// `quantization_config`) converts under MaxText's deepseek3-671b, whose shapes it has, with
+    /// its 8 expert groups (the model file has none): the keys load and route as DeepSeek-V3.
+    /// The same model under kimi-k2-1t's name routes otherwise and is not converted to
+    /// Hugging Face.
+    #[test]
+    fn a_routed_deepseek_v3_converts_under_a_deepseek3_model_name() {
+        let v3 = json!({
+            "model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128, "num_key_value_heads": 128,
+            "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+            "first_k_dense_replace": 3, "vocab_size": 129280, "rms_norm_eps": 1e-6, "n_routed_experts": 256,
+            "num_experts_per_tok": 8, "n_shared_experts": 1, "routed_scaling_factor": 2.5, "n_group": 8,
+            "topk_group": 4, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64, "v_head_dim": 128, "max_position_embeddings": 163840, "rope_theta": 10000,
+            "tie_word_embeddings": false, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+            "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+        });
+        let keys = config_from_hf(&v3).unwrap();
+        let args: Vec<String> = keys.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert!(args.contains(&"model_name=deepseek3-671b".to_string()), "{args:?}");
+        let c = crate::config::load(None, &args).unwrap();
+        let routed = |c: &Config| match crate::model::moe::MoeConfig::deepseek(c).unwrap().router {
+            crate::model::moe::Router::DeepSeek(r) => (r.v3, r.groups),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(routed(&c), (true, Some((8, 4))));
+        check_model(&c).unwrap();
+        let renamed: Vec<String> = args
+            .iter()
+            .map(|a| if a.starts_with("model_name=") { "model_name=kimi-k2-1t".into() } else { a.clone() })
+            .collect();
+        let err = check_model(&crate::config::load(None, &renamed).unwrap()).unwrap_err().to_string();
+        assert!(
+            err.starts_with("model_name=kimi-k2-1t: MaxText weighs this model's experts by their biased scores"),
+            "{err}"
+        );
     }
 }

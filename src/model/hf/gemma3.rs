@@ -3,6 +3,7 @@
 //!
 //! Hugging Face layer `N` is maxrs's block `N / 6`, layer `j = N % 6` (`layers_<j>.` in the block);
 //! the layers after the last whole block are the `layers_remainder` block's (`Model::stacks`).
+//! Unscanned, the stacks name layer `N` `decoder.layers_<N>` (`Stack::layer_param_name`).
 //!
 //! | Hugging Face (`model.layers.N.` / `model.`) | maxrs (in layer `layers_<j>.`) | map |
 //! |---|---|---|

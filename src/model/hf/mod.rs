@@ -92,7 +92,9 @@ pub fn layer_entry(model: &Model, layer: i64, name: &str, inner: &[i64], hf: Str
         }
         return match s.scanned(model.config.scan_layers) {
             true => Entry { maxrs: format!("{}.{name}", s.prefix()), slot: [&[i][..], inner].concat(), hf, map },
-            false => Entry { maxrs: format!("{}.{name}", s.layer_prefix(i)), slot: inner.to_vec(), hf, map },
+            false => {
+                Entry { maxrs: s.layer_param_name(i, name, model.config.scan_layers), slot: inner.to_vec(), hf, map }
+            }
         };
     }
     panic!("layer {layer} of a model of {first} layers")
