@@ -4,7 +4,8 @@
 //! independent f64 implementation of Hugging Face's `LlamaForCausalLM` forward pass written
 //! here (on the Hugging Face tensors: `[out, in]` linears, `rotate_half` RoPE, `repeat_kv`
 //! grouped-query attention, scaling by `1/sqrt(head_dim)`); converting back gives the original
-//! tensors bit for bit, in float32 and in bfloat16, sharded with an index.
+//! tensors bit for bit, in float32 and in bfloat16, sharded with an index (the query weights'
+//! folded `1/sqrt(head_dim)` is 1/4 here, exact both ways).
 
 use std::collections::BTreeMap;
 use std::path::Path;

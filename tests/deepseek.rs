@@ -76,6 +76,7 @@ fn draw_spec() -> Spec {
         eps: 1e-5,
         gemma3: None,
         qk_norm: false,
+        query_scaled: false,
     }
 }
 

@@ -88,6 +88,7 @@ fn spec(family: Family, rope: RopeRef, eps: f64) -> Spec {
         eps,
         gemma3: None,
         qk_norm: false,
+        query_scaled: false,
     }
 }
 
@@ -284,7 +285,7 @@ fn gemma3() {
 #[test]
 fn qwen3() {
     let m = shrunk("qwen3-8b", &["normalization_layer_epsilon=1e-3", "rope_max_timescale=100"]);
-    let s = Spec { qk_norm: true, ..spec(Family::Llama, RopeRef::HalfSplit, 1e-3) };
+    let s = Spec { qk_norm: true, query_scaled: true, ..spec(Family::Llama, RopeRef::HalfSplit, 1e-3) };
     let probes = [(Some(0), "self_attention.query_norm.scale", 3), (Some(1), "self_attention.key_norm.scale", 6)];
     let want = check_forward_and_gradient("qwen3", &m, &s, &probes);
     let (p, b) = (random_params(&s, &m, 1), batch(&m, 2));

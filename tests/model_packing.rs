@@ -55,7 +55,8 @@ fn rope(c: &Model, x: &Array2<f64>, heads: usize) -> Array2<f64> {
 fn attention(c: &Model, l: &BTreeMap<&str, Array2<f64>>, h: &Array2<f64>) -> Array2<f64> {
     let (heads, kvh, d, len) =
         (c.config.heads as usize, c.config.kv_heads as usize, c.config.head_dim as usize, h.nrows());
-    let q = rope(c, &h.dot(&l["self_attention.query.kernel"]), heads) / (d as f64).sqrt();
+    // Unscaled: Llama's stored query kernel holds `1/sqrt(head_dim)`, as MaxText's.
+    let q = rope(c, &h.dot(&l["self_attention.query.kernel"]), heads);
     let k = rope(c, &h.dot(&l["self_attention.key.kernel"]), kvh);
     let v = h.dot(&l["self_attention.value.kernel"]);
     let mut out = Array2::<f64>::zeros((len, heads * d));

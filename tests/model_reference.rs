@@ -99,8 +99,8 @@ fn check_gradient(c: &maxrs::model::Model, p: &RefParams, b: &Batch, out: &Tree<
 }
 
 /// `init_params`: every parameter of `param_defs` with its shape and dtype, MaxText's scales
-/// (embedding stddev 1, kernels stddev sqrt(1/fan_in), truncated or not, norm scales 1, biases and
-/// GPT-3's norm scales 0), the same values for the same seed and different values for another
+/// (embedding stddev 1, kernels stddev sqrt(1/fan_in), truncated or not, Llama's query kernel that
+/// over sqrt(head_dim), norm scales 1, biases and GPT-3's norm scales 0), the same values for the same seed and different values for another
 /// seed; for the Llama model and a small GPT-3 (the other initializers).
 #[test]
 fn init_params_follow_the_defs_and_the_seed() {
@@ -149,6 +149,14 @@ fn init_params_follow_the_defs_and_the_seed() {
                     assert!(values.iter().all(|v| v.abs() <= 2.0 * want / 0.8796 + 1e-6), "{} not truncated", def.name);
                     None
                 }
+                ParamInit::FanInOver { fan_in, .. } => {
+                    // dtype=float32: MaxText's depth_scaling is sqrt(head_dim) in f32.
+                    let want = (1.0 / fan_in as f64).sqrt() / (c.config.head_dim as f64).sqrt();
+                    assert!(def.name.ends_with("query.kernel"), "{}", def.name);
+                    assert!((std / want - 1.0).abs() < 0.05, "{}: std {std}, expected {want}", def.name);
+                    assert!(values.iter().all(|v| v.abs() <= 2.0 * want / 0.8796 + 1e-6), "{} not truncated", def.name);
+                    None
+                }
                 ParamInit::FanInNormal(fan_in) => {
                     let want = (1.0 / fan_in as f64).sqrt();
                     assert!((std / want - 1.0).abs() < 0.05, "{}: std {std}, expected {want}", def.name);
@@ -193,5 +201,53 @@ fn unscanned_init_is_the_scanned_init_unstacked() {
         if !matches!(def.init, maxrs::model::ParamInit::Ones | maxrs::model::ParamInit::Zeros) {
             assert_ne!(values[..per_layer], values[per_layer..2 * per_layer], "{name}: layers 0 and 1 are equal");
         }
+    }
+}
+
+/// The query kernel's draw is MaxText's for the families whose attention folds the queries'
+/// `1/sqrt(head_dim)` into it (`Attention.init_query_w`, `src/maxtext/layers/attentions.py` at
+/// MaxText e591f30: `kernel_init(...) / depth_scaling`, `depth_scaling = jnp.sqrt(head_dim)
+/// .astype(dtype)`): Llama 2 and Gemma with head_dim 128. With `dtype=bfloat16` the divisor is
+/// bfloat16's nearest to sqrt(128) = 11.31371, i.e. 11.3125 (8 significant bits: steps of 1/16 in
+/// [8, 16)); with float32, sqrt(128) in f32. The same seed draws the same values otherwise, so
+/// the two kernels differ by exactly that ratio, and the key kernel (same fan-in) not at all.
+#[test]
+fn folded_query_kernels_are_drawn_as_maxtext_draws_them() {
+    use maxrs::model::Model;
+    use maxrs::tensor::random;
+    let init = |model: &str, dtype: &str| {
+        let args = [
+            &format!("model_name={model}"),
+            "override_model_config=true",
+            "base_emb_dim=256",
+            "base_num_query_heads=2",
+            "base_num_kv_heads=2",
+            "head_dim=128",
+            "base_mlp_dim=64",
+            "base_num_decoder_layers=1",
+            "vocab_size=64",
+            "weight_dtype=float32",
+            &format!("dtype={dtype}"),
+        ];
+        let c = Model::from_config(&maxrs::config::load(None, &args.map(String::from)).unwrap()).unwrap();
+        let program = trace(&Signature::new(None), |ctx, _| c.init_params(&random::key(ctx, 5))).unwrap();
+        crate::common::run(&program, &Tree::new())
+    };
+    let sqrt_f32 = (128f32).sqrt() as f64;
+    for model in ["llama2-7b", "gemma-2b"] {
+        let (bf16, f32) = (init(model, "bfloat16"), init(model, "float32"));
+        let kernel = |p: &Tree<maxrs::host::HostTensor>, name: &str| {
+            p[format!("decoder.layers.self_attention.{name}.kernel").as_str()].to_f64()
+        };
+        let (query, query_f32) = (kernel(&bf16, "query"), kernel(&f32, "query"));
+        assert_eq!(kernel(&bf16, "key"), kernel(&f32, "key"), "{model}: the same draw");
+        let want_ratio = sqrt_f32 / 11.3125;
+        for (a, b) in query.iter().zip(&query_f32) {
+            assert!((a / b / want_ratio - 1.0).abs() < 1e-6, "{model}: {a} / {b} is not {want_ratio}");
+        }
+        let n = query.len() as f64;
+        let std = (query.iter().map(|v| v * v).sum::<f64>() / n).sqrt();
+        let want = (1.0 / 256f64).sqrt() / 11.3125;
+        assert!((std / want - 1.0).abs() < 0.05, "{model}: query kernel std {std}, MaxText's {want}");
     }
 }

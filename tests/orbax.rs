@@ -98,8 +98,8 @@ fn maxtext_losses() -> BTreeMap<u64, f64> {
 fn a_run_starts_from_a_maxtext_checkpoints_parameters() {
     // The parameters Orbax read from step 1's state, as a safetensors file of maxrs's keys and
     // layout (the parameter file format maxrs already loads): the scanned layers' parameters
-    // with their layer axis (MaxText's `param_scan_axis`, 1) moved first, the query kernel
-    // times sqrt(head_dim).
+    // with their layer axis (MaxText's `param_scan_axis`, 1) moved first; the values as they are
+    // (the query kernel holds 1/sqrt(head_dim) in both).
     let dir = tempfile::tempdir().unwrap();
     let golden = orbax_values("nnx_step1");
     let file = dir.path().join("params.safetensors");
@@ -108,18 +108,8 @@ fn a_run_starts_from_a_maxtext_checkpoints_parameters() {
         .filter_map(|(name, (_, dims, data))| {
             let key = name.strip_prefix("params/params/")?.replace('/', ".");
             let dims: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
-            // MaxText's query kernel carries 1/sqrt(head_dim = 8), which maxrs applies at run time.
-            let data: Vec<u8> = match key.ends_with("self_attention.query.kernel") {
-                true => data
-                    .chunks(4)
-                    .flat_map(|b| {
-                        ((f32::from_le_bytes(b.try_into().unwrap()) as f64 * 8f64.sqrt()) as f32).to_le_bytes()
-                    })
-                    .collect(),
-                false => data.clone(),
-            };
             if !key.starts_with("decoder.layers.") {
-                return Some((key, dims, data));
+                return Some((key, dims, data.clone()));
             }
             // Element [a, l, rest] of the checkpoint is element [l, a, rest] of maxrs's.
             let (a, layers, rest) = (dims[0], dims[1], dims[2..].iter().product::<usize>() * 4);
@@ -185,23 +175,19 @@ fn a_run_resumes_a_maxtext_train_state() {
     assert!(e.contains("load_full_state_path=") && e.contains("use load_parameters_path"), "{e}");
 }
 
-/// Issue 47's check: resumed from MaxText's checkpoint, maxrs's losses are MaxText's own
-/// continued run's. Fails today, for two reasons found with an f64 reference of MaxText's llama2
-/// forward pass (`tools/maxtext_llama_loss.py`), which gives MaxText's first loss, 4.815190,
-/// from these parameters:
-/// - MaxText's trainer draws its synthetic batch with `unsafe_rbg` (`train.py` at e591f30 sets
-///   `jax_default_prng_impl` before building the iterator), maxrs with threefry: other tokens;
-/// - MaxText folds `1/sqrt(head_dim)` into the query kernel (`Attention.init_query_w`,
-///   `src/maxtext/layers/attentions.py`) and does not scale queries at run time; maxrs scales
-///   them (`model::blocks`). Loading compensates the parameters (`Model::maxtext_factors`, the
-///   first loss is MaxText's function: see above), but Adam's updates are not invariant to that
-///   rescaling, so the following steps differ until maxrs follows MaxText's convention.
+/// Issue 47's check: resumed from MaxText's checkpoint on MaxText's batch, maxrs's losses are
+/// MaxText's own continued run's: the same parameters, AdamW state and query convention (both
+/// keep `1/sqrt(head_dim)` in the query kernel, so AdamW updates the same parameter). The batch
+/// is given as a token file because MaxText's trainer draws its synthetic batch with `unsafe_rbg`
+/// (`trainers/pre_train/train.py` at e591f30 sets `jax_default_prng_impl`), maxrs's synthetic
+/// data with threefry (tests/data/orbax/README.md says how the file was made).
 #[test]
-#[ignore = "maxrs's synthetic batch and query scaling are not MaxText's yet (see the doc comment)"]
 fn a_resumed_run_continues_with_maxtexts_losses() {
     let maxtext = maxtext_losses();
     let state = format!("load_full_state_path={}", fixture("nnx/checkpoints/1").display());
-    let resumed = run(&[state, "steps=4".into()]).unwrap();
+    let batch = format!("dataset_path={}", fixture("maxtext_batch.tokens").display());
+    let resumed = run(&[state, batch, "dataset_type=tokens".into(), "steps=4".into()]).unwrap();
+    assert_eq!(resumed.losses.len(), 2);
     for (loss, step) in resumed.losses.iter().zip(2..) {
         assert!((loss - maxtext[&step]).abs() < 1e-5, "step {step}: maxrs {loss} vs MaxText {}", maxtext[&step]);
     }

@@ -44,6 +44,7 @@ pub(crate) fn draw_spec() -> Spec {
         eps: EPS,
         gemma3: None,
         qk_norm: false,
+        query_scaled: true,
     }
 }
 

@@ -95,7 +95,7 @@ def layer(c, p, x, positions, kv_fn):
     q = jnp.einsum("btd,dhk->bthk", h, p["self_attention.query.kernel"].astype(dt))
     k = jnp.einsum("btd,dhk->bthk", h, p["self_attention.key.kernel"].astype(dt))
     v = jnp.einsum("btd,dhk->bthk", h, p["self_attention.value.kernel"].astype(dt))
-    q = rope_at(c, q, positions) * (1.0 / math.sqrt(c.head_dim))
+    q = rope_at(c, q, positions)  # the query kernel holds 1/sqrt(head_dim) (MaxText's folding)
     k = rope_at(c, k, positions)
     out, extra = kv_fn(q, k, v)
     x = x + jnp.einsum("bthk,hkd->btd", out, p["self_attention.out.kernel"].astype(dt))

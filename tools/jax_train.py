@@ -297,7 +297,9 @@ def attention(c, p, h, cos, sin, causal):
     q = checkpoint_name(jnp.einsum("btd,dhk->bthk", h, p["self_attention.query.kernel"].astype(dt)), "query_proj")
     k = checkpoint_name(jnp.einsum("btd,dhk->bthk", h, p["self_attention.key.kernel"].astype(dt)), "key_proj")
     v = checkpoint_name(jnp.einsum("btd,dhk->bthk", h, p["self_attention.value.kernel"].astype(dt)), "value_proj")
-    q = rope(q, cos, sin) * (1.0 / math.sqrt(c.head_dim))  # explicit query scaling, after RoPE
+    # No query scaling: maxrs's llama2 (as MaxText, `init_query_w`) keeps 1/sqrt(head_dim) in the
+    # query kernel.
+    q = rope(q, cos, sin)
     k = rope(k, cos, sin)
     q = q.reshape(b, t, c.kv_heads, group, c.head_dim)  # query head i uses kv head i // group
     scores = jnp.einsum("btngk,bsnk->bngts", q, k).astype(F32)
@@ -626,7 +628,7 @@ def reference_loss_f64(c, params, batch):
         else:
             p = {k[len(f"decoder.layers_{i}."):]: v for k, v in P64.items() if k.startswith(f"decoder.layers_{i}.")}
         h = norm(x, p["pre_self_attention_layer_norm.scale"])
-        q = rot(np.einsum("btd,dhk->bthk", h, p["self_attention.query.kernel"])) / math.sqrt(c.head_dim)
+        q = rot(np.einsum("btd,dhk->bthk", h, p["self_attention.query.kernel"]))  # folded scale
         k = np.repeat(rot(np.einsum("btd,dhk->bthk", h, p["self_attention.key.kernel"])), group, axis=2)
         v = np.repeat(np.einsum("btd,dhk->bthk", h, p["self_attention.value.kernel"]), group, axis=2)
         s = np.einsum("bthk,bshk->bhts", q, k)

@@ -7,13 +7,15 @@
 //!   for several) multiplied together, then `wo`; optional biases and pre-norm (GPT-3);
 //! - [`SelfAttention`]: `Attention`'s query, key, value and output projections around RoPE and
 //!   `LayerContext::attend` (sliding window, soft cap, f32 query-key product; dot-product or
-//!   blockwise; the key/value cache when decoding).
+//!   blockwise; the key/value cache when decoding), its queries' `1 / sqrt(head_dim)` folded into
+//!   the query kernel or applied at run time as MaxText's family does it ([`QueryScale`]).
 //!
 //! Numerics as MaxText's: weights are cast to `dtype` where used; RMSNorm statistics, RoPE and
 //! the softmax are f32; GPT-3's LayerNorm reduces in `dtype` (`reductions_in_fp32=False`). With
 //! fp8 quantization every product with a kernel (MaxText's `DenseGeneral`s) is an fp8 product.
 
-use crate::ir::DotDims;
+use crate::host::{convert_float, HostTensor};
+use crate::ir::{DType, DotDims};
 use crate::tensor::{Tensor, Tree};
 
 use super::fp8::{self, Scaling};
@@ -183,14 +185,37 @@ impl Mlp {
     }
 }
 
+/// How an attention block scales its queries, as MaxText's `Attention` does
+/// (`src/maxtext/layers/attentions.py` at MaxText e591f30).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum QueryScale {
+    /// `1 / sqrt(head_dim)` folded into the query kernel, nothing at run time: MaxText's default
+    /// (`Attention.init_query_w` draws the kernel as the others and divides it by `depth_scaling`,
+    /// [`depth_scaling`]; `Attention.__call__` scales only by a `query_pre_attn_scalar`, and
+    /// every attention kernel of `layers/attention_op.py` takes `scale=1.0`). The stored kernel is
+    /// MaxText's, so Adam trains it as MaxText does.
+    Folded,
+    /// The queries multiplied by this after RoPE, the kernel drawn as the others: MaxText's
+    /// `query_pre_attn_scalar` (neither None nor 1.0), which turns the folding off.
+    RunTime(f64),
+}
+
+/// MaxText's `depth_scaling`: `sqrt(head_dim)` in f32 (`jnp.sqrt` of an int) cast to `dtype`, e.g.
+/// 11.3125 for head_dim 128 in bfloat16 (`Attention.init_query_w`, `layers/attentions.py` at
+/// MaxText e591f30).
+pub fn depth_scaling(head_dim: i64, dtype: DType) -> f64 {
+    let sqrt = HostTensor::from_f32(&[], &[(head_dim as f32).sqrt()]);
+    convert_float(&sqrt, dtype).to_f64()[0]
+}
+
 /// MaxText's `Attention` block for self-attention: grouped-query projections, RoPE on queries and
-/// keys, queries scaled by `1 / sqrt(head_dim)` at run time (docs/src/reference/parameters.md),
+/// keys, the queries' scale folded into the query kernel or applied after RoPE ([`QueryScale`]),
 /// causal attention (`LayerContext::attend`), output projection.
 ///
 /// With `qk_norm` (MaxText's `use_qk_norm`, Gemma 3) the queries and keys are RMS-normalized over
 /// `head_dim` after their projections, before RoPE (`query_norm.scale`, `key_norm.scale`:
 /// `[head_dim]`, ones), as `Attention.__call__` does (`src/maxtext/layers/attentions.py`, e591f30).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SelfAttention {
     /// Keys at most this many tokens back (`t - s < window`), besides causality.
     pub window: Option<i64>,
@@ -198,9 +223,8 @@ pub struct SelfAttention {
     /// QK-norm (MaxText's `use_qk_norm`): an RMSNorm over each head's queries and keys, with this
     /// epsilon, before RoPE (`query_norm.scale`, `key_norm.scale`: [head_dim]).
     pub qk_norm: Option<f64>,
-    /// What the queries are multiplied by after RoPE, instead of `1 / sqrt(head_dim)` (MaxText's
-    /// `query_pre_attn_scalar`).
-    pub query_scale: Option<f64>,
+    /// Where the queries' scale is: in the query kernel or applied at run time.
+    pub queries: QueryScale,
     /// Learned biases on the query, key and value projections (`<proj>.bias`: the projection's
     /// output shape and axes, zeros), added in `dtype` after the product, before QK-norm and RoPE:
     /// MaxText's `use_bias_in_projections` as qwen2 sets it from `attention_bias`, which leaves the
@@ -210,23 +234,34 @@ pub struct SelfAttention {
 }
 
 impl SelfAttention {
-    /// The block's parameters under `prefix` (e.g. `self_attention`).
-    pub fn params(prefix: &str, c: &ModelConfig) -> Vec<ParamDef> {
+    /// Plain causal attention (no window, soft cap, QK-norm or biases) with `queries`.
+    pub const fn new(queries: QueryScale) -> SelfAttention {
+        let options = AttendOptions { logits_soft_cap: None, float32_qk_product: false };
+        SelfAttention { window: None, options, qk_norm: None, queries, qkv_bias: false }
+    }
+
+    /// The projections' parameters under `prefix` (e.g. `self_attention`): the query kernel's
+    /// draw divided by [`depth_scaling`] when its scale is folded in.
+    pub fn params(&self, prefix: &str, c: &ModelConfig) -> Vec<ParamDef> {
         let (e, h, kv, d) = (c.emb, c.heads, c.kv_heads, c.head_dim);
-        let def = |name: &str, shape: &[i64], logical: &[&'static str], fan_in: i64| {
-            ParamDef::new(&format!("{prefix}.{name}.kernel"), shape, logical, ParamInit::FanIn(fan_in))
+        let def = |name: &str, shape: &[i64], logical: &[&'static str], init: ParamInit| {
+            ParamDef::new(&format!("{prefix}.{name}.kernel"), shape, logical, init)
+        };
+        let query = match self.queries {
+            QueryScale::Folded => ParamInit::FanInOver { fan_in: e, depth_scaling: depth_scaling(d, c.dtype) },
+            QueryScale::RunTime(_) => ParamInit::FanIn(e),
         };
         vec![
-            def("query", &[e, h, d], &["embed", "heads", "kv"], e),
-            def("key", &[e, kv, d], &["embed", "kv_heads", "kv"], e),
-            def("value", &[e, kv, d], &["embed", "kv_heads", "kv"], e),
-            def("out", &[h, d, e], &["heads", "kv", "embed"], h * d),
+            def("query", &[e, h, d], &["embed", "heads", "kv"], query),
+            def("key", &[e, kv, d], &["embed", "kv_heads", "kv"], ParamInit::FanIn(e)),
+            def("value", &[e, kv, d], &["embed", "kv_heads", "kv"], ParamInit::FanIn(e)),
+            def("out", &[h, d, e], &["heads", "kv", "embed"], ParamInit::FanIn(h * d)),
         ]
     }
 
     /// `params`, with the projection biases and the query and key norms when the block has them.
     pub fn all_params(&self, prefix: &str, c: &ModelConfig) -> Vec<ParamDef> {
-        let mut defs = SelfAttention::params(prefix, c);
+        let mut defs = self.params(prefix, c);
         if self.qkv_bias {
             let (h, kv, d) = (c.heads, c.kv_heads, c.head_dim);
             for (name, heads, axis) in [("query", h, "heads"), ("key", kv, "kv_heads"), ("value", kv, "kv_heads")] {
@@ -278,11 +313,14 @@ impl SelfAttention {
             }
             None => (q, k),
         };
+        let q = match self.queries {
+            QueryScale::Folded => rope_with(&q, cos, sin, ctx.interleaved_rope),
+            QueryScale::RunTime(scale) => rope_with(&q, cos, sin, ctx.interleaved_rope) * scale,
+        };
         // Tagged as attention reads them, after RoPE and scaling, as MaxText's
         // `Attention.__call__` tags `query_proj` and `key_proj` (`src/maxtext/layers/attentions.py`,
         // e591f30): a policy that saves them does not recompute RoPE in the backward pass.
-        let scale = self.query_scale.unwrap_or(1.0 / (c.head_dim as f64).sqrt());
-        let q = (rope_with(&q, cos, sin, ctx.interleaved_rope) * scale).checkpoint_name("query_proj");
+        let q = q.checkpoint_name("query_proj");
         let k = rope_with(&k, cos, sin, ctx.interleaved_rope).checkpoint_name("key_proj");
         let out = ctx.attend(&q, &k, &v, self.window, &self.options);
         project("out", &out, 2).checkpoint_name("out_proj")
@@ -300,5 +338,15 @@ mod tests {
             assert!(Activation::parse(name).is_some(), "{name}");
         }
         assert_eq!(Activation::parse("swish"), None);
+    }
+
+    /// MaxText's `jnp.sqrt(head_dim).astype(dtype)`: sqrt(128) is 11.3125 in bfloat16 (8
+    /// significant bits, steps of 1/16 in [8, 16)) and 11.313708305358887 in float32, as JAX 0.12
+    /// gives them (`float(jnp.sqrt(128).astype(jnp.bfloat16))`, `float(jnp.sqrt(128))`).
+    #[test]
+    fn depth_scaling_is_rounded_to_dtype() {
+        assert_eq!(depth_scaling(128, DType::BF16), 11.3125);
+        assert_eq!(depth_scaling(128, DType::F32), 11.313_708_305_358_887);
+        assert_eq!(depth_scaling(256, DType::BF16), 16.0);
     }
 }

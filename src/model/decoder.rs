@@ -29,7 +29,6 @@
 //! the logits are `y @ embedding^T`, divided by `sqrt(emb)` with `normalize_embedding_logits`,
 //! then soft-capped with `final_logits_soft_cap`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::bail;
@@ -171,23 +170,6 @@ impl Model {
             ));
         }
         defs
-    }
-
-    /// [`Family::maxtext_factors`] under the parameters' full names (a stack's stacked name, or
-    /// each of its layers' unstacked one): what reading a MaxText checkpoint multiplies.
-    pub fn maxtext_factors(&self) -> BTreeMap<String, f64> {
-        let c = &self.config;
-        let mut factors = BTreeMap::new();
-        for s in &self.stacks {
-            for (name, factor) in self.family.maxtext_factors(c, s.kind) {
-                let names = match s.scanned(c.scan_layers) {
-                    true => vec![format!("{}.{name}", s.prefix())],
-                    false => (0..s.count).map(|i| s.layer_param_name(i, &name, c.scan_layers)).collect(),
-                };
-                factors.extend(names.into_iter().map(|n| (n, factor)));
-            }
-        }
-        factors
     }
 
     /// The number of parameters.

@@ -42,28 +42,11 @@ pub trait Family: fmt::Debug + Send + Sync {
         fp8::kernel_products(&self.layer_params(c, kind))
     }
 
-    /// Parameters of a layer of `kind` that MaxText stores as a constant multiple of maxrs's,
-    /// named relative to the layer, with the factor that turns MaxText's value into maxrs's: by
-    /// default none. MaxText folds `1/sqrt(head_dim)` into a query kernel (`Attention.init_query_w`,
-    /// `depth_scaling`, `src/maxtext/layers/attentions.py` at e591f30, unless the attention has
-    /// QK-norm or a `query_pre_attn_scalar`) where maxrs scales the queries at run time, so the
-    /// families whose MaxText attention folds it list their query kernels ([`folded_queries`]).
-    /// Reading a MaxText checkpoint applies these.
-    fn maxtext_factors(&self, _c: &ModelConfig, _kind: usize) -> Vec<(String, f64)> {
-        vec![]
-    }
-
     /// The decoder's final norm (`decoder.decoder_norm`): MaxText's `get_norm_layer` of the
     /// family, with `normalization_layer_epsilon`.
     fn final_norm(&self, c: &ModelConfig) -> Norm {
         Norm::Rms { eps: c.eps }
     }
-}
-
-/// The query kernels of the attention blocks `blocks` (`self_attention`), each `sqrt(head_dim)`
-/// times MaxText's (see [`Family::maxtext_factors`]).
-pub fn folded_queries(c: &ModelConfig, blocks: &[&str]) -> Vec<(String, f64)> {
-    blocks.iter().map(|b| (format!("{b}.query.kernel"), (c.head_dim as f64).sqrt())).collect()
 }
 
 /// One layer's result: the new residual stream and its auxiliary losses, named f32 scalars

@@ -9,7 +9,7 @@
 //! | name | shape | logical axes | init |
 //! |---|---|---|---|
 //! | `pre_self_attention_norm.scale` | [emb] | norm | ones |
-//! | `self_attention.query.kernel` | [emb, heads, head_dim] | embed, heads, kv | fan_in |
+//! | `self_attention.query.kernel` | [emb, heads, head_dim] | embed, heads, kv | fan_in / sqrt(head_dim) |
 //! | `self_attention.key.kernel` | [emb, kv_heads, head_dim] | embed, kv_heads, kv | fan_in |
 //! | `self_attention.value.kernel` | [emb, kv_heads, head_dim] | embed, kv_heads, kv | fan_in |
 //! | `self_attention.out.kernel` | [heads, head_dim, emb] | heads, kv, embed | fan_in |
@@ -24,10 +24,13 @@
 //! `x sqrt(emb)`, every norm scale `+ 1`): the embedding lookup is unscaled, the norms multiply by
 //! `scale` (initialized to ones), and the tied logits are divided by `sqrt(emb)`
 //! (`normalize_embedding_logits`, true by default), which undoes the folded factor. The result is
-//! Gemma's function exactly (the tests check it against Gemma's own formulation). To load an
-//! original Gemma checkpoint, multiply its embedding by `sqrt(emb)` and add 1 to its norm scales;
-//! its query kernel is used as is, since maxrs scales queries by `1 / sqrt(head_dim)` at run time
-//! (see docs/src/reference/parameters.md) where MaxText's converter folds that factor into the kernel.
+//! Gemma's function exactly (the tests check it against Gemma's own formulation). The queries'
+//! `1 / sqrt(head_dim)` is folded into the query kernel too, as MaxText's `Attention` does when
+//! given no `query_pre_attn_scalar` (`GemmaDecoderLayer` gives none; `blocks::QueryScale::Folded`):
+//! its draw is divided by `sqrt(head_dim)` rounded to `dtype`, the queries are not scaled at run
+//! time, and the converter multiplies the original query weights by `head_dim^-1/2`. To load an
+//! original Gemma checkpoint, multiply its embedding by `sqrt(emb)`, its query kernel by
+//! `head_dim^-1/2`, and add 1 to its norm scales (`hf::gemma` does).
 //!
 //! The layer norms use epsilon 1e-6 whatever `normalization_layer_epsilon` says: MaxText's Gemma
 //! layer does not pass it to them (`RMSNorm`'s default); the final norm uses it.
@@ -35,27 +38,26 @@
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
-use super::blocks::{Mlp, Norm, SelfAttention};
-use super::family::{constrain, dense_layer_flops, folded_queries, Family, LayerFlops, LayerOutput, BTE};
+use super::blocks::{Mlp, Norm, QueryScale, SelfAttention};
+use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::ParamDef;
 use super::ModelConfig;
 
 /// The epsilon of MaxText's `RMSNorm` when none is given, which Gemma's layer norms use.
 pub const LAYER_NORM_EPS: f64 = 1e-6;
 
+/// Gemma's attention, its queries' scale folded into the query kernel.
+const ATTENTION: SelfAttention = SelfAttention::new(QueryScale::Folded);
+
 /// The Gemma layer.
 #[derive(Debug)]
 pub struct Gemma;
 
 impl Family for Gemma {
-    fn maxtext_factors(&self, c: &ModelConfig, _kind: usize) -> Vec<(String, f64)> {
-        folded_queries(c, &["self_attention"])
-    }
-
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let norm = Norm::Rms { eps: LAYER_NORM_EPS };
         let mut defs = norm.params("pre_self_attention_norm", c.emb);
-        defs.extend(SelfAttention::params("self_attention", c));
+        defs.extend(ATTENTION.params("self_attention", c));
         defs.extend(norm.params("pre_ffw_norm", c.emb));
         defs.extend(Mlp::new(c, false, None).params("mlp", c.emb, c.mlp));
         defs
@@ -65,7 +67,7 @@ impl Family for Gemma {
     fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
         let norm = Norm::Rms { eps: LAYER_NORM_EPS };
         let h = norm.apply(p, "pre_self_attention_norm", x);
-        let x = constrain(c, x + &SelfAttention::default().apply(c, p, "self_attention", &h, ctx), BTE);
+        let x = constrain(c, x + &ATTENTION.apply(c, p, "self_attention", &h, ctx), BTE);
         let h = norm.apply(p, "pre_ffw_norm", &x);
         LayerOutput::new(constrain(c, &x + &Mlp::new(c, false, None).apply(c, p, "mlp", &h), BTE))
     }

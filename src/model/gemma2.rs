@@ -18,7 +18,7 @@
 //! | name | shape | logical axes | init |
 //! |---|---|---|---|
 //! | `pre_self_attention_norm_<h>.scale` | [emb] | norm | ones |
-//! | `self_attention_<h>.query.kernel` | [emb, heads, head_dim] | embed, heads, kv | fan_in |
+//! | `self_attention_<h>.query.kernel` | [emb, heads, head_dim] | embed, heads, kv | fan_in / sqrt(head_dim) |
 //! | `self_attention_<h>.key.kernel` | [emb, kv_heads, head_dim] | embed, kv_heads, kv | fan_in |
 //! | `self_attention_<h>.value.kernel` | [emb, kv_heads, head_dim] | embed, kv_heads, kv | fan_in |
 //! | `self_attention_<h>.out.kernel` | [heads, head_dim, emb] | heads, kv, embed | fan_in |
@@ -28,13 +28,16 @@
 //! | `mlp_<h>.wi_1.kernel` (linear) | [emb, mlp] | embed, mlp | fan_in |
 //! | `mlp_<h>.wo.kernel` | [mlp, emb] | mlp, embed | fan_in |
 //! | `post_ffw_norm_<h>.scale` (with `use_post_ffw_norm`) | [emb] | norm | ones |
+//!
+//! Both halves fold the queries' `1 / sqrt(head_dim)` into the query kernel as Gemma's do
+//! (`gemma.rs`): `Gemma2DecoderLayer` passes its `Attention`s no `query_pre_attn_scalar`.
 
 use crate::config::Config;
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::{AttendOptions, LayerContext};
-use super::blocks::{Mlp, Norm, SelfAttention};
-use super::family::{constrain, dense_layer_flops, folded_queries, Family, LayerFlops, LayerOutput, BTE};
+use super::blocks::{Mlp, Norm, QueryScale, SelfAttention};
+use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::gemma::LAYER_NORM_EPS;
 use super::params::ParamDef;
 use super::ModelConfig;
@@ -66,11 +69,11 @@ impl Gemma2 {
     /// The attention of the local (`local`) or global half.
     fn attention(&self, c: &ModelConfig, local: bool) -> SelfAttention {
         let options = AttendOptions { logits_soft_cap: c.attn_logits_soft_cap, float32_qk_product: !local };
-        SelfAttention { window: local.then_some(self.window), options, ..SelfAttention::default() }
+        SelfAttention { window: local.then_some(self.window), options, ..SelfAttention::new(QueryScale::Folded) }
     }
 
     fn half_params(&self, c: &ModelConfig, half: &str) -> Vec<ParamDef> {
-        let attention = SelfAttention::params(&format!("self_attention_{half}"), c);
+        let attention = self.attention(c, half == "local").params(&format!("self_attention_{half}"), c);
         sandwich_params(c, &|n| format!("{n}_{half}"), self.post_norms(), attention)
     }
 
@@ -142,10 +145,6 @@ pub(super) fn sandwich(
 }
 
 impl Family for Gemma2 {
-    fn maxtext_factors(&self, c: &ModelConfig, _kind: usize) -> Vec<(String, f64)> {
-        folded_queries(c, &["self_attention_local", "self_attention_global"])
-    }
-
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let mut defs = self.half_params(c, "local");
         defs.extend(self.half_params(c, "global"));

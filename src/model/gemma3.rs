@@ -50,7 +50,7 @@ use crate::config::{self, Config, RopeType};
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::{default_frequencies, rope_tables, AttendOptions, LayerContext};
-use super::blocks::SelfAttention;
+use super::blocks::{QueryScale, SelfAttention};
 use super::family::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::gemma2::{global_and_local_attention_flops, sandwich, sandwich_params, PostNorms};
 use super::params::ParamDef;
@@ -138,7 +138,7 @@ impl Gemma3 {
             window: (j < BLOCK - 1).then_some(self.window),
             options: AttendOptions { logits_soft_cap: c.attn_logits_soft_cap, float32_qk_product: false },
             qk_norm: Some(self.qk_norm_eps),
-            query_scale: Some(self.query_scale),
+            queries: QueryScale::RunTime(self.query_scale),
             qkv_bias: false,
         }
     }

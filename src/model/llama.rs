@@ -9,7 +9,7 @@
 //! | name | shape | logical axes | init |
 //! |---|---|---|---|
 //! | `pre_self_attention_layer_norm.scale` | [emb] | norm | ones |
-//! | `self_attention.query.kernel` | [emb, heads, head_dim] | embed, heads, kv | fan_in |
+//! | `self_attention.query.kernel` | [emb, heads, head_dim] | embed, heads, kv | fan_in / sqrt(head_dim) |
 //! | `self_attention.key.kernel` | [emb, kv_heads, head_dim] | embed, kv_heads, kv | fan_in |
 //! | `self_attention.value.kernel` | [emb, kv_heads, head_dim] | embed, kv_heads, kv | fan_in |
 //! | `self_attention.out.kernel` | [heads, head_dim, emb] | heads, kv, embed | fan_in (heads x head_dim) |
@@ -25,11 +25,11 @@
 //! product of the input dimensions (`emb` for the projections from the residual stream,
 //! `heads x head_dim` for `out`, `mlp` for `wo`).
 //!
-//! **Query scaling.** Attention scales the queries by `1 / sqrt(head_dim)` explicitly in the
-//! forward pass (after RoPE), and the query kernel is initialized like the other kernels. MaxText
-//! instead folds `1 / sqrt(head_dim)` into the query kernel's initializer (and its checkpoint
-//! converters fold it into the converted query weights) and does not scale at run time: reading
-//! a MaxText checkpoint multiplies the query kernel by `sqrt(head_dim)` (`maxtext_factors`).
+//! **Query scaling.** As MaxText's: `1 / sqrt(head_dim)` is folded into the query kernel, whose
+//! fan-in draw is divided by `sqrt(head_dim)` rounded to `dtype`, and the queries are not scaled at
+//! run time (`blocks::QueryScale::Folded`; `LlamaDecoderLayer` in `src/maxtext/models/llama2.py`
+//! at MaxText e591f30 passes its `Attention` no `query_pre_attn_scalar` nor QK-norm). A Hugging
+//! Face checkpoint's `q_proj` is divided by `sqrt(head_dim)` on the way in (`hf::llama`).
 //!
 //! Numerics: weights are cast to `dtype` where used; activations are `dtype`; RMSNorm statistics,
 //! RoPE and the softmax are f32.
@@ -37,8 +37,8 @@
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
-use super::blocks::{Mlp, Norm, SelfAttention};
-use super::family::{constrain, dense_layer_flops, folded_queries, Family, LayerFlops, LayerOutput, BTE};
+use super::blocks::{Mlp, Norm, QueryScale, SelfAttention};
+use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::ParamDef;
 use super::ModelConfig;
 
@@ -47,16 +47,12 @@ use super::ModelConfig;
 pub struct Llama;
 
 impl Family for Llama {
-    fn maxtext_factors(&self, c: &ModelConfig, _kind: usize) -> Vec<(String, f64)> {
-        folded_queries(c, &["self_attention"])
-    }
-
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         layer_params(c)
     }
 
     fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
-        LayerOutput::new(layer(c, p, x, ctx, &SelfAttention::default()))
+        LayerOutput::new(layer(c, p, x, ctx, &ATTENTION))
     }
 
     fn layer_flops(&self, c: &ModelConfig, _kind: usize, tokens: f64, seq: f64) -> LayerFlops {
@@ -66,17 +62,22 @@ impl Family for Llama {
 
 /// The layer's parameters (the table above), in the order they are drawn.
 pub(super) fn layer_params(c: &ModelConfig) -> Vec<ParamDef> {
-    let mut defs = attention_params(c);
+    let mut defs = attention_params(c, &ATTENTION);
     defs.extend(Mlp::new(c, false, None).params("mlp", c.emb, c.mlp));
     defs
 }
 
+/// The attention of Llama's layer (Mistral's and Mixtral's too: their MaxText layers build the
+/// same `Attention`), its queries' scale folded into the query kernel.
+pub(super) const ATTENTION: SelfAttention = SelfAttention::new(QueryScale::Folded);
+
 /// The attention half's parameters (shared with Mixtral, whose MaxText layer has the same
-/// attention): the two norms (the second normalizes the MLP's input) and the projections.
-pub(super) fn attention_params(c: &ModelConfig) -> Vec<ParamDef> {
+/// attention, and Qwen3): the two norms (the second normalizes the MLP's input) and `attention`'s
+/// projections.
+pub(super) fn attention_params(c: &ModelConfig, attention: &SelfAttention) -> Vec<ParamDef> {
     let norm = Norm::Rms { eps: c.eps };
     let mut defs = norm.params("pre_self_attention_layer_norm", c.emb);
-    defs.extend(SelfAttention::params("self_attention", c));
+    defs.extend(attention.params("self_attention", c));
     defs.extend(norm.params("post_self_attention_layer_norm", c.emb));
     defs
 }

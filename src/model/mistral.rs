@@ -14,7 +14,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::SelfAttention;
-use super::family::{dense_layer_flops, folded_queries, Family, LayerFlops, LayerOutput};
+use super::family::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::params::ParamDef;
 use super::{llama, ModelConfig};
 
@@ -32,16 +32,12 @@ impl Mistral {
 }
 
 impl Family for Mistral {
-    fn maxtext_factors(&self, c: &ModelConfig, _kind: usize) -> Vec<(String, f64)> {
-        folded_queries(c, &["self_attention"])
-    }
-
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         llama::layer_params(c)
     }
 
     fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
-        LayerOutput::new(llama::layer(c, p, x, ctx, &SelfAttention { window: self.window, ..SelfAttention::default() }))
+        LayerOutput::new(llama::layer(c, p, x, ctx, &SelfAttention { window: self.window, ..llama::ATTENTION }))
     }
 
     fn layer_flops(&self, c: &ModelConfig, _kind: usize, tokens: f64, seq: f64) -> LayerFlops {

@@ -30,10 +30,10 @@ use crate::config::Config;
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
-use super::blocks::{Norm, SelfAttention};
-use super::family::{attention_flops, constrain, folded_queries, Family, LayerFlops, LayerOutput};
+use super::blocks::Norm;
+use super::family::{attention_flops, constrain, Family, LayerFlops, LayerOutput};
 use super::fp8::{self, Scaling};
-use super::llama::{attention_half, attention_params};
+use super::llama::{self, attention_half, attention_params};
 use super::moe::{self, moe_block_with, MoeConfig, Products};
 use super::params::ParamDef;
 use super::ModelConfig;
@@ -62,12 +62,8 @@ impl Mixtral {
 }
 
 impl Family for Mixtral {
-    fn maxtext_factors(&self, c: &ModelConfig, _kind: usize) -> Vec<(String, f64)> {
-        folded_queries(c, &["self_attention"])
-    }
-
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
-        let mut defs = attention_params(c);
+        let mut defs = attention_params(c, &llama::ATTENTION);
         defs.extend(
             moe::param_defs(&self.moe, c.emb, c.mlp)
                 .into_iter()
@@ -84,7 +80,7 @@ impl Family for Mixtral {
     }
 
     fn layer(&self, c: &ModelConfig, _kind: usize, p: &Tree, x: &Tensor, ctx: &LayerContext) -> LayerOutput {
-        let x = attention_half(c, p, x, ctx, &SelfAttention::default());
+        let x = attention_half(c, p, x, ctx, &llama::ATTENTION);
         let h = constrain(c, Norm::Rms { eps: c.eps }.apply(p, "post_self_attention_layer_norm", &x), ACTIVATIONS);
         let products = match c.fp8 {
             Some(Scaling::Delayed) => Products::Fp8(p),

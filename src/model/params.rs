@@ -22,6 +22,12 @@ pub enum ParamInit {
     /// `variance_scaling(1.0, "fan_in", "normal")`: an untruncated normal with stddev
     /// `sqrt(1 / fan_in)` (MaxText's GPT-3 attention kernels).
     FanInNormal(i64),
+    /// `FanIn(fan_in)` divided by `depth_scaling`: a query kernel whose attention has its
+    /// `1 / sqrt(head_dim)` folded into the initializer (`blocks::QueryScale::Folded`).
+    FanInOver {
+        fan_in: i64,
+        depth_scaling: f64,
+    },
 }
 
 /// One parameter: full dotted name, shape, logical axis name per dimension, initializer.
@@ -68,10 +74,9 @@ pub fn init(defs: &[ParamDef], dtype: DType, key: &Tensor) -> Tree {
                 ParamInit::Ones => key.trace().full(1.0, dtype, &def.shape),
                 ParamInit::Zeros => key.trace().zeros(dtype, &def.shape),
                 ParamInit::Normal(std) => random::normal(&k, &def.shape, DType::F32) * std,
-                ParamInit::FanIn(fan_in) => {
-                    // The stddev of a standard normal truncated to (-2, 2) is 0.8796...
-                    let std = (1.0 / fan_in as f64).sqrt() / 0.879_625_661_034_239_8;
-                    random::truncated_normal(&k, -2.0, 2.0, &def.shape, DType::F32) * std
+                ParamInit::FanIn(fan_in) => fan_in_truncated(&k, fan_in, &def.shape),
+                ParamInit::FanInOver { fan_in, depth_scaling } => {
+                    fan_in_truncated(&k, fan_in, &def.shape) / depth_scaling
                 }
                 ParamInit::FanInNormal(fan_in) => {
                     random::normal(&k, &def.shape, DType::F32) * (1.0 / fan_in as f64).sqrt()
@@ -80,4 +85,11 @@ pub fn init(defs: &[ParamDef], dtype: DType, key: &Tensor) -> Tree {
             (def.name.clone(), value.astype(dtype))
         })
         .collect()
+}
+
+/// `variance_scaling(1.0, "fan_in", "truncated_normal")` of `shape`, in f32, drawn from `key`.
+fn fan_in_truncated(key: &Tensor, fan_in: i64, shape: &[i64]) -> Tensor {
+    // The stddev of a standard normal truncated to (-2, 2) is 0.8796...
+    let std = (1.0 / fan_in as f64).sqrt() / 0.879_625_661_034_239_8;
+    random::truncated_normal(key, -2.0, 2.0, shape, DType::F32) * std
 }

@@ -30,7 +30,7 @@ use crate::config::Config;
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
-use super::blocks::{Mlp, Norm, SelfAttention};
+use super::blocks::{Mlp, Norm, QueryScale, SelfAttention};
 use super::family::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::llama;
 use super::params::ParamDef;
@@ -51,8 +51,14 @@ impl Qwen2 {
         Qwen2 { bias: c.attention_bias, qk_norm: c.use_qk_norm }
     }
 
+    /// The attention, its queries scaled at run time by `head_dim^-1/2`: MaxText's qwen2 layer
+    /// passes that `query_pre_attn_scalar` (`models/qwen2.py` at MaxText e591f30).
     fn attention(&self, c: &ModelConfig) -> SelfAttention {
-        SelfAttention { qkv_bias: self.bias, qk_norm: self.qk_norm.then_some(c.eps), ..SelfAttention::default() }
+        SelfAttention {
+            qkv_bias: self.bias,
+            qk_norm: self.qk_norm.then_some(c.eps),
+            ..SelfAttention::new(QueryScale::RunTime((c.head_dim as f64).powf(-0.5)))
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use crate::config::{Config, DecoderBlock};
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
-use super::blocks::{Mlp, Norm, SelfAttention};
+use super::blocks::{Mlp, Norm, QueryScale, SelfAttention};
 use super::family::{attention_flops, constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::llama;
 use super::moe::{self, moe_block, MoeConfig};
@@ -53,15 +53,20 @@ impl Qwen3 {
         Ok(Qwen3 { qk_norm: c.use_qk_norm, moe })
     }
 
+    /// The attention, its queries scaled at run time by `head_dim^-1/2`: MaxText's Qwen3 layers
+    /// pass that `query_pre_attn_scalar` (`models/qwen3.py` at MaxText e591f30).
     fn attention(&self, c: &ModelConfig) -> SelfAttention {
-        SelfAttention { qk_norm: self.qk_norm.then_some(c.eps), ..SelfAttention::default() }
+        SelfAttention {
+            qk_norm: self.qk_norm.then_some(c.eps),
+            ..SelfAttention::new(QueryScale::RunTime((c.head_dim as f64).powf(-0.5)))
+        }
     }
 }
 
 impl Family for Qwen3 {
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let norm = Norm::Rms { eps: c.eps };
-        let mut defs = llama::attention_params(c);
+        let mut defs = llama::attention_params(c, &self.attention(c));
         if self.qk_norm {
             defs.extend(norm.params("self_attention.query_norm", c.head_dim));
             defs.extend(norm.params("self_attention.key_norm", c.head_dim));

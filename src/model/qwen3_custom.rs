@@ -4,7 +4,7 @@
 //!
 //! 1. `h = RMSNorm(x)` (`pre_self_attention_layer_norm`);
 //! 2. Qwen3's attention (`blocks.rs`'s `SelfAttention` with QK-norm when `use_qk_norm`, queries
-//!    scaled by `1 / sqrt(head_dim)`) whose output projection maps `[heads, head_dim]` to
+//!    scaled by `1 / sqrt(head_dim)` at run time) whose output projection maps `[heads, head_dim]` to
 //!    `attention_output_dim` instead of `emb` (`Qwen3CustomAttention.init_out_w`): a latent
 //!    `a: [batch, seq, attention_output_dim]`, with no residual add;
 //! 3. `latent_norm`, an RMSNorm over `attention_output_dim`;
@@ -38,7 +38,7 @@ use crate::config::Config;
 use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
-use super::blocks::{dense, Norm, SelfAttention};
+use super::blocks::{dense, Norm, QueryScale, SelfAttention};
 use super::family::{constrain, Family, LayerFlops, LayerOutput, BTE};
 use super::llama;
 use super::moe::{self, moe_block, MoeConfig};
@@ -80,8 +80,13 @@ impl Qwen3Custom {
         Ok(Qwen3Custom { qk_norm: c.use_qk_norm, latent, moe: MoeConfig::from_config(c) })
     }
 
+    /// The attention, its queries scaled at run time by `head_dim^-1/2`: MaxText's layer passes
+    /// that `query_pre_attn_scalar` (`models/qwen3_custom.py` at MaxText e591f30).
     fn attention(&self, c: &ModelConfig) -> SelfAttention {
-        SelfAttention { qk_norm: self.qk_norm.then_some(c.eps), ..SelfAttention::default() }
+        SelfAttention {
+            qk_norm: self.qk_norm.then_some(c.eps),
+            ..SelfAttention::new(QueryScale::RunTime((c.head_dim as f64).powf(-0.5)))
+        }
     }
 
     /// Whether the latent is projected back up to `emb` (MaxText creates `layer_up_projection`
@@ -96,7 +101,7 @@ impl Family for Qwen3Custom {
         let norm = Norm::Rms { eps: c.eps };
         // Llama's attention half (with the unused post-attention norm), its output projection
         // narrowed to the latent: the same name, axes and fan-in, `attention_output_dim` outputs.
-        let mut defs: Vec<ParamDef> = llama::attention_params(c)
+        let mut defs: Vec<ParamDef> = llama::attention_params(c, &self.attention(c))
             .into_iter()
             .map(|def| match def.name.as_str() {
                 "self_attention.out.kernel" => ParamDef { shape: vec![c.heads, c.head_dim, self.latent], ..def },

@@ -2,7 +2,9 @@
 //! matrices (row = b*T + t) from each model's own published formulation, not from maxrs's code:
 //!
 //! - Llama 2 / Mistral: pre-RMSNorm, grouped-query attention with half-split RoPE, SwiGLU;
-//!   Mistral's sliding window `t - w < s <= t`;
+//!   Mistral's sliding window `t - w < s <= t`; the queries' `head_dim^-1/2` folded into the stored
+//!   query kernel (MaxText's `Attention.init_query_w`, `layers/attentions.py` at e591f30), so the
+//!   queries are used as projected (Gemma and Gemma 2 too; Qwen3 scales them, `Spec::query_scaled`);
 //! - Llama 3.1: Meta's `apply_scaling` of the RoPE frequencies, rotations of interleaved pairs
 //!   (Meta's complex-number form);
 //! - Gemma: embeddings times `sqrt(emb)`, RMSNorms times `(1 + scale)`, GeGLU with the tanh GELU,
@@ -69,6 +71,10 @@ pub struct Spec {
     /// Qwen3's QK-norm (Hugging Face's `Qwen3Attention`: `q_norm`, `k_norm`, RMSNorms with
     /// `rms_norm_eps` over each head's queries and keys before RoPE).
     pub qk_norm: bool,
+    /// Queries multiplied by `head_dim^-1/2` after RoPE: MaxText's Qwen3 (its
+    /// `query_pre_attn_scalar`). Otherwise the stored query kernel holds that factor, as MaxText's
+    /// Llama, Mistral, Gemma and Gemma 2 store it.
+    pub query_scaled: bool,
 }
 
 /// Gemma 3's attention settings, in Hugging Face's terms.
@@ -341,7 +347,8 @@ fn rope_attention(
         q = per_head(&q, heads, d, |x| rms_norm(x, scale("query_norm"), spec.eps));
         k = per_head(&k, kvh, d, |x| rms_norm(x, scale("key_norm"), spec.eps));
     }
-    let q = rope(spec, (theta, 1.0), d, &q, heads) / (d as f64).sqrt();
+    let q = rope(spec, (theta, 1.0), d, &q, heads);
+    let q = if spec.query_scaled { q / (d as f64).sqrt() } else { q };
     let k = rope(spec, (theta, 1.0), d, &k, kvh);
     let v = h.dot(w("value"));
     attend(&q, &k, &v, (heads, kvh, d), window, spec.attn_cap).dot(w("out"))

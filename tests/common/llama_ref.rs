@@ -136,7 +136,9 @@ pub fn rope(c: &Model, x: &Array2<f64>, heads: usize) -> Array2<f64> {
 
 pub fn attention(c: &Model, l: &BTreeMap<&str, Array2<f64>>, h: &Array2<f64>) -> Array2<f64> {
     let (heads, kvh, d) = (c.config.heads as usize, c.config.kv_heads as usize, c.config.head_dim as usize);
-    let q = rope(c, &h.dot(&l["self_attention.query.kernel"]), heads) / (d as f64).sqrt();
+    // No `1/sqrt(head_dim)`: MaxText's Llama and Mixtral hold it in the stored query kernel
+    // (`Attention.init_query_w`, `src/maxtext/layers/attentions.py` at e591f30).
+    let q = rope(c, &h.dot(&l["self_attention.query.kernel"]), heads);
     let k = rope(c, &h.dot(&l["self_attention.key.kernel"]), kvh);
     let v = h.dot(&l["self_attention.value.kernel"]);
     let mut out = Array2::<f64>::zeros((B * T, heads * d));

@@ -15,13 +15,14 @@
 //! Every array is read through [`crate::storage`] by ranges (local or `gs://`): the B+tree nodes,
 //! each shard's index, each inner chunk, never a data file whole.
 
-/// What a run loaded from a MaxText checkpoint says (issue 47): the model computes MaxText's
-/// function of the arrays (the query kernels' folded `1/sqrt(head_dim)` moved to run time,
-/// `Model::maxtext_factors`), but does not train as MaxText would: Adam's steps on a rescaled
-/// parameter are not the rescaled steps.
+/// What a run loaded from a MaxText checkpoint says (issue 47): the arrays are MaxText's as they
+/// are (maxrs keeps the queries' `1 / sqrt(head_dim)` where MaxText does, in the query kernel for
+/// Llama, Mistral, Mixtral, Gemma and Gemma 2: `model::blocks::QueryScale`), but MaxText's trainer
+/// draws its synthetic batches with `unsafe_rbg` (`trainers/pre_train/train.py` at MaxText e591f30 sets
+/// `jax_default_prng_impl`), maxrs with threefry.
 pub const NOT_YET_EQUAL: &str =
-    "warning: maxrs computes MaxText's model from these arrays, but its training steps are not yet \
-     MaxText's (MaxText folds 1/sqrt(head_dim) into its query kernels, maxrs applies it at run time; issue 47)";
+    "warning: with dataset_type=synthetic, maxrs's batches are not MaxText's (MaxText draws them with unsafe_rbg, \
+     maxrs with threefry; issue 47)";
 
 pub mod ocdbt;
 pub mod params;

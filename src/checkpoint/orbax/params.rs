@@ -14,7 +14,8 @@
 //! `wi_0` is `[emb, layers, mlp]` there; maxrs stacks layers on axis 0 (`model::stacks`,
 //! `[layers, emb, mlp]`). [`to_maxrs`] moves the axis; a checkpoint written with another
 //! `param_scan_axis` fails the shape check, naming the array and both shapes. Which parameters
-//! are stacked, and which MaxText stores scaled, the model says ([`stored`]).
+//! are stacked the model says ([`stored`]). The values are maxrs's as they are: both keep the
+//! queries' `1 / sqrt(head_dim)` where MaxText's family does (`model::blocks::QueryScale`).
 
 use std::collections::BTreeMap;
 
@@ -44,23 +45,19 @@ pub struct Stored {
     /// Stacked over a stack's layers (`ParamRole::StackedLayers`): MaxText keeps that axis at
     /// its `param_scan_axis`.
     pub stacked: bool,
-    /// maxrs's value over MaxText's (`Model::maxtext_factors`).
-    pub factor: f64,
 }
 
 impl Stored {
     /// A parameter stored as maxrs holds it.
-    pub const SAME: Stored = Stored { stacked: false, factor: 1.0 };
+    pub const SAME: Stored = Stored { stacked: false };
 }
 
 /// Each of `model`'s parameters, by maxrs key, as MaxText stores it.
 pub fn stored(model: &Model) -> BTreeMap<String, Stored> {
-    let factors = model.maxtext_factors();
     let defs = model.param_defs().into_iter();
     defs.map(|d| {
         let stacked = model.param_role(&d.name) == ParamRole::StackedLayers;
-        let factor = factors.get(&d.name).copied().unwrap_or(1.0);
-        (d.name, Stored { stacked, factor })
+        (d.name, Stored { stacked })
     })
     .collect()
 }
@@ -121,15 +118,6 @@ pub(super) fn to_maxrs(stacked: bool, tensor: HostTensor) -> HostTensor {
     HostTensor::new(tensor.ty, &maxrs_dims(true, &tensor.dims), data)
 }
 
-/// `tensor` (floats) times `factor`, computed in f64 and rounded to its type once.
-pub fn scaled(tensor: HostTensor, factor: f64) -> HostTensor {
-    if factor == 1.0 {
-        return tensor;
-    }
-    let values: Vec<f64> = tensor.to_f64().into_iter().map(|v| v * factor).collect();
-    convert_float(&HostTensor::from_f64(&tensor.dims, &values), tensor.ty)
-}
-
 /// Reads `wanted` from the Orbax checkpoint at `location` (a step folder or its `items/`): each
 /// of the expected shape, float types converted to the expected one (a parameter-only checkpoint
 /// is bfloat16), as `stored` says MaxText holds it, keyed by maxrs key.
@@ -166,7 +154,7 @@ pub fn load(
         let tensor =
             to_maxrs(how.stacked, array.read(&ckpt.db).with_context(|| format!("{}: {name}", ckpt.location()))?);
         let tensor = if tensor.ty == w.ty { tensor } else { convert_float(&tensor, w.ty) };
-        out.insert(w.key.to_string(), scaled(tensor, how.factor));
+        out.insert(w.key.to_string(), tensor);
     }
     let unused: Vec<&String> = names.keys().filter(|k| !wanted.iter().any(|w| w.key == k.as_str())).collect();
     if let Some(first) = unused.first() {
@@ -216,8 +204,7 @@ mod tests {
     }
 
     /// The model says which parameters are stacked (Gemma 3's whole blocks, not its single
-    /// remainder module, nor any unscanned layer) and which MaxText scales (Gemma 3 has QK-norm:
-    /// none; Llama's query kernel, by `sqrt(head_dim)`).
+    /// remainder module, nor any unscanned layer; Llama's layers).
     #[test]
     fn the_model_says_how_maxtext_stores_each_parameter() {
         let model = |args: &[&str]| {
@@ -226,14 +213,13 @@ mod tests {
         };
         let gemma3 = ["decoder_block=gemma3", "base_num_decoder_layers=8", "sliding_window_size=4"];
         let scanned = stored(&model(&gemma3));
-        let stacked = Stored { stacked: true, factor: 1.0 };
+        let stacked = Stored { stacked: true };
         assert_eq!(scanned["decoder.layers.layers_5.mlp.wo.kernel"], stacked);
         assert_eq!(scanned["decoder.layers_remainder.layers_1.mlp.wo.kernel"], Stored::SAME);
-        assert!(scanned.values().all(|s| s.factor == 1.0));
         let unscanned = stored(&model(&[&gemma3[..], &["scan_layers=false"]].concat()));
         assert!(unscanned.values().all(|s| *s == Stored::SAME));
         let llama = stored(&model(&["head_dim=16"]));
-        assert_eq!(llama["decoder.layers.self_attention.query.kernel"], Stored { stacked: true, factor: 4.0 });
+        assert_eq!(llama["decoder.layers.self_attention.query.kernel"], stacked);
         assert_eq!(llama["decoder.layers.self_attention.key.kernel"], stacked);
         assert_eq!(llama["token_embedder.embedding"], Stored::SAME);
     }
@@ -242,7 +228,7 @@ mod tests {
     fn a_mismatch_names_the_parameter_and_both_shapes() {
         let dims = [3, 16, 33];
         let key = "decoder.layers.mlp.wi_0.kernel";
-        let stored = BTreeMap::from([(key.to_string(), Stored { stacked: true, factor: 1.0 })]);
+        let stored = BTreeMap::from([(key.to_string(), Stored { stacked: true })]);
         let wanted = [Wanted { key, ty: DType::F32, dims: &dims }];
         let e = load(&fixture("nnx_params/0/items"), &wanted, &stored).unwrap_err().to_string();
         assert!(

@@ -47,8 +47,7 @@ fn maxtext_name(name: &str) -> Result<String> {
 
 /// Reads the `expected` arrays of a train state (each of exactly the expected type and shape,
 /// as resuming needs) and its step from the Orbax checkpoint at `location`, each parameter and
-/// its moments as `stored` says MaxText holds the parameter (`params::stored`): a parameter
-/// maxrs holds as `factor` times MaxText's is multiplied by it, its moments by `group_factor`.
+/// its moments as `stored` says MaxText holds the parameter (`params::stored`).
 pub fn load(location: &Location, expected: &[Expected], stored: &BTreeMap<String, params::Stored>) -> Result<State> {
     let ckpt = Checkpoint::open(location)?;
     let at = ckpt.location().clone();
@@ -75,8 +74,7 @@ pub fn load(location: &Location, expected: &[Expected], stored: &BTreeMap<String
             e.name,
             shape_string(e.ty, &e.dims)
         );
-        let factor = Group::of(&e.name).map_or(1.0, |(group, _)| group_factor(group, how.factor));
-        arrays.insert(e.name.clone(), params::scaled(params::to_maxrs(how.stacked, ckpt.read(&name)?), factor));
+        arrays.insert(e.name.clone(), params::to_maxrs(how.stacked, ckpt.read(&name)?));
     }
     let step = scalar(&ckpt, "step")?;
     for count in names.iter().filter(|n| n.starts_with("opt_state/") && n.ends_with("/count")) {
@@ -92,18 +90,6 @@ pub fn load(location: &Location, expected: &[Expected], stored: &BTreeMap<String
         bail!("{at}: {} arrays the run does not have, e.g. {first} (a checkpoint of another model?)", unused.len());
     }
     Ok(State { next_step: step, arrays })
-}
-
-/// What an array of `group` is multiplied by when its parameter is `factor` times MaxText's:
-/// with `p' = factor p` the gradient is `g / factor`, so AdamW's first moment (a mean of
-/// gradients) is divided by `factor` and its second (of squared gradients) by `factor^2`.
-fn group_factor(group: Group, factor: f64) -> f64 {
-    match group {
-        Group::Params => factor,
-        Group::Mu => 1.0 / factor,
-        Group::Nu => 1.0 / (factor * factor),
-        Group::Count | Group::Fp8 => 1.0,
-    }
 }
 
 /// A non-negative integer scalar of the checkpoint.
@@ -134,13 +120,6 @@ mod tests {
             "opt_state/0/nu/params/token_embedder/embedding"
         );
         assert_eq!(maxtext_name("opt_state.count").unwrap(), "opt_state/0/count");
-    }
-
-    #[test]
-    fn a_rescaled_parameter_brings_its_moments_along() {
-        // Adam's moments of `p' = 2p`: gradients halve, so `mu` halves and `nu` quarters.
-        let got: Vec<f64> = [Group::Params, Group::Mu, Group::Nu, Group::Count].map(|g| group_factor(g, 2.0)).to_vec();
-        assert_eq!(got, [2.0, 0.5, 0.25, 1.0]);
     }
 
     #[test]

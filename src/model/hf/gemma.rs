@@ -5,7 +5,8 @@
 //! |---|---|---|
 //! | `embed_tokens.weight` [V, E] | `token_embedder.embedding` | x sqrt(E) |
 //! | `input_layernorm.weight` | `pre_self_attention_norm.scale` | + 1 |
-//! | `self_attn.{q,k,v,o}_proj.weight` | `self_attention.{query,key,value,out}.kernel` | transposed, as Llama's |
+//! | `self_attn.q_proj.weight` | `self_attention.query.kernel` | transposed, x `query_pre_attn_scalar^-1/2` |
+//! | `self_attn.{k,v,o}_proj.weight` | `self_attention.{key,value,out}.kernel` | transposed, as Llama's |
 //! | `post_attention_layernorm.weight` (Gemma) | `pre_ffw_norm.scale` | + 1 |
 //! | `post_attention_layernorm.weight` (Gemma 2) | `post_self_attention_norm.scale` | + 1 |
 //! | `pre_feedforward_layernorm.weight` (Gemma 2) | `pre_ffw_norm.scale` | + 1 |
@@ -19,11 +20,15 @@
 //! layers `2p` (sliding window) and `2p + 1` (global) are maxrs's pair `p`'s `_local` and
 //! `_global` halves (`Gemma2Config.layer_types`: `sliding_attention` for even layers).
 //!
-//! **Query scaling.** Hugging Face's Gemma 2 scales scores by `query_pre_attn_scalar^-1/2`, maxrs
-//! by `head_dim^-1/2` (MaxText's converter folds the difference into the query kernel, as here):
-//! a checkpoint whose scalar differs from `head_dim` (Gemma 2 27B: 144 vs 128) gets its query
-//! weights multiplied by `sqrt(head_dim / query_pre_attn_scalar)`, and `to-hf` writes
-//! `query_pre_attn_scalar = head_dim`.
+//! **Query scaling.** Hugging Face's Gemma scales scores by `head_dim^-1/2`, its Gemma 2 by
+//! `query_pre_attn_scalar^-1/2`; maxrs's queries are not scaled at run time, the factor being
+//! folded into the query kernel as MaxText's (`model/gemma.rs`). So `from-hf` multiplies the query
+//! weights by that factor (`query_pre_attn_scalar` being `head_dim` when absent; Gemma 2 27B's
+//! is 144 where its head_dim is 128), as MaxText's converters do (`convert_gemma_chkpt.py`:
+//! `head_dim**-0.5`, `convert_gemma2_chkpt.py`: its `query_pre_attn_scalar`, in
+//! `checkpoint_conversion/standalone_scripts/` at MaxText e591f30); `to-hf` divides by
+//! `head_dim^-1/2` and writes `query_pre_attn_scalar = head_dim`. Both compute in f64 and round to
+//! f32 once, so a round trip may move a query weight by one f32 rounding.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
@@ -117,13 +122,13 @@ fn check_layer_types(hf: &Value, layers: i64) -> Result<()> {
     Ok(())
 }
 
-/// The query's folded scale, `sqrt(ours / query_pre_attn_scalar)` where maxrs scales queries by
-/// `ours^-1/2` (1 when equal or absent).
-pub(super) fn query_scale(hf: &Value, ours: i64) -> Result<f64> {
+/// The checkpoint's `query_pre_attn_scalar` (its queries are scaled by its `^-1/2`), `absent`
+/// when it has none.
+pub(super) fn query_pre_attn_scalar(hf: &Value, absent: f64) -> Result<f64> {
     let scalar = &hf["query_pre_attn_scalar"];
     match scalar.as_f64() {
-        None if scalar.is_null() => Ok(1.0),
-        Some(s) if s > 0.0 && s.is_finite() => Ok((ours as f64 / s).sqrt()),
+        None if scalar.is_null() => Ok(absent),
+        Some(s) if s > 0.0 && s.is_finite() => Ok(s),
         _ => bail!("`query_pre_attn_scalar` is {scalar}; it must be a positive number"),
     }
 }
@@ -215,14 +220,12 @@ pub(super) fn outer_entries(model: &Model) -> Vec<Entry> {
 pub fn entries(c: &Config, model: &Model, hf_config: Option<&Value>) -> Result<Vec<Entry>> {
     let m = &model.config;
     let mut out = outer_entries(model);
-    let scale = match hf_config {
-        Some(hf) => query_scale(hf, m.head_dim)?,
-        None => 1.0,
+    let head_dim = m.head_dim as f64;
+    let scalar = match hf_config {
+        Some(hf) => query_pre_attn_scalar(hf, head_dim)?,
+        None => head_dim,
     };
-    let mut query = Map::linear(1);
-    if scale != 1.0 {
-        query.value = Revalue::Scale(scale);
-    }
+    let query = Map { value: Revalue::Scale(scalar.powf(-0.5)), ..Map::linear(1) };
     for pair in 0..m.layers {
         if c.decoder_block == DecoderBlock::Gemma2 {
             layer(model, pair, 2 * pair, "_local", query, true, &mut out);

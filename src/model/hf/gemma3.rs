@@ -36,7 +36,7 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use super::gemma::{outer_entries, query_scale, NORM};
+use super::gemma::{self, outer_entries, NORM};
 use super::llama::{common_config, common_keys};
 use super::{layer_entry, Entry, Fields, Map, Revalue};
 use crate::config::Config;
@@ -207,7 +207,10 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
 pub fn entries(c: &Config, model: &Model, hf_config: Option<&Value>) -> Result<Vec<Entry>> {
     let mut out = outer_entries(model);
     let fold = match hf_config {
-        Some(hf) => query_scale(hf, query_pre_attn_scalar(c))?,
+        Some(hf) => {
+            let ours = query_pre_attn_scalar(c) as f64;
+            (ours / gemma::query_pre_attn_scalar(hf, ours)?).sqrt()
+        }
         None => 1.0,
     };
     for n in 0..num_layers(c) {

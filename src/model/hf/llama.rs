@@ -14,7 +14,7 @@
 //! |---|---|---|---|
 //! | `model.embed_tokens.weight` | [V, E] | `token_embedder.embedding` | [V, E] |
 //! | `model.layers.N.input_layernorm.weight` | [E] | `pre_self_attention_layer_norm.scale` | [E] |
-//! | `model.layers.N.self_attn.q_proj.weight` | [H*D, E] | `self_attention.query.kernel` | [E, H, D] |
+//! | `model.layers.N.self_attn.q_proj.weight` | [H*D, E] | `self_attention.query.kernel` (x D^-1/2 but Qwen's) | [E, H, D] |
 //! | `model.layers.N.self_attn.k_proj.weight` | [K*D, E] | `self_attention.key.kernel` | [E, K, D] |
 //! | `model.layers.N.self_attn.v_proj.weight` | [K*D, E] | `self_attention.value.kernel` | [E, K, D] |
 //! | `model.layers.N.self_attn.o_proj.weight` | [E, H*D] | `self_attention.out.kernel` | [H, D, E] |
@@ -41,14 +41,18 @@
 //! `rope_scaling` of type `llama3` becomes `rope_type=llama3.1` with its q/k rows permuted back
 //! to Meta's order, and `to-hf` permutes them forward again (exact both ways).
 //!
-//! **Query scaling.** Both scale the attention scores by `1/sqrt(head_dim)` at run time, so the
-//! query weights are copied unscaled. (MaxText's own converters fold that factor into the query
-//! kernel; see `llama.rs`.)
+//! **Query scaling.** Hugging Face scales the attention scores by `1/sqrt(head_dim)` at run time;
+//! maxrs's llama2, mistral and mixtral layers, as MaxText's, fold it into the query kernel
+//! (`model/llama.rs`), so `from-hf` multiplies their query weights by `head_dim^-1/2` and `to-hf`
+//! divides by it, in f64 rounded to f32 once (a round trip may move a query weight by one f32
+//! rounding), as MaxText's converters fold it (`scale_query_layer` in
+//! `checkpoint_conversion/utils/param_mapping.py` at MaxText e591f30: `1/np.sqrt(head_dim)` as an
+//! f32). maxrs's Qwen layers scale at run time, as MaxText's and Hugging Face's: copied as they are.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use super::{layer_entry, Entry, Fields, Map};
+use super::{layer_entry, Entry, Fields, Map, Revalue};
 use crate::config::{Config, DecoderBlock};
 use crate::model::config::Rope;
 use crate::model::Model;
@@ -351,12 +355,18 @@ pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
     let m = &model.config;
     let mut out = outer_entries(model);
     let interleave = matches!(m.rope, Rope::Llama31 { .. }).then_some(m.head_dim);
+    // The families whose query kernel holds the queries' scale (`blocks::QueryScale::Folded`;
+    // tests/convert_families.rs checks each family's logits against transformers').
+    let folded = matches!(c.decoder_block, DecoderBlock::Llama2 | DecoderBlock::Mistral | DecoderBlock::Mixtral);
     for layer in 0..m.layers {
         let hf = |name: &str| format!("model.layers.{layer}.{name}");
         for (name, hf_name, map) in ATTENTION {
             let mut map = *map;
             if name.ends_with("query.kernel") || name.ends_with("key.kernel") {
                 map.interleave_heads = interleave;
+            }
+            if name.ends_with("query.kernel") && folded {
+                map.value = Revalue::Scale((m.head_dim as f64).powf(-0.5));
             }
             out.push(layer_entry(model, layer, name, &[], hf(hf_name), map));
         }
