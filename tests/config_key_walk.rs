@@ -318,8 +318,20 @@ const KEYS: &[(&str, Effect)] = &[
 
 /// The gemma2 family on the default model's sizes (its local layers need a window).
 const GEMMA2: &[&str] = &["decoder_block=gemma2", "sliding_window_size=16"];
-/// The gemma3 family on the default model's sizes (one block of 6 layers).
-const GEMMA3: &[&str] = &["decoder_block=gemma3", "base_num_decoder_layers=6", "sliding_window_size=16"];
+/// The gemma3 family on the default model's sizes (one block of 6 layers), under a name MaxText's
+/// gemma3 knows (`get_query_pre_attn_scalar`, `models/gemma3.py:52-59` at MaxText e591f30).
+const GEMMA3: &[&str] = &[
+    "model_name=gemma3-4b",
+    "override_model_config=true",
+    "base_num_decoder_layers=6",
+    "sliding_window_size=16",
+    "base_emb_dim=256",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=2",
+    "base_mlp_dim=512",
+    "head_dim=64",
+    "vocab_size=512",
+];
 
 /// Devices the mesh keys are checked on: the default mesh puts them all on fsdp.
 const DEVICES: usize = 8;

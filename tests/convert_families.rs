@@ -211,6 +211,67 @@ fn gemma3_with_a_remainder_block_matches_transformers() {
     check_family("gemma3", false);
 }
 
+/// Gemma 3 27B's query scaling: a `query_pre_attn_scalar` equal to `hidden_size //
+/// num_attention_heads` (64 // 4 = 16) and not to `head_dim` (here 8) converts under gemma3-27b,
+/// whose rule computes that scalar (`get_query_pre_attn_scalar`, `src/maxtext/models/gemma3.py:52-59`
+/// at MaxText e591f30), with nothing folded into the query norm. Its logits equal those of the
+/// same checkpoint converted under gemma3-4b (`head_dim^-1/2`, the difference folded into the
+/// query norm's gain: the path the golden test checks against transformers), and `to-hf` writes
+/// the query norm back unfolded, with the scalar 16.
+#[test]
+fn gemma3_27b_query_scaling_converts_under_its_name_unfolded() {
+    let mut case = golden()["families"]["gemma3"].clone();
+    let (emb, heads, kv, head_dim) = (64, 4, 2, 8);
+    let config = case["config"].as_object_mut().unwrap();
+    assert_eq!((config["hidden_size"].as_u64(), config["num_attention_heads"].as_u64()), (Some(emb), Some(heads)));
+    config.insert("head_dim".into(), head_dim.into());
+    config.insert("num_key_value_heads".into(), kv.into());
+    config.insert("query_pre_attn_scalar".into(), (emb / heads).into());
+    for (name, shape) in case["tensors"].as_object_mut().unwrap() {
+        let new = match name.rsplit('.').nth(1) {
+            Some("q_proj") => Some(serde_json::json!([heads * head_dim, emb])),
+            Some("k_proj" | "v_proj") => Some(serde_json::json!([kv * head_dim, emb])),
+            Some("o_proj") => Some(serde_json::json!([emb, heads * head_dim])),
+            Some("q_norm" | "k_norm") => Some(serde_json::json!([head_dim])),
+            _ => None,
+        };
+        if let Some(new) = new {
+            *shape = new;
+        }
+    }
+    let d = tempfile::tempdir().unwrap();
+    let at = |name: &str| d.path().join(name);
+    write_checkpoint(&at("hf"), &case);
+    let model_args = |text: &str| {
+        let line = text.lines().map(str::trim).find(|l| l.starts_with("maxrs train ")).expect("a printed command");
+        shell_words(line)[3..].to_vec()
+    };
+    let hf = at("hf").to_str().unwrap().to_string();
+    let big = model_args(&convert(&["from-hf", &hf, at("27b").to_str().unwrap()]));
+    assert_eq!(big[..2], ["model_name=gemma3-27b", "override_model_config=true"], "{big:?}");
+    let folded = model_args(&convert(&["from-hf", &hf, at("4b").to_str().unwrap(), "model_name=gemma3-4b"]));
+    assert_eq!(folded[..2], ["model_name=gemma3-4b", "override_model_config=true"], "{folded:?}");
+
+    let sequence: Vec<i32> = case["sequence"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect();
+    let logits = |dir: &str| maxrs_logits(&at(dir), &sequence, &[]);
+    let err = crate::common::llama_ref::scaled_err(&logits("27b"), &logits("4b"));
+    println!("gemma3 27b-named vs folded logits: scaled error {err:e}");
+    assert!(err < 1e-5, "gemma3-27b's logits differ from the folded conversion's: scaled error {err:e}");
+
+    convert(&["to-hf", at("27b").to_str().unwrap(), at("back").to_str().unwrap()]);
+    let (original, returned) = (read_hf(&at("hf")), read_hf(&at("back")));
+    // Unfolded, the query norm comes back within f32 rounding of `1 + w - 1`; folded, it would be
+    // `(1 + w) sqrt(8 / 16) - 1`.
+    let f = |b: &[u8]| b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect::<Vec<_>>();
+    for layer in 0..8 {
+        let q_norm = format!("model.layers.{layer}.self_attn.q_norm.weight");
+        let diff = crate::common::max_rel_diff(&f(&returned[&q_norm].2), &f(&original[&q_norm].2));
+        assert!(diff < 1e-6, "{q_norm}: gemma3-27b stores the query norm unfolded: {diff:e}");
+    }
+    let config: Value = serde_json::from_slice(&std::fs::read(at("back").join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["query_pre_attn_scalar"], 16);
+}
+
 /// Unscanned, Gemma 3's parameters are one module per layer, `decoder.layers_<n>` for Hugging Face
 /// layer `n` (the remainder's too: `layers/decoders.py:1205,1246` at MaxText e591f30): the
 /// logits are transformers', and `to-hf` writes back byte for byte what it writes from the
@@ -290,7 +351,11 @@ fn deepseek_v3_routed_layers_match_transformers() {
         .expect("a checkpoint routed as DeepSeek-V3 does not fit kimi-k2-1t")
         .to_string();
     assert!(
-        err.contains("model_name: checkpoint \"deepseek3-test\", this run \"kimi-k2-1t\" (MaxText routes DeepSeek's experts as DeepSeek-V3 only for a model_name starting with deepseek3 or deepseek4"),
+        err.contains(
+            "model_name: checkpoint \"deepseek3-test\", this run \"kimi-k2-1t\"; the checkpoint's name gives \
+             DeepSeek-V3's routing, the experts weighed by their unbiased scores (a name starting with deepseek3 or \
+             deepseek4), this run's the experts weighed by their biased scores"
+        ),
         "{err}"
     );
     let back = converted.ours.with_file_name("hf-kimi");

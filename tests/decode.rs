@@ -214,9 +214,13 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
     // Gemma 3: one block of 5 local layers (window 4) and a global one, then a remainder block of
     // 1 local layer (its own cache), QK norms, two RoPE bases.
     let gemma3 = [
-        "decoder_block=gemma3",
+        "model_name=gemma3-4b",
+        "override_model_config=true",
         "base_num_decoder_layers=7",
         "base_emb_dim=64",
+        "base_num_query_heads=4",
+        "base_num_kv_heads=2",
+        "vocab_size=512",
         "head_dim=16",
         "base_mlp_dim=128",
         "sliding_window_size=4",

@@ -206,7 +206,8 @@ const GEMMA3_LAYER: &[&str] = &[
 /// sorted.
 fn gemma3_layer_names(scan: bool) -> Vec<String> {
     let args = [
-        "decoder_block=gemma3",
+        "model_name=gemma3-4b",
+        "override_model_config=true",
         "base_num_decoder_layers=8",
         "sliding_window_size=4",
         "use_post_attn_norm=true",
@@ -259,7 +260,8 @@ fn gemma3_unscanned_init_is_the_scanned_init_renamed() {
     use maxrs::tensor::{random, trace, Tree};
     let init = |scan: bool| {
         let args = [
-            "decoder_block=gemma3",
+            "model_name=gemma3-4b",
+            "override_model_config=true",
             "base_num_decoder_layers=14",
             "sliding_window_size=4",
             "use_post_attn_norm=true",

@@ -24,7 +24,7 @@
 //!   parameters-only checkpoint made by `maxrs convert`.
 //! - `model`: the configuration keys that decide the model ([`model_keys`]), to say which key
 //!   differs when a checkpoint does not fit a run; with `model_name` where the name decides too
-//!   (DeepSeek's routing).
+//!   (DeepSeek's routing, Gemma 3's query scale).
 //! - `data`: the data pipeline's position ([`crate::checkpoint::DataState`]) on process 0; its
 //!   `next_step`, when it records one, is `step + 1`. `data_per_process`: every process's, in
 //!   process order, when the job had several (`processes`).
@@ -45,9 +45,9 @@ use serde::{Deserialize, Serialize};
 
 use super::shards::Bounds;
 use crate::config::registry::{self, Role};
-use crate::config::{Config, RopeType};
+use crate::config::{parameter_scales, Config, RopeType};
 use crate::model::config::Rope;
-use crate::model::{moe, Model};
+use crate::model::{gemma3, moe, Model};
 
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const FORMAT: &str = "maxrs-checkpoint";
@@ -199,12 +199,10 @@ impl Manifest {
 /// role. The others (activation numerics and sharding, expert capacity and dispatch) may change
 /// between a checkpoint and the run restoring it.
 ///
-/// Where the model name decides what the model computes beyond its keys (a DeepSeek model with
-/// routed layers and a routing bias or groups: MaxText routes it as DeepSeek-V3 only under a
-/// `deepseek3*`/`deepseek4*` name, [`moe::routes_as_deepseek_v3`]), `model_name` is recorded
-/// too, with `override_model_config: true`: these keys then load over the named model's file as
-/// they are (the arguments `maxrs convert` prints and reads back), and [`model_differences`]
-/// compares the name by the routing it decides.
+/// Where the model name decides what the model computes beyond its keys ([`decided_by_name`]),
+/// `model_name` is recorded too, with `override_model_config: true`: these keys then load over
+/// the named model's file as they are (the arguments `maxrs convert` prints and reads back), and
+/// [`model_differences`] compares two names by what they decide.
 pub fn model_keys(config: &Config, model: &Model) -> BTreeMap<String, serde_json::Value> {
     let all = serde_json::to_value(config).expect("Config serializes");
     let mut keys: BTreeMap<String, serde_json::Value> = model
@@ -213,11 +211,33 @@ pub fn model_keys(config: &Config, model: &Model) -> BTreeMap<String, serde_json
         .filter(|k| registry::key(k).is_some_and(|k| k.role == Role::Model))
         .map(|k| (k.to_string(), effective(config, k, &all[k])))
         .collect();
-    if moe::name_decides_routing(config, model.config.layers) {
+    if decided_by_name(&config.model_name, &keys).is_some() {
         keys.insert(MODEL_NAME.into(), serde_json::Value::from(config.model_name.as_str()));
         keys.insert("override_model_config".into(), serde_json::Value::from(true));
     }
     keys
+}
+
+/// What model name `name` decides of the model whose model keys are `keys`, beyond them, in
+/// words, where MaxText's model code reads the name: a DeepSeek model's routing
+/// ([`moe::routing_by_name`]), Gemma 3's query scale ([`gemma3::scalar_of_name`]). None where
+/// the name decides nothing, or `keys` (an older manifest's) lack what it depends on. Read from
+/// the recorded keys alone, so that a checkpoint's name and a run's compare alike.
+fn decided_by_name(name: &str, keys: &BTreeMap<String, serde_json::Value>) -> Option<String> {
+    let int = |k: &str| keys.get(k).and_then(serde_json::Value::as_i64);
+    let flag = |k: &str| keys.get(k).and_then(serde_json::Value::as_bool);
+    match keys.get("decoder_block")?.as_str()? {
+        "deepseek" => {
+            let layers = int("base_num_decoder_layers")? << parameter_scales(int("global_parameter_scale")?).3;
+            let routed = int("first_num_dense_layers")? < layers;
+            moe::routing_by_name(name, routed, flag("routed_bias")?, int("n_routing_groups")? != -1).map(String::from)
+        }
+        "gemma3" => {
+            let s = gemma3::scalar_of_name(name, int("base_emb_dim")?, int("base_num_query_heads")?, int("head_dim")?)?;
+            Some(format!("queries scaled by {s}^-1/2"))
+        }
+        _ => None,
+    }
 }
 
 const MODEL_NAME: &str = "model_name";
@@ -236,29 +256,32 @@ fn effective(config: &Config, key: &str, value: &serde_json::Value) -> serde_jso
 
 /// `key: checkpoint A, this run B` for each model key whose values differ (keys one side lacks
 /// are left out: older or converted checkpoints may record fewer). Two model names differ when
-/// they route DeepSeek's experts differently.
+/// they decide different computations ([`decided_by_name`]).
 pub fn model_differences(
     saved: &BTreeMap<String, serde_json::Value>,
     current: &BTreeMap<String, serde_json::Value>,
 ) -> Vec<String> {
+    let decided = |keys: &BTreeMap<String, serde_json::Value>, name: &serde_json::Value| {
+        name.as_str().and_then(|name| decided_by_name(name, keys))
+    };
     saved
         .iter()
         .filter_map(|(key, value)| match current.get(key) {
-            Some(now) if key == MODEL_NAME && v3_routed(now) != v3_routed(value) => Some(format!(
-                "{key}: checkpoint {value}, this run {now} (MaxText routes DeepSeek's experts as DeepSeek-V3 only for a \
-                 model_name starting with {}, and weighs them by the biased scores otherwise)",
-                moe::DEEPSEEK_V3_PREFIXES
-            )),
-            Some(_) if key == MODEL_NAME => None,
+            Some(now) if key == MODEL_NAME => {
+                let (then, here) = (decided(saved, value), decided(current, now));
+                (then != here).then(|| {
+                    let says = |d: Option<String>| d.unwrap_or_else(|| "nothing".into());
+                    format!(
+                        "{key}: checkpoint {value}, this run {now}; the checkpoint's name gives {}, this run's {}",
+                        says(then),
+                        says(here)
+                    )
+                })
+            }
             Some(now) if !same_value(now, value) => Some(format!("{key}: checkpoint {value}, this run {now}")),
             _ => None,
         })
         .collect()
-}
-
-/// Whether a recorded model name routes as DeepSeek-V3.
-fn v3_routed(name: &serde_json::Value) -> bool {
-    name.as_str().is_some_and(moe::routes_as_deepseek_v3)
 }
 
 /// Numbers compare by value (YAML may give `10000` where JSON gave `10000.0`).
@@ -317,13 +340,55 @@ mod tests {
         let kimi = name_differences(&test, &keys(&["model_name=kimi-k2-1t"]));
         assert_eq!(
             kimi,
-            ["model_name: checkpoint \"deepseek3-test\", this run \"kimi-k2-1t\" (MaxText routes DeepSeek's experts \
-              as DeepSeek-V3 only for a model_name starting with deepseek3 or deepseek4, and weighs them by the biased \
-              scores otherwise)"]
+            ["model_name: checkpoint \"deepseek3-test\", this run \"kimi-k2-1t\"; the checkpoint's name gives \
+              DeepSeek-V3's routing, the experts weighed by their unbiased scores (a name starting with deepseek3 or \
+              deepseek4), this run's the experts weighed by their biased scores (a name not starting with deepseek3 or \
+              deepseek4)"]
         );
         // Without a bias or groups both routings compute the same: the name is not recorded.
         let unbiased = keys(&["model_name=kimi-k2-1t", "override_model_config=true", "routed_bias=false"]);
         assert!(!unbiased.contains_key("model_name"));
         assert!(!keys(&[]).contains_key("model_name"));
     }
+
+    /// Gemma 3 records its model name, which decides its query scale (`get_query_pre_attn_scalar`,
+    /// `src/maxtext/models/gemma3.py:52-59` at MaxText e591f30): gemma3-27b's
+    /// `(5376 // 32)^-1/2 = 168^-1/2` against gemma3-4b's `head_dim^-1/2 = 128^-1/2` on the same
+    /// keys is a difference naming model_name; gemma3-4b and gemma3-12b (both `head_dim`) fit, as
+    /// do gemma3-27b and gemma3-4b where `base_emb_dim // base_num_query_heads` is `head_dim`.
+    #[test]
+    fn a_gemma3_model_name_is_compared_by_the_query_scale_it_decides() {
+        let keys = |name: &str, extra: &[&str]| {
+            let args: Vec<String> = [&[name, "override_model_config=true"][..], &GEMMA3_27B_SIZES[..], extra]
+                .concat()
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            let c = crate::config::load(None, &args).unwrap();
+            model_keys(&c, &Model::from_config(&c).unwrap())
+        };
+        let big = keys("model_name=gemma3-27b", &[]);
+        assert_eq!((&big["model_name"], &big["override_model_config"]), (&"gemma3-27b".into(), &true.into()));
+        assert_eq!(
+            model_differences(&big, &keys("model_name=gemma3-4b", &[])),
+            ["model_name: checkpoint \"gemma3-27b\", this run \"gemma3-4b\"; the checkpoint's name gives queries \
+              scaled by 168^-1/2, this run's queries scaled by 128^-1/2"]
+        );
+        assert!(model_differences(&keys("model_name=gemma3-4b", &[]), &keys("model_name=gemma3-12b", &[])).is_empty());
+        let even = ["head_dim=168"];
+        assert!(
+            model_differences(&keys("model_name=gemma3-27b", &even), &keys("model_name=gemma3-4b", &even)).is_empty()
+        );
+    }
+
+    /// gemma3-27b's sizes (`models/gemma3-27b.yml`) with 6 layers and a small vocabulary.
+    const GEMMA3_27B_SIZES: [&str; 7] = [
+        "base_num_decoder_layers=6",
+        "base_emb_dim=5376",
+        "base_num_query_heads=32",
+        "base_num_kv_heads=16",
+        "base_mlp_dim=21504",
+        "head_dim=128",
+        "vocab_size=256",
+    ];
 }

@@ -93,8 +93,9 @@ pub fn run(args: ConvertArgs) -> Result<()> {
             let (src, dst) = locations(&src, &dst)?;
             let done = hf::from_hf(&src, &dst, dtype.as_deref(), &overrides)?;
             println!("wrote {} tensors ({:.1} MiB) to {dst}", done.tensors, done.bytes as f64 / (1 << 20) as f64);
-            // A model name the keys load over (DeepSeek-V3's routing) reads best first; each word
-            // is quoted for a shell where it needs it (`mlp_activations=[silu, linear]`).
+            // A model name the keys load over (DeepSeek-V3's routing, Gemma 3's query scale) reads
+            // best first; each word is quoted for a shell where it needs it
+            // (`mlp_activations=[silu, linear]`).
             let (named, keys): (Vec<String>, Vec<String>) = done
                 .model_args
                 .into_iter()

@@ -23,8 +23,9 @@
 //! - QK norm: RMSNorms (epsilon `normalization_layer_epsilon`) over `head_dim` of the queries and
 //!   keys before RoPE (`use_qk_norm=True` in `Gemma3DecoderLayer`);
 //! - queries multiplied by `query_pre_attn_scalar` after RoPE, which MaxText derives from the
-//!   model name (`get_query_pre_attn_scalar`): `(emb / heads)^-1/2` for gemma3-27b,
-//!   `head_dim^-1/2` otherwise (MaxText raises for another name; maxrs takes `head_dim^-1/2`);
+//!   model name (`get_query_pre_attn_scalar`): `(emb // heads)^-1/2` for gemma3-27b,
+//!   `head_dim^-1/2` for gemma3-4b and gemma3-12b; another name is refused, as MaxText raises
+//!   for it (a custom size runs as `model_name=gemma3-4b override_model_config=true`);
 //! - RoPE with `local_rope_max_timescale` in the local layers and `rope_max_timescale` with the
 //!   timescales times `rope_linear_scaling_factor` in the global ones (`Attention.init_rotary_embedding`,
 //!   `src/maxtext/layers/attentions.py`, e591f30: the factor skips gemma3's local layers);
@@ -79,14 +80,36 @@ pub struct Gemma3 {
 const WHOLE: usize = 0;
 const REMAINDER: usize = 1;
 
-/// The `s` of MaxText's `get_query_pre_attn_scalar` (`src/maxtext/models/gemma3.py`, e591f30),
-/// which multiplies the queries by `s^-1/2`: `emb // heads` for gemma3-27b, `head_dim` otherwise
-/// (Hugging Face's `query_pre_attn_scalar`).
-pub fn query_pre_attn_scalar(c: &Config) -> i64 {
-    match c.model_name.as_str() {
-        "gemma3-27b" => c.base_emb_dim / c.base_num_query_heads,
-        _ => c.head_dim,
+/// The model names MaxText's `get_query_pre_attn_scalar` knows (`src/maxtext/models/gemma3.py:52-59`
+/// at MaxText e591f30); it raises for any other.
+const MODEL_NAMES: &str = "gemma3-4b, gemma3-12b or gemma3-27b";
+
+/// The `s` of MaxText's `get_query_pre_attn_scalar` (`src/maxtext/models/gemma3.py:52-59` at
+/// MaxText e591f30), which multiplies the queries by `s^-1/2`, for a model named `name`:
+/// `head_dim` for gemma3-4b and gemma3-12b, `base_emb_dim // base_num_query_heads` for
+/// gemma3-27b (Hugging Face's `query_pre_attn_scalar`); None for a name MaxText raises for.
+pub fn scalar_of_name(name: &str, base_emb_dim: i64, base_num_query_heads: i64, head_dim: i64) -> Option<i64> {
+    match name {
+        "gemma3-4b" | "gemma3-12b" => Some(head_dim),
+        "gemma3-27b" => base_emb_dim.checked_div(base_num_query_heads),
+        _ => None,
     }
+}
+
+/// [`scalar_of_name`] of `c`'s model (None where `Gemma3::from_config` refuses the name).
+pub fn query_pre_attn_scalar(c: &Config) -> Option<i64> {
+    scalar_of_name(&c.model_name, c.base_emb_dim, c.base_num_query_heads, c.head_dim)
+}
+
+/// [`query_pre_attn_scalar`], or the error naming the model name MaxText raises for, with the
+/// names it knows and the way to run another size.
+pub fn checked_query_pre_attn_scalar(c: &Config) -> anyhow::Result<i64> {
+    query_pre_attn_scalar(c).ok_or_else(|| {
+        anyhow::anyhow!(
+            "model_name={}: MaxText's gemma3 scales its queries by a rule of the model name and knows only {MODEL_NAMES} (get_query_pre_attn_scalar, src/maxtext/models/gemma3.py:52-59 at e591f30, raises ValueError otherwise); for another size use model_name=gemma3-4b override_model_config=true with the model's keys (queries times head_dim^-1/2; gemma3-27b's rule is (base_emb_dim // base_num_query_heads)^-1/2)",
+            c.model_name
+        )
+    })
 }
 
 /// The model's layers (not blocks): `base_num_decoder_layers` scaled by `global_parameter_scale`.
@@ -109,6 +132,7 @@ impl Gemma3 {
                 c.rope_type
             ));
         }
+        let scalar = checked_query_pre_attn_scalar(c)?;
         let local_timescale = match c.local_rope_max_timescale {
             t if t > 0 => t,
             _ => c.rope_max_timescale,
@@ -118,7 +142,7 @@ impl Gemma3 {
             post: PostNorms { attention: c.use_post_attn_norm, ffw: c.use_post_ffw_norm },
             local_rope: default_frequencies(c.head_dim, local_timescale as f64, 1.0),
             global_rope: default_frequencies(c.head_dim, c.rope_max_timescale as f64, c.rope_linear_scaling_factor),
-            query_scale: (query_pre_attn_scalar(c) as f64).powf(-0.5),
+            query_scale: (scalar as f64).powf(-0.5),
             qk_norm_eps: c.normalization_layer_epsilon,
             remainder: layers % BLOCK,
         })
@@ -214,11 +238,26 @@ mod tests {
     }
 
     /// `get_query_pre_attn_scalar` by hand: gemma3-27b's emb 5376 / 32 heads = 168, not its
-    /// head_dim 128; the others use head_dim.
+    /// head_dim 128; gemma3-4b and -12b use head_dim; another name is refused at model build, as
+    /// MaxText raises for it (`src/maxtext/models/gemma3.py:52-59` at MaxText e591f30), with the
+    /// way to run a custom size.
     #[test]
     fn query_scale_follows_maxtext() {
-        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-27b"])), 168);
-        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-12b"])), 256);
+        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-27b"])), Some(168));
+        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-12b"])), Some(256));
+        assert_eq!(query_pre_attn_scalar(&load(&["model_name=gemma3-4b"])), Some(256));
+        let custom = load(&["decoder_block=gemma3", "base_num_decoder_layers=6", "sliding_window_size=4"]);
+        let e = super::super::Model::from_config(&custom).unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "model_name=default: MaxText's gemma3 scales its queries by a rule of the model name and knows only \
+                 gemma3-4b, gemma3-12b or gemma3-27b (get_query_pre_attn_scalar, src/maxtext/models/gemma3.py:52-59 \
+                 at e591f30, raises ValueError otherwise); for another size use model_name=gemma3-4b \
+                 override_model_config=true"
+            ),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
     }
 
     /// gemma3's RoPE keys elsewhere: refused as not supported yet where MaxText reads them
@@ -234,9 +273,12 @@ mod tests {
         assert!(e.contains("not supported yet with decoder_block=gemma2"), "{e}");
         let e = model(&["local_rope_max_timescale=100"]).unwrap_err();
         assert!(e.contains("MaxText ignores it there"), "{e}");
-        let gemma3 = ["decoder_block=gemma3", "base_num_decoder_layers=6", "sliding_window_size=4"];
-        let unset = model(&[&gemma3[..], &["local_rope_max_timescale=0"]].concat()).unwrap();
-        assert_eq!(format!("{:?}", unset.family), format!("{:?}", model(&gemma3).unwrap().family));
+        let gemma3 = ["model_name=gemma3-4b", "override_model_config=true", "base_num_decoder_layers=6"];
+        let local = |timescale: &str| {
+            let m = model(&[&gemma3[..], &[&format!("local_rope_max_timescale={timescale}")]].concat()).unwrap();
+            format!("{:?}", m.family)
+        };
+        assert_eq!(local("0"), local("-1"));
     }
 
     /// The parameter counts of gemma3-4b, -12b and -27b from their model files, by hand: per

@@ -69,7 +69,7 @@ use super::blocks::Mlp;
 use super::family::constrain;
 use super::fp8;
 use super::{ModelConfig, ParamDef, ParamInit};
-use crate::config::{Config, DecoderBlock, RoutedScoreFunc};
+use crate::config::{Config, RoutedScoreFunc};
 use crate::ir::{DType, DotDims};
 use crate::sharding::PartitionSpec;
 use crate::tensor::{einsum, manual_computation, where_, Tensor, Tree};
@@ -134,13 +134,15 @@ pub fn routes_as_deepseek_v3(model_name: &str) -> bool {
 /// The valid `model_name` prefixes of [`routes_as_deepseek_v3`], for messages.
 pub const DEEPSEEK_V3_PREFIXES: &str = "deepseek3 or deepseek4";
 
-/// Whether the model name decides what `c`'s DeepSeek model of `layers` layers computes: it has
-/// routed layers, and a routing bias or groups (without both, MaxText's two routings choose and
-/// weigh alike).
-pub fn name_decides_routing(c: &Config, layers: i64) -> bool {
-    c.decoder_block == DecoderBlock::Deepseek
-        && c.first_num_dense_layers < layers
-        && (c.routed_bias || c.n_routing_groups != -1)
+/// What `model_name` decides of a DeepSeek model's routing, in words, where it decides anything:
+/// the model has routed layers and a routing bias or groups (without both, MaxText's two
+/// routings choose and weigh alike; `get_topk`, `layers/moe.py` at MaxText e591f30).
+pub fn routing_by_name(model_name: &str, routed_layers: bool, bias: bool, groups: bool) -> Option<&'static str> {
+    (routed_layers && (bias || groups)).then_some(if routes_as_deepseek_v3(model_name) {
+        "DeepSeek-V3's routing, the experts weighed by their unbiased scores (a name starting with deepseek3 or deepseek4)"
+    } else {
+        "the experts weighed by their biased scores (a name not starting with deepseek3 or deepseek4)"
+    })
 }
 
 impl MoeConfig {

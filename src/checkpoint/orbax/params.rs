@@ -211,7 +211,7 @@ mod tests {
             let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
             Model::from_config(&crate::config::load(None, &args).unwrap()).unwrap()
         };
-        let gemma3 = ["decoder_block=gemma3", "base_num_decoder_layers=8", "sliding_window_size=4"];
+        let gemma3 = ["model_name=gemma3-4b", "override_model_config=true", "base_num_decoder_layers=8"];
         let scanned = stored(&model(&gemma3));
         let stacked = Stored { stacked: true };
         assert_eq!(scanned["decoder.layers.layers_5.mlp.wo.kernel"], stacked);

@@ -215,14 +215,23 @@ pub(super) fn outer_entries(model: &Model) -> Vec<Entry> {
     ]
 }
 
+/// `Gemma2Config`'s `query_pre_attn_scalar` when `config.json` has none.
+const GEMMA2_DEFAULT_QUERY_PRE_ATTN_SCALAR: f64 = 256.0;
+
 /// Every tensor of a gemma or gemma2 model. `query_pre_attn_scalar` comes from the checkpoint
 /// being read (`from-hf`); maxrs's own models have `head_dim`'s.
 pub fn entries(c: &Config, model: &Model, hf_config: Option<&Value>) -> Result<Vec<Entry>> {
     let m = &model.config;
     let mut out = outer_entries(model);
     let head_dim = m.head_dim as f64;
+    // Gemma's attention scales by `head_dim^-1/2`; Gemma 2's by its `query_pre_attn_scalar`, whose
+    // default in transformers' `Gemma2Config` is 256.
+    let absent = match c.decoder_block {
+        DecoderBlock::Gemma2 => GEMMA2_DEFAULT_QUERY_PRE_ATTN_SCALAR,
+        _ => head_dim,
+    };
     let scalar = match hf_config {
-        Some(hf) => query_pre_attn_scalar(hf, head_dim)?,
+        Some(hf) => query_pre_attn_scalar(hf, absent)?,
         None => head_dim,
     };
     let query = Map { value: Revalue::Scale(scalar.powf(-0.5)), ..Map::linear(1) };

@@ -25,11 +25,24 @@
 //! `config.json`: `rope_parameters.full_attention` (or the older `rope_theta` and `rope_scaling`)
 //! gives `rope_max_timescale` and, `linear`, `rope_linear_scaling_factor`;
 //! `rope_parameters.sliding_attention` (or `rope_local_base_freq`) `local_rope_max_timescale`;
-//! `sliding_window` `sliding_window_size`. **Query scaling**: maxrs multiplies queries by
-//! `s^-1/2` with `s` from the model name (`gemma3::query_pre_attn_scalar`: `head_dim` for a
-//! converted model); a checkpoint whose `query_pre_attn_scalar` differs gets the difference,
-//! `sqrt(s / query_pre_attn_scalar)`, folded into the query norm's gain (the query's RMSNorm
-//! comes before it, so the query kernel cannot carry it), and `to-hf` writes maxrs's `s`.
+//! `sliding_window` `sliding_window_size`.
+//!
+//! **Query scaling and the model name**: MaxText multiplies Gemma 3's queries by `s^-1/2` with
+//! `s` decided by the model name (`get_query_pre_attn_scalar`, `src/maxtext/models/gemma3.py:52-59`
+//! at MaxText e591f30): `head_dim` for gemma3-4b and gemma3-12b, `hidden_size //
+//! num_attention_heads` for gemma3-27b; it raises for any other name, and so does maxrs. A
+//! checkpoint therefore converts under one of these names, with `override_model_config=true` so
+//! that its keys replace the named file's (`model_name`):
+//! - `query_pre_attn_scalar` equal to `hidden_size // num_attention_heads` and not to `head_dim`
+//!   (Gemma 3 27B: 168 and 128): gemma3-27b, which computes that scalar itself; nothing is folded;
+//! - otherwise gemma3-4b (`s = head_dim`); a `query_pre_attn_scalar` other than `head_dim` gets
+//!   the difference, `sqrt(head_dim / query_pre_attn_scalar)`, folded into the query norm's gain
+//!   (the query's RMSNorm comes before the scaling, so the query kernel cannot carry it). The fold
+//!   is exact up to the rounding of the stored gain: the gain multiplies the normed query
+//!   elementwise and RoPE and the scaling are linear, so a constant factor moves through both.
+//!   Absent, `query_pre_attn_scalar` is `Gemma3TextConfig`'s default, 256.
+//!
+//! `to-hf` writes the `s` the model name decides.
 //! Refused: `layer_types` other than 5 sliding + 1 full repeated, soft caps, an activation other
 //! than `gelu_pytorch_tanh`, `use_bidirectional_attention`, untied embeddings, attention biases.
 
@@ -41,7 +54,7 @@ use super::llama::{common_config, common_keys};
 use super::{layer_entry, Entry, Fields, Map, Revalue};
 use crate::config::Config;
 use crate::model::gemma::LAYER_NORM_EPS;
-use crate::model::gemma3::{num_layers, query_pre_attn_scalar, BLOCK};
+use crate::model::gemma3::{checked_query_pre_attn_scalar, num_layers, query_pre_attn_scalar, scalar_of_name, BLOCK};
 use crate::model::Model;
 
 /// One layer's tensors: maxrs name (in `layers_<j>.`), Hugging Face name (in `model.layers.N.`),
@@ -115,6 +128,8 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     fields.absent("attn_logit_softcapping", "a soft cap of Gemma 3's attention scores")?;
     fields.absent("final_logit_softcapping", "a soft cap of Gemma 3's logits")?;
     let mut keys = common_keys(&fields)?;
+    let name = model_name(hf, &keys)?;
+    keys.extend([("model_name".into(), name.into()), ("override_model_config".into(), "true".into())]);
     let eps = fields.value("rms_norm_eps", "normalization_layer_epsilon", Some(LAYER_NORM_EPS))?;
     if eps != LAYER_NORM_EPS {
         bail!("`rms_norm_eps` is {eps}: maxrs's Gemma layer norms use {LAYER_NORM_EPS} (as MaxText's); other values are not supported yet");
@@ -145,6 +160,23 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         .map(|(k, v)| (k.to_string(), v)),
     );
     Ok(keys)
+}
+
+/// `Gemma3TextConfig`'s `query_pre_attn_scalar` when `config.json` has none.
+const DEFAULT_QUERY_PRE_ATTN_SCALAR: f64 = 256.0;
+
+/// The MaxText model name a checkpoint converts under (see the module header): gemma3-27b when
+/// only its rule gives the checkpoint's `query_pre_attn_scalar`, else gemma3-4b.
+fn model_name(hf: &Value, keys: &[(String, String)]) -> Result<&'static str> {
+    let scalar = gemma::query_pre_attn_scalar(hf, DEFAULT_QUERY_PRE_ATTN_SCALAR)?;
+    // `common_keys` gives these three as integers.
+    let key = |k: &str| keys.iter().find(|(name, _)| name == k).and_then(|(_, v)| v.parse::<i64>().ok());
+    let gives = |name: &str| {
+        let (emb, heads, head_dim) = (key("base_emb_dim"), key("base_num_query_heads"), key("head_dim"));
+        let s = scalar_of_name(name, emb.unwrap_or(0), heads.unwrap_or(0), head_dim.unwrap_or(0));
+        s.map(|s| s as f64) == Some(scalar)
+    };
+    Ok(if gives("gemma3-27b") && !gives("gemma3-4b") { "gemma3-27b" } else { "gemma3-4b" })
 }
 
 /// `layer_types`, and the older `sliding_window_pattern`, when given, must be Gemma 3's: 5
@@ -185,6 +217,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     config["hidden_activation"] = json!("gelu_pytorch_tanh");
     config["attention_bias"] = json!(false);
     config["tie_word_embeddings"] = json!(true);
+    // Some: `model` exists, so its name is one `Gemma3::from_config` accepted.
     config["query_pre_attn_scalar"] = json!(query_pre_attn_scalar(c));
     config["sliding_window"] = json!(c.sliding_window_size);
     let local = if c.local_rope_max_timescale > 0 { c.local_rope_max_timescale } else { c.rope_max_timescale };
@@ -208,8 +241,8 @@ pub fn entries(c: &Config, model: &Model, hf_config: Option<&Value>) -> Result<V
     let mut out = outer_entries(model);
     let fold = match hf_config {
         Some(hf) => {
-            let ours = query_pre_attn_scalar(c) as f64;
-            (ours / gemma::query_pre_attn_scalar(hf, ours)?).sqrt()
+            let ours = checked_query_pre_attn_scalar(c)? as f64;
+            (ours / gemma::query_pre_attn_scalar(hf, DEFAULT_QUERY_PRE_ATTN_SCALAR)?).sqrt()
         }
         None => 1.0,
     };
@@ -269,5 +302,34 @@ mod tests {
             refused("rope_scaling", json!({"rope_type": "yarn", "factor": 8.0})).contains("`rope_scaling.rope_type`")
         );
         assert!(refused("sliding_window_pattern", json!(2)).contains("`sliding_window_pattern`"));
+    }
+
+    /// The model name a checkpoint converts under (`get_query_pre_attn_scalar`,
+    /// `src/maxtext/models/gemma3.py:52-59` at MaxText e591f30): Gemma 3 27B's published sizes
+    /// (hidden 5376, 32 heads of 128, `query_pre_attn_scalar` 168 = 5376 // 32) give gemma3-27b,
+    /// whose rule computes 168, so nothing is folded; `query_pre_attn_scalar = head_dim` gives
+    /// gemma3-4b; another scalar gemma3-4b too, its difference folded into the query norm.
+    #[test]
+    fn the_query_scalar_decides_the_model_name() {
+        let config = |scalar: Value| {
+            json!({
+                "model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504,
+                "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
+                "query_pre_attn_scalar": scalar, "vocab_size": 262208, "sliding_window": 1024, "rms_norm_eps": 1e-6,
+            })
+        };
+        let named = |scalar: Value| {
+            let keys = config_from_hf(&config(scalar)).unwrap();
+            assert!(keys.contains(&("override_model_config".into(), "true".into())), "{keys:?}");
+            keys.into_iter().find(|(k, _)| k == "model_name").map(|(_, v)| v).unwrap()
+        };
+        assert_eq!(named(json!(168)), "gemma3-27b");
+        assert_eq!(named(json!(168.0)), "gemma3-27b");
+        assert_eq!(named(json!(128)), "gemma3-4b");
+        assert_eq!(named(json!(100)), "gemma3-4b");
+        // Absent: Gemma3TextConfig's 256.
+        assert_eq!(named(Value::Null), "gemma3-4b");
+        let e = config_from_hf(&config(json!(-1))).unwrap_err().to_string();
+        assert!(e.starts_with("`query_pre_attn_scalar` is -1"), "{e}");
     }
 }
