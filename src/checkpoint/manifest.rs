@@ -230,7 +230,7 @@ fn decided_by_name(name: &str, keys: &BTreeMap<String, serde_json::Value>) -> Op
         "deepseek" => {
             let layers = int("base_num_decoder_layers")? << parameter_scales(int("global_parameter_scale")?).3;
             let routed = int("first_num_dense_layers")? < layers;
-            moe::routing_by_name(name, routed, flag("routed_bias")?, int("n_routing_groups")? != -1).map(String::from)
+            moe::routing_by_name(name, routed, flag("routed_bias")?, int("n_routing_groups")? != -1)
         }
         "gemma3" => {
             let s = gemma3::scalar_of_name(name, int("base_emb_dim")?, int("base_num_query_heads")?, int("head_dim")?)?;

@@ -99,18 +99,10 @@ pub fn kernel_products(layer_params: &[ParamDef]) -> Vec<String> {
 
 /// The fp8 state of a stack whose layers' quantized products are `products` (relative to the
 /// layer): stacked over the stack's layers (`decoder.layers.<op>.<name>`, `[layers, n]`) or one
-/// per layer (`decoder.layers_<i>.<op>.<name>`, `Stack::layer_param_name`), as the parameters are.
+/// per layer (`decoder.layers_<i>.<op>.<name>`), named as the parameters are (`Stack::param_defs`).
 pub fn stack_state_defs(products: &[String], stack: &Stack, scan_layers: bool) -> Vec<ParamDef> {
     let per_layer: Vec<ParamDef> = products.iter().flat_map(|op| state_defs(op)).collect();
-    if stack.scanned(scan_layers) {
-        return per_layer.iter().map(|d| stack.stacked(d)).collect();
-    }
-    (0..stack.count)
-        .flat_map(|i| {
-            let name = move |d: &ParamDef| stack.layer_param_name(i, &d.name, scan_layers);
-            per_layer.iter().map(move |d| ParamDef { name: name(d), ..d.clone() })
-        })
-        .collect()
+    stack.param_defs(&per_layer, scan_layers)
 }
 
 /// The 8-bit type of a format.

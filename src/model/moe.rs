@@ -137,11 +137,14 @@ pub const DEEPSEEK_V3_PREFIXES: &str = "deepseek3 or deepseek4";
 /// What `model_name` decides of a DeepSeek model's routing, in words, where it decides anything:
 /// the model has routed layers and a routing bias or groups (without both, MaxText's two
 /// routings choose and weigh alike; `get_topk`, `layers/moe.py` at MaxText e591f30).
-pub fn routing_by_name(model_name: &str, routed_layers: bool, bias: bool, groups: bool) -> Option<&'static str> {
-    (routed_layers && (bias || groups)).then_some(if routes_as_deepseek_v3(model_name) {
-        "DeepSeek-V3's routing, the experts weighed by their unbiased scores (a name starting with deepseek3 or deepseek4)"
-    } else {
-        "the experts weighed by their biased scores (a name not starting with deepseek3 or deepseek4)"
+pub fn routing_by_name(model_name: &str, routed_layers: bool, bias: bool, groups: bool) -> Option<String> {
+    (routed_layers && (bias || groups)).then(|| match routes_as_deepseek_v3(model_name) {
+        true => format!(
+            "DeepSeek-V3's routing, the experts weighed by their unbiased scores (a name starting with {DEEPSEEK_V3_PREFIXES})"
+        ),
+        false => format!(
+            "the experts weighed by their biased scores (a name not starting with {DEEPSEEK_V3_PREFIXES})"
+        ),
     })
 }
 
@@ -182,7 +185,7 @@ impl MoeConfig {
             (-1, -1) => None,
             (g, _) if !v3 => {
                 return Err(anyhow::anyhow!(
-                    "n_routing_groups={g}: MaxText groups the experts only for a model_name starting with deepseek3 or deepseek4 (get_topk, layers/moe.py at e591f30) and ignores the key for model_name={}; use such a model_name (e.g. deepseek3-671b with override_model_config=true) or n_routing_groups=-1",
+                    "n_routing_groups={g}: MaxText groups the experts only for a model_name starting with {DEEPSEEK_V3_PREFIXES} (get_topk, layers/moe.py at e591f30) and ignores the key for model_name={}; use such a model_name (e.g. deepseek3-671b with override_model_config=true) or n_routing_groups=-1",
                     c.model_name
                 ))
             }

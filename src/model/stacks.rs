@@ -170,7 +170,7 @@ impl Stack {
     /// is the stack's (`layers`, DeepSeek's `dense_layers` and `moe_layers`), as MaxText's
     /// `scan_decoder_layers` names it (`metadata_axis_name`, `src/maxtext/layers/decoders.py` at
     /// e591f30); `logical_axis_rules` shard each of them on its own.
-    pub fn stacked(&self, d: &ParamDef) -> ParamDef {
+    fn stacked(&self, d: &ParamDef) -> ParamDef {
         ParamDef {
             name: format!("{}.{}", self.prefix(), d.name),
             shape: [&[self.count][..], &d.shape].concat(),
