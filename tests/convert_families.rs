@@ -29,6 +29,17 @@ fn golden() -> &'static Value {
     })
 }
 
+/// A golden case's token sequence.
+fn golden_sequence(case: &Value) -> Vec<i32> {
+    case["sequence"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect()
+}
+
+/// A golden case's logits (transformers'), flattened row by row.
+fn golden_logits(case: &Value) -> Vec<f64> {
+    let rows = case["logits"].as_array().unwrap().iter();
+    rows.flat_map(|row| row.as_array().unwrap()).map(|x| x.as_f64().unwrap()).collect()
+}
+
 /// `n` values in [-1, 1), as `tools/hf_golden.py`'s `uniform`.
 fn uniform(name: &str, n: usize) -> Vec<f64> {
     let mut x: u64 = 0xCBF2_9CE4_8422_2325;
@@ -123,14 +134,7 @@ fn check_family(family: &str, exact: bool) -> Converted {
     assert_eq!(words[2], format!("load_parameters_path={}", ours.display()), "{family}: {line}");
     let printed = words[3..].to_vec();
 
-    let sequence: Vec<i32> = case["sequence"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect();
-    let want: Vec<f64> = case["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|row| row.as_array().unwrap())
-        .map(|x| x.as_f64().unwrap())
-        .collect();
+    let (sequence, want) = (golden_sequence(case), golden_logits(case));
     let got = maxrs_logits(&ours, &sequence, &printed.iter().map(String::as_str).collect::<Vec<_>>());
     let err = crate::common::llama_ref::scaled_err(&got, &want);
     println!("{family}: logits scaled error vs transformers {err:e}");
@@ -252,7 +256,7 @@ fn gemma3_27b_query_scaling_converts_under_its_name_unfolded() {
     let folded = model_args(&convert(&["from-hf", &hf, at("4b").to_str().unwrap(), "model_name=gemma3-4b"]));
     assert_eq!(folded[..2], ["model_name=gemma3-4b", "override_model_config=true"], "{folded:?}");
 
-    let sequence: Vec<i32> = case["sequence"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect();
+    let sequence = golden_sequence(&case);
     let logits = |dir: &str| maxrs_logits(&at(dir), &sequence, &[]);
     let err = crate::common::llama_ref::scaled_err(&logits("27b"), &logits("4b"));
     println!("gemma3 27b-named vs folded logits: scaled error {err:e}");
@@ -296,14 +300,7 @@ fn gemma3_unscanned_converts_per_layer() {
     }
     assert!(!names.iter().any(|n| n.contains("remainder") || n.contains(".layers.")), "{names:?}");
 
-    let sequence: Vec<i32> = case["sequence"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect();
-    let want: Vec<f64> = case["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|r| r.as_array().unwrap())
-        .map(|x| x.as_f64().unwrap())
-        .collect();
+    let (sequence, want) = (golden_sequence(case), golden_logits(case));
     let got = maxrs_logits(&at("maxrs-false"), &sequence, &["scan_layers=false"]);
     let err = crate::common::llama_ref::scaled_err(&got, &want);
     assert!(err < 2e-5, "gemma3 unscanned: logits differ from transformers': scaled error {err:e}");
