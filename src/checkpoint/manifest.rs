@@ -300,17 +300,19 @@ pub fn crc_hex(crc: u32) -> String {
 mod tests {
     use super::*;
 
+    /// The model keys a run of `args` records.
+    fn keys(args: &[&str]) -> BTreeMap<String, serde_json::Value> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let c = crate::config::load(None, &args).unwrap();
+        model_keys(&c, &Model::from_config(&c).unwrap())
+    }
+
     /// The case: a Llama 3.1 checkpoint converted from Hugging Face records
     /// `rope_type: llama3.1`; `model_name=llama3.1-8b` leaves `rope_type` at its default but
     /// computes Llama 3.1's RoPE (attentions.py `init_rotary_embedding` at MaxText e591f30), so
     /// the two fit. A model named otherwise with the default RoPE does not.
     #[test]
     fn a_llama31_model_name_records_the_rope_it_computes() {
-        let keys = |args: &[&str]| {
-            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-            let c = crate::config::load(None, &args).unwrap();
-            model_keys(&c, &Model::from_config(&c).unwrap())
-        };
         let named = keys(&["model_name=llama3.1-8b"]);
         assert_eq!(named["rope_type"], "llama3.1");
         let mut converted = named.clone();
@@ -326,11 +328,6 @@ mod tests {
     /// the other way (MaxText's kimi-k2-1t) is a difference naming model_name and the prefixes.
     #[test]
     fn a_deepseek_model_name_is_compared_by_the_routing_it_decides() {
-        let keys = |args: &[&str]| {
-            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-            let c = crate::config::load(None, &args).unwrap();
-            model_keys(&c, &Model::from_config(&c).unwrap())
-        };
         let name_differences = |a: &BTreeMap<_, _>, b: &BTreeMap<_, _>| {
             model_differences(a, b).into_iter().filter(|d| d.starts_with("model_name")).collect::<Vec<_>>()
         };
@@ -359,13 +356,7 @@ mod tests {
     #[test]
     fn a_gemma3_model_name_is_compared_by_the_query_scale_it_decides() {
         let keys = |name: &str, extra: &[&str]| {
-            let args: Vec<String> = [&[name, "override_model_config=true"][..], &GEMMA3_27B_SIZES[..], extra]
-                .concat()
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-            let c = crate::config::load(None, &args).unwrap();
-            model_keys(&c, &Model::from_config(&c).unwrap())
+            keys(&[&[name, "override_model_config=true"][..], &GEMMA3_27B_SIZES[..], extra].concat())
         };
         let big = keys("model_name=gemma3-27b", &[]);
         assert_eq!((&big["model_name"], &big["override_model_config"]), (&"gemma3-27b".into(), &true.into()));
