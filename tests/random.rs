@@ -5,7 +5,7 @@ use crate::common::run;
 use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Signature};
 use maxrs::sharding::{Mesh, PartitionSpec};
-use maxrs::tensor::{random, trace, Tree};
+use maxrs::tensor::{random, stack, trace, Tree};
 
 fn u32s(program: &maxrs::ir::Program, name: &str) -> Vec<u32> {
     run(program, &Tree::new())[name].to_u32()
@@ -100,4 +100,67 @@ fn bits_are_the_same_sharded_and_on_one_device() {
     distinct.sort_unstable();
     distinct.dedup();
     assert_eq!(distinct.len(), single.len(), "96 random words are distinct");
+}
+
+/// A batch of keys draws what each key draws alone, and `params::init` (which draws parameters
+/// of one shape and initializer as one batch) gives parameter `i` the draw of `fold_in(key, i)`
+/// whatever the other parameters are; the keys bit for bit, the floats to XLA's rounding.
+#[test]
+fn batched_draws_equal_separate_draws() {
+    use maxrs::model::params::{init, ParamDef, ParamInit};
+    let defs = [
+        ParamDef::new("a", &[3, 4], &["x", "y"], ParamInit::FanIn(4)),
+        ParamDef::new("b", &[5], &["x"], ParamInit::Normal(0.5)),
+        ParamDef::new("c", &[3, 4], &["x", "y"], ParamInit::FanIn(4)),
+        ParamDef::new("d", &[3, 4], &["x", "y"], ParamInit::FanIn(8)),
+        ParamDef::new("e", &[5], &["x"], ParamInit::Normal(0.5)),
+        ParamDef::new("f", &[3, 4], &["x", "y"], ParamInit::Ones),
+    ];
+    let p = trace(&Signature::new(None), |ctx, _| {
+        let key = random::key(ctx, 7);
+        let keys = random::fold_in_each(&key, 3);
+        let row = |i: i64| keys.slice_axis(0, i, i + 1).reshape(&[2]);
+        let mut out = init(&defs, DType::F32, &key).prefixed("init");
+        for (i, def) in defs.iter().enumerate() {
+            let k = random::fold_in(&key, i as u32);
+            let alone = match def.init {
+                ParamInit::FanIn(fan_in) => {
+                    random::truncated_normal(&k, -2.0, 2.0, &def.shape, DType::F32)
+                        * ((1.0 / fan_in as f64).sqrt() / 0.879_625_661_034_239_8)
+                }
+                ParamInit::Normal(std) => random::normal(&k, &def.shape, DType::F32) * std,
+                _ => ctx.full(1.0, DType::F32, &def.shape),
+            };
+            out = out.with(format!("alone.{}", def.name), alone);
+        }
+        out.with("each.normal", random::normal_each(&keys, &[4], DType::F32))
+            .with("each.truncated", random::truncated_normal_each(&keys, -2.0, 2.0, &[4], DType::BF16))
+            .with("one.normal", stack(&[0, 1, 2].map(|i| random::normal(&row(i), &[4], DType::F32)).each_ref(), 0))
+            .with(
+                "one.truncated",
+                stack(
+                    &[0, 1, 2].map(|i| random::truncated_normal(&row(i), -2.0, 2.0, &[4], DType::BF16)).each_ref(),
+                    0,
+                ),
+            )
+            .with("fold_in_each", keys.clone())
+            .with("fold_in", stack(&[0, 1, 2].map(|i| random::fold_in(&key, i)).each_ref(), 0))
+    })
+    .unwrap();
+    let out = run(&p, &Tree::new());
+    // The same f32 arithmetic on the same bits; XLA may vectorize an element differently in a
+    // batch than alone (the erf_inv polynomial contracted otherwise), which moves it by an ulp or two.
+    let close = |a: &str, b: &str| {
+        let (a_v, b_v) = (out[a].to_f64(), out[b].to_f64());
+        assert_eq!(a_v.len(), b_v.len(), "{a}");
+        for (x, y) in a_v.iter().zip(&b_v) {
+            assert!((x - y).abs() <= 1e-6 * y.abs().max(1e-3), "{a}: {x} vs {y}");
+        }
+    };
+    for def in &defs {
+        close(&format!("init.{}", def.name), &format!("alone.{}", def.name));
+    }
+    close("each.normal", "one.normal");
+    close("each.truncated", "one.truncated");
+    assert_eq!(out["fold_in_each"].to_u32(), out["fold_in"].to_u32());
 }
