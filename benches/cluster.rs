@@ -18,7 +18,9 @@ use maxrs::cluster::{ClientOptions, CoordinationClient, Coordinator, ServiceConf
 
 #[path = "../tests/common/key_value_load.rs"]
 mod key_value_load;
-use key_value_load::OPS;
+
+/// Operations per client.
+const OPS: usize = 1000;
 
 const MAXRS: &str = env!("CARGO_BIN_EXE_maxrs");
 
@@ -66,7 +68,7 @@ fn key_value_rates() -> (f64, f64) {
         .map(|r| Arc::new(CoordinationClient::new(options(r), Arc::new(|m: &str| panic!("{m}"))).unwrap()))
         .collect();
     key_value_load::connect_all(&clients);
-    let concurrent = (CLIENTS * OPS) as f64 / key_value_load::run(&clients, "bench").as_secs_f64();
+    let concurrent = (CLIENTS * OPS) as f64 / key_value_load::run(&clients, "bench", OPS).as_secs_f64();
     let one = &clients[0];
     let start = Instant::now();
     for i in 0..1000 {

@@ -419,15 +419,16 @@ fn hostile_bytes_leave_the_coordinator_serving() {
 }
 
 #[test]
-fn sixteen_clients_times_1000_key_value_operations_lose_nothing() {
-    use crate::common::key_value_load::{connect_all, run, OPS};
+fn sixteen_clients_times_250_key_value_operations_lose_nothing() {
+    use crate::common::key_value_load::{connect_all, run};
     const CLIENTS: usize = 16;
+    const OPS: usize = 250;
     let coordinator = start(CLIENTS);
     let clients: Vec<Arc<CoordinationClient>> = (0..CLIENTS)
         .map(|r| Arc::new(CoordinationClient::new(options(&coordinator, r as i32, CLIENTS), recorder().0).unwrap()))
         .collect();
     connect_all(&clients);
-    let seconds = run(&clients, "stress").as_secs_f64();
+    let seconds = run(&clients, "stress", OPS).as_secs_f64();
     let entries = clients[0].key_value_dir_get("stress").unwrap();
     assert_eq!(entries.len(), CLIENTS * OPS / 2);
     for (key, value) in &entries {
