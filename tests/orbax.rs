@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use maxrs::checkpoint::orbax::Checkpoint;
+use maxrs::checkpoint::orbax::{incomplete_steps, Checkpoint};
+use maxrs::checkpoint::Checkpoints;
 use maxrs::config;
 use maxrs::files::Location;
 use maxrs::host::DType;
@@ -224,4 +225,85 @@ fn reads_from_gcs() {
     for (name, (_, _, data)) in &golden {
         assert!(ckpt.read(name).unwrap().data == *data, "{name}");
     }
+
+    // As a run's checkpoints folder: the committed step is a resume candidate next to maxrs's own;
+    // the uncommitted one is named as incomplete, skipped, and left for MaxText to clean up.
+    let run_dir = Checkpoints::new(Location::parse("gs://maxrs-orbax-test/checkpoints").unwrap());
+    assert_eq!(run_dir.steps().unwrap(), [1]);
+    let restored = run_dir.restore_latest_by(|dir| Ok(Checkpoint::open(dir)?.location().clone())).unwrap();
+    assert_eq!(restored, Some(remote.join("items")));
+    let unfinished = Checkpoints::new(Location::parse("gs://maxrs-orbax-test/incomplete").unwrap());
+    assert_eq!((unfinished.steps().unwrap(), incomplete_steps(&unfinished.dir).unwrap()), (vec![], vec!["1".into()]));
+    for dir in [&run_dir, &unfinished] {
+        dir.remove_incomplete().unwrap();
+    }
+    assert!(maxrs::storage::is_file(&incomplete.join("items/_METADATA")).unwrap());
+    assert!(maxrs::storage::is_file(&remote.join("items/_METADATA")).unwrap());
+}
+
+/// Copies the folder `from` to `to`, as it is.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        match path.is_dir() {
+            true => copy_tree(&path, &target),
+            false => drop(std::fs::copy(&path, &target).unwrap()),
+        }
+    }
+}
+
+/// A run given a MaxText run's output (`base_output_directory` + `run_name`, checkpointing on)
+/// resumes from its newest complete step as Orbax's CheckpointManager finds it (a folder still
+/// under Orbax's temporary name is skipped), saves its own next, and the newest step wins
+/// whichever wrote it; a broken newest step falls back; a checkpoints folder given as
+/// `load_full_state_path` is refused, naming a step.
+#[test]
+fn a_run_resumes_from_a_maxtext_runs_checkpoints_folder() {
+    let base = tempfile::tempdir().unwrap();
+    let checkpoints = base.path().join("mt/checkpoints");
+    for step in ["0", "1"] {
+        copy_tree(&fixture(&format!("nnx/checkpoints/{step}")), &checkpoints.join(step));
+    }
+    copy_tree(&fixture("nnx/checkpoints/1"), &checkpoints.join("5.orbax-checkpoint-tmp-1795860391"));
+    let dir = Location::Local(checkpoints.clone());
+    assert_eq!(incomplete_steps(&dir).unwrap(), ["5.orbax-checkpoint-tmp-1795860391"]);
+    assert_eq!(Checkpoints::new(dir.clone()).steps().unwrap(), [0, 1]);
+
+    // MaxText restores load_full_state_path as one checkpoint (checkpointing.py at MaxText e591f30).
+    let whole = format!("load_full_state_path={}", checkpoints.display());
+    let e = format!("{:#}", run(&[whole, "steps=3".into()]).err().unwrap());
+    let newest = format!("load_full_state_path={}", checkpoints.join("1").display());
+    assert!(e.contains("a run's checkpoints folder, not one checkpoint") && e.contains(&newest), "{e}");
+
+    let params = run(&load(&fixture("nnx/checkpoints/1"))).unwrap();
+    let output = |steps: u64| {
+        let at = format!("base_output_directory={}", base.path().display());
+        vec![at, "run_name=mt".into(), "enable_checkpointing=true".into(), format!("steps={steps}")]
+    };
+    // Folder 1 holds `step` 2: step 2 runs on step 1's parameters, then maxrs saves folder 2.
+    let resumed = run(&output(3)).unwrap();
+    assert_eq!((resumed.first_step, resumed.losses.len()), (2, 1));
+    assert_eq!(resumed.losses[0], params.losses[0]);
+    assert!(checkpoints.join("2").join(maxrs::checkpoint::manifest::MANIFEST_FILE).is_file());
+    // A newer Orbax step without its item is refused; maxrs's step 2 is the newest good one.
+    copy_tree(&fixture("nnx/checkpoints/1"), &checkpoints.join("6"));
+    std::fs::remove_dir_all(checkpoints.join("6/items")).unwrap();
+    let again = run(&output(4)).unwrap();
+    assert_eq!((again.first_step, again.losses.len()), (3, 1));
+    assert!(checkpoints.join("6").is_dir(), "a refused checkpoint is left as it is");
+    let e = format!("{:#}", Checkpoint::open(&Location::Local(checkpoints.join("6"))).err().unwrap());
+    assert!(e.contains("an Orbax step without its item items/"), "{e}");
+    // Another model: every step is refused, MaxText's naming its array and both shapes.
+    let wider = [&output(5)[..], &["base_mlp_dim=48".into()]].concat();
+    let e = format!("{:#}", run(&wider).err().unwrap());
+    assert!(e.contains("none of the 5 checkpoints can be restored"), "{e}");
+    let step1 = e.split("step 1: ").nth(1).unwrap();
+    let want = "mlp/wi_0/kernel is f32[16,3,32] (f32[3,16,32] with the layers first) but the run's \
+                params.decoder.layers.mlp.wi_0.kernel is f32[3,16,48]";
+    assert!(
+        step1.starts_with(&format!("{}: params/params/decoder/layers/{want}", checkpoints.join("1/items").display())),
+        "{e}"
+    );
 }

@@ -23,6 +23,7 @@ use anyhow::{anyhow, Result};
 use super::dir::{self, Expected, Loaded, Saved, Share, Snapshot};
 use super::job::{self, Job};
 use super::manifest::MANIFEST_FILE;
+use super::orbax;
 use crate::files::Location;
 use crate::storage::{self, STAGING_SUFFIX};
 
@@ -60,8 +61,9 @@ impl Checkpoints {
         self.dir.join(&step.to_string())
     }
 
-    /// The steps with a committed checkpoint, oldest first. A local directory is committed once
-    /// renamed to its step number; on GCS once it has its manifest.
+    /// The steps with a committed checkpoint, oldest first, maxrs's or a MaxText run's (Orbax's:
+    /// [`orbax`]). A local directory is committed once renamed to its step number; on GCS once
+    /// it has its manifest, or Orbax's commit file.
     pub fn steps(&self) -> Result<Vec<u64>> {
         let mut steps = Vec::new();
         for entry in storage::list_dir(&self.dir)? {
@@ -69,7 +71,8 @@ impl Checkpoints {
             if !entry.is_dir {
                 continue;
             }
-            if self.dir.is_local() || storage::is_file(&self.step_dir(step).join(MANIFEST_FILE))? {
+            let dir = self.step_dir(step);
+            if self.dir.is_local() || storage::is_file(&dir.join(MANIFEST_FILE))? || orbax::is_committed_step(&dir)? {
                 steps.push(step);
             }
         }
@@ -78,8 +81,9 @@ impl Checkpoints {
     }
 
     /// Deletes what interrupted saves left: local `<step>.maxrs-tmp` directories, GCS step
-    /// directories without a manifest. Called by the run that owns the directory, before it
-    /// saves.
+    /// directories without a manifest (not Orbax's: an unfinished one of those is the MaxText
+    /// run's to clean up, [`orbax::incomplete_steps`] names it). Called by the run that owns the
+    /// directory, before it saves.
     pub fn remove_incomplete(&self) -> Result<()> {
         for entry in storage::list_dir(&self.dir)? {
             let stale = match entry.name.strip_suffix(STAGING_SUFFIX) {
@@ -88,6 +92,7 @@ impl Checkpoints {
                     !self.dir.is_local()
                         && entry.name.parse::<u64>().is_ok()
                         && !storage::is_file(&self.dir.join(&entry.name).join(MANIFEST_FILE))?
+                        && !orbax::is_step_folder(&self.dir.join(&entry.name))?
                 }
             };
             if stale {
@@ -112,15 +117,21 @@ impl Checkpoints {
     }
 
     /// [`Checkpoints::restore_latest`] with `load` reading a checkpoint directory (whose
-    /// manifest matches its folder), e.g. only the blocks one process of a job needs.
+    /// manifest matches its folder), e.g. only the blocks one process of a job needs. A MaxText
+    /// (Orbax) step has no manifest: `load` gets it as it is, the newest step winning whichever
+    /// wrote it.
     pub fn restore_latest_by<T>(&self, load: impl Fn(&Location) -> Result<T>) -> Result<Option<T>> {
         let steps = self.steps()?;
         let mut refusals = Vec::new();
         for &step in steps.iter().rev() {
             let dir = self.step_dir(step);
-            let checked = dir::read_manifest(&dir)
-                .and_then(|manifest| manifest.check_step(step).map_err(|why| anyhow!(why)))
-                .and_then(|()| load(&dir));
+            let checked = match orbax::Checkpoint::is_orbax(&dir) {
+                Ok(true) => load(&dir),
+                Ok(false) => dir::read_manifest(&dir)
+                    .and_then(|manifest| manifest.check_step(step).map_err(|why| anyhow!(why)))
+                    .and_then(|()| load(&dir)),
+                Err(e) => Err(e),
+            };
             match checked {
                 Ok(loaded) => {
                     if !refusals.is_empty() {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, Context, Result};
 
-use crate::checkpoint::shards::{ArrayLayout, Bounds, HostArray};
+use crate::checkpoint::shards::{ArrayLayout, Bounds};
 use crate::checkpoint::{self, Checkpoints, Expected, LoadedBlocks, OnError, Policy};
 use crate::config::{Config, OnCheckpointError};
 use crate::files::Location;
@@ -69,38 +69,54 @@ pub(super) fn initial_state(
         if restoring.process == 0 {
             checkpoints.remove_incomplete()?;
         }
-        if let Some(loaded) = checkpoints.restore_latest_by(|dir| restoring.load(dir, expected, &model_keys))? {
-            let step_done =
-                loaded.manifest.step.ok_or_else(|| anyhow!("{}: the checkpoint has no step", loaded.location))?;
-            println!("resuming from the checkpoint of step {step_done} ({})", loaded.location);
-            let data = loaded
-                .manifest
-                .data_for(restoring.process, restoring.processes)
-                .map_err(|why| anyhow!("{}: {why}", loaded.location))?;
-            return Ok(Start { initial: Initial::State(loaded.arrays), first_step: step_done + 1, data });
+        // A MaxText run's unfinished Orbax steps are skipped, as Orbax's CheckpointManager skips them.
+        let incomplete = checkpoint::orbax::incomplete_steps(&checkpoints.dir)?;
+        let skipped = match incomplete.is_empty() {
+            true => String::new(),
+            false => format!("; skipped the incomplete MaxText checkpoints {}", incomplete.join(", ")),
+        };
+        let resumed = checkpoints.restore_latest_by(|dir| match checkpoint::orbax::Checkpoint::is_orbax(dir)? {
+            true => {
+                // MaxText saves folder `s` after its step `s`, holding `step` s + 1 (the updates applied).
+                let folder: u64 = dir.file_name().parse()?;
+                let start = maxtext_state(dir, expected, restoring, model)?;
+                anyhow::ensure!(
+                    start.first_step == folder + 1,
+                    "{dir}: MaxText's step folder {folder} holds step {} (the state after step {folder} holds {})",
+                    start.first_step,
+                    folder + 1
+                );
+                Ok((start, format!("MaxText's checkpoint of step {folder} ({dir})")))
+            }
+            false => {
+                let loaded = restoring.load(dir, expected, &model_keys)?;
+                let step_done = loaded.manifest.step.ok_or_else(|| anyhow!("{dir}: the checkpoint has no step"))?;
+                let data = loaded
+                    .manifest
+                    .data_for(restoring.process, restoring.processes)
+                    .map_err(|why| anyhow!("{dir}: {why}"))?;
+                let start = Start { initial: Initial::State(loaded.arrays), first_step: step_done + 1, data };
+                Ok((start, format!("the checkpoint of step {step_done} ({dir})")))
+            }
+        })?;
+        if let Some((start, what)) = resumed {
+            println!("resuming from {what}{skipped}");
+            return Ok(start);
+        }
+        if !incomplete.is_empty() {
+            println!("no checkpoint to resume from in {}{skipped}", checkpoints.dir);
         }
     }
     if !c.load_full_state_path.is_empty() {
         let dir = Location::parse(&c.load_full_state_path)?;
         let is_maxrs = storage::is_file(&dir.join(checkpoint::manifest::MANIFEST_FILE))?;
         if !is_maxrs && checkpoint::orbax::Checkpoint::is_orbax(&dir)? {
-            // A MaxText train state: read whole, cut into the blocks this process's devices hold.
-            let state = checkpoint::orbax::state::load(&dir, expected, &checkpoint::orbax::params::stored(model))
+            let start = maxtext_state(&dir, expected, restoring, model)
                 .with_context(|| format!("load_full_state_path={dir}"))?;
-            let wanted = restoring.wanted();
-            let arrays = state
-                .arrays
-                .into_iter()
-                .map(|(name, tensor)| {
-                    let blocks = wanted[&name].iter().map(|b| (b.clone(), crate::host::block_of(&tensor, b))).collect();
-                    let array = HostArray { name: name.clone(), ty: tensor.ty, dims: tensor.dims.clone(), blocks };
-                    (name, array)
-                })
-                .collect();
-            println!("loaded MaxText's train state from {dir}; training continues at step {}", state.next_step);
-            eprintln!("{}", checkpoint::orbax::NOT_YET_EQUAL);
-            return Ok(Start { initial: Initial::State(arrays), first_step: state.next_step, data: None });
+            println!("loaded MaxText's train state from {dir}; training continues at step {}", start.first_step);
+            return Ok(start);
         }
+        refuse_steps_folder("load_full_state_path", &dir, is_maxrs)?;
         let loaded =
             restoring.load(&dir, expected, &model_keys).with_context(|| format!("load_full_state_path={dir}"))?;
         let step_done = loaded.manifest.step.ok_or_else(|| {
@@ -130,6 +146,7 @@ fn load_parameter_arrays(
     let params: Vec<Expected> =
         expected.iter().filter(|e| Group::of(&e.name).is_some_and(|(g, _)| g == Group::Params)).cloned().collect();
     let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
+    refuse_steps_folder("load_parameters_path", &location, is_checkpoint)?;
     let arrays = if !is_checkpoint && checkpoint::orbax::Checkpoint::is_orbax(&location)? {
         // A MaxText checkpoint: its parameters under maxrs's keys, floats as `weight_dtype`.
         let wanted: Vec<checkpoint::orbax::params::Wanted> = params
@@ -159,6 +176,36 @@ fn load_parameter_arrays(
     };
     println!("loaded {} parameters from {location}", arrays.len());
     Ok(arrays)
+}
+
+/// A MaxText train state (an Orbax step or item at `dir`) as the state a run starts from: only
+/// the blocks this process's devices hold, read by ranges; the data starts over.
+fn maxtext_state(dir: &Location, expected: &[Expected], restoring: &Restoring, model: &Model) -> Result<Start> {
+    let stored = checkpoint::orbax::params::stored(model);
+    let state = checkpoint::orbax::state::load(dir, expected, &stored, &restoring.wanted())?;
+    eprintln!("{}", checkpoint::orbax::NOT_YET_EQUAL);
+    Ok(Start { initial: Initial::State(state.arrays), first_step: state.next_step, data: None })
+}
+
+/// `key`'s `dir` when it is a run's `checkpoints/` folder rather than one checkpoint: refused,
+/// naming its newest step, as MaxText restores `load_full_state_path` and
+/// `load_parameters_path` as one checkpoint (`_load_full_state_path` and `load_params_from_path`
+/// in `src/maxtext/common/checkpointing.py` at MaxText e591f30; only the run's own
+/// `checkpoints/` is searched for its newest step).
+fn refuse_steps_folder(key: &str, dir: &Location, is_checkpoint: bool) -> Result<()> {
+    if is_checkpoint || checkpoint::orbax::Checkpoint::is_orbax(dir)? {
+        return Ok(());
+    }
+    // A file (a safetensors one) lists as no folder, or fails to list: not a steps folder.
+    let Ok(steps) = Checkpoints::new(dir.clone()).steps() else { return Ok(()) };
+    match steps.last() {
+        Some(newest) => anyhow::bail!(
+            "{key}={dir}: a run's checkpoints folder, not one checkpoint; name one of its steps, e.g. the newest, \
+             {key}={}",
+            dir.join(&newest.to_string())
+        ),
+        None => Ok(()),
+    }
 }
 
 /// The run's checkpoints directory, when `enable_checkpointing` (validation made sure

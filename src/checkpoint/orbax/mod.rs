@@ -14,6 +14,14 @@
 //!
 //! Every array is read through [`crate::storage`] by ranges (local or `gs://`): the B+tree nodes,
 //! each shard's index, each inner chunk, never a data file whole.
+//!
+//! A MaxText run's `checkpoints/` folder holds one step folder per save; which are complete
+//! follows orbax-checkpoint 0.12.8's `CheckpointManager` (`_src/path/step.py`,
+//! `checkpoint_steps_paths` and `_is_legacy_step_checkpoint`; `_src/path/temporary_paths.py`,
+//! `is_path_finalized`): a folder named by its step number, finished when its name has no
+//! `.orbax-checkpoint-tmp` (written under that name, then renamed: local disks) and, on GCS
+//! (where Orbax writes in place), once `commit_success.txt` is in it. [`incomplete_steps`] names
+//! the others; `checkpoint::manager` makes the complete ones candidates next to maxrs's own.
 
 /// What a run loaded from a MaxText checkpoint says (issue 47): the arrays are MaxText's as they
 /// are (maxrs keeps the queries' `1 / sqrt(head_dim)` where MaxText does, in the query kernel for
@@ -47,9 +55,12 @@ const METADATA_FILE: &str = "_METADATA";
 /// The item MaxText's checkpoint manager saves the train state as (`checkpointing.py` at MaxText
 /// e591f30: `item_names = ("items",)`).
 const ITEM: &str = "items";
-/// What Orbax writes last into a finished item folder where renames are not atomic (GCS):
-/// orbax-checkpoint 0.12.8 `_src/path/atomicity.py`, `CommitFileTemporaryPath`.
-const COMMIT_FILE: &str = "commit_success.txt";
+/// What `CheckpointManager` writes into each step folder (orbax-checkpoint 0.12.8
+/// `_src/metadata/checkpoint.py`, `_STEP_METADATA_FILENAME`): it marks an Orbax step folder.
+const STEP_METADATA_FILE: &str = "_CHECKPOINT_METADATA";
+/// What Orbax writes last into a finished step or item folder where renames are not atomic
+/// (GCS): orbax-checkpoint 0.12.8 `_src/path/atomicity.py`, `CommitFileTemporaryPath`.
+pub const COMMIT_FILE: &str = "commit_success.txt";
 /// What Orbax appends to a step or item folder while it is being written
 /// (orbax-checkpoint 0.12.8 `_src/path/atomicity_types.py`, `TMP_DIR_SUFFIX`).
 const TMP_SUFFIX: &str = ".orbax-checkpoint-tmp";
@@ -63,10 +74,12 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Whether `location` is an Orbax step (with `items/_METADATA`) or item (with `_METADATA`).
+    /// Whether `location` is an Orbax step (with `_CHECKPOINT_METADATA` or `items/_METADATA`)
+    /// or item (with `_METADATA`).
     pub fn is_orbax(location: &Location) -> Result<bool> {
         Ok(storage::is_file(&location.join(METADATA_FILE))?
-            || storage::is_file(&location.join(ITEM).join(METADATA_FILE))?)
+            || storage::is_file(&location.join(ITEM).join(METADATA_FILE))?
+            || storage::is_file(&location.join(STEP_METADATA_FILE))?)
     }
 
     /// Opens the item at `location`: a step folder (its `items/`) or the item folder itself.
@@ -85,6 +98,9 @@ impl Checkpoint {
             bail!("{items}: an incomplete Orbax checkpoint (no {COMMIT_FILE}, which Orbax writes last on GCS)");
         }
         let metadata_at = items.join(METADATA_FILE);
+        if !storage::is_file(&metadata_at)? && storage::is_file(&location.join(STEP_METADATA_FILE))? {
+            bail!("{location}: an Orbax step without its item {ITEM}/ (no {ITEM}/{METADATA_FILE}); MaxText saves the train state there");
+        }
         if !storage::is_file(&metadata_at)? {
             bail!("{location}: not an Orbax checkpoint (no {METADATA_FILE}, nor {ITEM}/{METADATA_FILE})");
         }
@@ -118,6 +134,42 @@ impl Checkpoint {
     pub fn read(&self, name: &str) -> Result<HostTensor> {
         self.array(name)?.read(&self.db).with_context(|| format!("{}: array {name:?}", self.items))
     }
+
+    /// The block of `shape` at `start` of the array `name`, reading only the chunks it overlaps.
+    pub fn read_block(&self, name: &str, start: &[u64], shape: &[u64]) -> Result<HostTensor> {
+        let array = self.array(name)?;
+        array.read_block(&self.db, start, shape).with_context(|| format!("{}: array {name:?}", self.items))
+    }
+}
+
+/// Whether the numbered folder `step` of a run's checkpoints folder is an Orbax step Orbax
+/// counts as finished on GCS (its commit file); a local one is finished by its name alone.
+pub fn is_committed_step(step: &Location) -> Result<bool> {
+    storage::is_file(&step.join(COMMIT_FILE))
+}
+
+/// Whether the folder `step` looks like an Orbax step, finished or not (its step metadata or
+/// its item folder is there).
+pub fn is_step_folder(step: &Location) -> Result<bool> {
+    Ok(storage::list_dir(step)?.iter().any(|e| e.name == STEP_METADATA_FILE || (e.name == ITEM && e.is_dir)))
+}
+
+/// The Orbax step folders of the run's checkpoints folder `dir` that Orbax would not restore:
+/// `<step>.orbax-checkpoint-tmp-<time>` (still being written, or interrupted) and, on GCS, step
+/// folders without their commit file.
+pub fn incomplete_steps(dir: &Location) -> Result<Vec<String>> {
+    let mut incomplete = Vec::new();
+    for entry in storage::list_dir(dir)?.into_iter().filter(|e| e.is_dir) {
+        let named_tmp = entry.name.split_once(TMP_SUFFIX).is_some_and(|(step, _)| step.parse::<u64>().is_ok());
+        let uncommitted = !dir.is_local()
+            && entry.name.parse::<u64>().is_ok()
+            && is_step_folder(&dir.join(&entry.name))?
+            && !is_committed_step(&dir.join(&entry.name))?;
+        if named_tmp || uncommitted {
+            incomplete.push(entry.name);
+        }
+    }
+    Ok(incomplete)
 }
 
 impl zarr::Store for Ocdbt {

@@ -18,16 +18,17 @@ use anyhow::{anyhow, bail, ensure, Result};
 
 use super::{params, Checkpoint};
 use crate::checkpoint::dir::Expected;
+use crate::checkpoint::shards::{Bounds, HostArray};
 use crate::files::Location;
-use crate::host::{shape_string, HostTensor};
+use crate::host::shape_string;
 use crate::train_state::Group;
 
 /// A train state read from a MaxText checkpoint.
 pub struct State {
     /// MaxText's `step`: the number of updates applied, the step a resumed run starts at.
     pub next_step: u64,
-    /// Exactly the `expected` arrays, by maxrs name.
-    pub arrays: BTreeMap<String, HostTensor>,
+    /// Exactly the `expected` arrays, by maxrs name, each as the blocks wanted of it.
+    pub arrays: BTreeMap<String, HostArray>,
 }
 
 /// The checkpoint array holding maxrs's train-state array `name`.
@@ -47,8 +48,15 @@ fn maxtext_name(name: &str) -> Result<String> {
 
 /// Reads the `expected` arrays of a train state (each of exactly the expected type and shape,
 /// as resuming needs) and its step from the Orbax checkpoint at `location`, each parameter and
-/// its moments as `stored` says MaxText holds the parameter (`params::stored`).
-pub fn load(location: &Location, expected: &[Expected], stored: &BTreeMap<String, params::Stored>) -> Result<State> {
+/// its moments as `stored` says MaxText holds the parameter (`params::stored`). Of each array
+/// only the blocks `wanted` names (maxrs's layout: those one process's devices hold) are read,
+/// by ranges: never a whole array one process does not hold whole.
+pub fn load(
+    location: &Location,
+    expected: &[Expected],
+    stored: &BTreeMap<String, params::Stored>,
+    wanted: &BTreeMap<String, Vec<Bounds>>,
+) -> Result<State> {
     let ckpt = Checkpoint::open(location)?;
     let at = ckpt.location().clone();
     let names: Vec<String> = ckpt.names().map(str::to_string).collect();
@@ -74,7 +82,19 @@ pub fn load(location: &Location, expected: &[Expected], stored: &BTreeMap<String
             e.name,
             shape_string(e.ty, &e.dims)
         );
-        arrays.insert(e.name.clone(), params::to_maxrs(how.stacked, ckpt.read(&name)?));
+        let mut blocks = Vec::new();
+        for bounds in wanted.get(&e.name).map_or(&[][..], Vec::as_slice) {
+            // maxrs's block of a stacked array is `[layers, a, ...]`; the checkpoint's `[a, layers, ...]`.
+            let mut start: Vec<u64> = bounds.iter().map(|b| b.0 as u64).collect();
+            let mut shape: Vec<u64> = bounds.iter().map(|b| b.1 as u64).collect();
+            if how.stacked && start.len() >= 2 {
+                start.swap(0, 1);
+                shape.swap(0, 1);
+            }
+            let block = params::to_maxrs(how.stacked, ckpt.read_block(&name, &start, &shape)?);
+            blocks.push((bounds.clone(), block));
+        }
+        arrays.insert(e.name.clone(), HostArray { name: e.name.clone(), ty: e.ty, dims: e.dims.clone(), blocks });
     }
     let step = scalar(&ckpt, "step")?;
     for count in names.iter().filter(|n| n.starts_with("opt_state/") && n.ends_with("/count")) {
@@ -125,16 +145,66 @@ mod tests {
     #[test]
     fn the_step_and_the_count_and_what_is_refused() {
         let count = Expected { name: "opt_state.count".into(), ty: DType::S32, dims: vec![] };
-        let e = load(&fixture("nnx/checkpoints/1"), std::slice::from_ref(&count), &BTreeMap::new())
+        let e = load(&fixture("nnx/checkpoints/1"), std::slice::from_ref(&count), &BTreeMap::new(), &BTreeMap::new())
             .err()
             .unwrap()
             .to_string();
         // Loading only the count leaves the checkpoint's parameters unused: another model.
         assert!(e.contains("36 arrays the run does not have"), "{e}");
-        let e = load(&fixture("nnx_params/0/items"), &[count], &BTreeMap::new()).err().unwrap().to_string();
+        let e = load(&fixture("nnx_params/0/items"), &[count], &BTreeMap::new(), &BTreeMap::new())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("a parameter-only checkpoint; use load_parameters_path"), "{e}");
         let wrong = Expected { name: "params.decoder.decoder_norm.scale".into(), ty: DType::BF16, dims: vec![16] };
-        let e = load(&fixture("nnx/checkpoints/1"), &[wrong], &BTreeMap::new()).err().unwrap().to_string();
+        let e = load(&fixture("nnx/checkpoints/1"), &[wrong], &BTreeMap::new(), &BTreeMap::new())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("params/params/decoder/decoder_norm/scale is f32[16] but the run's"), "{e}");
+    }
+
+    /// Two processes each holding one half of every array (along its first axis, the layers of a
+    /// stacked one) read exactly those blocks: each equals that block of the whole array.
+    #[test]
+    fn each_process_reads_the_blocks_its_devices_hold() {
+        let at = fixture("nnx/checkpoints/1");
+        let ckpt = Checkpoint::open(&at).unwrap();
+        let mut expected = Vec::new();
+        let mut stored = BTreeMap::new();
+        for name in ckpt.names() {
+            let Some(group) = ["params/params/", "opt_state/0/mu/params/", "opt_state/0/nu/params/"]
+                .iter()
+                .position(|root| name.starts_with(root))
+            else {
+                continue;
+            };
+            let key = name.splitn(if group == 0 { 3 } else { 5 }, '/').last().unwrap().replace('/', ".");
+            let how = params::Stored { stacked: key.starts_with("decoder.layers.") };
+            let array = ckpt.array(name).unwrap();
+            let dims = params::maxrs_dims(how.stacked, &array.shape.iter().map(|&d| d as i64).collect::<Vec<_>>());
+            let maxrs = format!("{}.{key}", ["params", "opt_state.mu", "opt_state.nu"][group]);
+            expected.push(Expected { name: maxrs, ty: array.ty, dims });
+            stored.insert(key, how);
+        }
+        expected.push(Expected { name: "opt_state.count".into(), ty: DType::S32, dims: vec![] });
+        let whole = |e: &Expected| -> Bounds { e.dims.iter().map(|&d| (0, d)).collect() };
+        let all = expected.iter().map(|e| (e.name.clone(), vec![whole(e)])).collect();
+        let state = load(&at, &expected, &stored, &all).unwrap();
+        assert_eq!(state.arrays["params.decoder.layers.mlp.wi_0.kernel"].dims, [3, 16, 32]);
+        for process in 0..2 {
+            let half = |e: &Expected| -> Vec<Bounds> {
+                let Some(&first) = e.dims.first() else { return vec![vec![]] };
+                let (start, len) = [(0, first / 2), (first / 2, first - first / 2)][process];
+                vec![[&[(start, len)][..], &whole(e)[1..]].concat()]
+            };
+            let wanted = expected.iter().map(|e| (e.name.clone(), half(e))).collect();
+            let mine = load(&at, &expected, &stored, &wanted).unwrap();
+            for e in &expected {
+                let (bounds, block) = &mine.arrays[&e.name].blocks[0];
+                let from_whole = crate::host::block_of(&state.arrays[&e.name].blocks[0].1, bounds);
+                assert_eq!(block, &from_whole, "{} process {process}", e.name);
+            }
+        }
     }
 }

@@ -94,11 +94,35 @@ impl Array {
 
     /// The whole array, in row-major order.
     pub fn read(&self, store: &dyn Store) -> Result<HostTensor> {
+        self.read_block(store, &vec![0; self.shape.len()], &self.shape.clone())
+    }
+
+    /// The block of `shape` at `start` of the array, in row-major order, reading only the
+    /// chunks (and a shard's inner chunks) that overlap it: what one process of a job needs.
+    pub fn read_block(&self, store: &dyn Store, start: &[u64], shape: &[u64]) -> Result<HostTensor> {
+        let rank = self.shape.len();
+        ensure!(
+            start.len() == rank
+                && shape.len() == rank
+                && (0..rank).all(|d| start[d].checked_add(shape[d]).is_some_and(|end| end <= self.shape[d])),
+            "the block {shape:?} at {start:?} is not inside the array's shape {:?}",
+            self.shape
+        );
         let elem = self.ty.byte_size();
-        let count: u64 = self.shape.iter().product();
+        let count: u64 = shape.iter().product();
         let mut out = vec![0u8; count as usize * elem];
-        let grid: Vec<u64> = self.shape.iter().zip(&self.chunk_shape).map(|(s, c)| s.div_ceil(*c)).collect();
-        for chunk in indices(&grid) {
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        if count == 0 {
+            return Ok(HostTensor::new(self.ty, &dims, out));
+        }
+        let block = Block { start, shape };
+        // The chunks the block overlaps: from the one holding its first element to the one
+        // holding its last, along each dimension.
+        let first: Vec<u64> = (0..rank).map(|d| start[d] / self.chunk_shape[d]).collect();
+        let span: Vec<u64> =
+            (0..rank).map(|d| (start[d] + shape[d] - 1) / self.chunk_shape[d] + 1 - first[d]).collect();
+        for offset in indices(&span) {
+            let chunk: Vec<u64> = offset.iter().zip(&first).map(|(o, f)| o + f).collect();
             let origin: Vec<u64> = chunk.iter().zip(&self.chunk_shape).map(|(i, c)| i * c).collect();
             let key = chunk_key(&self.path, &chunk);
             let Some(len) = store.value_len(&key) else {
@@ -109,7 +133,7 @@ impl Array {
                 Codecs::Plain(codecs) => {
                     let bytes = decode(store.read_range(&key, 0, len)?, codecs, self.chunk_bytes(&self.chunk_shape))
                         .with_context(|| key.clone())?;
-                    self.place(&mut out, &bytes, &origin, &self.chunk_shape).with_context(|| key.clone())?;
+                    self.place(&mut out, &block, &bytes, &origin, &self.chunk_shape).with_context(|| key.clone())?;
                 }
                 Codecs::Sharded { chunk_shape, inner, index, index_at_end } => {
                     let per_shard: Vec<u64> = self.chunk_shape.iter().zip(chunk_shape).map(|(s, c)| s / c).collect();
@@ -125,6 +149,11 @@ impl Array {
                         entries.len()
                     );
                     for (i, inner_chunk) in indices(&per_shard).enumerate() {
+                        let inner_origin: Vec<u64> =
+                            origin.iter().zip(&inner_chunk).zip(chunk_shape).map(|((o, i), c)| o + i * c).collect();
+                        if !block.overlaps(&inner_origin, chunk_shape) {
+                            continue;
+                        }
                         let entry = &entries[i * 16..i * 16 + 16];
                         let offset = u64::from_le_bytes(entry[..8].try_into().expect("8 bytes"));
                         let nbytes = u64::from_le_bytes(entry[8..].try_into().expect("8 bytes"));
@@ -139,18 +168,15 @@ impl Array {
                             offset.checked_add(nbytes).is_some_and(|end| end <= len),
                             "{key}: inner chunk {inner_chunk:?} at {offset}+{nbytes}, past the shard's {len} bytes"
                         );
-                        let inner_origin: Vec<u64> =
-                            origin.iter().zip(&inner_chunk).zip(chunk_shape).map(|((o, i), c)| o + i * c).collect();
                         let bytes =
                             decode(store.read_range(&key, offset, nbytes)?, inner, self.chunk_bytes(chunk_shape))
                                 .with_context(|| format!("{key}: inner chunk {inner_chunk:?}"))?;
-                        self.place(&mut out, &bytes, &inner_origin, chunk_shape)
+                        self.place(&mut out, &block, &bytes, &inner_origin, chunk_shape)
                             .with_context(|| format!("{key}: inner chunk {inner_chunk:?}"))?;
                     }
                 }
             }
         }
-        let dims: Vec<i64> = self.shape.iter().map(|&d| d as i64).collect();
         Ok(HostTensor::new(self.ty, &dims, out))
     }
 
@@ -159,8 +185,8 @@ impl Array {
     }
 
     /// Copies the part of the decoded chunk `bytes` (of `chunk_shape`, at `origin`) inside the
-    /// array into `out`, row by row of the last dimension.
-    fn place(&self, out: &mut [u8], bytes: &[u8], origin: &[u64], chunk_shape: &[u64]) -> Result<()> {
+    /// array and the `block` into `out` (the block's elements), row by row of the last dimension.
+    fn place(&self, out: &mut [u8], block: &Block, bytes: &[u8], origin: &[u64], chunk_shape: &[u64]) -> Result<()> {
         let elem = self.ty.byte_size() as u64;
         let chunk_count: u64 = chunk_shape.iter().product();
         ensure!(
@@ -174,20 +200,41 @@ impl Array {
             out.copy_from_slice(bytes);
             return Ok(());
         }
-        // The extent of the chunk inside the array (a chunk at the edge overhangs it).
-        let extent: Vec<u64> = (0..rank).map(|d| chunk_shape[d].min(self.shape[d].saturating_sub(origin[d]))).collect();
+        // The part of the chunk inside the block (which is inside the array: a chunk at the
+        // array's edge overhangs it).
+        let low: Vec<u64> = (0..rank).map(|d| origin[d].max(block.start[d])).collect();
+        let high: Vec<u64> =
+            (0..rank).map(|d| (origin[d] + chunk_shape[d]).min(block.start[d] + block.shape[d])).collect();
+        if (0..rank).any(|d| low[d] >= high[d]) {
+            return Ok(());
+        }
+        let extent: Vec<u64> = (0..rank).map(|d| high[d] - low[d]).collect();
         let row = extent[rank - 1] * elem;
         for at in indices(&extent[..rank - 1]) {
             let (mut src, mut dst) = (0u64, 0u64);
             for d in 0..rank - 1 {
-                src = src * chunk_shape[d] + at[d];
-                dst = dst * self.shape[d] + origin[d] + at[d];
+                src = src * chunk_shape[d] + low[d] - origin[d] + at[d];
+                dst = dst * block.shape[d] + low[d] - block.start[d] + at[d];
             }
-            let src = (src * chunk_shape[rank - 1]) * elem;
-            let dst = (dst * self.shape[rank - 1] + origin[rank - 1]) * elem;
+            let src = (src * chunk_shape[rank - 1] + low[rank - 1] - origin[rank - 1]) * elem;
+            let dst = (dst * block.shape[rank - 1] + low[rank - 1] - block.start[rank - 1]) * elem;
             out[dst as usize..(dst + row) as usize].copy_from_slice(&bytes[src as usize..(src + row) as usize]);
         }
         Ok(())
+    }
+}
+
+/// The part of an array one read wants: `shape` elements from `start`.
+struct Block<'a> {
+    start: &'a [u64],
+    shape: &'a [u64],
+}
+
+impl Block<'_> {
+    /// Whether the chunk of `chunk_shape` at `origin` holds any of the block's elements.
+    fn overlaps(&self, origin: &[u64], chunk_shape: &[u64]) -> bool {
+        (0..origin.len())
+            .all(|d| origin[d] < self.start[d] + self.shape[d] && self.start[d] < origin[d] + chunk_shape[d])
     }
 }
 
@@ -317,7 +364,7 @@ fn decode(mut bytes: Vec<u8>, codecs: &[BytesCodec], expected: u64) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
 
     struct Memory(BTreeMap<String, Vec<u8>>);
 
@@ -360,6 +407,78 @@ mod tests {
         let want: Vec<i32> =
             (0..3).flat_map(|i| (0..5).map(move |j| if i == 2 && j == 4 { 0 } else { 10 * i + j })).collect();
         assert_eq!(values, want);
+
+        // A block reads only the chunks it overlaps: rows 0..2, columns 1..3 lie in chunks (0, 0)
+        // and (0, 1); row 2, columns 3..5 in (1, 1) and the missing (1, 2).
+        let array = Array::open(&store, "a").unwrap();
+        for (start, shape, want, chunks) in [
+            ([0, 1], [2, 2], vec![1, 2, 11, 12], vec!["a/c/0/0", "a/c/0/1"]),
+            ([2, 3], [1, 2], vec![23, 0], vec!["a/c/1/1"]),
+        ] {
+            let counting = Counting { store: &store, read: Default::default() };
+            let block = array.read_block(&counting, &start, &shape).unwrap();
+            assert_eq!(block.dims, shape.map(|d| d as i64));
+            let values: Vec<i32> = block.data.chunks(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect();
+            let keys: BTreeSet<String> = counting.read.into_inner().into_iter().map(|(key, _)| key).collect();
+            assert_eq!((values, keys), (want, chunks.iter().map(|k| k.to_string()).collect()));
+        }
+        let e = array.read_block(&store, &[2, 0], &[2, 1]).unwrap_err().to_string();
+        assert!(e.contains("the block [2, 1] at [2, 0] is not inside the array's shape [3, 5]"), "{e}");
+    }
+
+    /// A 4x4 int32 array of value 10 * row + column in one shard of 2x2 inner chunks (index at
+    /// the end, with its CRC32C), as TensorStore writes a shard: a block reads the shard's index
+    /// and only the inner chunks it overlaps.
+    #[test]
+    fn a_block_of_a_shard_reads_only_its_inner_chunks() {
+        let meta = serde_json::json!({
+            "zarr_format": 3, "node_type": "array", "data_type": "int32", "shape": [4, 4],
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4, 4]}},
+            "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
+            "codecs": [{"name": "sharding_indexed", "configuration": {
+                "chunk_shape": [2, 2],
+                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                "index_location": "end"}}],
+        });
+        let (mut shard, mut index) = (Vec::new(), Vec::new());
+        for (ci, cj) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            index.extend_from_slice(&(shard.len() as u64).to_le_bytes());
+            for (i, j) in [(0i32, 0i32), (0, 1), (1, 0), (1, 1)] {
+                shard.extend_from_slice(&(10 * (2 * ci + i) + 2 * cj + j).to_le_bytes());
+            }
+            index.extend_from_slice(&16u64.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&index);
+        index.extend_from_slice(&crc.to_le_bytes());
+        shard.extend_from_slice(&index);
+        let mut store = BTreeMap::new();
+        store.insert("a/zarr.json".to_string(), serde_json::to_vec(&meta).unwrap());
+        store.insert("a/c/0/0".to_string(), shard);
+        let store = Memory(store);
+        let array = Array::open(&store, "a").unwrap();
+        let counting = Counting { store: &store, read: Default::default() };
+        // Rows 1..3, column 2: inner chunks (0, 1) at byte 16 and (1, 1) at byte 48; the index at 64.
+        let block = array.read_block(&counting, &[1, 2], &[2, 1]).unwrap();
+        assert_eq!(block.data, [12i32, 22].map(i32::to_le_bytes).concat());
+        let read: Vec<u64> = counting.read.into_inner().into_iter().map(|(_, start)| start).collect();
+        assert_eq!(read, [16, 48, 64]);
+    }
+
+    /// A store that notes the key and start of each range read.
+    struct Counting<'a> {
+        store: &'a Memory,
+        read: std::cell::RefCell<BTreeSet<(String, u64)>>,
+    }
+
+    impl Store for Counting<'_> {
+        fn value_len(&self, key: &str) -> Option<u64> {
+            self.store.value_len(key)
+        }
+        fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Vec<u8>> {
+            self.read.borrow_mut().insert((key.to_string(), start));
+            self.store.read_range(key, start, len)
+        }
     }
 
     #[test]
