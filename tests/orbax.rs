@@ -230,7 +230,7 @@ fn reads_from_gcs() {
     // the uncommitted one is named as incomplete, skipped, and left for MaxText to clean up.
     let run_dir = Checkpoints::new(Location::parse("gs://maxrs-orbax-test/checkpoints").unwrap());
     assert_eq!(run_dir.steps().unwrap(), [1]);
-    let restored = run_dir.restore_latest_by(|dir| Ok(Checkpoint::open(dir)?.location().clone())).unwrap();
+    let restored = run_dir.restore_latest_by(|dir, _| Ok(Checkpoint::open(dir)?.location().clone())).unwrap();
     assert_eq!(restored, Some(remote.join("items")));
     let unfinished = Checkpoints::new(Location::parse("gs://maxrs-orbax-test/incomplete").unwrap());
     assert_eq!((unfinished.steps().unwrap(), incomplete_steps(&unfinished.dir).unwrap()), (vec![], vec!["1".into()]));

@@ -27,6 +27,14 @@ use super::orbax;
 use crate::files::Location;
 use crate::storage::{self, STAGING_SUFFIX};
 
+/// Who wrote a step of a run's checkpoints folder: maxrs (with its manifest) or a MaxText run
+/// (an Orbax step, [`orbax`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    Maxrs,
+    MaxText,
+}
+
 /// What to do when a save fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnError {
@@ -113,23 +121,23 @@ impl Checkpoints {
         expected: &[Expected],
         model: &BTreeMap<String, serde_json::Value>,
     ) -> Result<Option<Loaded>> {
-        self.restore_latest_by(|dir| dir::load(dir, expected, model, false))
+        self.restore_latest_by(|dir, _| dir::load(dir, expected, model, false))
     }
 
     /// [`Checkpoints::restore_latest`] with `load` reading a checkpoint directory (whose
-    /// manifest matches its folder), e.g. only the blocks one process of a job needs. A MaxText
-    /// (Orbax) step has no manifest: `load` gets it as it is, the newest step winning whichever
-    /// wrote it.
-    pub fn restore_latest_by<T>(&self, load: impl Fn(&Location) -> Result<T>) -> Result<Option<T>> {
+    /// manifest matches its folder), e.g. only the blocks one process of a job needs, told who
+    /// wrote it. A MaxText (Orbax) step has no manifest: `load` gets it as it is, the newest step
+    /// winning whichever wrote it.
+    pub fn restore_latest_by<T>(&self, load: impl Fn(&Location, Writer) -> Result<T>) -> Result<Option<T>> {
         let steps = self.steps()?;
         let mut refusals = Vec::new();
         for &step in steps.iter().rev() {
             let dir = self.step_dir(step);
             let checked = match orbax::Checkpoint::is_orbax(&dir) {
-                Ok(true) => load(&dir),
+                Ok(true) => load(&dir, Writer::MaxText),
                 Ok(false) => dir::read_manifest(&dir)
                     .and_then(|manifest| manifest.check_step(step).map_err(|why| anyhow!(why)))
-                    .and_then(|()| load(&dir)),
+                    .and_then(|()| load(&dir, Writer::Maxrs)),
                 Err(e) => Err(e),
             };
             match checked {

@@ -40,7 +40,7 @@ pub mod tensor_file;
 
 pub use dir::{Expected, Loaded, LoadedBlocks, Part, Saved, Share, Snapshot};
 pub use job::Job;
-pub use manager::{CheckpointManager, Checkpoints, OnError, Policy};
+pub use manager::{CheckpointManager, Checkpoints, OnError, Policy, Writer};
 
 /// A data pipeline whose position a checkpoint records, so that a resumed run reads on from
 /// where the checkpointed one was. Loaders implement it; the state is any JSON they choose,

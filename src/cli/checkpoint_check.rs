@@ -84,7 +84,8 @@ fn check(c: &Config, a: &CheckpointCheckArgs, cluster: &Cluster, terminate: &Ato
         checkpoints.remove_incomplete()?;
     }
     let (expected, wanted) = (mesh.expected(), mesh.wanted(process));
-    let restored = checkpoints.restore_latest_by(|dir| load_blocks(dir, &expected, &model_keys(), false, &wanted))?;
+    let restored =
+        checkpoints.restore_latest_by(|dir, _| load_blocks(dir, &expected, &model_keys(), false, &wanted))?;
     let first = match &restored {
         Some(loaded) => {
             let step = loaded.manifest.step.expect("restore_latest_by checked the step");

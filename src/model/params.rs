@@ -6,7 +6,7 @@
 
 use crate::ir::{DType, Signature};
 use crate::sharding::LogicalRules;
-use crate::tensor::{concatenate, random, Tensor, Trace, Tree};
+use crate::tensor::{concatenate, random, Tensor, Tree};
 
 /// How a parameter is initialized.
 #[derive(Clone, Debug, PartialEq)]
@@ -79,7 +79,7 @@ pub fn init(defs: &[ParamDef], dtype: DType, key: &Tensor) -> Tree {
         let def = &defs[first];
         let rows: Vec<Tensor> = members.iter().map(|&i| keys.slice_axis(0, i as i64, i as i64 + 1)).collect();
         let group_keys = concatenate(&rows.iter().collect::<Vec<_>>(), 0);
-        let drawn = draw(&def.init, &group_keys, &def.shape, key.trace()).astype(dtype);
+        let drawn = draw(&def.init, &group_keys, &def.shape).astype(dtype);
         for (row, &i) in members.iter().enumerate() {
             values[i] = Some(drawn.slice_axis(0, row as i64, row as i64 + 1).reshape(&def.shape));
         }
@@ -102,7 +102,8 @@ fn same_draws(defs: &[ParamDef]) -> Vec<(usize, Vec<usize>)> {
 
 /// `init` drawn for each row of `keys: u32[k, 2]`, stacked `[k, ...shape]`, in f32 (or as
 /// constants for `Ones` and `Zeros`).
-fn draw(init: &ParamInit, keys: &Tensor, shape: &[i64], ctx: &Trace) -> Tensor {
+fn draw(init: &ParamInit, keys: &Tensor, shape: &[i64]) -> Tensor {
+    let ctx = keys.trace();
     let batched: Vec<i64> = std::iter::once(keys.shape()[0]).chain(shape.iter().copied()).collect();
     match *init {
         ParamInit::Ones => ctx.full(1.0, DType::F32, &batched),

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use anyhow::{anyhow, Context, Result};
 
 use crate::checkpoint::shards::{ArrayLayout, Bounds};
-use crate::checkpoint::{self, Checkpoints, Expected, LoadedBlocks, OnError, Policy};
+use crate::checkpoint::{self, Checkpoints, Expected, LoadedBlocks, OnError, Policy, Writer};
 use crate::config::{Config, OnCheckpointError};
 use crate::files::Location;
 use crate::host::HostTensor;
@@ -75,8 +75,8 @@ pub(super) fn initial_state(
             true => String::new(),
             false => format!("; skipped the incomplete MaxText checkpoints {}", incomplete.join(", ")),
         };
-        let resumed = checkpoints.restore_latest_by(|dir| match checkpoint::orbax::Checkpoint::is_orbax(dir)? {
-            true => {
+        let resumed = checkpoints.restore_latest_by(|dir, writer| match writer {
+            Writer::MaxText => {
                 // MaxText saves folder `s` after its step `s`, holding `step` s + 1 (the updates applied).
                 let folder: u64 = dir.file_name().parse()?;
                 let start = maxtext_state(dir, expected, restoring, model)?;
@@ -88,7 +88,7 @@ pub(super) fn initial_state(
                 );
                 Ok((start, format!("MaxText's checkpoint of step {folder} ({dir})")))
             }
-            false => {
+            Writer::Maxrs => {
                 let loaded = restoring.load(dir, expected, &model_keys)?;
                 let step_done = loaded.manifest.step.ok_or_else(|| anyhow!("{dir}: the checkpoint has no step"))?;
                 let data = loaded

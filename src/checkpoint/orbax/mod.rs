@@ -60,7 +60,7 @@ const ITEM: &str = "items";
 const STEP_METADATA_FILE: &str = "_CHECKPOINT_METADATA";
 /// What Orbax writes last into a finished step or item folder where renames are not atomic
 /// (GCS): orbax-checkpoint 0.12.8 `_src/path/atomicity.py`, `CommitFileTemporaryPath`.
-pub const COMMIT_FILE: &str = "commit_success.txt";
+const COMMIT_FILE: &str = "commit_success.txt";
 /// What Orbax appends to a step or item folder while it is being written
 /// (orbax-checkpoint 0.12.8 `_src/path/atomicity_types.py`, `TMP_DIR_SUFFIX`).
 const TMP_SUFFIX: &str = ".orbax-checkpoint-tmp";

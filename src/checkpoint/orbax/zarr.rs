@@ -94,7 +94,7 @@ impl Array {
 
     /// The whole array, in row-major order.
     pub fn read(&self, store: &dyn Store) -> Result<HostTensor> {
-        self.read_block(store, &vec![0; self.shape.len()], &self.shape.clone())
+        self.read_block(store, &vec![0; self.shape.len()], &self.shape)
     }
 
     /// The block of `shape` at `start` of the array, in row-major order, reading only the
