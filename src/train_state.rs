@@ -136,13 +136,15 @@ impl TrainState {
     }
 
     /// The state of parameters `params` (in `weight_dtype`) and fp8 state `fp8`: a pipeline
-    /// stage's part of a model's, or the whole.
+    /// stage's part of a model's, or the whole. Frozen parameters (`ParamDef::frozen`) have no
+    /// moments.
     pub fn from_defs(params: &[ParamDef], fp8: &[ParamDef], weight_dtype: DType) -> TrainState {
         let mut arrays = Vec::new();
         for group in Group::PER_PARAMETER {
-            arrays.extend(params.iter().map(|def| StateArray { group, def: def.clone(), dtype: weight_dtype }));
+            let trained = params.iter().filter(|def| group == Group::Params || !def.frozen);
+            arrays.extend(trained.map(|def| StateArray { group, def: def.clone(), dtype: weight_dtype }));
         }
-        let count = ParamDef { name: String::new(), shape: vec![], logical: vec![], init: ParamInit::Zeros };
+        let count = ParamDef::new("", &[], &[], ParamInit::Zeros);
         arrays.push(StateArray { group: Group::Count, def: count, dtype: DType::S32 });
         arrays.extend(fp8.iter().map(|def| StateArray { group: Group::Fp8, def: def.clone(), dtype: DType::F32 }));
         TrainState { arrays }
@@ -156,6 +158,20 @@ impl TrainState {
     /// Every train-state name.
     pub fn names(&self) -> Vec<String> {
         self.arrays.iter().map(StateArray::name).collect()
+    }
+
+    /// The parameters of `params` (keys of [`Group::Params`]) split into those trained and the
+    /// frozen ones.
+    pub fn split_frozen<T: Clone>(&self, params: &Tree<T>) -> (Tree<T>, Tree<T>) {
+        let frozen = |name: &str| self.group(Group::Params).any(|a| a.def.frozen && a.def.name == name);
+        let (mut trained, mut kept) = (Tree::new(), Tree::new());
+        for (name, value) in params.iter() {
+            match frozen(name) {
+                true => kept.insert(name, value.clone()),
+                false => trained.insert(name, value.clone()),
+            };
+        }
+        (trained, kept)
     }
 }
 

@@ -65,6 +65,7 @@ fn params(c: &Config) -> Tree<HostTensor> {
                 ParamInit::Zeros => return (d.name, HostTensor::from_f32(&d.shape, &vec![0.0; n])),
                 ParamInit::Normal(std) => std,
                 ParamInit::FanIn(fan_in) | ParamInit::FanInNormal(fan_in) => (1.0 / fan_in as f64).sqrt(),
+                ParamInit::HeUniform(fan_in) => (2.0 / fan_in as f64).sqrt(),
                 ParamInit::FanInOver { fan_in, depth_scaling } => (1.0 / fan_in as f64).sqrt() / depth_scaling,
             };
             // Uniform on [-a, a] has standard deviation a / sqrt(3).

@@ -110,6 +110,7 @@ mod hardening_net;
 mod hardening_outputs;
 mod hardening_round3;
 mod layers;
+mod lora;
 mod lowering_snapshot;
 mod manual_computation;
 mod maxtext_files;

@@ -116,7 +116,8 @@ fn init_params_follow_the_defs_and_the_seed() {
         "max_target_length=64",
     ];
     let gpt3 = Model::from_config(&maxrs::config::load(None, &gpt3.map(String::from)).unwrap()).unwrap();
-    for c in [config(true, &[]), gpt3] {
+    let lora = config(true, &["lora.enable_lora=true", "lora.lora_rank=16"]);
+    for c in [config(true, &[]), gpt3, lora] {
         // The seed is an input: one compile per model for the three draws.
         let mut sig = Signature::new(None);
         sig.input("seed", maxrs::ir::DType::U32, &[]);
@@ -162,6 +163,14 @@ fn init_params_follow_the_defs_and_the_seed() {
                     assert!((std / want - 1.0).abs() < 0.05, "{}: std {std}, expected {want}", def.name);
                     // Untruncated: a sample this large has values beyond 2 stddev.
                     assert!(values.iter().any(|v| v.abs() > 2.0 * want), "{} looks truncated", def.name);
+                    None
+                }
+                ParamInit::HeUniform(fan_in) => {
+                    // Uniform on ±sqrt(6 / fan_in): stddev sqrt(2 / fan_in).
+                    let (limit, want) = ((6.0 / fan_in as f64).sqrt(), (2.0 / fan_in as f64).sqrt());
+                    assert!(def.name.ends_with("_lora_a"), "{}", def.name);
+                    assert!((std / want - 1.0).abs() < 0.05, "{}: std {std}, expected {want}", def.name);
+                    assert!(values.iter().all(|v| v.abs() <= limit), "{} beyond ±{limit}", def.name);
                     None
                 }
             };

@@ -132,6 +132,9 @@ pub fn train_compile(c: &Config) -> Result<CompileSummary> {
     }
     let step = TrainStep::new(c, &derived, mesh)?;
     derived.print_summary(step.model.num_params());
+    if let Some(line) = step.model.lora_summary() {
+        println!("{line}");
+    }
     println!("{}", describe(c, step.model.config.attention));
     let program = step.train_step().map_err(|e| anyhow!("tracing the train step: {e}"))?;
     let judged = gpu_run_step(c, &step)

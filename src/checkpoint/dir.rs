@@ -406,8 +406,9 @@ fn check_fits(
     let mut problems = Vec::new();
     let mut differences = manifest::model_differences(&manifest.model, model);
     if convert_floats {
-        // Loading parameters converts them to this run's weight_dtype.
-        differences.retain(|d| !d.starts_with("weight_dtype:"));
+        // Loading parameters converts them to this run's weight_dtype, and loads the base model
+        // under this run's LoRA adapters, whatever adapters the checkpoint's run had.
+        differences.retain(|d| !d.starts_with("weight_dtype:") && !d.starts_with("lora."));
     }
     if !differences.is_empty() {
         problems.push(format!("config keys that differ: {}", differences.join("; ")));

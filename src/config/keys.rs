@@ -324,7 +324,7 @@ declare_keys! {
 
     section "Numerics and memory" {
         /// Activations: bfloat16, float32 or float16.
-        dtype: DType = "bfloat16" => MaxText.step().read_by_model(ALL),
+        dtype: DType = "bfloat16" => MaxText.model(ALL),
         /// Parameters and optimizer state.
         weight_dtype: DType = "float32" => MaxText.model(ALL),
         /// Quantized matmuls: "", fp8 or te_fp8_currentscaling (see docs/src/guides/fp8.md).
@@ -334,7 +334,7 @@ declare_keys! {
         /// same GEMMs (dense families). MaxText's other values are not supported yet.
         // The scales and amax histories are train state (`fp8.*`, checkpointed): a run restores
         // only a checkpoint saved with the same value (the arrays must match).
-        quantization: Quantization = "" => MaxText.step().read_by_model(ALL),
+        quantization: Quantization = "" => MaxText.model(ALL),
         /// Stack the layers' parameters and scan over them; false unrolls the layers (MaxText's unscanned names).
         scan_layers: bool = true => MaxText.model(ALL),
         /// What the backward pass keeps of each layer (MaxText's names); the rest is recomputed.
@@ -342,7 +342,7 @@ declare_keys! {
         /// weight matmul outputs; minimal_with_context (alias minimal_flash): those and the attention
         /// output; save_dot_with_context_except_mlp, save_dot_except_mlpwi, save_dot_except_mlp,
         /// save_qkv_proj, save_out_proj: the named projections. maxrs's own save_everything: no remat.
-        remat_policy: RematPolicy = "full" => MaxText.step().read_by_model(ALL),
+        remat_policy: RematPolicy = "full" => MaxText.model(ALL),
         /// The seed of the parameters' initialization (a u32 PRNG key, random::key).
         init_weights_seed: i64 = 0 => MaxText.step().range(int(0, u32::MAX as i64)),
         /// The output projection (logits) as an f32 matmul instead of in dtype.
@@ -478,6 +478,25 @@ declare_keys! {
         abort_on_nan_loss: bool = true => MaxText.run(),
         /// Stop when the loss is infinite; false: warn and go on.
         abort_on_inf_loss: bool = true => MaxText.run(),
+    }
+
+    /// MaxText's `lora:` mapping (`configs/post_train/sft.yml`, `LoRA` in `configs/types.py` at
+    /// e591f30): in a file `lora: {enable_lora: true, lora_rank: 16}`, on the command line
+    /// `lora.enable_lora=true lora.lora_rank=16`. The matched projections get adapters
+    /// (`<kernel>_lora_a`, `<kernel>_lora_b`, as Qwix names them) and only the adapters train.
+    section "LoRA" {
+        #[key = "lora.enable_lora"]
+        /// Train low-rank adapters on the projections lora.lora_module_path matches; every other parameter stays frozen.
+        lora_enable_lora: bool = false => MaxText.model(ALL),
+        #[key = "lora.lora_rank"]
+        /// The adapters' rank r (> 0 with enable_lora).
+        lora_rank: i64 = 0 => MaxText.model(ALL).range(int(0, MAX_EMB)),
+        #[key = "lora.lora_alpha"]
+        /// The adapters' product is scaled by lora_alpha / lora_rank.
+        lora_alpha: f64 = 0.0 => MaxText.model(ALL).range(closed(0.0, 1e6)),
+        #[key = "lora.lora_module_path"]
+        /// A regex over module paths (decoder/layers/self_attention/query) that must match a whole path; empty: the model's entry of MaxText's post_train/lora_module_path.yml.
+        lora_module_path: String = "" => MaxText.model(ALL),
     }
 
     /// maxrs decode; MaxText's decode.py keys. The prompts are right-padded to
@@ -638,7 +657,7 @@ declare_keys! {
             ["cache_batch", []],
             ["cache_kv", []],
             ["cache_sequence", []],
-        ] => MaxText.step().read_by_model(ALL).model_file(),
+        ] => MaxText.model(ALL).model_file(),
         /// The mesh axes the input batch is laid out over; only all of mesh_axes is supported yet.
         /// Axes used for DCN must be earlier in this list than ICI.
         data_sharding: Vec<Vec<String>> = [

@@ -31,6 +31,7 @@ use super::choices::LogicalAxisRule;
 use super::error::{closest, escape, quote, ConfigError};
 use super::keys::Config;
 use super::maxtext_keys;
+use super::nested;
 use super::registry::{self, Origin};
 use super::rules;
 use super::value::{coerce, schema, show};
@@ -459,10 +460,18 @@ fn parse_overrides(overrides: &[String]) -> Result<Layer, ConfigError> {
                      give the file as the first argument",
                 ));
             }
-            Ok(typed(key, Value::String(value.to_string()), "on the command line")?.map(|v| (key.to_string(), v)))
+            let mut typed_keys = Layer::new();
+            for (key, value) in
+                nested::spread(key.to_string(), Value::String(value.to_string()), "on the command line")?
+            {
+                if let Some(value) = typed(&key, value, "on the command line")? {
+                    typed_keys.push((key, value));
+                }
+            }
+            Ok(typed_keys)
         })
-        .filter_map(Result::transpose)
-        .collect()
+        .collect::<Result<Vec<Layer>, ConfigError>>()
+        .map(|layers| layers.into_iter().flatten().collect())
 }
 
 /// `value` typed for `key`, or `None` for a MaxText key maxrs lacks that changes nothing here
@@ -522,16 +531,13 @@ fn parse_mapping(text: &str, origin: &str) -> Result<Vec<(String, Value)>, Confi
         Value::Null => Mapping::new(),
         other => return Err(yaml_error(format!("expected a mapping of keys to values, got {}", quote(&show(&other))))),
     };
-    mapping
-        .into_iter()
-        .map(|(key, value)| {
-            let key = key
-                .as_str()
-                .ok_or_else(|| yaml_error(format!("key {} is not a string", quote(&show(&key)))))?
-                .to_string();
-            Ok((key, value))
-        })
-        .collect()
+    let mut keys = Vec::new();
+    for (key, value) in mapping {
+        let key =
+            key.as_str().ok_or_else(|| yaml_error(format!("key {} is not a string", quote(&show(&key)))))?.to_string();
+        keys.extend(nested::spread(key, value, origin)?);
+    }
+    Ok(keys)
 }
 
 /// Lays `layer` over `merged`. `logical_axis_rules` merge by name unless this is the base file or

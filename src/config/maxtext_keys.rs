@@ -96,8 +96,13 @@ pub(crate) fn inert(key: &str, value: &Value) -> bool {
 }
 
 /// MaxText's default for a key maxrs does not declare.
+/// A field of one of MaxText's nested mappings (`lora.lora_weight_qtype`, `config::nested`) is
+/// looked up in its mapping.
 pub(crate) fn default_of(key: &str) -> Option<&'static Value> {
-    DEFAULTS.get(key)
+    match key.split_once('.') {
+        Some((mapping, field)) => DEFAULTS.get(mapping)?.as_mapping()?.get(field),
+        None => DEFAULTS.get(key),
+    }
 }
 
 /// Whether `value` (from a file, or a command-line string) is MaxText's default for `key`.

@@ -13,6 +13,7 @@ mod load;
 mod maxtext_keys;
 mod mesh;
 mod mla;
+mod nested;
 mod pipeline;
 mod quantization;
 mod ranges;

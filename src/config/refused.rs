@@ -48,9 +48,13 @@ pub const REFUSED: &[Refusal] = &[
         ],
         "there is one checkpoint directory per run",
     ),
-    refuse(&["lora_input_adapters_path", "hf_lora_adapter_path"], "maxrs has no LoRA"),
+    refuse(&["lora_input_adapters_path", "hf_lora_adapter_path"], "adapters are not loaded from another path yet"),
     refuse(&["use_dpo", "dpo"], "maxrs has no DPO"),
-    refuse(&["lora"], "maxrs has no LoRA (its mapping is accepted with enable_lora: false)"),
+    refuse(&["lora.lora_weight_qtype", "lora.lora_tile_size"], "maxrs has LoRA but no QLoRA (quantized base weights) yet"),
+    refuse(
+        &["lora.lora_restore_path"],
+        "adapters start fresh or come from the run's own checkpoints; loading them from another path is not supported yet",
+    ),
     // The encoders' own keys are inert without these (`maxtext_keys::inert`).
     refuse(
         &["use_multimodal", "use_audio"],

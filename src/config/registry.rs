@@ -315,12 +315,14 @@ impl Origin {
 /// declaration's doc comment), `KEYS` (the registry table, in declaration order) and `SECTIONS`.
 /// Each key is `name: RustType = default => declaration`: the default is written as YAML would
 /// write it (it is `configs/base.yml`'s text), the declaration a [`Key`] built from its
-/// [`Origin`] (`MaxText.model(ALL).range(...)`).
+/// [`Origin`] (`MaxText.model(ALL).range(...)`). `#[key = "lora.lora_rank"]` names a key whose
+/// name is not its field's (the fields of MaxText's nested mappings, `config::nested`).
 macro_rules! declare_keys {
     ($(
         $(#[doc = $section_doc:literal])*
         section $title:literal {
             $(
+                $(#[key = $key:literal])?
                 $(#[serde($($serde:tt)*)])?
                 $(#[doc = $doc:literal])*
                 $name:ident: $ty:ty = $default:expr => $decl:expr
@@ -332,6 +334,7 @@ macro_rules! declare_keys {
         #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
         pub struct Config {
             $($(
+                $(#[serde(rename = $key)])?
                 $(#[serde($($serde)*)])?
                 $(#[doc = $doc])*
                 pub $name: $ty,
@@ -343,11 +346,23 @@ macro_rules! declare_keys {
 
         /// Every key, in declaration order (`Config`'s field order).
         pub(crate) const KEYS: &[Key] = &[$($(
-            $decl.declared(stringify!($name), <$ty as KeyType>::KIND, stringify!($default), &[$($doc),*], $title)
+            $decl.declared($crate::config::registry::key_name!($name $(, $key)?), <$ty as KeyType>::KIND, stringify!($default), &[$($doc),*], $title)
         ),*),*];
     };
 }
 pub(crate) use declare_keys;
+
+/// A key's name: its field's, or the `#[key = "..."]` a declaration gives (a field of one of
+/// MaxText's nested mappings, `lora.lora_rank`, whose name is no Rust identifier).
+macro_rules! key_name {
+    ($name:ident) => {
+        stringify!($name)
+    };
+    ($name:ident, $key:literal) => {
+        $key
+    };
+}
+pub(crate) use key_name;
 
 /// Every key, in declaration order.
 pub fn keys() -> &'static [Key] {

@@ -19,6 +19,7 @@ use crate::ir::{DType, DotDims};
 use crate::tensor::{Tensor, Tree};
 
 use super::fp8::{self, Scaling};
+use super::lora;
 
 use super::attention::{rope_with, AttendOptions, LayerContext};
 use super::params::{ParamDef, ParamInit};
@@ -37,10 +38,15 @@ pub(super) fn dense(c: &ModelConfig, p: &Tree, op: &str, x: &Tensor, axes: usize
         lhs_contract: (x.rank() - axes..x.rank()).collect(),
         rhs_contract: (0..axes).collect(),
     };
-    match c.fp8 {
+    let product = match c.fp8 {
         Some(Scaling::Delayed) => fp8::dot(p, op, x, &kernel, &dims),
         Some(Scaling::Current) => fp8::dot_current(x, &kernel, &dims),
         None => x.dot_general(&kernel, dims),
+    };
+    let adapted = c.lora.as_ref().and_then(|l| lora::delta(p, op, x, axes, &kernel.shape()[axes..], l.scale()));
+    match adapted {
+        Some(delta) => (product.astype(DType::F32) + &delta).astype(c.dtype),
+        None => product,
     }
 }
 
@@ -143,11 +149,12 @@ impl Mlp {
     pub fn params(&self, prefix: &str, emb: i64, mlp: i64) -> Vec<ParamDef> {
         let mut defs = self.pre_norm.map(|n| n.params(&format!("{prefix}.mlp_layer_norm"), emb)).unwrap_or_default();
         let mut dense = |name: &str, fan_in: i64, out: i64, logical: [&'static str; 2]| {
-            defs.push(ParamDef::new(
+            defs.push(ParamDef::dense_kernel(
                 &format!("{prefix}.{name}.kernel"),
                 &[fan_in, out],
                 &logical,
                 ParamInit::FanIn(fan_in),
+                1,
             ));
             if self.use_bias {
                 defs.push(ParamDef::new(&format!("{prefix}.{name}.bias"), &[out], &logical[1..], ParamInit::Zeros));
@@ -244,8 +251,10 @@ impl SelfAttention {
     /// draw divided by [`depth_scaling`] when its scale is folded in.
     pub fn params(&self, prefix: &str, c: &ModelConfig) -> Vec<ParamDef> {
         let (e, h, kv, d) = (c.emb, c.heads, c.kv_heads, c.head_dim);
+        // Every projection contracts the embedding but `out`, which contracts heads and head_dim.
         let def = |name: &str, shape: &[i64], logical: &[&'static str], init: ParamInit| {
-            ParamDef::new(&format!("{prefix}.{name}.kernel"), shape, logical, init)
+            let contract = if name == "out" { 2 } else { 1 };
+            ParamDef::dense_kernel(&format!("{prefix}.{name}.kernel"), shape, logical, init, contract)
         };
         let query = match self.queries {
             QueryScale::Folded => ParamInit::FanInOver { fan_in: e, depth_scaling: depth_scaling(d, c.dtype) },

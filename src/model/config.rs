@@ -10,6 +10,7 @@ use crate::tensor::RematPolicy;
 
 use super::fp8::Scaling;
 use super::kernel::{self, AttentionImpl};
+use super::lora::Lora;
 
 /// The sizes and numerics every decoder family shares. Sizes are the effective ones (MaxText's
 /// `emb_dim`, `num_query_heads`, ...: the `base_*` keys scaled by `global_parameter_scale`).
@@ -69,6 +70,8 @@ pub struct ModelConfig {
     pub fp8: Option<Scaling>,
     /// Logical axis rules for activation sharding constraints (applied only when tracing on a mesh).
     pub rules: LogicalRules,
+    /// `lora.enable_lora`: the matched products have adapters (`lora`).
+    pub lora: Option<Lora>,
 }
 
 /// How RoPE turns positions into rotations (MaxText's `rope_type`).
@@ -137,6 +140,7 @@ impl ModelConfig {
                 _ => None,
             },
             rules: config::logical_rules(c),
+            lora: Lora::from_config(c),
         }
     }
 }

@@ -37,7 +37,7 @@ use crate::config::registry;
 use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
-use crate::tensor::{einsum, Tensor, Tree};
+use crate::tensor::{einsum, random, Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::Activation;
@@ -46,9 +46,14 @@ use super::family::{constrain, Family, BTE};
 use super::flops::{StepShape, StepTflops};
 use super::fp8::{self, Scaling};
 use super::kernel;
+use super::lora::Lora;
 use super::params::{self, ParamDef, ParamInit};
 use super::stacks::{unstack_layers, Stack};
 use super::ModelConfig;
+
+/// The `fold_in` of `init_weights_seed`'s key that LoRA adapters are drawn from ("LoRA" in ASCII):
+/// beyond any parameter index.
+const LORA_STREAM: u32 = 0x4c6f_5241;
 
 /// Checks of the shared keys that only mean something together with others.
 fn check_shared(c: &Config, mc: &ModelConfig) -> anyhow::Result<()> {
@@ -95,6 +100,8 @@ pub struct Model {
     pub(super) family: Arc<dyn Family>,
     /// The family's stacks of layers, in order, none empty.
     stacks: Vec<Stack>,
+    /// With `lora.enable_lora`: the adapters' parameters (`lora`), after every other.
+    adapters: Vec<ParamDef>,
 }
 
 /// The forward pass's results.
@@ -120,7 +127,12 @@ impl Model {
         }
         let stacks: Vec<Stack> = family.stacks(&config).into_iter().filter(|s| s.count > 0).collect();
         assert!(!stacks.is_empty(), "the {} family declares no layers", c.decoder_block);
-        Ok(Model { config, block: c.decoder_block, family, stacks })
+        Lora::check(c)?;
+        let mut model = Model { config, block: c.decoder_block, family, stacks, adapters: vec![] };
+        if let Some(lora) = &model.config.lora {
+            model.adapters = lora.adapters(&model.base_param_defs(model.config.scan_layers))?;
+        }
+        Ok(model)
     }
 
     /// The stacks of layers, in order.
@@ -134,13 +146,19 @@ impl Model {
         registry::model_keys(self.block).collect()
     }
 
-    /// Every parameter, in a fixed order (the order `init_params` draws them in).
+    /// Every parameter, in a fixed order (the order `init_params` draws them in): the model's,
+    /// frozen under LoRA, then the adapters.
     pub fn param_defs(&self) -> Vec<ParamDef> {
-        self.param_defs_for(self.config.scan_layers)
+        let frozen = !self.adapters.is_empty();
+        let mut defs = self.base_param_defs(self.config.scan_layers);
+        defs.iter_mut().for_each(|d| d.frozen = frozen);
+        defs.extend(self.adapters.iter().cloned());
+        defs
     }
 
-    /// The parameters with the layers' stacked (`scan`) or one set per layer.
-    fn param_defs_for(&self, scan: bool) -> Vec<ParamDef> {
+    /// The model's own parameters (no adapters) with the layers' stacked (`scan`) or one set
+    /// per layer.
+    fn base_param_defs(&self, scan: bool) -> Vec<ParamDef> {
         let c = &self.config;
         let mut defs = vec![ParamDef::new(
             "token_embedder.embedding",
@@ -172,6 +190,32 @@ impl Model {
         defs
     }
 
+    /// With LoRA, the start-up line: the adapted projections and how much of the model trains.
+    pub fn lora_summary(&self) -> Option<String> {
+        let lora = self.config.lora.as_ref()?;
+        let trained: u64 = self.adapters.iter().map(ParamDef::size).sum();
+        let mut kernels: Vec<&str> =
+            self.adapters.iter().filter_map(|d| d.name.strip_suffix(".kernel_lora_a")).collect();
+        let count = kernels.len();
+        kernels.truncate(3);
+        Some(format!(
+            "lora: rank {}, alpha {} (x{}), {count} projections adapted ({}{}) by {:?}; {trained} parameters train ({:.2}% of {}), the rest are frozen",
+            lora.rank,
+            lora.alpha,
+            lora.scale(),
+            kernels.join(", "),
+            if count > 3 { ", ..." } else { "" },
+            lora.module_path,
+            100.0 * trained as f64 / self.num_params() as f64,
+            self.num_params(),
+        ))
+    }
+
+    /// Whether parameter `name` is a LoRA adapter.
+    pub fn is_adapter(&self, name: &str) -> bool {
+        self.adapters.iter().any(|d| d.name == name)
+    }
+
     /// The number of parameters.
     pub fn num_params(&self) -> u64 {
         self.param_defs().iter().map(ParamDef::size).sum()
@@ -200,12 +244,18 @@ impl Model {
     /// computation per kind of layer parameter instead of one per layer and kind, which XLA
     /// compiles several times faster (issue 27: on an H100 the unscanned init took 22.8 s, the
     /// scanned 2.3 s), and a model initializes the same whether its layers are scanned or not.
+    ///
+    /// The adapters are drawn from their own stream of `key` (`LORA_STREAM`), so that the model's
+    /// parameters are the same with and without them.
     pub fn init_params(&self, key: &Tensor) -> Tree {
-        let stacked = params::init(&self.param_defs_for(true), self.config.weight_dtype, key);
-        if self.config.scan_layers {
-            return stacked;
-        }
-        unstack_layers(&stacked, self.param_defs(), &self.stacks)
+        let stacked = params::init(&self.base_param_defs(true), self.config.weight_dtype, key);
+        let mut params = match self.config.scan_layers {
+            true => stacked,
+            false => unstack_layers(&stacked, self.base_param_defs(false), &self.stacks),
+        };
+        let lora_key = random::fold_in(key, LORA_STREAM);
+        params.extend(params::init(&self.adapters, self.config.weight_dtype, &lora_key));
+        params
     }
 
     /// Embeds `batch["inputs"]` (`s32[batch, seq]`), runs the decoder layers and the final

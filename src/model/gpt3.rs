@@ -30,10 +30,10 @@
 //! queries are divided by `sqrt(head_dim)` at run time, as MaxText's GPT-3 attention does too.
 
 use crate::config::{self, Config};
-use crate::tensor::{einsum, Tensor, Tree};
+use crate::tensor::{Tensor, Tree};
 
 use super::attention::{AttendOptions, LayerContext};
-use super::blocks::{Mlp, Norm};
+use super::blocks::{dense, Mlp, Norm};
 use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
@@ -77,7 +77,9 @@ impl Family for Gpt3 {
         let mut defs = Gpt3::norm(c).params("pre_self_attention_norm", e);
         let mut dense = |name: &str, kernel: &[i64], logical: &[&'static str], bias_dims: usize, fan_in: i64| {
             let kernel_name = format!("self_attention.{name}.kernel");
-            defs.push(ParamDef::new(&kernel_name, kernel, logical, ParamInit::FanInNormal(fan_in)));
+            let contract = kernel.len() - bias_dims;
+            let init = ParamInit::FanInNormal(fan_in);
+            defs.push(ParamDef::dense_kernel(&kernel_name, kernel, logical, init, contract));
             let (shape, axes) = (&kernel[kernel.len() - bias_dims..], &logical[logical.len() - bias_dims..]);
             defs.push(ParamDef::new(&format!("self_attention.{name}.bias"), shape, axes, ParamInit::Zeros));
         };
@@ -112,22 +114,21 @@ impl Family for Gpt3 {
 impl Gpt3 {
     /// Causal multi-head attention (no RoPE) on the normed input `h: [batch, seq, emb]`.
     fn attention(&self, c: &ModelConfig, p: &Tree, h: &Tensor, ctx: &LayerContext) -> Tensor {
-        let param = |name: &str| p[format!("self_attention.{name}").as_str()].astype(c.dtype);
-        let project = |name: &str, spec: &str| {
-            einsum(spec, &[h, &param(&format!("{name}.kernel"))]) + &param(&format!("{name}.bias"))
-        };
+        let bias = |name: &str| p[format!("self_attention.{name}.bias").as_str()].astype(c.dtype);
+        // MaxText's DenseGeneral products (`btd,dnhk->btnhk`, `btd,dhk->bthk`, `bthk,hkd->btd`).
+        let project =
+            |name: &str, x: &Tensor, axes: usize| dense(c, p, &format!("self_attention.{name}"), x, axes) + &bias(name);
         let (q, k, v) = if self.fused_qkv {
-            let qkv = project("qkv_proj", "btd,dnhk->btnhk").checkpoint_name("qkv_proj");
+            let qkv = project("qkv_proj", h, 1).checkpoint_name("qkv_proj");
             let (b, t, heads, d) = (qkv.shape()[0], qkv.shape()[1], qkv.shape()[3], qkv.shape()[4]);
             let part = |i: i64| qkv.slice_axis(2, i, i + 1).reshape(&[b, t, heads, d]);
             (part(0), part(1), part(2))
         } else {
-            let spec = "btd,dhk->bthk";
-            (project("query", spec), project("key", spec), project("value", spec))
+            (project("query", h, 1), project("key", h, 1), project("value", h, 1))
         };
         let q = (q * (1.0 / (c.head_dim as f64).sqrt())).checkpoint_name("query_proj");
         let (k, v) = (k.checkpoint_name("key_proj"), v.checkpoint_name("value_proj"));
         let out = ctx.attend(&q, &k, &v, None, &AttendOptions::default());
-        (einsum("bthk,hkd->btd", &[&out, &param("out.kernel")]) + &param("out.bias")).checkpoint_name("out_proj")
+        project("out", &out, 2).checkpoint_name("out_proj")
     }
 }

@@ -119,7 +119,8 @@ impl Mla {
         let (e, h, qk) = (c.emb, c.heads, self.qk_head_dim());
         // Every kernel but `out` contracts its first dimension only (its fan-in).
         let kernel = |name: &str, shape: &[i64], logical: &[&'static str]| {
-            ParamDef::new(&format!("{prefix}.{name}.kernel"), shape, logical, ParamInit::FanInNormal(shape[0]))
+            let init = ParamInit::FanInNormal(shape[0]);
+            ParamDef::dense_kernel(&format!("{prefix}.{name}.kernel"), shape, logical, init, 1)
         };
         let norm = |name: &str, n: i64| Norm::Rms { eps: c.eps }.params(&format!("{prefix}.{name}"), n);
         let mut defs = Vec::new();
@@ -139,9 +140,13 @@ impl Mla {
             &[r, h, self.qk_nope_head_dim + self.v_head_dim],
             &["kv_lora", "kv_heads", "kv_head_dim"],
         ));
-        let mut out = kernel("out", &[h, self.v_head_dim, e], &["heads", "kv", "embed"]);
-        out.init = ParamInit::FanInNormal(h * self.v_head_dim);
-        defs.push(out);
+        defs.push(ParamDef::dense_kernel(
+            &format!("{prefix}.out.kernel"),
+            &[h, self.v_head_dim, e],
+            &["heads", "kv", "embed"],
+            ParamInit::FanInNormal(h * self.v_head_dim),
+            2,
+        ));
         defs
     }
 

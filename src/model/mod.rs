@@ -50,6 +50,7 @@ pub mod gpt3;
 pub mod hf;
 pub mod kernel;
 pub mod llama;
+pub mod lora;
 pub mod mask;
 pub mod mistral;
 pub mod mixtral;

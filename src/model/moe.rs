@@ -250,12 +250,7 @@ fn wide(c: &ModelConfig) -> DType {
 /// The block's parameters, relative to it, for `emb`-wide tokens and `mlp`-wide experts.
 pub fn param_defs(m: &MoeConfig, emb: i64, mlp: i64) -> Vec<ParamDef> {
     let e = m.num_experts;
-    let def = |name: &str, shape: &[i64], logical: &[&'static str], init| ParamDef {
-        name: name.to_string(),
-        shape: shape.to_vec(),
-        logical: logical.to_vec(),
-        init,
-    };
+    let def = |name: &str, shape: &[i64], logical: &[&'static str], init| ParamDef::new(name, shape, logical, init);
     let (gate_axes, bias) = match &m.router {
         Router::Softmax => (["embed", ""], false),
         Router::DeepSeek(r) => (["embed_moe", ""], r.bias),

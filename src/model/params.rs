@@ -28,6 +28,17 @@ pub enum ParamInit {
         fan_in: i64,
         depth_scaling: f64,
     },
+    /// `he_uniform()` (`variance_scaling(2.0, "fan_in", "uniform")`): uniform in `±sqrt(6 /
+    /// fan_in)` (a LoRA adapter's `lora_a`, Qwix's `LoraRule.lora_a_initializer`).
+    HeUniform(i64),
+}
+
+/// A MaxText `DenseGeneral` kernel's dimensions (`blocks::dense`): after any stacking axes, its
+/// first `contract` axes are contracted with the input, its last `out` axes are the output's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DenseDims {
+    pub contract: usize,
+    pub out: usize,
 }
 
 /// One parameter: full dotted name, shape, logical axis name per dimension, initializer.
@@ -37,12 +48,36 @@ pub struct ParamDef {
     pub shape: Vec<i64>,
     pub logical: Vec<&'static str>,
     pub init: ParamInit,
+    /// Set for the kernel of a `DenseGeneral` product (`blocks::dense`): what LoRA adapts.
+    pub dense: Option<DenseDims>,
+    /// Not trained: no gradient, no optimizer state (the base weights under LoRA).
+    pub frozen: bool,
 }
 
 impl ParamDef {
     pub fn new(name: &str, shape: &[i64], logical: &[&'static str], init: ParamInit) -> ParamDef {
         assert_eq!(shape.len(), logical.len(), "parameter {name}: one logical axis name per dimension");
-        ParamDef { name: name.to_string(), shape: shape.to_vec(), logical: logical.to_vec(), init }
+        ParamDef {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            logical: logical.to_vec(),
+            init,
+            dense: None,
+            frozen: false,
+        }
+    }
+
+    /// The kernel of a `DenseGeneral` product that contracts its first `contract` axes
+    /// (`blocks::dense` with `axes = contract`).
+    pub fn dense_kernel(
+        name: &str,
+        shape: &[i64],
+        logical: &[&'static str],
+        init: ParamInit,
+        contract: usize,
+    ) -> ParamDef {
+        let dense = Some(DenseDims { contract, out: shape.len() - contract });
+        ParamDef { dense, ..ParamDef::new(name, shape, logical, init) }
     }
 
     /// Number of elements.
@@ -112,6 +147,10 @@ fn draw(init: &ParamInit, keys: &Tensor, shape: &[i64]) -> Tensor {
         ParamInit::FanIn(fan_in) => fan_in_truncated(keys, fan_in, shape),
         ParamInit::FanInOver { fan_in, depth_scaling } => fan_in_truncated(keys, fan_in, shape) / depth_scaling,
         ParamInit::FanInNormal(fan_in) => random::normal_each(keys, shape, DType::F32) * (1.0 / fan_in as f64).sqrt(),
+        ParamInit::HeUniform(fan_in) => {
+            let limit = (6.0 / fan_in as f64).sqrt();
+            random::uniform_each(keys, shape, DType::F32, -limit, limit)
+        }
     }
 }
 

@@ -119,11 +119,12 @@ impl Family for Qwen3Custom {
                 .map(|def| ParamDef { name: format!("moe_block.{}", def.name), ..def }),
         );
         if self.up_projection(c) {
-            defs.push(ParamDef::new(
+            defs.push(ParamDef::dense_kernel(
                 "layer_up_projection.kernel",
                 &[self.latent, c.emb],
                 &["mlp", "embed"],
                 ParamInit::FanIn(self.latent),
+                1,
             ));
         }
         defs

@@ -175,7 +175,7 @@ impl Stack {
             name: format!("{}.{}", self.prefix(), d.name),
             shape: [&[self.count][..], &d.shape].concat(),
             logical: [&[self.name][..], &d.logical].concat(),
-            init: d.init.clone(),
+            ..d.clone()
         }
     }
 }

@@ -131,6 +131,12 @@ pub fn uniform(key: &Tensor, shape: &[i64], dtype: DType, lo: f64, hi: f64) -> T
     uniform_of(bits(key, shape), dtype, lo, hi)
 }
 
+/// `uniform(keys[i], ...)` for each row of `keys: u32[k, 2]`, stacked (see `bits_each`).
+#[track_caller]
+pub fn uniform_each(keys: &Tensor, shape: &[i64], dtype: DType, lo: f64, hi: f64) -> Tensor {
+    uniform_of(bits_each(keys, shape), dtype, lo, hi)
+}
+
 fn uniform_of(bits: Tensor, dtype: DType, lo: f64, hi: f64) -> Tensor {
     (unit_f32(bits) * (hi - lo) + lo).maximum(lo).astype(dtype)
 }

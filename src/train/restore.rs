@@ -143,9 +143,27 @@ fn load_parameter_arrays(
     model_keys: &BTreeMap<String, serde_json::Value>,
 ) -> Result<BTreeMap<String, HostTensor>> {
     let location = Location::parse(&c.load_parameters_path)?;
-    let params: Vec<Expected> =
-        expected.iter().filter(|e| Group::of(&e.name).is_some_and(|(g, _)| g == Group::Params)).cloned().collect();
     let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
+    // The model's own parameters, and LoRA adapters only from a maxrs checkpoint that has them
+    // (a LoRA run's): others start fresh, drawn by the init program, as MaxText's
+    // `load_parameters_path` loads the base model under new adapters.
+    let saved = match is_checkpoint {
+        true => checkpoint::dir::read_manifest(&location)
+            .with_context(|| format!("load_parameters_path={location}"))?
+            .arrays
+            .into_iter()
+            .map(|a| a.name)
+            .collect(),
+        false => std::collections::BTreeSet::new(),
+    };
+    let params: Vec<Expected> = expected
+        .iter()
+        .filter(|e| {
+            Group::of(&e.name)
+                .is_some_and(|(g, key)| g == Group::Params && (!model.is_adapter(key) || saved.contains(&e.name)))
+        })
+        .cloned()
+        .collect();
     refuse_steps_folder("load_parameters_path", &location, is_checkpoint)?;
     let arrays = if !is_checkpoint && checkpoint::orbax::Checkpoint::is_orbax(&location)? {
         // A MaxText checkpoint: its parameters under maxrs's keys, floats as `weight_dtype`.

@@ -102,6 +102,9 @@ impl Run<'_> {
         let logger = cluster.is_logger();
         if logger {
             derived.print_summary(plan.model().num_params());
+            if let Some(line) = plan.model().lora_summary() {
+                println!("{line}");
+            }
             println!("{}", crate::model::kernel::describe(c, plan.model().config.attention));
         }
         self.check_before_compile(plan.model())?;

@@ -109,23 +109,25 @@ impl TrainStep {
     }
 
     /// The program that creates the initial state from `init_weights_seed`: no inputs; outputs
-    /// the step's state inputs, already sharded: all of them, or only the optimizer state when
-    /// the parameters come from elsewhere (`with_params` false).
+    /// the step's state inputs, already sharded: all of them, or, when the parameters come from
+    /// elsewhere (`with_params` false), the optimizer state and the LoRA adapters (which no
+    /// parameter file holds: MaxText's `load_parameters_path` loads the base model).
     pub fn init(&self, with_params: bool) -> Result<Program, TraceError> {
+        let drawn = |group: Group, key: &str| with_params || group != Group::Params || self.model.is_adapter(key);
         let mut sig = Signature::new(self.mesh.clone());
         for array in &self.state().arrays {
-            if let Some(spec) = self.state_sharding(array).filter(|_| with_params || array.group != Group::Params) {
+            if let Some(spec) = self.state_sharding(array).filter(|_| drawn(array.group, &array.def.name)) {
                 sig.output_sharding(&array.name(), spec);
             }
         }
         trace(&sig, |ctx, _| {
             let key = random::key(ctx, self.init_weights_seed);
             let params = self.model.init_params(&key);
-            let mut out = self.optimizer.init(&params).into_names();
+            let mut out = self.optimizer.init(&self.state().split_frozen(&params).0).into_names();
             out.extend(Group::Fp8.prefixed(params::init(&self.model.fp8_state_defs(), DType::F32, &key)));
-            if with_params {
-                out.extend(Group::Params.prefixed(params));
-            }
+            let params: Tree =
+                params.iter().filter(|(k, _)| drawn(Group::Params, k)).map(|(k, v)| (k, v.clone())).collect();
+            out.extend(Group::Params.prefixed(params));
             out
         })
     }
@@ -140,9 +142,13 @@ impl TrainStep {
             }
         }
         trace(&sig, |_, inp| {
-            let (params, state, batch) = (Group::Params.subtree(inp), OptState::from_names(inp), inp.subtree("batch"));
-            let (loss, aux, grads, new_fp8) = self.loss_and_grads(&params, &Group::Fp8.subtree(inp), &batch);
-            let (new_params, new_state, opt_metrics) = self.optimizer.update(&params, &grads, &state);
+            let (state, batch) = (OptState::from_names(inp), inp.subtree("batch"));
+            let (params, frozen) = self.state().split_frozen(&Group::Params.subtree(inp));
+            let (loss, aux, grads, new_fp8) = self.loss_and_grads(&params, &frozen, &Group::Fp8.subtree(inp), &batch);
+            let (mut new_params, new_state, opt_metrics) = self.optimizer.update(&params, &grads, &state);
+            // Frozen parameters (the base weights under LoRA) come back as they went in: their
+            // donated buffers are the outputs, no copy.
+            new_params.extend(frozen);
             let mut metrics = opt_metrics
                 .with("loss", loss)
                 .with("total_weights", aux["total_weights"].clone())
@@ -199,13 +205,25 @@ impl TrainStep {
     /// token count too, which weights them far less than the loss it reports.)
     ///
     /// Returns the fp8 state's new values too (its "gradients", `model::fp8`), which validation
-    /// allows only without accumulation.
-    fn loss_and_grads(&self, params: &Tree, fp8_state: &Tree, batch: &Tree) -> (Tensor, Tree, Tree, Tree) {
+    /// allows only without accumulation. The `frozen` parameters are read but not
+    /// differentiated: their gradients are never computed.
+    fn loss_and_grads(
+        &self,
+        params: &Tree,
+        frozen: &Tree,
+        fp8_state: &Tree,
+        batch: &Tree,
+    ) -> (Tensor, Tree, Tree, Tree) {
         let z = self.z_loss_multiplier;
+        let with_frozen = |p: &Tree| {
+            let mut all = p.clone();
+            all.extend(frozen.clone());
+            all
+        };
         if self.accumulation == 1 {
             let mut inputs = params.clone();
             inputs.extend(fp8_state.clone());
-            let (loss, aux, grads) = value_and_grad_with_aux(&inputs, |p| self.model.loss(p, batch, z));
+            let (loss, aux, grads) = value_and_grad_with_aux(&inputs, |p| self.model.loss(&with_frozen(p), batch, z));
             let names: Vec<String> = fp8_state.names().map(str::to_string).collect();
             let (grads, new_fp8) = fp8::split(&grads, &names);
             return (loss, aux, grads, new_fp8);
@@ -235,7 +253,7 @@ impl TrainStep {
             .with("z_loss_sum", f32_zero(first));
         let (sums, per_micro_batch) = scan(&carry, &micro_batches, |carry, mb| {
             let (_, aux, grads) = value_and_grad_with_aux(params, |p| {
-                let (_, aux) = self.model.loss(p, mb, z);
+                let (_, aux) = self.model.loss(&with_frozen(p), mb, z);
                 let mut objective = aux["total_loss"].clone();
                 for (_, value) in aux.subtree("aux_losses").iter() {
                     objective = objective + &(value * &aux_scale);
