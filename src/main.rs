@@ -39,7 +39,7 @@ enum Command {
     ClusterCheck(cli::cluster_check::ClusterCheckArgs),
     /// Check a job's checkpoints with a synthetic sharded state: save, kill, restore on any process count.
     CheckpointCheck(cli::checkpoint_check::CheckpointCheckArgs),
-    /// Convert Hugging Face checkpoints (Llama, Mistral, Gemma, Qwen, DeepSeek families) to and from maxrs's layout.
+    /// Convert Hugging Face checkpoints (Llama, Mistral, Gemma, Qwen, DeepSeek families) to and from maxrs's layout, and maxrs's to MaxText's.
     Convert(cli::convert::ConvertArgs),
     /// Convert text, JSON Lines or Parquet files to a `dataset_type=tokens` file.
     Tokenize(cli::tokenize::TokenizeArgs),

@@ -249,10 +249,12 @@ const KEYS: &[(&str, Effect)] = &[
     ("z_loss_multiplier", Program("1e-4")),
     ("abort_on_nan_loss", Runtime("stops the run on a NaN loss")),
     ("abort_on_inf_loss", Runtime("stops the run on an infinite loss")),
-    ("lora.enable_lora", ProgramVs("true", "false", &["lora.lora_rank=2"])),
-    ("lora.lora_rank", ProgramVs("4", "2", &["lora.enable_lora=true"])),
+    ("lora.enable_lora", ProgramVs("true", "false", &["lora.lora_rank=2", "lora.lora_alpha=4"])),
+    ("lora.lora_rank", ProgramVs("4", "2", &["lora.enable_lora=true", "lora.lora_alpha=4"])),
     ("lora.lora_alpha", ProgramVs("8", "2", &["lora.enable_lora=true", "lora.lora_rank=2"])),
-    ("lora.lora_module_path", ProgramVs(".*query", ".*key", &["lora.enable_lora=true", "lora.lora_rank=2"])),
+    ("inhomogeneous_layer_cycle_interval", Refused("2")),
+    ("lora.lora_restore_path", Runtime("a LoRA run starts from the adapters of that checkpoint (tests/lora.rs)")),
+    ("lora.lora_module_path", ProgramVs(".*query", ".*key", &["lora.enable_lora=true", "lora.lora_rank=2", "lora.lora_alpha=4"])),
     ("prompt", Runtime("maxrs decode's prompts")),
     ("max_prefill_predict_length", Runtime("maxrs decode's prefill length (prompts padded to it)")),
     ("autoregressive_decode_assert", Runtime("maxrs decode checks the first prompt's output")),
@@ -360,7 +362,7 @@ fn programs(overrides: &[String]) -> Result<String, String> {
     let mesh = derived.mesh.step_mesh(&[ids]).map_err(|e| e.to_string())?;
     let step = TrainStep::new(&c, &derived, mesh).map_err(|e| e.to_string())?;
     let train = step.train_step().map_err(|e| e.to_string())?;
-    let init = step.init(true).map_err(|e| e.to_string())?;
+    let init = step.init(&Default::default()).map_err(|e| e.to_string())?;
     Ok(format!("{}\n{}", to_stablehlo(&train), to_stablehlo(&init)))
 }
 
@@ -465,7 +467,7 @@ fn every_key_of_base_yml_does_something_or_is_refused() {
                 both.err().map(|e| format!("{key} ({why}): both values should load: {e}"))
             }
             Runtime(why) => {
-                let field = format!(".{key}");
+                let field = format!(".{}", config::registry::key(key).map_or(&key[..], |k| k.field));
                 let read = outside_config.iter().any(|(_, text)| {
                     text.match_indices(&field).any(|(i, _)| {
                         let next = text[i + field.len()..].chars().next();

@@ -306,6 +306,12 @@ fn gemma3_unscanned_converts_per_layer() {
     assert!(err < 2e-5, "gemma3 unscanned: logits differ from transformers': scaled error {err:e}");
 }
 
+/// OLMo 3 with 8 layers (2 blocks of 3 sliding + 1 full layer): post-norms, whole-width QK-norm.
+#[test]
+fn olmo3_matches_transformers() {
+    check_family("olmo3", true);
+}
+
 #[test]
 fn qwen3_qk_norm_tied_matches_transformers() {
     check_family("qwen3", true);
@@ -366,4 +372,143 @@ fn deepseek_v3_routed_layers_match_transformers() {
             && text.contains("model_name=kimi-k2-1t: MaxText weighs this model's experts by their biased scores"),
         "{text}"
     );
+}
+
+fn peft_golden() -> &'static Value {
+    static GOLDEN: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    GOLDEN.get_or_init(|| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/peft_golden.json");
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    })
+}
+
+/// The golden PEFT adapter of a family's checkpoint, as `tools/peft_golden.py` makes it: on each
+/// linear weight whose last name is a target, `lora_A: [r, in]` and `lora_B: [out, r]` drawn by
+/// the generator under their PEFT names. Returns the tensors' values by name.
+fn write_adapter(dir: &Path, case: &Value) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+    let peft = peft_golden();
+    let rank = peft["rank"].as_u64().unwrap() as usize;
+    let targets: Vec<&str> = peft["targets"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let mut tensors = BTreeMap::new();
+    for (name, shape) in case["tensors"].as_object().unwrap() {
+        let module = name.strip_suffix(".weight").unwrap();
+        if !targets.contains(&module.rsplit('.').next().unwrap()) {
+            continue;
+        }
+        let shape: Vec<usize> = shape.as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+        for (part, dims) in [("lora_A", vec![rank, shape[1]]), ("lora_B", vec![shape[0], rank])] {
+            let key = format!("base_model.model.{module}.{part}.weight");
+            let v = values(&key, dims.iter().product(), false);
+            tensors.insert(key, (dims, v));
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let raws: BTreeMap<&String, Raw> = tensors.iter().map(|(n, (s, v))| (n, raw(s, v, false))).collect();
+    let views: Vec<(&str, &Raw)> = raws.iter().map(|(n, r)| (n.as_str(), r)).collect();
+    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    serialize_to_file(views, &Some(metadata), &dir.join("adapter_model.safetensors")).unwrap();
+    let config = serde_json::json!({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank,
+        "lora_alpha": peft["alpha"], "target_modules": peft["targets"], "lora_dropout": 0.0, "bias": "none",
+        "fan_in_fan_out": false, "use_rslora": false, "use_dora": false, "base_model_name_or_path": null});
+    std::fs::write(dir.join("adapter_config.json"), config.to_string()).unwrap();
+    tensors
+}
+
+/// A PEFT LoRA adapter (rank 4, alpha 8, every attention and MLP projection) of the Llama 3.1
+/// checkpoint (query and key rows reordered on conversion) and of the Gemma 2 one (query scaling
+/// folded into the query weights): `convert from-hf ... hf_lora_adapter_path=` gives the logits
+/// `peft` computes over `transformers` (tests/data/peft_golden.json, tools/peft_golden.py), which
+/// the adapter changes; `to-hf` writes the adapter back (bit for bit where no scale is folded,
+/// within f32 rounding where one is), and `to-hf --merge-lora` the weights `W + B @ A * alpha / r`.
+#[test]
+fn peft_adapters_match_peft_and_convert_back() {
+    let peft = peft_golden();
+    let scale = peft["alpha"].as_f64().unwrap() / peft["rank"].as_f64().unwrap();
+    for family in ["llama3.1", "gemma2"] {
+        let case = &golden()["families"][family];
+        let d = tempfile::tempdir().unwrap();
+        let (hf, adapter, ours) = (d.path().join("hf"), d.path().join("adapter"), d.path().join("maxrs"));
+        write_checkpoint(&hf, case);
+        let original = write_adapter(&adapter, case);
+        let with = format!("hf_lora_adapter_path={}", adapter.display());
+        // Activations in f32 (transformers' and peft's), where the plain conversions keep the
+        // checkpoint's bfloat16 `dtype`: XLA's CPU computes a bfloat16 model's products in f32
+        // (excess precision), but rounds the adapted projections' sums, which maxrs casts back.
+        let text = convert(&["from-hf", hf.to_str().unwrap(), ours.to_str().unwrap(), &with, "dtype=float32"]);
+        let line = text.lines().map(str::trim).find(|l| l.starts_with("maxrs train ")).expect("a printed command");
+        assert!(line.contains("lora.enable_lora=true") && line.contains("lora.lora_rank=4"), "{line}");
+        let printed = shell_words(line)[3..].to_vec();
+
+        let sequence = golden_sequence(case);
+        let got = maxrs_logits(&ours, &sequence, &printed.iter().map(String::as_str).collect::<Vec<_>>());
+        let want = golden_logits(&peft["families"][family]);
+        let err = crate::common::llama_ref::scaled_err(&got, &want);
+        println!("{family}: logits with the adapter, scaled error vs peft {err:e}");
+        assert!(err < 2e-5, "{family}: logits differ from peft's: {err:e}");
+        let moved = crate::common::llama_ref::scaled_err(&golden_logits(case), &want);
+        assert!(moved > 1e-2, "{family}: the adapter changes nothing: {moved:e}");
+
+        // The adapter back in PEFT's format.
+        let back = d.path().join("adapter-back");
+        convert(&["to-hf", ours.to_str().unwrap(), back.to_str().unwrap()]);
+        let config: Value = serde_json::from_slice(&std::fs::read(back.join("adapter_config.json")).unwrap()).unwrap();
+        assert_eq!((config["r"].as_u64(), config["lora_alpha"].as_f64()), (Some(4), peft["alpha"].as_f64()));
+        let mut targets: Vec<&str> =
+            config["target_modules"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+        targets.sort();
+        let mut want_targets: Vec<&str> =
+            peft["targets"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+        want_targets.sort();
+        assert_eq!(targets, want_targets, "{family}");
+        let returned = read_hf(&back);
+        assert_eq!(returned.len(), original.len(), "{family}");
+        let f32s = |b: &[u8]| b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+        for (name, (shape, values)) in &original {
+            let (_, got_shape, bytes) = &returned[name];
+            assert_eq!(got_shape, shape, "{family}: {name}");
+            let got = f32s(bytes);
+            if family == "gemma2" && name.contains("q_proj.lora_B") {
+                // The query scaling folded in, as into the query weights `to-hf` writes (whose
+                // config.json then says query_pre_attn_scalar = head_dim).
+                let folded: Vec<f64> = values.iter().map(|&x| x as f64 * (16.0f64 / 24.0).sqrt()).collect();
+                let diff = crate::common::max_rel_diff(&got.iter().map(|&x| x as f64).collect::<Vec<_>>(), &folded);
+                assert!(diff < 1e-6, "{family}: {name} within f32 rounding of the folded scale: {diff:e}");
+            } else {
+                assert_eq!(&got, values, "{family}: {name} converts back bit for bit");
+            }
+        }
+
+        // The merged model: each adapted weight is W + B @ A * scale (Gemma 2's query weights with
+        // the query scaling folded, as `to-hf` writes them), every other tensor the original.
+        let merged = d.path().join("merged");
+        convert(&["to-hf", "--merge-lora", ours.to_str().unwrap(), merged.to_str().unwrap()]);
+        let merged = read_hf(&merged);
+        let base = read_hf(&hf);
+        assert_eq!(merged.keys().collect::<Vec<_>>(), base.keys().collect::<Vec<_>>(), "{family}");
+        let fold =
+            |name: &str| if family == "gemma2" && name.contains("q_proj") { (16.0f64 / 24.0).sqrt() } else { 1.0 };
+        for (name, (_, shape, bytes)) in &base {
+            let module = name.strip_suffix(".weight").unwrap();
+            let a = original.get(&format!("base_model.model.{module}.lora_A.weight"));
+            let w: Vec<f64> = f32s(bytes).into_iter().map(|x| x as f64).collect();
+            let got: Vec<f64> = f32s(&merged[name].2).into_iter().map(|x| x as f64).collect();
+            let Some((a_shape, a)) = a else {
+                let want: Vec<f64> = w.iter().map(|x| x * fold(name)).collect();
+                let diff = crate::common::max_rel_diff(&got, &want);
+                assert!(diff < 1e-6, "{family}: {name} is not adapted and converts back: {diff:e}");
+                continue;
+            };
+            let (_, b) = &original[&format!("base_model.model.{module}.lora_B.weight")];
+            let (rows, cols, r) = (shape[0], shape[1], a_shape[0]);
+            let want: Vec<f64> = (0..rows * cols)
+                .map(|ij| {
+                    let (i, j) = (ij / cols, ij % cols);
+                    let delta: f64 = (0..r).map(|k| b[i * r + k] as f64 * a[k * cols + j] as f64).sum();
+                    (w[ij] + scale * delta) * fold(name)
+                })
+                .collect();
+            let diff = crate::common::max_rel_diff(&got, &want);
+            assert!(diff < 1e-6, "{family}: {name} merged: {diff:e}");
+        }
+    }
 }

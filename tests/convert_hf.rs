@@ -219,7 +219,8 @@ pub(crate) fn maxrs_logits(dir: &Path, tokens: &[i32], extra: &[&str]) -> Vec<f6
             other => format!("{k}={other}"),
         })
         .collect();
-    args.extend(["dtype=float32", "weight_dtype=float32"].iter().chain(extra).map(|s| s.to_string()));
+    // In f32, as transformers computes.
+    args.extend(extra.iter().chain(&["dtype=float32", "weight_dtype=float32"]).map(|s| s.to_string()));
     let c = config::load(None, &args).unwrap();
     let model = Model::from_config(&c).unwrap();
     let loaded = dir::load(

@@ -193,8 +193,8 @@ fn deepseek_latent_cache_greedy_decoding_equals_the_full_forward_pass() {
 
 /// The other families decode through the same cache: Gemma 2 (local and global layers, two
 /// attention calls per scanned pair, attention and final-logit soft caps, tied logits) and Gemma
-/// (GeGLU, scaled embeddings, tied logits) and Gemma 3: greedy decoding equals each full forward
-/// pass.
+/// (GeGLU, scaled embeddings, tied logits), Gemma 3 and OLMo 3: greedy decoding equals each full
+/// forward pass.
 #[test]
 fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
     let gemma2 = [
@@ -236,7 +236,24 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
     ];
     // Unscanned too: Gemma 3's layers are then modules `layers_<n>`, not blocks.
     let gemma3_unscanned = [&gemma3[..], &["scan_layers=false"]].concat();
-    for extra in [&gemma2[..], &gemma[..], &gemma3[..], &gemma3_unscanned[..]] {
+    // OLMo 3 (post-norms like Gemma's, sliding and global layers): one block of 3 sliding layers
+    // (window 4) and a global one, whole-width QK-norms, YaRN RoPE with a ramp at head_dim 16.
+    let olmo3 = [
+        "model_name=olmo3-7b",
+        "override_model_config=true",
+        "base_num_decoder_layers=4",
+        "base_emb_dim=64",
+        "base_num_query_heads=4",
+        "base_num_kv_heads=2",
+        "vocab_size=512",
+        "head_dim=16",
+        "base_mlp_dim=128",
+        "sliding_window_size=4",
+        "original_max_position_embeddings=16",
+        "rope_max_timescale=10000",
+        "per_device_batch_size=4",
+    ];
+    for extra in [&gemma2[..], &gemma[..], &gemma3[..], &gemma3_unscanned[..], &olmo3[..]] {
         let c = load(extra);
         greedy_decoding_checked(&c);
     }

@@ -156,7 +156,9 @@ fn without_adapters(p: &RefParams) -> RefParams {
 /// (`lora_b` starts at zero), the optimizer state holds the adapters' moments only, the loss
 /// falls. Starting with `lora_b` at zero and the base drawn as without LoRA, its first loss is a
 /// plain run's. `load_parameters_path` loads a plain run's checkpoint as the base under fresh
-/// adapters (its first loss is the plain run's next), and a LoRA run's with its adapters.
+/// adapters (its first loss is the plain run's next), and a LoRA run's with its adapters;
+/// `lora.lora_restore_path` reads a LoRA checkpoint's adapters only, and is refused without LoRA
+/// or a checkpoint there.
 #[test]
 fn lora_trains_only_the_adapters_and_checkpoints_them() {
     let base = tempfile::tempdir().unwrap();
@@ -222,6 +224,18 @@ fn lora_trains_only_the_adapters_and_checkpoints_them() {
         "a LoRA checkpoint brings its adapters: {with_adapters} vs {:?}",
         first.losses
     );
+    // lora.lora_restore_path: the adapters alone, over the base the init program draws (the
+    // LoRA run's frozen base): the same state as loading its parameters.
+    let restore = format!("lora.lora_restore_path={}/l/checkpoints/1", base.path().display());
+    let restored = run(&config(&["run_name=r", "steps=1", "enable_checkpointing=false", &restore]));
+    assert_eq!(restored.losses[0], with_adapters, "the adapters restored, the base drawn");
+    let refused =
+        |c: config::Config| format!("{:#}", maxrs::train::run::train(&c, &cpu_client(1).unwrap()).unwrap_err());
+    let e = refused(plain_config(&["run_name=x", "steps=1", "enable_checkpointing=false", &restore]));
+    assert!(e.contains("lora.lora_restore_path") && e.contains("set lora.enable_lora=true"), "{e}");
+    let nowhere = format!("lora.lora_restore_path={}", base.path().display());
+    let e = refused(config(&["run_name=x", "steps=1", "enable_checkpointing=false", &nowhere]));
+    assert!(e.contains("no manifest.json there"), "{e}");
 }
 
 /// MaxText's `lora:` mapping: post_train/sft.yml (MaxText e591f30) with LoRA turned on from the
@@ -250,21 +264,36 @@ fn maxtexts_lora_keys_load_and_bad_ones_are_refused() {
     let model_refuses = |extra: &[&str]| Model::from_config(&load(extra).unwrap()).unwrap_err().to_string();
     let e = refused(&["lora.lora_weight_qtype=nf4"]).unwrap();
     assert!(e.contains("lora.lora_weight_qtype") && e.contains("QLoRA"), "{e}");
-    let e = refused(&["lora.lora_restore_path=/tmp/x"]).unwrap();
-    assert!(e.contains("lora.lora_restore_path"), "{e}");
     let e = refused(&["lora.rank=3"]).unwrap();
     assert!(e.contains("lora.rank"), "{e}");
     let e = refused(&["lora=7"]).unwrap();
     assert!(e.contains("lora.<field>=value"), "{e}");
     let e = model_refuses(&["lora.enable_lora=true"]);
     assert!(e.contains("lora.lora_rank is 0"), "{e}");
-    let e = model_refuses(&["lora.enable_lora=true", "lora.lora_rank=2", "lora.lora_module_path=decoder/nothing"]);
+    let e = model_refuses(&["lora.enable_lora=true", "lora.lora_rank=2"]);
+    assert!(e.contains("lora.lora_alpha is 0") && e.contains("lora.lora_alpha=4"), "{e}");
+    let e = model_refuses(&[
+        "lora.enable_lora=true",
+        "lora.lora_rank=2",
+        "lora.lora_alpha=4",
+        "lora.lora_module_path=decoder/nothing",
+    ]);
     assert!(e.contains("matches no projection") && e.contains("decoder/layers/self_attention/query"), "{e}");
-    let e = model_refuses(&["lora.enable_lora=true", "lora.lora_rank=2", "lora.lora_module_path=decoder/logits_dense"]);
+    let e = model_refuses(&[
+        "lora.enable_lora=true",
+        "lora.lora_rank=2",
+        "lora.lora_alpha=4",
+        "lora.lora_module_path=decoder/logits_dense",
+    ]);
     assert!(e.contains("not a DenseGeneral kernel") && e.contains("not supported yet"), "{e}");
-    let e = model_refuses(&["lora.enable_lora=true", "lora.lora_rank=2", "lora.lora_module_path=(unclosed"]);
+    let e = model_refuses(&[
+        "lora.enable_lora=true",
+        "lora.lora_rank=2",
+        "lora.lora_alpha=4",
+        "lora.lora_module_path=(unclosed",
+    ]);
     assert!(e.contains("not a regular expression"), "{e}");
-    let e = model_refuses(&["lora.enable_lora=true", "lora.lora_rank=2", "quantization=fp8"]);
+    let e = model_refuses(&["lora.enable_lora=true", "lora.lora_rank=2", "lora.lora_alpha=4", "quantization=fp8"]);
     assert!(e.contains("quantization=fp8") && e.contains("not supported yet"), "{e}");
 }
 
@@ -275,11 +304,15 @@ fn maxtexts_lora_keys_load_and_bad_ones_are_refused() {
 #[test]
 fn every_family_gets_adapters_from_maxtexts_default_paths() {
     let adapted = |model_name: &str, extra: &[&str]| -> Result<Vec<String>, String> {
-        let args: Vec<String> =
-            [format!("model_name={model_name}"), "lora.enable_lora=true".into(), "lora.lora_rank=4".into()]
-                .into_iter()
-                .chain(extra.iter().map(|s| s.to_string()))
-                .collect();
+        let args: Vec<String> = [
+            format!("model_name={model_name}"),
+            "lora.enable_lora=true".into(),
+            "lora.lora_rank=4".into(),
+            "lora.lora_alpha=8".into(),
+        ]
+        .into_iter()
+        .chain(extra.iter().map(|s| s.to_string()))
+        .collect();
         let m = Model::from_config(&config::load(None, &args).unwrap()).map_err(|e| e.to_string())?;
         let mut kernels: Vec<String> = m
             .param_defs()
@@ -303,6 +336,8 @@ fn every_family_gets_adapters_from_maxtexts_default_paths() {
         ("qwen3-30b-a3b", 4),
         ("qwen3-custom-30b-a3b", 4),
         ("deepseek2-16b", 7),
+        // Blocks of 4 layers, each its own `layers_<j>` (as MaxText scans OLMo 3).
+        ("olmo3-7b", 4 * 7),
     ] {
         let kernels = adapted(model_name, &[]).unwrap_or_else(|e| panic!("{model_name}: {e}"));
         println!("{model_name}: {kernels:?}");

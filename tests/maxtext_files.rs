@@ -94,7 +94,7 @@ fn maxtext_keys_at_their_default_are_accepted_and_others_refused_by_name() {
         "`shardy` on the command line is MaxText's, but not supported yet: maxrs has only its default (true)"
     );
     let e = error(&f, &["hf_lora_adapter_path=x"]);
-    assert!(e.contains("not supported yet: adapters are not loaded from another path yet"), "{e}");
+    assert!(e.contains("maxrs convert from-hf HF_DIR DST hf_lora_adapter_path=ADAPTER_DIR"), "{e}");
     let e = error(&write(dir.path(), "lora.yml", "lora: {enable_lora: true, lora_weight_qtype: nf4}\n"), &[]);
     assert!(e.starts_with("`lora.lora_weight_qtype` in ") && e.contains("no QLoRA"), "{e}");
     let e = error(&f, &["shardyy=true"]);

@@ -1,7 +1,7 @@
-//! The decoder families (`decoder_block` mistral, gemma, gemma2, gemma3, gpt3, qwen3, and llama2 with
-//! Llama 3.1's RoPE) against the independent f64 reference of `common/family_ref.rs`, each from its MaxText
-//! model file shrunk to a tiny size (emb 32, 2 stacked layers, vocab 64) in float32 on a 2 x 16
-//! batch with random non-zero parameters: embeddings, every layer's output, the logits and the
+//! The decoder families (`decoder_block` mistral, gemma, gemma2, gemma3, gpt3, qwen3, olmo3, and
+//! llama2 with Llama 3.1's RoPE) against the independent f64 reference of `common/family_ref.rs`,
+//! each from its MaxText model file shrunk to a tiny size (emb 32, 2 stacked layers, vocab 64) in
+//! float32 on a 2 x 16 batch with random non-zero parameters: embeddings, every layer's output, the logits and the
 //! loss, scanned and unrolled; the gradient of the loss (from the program of one of the forward
 //! checks, on its parameters and batch) against central differences of the
 //! reference loss for the parameters each family adds (windows, soft caps, post norms, biases,
@@ -277,6 +277,42 @@ fn gemma3() {
         (Some(0), "layers_5.self_attention.query.kernel", 45),
     ];
     check_forward_and_gradient("gemma3 1 block", &m, &s, &probes);
+}
+
+/// OLMo 3 from olmo3-7b's file (YaRN RoPE in every layer, whole-width QK-norm, post-norms, 3
+/// sliding layers then 1 global) with 8 layers (2 scanned blocks of 4; unscanned, 8 modules), a
+/// window of 5 on 16 tokens, a norm epsilon of 1e-3 and YaRN settings that make its ramp matter at
+/// head_dim 8 (base 100, factor 4, original context 8, beta_fast 2, beta_slow 0.25: frequency 0
+/// kept, 1 blended, 2 and 3 divided by 4).
+#[test]
+fn olmo3() {
+    let keys = [
+        "base_num_decoder_layers=8",
+        "sliding_window_size=5",
+        "rope_max_timescale=100",
+        "rope_factor=4",
+        "original_max_position_embeddings=8",
+        "beta_fast=2",
+        "beta_slow=0.25",
+        "normalization_layer_epsilon=1e-3",
+    ];
+    let yarn = RopeRef::Yarn { factor: 4.0, original_max_position_embeddings: 8.0, beta_fast: 2.0, beta_slow: 0.25 };
+    let s = Spec { window: Some(5), ..spec(Family::Olmo3, yarn, 1e-3) };
+    let m = shrunk("olmo3-7b", &keys);
+    let probes = [
+        (Some(0), "layers_1.attention.query_norm.scale", 13),
+        (Some(1), "layers_3.attention.key_norm.scale", 6),
+        (Some(1), "layers_2.post_mlp_layer_norm.scale", 5),
+    ];
+    let want = check_forward_and_gradient("olmo3 scanned, 2 blocks", &m, &s, &probes);
+    check_forward("olmo3 unscanned", &shrunk("olmo3-7b", &[&keys[..], &["scan_layers=false"]].concat()), &s);
+    // The window and YaRN (against the default RoPE of olmo3-7b-pt) each change the function.
+    let (p, b) = (random_params(&s, &m, 1), batch(&m, 2));
+    for without in [Spec { window: None, ..s.clone() }, Spec { rope: RopeRef::HalfSplit, ..s.clone() }] {
+        let other = reference(&without, &m, &p, &b).logits;
+        let err = scaled_err(&other.iter().copied().collect::<Vec<_>>(), &want.logits);
+        assert!(err > 1e-3, "{without:?} changes nothing");
+    }
 }
 
 /// Qwen3 from qwen3-8b's file (Llama's layer with QK-norm, RoPE base 1e6), scanned, with a norm

@@ -31,6 +31,8 @@ struct Llama {
     tied: bool,
     /// Qwen3's and Gemma 3's `q_norm`, `k_norm` (`head_dim` each).
     qk_norm: bool,
+    /// OLMo 3's `q_norm` (`heads * head_dim`) and `k_norm` (`kv_heads * head_dim`).
+    whole_qk_norm: bool,
     /// Qwen2's `q_proj`, `k_proj`, `v_proj` biases (`o_proj` has none).
     qkv_bias: bool,
     /// RMSNorms per layer: 2 (input, post-attention), 4 for Gemma 2 and 3 (pre/post feedforward).
@@ -43,6 +45,7 @@ struct Llama {
 fn llama_count(h: &Llama) -> u64 {
     let attention = h.hidden * h.head_dim * (2 * h.heads + 2 * h.kv_heads)
         + if h.qk_norm { 2 * h.head_dim } else { 0 }
+        + if h.whole_qk_norm { (h.heads + h.kv_heads) * h.head_dim } else { 0 }
         + if h.qkv_bias { h.head_dim * (h.heads + 2 * h.kv_heads) } else { 0 };
     let ffn = match h.experts {
         0 => 3 * h.hidden * h.mlp,
@@ -117,6 +120,7 @@ const fn dense(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, 
         experts: 0,
         tied,
         qk_norm: false,
+        whole_qk_norm: false,
         qkv_bias: false,
         norms: 2,
     }
@@ -140,6 +144,12 @@ const fn gemma(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u6
 
 const fn gemma3(hidden: u64, layers: u64, heads: u64, kv_heads: u64, head_dim: u64, mlp: u64) -> Llama {
     Llama { vocab: 262208, qk_norm: true, ..gemma(hidden, layers, heads, kv_heads, head_dim, mlp, 4) }
+}
+
+/// OLMo 3 (`Olmo3ForCausalLM`): untied, vocabulary 100278, two norms per layer (after attention
+/// and after the MLP).
+const fn olmo3(hidden: u64, layers: u64, heads: u64, kv_heads: u64, mlp: u64) -> Llama {
+    Llama { whole_qk_norm: true, ..dense(100278, hidden, layers, heads, kv_heads, mlp, false) }
 }
 
 enum Hf {
@@ -203,6 +213,9 @@ fn mirrors() -> Vec<(&'static str, &'static str, Hf, Option<u64>)> {
         ("qwen3-14b", "Qwen/Qwen3-14B", L(qwen3(5120, 40, 40, 8, 17408, false)), None),
         ("qwen3-14b-base", "Qwen/Qwen3-14B-Base", L(qwen3(5120, 40, 40, 8, 17408, false)), None),
         ("qwen3-32b", "Qwen/Qwen3-32B", L(qwen3(5120, 64, 64, 8, 25600, false)), None),
+        ("olmo3-7b", "allenai/Olmo-3-7B-Instruct", L(olmo3(4096, 32, 32, 32, 11008)), None),
+        ("olmo3-7b-pt", "allenai/Olmo-3-1025-7B", L(olmo3(4096, 32, 32, 32, 11008)), None),
+        ("olmo3-32b", "allenai/Olmo-3.1-32B-Instruct", L(olmo3(5120, 64, 40, 8, 27648)), None),
         ("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", L(qwen3_moe(2048, 48, 32, 4, 768, 128)), None),
         ("qwen3-30b-a3b-base", "Qwen/Qwen3-30B-A3B-Base", L(qwen3_moe(2048, 48, 32, 4, 768, 128)), None),
         ("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", L(qwen3_moe(4096, 94, 64, 4, 1536, 128)), None),
@@ -429,6 +442,7 @@ fn base_moe_mlp_dim_sizes_the_experts() {
             experts: 4,
             tied: false,
             qk_norm: true,
+            whole_qk_norm: false,
             qkv_bias: false,
             norms: 2,
         })

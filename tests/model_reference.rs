@@ -116,7 +116,7 @@ fn init_params_follow_the_defs_and_the_seed() {
         "max_target_length=64",
     ];
     let gpt3 = Model::from_config(&maxrs::config::load(None, &gpt3.map(String::from)).unwrap()).unwrap();
-    let lora = config(true, &["lora.enable_lora=true", "lora.lora_rank=16"]);
+    let lora = config(true, &["lora.enable_lora=true", "lora.lora_rank=16", "lora.lora_alpha=16"]);
     for c in [config(true, &[]), gpt3, lora] {
         // The seed is an input: one compile per model for the three draws.
         let mut sig = Signature::new(None);

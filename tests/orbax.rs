@@ -1,12 +1,15 @@
 //! MaxText's Orbax checkpoints (issue 47), on the checkpoints MaxText e591f30 wrote itself
 //! (tests/data/orbax, see its README and tools/orbax_fixture.py): every array reads bit for bit
 //! as Orbax's own restore reads it (`values/*.safetensors`), and a run with
-//! `load_parameters_path=` a MaxText checkpoint starts from those parameters.
+//! `load_parameters_path=` a MaxText checkpoint starts from those parameters. The way back,
+//! `maxrs convert to-maxtext`, writes what MaxText writes and resumes from
+//! (`to_maxtext_losses.json`, tools/maxtext_resume.py).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use maxrs::checkpoint::orbax::{incomplete_steps, Checkpoint};
+use maxrs::checkpoint::orbax::ocdbt::Ocdbt;
+use maxrs::checkpoint::orbax::{incomplete_steps, to_maxtext, Checkpoint};
 use maxrs::checkpoint::Checkpoints;
 use maxrs::config;
 use maxrs::files::Location;
@@ -88,9 +91,10 @@ fn load(path: &Path) -> Vec<String> {
     vec![format!("load_parameters_path={}", path.display()), "steps=1".into()]
 }
 
-/// MaxText's own losses continuing the fixture's run from step 1's checkpoint, by step.
-fn maxtext_losses() -> BTreeMap<u64, f64> {
-    let text = std::fs::read_to_string(fixture("losses.json")).unwrap();
+/// MaxText's own losses continuing a run from step 1's checkpoint, by step: the fixture's
+/// (`losses.json`) or maxrs's converted (`to_maxtext_losses.json`).
+fn maxtext_losses(file: &str) -> BTreeMap<u64, f64> {
+    let text = std::fs::read_to_string(fixture(file)).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     json["loss_by_step"].as_object().unwrap().iter().map(|(k, v)| (k.parse().unwrap(), v.as_f64().unwrap())).collect()
 }
@@ -184,7 +188,7 @@ fn a_run_resumes_a_maxtext_train_state() {
 /// data with threefry (tests/data/orbax/README.md says how the file was made).
 #[test]
 fn a_resumed_run_continues_with_maxtexts_losses() {
-    let maxtext = maxtext_losses();
+    let maxtext = maxtext_losses("losses.json");
     let state = format!("load_full_state_path={}", fixture("nnx/checkpoints/1").display());
     let batch = format!("dataset_path={}", fixture("maxtext_batch.tokens").display());
     let resumed = run(&[state, batch, "dataset_type=tokens".into(), "steps=4".into()]).unwrap();
@@ -306,4 +310,140 @@ fn a_run_resumes_from_a_maxtext_runs_checkpoints_folder() {
         step1.starts_with(&format!("{}: params/params/decoder/layers/{want}", checkpoints.join("1/items").display())),
         "{e}"
     );
+}
+
+/// maxrs's array of shape `dims` (a scanned layer's `[layers, a, ...]`) in MaxText's layout,
+/// `[a, layers, ...]`: element `[l, i, rest]` goes to `[i, l, rest]`.
+fn layers_second(dims: &[usize], data: &[u8]) -> (Vec<usize>, Vec<u8>) {
+    let (layers, a) = (dims[0], dims[1]);
+    let row = data.len() / (layers * a);
+    let mut out = vec![0u8; data.len()];
+    for (index, element) in data.chunks(row).enumerate() {
+        let (l, i) = (index / a, index % a);
+        out[(i * layers + l) * row..][..row].copy_from_slice(element);
+    }
+    ([&[a, layers][..], &dims[2..]].concat(), out)
+}
+
+fn json_file(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Issue 47, the way back: a maxrs run (2 steps of the fixture's model on MaxText's batch)
+/// converted by `to_maxtext` holds maxrs's arrays bit for bit in MaxText's tree and layout, is
+/// laid out as MaxText's own checkpoint of the same model (tests/data/orbax/nnx/checkpoints/1:
+/// the same files, `_METADATA` tree, zarr metadata, array metadata), and continues with the
+/// losses MaxText itself had resuming from it (`to_maxtext_losses.json`, tools/maxtext_resume.py).
+#[test]
+fn a_maxrs_state_converts_to_what_maxtext_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let batch = [format!("dataset_path={}", fixture("maxtext_batch.tokens").display()), "dataset_type=tokens".into()];
+    let at = format!("base_output_directory={}", dir.path().display());
+    let save = [at, "run_name=mx".into(), "enable_checkpointing=true".into(), "steps=2".into()];
+    run(&[&batch[..], &save[..]].concat()).unwrap();
+    let out = dir.path().join("converted");
+    let written = to_maxtext(&Location::Local(dir.path().join("mx")), &Location::Local(out.clone()), false).unwrap();
+    assert_eq!((written.step_dir, written.next_step), (Location::Local(out.join("1")), Some(2)));
+    let e = format!(
+        "{:#}",
+        to_maxtext(&Location::Local(dir.path().join("mx")), &Location::Local(out.clone()), false).err().unwrap()
+    );
+    assert!(e.contains(&format!("{}: already exists", out.display())), "{e}");
+    let e = format!(
+        "{:#}",
+        to_maxtext(&Location::Local(fixture("nnx")), &Location::Local(dir.path().join("x")), false).err().unwrap()
+    );
+    assert!(e.contains("not a maxrs checkpoint"), "{e}");
+
+    // Every array as maxrs saved it (its safetensors files), in MaxText's names and layout.
+    let ckpt = Checkpoint::open(&Location::Local(out.join("1"))).unwrap();
+    let saved = dir.path().join("mx/checkpoints/1");
+    let mut compared = 0;
+    for file in ["params", "opt_state"] {
+        let bytes = std::fs::read(saved.join(format!("{file}.safetensors"))).unwrap();
+        for (key, view) in SafeTensors::deserialize(&bytes).unwrap().tensors() {
+            let name = match (file, key.split_once('.')) {
+                ("params", _) => format!("params/params/{}", key.replace('.', "/")),
+                (_, Some((group, rest))) => format!("opt_state/0/{group}/params/{}", rest.replace('.', "/")),
+                (_, None) => format!("opt_state/0/{key}"),
+            };
+            let (dims, data) = match key.contains("decoder.layers.") {
+                true => layers_second(view.shape(), view.data()),
+                false => (view.shape().to_vec(), view.data().to_vec()),
+            };
+            let read = ckpt.read(&name).unwrap();
+            let read_dims: Vec<usize> = read.dims.iter().map(|&d| d as usize).collect();
+            assert!((read_dims, read.data) == (dims, data), "{name} differs from maxrs's {file}.safetensors {key}");
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 37);
+    for name in ["step", "opt_state/0/count", "opt_state/2/count"] {
+        assert_eq!(ckpt.read(name).unwrap().data, 2i32.to_le_bytes(), "{name}");
+    }
+
+    // MaxText's own checkpoint of this model has the same files (but `_sharding`, the devices'
+    // layout, and `ocdbt.process_0/`, the per-process database Orbax merges), the same leaves,
+    // zarr metadata and array metadata.
+    let (ours, theirs) = (out.join("1"), fixture("nnx/checkpoints/1"));
+    for file in ["_CHECKPOINT_METADATA", "commit_success.txt", "items/commit_success.txt", "items/manifest.ocdbt"] {
+        assert!(ours.join(file).is_file() && theirs.join(file).is_file(), "{file}");
+    }
+    for file in ["items/_METADATA", "items/array_metadatas/process_0"] {
+        let sorted = |path: &Path| {
+            let mut json = json_file(path);
+            if let Some(list) = json.get_mut("array_metadatas").and_then(|l| l.as_array_mut()) {
+                list.sort_by_key(|m| m["array_metadata"]["param_name"].to_string());
+            }
+            json
+        };
+        assert_eq!(sorted(&ours.join(file)), sorted(&theirs.join(file)), "{file}");
+    }
+    let (step_ours, step_theirs) =
+        (json_file(&ours.join("_CHECKPOINT_METADATA")), json_file(&theirs.join("_CHECKPOINT_METADATA")));
+    let keys = |j: &serde_json::Value| j.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&step_ours), keys(&step_theirs));
+    for key in ["item_handlers", "custom_metadata"] {
+        assert_eq!(step_ours[key], step_theirs[key], "_CHECKPOINT_METADATA {key}");
+    }
+    let (db_ours, db_theirs) =
+        (Ocdbt::open(&ckpt.location().clone()).unwrap(), Ocdbt::open(&Location::Local(theirs.join("items"))).unwrap());
+    assert_eq!(db_ours.keys().collect::<Vec<_>>(), db_theirs.keys().collect::<Vec<_>>());
+    for name in ckpt.names() {
+        let key = format!("{}/zarr.json", name.replace('/', "."));
+        let zarr = |db: &Ocdbt| serde_json::from_slice::<serde_json::Value>(&db.read(key.as_bytes()).unwrap()).unwrap();
+        assert_eq!(zarr(&db_ours), zarr(&db_theirs), "{key}");
+    }
+
+    // The parameters alone (`--params-only`): the same arrays at `0/items`, each leaf as in
+    // MaxText's parameter-only checkpoint of this model (tests/data/orbax/linen_params, whose
+    // `step` and empty `opt_state` MaxText's `load_parameters_path` does not read).
+    let params_out = dir.path().join("params");
+    let written =
+        to_maxtext(&Location::Local(dir.path().join("mx")), &Location::Local(params_out.clone()), true).unwrap();
+    assert_eq!((written.next_step, written.arrays), (None, 12));
+    let params_only = Checkpoint::open(&Location::Local(params_out.join("0"))).unwrap();
+    let names: Vec<&str> = ckpt.names().filter(|n| n.starts_with("params/")).collect();
+    assert_eq!(params_only.names().collect::<Vec<_>>(), names);
+    for name in names {
+        assert_eq!(params_only.read(name).unwrap(), ckpt.read(name).unwrap(), "{name}");
+    }
+    let linen = json_file(&fixture("linen_params/0/items/_METADATA"));
+    let mut want = linen["tree_metadata"].as_object().unwrap().clone();
+    want.retain(|key, _| key.starts_with("('params'"));
+    assert_eq!(json_file(&params_out.join("0/items/_METADATA"))["tree_metadata"], serde_json::Value::Object(want));
+
+    // maxrs continuing from the converted checkpoint: MaxText's losses from it, the first also
+    // MaxText's from the parameters alone.
+    let maxtext = maxtext_losses("to_maxtext_losses.json");
+    let text = std::fs::read_to_string(fixture("to_maxtext_losses.json")).unwrap();
+    let from_params =
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["params_only_loss_by_step"]["0"].as_f64().unwrap();
+    let state = format!("load_full_state_path={}", out.join("1/items").display());
+    let resumed = run(&[&batch[..], &[state, "steps=4".into()]].concat()).unwrap();
+    assert_eq!((resumed.first_step, resumed.losses.len()), (2, 2));
+    for (loss, step) in resumed.losses.iter().zip(2..) {
+        assert!((loss - maxtext[&step]).abs() < 1e-5, "step {step}: maxrs {loss} vs MaxText {}", maxtext[&step]);
+    }
+    assert!((resumed.losses[0] - from_params).abs() < 1e-5, "maxrs {} vs MaxText {from_params}", resumed.losses[0]);
 }

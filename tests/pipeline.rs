@@ -75,7 +75,7 @@ fn unpipelined_with(args: &[&str], extra: &[&str]) -> (Vec<f64>, Tree<HostTensor
     let client = crate::common::client();
     let step = TrainStep::new(&c, &derived, derived.mesh.step_mesh(&granules()).unwrap()).unwrap();
     let compiled = runtime::compile(&client, &step.train_step().unwrap()).unwrap();
-    let init = runtime::compile(&client, &step.init(true).unwrap()).unwrap();
+    let init = runtime::compile(&client, &step.init(&Default::default()).unwrap()).unwrap();
     let mut state: Vec<Option<DeviceArray>> = compiled.program.inputs.iter().map(|_| None).collect();
     for (spec, array) in init.program.outputs.iter().zip(init.execute(&[]).unwrap()) {
         state[compiled.input_index(&spec.name).unwrap()] = Some(array);

@@ -103,13 +103,15 @@ fn run_from_parameter_and_token_files_starts_at_the_reference_loss() {
 #[test]
 fn every_family_trains_with_a_falling_loss() {
     // Llama 3.1's RoPE rides on the Mistral run (both are Llama 2's layer; each was a run of its
-    // own): the loop over these 4 runs trains every family's parameter tree; the features'
+    // own): the loop over these 5 runs trains every family's parameter tree; the features'
     // gradients are checked against references in `model_families`.
     for (model, extra) in [
         ("mistral-7b", &["sliding_window_size=8", "rope_type=llama3.1"][..]),
         ("gemma-2b", &["base_num_kv_heads=1"]),
         ("gemma2-2b", &["sliding_window_size=8"]),
         ("gpt3-52k", &["base_num_kv_heads=4"]),
+        // One scanned block of OLMo 3's 3 sliding + 1 global layers.
+        ("olmo3-7b", &["base_num_decoder_layers=4", "sliding_window_size=8"]),
     ] {
         let mut args = vec![
             format!("model_name={model}"),

@@ -90,7 +90,7 @@ fn main() -> Result<()> {
 fn with_shared_inputs(c: &Config, args: &[String], dir: &Path, client: &Client) -> Result<Config> {
     let derived = config::validate(c, client.addressable_devices()?.len(), 1)?;
     let step = TrainStep::new(c, &derived, None)?;
-    let init = step.init(true).map_err(|e| anyhow!("{e}"))?;
+    let init = step.init(&Default::default()).map_err(|e| anyhow!("{e}"))?;
     let values = runtime::run_program(client, &init, &Tree::new())?;
     let params: Params =
         values.into_iter().filter_map(|(n, t)| n.strip_prefix("params.").map(|n| (n.to_string(), t))).collect();

@@ -15,7 +15,8 @@ Made with (CPU only; versions as recorded in the output's "versions"):
         filelock typing-extensions sympy networkx jinja2 fsspec
     ~/.cache/maxrs/venvs/hf-golden/bin/python tools/hf_golden.py tests/data/hf_golden.json
 
-`tools/hf_golden.py --checkpoint FAMILY DIR` writes one family's checkpoint (config.json and
+`tools/hf_golden.py --only FAMILY tests/data/hf_golden.json` remakes one family's entry and keeps
+the others' as they are. `tools/hf_golden.py --checkpoint FAMILY DIR` writes one family's checkpoint (config.json and
 model.safetensors) to DIR, e.g. to compare `maxrs decode` on it with the recorded greedy tokens.
 """
 
@@ -131,6 +132,25 @@ def gemma_tensors(layers, gemma2, kv, qk_norm=False):
     return t
 
 
+def olmo3_tensors(layers):
+    """OLMo 3's post-norm layers: q_norm and k_norm over all heads' queries and keys."""
+    t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E], "lm_head.weight": [V, E]}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        t[p + "self_attn.q_proj.weight"] = [H * D, E]
+        t[p + "self_attn.k_proj.weight"] = [K * D, E]
+        t[p + "self_attn.v_proj.weight"] = [K * D, E]
+        t[p + "self_attn.o_proj.weight"] = [E, H * D]
+        t[p + "self_attn.q_norm.weight"] = [H * D]
+        t[p + "self_attn.k_norm.weight"] = [K * D]
+        t[p + "post_attention_layernorm.weight"] = [E]
+        t[p + "mlp.gate_proj.weight"] = [M, E]
+        t[p + "mlp.up_proj.weight"] = [M, E]
+        t[p + "mlp.down_proj.weight"] = [E, M]
+        t[p + "post_feedforward_layernorm.weight"] = [E]
+    return t
+
+
 def deepseek_tensors(layers, dense, q_lora=0, experts=0, moe=0, qk_nope=16, qk_rope=8, v_head=12, kv_lora=16):
     """DeepSeek-V3's layers: dense before `dense` (`first_k_dense_replace`), routed (`experts`
     of width `moe`, one shared) after; queries with a low-rank projection when `q_lora`."""
@@ -213,6 +233,17 @@ def cases():
                       "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100.0},
                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
     del gemma3["rope_theta"]
+    # OLMo 3: 8 layers (3 sliding with a window of 4, then a full one, twice); default RoPE, as
+    # the pre-training revisions' (olmo3-7b-pt): with YaRN transformers 5 gives the sliding layers
+    # the default RoPE, MaxText YaRN in every layer.
+    # `rope_parameters` for both kinds of layer: transformers 5.23's `Olmo3Config` gives the
+    # sliding layers its default base 500000 when a config states only `rope_theta`.
+    olmo3 = dict(BASE, architectures=["Olmo3ForCausalLM"], model_type="olmo3", num_hidden_layers=8,
+                 hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False,
+                 sliding_window=4, rope_parameters={
+                     "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+    del olmo3["rope_theta"]
     return {
         "deepseek_v3": (deepseek_v3, deepseek_tensors(2, 2)),
         "deepseek_v3_moe": (deepseek_v3_moe, deepseek_tensors(3, 1, q_lora=24, experts=4, moe=32)),
@@ -225,6 +256,7 @@ def cases():
         "gemma": (gemma, gemma_tensors(2, False, 1)),
         "gemma2": (gemma2, gemma_tensors(4, True, K)),
         "gemma3": (gemma3, gemma_tensors(8, True, K, qk_norm=True)),
+        "olmo3": (olmo3, olmo3_tensors(8)),
     }
 
 
@@ -242,14 +274,21 @@ def write_checkpoint(d, config, shapes):
         json.dump(config, f)
 
 
-def main(out_path):
+def main(out_path, only=None):
     import torch
     import transformers
 
     torch.manual_seed(0)
     golden = {"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
               "prompt": PROMPT, "families": {}}
+    if only is not None:
+        # One family (re)made, the others' entries kept as they are.
+        with open(out_path) as f:
+            golden = json.load(f)
+        assert golden["versions"] == {"torch": torch.__version__, "transformers": transformers.__version__}
     for family, (config, shapes) in cases().items():
+        if only is not None and family != only:
+            continue
         with tempfile.TemporaryDirectory() as d:
             write_checkpoint(d, config, shapes)
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
@@ -279,5 +318,7 @@ if __name__ == "__main__":
         import os
         os.makedirs(sys.argv[3])
         write_checkpoint(sys.argv[3], *cases()[sys.argv[2]])
+    elif sys.argv[1] == "--only":
+        main(sys.argv[3], only=sys.argv[2])
     else:
         main(sys.argv[1])

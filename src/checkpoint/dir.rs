@@ -366,8 +366,46 @@ pub fn load_blocks(
     convert_floats: bool,
     wanted: &BTreeMap<String, Vec<Bounds>>,
 ) -> Result<LoadedBlocks> {
+    let fit = if convert_floats { Fit::Parameters } else { Fit::Resume };
+    load_fitting(dir, expected, model, fit, wanted)
+}
+
+/// Reads a LoRA run's adapters `expected` (`params.…_lora_a`, `…_lora_b`) whole from its
+/// checkpoint at `dir` (`lora.lora_restore_path`), and nothing else of it: the checkpoint's model
+/// keys must be the run's (its base model, LoRA rank and alpha) but for the dtypes and the
+/// module path; float dtypes are converted.
+pub fn load_adapters(
+    dir: &Location,
+    expected: &[Expected],
+    model: &BTreeMap<String, serde_json::Value>,
+) -> Result<Loaded> {
+    let wanted: BTreeMap<String, Vec<Bounds>> =
+        expected.iter().map(|e| (e.name.clone(), vec![whole(&e.dims)])).collect();
+    let share = load_fitting(dir, expected, model, Fit::Adapters, &wanted)?;
+    let arrays = share.arrays.into_iter().map(|(name, array)| Ok((name, array.assemble()?))).collect::<Result<_>>()?;
+    Ok(Loaded { location: share.location, manifest: share.manifest, arrays })
+}
+
+/// What a run takes of a checkpoint, which decides how it must fit ([`check_fits`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    /// Everything, as saved: resuming.
+    Resume,
+    /// Its parameters, converted to the run's dtypes (`load_parameters_path`).
+    Parameters,
+    /// Its LoRA adapters only, converted (`lora.lora_restore_path`).
+    Adapters,
+}
+
+fn load_fitting(
+    dir: &Location,
+    expected: &[Expected],
+    model: &BTreeMap<String, serde_json::Value>,
+    fit: Fit,
+    wanted: &BTreeMap<String, Vec<Bounds>>,
+) -> Result<LoadedBlocks> {
     let manifest = read_manifest(dir)?;
-    check_fits(dir, &manifest, expected, model, convert_floats)?;
+    check_fits(dir, &manifest, expected, model, fit)?;
     let mut reader = read::SliceReader::new(dir, &manifest);
     let mut arrays = BTreeMap::new();
     for e in expected {
@@ -396,8 +434,9 @@ fn check_fits(
     manifest: &Manifest,
     expected: &[Expected],
     model: &BTreeMap<String, serde_json::Value>,
-    convert_floats: bool,
+    fit: Fit,
 ) -> Result<()> {
+    let convert_floats = fit != Fit::Resume;
     let by_name: BTreeMap<&str, &ArrayEntry> = manifest.arrays.iter().map(|a| (a.name.as_str(), a)).collect();
     let groups: BTreeMap<&str, usize> = group_counts(expected.iter().map(|e| e.name.as_str()))?;
     let saved_groups = group_counts(manifest.arrays.iter().map(|a| a.name.as_str()))?;
@@ -405,11 +444,15 @@ fn check_fits(
 
     let mut problems = Vec::new();
     let mut differences = manifest::model_differences(&manifest.model, model);
-    if convert_floats {
-        // Loading parameters converts them to this run's weight_dtype, and loads the base model
-        // under this run's LoRA adapters, whatever adapters the checkpoint's run had.
-        differences.retain(|d| !d.starts_with("weight_dtype:") && !d.starts_with("lora."));
-    }
+    // Loading parameters converts them to this run's weight_dtype; it loads the base model under
+    // this run's LoRA adapters, whatever adapters the checkpoint's run had; adapters fit wherever
+    // their module path matched them.
+    let free: &[&str] = match fit {
+        Fit::Resume => &[],
+        Fit::Parameters => &["weight_dtype:", "lora."],
+        Fit::Adapters => &["weight_dtype:", "lora.lora_module_path:"],
+    };
+    differences.retain(|d| !free.iter().any(|f| d.starts_with(f)));
     if !differences.is_empty() {
         problems.push(format!("config keys that differ: {}", differences.join("; ")));
     }
@@ -443,7 +486,8 @@ fn check_fits(
         .arrays
         .iter()
         .filter(|a| {
-            group_and_key(&a.name).is_ok_and(|(g, _)| groups.contains_key(g))
+            fit != Fit::Adapters
+                && group_and_key(&a.name).is_ok_and(|(g, _)| groups.contains_key(g))
                 && !expected_names.contains(a.name.as_str())
         })
         .map(|a| a.name.as_str())

@@ -27,7 +27,8 @@ use crate::host::convert_float;
 use crate::host::params_io::to_dtype;
 use crate::host::{shape_string, DType, HostTensor};
 use crate::input;
-use crate::model::{hf as layout, Model};
+use crate::model::hf::{self as layout, peft};
+use crate::model::Model;
 use crate::storage::{self, StagedDir};
 use crate::train_state::Group;
 
@@ -249,10 +250,42 @@ fn model_config(derived: &[String], user: &[String]) -> Result<(Config, Model)> 
     Ok((c, model))
 }
 
+/// The value of `hf_lora_adapter_path=` among `args` (MaxText's key of its conversion script
+/// `checkpoint_conversion/to_maxtext.py` at e591f30: a PEFT adapter directory), and the other
+/// arguments.
+fn adapter_path(args: &[String]) -> Result<(Option<Location>, Vec<String>)> {
+    let (adapter, rest): (Vec<&String>, Vec<&String>) =
+        args.iter().partition(|a| a.trim_start().starts_with("hf_lora_adapter_path="));
+    let path = match adapter.as_slice() {
+        [] => None,
+        [one] => Some(Location::parse(one.split_once('=').map_or("", |(_, v)| v))?),
+        _ => bail!("hf_lora_adapter_path is given {} times; give one PEFT adapter directory", adapter.len()),
+    };
+    Ok((path, rest.into_iter().cloned().collect()))
+}
+
+/// A PEFT adapter directory's `adapter_config.json` and tensors.
+fn read_adapter(dir: &Location) -> Result<(Value, BTreeMap<String, HostTensor>)> {
+    let location = dir.join(peft::ADAPTER_CONFIG);
+    let config: Value = serde_json::from_slice(&storage::read(&location, input::SETTINGS)?)
+        .map_err(|e| anyhow!("{location}: not JSON: {e}"))?;
+    let weights = dir.join(peft::ADAPTER_WEIGHTS);
+    let mut input = storage::open_read(&weights)?;
+    let tensors = read_safetensors(&mut input, &weights.to_string())?.tensors;
+    for (name, tensor) in &tensors {
+        check_weight(&weights, name, tensor)?;
+    }
+    Ok((config, tensors))
+}
+
 /// A Hugging Face checkpoint at `src` -> a maxrs parameters-only checkpoint
 /// directory at `dst` (`load_parameters_path=dst`), in `dtype` (default: the source's).
-/// `overrides` are maxrs keys such as `scan_layers=false`.
+/// `overrides` are maxrs keys such as `scan_layers=false`, and `hf_lora_adapter_path=` a PEFT
+/// LoRA adapter of the model, whose adapters the checkpoint then holds too (with the `lora.*`
+/// keys that give them, for a LoRA run or decoding).
 pub fn from_hf(src: &Location, dst: &Location, dtype: Option<&str>, overrides: &[String]) -> Result<Converted> {
+    let (adapter, overrides) = adapter_path(overrides)?;
+    let overrides = overrides.as_slice();
     // The config is checked before gigabytes of weights are read.
     let hf_config = read_config(src)?;
     let model_keys = layout::config_from_hf(&hf_config).with_context(|| src.join(CONFIG_FILE).to_string())?;
@@ -263,8 +296,24 @@ pub fn from_hf(src: &Location, dst: &Location, dtype: Option<&str>, overrides: &
     };
     let mut derived: Vec<String> = model_keys.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
     derived.push(format!("weight_dtype={}", dtype_name(ty)));
+    let adapter = match adapter {
+        Some(dir) => {
+            let (adapter_config, adapter_tensors) = read_adapter(&dir)?;
+            let (c, base) = model_config(&derived, overrides)?;
+            let keys = peft::lora_keys(&adapter_config, &c, &base)
+                .with_context(|| dir.join(peft::ADAPTER_CONFIG).to_string())?;
+            derived.extend(keys.into_iter().map(|(k, v)| format!("{k}={v}")));
+            Some((dir, adapter_tensors))
+        }
+        None => None,
+    };
     let (c, model) = model_config(&derived, overrides)?;
-    let params = cast(layout::from_hf(&c, &model, &hf_config, &tensors)?, ty)?;
+    let mut params = layout::from_hf(&c, &model, &hf_config, &tensors)?;
+    if let Some((dir, adapter_tensors)) = &adapter {
+        let adapters = peft::from_peft(&c, &model, &hf_config, adapter_tensors).with_context(|| dir.to_string())?;
+        params.extend(adapters);
+    }
+    let params = cast(params, ty)?;
     let snapshot = Snapshot {
         step: None,
         arrays: params.into_iter().map(|(n, t)| (Group::Params.name(&n), t)).collect(),
@@ -292,12 +341,16 @@ fn plain(v: &Value) -> String {
 
 /// maxrs parameters -> a Hugging Face checkpoint directory at `dst`. `src` is a maxrs
 /// checkpoint directory (its manifest gives the model) or a parameters safetensors file (then
-/// `args`, a config file and/or `key=value`, give the model).
+/// `args`, a config file and/or `key=value`, give the model). A LoRA run's parameters become a
+/// PEFT adapter directory (`adapter_config.json`, `adapter_model.safetensors`: the base model
+/// is the one the run loaded, frozen), or with `merge_lora` the model with the adapters merged
+/// into its weights.
 pub fn to_hf(
     src: &Location,
     dst: &Location,
     dtype: Option<&str>,
     max_shard_bytes: u64,
+    merge_lora: bool,
     args: &[String],
 ) -> Result<Converted> {
     let checkpoint = match storage::is_file(&src.join(MANIFEST_FILE))? {
@@ -348,12 +401,31 @@ pub fn to_hf(
         }
         params
     };
+    let model_args = manifest::model_keys(&c, &model).iter().map(|(k, v)| format!("{k}={}", plain(v))).collect();
+    let params = match (model.config.lora.is_some(), merge_lora) {
+        (true, false) => {
+            let (tensors, config) = peft::to_peft(&c, &model, &params, ty)?;
+            let files = [peft::ADAPTER_WEIGHTS.to_string(), peft::ADAPTER_CONFIG.to_string()];
+            StagedDir::write_whole(dst, peft::ADAPTER_CONFIG, |dir| {
+                let mut out = storage::create(&dir.join(peft::ADAPTER_WEIGHTS))?;
+                let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+                let refs: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+                write_safetensors(&mut out, &refs, &metadata)?;
+                out.finish()?;
+                storage::write(&dir.join(peft::ADAPTER_CONFIG), serde_json::to_string_pretty(&config)?.as_bytes())
+            })?;
+            let bytes = tensors.values().map(|t| t.data.len() as u64).sum();
+            return Ok(Converted { model_args, tensors: tensors.len(), bytes, files: files.to_vec() });
+        }
+        (true, true) => peft::merged(&model, params)?,
+        (false, true) => bail!("--merge-lora: {src} holds no LoRA adapters (its run had no lora.enable_lora)"),
+        (false, false) => params,
+    };
     let params = cast(params, ty)?;
     let tensors = layout::to_hf(&c, &model, &params, ty)?;
     let hf_config = layout::hf_config(&c, &model, dtype_name(ty));
     // config.json, written last, is what marks a gs:// directory complete.
     let (_, files) = StagedDir::write_whole(dst, CONFIG_FILE, |dir| write(dir, &hf_config, &tensors, max_shard_bytes))?;
     let bytes = tensors.values().map(|t| t.data.len() as u64).sum();
-    let model_args = manifest::model_keys(&c, &model).iter().map(|(k, v)| format!("{k}={}", plain(v))).collect();
     Ok(Converted { model_args, tensors: tensors.len(), bytes, files })
 }

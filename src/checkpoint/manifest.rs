@@ -220,7 +220,8 @@ pub fn model_keys(config: &Config, model: &Model) -> BTreeMap<String, serde_json
 
 /// What model name `name` decides of the model whose model keys are `keys`, beyond them, in
 /// words, where MaxText's model code reads the name: a DeepSeek model's routing
-/// ([`moe::routing_by_name`]), Gemma 3's query scale ([`gemma3::scalar_of_name`]). None where
+/// ([`moe::routing_by_name`]), Gemma 3's query scale ([`gemma3::scalar_of_name`]), OLMo 3's
+/// QK-norm. None where
 /// the name decides nothing, or `keys` (an older manifest's) lack what it depends on. Read from
 /// the recorded keys alone, so that a checkpoint's name and a run's compare alike.
 fn decided_by_name(name: &str, keys: &BTreeMap<String, serde_json::Value>) -> Option<String> {
@@ -235,6 +236,11 @@ fn decided_by_name(name: &str, keys: &BTreeMap<String, serde_json::Value>) -> Op
         "gemma3" => {
             let s = gemma3::scalar_of_name(name, int("base_emb_dim")?, int("base_num_query_heads")?, int("head_dim")?)?;
             Some(format!("queries scaled by {s}^-1/2"))
+        }
+        // `Attention.__init__` (layers/attentions.py at MaxText e591f30): `GlobalRMSNorm` for a
+        // model_name starting with olmo3 (maxrs's olmo3 refuses another name).
+        "olmo3" => {
+            Some(format!("a QK-norm over {}", if name.starts_with("olmo3") { "all heads" } else { "each head" }))
         }
         _ => None,
     }

@@ -1,6 +1,7 @@
 //! `maxrs convert`: Hugging Face checkpoints to and from maxrs's parameter layout
-//! (see `model::hf` for the mapping, `checkpoint::hf` for the files). DST is a new
-//! directory in both directions, checked by `output::check` before SRC is read.
+//! (see `model::hf` for the mapping, `checkpoint::hf` for the files), and a maxrs train state
+//! to MaxText's Orbax checkpoint (`checkpoint::orbax::write`). DST is a new directory in every
+//! direction, checked by `output::check` before SRC is read.
 
 use anyhow::{bail, Result};
 use clap::Subcommand;
@@ -28,7 +29,8 @@ enum Direction {
         /// Weight dtype of the result: float32, bfloat16 or float16 (default: the source's).
         #[arg(long)]
         dtype: Option<String>,
-        /// maxrs keys for the layout, e.g. scan_layers=false.
+        /// maxrs keys for the layout, e.g. scan_layers=false; hf_lora_adapter_path=DIR adds a
+        /// PEFT LoRA adapter's adapters (unmerged, with the lora.* keys that give them).
         #[arg(value_name = "key=value")]
         overrides: Vec<String>,
     },
@@ -45,9 +47,28 @@ enum Direction {
         /// Largest weight file: bytes, or with a unit (KB, MB, GB as powers of 1000; KiB, MiB, GiB).
         #[arg(long, default_value = "5GB")]
         max_shard_size: String,
+        /// A LoRA run's parameters: the model with the adapters merged into its weights
+        /// (without it: a PEFT adapter directory).
+        #[arg(long)]
+        merge_lora: bool,
         /// The model: a config file and/or key=value (needed for a bare parameters file).
         #[arg(value_name = "CONFIG | key=value")]
         args: Vec<String>,
+    },
+    /// A maxrs train state (a checkpoint step directory, or a run's directory: its newest step)
+    /// -> a MaxText checkpoint directory (Orbax, OCDBT + zarr v3: DST/<step>/items), which
+    /// MaxText resumes from with load_full_state_path=DST/<step>/items, or as a run's
+    /// checkpoints/ folder.
+    ToMaxtext {
+        /// maxrs checkpoint step directory, run directory or checkpoints directory (local or gs://).
+        src: String,
+        /// New MaxText checkpoints directory (local or gs://); must not exist.
+        dst: String,
+        /// The parameters alone, as MaxText's generate_param_only_checkpoint writes them
+        /// (DST/0/items, for MaxText's load_parameters_path); SRC may be a parameters-only
+        /// checkpoint.
+        #[arg(long)]
+        params_only: bool,
     },
 }
 
@@ -106,16 +127,29 @@ pub fn run(args: ConvertArgs) -> Result<()> {
                 shell_join(words.iter().flatten().map(String::as_str))
             );
         }
-        Direction::ToHf { src, dst, dtype, max_shard_size, args } => {
+        Direction::ToHf { src, dst, dtype, max_shard_size, merge_lora, args } => {
             let limit = parse_size(&max_shard_size)?;
             let (src, dst) = locations(&src, &dst)?;
-            let done = hf::to_hf(&src, &dst, dtype.as_deref(), limit, &args)?;
+            let done = hf::to_hf(&src, &dst, dtype.as_deref(), limit, merge_lora, &args)?;
             println!(
                 "wrote {} tensors ({:.1} MiB) to {dst}: {}",
                 done.tensors,
                 done.bytes as f64 / (1 << 20) as f64,
                 done.files.join(", ")
             );
+        }
+        Direction::ToMaxtext { src, dst, params_only } => {
+            let (src, dst) = locations(&src, &dst)?;
+            let done = maxrs::checkpoint::orbax::to_maxtext(&src, &dst, params_only)?;
+            let (mib, items) = (done.bytes as f64 / (1 << 20) as f64, done.step_dir.join("items"));
+            print!("wrote {} arrays ({mib:.1} MiB) to {}", done.arrays, done.step_dir);
+            match done.next_step {
+                Some(next) => {
+                    println!(": MaxText's step {next} comes next");
+                    println!("resume MaxText from it with load_full_state_path={items}");
+                }
+                None => println!("\nload it in MaxText with load_parameters_path={items}"),
+            }
         }
     }
     Ok(())

@@ -56,6 +56,9 @@ pub const MODELS: &[(&str, &str)] = &[
     ("deepseek2-16b", include_str!("../../models/deepseek2-16b.yml")),
     ("deepseek2-236b", include_str!("../../models/deepseek2-236b.yml")),
     ("kimi-k2-1t", include_str!("../../models/kimi-k2-1t.yml")),
+    ("olmo3-7b", include_str!("../../models/olmo3-7b.yml")),
+    ("olmo3-7b-pt", include_str!("../../models/olmo3-7b-pt.yml")),
+    ("olmo3-32b", include_str!("../../models/olmo3-32b.yml")),
 ];
 
 /// The built-in text of `models/<name>.yml`.

@@ -148,7 +148,8 @@ string_enum!(
     /// `src/model/`; mixtral is llama2's with a routed MoE block for the MLP, qwen2 llama2's with
     /// query/key/value biases, qwen3 llama2's with QK-norm, qwen3_moe qwen3's with a routed MoE
     /// block, qwen3_custom_moe qwen3's attention into a narrower latent with a routed MoE block
-    /// there, deepseek DeepSeek-V3's layer (multi-head latent attention).
+    /// there, deepseek DeepSeek-V3's layer (multi-head latent attention), olmo3 OLMo 3's
+    /// post-norm layers with a whole-width QK-norm, 3 sliding-window layers to 1 global.
     DecoderBlock {
         Llama2 = "llama2",
         Mistral = "mistral",
@@ -162,6 +163,7 @@ string_enum!(
         Qwen3Moe = "qwen3_moe",
         Qwen3CustomMoe = "qwen3_custom_moe",
         Deepseek = "deepseek",
+        Olmo3 = "olmo3",
     }
 );
 
@@ -189,7 +191,7 @@ string_enum!(
 string_enum!(
     /// MaxText's `rope_type`: `default` (half-split RoPE), `llama3.1` (Llama 3.1's scaled
     /// frequencies on interleaved pairs) or `yarn` (YaRN's frequencies; deepseek's multi-head
-    /// latent attention only, validation refuses it for the other families as not supported yet).
+    /// latent attention and olmo3 only, validation refuses it for the other families as not supported yet).
     RopeType { Default = "default", Llama31 = "llama3.1", Yarn = "yarn" }
 );
 

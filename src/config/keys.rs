@@ -25,7 +25,9 @@ use super::registry::Origin::{MaxText, Maxrs};
 use super::registry::{declare_keys, Families, Key, KeyType, Section};
 
 const ALL: Families = Families::All;
-const MISTRAL_GEMMA2_3: Families = Families::Only(&[DecoderBlock::Mistral, DecoderBlock::Gemma2, DecoderBlock::Gemma3]);
+/// The families with sliding-window layers (`sliding_window_size`).
+const SLIDING: Families =
+    Families::Only(&[DecoderBlock::Mistral, DecoderBlock::Gemma2, DecoderBlock::Gemma3, DecoderBlock::Olmo3]);
 const GEMMA2_3: Families = Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::Gemma3]);
 const GEMMA3: Families = Families::Only(&[DecoderBlock::Gemma3]);
 /// The families with MaxText's default RoPE (`RotaryEmbedding`), whose timescales
@@ -41,6 +43,7 @@ const DEFAULT_ROPE: Families = Families::Only(&[
     DecoderBlock::Qwen3,
     DecoderBlock::Qwen3Moe,
     DecoderBlock::Qwen3CustomMoe,
+    DecoderBlock::Olmo3,
 ]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
 const MOE: Families = Families::Only(&[
@@ -49,10 +52,15 @@ const MOE: Families = Families::Only(&[
     DecoderBlock::Qwen3CustomMoe,
     DecoderBlock::Deepseek,
 ]);
-/// decoder_block=qwen2, qwen3, qwen3_moe, qwen3_custom_moe: `qwen2.py`, `qwen3.py` and
-/// `qwen3_custom.py` (MaxText e591f30) all pass `use_qk_norm` to their `Attention`.
-const QWEN2_3: Families =
-    Families::Only(&[DecoderBlock::Qwen2, DecoderBlock::Qwen3, DecoderBlock::Qwen3Moe, DecoderBlock::Qwen3CustomMoe]);
+/// decoder_block=qwen2, qwen3, qwen3_moe, qwen3_custom_moe, olmo3: `qwen2.py`, `qwen3.py`,
+/// `qwen3_custom.py` and `olmo3.py` (MaxText e591f30) all pass `use_qk_norm` to their `Attention`.
+const QK_NORM: Families = Families::Only(&[
+    DecoderBlock::Qwen2,
+    DecoderBlock::Qwen3,
+    DecoderBlock::Qwen3Moe,
+    DecoderBlock::Qwen3CustomMoe,
+    DecoderBlock::Olmo3,
+]);
 /// decoder_block=qwen2: the only block maxrs has whose MaxText layer reads `attention_bias`.
 const QWEN2: Families = Families::Only(&[DecoderBlock::Qwen2]);
 const MIXTRAL_QWEN3_MOE: Families =
@@ -64,6 +72,9 @@ const QWEN3_CUSTOM: Families = Families::Only(&[DecoderBlock::Qwen3CustomMoe]);
 /// decoder_block=deepseek: multi-head latent attention and YaRN (`model::mla`), DeepSeek-V3's
 /// routing and shared experts (`model::moe::MoeConfig::deepseek`).
 const DEEPSEEK: Families = Families::Only(&[DecoderBlock::Deepseek]);
+/// The families with YaRN RoPE (`rope_type: yarn`): deepseek's latent attention, olmo3.
+const YARN: Families = Families::Only(&[DecoderBlock::Deepseek, DecoderBlock::Olmo3]);
+const OLMO3: Families = Families::Only(&[DecoderBlock::Olmo3]);
 
 declare_keys! {
     section "Run" {
@@ -163,6 +174,11 @@ declare_keys! {
         /// gemma3: layers, a multiple of 6 (maxrs scans blocks of 5 local + 1 global layers and
         /// has no remainder block yet).
         base_num_decoder_layers: i64 = 16 => MaxText.model(ALL).range(int(1, MAX_HEADS)).model_file(),
+        /// olmo3: the layers of one scanned block (MaxText's `Olmo3ScannableBlock`), a multiple of 4 (OLMo 3's 3 local + 1 global pattern) dividing the layers.
+        // MaxText's scan takes num_decoder_layers // interval blocks (`Decoder.__call__`,
+        // src/maxtext/layers/decoders.py at e591f30); its other families are refused a value
+        // other than 1 (families.rs).
+        inhomogeneous_layer_cycle_interval: i64 = 1 => MaxText.model(OLMO3).range(int(1, MAX_HEADS)).model_file(),
         /// The size of each attention head (not scaled).
         head_dim: i64 = 128 => MaxText.model(ALL).range(int(1, MAX_HEADS)).model_file(),
         /// The vocabulary size (token ids are int32).
@@ -181,7 +197,7 @@ declare_keys! {
         // MaxText's `RotaryEmbedding.timescale` (src/maxtext/layers/embeddings.py, e591f30) and
         // `Attention.init_rotary_embedding` (attentions.py), which skips gemma3's local layers.
         rope_linear_scaling_factor: f64 = 1.0 => MaxText.model(DEFAULT_ROPE).range(closed(1e-6, 1e6)).model_file(),
-        /// default (half-split RoPE), llama3.1 (scaled frequencies, interleaved pairs) or yarn (deepseek only yet).
+        /// default (half-split RoPE), llama3.1 (scaled frequencies, interleaved pairs) or yarn (deepseek and olmo3 only yet).
         /// llama3.1 is also chosen by a model_name starting with llama3.1, as in MaxText.
         rope_type: RopeType = "default" => MaxText.model(ALL).model_file(),
         /// llama3.1 RoPE: apply Llama 3.1's frequency scaling.
@@ -195,10 +211,10 @@ declare_keys! {
         /// Positive: learned position embeddings for that many positions (gpt3), added to the token embeddings.
         // 0 (or -1, MaxText's default) disables learned position embeddings.
         trainable_position_size: i64 = -1 => MaxText.model(ALL).range(int_or_fill(0, 1 << 24)).model_file(),
-        /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2, gemma3: the local layers' window.
-        sliding_window_size: i64 = 0 => MaxText.model(MISTRAL_GEMMA2_3).range(int(0, 1 << 24)).model_file(),
-        /// qwen2, qwen3, qwen3_moe, qwen3_custom_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm).
-        use_qk_norm: bool = false => MaxText.model(QWEN2_3).model_file(),
+        /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2, gemma3, olmo3: the local layers' window.
+        sliding_window_size: i64 = 0 => MaxText.model(SLIDING).range(int(0, 1 << 24)).model_file(),
+        /// qwen2, qwen3, qwen3_moe, qwen3_custom_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm); olmo3: over all heads' together.
+        use_qk_norm: bool = false => MaxText.model(QK_NORM).model_file(),
         /// qwen2: learned biases on the query, key and value projections (not the output's).
         attention_bias: bool = false => MaxText.model(QWEN2).model_file(),
         /// gemma2, gemma3: attention scores = cap * tanh(scores / cap); 0 disables.
@@ -241,25 +257,25 @@ declare_keys! {
         qk_rope_head_dim: i64 = 64 => MaxText.model(DEEPSEEK).range(int(2, MAX_HEADS)).model_file(),
         /// Each head's value dimension.
         v_head_dim: i64 = 128 => MaxText.model(DEEPSEEK).range(int(1, MAX_HEADS)).model_file(),
-        /// The context length the model is extended to; above original_max_position_embeddings the
-        /// softmax scale is multiplied by (0.1 mscale ln(rope_factor) + 1)^2.
-        max_position_embeddings: i64 = 163840 => MaxText.model(DEEPSEEK).range(int(1, 1 << 30)).model_file(),
+        /// The context length the model is extended to; deepseek: above original_max_position_embeddings the
+        /// softmax scale is multiplied by (0.1 mscale ln(rope_factor) + 1)^2; olmo3 (yarn): positions must stay below it.
+        max_position_embeddings: i64 = 163840 => MaxText.model(YARN).range(int(1, 1 << 30)).model_file(),
         /// yarn: the context length RoPE's base frequencies were trained for.
-        original_max_position_embeddings: i64 = 4096 => MaxText.model(DEEPSEEK).range(int(1, 1 << 30)).model_file(),
+        original_max_position_embeddings: i64 = 4096 => MaxText.model(YARN).range(int(1, 1 << 30)).model_file(),
         /// yarn: the context extension factor (low frequencies are divided by it).
-        rope_factor: f64 = 40 => MaxText.model(DEEPSEEK).range(closed(1.0, 1e6)).model_file(),
+        rope_factor: f64 = 40 => MaxText.model(YARN).range(closed(1.0, 1e6)).model_file(),
         /// yarn: rotations over original_max_position_embeddings above which a frequency is kept.
-        beta_fast: f64 = 32 => MaxText.model(DEEPSEEK).range(open(0.0, 1e6)).model_file(),
+        beta_fast: f64 = 32 => MaxText.model(YARN).range(open(0.0, 1e6)).model_file(),
         /// yarn: rotations below which a frequency is divided by rope_factor (linear ramp between).
-        beta_slow: f64 = 1 => MaxText.model(DEEPSEEK).range(open(0.0, 1e6)).model_file(),
+        beta_slow: f64 = 1 => MaxText.model(YARN).range(open(0.0, 1e6)).model_file(),
         /// The softmax scale's YaRN correction factor (see max_position_embeddings).
         mscale: f64 = 1.0 => MaxText.model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
         /// yarn: RoPE rotates interleaved pairs (x[2i], x[2i+1]); false: the two halves.
-        rope_interleave: bool = true => MaxText.model(DEEPSEEK).model_file(),
+        rope_interleave: bool = true => MaxText.model(YARN).model_file(),
         /// yarn: the correction range's bounds are rounded outwards to whole dimensions.
-        rope_truncate: bool = true => MaxText.model(DEEPSEEK).model_file(),
+        rope_truncate: bool = true => MaxText.model(YARN).model_file(),
         /// yarn: RoPE's output is multiplied by 0.1 ln(rope_factor) + 1.
-        rope_attention_scaling: bool = false => MaxText.model(DEEPSEEK).model_file(),
+        rope_attention_scaling: bool = false => MaxText.model(YARN).model_file(),
         /// Multi-token prediction layers; only 0 is supported yet.
         mtp_num_layers: i64 = 0 => MaxText.model(ALL).range(int(0, MAX_HEADS)).model_file(),
     }
@@ -324,7 +340,7 @@ declare_keys! {
 
     section "Numerics and memory" {
         /// Activations: bfloat16, float32 or float16.
-        dtype: DType = "bfloat16" => MaxText.model(ALL),
+        dtype: DType = "bfloat16" => MaxText.step().read_by_model(ALL),
         /// Parameters and optimizer state.
         weight_dtype: DType = "float32" => MaxText.model(ALL),
         /// Quantized matmuls: "", fp8 or te_fp8_currentscaling (see docs/src/guides/fp8.md).
@@ -334,7 +350,7 @@ declare_keys! {
         /// same GEMMs (dense families). MaxText's other values are not supported yet.
         // The scales and amax histories are train state (`fp8.*`, checkpointed): a run restores
         // only a checkpoint saved with the same value (the arrays must match).
-        quantization: Quantization = "" => MaxText.model(ALL),
+        quantization: Quantization = "" => MaxText.step().read_by_model(ALL),
         /// Stack the layers' parameters and scan over them; false unrolls the layers (MaxText's unscanned names).
         scan_layers: bool = true => MaxText.model(ALL),
         /// What the backward pass keeps of each layer (MaxText's names); the rest is recomputed.
@@ -342,7 +358,7 @@ declare_keys! {
         /// weight matmul outputs; minimal_with_context (alias minimal_flash): those and the attention
         /// output; save_dot_with_context_except_mlp, save_dot_except_mlpwi, save_dot_except_mlp,
         /// save_qkv_proj, save_out_proj: the named projections. maxrs's own save_everything: no remat.
-        remat_policy: RematPolicy = "full" => MaxText.model(ALL),
+        remat_policy: RematPolicy = "full" => MaxText.step().read_by_model(ALL),
         /// The seed of the parameters' initialization (a u32 PRNG key, random::key).
         init_weights_seed: i64 = 0 => MaxText.step().range(int(0, u32::MAX as i64)),
         /// The output projection (logits) as an f32 matmul instead of in dtype.
@@ -497,6 +513,9 @@ declare_keys! {
         #[key = "lora.lora_module_path"]
         /// A regex over module paths (decoder/layers/self_attention/query) that must match a whole path; empty: the model's entry of MaxText's post_train/lora_module_path.yml.
         lora_module_path: String = "" => MaxText.model(ALL),
+        #[key = "lora.lora_restore_path"]
+        /// A LoRA run's checkpoint step whose adapters the run starts from (not read when it resumes).
+        lora_restore_path: String = "" => MaxText.path(Reads, Ignores).directory().remote(),
     }
 
     /// maxrs decode; MaxText's decode.py keys. The prompts are right-padded to
@@ -657,7 +676,7 @@ declare_keys! {
             ["cache_batch", []],
             ["cache_kv", []],
             ["cache_sequence", []],
-        ] => MaxText.model(ALL).model_file(),
+        ] => MaxText.step().read_by_model(ALL).model_file(),
         /// The mesh axes the input batch is laid out over; only all of mesh_axes is supported yet.
         /// Axes used for DCN must be earlier in this list than ICI.
         data_sharding: Vec<Vec<String>> = [

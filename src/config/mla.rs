@@ -1,6 +1,6 @@
 //! What the attention-kind keys must be together: `attention_type` (global for every family but
 //! deepseek, whose layers are MaxText's multi-head latent attention, `mla`), `rope_type=yarn`
-//! (implemented for deepseek's latent attention only), the latent attention's sizes, and
+//! (implemented for deepseek's latent attention and olmo3 only), the latent attention's sizes, and
 //! multi-token prediction (not supported yet).
 
 use super::choices::{AttentionType, DecoderBlock, RopeType};
@@ -47,11 +47,11 @@ pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
             ))
         }
     }
-    if c.rope_type == RopeType::Yarn && !deepseek {
+    if c.rope_type == RopeType::Yarn && !deepseek && c.decoder_block != DecoderBlock::Olmo3 {
         return Err(ConfigError::invalid(
             "rope_type",
             format!(
-                "yarn is supported for decoder_block=deepseek only yet (decoder_block={}); use rope_type=default or llama3.1",
+                "yarn is supported for decoder_block=deepseek and olmo3 only yet (decoder_block={}); use rope_type=default or llama3.1",
                 c.decoder_block
             ),
         ));

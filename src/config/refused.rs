@@ -48,13 +48,16 @@ pub const REFUSED: &[Refusal] = &[
         ],
         "there is one checkpoint directory per run",
     ),
-    refuse(&["lora_input_adapters_path", "hf_lora_adapter_path"], "adapters are not loaded from another path yet"),
+    // MaxText reads both in its conversion scripts only (`checkpoint_conversion/to_maxtext.py`,
+    // `standalone_scripts/llama_or_mistral_ckpt.py` at e591f30), never in training.
+    refuse(
+        &["hf_lora_adapter_path"],
+        "a PEFT adapter is converted with `maxrs convert from-hf HF_DIR DST hf_lora_adapter_path=ADAPTER_DIR` (as MaxText's to_maxtext.py reads it), and a run loads it with load_parameters_path=DST",
+    ),
+    refuse(&["lora_input_adapters_path"], "Meta-format adapters (MaxText's llama_or_mistral_ckpt.py) are not converted yet; PEFT adapters are"),
     refuse(&["use_dpo", "dpo"], "maxrs has no DPO"),
     refuse(&["lora.lora_weight_qtype", "lora.lora_tile_size"], "maxrs has LoRA but no QLoRA (quantized base weights) yet"),
-    refuse(
-        &["lora.lora_restore_path"],
-        "adapters start fresh or come from the run's own checkpoints; loading them from another path is not supported yet",
-    ),
+
     // The encoders' own keys are inert without these (`maxtext_keys::inert`).
     refuse(
         &["use_multimodal", "use_audio"],

@@ -167,6 +167,9 @@ key_types!(
 #[derive(Clone, Copy, Debug)]
 pub struct Key {
     pub name: &'static str,
+    /// Its field of `Config` (the name but for a nested mapping's field: `lora.lora_rank` is
+    /// `lora_rank`).
+    pub field: &'static str,
     pub kind: Kind,
     /// The default, as `configs/base.yml` writes it (YAML).
     pub default: &'static str,
@@ -218,13 +221,13 @@ impl Key {
     /// Fills in what the `declare_keys!` invocation knows of a key declared as `decl`.
     pub(crate) const fn declared(
         self,
-        name: &'static str,
+        (name, field): (&'static str, &'static str),
         kind: Kind,
         default: &'static str,
         doc: &'static [&'static str],
         section: &'static str,
     ) -> Key {
-        Key { name, kind, default, doc, section, ..self }
+        Key { name, field, kind, default, doc, section, ..self }
     }
 
     /// Model shape, read by `families`.
@@ -281,6 +284,7 @@ impl Origin {
     pub(crate) const fn run(self) -> Key {
         Key {
             name: "",
+            field: "",
             kind: Kind::Text,
             default: "",
             doc: &[],
@@ -346,7 +350,7 @@ macro_rules! declare_keys {
 
         /// Every key, in declaration order (`Config`'s field order).
         pub(crate) const KEYS: &[Key] = &[$($(
-            $decl.declared($crate::config::registry::key_name!($name $(, $key)?), <$ty as KeyType>::KIND, stringify!($default), &[$($doc),*], $title)
+            $decl.declared(($crate::config::registry::key_name!($name $(, $key)?), stringify!($name)), <$ty as KeyType>::KIND, stringify!($default), &[$($doc),*], $title)
         ),*),*];
     };
 }

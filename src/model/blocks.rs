@@ -45,7 +45,7 @@ pub(super) fn dense(c: &ModelConfig, p: &Tree, op: &str, x: &Tensor, axes: usize
     };
     let adapted = c.lora.as_ref().and_then(|l| lora::delta(p, op, x, axes, &kernel.shape()[axes..], l.scale()));
     match adapted {
-        Some(delta) => (product.astype(DType::F32) + &delta).astype(c.dtype),
+        Some(delta) => (product.astype(DType::F32) + &delta).astype(product.dtype()),
         None => product,
     }
 }

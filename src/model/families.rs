@@ -8,20 +8,29 @@ use crate::config::registry::{self, Families, Key};
 use crate::config::{self, Config, DecoderBlock};
 
 use super::family::Family;
-use super::{deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, qwen2, qwen3, qwen3_custom, ModelConfig};
+use super::{
+    deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, olmo3, qwen2, qwen3, qwen3_custom, ModelConfig,
+};
 
 /// Whether a key applies to a family.
 type FamilyTest = fn(DecoderBlock) -> bool;
 
-/// Keys MaxText reads in more families than maxrs implements them for, with those families:
-/// `rope_linear_scaling_factor` scales every family's default RoPE (`RotaryEmbedding` in
+/// Keys MaxText reads in more families than maxrs implements them for, with those families and
+/// what MaxText does with them there: `rope_linear_scaling_factor` scales every family's default RoPE (`RotaryEmbedding` in
 /// `src/maxtext/layers/embeddings.py`; `Attention.init_rotary_embedding` in
 /// `src/maxtext/layers/attentions.py`, e591f30, skips only gemma3's local layers and other kinds
 /// of RoPE), which maxrs does but in DeepSeek's latent attention; `local_rope_max_timescale` every
 /// `LOCAL_SLIDING` attention (gemma2's local layers). gpt3 has no RoPE.
-const NOT_YET: &[(&str, FamilyTest)] = &[
-    ("rope_linear_scaling_factor", |b| b == DecoderBlock::Deepseek),
-    ("local_rope_max_timescale", |b| b == DecoderBlock::Gemma2),
+/// `inhomogeneous_layer_cycle_interval` divides the scan length of every family MaxText scans
+/// one layer at a time (`Decoder.__call__`, `src/maxtext/layers/decoders.py` at e591f30).
+const NOT_YET: &[(&str, FamilyTest, &str)] = &[
+    ("rope_linear_scaling_factor", |b| b == DecoderBlock::Deepseek, "applies it to the default RoPE there too"),
+    ("local_rope_max_timescale", |b| b == DecoderBlock::Gemma2, "applies it to the default RoPE there too"),
+    (
+        "inhomogeneous_layer_cycle_interval",
+        |b| !matches!(b, DecoderBlock::Gemma3 | DecoderBlock::Deepseek),
+        "scans num_decoder_layers / inhomogeneous_layer_cycle_interval layers there",
+    ),
 ];
 
 /// The family `decoder_block` names, with its own keys read from `c`.
@@ -40,9 +49,9 @@ pub fn build(c: &Config, mc: &ModelConfig) -> anyhow::Result<Arc<dyn Family>> {
                 DecoderBlock::ALL.iter().filter(|b| declared.read_by(**b)).map(|b| b.as_str()).collect();
             let users = users.join(", ");
             let block = c.decoder_block;
-            if NOT_YET.iter().any(|(k, families)| *k == key && families(block)) {
+            if let Some((_, _, what)) = NOT_YET.iter().find(|(k, families, _)| *k == key && families(block)) {
                 return Err(anyhow::anyhow!(
-                    "{key}={value}: not supported yet with decoder_block={block} (MaxText applies it to {block}'s default RoPE too); maxrs applies it to decoder_block {users}"
+                    "{key}={value}: not supported yet with decoder_block={block} (MaxText {what}); maxrs applies it to decoder_block {users}"
                 ));
             }
             return Err(anyhow::anyhow!(
@@ -62,5 +71,6 @@ pub fn build(c: &Config, mc: &ModelConfig) -> anyhow::Result<Arc<dyn Family>> {
         DecoderBlock::Qwen3 | DecoderBlock::Qwen3Moe => Arc::new(qwen3::Qwen3::from_config(c, mc)?),
         DecoderBlock::Qwen3CustomMoe => Arc::new(qwen3_custom::Qwen3Custom::from_config(c, mc)?),
         DecoderBlock::Deepseek => Arc::new(deepseek::Deepseek::from_config(c, mc)?),
+        DecoderBlock::Olmo3 => Arc::new(olmo3::Olmo3::from_config(c)?),
     })
 }

@@ -72,13 +72,17 @@ impl Lora {
         c.lora_enable_lora.then_some(Lora { rank: c.lora_rank, alpha: c.lora_alpha, module_path })
     }
 
-    /// Refuses what a run cannot train with adapters: rank 0, fp8 products.
+    /// Refuses what a run cannot train with adapters: rank 0, alpha 0 (MaxText's defaults,
+    /// which leave the adapters out of the product), pipeline stages, quantized products.
     pub fn check(c: &Config) -> anyhow::Result<()> {
         if !c.lora_enable_lora {
             return Ok(());
         }
         if c.lora_rank == 0 {
             bail!("lora.lora_rank is 0 with lora.enable_lora=true: give the adapters' rank (MaxText's LoRA config says 'Set >0 when LoRA is enabled'), e.g. lora.lora_rank=16");
+        }
+        if c.lora_alpha == 0.0 {
+            bail!("lora.lora_alpha is 0 with lora.enable_lora=true: the adapters' product is scaled by alpha / rank = 0, so they would change and learn nothing; give lora.lora_alpha, e.g. lora.lora_alpha={}", 2 * c.lora_rank);
         }
         if c.ici_pipeline_parallelism != 1 || c.dcn_pipeline_parallelism != 1 {
             bail!("lora.enable_lora=true with pipeline parallelism: LoRA on pipeline stages is not supported yet");

@@ -28,7 +28,8 @@
 //!   attention and a routed MoE block), [`qwen2`] (Llama's layer with query/key/value biases),
 //!   [`qwen3`] (Llama's layer with QK-norm), [`qwen3_custom`] (Qwen3's attention into a narrower
 //!   latent, routed experts there, then back up to `emb`), [`deepseek`]
-//!   (multi-head latent attention, [`mla`], with YaRN RoPE; dense, then routed layers).
+//!   (multi-head latent attention, [`mla`], with YaRN RoPE; dense, then routed layers),
+//!   [`olmo3`] (blocks of 3 sliding + 1 global post-norm layers, QK-norm over all heads).
 //! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`).
 
 pub mod attention;
@@ -56,6 +57,7 @@ pub mod mistral;
 pub mod mixtral;
 pub mod mla;
 pub mod moe;
+pub mod olmo3;
 pub mod params;
 pub mod qwen2;
 pub mod qwen3;

@@ -9,7 +9,7 @@
 //! [`super::step_loop`]; an executor differs only in how it runs a step, an eval and the copies
 //! of its state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use anyhow::Result;
@@ -21,7 +21,7 @@ use crate::data::{Batch, EvalData};
 use crate::host::HostTensor;
 use crate::model::Model;
 use crate::pjrt::Client;
-use crate::train_state::TrainState;
+use crate::train_state::{Group, TrainState};
 
 use super::metrics::{EvalMetrics, PerDeviceWork, StepMetrics};
 use super::report::{RunReport, StartupTimes};
@@ -49,11 +49,26 @@ pub(super) trait StepPlan {
 pub(super) enum Initial {
     /// The init program (`init_weights_seed`).
     Fresh,
-    /// These parameters (`params.…`) and a fresh optimizer state.
+    /// These parameters (`params.…`), the others drawn by the init program (LoRA adapters a
+    /// base model lacks, or the base under adapters from `lora.lora_restore_path`), and a fresh
+    /// optimizer state.
     Parameters(BTreeMap<String, HostTensor>),
     /// A whole state from a checkpoint: every array of [`StepExecutor::state_specs`], as the
     /// blocks this process's devices need ([`StepExecutor::state_layouts`]).
     State(BTreeMap<String, HostArray>),
+}
+
+impl Initial {
+    /// The keys of the parameters it gives (none: the init program draws them all).
+    pub fn parameters(&self) -> BTreeSet<String> {
+        let names: Vec<&String> = match self {
+            Initial::Fresh => vec![],
+            Initial::Parameters(arrays) => arrays.keys().collect(),
+            Initial::State(arrays) => arrays.keys().collect(),
+        };
+        let key = |name: &&String| Group::of(name).filter(|(g, _)| *g == Group::Params).map(|(_, k)| k.to_string());
+        names.iter().filter_map(key).collect()
+    }
 }
 
 /// A compiled train step and its state on the devices.

@@ -101,6 +101,7 @@ pub(super) fn initial_state(
         })?;
         if let Some((start, what)) = resumed {
             println!("resuming from {what}{skipped}");
+            ignored_adapters(c);
             return Ok(start);
         }
         if !incomplete.is_empty() {
@@ -108,6 +109,7 @@ pub(super) fn initial_state(
         }
     }
     if !c.load_full_state_path.is_empty() {
+        ignored_adapters(c);
         let dir = Location::parse(&c.load_full_state_path)?;
         let is_maxrs = storage::is_file(&dir.join(checkpoint::manifest::MANIFEST_FILE))?;
         if !is_maxrs && checkpoint::orbax::Checkpoint::is_orbax(&dir)? {
@@ -125,11 +127,68 @@ pub(super) fn initial_state(
         println!("loaded the full state of step {step_done} from {dir}; training continues at step {}", step_done + 1);
         return Ok(Start { initial: Initial::State(loaded.arrays), first_step: step_done + 1, data: None });
     }
-    let initial = match c.load_parameters_path.as_str() {
+    let mut initial = match c.load_parameters_path.as_str() {
         "" => Initial::Fresh,
         _ => Initial::Parameters(load_parameter_arrays(c, expected, model, &model_keys)?),
     };
+    if !c.lora_restore_path.is_empty() {
+        let adapters = load_adapters(c, expected, model, &model_keys)?;
+        initial = match initial {
+            Initial::Parameters(mut arrays) => {
+                arrays.extend(adapters);
+                Initial::Parameters(arrays)
+            }
+            _ => Initial::Parameters(adapters),
+        };
+    }
     Ok(Start { initial, first_step: 0, data: None })
+}
+
+/// Says that `lora.lora_restore_path` is not read by a run that continues a whole state, which
+/// holds its adapters (MaxText: "Ignored if the current run is resumed").
+fn ignored_adapters(c: &Config) {
+    if !c.lora_restore_path.is_empty() {
+        println!(
+            "lora.lora_restore_path={} is not read: the run continues a whole state, adapters included",
+            c.lora_restore_path
+        );
+    }
+}
+
+/// The LoRA adapters `lora.lora_restore_path` names: a LoRA run's maxrs checkpoint, of which
+/// only the adapters are read (MaxText's `restore_lora_from_path`, `utils/lora_utils.py` at
+/// e591f30; as there, a resumed run ignores the key, and the checkpoint's LoRA rank and alpha
+/// must be the run's, as its `sync_lora_metadata` requires).
+fn load_adapters(
+    c: &Config,
+    expected: &[Expected],
+    model: &Model,
+    model_keys: &BTreeMap<String, serde_json::Value>,
+) -> Result<BTreeMap<String, HostTensor>> {
+    let location = Location::parse(&c.lora_restore_path)?;
+    let key = format!("lora.lora_restore_path={location}");
+    if !c.lora_enable_lora {
+        anyhow::bail!(
+            "{key}: LoRA is not enabled; set lora.enable_lora=true (and the adapters' lora.lora_rank, lora.lora_alpha)"
+        );
+    }
+    if !storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE)).with_context(|| key.clone())? {
+        if checkpoint::orbax::Checkpoint::is_orbax(&location)? {
+            anyhow::bail!("{key}: a MaxText (Orbax) LoRA checkpoint; reading MaxText's adapters is not supported yet (maxrs reads a maxrs LoRA run's checkpoint)");
+        }
+        anyhow::bail!(
+            "{key}: no {} there: name a step of a maxrs LoRA run's checkpoints",
+            checkpoint::manifest::MANIFEST_FILE
+        );
+    }
+    let adapters: Vec<Expected> = expected
+        .iter()
+        .filter(|e| Group::of(&e.name).is_some_and(|(g, k)| g == Group::Params && model.is_adapter(k)))
+        .cloned()
+        .collect();
+    let loaded = checkpoint::dir::load_adapters(&location, &adapters, model_keys).with_context(|| key.clone())?;
+    println!("loaded {} LoRA adapter arrays from {location}", loaded.arrays.len());
+    Ok(loaded.arrays)
 }
 
 /// The parameters `load_parameters_path` names: a checkpoint directory (its `params`, float

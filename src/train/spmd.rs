@@ -209,8 +209,7 @@ impl StepExecutor for SpmdStep {
     /// the given arrays onto this run's mesh with its shardings, whatever mesh wrote them.
     fn initialize(&mut self, initial: Initial) -> Result<()> {
         let t = std::time::Instant::now();
-        let init =
-            self.step.init(matches!(initial, Initial::Fresh)).map_err(|e| anyhow!("tracing the initializer: {e}"))?;
+        let init = self.step.init(&initial.parameters()).map_err(|e| anyhow!("tracing the initializer: {e}"))?;
         let traced = t.elapsed().as_secs_f64();
         let init = runtime::compile(&self.client, &init)?;
         let compiled = t.elapsed().as_secs_f64();

@@ -19,6 +19,8 @@
 //!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`, and
 //!   `metrics.<name>` for each auxiliary loss the model's layers report (`moe_lb_loss`).
 
+use std::collections::BTreeSet;
+
 use crate::autodiff::value_and_grad_with_aux;
 use crate::config::{Config, Derived};
 use crate::ir::{DType, Program, Signature};
@@ -109,11 +111,11 @@ impl TrainStep {
     }
 
     /// The program that creates the initial state from `init_weights_seed`: no inputs; outputs
-    /// the step's state inputs, already sharded: all of them, or, when the parameters come from
-    /// elsewhere (`with_params` false), the optimizer state and the LoRA adapters (which no
-    /// parameter file holds: MaxText's `load_parameters_path` loads the base model).
-    pub fn init(&self, with_params: bool) -> Result<Program, TraceError> {
-        let drawn = |group: Group, key: &str| with_params || group != Group::Params || self.model.is_adapter(key);
+    /// the step's state inputs, already sharded: all of them but the parameters `given` (their
+    /// keys), which come from elsewhere (`load_parameters_path`; under LoRA its base model, the
+    /// adapters drawn here or given by `lora.lora_restore_path`).
+    pub fn init(&self, given: &BTreeSet<String>) -> Result<Program, TraceError> {
+        let drawn = |group: Group, key: &str| group != Group::Params || !given.contains(key);
         let mut sig = Signature::new(self.mesh.clone());
         for array in &self.state().arrays {
             if let Some(spec) = self.state_sharding(array).filter(|_| drawn(array.group, &array.def.name)) {

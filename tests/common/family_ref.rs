@@ -16,6 +16,11 @@
 //!   and keys over head_dim before RoPE, queries scaled by `query_pre_attn_scalar^-1/2`, every 6th
 //!   layer global (RoPE base `rope_theta`, frequencies divided by the linear scaling factor), the
 //!   others sliding-window (RoPE base `rope_local_base_freq`); no soft caps;
+//! - OLMo 3 (Hugging Face's `Olmo3DecoderLayer` / `Olmo3Attention`, transformers'
+//!   `models/olmo3/modeling_olmo3.py`): post-norm layers `x + norm(attn(x))`, `+ norm(mlp(.))`,
+//!   RMSNorms `q_norm`, `k_norm` over all heads' queries and keys at once before RoPE, queries
+//!   scaled by `head_dim^-1/2`, every 4th layer global and the others sliding-window; YaRN RoPE
+//!   (transformers' `_compute_yarn_parameters`) in every layer, as MaxText's `olmo3.py` applies it;
 //! - GPT-3: LayerNorm `(x - mean) / sqrt(var + eps) * g + b`, learned position embeddings added to
 //!   the token embeddings, fused query/key/value with biases, no RoPE, GELU MLP with biases and its
 //!   own LayerNorm.
@@ -40,6 +45,7 @@ pub enum Family {
     Gemma,
     Gemma2,
     Gemma3,
+    Olmo3,
     Gpt3,
 }
 
@@ -50,6 +56,14 @@ pub enum RopeRef {
     /// Meta's Llama 3.1 RoPE, with or without the frequency scaling.
     Llama31 {
         scaled: bool,
+    },
+    /// YaRN on the two halves (transformers' `_compute_yarn_parameters` with `truncate`, its
+    /// attention factor `0.1 ln(factor) + 1` on cos and sin).
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
     },
 }
 
@@ -140,7 +154,7 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
             match spec.family {
                 // GPT-3's stored scale is g - 1 (identity at 0), the others' are the gain.
                 Family::Gpt3 => (-0.5, 0.5),
-                Family::Llama | Family::Gemma | Family::Gemma2 | Family::Gemma3 => (0.5, 1.5),
+                Family::Llama | Family::Gemma | Family::Gemma2 | Family::Gemma3 | Family::Olmo3 => (0.5, 1.5),
             }
         } else if name.ends_with(".bias") || name.ends_with("embedding") {
             (-0.5, 0.5)
@@ -261,9 +275,34 @@ fn llama31_scale(freq: f64) -> f64 {
     }
 }
 
+/// transformers' YaRN (`_compute_yarn_parameters`, `modeling_rope_utils.py`) for frequency `i` of
+/// `d / 2`: the inverse frequency blended between `base^(-2i/d)` (extrapolation) and that over
+/// `factor` (interpolation) by a linear ramp between the correction dimensions of `beta_fast` and
+/// `beta_slow` rotations (floored and ceiled: `truncate`), clamped to `[0, d - 1]`.
+fn yarn_frequency(theta: f64, d: usize, i: usize, rope: RopeRef) -> f64 {
+    let RopeRef::Yarn { factor, original_max_position_embeddings: omax, beta_fast, beta_slow } = rope else {
+        panic!("a YaRN spec")
+    };
+    let dim = d as f64;
+    let correction = |rotations: f64| dim * (omax / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln());
+    let low = correction(beta_fast).floor().max(0.0);
+    let mut high = correction(beta_slow).ceil().min(dim - 1.0);
+    if low == high {
+        high += 0.001;
+    }
+    let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+    let extrapolation = 1.0 / theta.powf(2.0 * i as f64 / dim);
+    let extrapolation_factor = 1.0 - ramp;
+    extrapolation / factor * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor
+}
+
 /// RoPE on every head of `x: [B*T, heads*head_dim]`, frequencies divided by `factor`.
 fn rope(spec: &Spec, (theta, factor): (f64, f64), d: usize, x: &Array2<f64>, heads: usize) -> Array2<f64> {
     let mut y = x.clone();
+    let attention_factor = match spec.rope {
+        RopeRef::Yarn { factor, .. } => 0.1 * factor.ln() + 1.0,
+        _ => 1.0,
+    };
     for r in 0..B * T {
         let pos = (r % T) as f64;
         for h in 0..heads {
@@ -271,15 +310,16 @@ fn rope(spec: &Spec, (theta, factor): (f64, f64), d: usize, x: &Array2<f64>, hea
                 let freq = 1.0 / theta.powf(2.0 * i as f64 / d as f64) / factor;
                 let (a, b) = match spec.rope {
                     RopeRef::None => return x.clone(),
-                    RopeRef::HalfSplit => (h * d + i, h * d + i + d / 2),
+                    RopeRef::HalfSplit | RopeRef::Yarn { .. } => (h * d + i, h * d + i + d / 2),
                     RopeRef::Llama31 { .. } => (h * d + 2 * i, h * d + 2 * i + 1),
                 };
                 let freq = match spec.rope {
                     RopeRef::Llama31 { scaled: true } => llama31_scale(freq),
+                    RopeRef::Yarn { .. } => yarn_frequency(theta, d, i, spec.rope),
                     _ => freq,
                 };
                 // (x_a + i x_b) * e^{i pos freq}
-                let (c, s) = ((pos * freq).cos(), (pos * freq).sin());
+                let (c, s) = ((pos * freq).cos() * attention_factor, (pos * freq).sin() * attention_factor);
                 y[[r, a]] = x[[r, a]] * c - x[[r, b]] * s;
                 y[[r, b]] = x[[r, b]] * c + x[[r, a]] * s;
             }
@@ -443,6 +483,34 @@ fn gemma3_layer(
     &x + &norm("post_ffw_norm", &f, 1e-6)
 }
 
+/// Hugging Face's `Olmo3DecoderLayer` number `layer` (0-based, over the whole model) whose
+/// parameters are `l`'s under `prefix`: every 4th layer full attention, the others within
+/// `spec.window` (`layer_types`' default); the norms use `spec.eps`.
+fn olmo3_layer(
+    spec: &Spec,
+    m: &Model,
+    l: &BTreeMap<String, Array2<f64>>,
+    x: &Array2<f64>,
+    prefix: &str,
+    layer: usize,
+) -> Array2<f64> {
+    let c = &m.config;
+    let (heads, kvh, d) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
+    let window = if (layer + 1).is_multiple_of(4) { None } else { spec.window };
+    let norm = |name: &str, x: &Array2<f64>| rms_norm(x, &l[&format!("{prefix}{name}.scale")], spec.eps);
+    let w = |n: &str| &l[&format!("{prefix}attention.{n}.kernel")];
+    // q_norm: Olmo3RMSNorm(num_attention_heads * head_dim), k_norm likewise: the whole width.
+    let q = norm("attention.query_norm", &x.dot(w("query")));
+    let k = norm("attention.key_norm", &x.dot(w("key")));
+    let theta = c.rope_max_timescale;
+    let q = rope(spec, (theta, 1.0), d, &q, heads) / (d as f64).sqrt();
+    let k = rope(spec, (theta, 1.0), d, &k, kvh);
+    let a = attend(&q, &k, &x.dot(w("value")), (heads, kvh, d), window, None).dot(w("out"));
+    let x = x + &norm("post_self_attention_layer_norm", &a);
+    let f = gated_mlp(l, &format!("{prefix}mlp"), &x, silu);
+    &x + &norm("post_mlp_layer_norm", &f)
+}
+
 fn gpt3_layer(spec: &Spec, m: &Model, l: &BTreeMap<String, Array2<f64>>, x: &Array2<f64>) -> Array2<f64> {
     let c = &m.config;
     let (heads, d) = (c.heads as usize, c.head_dim as usize);
@@ -523,7 +591,7 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     // Gemma's own embedding table is MaxText's stored one over sqrt(emb); Gemma scales by sqrt(emb).
     let own_scale = match spec.family {
         Family::Gemma | Family::Gemma2 | Family::Gemma3 => 1.0 / (e as f64).sqrt(),
-        Family::Llama | Family::Gpt3 => 1.0,
+        Family::Llama | Family::Olmo3 | Family::Gpt3 => 1.0,
     };
     let (table_own, input_scale) = (table * own_scale, 1.0 / own_scale);
     let mut x = Array2::<f64>::zeros((B * T, e));
@@ -560,12 +628,17 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
                 let n = l.keys().filter(|k| k.ends_with(".pre_self_attention_norm.scale")).count();
                 (0..n).fold(x, |x, j| gemma3_layer(spec, m, l, &x, &format!("layers_{j}."), 6 * i + j))
             }
+            Family::Olmo3 => {
+                // A scanned block of OLMo 3 layers (`inhomogeneous_layer_cycle_interval`).
+                let n = l.keys().filter(|k| k.ends_with(".post_mlp_layer_norm.scale")).count();
+                (0..n).fold(x, |x, j| olmo3_layer(spec, m, l, &x, &format!("layers_{j}."), n * i + j))
+            }
             Family::Gpt3 => gpt3_layer(spec, m, l, &x),
         };
         layers.push(x.clone());
     }
     let y = match spec.family {
-        Family::Llama => rms_norm(&x, &p.top["decoder.decoder_norm.scale"], spec.eps),
+        Family::Llama | Family::Olmo3 => rms_norm(&x, &p.top["decoder.decoder_norm.scale"], spec.eps),
         Family::Gemma | Family::Gemma2 | Family::Gemma3 => {
             gemma_norm(&x, &gemma_scale(&p.top["decoder.decoder_norm.scale"]), spec.eps)
         }

@@ -11,6 +11,7 @@
 //!   maxrs name the path joined with `/`: `params/params/decoder/decoder_norm/scale`.
 //! - [`params`]: which of those arrays are a model's parameters, under maxrs's names.
 //! - [`state`]: a whole train state (parameters, AdamW's moments and count, the step).
+//! - [`write`]: the other way, a maxrs train state as MaxText's checkpoint (`maxrs convert to-maxtext`).
 //!
 //! Every array is read through [`crate::storage`] by ranges (local or `gs://`): the B+tree nodes,
 //! each shard's index, each inner chunk, never a data file whole.
@@ -35,7 +36,10 @@ pub const NOT_YET_EQUAL: &str =
 pub mod ocdbt;
 pub mod params;
 pub mod state;
+pub mod write;
 pub mod zarr;
+
+pub use write::to_maxtext;
 
 use std::collections::BTreeMap;
 

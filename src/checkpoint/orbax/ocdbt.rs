@@ -20,9 +20,9 @@ use crate::files::Location;
 use crate::input::Limit;
 use crate::storage;
 
-const MANIFEST_FILE: &str = "manifest.ocdbt";
-const MANIFEST_MAGIC: u32 = 0x0cdb_3a2a;
-const BTREE_MAGIC: u32 = 0x0cdb_20de;
+pub(super) const MANIFEST_FILE: &str = "manifest.ocdbt";
+pub(super) const MANIFEST_MAGIC: u32 = 0x0cdb_3a2a;
+pub(super) const BTREE_MAGIC: u32 = 0x0cdb_20de;
 /// The largest manifest read: its config and inline versions are a few hundred bytes.
 const MANIFEST_LIMIT: Limit = Limit { bytes: 16 << 20, of: "an OCDBT manifest" };
 /// The largest node decoded, compressed or not (TensorStore's default `max_decoded_node_bytes` is

@@ -32,7 +32,7 @@ pub struct State {
 }
 
 /// The checkpoint array holding maxrs's train-state array `name`.
-fn maxtext_name(name: &str) -> Result<String> {
+pub(super) fn maxtext_name(name: &str) -> Result<String> {
     let (group, key) = Group::of(name).ok_or_else(|| anyhow!("{name} is not a train-state array"))?;
     let key = key.replace('.', "/");
     Ok(match group {

@@ -265,26 +265,36 @@ fn dims(json: &Json) -> Result<Vec<u64>> {
     list.iter().map(|d| d.as_u64().ok_or_else(|| anyhow!("{d} is not a size"))).collect()
 }
 
+/// The zarr v3 data types maxrs reads and writes, by name (`bfloat16` is TensorStore's).
+const DATA_TYPES: [(&str, DType); 12] = [
+    ("bool", DType::Pred),
+    ("int8", DType::S8),
+    ("int32", DType::S32),
+    ("int64", DType::S64),
+    ("uint8", DType::U8),
+    ("uint32", DType::U32),
+    ("float16", DType::F16),
+    ("bfloat16", DType::BF16),
+    ("float32", DType::F32),
+    ("float64", DType::F64),
+    ("float8_e4m3fn", DType::F8E4M3FN),
+    ("float8_e5m2", DType::F8E5M2),
+];
+
+fn supported_types() -> String {
+    DATA_TYPES.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
+}
+
 /// The element type of a zarr v3 data type name.
 fn element_type(name: &str) -> Result<DType> {
-    Ok(match name {
-        "bool" => DType::Pred,
-        "int8" => DType::S8,
-        "int32" => DType::S32,
-        "int64" => DType::S64,
-        "uint8" => DType::U8,
-        "uint32" => DType::U32,
-        "float16" => DType::F16,
-        "bfloat16" => DType::BF16,
-        "float32" => DType::F32,
-        "float64" => DType::F64,
-        "float8_e4m3fn" => DType::F8E4M3FN,
-        "float8_e5m2" => DType::F8E5M2,
-        other => bail!(
-            "data type {other:?} is not supported (bool, int8, int32, int64, uint8, uint32, float16, bfloat16, \
-             float32, float64, float8_e4m3fn, float8_e5m2 are)"
-        ),
-    })
+    let found = DATA_TYPES.iter().find(|(n, _)| *n == name).map(|(_, ty)| *ty);
+    found.ok_or_else(|| anyhow!("data type {name:?} is not supported ({} are)", supported_types()))
+}
+
+/// The zarr v3 data type name of an element type.
+pub(super) fn data_type_name(ty: DType) -> Result<&'static str> {
+    let found = DATA_TYPES.iter().find(|(_, t)| *t == ty).map(|(name, _)| *name);
+    found.ok_or_else(|| anyhow!("element type {ty} has no zarr data type maxrs writes ({} do)", supported_types()))
 }
 
 /// A codec list: the array-to-bytes codec (`bytes`, or `sharding_indexed` at the top level)

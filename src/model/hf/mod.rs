@@ -3,7 +3,7 @@
 //! and written by `checkpoint::hf`; this module owns the mapping.
 //!
 //! A family file ([`llama`]: Llama 2/3/3.1/3.3, Mistral, Mixtral, Qwen2, Qwen3, Qwen3 MoE; [`gemma`]:
-//! Gemma, Gemma 2; [`gemma3`]: Gemma 3; [`deepseek`]: DeepSeek-V3)
+//! Gemma, Gemma 2; [`gemma3`]: Gemma 3; [`deepseek`]: DeepSeek-V3; [`olmo3`]: OLMo 3)
 //! lists one [`Entry`] per Hugging Face tensor: the maxrs parameter it becomes, its index on the
 //! parameter's stacked leading axes (`[layer]` with `scan_layers=true`, `[expert]` in a Mixtral
 //! layer, both), and the [`Map`] between the two. Every map is exact in both directions except
@@ -14,6 +14,8 @@ pub mod deepseek;
 pub mod gemma;
 pub mod gemma3;
 pub mod llama;
+pub mod olmo3;
+pub mod peft;
 
 use std::collections::BTreeMap;
 
@@ -108,8 +110,9 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         Some("gemma" | "gemma2") => gemma::config_from_hf(hf),
         Some("gemma3_text") => gemma3::config_from_hf(hf),
         Some("deepseek_v3") => deepseek::config_from_hf(hf),
+        Some("olmo3") => olmo3::config_from_hf(hf),
         _ => bail!(
-            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\", \"deepseek_v3\"",
+            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\", \"deepseek_v3\", \"olmo3\"",
             hf["model_type"]
         ),
     }
@@ -121,16 +124,17 @@ pub fn check_model(c: &Config) -> Result<()> {
     match c.decoder_block {
         DecoderBlock::Gpt3 => bail!(
             "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet (maxrs converts \
-             llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek)"
+             llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek, olmo3)"
         ),
         // MaxText's qwen3_custom_moe (`models/qwen3_custom.py` at MaxText e591f30) has no
         // Hugging Face model: no transformers class narrows attention's output to a latent.
         DecoderBlock::Qwen3CustomMoe => bail!(
             "decoder_block=qwen3_custom_moe: converting qwen3_custom_moe to Hugging Face's layout is not supported yet \
              (Hugging Face has no such model; maxrs converts llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, \
-             gemma3, deepseek)"
+             gemma3, deepseek, olmo3)"
         ),
         DecoderBlock::Deepseek => deepseek::check_model(c),
+        DecoderBlock::Olmo3 => olmo3::check_model(c),
         DecoderBlock::Qwen2 if !c.attention_bias => {
             bail!("attention_bias=false: Hugging Face's Qwen2 always has query, key and value biases")
         }
@@ -154,6 +158,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
         DecoderBlock::Gemma | DecoderBlock::Gemma2 => gemma::hf_config(c, model, torch_dtype),
         DecoderBlock::Gemma3 => gemma3::hf_config(c, model, torch_dtype),
         DecoderBlock::Deepseek => deepseek::hf_config(c, model, torch_dtype),
+        DecoderBlock::Olmo3 => olmo3::hf_config(c, model, torch_dtype),
         _ => llama::hf_config(c, model, torch_dtype),
     }
 }
@@ -164,6 +169,7 @@ fn entries(c: &Config, model: &Model, hf: Option<&Value>) -> Result<Vec<Entry>> 
         DecoderBlock::Gemma | DecoderBlock::Gemma2 => gemma::entries(c, model, hf),
         DecoderBlock::Gemma3 => gemma3::entries(c, model, hf),
         DecoderBlock::Deepseek => Ok(deepseek::entries(c, model)),
+        DecoderBlock::Olmo3 => Ok(olmo3::entries(c, model)),
         _ => Ok(llama::entries(c, model)),
     }
 }
