@@ -65,19 +65,7 @@ fn spec(q_lora: usize) -> MlaSpec {
 
 /// The random parameters' draw (`family_ref`'s: norm gains around 1, fan-in scaled kernels).
 fn draw_spec() -> Spec {
-    Spec {
-        family: Family::Llama,
-        rope: RopeRef::None,
-        window: None,
-        attn_cap: None,
-        final_cap: None,
-        post_norms: false,
-        fused_qkv: false,
-        eps: 1e-5,
-        gemma3: None,
-        qk_norm: false,
-        query_scaled: false,
-    }
+    Spec::plain(Family::Llama, RopeRef::None, 1e-5)
 }
 
 fn tiny() -> Model {

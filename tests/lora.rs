@@ -21,19 +21,7 @@ const LORA: &[&str] = &["lora.enable_lora=true", "lora.lora_rank=3", "lora.lora_
 const SCALE: f64 = 7.5 / 3.0;
 
 fn llama_spec() -> Spec {
-    Spec {
-        family: Family::Llama,
-        rope: RopeRef::HalfSplit,
-        window: None,
-        attn_cap: None,
-        final_cap: None,
-        post_norms: false,
-        fused_qkv: false,
-        eps: 1e-5,
-        gemma3: None,
-        qk_norm: false,
-        query_scaled: false,
-    }
+    Spec::plain(Family::Llama, RopeRef::HalfSplit, 1e-5)
 }
 
 fn shrunk(lora: bool, extra: &[&str]) -> Model {

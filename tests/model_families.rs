@@ -77,19 +77,7 @@ fn check_forward_and_gradient(label: &str, m: &Model, spec: &Spec, probes: &[Pro
 }
 
 fn spec(family: Family, rope: RopeRef, eps: f64) -> Spec {
-    Spec {
-        family,
-        rope,
-        window: None,
-        attn_cap: None,
-        final_cap: None,
-        post_norms: false,
-        fused_qkv: false,
-        eps,
-        gemma3: None,
-        qk_norm: false,
-        query_scaled: false,
-    }
+    Spec::plain(family, rope, eps)
 }
 
 #[test]

@@ -80,17 +80,9 @@ impl Mla {
         let theta = c.rope_max_timescale as f64;
         let rope = match c.rope_type {
             RopeType::Yarn => MlaRope {
-                frequencies: yarn_frequencies(&Yarn {
-                    dim,
-                    theta,
-                    factor: c.rope_factor,
-                    beta_fast: c.beta_fast,
-                    beta_slow: c.beta_slow,
-                    original_max_position_embeddings: c.original_max_position_embeddings,
-                    truncate: c.rope_truncate,
-                }),
+                frequencies: yarn_frequencies(&Yarn::from_config(c, dim)),
                 interleaved: c.rope_interleave,
-                scale: (c.rope_attention_scaling && c.rope_factor > 1.0).then(|| 0.1 * c.rope_factor.ln() + 1.0),
+                scale: Yarn::attention_scale(c),
             },
             // MaxText's `RotaryEmbedding` over `qk_rope_head_dim` dimensions (validation refuses
             // llama3.1 for MLA).
@@ -263,6 +255,28 @@ pub struct Yarn {
     pub beta_slow: f64,
     pub original_max_position_embeddings: i64,
     pub truncate: bool,
+}
+
+impl Yarn {
+    /// The YaRN keys of `c` (`rope_max_timescale`, `rope_factor`, `beta_fast`, `beta_slow`,
+    /// `original_max_position_embeddings`, `rope_truncate`) over `dim` rotated dimensions.
+    pub fn from_config(c: &Config, dim: i64) -> Yarn {
+        Yarn {
+            dim,
+            theta: c.rope_max_timescale as f64,
+            factor: c.rope_factor,
+            beta_fast: c.beta_fast,
+            beta_slow: c.beta_slow,
+            original_max_position_embeddings: c.original_max_position_embeddings,
+            truncate: c.rope_truncate,
+        }
+    }
+
+    /// `rope_attention_scaling`'s factor on the rotated values, `0.1 ln(rope_factor) + 1` (none
+    /// without it, or at a factor of 1 or less).
+    pub fn attention_scale(c: &Config) -> Option<f64> {
+        (c.rope_attention_scaling && c.rope_factor > 1.0).then(|| 0.1 * c.rope_factor.ln() + 1.0)
+    }
 }
 
 /// YaRN's frequencies (`YarnRotaryEmbedding.freqs_cis`, MaxText e591f30, after DeepSeek-V3's

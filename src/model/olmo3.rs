@@ -106,17 +106,7 @@ impl Olmo3 {
                         c.max_position_embeddings
                     ));
                 }
-                let yarn = Yarn {
-                    dim: c.head_dim,
-                    theta,
-                    factor: c.rope_factor,
-                    beta_fast: c.beta_fast,
-                    beta_slow: c.beta_slow,
-                    original_max_position_embeddings: c.original_max_position_embeddings,
-                    truncate: c.rope_truncate,
-                };
-                let scale = (c.rope_attention_scaling && c.rope_factor > 1.0).then(|| 0.1 * c.rope_factor.ln() + 1.0);
-                (yarn_frequencies(&yarn), c.rope_interleave, scale)
+                (yarn_frequencies(&Yarn::from_config(c, c.head_dim)), c.rope_interleave, Yarn::attention_scale(c))
             }
             RopeType::Default => (default_frequencies(c.head_dim, theta, c.rope_linear_scaling_factor), false, None),
             RopeType::Llama31 => {

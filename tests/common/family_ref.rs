@@ -91,6 +91,26 @@ pub struct Spec {
     pub query_scaled: bool,
 }
 
+impl Spec {
+    /// `family`'s layer with `rope` and norm epsilon `eps`, and none of the options (no window,
+    /// soft caps, post-norms, fused QKV, QK-norm; queries scaled in the kernel).
+    pub fn plain(family: Family, rope: RopeRef, eps: f64) -> Spec {
+        Spec {
+            family,
+            rope,
+            window: None,
+            attn_cap: None,
+            final_cap: None,
+            post_norms: false,
+            fused_qkv: false,
+            eps,
+            gemma3: None,
+            qk_norm: false,
+            query_scaled: false,
+        }
+    }
+}
+
 /// Gemma 3's attention settings, in Hugging Face's terms.
 #[derive(Clone, Copy, Debug)]
 pub struct Gemma3Spec {
