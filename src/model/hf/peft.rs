@@ -211,10 +211,7 @@ pub fn from_peft(
                 continue;
             };
             let whole = out.entry(name).or_insert_with(|| HostTensor::zeros(converted.ty, full));
-            let (at, len) = match e.slot.is_empty() {
-                true => (0, whole.data.len()),
-                false => slot_range(full, &e.slot, whole.ty.byte_size()),
-            };
+            let (at, len) = slot_range(full, &e.slot, whole.ty.byte_size());
             whole.data[at..at + len].copy_from_slice(&converted.data);
         }
     }
@@ -240,8 +237,9 @@ pub fn merged(model: &Model, mut params: BTreeMap<String, HostTensor>) -> Result
         let a = take(&mut params, format!("{kernel}_lora_a"))?;
         let b = take(&mut params, format!("{kernel}_lora_b"))?;
         let w = params.get_mut(&kernel).ok_or_else(|| anyhow!("the parameters have no {kernel}"))?;
-        let (r, n_in, n_out) =
-            (a.dims[a.dims.len() - 1] as usize, a.dims[a.dims.len() - 2] as usize, b.dims[b.dims.len() - 1] as usize);
+        // Per stacked slot: A is [n_in, r], B [r, n_out], the kernel [n_in, n_out] flattened.
+        let dim = |t: &HostTensor, from_end: usize| t.dims[t.dims.len() - from_end] as usize;
+        let (n_in, r, n_out) = (dim(&a, 2), dim(&a, 1), dim(&b, 1));
         let (av, bv, mut wv) = (a.to_f64(), b.to_f64(), w.to_f64());
         for (s, block) in wv.chunks_mut(n_in * n_out).enumerate() {
             let (a, b) = (&av[s * n_in * r..(s + 1) * n_in * r], &bv[s * r * n_out..(s + 1) * r * n_out]);
