@@ -8,6 +8,8 @@
 //! These are also the names in checkpoints (`checkpoint::manifest`), AOT headers and the
 //! programs' signatures.
 
+use std::collections::BTreeSet;
+
 use crate::ir::DType;
 use crate::model::{Model, ParamDef, ParamInit};
 use crate::sharding::{LogicalRules, Mesh, PartitionSpec};
@@ -163,10 +165,11 @@ impl TrainState {
     /// The parameters of `params` (keys of [`Group::Params`]) split into those trained and the
     /// frozen ones.
     pub fn split_frozen<T: Clone>(&self, params: &Tree<T>) -> (Tree<T>, Tree<T>) {
-        let frozen = |name: &str| self.group(Group::Params).any(|a| a.def.frozen && a.def.name == name);
+        let frozen: BTreeSet<&str> =
+            self.group(Group::Params).filter(|a| a.def.frozen).map(|a| a.def.name.as_str()).collect();
         let (mut trained, mut kept) = (Tree::new(), Tree::new());
         for (name, value) in params.iter() {
-            match frozen(name) {
+            match frozen.contains(name) {
                 true => kept.insert(name, value.clone()),
                 false => trained.insert(name, value.clone()),
             };

@@ -337,9 +337,19 @@ pub fn load(
     model: &BTreeMap<String, serde_json::Value>,
     convert_floats: bool,
 ) -> Result<Loaded> {
+    load_whole(dir, expected, model, if convert_floats { Fit::Parameters } else { Fit::Resume })
+}
+
+/// The `expected` arrays of the checkpoint at `dir` whole, fitting as `fit` asks.
+fn load_whole(
+    dir: &Location,
+    expected: &[Expected],
+    model: &BTreeMap<String, serde_json::Value>,
+    fit: Fit,
+) -> Result<Loaded> {
     let wanted: BTreeMap<String, Vec<Bounds>> =
         expected.iter().map(|e| (e.name.clone(), vec![whole(&e.dims)])).collect();
-    let share = load_blocks(dir, expected, model, convert_floats, &wanted)?;
+    let share = load_fitting(dir, expected, model, fit, &wanted)?;
     let arrays = share.arrays.into_iter().map(|(name, array)| Ok((name, array.assemble()?))).collect::<Result<_>>()?;
     Ok(Loaded { location: share.location, manifest: share.manifest, arrays })
 }
@@ -379,11 +389,7 @@ pub fn load_adapters(
     expected: &[Expected],
     model: &BTreeMap<String, serde_json::Value>,
 ) -> Result<Loaded> {
-    let wanted: BTreeMap<String, Vec<Bounds>> =
-        expected.iter().map(|e| (e.name.clone(), vec![whole(&e.dims)])).collect();
-    let share = load_fitting(dir, expected, model, Fit::Adapters, &wanted)?;
-    let arrays = share.arrays.into_iter().map(|(name, array)| Ok((name, array.assemble()?))).collect::<Result<_>>()?;
-    Ok(Loaded { location: share.location, manifest: share.manifest, arrays })
+    load_whole(dir, expected, model, Fit::Adapters)
 }
 
 /// What a run takes of a checkpoint, which decides how it must fit ([`check_fits`]).

@@ -337,6 +337,15 @@ fn slot_range(dims: &[i64], slot: &[i64], size: usize) -> (usize, usize) {
     (index as usize * len, len)
 }
 
+/// `t`'s `[dims[slot.len()..]]` at `slot` (the whole tensor for an empty slot).
+fn slot_slice(t: &HostTensor, slot: &[i64]) -> HostTensor {
+    if slot.is_empty() {
+        return t.clone();
+    }
+    let (at, len) = slot_range(&t.dims, slot, t.ty.byte_size());
+    HostTensor::new(t.ty, &t.dims[slot.len()..], t.data[at..at + len].to_vec())
+}
+
 /// maxrs parameters (names as `Model::param_defs`, no `params.` prefix) from Hugging Face
 /// tensors; every expected tensor must be there with its shape, and none may be left over.
 /// Tensors a value map changed are f32; the caller casts to the weight dtype.
@@ -396,13 +405,7 @@ pub fn to_hf(
     let mut out = BTreeMap::new();
     for e in entries(c, model, None)? {
         let t = params.get(&e.maxrs).ok_or_else(|| anyhow!("the maxrs parameters have no {}", e.maxrs))?;
-        let slice = if e.slot.is_empty() {
-            t.clone()
-        } else {
-            let (at, len) = slot_range(&t.dims, &e.slot, t.ty.byte_size());
-            HostTensor::new(t.ty, &t.dims[e.slot.len()..], t.data[at..at + len].to_vec())
-        };
-        let converted = to_hf_tensor(&slice, e.map);
+        let converted = to_hf_tensor(&slot_slice(t, &e.slot), e.map);
         let converted = if converted.ty == ty { converted } else { crate::host::convert_float(&converted, ty) };
         out.insert(e.hf, converted);
     }

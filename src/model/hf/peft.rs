@@ -15,7 +15,7 @@ use anyhow::{anyhow, bail, Result};
 use regex::Regex;
 use serde_json::{json, Value};
 
-use super::{entries, slot_range, to_hf_tensor, to_maxrs, Entry, Map};
+use super::{entries, slot_range, slot_slice, to_hf_tensor, to_maxrs, Entry, Map};
 use crate::config::Config;
 use crate::host::{DType, HostTensor};
 use crate::model::Model;
@@ -30,21 +30,9 @@ fn module(e: &Entry) -> &str {
     e.hf.strip_suffix(".weight").unwrap_or(&e.hf)
 }
 
-/// The model's linear weights that have adapters, with their Hugging Face names.
-fn adapted(c: &Config, model: &Model, hf: Option<&Value>) -> Result<Vec<Entry>> {
-    Ok(entries(c, model, hf)?
-        .into_iter()
-        .filter(|e| e.map.linear_in_dims.is_some() && model.is_adapter(&format!("{}_lora_a", e.maxrs)))
-        .collect())
-}
-
-/// `[dims[slot.len()..]]` of `t` at `slot` (the whole tensor for an empty slot).
-fn slice(t: &HostTensor, slot: &[i64]) -> HostTensor {
-    if slot.is_empty() {
-        return t.clone();
-    }
-    let (at, len) = slot_range(&t.dims, slot, t.ty.byte_size());
-    HostTensor::new(t.ty, &t.dims[slot.len()..], t.data[at..at + len].to_vec())
+/// Whether the entry is a linear weight that has adapters.
+fn is_adapted(model: &Model, e: &Entry) -> bool {
+    e.map.linear_in_dims.is_some() && model.is_adapter(&format!("{}_lora_a", e.maxrs))
 }
 
 /// The adapters among maxrs parameters `params` (names as `Model::param_defs`) as PEFT's
@@ -58,24 +46,25 @@ pub fn to_peft(
     let lora = model.config.lora.as_ref().ok_or_else(|| anyhow!("the model has no LoRA adapters"))?;
     let mut out = BTreeMap::new();
     let mut modules = Vec::new();
-    for e in adapted(c, model, None)? {
+    let all = entries(c, model, None)?;
+    for e in all.iter().filter(|e| is_adapted(model, e)) {
         let get = |suffix: &str| {
             let name = format!("{}_{suffix}", e.maxrs);
-            params.get(&name).map(|t| slice(t, &e.slot)).ok_or_else(|| anyhow!("the parameters have no {name}"))
+            params.get(&name).map(|t| slot_slice(t, &e.slot)).ok_or_else(|| anyhow!("the parameters have no {name}"))
         };
         let a = to_hf_tensor(&get("lora_a")?, Map::linear(1));
         let b = to_hf_tensor(&get("lora_b")?, Map { linear_in_dims: Some(1), ..e.map });
         let cast = |t: HostTensor| if t.ty == ty { t } else { crate::host::convert_float(&t, ty) };
-        out.insert(format!("{PREFIX}{}.lora_A.weight", module(&e)), cast(a));
-        out.insert(format!("{PREFIX}{}.lora_B.weight", module(&e)), cast(b));
-        modules.push(module(&e).to_string());
+        out.insert(format!("{PREFIX}{}.lora_A.weight", module(e)), cast(a));
+        out.insert(format!("{PREFIX}{}.lora_B.weight", module(e)), cast(b));
+        modules.push(module(e).to_string());
     }
     let config = json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "r": lora.rank,
         "lora_alpha": lora.alpha,
-        "target_modules": target_modules(c, model, &modules)?,
+        "target_modules": target_modules(&all, &modules),
         "lora_dropout": 0.0,
         "bias": "none",
         "fan_in_fan_out": false,
@@ -87,20 +76,20 @@ pub fn to_peft(
 }
 
 /// PEFT's `target_modules` for the adapted Hugging Face `modules`: their last names (`q_proj`,
-/// ...) when those pick exactly them among the model's linear weights, else the full names.
-fn target_modules(c: &Config, model: &Model, modules: &[String]) -> Result<Vec<String>> {
+/// ...) when those pick exactly them among the model's linear weights (`all`, its entries), else
+/// the full names.
+fn target_modules(all: &[Entry], modules: &[String]) -> Vec<String> {
     let short: BTreeSet<&str> = modules.iter().filter_map(|m| m.rsplit('.').next()).collect();
-    let all = entries(c, model, None)?;
     let picked: BTreeSet<&str> = all
         .iter()
         .filter(|e| e.map.linear_in_dims.is_some() && short.contains(module(e).rsplit('.').next().unwrap_or("")))
         .map(module)
         .collect();
     let wanted: BTreeSet<&str> = modules.iter().map(String::as_str).collect();
-    Ok(match picked == wanted {
+    match picked == wanted {
         true => short.into_iter().map(str::to_string).collect(),
         false => modules.to_vec(),
-    })
+    }
 }
 
 /// The maxrs keys (`lora.*`) of a PEFT adapter's `adapter_config.json` for `model` (the base
@@ -154,6 +143,8 @@ pub fn lora_keys(config: &Value, c: &Config, model: &Model) -> Result<Vec<(Strin
         }
         other => bail!("`target_modules` is {other}: a list of module names or a regular expression"),
     };
+    let dense: BTreeSet<String> =
+        model.param_defs().into_iter().filter(|d| d.dense.is_some()).map(|d| d.name).collect();
     let mut paths: Vec<String> = Vec::new();
     for e in entries(c, model, None)? {
         if !matches(module(&e)) {
@@ -162,8 +153,7 @@ pub fn lora_keys(config: &Value, c: &Config, model: &Model) -> Result<Vec<(Strin
         let Some(kernel) = e.maxrs.strip_suffix(".kernel").filter(|_| e.map.linear_in_dims.is_some()) else {
             bail!("`target_modules` names {}: LoRA on it is not supported yet (only linear projections)", module(&e));
         };
-        let dense = model.param_defs().iter().any(|d| d.name == e.maxrs && d.dense.is_some());
-        if !dense {
+        if !dense.contains(&e.maxrs) {
             bail!("`target_modules` names {} ({}): LoRA on it is not supported yet", module(&e), e.maxrs);
         }
         let path = regex::escape(&kernel.replace('.', "/"));
@@ -194,7 +184,7 @@ pub fn from_peft(
     let mut out: BTreeMap<String, HostTensor> = BTreeMap::new();
     let mut used = BTreeSet::new();
     let mut problems = Vec::new();
-    for e in adapted(c, model, Some(hf_config))? {
+    for e in entries(c, model, Some(hf_config))?.into_iter().filter(|e| is_adapted(model, e)) {
         for (suffix, peft, map) in
             [("lora_a", "lora_A", Map::linear(1)), ("lora_b", "lora_B", Map { linear_in_dims: Some(1), ..e.map })]
         {
