@@ -12,7 +12,7 @@ use super::compile_options::CompileOptions;
 use super::error::{Error, ErrorCode, Result};
 use super::executable::LoadedExecutable;
 use super::ffi;
-use super::plugin::{read_named_values, string_from, NamedValues, Plugin, Value};
+use super::plugin::{compiling, read_named_values, string_from, NamedValues, Plugin, Value};
 use crate::host::{DType, HostTensor};
 
 /// A key-value store shared by all processes of a job. Multi-node GPU clients publish their
@@ -277,6 +277,7 @@ impl Client {
         args.program = &program;
         args.compile_options = options_bytes.as_ptr().cast();
         args.compile_options_size = options_bytes.len();
+        let _beside_others = compiling();
         crate::pjrt_call!(self.inner.plugin, PJRT_Client_Compile, args)?;
         LoadedExecutable::from_raw(&self.inner, args.executable)
     }

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::error::{Error, ErrorCode, Result};
 use super::ffi;
@@ -164,6 +164,24 @@ unsafe impl Sync for Plugin {}
 
 static LOADED: OnceLock<Mutex<HashMap<PathBuf, Arc<Plugin>>>> = OnceLock::new();
 
+/// A plugin's set-up (loading, initialising, describing a topology) runs alone; compiles run
+/// beside each other. Why: libtpu remaps its own code onto huge pages as it sets up, and a
+/// subprocess another thread spawns meanwhile (the CUDA compiler runs ptxas) fails with EFAULT
+/// ("cannot spawn child process: Bad address"), failing that compile. Only a process that
+/// holds two plugins at once meets this (`maxrs topologies`, the tests).
+static SET_UP_ALONE: RwLock<()> = RwLock::new(());
+
+/// Held while a plugin sets up; see [`SET_UP_ALONE`].
+pub(crate) fn setting_up() -> RwLockWriteGuard<'static, ()> {
+    // A panic while holding it leaves nothing half-done that the lock protects.
+    SET_UP_ALONE.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Held while a plugin compiles; see [`SET_UP_ALONE`].
+pub(crate) fn compiling() -> RwLockReadGuard<'static, ()> {
+    SET_UP_ALONE.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl Plugin {
     /// Loads and initialises the plugin at `path`, or returns the one already loaded from there.
     pub fn load(path: &Path) -> Result<Arc<Plugin>> {
@@ -174,6 +192,7 @@ impl Plugin {
             return Ok(plugin.clone());
         }
         let load_error = |reason: String| Error::Load { path: key.display().to_string(), reason };
+        let _alone = setting_up();
         // SAFETY: loading runs the library's initialisers; maxrs loads PJRT plugins only (the GetPjrtApi symbol is
         // checked next) and never unloads them.
         let library = unsafe { libloading::Library::new(&key) }.map_err(|e| load_error(e.to_string()))?;

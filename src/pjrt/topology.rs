@@ -9,7 +9,7 @@ use super::compile_options::CompileOptions;
 use super::error::Result;
 use super::executable::Executable;
 use super::ffi;
-use super::plugin::{string_from, NamedValues, Plugin, Value};
+use super::plugin::{compiling, setting_up, string_from, NamedValues, Plugin, Value};
 
 pub struct Topology {
     plugin: Arc<Plugin>,
@@ -52,6 +52,7 @@ impl Topology {
         args.topology_name_size = name.len();
         args.create_options = named.as_ptr();
         args.num_options = named.len();
+        let _alone = setting_up();
         crate::pjrt_call!(plugin, PJRT_TopologyDescription_Create, args)?;
         Ok(Topology { plugin: plugin.clone(), raw: args.topology })
     }
@@ -101,6 +102,7 @@ impl Topology {
         args.program = &program;
         args.compile_options = options_bytes.as_ptr().cast();
         args.compile_options_size = options_bytes.len();
+        let _beside_others = compiling();
         crate::pjrt_call!(self.plugin, PJRT_Compile, args)?;
         Ok(Executable::from_raw(self.plugin.clone(), args.executable))
     }
