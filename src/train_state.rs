@@ -4,7 +4,8 @@
 //! is one [`Group`] and one line in [`TrainState::of`].
 //!
 //! An array's name is its group's prefix and its key: `params.<parameter>`,
-//! `opt_state.mu.<parameter>`, `opt_state.nu.<parameter>`, `opt_state.count`, `fp8.<product>.<name>`.
+//! `opt_state.mu.<parameter>`, `opt_state.nu.<parameter>`, `opt_state.count`, `fp8.<product>.<name>`,
+//! and with DPO's reference model `reference.<parameter>`.
 //! These are also the names in checkpoints (`checkpoint::manifest`), AOT headers and the
 //! programs' signatures.
 
@@ -29,6 +30,10 @@ pub enum Group {
     /// The delayed-scaling state of `quantization=fp8` (`Model::fp8_state_defs`, f32): the
     /// step's new values are its "gradients" (`model::fp8`), which bypass the optimizer.
     Fp8,
+    /// DPO's reference model (`train::dpo`): a frozen copy of the starting parameters, never
+    /// updated and without optimizer state, saved with checkpoints so that a resumed run
+    /// compares with the same model.
+    Reference,
 }
 
 /// The prefix of the optimizer's groups: the first part of a name is what checkpoints keep in
@@ -37,7 +42,7 @@ const OPT_STATE: &str = "opt_state";
 
 impl Group {
     /// Every group, in the order of [`TrainState::of`].
-    pub const ALL: [Group; 5] = [Group::Params, Group::Mu, Group::Nu, Group::Count, Group::Fp8];
+    pub const ALL: [Group; 6] = [Group::Params, Group::Mu, Group::Nu, Group::Count, Group::Fp8, Group::Reference];
 
     /// The groups that hold one array per parameter, with its shape and sharding.
     pub const PER_PARAMETER: [Group; 3] = [Group::Params, Group::Mu, Group::Nu];
@@ -50,6 +55,7 @@ impl Group {
             Group::Nu => "opt_state.nu",
             Group::Count => "opt_state.count",
             Group::Fp8 => "fp8",
+            Group::Reference => "reference",
         }
     }
 
@@ -66,7 +72,7 @@ impl Group {
         if name == Group::Count.prefix() {
             return Some((Group::Count, ""));
         }
-        [Group::Params, Group::Mu, Group::Nu, Group::Fp8].into_iter().find_map(|g| {
+        [Group::Params, Group::Mu, Group::Nu, Group::Fp8, Group::Reference].into_iter().find_map(|g| {
             let key = name.strip_prefix(g.prefix())?.strip_prefix('.')?;
             Some((g, key))
         })
@@ -78,13 +84,14 @@ impl Group {
             Group::Params => "params",
             Group::Mu | Group::Nu | Group::Count => OPT_STATE,
             Group::Fp8 => "fp8",
+            Group::Reference => "reference",
         }
     }
 
-    /// Whether the model's forward pass reads the group (eval and decode): the parameters and
-    /// the fp8 scales the quantized products use.
+    /// Whether the model's forward pass reads the group (eval and decode): the parameters, the
+    /// fp8 scales the quantized products use, and DPO's reference model (its eval's loss).
     pub fn read_by_forward(self) -> bool {
-        matches!(self, Group::Params | Group::Fp8)
+        matches!(self, Group::Params | Group::Fp8 | Group::Reference)
     }
 
     /// This group's arrays of a tree of train-state names, under their keys.
@@ -150,6 +157,14 @@ impl TrainState {
         arrays.push(StateArray { group: Group::Count, def: count, dtype: DType::S32 });
         arrays.extend(fp8.iter().map(|def| StateArray { group: Group::Fp8, def: def.clone(), dtype: DType::F32 }));
         TrainState { arrays }
+    }
+
+    /// This state with DPO's reference model: a frozen copy of every parameter
+    /// (`reference.<name>`, in `weight_dtype`, sharded as the parameter).
+    pub fn with_reference(mut self) -> TrainState {
+        let params: Vec<StateArray> = self.group(Group::Params).cloned().collect();
+        self.arrays.extend(params.into_iter().map(|a| StateArray { group: Group::Reference, ..a }));
+        self
     }
 
     /// The arrays of `group`.

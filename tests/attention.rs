@@ -1,17 +1,17 @@
 //! Blockwise attention against dot-product attention, executed through the CPU plugin: outputs
 //! and the gradients of `sum(attend(q, k, v) * w)` (random `w`) with respect to `q`, `k`, `v`
 //! agree within f32 and bf16 tolerances for causal attention, grouped-query heads, a sliding
-//! window and packed documents, with several query and key blocks. Dot-product attention's
+//! window, packed documents and attention sinks (gpt-oss's), with several query and key blocks. Dot-product attention's
 //! gradient comes from autodiff (its rules are finite-difference checked in `grad_check`);
 //! blockwise attention's is its own backward pass, checked here against it and, in f64,
-//! against finite differences. Under a remat policy that saves `context`, the backward pass
+//! against finite differences (the sinks' gradient too). Under a remat policy that saves `context`, the backward pass
 //! reuses the saved output and statistics instead of recomputing the attention.
 
 use crate::common::{f64_tensor, rng, run, uniform};
 use maxrs::autodiff::value_and_grad;
 use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Prim, Program, RematFences, Signature};
-use maxrs::model::attention::attend;
+use maxrs::model::attention::{attend_sinks, AttendOptions};
 use maxrs::model::kernel::AttentionImpl;
 use maxrs::model::mask::Mask;
 use maxrs::runtime::compile;
@@ -28,6 +28,9 @@ const BLOCK: i64 = 8;
 struct Case {
     window: Option<i64>,
     packed: bool,
+    /// A learned logit per query head in each softmax's denominator (`p.z`, `[HEADS]`, in the
+    /// computation's dtype).
+    sinks: bool,
 }
 
 /// Documents of lengths 5, 11, 16 in row 0 and 20, 12 in row 1.
@@ -45,6 +48,9 @@ fn program(case: Case, how: AttentionImpl, dtype: DType, remat: bool) -> Program
     for (name, heads) in [("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)] {
         sig.input(&format!("p.{name}"), DType::F64, &[B, T, heads, D]);
     }
+    if case.sinks {
+        sig.input("p.z", DType::F64, &[HEADS]);
+    }
     sig.input("w", DType::F64, &[B, T, HEADS, D]);
     if case.packed {
         sig.input("segments", DType::S32, &[B, T]);
@@ -53,7 +59,8 @@ fn program(case: Case, how: AttentionImpl, dtype: DType, remat: bool) -> Program
         let mask = Mask { window: case.window, segments: inp.get("segments").cloned() };
         let attention = |p: &Tree| {
             let cast = |n: &str| p[n].astype(dtype);
-            attend(&cast("q"), &cast("k"), &cast("v"), &mask, how)
+            let sinks = p.get("z").map(|z| z.astype(dtype));
+            attend_sinks(&cast("q"), &cast("k"), &cast("v"), &mask, how, &AttendOptions::default(), sinks.as_ref())
         };
         let forward = |p: &Tree| -> maxrs::tensor::Tensor {
             if remat {
@@ -83,6 +90,9 @@ fn inputs(case: Case, seed: u64) -> Tree<HostTensor> {
     if case.packed {
         t.insert("segments", HostTensor::from_i32(&[B, T], &segments()));
     }
+    if case.sinks {
+        t.insert("p.z", f64_tensor(&[HEADS], &uniform(&mut r, HEADS as usize, -1.0, 2.0)));
+    }
     t
 }
 
@@ -96,7 +106,8 @@ fn scaled_diff(a: &[f64], b: &[f64]) -> f64 {
 fn compare(case: Case, dtype: DType, tolerance: f64) -> Tree<HostTensor> {
     let blockwise = run(&program(case, AttentionImpl::Blockwise { block: BLOCK }, dtype, false), &inputs(case, 7));
     let reference = run(&program(case, AttentionImpl::DotProduct, dtype, false), &inputs(case, 7));
-    for name in ["out", "grad.q", "grad.k", "grad.v"] {
+    let sinks = case.sinks.then_some("grad.z");
+    for name in ["out", "grad.q", "grad.k", "grad.v"].into_iter().chain(sinks) {
         let err = scaled_diff(&blockwise[name].to_f64(), &reference[name].to_f64());
         assert!(err < tolerance, "{dtype} window {:?} packed {}: {name} differs by {err:e}", case.window, case.packed);
     }
@@ -110,9 +121,10 @@ fn compare(case: Case, dtype: DType, tolerance: f64) -> Tree<HostTensor> {
 /// comparison's first one, compiled once for both).
 #[test]
 fn blockwise_matches_dot_product_in_f32() {
-    let plain = Case { window: None, packed: false };
+    let plain = Case { window: None, packed: false, sinks: false };
     let blockwise = compare(plain, DType::F32, 2e-5);
-    compare(Case { window: Some(6), packed: true }, DType::F32, 2e-5);
+    compare(Case { window: Some(6), packed: true, sinks: false }, DType::F32, 2e-5);
+    compare(Case { window: Some(6), packed: false, sinks: true }, DType::F32, 2e-5);
 
     let with_remat = program(plain, AttentionImpl::Blockwise { block: BLOCK }, DType::F32, true);
     // The plain forward (`out`) keeps its remat region; the loss's is inlined by autodiff, so
@@ -129,14 +141,14 @@ fn blockwise_matches_dot_product_in_f32() {
 fn blockwise_matches_dot_product_in_bf16() {
     // bf16 rounds the matmul operands (8 significant bits): both paths round the same
     // operands, but at different points of the blocked sums.
-    compare(Case { window: None, packed: true }, DType::BF16, 3e-2);
+    compare(Case { window: None, packed: true, sinks: false }, DType::BF16, 3e-2);
 }
 
 /// Central differences in f64 of `loss` along a few random directions agree with the
 /// gradient's projections onto them.
 #[test]
 fn blockwise_gradient_matches_finite_differences() {
-    let case = Case { window: Some(10), packed: true };
+    let case = Case { window: Some(10), packed: true, sinks: true };
     let compiled =
         compile(&crate::common::client(), &program(case, AttentionImpl::Blockwise { block: BLOCK }, DType::F64, false))
             .expect("compiles");
@@ -148,7 +160,7 @@ fn blockwise_gradient_matches_finite_differences() {
     };
     let mut r = rng(3);
     let h = 1e-5;
-    for name in ["q", "k", "v"] {
+    for name in ["q", "k", "v", "z"] {
         let x = base[&format!("p.{name}")].to_f64();
         let dims = base[&format!("p.{name}")].dims.clone();
         let g = grads[&format!("grad.{name}")].to_f64();

@@ -490,7 +490,7 @@ fn family_keys_are_refused_where_they_do_nothing() {
     assert!(e.contains("base_num_kv_heads=1"), "{e}");
     assert!(model(&["model_name=gpt3-52k", "rope_type=llama3.1"]).unwrap_err().contains("no RoPE"));
     // Validation of the values themselves.
-    assert!(invalid(&["rope_type=yarn"], 1, 1).contains("deepseek and olmo3 only yet"));
+    assert!(invalid(&["rope_type=yarn"], 1, 1).contains("deepseek, olmo3 and gpt_oss only yet"));
     assert!(invalid(&["attention_type=mla"], 1, 1).contains("not supported yet"));
     assert!(invalid(&["decoder_block=deepseek"], 1, 1).contains("attention_type=mla"));
     assert!(invalid(&["mtp_num_layers=1"], 1, 1).contains("multi-token prediction is not supported yet"));

@@ -34,6 +34,33 @@ enum Effect {
     Runtime(&'static str),
 }
 
+/// Preference pairs (`use_dpo`'s data: checked when the files are opened, not here), whose two
+/// columns pre-training refuses.
+const PREFERENCE_DATA: &[&str] = &[
+    "dataset_type=hf",
+    "hf_train_files=pairs.jsonl",
+    "tokenizer_path=tokenizer.model",
+    "packing=false",
+    "train_data_columns=[chosen, rejected]",
+];
+/// A DPO run, and an ORPO one.
+const DPO: &[&str] = &[
+    "dataset_type=hf",
+    "hf_train_files=pairs.jsonl",
+    "tokenizer_path=tokenizer.model",
+    "packing=false",
+    "train_data_columns=[chosen, rejected]",
+    "use_dpo=true",
+];
+const ORPO: &[&str] = &[
+    "dataset_type=hf",
+    "hf_train_files=pairs.jsonl",
+    "tokenizer_path=tokenizer.model",
+    "packing=false",
+    "train_data_columns=[chosen, rejected]",
+    "use_dpo=true",
+    "dpo.algo=orpo",
+];
 /// A small Mixtral: the context of the MoE keys.
 const MOE: &[&str] = &["decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2"];
 /// The dropping path with experts split over the expert axis.
@@ -63,6 +90,22 @@ macro_rules! deepseek {
 }
 const DEEPSEEK: &[&str] = deepseek!();
 const DEEPSEEK_YARN: &[&str] = deepseek!("rope_type=yarn");
+/// A small gpt-oss layer pair (a sliding and a global layer, 4 experts) with `extra` keys.
+macro_rules! gpt_oss {
+    ($($extra:literal),*) => {
+        &[
+            "decoder_block=gpt_oss",
+            "inhomogeneous_layer_cycle_interval=2",
+            "base_num_decoder_layers=2",
+            "sliding_window_size=16",
+            "num_experts=4",
+            "num_experts_per_tok=2",
+            "mlp_activations=[sigmoid, linear]",
+            $($extra),*
+        ]
+    };
+}
+const GPT_OSS: &[&str] = gpt_oss!("mlp_activations_limit=7.0");
 /// With routed experts, and those in 2 groups, each token choosing from the best one.
 const DEEPSEEK_MOE: &[&str] =
     deepseek!("first_num_dense_layers=1", "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=256");
@@ -136,6 +179,9 @@ const KEYS: &[(&str, Effect)] = &[
     ("use_post_attn_norm", ProgramVs("true", "false", GEMMA2)),
     ("use_qk_norm", ProgramVs("true", "false", &["decoder_block=qwen3"])),
     ("attention_bias", ProgramVs("true", "false", &["decoder_block=qwen2"])),
+    ("attention_sink", ProgramVs("true", "false", GPT_OSS)),
+    ("mlp_bias", ProgramVs("true", "false", GPT_OSS)),
+    ("mlp_activations_limit", ProgramVs("3.0", "7.0", gpt_oss!())),
     // qwen3_custom_moe requires attention_output_dim = moe_expert_input_dim, so neither can vary
     // alone there; their effect is tests/qwen3_custom.rs's. Other families refuse them by name.
     ("attention_output_dim", Refused("768")),
@@ -255,6 +301,12 @@ const KEYS: &[(&str, Effect)] = &[
     ("inhomogeneous_layer_cycle_interval", Refused("2")),
     ("lora.lora_restore_path", Runtime("a LoRA run starts from the adapters of that checkpoint (tests/lora.rs)")),
     ("lora.lora_module_path", ProgramVs(".*query", ".*key", &["lora.enable_lora=true", "lora.lora_rank=2", "lora.lora_alpha=4"])),
+    ("use_dpo", Allows(PREFERENCE_DATA)),
+    ("dpo.algo", ProgramVs("orpo", "dpo", DPO)),
+    ("dpo.dpo_beta", ProgramVs("0.5", "0.1", DPO)),
+    ("dpo.orpo_lambda", ProgramVs("0.5", "0.1", ORPO)),
+    ("dpo.dpo_label_smoothing", ProgramVs("0.2", "0", DPO)),
+    ("dpo.max_prompt_length", Runtime("the prompt ids each preference pair keeps (data::preference, tests/dpo.rs)")),
     ("prompt", Runtime("maxrs decode's prompts")),
     ("max_prefill_predict_length", Runtime("maxrs decode's prefill length (prompts padded to it)")),
     ("autoregressive_decode_assert", Runtime("maxrs decode checks the first prompt's output")),

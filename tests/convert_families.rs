@@ -1,7 +1,7 @@
 //! `maxrs convert` for every family against Hugging Face's own modeling code: for Llama, Llama 3.1
 //! (`rope_scaling` llama3), Mistral (sliding window), Mixtral, Qwen3, Qwen3 MoE, Gemma, Gemma 2,
-//! Gemma 3 (a block of 6 layers and a remainder block) and DeepSeek-V3 (multi-head latent
-//! attention, YaRN; dense, then routed layers), a tiny
+//! Gemma 3 (a block of 6 layers and a remainder block), DeepSeek-V3 (multi-head latent
+//! attention, YaRN; dense, then routed layers), OLMo 3 and gpt-oss (sinks, biased experts), a tiny
 //! checkpoint in Hugging Face's layout, converted to maxrs, gives the logits and greedy tokens
 //! `transformers` computed on it (recorded in `tests/data/hf_golden.json` by
 //! `tools/hf_golden.py`, which states the command and versions), and converts back to the same
@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use maxrs::checkpoint::dir;
 
-use crate::convert_hf::{convert, maxrs_logits, raw, read_hf, Raw};
+use crate::convert_hf::{convert, maxrs_logits, raw, raw_u8, read_hf, Raw};
 
 /// The golden file's prompt length: the greedy tokens follow it.
 const PROMPT: usize = 8;
@@ -310,6 +310,74 @@ fn gemma3_unscanned_converts_per_layer() {
 #[test]
 fn olmo3_matches_transformers() {
     check_family("olmo3", true);
+}
+
+/// gpt-oss with 4 layers (2 blocks of a sliding and a full layer): attention sinks, biases on
+/// every projection, YaRN without truncation, 4 biased experts (2 a token) whose interleaved
+/// gate/up columns split into `wi_0` and `wi_1`, and a clamp of 1.0.
+#[test]
+fn gpt_oss_matches_transformers() {
+    check_family("gpt_oss", true);
+}
+
+/// OpenAI's gpt-oss checkpoints store the experts' kernels as MXFP4: `<name>_blocks` (u8
+/// `[experts, out, in / 32, 16]`, two 4-bit E2M1 codes a byte, the low nibble first) and
+/// `<name>_scales` (u8 `[experts, out, in / 32]`, exponents biased by 127), as transformers'
+/// `integrations/mxfp4.py` (5.23.0) reads them. The golden checkpoint with random MXFP4 experts
+/// converts to what its twin with those values written out in f32 (`code value x
+/// 2^(scale - 127)` at `[expert, in, out]`) converts to.
+#[test]
+fn gpt_oss_mxfp4_experts_dequantize_on_import() {
+    const FP4: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+    let case = &golden()["families"]["gpt_oss"];
+    let d = tempfile::tempdir().unwrap();
+    let at = |name: &str| d.path().join(name);
+    let (mut packed, mut twin): (BTreeMap<String, Raw>, BTreeMap<String, Raw>) = Default::default();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut byte = |range: u8| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) % range as u64) as u8
+    };
+    for (name, shape) in case["tensors"].as_object().unwrap() {
+        let shape: Vec<usize> = shape.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+        let n = shape.iter().product();
+        if !name.ends_with("gate_up_proj") && !name.ends_with("down_proj") {
+            packed.insert(name.clone(), raw(&shape, &values(name, n, false), false));
+            twin.insert(name.clone(), raw(&shape, &values(name, n, false), false));
+            continue;
+        }
+        let (experts, inputs, outputs) = (shape[0], shape[1], shape[2]);
+        let groups = inputs / 32;
+        let blocks: Vec<u8> = (0..experts * outputs * groups * 16).map(|_| byte(255)).collect();
+        let scales: Vec<u8> = (0..experts * outputs * groups).map(|_| 122 + byte(8)).collect();
+        let mut dense = vec![0f32; n];
+        for x in 0..experts {
+            for o in 0..outputs {
+                for i in 0..inputs {
+                    let group = (x * outputs + o) * groups + i / 32;
+                    let b = blocks[group * 16 + (i % 32) / 2];
+                    let code = if i % 2 == 0 { b & 0x0f } else { b >> 4 };
+                    let value = FP4[code as usize] * 2f32.powi(scales[group] as i32 - 127);
+                    dense[(x * inputs + i) * outputs + o] = value;
+                }
+            }
+        }
+        packed.insert(format!("{name}_blocks"), raw_u8(&[experts, outputs, groups, 16], blocks));
+        packed.insert(format!("{name}_scales"), raw_u8(&[experts, outputs, groups], scales));
+        twin.insert(name.clone(), raw(&shape, &dense, false));
+    }
+    for (dir, tensors) in [("packed", &packed), ("twin", &twin)] {
+        std::fs::create_dir_all(at(dir)).unwrap();
+        std::fs::write(at(dir).join("config.json"), case["config"].to_string()).unwrap();
+        let views: Vec<(&str, &Raw)> = tensors.iter().map(|(n, r)| (n.as_str(), r)).collect();
+        serialize_to_file(views, &None, &at(dir).join("model.safetensors")).unwrap();
+        let ours = at(&format!("{dir}-maxrs"));
+        convert(&["from-hf", at(dir).to_str().unwrap(), ours.to_str().unwrap()]);
+        convert(&["to-hf", ours.to_str().unwrap(), at(&format!("{dir}-back")).to_str().unwrap()]);
+    }
+    let (from_packed, from_twin) = (read_hf(&at("packed-back")), read_hf(&at("twin-back")));
+    assert!(from_packed.contains_key("model.layers.3.mlp.experts.gate_up_proj"));
+    assert_eq!(from_packed, from_twin, "the MXFP4 experts convert to their values");
 }
 
 #[test]

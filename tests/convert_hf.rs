@@ -90,6 +90,11 @@ pub(crate) fn raw(shape: &[usize], values: &[f32], bf: bool) -> Raw {
     Raw { dtype: if bf { Dtype::BF16 } else { Dtype::F32 }, shape: shape.to_vec(), bytes }
 }
 
+/// A u8 tensor of `shape` holding `bytes` (gpt-oss's MXFP4 blocks and scales).
+pub(crate) fn raw_u8(shape: &[usize], bytes: Vec<u8>) -> Raw {
+    Raw { dtype: Dtype::U8, shape: shape.to_vec(), bytes }
+}
+
 /// Writes the checkpoint in Hugging Face's layout: two shards and an index.
 pub(crate) fn write_hf(dir: &Path, t: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, bf: bool) {
     std::fs::create_dir_all(dir).unwrap();

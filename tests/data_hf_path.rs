@@ -43,7 +43,7 @@ fn rows(c: &Config, split: Split) -> Result<Vec<String>, String> {
             out.push(match doc.map_err(|e| e.to_string())? {
                 Doc::Text(t) => t,
                 Doc::Undecodable(why) => format!("!{why}"),
-                Doc::Chat(_) => unreachable!("pre-training rows"),
+                Doc::Chat(_) | Doc::Pair(_) => unreachable!("pre-training rows"),
             });
         }
     }

@@ -62,6 +62,9 @@ fn params(c: &Config) -> Tree<HostTensor> {
             let n = d.shape.iter().product::<i64>() as usize;
             let std = match d.init {
                 ParamInit::Ones => return (d.name, HostTensor::from_f32(&d.shape, &vec![1.0; n])),
+                // gpt-oss's biases and sinks start at zero; drawn (in [-0.5, 0.5]) so that
+                // decoding exercises them.
+                ParamInit::Zeros if c.decoder_block == DecoderBlock::GptOss => 0.5 / 3f64.sqrt(),
                 ParamInit::Zeros => return (d.name, HostTensor::from_f32(&d.shape, &vec![0.0; n])),
                 ParamInit::Normal(std) => std,
                 ParamInit::FanIn(fan_in) | ParamInit::FanInNormal(fan_in) => (1.0 / fan_in as f64).sqrt(),
@@ -253,7 +256,28 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
         "rope_max_timescale=10000",
         "per_device_batch_size=4",
     ];
-    for extra in [&gemma2[..], &gemma[..], &gemma3[..], &gemma3_unscanned[..], &olmo3[..]] {
+    // gpt-oss: one block of a sliding (window 4) and a global layer with attention sinks, biases,
+    // YaRN (a ramp at head_dim 16) and 4 biased experts, 2 a token, clamped at 1.5.
+    let gpt_oss = [
+        "model_name=gpt-oss-20b",
+        "override_model_config=true",
+        "base_num_decoder_layers=2",
+        "base_emb_dim=64",
+        "base_num_query_heads=4",
+        "base_num_kv_heads=2",
+        "vocab_size=512",
+        "head_dim=16",
+        "base_mlp_dim=64",
+        "base_moe_mlp_dim=64",
+        "num_experts=4",
+        "num_experts_per_tok=2",
+        "mlp_activations_limit=1.5",
+        "sliding_window_size=4",
+        "original_max_position_embeddings=16",
+        "rope_max_timescale=10000",
+        "per_device_batch_size=4",
+    ];
+    for extra in [&gemma2[..], &gemma[..], &gemma3[..], &gemma3_unscanned[..], &olmo3[..], &gpt_oss[..]] {
         let c = load(extra);
         greedy_decoding_checked(&c);
     }

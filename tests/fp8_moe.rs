@@ -37,6 +37,7 @@ fn block_config() -> MoeConfig {
         router: Router::Softmax,
         shared_experts: 0,
         norm_topk_prob: false,
+        gpt_oss: None,
     }
 }
 

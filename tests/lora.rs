@@ -17,7 +17,7 @@ use maxrs::pjrt::cpu_client;
 use crate::common::family_ref::{self, batch, check_outputs, inputs, random_params, Family, RefParams, RopeRef, Spec};
 use crate::model_families::SIZES;
 
-const LORA: &[&str] = &["lora.enable_lora=true", "lora.lora_rank=3", "lora.lora_alpha=7.5"];
+pub(crate) const LORA: &[&str] = &["lora.enable_lora=true", "lora.lora_rank=3", "lora.lora_alpha=7.5"];
 const SCALE: f64 = 7.5 / 3.0;
 
 fn llama_spec() -> Spec {
@@ -33,7 +33,7 @@ fn shrunk(lora: bool, extra: &[&str]) -> Model {
 /// `p` with every adapter pair folded into its kernel (`W + A @ B * scale`, kernels flattened to
 /// `[inputs, outputs]` as `RefParams` holds them) and removed: the parameters of the same model
 /// without LoRA.
-fn merged(p: &RefParams) -> RefParams {
+pub(crate) fn merged(p: &RefParams) -> RefParams {
     let mut p = p.clone();
     for layer in &mut p.layers {
         let adapted: Vec<String> = layer.keys().filter_map(|k| k.strip_suffix("_lora_a")).map(str::to_string).collect();
@@ -131,7 +131,7 @@ fn an_adapted_model_is_its_merged_weights() {
     }
 }
 
-fn without_adapters(p: &RefParams) -> RefParams {
+pub(crate) fn without_adapters(p: &RefParams) -> RefParams {
     let mut p = p.clone();
     for layer in &mut p.layers {
         layer.retain(|k, _| !k.contains("_lora_"));
@@ -326,6 +326,8 @@ fn every_family_gets_adapters_from_maxtexts_default_paths() {
         ("deepseek2-16b", 7),
         // Blocks of 4 layers, each its own `layers_<j>` (as MaxText scans OLMo 3).
         ("olmo3-7b", 4 * 7),
+        // Blocks of 2 layers; the experts' stacked kernels are not dense projections.
+        ("gpt-oss-20b", 2 * 4),
     ] {
         let kernels = adapted(model_name, &[]).unwrap_or_else(|e| panic!("{model_name}: {e}"));
         println!("{model_name}: {kernels:?}");

@@ -95,6 +95,7 @@ mod data_train;
 mod decode;
 mod deepseek;
 mod docs_book;
+mod dpo;
 mod errors;
 mod fp8;
 mod fp8_gpu_hlo;

@@ -1,11 +1,12 @@
-//! The decoder families (`decoder_block` mistral, gemma, gemma2, gemma3, gpt3, qwen3, olmo3, and
+//! The decoder families (`decoder_block` mistral, gemma, gemma2, gemma3, gpt3, qwen3, olmo3, gpt_oss, and
 //! llama2 with Llama 3.1's RoPE) against the independent f64 reference of `common/family_ref.rs`,
 //! each from its MaxText model file shrunk to a tiny size (emb 32, 2 stacked layers, vocab 64) in
 //! float32 on a 2 x 16 batch with random non-zero parameters: embeddings, every layer's output, the logits and the
 //! loss, scanned and unrolled; the gradient of the loss (from the program of one of the forward
 //! checks, on its parameters and batch) against central differences of the
 //! reference loss for the parameters each family adds (windows, soft caps, post norms, biases,
-//! LayerNorms, learned positions, the tied and rescaled Gemma embedding, Llama 3.1's RoPE, QK-norm).
+//! LayerNorms, learned positions, the tied and rescaled Gemma embedding, Llama 3.1's RoPE, QK-norm,
+//! attention sinks, router and expert biases).
 
 use crate::common::family_ref::*;
 use maxrs::model::Model;
@@ -284,7 +285,13 @@ fn olmo3() {
         "beta_slow=0.25",
         "normalization_layer_epsilon=1e-3",
     ];
-    let yarn = RopeRef::Yarn { factor: 4.0, original_max_position_embeddings: 8.0, beta_fast: 2.0, beta_slow: 0.25 };
+    let yarn = RopeRef::Yarn {
+        factor: 4.0,
+        original_max_position_embeddings: 8.0,
+        beta_fast: 2.0,
+        beta_slow: 0.25,
+        truncate: true,
+    };
     let s = Spec { window: Some(5), ..spec(Family::Olmo3, yarn, 1e-3) };
     let m = shrunk("olmo3-7b", &keys);
     let probes = [
@@ -315,4 +322,57 @@ fn qwen3() {
     let (p, b) = (random_params(&s, &m, 1), batch(&m, 2));
     let plain = reference(&Spec { qk_norm: false, ..s.clone() }, &m, &p, &b).logits;
     assert!(scaled_err(&plain.iter().copied().collect::<Vec<_>>(), &want.logits) > 1e-3, "QK-norm changes nothing");
+}
+
+/// gpt-oss from gpt-oss-20b's file (attention sinks, biases on every projection, YaRN RoPE
+/// without truncation in every layer, a sliding layer then a global one, the routed experts with
+/// their router and expert biases and the clamped GLU) with 4 layers (2 scanned blocks of 2;
+/// unscanned, 4 modules), 4 experts of which 2 per token, a window of 5 on 16 tokens, a clamp of
+/// 1.5 (which random activations cross), a norm epsilon of 1e-3 and olmo3's small YaRN settings,
+/// with the dropless experts and the two `sparse_matmul=false` computations; and the same with
+/// blockwise attention (`attention=flash`; one 16-token block here: `attention.rs` checks several
+/// blocks with sinks, and the sinks' gradient), whose sinks join after its online softmax.
+#[test]
+fn gpt_oss() {
+    let keys = [
+        "base_num_decoder_layers=4",
+        "num_experts=4",
+        "num_experts_per_tok=2",
+        "sliding_window_size=5",
+        "mlp_activations_limit=1.5",
+        "rope_max_timescale=100",
+        "rope_factor=4",
+        "original_max_position_embeddings=8",
+        "beta_fast=2",
+        "beta_slow=0.25",
+        "normalization_layer_epsilon=1e-3",
+    ];
+    let yarn = RopeRef::Yarn {
+        factor: 4.0,
+        original_max_position_embeddings: 8.0,
+        beta_fast: 2.0,
+        beta_slow: 0.25,
+        truncate: false,
+    };
+    let s = Spec { window: Some(5), ..spec(Family::GptOss { limit: 1.5, top_k: 2 }, yarn, 1e-3) };
+    let m = shrunk("gpt-oss-20b", &keys);
+    let probes = [
+        (Some(0), "layers_0.GptOssAttention.sinks", 1),
+        (Some(1), "layers_1.GptOssAttention.sinks", 2),
+        (Some(1), "layers_0.GptOssAttention.out.bias", 4),
+        (Some(0), "layers_0.GptOssMlp.gate.bias", 2),
+        (Some(1), "layers_1.GptOssMlp.wi_0_bias", 101),
+        (Some(0), "layers_1.GptOssMlp.wi_1_bias", 50),
+        (Some(1), "layers_0.GptOssMlp.wo_bias", 70),
+    ];
+    check_forward_and_gradient("gpt-oss scanned, 2 blocks", &m, &s, &probes);
+    // Two more programs cover the rest, each two variants at once: unscanned with every expert on
+    // every token; blockwise attention with the experts dispatched under a capacity
+    // (ceil(16 x 2 / 4) x 2 = 16 per expert and sequence) that drops nothing.
+    for (label, variants) in [
+        ("gpt-oss unscanned, every expert", &["scan_layers=false", "sparse_matmul=false"][..]),
+        ("gpt-oss blockwise, dispatched", &["attention=flash", "sparse_matmul=false", "capacity_factor=2"]),
+    ] {
+        check_forward(label, &shrunk("gpt-oss-20b", &[&keys[..], variants].concat()), &s);
+    }
 }

@@ -152,16 +152,35 @@ const fn olmo3(hidden: u64, layers: u64, heads: u64, kv_heads: u64, mlp: u64) ->
     Llama { whole_qk_norm: true, ..dense(100278, hidden, layers, heads, kv_heads, mlp, false) }
 }
 
+/// A gpt-oss Hugging Face config (`GptOssForCausalLM`): head_dim 64, vocabulary 201088, width
+/// 2880 for the embedding and the experts alike.
+struct GptOss {
+    layers: u64,
+    /// `num_local_experts`.
+    experts: u64,
+}
+
+/// Hugging Face's gpt-oss tensors per layer: q/k/v/o with biases, a sink per head, two norms, the
+/// router (weight and bias) and the stacked experts (`gate_up_proj` `[X, E, 2M]`, `down_proj`
+/// `[X, M, E]`, their biases); embedding, final norm, untied `lm_head`.
+fn gpt_oss_count(h: &GptOss) -> u64 {
+    let (vocab, hidden, heads, kv_heads, head_dim, mlp, x) = (201088, 2880, 64, 8, 64, 2880, h.experts);
+    let attention = hidden * head_dim * (2 * heads + 2 * kv_heads) + head_dim * (heads + 2 * kv_heads) + hidden + heads;
+    let experts = hidden * x + x + x * (hidden * 2 * mlp + 2 * mlp + mlp * hidden + hidden);
+    h.layers * (attention + experts + 2 * hidden) + 2 * vocab * hidden + hidden
+}
+
 enum Hf {
     Llama(Llama),
     DeepSeek(DeepSeek),
+    GptOss(GptOss),
 }
 
 /// Each model name, the Hugging Face repository whose `config.json` it mirrors, that config's
 /// values, and MaxText's vocabulary where its file pads Hugging Face's (the embedding then has
 /// `(padded - vocab) x hidden` more parameters).
 fn mirrors() -> Vec<(&'static str, &'static str, Hf, Option<u64>)> {
-    use Hf::{DeepSeek as D, Llama as L};
+    use Hf::{DeepSeek as D, GptOss as G, Llama as L};
     let llama2 = |hidden, layers, heads, kv_heads, mlp| L(dense(32000, hidden, layers, heads, kv_heads, mlp, false));
     let llama3 = |hidden, layers, heads, mlp| L(dense(128256, hidden, layers, heads, 8, mlp, false));
     vec![
@@ -266,6 +285,8 @@ fn mirrors() -> Vec<(&'static str, &'static str, Hf, Option<u64>)> {
         ),
         ("deepseek3-671b", "deepseek-ai/DeepSeek-V3", D(v3(7168, 128, 256, 3)), None),
         ("kimi-k2-1t", "moonshotai/Kimi-K2-Instruct", D(DeepSeek { vocab: 163840, ..v3(7168, 64, 384, 1) }), None),
+        ("gpt-oss-20b", "openai/gpt-oss-20b", G(GptOss { layers: 24, experts: 32 }), None),
+        ("gpt-oss-120b", "openai/gpt-oss-120b", G(GptOss { layers: 36, experts: 128 }), None),
     ]
 }
 
@@ -326,6 +347,7 @@ fn every_model_file_has_its_hugging_face_parameter_count() {
         let (mut want, hidden, vocab) = match hf {
             Hf::Llama(h) => (llama_count(h), h.hidden, h.vocab),
             Hf::DeepSeek(h) => (deepseek_count(h), h.hidden, h.vocab),
+            Hf::GptOss(h) => (gpt_oss_count(h), 2880, 201088),
         };
         // MaxText's gemma files pad the vocabulary to 256128 (Hugging Face: 256000); its gemma3
         // files take 262144 of Hugging Face's 262208 rows.
@@ -354,7 +376,8 @@ fn every_model_file_has_its_hugging_face_parameter_count() {
 /// The sizes the model cards state, as a check on the formulas' inputs: DeepSeek-V3 "671B total
 /// parameters" (without its 14B multi-token-prediction module), Kimi K2 "1 trillion", DeepSeek-V2
 /// "236B", V2-Lite "15.7B", Qwen3-30B-A3B "30.5B", Qwen3-235B-A22B "235B", Qwen3-Coder-480B
-/// "480B", Llama 2 70B "70B", Qwen2.5-1.5B "1.54B", Qwen2.5-7B "7.61B", Qwen2.5-14B "14.7B".
+/// "480B", Llama 2 70B "70B", Qwen2.5-1.5B "1.54B", Qwen2.5-7B "7.61B", Qwen2.5-14B "14.7B",
+/// gpt-oss-20b "21B", gpt-oss-120b "117B".
 #[test]
 fn model_card_sizes() {
     let billions = |name: &str| num_params(name) as f64 / 1e9;
@@ -370,6 +393,8 @@ fn model_card_sizes() {
         ("qwen2.5-1.5b", 1.54, 0.01),
         ("qwen2.5-7b", 7.61, 0.01),
         ("qwen2.5-14b", 14.7, 0.1),
+        ("gpt-oss-20b", 21.0, 0.1),
+        ("gpt-oss-120b", 117.0, 0.3),
     ] {
         let b = billions(name);
         assert!((b - card).abs() <= tolerance, "{name}: {b:.2}B, its card says {card}B");

@@ -3,14 +3,15 @@
 //! token, dropping with a capacity that drops and one that does not, the load-balancing loss, and
 //! the gradient of a loss through each path against central differences of the reference. And
 //! on 8 devices, one device's numbers: expert-parallel dispatch (with all-to-alls), and the
-//! dropless path per batch shard.
+//! dropless path per batch shard (gpt-oss's biased experts too).
 
 use crate::common::moe_ref::{moe, MoeParams, MoeRef, Routing};
 use crate::common::{f64_tensor, rng, run, uniform};
 use maxrs::autodiff::value_and_grad_with_aux;
 use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Program, Signature};
-use maxrs::model::moe::{moe_block, param_defs, MoeConfig, Router};
+use maxrs::model::blocks::Activation;
+use maxrs::model::moe::{moe_block, param_defs, GptOssExperts, MoeConfig, Router};
 use maxrs::model::ModelConfig;
 use maxrs::sharding::Mesh;
 use maxrs::tensor::{trace, Tree};
@@ -35,6 +36,7 @@ fn config(sparse_matmul: bool, capacity_factor: f64, load_balance_loss_weight: f
         router: Router::Softmax,
         shared_experts: 0,
         norm_topk_prob: false,
+        gpt_oss: None,
     }
 }
 
@@ -186,7 +188,7 @@ fn expert_parallel_dispatch_uses_all_to_all() {
     let d = data(13, batch);
     let m = MoeConfig { dispatch_no_expert_sharding: true, ..config(false, 1.0, 0.01) };
     let one = run(&program(&c, &m, batch, None), &host(&d, DType::F32));
-    let hlo = same_on_8_devices(&c, &m, &d, &one, &Mesh::new(&[("expert", 8)]));
+    let hlo = same_on_8_devices(&c, &m, &host(&d, DType::F32), &one, &Mesh::new(&[("expert", 8)]));
     assert!(hlo.windows(10).any(|w| w == b"all-to-all"), "expert-parallel dispatch without an all-to-all");
 }
 
@@ -200,16 +202,42 @@ fn dropless_per_batch_shard_matches_one_device() {
     let d = data(17, batch);
     let m = config(true, -1.0, 0.01);
     let one = run(&program(&c, &m, batch, None), &host(&d, DType::F32));
-    same_on_8_devices(&c, &m, &d, &one, &Mesh::new(&[("fsdp", 4), ("expert", 2)]));
+    same_on_8_devices(&c, &m, &host(&d, DType::F32), &one, &Mesh::new(&[("fsdp", 4), ("expert", 2)]));
+}
+
+/// The same with gpt-oss's experts (`moe::GptOssExperts`): the router and expert biases go into
+/// each batch shard's region with the kernels (random here, as a checkpoint's).
+#[test]
+fn gpt_oss_dropless_per_batch_shard_matches_one_device() {
+    let c = model_config(DType::F32);
+    let batch = 8;
+    let d = data(19, batch);
+    let experts = GptOssExperts { gate_bias: true, expert_bias: true, limit: 1.0, activation: Activation::Sigmoid };
+    let m = MoeConfig { gpt_oss: Some(experts), ..config(true, -1.0, 0.0) };
+    let mut inputs = host(&d, DType::F32);
+    let mut r = rng(23);
+    for def in param_defs(&m, EMB as i64, MLP as i64).into_iter().filter(|d| d.name.contains("bias")) {
+        let n = def.shape.iter().product::<i64>() as usize;
+        let values: Vec<f32> = uniform(&mut r, n, -0.5, 0.5).into_iter().map(|x| x as f32).collect();
+        inputs.insert(def.name.as_str(), HostTensor::from_f32(&def.shape, &values));
+    }
+    let one = run(&program(&c, &m, batch, None), &inputs);
+    same_on_8_devices(&c, &m, &inputs, &one, &Mesh::new(&[("fsdp", 4), ("expert", 2)]));
 }
 
 /// Runs the block on `mesh` and checks every output against `one` device's; returns the
 /// optimized HLO (a serialized HloModuleProto, whose opcodes are strings).
-fn same_on_8_devices(c: &ModelConfig, m: &MoeConfig, d: &Data, one: &Tree<HostTensor>, mesh: &Mesh) -> Vec<u8> {
+fn same_on_8_devices(
+    c: &ModelConfig,
+    m: &MoeConfig,
+    inputs: &Tree<HostTensor>,
+    one: &Tree<HostTensor>,
+    mesh: &Mesh,
+) -> Vec<u8> {
     let client = crate::common::client();
     let compiled = maxrs::runtime::compile(&client, &program(c, m, 8, Some(mesh))).expect("compiles");
     let hlo = compiled.executable.executable().optimized_program().expect("optimized HLO").1;
-    let many = compiled.run(&client, &host(d, DType::F32)).expect("the sharded block runs");
+    let many = compiled.run(&client, inputs).expect("the sharded block runs");
     for (name, value) in one.iter() {
         let (a, b) = (value.to_f64(), many[name].to_f64());
         let scale = a.iter().fold(1.0f64, |m, v| m.max(v.abs()));

@@ -63,6 +63,11 @@ fn every_array_reads_as_orbax_reads_it() {
 /// and two of MaxText's defaults that maxrs's `default` model file changes (models/default.yml:
 /// `learning_rate: 1.e-3`, `synthetic_progression: true`).
 fn run(extra: &[String]) -> anyhow::Result<RunReport> {
+    run_on(1, extra)
+}
+
+/// [`run`] on `devices` CPU devices.
+fn run_on(devices: usize, extra: &[String]) -> anyhow::Result<RunReport> {
     let model = [
         "base_num_decoder_layers=3",
         "base_emb_dim=16",
@@ -83,7 +88,7 @@ fn run(extra: &[String]) -> anyhow::Result<RunReport> {
     ];
     let mut args: Vec<String> = model.iter().map(|s| s.to_string()).collect();
     args.extend(extra.iter().cloned());
-    train(&config::load(None, &args)?, &cpu_client(1)?)
+    train(&config::load(None, &args)?, &cpu_client(devices)?)
 }
 
 /// One step from the parameters at `path`.
@@ -145,6 +150,12 @@ fn a_run_starts_from_a_maxtext_checkpoints_parameters() {
         let from_orbax = run(&load(&fixture(folder))).unwrap();
         assert_eq!(from_orbax.losses[0], from_file.losses[0], "{folder}");
     }
+    // Sharded over 2 devices (tensor), the same batch of one sequence: each device's block of
+    // each parameter is read by ranges and put on it, to the same loss.
+    let mut sharded = load(&fixture("nnx/checkpoints/1"));
+    sharded.extend(["ici_tensor_parallelism=2".into(), "per_device_batch_size=0.5".into()]);
+    let sharded = run_on(2, &sharded).unwrap();
+    assert!((sharded.losses[0] - from_file.losses[0]).abs() < 1e-6, "{} vs {}", sharded.losses[0], from_file.losses[0]);
 
     // The NNX parameter-only checkpoint of the same state (bfloat16): the same values rounded,
     // so a first loss near the f32 parameters'. The Linen one (another run's) loads too.

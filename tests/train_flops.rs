@@ -191,3 +191,30 @@ fn mixtral_8x7b_counts_the_active_experts_only() {
     // 46.7B parameters in all (Mistral's figure for Mixtral 8x7B).
     assert_close(model.num_params() as f64, 46.7e9, 1e-2);
 }
+
+/// gpt-oss-20b: the hand count (router plus 4 of 32 experts; MaxText's
+/// `calculate_mixed_attention_model_tflops_training_per_device` with an attention pattern of 2:
+/// 12 global layers causal over the sequence, 12 over the 128-token window), and MaxText's golden
+/// test (`tests/unit/flop_calculation_test.py::test_gpt_oss_20b_flops` at e591f30): about
+/// `6 x B x S x 3.6e9` active parameters plus its attention estimate, within 5%.
+#[test]
+fn gpt_oss_20b_counts_the_active_experts_and_the_windows() {
+    let (b, s, w): (u128, u128, u128) = (4, 8192, 128);
+    let (e, h, kv, d, m, x, k, l, v) = (2880u128, 64u128, 8u128, 64u128, 2880u128, 32u128, 4u128, 24u128, 201088u128);
+    let bs = b * s;
+    let ffn = 2 * bs * e * x + k * 3 * 2 * bs * m * e;
+    let qkv = 2 * bs * e * (h + 2 * kv) * d;
+    let out = 2 * bs * e * h * d;
+    let weights = ((ffn + qkv + out) * l + 2 * bs * e * v) * 3;
+    let global = 2 * b * s * s * h * d;
+    let local = 4 * b * (s * w - w * w / 2) * h * d;
+    let attention = (l / 2 * global + l / 2 * local) * 3;
+    let t = training_tflops_per_device(&model("gpt-oss-20b"), &shape(4.0, 8192));
+    assert_close(t.learnable_weight, weights as f64 / 1e12, 1e-12);
+    assert_close(t.attention, attention as f64 / 1e12, 1e-12);
+
+    let (bf, sf, wf) = (4.0, 8192f64, 128f64);
+    let golden_attention = 2.0 * 3.0 * bf * (12.0 * sf * sf + 12.0 * wf * wf) * 64.0 * 64.0 / 1e12;
+    let golden = 6.0 * bf * sf * 3.6e9 / 1e12 + golden_attention;
+    assert_close(t.total, golden, 5e-2);
+}

@@ -10,6 +10,7 @@ fn metrics(step: u64, peak: Option<f64>) -> StepMetrics {
         learning_rate: 3e-4,
         total_weights: 8192,
         moe_lb_loss: None,
+        preference: [None; 7],
         step_time_seconds: 0.5,
         work: PerDeviceWork { tflops: 6.15, tokens: 2000.0, peak_tflops: peak },
     }

@@ -112,6 +112,8 @@ fn every_family_trains_with_a_falling_loss() {
         ("gpt3-52k", &["base_num_kv_heads=4"]),
         // One scanned block of OLMo 3's 3 sliding + 1 global layers.
         ("olmo3-7b", &["base_num_decoder_layers=4", "sliding_window_size=8"]),
+        // One scanned block of gpt-oss's sliding and global layers, 4 biased experts of which 2.
+        ("gpt-oss-20b", &["sliding_window_size=8", "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=128"]),
     ] {
         let mut args = vec![
             format!("model_name={model}"),

@@ -151,6 +151,29 @@ def olmo3_tensors(layers):
     return t
 
 
+def gpt_oss_tensors(layers, experts):
+    """gpt-oss's layers: biases on every attention projection, a sink per head, a biased router
+    and `experts` stacked experts with interleaved gate/up columns and biases."""
+    t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E], "lm_head.weight": [V, E]}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        t[p + "input_layernorm.weight"] = [E]
+        for proj, rows in (("q_proj", H * D), ("k_proj", K * D), ("v_proj", K * D)):
+            t[p + f"self_attn.{proj}.weight"] = [rows, E]
+            t[p + f"self_attn.{proj}.bias"] = [rows]
+        t[p + "self_attn.o_proj.weight"] = [E, H * D]
+        t[p + "self_attn.o_proj.bias"] = [E]
+        t[p + "self_attn.sinks"] = [H]
+        t[p + "post_attention_layernorm.weight"] = [E]
+        t[p + "mlp.router.weight"] = [experts, E]
+        t[p + "mlp.router.bias"] = [experts]
+        t[p + "mlp.experts.gate_up_proj"] = [experts, E, 2 * M]
+        t[p + "mlp.experts.gate_up_proj_bias"] = [experts, 2 * M]
+        t[p + "mlp.experts.down_proj"] = [experts, M, E]
+        t[p + "mlp.experts.down_proj_bias"] = [experts, E]
+    return t
+
+
 def deepseek_tensors(layers, dense, q_lora=0, experts=0, moe=0, qk_nope=16, qk_rope=8, v_head=12, kv_lora=16):
     """DeepSeek-V3's layers: dense before `dense` (`first_k_dense_replace`), routed (`experts`
     of width `moe`, one shared) after; queries with a low-rank projection when `q_lora`."""
@@ -244,6 +267,21 @@ def cases():
                      "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
     del olmo3["rope_theta"]
+    # gpt-oss: 4 layers (sliding with a window of 4, then full, twice), 4 experts of which 2 a
+    # token, a clamp of 1.0 that the experts' inputs cross, and YaRN without truncation whose
+    # ramp matters at head_dim 16 (base 100, factor 4, original context 8, beta_fast 2,
+    # beta_slow 0.25: frequencies 0-2 blended, the rest divided by 4). max_position_embeddings
+    # 4096: maxrs's YaRN covers the positions below it, and its default max_target_length is 2048.
+    gpt_oss = dict(BASE, architectures=["GptOssForCausalLM"], model_type="gpt_oss", num_hidden_layers=4,
+                   max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                   attention_bias=True, sliding_window=4,
+                   layer_types=["sliding_attention", "full_attention"] * 2, num_local_experts=4,
+                   num_experts_per_tok=2, swiglu_limit=1.0, router_aux_loss_coef=0.0,
+                   output_router_logits=False, rope_parameters={
+                       "rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0,
+                       "original_max_position_embeddings": 8, "beta_fast": 2.0, "beta_slow": 0.25,
+                       "truncate": False})
+    del gpt_oss["rope_theta"]
     return {
         "deepseek_v3": (deepseek_v3, deepseek_tensors(2, 2)),
         "deepseek_v3_moe": (deepseek_v3_moe, deepseek_tensors(3, 1, q_lora=24, experts=4, moe=32)),
@@ -257,6 +295,7 @@ def cases():
         "gemma2": (gemma2, gemma_tensors(4, True, K)),
         "gemma3": (gemma3, gemma_tensors(8, True, K, qk_norm=True)),
         "olmo3": (olmo3, olmo3_tensors(8)),
+        "gpt_oss": (gpt_oss, gpt_oss_tensors(4, 4)),
     }
 
 

@@ -55,15 +55,23 @@ fn read_tensors(dir: &Location) -> Result<BTreeMap<String, HostTensor>> {
         bail!("{dir}: no {SINGLE_FILE} or {INDEX_FILE} (maxrs reads safetensors weights, not pytorch_model.bin)");
     };
     let mut tensors = BTreeMap::new();
+    // Each tensor's shard, which a refusal names.
+    let mut shard_of = BTreeMap::new();
     for file in files {
         let location = dir.join(&file);
         let mut input = storage::open_read(&location)?;
         for (name, tensor) in read_safetensors(&mut input, &location.to_string())?.tensors {
-            check_weight(&location, &name, &tensor)?;
             if tensors.insert(name.clone(), tensor).is_some() {
                 bail!("{location}: tensor {name} is also in another shard");
             }
+            shard_of.insert(name, location.clone());
         }
+    }
+    // gpt-oss's published experts are MXFP4 (u8 blocks and scales): dequantized here, exactly,
+    // before the weights' types are checked.
+    crate::model::hf::gpt_oss::dequantize_mxfp4(&mut tensors).with_context(|| dir.to_string())?;
+    for (name, tensor) in &tensors {
+        check_weight(shard_of.get(name).unwrap_or(dir), name, tensor)?;
     }
     Ok(tensors)
 }

@@ -59,6 +59,8 @@ pub const MODELS: &[(&str, &str)] = &[
     ("olmo3-7b", include_str!("../../models/olmo3-7b.yml")),
     ("olmo3-7b-pt", include_str!("../../models/olmo3-7b-pt.yml")),
     ("olmo3-32b", include_str!("../../models/olmo3-32b.yml")),
+    ("gpt-oss-20b", include_str!("../../models/gpt-oss-20b.yml")),
+    ("gpt-oss-120b", include_str!("../../models/gpt-oss-120b.yml")),
 ];
 
 /// The built-in text of `models/<name>.yml`.

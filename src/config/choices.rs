@@ -109,6 +109,11 @@ string_enum!(
 );
 
 string_enum!(
+    /// MaxText's `dpo.algo`: the preference loss of `use_dpo` (`train::dpo`).
+    DpoAlgo { Dpo = "dpo", Orpo = "orpo" }
+);
+
+string_enum!(
     /// MaxText's `hardware` key.
     Hardware { Cpu = "cpu", Gpu = "gpu", GpuMultiprocess = "gpu_multiprocess", Tpu = "tpu" }
 );
@@ -149,7 +154,8 @@ string_enum!(
     /// query/key/value biases, qwen3 llama2's with QK-norm, qwen3_moe qwen3's with a routed MoE
     /// block, qwen3_custom_moe qwen3's attention into a narrower latent with a routed MoE block
     /// there, deepseek DeepSeek-V3's layer (multi-head latent attention), olmo3 OLMo 3's
-    /// post-norm layers with a whole-width QK-norm, 3 sliding-window layers to 1 global.
+    /// post-norm layers with a whole-width QK-norm, 3 sliding-window layers to 1 global, gpt_oss
+    /// gpt-oss's layers (attention sinks, sliding and global layers in turn, biased experts).
     DecoderBlock {
         Llama2 = "llama2",
         Mistral = "mistral",
@@ -164,6 +170,7 @@ string_enum!(
         Qwen3CustomMoe = "qwen3_custom_moe",
         Deepseek = "deepseek",
         Olmo3 = "olmo3",
+        GptOss = "gpt_oss",
     }
 );
 
@@ -172,7 +179,11 @@ impl DecoderBlock {
     pub fn has_experts(self) -> bool {
         matches!(
             self,
-            DecoderBlock::Mixtral | DecoderBlock::Qwen3Moe | DecoderBlock::Qwen3CustomMoe | DecoderBlock::Deepseek
+            DecoderBlock::Mixtral
+                | DecoderBlock::Qwen3Moe
+                | DecoderBlock::Qwen3CustomMoe
+                | DecoderBlock::Deepseek
+                | DecoderBlock::GptOss
         )
     }
 }
@@ -236,7 +247,7 @@ string_enum!(
 
 /// The MLP activations maxrs implements (`mlp_activations` entries; MaxText's names: `gelu` is
 /// flax's tanh approximation).
-pub const MLP_ACTIVATIONS: &[&str] = &["silu", "gelu", "relu", "linear"];
+pub const MLP_ACTIVATIONS: &[&str] = &["silu", "gelu", "relu", "sigmoid", "linear"];
 
 /// An optional integer written as MaxText does: `None` (a string to YAML), `null`, or a number.
 pub(crate) fn none_or_int<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {

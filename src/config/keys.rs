@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::choices::{
-    none_or_int, AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule,
+    none_or_int, AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, DpoAlgo, Hardware, LogicalAxisRule,
     LrScheduleType, OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType,
     RoutedScoreFunc, SamplingStrategy, TokenizerType, WsdDecayStyle,
 };
@@ -26,8 +26,13 @@ use super::registry::{declare_keys, Families, Key, KeyType, Section};
 
 const ALL: Families = Families::All;
 /// The families with sliding-window layers (`sliding_window_size`).
-const SLIDING: Families =
-    Families::Only(&[DecoderBlock::Mistral, DecoderBlock::Gemma2, DecoderBlock::Gemma3, DecoderBlock::Olmo3]);
+const SLIDING: Families = Families::Only(&[
+    DecoderBlock::Mistral,
+    DecoderBlock::Gemma2,
+    DecoderBlock::Gemma3,
+    DecoderBlock::Olmo3,
+    DecoderBlock::GptOss,
+]);
 const GEMMA2_3: Families = Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::Gemma3]);
 const GEMMA3: Families = Families::Only(&[DecoderBlock::Gemma3]);
 /// The families with MaxText's default RoPE (`RotaryEmbedding`), whose timescales
@@ -51,6 +56,7 @@ const MOE: Families = Families::Only(&[
     DecoderBlock::Qwen3Moe,
     DecoderBlock::Qwen3CustomMoe,
     DecoderBlock::Deepseek,
+    DecoderBlock::GptOss,
 ]);
 /// decoder_block=qwen2, qwen3, qwen3_moe, qwen3_custom_moe, olmo3: `qwen2.py`, `qwen3.py`,
 /// `qwen3_custom.py` and `olmo3.py` (MaxText e591f30) all pass `use_qk_norm` to their `Attention`.
@@ -61,8 +67,8 @@ const QK_NORM: Families = Families::Only(&[
     DecoderBlock::Qwen3CustomMoe,
     DecoderBlock::Olmo3,
 ]);
-/// decoder_block=qwen2: the only block maxrs has whose MaxText layer reads `attention_bias`.
-const QWEN2: Families = Families::Only(&[DecoderBlock::Qwen2]);
+/// decoder_block=qwen2, gpt_oss: the blocks maxrs has whose MaxText layer reads `attention_bias`.
+const ATTENTION_BIAS: Families = Families::Only(&[DecoderBlock::Qwen2, DecoderBlock::GptOss]);
 const MIXTRAL_QWEN3_MOE: Families =
     Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe, DecoderBlock::Qwen3CustomMoe]);
 /// decoder_block=qwen3_custom_moe: `Qwen3CustomMoeDecoderLayer` (`models/qwen3_custom.py`, MaxText
@@ -72,9 +78,15 @@ const QWEN3_CUSTOM: Families = Families::Only(&[DecoderBlock::Qwen3CustomMoe]);
 /// decoder_block=deepseek: multi-head latent attention and YaRN (`model::mla`), DeepSeek-V3's
 /// routing and shared experts (`model::moe::MoeConfig::deepseek`).
 const DEEPSEEK: Families = Families::Only(&[DecoderBlock::Deepseek]);
-/// The families with YaRN RoPE (`rope_type: yarn`): deepseek's latent attention, olmo3.
-const YARN: Families = Families::Only(&[DecoderBlock::Deepseek, DecoderBlock::Olmo3]);
-const OLMO3: Families = Families::Only(&[DecoderBlock::Olmo3]);
+/// The families with YaRN RoPE (`rope_type: yarn`): deepseek's latent attention, olmo3, gpt_oss.
+const YARN: Families = Families::Only(&[DecoderBlock::Deepseek, DecoderBlock::Olmo3, DecoderBlock::GptOss]);
+/// The families that scan blocks of `inhomogeneous_layer_cycle_interval` layers.
+const LAYER_CYCLE: Families = Families::Only(&[DecoderBlock::Olmo3, DecoderBlock::GptOss]);
+/// decoder_block=deepseek, gpt_oss: a learned routing bias (`routed_bias`).
+const ROUTED_BIAS: Families = Families::Only(&[DecoderBlock::Deepseek, DecoderBlock::GptOss]);
+/// decoder_block=gpt_oss (`src/maxtext/models/gpt_oss.py` at MaxText e591f30): attention sinks,
+/// biased experts with a clamped SwiGLU.
+const GPT_OSS: Families = Families::Only(&[DecoderBlock::GptOss]);
 
 declare_keys! {
     section "Run" {
@@ -174,17 +186,21 @@ declare_keys! {
         /// gemma3: layers, a multiple of 6 (maxrs scans blocks of 5 local + 1 global layers and
         /// has no remainder block yet).
         base_num_decoder_layers: i64 = 16 => MaxText.model(ALL).range(int(1, MAX_HEADS)).model_file(),
-        /// olmo3: the layers of one scanned block (MaxText's `Olmo3ScannableBlock`), a multiple of 4 (OLMo 3's 3 local + 1 global pattern) dividing the layers.
+        /// olmo3: the layers of one scanned block (MaxText's `Olmo3ScannableBlock`), a multiple of 4 (OLMo 3's 3 local + 1 global pattern) dividing the layers; gpt_oss: the same with its 2-layer pattern (1 local + 1 global).
         // MaxText's scan takes num_decoder_layers // interval blocks (`Decoder.__call__`,
         // src/maxtext/layers/decoders.py at e591f30); its other families are refused a value
         // other than 1 (families.rs).
-        inhomogeneous_layer_cycle_interval: i64 = 1 => MaxText.model(OLMO3).range(int(1, MAX_HEADS)).model_file(),
+        inhomogeneous_layer_cycle_interval: i64 = 1 => MaxText.model(LAYER_CYCLE).range(int(1, MAX_HEADS)).model_file(),
         /// The size of each attention head (not scaled).
         head_dim: i64 = 128 => MaxText.model(ALL).range(int(1, MAX_HEADS)).model_file(),
         /// The vocabulary size (token ids are int32).
         vocab_size: i64 = 32000 => MaxText.model(ALL).range(int(2, i32::MAX as i64)).model_file(),
-        /// One input projection each, multiplied: silu, gelu (tanh approximation), relu, linear.
+        /// One input projection each, multiplied: silu, gelu (tanh approximation), relu, sigmoid, linear.
         mlp_activations: Vec<String> = ["silu", "linear"] => MaxText.model(ALL).model_file(),
+        /// gpt_oss: the experts' gate input is clamped to at most this, their linear input to [-this, this] (positive; -1: unset).
+        // MaxText's `RoutedMoE.apply_ffn_activation` (layers/moe.py at e591f30) clamps gpt_oss's
+        // always, deepseek's when positive (DeepSeek V4, which maxrs does not have yet).
+        mlp_activations_limit: f64 = -1.0 => MaxText.model(GPT_OSS).range(closed(-1.0, 1e6)).model_file(),
         /// RMSNorm (LayerNorm for gpt3) epsilon.
         normalization_layer_epsilon: f64 = 1.0e-05 => MaxText.model(ALL).range(open(0.0, 1.0)).model_file(),
         /// RoPE's maximum timescale (the longest wavelength).
@@ -197,7 +213,7 @@ declare_keys! {
         // MaxText's `RotaryEmbedding.timescale` (src/maxtext/layers/embeddings.py, e591f30) and
         // `Attention.init_rotary_embedding` (attentions.py), which skips gemma3's local layers.
         rope_linear_scaling_factor: f64 = 1.0 => MaxText.model(DEFAULT_ROPE).range(closed(1e-6, 1e6)).model_file(),
-        /// default (half-split RoPE), llama3.1 (scaled frequencies, interleaved pairs) or yarn (deepseek and olmo3 only yet).
+        /// default (half-split RoPE), llama3.1 (scaled frequencies, interleaved pairs) or yarn (deepseek, olmo3 and gpt_oss only yet).
         /// llama3.1 is also chosen by a model_name starting with llama3.1, as in MaxText.
         rope_type: RopeType = "default" => MaxText.model(ALL).model_file(),
         /// llama3.1 RoPE: apply Llama 3.1's frequency scaling.
@@ -211,12 +227,16 @@ declare_keys! {
         /// Positive: learned position embeddings for that many positions (gpt3), added to the token embeddings.
         // 0 (or -1, MaxText's default) disables learned position embeddings.
         trainable_position_size: i64 = -1 => MaxText.model(ALL).range(int_or_fill(0, 1 << 24)).model_file(),
-        /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2, gemma3, olmo3: the local layers' window.
+        /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2, gemma3, olmo3, gpt_oss: the local layers' window.
         sliding_window_size: i64 = 0 => MaxText.model(SLIDING).range(int(0, 1 << 24)).model_file(),
         /// qwen2, qwen3, qwen3_moe, qwen3_custom_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm); olmo3: over all heads' together.
         use_qk_norm: bool = false => MaxText.model(QK_NORM).model_file(),
-        /// qwen2: learned biases on the query, key and value projections (not the output's).
-        attention_bias: bool = false => MaxText.model(QWEN2).model_file(),
+        /// qwen2: learned biases on the query, key and value projections (not the output's); gpt_oss: on the output's too.
+        attention_bias: bool = false => MaxText.model(ATTENTION_BIAS).model_file(),
+        /// gpt_oss: a learned logit per query head (`sinks`) joins each softmax's denominator (attention sinks).
+        // `Attention.sinks` and `AttentionOp.compute_local_attention` (layers/attentions.py,
+        // layers/attention_op.py at MaxText e591f30).
+        attention_sink: bool = false => MaxText.model(GPT_OSS).model_file(),
         /// gemma2, gemma3: attention scores = cap * tanh(scores / cap); 0 disables.
         attn_logits_soft_cap: f64 = 0.0 => MaxText.model(GEMMA2_3).range(closed(0.0, 1e9)).model_file(),
         /// gemma2, gemma3: RMSNorm after attention, before the residual add.
@@ -258,7 +278,7 @@ declare_keys! {
         /// Each head's value dimension.
         v_head_dim: i64 = 128 => MaxText.model(DEEPSEEK).range(int(1, MAX_HEADS)).model_file(),
         /// The context length the model is extended to; deepseek: above original_max_position_embeddings the
-        /// softmax scale is multiplied by (0.1 mscale ln(rope_factor) + 1)^2; olmo3 (yarn): positions must stay below it.
+        /// softmax scale is multiplied by (0.1 mscale ln(rope_factor) + 1)^2; olmo3, gpt_oss (yarn): positions must stay below it.
         max_position_embeddings: i64 = 163840 => MaxText.model(YARN).range(int(1, 1 << 30)).model_file(),
         /// yarn: the context length RoPE's base frequencies were trained for.
         original_max_position_embeddings: i64 = 4096 => MaxText.model(YARN).range(int(1, 1 << 30)).model_file(),
@@ -307,12 +327,14 @@ declare_keys! {
         shared_experts: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
         /// deepseek: the router's scores: "" (the logits), sigmoid or softmax (over the experts).
         routed_score_func: RoutedScoreFunc = "" => MaxText.model(DEEPSEEK).model_file(),
-        /// deepseek: a learned per-expert bias (gate.bias) added to the scores to choose the experts; under a model_name starting with deepseek3 or deepseek4 the weights come from the unbiased scores, under any other name from the biased ones.
+        /// deepseek: a learned per-expert bias (gate.bias) added to the scores to choose the experts; under a model_name starting with deepseek3 or deepseek4 the weights come from the unbiased scores, under any other name from the biased ones. gpt_oss: added to the router logits (choice and weights).
         // MaxText's `get_topk` (layers/moe.py, e591f30). Under a deepseek3/deepseek4 name its
         // gradient is zero (it only moves the top-k choice); routed_bias_update_rate moves it.
-        routed_bias: bool = false => MaxText.model(DEEPSEEK).model_file(),
+        routed_bias: bool = false => MaxText.model(ROUTED_BIAS).model_file(),
         /// deepseek: auxiliary-loss-free balancing, bias += rate x sign(mean load - expert's load) after each step; > 0 is not supported yet.
         routed_bias_update_rate: f64 = 0.0 => MaxText.step().read_by_model(DEEPSEEK).range(closed(0.0, 1e3)),
+        /// gpt_oss: learned biases on the experts' projections (wi_0_bias, wi_1_bias, wo_bias).
+        mlp_bias: bool = false => MaxText.model(GPT_OSS).model_file(),
         /// deepseek: the experts in n_routing_groups equal groups; each token chooses only from its topk_routing_group best groups (-1: no groups; only under a model_name starting with deepseek3 or deepseek4).
         // A group's score is the sum of its two best biased scores (`expert_group_mask`).
         n_routing_groups: i64 = -1 => MaxText.model(DEEPSEEK).range(int_or_fill(1, MAX_HEADS)),
@@ -415,9 +437,9 @@ declare_keys! {
         use_sft: bool = false => MaxText.run(),
         /// With use_sft: the loss counts only the completions (assistant replies), not the prompts.
         sft_train_on_completion_only: bool = false => MaxText.run(),
-        /// With use_sft: a Jinja chat template; empty: chat_template_path, else the tokenizer_config.json's.
+        /// With use_sft (or use_dpo's conversational pairs): a Jinja chat template; empty: chat_template_path, else the tokenizer_config.json's.
         chat_template: String = "" => MaxText.run(),
-        /// With use_sft and no chat_template: a .jinja/.j2/.txt template, or a .json file with a chat_template entry.
+        /// With use_sft (or use_dpo's conversational pairs) and no chat_template: a .jinja/.j2/.txt template, or a .json file with a chat_template entry.
         chat_template_path: String = "" => MaxText.path(Reads, Ignores),
         /// Shuffle files and document windows (hf) or rows (tokens) each epoch.
         enable_data_shuffling: bool = true => MaxText.run(),
@@ -494,6 +516,31 @@ declare_keys! {
         abort_on_nan_loss: bool = true => MaxText.run(),
         /// Stop when the loss is infinite; false: warn and go on.
         abort_on_inf_loss: bool = true => MaxText.run(),
+    }
+
+    /// MaxText's `use_dpo` and `dpo:` mapping (`configs/post_train/dpo.yml`, `DPO` in
+    /// `configs/types.py` at e591f30, which MaxText hands to Tunix's DPO trainer): rows are
+    /// preference pairs and the loss is DPO's or ORPO's (`train::dpo`); in a file `dpo: {algo:
+    /// orpo}`, on the command line `dpo.algo=orpo`.
+    section "DPO" {
+        /// Preference training: rows are pairs (train_data_columns [chosen, rejected], the prompt their common prefix, or [prompt, chosen, rejected]; text, or conversations rendered with the chat template) and the loss is dpo.algo's.
+        use_dpo: bool = false => MaxText.step(),
+        #[key = "dpo.algo"]
+        /// dpo (against a frozen reference model), or orpo (no reference: the chosen response's NLL plus dpo.orpo_lambda times the odds-ratio loss).
+        dpo_algo: DpoAlgo = "dpo" => MaxText.step(),
+        #[key = "dpo.dpo_beta"]
+        /// DPO's beta: the scale of the log-likelihood ratios to the reference model in the loss and rewards.
+        dpo_dpo_beta: f64 = 0.1 => MaxText.step().range(closed(0.0, 1e6)),
+        #[key = "dpo.orpo_lambda"]
+        /// ORPO's weight of the odds-ratio loss.
+        dpo_orpo_lambda: f64 = 0.1 => MaxText.step().range(closed(0.0, 1e6)),
+        #[key = "dpo.dpo_label_smoothing"]
+        /// The share of preferences assumed flipped (cDPO's label smoothing), for dpo and orpo.
+        dpo_dpo_label_smoothing: f64 = 0.0 => MaxText.step().range(closed(0.0, 1.0)),
+        #[key = "dpo.max_prompt_length"]
+        #[serde(deserialize_with = "none_or_int")]
+        /// The prompt's ids kept (its last ones); null: max_target_length / 2. Each response keeps its first max_target_length minus this.
+        dpo_max_prompt_length: Option<i64> = None => MaxText.run().range(int(1, 1 << 24)),
     }
 
     /// MaxText's `lora:` mapping (`configs/post_train/sft.yml`, `LoRA` in `configs/types.py` at

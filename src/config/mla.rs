@@ -47,11 +47,14 @@ pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
             ))
         }
     }
-    if c.rope_type == RopeType::Yarn && !deepseek && c.decoder_block != DecoderBlock::Olmo3 {
+    if c.rope_type == RopeType::Yarn
+        && !deepseek
+        && !matches!(c.decoder_block, DecoderBlock::Olmo3 | DecoderBlock::GptOss)
+    {
         return Err(ConfigError::invalid(
             "rope_type",
             format!(
-                "yarn is supported for decoder_block=deepseek and olmo3 only yet (decoder_block={}); use rope_type=default or llama3.1",
+                "yarn is supported for decoder_block=deepseek, olmo3 and gpt_oss only yet (decoder_block={}); use rope_type=default or llama3.1",
                 c.decoder_block
             ),
         ));

@@ -25,9 +25,9 @@ mod value;
 
 pub use builtin::MODELS;
 pub use choices::{
-    AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, Hardware, LogicalAxisRule, LrScheduleType,
-    OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType, RoutedScoreFunc, RuleAxes,
-    SamplingStrategy, TokenizerType, WsdDecayStyle, MLP_ACTIVATIONS,
+    AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, DpoAlgo, Hardware, LogicalAxisRule,
+    LrScheduleType, OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType,
+    RoutedScoreFunc, RuleAxes, SamplingStrategy, TokenizerType, WsdDecayStyle, MLP_ACTIVATIONS,
 };
 pub use error::{escape, quote, ConfigError};
 pub use keys::Config;

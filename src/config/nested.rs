@@ -1,4 +1,4 @@
-//! MaxText's nested mappings: `lora:` is one key of MaxText's config holding a mapping
+//! MaxText's nested mappings: `lora:` (and `dpo:`) is one key of MaxText's config holding a mapping
 //! (`LoRA` in `src/maxtext/configs/types.py` at e591f30), which a file sets as `lora:
 //! {enable_lora: true}` and a command line as `lora.enable_lora=true` (OmegaConf's dotted
 //! overrides, merged field by field). maxrs declares each field as its own key,
@@ -11,7 +11,7 @@ use super::error::{quote, ConfigError};
 use super::value::show;
 
 /// MaxText's keys whose value is a mapping of fields.
-const NESTED: &[&str] = &["lora"];
+const NESTED: &[&str] = &["lora", "dpo"];
 
 /// `(key, value)` as maxrs's keys: a nested mapping's fields each as `<key>.<field>`, any other
 /// key as it is. A nested key's value must be a mapping (from the command line, its YAML text).

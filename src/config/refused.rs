@@ -55,7 +55,6 @@ pub const REFUSED: &[Refusal] = &[
         "a PEFT adapter is converted with `maxrs convert from-hf HF_DIR DST hf_lora_adapter_path=ADAPTER_DIR` (as MaxText's to_maxtext.py reads it), and a run loads it with load_parameters_path=DST",
     ),
     refuse(&["lora_input_adapters_path"], "Meta-format adapters (MaxText's llama_or_mistral_ckpt.py) are not converted yet; PEFT adapters are"),
-    refuse(&["use_dpo", "dpo"], "maxrs has no DPO"),
     refuse(&["lora.lora_weight_qtype", "lora.lora_tile_size"], "maxrs has LoRA but no QLoRA (quantized base weights) yet"),
 
     // The encoders' own keys are inert without these (`maxtext_keys::inert`).

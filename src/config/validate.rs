@@ -42,7 +42,11 @@ pub struct Derived {
     /// batch when that key is 0.
     pub eval_batch_size: usize,
     pub max_target_length: usize,
-    /// global_batch_size x max_target_length.
+    /// `use_dpo`: each example of the batch is a preference pair, two sequences (chosen and
+    /// rejected) of max_target_length each.
+    pub preference_pairs: bool,
+    /// global_batch_size x max_target_length (x 2 with preference pairs: the tokens a step
+    /// runs through the model).
     pub tokens_per_step: usize,
     pub steps: usize,
     /// Length of the learning-rate schedule (`learning_rate_schedule_steps`, -1 filled with `steps`).
@@ -75,11 +79,18 @@ impl fmt::Display for Derived {
             batch_shards,
             self.batch_axes.join(", ")
         )?;
-        writeln!(
-            f,
-            "tokens per step: {} x {} = {}",
-            self.global_batch_size, self.max_target_length, self.tokens_per_step
-        )?;
+        match self.preference_pairs {
+            true => writeln!(
+                f,
+                "tokens per step: {} pairs x 2 sequences (chosen, rejected) x {} = {}",
+                self.global_batch_size, self.max_target_length, self.tokens_per_step
+            )?,
+            false => writeln!(
+                f,
+                "tokens per step: {} x {} = {}",
+                self.global_batch_size, self.max_target_length, self.tokens_per_step
+            )?,
+        }
         if let Some(pipeline) = &self.pipeline {
             writeln!(f, "{pipeline}")?;
         }
@@ -120,7 +131,9 @@ pub fn check_host_memory(
     state_on_host: bool,
 ) -> Result<(), ConfigError> {
     let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
-    let batch = d.global_batch_size as u128 * (d.max_target_length as u128 + 1) * 5 * 4;
+    // A preference pair is two sequences (use_dpo).
+    let sequences = if c.use_dpo { 2 } else { 1 };
+    let batch = d.global_batch_size as u128 * sequences * (d.max_target_length as u128 + 1) * 5 * 4;
     if batch > host_bytes as u128 {
         return Err(ConfigError::invalid(
             "per_device_batch_size, max_target_length, gradient_accumulation_steps",
@@ -137,7 +150,9 @@ pub fn check_host_memory(
         super::choices::DType::Float32 => 4,
         _ => 2,
     };
-    let state = num_params as u128 * weight_bytes * 3;
+    // DPO without LoRA keeps a frozen copy of the parameters as its reference model.
+    let copies = 3 + u128::from(c.use_dpo && c.dpo_algo == super::choices::DpoAlgo::Dpo && !c.lora_enable_lora);
+    let state = num_params as u128 * weight_bytes * copies;
     if state_on_host && batch + state > host_bytes as u128 {
         return Err(ConfigError::invalid(
             "model size (base_emb_dim, base_num_decoder_layers, vocab_size, ...)",
@@ -236,7 +251,8 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
         global_batch_size: global,
         eval_batch_size: eval_batch,
         max_target_length: config.max_target_length as usize,
-        tokens_per_step: global * config.max_target_length as usize,
+        preference_pairs: config.use_dpo,
+        tokens_per_step: global * config.max_target_length as usize * if config.use_dpo { 2 } else { 1 },
         steps,
         schedule_steps,
         warmup_steps: (schedule_steps as f64 * config.warmup_steps_fraction) as usize,
@@ -479,9 +495,9 @@ fn check_moe(c: &Config) -> Result<(), ConfigError> {
     }
     // MaxText's types.py (e591f30): a fully routed model's base_mlp_dim must equal
     // base_moe_mlp_dim; mixtral.py sizes the experts with mlp_dim, qwen3_custom.py with
-    // moe_mlp_dim (the same then). (qwen3_moe takes base_moe_mlp_dim instead, deepseek checks its
-    // own layers.)
-    if matches!(c.decoder_block, DecoderBlock::Mixtral | DecoderBlock::Qwen3CustomMoe)
+    // moe_mlp_dim (the same then), gpt_oss.py with mlp_dim. (qwen3_moe takes base_moe_mlp_dim
+    // instead, deepseek checks its own layers.)
+    if matches!(c.decoder_block, DecoderBlock::Mixtral | DecoderBlock::Qwen3CustomMoe | DecoderBlock::GptOss)
         && c.num_experts > 1
         && c.base_moe_mlp_dim > 0
         && c.base_moe_mlp_dim != c.base_mlp_dim
@@ -612,6 +628,7 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
             format!("true reads conversations with dataset_type=hf, not dataset_type={}", c.dataset_type),
         ));
     }
+    check_dpo(c)?;
     if c.sft_train_on_completion_only && !c.use_sft {
         // MaxText reads it only under `if use_sft:` (maxtext src/maxtext/input_pipeline/
         // hf_data_processing.py, e591f30): without SFT it would be ignored.
@@ -675,9 +692,65 @@ fn check_data(c: &Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// `use_dpo`'s conditions, MaxText's (`configs/types.py` at e591f30: one of use_sft and use_dpo,
+/// no packing, the prompt shorter than a row; `trainers/post_train/dpo/train_dpo.py`'s
+/// `validate_config`) and what maxrs does not run with DPO yet.
+fn check_dpo(c: &Config) -> Result<(), ConfigError> {
+    if !c.use_dpo {
+        return Ok(());
+    }
+    let refuse = |key: &str, why: String| Err(ConfigError::invalid(key, why));
+    if c.use_sft {
+        return refuse("use_sft, use_dpo", "both true: only one of use_sft or use_dpo can be true (as MaxText)".into());
+    }
+    if c.packing {
+        return refuse("packing", "true with use_dpo=true: DPO does not support packing; set packing=false".into());
+    }
+    if c.dataset_type != DatasetType::Hf {
+        return refuse(
+            "use_dpo",
+            format!("true reads preference pairs with dataset_type=hf, not dataset_type={}", c.dataset_type),
+        );
+    }
+    if !matches!(c.train_data_columns.len(), 2 | 3) {
+        return refuse(
+            "train_data_columns",
+            format!("{:?}: use_dpo reads [chosen, rejected] or [prompt, chosen, rejected]", c.train_data_columns),
+        );
+    }
+    if c.eval_interval > 0 && !matches!(c.eval_data_columns.len(), 2 | 3) {
+        return refuse(
+            "eval_data_columns",
+            format!("{:?}: use_dpo reads [chosen, rejected] or [prompt, chosen, rejected]", c.eval_data_columns),
+        );
+    }
+    if let Some(prompt) = c.dpo_max_prompt_length.filter(|&p| p >= c.max_target_length) {
+        return refuse(
+            "dpo.max_prompt_length",
+            format!("{prompt} must be less than max_target_length ({}): the responses need room", c.max_target_length),
+        );
+    }
+    let unsupported = [
+        (
+            c.ici_pipeline_parallelism != 1 || c.dcn_pipeline_parallelism != 1,
+            "ici_pipeline_parallelism, dcn_pipeline_parallelism",
+            "above 1 with use_dpo=true: DPO on pipeline stages".into(),
+        ),
+        (
+            c.quantization != crate::config::Quantization::None,
+            "quantization",
+            format!("{} with use_dpo=true: DPO on quantized products", c.quantization),
+        ),
+    ];
+    match unsupported.into_iter().find(|(refused, _, _)| *refused) {
+        Some((_, key, what)) => refuse(key, format!("{what} is not supported yet")),
+        None => Ok(()),
+    }
+}
+
 /// Pre-training's one text column (SFT's column layouts are checked when the files are opened).
 fn one_column(c: &Config, key: &str, columns: &[String]) -> Result<(), ConfigError> {
-    if columns.len() != 1 && !c.use_sft {
+    if columns.len() != 1 && !c.use_sft && !c.use_dpo {
         return Err(ConfigError::invalid(
             key,
             format!("{columns:?}: pre-training reads exactly one text column, e.g. {key}=[text]"),

@@ -42,12 +42,23 @@ use super::error::DataError;
 use super::formats;
 use super::storage::{DataFile, Storage};
 
+/// One column of a preference row: text, or a conversation (a list of `{role, content}`
+/// messages), which the tokenizer's chat template renders as SFT renders it
+/// (`data::preference`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Side {
+    Text(String),
+    Chat(Vec<Message>),
+}
+
 /// One row of a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Doc {
     Text(String),
     /// A conversation (`use_sft=true`: [`read_conversations`]).
     Chat(Vec<Message>),
+    /// A preference row's columns, in their order (`use_dpo=true`: [`read_pairs`]).
+    Pair(Vec<Side>),
     /// Why the row has no text, with its place: "line 3: not JSON (...)".
     Undecodable(String),
 }
@@ -133,16 +144,54 @@ fn stream(file: DataFile, path: &Path) -> Box<dyn Read + Send> {
     }
 }
 
+/// How a row of several columns is read: the row's JSON object, the columns, and the document or
+/// why there is none.
+type Record = fn(&serde_json::Map<String, serde_json::Value>, &[String]) -> Result<Doc, String>;
+
 /// Opens `path` and reads the conversation of each row from `columns` (see [`chat`]): JSON Lines
 /// objects, or Parquet rows (any nesting: lists of `{role, content}` structs); text files hold no
 /// conversations and are refused.
 pub fn read_conversations(storage: &dyn Storage, path: &Path, columns: &[String]) -> Result<Rows, DataError> {
+    read_records(storage, path, columns, "use_sft=true reads conversations", |row, columns| {
+        chat::conversation(row, columns).map(Doc::Chat)
+    })
+}
+
+/// Opens `path` and reads the preference pair of each row: `columns` (MaxText's `[chosen,
+/// rejected]` or `[prompt, chosen, rejected]`), each a string or a list of `{role, content}`
+/// messages, from JSON Lines or Parquet files.
+pub fn read_pairs(storage: &dyn Storage, path: &Path, columns: &[String]) -> Result<Rows, DataError> {
+    read_records(storage, path, columns, "use_dpo=true reads preference pairs", |row, columns| {
+        let side = |name: &String| match row.get(name) {
+            Some(serde_json::Value::String(text)) => Ok(Side::Text(text.clone())),
+            Some(serde_json::Value::Array(items)) => items
+                .iter()
+                .map(|m| serde_json::from_value::<Message>(m.clone()))
+                .collect::<Result<_, _>>()
+                .map(Side::Chat)
+                .map_err(|e| format!("`{name}` is not a list of {{role, content}} messages ({e})")),
+            Some(serde_json::Value::Null) | None => Err(format!("`{name}` is missing or null")),
+            Some(_) => Err(format!("`{name}` is neither a string nor a list of messages")),
+        };
+        columns.iter().map(side).collect::<Result<_, _>>().map(Doc::Pair)
+    })
+}
+
+/// The rows of `path` read by `record` from `columns` of JSON Lines objects or Parquet rows
+/// (`what` names the reader in the error for other files).
+fn read_records(
+    storage: &dyn Storage,
+    path: &Path,
+    columns: &[String],
+    what: &str,
+    record: Record,
+) -> Result<Rows, DataError> {
     let format = storage.format(path)?;
     let file = storage.open(path)?;
     match format {
         Format::JsonLines | Format::Json => {
             let whole = format == Format::Json;
-            Ok(Box::new(JsonRows::new(stream(file, path), path, &columns[0], Some(columns.to_vec()), whole)))
+            Ok(Box::new(JsonRows::new(stream(file, path), path, &columns[0], Some((columns.to_vec(), record)), whole)))
         }
         Format::Parquet => {
             let reader = parquet_reader(file, path)?;
@@ -156,15 +205,15 @@ pub fn read_conversations(storage: &dyn Storage, path: &Path, columns: &[String]
             Ok(Box::new(rows.enumerate().map(move |(i, row)| {
                 let row = row.map_err(|e| DataError::CorruptParquet { path: path.clone(), message: e.to_string() })?;
                 Ok(match row.to_json_value() {
-                    serde_json::Value::Object(object) => chat::conversation(&object, &columns)
-                        .map(Doc::Chat)
-                        .unwrap_or_else(|why| Doc::Undecodable(format!("row {i}: {why}"))),
+                    serde_json::Value::Object(object) => {
+                        record(&object, &columns).unwrap_or_else(|why| Doc::Undecodable(format!("row {i}: {why}")))
+                    }
                     _ => Doc::Undecodable(format!("row {i}: not a record")),
                 })
             })))
         }
         Format::Text | Format::Lines | Format::Csv { .. } | Format::Arrow => Err(DataError::Invalid(format!(
-            "{}: use_sft=true reads conversations from JSON Lines or Parquet files, not {format:?} files",
+            "{}: {what} from JSON Lines or Parquet files, not {format:?} files",
             path.display()
         ))),
     }
@@ -176,12 +225,19 @@ pub fn read_conversations(storage: &dyn Storage, path: &Path, columns: &[String]
 /// are refused, naming the first file and its first bad row. Reading stops at the first row
 /// with text, normally the first row of the first file.
 pub fn check_files(storage: &dyn Storage, files: &[PathBuf], column: &str) -> Result<(), DataError> {
-    check_rows(storage, files, column, |path| read_file(storage, path, column))
+    check_rows(storage, files, column, |path| read_file(storage, path, column)).map(drop)
+}
+
+/// [`check_files`] for preference pairs ([`read_pairs`]): some row must hold one. Returns
+/// whether the first is a conversation (it needs the chat template).
+pub fn check_pairs(storage: &dyn Storage, files: &[PathBuf], columns: &[String]) -> Result<bool, DataError> {
+    let first = check_rows(storage, files, &columns.join(", "), |path| read_pairs(storage, path, columns))?;
+    Ok(matches!(first, Some(Doc::Pair(sides)) if sides.iter().any(|s| matches!(s, Side::Chat(_)))))
 }
 
 /// [`check_files`] for conversations ([`read_conversations`]): some row must hold one.
 pub fn check_conversations(storage: &dyn Storage, files: &[PathBuf], columns: &[String]) -> Result<(), DataError> {
-    check_rows(storage, files, &columns.join(", "), |path| read_conversations(storage, path, columns))
+    check_rows(storage, files, &columns.join(", "), |path| read_conversations(storage, path, columns)).map(drop)
 }
 
 fn check_rows(
@@ -189,22 +245,22 @@ fn check_rows(
     files: &[PathBuf],
     column: &str,
     read: impl Fn(&Path) -> Result<Rows, DataError>,
-) -> Result<(), DataError> {
+) -> Result<Option<Doc>, DataError> {
     let mut first_file = None;
     for path in files {
         let mut rows = 0u64;
         let mut first_problem = None;
         for doc in read(path)? {
             match doc? {
-                Doc::Text(_) | Doc::Chat(_) => return Ok(()),
                 Doc::Undecodable(why) => first_problem = first_problem.or(Some(why)),
+                doc => return Ok(Some(doc)),
             }
             rows += 1;
         }
         first_file = first_file.or(Some((path, rows, first_problem)));
     }
     let Some((path, rows, first_problem)) = first_file else {
-        return Ok(());
+        return Ok(None);
     };
     Err(DataError::NoText {
         path: path.clone(),
@@ -233,8 +289,8 @@ struct JsonRows {
     lines: BufReader<Box<dyn Read + Send>>,
     path: PathBuf,
     column: String,
-    /// `Some(columns)`: rows are conversations read from these columns.
-    conversation: Option<Vec<String>>,
+    /// `Some((columns, record))`: rows are records of these columns (conversations, pairs).
+    records: Option<(Vec<String>, Record)>,
     /// Lines read so far, blank ones included (for the reasons of undecodable rows); items of
     /// `list` handed out so far.
     line: u64,
@@ -250,14 +306,14 @@ impl JsonRows {
         file: Box<dyn Read + Send>,
         path: &Path,
         column: &str,
-        conversation: Option<Vec<String>>,
+        records: Option<(Vec<String>, Record)>,
         whole: bool,
     ) -> JsonRows {
         JsonRows {
             lines: BufReader::new(file),
             path: path.to_path_buf(),
             column: column.into(),
-            conversation,
+            records,
             line: 0,
             seen_row: false,
             whole,
@@ -274,20 +330,18 @@ impl JsonRows {
     }
 
     /// The row of one JSON value (`at` says where it is); `first`: the file's first row, which
-    /// decides whether the file has the conversation columns at all.
+    /// decides whether the file has the record's columns at all.
     fn row(&self, value: serde_json::Value, at: &str, first: bool) -> Result<Doc, DataError> {
         let object = match value {
             serde_json::Value::Object(object) => object,
             _ => return Ok(Doc::Undecodable(format!("{at}: not a JSON object"))),
         };
-        if let Some(columns) = &self.conversation {
+        if let Some((columns, record)) = &self.records {
             if let Some(missing) = columns.iter().find(|c| !object.contains_key(*c)).filter(|_| first) {
                 let available = object.keys().cloned().collect();
                 return Err(DataError::NoColumn { path: self.path.clone(), column: missing.clone(), available });
             }
-            return Ok(chat::conversation(&object, columns)
-                .map(Doc::Chat)
-                .unwrap_or_else(|why| Doc::Undecodable(format!("{at}: {why}"))));
+            return Ok(record(&object, columns).unwrap_or_else(|why| Doc::Undecodable(format!("{at}: {why}"))));
         }
         match object.get(&self.column) {
             Some(serde_json::Value::String(text)) => Ok(Doc::Text(text.clone())),

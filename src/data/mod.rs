@@ -15,6 +15,7 @@
 //!   file name (maxrs's own), a builder (`json`, `parquet`, `csv`, `text`, `arrow`: [`formats`]),
 //!   or a Hub dataset ([`hub`]), its split's files chosen as the library chooses them ([`splits`]).
 //! - [`prepare`]: `maxrs tokenize`, text files to the `tokens` format.
+//! - [`preference`]: preference pairs (`use_dpo`) cut into the chosen and rejected rows.
 //! - [`shuffle`]: the seeded permutations all of them use; [`storage`]: the file-system seam
 //!   (local files, and `gs://` read in ranges).
 //!
@@ -33,6 +34,7 @@ pub mod formats;
 pub mod hub;
 pub mod mixture;
 pub mod packing;
+pub mod preference;
 pub mod prepare;
 pub mod shuffle;
 pub mod splits;
@@ -237,7 +239,16 @@ fn text_spec_of(
         Split::Eval => ("eval_data_columns", &c.eval_data_columns),
     };
     let (files, storage) = split_files(c, split, files_key, pattern)?;
-    let (column, sft) = if c.use_sft {
+    let mut pairs = None;
+    let (column, sft) = if c.use_dpo {
+        // Conversational pairs are rendered with the chat template, which must then load.
+        let template = match documents::check_pairs(storage.as_ref(), &files, columns)? {
+            true => Some(chat::ChatTemplate::load(&c.chat_template, &c.chat_template_path, &c.tokenizer_path)?),
+            false => None,
+        };
+        pairs = Some(Arc::new(preference::Pairs { columns: columns.clone(), template }));
+        (String::new(), None)
+    } else if c.use_sft {
         chat::check_columns(columns_key, columns)?;
         let template = chat::ChatTemplate::load(&c.chat_template, &c.chat_template_path, &c.tokenizer_path)?;
         let sft = chat::Sft { template, columns: columns.clone(), completion_only: c.sft_train_on_completion_only };
@@ -264,6 +275,7 @@ fn text_spec_of(
         files,
         column,
         sft,
+        pairs,
         storage,
         tokenizer,
         max_doc_len: c.max_target_length as usize,

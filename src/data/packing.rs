@@ -7,9 +7,11 @@
 //! at 0; with `max_segments_per_seq` a row takes at most that many documents (grain's
 //! `max_sequences_per_bin`). With `packing=false` each document gets a row of its own, padded.
 //! Documents are at most a row long (the tokenizer truncates them), and a complete batch's unused
-//! room is padding (segment 0, the pad id).
+//! room is padding (segment 0, the pad id). With `use_dpo` each row is a preference pair, its
+//! chosen and rejected rows side by side (`super::preference`).
 
-use super::batch::PackedRow;
+use super::batch::{Batch, PackedRow};
+use super::preference::{self, Pair};
 use crate::config::Config;
 
 /// How documents share the batch's rows: MaxText's `packing` and `max_segments_per_seq`.
@@ -19,33 +21,45 @@ pub enum Packing {
     Off,
     /// First-fit, at most `max_segments` documents a row when given.
     On { max_segments: Option<usize> },
+    /// `use_dpo`: a preference pair per row, its prompt cut to `max_prompt_length` ids.
+    Pairs { max_prompt_length: usize },
 }
 
 impl Packing {
     pub fn of(c: &Config) -> Packing {
         match c.packing {
+            _ if c.use_dpo => Packing::Pairs { max_prompt_length: preference::max_prompt_length(c) },
             false => Packing::Off,
             true => Packing::On { max_segments: c.max_documents_per_row().map(|n| n as usize) },
         }
     }
 
+    /// Whether rows hold several documents.
     pub fn is_on(self) -> bool {
-        self != Packing::Off
+        matches!(self, Packing::On { .. })
     }
 }
 
 /// A tokenized document: its ids, and its targets column where it differs from the ids (SFT's
-/// prompt tokens masked with the pad id, [`super::chat`]).
+/// prompt tokens masked with the pad id, [`super::chat`]); or a preference pair (its `ids`
+/// all of the pair's, for the counts).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Encoded {
     pub ids: Vec<i32>,
     pub targets: Option<Vec<i32>>,
+    pub pair: Option<Pair>,
 }
 
 impl Encoded {
     /// A document whose targets are its ids.
     pub fn plain(ids: Vec<i32>) -> Encoded {
-        Encoded { ids, targets: None }
+        Encoded { ids, targets: None, pair: None }
+    }
+
+    /// A preference pair.
+    pub fn pair(pair: Pair) -> Encoded {
+        let ids = pair.prompt.iter().chain(&pair.chosen).chain(&pair.rejected).copied().collect();
+        Encoded { ids, targets: None, pair: Some(pair) }
     }
 }
 
@@ -57,20 +71,29 @@ pub struct Packer {
     packing: Packing,
     pad_id: i32,
     building: Vec<PackedRow>,
+    /// `Packing::Pairs`: the batch's pairs so far.
+    pairs: Vec<Pair>,
 }
 
 impl Packer {
     pub fn new(seq_len: usize, rows: usize, packing: Packing, pad_id: i32) -> Packer {
-        Packer { seq_len, rows, packing, pad_id, building: Vec::with_capacity(rows) }
+        Packer { seq_len, rows, packing, pad_id, building: Vec::with_capacity(rows), pairs: Vec::new() }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.building.is_empty()
+        self.building.is_empty() && self.pairs.is_empty()
     }
 
     /// Adds `doc` (non-empty, at most `seq_len` ids) if the batch has room for it; false when
     /// it does not (the batch is then complete: take it with [`Packer::finish`]).
     pub fn add(&mut self, encoded: &Encoded) -> bool {
+        if let Packing::Pairs { .. } = self.packing {
+            let room = self.pairs.len() < self.rows;
+            if room {
+                self.pairs.push(encoded.pair.clone().expect("use_dpo's documents are pairs"));
+            }
+            return room;
+        }
         let doc = encoded.ids.as_slice();
         debug_assert!(!doc.is_empty() && doc.len() <= self.seq_len);
         let row = match self.packing {
@@ -78,7 +101,7 @@ impl Packer {
                 .building
                 .iter()
                 .position(|r| self.seq_len - r.ids.len() >= doc.len() && !self.holds_max_documents(r)),
-            Packing::Off => None,
+            Packing::Off | Packing::Pairs { .. } => None,
         };
         let row = match row {
             Some(r) => r,
@@ -105,11 +128,25 @@ impl Packer {
 
     /// True when no further document of any length fits.
     pub fn is_full(&self) -> bool {
+        if let Packing::Pairs { .. } = self.packing {
+            return self.pairs.len() == self.rows;
+        }
         self.building.len() == self.rows
             && self
                 .building
                 .iter()
                 .all(|r| !self.packing.is_on() || r.ids.len() == self.seq_len || self.holds_max_documents(r))
+    }
+
+    /// The batch (missing rows are all padding), shifted into targets (`Batch::from_documents`,
+    /// `bos` the tokenizer's BOS id); resets the packer. Pairs make rows of `2 * seq_len`.
+    pub fn batch(&mut self, bos: Option<i32>) -> Batch {
+        if let Packing::Pairs { max_prompt_length } = self.packing {
+            let mut pairs = std::mem::take(&mut self.pairs);
+            pairs.resize(self.rows, Pair { prompt: vec![], chosen: vec![], rejected: vec![] });
+            return preference::batch(&pairs, max_prompt_length, self.seq_len, self.pad_id);
+        }
+        Batch::from_documents(&self.finish(), self.seq_len, self.pad_id, bos)
     }
 
     /// The batch's rows, padded to `seq_len` (missing rows are all padding); resets the packer.
@@ -140,7 +177,7 @@ mod tests {
         let mut p = Packer::new(6, 2, Packing::On { max_segments: None }, 0);
         assert!(p.add(&doc(&[1, 2, 3])));
         assert!(p.add(&doc(&[4, 5, 6, 7]))); // does not fit row 0 (3 left): opens row 1
-        assert!(p.add(&Encoded { ids: vec![8, 9], targets: Some(vec![0, 9]) })); // fits row 0
+        assert!(p.add(&Encoded { ids: vec![8, 9], targets: Some(vec![0, 9]), pair: None })); // fits row 0
         assert!(!p.add(&doc(&[10, 11, 12]))); // no room: batch complete
         let rows = p.finish();
         assert_eq!(rows[0].ids, [1, 2, 3, 8, 9, 0]);

@@ -87,6 +87,7 @@ pub fn tokenize_files(
         files,
         column: column.to_string(),
         sft: None,
+        pairs: None,
         storage,
         tokenizer,
         max_doc_len: usize::MAX,

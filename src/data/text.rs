@@ -43,9 +43,10 @@ use serde::{Deserialize, Serialize};
 
 use super::batch::Batch;
 use super::chat::Sft;
-use super::documents::{read_conversations, read_file, Doc, Rows};
+use super::documents::{read_conversations, read_file, read_pairs, Doc, Rows};
 use super::error::DataError;
 use super::packing::{Encoded, Packer, Packing};
+use super::preference::Pairs;
 use super::shuffle::{key, shuffle};
 use super::storage::Storage;
 use super::tokenizer::TextTokenizer;
@@ -75,6 +76,8 @@ pub struct TextSpec {
     pub column: String,
     /// `use_sft=true`: rows are conversations, rendered with the chat template (`column` unused).
     pub sft: Option<Arc<Sft>>,
+    /// `use_dpo=true`: rows are preference pairs (`column` unused).
+    pub pairs: Option<Arc<Pairs>>,
     pub storage: Arc<dyn Storage>,
     pub tokenizer: Arc<TextTokenizer>,
     /// Longest document kept, in tokens (longer ones are truncated): `max_target_length`.
@@ -153,9 +156,10 @@ impl Cursor {
             if self.rows.is_none() {
                 let path = &self.spec.files[self.files[self.file as usize]];
                 let storage = self.spec.storage.as_ref();
-                let mut rows = match &self.spec.sft {
-                    Some(sft) => read_conversations(storage, path, &sft.columns)?,
-                    None => read_file(storage, path, &self.spec.column)?,
+                let mut rows = match (&self.spec.sft, &self.spec.pairs) {
+                    (Some(sft), _) => read_conversations(storage, path, &sft.columns)?,
+                    (None, Some(pairs)) => read_pairs(storage, path, &pairs.columns)?,
+                    (None, None) => read_file(storage, path, &self.spec.column)?,
                 };
                 self.row = 0;
                 while self.skip > 0 {
@@ -442,8 +446,9 @@ fn encode(spec: &TextSpec, doc: &Doc) -> Option<Encoded> {
         (Doc::Text(text), None) => tokenizer.encode_document(text, max_len).ok().map(Encoded::plain),
         (Doc::Chat(messages), Some(sft)) => {
             let (ids, targets) = sft.template.encode(tokenizer, messages, sft.completion_only, max_len).ok()?;
-            Some(Encoded { targets: (targets != ids).then_some(targets), ids })
+            Some(Encoded { targets: (targets != ids).then_some(targets), ids, pair: None })
         }
+        (Doc::Pair(sides), None) => spec.pairs.as_ref()?.encode(tokenizer, sides, max_len).map(Encoded::pair),
         _ => None,
     }
 }
@@ -578,9 +583,7 @@ impl TextBatches {
         let state = at.clone();
         spawn("maxrs-packer".into(), move || {
             let mut packer = Packer::new(seq_len, rows, packing, pad);
-            let deliver = |packer: &mut Packer, after: DataState| {
-                tx.send(Ok((Batch::from_documents(&packer.finish(), seq_len, pad, bos), after))).is_ok()
-            };
+            let deliver = |packer: &mut Packer, after: DataState| tx.send(Ok((packer.batch(bos), after))).is_ok();
             let mut last = at;
             loop {
                 match docs.next_doc() {

@@ -134,14 +134,28 @@ impl LayerContext {
     /// (dot-product: one query per row) over every cached position up to each query's (and within
     /// `window`), so each query sees exactly the keys the full sequence would give it.
     pub fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, window: Option<i64>, options: &AttendOptions) -> Tensor {
+        self.attend_sinks([q, k, v], window, options, None)
+    }
+
+    /// `attend` with attention sinks when `sinks` (`[heads]`, MaxText's `attention_sink`): a learned
+    /// logit per query head joins each query's softmax denominator, with no value (MaxText's
+    /// `AttentionOp.compute_local_attention`, `layers/attention_op.py` at e591f30, appends it to
+    /// the scores as one more column and drops that column after the softmax).
+    pub fn attend_sinks(
+        &self,
+        [q, k, v]: [&Tensor; 3],
+        window: Option<i64>,
+        options: &AttendOptions,
+        sinks: Option<&Tensor>,
+    ) -> Tensor {
         let how = self.how;
-        let Some(cache) = &self.cache else { return self.attend_whole([q, k, v], window, how, options, true) };
+        let Some(cache) = &self.cache else { return self.attend_whole([q, k, v], window, how, options, sinks, true) };
         match &mut *cache.borrow_mut() {
             LayerCache::Fill { len, filled } => {
                 let t = k.shape()[1];
                 let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
                 filled.push(KvCache { key: pad(k), value: pad(v) });
-                self.attend_whole([q, k, v], window, how, options, false)
+                self.attend_whole([q, k, v], window, how, options, sinks, false)
             }
             LayerCache::Update { layer, caches, used } => {
                 let Some(slot) = caches.get_mut(*used) else {
@@ -156,7 +170,7 @@ impl LayerContext {
                     false => (q.clone(), keys),
                 };
                 let allowed = self.cache_mask(window, kk.shape()[1]);
-                dot_product(&qk, &kk, &values, &allowed, options.logits_soft_cap)
+                dot_product(&qk, &kk, &values, &allowed, options.logits_soft_cap, sinks)
                     .astype(q.dtype())
                     .checkpoint_name("context")
             }
@@ -179,7 +193,7 @@ impl LayerContext {
         let options = AttendOptions::default();
         let Some(cache) = &self.cache else {
             let (k, v) = expand(latent, rope);
-            return self.attend_whole([q, &k, &v], None, how, &options, true);
+            return self.attend_whole([q, &k, &v], None, how, &options, None, true);
         };
         match &mut *cache.borrow_mut() {
             LayerCache::Fill { len, filled } => {
@@ -187,7 +201,7 @@ impl LayerContext {
                 let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
                 filled.push(KvCache { key: pad(latent), value: pad(rope) });
                 let (k, v) = expand(latent, rope);
-                self.attend_whole([q, &k, &v], None, how, &options, false)
+                self.attend_whole([q, &k, &v], None, how, &options, None, false)
             }
             LayerCache::Update { layer, caches, used } => {
                 let Some(slot) = caches.get_mut(*used) else {
@@ -198,24 +212,30 @@ impl LayerContext {
                 slot.value = write_rows(&slot.value, rope, layer, &self.positions);
                 let (k, v) = expand(&layer_of(&slot.key, layer), &layer_of(&slot.value, layer));
                 let allowed = self.cache_mask(None, k.shape()[1]);
-                dot_product(q, &k, &v, &allowed, None).astype(q.dtype()).checkpoint_name("context")
+                dot_product(q, &k, &v, &allowed, None, None).astype(q.dtype()).checkpoint_name("context")
             }
         }
     }
 
     /// Attention over the queries' own keys (training, prefill): `attend_with`, or cuDNN's
-    /// calls (`training`: the differentiable pair) where `cudnn_call` allows, else blockwise.
+    /// calls (`training`: the differentiable pair) where `cudnn_call` allows, else blockwise;
+    /// blockwise always with sinks, which cuDNN's fused attention lacks (gpt_oss, the family with
+    /// sinks, refuses the cuDNN kernels as MaxText's `validate_gpu_flash_attention` does).
+    #[allow(clippy::too_many_arguments)]
     fn attend_whole(
         &self,
         [q, k, v]: [&Tensor; 3],
         window: Option<i64>,
         how: AttentionImpl,
         options: &AttendOptions,
+        sinks: Option<&Tensor>,
         training: bool,
     ) -> Tensor {
-        let AttentionImpl::Cudnn { block } = how else { return attend_with(q, k, v, &self.mask(window), how, options) };
-        let Some(split) = self.cudnn_call(q, k, options) else {
-            return attend_with(q, k, v, &self.mask(window), AttentionImpl::Blockwise { block }, options);
+        let mask = self.mask(window);
+        let AttentionImpl::Cudnn { block } = how else { return attend_sinks(q, k, v, &mask, how, options, sinks) };
+        let blockwise = AttentionImpl::Blockwise { block };
+        let Some(split) = self.cudnn_call(q, k, options).filter(|_| sinks.is_none()) else {
+            return attend_sinks(q, k, v, &mask, blockwise, options, sinks);
         };
         let sequences = match (&self.segments, self.max_segments) {
             (Some(segments), Some(max)) => cudnn::Sequences::Packed { segments, max },
@@ -417,6 +437,19 @@ pub fn attend_with(
     how: AttentionImpl,
     options: &AttendOptions,
 ) -> Tensor {
+    attend_sinks(q, k, v, mask, how, options, None)
+}
+
+/// `attend_with` with attention sinks (`[heads]`, see `LayerContext::attend_sinks`) when given.
+pub fn attend_sinks(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    how: AttentionImpl,
+    options: &AttendOptions,
+    sinks: Option<&Tensor>,
+) -> Tensor {
     let (qk, kk) = match options.float32_qk_product {
         true => (q.astype(DType::F32), k.astype(DType::F32)),
         false => (q.clone(), k.clone()),
@@ -424,7 +457,9 @@ pub fn attend_with(
     match how {
         AttentionImpl::DotProduct => {
             let allowed = mask.dense(&qk, qk.shape()[1]);
-            dot_product(&qk, &kk, v, &allowed, options.logits_soft_cap).astype(q.dtype()).checkpoint_name("context")
+            dot_product(&qk, &kk, v, &allowed, options.logits_soft_cap, sinks)
+                .astype(q.dtype())
+                .checkpoint_name("context")
         }
         // `LayerContext::attend` runs cuDNN's calls; elsewhere (a bare `attend`), blockwise.
         AttentionImpl::Blockwise { block } | AttentionImpl::Cudnn { block } => {
@@ -434,7 +469,7 @@ pub fn attend_with(
             );
             // The kernel's matmuls take one dtype: with an f32 query-key product, f32 values too.
             let vk = if options.float32_qk_product { v.astype(DType::F32) } else { v.clone() };
-            let (out, lse) = blockwise::attention(&qk, &kk, &vk, mask, block);
+            let (out, lse) = blockwise::attention(&qk, &kk, &vk, mask, block, sinks);
             lse.checkpoint_name("context");
             out.astype(q.dtype()).checkpoint_name("context")
         }
@@ -443,8 +478,16 @@ pub fn attend_with(
 
 /// Scores for every query and key at once, `[batch, kv_heads, group, queries, keys]`, soft-capped
 /// at `cap * tanh(scores / cap)` when `soft_cap` is given, under `allowed: pred[1 or batch,
-/// queries, keys]`.
-fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: Option<f64>) -> Tensor {
+/// queries, keys]`; with `sinks` (`[heads]`) one more score per query, its head's sink, joins
+/// the softmax and is dropped after it.
+fn dot_product(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    allowed: &Tensor,
+    soft_cap: Option<f64>,
+    sinks: Option<&Tensor>,
+) -> Tensor {
     let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let kv_heads = k.shape()[2];
     let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
@@ -456,7 +499,18 @@ fn dot_product(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: O
         None => scores,
     };
     let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
-    let probs = where_(&mask, &scores, MASK_VALUE).softmax(-1).astype(v.dtype());
+    let scores = where_(&mask, &scores, MASK_VALUE);
+    let probs = match sinks {
+        None => scores.softmax(-1),
+        Some(sinks) => {
+            let keys = scores.shape()[4];
+            let column: Vec<i64> = scores.shape()[..4].iter().copied().chain([1]).collect();
+            let sinks = sinks.astype(scores.dtype()).reshape(&[kv_heads, heads / kv_heads]);
+            let sinks = sinks.broadcast_in_dim(&column, &[1, 2]);
+            concatenate(&[&scores, &sinks], 4).softmax(-1).slice_axis(4, 0, keys)
+        }
+    };
+    let probs = probs.astype(v.dtype());
     einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, dv])
 }
 

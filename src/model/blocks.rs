@@ -95,6 +95,7 @@ pub enum Activation {
     /// flax's `gelu`: the tanh approximation.
     Gelu,
     Relu,
+    Sigmoid,
     Linear,
 }
 
@@ -105,16 +106,18 @@ impl Activation {
             "silu" => Activation::Silu,
             "gelu" => Activation::Gelu,
             "relu" => Activation::Relu,
+            "sigmoid" => Activation::Sigmoid,
             "linear" => Activation::Linear,
             _ => return None,
         })
     }
 
-    fn apply(self, x: &Tensor) -> Tensor {
+    pub fn apply(self, x: &Tensor) -> Tensor {
         match self {
             Activation::Silu => x.silu(),
             Activation::Gelu => x.gelu(),
             Activation::Relu => x.relu(),
+            Activation::Sigmoid => x.sigmoid(),
             Activation::Linear => x.clone(),
         }
     }

@@ -20,6 +20,14 @@
 //! broadcast over keys inside the body (`tensor`'s implicit broadcasts bind there), so no
 //! `[.., block, block]` array is a loop operand.
 //!
+//! - **Sinks** (MaxText's `attention_sink`): a per-head logit `z` joins each query's softmax
+//!   denominator with no value. After the scan it joins as one more score (`m' = max(m, z)`,
+//!   `l' = l e^(m - m') + e^(z - m')`, `acc' = acc e^(m - m')`), so the output is `acc' / l'` and
+//!   the log-sum-exp covers the sink; the backward pass is unchanged for `q`, `k`, `v`
+//!   (`p = exp(s - lse)` with that log-sum-exp), and the sink's gradient is
+//!   `-sum over queries of e^(z - lse) δ`: its softmax probability times its score's cotangent,
+//!   `0 - δ` (no value; the log-sum-exp's own cotangent is in `δ`).
+//!
 //! Matmul operands stay in the input dtype (bf16 in training); scores, the softmax and every
 //! accumulator are f32, as in dot-product attention. Masked scores get `MASK_VALUE` like
 //! dot-product attention's, so a query whose first visible block is entirely masked carries a
@@ -32,28 +40,52 @@ use super::mask::{Mask, MASK_VALUE};
 
 /// Blockwise attention of `q: [batch, seq, heads, head_dim]` (already scaled) over `k, v:
 /// [batch, seq, kv_heads, head_dim]` under `mask`, with query and key blocks of `block` tokens
-/// (which must divide `seq`). Returns the output, `[batch, seq, heads, head_dim]` in `q`'s
-/// dtype, and the f32 log-sum-exp of each query's scores, `[batch, heads, seq]`.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, block: i64) -> (Tensor, Tensor) {
+/// (which must divide `seq`), with attention sinks (`[heads]`) when given. Returns the output,
+/// `[batch, seq, heads, head_dim]` in `q`'s dtype, and the f32 log-sum-exp of each query's
+/// scores (and sink), `[batch, heads, seq]`.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    block: i64,
+    sinks: Option<&Tensor>,
+) -> (Tensor, Tensor) {
     let seq = q.shape()[1];
     assert!(block > 0 && seq % block == 0, "blockwise attention: block {block} does not divide seq {seq}");
     let layout = Layout::new(q, k, block, mask.window);
+    // The composite's inputs: q, k, v, then the sinks (in the accumulation dtype) and the
+    // documents when given; its cotangents are those of the float ones, in order.
+    let sinks = sinks.map(|z| z.astype(layout.acc));
     let mut inputs = vec![q, k, v];
+    inputs.extend(sinks.as_ref());
     inputs.extend(mask.segments.as_ref());
+    let with_sinks = sinks.is_some();
+    let extra = |ins: &[Tensor]| {
+        let (z, rest) = if with_sinks { (ins.get(3).cloned(), &ins[4..]) } else { (None, &ins[3..]) };
+        (z, rest.first().cloned())
+    };
     let results = composite(
         "blockwise_attention",
         &inputs,
         |ins| {
-            let (out, lse) = forward(&layout, &ins[0], &ins[1], &ins[2], ins.get(3));
+            let (z, segments) = extra(ins);
+            let (out, lse) = forward(&layout, &ins[0], &ins[1], &ins[2], z.as_ref(), segments.as_ref());
             vec![out, lse]
         },
         |ins, outs, cts| {
+            let (z, segments) = extra(ins);
             let grads = Grads { out: &outs[0], lse: &outs[1], d_out: &cts[0], d_lse: &cts[1] };
-            let (dq, dk, dv) = backward(&layout, &ins[0], &ins[1], &ins[2], ins.get(3), &grads);
-            vec![dq, dk, dv]
+            let (dq, dk, dv, dz) = backward(&layout, &ins[0], &ins[1], &ins[2], z.as_ref(), segments.as_ref(), &grads);
+            [dq, dk, dv].into_iter().chain(dz).collect()
         },
     );
     (results[0].clone(), results[1].clone())
+}
+
+/// Sinks `[heads]` as `[kv_heads, group]`, to broadcast over `[batch, kv_heads, group, queries]`.
+fn sinks_by_group(l: &Layout, z: &Tensor) -> Tensor {
+    z.reshape(&[l.kv_heads, l.group()])
 }
 
 /// Sizes and the key blocks each query block visits.
@@ -171,7 +203,14 @@ fn per_query(x: &Tensor) -> Tensor {
     x.expand_dims(-1)
 }
 
-fn forward(l: &Layout, q: &Tensor, k: &Tensor, v: &Tensor, segments: Option<&Tensor>) -> (Tensor, Tensor) {
+fn forward(
+    l: &Layout,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    sinks: Option<&Tensor>,
+    segments: Option<&Tensor>,
+) -> (Tensor, Tensor) {
     let blocks = Blocks::new(l, q, k, v, segments);
     let (b, n, g, bq, d) = (l.batch, l.kv_heads, l.group(), l.block, l.head_dim);
     let ctx = q.trace();
@@ -196,9 +235,21 @@ fn forward(l: &Layout, q: &Tensor, k: &Tensor, v: &Tensor, segments: Option<&Ten
                 .with("m", m);
             (next, Tree::new())
         });
-        let out = &state["acc"] / &per_query(&state["l"]);
+        // The sink `z` joins as one more score: the running maximum becomes `max(m, z)`, and
+        // `l` and `acc` are rescaled to it.
+        let (m, l_sum, acc) = match sinks {
+            Some(z) => {
+                let z = sinks_by_group(l, z).broadcast_in_dim(&[b, n, g, bq], &[1, 2]);
+                let m = state["m"].maximum(&z);
+                let rescale = (&state["m"] - &m).exp();
+                let l_sum = &state["l"] * &rescale + (z - &m).exp();
+                (m, l_sum, &state["acc"] * &per_query(&rescale))
+            }
+            None => (state["m"].clone(), state["l"].clone(), state["acc"].clone()),
+        };
+        let out = acc / per_query(&l_sum);
         outs.push(out.transpose(&[0, 3, 1, 2, 4]).reshape(&[b, bq, l.heads, d]));
-        lses.push(&state["m"] + &state["l"].log());
+        lses.push(m + l_sum.log());
     }
     let out = concatenate(&outs.iter().collect::<Vec<_>>(), 1).astype(q.dtype());
     let lse = concatenate(&lses.iter().collect::<Vec<_>>(), 3).reshape(&[b, l.heads, l.seq]);
@@ -218,9 +269,10 @@ fn backward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    sinks: Option<&Tensor>,
     segments: Option<&Tensor>,
     grads: &Grads,
-) -> (Tensor, Tensor, Tensor) {
+) -> (Tensor, Tensor, Tensor, Option<Tensor>) {
     let blocks = Blocks::new(l, q, k, v, segments);
     let (b, n, g, bq, d) = (l.batch, l.kv_heads, l.group(), l.block, l.head_dim);
     let by_query = |x: &Tensor| x.reshape(&[b, l.seq, n, g, d]);
@@ -229,6 +281,11 @@ fn backward(
     let delta = (d_out.astype(l.acc) * by_query(grads.out).astype(l.acc)).sum(&[-1]).transpose(&[0, 2, 3, 1])
         - grads.d_lse.reshape(&[b, n, g, l.seq]);
     let lse = grads.lse.reshape(&[b, n, g, l.seq]);
+    // The sinks' gradient: `-sum over batch and queries of e^(z - lse) δ`.
+    let dz = sinks.map(|z| {
+        let z = sinks_by_group(l, z).broadcast_in_dim(&[b, n, g, l.seq], &[1, 2]);
+        -((z - &lse).exp() * &delta).sum(&[0, 3]).reshape(&[l.heads])
+    });
     let ctx = q.trace();
     // `dk` and `dv` are carried through every query block's scan and updated in place, one key
     // block at a time.
@@ -264,5 +321,5 @@ fn backward(
         dqs.push(state["dq"].transpose(&[0, 3, 1, 2, 4]).reshape(&[b, bq, l.heads, d]));
     }
     let dq = concatenate(&dqs.iter().collect::<Vec<_>>(), 1).astype(q.dtype());
-    (dq, dkv["dk"].astype(k.dtype()), dkv["dv"].astype(v.dtype()))
+    (dq, dkv["dk"].astype(k.dtype()), dkv["dv"].astype(v.dtype()), dz)
 }

@@ -9,7 +9,8 @@ use crate::config::{self, Config, DecoderBlock};
 
 use super::family::Family;
 use super::{
-    deepseek, gemma, gemma2, gemma3, gpt3, llama, mistral, mixtral, olmo3, qwen2, qwen3, qwen3_custom, ModelConfig,
+    deepseek, gemma, gemma2, gemma3, gpt3, gpt_oss, llama, mistral, mixtral, olmo3, qwen2, qwen3, qwen3_custom,
+    ModelConfig,
 };
 
 /// Whether a key applies to a family.
@@ -31,6 +32,12 @@ const NOT_YET: &[(&str, FamilyTest, &str)] = &[
         |b| !matches!(b, DecoderBlock::Gemma3 | DecoderBlock::Deepseek),
         "scans num_decoder_layers / inhomogeneous_layer_cycle_interval layers there",
     ),
+    // Every family's `Attention` reads `attention_sink`, every `RoutedMoE` `mlp_bias`, and
+    // deepseek's clamps its SwiGLU by a positive `mlp_activations_limit` (`layers/attentions.py`,
+    // `layers/moe.py` at e591f30).
+    ("attention_sink", |b| b != DecoderBlock::Gpt3, "adds the sinks to every attention's softmax"),
+    ("mlp_bias", |b| b.has_experts(), "adds biases to the experts' projections there too"),
+    ("mlp_activations_limit", |b| b == DecoderBlock::Deepseek, "clamps the experts' SwiGLU there when positive"),
 ];
 
 /// The family `decoder_block` names, with its own keys read from `c`.
@@ -72,5 +79,6 @@ pub fn build(c: &Config, mc: &ModelConfig) -> anyhow::Result<Arc<dyn Family>> {
         DecoderBlock::Qwen3CustomMoe => Arc::new(qwen3_custom::Qwen3Custom::from_config(c, mc)?),
         DecoderBlock::Deepseek => Arc::new(deepseek::Deepseek::from_config(c, mc)?),
         DecoderBlock::Olmo3 => Arc::new(olmo3::Olmo3::from_config(c)?),
+        DecoderBlock::GptOss => Arc::new(gpt_oss::GptOss::from_config(c, mc)?),
     })
 }

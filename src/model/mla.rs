@@ -279,6 +279,32 @@ impl Yarn {
     }
 }
 
+/// RoPE of a family whose model files choose YaRN for every layer (OLMo 3, gpt-oss): its
+/// frequencies, whether their halves interleave, and YaRN's attention scale. `default` RoPE is
+/// taken too; Llama 3.1's is refused for `family` (`decoder_block`).
+pub fn yarn_or_default_rope(c: &Config, family: &str) -> anyhow::Result<(Vec<f64>, bool, Option<f64>)> {
+    match c.rope_type {
+        RopeType::Yarn => {
+            // MaxText's YaRN reads its table at each position (`freqs_cis`, max_position_embeddings rows).
+            anyhow::ensure!(
+                c.max_target_length <= c.max_position_embeddings,
+                "max_target_length={}: {family}'s YaRN RoPE covers positions below max_position_embeddings={}; \
+                 shorten the sequence or raise max_position_embeddings",
+                c.max_target_length,
+                c.max_position_embeddings
+            );
+            Ok((yarn_frequencies(&Yarn::from_config(c, c.head_dim)), c.rope_interleave, Yarn::attention_scale(c)))
+        }
+        RopeType::Default => {
+            let theta = c.rope_max_timescale as f64;
+            Ok((default_frequencies(c.head_dim, theta, c.rope_linear_scaling_factor), false, None))
+        }
+        RopeType::Llama31 => anyhow::bail!(
+            "rope_type=llama3.1 is not supported yet with decoder_block={family}; use yarn (as its model files do) or default"
+        ),
+    }
+}
+
 /// YaRN's frequencies (`YarnRotaryEmbedding.freqs_cis`, MaxText e591f30, after DeepSeek-V3's
 /// `precompute_freqs_cis`): the base frequencies `theta^(-2i / dim)`, divided by `factor` below
 /// the correction range (slow rotations), kept above it, blended linearly inside it. The range

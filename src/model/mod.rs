@@ -29,7 +29,8 @@
 //!   [`qwen3`] (Llama's layer with QK-norm), [`qwen3_custom`] (Qwen3's attention into a narrower
 //!   latent, routed experts there, then back up to `emb`), [`deepseek`]
 //!   (multi-head latent attention, [`mla`], with YaRN RoPE; dense, then routed layers),
-//!   [`olmo3`] (blocks of 3 sliding + 1 global post-norm layers, QK-norm over all heads).
+//!   [`olmo3`] (blocks of 3 sliding + 1 global post-norm layers, QK-norm over all heads),
+//!   [`gpt_oss`] (pairs of sliding + global layers with attention sinks, biased experts).
 //! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`).
 
 pub mod attention;
@@ -48,6 +49,7 @@ pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gpt3;
+pub mod gpt_oss;
 pub mod hf;
 pub mod kernel;
 pub mod llama;

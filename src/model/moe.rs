@@ -61,11 +61,20 @@
 //! groups: maxrs does the same ([`DeepSeekRouter::v3`]), and refuses `n_routing_groups` there
 //! rather than ignore it. Without a bias both ways choose and weigh alike.
 //!
+//! gpt-oss's block ([`GptOssExperts`], MaxText's `RoutedMoE` under `decoder_block=gpt_oss`,
+//! `layers/moe.py` at e591f30) adds a learned bias to the gate logits (`routed_bias`: `gate.bias`,
+//! [experts], zeros, logical axis none; it both chooses and weighs, through the softmax), biases
+//! to the experts' projections (`mlp_bias`: `wi_0_bias`, `wi_1_bias` [experts, mlp], logical axes
+//! `exp, activation_mlp`, and `wo_bias` [experts, emb], `exp, activation_embed`; zeros), added
+//! right after each product, and replaces SwiGLU by its clamped GLU (`apply_ffn_activation`):
+//! with `l = mlp_activations_limit`, `g = min(x wi_0, l)`, `u = clamp(x wi_1, -l, l)`, the expert's
+//! hidden value is `g act(1.702 g) (u + 1)`, `act` the first of `mlp_activations` (sigmoid).
+//!
 //! DeepSeek's block is MaxText's `RoutedAndSharedMoE` ([`routed_and_shared_block`]): the routed
 //! block under `MoeBlock_0.` (its gate kernel's logical axes `embed_moe, -`) plus a shared
 //! SwiGLU MLP `shared_experts.{wi_0,wi_1,wo}.kernel`, `shared_experts x` the experts' width.
 
-use super::blocks::Mlp;
+use super::blocks::{Activation, Mlp};
 use super::family::constrain;
 use super::fp8;
 use super::{ModelConfig, ParamDef, ParamInit};
@@ -97,7 +106,25 @@ pub struct MoeConfig {
     /// `norm_topk_prob` ([`Router::Softmax`]): the top-k weights are divided by their sum in
     /// `dtype` after the softmax, as MaxText's `get_topk` does.
     pub norm_topk_prob: bool,
+    /// gpt-oss's biases and clamped GLU (see the module header); `None`: plain SwiGLU experts.
+    pub gpt_oss: Option<GptOssExperts>,
 }
+
+/// What `decoder_block=gpt_oss` changes in the block (see the module header).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GptOssExperts {
+    /// `routed_bias`: `gate.bias`, added to the gate logits.
+    pub gate_bias: bool,
+    /// `mlp_bias`: `wi_0_bias`, `wi_1_bias`, `wo_bias`.
+    pub expert_bias: bool,
+    /// `mlp_activations_limit`: the clamp of the two up-projections.
+    pub limit: f64,
+    /// The first of `mlp_activations`, applied to `1.702 g`.
+    pub activation: Activation,
+}
+
+/// The slope gpt-oss's GLU scales its gate by inside the activation (`apply_ffn_activation`).
+const GPT_OSS_ALPHA: f64 = 1.702;
 
 /// How the router picks each token's experts and weighs them.
 #[derive(Clone, Debug, PartialEq)]
@@ -162,6 +189,7 @@ impl MoeConfig {
             router: Router::Softmax,
             shared_experts: 0,
             norm_topk_prob: c.norm_topk_prob,
+            gpt_oss: None,
         }
     }
 
@@ -255,6 +283,7 @@ pub fn param_defs(m: &MoeConfig, emb: i64, mlp: i64) -> Vec<ParamDef> {
         Router::Softmax => (["embed", ""], false),
         Router::DeepSeek(r) => (["embed_moe", ""], r.bias),
     };
+    let bias = bias || m.gpt_oss.as_ref().is_some_and(|g| g.gate_bias);
     let gate_bias = bias.then(|| def("gate.bias", &[e], &[""], ParamInit::Zeros));
     let mut defs = vec![def("gate.kernel", &[emb, e], &gate_axes, ParamInit::FanIn(emb))];
     defs.extend(gate_bias);
@@ -263,6 +292,13 @@ pub fn param_defs(m: &MoeConfig, emb: i64, mlp: i64) -> Vec<ParamDef> {
         def("wi_1", &[e, emb, mlp], &["exp", "embed_moe", "mlp_moe"], ParamInit::FanIn(e * mlp)),
         def("wo", &[e, mlp, emb], &["exp", "mlp_moe", "embed_moe"], ParamInit::FanIn(e * emb)),
     ]);
+    if m.gpt_oss.as_ref().is_some_and(|g| g.expert_bias) {
+        defs.extend([
+            def("wi_0_bias", &[e, mlp], &["exp", "activation_mlp"], ParamInit::Zeros),
+            def("wi_1_bias", &[e, mlp], &["exp", "activation_mlp"], ParamInit::Zeros),
+            def("wo_bias", &[e, emb], &["exp", "activation_embed"], ParamInit::Zeros),
+        ]);
+    }
     defs
 }
 
@@ -333,11 +369,13 @@ struct Routes {
     experts: Tensor,
 }
 
-/// The experts' kernels, in `dtype`: `wi_0`, `wi_1` `[E, emb, mlp]`, `wo` `[E, mlp, emb]`.
+/// The experts' kernels, in `dtype`: `wi_0`, `wi_1` `[E, emb, mlp]`, `wo` `[E, mlp, emb]`, and
+/// their biases `[E, mlp]`, `[E, mlp]`, `[E, emb]` (gpt-oss's `mlp_bias`).
 struct Kernels {
     wi_0: Tensor,
     wi_1: Tensor,
     wo: Tensor,
+    biases: Option<[Tensor; 3]>,
 }
 
 /// How the block multiplies by its weights.
@@ -400,6 +438,10 @@ pub fn moe_block_with(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor, prod
             fp8::dot(p, "gate", &gate_x, &gate_kernel, &dims)
         }
     };
+    let logits = match &m.gpt_oss {
+        Some(g) if g.gate_bias => logits + &p["gate.bias"].astype(gate_dtype),
+        _ => logits,
+    };
     let logits = constrain(c, logits, &["activation_batch_moe", "activation_length_moe", ""]);
     let (routes, scores) = match &m.router {
         Router::Softmax => {
@@ -417,7 +459,9 @@ pub fn moe_block_with(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor, prod
     let load_balance_loss =
         (m.load_balance_loss_weight > 0.0).then(|| load_balance_loss(c, m, &scores, &routes.experts));
     let w = |name: &str| p[name].astype(c.dtype);
-    let kernels = Kernels { wi_0: w("wi_0"), wi_1: w("wi_1"), wo: w("wo") };
+    let biases =
+        m.gpt_oss.as_ref().is_some_and(|g| g.expert_bias).then(|| [w("wi_0_bias"), w("wi_1_bias"), w("wo_bias")]);
+    let kernels = Kernels { wi_0: w("wi_0"), wi_1: w("wi_1"), wo: w("wo"), biases };
     let output = if m.sparse_matmul {
         dropless_per_shard(c, m, x, &routes, &kernels)
     } else if m.capacity_factor > 0.0 {
@@ -484,9 +528,23 @@ fn load_balance_loss(c: &ModelConfig, m: &MoeConfig, logits: &Tensor, experts: &
     (density * &density_prob).mean_all() * (e * e * m.load_balance_loss_weight)
 }
 
-/// SwiGLU on the two up-projections, in `dtype`.
-fn activation(c: &ModelConfig, gate: &Tensor, up: &Tensor) -> Tensor {
-    (gate.silu() * up).astype(c.dtype)
+/// The experts' activation on the two up-projections, in `dtype`: SwiGLU, or gpt-oss's clamped
+/// GLU.
+fn activation(c: &ModelConfig, m: &MoeConfig, gate: &Tensor, up: &Tensor) -> Tensor {
+    match &m.gpt_oss {
+        None => (gate.silu() * up).astype(c.dtype),
+        Some(g) => {
+            let gate = gate.minimum(g.limit);
+            let up = up.clamp(-g.limit, g.limit);
+            (&gate * &g.activation.apply(&(&gate * GPT_OSS_ALPHA)) * &(up + 1.0)).astype(c.dtype)
+        }
+    }
+}
+
+/// `y` plus each row's expert's bias: `bias: [E, n]` taken by `experts` (any shape), broadcast
+/// over `y`'s trailing dim.
+fn plus_bias(y: Tensor, bias: &Tensor, experts: &Tensor) -> Tensor {
+    y + &bias.take(experts)
 }
 
 /// [`dropless`] on each batch shard's own tokens (MaxText's `sparse_matmul` in a `shard_map` over
@@ -511,12 +569,16 @@ fn dropless_per_shard(c: &ModelConfig, m: &MoeConfig, x: &Tensor, routes: &Route
         w.expand_dims(0).broadcast_to(&shape)
     };
     let (wi_0, wi_1, wo) = (copies(&kernels.wi_0), copies(&kernels.wi_1), copies(&kernels.wo));
-    let operands = [x, &routes.weights, &routes.experts, &wi_0, &wi_1, &wo];
-    let specs = [split(3), split(3), split(3), split(4), split(4), split(4)];
+    let biases: Vec<Tensor> = kernels.biases.iter().flatten().map(copies).collect();
+    let mut operands = vec![x, &routes.weights, &routes.experts, &wi_0, &wi_1, &wo];
+    operands.extend(&biases);
+    let mut specs = vec![split(3), split(3), split(3), split(4), split(4), split(4)];
+    specs.extend(biases.iter().map(|_| split(3)));
     let out = manual_computation(&operands, &specs, &[split(3)], |local| {
         let whole = |w: &Tensor| w.reshape(&w.shape()[1..]);
         let routes = Routes { weights: local[1].clone(), experts: local[2].clone() };
-        let kernels = Kernels { wi_0: whole(&local[3]), wi_1: whole(&local[4]), wo: whole(&local[5]) };
+        let biases = (local.len() == 9).then(|| [whole(&local[6]), whole(&local[7]), whole(&local[8])]);
+        let kernels = Kernels { wi_0: whole(&local[3]), wi_1: whole(&local[4]), wo: whole(&local[5]), biases };
         vec![dropless(c, m, &local[0], &routes, &kernels)]
     });
     out[0].clone()
@@ -535,9 +597,15 @@ fn dropless(c: &ModelConfig, m: &MoeConfig, x: &Tensor, routes: &Routes, kernels
     let order = flat.argsort(0);
     let sorted = tokens.take(&(&order / k as i32));
     let group_sizes = flat.one_hot(m.num_experts, DType::S32).sum(&[0]);
-    let gate = sorted.ragged_dot(wi_0, &group_sizes).checkpoint_name("moe_mlpwi_0");
-    let up = sorted.ragged_dot(wi_1, &group_sizes).checkpoint_name("moe_mlpwi_1");
-    let out = activation(c, &gate, &up).ragged_dot(wo, &group_sizes).checkpoint_name("moe_mlpwo");
+    // The expert of each sorted row, for the biases.
+    let row_experts = flat.take(&order);
+    let bias = |y: Tensor, i: usize| match &kernels.biases {
+        Some(biases) => plus_bias(y, &biases[i], &row_experts),
+        None => y,
+    };
+    let gate = bias(sorted.ragged_dot(wi_0, &group_sizes), 0).checkpoint_name("moe_mlpwi_0");
+    let up = bias(sorted.ragged_dot(wi_1, &group_sizes), 1).checkpoint_name("moe_mlpwi_1");
+    let out = bias(activation(c, m, &gate, &up).ragged_dot(wo, &group_sizes), 2).checkpoint_name("moe_mlpwo");
     let unsorted = out.take(&order.argsort(0)).reshape(&[b * s, k, emb]);
     let sum_dtype = if m.float32_weight_sum { wide(c) } else { c.dtype };
     let combined =
@@ -591,13 +659,21 @@ fn dropping(
     let wi_0 = kernel(wi_0, &["exp", "", "mlp"]);
     let wi_1 = kernel(wi_1, &["exp", "", "mlp"]);
     let wo = kernel(wo, &["exp", "mlp", ""]);
+    // A bias `[E, n]` on `[E, B, C, n]` (dropped slots get it too; their combine weight is 0).
+    let bias = |y: Tensor, i: usize| match &kernels.biases {
+        Some(biases) => {
+            let n = biases[i].shape()[1];
+            y + &biases[i].reshape(&[e, 1, 1, n])
+        }
+        None => y,
+    };
     let up_projection = |i: usize, w: &Tensor| {
-        let y = products.einsum(i, "ebcm,emh->ebch", &tokens, w);
+        let y = bias(products.einsum(i, "ebcm,emh->ebch", &tokens, w), i - 1);
         constrain_dispatch(c, m, y, &expert_axes("activation_mlp"))
     };
     let gate = up_projection(1, &wi_0).checkpoint_name("moe_mlpwi_0");
     let up = up_projection(2, &wi_1).checkpoint_name("moe_mlpwi_1");
-    let out = products.einsum(3, "ebch,ehm->ebcm", &activation(c, &gate, &up), &wo);
+    let out = bias(products.einsum(3, "ebch,ehm->ebcm", &activation(c, m, &gate, &up), &wo), 2);
     let out = constrain(c, out, &expert_axes("activation_embed_moe")).checkpoint_name("moe_mlpwo");
     products.einsum(4, "ebcm,bsec->bsm", &out, &combine)
 }
@@ -614,9 +690,14 @@ fn every_expert(
     let (weights, experts) = (&routes.weights, &routes.experts);
     let (wi_0, wi_1, wo) = (&kernels.wi_0, &kernels.wi_1, &kernels.wo);
     let x = constrain(c, x.clone(), &["activation_batch_moe", "activation_norm_length_moe", "activation_embed_moe"]);
-    let gate = products.einsum(0, "bsm,emh->bseh", &x, wi_0).checkpoint_name("mlpwi_0");
-    let up = products.einsum(1, "bsm,emh->bseh", &x, wi_1).checkpoint_name("mlpwi_1");
-    let out = products.einsum(2, "bseh,ehm->bsem", &activation(c, &gate, &up), wo).checkpoint_name("mlpwo");
+    // A bias `[E, n]` broadcasts over `[batch, seq, E, n]`.
+    let bias = |y: Tensor, i: usize| match &kernels.biases {
+        Some(biases) => y + &biases[i],
+        None => y,
+    };
+    let gate = bias(products.einsum(0, "bsm,emh->bseh", &x, wi_0), 0).checkpoint_name("mlpwi_0");
+    let up = bias(products.einsum(1, "bsm,emh->bseh", &x, wi_1), 1).checkpoint_name("mlpwi_1");
+    let out = bias(products.einsum(2, "bseh,ehm->bsem", &activation(c, m, &gate, &up), wo), 2).checkpoint_name("mlpwo");
     let sum_dtype = if m.float32_weight_sum { wide(c) } else { c.dtype };
     let dense = dense_weights(c, m, weights, experts);
     einsum("bsem,bse->bsm", &[&out.astype(sum_dtype), &dense.astype(sum_dtype)]).astype(c.dtype)
@@ -731,12 +812,13 @@ mod tests {
         assert_eq!(routed_and_shared_flops(&m, 7168, 2048, 1.0), want);
     }
 
-    /// Only deepseek reads the DeepSeek routing keys: a non-default value is refused elsewhere.
+    /// Only deepseek (and gpt_oss, `routed_bias`) reads the DeepSeek routing keys: a non-default
+    /// value is refused elsewhere.
     #[test]
     fn other_families_refuse_the_routing_keys() {
         let c = load(&["decoder_block=mixtral", "routed_bias=true"]);
         let err = Model::from_config(&c).expect_err("mixtral does not route with a bias").to_string();
         assert!(err.starts_with("routed_bias=true: decoder_block=mixtral does not use routed_bias"), "{err}");
-        assert!(err.ends_with("it applies to decoder_block deepseek"), "{err}");
+        assert!(err.ends_with("it applies to decoder_block deepseek, gpt_oss"), "{err}");
     }
 }

@@ -40,13 +40,13 @@
 //! | `layers_<j>.mlp.{wi_0,wi_1,wo}.kernel` | as Llama's | | fan_in |
 //! | `layers_<j>.post_mlp_layer_norm.scale` | [emb] | norm | ones |
 
-use crate::config::{self, Config, RopeType};
+use crate::config::{self, Config};
 use crate::tensor::{Tensor, Tree};
 
-use super::attention::{default_frequencies, rope_scaled, rope_tables, rope_with, AttendOptions, LayerContext};
+use super::attention::{rope_scaled, rope_tables, rope_with, AttendOptions, LayerContext};
 use super::blocks::{dense, Mlp, Norm, QueryScale, SelfAttention};
 use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
-use super::mla::{yarn_frequencies, Yarn};
+use super::mla::yarn_or_default_rope;
 use super::params::{ParamDef, ParamInit};
 use super::stacks::Stack;
 use super::ModelConfig;
@@ -95,26 +95,7 @@ impl Olmo3 {
                 c.sliding_window_size
             ));
         }
-        let theta = c.rope_max_timescale as f64;
-        let (rope, interleaved, rope_scale) = match c.rope_type {
-            RopeType::Yarn => {
-                // MaxText's YaRN reads its table at each position (`freqs_cis`, max_position_embeddings rows).
-                if c.max_target_length > c.max_position_embeddings {
-                    return Err(anyhow::anyhow!(
-                        "max_target_length={}: olmo3's YaRN RoPE covers positions below max_position_embeddings={}; shorten the sequence or raise max_position_embeddings",
-                        c.max_target_length,
-                        c.max_position_embeddings
-                    ));
-                }
-                (yarn_frequencies(&Yarn::from_config(c, c.head_dim)), c.rope_interleave, Yarn::attention_scale(c))
-            }
-            RopeType::Default => (default_frequencies(c.head_dim, theta, c.rope_linear_scaling_factor), false, None),
-            RopeType::Llama31 => {
-                return Err(anyhow::anyhow!(
-                    "rope_type=llama3.1 is not supported yet with decoder_block=olmo3; use yarn or default (the OLMo 3 model files)"
-                ))
-            }
-        };
+        let (rope, interleaved, rope_scale) = yarn_or_default_rope(c, "olmo3")?;
         Ok(Olmo3 { interval, window: c.sliding_window_size, rope, interleaved, rope_scale })
     }
 

@@ -8,6 +8,7 @@ use crate::pjrt::Client;
 use crate::runtime::{self, Compiled, DeviceArray};
 use crate::train_state::Group;
 
+use super::dpo::METRICS;
 use super::metrics::EvalMetrics;
 use super::step::{batch_inputs, TrainStep};
 
@@ -22,6 +23,9 @@ pub(super) struct Evaluator {
     outputs: [usize; 3],
     /// The load-balancing loss's output, for models with experts.
     lb_output: Option<usize>,
+    /// The preference metrics' sums over the batch's pairs (`metrics.sums.<metric>`, in
+    /// `dpo::METRICS` order), where the step has them (`use_dpo`).
+    preference: [Option<usize>; 7],
 }
 
 impl Evaluator {
@@ -39,13 +43,17 @@ impl Evaluator {
                 false => Ok(None),
             })
             .collect::<Result<_>>()?;
-        let batch_names = batch_inputs(packed);
+        let batch_names = match step.dpo {
+            Some(_) => step.batch_names().0,
+            None => batch_inputs(packed),
+        };
         let batch_slots =
             batch_names.iter().map(|n| compiled.input_index(&format!("batch.{n}"))).collect::<Result<_>>()?;
         let out = |n: &str| compiled.output_index(&format!("metrics.{n}"));
         let outputs = [out("total_loss")?, out("total_weights")?, out("z_loss")?];
         let lb_output = out("moe_lb_loss").ok();
-        Ok(Evaluator { compiled, data, from_state, batch_names, batch_slots, outputs, lb_output })
+        let preference = METRICS.map(|(name, _)| out(&format!("sums.{name}")).ok());
+        Ok(Evaluator { compiled, data, from_state, batch_names, batch_slots, outputs, lb_output, preference })
     }
 
     /// One pass over the eval files (at most `eval_steps` batches when positive) with the
@@ -80,6 +88,11 @@ impl Evaluator {
             metrics.z_loss_sum += scalar(self.outputs[2])?;
             if let Some(i) = self.lb_output {
                 *metrics.moe_lb_loss_sum.get_or_insert(0.0) += scalar(i)?;
+            }
+            for (sum, output) in metrics.preference_sums.iter_mut().zip(&self.preference) {
+                if let Some(i) = output {
+                    *sum.get_or_insert(0.0) += scalar(*i)?;
+                }
             }
             metrics.eval_steps += 1;
         }

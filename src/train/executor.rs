@@ -18,7 +18,6 @@ use crate::checkpoint::shards::{ArrayLayout, HostArray};
 use crate::checkpoint::Expected;
 use crate::config::Config;
 use crate::data::{Batch, EvalData};
-use crate::host::HostTensor;
 use crate::model::Model;
 use crate::pjrt::Client;
 use crate::train_state::{Group, TrainState};
@@ -51,8 +50,9 @@ pub(super) enum Initial {
     Fresh,
     /// These parameters (`params.…`), the others drawn by the init program (LoRA adapters a
     /// base model lacks, or the base under adapters from `lora.lora_restore_path`), and a fresh
-    /// optimizer state.
-    Parameters(BTreeMap<String, HostTensor>),
+    /// optimizer state; as the blocks this process's devices need
+    /// ([`StepExecutor::state_layouts`]).
+    Parameters(BTreeMap<String, HostArray>),
     /// A whole state from a checkpoint: every array of [`StepExecutor::state_specs`], as the
     /// blocks this process's devices need ([`StepExecutor::state_layouts`]).
     State(BTreeMap<String, HostArray>),

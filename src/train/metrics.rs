@@ -11,13 +11,19 @@
 //!   `learning/current_learning_rate`, `learning/total_weights`, `perf/step_time_seconds`,
 //!   `perf/per_device_tflops`, `perf/per_device_tflops_per_sec`, `perf/per_device_tokens`,
 //!   `perf/per_device_tokens_per_sec`, `learning/moe_lb_loss` for models with experts, and
-//!   (maxrs only, when the peak is known) `perf/mfu` as a fraction.
+//!   (maxrs only, when the peak is known) `perf/mfu` as a fraction;
+//! - with `use_dpo`, Tunix's preference metrics (`super::dpo::METRICS`: `rewards/chosen`,
+//!   `rewards/rejected`, `rewards/margin`, `rewards/accuracy`, `log_probs/chosen`,
+//!   `log_probs/rejected`, ORPO's `odds_ratio`) in the file, and the rewards on the log line;
+//!   an eval's over all its pairs as `eval/<name>` (`eval/rewards/accuracy`, ...).
 
 use serde_json::{Map, Value};
 
 use crate::storage::Appender;
 
 use crate::files::Location;
+
+use super::dpo::METRICS;
 
 /// What is fixed for a run: the per-device work of a step and the device's peak.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,6 +48,9 @@ pub struct StepMetrics {
     pub total_weights: u64,
     /// The MoE load-balancing loss (part of `loss`), for models with experts.
     pub moe_lb_loss: Option<f64>,
+    /// With `use_dpo`: the preference metrics, in `dpo::METRICS` order (none where the step
+    /// has no such metric).
+    pub preference: [Option<f64>; 7],
     pub step_time_seconds: f64,
     pub work: PerDeviceWork,
 }
@@ -74,6 +83,11 @@ impl StepMetrics {
         if let Some(lb) = self.moe_lb_loss {
             line.push_str(&format!(", moe_lb_loss: {lb:.6}"));
         }
+        for ((_, name), value) in METRICS.iter().zip(&self.preference).take(4) {
+            if let Some(value) = value {
+                line.push_str(&format!(", {name}: {value:.4}"));
+            }
+        }
         if let Some(mfu) = self.mfu() {
             line.push_str(&format!(", MFU: {:.2}%", mfu * 100.0));
         }
@@ -93,6 +107,11 @@ impl StepMetrics {
         put("learning/total_weights", self.total_weights as f64);
         if let Some(lb) = self.moe_lb_loss {
             put("learning/moe_lb_loss", lb);
+        }
+        for ((_, name), value) in METRICS.iter().zip(&self.preference) {
+            if let Some(value) = value {
+                put(name, *value);
+            }
         }
         put("perf/step_time_seconds", self.step_time_seconds);
         put("perf/per_device_tflops", self.work.tflops);
@@ -124,6 +143,9 @@ pub struct EvalMetrics {
     pub z_loss_sum: f64,
     /// The load-balancing losses' sum over eval steps, for models with experts.
     pub moe_lb_loss_sum: Option<f64>,
+    /// With `use_dpo`: the preference metrics summed over the eval's pairs, in `dpo::METRICS`
+    /// order (`total_weights` counts the pairs then).
+    pub preference_sums: [Option<f64>; 7],
     pub eval_steps: u64,
 }
 
@@ -171,6 +193,14 @@ impl EvalMetrics {
         if let (Some(sum), Some(avg)) = (self.moe_lb_loss_sum, self.avg_moe_lb_loss()) {
             put("eval/moe_lb_loss", sum);
             put("eval/avg_moe_lb_loss", avg);
+        }
+        // Over all the eval's pairs, as Tunix reduces its `WeightedMetric`s over eval batches
+        // (`tunix/sft/peft_trainer.py` at c7d8950, `_weighted_metric_mean`; its metrics logger
+        // names them `<mode>/<name>`, `eval/rewards/accuracy`).
+        for ((_, name), sum) in METRICS.iter().zip(&self.preference_sums) {
+            if let Some(sum) = sum {
+                put(&format!("eval/{name}"), sum / self.total_weights.max(1.0));
+            }
         }
         put("eval/steps", self.eval_steps as f64);
         put("step", self.step as f64);

@@ -3,6 +3,7 @@
 //! - [`flops`]: peak TFLOP/s by device kind, MFU (the TFLOPs per step are the model's).
 //! - [`schedule`]: MaxText's learning-rate schedule (the reference the in-graph one must match).
 //! - [`metrics`]: per-step metrics, MaxText's log line, the `metrics_file` JSON-lines writer.
+//! - [`dpo`]: the DPO and ORPO losses and their metrics (`use_dpo`).
 //! - [`data_position`]: the data position a checkpoint records (the input pipeline of
 //!   `crate::data` makes the batches).
 //! - [`outputs`], [`tensorboard`]: the run directory's config, metrics and TensorBoard events.
@@ -16,6 +17,7 @@
 //!   (`host_memory`), and the report a run returns (`report`).
 
 pub mod data_position;
+pub mod dpo;
 mod eval;
 mod executor;
 pub mod flops;

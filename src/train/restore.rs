@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, Context, Result};
 
-use crate::checkpoint::shards::{ArrayLayout, Bounds};
+use crate::checkpoint::shards::{ArrayLayout, Bounds, HostArray};
 use crate::checkpoint::{self, Checkpoints, Expected, LoadedBlocks, OnError, Policy, Writer};
 use crate::config::{Config, OnCheckpointError};
 use crate::files::Location;
@@ -129,16 +129,19 @@ pub(super) fn initial_state(
     }
     let mut initial = match c.load_parameters_path.as_str() {
         "" => Initial::Fresh,
-        _ => Initial::Parameters(load_parameter_arrays(c, expected, model, &model_keys)?),
+        _ => Initial::Parameters(load_parameter_arrays(c, expected, restoring, model, &model_keys)?),
     };
     if !c.lora_restore_path.is_empty() {
-        let adapters = load_adapters(c, expected, model, &model_keys)?;
+        // Adapters are small: read whole, as one block each.
+        let adapters = load_adapters(c, expected, model, &model_keys)?
+            .into_iter()
+            .map(|(name, tensor)| (name.clone(), HostArray::whole(&name, tensor)));
         initial = match initial {
             Initial::Parameters(mut arrays) => {
                 arrays.extend(adapters);
                 Initial::Parameters(arrays)
             }
-            _ => Initial::Parameters(adapters),
+            _ => Initial::Parameters(adapters.collect()),
         };
     }
     Ok(Start { initial, first_step: 0, data: None })
@@ -194,13 +197,16 @@ fn load_adapters(
 /// The parameters `load_parameters_path` names: a checkpoint directory (its `params`, float
 /// types converted to `weight_dtype`), a MaxText Orbax checkpoint (a step or its `items/`, the
 /// same conversion) or a safetensors file, local or gs://. Keys are the train
-/// step's names (`params.…`).
+/// step's names (`params.…`). Of a checkpoint only the blocks `restoring`'s devices hold are
+/// read, by ranges (as MaxText's `load_params_from_path` restores each parameter sharded); a
+/// safetensors file is read whole.
 fn load_parameter_arrays(
     c: &Config,
     expected: &[Expected],
+    restoring: &Restoring,
     model: &Model,
     model_keys: &BTreeMap<String, serde_json::Value>,
-) -> Result<BTreeMap<String, HostTensor>> {
+) -> Result<BTreeMap<String, HostArray>> {
     let location = Location::parse(&c.load_parameters_path)?;
     let is_checkpoint = storage::is_file(&location.join(checkpoint::manifest::MANIFEST_FILE))?;
     // The model's own parameters, and LoRA adapters only from a maxrs checkpoint that has them
@@ -224,20 +230,32 @@ fn load_parameter_arrays(
         .cloned()
         .collect();
     refuse_steps_folder("load_parameters_path", &location, is_checkpoint)?;
+    let blocks = restoring.wanted();
     let arrays = if !is_checkpoint && checkpoint::orbax::Checkpoint::is_orbax(&location)? {
         // A MaxText checkpoint: its parameters under maxrs's keys, floats as `weight_dtype`.
         let wanted: Vec<checkpoint::orbax::params::Wanted> = params
             .iter()
             .filter_map(|e| {
-                Some(checkpoint::orbax::params::Wanted { key: Group::of(&e.name)?.1, ty: e.ty, dims: &e.dims })
+                Some(checkpoint::orbax::params::Wanted {
+                    key: Group::of(&e.name)?.1,
+                    ty: e.ty,
+                    dims: &e.dims,
+                    blocks: blocks.get(&e.name).map_or(&[][..], Vec::as_slice),
+                })
             })
             .collect();
         let loaded = checkpoint::orbax::params::load(&location, &wanted, &checkpoint::orbax::params::stored(model))
             .with_context(|| format!("load_parameters_path={location}"))?;
         eprintln!("{}", checkpoint::orbax::NOT_YET_EQUAL);
-        loaded.into_iter().map(|(key, tensor)| (Group::Params.name(&key), tensor)).collect()
+        loaded
+            .into_values()
+            .map(|array| {
+                let name = Group::Params.name(&array.name);
+                (name.clone(), HostArray { name, ..array })
+            })
+            .collect()
     } else if is_checkpoint {
-        checkpoint::dir::load(&location, &params, model_keys, true)
+        checkpoint::dir::load_blocks(&location, &params, model_keys, true, &blocks)
             .with_context(|| format!("load_parameters_path={location}"))?
             .arrays
     } else {
@@ -249,7 +267,13 @@ fn load_parameter_arrays(
             Location::Local(path) => load_parameters(path, &specs)?,
             remote => load_parameters(&storage::download(remote)?, &specs)?,
         };
-        local.into_iter().map(|(name, tensor)| (Group::Params.name(&name), tensor)).collect()
+        local
+            .into_iter()
+            .map(|(name, tensor)| {
+                let name = Group::Params.name(&name);
+                (name.clone(), HostArray::whole(&name, tensor))
+            })
+            .collect()
     };
     println!("loaded {} parameters from {location}", arrays.len());
     Ok(arrays)

@@ -255,14 +255,21 @@ impl Run<'_> {
 }
 
 fn per_device_work(c: &Config, model: &Model, derived: &Derived, device_kind: &str) -> PerDeviceWork {
+    // A preference pair is two sequences, and DPO runs the reference model's forward pass on
+    // both: a third more than training on them (forward + backward = 3 forwards).
+    let (sequences, reference) = match crate::train::dpo::Dpo::from_config(c) {
+        Some(dpo) if dpo.algo == crate::train::dpo::Algo::Dpo => (2.0, 4.0 / 3.0),
+        Some(_) => (2.0, 1.0),
+        None => (1.0, 1.0),
+    };
     let shape = StepShape {
-        per_device_batch_size: derived.per_device_batch_size,
+        per_device_batch_size: derived.per_device_batch_size * sequences,
         max_target_length: derived.max_target_length as u64,
         gradient_accumulation_steps: derived.gradient_accumulation_steps as u64,
     };
     let configured = (c.peak_tflops_per_device > 0.0).then_some(c.peak_tflops_per_device);
     PerDeviceWork {
-        tflops: model.training_tflops_per_device(&shape).total,
+        tflops: model.training_tflops_per_device(&shape).total * reference,
         tokens: shape.tokens_per_device(),
         peak_tflops: flops::peak_tflops_per_device(device_kind, configured),
     }

@@ -24,12 +24,14 @@ use crate::pjrt::{gpu_memory, Client, ReadyTime};
 use crate::runtime::artifact;
 use crate::runtime::{self, Compiled, DeviceArray};
 
+use super::dpo::METRICS;
 use super::eval::Evaluator;
 use super::executor::{Initial, StepExecutor, StepPlan};
 use super::metrics::{EvalMetrics, PerDeviceWork, StepMetrics};
 use super::report::{RunReport, StartupTimes};
-use super::step::{batch_inputs, TrainStep};
+use super::step::TrainStep;
 use super::timing::DeviceTiming;
+use crate::checkpoint::Expected;
 
 /// The SPMD step of a run, traced on the run's mesh.
 pub(super) struct SpmdPlan {
@@ -80,7 +82,7 @@ impl StepPlan for SpmdPlan {
             bail!("out of memory: the train step {short}. To fit, {}.", crate::config::MEMORY_REMEDIES);
         }
 
-        let slots = Slots::of(&compiled, batch_inputs(step.packed))?;
+        let slots = Slots::of(&compiled, step.batch_names().0)?;
         let rows = compiled.local_rows(slots.batch[0])?;
         let state_slots = step
             .state()
@@ -158,12 +160,14 @@ pub(super) struct SpmdStep {
 
 /// Where the loop's inputs and outputs are in the compiled step.
 struct Slots {
-    /// The batch inputs (`batch_inputs(packed)`) and their slots.
+    /// The batch inputs (`TrainStep::batch_names`) and their slots.
     batch_names: Vec<&'static str>,
     batch: Vec<usize>,
     /// `loss`, `grad_norm`, `learning_rate`, `total_weights`, and `moe_lb_loss` for models with
     /// experts.
     metrics: Vec<usize>,
+    /// The preference metrics (`dpo::METRICS`) the step outputs.
+    preference: [Option<usize>; 7],
     /// For each output, the input slot it feeds next step (state outputs share their input's
     /// name).
     carried: Vec<Option<usize>>,
@@ -180,6 +184,7 @@ impl Slots {
                 .into_iter()
                 .chain(metric("moe_lb_loss").ok())
                 .collect(),
+            preference: METRICS.map(|(name, _)| metric(name).ok()),
             carried: compiled.program.outputs.iter().map(|o| compiled.find_input(&o.name)).collect(),
         })
     }
@@ -190,6 +195,8 @@ pub(super) struct InFlight {
     step: u64,
     /// The metric outputs, in `Slots::metrics` order.
     metrics: Vec<DeviceArray>,
+    /// The preference metrics' outputs, where the step has them.
+    preference: Vec<Option<DeviceArray>>,
     /// When the step's loss became ready, where the plugin reports it.
     done: Option<ReadyTime>,
     dispatched: Instant,
@@ -225,9 +232,15 @@ impl StepExecutor for SpmdStep {
         match initial {
             Initial::Fresh => {}
             Initial::Parameters(arrays) => {
-                for (name, host) in &arrays {
+                for (name, array) in &arrays {
                     let slot = self.compiled.input_index(name)?;
-                    self.state[slot] = Some(self.compiled.put(&self.client, slot, host)?);
+                    let put = |slot| self.compiled.put_blocks(&self.client, slot, |bounds| array.block(&bounds.to_vec()));
+                    self.state[slot] = Some(put(slot)?);
+                    // DPO's reference model starts as the given weights too.
+                    let copy = name.strip_prefix("params.").map(|key| format!("reference.{key}"));
+                    if let Some(slot) = copy.and_then(|copy| self.compiled.find_input(&copy)) {
+                        self.state[slot] = Some(put(slot)?);
+                    }
                 }
             }
             Initial::State(arrays) => {
@@ -239,6 +252,11 @@ impl StepExecutor for SpmdStep {
             }
         }
         Ok(())
+    }
+
+    /// The step's state: the model's, and DPO's reference copy.
+    fn state_specs(&self) -> Vec<Expected> {
+        Expected::of_state(&self.step.state())
     }
 
     fn local_rows(&self) -> Range<usize> {
@@ -276,8 +294,9 @@ impl StepExecutor for SpmdStep {
         }
         let metrics: Vec<DeviceArray> =
             self.slots.metrics.iter().map(|&i| outputs[i].take().expect("metrics are not carried")).collect();
+        let preference = self.slots.preference.iter().map(|i| i.and_then(|i| outputs[i].take())).collect();
         let done = metrics[0].first().and_then(|b| b.ready_time().ok());
-        Ok(InFlight { step, metrics, done, dispatched })
+        Ok(InFlight { step, metrics, preference, done, dispatched })
     }
 
     fn finish(&mut self, flight: InFlight, work: PerDeviceWork) -> Result<StepMetrics> {
@@ -290,6 +309,12 @@ impl StepExecutor for SpmdStep {
             .map(|(&index, array)| Ok(self.compiled.fetch(index, array)?.to_f64()[0]))
             .collect::<Result<Vec<f64>>>()?;
         let (loss, grad_norm, learning_rate, weights) = (values[0], values[1], values[2], values[3]);
+        let mut preference = [None; 7];
+        for ((value, slot), array) in preference.iter_mut().zip(&self.slots.preference).zip(&flight.preference) {
+            if let (Some(index), Some(array)) = (slot, array) {
+                *value = Some(self.compiled.fetch(*index, array)?.to_f64()[0]);
+            }
+        }
         let done = flight.done.as_ref().and_then(ReadyTime::get).unwrap_or_else(Instant::now);
         let step_time_seconds = self.timing.completed(flight.dispatched, done);
         diagnostics::step_finished(flight.step);
@@ -300,6 +325,7 @@ impl StepExecutor for SpmdStep {
             learning_rate,
             total_weights: weights as u64,
             moe_lb_loss: values.get(4).copied(),
+            preference,
             step_time_seconds,
             work,
         })

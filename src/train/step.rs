@@ -18,6 +18,15 @@
 //! - outputs: the new state under the same names, and f32 scalars `metrics.loss`,
 //!   `metrics.grad_norm`, `metrics.learning_rate`, `metrics.total_weights`, `metrics.z_loss`, and
 //!   `metrics.<name>` for each auxiliary loss the model's layers report (`moe_lb_loss`).
+//!
+//! With `use_dpo` (`super::dpo`) the batch arrays are `inputs`, `targets`,
+//! `targets_segmentation` and `inputs_segmentation`, s32 `[global_batch, 2 * seq]`: each row is a
+//! preference pair, its chosen row then its rejected row (`data::preference`), so that a pair
+//! stays on one device and a process's rows are whole pairs. DPO without LoRA carries
+//! `reference.<name>`, the frozen reference model (donated and returned as it came). The
+//! metrics are the loss, `grad_norm`, `learning_rate`, `total_weights` (the responses' tokens),
+//! and Tunix's preference metrics (`metrics.rewards.chosen`, ...); the layers' auxiliary losses are
+//! not part of the loss, as in Tunix's DPO (`super::dpo`).
 
 use std::collections::BTreeSet;
 
@@ -30,6 +39,7 @@ use crate::tensor::{random, scan, trace, Tensor, TraceError, Tree};
 
 use crate::train_state::{Group, OptState, StateArray, TrainState};
 
+use super::dpo::{means, without_adapters, Algo, Dpo};
 use super::optimizer::AdamW;
 
 /// The batch arrays every step reads.
@@ -39,6 +49,9 @@ pub const BATCH_INPUTS: &[&str] = &["inputs", "targets", "targets_segmentation"]
 /// without
 /// them, so their programs stay without these inputs.
 pub const PACKED_INPUTS: &[&str] = &["inputs_position", "inputs_segmentation"];
+
+/// The batch arrays of a preference step (`use_dpo`): what `dpo::row_logps` reads.
+pub const PREFERENCE_INPUTS: &[&str] = &["inputs", "targets", "targets_segmentation", "inputs_segmentation"];
 
 /// The batch arrays of a step on packed (`packed`) or unpacked batches.
 pub fn batch_inputs(packed: bool) -> Vec<&'static str> {
@@ -62,6 +75,8 @@ pub struct TrainStep {
     pub mesh: Option<Mesh>,
     /// Training batches are packed documents (`dataset_type=hf` with `packing=true`).
     pub packed: bool,
+    /// `use_dpo`: the loss is a preference loss over pairs.
+    pub dpo: Option<Dpo>,
 }
 
 impl TrainStep {
@@ -76,12 +91,25 @@ impl TrainStep {
             init_weights_seed: c.init_weights_seed as u32,
             mesh,
             packed: c.packed_batches(),
+            dpo: Dpo::from_config(c),
         })
     }
 
-    /// The train state this step carries (`train_state`).
+    /// The train state this step carries (`train_state`): with DPO's reference copy.
     pub fn state(&self) -> TrainState {
-        TrainState::of(&self.model)
+        let state = TrainState::of(&self.model);
+        match &self.dpo {
+            Some(dpo) if dpo.keeps_reference_copy(&self.model) => state.with_reference(),
+            _ => state,
+        }
+    }
+
+    /// The train step's batch arrays and their width: a preference pair's two rows side by side.
+    pub fn batch_names(&self) -> (Vec<&'static str>, i64) {
+        match self.dpo {
+            Some(_) => (PREFERENCE_INPUTS.to_vec(), 2 * self.seq),
+            None => (batch_inputs(self.packed), self.seq),
+        }
     }
 
     /// The sharding of a state array (none: one device).
@@ -115,7 +143,9 @@ impl TrainStep {
     /// keys), which come from elsewhere (`load_parameters_path`; under LoRA its base model, the
     /// adapters drawn here or given by `lora.lora_restore_path`).
     pub fn init(&self, given: &BTreeSet<String>) -> Result<Program, TraceError> {
-        let drawn = |group: Group, key: &str| group != Group::Params || !given.contains(key);
+        // DPO's reference copy is drawn with the parameters it copies, or given with them.
+        let drawn =
+            |group: Group, key: &str| !matches!(group, Group::Params | Group::Reference) || !given.contains(key);
         let mut sig = Signature::new(self.mesh.clone());
         for array in &self.state().arrays {
             if let Some(spec) = self.state_sharding(array).filter(|_| drawn(array.group, &array.def.name)) {
@@ -129,6 +159,11 @@ impl TrainStep {
             out.extend(Group::Fp8.prefixed(params::init(&self.model.fp8_state_defs(), DType::F32, &key)));
             let params: Tree =
                 params.iter().filter(|(k, _)| drawn(Group::Params, k)).map(|(k, v)| (k, v.clone())).collect();
+            if self.state().group(Group::Reference).next().is_some() {
+                // DPO's reference starts as the starting weights; given ones are copied in
+                // where they are put (`SpmdStep::initialize`).
+                out.extend(Group::Reference.prefixed(params.clone()));
+            }
             out.extend(Group::Params.prefixed(params));
             out
         })
@@ -137,11 +172,15 @@ impl TrainStep {
     /// The train step: `(state, batch) -> (state, metrics)`.
     pub fn train_step(&self) -> Result<Program, TraceError> {
         let mut sig = self.signature();
-        for name in batch_inputs(self.packed) {
-            let input = sig.input(&format!("batch.{name}"), DType::S32, &[self.global_batch, self.seq]);
+        let (names, width) = self.batch_names();
+        for name in names {
+            let input = sig.input(&format!("batch.{name}"), DType::S32, &[self.global_batch, width]);
             if let Some(spec) = self.batch_sharding() {
                 input.sharded(spec);
             }
+        }
+        if let Some(dpo) = &self.dpo {
+            return trace(&sig, |_, inp| self.preference_step(dpo, inp));
         }
         trace(&sig, |_, inp| {
             let (state, batch) = (OptState::from_names(inp), inp.subtree("batch"));
@@ -164,12 +203,73 @@ impl TrainStep {
         })
     }
 
+    /// The train step of `use_dpo` on its inputs `inp`: the preference loss of the pairs (each
+    /// row's first `seq` columns are the chosen row, the rest the rejected one) against the
+    /// reference model (the frozen copy; under LoRA the base without adapters; none for ORPO).
+    fn preference_step(&self, dpo: &Dpo, inp: &Tree) -> Tree {
+        let (state, batch) = (OptState::from_names(inp), inp.subtree("batch"));
+        let (params, frozen) = self.state().split_frozen(&Group::Params.subtree(inp));
+        let copy = Group::Reference.subtree(inp);
+        let (loss, sums, grads) = self.preference_loss_and_grads(dpo, &params, &frozen, &copy, &batch);
+        let (mut new_params, new_state, opt_metrics) = self.optimizer.update(&params, &grads, &state);
+        new_params.extend(frozen);
+        let mut metrics = opt_metrics.with("loss", loss).with("total_weights", sums["total_weights"].clone());
+        metrics.extend(means(&sums));
+        let mut out = Group::Params.prefixed(new_params);
+        out.extend(Group::Reference.prefixed(copy));
+        out.extend(new_state.into_names());
+        out.extend(metrics.prefixed("metrics"));
+        out
+    }
+
+    /// The preference loss of `batch`'s pairs (the mean over them), its sums (`Dpo::loss`) and
+    /// the gradients of the loss. With gradient accumulation the pairs are split into
+    /// micro-batches scanned in sequence (as [`Self::micro_batches`] splits them); each
+    /// contributes the gradient of its loss summed over its pairs, and the sum is divided by the
+    /// number of pairs at the end: the gradient of the whole batch's mean, as Tunix accumulates a
+    /// `WeightedMetric` loss (`tunix/sft/peft_trainer.py` at c7d8950: the unreduced gradients
+    /// added up with the loss's denominator, the pairs, then divided by their sum).
+    fn preference_loss_and_grads(
+        &self,
+        dpo: &Dpo,
+        params: &Tree,
+        frozen: &Tree,
+        copy: &Tree,
+        batch: &Tree,
+    ) -> (Tensor, Tree, Tree) {
+        let sums_of = |p: &Tree, pairs: &Tree| {
+            let mut all = p.clone();
+            all.extend(frozen.clone());
+            let reference = self.reference(dpo, copy, &all);
+            let (chosen, rejected) = self.pair_sides(pairs);
+            dpo.loss(&self.model, &all, reference.as_ref(), &chosen, &rejected)
+        };
+        if self.accumulation == 1 {
+            return value_and_grad_with_aux(params, |p| sums_of(p, batch));
+        }
+        let carry = params.map(|_, p| p.zeros_like());
+        let (grads, per_micro_batch) = scan(&carry, &self.micro_batches(batch, 2 * self.seq), |carry, mb| {
+            let (_, sums, grads) = value_and_grad_with_aux(params, |p| {
+                let (_, sums) = sums_of(p, mb);
+                (sums["total_loss"].clone(), sums)
+            });
+            (grads.map(|name, g| &carry[name] + g), sums)
+        });
+        let sums = per_micro_batch.map(|_, per| per.sum(&[0]));
+        let pairs = sums["pairs"].maximum(1.0);
+        let grads = grads.map(|_, g| g / &pairs.astype(g.dtype()));
+        (&sums["total_loss"] / &pairs, sums, grads)
+    }
+
     /// The eval step: `(params, batch of rows x seq) -> metrics` (loss only, no update): f32
     /// scalars `metrics.loss`, `metrics.total_loss`, `metrics.total_weights`, `metrics.z_loss`,
     /// and `metrics.<name>` for each auxiliary loss (as the train step).
     /// The parameters (and fp8 state) are the train state's arrays, read (not donated); `packed`
     /// as for [`batch_inputs`].
     pub fn eval_step(&self, rows: i64, packed: bool) -> Result<Program, TraceError> {
+        if let Some(dpo) = &self.dpo {
+            return self.preference_eval_step(dpo, rows);
+        }
         let mut sig = Signature::new(self.mesh.clone());
         for array in self.state().arrays.iter().filter(|a| a.group.read_by_forward()) {
             let input = sig.input(&array.name(), array.dtype, &array.def.shape);
@@ -193,6 +293,58 @@ impl TrainStep {
                 .with("total_weights", aux["total_weights"].clone())
                 .with("z_loss", aux["z_loss"].clone());
             metrics.extend(aux.subtree("aux_losses"));
+            metrics.prefixed("metrics")
+        })
+    }
+
+    /// The chosen and the rejected sides of a preference batch (`[rows, 2 * seq]` arrays).
+    fn pair_sides(&self, batch: &Tree) -> (Tree, Tree) {
+        let side = |half: i64| batch.map(|_, x| x.slice_axis(1, half * self.seq, (half + 1) * self.seq));
+        (side(0), side(1))
+    }
+
+    /// DPO's reference model: the frozen copy `copy` (`reference.*`), or under LoRA the
+    /// parameters `params` without their adapters; none for ORPO.
+    fn reference(&self, dpo: &Dpo, copy: &Tree, params: &Tree) -> Option<Tree> {
+        match (dpo.algo, copy.is_empty()) {
+            (Algo::Orpo, _) => None,
+            (_, false) => Some(copy.clone()),
+            (_, true) => Some(without_adapters(&self.model, params)),
+        }
+    }
+
+    /// The eval step of `use_dpo`: the preference loss of `rows` pairs (`[rows, 2 * seq]`, as the
+    /// train step's) with the current parameters and reference. `metrics.total_loss` is the
+    /// loss summed over the pairs and `metrics.total_weights` their number, so that an eval's
+    /// `eval/avg_loss` is the mean over its pairs; `metrics.z_loss` is 0; `metrics.sums.<metric>`
+    /// are the preference metrics summed over the pairs (the evaluator adds them up over its
+    /// batches and divides by the pairs).
+    fn preference_eval_step(&self, dpo: &Dpo, rows: i64) -> Result<Program, TraceError> {
+        let mut sig = Signature::new(self.mesh.clone());
+        for array in self.state().arrays.iter().filter(|a| a.group.read_by_forward()) {
+            let input = sig.input(&array.name(), array.dtype, &array.def.shape);
+            if let Some(spec) = self.state_sharding(array) {
+                input.sharded(spec);
+            }
+        }
+        let (names, width) = self.batch_names();
+        for name in names {
+            let input = sig.input(&format!("batch.{name}"), DType::S32, &[rows, width]);
+            if let Some(spec) = self.batch_sharding() {
+                input.sharded(spec);
+            }
+        }
+        trace(&sig, |_, inp| {
+            let params = Group::Params.subtree(inp);
+            let reference = self.reference(dpo, &Group::Reference.subtree(inp), &params);
+            let (chosen, rejected) = self.pair_sides(&inp.subtree("batch"));
+            let (loss, aux) = dpo.loss(&self.model, &params, reference.as_ref(), &chosen, &rejected);
+            let mut metrics = Tree::new()
+                .with("loss", loss)
+                .with("total_loss", aux["total_loss"].clone())
+                .with("total_weights", aux["pairs"].clone())
+                .with("z_loss", aux["pairs"].zeros_like());
+            metrics.extend(aux.subtree("sums").prefixed("sums"));
             metrics.prefixed("metrics")
         })
     }
@@ -231,18 +383,8 @@ impl TrainStep {
             return (loss, aux, grads, new_fp8);
         }
         assert!(fp8_state.is_empty(), "validation refuses quantization=fp8 with gradient accumulation");
-        let (a, micro) = (self.accumulation, self.global_batch / self.accumulation);
-        // Row r of micro-batch k is global row r * a + k: every device keeps its own rows.
-        let micro_batches = batch.map(|_, x| {
-            let x = x.reshape(&[micro, a, self.seq]).transpose(&[1, 0, 2]);
-            match self.batch_sharding() {
-                Some(spec) => {
-                    let spec = PartitionSpec::from_axes(vec![vec![], spec.dim(0).to_vec(), spec.dim(1).to_vec()]);
-                    x.with_sharding_constraint(&spec)
-                }
-                None => x,
-            }
-        });
+        let a = self.accumulation;
+        let micro_batches = self.micro_batches(batch, self.seq);
         let f32_zero = |t: &Tensor| t.trace().scalar(0.0, DType::F32);
         let step_weights = batch["targets_segmentation"].ne(0).astype(DType::F32).sum_all();
         let aux_scale = step_weights.maximum(1.0) / a as f64;
@@ -282,5 +424,22 @@ impl TrainStep {
             .with("z_loss", &sums["z_loss_sum"] / &weights);
         aux.extend(aux_losses.prefixed("aux_losses"));
         (loss, aux, grads, Tree::new())
+    }
+
+    /// The batch arrays (`[global_batch, width]`) as `accumulation` micro-batches
+    /// (`[accumulation, global_batch / accumulation, width]`): row r of micro-batch k is global
+    /// row r * accumulation + k, so that every device keeps its own rows.
+    fn micro_batches(&self, batch: &Tree, width: i64) -> Tree {
+        let (a, micro) = (self.accumulation, self.global_batch / self.accumulation);
+        batch.map(|_, x| {
+            let x = x.reshape(&[micro, a, width]).transpose(&[1, 0, 2]);
+            match self.batch_sharding() {
+                Some(spec) => {
+                    let spec = PartitionSpec::from_axes(vec![vec![], spec.dim(0).to_vec(), spec.dim(1).to_vec()]);
+                    x.with_sharding_constraint(&spec)
+                }
+                None => x,
+            }
+        })
     }
 }

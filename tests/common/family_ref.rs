@@ -21,6 +21,13 @@
 //!   RMSNorms `q_norm`, `k_norm` over all heads' queries and keys at once before RoPE, queries
 //!   scaled by `head_dim^-1/2`, every 4th layer global and the others sliding-window; YaRN RoPE
 //!   (transformers' `_compute_yarn_parameters`) in every layer, as MaxText's `olmo3.py` applies it;
+//! - gpt-oss (Hugging Face's `GptOssDecoderLayer`, `GptOssAttention`, `GptOssMLP`, transformers'
+//!   `models/gpt_oss/modeling_gpt_oss.py`): pre-norm layers, query/key/value/output biases, YaRN
+//!   RoPE (without `truncate`) in every layer, queries scaled by `head_dim^-1/2`, each head's sink
+//!   logit appended to its scores before the softmax and dropped after it, every other layer
+//!   (from the first) within the window; the MLP a router `h W + b`, top-k, softmax over the k
+//!   logits, and experts `(clamp(u, -l, l) + 1) * g sigmoid(1.702 g)` with `g = min(h W_g + b_g,
+//!   l)`, `u = h W_u + b_u`, then `. W_o + b_o`, weighted and summed;
 //! - GPT-3: LayerNorm `(x - mean) / sqrt(var + eps) * g + b`, learned position embeddings added to
 //!   the token embeddings, fused query/key/value with biases, no RoPE, GELU MLP with biases and its
 //!   own LayerNorm.
@@ -46,6 +53,11 @@ pub enum Family {
     Gemma2,
     Gemma3,
     Olmo3,
+    /// gpt-oss, its experts' inputs clamped at `limit` (`swiglu_limit`), `top_k` experts a token.
+    GptOss {
+        limit: f64,
+        top_k: usize,
+    },
     Gpt3,
 }
 
@@ -57,13 +69,14 @@ pub enum RopeRef {
     Llama31 {
         scaled: bool,
     },
-    /// YaRN on the two halves (transformers' `_compute_yarn_parameters` with `truncate`, its
-    /// attention factor `0.1 ln(factor) + 1` on cos and sin).
+    /// YaRN on the two halves (transformers' `_compute_yarn_parameters`, the correction range
+    /// rounded outwards with `truncate`, its attention factor `0.1 ln(factor) + 1` on cos and sin).
     Yarn {
         factor: f64,
         original_max_position_embeddings: f64,
         beta_fast: f64,
         beta_slow: f64,
+        truncate: bool,
     },
 }
 
@@ -174,10 +187,19 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
             match spec.family {
                 // GPT-3's stored scale is g - 1 (identity at 0), the others' are the gain.
                 Family::Gpt3 => (-0.5, 0.5),
-                Family::Llama | Family::Gemma | Family::Gemma2 | Family::Gemma3 | Family::Olmo3 => (0.5, 1.5),
+                Family::Llama
+                | Family::Gemma
+                | Family::Gemma2
+                | Family::Gemma3
+                | Family::Olmo3
+                | Family::GptOss { .. } => (0.5, 1.5),
             }
         } else if name.ends_with(".bias") || name.ends_with("embedding") {
             (-0.5, 0.5)
+        } else if shape.len() == 3 && name.contains("GptOssMlp.") {
+            // The experts' kernels `[experts, in, out]`: the fan-in is `in`.
+            let a = 1.7 / (shape[1] as f64).sqrt();
+            (-a, a)
         } else {
             let a = 1.7 / (rows as f64).sqrt();
             (-a, a)
@@ -300,13 +322,15 @@ fn llama31_scale(freq: f64) -> f64 {
 /// `factor` (interpolation) by a linear ramp between the correction dimensions of `beta_fast` and
 /// `beta_slow` rotations (floored and ceiled: `truncate`), clamped to `[0, d - 1]`.
 fn yarn_frequency(theta: f64, d: usize, i: usize, rope: RopeRef) -> f64 {
-    let RopeRef::Yarn { factor, original_max_position_embeddings: omax, beta_fast, beta_slow } = rope else {
+    let RopeRef::Yarn { factor, original_max_position_embeddings: omax, beta_fast, beta_slow, truncate } = rope else {
         panic!("a YaRN spec")
     };
     let dim = d as f64;
     let correction = |rotations: f64| dim * (omax / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln());
-    let low = correction(beta_fast).floor().max(0.0);
-    let mut high = correction(beta_slow).ceil().min(dim - 1.0);
+    let (low, high) = (correction(beta_fast), correction(beta_slow));
+    let (low, high) = if truncate { (low.floor(), high.ceil()) } else { (low, high) };
+    let low = low.max(0.0);
+    let mut high = high.min(dim - 1.0);
     if low == high {
         high += 0.001;
     }
@@ -358,6 +382,20 @@ fn attend(
     window: Option<usize>,
     cap: Option<f64>,
 ) -> Array2<f64> {
+    attend_with_sinks(q, k, v, (heads, kvh, d), window, cap, None)
+}
+
+/// [`attend`], with each head's sink logit (`sinks: [1, heads]`) one more term of its softmax's
+/// denominator when given (gpt-oss's `eager_attention_forward`).
+fn attend_with_sinks(
+    q: &Array2<f64>,
+    k: &Array2<f64>,
+    v: &Array2<f64>,
+    (heads, kvh, d): (usize, usize, usize),
+    window: Option<usize>,
+    cap: Option<f64>,
+    sinks: Option<&Array2<f64>>,
+) -> Array2<f64> {
     let mut out = Array2::<f64>::zeros((B * T, heads * d));
     for b in 0..B {
         for hh in 0..heads {
@@ -371,9 +409,10 @@ fn attend(
                         cap.map_or(s, |c| c * (s / c).tanh())
                     })
                     .collect();
-                let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sink = sinks.map(|z| z[[0, hh]]);
+                let mx = scores.iter().chain(&sink).cloned().fold(f64::NEG_INFINITY, f64::max);
                 let ex: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
-                let z: f64 = ex.iter().sum();
+                let z: f64 = ex.iter().sum::<f64>() + sink.map_or(0.0, |z| (z - mx).exp());
                 for (j, e) in ex.iter().enumerate() {
                     let vu = v.slice(s![b * T + first + j, g * d..(g + 1) * d]);
                     out.slice_mut(s![b * T + t, hh * d..(hh + 1) * d]).scaled_add(e / z, &vu);
@@ -531,6 +570,76 @@ fn olmo3_layer(
     &x + &norm("post_mlp_layer_norm", &f)
 }
 
+/// Hugging Face's `GptOssDecoderLayer` number `layer` (0-based, over the whole model) whose
+/// parameters are `l`'s under `prefix` (MaxText's names: `GptOssAttention`, `GptOssMlp`); biases
+/// and sinks where the layer has them.
+fn gpt_oss_layer(
+    spec: &Spec,
+    m: &Model,
+    l: &BTreeMap<String, Array2<f64>>,
+    x: &Array2<f64>,
+    prefix: &str,
+    layer: usize,
+) -> Array2<f64> {
+    let Family::GptOss { limit, top_k } = spec.family else { panic!("a gpt-oss spec") };
+    let c = &m.config;
+    let (heads, kvh, d) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
+    let window = if layer.is_multiple_of(2) { spec.window } else { None };
+    let p = |n: &str| l.get(&format!("{prefix}{n}"));
+    let norm = |name: &str, x: &Array2<f64>| rms_norm(x, p(&format!("{name}.scale")).unwrap(), spec.eps);
+    let linear = |n: &str, x: &Array2<f64>| {
+        let y = x.dot(p(&format!("GptOssAttention.{n}.kernel")).unwrap());
+        match p(&format!("GptOssAttention.{n}.bias")) {
+            Some(b) => add_row(&y, b),
+            None => y,
+        }
+    };
+    let h = norm("pre_self_attention_layer_norm", x);
+    let theta = c.rope_max_timescale;
+    let q = rope(spec, (theta, 1.0), d, &linear("query", &h), heads) / (d as f64).sqrt();
+    let k = rope(spec, (theta, 1.0), d, &linear("key", &h), kvh);
+    let sinks = p("GptOssAttention.sinks");
+    let a = attend_with_sinks(&q, &k, &linear("value", &h), (heads, kvh, d), window, None, sinks);
+    let x = x + &linear("out", &a);
+    let h = norm("post_self_attention_layer_norm", &x);
+    let mlp = |n: &str| p(&format!("GptOssMlp.{n}"));
+    let mut logits = h.dot(mlp("gate.kernel").unwrap());
+    if let Some(bias) = mlp("gate.bias") {
+        logits = add_row(&logits, bias);
+    }
+    // Expert `e`'s kernel `[in, out]` (row `e` of the stored `[experts, in * out]`) and bias row.
+    let kernel = |n: &str, e: usize, rows: usize| {
+        let w = mlp(n).unwrap().row(e).to_owned();
+        let cols = w.len() / rows;
+        w.into_shape_with_order((rows, cols)).unwrap()
+    };
+    let bias = |n: &str, e: usize| mlp(&format!("{n}_bias")).map(|b| b.row(e).to_owned());
+    let (emb, hidden) = (c.emb as usize, c.mlp as usize);
+    let mut out = Array2::<f64>::zeros(x.dim());
+    for r in 0..h.nrows() {
+        let row = logits.row(r);
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        let chosen = &order[..top_k];
+        let mx = chosen.iter().map(|&e| row[e]).fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = chosen.iter().map(|&e| (row[e] - mx).exp()).sum();
+        let hr = h.row(r);
+        for &e in chosen {
+            let weight = (row[e] - mx).exp() / z;
+            let with_bias = |y: ndarray::Array1<f64>, n: &str| match bias(n, e) {
+                Some(b) => y + b,
+                None => y,
+            };
+            let g = with_bias(hr.dot(&kernel("wi_0", e, emb)), "wi_0").mapv(|g| g.min(limit));
+            let u = with_bias(hr.dot(&kernel("wi_1", e, emb)), "wi_1").mapv(|u| u.clamp(-limit, limit));
+            let glu = &g * &g.mapv(|g| 1.0 / (1.0 + (-1.702 * g).exp())) * &(u + 1.0);
+            let y = with_bias(glu.dot(&kernel("wo", e, hidden)), "wo");
+            out.row_mut(r).scaled_add(weight, &y);
+        }
+    }
+    &x + &out
+}
+
 fn gpt3_layer(spec: &Spec, m: &Model, l: &BTreeMap<String, Array2<f64>>, x: &Array2<f64>) -> Array2<f64> {
     let c = &m.config;
     let (heads, d) = (c.heads as usize, c.head_dim as usize);
@@ -611,7 +720,7 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     // Gemma's own embedding table is MaxText's stored one over sqrt(emb); Gemma scales by sqrt(emb).
     let own_scale = match spec.family {
         Family::Gemma | Family::Gemma2 | Family::Gemma3 => 1.0 / (e as f64).sqrt(),
-        Family::Llama | Family::Olmo3 | Family::Gpt3 => 1.0,
+        Family::Llama | Family::Olmo3 | Family::GptOss { .. } | Family::Gpt3 => 1.0,
     };
     let (table_own, input_scale) = (table * own_scale, 1.0 / own_scale);
     let mut x = Array2::<f64>::zeros((B * T, e));
@@ -653,12 +762,19 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
                 let n = l.keys().filter(|k| k.ends_with(".post_mlp_layer_norm.scale")).count();
                 (0..n).fold(x, |x, j| olmo3_layer(spec, m, l, &x, &format!("layers_{j}."), n * i + j))
             }
+            Family::GptOss { .. } => {
+                // A scanned block of gpt-oss layers (`inhomogeneous_layer_cycle_interval`).
+                let n = l.keys().filter(|k| k.ends_with(".pre_self_attention_layer_norm.scale")).count();
+                (0..n).fold(x, |x, j| gpt_oss_layer(spec, m, l, &x, &format!("layers_{j}."), n * i + j))
+            }
             Family::Gpt3 => gpt3_layer(spec, m, l, &x),
         };
         layers.push(x.clone());
     }
     let y = match spec.family {
-        Family::Llama | Family::Olmo3 => rms_norm(&x, &p.top["decoder.decoder_norm.scale"], spec.eps),
+        Family::Llama | Family::Olmo3 | Family::GptOss { .. } => {
+            rms_norm(&x, &p.top["decoder.decoder_norm.scale"], spec.eps)
+        }
         Family::Gemma | Family::Gemma2 | Family::Gemma3 => {
             gemma_norm(&x, &gemma_scale(&p.top["decoder.decoder_norm.scale"]), spec.eps)
         }

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::Checkpoint;
+use crate::checkpoint::shards::{Bounds, HostArray};
 use crate::files::Location;
 use crate::host::{convert_float, shape_string, DType, HostTensor};
 use crate::model::{Model, ParamRole};
@@ -32,11 +33,12 @@ const LINEN_ROOT: &str = "params/params/";
 const NNX_LEAF: &str = "/value";
 
 /// A parameter the model expects: its maxrs key (`decoder.layers.mlp.wi_0.kernel`), type and
-/// dimensions.
+/// dimensions, and the blocks of it (in maxrs's layout) this process reads.
 pub struct Wanted<'a> {
     pub key: &'a str,
     pub ty: DType,
     pub dims: &'a [i64],
+    pub blocks: &'a [Bounds],
 }
 
 /// How MaxText stores one of the model's parameters, relative to maxrs's array of it.
@@ -118,17 +120,45 @@ pub(super) fn to_maxrs(stacked: bool, tensor: HostTensor) -> HostTensor {
     HostTensor::new(tensor.ty, &maxrs_dims(true, &tensor.dims), data)
 }
 
+/// The blocks `bounds` (in maxrs's layout) of the checkpoint's array `name`, stored as `how`
+/// says, read by ranges, each chunk they overlap decoded once: maxrs's block of a stacked array
+/// is `[layers, a, ...]`, the checkpoint's `[a, layers, ...]`.
+pub(super) fn read_blocks(
+    ckpt: &Checkpoint,
+    name: &str,
+    how: Stored,
+    bounds: &[Bounds],
+) -> Result<Vec<(Bounds, HostTensor)>> {
+    let stored: Vec<(Vec<u64>, Vec<u64>)> = bounds
+        .iter()
+        .map(|b| {
+            let mut start: Vec<u64> = b.iter().map(|r| r.0 as u64).collect();
+            let mut shape: Vec<u64> = b.iter().map(|r| r.1 as u64).collect();
+            if how.stacked && start.len() >= 2 {
+                start.swap(0, 1);
+                shape.swap(0, 1);
+            }
+            (start, shape)
+        })
+        .collect();
+    let read = ckpt.read_blocks(name, &stored)?;
+    Ok(bounds.iter().cloned().zip(read.into_iter().map(|block| to_maxrs(how.stacked, block))).collect())
+}
+
 /// Reads `wanted` from the Orbax checkpoint at `location` (a step folder or its `items/`): each
 /// of the expected shape, float types converted to the expected one (a parameter-only checkpoint
-/// is bfloat16), as `stored` says MaxText holds it, keyed by maxrs key.
+/// is bfloat16), as `stored` says MaxText holds it, keyed by maxrs key. Of each parameter only
+/// its wanted blocks are read, by ranges (as `load_full_state_path` reads a state,
+/// [`super::state::load`]).
 pub fn load(
     location: &Location,
     wanted: &[Wanted],
     stored: &BTreeMap<String, Stored>,
-) -> Result<BTreeMap<String, HostTensor>> {
+) -> Result<BTreeMap<String, HostArray>> {
     let ckpt = Checkpoint::open(location)?;
     let names = parameter_names(&ckpt)?;
-    let mut out = BTreeMap::new();
+    // Every parameter is checked before any is read.
+    let mut reads = Vec::new();
     for w in wanted {
         let name = names.get(w.key).ok_or_else(|| {
             anyhow!(
@@ -151,11 +181,17 @@ pub fn load(
                 shape_string(w.ty, w.dims)
             );
         }
-        let tensor =
-            to_maxrs(how.stacked, array.read(&ckpt.db).with_context(|| format!("{}: {name}", ckpt.location()))?);
-        let tensor = if tensor.ty == w.ty { tensor } else { convert_float(&tensor, w.ty) };
-        out.insert(w.key.to_string(), tensor);
+        reads.push((w, name, how));
     }
+    let read = super::read_in_parallel(&reads, |(w, name, how)| {
+        let blocks = read_blocks(&ckpt, name, *how, w.blocks).with_context(|| format!("{}: {name}", ckpt.location()))?;
+        let blocks = blocks
+            .into_iter()
+            .map(|(at, block)| (at, if block.ty == w.ty { block } else { convert_float(&block, w.ty) }))
+            .collect();
+        Ok(HostArray { name: w.key.to_string(), ty: w.ty, dims: w.dims.to_vec(), blocks })
+    })?;
+    let out: BTreeMap<String, HostArray> = read.into_iter().map(|array| (array.name.clone(), array)).collect();
     let unused: Vec<&String> = names.keys().filter(|k| !wanted.iter().any(|w| w.key == k.as_str())).collect();
     if let Some(first) = unused.first() {
         bail!(
@@ -224,19 +260,39 @@ mod tests {
         assert_eq!(llama["token_embedder.embedding"], Stored::SAME);
     }
 
+    /// A process reads only its blocks of a parameter, and each is that part of the whole one:
+    /// split over a stacked parameter's layers (axis 1 in the checkpoint) and over its rows.
+    #[test]
+    fn blocks_read_by_ranges_are_parts_of_the_whole_parameter() {
+        let ckpt = Checkpoint::open(&fixture("nnx_params/0/items")).unwrap();
+        let name = "decoder/layers/mlp/wi_0/kernel/value";
+        let how = Stored { stacked: true };
+        let whole = HostArray::whole(name, to_maxrs(true, ckpt.read(name).unwrap()));
+        assert_eq!(whole.dims, [3, 16, 32]);
+        let parts: Vec<Bounds> =
+            vec![vec![(0, 1), (0, 16), (0, 32)], vec![(1, 2), (0, 8), (0, 32)], vec![(1, 2), (8, 8), (0, 32)]];
+        let split = read_blocks(&ckpt, name, how, &parts).unwrap();
+        assert_eq!(split.iter().map(|(at, _)| at.clone()).collect::<Vec<_>>(), parts);
+        for (at, block) in &split {
+            assert_eq!(block, &whole.block(at).unwrap(), "{at:?}");
+        }
+        assert_ne!(split[1].1, split[2].1, "the parts differ");
+    }
+
     #[test]
     fn a_mismatch_names_the_parameter_and_both_shapes() {
         let dims = [3, 16, 33];
         let key = "decoder.layers.mlp.wi_0.kernel";
         let stored = BTreeMap::from([(key.to_string(), Stored { stacked: true })]);
-        let wanted = [Wanted { key, ty: DType::F32, dims: &dims }];
+        let whole = [crate::host::whole(&dims)];
+        let wanted = [Wanted { key, ty: DType::F32, dims: &dims, blocks: &whole }];
         let e = load(&fixture("nnx_params/0/items"), &wanted, &stored).unwrap_err().to_string();
         assert!(
             e.contains("decoder/layers/mlp/wi_0/kernel/value is bf16[16,3,32] (bf16[3,16,32] with the layers first)"),
             "{e}"
         );
         assert!(e.contains("decoder.layers.mlp.wi_0.kernel is f32[3,16,33]"), "{e}");
-        let wanted = [Wanted { key: "decoder.absent", ty: DType::F32, dims: &dims }];
+        let wanted = [Wanted { key: "decoder.absent", ty: DType::F32, dims: &dims, blocks: &whole }];
         let e = load(&fixture("nnx_params/0/items"), &wanted, &stored).unwrap_err().to_string();
         assert!(e.contains("no array for the model's parameter decoder.absent"), "{e}");
     }

@@ -43,6 +43,10 @@ pub(super) fn maxtext_name(name: &str) -> Result<String> {
         Group::Fp8 => {
             bail!("{name}: resuming fp8 state (quantization=fp8) from a MaxText checkpoint is not supported yet")
         }
+        // Tunix keeps DPO's reference model apart from the train state it checkpoints.
+        Group::Reference => {
+            bail!("{name}: DPO's reference model in a MaxText checkpoint is not supported yet")
+        }
     })
 }
 
@@ -64,7 +68,7 @@ pub fn load(
         names.iter().any(|n| n.starts_with("opt_state/")),
         "{at}: no optimizer state (opt_state/...): a parameter-only checkpoint; use load_parameters_path"
     );
-    let mut arrays = BTreeMap::new();
+    let mut reads = Vec::new();
     for e in expected {
         let name = maxtext_name(&e.name)?;
         if !names.contains(&name) {
@@ -82,20 +86,14 @@ pub fn load(
             e.name,
             shape_string(e.ty, &e.dims)
         );
-        let mut blocks = Vec::new();
-        for bounds in wanted.get(&e.name).map_or(&[][..], Vec::as_slice) {
-            // maxrs's block of a stacked array is `[layers, a, ...]`; the checkpoint's `[a, layers, ...]`.
-            let mut start: Vec<u64> = bounds.iter().map(|b| b.0 as u64).collect();
-            let mut shape: Vec<u64> = bounds.iter().map(|b| b.1 as u64).collect();
-            if how.stacked && start.len() >= 2 {
-                start.swap(0, 1);
-                shape.swap(0, 1);
-            }
-            let block = params::to_maxrs(how.stacked, ckpt.read_block(&name, &start, &shape)?);
-            blocks.push((bounds.clone(), block));
-        }
-        arrays.insert(e.name.clone(), HostArray { name: e.name.clone(), ty: e.ty, dims: e.dims.clone(), blocks });
+        reads.push((e, name, how));
     }
+    // Every array is checked before any is read.
+    let read = super::read_in_parallel(&reads, |(e, name, how)| {
+        let blocks = params::read_blocks(&ckpt, name, *how, wanted.get(&e.name).map_or(&[][..], Vec::as_slice))?;
+        Ok(HostArray { name: e.name.clone(), ty: e.ty, dims: e.dims.clone(), blocks })
+    })?;
+    let arrays: BTreeMap<String, HostArray> = read.into_iter().map(|a| (a.name.clone(), a)).collect();
     let step = scalar(&ckpt, "step")?;
     for count in names.iter().filter(|n| n.starts_with("opt_state/") && n.ends_with("/count")) {
         let value = scalar(&ckpt, count)?;

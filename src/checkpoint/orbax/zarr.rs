@@ -100,29 +100,47 @@ impl Array {
     /// The block of `shape` at `start` of the array, in row-major order, reading only the
     /// chunks (and a shard's inner chunks) that overlap it: what one process of a job needs.
     pub fn read_block(&self, store: &dyn Store, start: &[u64], shape: &[u64]) -> Result<HostTensor> {
+        let mut blocks = self.read_blocks(store, &[(start.to_vec(), shape.to_vec())])?;
+        Ok(blocks.pop().expect("one block asked, one read"))
+    }
+
+    /// The blocks `(start, shape)` of the array, each in row-major order, decoding each chunk
+    /// (and a shard's inner chunk) that overlaps any of them once: a process whose devices hold
+    /// several blocks of one chunk (Orbax writes a one-host save as one chunk per array) decodes
+    /// it once, not once per device.
+    pub fn read_blocks(&self, store: &dyn Store, wanted: &[(Vec<u64>, Vec<u64>)]) -> Result<Vec<HostTensor>> {
         let rank = self.shape.len();
-        ensure!(
-            start.len() == rank
-                && shape.len() == rank
-                && (0..rank).all(|d| start[d].checked_add(shape[d]).is_some_and(|end| end <= self.shape[d])),
-            "the block {shape:?} at {start:?} is not inside the array's shape {:?}",
-            self.shape
-        );
-        let elem = self.ty.byte_size();
-        let count: u64 = shape.iter().product();
-        let mut out = vec![0u8; count as usize * elem];
-        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        if count == 0 {
-            return Ok(HostTensor::new(self.ty, &dims, out));
+        for (start, shape) in wanted {
+            ensure!(
+                start.len() == rank
+                    && shape.len() == rank
+                    && (0..rank).all(|d| start[d].checked_add(shape[d]).is_some_and(|end| end <= self.shape[d])),
+                "the block {shape:?} at {start:?} is not inside the array's shape {:?}",
+                self.shape
+            );
         }
-        let block = Block { start, shape };
-        // The chunks the block overlaps: from the one holding its first element to the one
-        // holding its last, along each dimension.
-        let first: Vec<u64> = (0..rank).map(|d| start[d] / self.chunk_shape[d]).collect();
-        let span: Vec<u64> =
-            (0..rank).map(|d| (start[d] + shape[d] - 1) / self.chunk_shape[d] + 1 - first[d]).collect();
-        for offset in indices(&span) {
-            let chunk: Vec<u64> = offset.iter().zip(&first).map(|(o, f)| o + f).collect();
+        let elem = self.ty.byte_size();
+        let blocks: Vec<Block> = wanted
+            .iter()
+            .filter(|(_, shape)| shape.iter().product::<u64>() > 0)
+            .map(|(start, shape)| Block { start, shape })
+            .collect();
+        let mut outs: Vec<Vec<u8>> =
+            wanted.iter().map(|(_, shape)| vec![0u8; shape.iter().product::<u64>() as usize * elem]).collect();
+        // Each non-empty block's output, in `blocks` order.
+        let mut filled: Vec<&mut Vec<u8>> =
+            outs.iter_mut().zip(wanted).filter(|(_, (_, shape))| shape.iter().product::<u64>() > 0).map(|(o, _)| o).collect();
+        // The chunks any block overlaps: per block, from the one holding its first element to the
+        // one holding its last, along each dimension.
+        let mut chunks = std::collections::BTreeSet::new();
+        for block in &blocks {
+            let first: Vec<u64> = (0..rank).map(|d| block.start[d] / self.chunk_shape[d]).collect();
+            let span: Vec<u64> = (0..rank)
+                .map(|d| (block.start[d] + block.shape[d] - 1) / self.chunk_shape[d] + 1 - first[d])
+                .collect();
+            chunks.extend(indices(&span).map(|offset| offset.iter().zip(&first).map(|(o, f)| o + f).collect::<Vec<_>>()));
+        }
+        for chunk in chunks {
             let origin: Vec<u64> = chunk.iter().zip(&self.chunk_shape).map(|(i, c)| i * c).collect();
             let key = chunk_key(&self.path, &chunk);
             let Some(len) = store.value_len(&key) else {
@@ -133,7 +151,7 @@ impl Array {
                 Codecs::Plain(codecs) => {
                     let bytes = decode(store.read_range(&key, 0, len)?, codecs, self.chunk_bytes(&self.chunk_shape))
                         .with_context(|| key.clone())?;
-                    self.place(&mut out, &block, &bytes, &origin, &self.chunk_shape).with_context(|| key.clone())?;
+                    self.place_all(&blocks, &mut filled, bytes, &origin, &self.chunk_shape).with_context(|| key.clone())?;
                 }
                 Codecs::Sharded { chunk_shape, inner, index, index_at_end } => {
                     let per_shard: Vec<u64> = self.chunk_shape.iter().zip(chunk_shape).map(|(s, c)| s / c).collect();
@@ -151,7 +169,7 @@ impl Array {
                     for (i, inner_chunk) in indices(&per_shard).enumerate() {
                         let inner_origin: Vec<u64> =
                             origin.iter().zip(&inner_chunk).zip(chunk_shape).map(|((o, i), c)| o + i * c).collect();
-                        if !block.overlaps(&inner_origin, chunk_shape) {
+                        if !blocks.iter().any(|block| block.overlaps(&inner_origin, chunk_shape)) {
                             continue;
                         }
                         let entry = &entries[i * 16..i * 16 + 16];
@@ -171,17 +189,47 @@ impl Array {
                         let bytes =
                             decode(store.read_range(&key, offset, nbytes)?, inner, self.chunk_bytes(chunk_shape))
                                 .with_context(|| format!("{key}: inner chunk {inner_chunk:?}"))?;
-                        self.place(&mut out, &block, &bytes, &inner_origin, chunk_shape)
+                        self.place_all(&blocks, &mut filled, bytes, &inner_origin, chunk_shape)
                             .with_context(|| format!("{key}: inner chunk {inner_chunk:?}"))?;
                     }
                 }
             }
         }
-        Ok(HostTensor::new(self.ty, &dims, out))
+        Ok(outs
+            .into_iter()
+            .zip(wanted)
+            .map(|(out, (_, shape))| {
+                let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+                HostTensor::new(self.ty, &dims, out)
+            })
+            .collect())
     }
 
     fn chunk_bytes(&self, chunk_shape: &[u64]) -> u64 {
         chunk_shape.iter().product::<u64>() * self.ty.byte_size() as u64
+    }
+
+    /// Copies the decoded chunk `bytes` (of `chunk_shape`, at `origin`) into each block's output;
+    /// a lone block that is exactly the chunk takes the bytes as they are (a whole array stored
+    /// as one chunk, as Orbax writes a one-host save: no second buffer, no copy).
+    fn place_all(
+        &self,
+        blocks: &[Block],
+        outs: &mut [&mut Vec<u8>],
+        bytes: Vec<u8>,
+        origin: &[u64],
+        chunk_shape: &[u64],
+    ) -> Result<()> {
+        if let ([block], [out]) = (blocks, &mut *outs) {
+            if block.start == origin && block.shape == chunk_shape && bytes.len() == out.len() {
+                **out = bytes;
+                return Ok(());
+            }
+        }
+        for (block, out) in blocks.iter().zip(outs.iter_mut()) {
+            self.place(out, block, &bytes, origin, chunk_shape)?;
+        }
+        Ok(())
     }
 
     /// Copies the part of the decoded chunk `bytes` (of `chunk_shape`, at `origin`) inside the
@@ -471,14 +519,34 @@ mod tests {
         // Rows 1..3, column 2: inner chunks (0, 1) at byte 16 and (1, 1) at byte 48; the index at 64.
         let block = array.read_block(&counting, &[1, 2], &[2, 1]).unwrap();
         assert_eq!(block.data, [12i32, 22].map(i32::to_le_bytes).concat());
-        let read: Vec<u64> = counting.read.into_inner().into_iter().map(|(_, start)| start).collect();
-        assert_eq!(read, [16, 48, 64]);
+        assert_eq!(counting.starts(), [16, 48, 64]);
+
+        // Two blocks that share inner chunk (0, 0): rows 0..2 of column 0, and row 1. Each inner
+        // chunk they overlap is read once, and each block is what it is read alone.
+        let counting = Counting { store: &store, read: Default::default() };
+        let wanted = [(vec![0, 0], vec![2, 1]), (vec![1, 0], vec![1, 4])];
+        let blocks = array.read_blocks(&counting, &wanted).unwrap();
+        assert_eq!(counting.starts(), [0, 16, 64]);
+        assert_eq!(blocks[0].data, [0i32, 10].map(i32::to_le_bytes).concat());
+        assert_eq!(blocks[1].data, [10i32, 11, 12, 13].map(i32::to_le_bytes).concat());
+        for ((start, shape), block) in wanted.iter().zip(&blocks) {
+            assert_eq!(block, &array.read_block(&store, start, shape).unwrap());
+        }
     }
 
     /// A store that notes the key and start of each range read.
     struct Counting<'a> {
         store: &'a Memory,
-        read: std::cell::RefCell<BTreeSet<(String, u64)>>,
+        read: std::cell::RefCell<Vec<(String, u64)>>,
+    }
+
+    impl Counting<'_> {
+        /// The start of every range read, in order of the start (a range read twice: twice).
+        fn starts(&self) -> Vec<u64> {
+            let mut starts: Vec<u64> = self.read.borrow().iter().map(|(_, start)| *start).collect();
+            starts.sort();
+            starts
+        }
     }
 
     impl Store for Counting<'_> {
@@ -486,7 +554,7 @@ mod tests {
             self.store.value_len(key)
         }
         fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Vec<u8>> {
-            self.read.borrow_mut().insert((key.to_string(), start));
+            self.read.borrow_mut().push((key.to_string(), start));
             self.store.read_range(key, start, len)
         }
     }

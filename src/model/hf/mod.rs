@@ -3,7 +3,7 @@
 //! and written by `checkpoint::hf`; this module owns the mapping.
 //!
 //! A family file ([`llama`]: Llama 2/3/3.1/3.3, Mistral, Mixtral, Qwen2, Qwen3, Qwen3 MoE; [`gemma`]:
-//! Gemma, Gemma 2; [`gemma3`]: Gemma 3; [`deepseek`]: DeepSeek-V3; [`olmo3`]: OLMo 3)
+//! Gemma, Gemma 2; [`gemma3`]: Gemma 3; [`deepseek`]: DeepSeek-V3; [`olmo3`]: OLMo 3; [`gpt_oss`]: gpt-oss)
 //! lists one [`Entry`] per Hugging Face tensor: the maxrs parameter it becomes, its index on the
 //! parameter's stacked leading axes (`[layer]` with `scan_layers=true`, `[expert]` in a Mixtral
 //! layer, both), and the [`Map`] between the two. Every map is exact in both directions except
@@ -13,6 +13,7 @@
 pub mod deepseek;
 pub mod gemma;
 pub mod gemma3;
+pub mod gpt_oss;
 pub mod llama;
 pub mod olmo3;
 pub mod peft;
@@ -41,6 +42,9 @@ pub struct Map {
     /// Hugging Face's tensor is maxrs's flattened to one dimension (a linear's bias `[H*D]`,
     /// maxrs's `[H, D]`): the same elements in the same order.
     pub flat: bool,
+    /// maxrs's tensor is every other element of Hugging Face's last dimension, from this one (0
+    /// or 1): two maxrs parameters interleaved in one tensor (gpt-oss's `gate_up_proj`).
+    pub pair: Option<usize>,
 }
 
 /// An elementwise change of value between the two layouts (`Map::value`).
@@ -56,7 +60,13 @@ pub enum Revalue {
 }
 
 impl Map {
-    pub const COPY: Map = Map { linear_in_dims: None, interleave_heads: None, value: Revalue::Same, flat: false };
+    pub const COPY: Map =
+        Map { linear_in_dims: None, interleave_heads: None, value: Revalue::Same, flat: false, pair: None };
+
+    /// Elements `half, half + 2, ...` of Hugging Face's last dimension.
+    pub const fn pair(half: usize) -> Map {
+        Map { pair: Some(half), ..Map::COPY }
+    }
 
     /// A bias `[out]` in Hugging Face's layout for maxrs's `[out...]` (Qwen2's q/k/v biases).
     pub const FLAT: Map = Map { flat: true, ..Map::COPY };
@@ -111,8 +121,9 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         Some("gemma3_text") => gemma3::config_from_hf(hf),
         Some("deepseek_v3") => deepseek::config_from_hf(hf),
         Some("olmo3") => olmo3::config_from_hf(hf),
+        Some("gpt_oss") => gpt_oss::config_from_hf(hf),
         _ => bail!(
-            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\", \"deepseek_v3\", \"olmo3\"",
+            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\", \"deepseek_v3\", \"olmo3\", \"gpt_oss\"",
             hf["model_type"]
         ),
     }
@@ -124,17 +135,18 @@ pub fn check_model(c: &Config) -> Result<()> {
     match c.decoder_block {
         DecoderBlock::Gpt3 => bail!(
             "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet (maxrs converts \
-             llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek, olmo3)"
+             llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek, olmo3, gpt_oss)"
         ),
         // MaxText's qwen3_custom_moe (`models/qwen3_custom.py` at MaxText e591f30) has no
         // Hugging Face model: no transformers class narrows attention's output to a latent.
         DecoderBlock::Qwen3CustomMoe => bail!(
             "decoder_block=qwen3_custom_moe: converting qwen3_custom_moe to Hugging Face's layout is not supported yet \
              (Hugging Face has no such model; maxrs converts llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, \
-             gemma3, deepseek, olmo3)"
+             gemma3, deepseek, olmo3, gpt_oss)"
         ),
         DecoderBlock::Deepseek => deepseek::check_model(c),
         DecoderBlock::Olmo3 => olmo3::check_model(c),
+        DecoderBlock::GptOss => gpt_oss::check_model(c),
         DecoderBlock::Qwen2 if !c.attention_bias => {
             bail!("attention_bias=false: Hugging Face's Qwen2 always has query, key and value biases")
         }
@@ -159,6 +171,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
         DecoderBlock::Gemma3 => gemma3::hf_config(c, model, torch_dtype),
         DecoderBlock::Deepseek => deepseek::hf_config(c, model, torch_dtype),
         DecoderBlock::Olmo3 => olmo3::hf_config(c, model, torch_dtype),
+        DecoderBlock::GptOss => gpt_oss::hf_config(c, model, torch_dtype),
         _ => llama::hf_config(c, model, torch_dtype),
     }
 }
@@ -170,6 +183,7 @@ fn entries(c: &Config, model: &Model, hf: Option<&Value>) -> Result<Vec<Entry>> 
         DecoderBlock::Gemma3 => gemma3::entries(c, model, hf),
         DecoderBlock::Deepseek => Ok(deepseek::entries(c, model)),
         DecoderBlock::Olmo3 => Ok(olmo3::entries(c, model)),
+        DecoderBlock::GptOss => Ok(gpt_oss::entries(c, model)),
         _ => Ok(llama::entries(c, model)),
     }
 }
@@ -291,6 +305,13 @@ fn to_maxrs(t: &HostTensor, map: Map, shape: &[i64]) -> Option<HostTensor> {
         Revalue::Same => t.clone(),
         value => revalue(t, value, false),
     };
+    if let Some(half) = map.pair {
+        let (last, lead) = (shape.len() - 1, &shape[..shape.len() - 1]);
+        if t.dims[..t.dims.len() - 1] != *lead || t.dims[last] != 2 * shape[last] {
+            return None;
+        }
+        return Some(unpair(&t, half, shape));
+    }
     match map.linear_in_dims {
         None if map.flat => (t.dims == [shape.iter().product::<i64>()]).then(|| HostTensor::new(t.ty, shape, t.data)),
         None => (t.dims == shape).then_some(t),
@@ -307,7 +328,40 @@ fn to_maxrs(t: &HostTensor, map: Map, shape: &[i64]) -> Option<HostTensor> {
     }
 }
 
-/// One maxrs slice as the Hugging Face tensor (the inverse of `to_maxrs`).
+/// Elements `half, half + 2, ...` of the last dimension of `t`, as `shape`.
+fn unpair(t: &HostTensor, half: usize, shape: &[i64]) -> HostTensor {
+    let size = t.ty.byte_size();
+    let n = *shape.last().expect("a tensor with dimensions") as usize;
+    let rows = t.data.len() / (2 * n * size);
+    let mut data = Vec::with_capacity(rows * n * size);
+    for r in 0..rows {
+        for i in 0..n {
+            let at = (r * 2 * n + 2 * i + half) * size;
+            data.extend_from_slice(&t.data[at..at + size]);
+        }
+    }
+    HostTensor::new(t.ty, shape, data)
+}
+
+/// `into` (Hugging Face's tensor of two interleaved halves, or none yet) with `t` written as its
+/// elements `half, half + 2, ...` of the last dimension: the inverse of `unpair`.
+fn pair_into(into: Option<HostTensor>, t: &HostTensor, half: usize) -> HostTensor {
+    let size = t.ty.byte_size();
+    let mut dims = t.dims.clone();
+    let n = *dims.last().expect("a tensor with dimensions") as usize;
+    *dims.last_mut().expect("a tensor with dimensions") *= 2;
+    let mut out = into.unwrap_or_else(|| HostTensor::zeros(t.ty, &dims));
+    for r in 0..t.data.len() / (n * size) {
+        for i in 0..n {
+            let (from, to) = ((r * n + i) * size, (r * 2 * n + 2 * i + half) * size);
+            out.data[to..to + size].copy_from_slice(&t.data[from..from + size]);
+        }
+    }
+    out
+}
+
+/// One maxrs slice as the Hugging Face tensor (the inverse of `to_maxrs`; for a `pair` map, its
+/// half, which `to_hf` interleaves with the other).
 fn to_hf_tensor(t: &HostTensor, map: Map) -> HostTensor {
     let mut t = match map.linear_in_dims {
         None if map.flat => HostTensor::new(t.ty, &[t.dims.iter().product::<i64>()], t.data.clone()),
@@ -407,6 +461,10 @@ pub fn to_hf(
         let t = params.get(&e.maxrs).ok_or_else(|| anyhow!("the maxrs parameters have no {}", e.maxrs))?;
         let converted = to_hf_tensor(&slot_slice(t, &e.slot), e.map);
         let converted = if converted.ty == ty { converted } else { crate::host::convert_float(&converted, ty) };
+        let converted = match e.map.pair {
+            Some(half) => pair_into(out.remove(&e.hf), &converted, half),
+            None => converted,
+        };
         out.insert(e.hf, converted);
     }
     Ok(out)
@@ -521,5 +579,13 @@ mod tests {
         assert_eq!((b.dims.clone(), b.to_f32()), (vec![4, 2], t.to_f32()));
         assert_eq!(to_hf_tensor(&b, Map::FLAT).dims, [8]);
         assert!(to_maxrs(&t, Map::FLAT, &[4, 2]).is_none());
+        // A pair takes every other element of the last dimension, and the two halves
+        // interleave back into the one tensor.
+        let (even, odd) = (to_maxrs(&t, Map::pair(0), &[4, 1]).unwrap(), to_maxrs(&t, Map::pair(1), &[4, 1]).unwrap());
+        assert_eq!(even.to_f32(), vec![0.5, 2.0, 3.0, 1.5]);
+        assert_eq!(odd.to_f32(), vec![-1.0, 0.25, -0.5, 0.125]);
+        let both = pair_into(Some(pair_into(None, &odd, 1)), &even, 0);
+        assert_eq!((both.dims.clone(), both.to_f32()), (t.dims.clone(), t.to_f32()));
+        assert!(to_maxrs(&t, Map::pair(0), &[4, 2]).is_none());
     }
 }

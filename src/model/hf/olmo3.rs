@@ -82,12 +82,12 @@ fn rope(hf: &Value) -> Result<(Value, Option<(&'static str, Value)>)> {
     }
 }
 
-/// The YaRN keys of a `rope_scaling` whose attention factor is transformers' default,
-/// `0.1 ln(factor) + 1` (MaxText's `rope_attention_scaling`).
-fn yarn_keys(field: &str, scaling: &Value) -> Result<Vec<(String, String)>> {
+/// The YaRN keys of `family`'s `rope_scaling` (olmo3, gpt_oss) whose attention factor is
+/// transformers' default, `0.1 ln(factor) + 1` (MaxText's `rope_attention_scaling`).
+pub(super) fn yarn_keys(family: &str, field: &str, scaling: &Value) -> Result<Vec<(String, String)>> {
     for name in ["attention_factor", "mscale", "mscale_all_dim"] {
         if !scaling[name].is_null() {
-            bail!("`{field}.{name}` is {}: maxrs's olmo3 YaRN has transformers' default attention factor; setting it is not supported yet", scaling[name]);
+            bail!("`{field}.{name}` is {}: maxrs's {family} YaRN has transformers' default attention factor; setting it is not supported yet", scaling[name]);
         }
     }
     let s = Fields(scaling);
@@ -164,7 +164,7 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     );
     match scaling {
         None => keys.push(("rope_type".into(), "default".into())),
-        Some((field, scaling)) => keys.extend(yarn_keys(field, &scaling)?),
+        Some((field, scaling)) => keys.extend(yarn_keys("olmo3", field, &scaling)?),
     }
     Ok(keys)
 }
@@ -207,7 +207,40 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     // transformers 5's `rope_parameters`, both kinds of layer stated: from `rope_theta` alone its
     // `Olmo3Config` (5.23.0) gives the sliding layers its default base, 500000.
     let theta = c.rope_max_timescale as f64;
-    let full = match c.rope_type {
+    let full = rope_parameters(c, &mut config);
+    config["rope_parameters"] = json!({
+        "full_attention": full,
+        "sliding_attention": { "rope_type": "default", "rope_theta": theta },
+    });
+    config
+}
+
+/// Every tensor of an olmo3 model (blocks of `inhomogeneous_layer_cycle_interval` layers).
+pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
+    cycled_entries(c, model, LAYER)
+}
+
+/// Every tensor of a model whose scanned blocks are `inhomogeneous_layer_cycle_interval` layers
+/// (`layers_<j>` of block `b` is Hugging Face's layer `b * interval + j`), each layer's as
+/// `layer` maps them (OLMo 3, gpt-oss).
+pub(super) fn cycled_entries(c: &Config, model: &Model, layer: &[(&str, &str, Map)]) -> Vec<Entry> {
+    let mut out = outer_entries(model);
+    let block = c.inhomogeneous_layer_cycle_interval;
+    for n in 0..model.config.layers {
+        for (name, hf_name, map) in layer {
+            let name = format!("layers_{}.{name}", n % block);
+            out.push(layer_entry(model, n / block, &name, &[], format!("model.layers.{n}.{hf_name}"), *map));
+        }
+    }
+    out
+}
+
+/// transformers 5's `rope_parameters` of the run's RoPE (`yarn` or `default`, as
+/// [`crate::model::mla::yarn_or_default_rope`] takes them); YaRN also sets `config`'s
+/// `max_position_embeddings`, the length its table covers (OLMo 3, gpt-oss).
+pub(super) fn rope_parameters(c: &Config, config: &mut Value) -> Value {
+    let theta = c.rope_max_timescale as f64;
+    match c.rope_type {
         RopeType::Yarn => {
             config["max_position_embeddings"] = json!(c.max_position_embeddings);
             json!({
@@ -221,23 +254,5 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
             })
         }
         _ => json!({ "rope_type": "default", "rope_theta": theta }),
-    };
-    config["rope_parameters"] = json!({
-        "full_attention": full,
-        "sliding_attention": { "rope_type": "default", "rope_theta": theta },
-    });
-    config
-}
-
-/// Every tensor of an olmo3 model (blocks of `inhomogeneous_layer_cycle_interval` layers).
-pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
-    let mut out = outer_entries(model);
-    let block = c.inhomogeneous_layer_cycle_interval;
-    for n in 0..model.config.layers {
-        for (name, hf_name, map) in LAYER {
-            let name = format!("layers_{}.{name}", n % block);
-            out.push(layer_entry(model, n / block, &name, &[], format!("model.layers.{n}.{hf_name}"), *map));
-        }
     }
-    out
 }

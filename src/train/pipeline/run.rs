@@ -192,7 +192,10 @@ impl StepExecutor for PipelinedStep {
     fn initialize(&mut self, initial: Initial) -> Result<()> {
         let parameters = match initial {
             Initial::Fresh => None,
-            Initial::Parameters(arrays) => Some(Group::Params.subtree(&arrays.into_iter().collect::<Tree<_>>())),
+            Initial::Parameters(arrays) => {
+                let whole = arrays.into_iter().map(|(name, a)| Ok((name, a.assemble()?))).collect::<Result<Tree<_>>>()?;
+                Some(Group::Params.subtree(&whole))
+            }
             Initial::State(arrays) => {
                 let whole = arrays.into_iter().map(|(name, a)| Ok((name, a.assemble()?))).collect::<Result<_>>()?;
                 return self.pipeline.restore(&whole);
@@ -233,6 +236,8 @@ impl StepExecutor for PipelinedStep {
             learning_rate: result.learning_rate,
             total_weights: result.total_weights as u64,
             moe_lb_loss: result.aux_losses.get("moe_lb_loss").copied(),
+            // Validation refuses use_dpo with pipeline stages.
+            preference: [None; 7],
             step_time_seconds,
             work,
         })
