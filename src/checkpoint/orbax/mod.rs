@@ -1,10 +1,12 @@
 //! MaxText's Orbax checkpoints, read: a `CheckpointManager` step (`<step>/items/`) or an item
 //! folder itself, as MaxText writes them with its defaults (`checkpoint_storage_use_ocdbt` and
 //! `checkpoint_storage_use_zarr3` true, the item `items`: `src/maxtext/common/checkpointing.py`
-//! at MaxText e591f30, `create_orbax_checkpoint_manager`).
+//! at MaxText e591f30, `create_orbax_checkpoint_manager`) and with either turned off.
 //!
-//! - [`ocdbt`]: TensorStore's OCDBT key-value store (`manifest.ocdbt`, B+tree nodes, data files).
-//! - [`zarr`]: zarr v3 arrays in it (`zarr.json`, `sharding_indexed` chunks).
+//! - [`ocdbt`]: TensorStore's OCDBT key-value store (`manifest.ocdbt`, B+tree nodes, data files);
+//!   without it, each array is a folder of files in the item folder (`Arrays`).
+//! - [`zarr`]: zarr v3 arrays in it (`zarr.json`, `sharding_indexed` chunks), or zarr v2 ones
+//!   (`.zarray`).
 //! - here: the item's `_METADATA` (orbax-checkpoint 0.12.8's PyTree metadata: each leaf's tree
 //!   path as `key_metadata`, its `value_type`), which names the arrays; an array's OCDBT key is
 //!   its path joined with `.` (orbax `_src/tree/utils.py`, `param_name_from_keypath`), its
@@ -69,10 +71,10 @@ const COMMIT_FILE: &str = "commit_success.txt";
 /// (orbax-checkpoint 0.12.8 `_src/path/atomicity_types.py`, `TMP_DIR_SUFFIX`).
 const TMP_SUFFIX: &str = ".orbax-checkpoint-tmp";
 
-/// One Orbax PyTree item: its arrays by name and the OCDBT database holding them.
+/// One Orbax PyTree item: its arrays by name and the store holding them.
 pub struct Checkpoint {
     items: Location,
-    db: Ocdbt,
+    db: Arrays,
     /// maxrs name (`params/params/decoder/...`) -> OCDBT array path (`params.params.decoder...`).
     arrays: BTreeMap<String, String>,
 }
@@ -111,10 +113,13 @@ impl Checkpoint {
         let text = storage::read(&metadata_at, SETTINGS)?;
         let metadata: Json = serde_json::from_slice(&text).with_context(|| format!("{metadata_at}: not JSON"))?;
         let arrays = array_names(&metadata).with_context(|| format!("{metadata_at}"))?;
-        if !Ocdbt::is_database(&items)? {
-            bail!("{items}: no manifest.ocdbt, though {METADATA_FILE} says use_ocdbt");
-        }
-        let db = Ocdbt::open(&items)?;
+        let db = match metadata.get("use_ocdbt") == Some(&Json::Bool(true)) {
+            true => {
+                ensure!(Ocdbt::is_database(&items)?, "{items}: no manifest.ocdbt, though {METADATA_FILE} says use_ocdbt");
+                Arrays::Ocdbt(Ocdbt::open(&items)?)
+            }
+            false => Arrays::Folders(items.clone()),
+        };
         Ok(Checkpoint { items, db, arrays })
     }
 
@@ -220,9 +225,17 @@ pub fn incomplete_steps(dir: &Location) -> Result<Vec<String>> {
     Ok(incomplete)
 }
 
+/// Where an item's arrays are: its OCDBT database (`use_ocdbt`, MaxText's default), or without
+/// one (`checkpoint_storage_use_ocdbt=false`) a folder per array in the item's folder, each
+/// key a file (`params.params.decoder.decoder_norm.scale/.zarray`, `.../0`).
+enum Arrays {
+    Ocdbt(Ocdbt),
+    Folders(Location),
+}
+
 impl zarr::Store for Ocdbt {
-    fn value_len(&self, key: &str) -> Option<u64> {
-        self.get(key.as_bytes()).map(ocdbt::Value::size)
+    fn value_len(&self, key: &str) -> Result<Option<u64>> {
+        Ok(self.get(key.as_bytes()).map(ocdbt::Value::size))
     }
 
     fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Vec<u8>> {
@@ -230,13 +243,41 @@ impl zarr::Store for Ocdbt {
     }
 }
 
+impl zarr::Store for Arrays {
+    fn value_len(&self, key: &str) -> Result<Option<u64>> {
+        match self {
+            Arrays::Ocdbt(db) => zarr::Store::value_len(db, key),
+            Arrays::Folders(items) => storage::size(&file_of(items, key)?),
+        }
+    }
+
+    fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Vec<u8>> {
+        match self {
+            Arrays::Ocdbt(db) => db.read_range(key.as_bytes(), start, len),
+            Arrays::Folders(items) => storage::read_range(&file_of(items, key)?, start, len),
+        }
+    }
+}
+
+/// The file of `key` in the item folder `items`: a key (made of `_METADATA`'s tree paths) that
+/// would name a file outside it is refused.
+fn file_of(items: &Location, key: &str) -> Result<Location> {
+    ensure!(
+        key.split('/').all(|part| !part.is_empty() && part != "." && part != ".."),
+        "{items}: the array key {key:?} names no file inside the checkpoint"
+    );
+    Ok(items.join(key))
+}
+
 /// The arrays `_METADATA` lists: maxrs name -> OCDBT array path. Leaves Orbax skipped
 /// (`skip_deserialize`) and empty subtrees (value types other than arrays) are not arrays.
 fn array_names(metadata: &Json) -> Result<BTreeMap<String, String>> {
-    for (flag, key) in [("use_ocdbt", "checkpoint_storage_use_ocdbt"), ("use_zarr3", "checkpoint_storage_use_zarr3")] {
+    // Written with MaxText's `checkpoint_storage_use_ocdbt` and `checkpoint_storage_use_zarr3`:
+    // either way is read (`Arrays`, `zarr`).
+    for flag in ["use_ocdbt", "use_zarr3"] {
         ensure!(
-            metadata.get(flag) == Some(&Json::Bool(true)),
-            "{flag} is {}: checkpoints written with {key}=false are not supported yet",
+            matches!(metadata.get(flag), Some(Json::Bool(_))),
+            "{flag} is {}, not true or false",
             metadata.get(flag).unwrap_or(&Json::Null)
         );
     }
@@ -301,6 +342,45 @@ pub(crate) mod tests {
         assert_eq!(ckpt.read("step").unwrap().data, 2i32.to_le_bytes());
     }
 
+    use crate::host::DType;
+
+    /// The storage choices besides MaxText's default (tests/data/orbax/storage, written by
+    /// `tools/orbax_storage_fixture.py` with Orbax): without OCDBT (a folder per array) and
+    /// zarr v2 (`.zarray`, `0.1` chunk keys), each way, read to the values written.
+    #[test]
+    fn items_without_ocdbt_or_with_zarr_v2_read_as_written() {
+        let f32s = |values: Vec<f32>| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let wi_0 = f32s((0..24).map(|i| i as f32 / 7.0).collect());
+        let scale: Vec<u8> =
+            [-1.0f32, -0.5, 0.0, 0.5, 1.0].iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect();
+        let embedding = f32s((0..24).map(|i| i as f32).collect());
+        for folder in ["storage/ocdbt0_zarr2", "storage/ocdbt0_zarr3", "storage/ocdbt1_zarr2"] {
+            let ckpt = Checkpoint::open(&fixture(folder)).unwrap();
+            assert_eq!(ckpt.names().count(), 4, "{folder}");
+            let kernel = ckpt.read("params/params/decoder/layers/mlp/wi_0/kernel").unwrap();
+            assert_eq!((kernel.ty, kernel.dims.as_slice(), &kernel.data), (DType::F32, &[2, 3, 4][..], &wi_0), "{folder}");
+            let norm = ckpt.read("params/params/decoder/decoder_norm/scale").unwrap();
+            assert_eq!((norm.ty, &norm.data), (DType::BF16, &scale), "{folder}");
+            let table = ckpt.read("params/params/token_embedder/embedding").unwrap();
+            assert_eq!(table.data, embedding, "{folder}");
+            assert_eq!(ckpt.read("step").unwrap().data, 3i32.to_le_bytes(), "{folder}");
+            // A block: row 1 of the second layer.
+            let block = ckpt.read_block("params/params/decoder/layers/mlp/wi_0/kernel", &[1, 1, 0], &[1, 1, 4]).unwrap();
+            assert_eq!(block.data, wi_0[16 * 4..20 * 4], "{folder}");
+        }
+    }
+
+    /// An array key of `_METADATA` cannot name a file outside an item folder without OCDBT.
+    #[test]
+    fn a_folder_items_keys_stay_inside_it() {
+        let items = fixture("storage/ocdbt0_zarr2");
+        for key in ["../nnx/x/.zarray", "a//b", "/etc/passwd", "a/./b"] {
+            let e = file_of(&items, key).unwrap_err().to_string();
+            assert!(e.contains("names no file inside the checkpoint"), "{key}: {e}");
+        }
+        assert_eq!(file_of(&items, "step/0").unwrap(), items.join("step/0"));
+    }
+
     #[test]
     fn refusals_name_the_culprit() {
         let e = Checkpoint::open(&fixture("nnx")).err().unwrap();
@@ -308,8 +388,8 @@ pub(crate) mod tests {
         let ckpt = Checkpoint::open(&fixture("nnx_params/0/items")).unwrap();
         let e = ckpt.read("params/params/decoder/absent").unwrap_err();
         assert!(format!("{e:#}").contains("no array \"params/params/decoder/absent\""), "{e:#}");
-        let off = serde_json::json!({"use_ocdbt": false, "use_zarr3": true, "tree_metadata": {}});
-        let e = array_names(&off).unwrap_err();
-        assert!(e.to_string().contains("checkpoint_storage_use_ocdbt=false"), "{e}");
+        let odd = serde_json::json!({"use_ocdbt": "yes", "use_zarr3": true, "tree_metadata": {}});
+        let e = array_names(&odd).unwrap_err();
+        assert!(e.to_string().contains("use_ocdbt is \"yes\", not true or false"), "{e}");
     }
 }

@@ -1,10 +1,16 @@
-//! Zarr v3 arrays, read only, from any [`Store`] of keys (an OCDBT database here): the array
-//! metadata (`<array>/zarr.json`), its regular chunk grid with the default chunk key encoding
-//! (`<array>/c/0/1`, `<array>/c` for a 0-d array), and the codecs TensorStore writes for Orbax:
-//! `bytes` (little endian), `zstd`, `crc32c`, and `sharding_indexed` holding such inner chunks
-//! (its index at the shard's end or start, read by itself before the inner chunks it points
-//! to, each inner chunk one ranged read). Any other codec, data type or encoding is refused by
-//! name.
+//! Zarr v3 arrays, read only, from any [`Store`] of keys (an OCDBT database, or an Orbax item's
+//! folder without one): the array metadata (`<array>/zarr.json`), its regular chunk grid with the
+//! default chunk key encoding (`<array>/c/0/1`, `<array>/c` for a 0-d array), and the codecs
+//! TensorStore writes for Orbax: `bytes` (little endian), `zstd`, `crc32c`, and
+//! `sharding_indexed` holding such inner chunks (its index at the shard's end or start, read by
+//! itself before the inner chunks it points to, each inner chunk one ranged read). Any other
+//! codec, data type or encoding is refused by name.
+//!
+//! And zarr v2 arrays, which Orbax writes with `use_zarr3=False` (MaxText's
+//! `checkpoint_storage_use_zarr3=false`): `<array>/.zarray` (zarr-developers/zarr-specs
+//! `docs/v2/v2.0.rst`), little-endian C-order chunks keyed `0.1` (`0` for a 0-d array) by the
+//! `dimension_separator`, compressed with `zstd` or not at all, no filters; TensorStore's
+//! `bfloat16` dtype as its zarr driver writes it.
 //!
 //! The format is the Zarr v3 core specification (zarr-developers/zarr-specs
 //! `docs/v3/core/index.rst`, with `docs/v3/codecs/{bytes,crc32c,sharding-indexed,zstd}`), as
@@ -18,8 +24,9 @@ use crate::host::{DType, HostTensor};
 
 /// Keys holding bytes, each read by ranges.
 pub trait Store {
-    /// The size of the value of `key`, `None` when there is none.
-    fn value_len(&self, key: &str) -> Option<u64>;
+    /// The size of the value of `key`, `None` when there is none (an error when the store could
+    /// not say: a missing chunk may read as zeros, an unreadable one must not).
+    fn value_len(&self, key: &str) -> Result<Option<u64>>;
     /// Bytes `start..start + len` of the value of `key`.
     fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Vec<u8>>;
 }
@@ -35,6 +42,16 @@ pub struct Array {
     codecs: Codecs,
     /// Whether a missing chunk reads as zeros (the fill value is zero); else it is an error.
     fill_is_zero: bool,
+    /// How its chunks' keys are spelled.
+    keys: KeyEncoding,
+}
+
+/// Chunk keys: zarr v3's default encoding (`c/0/1`), or zarr v2's (`0.1` with its separator,
+/// `0` for a 0-d array).
+#[derive(Clone, Copy, Debug)]
+enum KeyEncoding {
+    V3,
+    V2 { separator: char },
 }
 
 /// How a stored chunk decodes to its elements.
@@ -54,14 +71,55 @@ enum BytesCodec {
 }
 
 impl Array {
-    /// Reads `<path>/zarr.json` from `store`.
+    /// Reads `<path>/zarr.json` (zarr v3) or `<path>/.zarray` (zarr v2) from `store`.
     pub fn open(store: &dyn Store, path: &str) -> Result<Array> {
-        let key = format!("{path}/zarr.json");
-        let len = store.value_len(&key).ok_or_else(|| anyhow!("no zarr array {path:?} (no {key:?})"))?;
+        let (v3, v2) = (format!("{path}/zarr.json"), format!("{path}/.zarray"));
+        let (key, len) = match (store.value_len(&v3)?, store.value_len(&v2)?) {
+            (Some(len), _) => (v3, len),
+            (None, Some(len)) => (v2, len),
+            (None, None) => bail!("no zarr array {path:?} (no {v3:?}, nor zarr v2's {v2:?})"),
+        };
         ensure!(len <= 1 << 20, "{key}: {len} bytes, not array metadata");
         let text = store.read_range(&key, 0, len)?;
         let meta: Json = serde_json::from_slice(&text).with_context(|| format!("{key}: not JSON"))?;
-        Array::from_metadata(path, &meta).with_context(|| key.clone())
+        match key.ends_with(".zarray") {
+            true => Array::from_v2_metadata(path, &meta),
+            false => Array::from_metadata(path, &meta),
+        }
+        .with_context(|| key.clone())
+    }
+
+    /// A zarr v2 array's `.zarray`.
+    fn from_v2_metadata(path: &str, meta: &Json) -> Result<Array> {
+        let field = |name: &str| meta.get(name).ok_or_else(|| anyhow!("no {name:?}"));
+        ensure!(field("zarr_format")? == 2, "zarr_format {} (a .zarray is zarr v2)", field("zarr_format")?);
+        let dtype = field("dtype")?.as_str().ok_or_else(|| anyhow!("dtype is not a name"))?;
+        let ty = V2_DATA_TYPES.iter().find(|(n, _)| *n == dtype).map(|(_, ty)| *ty).ok_or_else(|| {
+            let names: Vec<&str> = V2_DATA_TYPES.iter().map(|(n, _)| *n).collect();
+            anyhow!("dtype {dtype:?} is not supported ({} are)", names.join(", "))
+        })?;
+        let shape = dims(field("shape")?).context("shape")?;
+        let chunk_shape = dims(field("chunks")?).context("chunks")?;
+        ensure!(chunk_shape.len() == shape.len(), "chunks {chunk_shape:?} for shape {shape:?}");
+        ensure!(chunk_shape.iter().all(|&c| c > 0), "chunks {chunk_shape:?} has a zero");
+        let order = meta.get("order").and_then(Json::as_str).unwrap_or("C");
+        ensure!(order == "C", "order {order:?} (maxrs reads \"C\")");
+        let filters = meta.get("filters").unwrap_or(&Json::Null);
+        ensure!(filters.is_null(), "filters {filters} (maxrs reads arrays without filters)");
+        let codecs = match meta.get("compressor").unwrap_or(&Json::Null) {
+            Json::Null => vec![],
+            c if c["id"] == "zstd" => vec![BytesCodec::Zstd],
+            other => bail!("compressor {other} is not supported (maxrs reads zstd or none)"),
+        };
+        let separator = match meta.get("dimension_separator").and_then(Json::as_str).unwrap_or(".") {
+            "." => '.',
+            "/" => '/',
+            other => bail!("dimension_separator {other:?} (zarr v2 has \".\" and \"/\")"),
+        };
+        let fill = field("fill_value")?;
+        let fill_is_zero = fill.as_f64() == Some(0.0) || fill == false;
+        let (path, codecs) = (path.to_string(), Codecs::Plain(codecs));
+        Ok(Array { path, ty, shape, chunk_shape, codecs, fill_is_zero, keys: KeyEncoding::V2 { separator } })
     }
 
     fn from_metadata(path: &str, meta: &Json) -> Result<Array> {
@@ -89,7 +147,7 @@ impl Array {
             let divides = inner.iter().zip(&chunk_shape).all(|(i, s)| *i > 0 && s % i == 0);
             ensure!(divides, "sharding_indexed chunk_shape {inner:?} does not divide the shard shape {chunk_shape:?}");
         }
-        Ok(Array { path: path.to_string(), ty, shape, chunk_shape, codecs, fill_is_zero })
+        Ok(Array { path: path.to_string(), ty, shape, chunk_shape, codecs, fill_is_zero, keys: KeyEncoding::V3 })
     }
 
     /// The whole array, in row-major order.
@@ -142,8 +200,8 @@ impl Array {
         }
         for chunk in chunks {
             let origin: Vec<u64> = chunk.iter().zip(&self.chunk_shape).map(|(i, c)| i * c).collect();
-            let key = chunk_key(&self.path, &chunk);
-            let Some(len) = store.value_len(&key) else {
+            let key = self.chunk_key(&chunk);
+            let Some(len) = store.value_len(&key)? else {
                 ensure!(self.fill_is_zero, "{key}: no such chunk, and the array's fill value is not zero");
                 continue;
             };
@@ -203,6 +261,17 @@ impl Array {
                 HostTensor::new(self.ty, &dims, out)
             })
             .collect())
+    }
+
+    /// The key of the chunk at grid index `chunk`: v3's default encoding, `c` then each index,
+    /// `/`-separated; v2's, the indices joined by the separator (`0` for a 0-d array).
+    fn chunk_key(&self, chunk: &[u64]) -> String {
+        let indices: Vec<String> = chunk.iter().map(u64::to_string).collect();
+        match self.keys {
+            KeyEncoding::V3 => std::iter::once(format!("{}/c", self.path)).chain(indices).collect::<Vec<_>>().join("/"),
+            KeyEncoding::V2 { .. } if chunk.is_empty() => format!("{}/0", self.path),
+            KeyEncoding::V2 { separator } => format!("{}/{}", self.path, indices.join(&separator.to_string())),
+        }
     }
 
     fn chunk_bytes(&self, chunk_shape: &[u64]) -> u64 {
@@ -286,14 +355,6 @@ impl Block<'_> {
     }
 }
 
-/// The chunk key of the default encoding: `c` then each index, `/`-separated.
-fn chunk_key(path: &str, chunk: &[u64]) -> String {
-    let mut key = format!("{path}/c");
-    for i in chunk {
-        key.push_str(&format!("/{i}"));
-    }
-    key
-}
 
 /// Every index of a grid of `extent`, in row-major order (one empty index for rank 0).
 fn indices(extent: &[u64]) -> impl Iterator<Item = Vec<u64>> + '_ {
@@ -332,6 +393,21 @@ const DATA_TYPES: [(&str, DType); 12] = [
 fn supported_types() -> String {
     DATA_TYPES.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
 }
+
+/// The zarr v2 dtypes maxrs reads (little-endian; `bfloat16` as TensorStore's zarr driver
+/// writes it).
+const V2_DATA_TYPES: [(&str, DType); 10] = [
+    ("|b1", DType::Pred),
+    ("|i1", DType::S8),
+    ("<i4", DType::S32),
+    ("<i8", DType::S64),
+    ("|u1", DType::U8),
+    ("<u4", DType::U32),
+    ("<f2", DType::F16),
+    ("bfloat16", DType::BF16),
+    ("<f4", DType::F32),
+    ("<f8", DType::F64),
+];
 
 /// The element type of a zarr v3 data type name.
 fn element_type(name: &str) -> Result<DType> {
@@ -427,8 +503,8 @@ mod tests {
     struct Memory(BTreeMap<String, Vec<u8>>);
 
     impl Store for Memory {
-        fn value_len(&self, key: &str) -> Option<u64> {
-            self.0.get(key).map(|v| v.len() as u64)
+        fn value_len(&self, key: &str) -> Result<Option<u64>> {
+            Ok(self.0.get(key).map(|v| v.len() as u64))
         }
         fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Vec<u8>> {
             Ok(self.0[key][start as usize..(start + len) as usize].to_vec())
@@ -550,7 +626,7 @@ mod tests {
     }
 
     impl Store for Counting<'_> {
-        fn value_len(&self, key: &str) -> Option<u64> {
+        fn value_len(&self, key: &str) -> Result<Option<u64>> {
             self.store.value_len(key)
         }
         fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Vec<u8>> {
