@@ -115,7 +115,10 @@ impl Checkpoint {
         let arrays = array_names(&metadata).with_context(|| format!("{metadata_at}"))?;
         let db = match metadata.get("use_ocdbt") == Some(&Json::Bool(true)) {
             true => {
-                ensure!(Ocdbt::is_database(&items)?, "{items}: no manifest.ocdbt, though {METADATA_FILE} says use_ocdbt");
+                ensure!(
+                    Ocdbt::is_database(&items)?,
+                    "{items}: no manifest.ocdbt, though {METADATA_FILE} says use_ocdbt"
+                );
                 Arrays::Ocdbt(Ocdbt::open(&items)?)
             }
             false => Arrays::Folders(items.clone()),
@@ -161,10 +164,7 @@ impl Checkpoint {
 /// decompressing one array at a time left all but one core idle, and Orbax's restore
 /// (TensorStore) reads arrays concurrently (measured on 2 cores, 3.2 GiB: 10.2 s on one thread,
 /// 5.8 s on two, Orbax 6.7 s; `benches/orbax_read.rs`). The first error is returned.
-pub fn read_in_parallel<T: Sync, R: Send>(
-    items: &[T],
-    read: impl Fn(&T) -> Result<R> + Sync,
-) -> Result<Vec<R>> {
+pub fn read_in_parallel<T: Sync, R: Send>(items: &[T], read: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8).min(items.len().max(1));
     let next = AtomicUsize::new(0);
@@ -358,14 +358,19 @@ pub(crate) mod tests {
             let ckpt = Checkpoint::open(&fixture(folder)).unwrap();
             assert_eq!(ckpt.names().count(), 4, "{folder}");
             let kernel = ckpt.read("params/params/decoder/layers/mlp/wi_0/kernel").unwrap();
-            assert_eq!((kernel.ty, kernel.dims.as_slice(), &kernel.data), (DType::F32, &[2, 3, 4][..], &wi_0), "{folder}");
+            assert_eq!(
+                (kernel.ty, kernel.dims.as_slice(), &kernel.data),
+                (DType::F32, &[2, 3, 4][..], &wi_0),
+                "{folder}"
+            );
             let norm = ckpt.read("params/params/decoder/decoder_norm/scale").unwrap();
             assert_eq!((norm.ty, &norm.data), (DType::BF16, &scale), "{folder}");
             let table = ckpt.read("params/params/token_embedder/embedding").unwrap();
             assert_eq!(table.data, embedding, "{folder}");
             assert_eq!(ckpt.read("step").unwrap().data, 3i32.to_le_bytes(), "{folder}");
             // A block: row 1 of the second layer.
-            let block = ckpt.read_block("params/params/decoder/layers/mlp/wi_0/kernel", &[1, 1, 0], &[1, 1, 4]).unwrap();
+            let block =
+                ckpt.read_block("params/params/decoder/layers/mlp/wi_0/kernel", &[1, 1, 0], &[1, 1, 4]).unwrap();
             assert_eq!(block.data, wi_0[16 * 4..20 * 4], "{folder}");
         }
     }

@@ -184,7 +184,8 @@ pub fn load(
         reads.push((w, name, how));
     }
     let read = super::read_in_parallel(&reads, |(w, name, how)| {
-        let blocks = read_blocks(&ckpt, name, *how, w.blocks).with_context(|| format!("{}: {name}", ckpt.location()))?;
+        let blocks =
+            read_blocks(&ckpt, name, *how, w.blocks).with_context(|| format!("{}: {name}", ckpt.location()))?;
         let blocks = blocks
             .into_iter()
             .map(|(at, block)| (at, if block.ty == w.ty { block } else { convert_float(&block, w.ty) }))

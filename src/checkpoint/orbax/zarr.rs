@@ -186,17 +186,21 @@ impl Array {
         let mut outs: Vec<Vec<u8>> =
             wanted.iter().map(|(_, shape)| vec![0u8; shape.iter().product::<u64>() as usize * elem]).collect();
         // Each non-empty block's output, in `blocks` order.
-        let mut filled: Vec<&mut Vec<u8>> =
-            outs.iter_mut().zip(wanted).filter(|(_, (_, shape))| shape.iter().product::<u64>() > 0).map(|(o, _)| o).collect();
+        let mut filled: Vec<&mut Vec<u8>> = outs
+            .iter_mut()
+            .zip(wanted)
+            .filter(|(_, (_, shape))| shape.iter().product::<u64>() > 0)
+            .map(|(o, _)| o)
+            .collect();
         // The chunks any block overlaps: per block, from the one holding its first element to the
         // one holding its last, along each dimension.
         let mut chunks = std::collections::BTreeSet::new();
         for block in &blocks {
             let first: Vec<u64> = (0..rank).map(|d| block.start[d] / self.chunk_shape[d]).collect();
-            let span: Vec<u64> = (0..rank)
-                .map(|d| (block.start[d] + block.shape[d] - 1) / self.chunk_shape[d] + 1 - first[d])
-                .collect();
-            chunks.extend(indices(&span).map(|offset| offset.iter().zip(&first).map(|(o, f)| o + f).collect::<Vec<_>>()));
+            let span: Vec<u64> =
+                (0..rank).map(|d| (block.start[d] + block.shape[d] - 1) / self.chunk_shape[d] + 1 - first[d]).collect();
+            chunks
+                .extend(indices(&span).map(|offset| offset.iter().zip(&first).map(|(o, f)| o + f).collect::<Vec<_>>()));
         }
         for chunk in chunks {
             let origin: Vec<u64> = chunk.iter().zip(&self.chunk_shape).map(|(i, c)| i * c).collect();
@@ -209,7 +213,8 @@ impl Array {
                 Codecs::Plain(codecs) => {
                     let bytes = decode(store.read_range(&key, 0, len)?, codecs, self.chunk_bytes(&self.chunk_shape))
                         .with_context(|| key.clone())?;
-                    self.place_all(&blocks, &mut filled, bytes, &origin, &self.chunk_shape).with_context(|| key.clone())?;
+                    self.place_all(&blocks, &mut filled, bytes, &origin, &self.chunk_shape)
+                        .with_context(|| key.clone())?;
                 }
                 Codecs::Sharded { chunk_shape, inner, index, index_at_end } => {
                     let per_shard: Vec<u64> = self.chunk_shape.iter().zip(chunk_shape).map(|(s, c)| s / c).collect();
@@ -354,7 +359,6 @@ impl Block<'_> {
             .all(|d| origin[d] < self.start[d] + self.shape[d] && self.start[d] < origin[d] + chunk_shape[d])
     }
 }
-
 
 /// Every index of a grid of `extent`, in row-major order (one empty index for rank 0).
 fn indices(extent: &[u64]) -> impl Iterator<Item = Vec<u64>> + '_ {
