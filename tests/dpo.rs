@@ -741,6 +741,7 @@ fn dpo_accumulated_matches_unaccumulated() {
         // A step runs 8 pairs of 2 sequences of 24 tokens, accumulated or not.
         let summary = config::validate(&c, 1, 1).unwrap().to_string();
         assert!(summary.contains("tokens per step: 8 pairs x 2 sequences (chosen, rejected) x 24 = 384"), "{summary}");
+        assert!(summary.contains("global batch 8 pairs, split"), "{summary}");
         (train(&c, &client_for(&c).unwrap()).unwrap().losses, metric_lines(&metrics))
     };
     let (whole, whole_lines) = run("per_device_batch_size=8", "gradient_accumulation_steps=1");

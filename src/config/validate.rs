@@ -70,12 +70,14 @@ impl fmt::Display for Derived {
         writeln!(f, "mesh: {}", self.mesh)?;
         writeln!(
             f,
-            "batch: int({} devices x per_device_batch_size {}) = {} x gradient_accumulation_steps {} = global batch {}, split {} ways over [{}]",
+            "batch: int({} devices x per_device_batch_size {}) = {} x gradient_accumulation_steps {} = global batch {}{}, split {} ways over [{}]",
             self.num_devices,
             self.per_device_batch_size,
             self.micro_batch_size,
             self.gradient_accumulation_steps,
             self.global_batch_size,
+            // Under DPO a batch row is a preference pair (its chosen and rejected sequences).
+            if self.preference_pairs { " pairs" } else { "" },
             batch_shards,
             self.batch_axes.join(", ")
         )?;
