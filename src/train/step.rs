@@ -270,19 +270,7 @@ impl TrainStep {
         if let Some(dpo) = &self.dpo {
             return self.preference_eval_step(dpo, rows);
         }
-        let mut sig = Signature::new(self.mesh.clone());
-        for array in self.state().arrays.iter().filter(|a| a.group.read_by_forward()) {
-            let input = sig.input(&array.name(), array.dtype, &array.def.shape);
-            if let Some(spec) = self.state_sharding(array) {
-                input.sharded(spec);
-            }
-        }
-        for name in batch_inputs(packed) {
-            let input = sig.input(&format!("batch.{name}"), DType::S32, &[rows, self.seq]);
-            if let Some(spec) = self.batch_sharding() {
-                input.sharded(spec);
-            }
-        }
+        let sig = self.eval_signature(&batch_inputs(packed), rows, self.seq);
         trace(&sig, |_, inp| {
             let mut model_inputs = Group::Params.subtree(inp);
             model_inputs.extend(Group::Fp8.subtree(inp));
@@ -295,6 +283,25 @@ impl TrainStep {
             metrics.extend(aux.subtree("aux_losses"));
             metrics.prefixed("metrics")
         })
+    }
+
+    /// An eval step's inputs: the state arrays the forward pass reads (read, not donated) and the
+    /// batch arrays `names`, each `[rows, width]`.
+    fn eval_signature(&self, names: &[&str], rows: i64, width: i64) -> Signature {
+        let mut sig = Signature::new(self.mesh.clone());
+        for array in self.state().arrays.iter().filter(|a| a.group.read_by_forward()) {
+            let input = sig.input(&array.name(), array.dtype, &array.def.shape);
+            if let Some(spec) = self.state_sharding(array) {
+                input.sharded(spec);
+            }
+        }
+        for name in names {
+            let input = sig.input(&format!("batch.{name}"), DType::S32, &[rows, width]);
+            if let Some(spec) = self.batch_sharding() {
+                input.sharded(spec);
+            }
+        }
+        sig
     }
 
     /// The chosen and the rejected sides of a preference batch (`[rows, 2 * seq]` arrays).
@@ -320,20 +327,8 @@ impl TrainStep {
     /// are the preference metrics summed over the pairs (the evaluator adds them up over its
     /// batches and divides by the pairs).
     fn preference_eval_step(&self, dpo: &Dpo, rows: i64) -> Result<Program, TraceError> {
-        let mut sig = Signature::new(self.mesh.clone());
-        for array in self.state().arrays.iter().filter(|a| a.group.read_by_forward()) {
-            let input = sig.input(&array.name(), array.dtype, &array.def.shape);
-            if let Some(spec) = self.state_sharding(array) {
-                input.sharded(spec);
-            }
-        }
         let (names, width) = self.batch_names();
-        for name in names {
-            let input = sig.input(&format!("batch.{name}"), DType::S32, &[rows, width]);
-            if let Some(spec) = self.batch_sharding() {
-                input.sharded(spec);
-            }
-        }
+        let sig = self.eval_signature(&names, rows, width);
         trace(&sig, |_, inp| {
             let params = Group::Params.subtree(inp);
             let reference = self.reference(dpo, &Group::Reference.subtree(inp), &params);

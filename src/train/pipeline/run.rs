@@ -9,7 +9,7 @@
 //! over the eval batches (`pipeline::eval`). The loop's profiler brackets the steps as in an
 //! unpipelined run: the plugin's profiler traces every device, so every stage's programs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
@@ -23,6 +23,7 @@ use crate::checkpoint::shards::{ArrayLayout, HostArray};
 use crate::cluster::diagnostics;
 use crate::config::{Config, Derived};
 use crate::data::{Batch, EvalData};
+use crate::host::HostTensor;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
 use crate::pjrt::Client;
@@ -177,6 +178,12 @@ pub(in crate::train) struct Ran {
     done: Instant,
 }
 
+/// The arrays a run starts from, each whole: a pipeline runs in one process, which holds every
+/// block.
+fn whole<C: FromIterator<(String, HostTensor)>>(arrays: BTreeMap<String, HostArray>) -> Result<C> {
+    arrays.into_iter().map(|(name, a)| Ok((name, a.assemble()?))).collect()
+}
+
 impl StepExecutor for PipelinedStep {
     /// The whole global batch: the pipeline splits it into microbatches.
     type Fed = Batch;
@@ -192,14 +199,8 @@ impl StepExecutor for PipelinedStep {
     fn initialize(&mut self, initial: Initial) -> Result<()> {
         let parameters = match initial {
             Initial::Fresh => None,
-            Initial::Parameters(arrays) => {
-                let whole = arrays.into_iter().map(|(name, a)| Ok((name, a.assemble()?))).collect::<Result<Tree<_>>>()?;
-                Some(Group::Params.subtree(&whole))
-            }
-            Initial::State(arrays) => {
-                let whole = arrays.into_iter().map(|(name, a)| Ok((name, a.assemble()?))).collect::<Result<_>>()?;
-                return self.pipeline.restore(&whole);
-            }
+            Initial::Parameters(arrays) => Some(Group::Params.subtree(&whole::<Tree<_>>(arrays)?)),
+            Initial::State(arrays) => return self.pipeline.restore(&whole(arrays)?),
         };
         self.pipeline.initialize(parameters.as_ref())
     }
