@@ -63,7 +63,8 @@ fn outputs_active(eqn: &Eqn, ins: &[bool]) -> Vec<bool> {
         | Prim::OptimizationBarrier
         | Prim::Composite(_)
         | Prim::CustomCall(_)
-        | Prim::ManualComputation(_) => vec![true; eqn.outputs.len()],
+        | Prim::ManualComputation(_)
+        | Prim::Collective(_) => vec![true; eqn.outputs.len()],
     }
 }
 

@@ -30,7 +30,7 @@ pub(crate) fn backward(
         }
     }
     let body = &m.body;
-    let tb = Trace::root(None);
+    let tb = Trace::manual_root(&crate::tensor::manual_axes(&m.axes));
     let b_ins: Vec<Tensor> = body.inputs.iter().map(|&v| tb.input(body.ty(v).clone())).collect();
     let b_cts: Vec<Option<Tensor>> = body.outputs.iter().map(|&v| Some(tb.input(body.ty(v).clone()))).collect();
     let tape = super::forward(&tb, body, &b_ins, &wanted);

@@ -3,7 +3,9 @@
 //! (`None`: zero, or not differentiable — integer, boolean and index operands).
 
 use super::{manual, remat, scan, Extra};
-use crate::ir::{BinaryOp, Composite, DType, GatherDims, Prim, RaggedDotMode, ReduceOp, ScatterDims, UnaryOp};
+use crate::ir::{
+    BinaryOp, Collective, Composite, DType, GatherDims, Prim, RaggedDotMode, ReduceOp, ScatterDims, UnaryOp,
+};
 use crate::tensor::{dot_transpose_lhs, dot_transpose_rhs, sort, usage_error, where_, Tensor, Trace};
 use std::f64::consts::PI;
 
@@ -149,6 +151,10 @@ pub(crate) fn vjp(
             call.target
         )),
         Prim::ManualComputation(m) => manual::backward(dest, m, ins, outs, cts, needs),
+        Prim::Collective(c) => match transposed(c) {
+            Some(t) => vec![only(0, &|| dest.bind1(Prim::Collective(t.clone()), &[g()]))],
+            None => vec![],
+        },
         Prim::Remat(r) => match extra {
             Extra::Remat(saved) => remat::backward(dest, r, ins, saved, cts, needs),
             Extra::None | Extra::Scan(_) => unreachable!("an active remat region is recorded with its saved values"),
@@ -280,6 +286,20 @@ fn ragged_dot(dest: &Trace, mode: RaggedDotMode, ins: &[&Tensor], g: &Tensor, ne
         }
     };
     vec![needs[0].then(d_lhs), needs[1].then(d_rhs), None]
+}
+
+/// The collective whose result is the cotangent of `c`'s operand, given `c`'s result's: each
+/// is linear, and its transpose moves the data back (`None`: no operand, `axis_index`).
+fn transposed(c: &Collective) -> Option<Collective> {
+    Some(match c.clone() {
+        Collective::AllGather { axis, dim } => Collective::ReduceScatter { axis, dim },
+        Collective::ReduceScatter { axis, dim } => Collective::AllGather { axis, dim },
+        Collective::Permute { axis, pairs } => {
+            Collective::Permute { axis, pairs: pairs.into_iter().map(|(from, to)| (to, from)).collect() }
+        }
+        Collective::AllToAll { axis, split, concat } => Collective::AllToAll { axis, split: concat, concat: split },
+        Collective::AxisIndex { .. } => return None,
+    })
 }
 
 /// Broadcasts a reduced cotangent back over the reduced `axes` of `shape`.

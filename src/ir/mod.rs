@@ -11,8 +11,8 @@ mod types;
 pub use crate::host::DType;
 pub use graph::{Eqn, Graph, ValueId};
 pub use prim::{
-    BinaryOp, Comparison, Composite, CustomCall, DotDims, GatherDims, Literal, Manual, Prim, RaggedDotMode, ReduceOp,
-    Remat, RematFences, Scan, ScatterDims, UnaryOp,
+    BinaryOp, Collective, Comparison, Composite, CustomCall, DotDims, GatherDims, Literal, Manual, ManualAxis, Prim,
+    RaggedDotMode, ReduceOp, Remat, RematFences, Scan, ScatterDims, UnaryOp,
 };
 pub use program::{InputSpec, OutputSpec, Program, Signature};
 pub use types::{Shape, Type};

@@ -111,6 +111,9 @@ pub enum Prim {
     /// A body run by every device on its own shards (Shardy's `sdy.manual_computation`, JAX's
     /// `shard_map`), for operations the SPMD partitioner does not know, e.g. custom calls.
     ManualComputation(Manual),
+    /// Data exchanged between the devices of one manual axis inside a manual computation's
+    /// body (JAX's collectives in a `shard_map`).
+    Collective(Collective),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -305,6 +308,57 @@ pub struct Manual {
     pub out_specs: Vec<PartitionSpec>,
 }
 
+/// A mesh axis that a manual computation's body is manual over, and its size: what a
+/// collective in the body runs across.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManualAxis {
+    pub name: String,
+    pub size: usize,
+}
+
+/// The collectives of a manual body, over the devices of `axis` (those whose mesh coordinates
+/// differ only along it), each as JAX's namesake with `tiled=True`. Device `k` is the one at
+/// coordinate `k` of the axis.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Collective {
+    /// Every device's operand, concatenated along `dim` in device order (`all_gather`).
+    AllGather { axis: ManualAxis, dim: usize },
+    /// The sum of every device's operand, cut along `dim` into `size` parts: device `k` keeps
+    /// part `k` (`psum_scatter`).
+    ReduceScatter { axis: ManualAxis, dim: usize },
+    /// Device `from` sends its operand to device `to` for each pair; a device no pair sends
+    /// to gets zeros (`ppermute`).
+    Permute { axis: ManualAxis, pairs: Vec<(usize, usize)> },
+    /// The operand cut along `split` into `size` parts, part `k` sent to device `k`; the parts
+    /// a device receives, concatenated along `concat` in device order (`all_to_all`).
+    AllToAll { axis: ManualAxis, split: usize, concat: usize },
+    /// The device's coordinate along the axis, an `s32` scalar (`axis_index`).
+    AxisIndex { axis: ManualAxis },
+}
+
+impl Collective {
+    pub fn axis(&self) -> &ManualAxis {
+        match self {
+            Collective::AllGather { axis, .. }
+            | Collective::ReduceScatter { axis, .. }
+            | Collective::Permute { axis, .. }
+            | Collective::AllToAll { axis, .. }
+            | Collective::AxisIndex { axis } => axis,
+        }
+    }
+
+    /// The name in error messages: JAX's.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Collective::AllGather { .. } => "all_gather",
+            Collective::ReduceScatter { .. } => "psum_scatter",
+            Collective::Permute { .. } => "ppermute",
+            Collective::AllToAll { .. } => "all_to_all",
+            Collective::AxisIndex { .. } => "axis_index",
+        }
+    }
+}
+
 impl Manual {
     /// The number of shards dimension `d` of a value with `spec` is cut into.
     pub fn shards(&self, spec: &PartitionSpec, d: usize) -> i64 {
@@ -377,6 +431,7 @@ impl Prim {
             Prim::Composite(_) => "composite",
             Prim::CustomCall(_) => "custom_call",
             Prim::ManualComputation(_) => "manual_computation",
+            Prim::Collective(c) => c.name(),
         }
     }
 }

@@ -3,8 +3,8 @@
 //! name, the operand types and the caller's location to the message.
 
 use super::{
-    BinaryOp, CustomCall, DType, DotDims, GatherDims, Literal, Manual, Prim, RaggedDotMode, ReduceOp, ScatterDims,
-    Shape, Type, UnaryOp,
+    BinaryOp, Collective, CustomCall, DType, DotDims, GatherDims, Literal, Manual, Prim, RaggedDotMode, ReduceOp,
+    ScatterDims, Shape, Type, UnaryOp,
 };
 
 pub type RuleResult = Result<Vec<Type>, String>;
@@ -312,6 +312,7 @@ pub fn infer(prim: &Prim, ins: &[&Type]) -> RuleResult {
         }
         Prim::CustomCall(call) => custom_call(call, ins),
         Prim::ManualComputation(m) => manual(m, ins),
+        Prim::Collective(c) => collective(c, ins),
     }
 }
 
@@ -377,6 +378,65 @@ fn manual(m: &Manual, ins: &[&Type]) -> RuleResult {
         results.push(Type::new(t.dtype, global));
     }
     Ok(results)
+}
+
+fn collective(c: &Collective, ins: &[&Type]) -> Result<Vec<Type>, String> {
+    let n = c.axis().size as i64;
+    let split = |t: &Type, dim: usize| -> Result<(), String> {
+        match t.shape[dim] % n {
+            0 => Ok(()),
+            _ => Err(format!("dimension {dim} of {t} does not split into {n} parts")),
+        }
+    };
+    let dim_of = |t: &Type, dim: usize| match dim < t.rank() {
+        true => Ok(()),
+        false => Err(format!("dimension {dim} out of range for {t}")),
+    };
+    let t = match c {
+        Collective::AxisIndex { .. } => {
+            arity(ins, 0)?;
+            return Ok(vec![Type::scalar(DType::S32)]);
+        }
+        _ => {
+            arity(ins, 1)?;
+            ins[0]
+        }
+    };
+    if t.dtype == DType::Pred {
+        return Err(format!("unsupported element type {}", t.dtype));
+    }
+    let mut shape = t.shape.to_vec();
+    match c {
+        Collective::AllGather { dim, .. } => {
+            dim_of(t, *dim)?;
+            shape[*dim] *= n;
+        }
+        Collective::ReduceScatter { dim, .. } => {
+            dim_of(t, *dim)?;
+            split(t, *dim)?;
+            shape[*dim] /= n;
+        }
+        Collective::Permute { pairs, .. } => {
+            let ok = |pick: fn(&(usize, usize)) -> usize| {
+                pairs
+                    .iter()
+                    .enumerate()
+                    .all(|(i, p)| pick(p) < n as usize && !pairs[..i].iter().any(|q| pick(q) == pick(p)))
+            };
+            if !ok(|p| p.0) || !ok(|p| p.1) {
+                return Err(format!("pairs {pairs:?} must have distinct sources and distinct targets below {n}"));
+            }
+        }
+        Collective::AllToAll { split: from, concat, .. } => {
+            dim_of(t, *from)?;
+            dim_of(t, *concat)?;
+            split(t, *from)?;
+            shape[*from] /= n;
+            shape[*concat] *= n;
+        }
+        Collective::AxisIndex { .. } => {}
+    }
+    Ok(vec![Type::new(t.dtype, shape)])
 }
 
 fn arity(ins: &[&Type], n: usize) -> Result<(), String> {

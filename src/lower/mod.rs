@@ -8,8 +8,10 @@
 //! primitive is written by `ops` (one exhaustive match); scans become `stablehlo.while` loops,
 //! ragged dots loops of dense products (`ragged`), remat regions and composites are inlined
 //! (their recomputation and backward passes were made explicit by autodiff), and custom calls
-//! and manual computations are written as JAX writes them (`custom`).
+//! and manual computations are written as JAX writes them (`custom`), as are the collectives of
+//! manual bodies (`collective`).
 
+mod collective;
 mod custom;
 mod ops;
 mod ragged;
@@ -29,6 +31,7 @@ pub fn to_stablehlo(program: &Program) -> String {
         next: 0,
         depth: 0,
         mesh: program.mesh.as_ref(),
+        channels: 0,
     };
     let partitions = program.mesh.as_ref().map_or(1, Mesh::size);
     w(writeln!(
@@ -96,6 +99,8 @@ struct Emitter<'a> {
     /// Indentation level (two spaces each).
     depth: usize,
     mesh: Option<&'a Mesh>,
+    /// Channel handles given to collectives so far (each takes the next, from 1).
+    channels: i64,
 }
 
 impl Emitter<'_> {

@@ -232,6 +232,7 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
         Prim::Composite(c) => e.graph(&c.forward, ins),
         Prim::CustomCall(call) => e.custom_call(call, g, eqn, ins),
         Prim::ManualComputation(m) => e.manual(m, g, eqn, ins),
+        Prim::Collective(c) => vec![e.collective(c, g, eqn, ins)],
     }
 }
 
@@ -350,7 +351,7 @@ impl Emitter<'_> {
     /// Writes `%r = "<name>"(<operands>) ({ ^bb0(<block_args>): <body> })` — a one-block region
     /// returning what `body` gives, of types `returns` — and leaves the line open for
     /// `close_region_op`. Returns `%r`.
-    fn region_op(
+    pub(super) fn region_op(
         &mut self,
         name: &str,
         operands: &[Ssa],
@@ -389,7 +390,7 @@ impl Emitter<'_> {
     }
 
     /// Ends an op opened by `region_op`: `}) {<attrs>} : <signature>`.
-    fn close_region_op(&mut self, attrs: &str, signature: &str) {
+    pub(super) fn close_region_op(&mut self, attrs: &str, signature: &str) {
         self.indent();
         w(writeln!(self.out, "}}) {{{attrs}}} : {signature}"));
     }

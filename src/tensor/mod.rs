@@ -21,6 +21,7 @@
 //! # Ok::<(), maxrs::tensor::TraceError>(())
 //! ```
 
+mod collectives;
 mod creation;
 mod elementwise;
 mod indexing;
@@ -35,6 +36,7 @@ mod trace;
 mod transforms;
 mod tree;
 
+pub use collectives::axis_index;
 pub use elementwise::{broadcast_shapes, where_, IntoOperand, Operand};
 pub use linalg::{dot_transpose_lhs, dot_transpose_rhs, einsum};
 pub use program::{trace, TraceError};
@@ -42,5 +44,6 @@ pub use shape_ops::{concatenate, stack};
 pub use sorting::sort;
 pub(crate) use trace::usage_error;
 pub use trace::{Tensor, Trace};
+pub(crate) use transforms::manual_axes;
 pub use transforms::{checkpoint, composite, custom_call, manual_computation, scan, scan_reverse, RematPolicy};
 pub use tree::Tree;

@@ -13,7 +13,7 @@
 //! without `?` on every op; `tensor::trace` catches the panic and returns it as a `TraceError`.
 //! Nothing outlives a trace: there is no global state, a finished trace refuses new equations.
 
-use crate::ir::{shape_rules, DType, Eqn, Graph, Prim, Type, ValueId};
+use crate::ir::{shape_rules, DType, Eqn, Graph, ManualAxis, Prim, Type, ValueId};
 use crate::sharding::Mesh;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -31,6 +31,9 @@ struct TraceCell {
     parent: Option<Trace>,
     /// The program's mesh, for checking sharding constraints where they are written.
     mesh: Option<Rc<Mesh>>,
+    /// Inside a manual computation's body (and the bodies traced in it): the mesh axes it is
+    /// manual over, which its collectives run across.
+    manual_axes: Rc<[ManualAxis]>,
     closed: Cell<bool>,
     /// The body trace currently being built below this one, if any: new bodies nest in the
     /// deepest open trace, as JAX's dynamic trace stack does, found by walking these links.
@@ -87,21 +90,27 @@ impl fmt::Debug for Tensor {
 impl Trace {
     /// A fresh top-level trace.
     pub fn root(mesh: Option<Mesh>) -> Trace {
-        Trace::new(0, None, mesh.map(Rc::new))
+        Trace::new(0, None, mesh.map(Rc::new), Rc::from([]))
+    }
+
+    /// The top-level trace of a manual computation's body, manual over `axes`.
+    pub(crate) fn manual_root(axes: &[ManualAxis]) -> Trace {
+        Trace::new(0, None, None, Rc::from(axes))
     }
 
     /// A trace for a body called from this one.
     pub fn child(&self) -> Trace {
-        let child = Trace::new(self.0.level + 1, Some(self.clone()), self.0.mesh.clone());
+        let child = Trace::new(self.0.level + 1, Some(self.clone()), self.0.mesh.clone(), self.0.manual_axes.clone());
         *self.0.open_child.borrow_mut() = Some(Rc::downgrade(&child.0));
         child
     }
 
-    fn new(level: usize, parent: Option<Trace>, mesh: Option<Rc<Mesh>>) -> Trace {
+    fn new(level: usize, parent: Option<Trace>, mesh: Option<Rc<Mesh>>, manual_axes: Rc<[ManualAxis]>) -> Trace {
         let cell = TraceCell {
             level,
             parent,
             mesh,
+            manual_axes,
             closed: Cell::new(false),
             open_child: RefCell::new(None),
             state: RefCell::default(),
@@ -128,6 +137,12 @@ impl Trace {
 
     pub fn mesh(&self) -> Option<&Mesh> {
         self.0.mesh.as_deref()
+    }
+
+    /// The manual axis `name` of the manual computation this trace is the body of (or is
+    /// nested in), if it is one.
+    pub fn manual_axis(&self, name: &str) -> Option<&ManualAxis> {
+        self.0.manual_axes.iter().find(|a| a.name == name)
     }
 
     /// Adds a graph input of the given type.

@@ -10,7 +10,7 @@
 
 use super::trace::{usage_error, Tensor, Trace};
 use super::Tree;
-use crate::ir::{Composite, CustomCall, Manual, Prim, Remat, RematFences, Scan, Type};
+use crate::ir::{Composite, CustomCall, Manual, ManualAxis, Prim, Remat, RematFences, Scan, Type};
 use crate::sharding::PartitionSpec;
 use std::sync::Arc;
 
@@ -176,7 +176,7 @@ pub fn manual_computation(
         specs.iter().map(|s| PartitionSpec::from_axes((0..s.rank()).map(|d| keep(s.dim(d))).collect())).collect()
     };
     let (in_specs, out_specs) = (manual(in_specs), manual(out_specs));
-    let tb = Trace::root(None);
+    let tb = Trace::manual_root(&manual_axes(&axes));
     let mut locals = Vec::with_capacity(inputs.len());
     for (t, spec) in inputs.iter().zip(&in_specs) {
         if let Err(msg) = spec.validate(mesh, t.rank()) {
@@ -197,6 +197,11 @@ pub fn manual_computation(
     let (graph, captures) = tb.finish(&outs.iter().collect::<Vec<_>>());
     debug_assert!(captures.is_empty(), "a root trace captures nothing");
     parent.bind(Prim::ManualComputation(Manual { body: Arc::new(graph), axes, in_specs, out_specs }), inputs)
+}
+
+/// The axes of a manual computation as its body's collectives name them.
+pub(crate) fn manual_axes(axes: &[(String, usize)]) -> Vec<ManualAxis> {
+    axes.iter().map(|(name, size)| ManualAxis { name: name.clone(), size: *size }).collect()
 }
 
 impl Tensor {
