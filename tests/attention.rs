@@ -1,8 +1,8 @@
 //! Blockwise attention against dot-product attention, executed through the CPU plugin: outputs
 //! and the gradients of `sum(attend(q, k, v) * w)` (random `w`) with respect to `q`, `k`, `v`
 //! agree within f32 and bf16 tolerances for causal attention, grouped-query heads, a sliding
-//! window, packed documents and attention sinks (gpt-oss's), with several query and key blocks. Dot-product attention's
-//! gradient comes from autodiff (its rules are finite-difference checked in `grad_check`);
+//! window, Llama 4's chunks, packed documents and attention sinks (gpt-oss's), with several query and key blocks.
+//! Dot-product attention's gradient comes from autodiff (its rules are finite-difference checked in `grad_check`);
 //! blockwise attention's is its own backward pass, checked here against it and, in f64,
 //! against finite differences (the sinks' gradient too). Under a remat policy that saves `context`, the backward pass
 //! reuses the saved output and statistics instead of recomputing the attention.
@@ -27,6 +27,8 @@ const BLOCK: i64 = 8;
 #[derive(Clone, Copy)]
 struct Case {
     window: Option<i64>,
+    /// Llama 4's chunked attention (`Mask::chunk`).
+    chunk: Option<i64>,
     packed: bool,
     /// A learned logit per query head in each softmax's denominator (`p.z`, `[HEADS]`, in the
     /// computation's dtype).
@@ -56,7 +58,7 @@ fn program(case: Case, how: AttentionImpl, dtype: DType, remat: bool) -> Program
         sig.input("segments", DType::S32, &[B, T]);
     }
     trace(&sig, |_, inp| {
-        let mask = Mask { window: case.window, segments: inp.get("segments").cloned() };
+        let mask = Mask { window: case.window, chunk: case.chunk, segments: inp.get("segments").cloned() };
         let attention = |p: &Tree| {
             let cast = |n: &str| p[n].astype(dtype);
             let sinks = p.get("z").map(|z| z.astype(dtype));
@@ -109,7 +111,11 @@ fn compare(case: Case, dtype: DType, tolerance: f64) -> Tree<HostTensor> {
     let sinks = case.sinks.then_some("grad.z");
     for name in ["out", "grad.q", "grad.k", "grad.v"].into_iter().chain(sinks) {
         let err = scaled_diff(&blockwise[name].to_f64(), &reference[name].to_f64());
-        assert!(err < tolerance, "{dtype} window {:?} packed {}: {name} differs by {err:e}", case.window, case.packed);
+        let (window, chunk, packed) = (case.window, case.chunk, case.packed);
+        assert!(
+            err < tolerance,
+            "{dtype} window {window:?} chunk {chunk:?} packed {packed}: {name} differs by {err:e}"
+        );
     }
     blockwise
 }
@@ -121,10 +127,12 @@ fn compare(case: Case, dtype: DType, tolerance: f64) -> Tree<HostTensor> {
 /// comparison's first one, compiled once for both).
 #[test]
 fn blockwise_matches_dot_product_in_f32() {
-    let plain = Case { window: None, packed: false, sinks: false };
+    let plain = Case { window: None, chunk: None, packed: false, sinks: false };
     let blockwise = compare(plain, DType::F32, 2e-5);
-    compare(Case { window: Some(6), packed: true, sinks: false }, DType::F32, 2e-5);
-    compare(Case { window: Some(6), packed: false, sinks: true }, DType::F32, 2e-5);
+    compare(Case { window: Some(6), chunk: None, packed: true, sinks: false }, DType::F32, 2e-5);
+    compare(Case { window: Some(6), chunk: None, packed: false, sinks: true }, DType::F32, 2e-5);
+    // Chunks of 12 tokens do not line up with the 8-token blocks.
+    compare(Case { window: None, chunk: Some(12), packed: true, sinks: false }, DType::F32, 2e-5);
 
     let with_remat = program(plain, AttentionImpl::Blockwise { block: BLOCK }, DType::F32, true);
     // The plain forward (`out`) keeps its remat region; the loss's is inlined by autodiff, so
@@ -141,14 +149,14 @@ fn blockwise_matches_dot_product_in_f32() {
 fn blockwise_matches_dot_product_in_bf16() {
     // bf16 rounds the matmul operands (8 significant bits): both paths round the same
     // operands, but at different points of the blocked sums.
-    compare(Case { window: None, packed: true, sinks: false }, DType::BF16, 3e-2);
+    compare(Case { window: None, chunk: None, packed: true, sinks: false }, DType::BF16, 3e-2);
 }
 
 /// Central differences in f64 of `loss` along a few random directions agree with the
 /// gradient's projections onto them.
 #[test]
 fn blockwise_gradient_matches_finite_differences() {
-    let case = Case { window: Some(10), packed: true, sinks: true };
+    let case = Case { window: Some(10), chunk: None, packed: true, sinks: true };
     let compiled =
         compile(&crate::common::client(), &program(case, AttentionImpl::Blockwise { block: BLOCK }, DType::F64, false))
             .expect("compiles");

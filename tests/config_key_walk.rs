@@ -106,6 +106,29 @@ macro_rules! gpt_oss {
     };
 }
 const GPT_OSS: &[&str] = gpt_oss!("mlp_activations_limit=7.0");
+/// A small Llama 4 block of 2 layers: a chunked dense layer, then a NoPE MoE layer.
+const LLAMA4: &[&str] = &[
+    "decoder_block=llama4",
+    "inhomogeneous_layer_cycle_interval=2",
+    "base_num_decoder_layers=2",
+    "nope_layer_interval=2",
+    "interleave_moe_layer_step=2",
+    "chunk_attn_window_size=16",
+    "num_experts=4",
+    "base_moe_mlp_dim=256",
+];
+/// A small Gemma 4 block (5 local layers and a global one) from gemma4-31b's file.
+const GEMMA4: &[&str] = &[
+    "model_name=gemma4-31b",
+    "override_model_config=true",
+    "base_num_decoder_layers=6",
+    "base_emb_dim=64",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=2",
+    "head_dim=16",
+    "base_mlp_dim=128",
+    "vocab_size=256",
+];
 /// With routed experts, and those in 2 groups, each token choosing from the best one.
 const DEEPSEEK_MOE: &[&str] =
     deepseek!("first_num_dense_layers=1", "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=256");
@@ -156,7 +179,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("on_checkpoint_error", Runtime("stop or continue when a save fails")),
     ("load_parameters_path", Runtime("initial parameters from a file or checkpoint")),
     ("load_full_state_path", Runtime("initial state (parameters, optimizer, step) from a checkpoint")),
-    ("decoder_block", Refused("llama4")),
+    ("decoder_block", Refused("qwen3_next")),
     ("global_parameter_scale", Program("2")),
     ("base_emb_dim", Program("128")),
     ("base_num_query_heads", Program("8")),
@@ -182,11 +205,22 @@ const KEYS: &[(&str, Effect)] = &[
     ("attention_sink", ProgramVs("true", "false", GPT_OSS)),
     ("mlp_bias", ProgramVs("true", "false", GPT_OSS)),
     ("mlp_activations_limit", ProgramVs("3.0", "7.0", gpt_oss!())),
+    ("nope_layer_interval", ProgramVs("1", "2", LLAMA4)),
+    ("chunk_attn_window_size", ProgramVs("8", "16", LLAMA4)),
+    ("temperature_tuning", ProgramVs("true", "false", LLAMA4)),
+    ("interleave_moe_layer_step", ProgramVs("1", "2", LLAMA4)),
     // qwen3_custom_moe requires attention_output_dim = moe_expert_input_dim, so neither can vary
     // alone there; their effect is tests/qwen3_custom.rs's. Other families refuse them by name.
     ("attention_output_dim", Refused("768")),
     ("use_post_ffw_norm", ProgramVs("true", "false", GEMMA2)),
     ("local_rope_max_timescale", ProgramVs("100", "-1", GEMMA3)),
+    ("global_rope_max_timescale", ProgramVs("100", "-1", GEMMA4)),
+    ("global_rope_proportion", ProgramVs("0.5", "0.25", GEMMA4)),
+    ("local_rope_proportion", ProgramVs("0.5", "1.0", GEMMA4)),
+    ("global_head_dim", ProgramVs("32", "0", GEMMA4)),
+    ("global_num_kv_heads", ProgramVs("1", "0", GEMMA4)),
+    ("share_kv_projections", ProgramVs("true", "false", GEMMA4)),
+    ("v_norm_with_scale", ProgramVs("true", "false", GEMMA4)),
     ("rope_linear_scaling_factor", ProgramVs("8.0", "1.0", GEMMA3)),
     ("fused_qkv", ProgramVs("true", "false", &["decoder_block=gpt3", "base_num_kv_heads=4"])),
     ("enable_dropout", KernelChoice("dropout at dropout_rate 0, the only rate maxrs takes, is the identity in MaxText (flax's Dropout) as in maxrs")),

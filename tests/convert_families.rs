@@ -1,6 +1,7 @@
 //! `maxrs convert` for every family against Hugging Face's own modeling code: for Llama, Llama 3.1
 //! (`rope_scaling` llama3), Mistral (sliding window), Mixtral, Qwen3, Qwen3 MoE, Gemma, Gemma 2,
-//! Gemma 3 (a block of 6 layers and a remainder block), DeepSeek-V3 (multi-head latent
+//! Gemma 3 (a block of 6 layers and a remainder block), Gemma 4 (dense and with experts),
+//! DeepSeek-V3 (multi-head latent
 //! attention, YaRN; dense, then routed layers), OLMo 3 and gpt-oss (sinks, biased experts), a tiny
 //! checkpoint in Hugging Face's layout, converted to maxrs, gives the logits and greedy tokens
 //! `transformers` computed on it (recorded in `tests/data/hf_golden.json` by
@@ -65,6 +66,8 @@ fn values(name: &str, n: usize, plus_one_norms: bool) -> Vec<f32> {
             } else {
                 1.0 + 0.2 * v
             }
+        } else if ["layer_scalar", "router.scale", "per_expert_scale"].iter().any(|s| name.ends_with(s)) {
+            1.0 + 0.2 * v
         } else if name.contains("embed_tokens") {
             half::bf16::from_f32(v as f32).to_f64()
         } else {
@@ -78,7 +81,8 @@ fn values(name: &str, n: usize, plus_one_norms: bool) -> Vec<f32> {
 fn write_checkpoint(dir: &Path, case: &Value) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("config.json"), case["config"].to_string()).unwrap();
-    let plus_one = case["config"]["model_type"].as_str().unwrap().starts_with("gemma");
+    let model_type = case["config"]["model_type"].as_str().unwrap();
+    let plus_one = model_type.starts_with("gemma") && !model_type.starts_with("gemma4");
     let raws: BTreeMap<String, Raw> = case["tensors"]
         .as_object()
         .unwrap()
@@ -306,6 +310,65 @@ fn gemma3_unscanned_converts_per_layer() {
     assert!(err < 2e-5, "gemma3 unscanned: logits differ from transformers': scaled error {err:e}");
 }
 
+/// Gemma 4 with one block of 5 sliding layers and a full one with its own head size, keys shared
+/// with values, partial RoPE, the logits soft-capped.
+#[test]
+fn gemma4_matches_transformers() {
+    check_family("gemma4", true);
+}
+
+/// Gemma 4 with experts (4, 2 a token) beside the shared MLP, whose fused `gate_up_proj` and
+/// `down_proj` split into each expert's kernels; unscanned (every layer its own module
+/// `decoder.layers_<n>`) it converts back to the same tensors too.
+#[test]
+fn gemma4_moe_matches_transformers_scanned_and_unscanned() {
+    let converted = check_family("gemma4_moe", true);
+    let hf = converted._dir.path().join("hf");
+    let (ours, back) = (converted._dir.path().join("unscanned"), converted._dir.path().join("unscanned-back"));
+    convert(&["from-hf", hf.to_str().unwrap(), ours.to_str().unwrap(), "scan_layers=false"]);
+    convert(&["to-hf", ours.to_str().unwrap(), back.to_str().unwrap()]);
+    assert_eq!(read_hf(&back), read_hf(&hf));
+    let manifest = dir::read_manifest(&maxrs::files::Location::Local(ours)).unwrap();
+    let names: Vec<&str> = manifest.arrays.iter().map(|a| a.name.as_str()).collect();
+    assert!(names.contains(&"params.decoder.layers_5.mlp.moe_block.MoeBlock_0.wi_0"), "{names:?}");
+}
+
+/// A `Gemma4ForConditionalGeneration` checkpoint (`model_type: gemma4`, the text model's fields in
+/// `text_config`, its weights under `model.language_model.`, a vision tower beside them): the
+/// language model converts, the vision tensors are skipped by name, and `to-hf` writes the text
+/// model (`Gemma4ForCausalLM`'s names) with the same bytes.
+#[test]
+fn gemma4_multimodal_checkpoint_converts_its_language_model() {
+    let text = &golden()["families"]["gemma4"];
+    let mut tensors: serde_json::Map<String, Value> = text["tensors"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, shape)| (name.replacen("model.", "model.language_model.", 1), shape.clone()))
+        .collect();
+    for name in
+        ["model.vision_tower.patch_embedder.input_proj.weight", "model.embed_vision.embedding_projection.weight"]
+    {
+        tensors.insert(name.into(), serde_json::json!([4, 4]));
+    }
+    let config = serde_json::json!({
+        "model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+        "text_config": text["config"], "vision_config": {"model_type": "gemma4_vision"},
+    });
+    let case = serde_json::json!({"config": config, "tensors": tensors});
+    let d = tempfile::tempdir().unwrap();
+    let at = |name: &str| d.path().join(name);
+    write_checkpoint(&at("hf"), &case);
+    convert(&["from-hf", at("hf").to_str().unwrap(), at("maxrs").to_str().unwrap()]);
+    convert(&["to-hf", at("maxrs").to_str().unwrap(), at("back").to_str().unwrap()]);
+    let want: BTreeMap<_, _> = read_hf(&at("hf"))
+        .into_iter()
+        .filter_map(|(name, t)| Some((name.strip_prefix("model.language_model.")?.to_string(), t)))
+        .map(|(rest, t)| (format!("model.{rest}"), t))
+        .collect();
+    assert_eq!(read_hf(&at("back")), want);
+}
+
 /// OLMo 3 with 8 layers (2 blocks of 3 sliding + 1 full layer): post-norms, whole-width QK-norm.
 #[test]
 fn olmo3_matches_transformers() {
@@ -318,6 +381,25 @@ fn olmo3_matches_transformers() {
 #[test]
 fn gpt_oss_matches_transformers() {
     check_family("gpt_oss", true);
+}
+
+/// Llama 4's text model with 4 layers (one scanned block: 3 within chunks of 4 tokens with Llama
+/// 3.1's scaled RoPE and the QK L2 norm, then a NoPE layer attending fully), dense and MoE
+/// layers in turn (4 experts whose side-by-side gate/up halves split into `wi_0` and `wi_1`, one
+/// a token scaled by its logit's sigmoid, and the shared one); unscanned, per layer.
+#[test]
+fn llama4_matches_transformers_scanned_and_unscanned() {
+    let converted = check_family("llama4", true);
+    let hf = converted._dir.path().join("hf");
+    let (ours, back) = (converted._dir.path().join("unscanned"), converted._dir.path().join("unscanned-back"));
+    convert(&["from-hf", hf.to_str().unwrap(), ours.to_str().unwrap(), "scan_layers=false"]);
+    convert(&["to-hf", ours.to_str().unwrap(), back.to_str().unwrap()]);
+    assert_eq!(read_hf(&back), read_hf(&hf));
+    let case = &golden()["families"]["llama4"];
+    let keys: Vec<&str> = converted.printed.iter().map(String::as_str).chain(["scan_layers=false"]).collect();
+    let got = maxrs_logits(&ours, &golden_sequence(case), &keys);
+    let err = crate::common::llama_ref::scaled_err(&got, &golden_logits(case));
+    assert!(err < 2e-5, "llama4 unscanned: logits differ from transformers': scaled error {err:e}");
 }
 
 /// OpenAI's gpt-oss checkpoints store the experts' kernels as MXFP4: `<name>_blocks` (u8

@@ -181,3 +181,35 @@ fn a_deviceless_compile_judges_the_cudnn_step_and_saves_the_blockwise_one() {
     assert_eq!(calling(maxrs::model::cudnn::FORWARD), 1, "the judged step calls cuDNN's forward attention");
     assert_eq!(calling(maxrs::model::cudnn::BACKWARD), 1, "and its backward");
 }
+
+/// Llama 4 under cuDNN's attention: XLA's fused attention takes no chunk mask, so a block of a
+/// chunked layer and a NoPE one calls cuDNN once (the NoPE layer's global attention, forward and
+/// backward) and computes the chunked layer blockwise, as the start-up line says.
+#[test]
+fn llama4_chunked_layers_are_blockwise_under_cudnn() {
+    let llama4 = [
+        "decoder_block=llama4",
+        "inhomogeneous_layer_cycle_interval=2",
+        "base_num_decoder_layers=2",
+        "nope_layer_interval=2",
+        "interleave_moe_layer_step=2",
+        "chunk_attn_window_size=8",
+        "num_experts=2",
+        "base_moe_mlp_dim=64",
+    ];
+    let got = line(&llama4);
+    assert!(got.contains("-> XLA's cuDNN fused attention") && got.contains("in the chunked-attention layers"), "{got}");
+    assert_eq!(calls_in_step(1, &[&llama4[..], &["remat_policy=minimal_flash"]].concat()), (1, 1));
+}
+
+/// Gemma 4's global layers (heads of `global_head_dim`, 512 in its model files, past cuDNN's 256)
+/// are blockwise under cuDNN while its local layers (256) call cuDNN, as the start-up line says.
+#[test]
+fn gemma4_global_layers_are_blockwise_under_cudnn() {
+    let got = line(&["decoder_block=gemma4", "head_dim=256", "global_head_dim=512", "scan_layers=false"]);
+    assert!(got.contains("-> XLA's cuDNN fused attention") && got.contains("blockwise"), "{got}");
+    assert!(
+        got.contains("in the global layers: cuDNN's fused attention needs a head_dim") && got.contains("512"),
+        "{got}"
+    );
+}

@@ -85,7 +85,10 @@ fn completion_only_mask_survives_packing_and_the_shift() {
         assert_eq!(targets, want_targets);
         let (plain, same) = template.encode(&tokenizer, &messages, false, 256).unwrap();
         assert_eq!((plain.clone(), same), (all.clone(), plain), "without completion_only the targets are the ids");
-        assert!(packer.add(&Encoded { ids: all, targets: Some(targets), pair: None }), "4 short conversations fit 2 rows");
+        assert!(
+            packer.add(&Encoded { ids: all, targets: Some(targets), pair: None }),
+            "4 short conversations fit 2 rows"
+        );
     }
     let batch = Batch::from_documents(&packer.finish(), 256, pad, tokenizer.bos_id());
     // Every completion token is the target of the token before it; no prompt token is.

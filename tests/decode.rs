@@ -196,8 +196,9 @@ fn deepseek_latent_cache_greedy_decoding_equals_the_full_forward_pass() {
 
 /// The other families decode through the same cache: Gemma 2 (local and global layers, two
 /// attention calls per scanned pair, attention and final-logit soft caps, tied logits) and Gemma
-/// (GeGLU, scaled embeddings, tied logits), Gemma 3 and OLMo 3: greedy decoding equals each full
-/// forward pass.
+/// (GeGLU, scaled embeddings, tied logits), Gemma 3, OLMo 3, gpt-oss, Llama 4 (chunked
+/// attention through the cache) and Gemma 4 (global layers' caches of their own head size):
+/// greedy decoding equals each full forward pass.
 #[test]
 fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
     let gemma2 = [
@@ -277,7 +278,48 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
         "rope_max_timescale=10000",
         "per_device_batch_size=4",
     ];
-    for extra in [&gemma2[..], &gemma[..], &gemma3[..], &gemma3_unscanned[..], &olmo3[..], &gpt_oss[..]] {
+    // Llama 4: one block of 3 layers attending within chunks of 5 tokens (the prompts and the
+    // generated tokens cross them) and a NoPE global one, QK L2 norms, temperature tuning, dense
+    // and MoE layers in turn (4 experts, one a token, and the shared one).
+    let llama4 = [
+        "model_name=llama4-17b-16e",
+        "override_model_config=true",
+        "base_num_decoder_layers=4",
+        "base_emb_dim=64",
+        "base_num_query_heads=4",
+        "base_num_kv_heads=2",
+        "vocab_size=512",
+        "head_dim=16",
+        "base_mlp_dim=64",
+        "base_moe_mlp_dim=64",
+        "num_experts=4",
+        "interleave_moe_layer_step=2",
+        "chunk_attn_window_size=5",
+        "per_device_batch_size=4",
+    ];
+    // Gemma 4: one scanned block of 5 local layers (window 4) and a global one with heads of 32,
+    // one key/value head shared by keys and values (each call its own cache shape), partial RoPE,
+    // value norms, layer scalars, and 4 experts (2 a token) beside the shared MLP.
+    let gemma4 = [
+        "model_name=gemma4-26b",
+        "override_model_config=true",
+        "base_num_decoder_layers=6",
+        "base_emb_dim=64",
+        "base_num_query_heads=4",
+        "base_num_kv_heads=2",
+        "global_num_kv_heads=1",
+        "vocab_size=512",
+        "head_dim=16",
+        "global_head_dim=32",
+        "base_mlp_dim=64",
+        "base_moe_mlp_dim=32",
+        "num_experts=4",
+        "num_experts_per_tok=2",
+        "sliding_window_size=4",
+        "per_device_batch_size=4",
+    ];
+    let families = [&gemma2[..], &gemma[..], &gemma3[..], &gemma3_unscanned[..], &olmo3[..], &gpt_oss[..], &llama4[..]];
+    for extra in families.into_iter().chain([&gemma4[..]]) {
         let c = load(extra);
         greedy_decoding_checked(&c);
     }

@@ -328,6 +328,9 @@ fn every_family_gets_adapters_from_maxtexts_default_paths() {
         ("olmo3-7b", 4 * 7),
         // Blocks of 2 layers; the experts' stacked kernels are not dense projections.
         ("gpt-oss-20b", 2 * 4),
+        // Blocks of 4 layers: llama4-17b-128e's dense ones with the MLP's 3, its MoE ones without
+        // (the shared expert is `Llama4MoEBlock_0/shared_experts`, not `mlp`).
+        ("llama4-17b-128e", 2 * 7 + 2 * 4),
     ] {
         let kernels = adapted(model_name, &[]).unwrap_or_else(|e| panic!("{model_name}: {e}"));
         println!("{model_name}: {kernels:?}");

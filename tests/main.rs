@@ -101,6 +101,7 @@ mod fp8;
 mod fp8_gpu_hlo;
 mod fp8_moe;
 mod fuzz;
+mod gemma4;
 mod gpu_memory;
 mod grad_check;
 mod hardening_checkpoint3;

@@ -175,20 +175,33 @@ fn reuse_example_batch_feeds_the_first_batch_at_every_step() {
     assert_ne!(run(&varied, "0").losses, reference.losses, "the file's later rows differ");
 }
 
-/// MaxText's gemma3-4b.yml as the config file: its vision tower's keys (`vision_encoder_block`,
-/// `*_for_vit`, `image_placeholder`) build nothing without `use_multimodal`, in MaxText as in
-/// maxrs, so the file gives the text model of `model_name=gemma3-4b`.
+/// MaxText's gemma3-4b.yml and llama4 files as the config file: their vision tower's keys
+/// (`vision_encoder_block`, `*_for_vit`, `image_placeholder`) build nothing without
+/// `use_multimodal`, in MaxText as in maxrs, so each file gives the text model of
+/// `model_name=<name>` (the llama4 files' `tokenizer_type` is a run key).
 #[test]
 fn maxtext_gemma3_file_with_its_vision_keys_loads_as_the_text_model() {
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/maxtext_models/gemma3-4b.yml");
-    let from_file = config::load_args(&args(&file, &[])).unwrap();
-    let named = config::load(None, &["model_name=gemma3-4b".to_string()]).unwrap();
-    let shape = |c: &config::Config| {
-        (c.base_emb_dim, c.base_num_decoder_layers, c.vocab_size, c.rope_linear_scaling_factor, c.sliding_window_size)
-    };
-    assert_eq!(shape(&from_file), shape(&named));
-    let e = error(&file, &["use_multimodal=true"]);
-    assert!(e.contains("`use_multimodal`") && e.contains("text only"), "{e}");
+    for name in ["gemma3-4b", "llama4-17b-16e", "llama4-17b-128e"] {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/maxtext_models/{name}.yml"));
+        let from_file = config::load_args(&args(&file, &[])).unwrap();
+        let named = config::load(None, &[format!("model_name={name}")]).unwrap();
+        let shape = |c: &config::Config| {
+            (
+                c.base_emb_dim,
+                c.base_num_decoder_layers,
+                c.vocab_size,
+                c.rope_linear_scaling_factor,
+                c.sliding_window_size,
+            )
+        };
+        assert_eq!(shape(&from_file), shape(&named), "{name}");
+        // (gemma3 scales its queries by a rule of model_name, which the file alone does not give.)
+        if name.starts_with("llama4") {
+            maxrs::model::Model::from_config(&from_file).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let e = error(&file, &["use_multimodal=true"]);
+        assert!(e.contains("`use_multimodal`") && e.contains("text only"), "{name}: {e}");
+    }
 }
 
 /// MaxText's own base.yml (all its 696 keys) as the config file: MaxText's experimental TPU

@@ -376,3 +376,87 @@ fn gpt_oss() {
         check_forward(label, &shrunk("gpt-oss-20b", &[&keys[..], variants].concat()), &s);
     }
 }
+
+/// Llama 4 from llama4-17b-16e's file (Llama 3.1's RoPE, QK L2 norm, temperature tuning) with one
+/// scanned block of 4 layers (unscanned, 4 modules): layers 0-2 attend within chunks of 5 tokens
+/// of the 16, layer 3 is NoPE and global; every 2nd layer has 4 experts (one a token, scaled by
+/// its logit's sigmoid) and the shared one, the others a dense MLP; with the dropless experts and,
+/// in a second program, every expert on every token under blockwise attention (one 16-token
+/// block: `attention.rs` checks chunks over several blocks). Temperature tuning scales only
+/// positions from 8191 on: a third program puts the rows at positions 8180.. in a model of NoPE
+/// layers only (no RoPE, whose f32 angles would be far from the f64 reference's there).
+#[test]
+fn llama4() {
+    let keys = [
+        "base_num_decoder_layers=4",
+        "interleave_moe_layer_step=2",
+        "num_experts=4",
+        "base_moe_mlp_dim=24",
+        "chunk_attn_window_size=5",
+        "normalization_layer_epsilon=1e-3",
+    ];
+    let llama4 = |chunk, nope_interval, qk_norm, temperature_tuning| Family::Llama4 {
+        chunk,
+        nope_interval,
+        moe_step: 2,
+        qk_norm,
+        temperature_tuning,
+    };
+    let family = llama4(5, 4, true, true);
+    let s = spec(family, RopeRef::Llama31 { scaled: true }, 1e-3);
+    let m = shrunk("llama4-17b-16e", &keys);
+    let probes = [
+        (Some(0), "layers_0.self_attention.query.kernel", 37),
+        (Some(0), "layers_2.self_attention.key.kernel", 101),
+        (Some(0), "layers_3.self_attention.value.kernel", 11),
+        (Some(0), "layers_1.Llama4MoEBlock_0.MoeBlock_0.gate.kernel", 5),
+        (Some(0), "layers_3.Llama4MoEBlock_0.MoeBlock_0.wi_1", 200),
+        (Some(0), "layers_3.Llama4MoEBlock_0.shared_experts.wo.kernel", 20),
+        (Some(0), "layers_0.mlp.wi_0.kernel", 7),
+    ];
+    let want = check_forward_and_gradient("llama4 scanned, 1 block", &m, &s, &probes);
+    let variants = ["scan_layers=false", "attention=flash", "max_target_length=16", "sparse_matmul=false"];
+    check_forward(
+        "llama4 unscanned, blockwise, every expert",
+        &shrunk("llama4-17b-16e", &[&keys[..], &variants].concat()),
+        &s,
+    );
+    // The chunks and the QK norm each change the function.
+    let (p, b) = (random_params(&s, &m, 1), batch(&m, 2));
+    for other in [llama4(16, 4, true, true), llama4(5, 4, false, true)] {
+        let logits = reference(&Spec { family: other, ..s.clone() }, &m, &p, &b).logits;
+        let err = scaled_err(&logits.iter().copied().collect::<Vec<_>>(), &want.logits);
+        assert!(err > 1e-3, "{other:?} changes nothing");
+    }
+    let at = Spec { family: llama4(5, 1, true, true), position_offset: 8180, ..s.clone() };
+    let m = shrunk("llama4-17b-16e", &[&keys[..], &["nope_layer_interval=1"]].concat());
+    let want = check_forward_at("llama4 NoPE at positions 8180..8195", &m, &at);
+    let untuned = Spec { family: llama4(5, 1, true, false), ..at.clone() };
+    let other = reference(&untuned, &m, &p, &b).logits;
+    assert!(scaled_err(&other.iter().copied().collect::<Vec<_>>(), &want.logits) > 1e-3, "temperature tuning");
+}
+
+/// [`check_forward`] with every row at positions `spec.position_offset..` (`inputs_position`).
+fn check_forward_at(label: &str, m: &Model, spec: &Spec) -> RefOut {
+    use maxrs::host::HostTensor;
+    let (p, b) = (random_params(spec, m, 1), batch(m, 2));
+    let mut sig = signature(m);
+    sig.input("inputs_position", maxrs::ir::DType::S32, &[B as i64, T as i64]);
+    let program = maxrs::tensor::trace(&sig, |_ctx, inp| {
+        let params = inp.subtree("params");
+        let fwd = m.forward(&params, inp, true);
+        maxrs::tensor::Tree::new()
+            .with("embeddings", fwd.embeddings)
+            .with("layers", fwd.layer_outputs.expect("layer outputs"))
+            .with("logits", fwd.logits)
+            .with("loss", m.loss(&params, inp, 0.0).0)
+    })
+    .expect("the model traces");
+    let positions: Vec<i32> = (0..B * T).map(|r| (r % T + spec.position_offset) as i32).collect();
+    let mut inputs = inputs(m, &p, &b);
+    inputs.insert("inputs_position", HostTensor::from_i32(&[B as i64, T as i64], &positions));
+    let out = crate::common::run(&program, &inputs);
+    let want = reference(spec, m, &p, &b);
+    check_outputs(label, m, &out, &want);
+    want
+}

@@ -3,17 +3,20 @@
 //! as Orbax's own restore reads it (`values/*.safetensors`), and a run with
 //! `load_parameters_path=` a MaxText checkpoint starts from those parameters. The way back,
 //! `maxrs convert to-maxtext`, writes what MaxText writes and resumes from
-//! (`to_maxtext_losses.json`, tools/maxtext_resume.py).
+//! (`to_maxtext*_losses.json`, tools/maxtext_resume.py), with the NNX random streams MaxText's
+//! model tree has for each family and layout (`nnx_streams.json`, tools/maxtext_nnx_streams.py).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use maxrs::checkpoint::orbax::ocdbt::Ocdbt;
+use maxrs::checkpoint::orbax::write::nnx_aux;
 use maxrs::checkpoint::orbax::{incomplete_steps, to_maxtext, Checkpoint};
 use maxrs::checkpoint::Checkpoints;
 use maxrs::config;
 use maxrs::files::Location;
 use maxrs::host::DType;
+use maxrs::model::Model;
 use maxrs::pjrt::cpu_client;
 use maxrs::train::run::{train, RunReport};
 use safetensors::{Dtype, SafeTensors};
@@ -457,4 +460,141 @@ fn a_maxrs_state_converts_to_what_maxtext_resumes() {
         assert!((loss - maxtext[&step]).abs() < 1e-5, "step {step}: maxrs {loss} vs MaxText {}", maxtext[&step]);
     }
     assert!((resumed.losses[0] - from_params).abs() < 1e-5, "maxrs {} vs MaxText {from_params}", resumed.losses[0]);
+}
+
+/// Issue 47: the NNX random streams `to_maxtext` writes for a train state (`nnx_aux`, where the
+/// model says MaxText keeps them) are MaxText's own, leaf by leaf (path, shape, dtype, PRNG key
+/// or count), for every decoder block and layout MaxText built its abstract train state of
+/// (tests/data/orbax/nnx_streams.json, tools/maxtext_nnx_streams.py: the same model files with a
+/// few layers, scanned and unscanned; Llama 4 and Gemma 4 with and without experts in a block's
+/// first layer, which then hold the layers' shared `Rngs`). A layout whose streams maxrs does not
+/// know has none, so `to_maxtext` refuses its train state: scanned Gemma 4, whose local layers'
+/// streams MaxText stacks over two axes (`gemma4.rs`); its table entries hold what MaxText has.
+#[test]
+fn nnx_streams_are_maxtexts_for_every_family_and_layout() {
+    let table = json_file(&fixture("nnx_streams.json"));
+    let mut compared = 0;
+    for (block, entry) in table["blocks"].as_object().unwrap() {
+        for scan in ["true", "false"] {
+            let want = entry[format!("scan_layers={scan}")].as_object().unwrap();
+            let mut args = vec![format!("model_name={}", entry["model_name"].as_str().unwrap())];
+            args.push("override_model_config=true".into());
+            args.extend(entry["keys"].as_array().unwrap().iter().map(|k| k.as_str().unwrap().to_string()));
+            args.push(format!("scan_layers={scan}"));
+            let c = config::load(None, &args).unwrap_or_else(|e| panic!("{block} {args:?}: {e:#}"));
+            // `<decoder_block>` or `<decoder_block>/<model file>` (another model of the block).
+            let decoder_block = block.split('/').next().unwrap();
+            assert_eq!(c.decoder_block.as_str(), decoder_block);
+            let model = Model::from_config(&c).unwrap_or_else(|e| panic!("{block} {args:?}: {e:#}"));
+            if (decoder_block, scan) == ("gemma4", "true") {
+                assert!(nnx_aux(&model, 7).is_none(), "{block} scan_layers={scan}");
+                continue;
+            }
+            let leaves = nnx_aux(&model, 7).unwrap_or_else(|| panic!("{block}: no streams"));
+            let got: BTreeMap<String, serde_json::Value> = leaves
+                .iter()
+                .map(|(path, t, key)| {
+                    assert_eq!(t.ty, DType::U32);
+                    (path.join("/"), serde_json::json!({"shape": t.dims, "dtype": "uint32", "key": key}))
+                })
+                .collect();
+            let want: BTreeMap<String, serde_json::Value> = want.clone().into_iter().collect();
+            assert_eq!(got, want, "{block} scan_layers={scan}");
+            compared += got.len();
+        }
+    }
+    assert!(compared > 1000, "{compared}");
+}
+
+/// Issue 47, the way back beyond the fixture's scanned llama2: the fixture's model with the keys
+/// of a case of tools/maxtext_resume.py `--case` (whose MaxText losses are in `file`). maxrs
+/// trains it 2 steps on MaxText's batch, `to_maxtext` converts step 1 with the random streams
+/// MaxText's tree has there (`holder` is the module holding its layers' shared ones), and maxrs
+/// continued from the converted state has the losses MaxText had resuming from it, the first
+/// also MaxText's from the parameters alone.
+fn converts_to_what_maxtext_resumes(case: &[&str], file: &str, holder: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut keys: Vec<String> = case.iter().map(|k| k.to_string()).collect();
+    keys.extend([format!("dataset_path={}", fixture("maxtext_batch.tokens").display()), "dataset_type=tokens".into()]);
+    let at = format!("base_output_directory={}", dir.path().display());
+    let save = [at, "run_name=mx".into(), "enable_checkpointing=true".into(), "steps=2".into()];
+    run(&[&keys[..], &save[..]].concat()).unwrap();
+    let out = dir.path().join("converted");
+    let written = to_maxtext(&Location::Local(dir.path().join("mx")), &Location::Local(out.clone()), false).unwrap();
+    assert_eq!(written.next_step, Some(2), "{case:?}");
+    let ckpt = Checkpoint::open(&Location::Local(out.join("1"))).unwrap();
+    let key = format!("nnx_aux/model/{holder}/rngs/dropout/key");
+    assert!(ckpt.names().any(|n| n == key), "{case:?}: {key}");
+
+    let json = json_file(&fixture(file));
+    let loss = |key: &str, step: u64| json[key][step.to_string()].as_f64().unwrap();
+    let state = format!("load_full_state_path={}", out.join("1/items").display());
+    let resumed = run(&[&keys[..], &[state, "steps=4".into()]].concat()).unwrap();
+    assert_eq!((resumed.first_step, resumed.losses.len()), (2, 2), "{case:?}");
+    for (got, step) in resumed.losses.iter().zip(2..) {
+        let want = loss("loss_by_step", step);
+        assert!((got - want).abs() < 1e-5, "{case:?} step {step}: maxrs {got} vs MaxText {want}");
+    }
+    let from_params = loss("params_only_loss_by_step", 0);
+    let first = resumed.losses[0];
+    assert!((first - from_params).abs() < 1e-5, "{case:?}: maxrs {first} vs MaxText {from_params}");
+}
+
+/// [`converts_to_what_maxtext_resumes`] unscanned (a module per layer, the decoder's random
+/// streams held by layer 0's attention op), as a scanned Mixtral (a MoE block holding each
+/// layer's) and as a Gemma 2 (its layer module holding them).
+#[test]
+fn unscanned_mixtral_and_gemma2_states_convert_to_what_maxtext_resumes() {
+    let unscanned = "decoder/layers_0/self_attention/attention_op";
+    converts_to_what_maxtext_resumes(&["scan_layers=false"], "to_maxtext_unscanned_losses.json", unscanned);
+    let mixtral = [
+        "decoder_block=mixtral",
+        "num_experts=4",
+        "num_experts_per_tok=2",
+        "base_moe_mlp_dim=32",
+        "sparse_matmul=false",
+    ];
+    converts_to_what_maxtext_resumes(&mixtral, "to_maxtext_mixtral_losses.json", "decoder/layers/MoeBlock_0");
+    let gemma2 = [
+        "decoder_block=gemma2",
+        "mlp_activations=[gelu,linear]",
+        "normalization_layer_epsilon=1e-6",
+        "logits_via_embedding=true",
+        "final_logits_soft_cap=30.0",
+        "attn_logits_soft_cap=50.0",
+        "sliding_window_size=8",
+        "use_post_attn_norm=true",
+        "use_post_ffw_norm=true",
+    ];
+    converts_to_what_maxtext_resumes(&gemma2, "to_maxtext_gemma2_losses.json", "decoder/layers");
+}
+
+/// [`converts_to_what_maxtext_resumes`] with stacks of other shapes: a Gemma 3 of 8 layers (one
+/// scanned block of 6 sub-layers, and the remainder block of 2 built outside the scan, holding
+/// the decoder's streams) and a DeepSeek (a scanned dense stack and a scanned MoE stack).
+#[test]
+fn gemma3_and_deepseek_states_convert_to_what_maxtext_resumes() {
+    // MaxText's gemma3 scales its queries by its model name's rule: gemma3-4b's file, shrunk.
+    let gemma3 =
+        ["model_name=gemma3-4b", "override_model_config=true", "base_num_decoder_layers=8", "sliding_window_size=8"];
+    converts_to_what_maxtext_resumes(&gemma3, "to_maxtext_gemma3_losses.json", "decoder/layers_remainder/layers_0");
+    let deepseek = [
+        "decoder_block=deepseek",
+        "attention_type=mla",
+        "q_lora_rank=8",
+        "kv_lora_rank=8",
+        "qk_nope_head_dim=8",
+        "qk_rope_head_dim=8",
+        "v_head_dim=8",
+        "num_experts=4",
+        "num_experts_per_tok=2",
+        "shared_experts=1",
+        "base_moe_mlp_dim=32",
+        "first_num_dense_layers=1",
+        "routed_score_func=sigmoid",
+        "routed_bias=true",
+        "sparse_matmul=false",
+    ];
+    let holder = "decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0";
+    converts_to_what_maxtext_resumes(&deepseek, "to_maxtext_deepseek_losses.json", holder);
 }

@@ -309,3 +309,98 @@ fn gemma3_unscanned_init_is_the_scanned_init_renamed() {
     assert_eq!(layer_params, 14 * GEMMA3_LAYER.len());
     assert_eq!(unscanned.len(), scanned.len() + 6 * GEMMA3_LAYER.len());
 }
+
+/// Llama 4 (models/llama4.py at e591f30): scanned, blocks of 4 layers `layers.layers_<j>`
+/// (`Llama4ScannableBlock`, its `layers_{layer_id}`), each with `self_attention` and a dense
+/// `mlp` (`MlpBlock`) or `Llama4MoEBlock_0` (`RoutedAndSharedMoE`: `MoeBlock_0`, `shared_experts`);
+/// unscanned, `layers_<n>` for every layer. llama4-17b-128e's MoE layers are the odd ones.
+#[test]
+fn llama4_names_match_maxtext() {
+    let moe = "Llama4MoEBlock_0";
+    let layer = |l: &str| {
+        vec![
+            format!("decoder.{l}0.pre_self_attention_layer_norm.scale"),
+            format!("decoder.{l}0.self_attention.query.kernel"),
+            format!("decoder.{l}0.mlp.wi_0.kernel"),
+            format!("decoder.{l}1.{moe}.MoeBlock_0.gate.kernel"),
+            format!("decoder.{l}1.{moe}.MoeBlock_0.wi_1"),
+            format!("decoder.{l}3.{moe}.shared_experts.wo.kernel"),
+            format!("decoder.{l}3.post_self_attention_layer_norm.scale"),
+            "decoder.logits_dense.kernel".to_string(),
+        ]
+    };
+    check_scan("llama4-17b-128e", true, &layer("layers.layers_"));
+    let mut unscanned = layer("layers_");
+    unscanned.push(format!("decoder.layers_47.{moe}.MoeBlock_0.wo"));
+    check_scan("llama4-17b-128e", false, &unscanned);
+    let scanned = names("llama4-17b-128e", true);
+    assert!(!scanned.iter().any(|n| n.starts_with("decoder.layers.layers_1.mlp")), "{scanned:?}");
+    assert!(!scanned.iter().any(|n| n.starts_with("decoder.layers.layers_4")), "{scanned:?}");
+}
+
+/// One Gemma 4 layer's parameters as MaxText's converter lists them
+/// (`GEMMA4_MAXTEXT_TO_HF_PARAM_MAPPING`'s `param_specs`,
+/// `src/maxtext/checkpoint_conversion/utils/param_mapping.py` at e591f30, `-` read as `.`): every
+/// layer's, the value kernel (not in a global layer with `share_kv_projections`), the dense MLP's,
+/// and with experts the MoE block's (`Gemma4MoE`, models/gemma4.py).
+const GEMMA4_LAYER: &[&str] = &[
+    "self_attention.query.kernel",
+    "self_attention.key.kernel",
+    "self_attention.out.kernel",
+    "self_attention.query_norm.scale",
+    "self_attention.key_norm.scale",
+    "pre_self_attention_norm.scale",
+    "post_self_attention_norm.scale",
+    "pre_ffw_norm.scale",
+    "post_ffw_norm.scale",
+    "layer_scalar",
+];
+const GEMMA4_DENSE: &[&str] = &["mlp.wi_0.kernel", "mlp.wi_1.kernel", "mlp.wo.kernel"];
+const GEMMA4_MOE: &[&str] = &[
+    "mlp.pre_feedforward_layernorm_2.scale",
+    "mlp.post_feedforward_layernorm_1.scale",
+    "mlp.post_feedforward_layernorm_2.scale",
+    "mlp.pre_forward_scale_2",
+    "mlp.moe_block.MoeBlock_0.gate.kernel",
+    "mlp.moe_block.MoeBlock_0.wi_0",
+    "mlp.moe_block.MoeBlock_0.wi_1",
+    "mlp.moe_block.MoeBlock_0.wo",
+    "mlp.moe_block.MoeBlock_0.per_expert_scale",
+    "mlp.moe_block.shared_experts.wi_0.kernel",
+    "mlp.moe_block.shared_experts.wi_1.kernel",
+    "mlp.moe_block.shared_experts.wo.kernel",
+];
+
+/// `prefix.p` for each parameter of a Gemma 4 layer (`global`: no value kernel), sorted.
+fn gemma4_layer(prefix: &str, global: bool, mlp: &[&str]) -> Vec<String> {
+    let value = (!global).then_some("self_attention.value.kernel");
+    GEMMA4_LAYER.iter().chain(mlp).copied().chain(value).map(|p| format!("{prefix}.{p}")).collect()
+}
+
+/// The decoder layers' parameter names of `model_name` with `scan_layers=scan`, sorted.
+fn layer_names(model_name: &str, scan: bool) -> Vec<String> {
+    let mut names: Vec<String> = names(model_name, scan).into_iter().filter(|n| n.starts_with("decoder.")).collect();
+    names.retain(|n| n != "decoder.decoder_norm.scale");
+    names.sort();
+    names
+}
+
+/// Gemma 4's names as MaxText's converter maps them: scanned, `scanned_blocks.local_layers.*` (the
+/// 5 local layers, one more scan) and `scanned_blocks.global_layer.*` (`Gemma4ScannableBlock`,
+/// layers/decoders.py `_apply_gemma4_scanned_blocks`: `name="scanned_blocks"`); unscanned,
+/// `layers_<n>` for each of gemma4-31b's 60 layers, the global ones (`n % 6 == 5`) without a value
+/// kernel.
+#[test]
+fn gemma4_names_match_maxtexts_converter() {
+    for (name, mlp) in [("gemma4-31b", GEMMA4_DENSE), ("gemma4-26b", GEMMA4_MOE)] {
+        let mut want = gemma4_layer("decoder.scanned_blocks.local_layers", false, mlp);
+        want.extend(gemma4_layer("decoder.scanned_blocks.global_layer", true, mlp));
+        want.sort();
+        assert_eq!(layer_names(name, true), want, "{name}");
+    }
+    let mut want: Vec<String> =
+        (0..60).flat_map(|n| gemma4_layer(&format!("decoder.layers_{n}"), n % 6 == 5, GEMMA4_DENSE)).collect();
+    want.sort();
+    assert_eq!(layer_names("gemma4-31b", false), want);
+    check_scan("gemma4-31b", false, &TOP.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+}

@@ -45,6 +45,7 @@ pub(crate) fn draw_spec() -> Spec {
         gemma3: None,
         qk_norm: false,
         query_scaled: true,
+        position_offset: 0,
     }
 }
 

@@ -218,3 +218,72 @@ fn gpt_oss_20b_counts_the_active_experts_and_the_windows() {
     let golden = 6.0 * bf * sf * 3.6e9 / 1e12 + golden_attention;
     assert_close(t.total, golden, 5e-2);
 }
+
+/// llama4-17b-128e: the hand count (24 dense layers of `mlp` 16384; 24 MoE layers of the router,
+/// 1 of 128 experts and the shared one, `moe_mlp` 8192 each; MaxText's
+/// `calculate_routed_and_shared_ffn_tflops_per_device`), and MaxText's own test of
+/// `calculate_llama4_attention_tflops` (`tests/unit/flop_calculation_test.py` at e591f30): 16
+/// layers, 4 NoPE ones causal over 4096 tokens, 12 over 4 chunks of 1024, batch 2, 16 heads of 128.
+#[test]
+fn llama4_counts_the_dense_and_moe_layers_and_the_chunks() {
+    let (b, s): (u128, u128) = (4, 8192);
+    let (e, h, kv, d, mlp, moe_mlp, x, l, v) =
+        (5120u128, 40u128, 8u128, 128u128, 16384u128, 8192u128, 128u128, 48u128, 202048u128);
+    let bs = b * s;
+    let projections = 2 * bs * e * (h + 2 * kv) * d + 2 * bs * e * h * d;
+    let dense = 3 * 2 * bs * mlp * e;
+    let moe = 2 * bs * e * x + 2 * 3 * 2 * bs * moe_mlp * e;
+    let weights = ((projections * l + dense * l / 2 + moe * l / 2) + 2 * bs * e * v) * 3;
+    let t = training_tflops_per_device(&model("llama4-17b-128e"), &shape(4.0, 8192));
+    assert_close(t.learnable_weight, weights as f64 / 1e12, 1e-12);
+
+    let keys = ["base_num_decoder_layers=16", "chunk_attn_window_size=1024", "base_num_query_heads=16", "head_dim=128"];
+    let mut args = vec!["model_name=llama4-17b-16e".to_string(), "override_model_config=true".to_string()];
+    args.extend(keys.iter().map(|k| k.to_string()));
+    let m = Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap();
+    let t = training_tflops_per_device(&m, &shape(2.0, 4096));
+    let global = 4.0 * 2.0 * 4096f64.powi(2) * 16.0 * 128.0;
+    let chunked = 4.0 * 2.0 * (4.0 * 1024f64.powi(2)) * 16.0 * 128.0;
+    let want = (4.0 * global + 12.0 * chunked) / 2.0 * 3.0 / 1e12;
+    assert_close(t.attention, want, 1e-12);
+}
+
+/// Gemma 4 under MaxText's `calculate_gemma4_tflops_training_per_device` (maxtext_utils.py at
+/// e591f30), with the sizes of MaxText's own test of it (`flop_calculation_test.py::
+/// test_calculate_gemma4_tflops_training_per_device`: B 2, S 8192, window 4096, 16 heads of 256,
+/// 8 key/value heads, 12 layers, global heads of 512 with 2 key/value heads shared by keys and
+/// values, emb 2816), whose expected attention and projection counts are written out here, plus
+/// the FFN and the unembedding that test leaves at 0: gemma4-31b's dense GeGLU (mlp 21504), and
+/// gemma4-26b's router, 8 of 128 experts of 704 and the shared MLP of 2112
+/// (`calculate_routed_and_shared_ffn_tflops_per_device`).
+#[test]
+fn gemma4_counts_its_global_heads_and_shared_projections() {
+    let (b, s, w, h, kv, d, gd, gkv, e, l, v) =
+        (2u128, 8192u128, 4096u128, 16u128, 8u128, 256u128, 512u128, 2u128, 2816u128, 12u128, 262144u128);
+    let bs = b * s;
+    let (globals, locals) = (l / 6, l - l / 6);
+    let attention = (globals * 2 * b * s * s * h * gd + locals * (4 * b * (s * w - w * w / 2) * h * d)) * 3;
+    let local_weights = 2 * bs * e * (h + 2 * kv) * d + 2 * bs * e * h * d;
+    let global_weights = 2 * bs * e * (h + gkv) * gd + 2 * bs * e * h * gd;
+    let projections = locals * local_weights + globals * global_weights;
+    let sizes = [
+        "override_model_config=true",
+        "base_num_decoder_layers=12",
+        "base_emb_dim=2816",
+        "base_num_query_heads=16",
+        "base_num_kv_heads=8",
+        "global_num_kv_heads=2",
+        "sliding_window_size=4096",
+    ];
+    let dense = 3 * 2 * bs * 21504 * e;
+    let moe = 2 * bs * e * 128 + 8 * 3 * 2 * bs * 704 * e + 3 * 2 * bs * 2112 * e;
+    for (name, extra, ffn) in [("gemma4-31b", "base_mlp_dim=21504", dense), ("gemma4-26b", "base_mlp_dim=2112", moe)] {
+        let mut args = vec![format!("model_name={name}")];
+        args.extend(sizes.iter().chain([&extra]).map(|s| s.to_string()));
+        let model = Model::from_config(&maxrs::config::load(None, &args).unwrap()).unwrap();
+        let t = training_tflops_per_device(&model, &shape(2.0, 8192));
+        let weights = (projections + ffn * l + 2 * bs * e * v) * 3;
+        assert_close(t.learnable_weight, weights as f64 / 1e12, 1e-12);
+        assert_close(t.attention, attention as f64 / 1e12, 1e-12);
+    }
+}

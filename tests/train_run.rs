@@ -102,14 +102,20 @@ fn run_from_parameter_and_token_files_starts_at_the_reference_loss() {
 /// A shrunken model of every family trains on the synthetic data: the loss falls. Llama 3.1's
 /// RoPE rides on the Mistral run (both are Llama 2's layer; each was a run of its own): these
 /// runs train every family's parameter tree; the features' gradients are checked against
-/// references in `model_families`. Two tests of three families each, which the test threads
-/// run side by side (one test of six was the suite's last to finish, alone on its thread).
+/// references in `model_families`. Two tests of three or four families each, which the test
+/// threads run side by side (one test of six was the suite's last to finish, alone on its thread).
 #[test]
 fn every_family_trains_with_a_falling_loss() {
     trains_with_a_falling_loss(&[
         ("mistral-7b", &["sliding_window_size=8", "rope_type=llama3.1"][..]),
         ("gemma-2b", &["base_num_kv_heads=1"]),
         ("gemma2-2b", &["sliding_window_size=8"]),
+        // One scanned block of Llama 4's 3 chunked + 1 NoPE layers, dense and MoE in turn (4
+        // experts, one a token, and the shared one).
+        (
+            "llama4-17b-128e",
+            &["base_num_decoder_layers=4", "chunk_attn_window_size=8", "num_experts=4", "base_moe_mlp_dim=128"],
+        ),
     ]);
 }
 
@@ -122,6 +128,20 @@ fn every_family_trains_with_a_falling_loss_continued() {
         ("olmo3-7b", &["base_num_decoder_layers=4", "sliding_window_size=8"]),
         // One scanned block of gpt-oss's sliding and global layers, 4 biased experts of which 2.
         ("gpt-oss-20b", &["sliding_window_size=8", "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=128"]),
+        // One scanned block of Gemma 4's 5 local layers and a global one (heads of 32, keys
+        // shared with values), 4 experts of which 2 beside the shared MLP.
+        (
+            "gemma4-26b",
+            &[
+                "base_num_decoder_layers=6",
+                "sliding_window_size=8",
+                "global_head_dim=32",
+                "global_num_kv_heads=1",
+                "num_experts=4",
+                "num_experts_per_tok=2",
+                "base_moe_mlp_dim=64",
+            ],
+        ),
     ]);
 }
 

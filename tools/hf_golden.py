@@ -64,6 +64,10 @@ def values(name, n, plus_one_norms):
     u = uniform(name, n)
     if name.endswith("norm.weight"):
         return [0.2 * v for v in u] if plus_one_norms else [1.0 + 0.2 * v for v in u]
+    # Gemma 4's other multipliers near 1 too, as its norms: a layer's output, the router's input
+    # and each expert's weight are multiplied by them.
+    if name.endswith(("layer_scalar", "router.scale", "per_expert_scale")):
+        return [1.0 + 0.2 * v for v in u]
     if "embed_tokens" in name:
         return [bf16(v) for v in u]
     return [0.25 * v for v in u]
@@ -206,6 +210,67 @@ def deepseek_tensors(layers, dense, q_lora=0, experts=0, moe=0, qk_nope=16, qk_r
     return t
 
 
+def gemma4_tensors(layers, global_d, global_kv, experts=0, moe=0):
+    """Gemma 4's layers: sliding layers of head D and K key/value heads, every 6th global with
+    heads of `global_d` and `global_kv` key/value heads whose values are their keys (no v_proj);
+    QK norms (the value norm has no weight), a layer scalar; with `experts`, a router (its own
+    scale and per-expert scales), fused experts of width `moe` and three more norms beside the
+    shared MLP."""
+    t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E]}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        full = (l + 1) % 6 == 0
+        d, kv = (global_d, global_kv) if full else (D, K)
+        for n in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"]:
+            t[p + n + ".weight"] = [E]
+        t[p + "self_attn.q_proj.weight"] = [H * d, E]
+        t[p + "self_attn.k_proj.weight"] = [kv * d, E]
+        if not full:
+            t[p + "self_attn.v_proj.weight"] = [kv * d, E]
+        t[p + "self_attn.o_proj.weight"] = [E, H * d]
+        t[p + "self_attn.q_norm.weight"] = [d]
+        t[p + "self_attn.k_norm.weight"] = [d]
+        t[p + "mlp.gate_proj.weight"] = [M, E]
+        t[p + "mlp.up_proj.weight"] = [M, E]
+        t[p + "mlp.down_proj.weight"] = [E, M]
+        t[p + "layer_scalar"] = [1]
+        if experts:
+            t[p + "router.proj.weight"] = [experts, E]
+            t[p + "router.scale"] = [E]
+            t[p + "router.per_expert_scale"] = [experts]
+            t[p + "experts.gate_up_proj"] = [experts, 2 * moe, E]
+            t[p + "experts.down_proj"] = [experts, E, moe]
+            for n in ["pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"]:
+                t[p + n + ".weight"] = [E]
+    return t
+
+
+def llama4_tensors(layers, experts, moe_step, moe, mlp):
+    """Llama 4's text layers: every `moe_step`-th an MoE layer (a router, `experts` fused experts of
+    width `moe` with the gate and up projections side by side, one shared expert of that width),
+    the others a dense MLP of width `mlp`."""
+    t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E], "lm_head.weight": [V, E]}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        t[p + "input_layernorm.weight"] = [E]
+        t[p + "self_attn.q_proj.weight"] = [H * D, E]
+        t[p + "self_attn.k_proj.weight"] = [K * D, E]
+        t[p + "self_attn.v_proj.weight"] = [K * D, E]
+        t[p + "self_attn.o_proj.weight"] = [E, H * D]
+        t[p + "post_attention_layernorm.weight"] = [E]
+        if (l + 1) % moe_step == 0:
+            t[p + "feed_forward.router.weight"] = [experts, E]
+            t[p + "feed_forward.experts.gate_up_proj"] = [experts, E, 2 * moe]
+            t[p + "feed_forward.experts.down_proj"] = [experts, moe, E]
+            for proj, shape in (("gate_proj", [moe, E]), ("up_proj", [moe, E]), ("down_proj", [E, moe])):
+                t[p + f"feed_forward.shared_expert.{proj}.weight"] = shape
+        else:
+            for proj, shape in (("gate_proj", [mlp, E]), ("up_proj", [mlp, E]), ("down_proj", [E, mlp])):
+                t[p + f"feed_forward.{proj}.weight"] = shape
+    return t
+
+
 def cases():
     llama = dict(BASE, architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=2,
                  hidden_act="silu", tie_word_embeddings=False)
@@ -282,6 +347,35 @@ def cases():
                        "original_max_position_embeddings": 8, "beta_fast": 2.0, "beta_slow": 0.25,
                        "truncate": False})
     del gpt_oss["rope_theta"]
+    # Gemma 4: one block of 5 sliding layers (window 4) and a full one whose heads are 32 wide, 1
+    # key/value head shared by keys and values, RoPE over half of it at base 100 (proportional;
+    # the sliding layers' default at base 10000), logits soft-capped at 30; no per-layer
+    # embeddings. The MoE variant: 4 experts of width 32, 2 a token, beside the shared MLP.
+    gemma4 = dict(BASE, architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", num_hidden_layers=6,
+                  hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, tie_word_embeddings=True,
+                  sliding_window=4, layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                  global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+                  final_logit_softcapping=30.0, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+                  enable_moe_block=False, rope_parameters={
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                      "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                         "rope_theta": 100.0}})
+    del gemma4["rope_theta"]
+    gemma4_moe = dict(gemma4, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+    # Llama 4 (text): 4 layers, the last without RoPE and attending fully, the others within chunks
+    # of 4 tokens (the 12-token sequence crosses them) with Llama 3.1's scaled RoPE and the QK L2
+    # norm; layers 1 and 3 MoE (4 experts of width 32, one a token scaled by its logit's sigmoid,
+    # and a shared one), 0 and 2 dense of width M. (Temperature tuning changes nothing before
+    # position 8191.)
+    llama4 = dict(BASE, architectures=["Llama4ForCausalLM"], model_type="llama4_text", num_hidden_layers=4,
+                  max_position_embeddings=131072, hidden_act="silu", tie_word_embeddings=False, attention_bias=False,
+                  intermediate_size=32, intermediate_size_mlp=M, num_local_experts=4, num_experts_per_tok=1,
+                  interleave_moe_layer_step=2, no_rope_layer_interval=4, attention_chunk_size=4,
+                  use_qk_norm=True, attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1,
+                  router_jitter_noise=0.0, rope_parameters={
+                      "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    del llama4["rope_theta"]
     return {
         "deepseek_v3": (deepseek_v3, deepseek_tensors(2, 2)),
         "deepseek_v3_moe": (deepseek_v3_moe, deepseek_tensors(3, 1, q_lora=24, experts=4, moe=32)),
@@ -296,6 +390,9 @@ def cases():
         "gemma3": (gemma3, gemma_tensors(8, True, K, qk_norm=True)),
         "olmo3": (olmo3, olmo3_tensors(8)),
         "gpt_oss": (gpt_oss, gpt_oss_tensors(4, 4)),
+        "gemma4": (gemma4, gemma4_tensors(6, 32, 1)),
+        "gemma4_moe": (gemma4_moe, gemma4_tensors(6, 32, 1, experts=4, moe=32)),
+        "llama4": (llama4, llama4_tensors(4, 4, 2, 32, M)),
     }
 
 
@@ -303,7 +400,7 @@ def write_checkpoint(d, config, shapes):
     import torch
     from safetensors.torch import save_file
 
-    plus_one = config["model_type"].startswith("gemma")
+    plus_one = config["model_type"].startswith("gemma") and not config["model_type"].startswith("gemma4")
     tensors = {}
     for name, shape in shapes.items():
         n = math.prod(shape)

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""Checks `maxrs convert to-maxtext` against MaxText itself and writes tests/data/orbax/to_maxtext_losses.json (issue 47).
+"""Checks `maxrs convert to-maxtext` against MaxText and writes tests/data/orbax/to_maxtext_*losses.json (issue 47).
 
-1. maxrs trains the fixture's tiny model (tools/orbax_fixture.py's `MODEL_KEYS`) for 2 steps on
+Each `--case` (`CASES`) is the fixture's tiny model (tools/orbax_fixture.py's `MODEL_KEYS`) with
+a few keys of its own (another layout, another decoder block), its MaxText losses written to its
+own file (`to_maxtext_losses.json` for the fixture's model itself, the default):
+1. maxrs trains the case's model for 2 steps on
    MaxText's synthetic batch (`maxtext_batch.tokens`, `dataset_type=tokens`), saving step 1.
 2. `maxrs convert to-maxtext` writes it as a MaxText checkpoint (`<out>/1/items`).
 3. Orbax's own restore (`PyTreeCheckpointer`, each array on this machine's first device) of what
@@ -11,15 +14,15 @@
 4. MaxText (`maxtext.trainers.pre_train.train`, `dataset_type=synthetic`, whose batch is the
    token file's row) resumes from it as a run's `checkpoints/` folder for steps 2 and 3; maxrs
    continues from its own checkpoint for the same steps. Their losses must agree within 1e-5.
-   MaxText's are written to `to_maxtext_losses.json`: tests/orbax.rs continues maxrs from its
-   converted checkpoint and compares with them.
+   MaxText's are written to the case's file: tests/orbax.rs continues maxrs from its converted
+   checkpoint and compares with them.
 5. `maxrs convert to-maxtext --params-only` writes step 1's parameters alone; MaxText loads them
    with `load_parameters_path` for one step: its loss (`params_only_loss_by_step`, step 0) must
    be maxrs's continued run's at step 2 (the same parameters on the same batch).
 
 Usage (from the repository root, after `cargo build`; the venv with MaxText's dependencies):
     /tmp/mtvenv/bin/python tools/maxtext_resume.py --maxtext-src /tmp/maxtext/src \
-        --maxrs target/debug/maxrs --out tests/data/orbax
+        --maxrs target/debug/maxrs --out tests/data/orbax [--case llama2_unscanned]
 """
 
 import argparse
@@ -36,6 +39,43 @@ from orbax_fixture import MODEL_KEYS, RUN_KEYS, maxtext  # noqa: E402
 # Two of MaxText's defaults that maxrs's `default` model file changes (models/default.yml).
 MAXRS_KEYS = ["learning_rate=3e-5", "synthetic_progression=false"]
 TOLERANCE = 1e-5
+# The runs checked (`--case`): keys both programs add to the fixture's model, and the file
+# MaxText's losses are written to. `llama2_unscanned` is the same model with a layer module per
+# layer (`decoder/layers_<i>`): other parameter names, and other NNX random streams (the
+# decoder's shared by the layers, held first by layer 0's attention op).
+CASES = {
+    "llama2": ([], "to_maxtext_losses.json"),
+    "llama2_unscanned": (["scan_layers=false"], "to_maxtext_unscanned_losses.json"),
+    "mixtral": (
+        ["decoder_block=mixtral", "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=32",
+         "sparse_matmul=false"],
+        "to_maxtext_mixtral_losses.json",
+    ),
+    "gemma2": (
+        ["decoder_block=gemma2", "mlp_activations=[gelu,linear]", "normalization_layer_epsilon=1e-6",
+         "logits_via_embedding=true", "final_logits_soft_cap=30.0", "attn_logits_soft_cap=50.0",
+         "sliding_window_size=8", "use_post_attn_norm=true", "use_post_ffw_norm=true"],
+        "to_maxtext_gemma2_losses.json",
+    ),
+    "gemma3": (
+        # MaxText's gemma3 scales its queries by the model name's rule: a gemma3 model file, shrunk.
+        ["model_name=gemma3-4b", "override_model_config=true", "base_num_decoder_layers=8", "sliding_window_size=8"],
+        "to_maxtext_gemma3_losses.json",
+    ),
+    "deepseek": (
+        ["decoder_block=deepseek", "attention_type=mla", "q_lora_rank=8", "kv_lora_rank=8", "qk_nope_head_dim=8",
+         "qk_rope_head_dim=8", "v_head_dim=8", "num_experts=4", "num_experts_per_tok=2", "shared_experts=1",
+         "base_moe_mlp_dim=32", "first_num_dense_layers=1", "routed_score_func=sigmoid", "routed_bias=true",
+         "sparse_matmul=false"],
+        "to_maxtext_deepseek_losses.json",
+    ),
+}
+
+
+def model_keys(case_keys):
+    """The fixture's model keys with the case's: a key the case gives replaces the fixture's."""
+    given = {k.split("=", 1)[0] for k in case_keys}
+    return [k for k in MODEL_KEYS if k.split("=", 1)[0] not in given] + case_keys
 
 
 def losses(metrics):
@@ -65,7 +105,9 @@ def check_restore(items, maxrs_step):
     opt = load_file(os.path.join(maxrs_step, "opt_state.safetensors"))
 
     def maxtext_layout(key, value):
-        return np.swapaxes(value, 0, 1) if key.startswith("decoder.layers.") else value
+        # A scanned stack's arrays (DeepSeek's two stacks too; not Gemma 3's `layers_remainder`).
+        scanned = key.startswith(("decoder.layers.", "decoder.dense_layers.", "decoder.moe_layers."))
+        return np.swapaxes(value, 0, 1) if scanned else value
 
     def at(tree, dotted):
         for part in dotted.split("."):
@@ -90,13 +132,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--maxtext-src", required=True, help="MaxText's src/ folder (commit e591f30)")
     p.add_argument("--maxrs", required=True, help="the maxrs binary")
-    p.add_argument("--out", required=True, help="the fixture folder (to_maxtext_losses.json is replaced)")
+    p.add_argument("--out", required=True, help="the fixture folder (the case's losses file is replaced)")
+    p.add_argument("--case", choices=sorted(CASES), default="llama2", help="the model's layout (default llama2)")
     args = p.parse_args()
     src, binary, out = (os.path.abspath(a) for a in (args.maxtext_src, args.maxrs, args.out))
+    case_keys, losses_file = CASES[args.case]
     tokens = os.path.join(out, "maxtext_batch.tokens")
     data = ["dataset_type=tokens", f"dataset_path={tokens}"]
     with tempfile.TemporaryDirectory() as tmp:
-        keys = MODEL_KEYS + MAXRS_KEYS + data
+        keys = model_keys(case_keys) + MAXRS_KEYS + data
         maxrs(binary, "train", *keys, f"base_output_directory={tmp}", "run_name=mx", "enable_checkpointing=true", "steps=2")
         converted = os.path.join(tmp, "converted")
         maxrs(binary, "convert", "to-maxtext", os.path.join(tmp, "mx"), converted)
@@ -105,7 +149,8 @@ def main():
         shutil.copytree(converted, os.path.join(tmp, "mt", "checkpoints"))
         mt_metrics = os.path.join(tmp, "mt.jsonl")
         mt_keys = ["run_name=mt", f"base_output_directory={tmp}", "enable_checkpointing=true", "steps=4"]
-        maxtext(src, "maxtext.trainers.pre_train.train", mt_keys + [f"metrics_file={mt_metrics}"] + MODEL_KEYS + RUN_KEYS)
+        mt_keys += [f"metrics_file={mt_metrics}"] + model_keys(case_keys) + RUN_KEYS
+        maxtext(src, "maxtext.trainers.pre_train.train", mt_keys)
         own_metrics = os.path.join(tmp, "own.jsonl")
         own = [f"load_full_state_path={os.path.join(tmp, 'mx', 'checkpoints', '1')}", "steps=4", f"metrics_file={own_metrics}"]
         maxrs(binary, "train", *keys, *own)
@@ -121,13 +166,14 @@ def main():
         params_metrics = os.path.join(tmp, "params.jsonl")
         params_keys = ["run_name=p", f"base_output_directory={tmp}", "enable_checkpointing=true", "steps=1"]
         params_keys += [f"load_parameters_path={os.path.join(params, '0', 'items')}", f"metrics_file={params_metrics}"]
-        maxtext(src, "maxtext.trainers.pre_train.train", params_keys + MODEL_KEYS + RUN_KEYS)
+        maxtext(src, "maxtext.trainers.pre_train.train", params_keys + model_keys(case_keys) + RUN_KEYS)
         first = losses(params_metrics)
         diff = abs(first["0"] - mine["2"])
         print(f"parameters only: MaxText's step 0 {first['0']!r}, maxrs's step 2 {mine['2']!r}, |diff| {diff:.3g}")
         assert list(first) == ["0"] and diff < TOLERANCE, first
-    with open(os.path.join(out, "to_maxtext_losses.json"), "w", encoding="utf8") as f:
+    with open(os.path.join(out, losses_file), "w", encoding="utf8") as f:
         run = "MaxText resumed from maxrs's step 1 converted by `maxrs convert to-maxtext`, steps=4"
+        run += "".join(f" {k}" for k in case_keys)
         params_run = "MaxText with load_parameters_path= the same step converted with --params-only, steps=1"
         json.dump({"run": run, "loss_by_step": mt, "params_only_run": params_run, "params_only_loss_by_step": first}, f, indent=1)
         f.write("\n")

@@ -221,7 +221,7 @@ pub fn model_keys(config: &Config, model: &Model) -> BTreeMap<String, serde_json
 /// What model name `name` decides of the model whose model keys are `keys`, beyond them, in
 /// words, where MaxText's model code reads the name: a DeepSeek model's routing
 /// ([`moe::routing_by_name`]), Gemma 3's query scale ([`gemma3::scalar_of_name`]), OLMo 3's
-/// QK-norm. None where
+/// QK-norm, Gemma 4's partial RoPE. None where
 /// the name decides nothing, or `keys` (an older manifest's) lack what it depends on. Read from
 /// the recorded keys alone, so that a checkpoint's name and a run's compare alike.
 fn decided_by_name(name: &str, keys: &BTreeMap<String, serde_json::Value>) -> Option<String> {
@@ -241,6 +241,14 @@ fn decided_by_name(name: &str, keys: &BTreeMap<String, serde_json::Value>) -> Op
         // model_name starting with olmo3 (maxrs's olmo3 refuses another name).
         "olmo3" => {
             Some(format!("a QK-norm over {}", if name.starts_with("olmo3") { "all heads" } else { "each head" }))
+        }
+        // `Attention.init_rotary_embedding` (layers/attentions.py at MaxText e591f30): Gemma 4's
+        // partial RoPE for a model_name starting with gemma4 (maxrs's gemma4 refuses another).
+        "gemma4" => {
+            let proportion = |k: &str| keys.get(k).and_then(serde_json::Value::as_f64);
+            let partial = proportion("global_rope_proportion")? < 1.0 || proportion("local_rope_proportion")? < 1.0;
+            let layout = if name.starts_with("gemma4") { "Gemma 4's" } else { "PartialRotaryEmbedding's" };
+            partial.then(|| format!("partial RoPE in {layout} layout"))
         }
         _ => None,
     }

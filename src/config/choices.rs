@@ -155,7 +155,10 @@ string_enum!(
     /// block, qwen3_custom_moe qwen3's attention into a narrower latent with a routed MoE block
     /// there, deepseek DeepSeek-V3's layer (multi-head latent attention), olmo3 OLMo 3's
     /// post-norm layers with a whole-width QK-norm, 3 sliding-window layers to 1 global, gpt_oss
-    /// gpt-oss's layers (attention sinks, sliding and global layers in turn, biased experts).
+    /// gpt-oss's layers (attention sinks, sliding and global layers in turn, biased experts), llama4
+    /// Llama 4's text layers (chunked attention with NoPE global layers, top-1 sigmoid experts),
+    /// gemma4 Gemma 4's text layers (5 sliding to 1 global with its own head size and partial
+    /// RoPE, value norms, a scaled residual; gemma4-26b's routed experts beside a shared MLP).
     DecoderBlock {
         Llama2 = "llama2",
         Mistral = "mistral",
@@ -171,6 +174,8 @@ string_enum!(
         Deepseek = "deepseek",
         Olmo3 = "olmo3",
         GptOss = "gpt_oss",
+        Llama4 = "llama4",
+        Gemma4 = "gemma4",
     }
 );
 
@@ -184,6 +189,8 @@ impl DecoderBlock {
                 | DecoderBlock::Qwen3CustomMoe
                 | DecoderBlock::Deepseek
                 | DecoderBlock::GptOss
+                | DecoderBlock::Llama4
+                | DecoderBlock::Gemma4
         )
     }
 }

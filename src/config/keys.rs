@@ -32,9 +32,13 @@ const SLIDING: Families = Families::Only(&[
     DecoderBlock::Gemma3,
     DecoderBlock::Olmo3,
     DecoderBlock::GptOss,
+    DecoderBlock::Gemma4,
 ]);
-const GEMMA2_3: Families = Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::Gemma3]);
-const GEMMA3: Families = Families::Only(&[DecoderBlock::Gemma3]);
+const GEMMA2_3_4: Families = Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::Gemma3, DecoderBlock::Gemma4]);
+const GEMMA3_4: Families = Families::Only(&[DecoderBlock::Gemma3, DecoderBlock::Gemma4]);
+/// decoder_block=gemma4 (`src/maxtext/models/gemma4.py` at MaxText e591f30): the global layers'
+/// own head size, key/value heads and RoPE, shared key/value projections, value norms.
+const GEMMA4: Families = Families::Only(&[DecoderBlock::Gemma4]);
 /// The families with MaxText's default RoPE (`RotaryEmbedding`), whose timescales
 /// `rope_linear_scaling_factor` scales (gemma3: its global layers only).
 const DEFAULT_ROPE: Families = Families::Only(&[
@@ -49,6 +53,8 @@ const DEFAULT_ROPE: Families = Families::Only(&[
     DecoderBlock::Qwen3Moe,
     DecoderBlock::Qwen3CustomMoe,
     DecoderBlock::Olmo3,
+    DecoderBlock::Llama4,
+    DecoderBlock::Gemma4,
 ]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
 const MOE: Families = Families::Only(&[
@@ -57,20 +63,28 @@ const MOE: Families = Families::Only(&[
     DecoderBlock::Qwen3CustomMoe,
     DecoderBlock::Deepseek,
     DecoderBlock::GptOss,
+    DecoderBlock::Llama4,
+    DecoderBlock::Gemma4,
 ]);
 /// decoder_block=qwen2, qwen3, qwen3_moe, qwen3_custom_moe, olmo3: `qwen2.py`, `qwen3.py`,
-/// `qwen3_custom.py` and `olmo3.py` (MaxText e591f30) all pass `use_qk_norm` to their `Attention`.
+/// `qwen3_custom.py` and `olmo3.py` (MaxText e591f30) all pass `use_qk_norm` to their `Attention`;
+/// llama4: `llama4.py`, whose `Attention` takes it as an L2 norm after RoPE.
 const QK_NORM: Families = Families::Only(&[
     DecoderBlock::Qwen2,
     DecoderBlock::Qwen3,
     DecoderBlock::Qwen3Moe,
     DecoderBlock::Qwen3CustomMoe,
     DecoderBlock::Olmo3,
+    DecoderBlock::Llama4,
 ]);
 /// decoder_block=qwen2, gpt_oss: the blocks maxrs has whose MaxText layer reads `attention_bias`.
 const ATTENTION_BIAS: Families = Families::Only(&[DecoderBlock::Qwen2, DecoderBlock::GptOss]);
-const MIXTRAL_QWEN3_MOE: Families =
-    Families::Only(&[DecoderBlock::Mixtral, DecoderBlock::Qwen3Moe, DecoderBlock::Qwen3CustomMoe]);
+const NORM_TOPK_PROB: Families = Families::Only(&[
+    DecoderBlock::Mixtral,
+    DecoderBlock::Qwen3Moe,
+    DecoderBlock::Qwen3CustomMoe,
+    DecoderBlock::Gemma4,
+]);
 /// decoder_block=qwen3_custom_moe: `Qwen3CustomMoeDecoderLayer` (`models/qwen3_custom.py`, MaxText
 /// e591f30) is the only layer maxrs has that reads `attention_output_dim`, and the only one where
 /// `moe_expert_input_dim` may differ from the embedding size.
@@ -81,12 +95,17 @@ const DEEPSEEK: Families = Families::Only(&[DecoderBlock::Deepseek]);
 /// The families with YaRN RoPE (`rope_type: yarn`): deepseek's latent attention, olmo3, gpt_oss.
 const YARN: Families = Families::Only(&[DecoderBlock::Deepseek, DecoderBlock::Olmo3, DecoderBlock::GptOss]);
 /// The families that scan blocks of `inhomogeneous_layer_cycle_interval` layers.
-const LAYER_CYCLE: Families = Families::Only(&[DecoderBlock::Olmo3, DecoderBlock::GptOss]);
+const LAYER_CYCLE: Families = Families::Only(&[DecoderBlock::Olmo3, DecoderBlock::GptOss, DecoderBlock::Llama4]);
 /// decoder_block=deepseek, gpt_oss: a learned routing bias (`routed_bias`).
 const ROUTED_BIAS: Families = Families::Only(&[DecoderBlock::Deepseek, DecoderBlock::GptOss]);
 /// decoder_block=gpt_oss (`src/maxtext/models/gpt_oss.py` at MaxText e591f30): attention sinks,
 /// biased experts with a clamped SwiGLU.
 const GPT_OSS: Families = Families::Only(&[DecoderBlock::GptOss]);
+/// decoder_block=llama4 (`src/maxtext/models/llama4.py` at MaxText e591f30): chunked attention, NoPE
+/// layers with temperature tuning, MoE layers every `interleave_moe_layer_step` layers.
+const LLAMA4: Families = Families::Only(&[DecoderBlock::Llama4]);
+/// decoder_block=deepseek, llama4, gemma4: MaxText's `RoutedAndSharedMoE` (`layers/moe.py` at e591f30).
+const SHARED_EXPERTS: Families = Families::Only(&[DecoderBlock::Deepseek, DecoderBlock::Llama4, DecoderBlock::Gemma4]);
 
 declare_keys! {
     section "Run" {
@@ -205,10 +224,19 @@ declare_keys! {
         normalization_layer_epsilon: f64 = 1.0e-05 => MaxText.model(ALL).range(open(0.0, 1.0)).model_file(),
         /// RoPE's maximum timescale (the longest wavelength).
         rope_max_timescale: i64 = 10000 => MaxText.model(ALL).range(int(1, 1 << 53)).model_file(),
-        /// gemma3: RoPE's maximum timescale in the local (sliding-window) layers; 0 or less: rope_max_timescale.
+        /// gemma3, gemma4: RoPE's maximum timescale in the local (sliding-window) layers; 0 or less: rope_max_timescale.
         // MaxText's `Attention.init_rotary_embedding` (src/maxtext/layers/attentions.py, e591f30)
         // uses it when positive.
-        local_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA3).range(int(-(1 << 53), 1 << 53)).model_file(),
+        local_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA3_4).range(int(-(1 << 53), 1 << 53)).model_file(),
+        /// gemma4: RoPE's maximum timescale in the global layers; 0 or less: rope_max_timescale.
+        // `Gemma4DecoderLayer` (src/maxtext/models/gemma4.py at MaxText e591f30) uses it when positive.
+        global_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA4).range(int(-(1 << 53), 1 << 53)).model_file(),
+        /// gemma4: the fraction of the global layers' head size that RoPE rotates (the rest keeps angle 0).
+        // `Gemma4PartialRotaryEmbedding` (layers/embeddings.py at MaxText e591f30) below 1: the
+        // first int(head size x this) / 2 frequencies of each half, exponents over the whole head.
+        global_rope_proportion: f64 = 0.25 => MaxText.model(GEMMA4).range(closed(0.0, 1.0)).model_file(),
+        /// gemma4: the fraction of the local layers' head_dim that RoPE rotates.
+        local_rope_proportion: f64 = 1.0 => MaxText.model(GEMMA4).range(closed(0.0, 1.0)).model_file(),
         /// The default RoPE's timescales are multiplied by this (positions / factor): every layer of the families with it, gemma3's global layers; not Llama 3.1's or YaRN's RoPE.
         // MaxText's `RotaryEmbedding.timescale` (src/maxtext/layers/embeddings.py, e591f30) and
         // `Attention.init_rotary_embedding` (attentions.py), which skips gemma3's local layers.
@@ -231,18 +259,37 @@ declare_keys! {
         sliding_window_size: i64 = 0 => MaxText.model(SLIDING).range(int(0, 1 << 24)).model_file(),
         /// qwen2, qwen3, qwen3_moe, qwen3_custom_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm); olmo3: over all heads' together.
         use_qk_norm: bool = false => MaxText.model(QK_NORM).model_file(),
+        /// llama4: every layer n with (n + 1) % this == 0 has no RoPE (NoPE) and attends globally, the others within chunks of chunk_attn_window_size; 0 or less: none.
+        // `determine_is_nope_layer` (models/llama4.py at MaxText e591f30).
+        nope_layer_interval: i64 = -1 => MaxText.model(LLAMA4).range(int_or_fill(0, MAX_HEADS)).model_file(),
+        /// llama4: the chunk of the RoPE layers' attention: a query sees the keys before it in its own chunk of this many tokens (0: none).
+        // `ChunkedCausalMask` and `_generate_chunk_attention_mask` (layers/attention_op.py at e591f30).
+        chunk_attn_window_size: i64 = 0 => MaxText.model(LLAMA4).range(int(0, 1 << 24)).model_file(),
+        /// llama4: the NoPE layers' queries are multiplied by 1 + 0.1 ln(floor((position + 1) / 8192) + 1).
+        // `Attention.__call__` (layers/attentions.py at e591f30) with llama4.py's scale 0.1 and floor 8192.
+        temperature_tuning: bool = false => MaxText.model(LLAMA4).model_file(),
         /// qwen2: learned biases on the query, key and value projections (not the output's); gpt_oss: on the output's too.
         attention_bias: bool = false => MaxText.model(ATTENTION_BIAS).model_file(),
         /// gpt_oss: a learned logit per query head (`sinks`) joins each softmax's denominator (attention sinks).
         // `Attention.sinks` and `AttentionOp.compute_local_attention` (layers/attentions.py,
         // layers/attention_op.py at MaxText e591f30).
         attention_sink: bool = false => MaxText.model(GPT_OSS).model_file(),
-        /// gemma2, gemma3: attention scores = cap * tanh(scores / cap); 0 disables.
-        attn_logits_soft_cap: f64 = 0.0 => MaxText.model(GEMMA2_3).range(closed(0.0, 1e9)).model_file(),
-        /// gemma2, gemma3: RMSNorm after attention, before the residual add.
-        use_post_attn_norm: bool = false => MaxText.model(GEMMA2_3).model_file(),
-        /// gemma2, gemma3: RMSNorm after the MLP, before the residual add.
-        use_post_ffw_norm: bool = false => MaxText.model(GEMMA2_3).model_file(),
+        /// gemma2, gemma3, gemma4: attention scores = cap * tanh(scores / cap); 0 disables.
+        attn_logits_soft_cap: f64 = 0.0 => MaxText.model(GEMMA2_3_4).range(closed(0.0, 1e9)).model_file(),
+        /// gemma2, gemma3, gemma4: RMSNorm after attention, before the residual add.
+        use_post_attn_norm: bool = false => MaxText.model(GEMMA2_3_4).model_file(),
+        /// gemma2, gemma3, gemma4: RMSNorm after the MLP, before the residual add.
+        use_post_ffw_norm: bool = false => MaxText.model(GEMMA2_3_4).model_file(),
+        /// gemma4: the global layers' head size; 0: head_dim.
+        global_head_dim: i64 = 0 => MaxText.model(GEMMA4).range(int(0, MAX_HEADS)).model_file(),
+        /// gemma4: the global layers' key/value heads (global_parameter_scale leaves it as it is); 0: the local layers'.
+        global_num_kv_heads: i64 = 0 => MaxText.model(GEMMA4).range(int(0, MAX_HEADS)).model_file(),
+        /// gemma4: the global layers' values are their keys' projection (no value kernel), taken before the key norm.
+        // `Attention(share_kv_projections=True)` (layers/attentions.py at MaxText e591f30): value =
+        // key as projected; the key is then QK-normed and rotated, the value normed by value_norm.
+        share_kv_projections: bool = false => MaxText.model(GEMMA4).model_file(),
+        /// gemma4: the values' RMSNorm over each head (every layer) has a learned scale (value_norm.scale); false: none.
+        v_norm_with_scale: bool = true => MaxText.model(GEMMA4).model_file(),
         /// qwen3_custom_moe: the attention output projection's width (the latent the MoE block runs on); -1: unset (qwen3_custom_moe needs it set).
         // `Qwen3CustomAttention.init_out_w` (models/qwen3_custom.py at MaxText e591f30) refuses a
         // non-positive value; a value other than the embedding size adds layer_up_projection.
@@ -322,9 +369,9 @@ declare_keys! {
         float32_gate_logits: bool = false => MaxText.step().read_by_model(MOE),
         /// True: the dispatched tokens of the dropping path keep the expert axis for the experts (all-to-all) instead of the batch.
         moe_dispatch_no_expert_sharding: bool = false => MaxText.step().read_by_model(MOE),
-        /// deepseek: the width of the shared MLP, in experts (shared_experts x the experts' width), added to the routed output.
+        /// deepseek, llama4: the width of the shared MLP, in experts (shared_experts x the experts' width), added to the routed output; gemma4: in base_mlp_dim widths.
         // MaxText's `RoutedAndSharedMoE` (layers/moe.py, e591f30); 0: no shared MLP.
-        shared_experts: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
+        shared_experts: i64 = 0 => MaxText.model(SHARED_EXPERTS).range(int(0, MAX_HEADS)).model_file(),
         /// deepseek: the router's scores: "" (the logits), sigmoid or softmax (over the experts).
         routed_score_func: RoutedScoreFunc = "" => MaxText.model(DEEPSEEK).model_file(),
         /// deepseek: a learned per-expert bias (gate.bias) added to the scores to choose the experts; under a model_name starting with deepseek3 or deepseek4 the weights come from the unbiased scores, under any other name from the biased ones. gpt_oss: added to the router logits (choice and weights).
@@ -344,6 +391,9 @@ declare_keys! {
         routed_scaling_factor: f64 = 1.0 => MaxText.model(DEEPSEEK).range(closed(0.0, 1e6)).model_file(),
         /// deepseek: the layers before the routed ones (dense_layers, then moe_layers).
         first_num_dense_layers: i64 = 0 => MaxText.model(DEEPSEEK).range(int(0, MAX_HEADS)).model_file(),
+        /// llama4: every layer n with (n + 1) % this == 0 has experts (Llama4MoEBlock_0), the others a dense MLP base_mlp_dim wide.
+        // `determine_is_moe_layer` (models/llama4.py at MaxText e591f30).
+        interleave_moe_layer_step: i64 = 1 => MaxText.model(LLAMA4).range(int(1, MAX_HEADS)).model_file(),
         /// The experts' hidden size, before global_parameter_scale: deepseek's routed and shared experts, qwen3_moe's experts; mixtral's and qwen3_custom_moe's experts are base_mlp_dim wide, which it must equal.
         /// -1: unset; deepseek refuses it with routed layers, mixtral and qwen3_moe then take base_mlp_dim (MaxText refuses an unset one with num_experts > 1).
         // MaxText's types.py at e591f30: moe_mlp_dim must be positive with num_experts > 1, and
@@ -354,10 +404,10 @@ declare_keys! {
         // MaxText's `RoutedMoE` (layers/moe.py at e591f30) sizes its gate and experts with it;
         // types.py requires it to equal attention_output_dim for qwen3_custom_moe.
         moe_expert_input_dim: i64 = -1 => MaxText.model(QWEN3_CUSTOM).range(int_or_fill(1, MAX_EMB)).model_file(),
-        /// mixtral, qwen3_moe, qwen3_custom_moe: the top-k routing weights (softmax over the chosen logits) are divided by their sum, in dtype.
+        /// mixtral, qwen3_moe, qwen3_custom_moe: the top-k routing weights (softmax over the chosen logits) are divided by their sum, in dtype; gemma4: its top-k probabilities (softmax over all experts).
         // MaxText's `get_topk` (layers/moe.py at e591f30) renormalizes after the softmax, which
         // already sums to 1: the two values differ by dtype rounding only.
-        norm_topk_prob: bool = false => MaxText.model(MIXTRAL_QWEN3_MOE).model_file(),
+        norm_topk_prob: bool = false => MaxText.model(NORM_TOPK_PROB).model_file(),
     }
 
     section "Numerics and memory" {

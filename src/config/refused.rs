@@ -60,7 +60,7 @@ pub const REFUSED: &[Refusal] = &[
     // The encoders' own keys are inert without these (`maxtext_keys::inert`).
     refuse(
         &["use_multimodal", "use_audio"],
-        "maxrs models text only: no vision or audio encoder (gemma3 is its language model)",
+        "maxrs models text only: no vision or audio encoder (gemma3 and llama4 are their language models)",
     ),
     refuse(&["checkpoint_is_quantized"], "maxrs has no quantized checkpoints"),
     refuse(

@@ -27,7 +27,6 @@ use super::tokenizer::TextTokenizer;
 use crate::config::Config;
 use crate::host::HostTensor;
 
-
 /// What a preference stream reads: its columns, and the chat template of conversational pairs
 /// (loaded when the first pair of the files is one).
 #[derive(Debug)]

@@ -148,14 +148,33 @@ impl LayerContext {
         options: &AttendOptions,
         sinks: Option<&Tensor>,
     ) -> Tensor {
+        self.attend_within([q, k, v], (window, None), options, sinks)
+    }
+
+    /// `attend` within chunks of `chunk` tokens instead of a window: a query sees the keys at or
+    /// before it in its own chunk (Llama 4's chunked attention, `chunk_attn_window_size`).
+    pub fn attend_chunked(&self, q: &Tensor, k: &Tensor, v: &Tensor, chunk: i64, options: &AttendOptions) -> Tensor {
+        self.attend_within([q, k, v], (None, Some(chunk)), options, None)
+    }
+
+    /// `attend_sinks` within `(window, chunk)` (`Mask`'s).
+    fn attend_within(
+        &self,
+        [q, k, v]: [&Tensor; 3],
+        (window, chunk): (Option<i64>, Option<i64>),
+        options: &AttendOptions,
+        sinks: Option<&Tensor>,
+    ) -> Tensor {
         let how = self.how;
-        let Some(cache) = &self.cache else { return self.attend_whole([q, k, v], window, how, options, sinks, true) };
+        let Some(cache) = &self.cache else {
+            return self.attend_whole([q, k, v], (window, chunk), how, options, sinks, true);
+        };
         match &mut *cache.borrow_mut() {
             LayerCache::Fill { len, filled } => {
                 let t = k.shape()[1];
                 let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
                 filled.push(KvCache { key: pad(k), value: pad(v) });
-                self.attend_whole([q, k, v], window, how, options, sinks, false)
+                self.attend_whole([q, k, v], (window, chunk), how, options, sinks, false)
             }
             LayerCache::Update { layer, caches, used } => {
                 let Some(slot) = caches.get_mut(*used) else {
@@ -169,7 +188,7 @@ impl LayerContext {
                     true => (q.astype(DType::F32), keys.astype(DType::F32)),
                     false => (q.clone(), keys),
                 };
-                let allowed = self.cache_mask(window, kk.shape()[1]);
+                let allowed = self.cache_mask((window, chunk), kk.shape()[1]);
                 dot_product(&qk, &kk, &values, &allowed, options.logits_soft_cap, sinks)
                     .astype(q.dtype())
                     .checkpoint_name("context")
@@ -193,7 +212,7 @@ impl LayerContext {
         let options = AttendOptions::default();
         let Some(cache) = &self.cache else {
             let (k, v) = expand(latent, rope);
-            return self.attend_whole([q, &k, &v], None, how, &options, None, true);
+            return self.attend_whole([q, &k, &v], (None, None), how, &options, None, true);
         };
         match &mut *cache.borrow_mut() {
             LayerCache::Fill { len, filled } => {
@@ -201,7 +220,7 @@ impl LayerContext {
                 let pad = |x: &Tensor| x.pad(0.0, &[0, 0, 0, 0], &[0, *len - t, 0, 0], &[0, 0, 0, 0]);
                 filled.push(KvCache { key: pad(latent), value: pad(rope) });
                 let (k, v) = expand(latent, rope);
-                self.attend_whole([q, &k, &v], None, how, &options, None, false)
+                self.attend_whole([q, &k, &v], (None, None), how, &options, None, false)
             }
             LayerCache::Update { layer, caches, used } => {
                 let Some(slot) = caches.get_mut(*used) else {
@@ -211,7 +230,7 @@ impl LayerContext {
                 slot.key = write_rows(&slot.key, latent, layer, &self.positions);
                 slot.value = write_rows(&slot.value, rope, layer, &self.positions);
                 let (k, v) = expand(&layer_of(&slot.key, layer), &layer_of(&slot.value, layer));
-                let allowed = self.cache_mask(None, k.shape()[1]);
+                let allowed = self.cache_mask((None, None), k.shape()[1]);
                 dot_product(q, &k, &v, &allowed, None, None).astype(q.dtype()).checkpoint_name("context")
             }
         }
@@ -220,21 +239,22 @@ impl LayerContext {
     /// Attention over the queries' own keys (training, prefill): `attend_with`, or cuDNN's
     /// calls (`training`: the differentiable pair) where `cudnn_call` allows, else blockwise;
     /// blockwise always with sinks, which cuDNN's fused attention lacks (gpt_oss, the family with
-    /// sinks, refuses the cuDNN kernels as MaxText's `validate_gpu_flash_attention` does).
+    /// sinks, refuses the cuDNN kernels as MaxText's `validate_gpu_flash_attention` does); blockwise
+    /// within a chunk too, which cuDNN's fused attention has no mask for (Llama 4's chunked layers).
     #[allow(clippy::too_many_arguments)]
     fn attend_whole(
         &self,
         [q, k, v]: [&Tensor; 3],
-        window: Option<i64>,
+        (window, chunk): (Option<i64>, Option<i64>),
         how: AttentionImpl,
         options: &AttendOptions,
         sinks: Option<&Tensor>,
         training: bool,
     ) -> Tensor {
-        let mask = self.mask(window);
+        let mask = Mask { chunk, ..self.mask(window) };
         let AttentionImpl::Cudnn { block } = how else { return attend_sinks(q, k, v, &mask, how, options, sinks) };
         let blockwise = AttentionImpl::Blockwise { block };
-        let Some(split) = self.cudnn_call(q, k, options).filter(|_| sinks.is_none()) else {
+        let Some(split) = self.cudnn_call(q, k, options).filter(|_| sinks.is_none() && chunk.is_none()) else {
             return attend_sinks(q, k, v, &mask, blockwise, options, sinks);
         };
         let sequences = match (&self.segments, self.max_segments) {
@@ -281,8 +301,8 @@ impl LayerContext {
     }
 
     /// `pred[batch, seq, len]`: which of `len` cache positions each token's query sees: those at
-    /// or before its position, within `window` tokens when given.
-    fn cache_mask(&self, window: Option<i64>, len: i64) -> Tensor {
+    /// or before its position, within `window` tokens and in its chunk when given.
+    fn cache_mask(&self, (window, chunk): (Option<i64>, Option<i64>), len: i64) -> Tensor {
         let (b, t) = (self.positions.shape()[0], self.positions.shape()[1]);
         let query = self.positions.broadcast_in_dim(&[b, t, len], &[0, 1]);
         let key = self.positions.trace().iota(DType::S32, &[b, t, len], 2);
@@ -290,13 +310,16 @@ impl LayerContext {
         if let Some(w) = window {
             allowed = allowed.bitwise_and((&query - &key).lt(w as f64));
         }
+        if let Some(c) = chunk {
+            allowed = allowed.bitwise_and((&query / c as f64).eq(&key / c as f64));
+        }
         allowed
     }
 
     /// Which keys each query may see: causal, within `window` tokens when given, and in the same
     /// document when the batch is packed.
     pub fn mask(&self, window: Option<i64>) -> Mask {
-        Mask { window, segments: self.segments.clone() }
+        Mask { window, chunk: None, segments: self.segments.clone() }
     }
 }
 

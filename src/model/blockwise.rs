@@ -3,8 +3,8 @@
 //! backend. The algorithm is FlashAttention-2's (Dao, 2023) in XLA terms:
 //!
 //! - **Forward.** The queries are cut into blocks of `block` tokens. For each query block (a
-//!   loop unrolled at trace time, so causal and sliding-window attention skip the key blocks no
-//!   query of the block can see), a `scan` over the visible key/value blocks keeps a running
+//!   loop unrolled at trace time, so causal, sliding-window and chunked attention skip the key
+//!   blocks no query of the block can see), a `scan` over the visible key/value blocks keeps a running
 //!   maximum `m`, normalizer `l` and unnormalized output `acc` per query (the online softmax):
 //!   `m' = max(m, rowmax(s))`, `p = exp(s - m')`, `l' = l e^(m - m') + rowsum(p)`,
 //!   `acc' = acc e^(m - m') + p v`. The output is `acc / l`; the log-sum-exp `m + log l` is kept
@@ -53,7 +53,7 @@ pub fn attention(
 ) -> (Tensor, Tensor) {
     let seq = q.shape()[1];
     assert!(block > 0 && seq % block == 0, "blockwise attention: block {block} does not divide seq {seq}");
-    let layout = Layout::new(q, k, block, mask.window);
+    let layout = Layout::new(q, k, block, mask.window, mask.chunk);
     // The composite's inputs: q, k, v, then the sinks (in the accumulation dtype) and the
     // documents when given; its cotangents are those of the float ones, in order.
     let sinks = sinks.map(|z| z.astype(layout.acc));
@@ -99,15 +99,17 @@ struct Layout {
     block: i64,
     blocks: i64,
     window: Option<i64>,
+    chunk: Option<i64>,
     /// Scores, softmax and accumulators: f32, or f64 for f64 inputs.
     acc: DType,
 }
 
 impl Layout {
-    fn new(q: &Tensor, k: &Tensor, block: i64, window: Option<i64>) -> Layout {
+    fn new(q: &Tensor, k: &Tensor, block: i64, window: Option<i64>, chunk: Option<i64>) -> Layout {
         let (batch, seq, heads, head_dim) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
         let acc = if q.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
-        Layout { batch, seq, heads, kv_heads: k.shape()[2], head_dim, block, blocks: seq / block, window, acc }
+        let kv_heads = k.shape()[2];
+        Layout { batch, seq, heads, kv_heads, head_dim, block, blocks: seq / block, window, chunk, acc }
     }
 
     fn group(&self) -> i64 {
@@ -115,11 +117,14 @@ impl Layout {
     }
 
     /// The key blocks `lo..hi` that query block `j` may see: up to the block holding its last
-    /// query (causal), from the block holding the first key its first query's window reaches.
+    /// query (causal), from the block holding the first key its first query's window or chunk
+    /// reaches.
     fn key_blocks(&self, j: i64) -> (i64, i64) {
         let first_query = j * self.block;
         let hi = (first_query + self.block - 1) / self.block + 1;
-        let lo = self.window.map_or(0, |w| (first_query - w + 1).max(0) / self.block);
+        let window_lo = self.window.map_or(0, |w| (first_query - w + 1).max(0));
+        let chunk_lo = self.chunk.map_or(0, |c| first_query / c * c);
+        let lo = window_lo.max(chunk_lo) / self.block;
         (lo, hi)
     }
 }
@@ -191,7 +196,7 @@ impl QueryBlock {
     /// the mask.
     fn scores(&self, l: &Layout, x: &Tree) -> (Tensor, Tensor) {
         let s = einsum("bqngd,bknd->bngqk", &[&self.q, &x["k"]]).astype(l.acc);
-        let mask = Mask { window: l.window, segments: None };
+        let mask = Mask { window: l.window, chunk: l.chunk, segments: None };
         let segments = self.segments.as_ref().zip(x.get("seg"));
         let allowed = mask.allowed(&self.positions, &x["pos"], segments).broadcast_in_dim(s.shape(), &[0, 3, 4]);
         (where_(&allowed, &s, MASK_VALUE), allowed)

@@ -20,6 +20,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm};
+use super::family::LayerRngs;
 use super::family::{constrain, Family, LayerFlops, LayerOutput};
 use super::mla::Mla;
 use super::moe::{routed_and_shared_block, routed_and_shared_flops, routed_and_shared_param_defs, MoeConfig};
@@ -104,6 +105,12 @@ impl Deepseek {
 }
 
 impl Family for Deepseek {
+    /// MaxText's `DeepSeekGenericLayer` (`src/maxtext/models/deepseek.py` at e591f30) keeps its `rngs` (line 74) and
+    /// has a `dropout` (line 176).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: true, dropout: true })
+    }
+
     /// MaxText's `dense_layers`, then `moe_layers` (`Decoder` in `src/maxtext/layers/decoders.py`,
     /// e591f30); a stack without layers is left out.
     fn stacks(&self, c: &ModelConfig) -> Vec<Stack> {

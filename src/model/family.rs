@@ -15,6 +15,16 @@ use super::params::ParamDef;
 use super::stacks::Stack;
 use super::ModelConfig;
 
+/// What MaxText's module of one layer (of each sub-layer, for a stack named per sub-layer) keeps
+/// of random streams, beyond the modules its parameters show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerRngs {
+    /// It keeps the `Rngs` it was built with (`self.rngs = rngs` in its `__init__`).
+    pub keeps: bool,
+    /// It has a `dropout` of its own (on its output).
+    pub dropout: bool,
+}
+
 /// What a decoder family defines; everything else is the shared decoder's.
 pub trait Family: fmt::Debug + Send + Sync {
     /// The decoder's stacks of layers, in order (`stacks.rs`); by default MaxText's one stack
@@ -40,6 +50,13 @@ pub trait Family: fmt::Debug + Send + Sync {
     /// the layer as their state is (`fp8::state_defs`): by default one per kernel `<op>.kernel`.
     fn fp8_products(&self, c: &ModelConfig, kind: usize) -> Vec<String> {
         fp8::kernel_products(&self.layer_params(c, kind))
+    }
+
+    /// What MaxText's module of a layer of `kind` (each sub-layer's, in a stack named per
+    /// sub-layer) keeps of NNX random streams (`rng_streams.rs`); `None` where maxrs does not
+    /// know it (a train state of the family does not convert to MaxText's).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        None
     }
 
     /// The decoder's final norm (`decoder.decoder_norm`): MaxText's `get_norm_layer` of the

@@ -39,6 +39,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm, QueryScale, SelfAttention};
+use super::family::LayerRngs;
 use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::ParamDef;
 use super::ModelConfig;
@@ -54,6 +55,12 @@ const ATTENTION: SelfAttention = SelfAttention::new(QueryScale::Folded);
 pub struct Gemma;
 
 impl Family for Gemma {
+    /// MaxText's `GemmaDecoderLayer` (`src/maxtext/models/gemma.py` at e591f30) keeps its `rngs` (line 58) and has a
+    /// `dropout` (line 117).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: true, dropout: true })
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let norm = Norm::Rms { eps: LAYER_NORM_EPS };
         let mut defs = norm.params("pre_self_attention_norm", c.emb);

@@ -37,6 +37,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::{AttendOptions, LayerContext};
 use super::blocks::{Mlp, Norm, QueryScale, SelfAttention};
+use super::family::LayerRngs;
 use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::gemma::LAYER_NORM_EPS;
 use super::params::ParamDef;
@@ -145,6 +146,12 @@ pub(super) fn sandwich(
 }
 
 impl Family for Gemma2 {
+    /// MaxText's `Gemma2DecoderLayer` (`src/maxtext/models/gemma2.py` at e591f30) keeps its `rngs` (line 59) and has a
+    /// `dropout` (line 137).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: true, dropout: true })
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let mut defs = self.half_params(c, "local");
         defs.extend(self.half_params(c, "global"));

@@ -52,6 +52,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::{default_frequencies, rope_tables, AttendOptions, LayerContext};
 use super::blocks::{QueryScale, SelfAttention};
+use super::family::LayerRngs;
 use super::family::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::gemma2::{global_and_local_attention_flops, sandwich, sandwich_params, PostNorms};
 use super::params::ParamDef;
@@ -173,6 +174,12 @@ fn name(j: i64) -> impl Fn(&str) -> String {
 }
 
 impl Family for Gemma3 {
+    /// MaxText's `Gemma3DecoderLayer` (`src/maxtext/models/gemma3.py` at e591f30) keeps its `rngs` (line 89) and has a
+    /// `dropout` (line 175).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: true, dropout: true })
+    }
+
     /// `Decoder._apply_gemma3_scanned_blocks` (`src/maxtext/layers/decoders.py`, e591f30): the
     /// whole blocks, then the remainder; unscanned, every layer its own module `layers_<n>`
     /// (`src/maxtext/layers/decoders.py:1205,1246` at MaxText e591f30).

@@ -34,6 +34,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::{AttendOptions, LayerContext};
 use super::blocks::{dense, Mlp, Norm};
+use super::family::LayerRngs;
 use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::{ParamDef, ParamInit};
 use super::ModelConfig;
@@ -72,6 +73,12 @@ impl Gpt3 {
 }
 
 impl Family for Gpt3 {
+    /// MaxText's `Gpt3DecoderLayer` (`src/maxtext/models/gpt3.py` at e591f30) keeps its `rngs` (line 406) and has a
+    /// `dropout` (line 460).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: true, dropout: true })
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let (e, h, d) = (c.emb, c.heads, c.head_dim);
         let mut defs = Gpt3::norm(c).params("pre_self_attention_norm", e);

@@ -47,6 +47,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::{rope_scaled, rope_tables, rope_with, AttendOptions, LayerContext};
 use super::blocks::{dense, Activation, Norm, QueryScale, SelfAttention};
+use super::family::LayerRngs;
 use super::family::{attention_flops, constrain, Family, LayerFlops, LayerOutput, BTE};
 use super::gemma2::global_and_local_attention_flops;
 use super::mla::yarn_or_default_rope;
@@ -178,6 +179,12 @@ fn name(j: i64) -> impl Fn(&str) -> String {
 }
 
 impl Family for GptOss {
+    /// MaxText's `GptOssDecoderLayer` (`src/maxtext/models/gpt_oss.py` at e591f30) keeps no `rngs` and has a `dropout`
+    /// (line 135).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: false, dropout: true })
+    }
+
     /// `layers / interval` blocks; unscanned, every layer its own module `layers_<n>`.
     fn stacks(&self, c: &ModelConfig) -> Vec<Stack> {
         vec![Stack::new("layers", c.layers / self.interval, 0).per_sub_layer(self.interval, 0)]

@@ -184,6 +184,20 @@ pub fn describe(c: &Config, how: AttentionImpl) -> String {
                     DecoderBlock::Gemma2 => format!(
                         "; blockwise ({block}-token blocks) in the global layers, whose f32 query-key product cuDNN does not take"
                     ),
+                    // MaxText's cudnn_flash_te hands Transformer Engine the chunk mask as an explicit
+                    // mask, its cudnn_flash_jax drops it (`AttentionOp.cudnn_flash_attention`,
+                    // `cudnn_jax_flash_attention`, layers/attention_op.py at e591f30); XLA's fused
+                    // attention takes no mask, so maxrs computes those layers blockwise.
+                    DecoderBlock::Llama4 if c.chunk_attn_window_size > 0 => format!(
+                        "; blockwise ({block}-token blocks) in the chunked-attention layers, whose chunk mask cuDNN's fused attention does not take"
+                    ),
+                    // Gemma 4's global layers have their own head size (512 in the model files).
+                    DecoderBlock::Gemma4 => match cudnn::unsupported(c.dtype.ir(), c.global_head_dim) {
+                        Some(why) if c.global_head_dim > 0 => {
+                            format!("; blockwise ({block}-token blocks) in the global layers: {why}")
+                        }
+                        _ => String::new(),
+                    },
                     _ => String::new(),
                 };
                 format!("{te}{global}")

@@ -38,6 +38,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm, QueryScale, SelfAttention};
+use super::family::LayerRngs;
 use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::params::ParamDef;
 use super::ModelConfig;
@@ -47,6 +48,12 @@ use super::ModelConfig;
 pub struct Llama;
 
 impl Family for Llama {
+    /// MaxText's `LlamaDecoderLayer` (`src/maxtext/models/llama2.py` at e591f30) keeps no `rngs` and has a `dropout`
+    /// (line 130).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: false, dropout: true })
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         layer_params(c)
     }

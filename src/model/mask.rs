@@ -1,5 +1,5 @@
-//! Which keys each query may see (`Mask`: causal, within a sliding window, within a packed
-//! document) and the score masked positions get. Below every attention kernel: dot-product
+//! Which keys each query may see (`Mask`: causal, within a sliding window, within a chunk, within
+//! a packed document) and the score masked positions get. Below every attention kernel: dot-product
 //! attention builds the mask whole, blockwise attention (`blockwise.rs`) one block at a time.
 
 use crate::ir::DType;
@@ -9,11 +9,15 @@ use crate::tensor::Tensor;
 pub const MASK_VALUE: f64 = -0.7 * f32::MAX as f64;
 
 /// Which keys each query may see: key `s` is visible to query `t` when `s <= t`, `t - s <
-/// window` (with a window), and both are in the same document (with segments). Dot-product
+/// window` (with a window), `s / chunk == t / chunk` (with a chunk: Llama 4's chunked attention,
+/// MaxText's `ChunkedCausalMask` and `_generate_chunk_attention_mask` in `layers/attention_op.py`
+/// at e591f30), and both are in the same document (with segments). Dot-product
 /// attention builds it whole, blockwise attention one block at a time (`allowed`).
 #[derive(Clone)]
 pub struct Mask {
     pub window: Option<i64>,
+    /// Llama 4's attention chunk (`chunk_attn_window_size`): queries see keys of their own chunk.
+    pub chunk: Option<i64>,
     /// `s32[batch, seq]`: each token's document, when the batch is packed.
     pub segments: Option<Tensor>,
 }
@@ -29,6 +33,10 @@ impl Mask {
         let mut allowed = key.le(&query);
         if let Some(w) = self.window {
             allowed = allowed.bitwise_and((&query - &key).lt(w as f64));
+        }
+        if let Some(c) = self.chunk {
+            // Positions are non-negative: s32 division is the floor.
+            allowed = allowed.bitwise_and((&query / c as f64).eq(&key / c as f64));
         }
         if let Some((sq, sk)) = segments {
             let b = sq.shape()[0];

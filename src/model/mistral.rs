@@ -14,6 +14,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::SelfAttention;
+use super::family::LayerRngs;
 use super::family::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::params::ParamDef;
 use super::{llama, ModelConfig};
@@ -32,6 +33,12 @@ impl Mistral {
 }
 
 impl Family for Mistral {
+    /// MaxText's `MistralDecoderLayer` (`src/maxtext/models/mistral.py` at e591f30) keeps its `rngs` (line 54) and has
+    /// a `dropout` (line 119).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: true, dropout: true })
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         llama::layer_params(c)
     }

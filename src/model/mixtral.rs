@@ -31,6 +31,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::Norm;
+use super::family::LayerRngs;
 use super::family::{attention_flops, constrain, Family, LayerFlops, LayerOutput};
 use super::fp8::{self, Scaling};
 use super::llama::{self, attention_half, attention_params};
@@ -62,6 +63,12 @@ impl Mixtral {
 }
 
 impl Family for Mixtral {
+    /// MaxText's `MixtralDecoderLayer` (`src/maxtext/models/mixtral.py` at e591f30) keeps its `rngs` (line 57) and has
+    /// a `dropout` (line 122).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: true, dropout: true })
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let mut defs = attention_params(c, &llama::ATTENTION);
         defs.extend(

@@ -24,13 +24,15 @@
 //! - [`moe`]: the routed mixture-of-experts block (router, dropless / dropping / every-expert
 //!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
-//!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gpt3`], [`mixtral`] (Llama's
+//!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gemma4`] (Gemma 3's blocks with
+//!   a global head of its own, partial RoPE, value norms; experts beside a shared MLP), [`gpt3`], [`mixtral`] (Llama's
 //!   attention and a routed MoE block), [`qwen2`] (Llama's layer with query/key/value biases),
 //!   [`qwen3`] (Llama's layer with QK-norm), [`qwen3_custom`] (Qwen3's attention into a narrower
 //!   latent, routed experts there, then back up to `emb`), [`deepseek`]
 //!   (multi-head latent attention, [`mla`], with YaRN RoPE; dense, then routed layers),
 //!   [`olmo3`] (blocks of 3 sliding + 1 global post-norm layers, QK-norm over all heads),
-//!   [`gpt_oss`] (pairs of sliding + global layers with attention sinks, biased experts).
+//!   [`gpt_oss`] (pairs of sliding + global layers with attention sinks, biased experts),
+//!   [`llama4`] (Llama 4's text layers: chunked attention and NoPE layers, top-1 sigmoid experts).
 //! - [`hf`]: the families' Hugging Face checkpoint layouts (`maxrs convert`).
 
 pub mod attention;
@@ -48,11 +50,13 @@ pub mod fp8;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gemma4;
 pub mod gpt3;
 pub mod gpt_oss;
 pub mod hf;
 pub mod kernel;
 pub mod llama;
+pub mod llama4;
 pub mod lora;
 pub mod mask;
 pub mod mistral;
@@ -64,6 +68,7 @@ pub mod params;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_custom;
+pub mod rng_streams;
 pub mod run_stacks;
 pub mod stacks;
 

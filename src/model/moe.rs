@@ -70,9 +70,21 @@
 //! with `l = mlp_activations_limit`, `g = min(x wi_0, l)`, `u = clamp(x wi_1, -l, l)`, the expert's
 //! hidden value is `g act(1.702 g) (u + 1)`, `act` the first of `mlp_activations` (sigmoid).
 //!
+//! Gemma 4's router ([`Router::Gemma4`], `get_topk` under `decoder_block=gemma4`, `layers/moe.py`
+//! at e591f30) reads its own input (`gate_inputs`, [`moe_block_gated`]), takes the top k of the
+//! logits, weighs them with their probabilities of the softmax over ALL experts (in f32), divided
+//! by their sum with `norm_topk_prob`, times a learned per-expert scale (`per_expert_scale`:
+//! [experts], ones, logical axis `exp`); its experts are GeGLU (`gelu` instead of `silu`).
+//!
 //! DeepSeek's block is MaxText's `RoutedAndSharedMoE` ([`routed_and_shared_block`]): the routed
 //! block under `MoeBlock_0.` (its gate kernel's logical axes `embed_moe, -`) plus a shared
 //! SwiGLU MLP `shared_experts.{wi_0,wi_1,wo}.kernel`, `shared_experts x` the experts' width.
+//!
+//! Llama 4's router ([`Router::Llama4`], MaxText's `RoutedMoE` under `decoder_block=llama4`:
+//! `get_topk`, `sparse_matmul` and `dense_matmul` in `layers/moe.py` at e591f30) takes the top k
+//! (one) of the logits and scales the token going into its expert by the sigmoid of that logit,
+//! in f32 cast to `dtype`; the experts' outputs are then summed with weights of one. Its block is
+//! a `RoutedAndSharedMoE` too.
 
 use super::blocks::{Activation, Mlp};
 use super::family::constrain;
@@ -133,6 +145,10 @@ pub enum Router {
     Softmax,
     /// DeepSeek-V3's (see the module header).
     DeepSeek(DeepSeekRouter),
+    /// Llama 4's: top-1 of the logits, the expert's input scaled by the logit's sigmoid.
+    Llama4,
+    /// Gemma 4's (see the module header).
+    Gemma4,
 }
 
 /// DeepSeek-V3's routing keys.
@@ -250,6 +266,19 @@ impl MoeConfig {
         })
     }
 
+    /// The block of a Llama 4 MoE layer (MaxText's `RoutedAndSharedMoE` under `decoder_block=llama4`):
+    /// Llama 4's router and `shared_experts`. MaxText scales each token's input by its one chosen
+    /// logit's sigmoid, a product that broadcasts only with `num_experts_per_tok=1`.
+    pub fn llama4(c: &Config) -> anyhow::Result<MoeConfig> {
+        if c.num_experts_per_tok != 1 {
+            return Err(anyhow::anyhow!(
+                "num_experts_per_tok={}: llama4 routes each token to one expert, whose input it scales by the logit's sigmoid (MaxText's RoutedMoE, layers/moe.py at e591f30); more than one is not supported yet; use 1",
+                c.num_experts_per_tok
+            ));
+        }
+        Ok(MoeConfig { router: Router::Llama4, shared_experts: c.shared_experts, ..MoeConfig::from_config(c) })
+    }
+
     /// Per-sequence expert capacity of the dropping path (MaxText's `generate_masks`).
     pub fn capacity(&self, seq: i64) -> i64 {
         let (cf, e, k) = (self.capacity_factor, self.num_experts as f64, self.num_experts_per_tok as f64);
@@ -282,6 +311,8 @@ pub fn param_defs(m: &MoeConfig, emb: i64, mlp: i64) -> Vec<ParamDef> {
     let (gate_axes, bias) = match &m.router {
         Router::Softmax => (["embed", ""], false),
         Router::DeepSeek(r) => (["embed_moe", ""], r.bias),
+        Router::Llama4 => (["embed_moe", ""], false),
+        Router::Gemma4 => (["embed_moe", ""], false),
     };
     let bias = bias || m.gpt_oss.as_ref().is_some_and(|g| g.gate_bias);
     let gate_bias = bias.then(|| def("gate.bias", &[e], &[""], ParamInit::Zeros));
@@ -292,6 +323,9 @@ pub fn param_defs(m: &MoeConfig, emb: i64, mlp: i64) -> Vec<ParamDef> {
         def("wi_1", &[e, emb, mlp], &["exp", "embed_moe", "mlp_moe"], ParamInit::FanIn(e * mlp)),
         def("wo", &[e, mlp, emb], &["exp", "mlp_moe", "embed_moe"], ParamInit::FanIn(e * emb)),
     ]);
+    if m.router == Router::Gemma4 {
+        defs.push(def("per_expert_scale", &[e], &["exp"], ParamInit::Ones));
+    }
     if m.gpt_oss.as_ref().is_some_and(|g| g.expert_bias) {
         defs.extend([
             def("wi_0_bias", &[e, mlp], &["exp", "activation_mlp"], ParamInit::Zeros),
@@ -429,8 +463,19 @@ pub fn moe_block(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor) -> MoeOut
 
 /// [`moe_block`] with its products multiplied as `products` says.
 pub fn moe_block_with(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor, products: Products) -> MoeOutput {
+    routed(c, m, p, x, x, products)
+}
+
+/// [`moe_block`] with the gate reading `gate_input` (`[batch, seq, emb]`) instead of `x`:
+/// MaxText's `gate_inputs` (`RoutedMoE.__call__`, `layers/moe.py` at e591f30), Gemma 4's.
+pub fn moe_block_gated(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor, gate_input: &Tensor) -> MoeOutput {
+    routed(c, m, p, x, gate_input, Products::Plain)
+}
+
+/// The block on `x`, routed by the gate on `gate_input`.
+fn routed(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor, gate_input: &Tensor, products: Products) -> MoeOutput {
     let gate_dtype = if m.float32_gate_logits { wide(c) } else { c.dtype };
-    let (gate_x, gate_kernel) = (x.astype(gate_dtype), p["gate.kernel"].astype(gate_dtype));
+    let (gate_x, gate_kernel) = (gate_input.astype(gate_dtype), p["gate.kernel"].astype(gate_dtype));
     let logits = match products {
         Products::Plain => gate_x.matmul(&gate_kernel),
         Products::Fp8(_) => {
@@ -453,7 +498,31 @@ pub fn moe_block_with(c: &ModelConfig, m: &MoeConfig, p: &Tree, x: &Tensor, prod
             (Routes { weights, experts }, logits)
         }
         Router::DeepSeek(r) => deepseek_routes(c, m, r, p, &logits),
+        Router::Llama4 => {
+            let (top_logits, experts) = logits.top_k(m.num_experts_per_tok);
+            let weights = top_logits.astype(wide(c)).sigmoid().astype(c.dtype);
+            (Routes { weights, experts }, logits)
+        }
+        Router::Gemma4 => {
+            let probs = logits.astype(wide(c)).softmax(-1);
+            let (_, experts) = logits.top_k(m.num_experts_per_tok);
+            let mut weights = probs.take_along_axis(&experts, -1).astype(c.dtype);
+            if m.norm_topk_prob {
+                weights = &weights / &weights.sum_keepdims(&[-1]);
+            }
+            let scale = p["per_expert_scale"].astype(c.dtype).take(&experts);
+            (Routes { weights: weights * &scale, experts }, logits)
+        }
     };
+    // Llama 4 scales each token's input by its weight and sums the outputs with weights of one.
+    let (x, routes) = match m.router {
+        Router::Llama4 => {
+            let ones = routes.weights.ones_like();
+            (x * &routes.weights, Routes { weights: ones, experts: routes.experts })
+        }
+        Router::Softmax | Router::DeepSeek(_) | Router::Gemma4 => (x.clone(), routes),
+    };
+    let x = &x;
     // MaxText's load-balancing loss takes the softmax of the gate's output, which for DeepSeek's
     // router is the biased scores (`GateLogit` returns them).
     let load_balance_loss =
@@ -532,6 +601,7 @@ fn load_balance_loss(c: &ModelConfig, m: &MoeConfig, logits: &Tensor, experts: &
 /// GLU.
 fn activation(c: &ModelConfig, m: &MoeConfig, gate: &Tensor, up: &Tensor) -> Tensor {
     match &m.gpt_oss {
+        None if m.router == Router::Gemma4 => (gate.gelu() * up).astype(c.dtype),
         None => (gate.silu() * up).astype(c.dtype),
         Some(g) => {
             let gate = gate.minimum(g.limit);
@@ -770,7 +840,7 @@ mod tests {
     fn only_deepseek3_and_deepseek4_names_route_as_deepseek_v3() {
         let route = |c: &Config| match MoeConfig::deepseek(c).expect("valid routing").router {
             Router::DeepSeek(r) => r.v3,
-            Router::Softmax => unreachable!("deepseek routes"),
+            Router::Softmax | Router::Llama4 | Router::Gemma4 => unreachable!("deepseek routes"),
         };
         assert!(route(&load_v3(&[])));
         assert!(!route(&load(&["routed_bias=true"])));

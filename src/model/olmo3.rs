@@ -45,6 +45,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::{rope_scaled, rope_tables, rope_with, AttendOptions, LayerContext};
 use super::blocks::{dense, Mlp, Norm, QueryScale, SelfAttention};
+use super::family::LayerRngs;
 use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::mla::yarn_or_default_rope;
 use super::params::{ParamDef, ParamInit};
@@ -147,6 +148,12 @@ fn name(j: i64) -> impl Fn(&str) -> String {
 }
 
 impl Family for Olmo3 {
+    /// MaxText's `Olmo3DecoderLayer` (`src/maxtext/models/olmo3.py` at e591f30) keeps no `rngs` and has a `dropout`
+    /// (line 146).
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: false, dropout: true })
+    }
+
     /// `layers / interval` blocks; unscanned, every layer its own module `layers_<n>`.
     fn stacks(&self, c: &ModelConfig) -> Vec<Stack> {
         vec![Stack::new("layers", c.layers / self.interval, 0).per_sub_layer(self.interval, 0)]

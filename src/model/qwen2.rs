@@ -31,6 +31,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm, QueryScale, SelfAttention};
+use super::family::LayerRngs;
 use super::family::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::llama;
 use super::params::ParamDef;
@@ -63,6 +64,11 @@ impl Qwen2 {
 }
 
 impl Family for Qwen2 {
+    /// MaxText's `Qwen2DecoderLayer` (`src/maxtext/models/qwen2.py` at e591f30) keeps no `rngs` and has no `dropout`.
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: false, dropout: false })
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let norm = Norm::Rms { eps: c.eps };
         let mut defs = norm.params("pre_self_attention_layer_norm", c.emb);

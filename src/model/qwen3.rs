@@ -25,6 +25,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{Mlp, Norm, QueryScale, SelfAttention};
+use super::family::LayerRngs;
 use super::family::{attention_flops, constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::llama;
 use super::moe::{self, moe_block, MoeConfig};
@@ -64,6 +65,12 @@ impl Qwen3 {
 }
 
 impl Family for Qwen3 {
+    /// MaxText's `Qwen3DecoderLayer` and `Qwen3MoeDecoderLayer` (`src/maxtext/models/qwen3.py` at e591f30) keep no
+    /// `rngs` and have no `dropout`.
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: false, dropout: false })
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let norm = Norm::Rms { eps: c.eps };
         let mut defs = llama::attention_params(c, &self.attention(c));

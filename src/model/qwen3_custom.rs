@@ -39,6 +39,7 @@ use crate::tensor::{Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::{dense, Norm, QueryScale, SelfAttention};
+use super::family::LayerRngs;
 use super::family::{constrain, Family, LayerFlops, LayerOutput, BTE};
 use super::llama;
 use super::moe::{self, moe_block, MoeConfig};
@@ -97,6 +98,12 @@ impl Qwen3Custom {
 }
 
 impl Family for Qwen3Custom {
+    /// MaxText's `Qwen3CustomMoeDecoderLayer` (`src/maxtext/models/qwen3_custom.py` at e591f30) keeps no `rngs` and has
+    /// no `dropout`.
+    fn layer_rngs(&self, _c: &ModelConfig, _kind: usize) -> Option<LayerRngs> {
+        Some(LayerRngs { keeps: false, dropout: false })
+    }
+
     fn layer_params(&self, c: &ModelConfig, _kind: usize) -> Vec<ParamDef> {
         let norm = Norm::Rms { eps: c.eps };
         // Llama's attention half (with the unused post-attention norm), its output projection

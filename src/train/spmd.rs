@@ -234,7 +234,8 @@ impl StepExecutor for SpmdStep {
             Initial::Parameters(arrays) => {
                 for (name, array) in &arrays {
                     let slot = self.compiled.input_index(name)?;
-                    let put = |slot| self.compiled.put_blocks(&self.client, slot, |bounds| array.block(&bounds.to_vec()));
+                    let put =
+                        |slot| self.compiled.put_blocks(&self.client, slot, |bounds| array.block(&bounds.to_vec()));
                     self.state[slot] = Some(put(slot)?);
                     // DPO's reference model starts as the given weights too.
                     let copy = name.strip_prefix("params.").map(|key| format!("reference.{key}"));

@@ -28,6 +28,14 @@
 //!   (from the first) within the window; the MLP a router `h W + b`, top-k, softmax over the k
 //!   logits, and experts `(clamp(u, -l, l) + 1) * g sigmoid(1.702 g)` with `g = min(h W_g + b_g,
 //!   l)`, `u = h W_u + b_u`, then `. W_o + b_o`, weighted and summed;
+//! - Llama 4 (Hugging Face's `Llama4TextDecoderLayer`, `Llama4TextAttention`, `Llama4TextMoe`,
+//!   transformers' `models/llama4/modeling_llama4.py`): pre-norm layers; every `nope_interval`-th
+//!   layer without RoPE and attending globally, the others with Llama 3.1's RoPE, then an L2 norm
+//!   (`Llama4TextL2Norm`) of each head's queries and keys with `qk_norm`, attending within chunks
+//!   (`create_chunked_causal_mask`: the same chunk, causal); queries scaled by `head_dim^-1/2`, and
+//!   in the NoPE layers by `1 + 0.1 ln(1 + floor((position + 1) / 8192))` with temperature tuning;
+//!   every `moe_step`-th layer a router `h W`, its top logit's sigmoid scaling the token's input to
+//!   that one SwiGLU expert, plus a shared SwiGLU MLP; the others a dense SwiGLU MLP;
 //! - GPT-3: LayerNorm `(x - mean) / sqrt(var + eps) * g + b`, learned position embeddings added to
 //!   the token embeddings, fused query/key/value with biases, no RoPE, GELU MLP with biases and its
 //!   own LayerNorm.
@@ -57,6 +65,15 @@ pub enum Family {
     GptOss {
         limit: f64,
         top_k: usize,
+    },
+    /// Llama 4: RoPE layers attend within chunks of `chunk` tokens; layer `n` is NoPE when
+    /// `(n + 1) % nope_interval == 0` (0: none) and MoE when `(n + 1) % moe_step == 0`.
+    Llama4 {
+        chunk: usize,
+        nope_interval: usize,
+        moe_step: usize,
+        qk_norm: bool,
+        temperature_tuning: bool,
     },
     Gpt3,
 }
@@ -102,6 +119,8 @@ pub struct Spec {
     /// `query_pre_attn_scalar`). Otherwise the stored query kernel holds that factor, as MaxText's
     /// Llama, Mistral, Gemma and Gemma 2 store it.
     pub query_scaled: bool,
+    /// Every token's position is its index in its row plus this (the batch's `inputs_position`).
+    pub position_offset: usize,
 }
 
 impl Spec {
@@ -120,6 +139,7 @@ impl Spec {
             gemma3: None,
             qk_norm: false,
             query_scaled: false,
+            position_offset: 0,
         }
     }
 }
@@ -192,11 +212,12 @@ pub fn random_params(spec: &Spec, m: &Model, seed: u64) -> RefParams {
                 | Family::Gemma2
                 | Family::Gemma3
                 | Family::Olmo3
-                | Family::GptOss { .. } => (0.5, 1.5),
+                | Family::GptOss { .. }
+                | Family::Llama4 { .. } => (0.5, 1.5),
             }
         } else if name.ends_with(".bias") || name.ends_with("embedding") {
             (-0.5, 0.5)
-        } else if shape.len() == 3 && name.contains("GptOssMlp.") {
+        } else if shape.len() == 3 && (name.contains("GptOssMlp.") || name.contains("Llama4MoEBlock_0.MoeBlock_0.")) {
             // The experts' kernels `[experts, in, out]`: the fan-in is `in`.
             let a = 1.7 / (shape[1] as f64).sqrt();
             (-a, a)
@@ -348,7 +369,7 @@ fn rope(spec: &Spec, (theta, factor): (f64, f64), d: usize, x: &Array2<f64>, hea
         _ => 1.0,
     };
     for r in 0..B * T {
-        let pos = (r % T) as f64;
+        let pos = (r % T + spec.position_offset) as f64;
         for h in 0..heads {
             for i in 0..d / 2 {
                 let freq = 1.0 / theta.powf(2.0 * i as f64 / d as f64) / factor;
@@ -385,6 +406,19 @@ fn attend(
     attend_with_sinks(q, k, v, (heads, kvh, d), window, cap, None)
 }
 
+/// [`attend`] within chunks of `chunk` tokens (Llama 4's): key `u` is seen from query `t` when
+/// `u <= t` and `u / chunk == t / chunk`; globally without a chunk.
+fn attend_chunked(
+    q: &Array2<f64>,
+    k: &Array2<f64>,
+    v: &Array2<f64>,
+    (heads, kvh, d): (usize, usize, usize),
+    chunk: Option<usize>,
+) -> Array2<f64> {
+    let first = |t: usize| chunk.map_or(0, |c| t / c * c);
+    attend_from(q, k, v, (heads, kvh, d), first, None, None)
+}
+
 /// [`attend`], with each head's sink logit (`sinks: [1, heads]`) one more term of its softmax's
 /// denominator when given (gpt-oss's `eager_attention_forward`).
 fn attend_with_sinks(
@@ -396,12 +430,26 @@ fn attend_with_sinks(
     cap: Option<f64>,
     sinks: Option<&Array2<f64>>,
 ) -> Array2<f64> {
+    let first = |t: usize| window.map_or(0, |w| (t + 1).saturating_sub(w));
+    attend_from(q, k, v, (heads, kvh, d), first, cap, sinks)
+}
+
+/// Causal attention in which query `t` sees keys `first(t)..=t`.
+fn attend_from(
+    q: &Array2<f64>,
+    k: &Array2<f64>,
+    v: &Array2<f64>,
+    (heads, kvh, d): (usize, usize, usize),
+    first: impl Fn(usize) -> usize,
+    cap: Option<f64>,
+    sinks: Option<&Array2<f64>>,
+) -> Array2<f64> {
     let mut out = Array2::<f64>::zeros((B * T, heads * d));
     for b in 0..B {
         for hh in 0..heads {
             let g = hh / (heads / kvh);
             for t in 0..T {
-                let first = window.map_or(0, |w| (t + 1).saturating_sub(w));
+                let first = first(t);
                 let qi = q.slice(s![b * T + t, hh * d..(hh + 1) * d]);
                 let scores: Vec<f64> = (first..=t)
                     .map(|u| {
@@ -640,6 +688,71 @@ fn gpt_oss_layer(
     &x + &out
 }
 
+/// Hugging Face's `Llama4TextDecoderLayer` number `layer` (0-based, over the whole model) whose
+/// parameters are `l`'s under `prefix` (MaxText's names: `self_attention`, `mlp`,
+/// `Llama4MoEBlock_0.{MoeBlock_0,shared_experts}`).
+fn llama4_layer(
+    spec: &Spec,
+    m: &Model,
+    l: &BTreeMap<String, Array2<f64>>,
+    x: &Array2<f64>,
+    prefix: &str,
+    layer: usize,
+) -> Array2<f64> {
+    let Family::Llama4 { chunk, nope_interval, moe_step, qk_norm, temperature_tuning } = spec.family else {
+        panic!("a Llama 4 spec")
+    };
+    let c = &m.config;
+    let (heads, kvh, d) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
+    let nope = nope_interval > 0 && (layer + 1).is_multiple_of(nope_interval);
+    let p = |n: &str| &l[&format!("{prefix}{n}")];
+    let norm = |name: &str, x: &Array2<f64>| rms_norm(x, p(&format!("{name}.scale")), spec.eps);
+    let h = norm("pre_self_attention_layer_norm", x);
+    let w = |n: &str| p(&format!("self_attention.{n}.kernel"));
+    let (mut q, mut k) = (h.dot(w("query")), h.dot(w("key")));
+    if !nope {
+        let theta = c.rope_max_timescale;
+        q = rope(spec, (theta, 1.0), d, &q, heads);
+        k = rope(spec, (theta, 1.0), d, &k, kvh);
+        if qk_norm {
+            // Llama4TextL2Norm(rms_norm_eps): x / sqrt(mean(x^2) + eps) over each head, no weight.
+            let l2 = |x: &Array2<f64>| rms_norm(x, &Array2::ones((1, d)), spec.eps);
+            q = per_head(&q, heads, d, l2);
+            k = per_head(&k, kvh, d, l2);
+        }
+    }
+    let mut q = q / (d as f64).sqrt();
+    if nope && temperature_tuning {
+        for (r, mut row) in q.rows_mut().into_iter().enumerate() {
+            let position = (r % T + spec.position_offset) as f64;
+            row *= ((position + 1.0) / 8192.0).floor().ln_1p() * 0.1 + 1.0;
+        }
+    }
+    let a = attend_chunked(&q, &k, &h.dot(w("value")), (heads, kvh, d), (!nope).then_some(chunk));
+    let x = x + &a.dot(w("out"));
+    let h = norm("post_self_attention_layer_norm", &x);
+    if !(layer + 1).is_multiple_of(moe_step) {
+        return &x + &gated_mlp(l, &format!("{prefix}mlp"), &h, silu);
+    }
+    let moe = format!("{prefix}Llama4MoEBlock_0");
+    let experts = |n: &str| &l[&format!("{moe}.MoeBlock_0.{n}")];
+    let logits = h.dot(experts("gate.kernel"));
+    let (emb, hidden) = (c.emb as usize, experts("wo").ncols() / c.emb as usize);
+    let mut out = gated_mlp(l, &format!("{moe}.shared_experts"), &h, silu);
+    for r in 0..h.nrows() {
+        // Llama4Router: the top logit (the lower expert on a tie) and its sigmoid.
+        let row = logits.row(r);
+        let e = (0..row.len()).fold(0, |best, e| if row[e] > row[best] { e } else { best });
+        let input = &h.row(r) / (1.0 + (-row[e]).exp());
+        let kernel =
+            |n: &str, rows: usize| experts(n).row(e).to_owned().into_shape_with_order((rows, emb * hidden / rows));
+        let gate = input.dot(&kernel("wi_0", emb).unwrap()).mapv(silu);
+        let up = input.dot(&kernel("wi_1", emb).unwrap());
+        out.row_mut(r).scaled_add(1.0, &(gate * up).dot(&kernel("wo", hidden).unwrap()));
+    }
+    &x + &out
+}
+
 fn gpt3_layer(spec: &Spec, m: &Model, l: &BTreeMap<String, Array2<f64>>, x: &Array2<f64>) -> Array2<f64> {
     let c = &m.config;
     let (heads, d) = (c.heads as usize, c.head_dim as usize);
@@ -720,7 +833,7 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     // Gemma's own embedding table is MaxText's stored one over sqrt(emb); Gemma scales by sqrt(emb).
     let own_scale = match spec.family {
         Family::Gemma | Family::Gemma2 | Family::Gemma3 => 1.0 / (e as f64).sqrt(),
-        Family::Llama | Family::Olmo3 | Family::GptOss { .. } | Family::Gpt3 => 1.0,
+        Family::Llama | Family::Olmo3 | Family::GptOss { .. } | Family::Llama4 { .. } | Family::Gpt3 => 1.0,
     };
     let (table_own, input_scale) = (table * own_scale, 1.0 / own_scale);
     let mut x = Array2::<f64>::zeros((B * T, e));
@@ -767,12 +880,17 @@ pub fn reference(spec: &Spec, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
                 let n = l.keys().filter(|k| k.ends_with(".pre_self_attention_layer_norm.scale")).count();
                 (0..n).fold(x, |x, j| gpt_oss_layer(spec, m, l, &x, &format!("layers_{j}."), n * i + j))
             }
+            Family::Llama4 { .. } => {
+                // A scanned block of Llama 4 layers (`inhomogeneous_layer_cycle_interval`).
+                let n = l.keys().filter(|k| k.ends_with(".pre_self_attention_layer_norm.scale")).count();
+                (0..n).fold(x, |x, j| llama4_layer(spec, m, l, &x, &format!("layers_{j}."), n * i + j))
+            }
             Family::Gpt3 => gpt3_layer(spec, m, l, &x),
         };
         layers.push(x.clone());
     }
     let y = match spec.family {
-        Family::Llama | Family::Olmo3 | Family::GptOss { .. } => {
+        Family::Llama | Family::Olmo3 | Family::GptOss { .. } | Family::Llama4 { .. } => {
             rms_norm(&x, &p.top["decoder.decoder_norm.scale"], spec.eps)
         }
         Family::Gemma | Family::Gemma2 | Family::Gemma3 => {

@@ -21,12 +21,13 @@
 //! params/...` and `opt_state/0/count` (optax `adamw`'s `scale_by_adam`), `opt_state/1` (the
 //! weight decay's empty state), `opt_state/2/count` (`scale_by_schedule`), `step`, the stacked
 //! layers' axis moved to MaxText's `param_scan_axis` 1, and `nnx_aux/model/...`: the NNX random
-//! streams of MaxText's llama2 decoder (its `rngs` and each dropout's: `Decoder`, the scanned
-//! `LlamaDecoderLayer`, its `MlpBlock` and `AttentionOp`, in `src/maxtext/layers/` at MaxText
-//! e591f30, as the fixture lists them). maxrs holds no such streams: they are written fresh,
-//! each stream's key `jax.random.key(init_weights_seed, impl="unsafe_rbg")` (whose data is
-//! `[0, seed, 0, seed]`: jax `_src/prng.py`, `_rbg_seed` doubles `threefry_seed`, which is
-//! `[0, seed]` for a 32-bit seed) and its count 0. They feed dropout only, whose rate is 0 in
+//! streams of MaxText's model tree, where the model says MaxText keeps them
+//! (`model::rng_streams`: the decoder's, its dropouts', a layer's attention op's or MoE block's,
+//! per family and layout, as tests/data/orbax/nnx_streams.json lists MaxText's own); a family
+//! that does not say converts with `--params-only` alone. maxrs holds no such streams: they are
+//! written fresh, each stream's key `jax.random.key(init_weights_seed, impl="unsafe_rbg")`
+//! (whose data is `[0, seed, 0, seed]`: jax `_src/prng.py`, `_rbg_seed` doubles
+//! `threefry_seed`, which is `[0, seed]` for a 32-bit seed) and its count 0. They feed dropout only, whose rate is 0 in
 //! any maxrs run, so MaxText's steps from the checkpoint are what maxrs's own would be.
 //!
 //! With `--params-only` the item holds `params/params/...` alone, at step 0, as MaxText's
@@ -41,7 +42,7 @@ use serde_json::{json, Value as Json};
 use super::{params, state, COMMIT_FILE, ITEM, METADATA_FILE, STEP_METADATA_FILE};
 use crate::checkpoint::dir::{self, Expected};
 use crate::checkpoint::manifest::{Manifest, MANIFEST_FILE};
-use crate::config::{self, DecoderBlock};
+use crate::config;
 use crate::files::Location;
 use crate::host::{DType, HostTensor};
 use crate::model::Model;
@@ -110,16 +111,20 @@ pub fn to_maxtext(src: &Location, dst: &Location, params_only: bool) -> Result<W
     let manifest = dir::read_manifest(&src)?;
     let derived: Vec<String> = manifest.model.iter().map(|(k, v)| format!("{k}={}", plain(v))).collect();
     let c = config::load_over(None, &derived, &[]).with_context(|| format!("{src}: the model its manifest records"))?;
-    // The NNX random streams written are those of MaxText's llama2 decoder with scanned layers.
-    ensure!(
-        params_only || (c.decoder_block == DecoderBlock::Llama2 && c.scan_layers),
-        "{src}: convert to-maxtext writes the train state of decoder_block=llama2 with scan_layers=true (the NNX \
-         state MaxText's other decoder blocks hold is not supported yet; --params-only writes any model's \
-         parameters); this checkpoint is decoder_block={} scan_layers={}",
-        c.decoder_block,
-        c.scan_layers
-    );
     let model = Model::from_config(&c)?;
+    // MaxText's NNX random streams, where the model says which modules hold them.
+    let streams = match params_only {
+        true => vec![],
+        false => nnx_aux(&model, c.init_weights_seed as u32).ok_or_else(|| {
+            anyhow!(
+                "{src}: convert to-maxtext of a decoder_block={} scan_layers={} train state is not supported yet \
+                 (where MaxText's model keeps its NNX random streams is not known to maxrs); --params-only writes \
+                 its parameters",
+                c.decoder_block,
+                c.scan_layers
+            )
+        })?,
+    };
     ensure!(
         model.config.lora.is_none(),
         "{src}: a LoRA run's state: convert to-maxtext of LoRA adapters is not supported yet (convert to-hf \
@@ -168,7 +173,7 @@ pub fn to_maxtext(src: &Location, dst: &Location, params_only: bool) -> Result<W
             let scalar = |v: i32| HostTensor::new(DType::S32, &[], v.to_le_bytes().to_vec());
             leaves.push((split("opt_state/2/count"), scalar(count), false));
             leaves.push((split("step"), scalar(count), false));
-            leaves.extend(nnx_streams(c.init_weights_seed as u32, model.config.layers));
+            leaves.extend(streams);
             (folder, Some(count as u64))
         }
     };
@@ -228,27 +233,20 @@ fn split(path: &str) -> Vec<String> {
     path.split('/').map(str::to_string).collect()
 }
 
-/// The NNX random streams of MaxText's llama2 decoder (see the module header): each module's
-/// `aqt`, `dropout` and `params` streams, a key and a count, stacked over the layers inside the
-/// scanned layer. The `bool` marks a PRNG key.
-fn nnx_streams(seed: u32, layers: i64) -> Vec<(Vec<String>, HostTensor, bool)> {
-    let modules: [(&[&str], bool); 5] = [
-        (&["decoder", "rngs"], false),
-        (&["decoder", "dropout", "rngs"], false),
-        (&["decoder", "layers", "dropout", "rngs"], true),
-        (&["decoder", "layers", "mlp", "dropout", "rngs"], true),
-        (&["decoder", "layers", "self_attention", "attention_op", "rngs"], true),
-    ];
+/// The `nnx_aux/model/...` leaves of `model`'s MaxText train state (see the module header): for
+/// each `Rngs` of its model tree (`Model::rng_modules`), its `aqt`, `dropout` and `params`
+/// streams, each a key and a count, stacked over a scanned stack's layers. The `bool` marks a
+/// PRNG key. `None` where the model's family does not say where MaxText keeps them.
+pub fn nnx_aux(model: &Model, seed: u32) -> Option<Vec<(Vec<String>, HostTensor, bool)>> {
     let key_data: Vec<u8> = [0, seed, 0, seed].iter().flat_map(|v| v.to_le_bytes()).collect();
     let mut out = Vec::new();
-    for (module, scanned) in modules {
-        let copies = if scanned { layers as usize } else { 1 };
-        let lead: Vec<i64> = if scanned { vec![layers] } else { vec![] };
+    for module in model.rng_modules()? {
+        let copies = module.layers.unwrap_or(1) as usize;
+        let lead: Vec<i64> = module.layers.into_iter().collect();
         for stream in ["aqt", "dropout", "params"] {
             let path = |leaf: &str| {
-                let tail = [stream, leaf];
-                let parts = ["nnx_aux", "model"].iter().chain(module).chain(&tail);
-                parts.map(|s| s.to_string()).collect::<Vec<_>>()
+                let head = ["nnx_aux", "model"].map(str::to_string);
+                head.into_iter().chain(module.path.iter().cloned()).chain([stream, leaf].map(str::to_string)).collect()
             };
             let count = HostTensor::new(DType::U32, &lead, vec![0; 4 * copies]);
             let key = HostTensor::new(DType::U32, &[&lead[..], &[4]].concat(), key_data.repeat(copies));
@@ -256,7 +254,7 @@ fn nnx_streams(seed: u32, layers: i64) -> Vec<(Vec<String>, HostTensor, bool)> {
             out.push((path("key"), key, true));
         }
     }
-    out
+    Some(out)
 }
 
 /// Writes the item folder `items`: the arrays in one OCDBT database, `_METADATA` and

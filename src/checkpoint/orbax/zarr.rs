@@ -178,20 +178,15 @@ impl Array {
             );
         }
         let elem = self.ty.byte_size();
-        let blocks: Vec<Block> = wanted
-            .iter()
-            .filter(|(_, shape)| shape.iter().product::<u64>() > 0)
-            .map(|(start, shape)| Block { start, shape })
-            .collect();
         let mut outs: Vec<Vec<u8>> =
             wanted.iter().map(|(_, shape)| vec![0u8; shape.iter().product::<u64>() as usize * elem]).collect();
-        // Each non-empty block's output, in `blocks` order.
-        let mut filled: Vec<&mut Vec<u8>> = outs
-            .iter_mut()
-            .zip(wanted)
-            .filter(|(_, (_, shape))| shape.iter().product::<u64>() > 0)
-            .map(|(o, _)| o)
-            .collect();
+        // The non-empty blocks, each with its output.
+        let (blocks, mut filled): (Vec<Block>, Vec<&mut Vec<u8>>) = wanted
+            .iter()
+            .zip(outs.iter_mut())
+            .filter(|((_, shape), _)| shape.iter().product::<u64>() > 0)
+            .map(|((start, shape), out)| (Block { start, shape }, out))
+            .unzip();
         // The chunks any block overlaps: per block, from the one holding its first element to the
         // one holding its last, along each dimension.
         let mut chunks = std::collections::BTreeSet::new();

@@ -76,7 +76,7 @@ const MLP: &[(&str, &str, Map)] = &[
 
 /// Llama 3.1's `rope_scaling` (its `config.json`), which maxrs's `rope_type=llama3.1` computes
 /// (`llama31_scaled_frequency`, MaxText's `LLaMARotaryEmbedding` constants).
-const LLAMA31_SCALING: [(&str, f64); 4] = [
+pub(super) const LLAMA31_SCALING: [(&str, f64); 4] = [
     ("factor", 8.0),
     ("low_freq_factor", 1.0),
     ("high_freq_factor", 4.0),
@@ -236,7 +236,7 @@ pub fn common_keys(fields: &Fields) -> Result<Vec<(String, String)>> {
 
 /// Accepts Llama 3.1's RoPE scaling (`rope_type` `llama3` with Llama 3.1's constants), naming
 /// the first field that differs.
-fn llama31_scaling(field: &str, scaling: &Value) -> Result<()> {
+pub(super) fn llama31_scaling(field: &str, scaling: &Value) -> Result<()> {
     let kind = scaling.get("rope_type").or_else(|| scaling.get("type")).cloned().unwrap_or(Value::Null);
     if kind != "llama3" {
         bail!("`{field}.rope_type` is {kind}: maxrs has Llama 3.1's RoPE scaling (\"llama3\"); other RoPE scalings are not supported yet");

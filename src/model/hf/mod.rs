@@ -3,7 +3,8 @@
 //! and written by `checkpoint::hf`; this module owns the mapping.
 //!
 //! A family file ([`llama`]: Llama 2/3/3.1/3.3, Mistral, Mixtral, Qwen2, Qwen3, Qwen3 MoE; [`gemma`]:
-//! Gemma, Gemma 2; [`gemma3`]: Gemma 3; [`deepseek`]: DeepSeek-V3; [`olmo3`]: OLMo 3; [`gpt_oss`]: gpt-oss)
+//! Gemma, Gemma 2; [`gemma3`]: Gemma 3; [`gemma4`]: Gemma 4's text model; [`deepseek`]: DeepSeek-V3;
+//! [`olmo3`]: OLMo 3; [`gpt_oss`]: gpt-oss; [`llama4`]: Llama 4's text model)
 //! lists one [`Entry`] per Hugging Face tensor: the maxrs parameter it becomes, its index on the
 //! parameter's stacked leading axes (`[layer]` with `scan_layers=true`, `[expert]` in a Mixtral
 //! layer, both), and the [`Map`] between the two. Every map is exact in both directions except
@@ -13,8 +14,10 @@
 pub mod deepseek;
 pub mod gemma;
 pub mod gemma3;
+pub mod gemma4;
 pub mod gpt_oss;
 pub mod llama;
+pub mod llama4;
 pub mod olmo3;
 pub mod peft;
 
@@ -45,6 +48,9 @@ pub struct Map {
     /// maxrs's tensor is every other element of Hugging Face's last dimension, from this one (0
     /// or 1): two maxrs parameters interleaved in one tensor (gpt-oss's `gate_up_proj`).
     pub pair: Option<usize>,
+    /// With `pair`: the two parameters are the first and second halves of Hugging Face's last
+    /// dimension (Llama 4's `gate_up_proj`) instead of its even and odd elements.
+    pub halves: bool,
 }
 
 /// An elementwise change of value between the two layouts (`Map::value`).
@@ -60,12 +66,23 @@ pub enum Revalue {
 }
 
 impl Map {
-    pub const COPY: Map =
-        Map { linear_in_dims: None, interleave_heads: None, value: Revalue::Same, flat: false, pair: None };
+    pub const COPY: Map = Map {
+        linear_in_dims: None,
+        interleave_heads: None,
+        value: Revalue::Same,
+        flat: false,
+        pair: None,
+        halves: false,
+    };
 
     /// Elements `half, half + 2, ...` of Hugging Face's last dimension.
     pub const fn pair(half: usize) -> Map {
         Map { pair: Some(half), ..Map::COPY }
+    }
+
+    /// The first (0) or second (1) half of Hugging Face's last dimension.
+    pub const fn half(half: usize) -> Map {
+        Map { pair: Some(half), halves: true, ..Map::COPY }
     }
 
     /// A bias `[out]` in Hugging Face's layout for maxrs's `[out...]` (Qwen2's q/k/v biases).
@@ -119,11 +136,16 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         Some("llama" | "mistral" | "mixtral" | "qwen2" | "qwen3" | "qwen3_moe") => llama::config_from_hf(hf),
         Some("gemma" | "gemma2") => gemma::config_from_hf(hf),
         Some("gemma3_text") => gemma3::config_from_hf(hf),
+        Some("gemma4_text" | "gemma4") => gemma4::config_from_hf(hf),
         Some("deepseek_v3") => deepseek::config_from_hf(hf),
         Some("olmo3") => olmo3::config_from_hf(hf),
         Some("gpt_oss") => gpt_oss::config_from_hf(hf),
+        Some("llama4_text") => llama4::config_from_hf(hf),
+        Some("llama4") => bail!(
+            "`model_type` is \"llama4\" (Llama4ForConditionalGeneration, text and vision): not supported yet; maxrs converts Llama 4's text model, \"llama4_text\" (Llama4ForCausalLM)"
+        ),
         _ => bail!(
-            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\", \"deepseek_v3\", \"olmo3\", \"gpt_oss\"",
+            "`model_type` is {}; maxrs converts \"llama\" (Llama 2, 3, 3.1, 3.3), \"mistral\", \"mixtral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gemma\", \"gemma2\", \"gemma3_text\", \"gemma4_text\" (or \"gemma4\"'s language model), \"deepseek_v3\", \"olmo3\", \"gpt_oss\", \"llama4_text\"",
             hf["model_type"]
         ),
     }
@@ -135,18 +157,20 @@ pub fn check_model(c: &Config) -> Result<()> {
     match c.decoder_block {
         DecoderBlock::Gpt3 => bail!(
             "decoder_block=gpt3: converting gpt3 to Hugging Face's layout is not supported yet (maxrs converts \
-             llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek, olmo3, gpt_oss)"
+             llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3, deepseek, olmo3, gpt_oss, llama4)"
         ),
         // MaxText's qwen3_custom_moe (`models/qwen3_custom.py` at MaxText e591f30) has no
         // Hugging Face model: no transformers class narrows attention's output to a latent.
         DecoderBlock::Qwen3CustomMoe => bail!(
             "decoder_block=qwen3_custom_moe: converting qwen3_custom_moe to Hugging Face's layout is not supported yet \
              (Hugging Face has no such model; maxrs converts llama2, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, \
-             gemma3, deepseek, olmo3, gpt_oss)"
+             gemma3, deepseek, olmo3, gpt_oss, llama4)"
         ),
         DecoderBlock::Deepseek => deepseek::check_model(c),
         DecoderBlock::Olmo3 => olmo3::check_model(c),
         DecoderBlock::GptOss => gpt_oss::check_model(c),
+        DecoderBlock::Llama4 => llama4::check_model(c),
+        DecoderBlock::Gemma4 => gemma4::check_model(c),
         DecoderBlock::Qwen2 if !c.attention_bias => {
             bail!("attention_bias=false: Hugging Face's Qwen2 always has query, key and value biases")
         }
@@ -169,9 +193,11 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     match c.decoder_block {
         DecoderBlock::Gemma | DecoderBlock::Gemma2 => gemma::hf_config(c, model, torch_dtype),
         DecoderBlock::Gemma3 => gemma3::hf_config(c, model, torch_dtype),
+        DecoderBlock::Gemma4 => gemma4::hf_config(c, model, torch_dtype),
         DecoderBlock::Deepseek => deepseek::hf_config(c, model, torch_dtype),
         DecoderBlock::Olmo3 => olmo3::hf_config(c, model, torch_dtype),
         DecoderBlock::GptOss => gpt_oss::hf_config(c, model, torch_dtype),
+        DecoderBlock::Llama4 => llama4::hf_config(c, model, torch_dtype),
         _ => llama::hf_config(c, model, torch_dtype),
     }
 }
@@ -184,6 +210,9 @@ fn entries(c: &Config, model: &Model, hf: Option<&Value>) -> Result<Vec<Entry>> 
         DecoderBlock::Deepseek => Ok(deepseek::entries(c, model)),
         DecoderBlock::Olmo3 => Ok(olmo3::entries(c, model)),
         DecoderBlock::GptOss => Ok(gpt_oss::entries(c, model)),
+        DecoderBlock::Llama4 => Ok(llama4::entries(c, model)),
+        // Its experts and its scanned layout need more than entries (`gemma4::from_hf`, `to_hf`).
+        DecoderBlock::Gemma4 => bail!("decoder_block=gemma4: its tensors convert through model::hf::gemma4 only"),
         _ => Ok(llama::entries(c, model)),
     }
 }
@@ -310,7 +339,7 @@ fn to_maxrs(t: &HostTensor, map: Map, shape: &[i64]) -> Option<HostTensor> {
         if t.dims[..t.dims.len() - 1] != *lead || t.dims[last] != 2 * shape[last] {
             return None;
         }
-        return Some(unpair(&t, half, shape));
+        return Some(unpair(&t, half, map.halves, shape));
     }
     match map.linear_in_dims {
         None if map.flat => (t.dims == [shape.iter().product::<i64>()]).then(|| HostTensor::new(t.ty, shape, t.data)),
@@ -328,24 +357,34 @@ fn to_maxrs(t: &HostTensor, map: Map, shape: &[i64]) -> Option<HostTensor> {
     }
 }
 
-/// Elements `half, half + 2, ...` of the last dimension of `t`, as `shape`.
-fn unpair(t: &HostTensor, half: usize, shape: &[i64]) -> HostTensor {
+/// Elements `half, half + 2, ...` of the last dimension of `t` (with `halves`: its half `half`), as
+/// `shape`.
+fn unpair(t: &HostTensor, half: usize, halves: bool, shape: &[i64]) -> HostTensor {
     let size = t.ty.byte_size();
     let n = *shape.last().expect("a tensor with dimensions") as usize;
     let rows = t.data.len() / (2 * n * size);
     let mut data = Vec::with_capacity(rows * n * size);
     for r in 0..rows {
         for i in 0..n {
-            let at = (r * 2 * n + 2 * i + half) * size;
+            let at = (r * 2 * n + paired(n, i, half, halves)) * size;
             data.extend_from_slice(&t.data[at..at + size]);
         }
     }
     HostTensor::new(t.ty, shape, data)
 }
 
+/// Where element `i` of half `half` is in a row of `2 n`: interleaved, or the halves one after the other.
+fn paired(n: usize, i: usize, half: usize, halves: bool) -> usize {
+    match halves {
+        true => half * n + i,
+        false => 2 * i + half,
+    }
+}
+
 /// `into` (Hugging Face's tensor of two interleaved halves, or none yet) with `t` written as its
-/// elements `half, half + 2, ...` of the last dimension: the inverse of `unpair`.
-fn pair_into(into: Option<HostTensor>, t: &HostTensor, half: usize) -> HostTensor {
+/// elements `half, half + 2, ...` of the last dimension (with `halves`: its half `half`): the
+/// inverse of `unpair`.
+fn pair_into(into: Option<HostTensor>, t: &HostTensor, half: usize, halves: bool) -> HostTensor {
     let size = t.ty.byte_size();
     let mut dims = t.dims.clone();
     let n = *dims.last().expect("a tensor with dimensions") as usize;
@@ -353,7 +392,7 @@ fn pair_into(into: Option<HostTensor>, t: &HostTensor, half: usize) -> HostTenso
     let mut out = into.unwrap_or_else(|| HostTensor::zeros(t.ty, &dims));
     for r in 0..t.data.len() / (n * size) {
         for i in 0..n {
-            let (from, to) = ((r * n + i) * size, (r * 2 * n + 2 * i + half) * size);
+            let (from, to) = ((r * n + i) * size, (r * 2 * n + paired(n, i, half, halves)) * size);
             out.data[to..to + size].copy_from_slice(&t.data[from..from + size]);
         }
     }
@@ -409,8 +448,19 @@ pub fn from_hf(
     hf_config: &Value,
     hf: &BTreeMap<String, HostTensor>,
 ) -> Result<BTreeMap<String, HostTensor>> {
+    if c.decoder_block == DecoderBlock::Gemma4 {
+        return gemma4::from_hf(c, model, hf);
+    }
+    convert_from_hf(model, hf, entries(c, model, Some(hf_config))?)
+}
+
+/// [`from_hf`] with the model's tensors `entries`.
+fn convert_from_hf(
+    model: &Model,
+    hf: &BTreeMap<String, HostTensor>,
+    entries: Vec<Entry>,
+) -> Result<BTreeMap<String, HostTensor>> {
     let defs: BTreeMap<String, Vec<i64>> = model.param_defs().into_iter().map(|d| (d.name, d.shape)).collect();
-    let entries = entries(c, model, Some(hf_config))?;
     let mut out: BTreeMap<String, HostTensor> = BTreeMap::new();
     let mut problems = Vec::new();
     for e in &entries {
@@ -456,13 +506,25 @@ pub fn to_hf(
     params: &BTreeMap<String, HostTensor>,
     ty: DType,
 ) -> Result<BTreeMap<String, HostTensor>> {
+    if c.decoder_block == DecoderBlock::Gemma4 {
+        return gemma4::to_hf(c, model, params, ty);
+    }
+    convert_to_hf(params, ty, entries(c, model, None)?)
+}
+
+/// [`to_hf`] with the model's tensors `entries`.
+fn convert_to_hf(
+    params: &BTreeMap<String, HostTensor>,
+    ty: DType,
+    entries: Vec<Entry>,
+) -> Result<BTreeMap<String, HostTensor>> {
     let mut out = BTreeMap::new();
-    for e in entries(c, model, None)? {
+    for e in entries {
         let t = params.get(&e.maxrs).ok_or_else(|| anyhow!("the maxrs parameters have no {}", e.maxrs))?;
         let converted = to_hf_tensor(&slot_slice(t, &e.slot), e.map);
         let converted = if converted.ty == ty { converted } else { crate::host::convert_float(&converted, ty) };
         let converted = match e.map.pair {
-            Some(half) => pair_into(out.remove(&e.hf), &converted, half),
+            Some(half) => pair_into(out.remove(&e.hf), &converted, half, e.map.halves),
             None => converted,
         };
         out.insert(e.hf, converted);
@@ -584,8 +646,18 @@ mod tests {
         let (even, odd) = (to_maxrs(&t, Map::pair(0), &[4, 1]).unwrap(), to_maxrs(&t, Map::pair(1), &[4, 1]).unwrap());
         assert_eq!(even.to_f32(), vec![0.5, 2.0, 3.0, 1.5]);
         assert_eq!(odd.to_f32(), vec![-1.0, 0.25, -0.5, 0.125]);
-        let both = pair_into(Some(pair_into(None, &odd, 1)), &even, 0);
+        let both = pair_into(Some(pair_into(None, &odd, 1, false)), &even, 0, false);
         assert_eq!((both.dims.clone(), both.to_f32()), (t.dims.clone(), t.to_f32()));
         assert!(to_maxrs(&t, Map::pair(0), &[4, 2]).is_none());
+        // Halves take the first and second half of the last dimension, and join back.
+        let (first, second) =
+            (to_maxrs(&t, Map::half(0), &[4, 1]).unwrap(), to_maxrs(&t, Map::half(1), &[4, 1]).unwrap());
+        assert_eq!((first.to_f32(), second.to_f32()), (even.to_f32(), odd.to_f32()));
+        let wide = HostTensor::from_f32(&[1, 4], &[1.0, 2.0, 3.0, 4.0]);
+        let (first, second) =
+            (to_maxrs(&wide, Map::half(0), &[1, 2]).unwrap(), to_maxrs(&wide, Map::half(1), &[1, 2]).unwrap());
+        assert_eq!((first.to_f32(), second.to_f32()), (vec![1.0, 2.0], vec![3.0, 4.0]));
+        let both = pair_into(Some(pair_into(None, &second, 1, true)), &first, 0, true);
+        assert_eq!(both.to_f32(), wide.to_f32());
     }
 }
