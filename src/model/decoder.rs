@@ -117,6 +117,16 @@ pub struct Forward {
 }
 
 impl Model {
+    /// The model of the command-line keys `args` (on maxrs's defaults), or the one-line error
+    /// loading or building it gives: what the families' unit tests check their model files and
+    /// refusals with.
+    #[cfg(test)]
+    pub(crate) fn from_args(args: &[&str]) -> Result<Model, String> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let c = crate::config::load(None, &args).map_err(|e| e.to_string())?;
+        Model::from_config(&c).map_err(|e| e.to_string())
+    }
+
     /// The model `c` describes. Errors name the key that a family cannot use.
     pub fn from_config(c: &Config) -> anyhow::Result<Model> {
         let config = ModelConfig::from_config(c);

@@ -56,7 +56,7 @@ use super::family::LayerRngs;
 use super::family::{dense_layer_flops, Family, LayerFlops, LayerOutput};
 use super::gemma2::{global_and_local_attention_flops, sandwich, sandwich_params, PostNorms};
 use super::params::ParamDef;
-use super::stacks::Stack;
+use super::stacks::{sub_layer_name, Stack};
 use super::ModelConfig;
 
 /// Layers per block: `GEMMA3_ATTENTION_PATTERN`'s length (5 local, then 1 global).
@@ -169,10 +169,6 @@ impl Gemma3 {
     }
 }
 
-fn name(j: i64) -> impl Fn(&str) -> String {
-    move |n| format!("layers_{j}.{n}")
-}
-
 impl Family for Gemma3 {
     /// MaxText's `Gemma3DecoderLayer` (`src/maxtext/models/gemma3.py` at e591f30) keeps its `rngs` (line 89) and has a
     /// `dropout` (line 175).
@@ -196,8 +192,8 @@ impl Family for Gemma3 {
     fn layer_params(&self, c: &ModelConfig, kind: usize) -> Vec<ParamDef> {
         (0..self.layers(kind))
             .flat_map(|j| {
-                let attention = self.attention(c, j).all_params(&name(j)("self_attention"), c);
-                sandwich_params(c, &name(j), self.post, attention)
+                let attention = self.attention(c, j).all_params(&sub_layer_name(j)("self_attention"), c);
+                sandwich_params(c, &sub_layer_name(j), self.post, attention)
             })
             .collect()
     }
@@ -211,7 +207,7 @@ impl Family for Gemma3 {
         for j in 0..self.layers(kind) {
             let attention = self.attention(c, j);
             let (cos, sin) = if attention.window.is_some() { &local } else { &global };
-            x = sandwich(c, p, &x, &name(j), self.post, |prefix, h| {
+            x = sandwich(c, p, &x, &sub_layer_name(j), self.post, |prefix, h| {
                 attention.apply_with_rope(c, p, prefix, h, ctx, (cos, sin))
             });
         }

@@ -509,11 +509,7 @@ impl Family for Gemma4 {
 
 #[cfg(test)]
 mod tests {
-    fn model(args: &[&str]) -> Result<super::super::Model, String> {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let c = crate::config::load(None, &args).map_err(|e| e.to_string())?;
-        super::super::Model::from_config(&c).map_err(|e| e.to_string())
-    }
+    use super::super::Model;
 
     /// The partial RoPE by hand: a 16-wide head rotating a quarter keeps 2 frequencies
     /// `1e6^(-2i / 16)` and zeros the other 6 (`Gemma4PartialRotaryEmbedding`); a whole head is
@@ -543,13 +539,13 @@ mod tests {
         let (e, m) = (5376, 21504);
         let local = attention(e, 32, 16, 256, false) + dense_mlp(e, m) + 4 * e + 1;
         let global = attention(e, 32, 4, 512, true) + dense_mlp(e, m) + 4 * e + 1;
-        let m31 = model(&["model_name=gemma4-31b"]).unwrap();
+        let m31 = Model::from_args(&["model_name=gemma4-31b"]).unwrap();
         assert_eq!(m31.num_params() as i64, 10 * (5 * local + global) + 262144 * e + e);
         let (e, experts) = (2816, 128);
         let ffn = e * experts + experts * 3 * e * 704 + experts + dense_mlp(e, 2112) + e + 3 * e;
         let local = attention(e, 16, 8, 256, false) + ffn + 4 * e + 1;
         let global = attention(e, 16, 2, 512, true) + ffn + 4 * e + 1;
-        let m26 = model(&["model_name=gemma4-26b"]).unwrap();
+        let m26 = Model::from_args(&["model_name=gemma4-26b"]).unwrap();
         assert_eq!(m26.num_params() as i64, 5 * (5 * local + global) + 262144 * e + e);
         let shape =
             |m: &super::super::Model, n: &str| m.param_defs().into_iter().find(|d| d.name == n).map(|d| d.shape);
@@ -565,7 +561,7 @@ mod tests {
         let moe = format!("{s}global_layer.mlp.moe_block.MoeBlock_0.");
         assert_eq!(shape(&m26, &format!("{moe}per_expert_scale")), Some(vec![5, 128]));
         assert_eq!(shape(&m26, &format!("{moe}wi_0")), Some(vec![5, 128, 2816, 704]));
-        let unscanned = model(&["model_name=gemma4-26b", "scan_layers=false"]).unwrap();
+        let unscanned = Model::from_args(&["model_name=gemma4-26b", "scan_layers=false"]).unwrap();
         let n = "decoder.layers_29.mlp.moe_block.shared_experts.wo.kernel";
         assert_eq!(shape(&unscanned, n), Some(vec![2112, 2816]));
         assert_eq!(unscanned.num_params(), m26.num_params());
@@ -578,7 +574,7 @@ mod tests {
     fn refusals_name_the_culprit() {
         let gemma4 = ["model_name=gemma4-26b", "override_model_config=true"];
         let refused = |extra: &[&str], want: &str| {
-            let e = model(&[&gemma4[..], extra].concat()).err().unwrap_or_default();
+            let e = Model::from_args(&[&gemma4[..], extra].concat()).err().unwrap_or_default();
             assert!(e.contains(want) && !e.contains('\n'), "{extra:?}: {e}");
         };
         refused(&["base_num_decoder_layers=8"], "base_num_decoder_layers=8: with scan_layers=true");
@@ -586,13 +582,13 @@ mod tests {
         refused(&["rope_type=llama3.1"], "rope_type=llama3.1: gemma4's RoPE");
         refused(&["shared_experts=0"], "shared_experts=0: gemma4's MoE layer");
         refused(&["quantization=fp8"], "fp8 quantization is not supported yet with decoder_block=gemma4");
-        let e = model(&["decoder_block=gemma4", "sliding_window_size=4", "base_num_decoder_layers=6"])
+        let e = Model::from_args(&["decoder_block=gemma4", "sliding_window_size=4", "base_num_decoder_layers=6"])
             .err()
             .unwrap_or_default();
         assert!(e.starts_with("model_name=default: MaxText gives gemma4's partial RoPE"), "{e}");
-        assert!(model(&[&gemma4[..], &["base_num_decoder_layers=8", "scan_layers=false"]].concat()).is_ok());
+        assert!(Model::from_args(&[&gemma4[..], &["base_num_decoder_layers=8", "scan_layers=false"]].concat()).is_ok());
         for small in ["gemma4-e2b", "gemma4-e4b"] {
-            let e = model(&[&format!("model_name={small}")]).err().unwrap_or_default();
+            let e = Model::from_args(&[&format!("model_name={small}")]).err().unwrap_or_default();
             assert!(e.contains("decoder_block gemma4_small (per-layer embeddings) is not supported yet"), "{e}");
         }
     }

@@ -53,7 +53,7 @@ use super::gemma2::global_and_local_attention_flops;
 use super::mla::yarn_or_default_rope;
 use super::moe::{self, GptOssExperts, MoeConfig};
 use super::params::{ParamDef, ParamInit};
-use super::stacks::Stack;
+use super::stacks::{sub_layer_name, Stack};
 use super::ModelConfig;
 
 /// `GPT_OSS_ATTENTION_PATTERN`'s length: 1 sliding-window layer, then 1 global.
@@ -174,10 +174,6 @@ impl GptOss {
     }
 }
 
-fn name(j: i64) -> impl Fn(&str) -> String {
-    move |n| format!("layers_{j}.{n}")
-}
-
 impl Family for GptOss {
     /// MaxText's `GptOssDecoderLayer` (`src/maxtext/models/gpt_oss.py` at e591f30) keeps no `rngs` and has a `dropout`
     /// (line 135).
@@ -197,7 +193,7 @@ impl Family for GptOss {
         let attention = SelfAttention { qkv_bias: self.bias, ..SelfAttention::new(scale) };
         (0..self.interval)
             .flat_map(|j| {
-                let n = name(j);
+                let n = sub_layer_name(j);
                 let mut defs = norm.params(&n("pre_self_attention_layer_norm"), c.emb);
                 defs.extend(attention.all_params(&n("GptOssAttention"), c));
                 if self.bias {
@@ -225,7 +221,7 @@ impl Family for GptOss {
         let mut x = x.clone();
         let mut lb_losses = Vec::new();
         for j in 0..self.interval {
-            let n = name(j);
+            let n = sub_layer_name(j);
             let h = norm.apply(p, &n("pre_self_attention_layer_norm"), &x);
             let attention = self.attention(c, (p, &n("GptOssAttention")), &h, ctx, (&cos, &sin), j);
             let h = constrain(c, &x + &attention, BTE);
@@ -269,11 +265,7 @@ impl Family for GptOss {
 
 #[cfg(test)]
 mod tests {
-    fn model(args: &[&str]) -> Result<super::super::Model, String> {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let c = crate::config::load(None, &args).map_err(|e| e.to_string())?;
-        super::super::Model::from_config(&c).map_err(|e| e.to_string())
-    }
+    use super::super::Model;
 
     /// The model files' stacks (12 and 18 blocks of 2) and what each refusal names, on one line:
     /// an interval that is not a multiple of 2 or does not divide the layers, YaRN past its table,
@@ -282,13 +274,13 @@ mod tests {
     #[test]
     fn model_files_load_and_refusals_name_the_culprit() {
         for (name, blocks) in [("gpt-oss-20b", 12), ("gpt-oss-120b", 18)] {
-            let m = model(&[&format!("model_name={name}")]).unwrap();
+            let m = Model::from_args(&[&format!("model_name={name}")]).unwrap();
             let stacks: Vec<(&str, i64)> = m.stacks().iter().map(|s| (s.name, s.count)).collect();
             assert_eq!(stacks, [("layers", blocks)], "{name}");
         }
         let gpt_oss = ["model_name=gpt-oss-20b", "override_model_config=true"];
         let refused = |extra: &[&str], want: &str| {
-            let e = model(&[&gpt_oss[..], extra].concat()).err().unwrap_or_default();
+            let e = Model::from_args(&[&gpt_oss[..], extra].concat()).err().unwrap_or_default();
             assert!(e.contains(want) && !e.contains('\n'), "{extra:?}: {e}");
         };
         refused(
@@ -305,9 +297,10 @@ mod tests {
         refused(&["mlp_activations=[silu,silu]"], "mlp_activations=[silu, silu]: gpt_oss's experts");
         refused(&["sliding_window_size=0"], "sliding_window_size=0: gpt_oss's sliding layers");
         // MaxText's other families read the sinks and the experts' biases too; maxrs not yet.
-        let e = model(&["attention_sink=true"]).err().unwrap_or_default();
+        let e = Model::from_args(&["attention_sink=true"]).err().unwrap_or_default();
         assert!(e.starts_with("attention_sink=true: not supported yet with decoder_block=llama2"), "{e}");
-        let e = model(&["decoder_block=mixtral", "num_experts=4", "mlp_bias=true"]).err().unwrap_or_default();
+        let e =
+            Model::from_args(&["decoder_block=mixtral", "num_experts=4", "mlp_bias=true"]).err().unwrap_or_default();
         assert!(e.starts_with("mlp_bias=true: not supported yet with decoder_block=mixtral"), "{e}");
     }
 }

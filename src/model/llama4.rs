@@ -54,15 +54,27 @@ use super::blocks::{dense, Mlp, Norm, QueryScale, SelfAttention};
 use super::family::{attention_flops, constrain, Family, LayerFlops, LayerOutput, LayerRngs, BTE};
 use super::moe::{routed_and_shared_block, routed_and_shared_flops, routed_and_shared_param_defs, MoeConfig};
 use super::params::ParamDef;
-use super::stacks::Stack;
+use super::stacks::{sub_layer_name, Stack};
 use super::ModelConfig;
 
 /// The MoE block's name in a layer (MaxText keeps it for its checkpoints' sake).
 const MOE: &str = "Llama4MoEBlock_0";
 
-/// Temperature tuning's scale and floor, as `Llama4DecoderLayer` passes them to `Attention`.
-const TEMPERATURE_SCALE: f64 = 0.1;
-const TEMPERATURE_FLOOR: f64 = 8192.0;
+/// Temperature tuning's scale and floor, as `Llama4DecoderLayer` passes them to `Attention`
+/// (transformers' `attn_scale` and `floor_scale`).
+pub(crate) const TEMPERATURE_SCALE: f64 = 0.1;
+pub(crate) const TEMPERATURE_FLOOR: f64 = 8192.0;
+
+/// Whether layer `n` (0-based, in the model or in a block) is a NoPE layer under
+/// `nope_layer_interval` `interval` (`determine_is_nope_layer`).
+pub(crate) fn is_nope_layer(n: i64, interval: i64) -> bool {
+    interval > 0 && (n + 1) % interval == 0
+}
+
+/// Whether layer `n` has experts under `interleave_moe_layer_step` `step` (`determine_is_moe_layer`).
+pub(crate) fn is_moe_layer(n: i64, step: i64) -> bool {
+    (n + 1) % step == 0
+}
 
 /// A block of `interval` Llama 4 layers.
 #[derive(Debug)]
@@ -138,12 +150,12 @@ impl Llama4 {
 
     /// Whether layer `j` of a block is a NoPE layer (global attention, no RoPE).
     fn nope(&self, j: i64) -> bool {
-        self.nope_interval > 0 && (j + 1) % self.nope_interval == 0
+        is_nope_layer(j, self.nope_interval)
     }
 
     /// Whether layer `j` of a block has experts.
     fn routed(&self, j: i64) -> bool {
-        (j + 1) % self.moe_step == 0
+        is_moe_layer(j, self.moe_step)
     }
 
     /// Layer `j`'s attention on the normed `h: [batch, seq, emb]` under `prefix`.
@@ -191,10 +203,6 @@ fn temperature_scales(positions: &Tensor, dtype: DType) -> Tensor {
     (floor + 1.0).log() * TEMPERATURE_SCALE + 1.0
 }
 
-fn name(j: i64) -> impl Fn(&str) -> String {
-    move |n| format!("layers_{j}.{n}")
-}
-
 impl Family for Llama4 {
     /// Each layer, MaxText's `Llama4DecoderLayer` (`src/maxtext/models/llama4.py` at e591f30), keeps
     /// its `rngs` (line 336) and has a `dropout` (line 428). The scanned block `Llama4ScannableBlock`
@@ -215,7 +223,7 @@ impl Family for Llama4 {
         let attention = SelfAttention::new(QueryScale::RunTime((c.head_dim as f64).powf(-0.5)));
         (0..self.interval)
             .flat_map(|j| {
-                let n = name(j);
+                let n = sub_layer_name(j);
                 let mut defs = norm.params(&n("pre_self_attention_layer_norm"), c.emb);
                 defs.extend(attention.params(&n("self_attention"), c));
                 defs.extend(norm.params(&n("post_self_attention_layer_norm"), c.emb));
@@ -237,7 +245,7 @@ impl Family for Llama4 {
         let mut x = x.clone();
         let mut lb_losses = Vec::new();
         for j in 0..self.interval {
-            let n = name(j);
+            let n = sub_layer_name(j);
             let h = norm.apply(p, &n("pre_self_attention_layer_norm"), &x);
             let attention = constrain(c, self.attention(c, p, &n("self_attention"), &h, ctx, j), BTE);
             let x_mid = constrain(c, &x + &attention, BTE);
@@ -287,11 +295,7 @@ impl Family for Llama4 {
 
 #[cfg(test)]
 mod tests {
-    fn model(args: &[&str]) -> Result<super::super::Model, String> {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let c = crate::config::load(None, &args).map_err(|e| e.to_string())?;
-        super::super::Model::from_config(&c).map_err(|e| e.to_string())
-    }
+    use super::super::Model;
 
     /// The model files' stacks (12 blocks of 4) and what each refusal names, on one line: an
     /// interval the patterns do not repeat in or that does not divide the layers, no chunk, no
@@ -300,13 +304,13 @@ mod tests {
     #[test]
     fn model_files_load_and_refusals_name_the_culprit() {
         for name in ["llama4-17b-16e", "llama4-17b-128e"] {
-            let m = model(&[&format!("model_name={name}")]).unwrap();
+            let m = Model::from_args(&[&format!("model_name={name}")]).unwrap();
             let stacks: Vec<(&str, i64)> = m.stacks().iter().map(|s| (s.name, s.count)).collect();
             assert_eq!(stacks, [("layers", 12)], "{name}");
         }
         let llama4 = ["model_name=llama4-17b-128e", "override_model_config=true"];
         let refused = |extra: &[&str], want: &str| {
-            let e = model(&[&llama4[..], extra].concat()).err().unwrap_or_default();
+            let e = Model::from_args(&[&llama4[..], extra].concat()).err().unwrap_or_default();
             assert!(e.contains(want) && !e.contains('\n'), "{extra:?}: {e}");
         };
         refused(
@@ -319,7 +323,7 @@ mod tests {
         refused(&["num_experts_per_tok=2"], "num_experts_per_tok=2: llama4 routes each token to one expert");
         refused(&["mlp_activations=[gelu,linear]"], "mlp_activations=[gelu, linear]: llama4's experts");
         refused(&["use_multimodal=true"], "use_multimodal");
-        let e = model(&["nope_layer_interval=4"]).err().unwrap_or_default();
+        let e = Model::from_args(&["nope_layer_interval=4"]).err().unwrap_or_default();
         assert!(e.starts_with("nope_layer_interval=4: decoder_block=llama2 does not use"), "{e}");
     }
 }

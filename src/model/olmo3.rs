@@ -49,7 +49,7 @@ use super::family::LayerRngs;
 use super::family::{constrain, dense_layer_flops, Family, LayerFlops, LayerOutput, BTE};
 use super::mla::yarn_or_default_rope;
 use super::params::{ParamDef, ParamInit};
-use super::stacks::Stack;
+use super::stacks::{sub_layer_name, Stack};
 use super::ModelConfig;
 
 /// `OLMO3_ATTENTION_PATTERN`'s length: 3 sliding-window layers, then 1 global.
@@ -143,10 +143,6 @@ fn projections(c: &ModelConfig) -> SelfAttention {
     SelfAttention::new(QueryScale::RunTime((c.head_dim as f64).powf(-0.5)))
 }
 
-fn name(j: i64) -> impl Fn(&str) -> String {
-    move |n| format!("layers_{j}.{n}")
-}
-
 impl Family for Olmo3 {
     /// MaxText's `Olmo3DecoderLayer` (`src/maxtext/models/olmo3.py` at e591f30) keeps no `rngs` and has a `dropout`
     /// (line 146).
@@ -164,7 +160,7 @@ impl Family for Olmo3 {
         let qk_norm = |n: &str, features: i64| ParamDef::new(n, &[features], &["norm"], ParamInit::Ones);
         (0..self.interval)
             .flat_map(|j| {
-                let n = name(j);
+                let n = sub_layer_name(j);
                 let mut defs = projections(c).params(&n("attention"), c);
                 defs.push(qk_norm(&n("attention.query_norm.scale"), c.heads * c.head_dim));
                 defs.push(qk_norm(&n("attention.key_norm.scale"), c.kv_heads * c.head_dim));
@@ -183,7 +179,7 @@ impl Family for Olmo3 {
         let (cos, sin) = rope_tables(&ctx.positions, &self.rope);
         let mut x = x.clone();
         for j in 0..self.interval {
-            let n = name(j);
+            let n = sub_layer_name(j);
             let attention = self.attention(c, (p, &n("attention")), &x, ctx, (&cos, &sin), j);
             let h = constrain(c, &x + &norm.apply(p, &n("post_self_attention_layer_norm"), &attention), BTE);
             let mlp = Mlp::new(c, false, None).apply(c, p, &n("mlp"), &h);
@@ -204,11 +200,7 @@ impl Family for Olmo3 {
 
 #[cfg(test)]
 mod tests {
-    fn model(args: &[&str]) -> Result<super::super::Model, String> {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let c = crate::config::load(None, &args).map_err(|e| e.to_string())?;
-        super::super::Model::from_config(&c).map_err(|e| e.to_string())
-    }
+    use super::super::Model;
 
     /// The model files' stacks (8 and 16 blocks of 4) and what each refusal names, on one line:
     /// another model name (MaxText's per-head QK-norm), an interval that is not a multiple of 4 or
@@ -217,13 +209,13 @@ mod tests {
     #[test]
     fn model_files_load_and_refusals_name_the_culprit() {
         for (name, blocks) in [("olmo3-7b", 8), ("olmo3-7b-pt", 8), ("olmo3-32b", 16)] {
-            let m = model(&[&format!("model_name={name}")]).unwrap();
+            let m = Model::from_args(&[&format!("model_name={name}")]).unwrap();
             let stacks: Vec<(&str, i64)> = m.stacks().iter().map(|s| (s.name, s.count)).collect();
             assert_eq!(stacks, [("layers", blocks)], "{name}");
         }
         let olmo3 = ["model_name=olmo3-7b", "override_model_config=true"];
         let refused = |extra: &[&str], want: &str| {
-            let e = model(&[&olmo3[..], extra].concat()).err().unwrap_or_default();
+            let e = Model::from_args(&[&olmo3[..], extra].concat()).err().unwrap_or_default();
             assert!(e.contains(want) && !e.contains('\n'), "{extra:?}: {e}");
         };
         refused(
@@ -232,12 +224,16 @@ mod tests {
         );
         refused(&["base_num_decoder_layers=6"], "divides the 6 decoder layers");
         refused(&["max_target_length=70000"], "max_target_length=70000: olmo3's YaRN RoPE");
-        let e =
-            model(&["decoder_block=olmo3", "use_qk_norm=true", "sliding_window_size=4", "base_num_decoder_layers=4"])
-                .err()
-                .unwrap_or_default();
+        let e = Model::from_args(&[
+            "decoder_block=olmo3",
+            "use_qk_norm=true",
+            "sliding_window_size=4",
+            "base_num_decoder_layers=4",
+        ])
+        .err()
+        .unwrap_or_default();
         assert!(e.starts_with("model_name=default: MaxText's olmo3 normalizes"), "{e}");
-        let e = model(&["inhomogeneous_layer_cycle_interval=2"]).err().unwrap_or_default();
+        let e = Model::from_args(&["inhomogeneous_layer_cycle_interval=2"]).err().unwrap_or_default();
         assert!(e.contains("not supported yet with decoder_block=llama2 (MaxText scans"), "{e}");
     }
 }

@@ -180,6 +180,12 @@ impl Stack {
     }
 }
 
+/// The name of sub-layer `j`'s parameter `rest` within a block, `layers_<j>.<rest>` (how a
+/// family names a block's sub-layers; `sub_layer` reads it back).
+pub fn sub_layer_name(j: i64) -> impl Fn(&str) -> String {
+    move |rest| format!("layers_{j}.{rest}")
+}
+
 /// The sub-layer and its own parameter name of a block's parameter `layers_<j>.<rest>`.
 fn sub_layer(own: &str) -> Option<(i64, &str)> {
     let (j, rest) = own.strip_prefix("layers_")?.split_once('.')?;

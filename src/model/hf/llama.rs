@@ -58,8 +58,8 @@ use crate::model::config::Rope;
 use crate::model::Model;
 
 /// One layer's attention tensors: maxrs name (relative to the layer), Hugging Face name
-/// (relative to `model.layers.N.`), map.
-const ATTENTION: &[(&str, &str, Map)] = &[
+/// (relative to `model.layers.N.`), map (Llama 4's layers too).
+pub(super) const ATTENTION: &[(&str, &str, Map)] = &[
     ("pre_self_attention_layer_norm.scale", "input_layernorm.weight", Map::COPY),
     ("self_attention.query.kernel", "self_attn.q_proj.weight", Map::linear(1)),
     ("self_attention.key.kernel", "self_attn.k_proj.weight", Map::linear(1)),

@@ -38,21 +38,13 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use super::llama::{common_config, common_keys, llama31_scaling, outer_entries, rope_fields, LLAMA31_SCALING};
+use super::llama::{
+    common_config, common_keys, llama31_scaling, outer_entries, rope_fields, ATTENTION, LLAMA31_SCALING,
+};
 use super::{layer_entry, Entry, Fields, Map};
 use crate::config::{Config, RopeType};
+use crate::model::llama4::{is_moe_layer, is_nope_layer, TEMPERATURE_FLOOR, TEMPERATURE_SCALE};
 use crate::model::Model;
-
-/// Every layer's attention tensors: maxrs name (in `layers_<j>.`), Hugging Face name (in
-/// `model.layers.N.`).
-const ATTENTION: &[(&str, &str, Map)] = &[
-    ("pre_self_attention_layer_norm.scale", "input_layernorm.weight", Map::COPY),
-    ("self_attention.query.kernel", "self_attn.q_proj.weight", Map::linear(1)),
-    ("self_attention.key.kernel", "self_attn.k_proj.weight", Map::linear(1)),
-    ("self_attention.value.kernel", "self_attn.v_proj.weight", Map::linear(1)),
-    ("self_attention.out.kernel", "self_attn.o_proj.weight", Map::linear(2)),
-    ("post_self_attention_layer_norm.scale", "post_attention_layernorm.weight", Map::COPY),
-];
 
 /// A dense layer's MLP.
 const DENSE: &[(&str, &str, Map)] = &[
@@ -71,20 +63,6 @@ const MOE: &[(&str, &str, Map)] = &[
     ("Llama4MoEBlock_0.shared_experts.wi_1.kernel", "feed_forward.shared_expert.up_proj.weight", Map::linear(1)),
     ("Llama4MoEBlock_0.shared_experts.wo.kernel", "feed_forward.shared_expert.down_proj.weight", Map::linear(1)),
 ];
-
-/// MaxText's temperature tuning constants (`Llama4DecoderLayer`), transformers' defaults.
-const FLOOR_SCALE: f64 = 8192.0;
-const ATTN_SCALE: f64 = 0.1;
-
-/// Whether layer `n` has no RoPE under `nope_layer_interval` `interval`.
-fn nope(n: i64, interval: i64) -> bool {
-    interval > 0 && (n + 1) % interval == 0
-}
-
-/// Whether layer `n` is an MoE layer under `interleave_moe_layer_step` `step`.
-fn routed(n: i64, step: i64) -> bool {
-    (n + 1) % step == 0
-}
 
 fn gcd(a: i64, b: i64) -> i64 {
     if b == 0 {
@@ -125,7 +103,7 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     }
     let step = fields.number("interleave_moe_layer_step", "interleave_moe_layer_step", Some(1))?;
     if let Some(listed) = hf["moe_layers"].as_array() {
-        let want: Vec<i64> = (0..layers).filter(|n| routed(*n, step)).collect();
+        let want: Vec<i64> = (0..layers).filter(|n| is_moe_layer(*n, step)).collect();
         if listed.iter().map(|v| v.as_i64()).collect::<Vec<_>>() != want.iter().map(|n| Some(*n)).collect::<Vec<_>>() {
             bail!(
                 "`moe_layers` is {}: maxrs's llama4 has an MoE layer every `interleave_moe_layer_step` ({step}) layers, {want:?}; other layers are not supported yet",
@@ -136,7 +114,7 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     let interval = fields.number("no_rope_layer_interval", "nope_layer_interval", Some(4))?;
     if let Some(listed) = hf["no_rope_layers"].as_array().filter(|l| !l.is_empty()) {
         for n in 0..layers {
-            let want = if nope(n, interval) { 0 } else { 1 };
+            let want = if is_nope_layer(n, interval) { 0 } else { 1 };
             if listed.get(n as usize).and_then(|v| v.as_i64()) != Some(want) {
                 bail!(
                     "`no_rope_layers[{n}]` is {}: maxrs's llama4 has no RoPE in every `no_rope_layer_interval` ({interval})th layer only",
@@ -147,7 +125,7 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     }
     if let Some(types) = hf["layer_types"].as_array() {
         for n in 0..layers {
-            let want = if nope(n, interval) { "full_attention" } else { "chunked_attention" };
+            let want = if is_nope_layer(n, interval) { "full_attention" } else { "chunked_attention" };
             if types.get(n as usize).and_then(|t| t.as_str()) != Some(want) {
                 bail!(
                     "`layer_types[{n}]` is {}: maxrs's llama4 attends within chunks in its RoPE layers and fully in its NoPE layers",
@@ -162,7 +140,7 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         _ => fields.number("attention_chunk_size", "chunk_attn_window_size", None)?,
     };
     let tuning = fields.flag("attn_temperature_tuning")?.unwrap_or(true);
-    for (name, want) in [("floor_scale", FLOOR_SCALE), ("attn_scale", ATTN_SCALE)] {
+    for (name, want) in [("floor_scale", TEMPERATURE_FLOOR), ("attn_scale", TEMPERATURE_SCALE)] {
         let value = hf[name].as_f64().unwrap_or(want);
         if tuning && value != want {
             bail!("`{name}` is {}: MaxText's llama4 tunes the temperature with {name} {want}; other values are not supported yet", hf[name]);
@@ -247,17 +225,17 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     config["num_local_experts"] = json!(c.num_experts);
     config["num_experts_per_tok"] = json!(1);
     config["interleave_moe_layer_step"] = json!(step);
-    config["moe_layers"] = json!((0..m.layers).filter(|n| routed(*n, step)).collect::<Vec<_>>());
+    config["moe_layers"] = json!((0..m.layers).filter(|n| is_moe_layer(*n, step)).collect::<Vec<_>>());
     config["no_rope_layer_interval"] = json!(interval.max(0));
-    config["no_rope_layers"] = json!((0..m.layers).map(|n| i64::from(!nope(n, interval))).collect::<Vec<_>>());
-    let types = (0..m.layers).map(|n| if nope(n, interval) { "full_attention" } else { "chunked_attention" });
+    config["no_rope_layers"] = json!((0..m.layers).map(|n| i64::from(!is_nope_layer(n, interval))).collect::<Vec<_>>());
+    let types = (0..m.layers).map(|n| if is_nope_layer(n, interval) { "full_attention" } else { "chunked_attention" });
     config["layer_types"] = json!(types.collect::<Vec<_>>());
     config["attention_chunk_size"] =
         if c.chunk_attn_window_size > 0 { json!(c.chunk_attn_window_size) } else { Value::Null };
     config["use_qk_norm"] = json!(c.use_qk_norm);
     config["attn_temperature_tuning"] = json!(c.temperature_tuning);
-    config["floor_scale"] = json!(FLOOR_SCALE as i64);
-    config["attn_scale"] = json!(ATTN_SCALE);
+    config["floor_scale"] = json!(TEMPERATURE_FLOOR as i64);
+    config["attn_scale"] = json!(TEMPERATURE_SCALE);
     let theta = c.rope_max_timescale as f64;
     config["rope_parameters"] = match c.rope_use_scale {
         true => {
@@ -277,7 +255,7 @@ pub fn entries(c: &Config, model: &Model) -> Vec<Entry> {
     let mut out = outer_entries(model);
     let block = c.inhomogeneous_layer_cycle_interval;
     for n in 0..model.config.layers {
-        let ffn = if routed(n, c.interleave_moe_layer_step) { MOE } else { DENSE };
+        let ffn = if is_moe_layer(n, c.interleave_moe_layer_step) { MOE } else { DENSE };
         for (name, hf_name, map) in ATTENTION.iter().chain(ffn) {
             let name = format!("layers_{}.{name}", n % block);
             out.push(layer_entry(model, n / block, &name, &[], format!("model.layers.{n}.{hf_name}"), *map));
