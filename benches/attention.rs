@@ -31,7 +31,7 @@ fn program(seq: i64, how: AttentionImpl) -> Program {
         sig.input(name, DType::F32, &[BATCH, seq, heads, HEAD_DIM]);
     }
     trace(&sig, |_, inp| {
-        let mask = Mask { window: None, chunk: None, segments: None };
+        let mask = Mask { window: None, chunk: None, segments: None, order: None };
         let (loss, grads) = value_and_grad(&inp.subtree("p"), |p| {
             (attend(&p["q"], &p["k"], &p["v"], &mask, how) * &inp["w"]).sum_all()
         });

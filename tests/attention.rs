@@ -58,7 +58,7 @@ fn program(case: Case, how: AttentionImpl, dtype: DType, remat: bool) -> Program
         sig.input("segments", DType::S32, &[B, T]);
     }
     trace(&sig, |_, inp| {
-        let mask = Mask { window: case.window, chunk: case.chunk, segments: inp.get("segments").cloned() };
+        let mask = Mask { window: case.window, chunk: case.chunk, segments: inp.get("segments").cloned(), order: None };
         let attention = |p: &Tree| {
             let cast = |n: &str| p[n].astype(dtype);
             let sinks = p.get("z").map(|z| z.astype(dtype));

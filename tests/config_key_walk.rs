@@ -129,6 +129,30 @@ const GEMMA4: &[&str] = &[
     "base_mlp_dim=128",
     "vocab_size=256",
 ];
+/// Gemma 4 small's 6 layers (4 local, a global one, a local one), unscanned, from gemma4-e2b's
+/// file, with per-layer inputs 8 wide from a table of 256 rows, and `extra` keys.
+macro_rules! gemma4_small {
+    ($($extra:literal),*) => {
+        &[
+            "model_name=gemma4-e2b",
+            "override_model_config=true",
+            "scan_layers=false",
+            "base_num_decoder_layers=6",
+            "base_emb_dim=64",
+            "base_num_query_heads=4",
+            "base_num_kv_heads=2",
+            "head_dim=16",
+            "base_mlp_dim=128",
+            "vocab_size=256",
+            "hidden_size_per_layer_input=8",
+            "vocab_size_per_layer_input=256",
+            $($extra),*
+        ]
+    };
+}
+const GEMMA4_SMALL: &[&str] = gemma4_small!();
+/// The same with its last layer reusing layer 3's keys and values.
+const GEMMA4_SMALL_SHARED: &[&str] = gemma4_small!("num_kv_shared_layers=1");
 /// With routed experts, and those in 2 groups, each token choosing from the best one.
 const DEEPSEEK_MOE: &[&str] =
     deepseek!("first_num_dense_layers=1", "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=256");
@@ -221,6 +245,10 @@ const KEYS: &[(&str, Effect)] = &[
     ("global_num_kv_heads", ProgramVs("1", "0", GEMMA4)),
     ("share_kv_projections", ProgramVs("true", "false", GEMMA4)),
     ("v_norm_with_scale", ProgramVs("true", "false", GEMMA4)),
+    ("hidden_size_per_layer_input", ProgramVs("16", "8", GEMMA4_SMALL)),
+    ("vocab_size_per_layer_input", ProgramVs("128", "256", GEMMA4_SMALL)),
+    ("num_kv_shared_layers", ProgramVs("1", "0", GEMMA4_SMALL)),
+    ("use_double_wide_mlp", ProgramVs("true", "false", GEMMA4_SMALL_SHARED)),
     ("rope_linear_scaling_factor", ProgramVs("8.0", "1.0", GEMMA3)),
     ("fused_qkv", ProgramVs("true", "false", &["decoder_block=gpt3", "base_num_kv_heads=4"])),
     ("enable_dropout", KernelChoice("dropout at dropout_rate 0, the only rate maxrs takes, is the identity in MaxText (flax's Dropout) as in maxrs")),
@@ -376,7 +404,7 @@ const KEYS: &[(&str, Effect)] = &[
     ("logical_axis_rules", Program("[[embed, [tensor]]]")),
     ("data_sharding", Refused("[[data, fsdp]]")),
     ("dcn_data_parallelism", Derives("1", "2", &["dcn_fsdp_parallelism=-1"], 2)),
-    ("dcn_pipeline_parallelism", Refused("2")),
+    ("dcn_pipeline_parallelism", Derives("2", "1", &["base_num_decoder_layers=4"], 2)),
     ("dcn_fsdp_parallelism", Derives("2", "1", &[], 2)),
     ("dcn_fsdp_transpose_parallelism", Derives("2", "1", &[], 2)),
     ("dcn_context_parallelism", Derives("2", "1", &[], 2)),
@@ -406,6 +434,12 @@ const KEYS: &[(&str, Effect)] = &[
     ("ici_tensor_sequence_parallelism", Program("2")),
     ("ici_expert_parallelism", Program("2")),
     ("ici_autoregressive_parallelism", Program("2")),
+    ("context_parallel_strategy", ProgramVs("ring", "all_gather", &["ici_context_parallelism=2", "attention=dot_product"])),
+    ("context_parallel_load_balance", ProgramVs("false", "true", &["ici_context_parallelism=2"])),
+    (
+        "context_parallel_reorder_strategy",
+        ProgramVs("striped", "dual_chunk_swap", &["ici_context_parallelism=2", "hardware=gpu", "plugin=cuda12"]),
+    ),
 ];
 
 /// The gemma2 family on the default model's sizes (its local layers need a window).

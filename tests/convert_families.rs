@@ -1,6 +1,7 @@
 //! `maxrs convert` for every family against Hugging Face's own modeling code: for Llama, Llama 3.1
 //! (`rope_scaling` llama3), Mistral (sliding window), Mixtral, Qwen3, Qwen3 MoE, Gemma, Gemma 2,
-//! Gemma 3 (a block of 6 layers and a remainder block), Gemma 4 (dense and with experts),
+//! Gemma 3 (a block of 6 layers and a remainder block), Gemma 4 (dense and with experts), Gemma 4
+//! small (per-layer inputs, shared key/value layers),
 //! DeepSeek-V3 (multi-head latent
 //! attention, YaRN; dense, then routed layers), OLMo 3 and gpt-oss (sinks, biased experts), a tiny
 //! checkpoint in Hugging Face's layout, converted to maxrs, gives the logits and greedy tokens
@@ -315,6 +316,17 @@ fn gemma3_unscanned_converts_per_layer() {
 #[test]
 fn gemma4_matches_transformers() {
     check_family("gemma4", true);
+}
+
+/// Gemma 4 small (gemma4-e2b's pattern: 4 sliding layers, then a full one with its own values),
+/// 10 layers, the last 4 reusing earlier layers' keys and values with double-wide MLPs,
+/// per-layer inputs: converted unscanned (`decoder_block=gemma4_small`) and back bit for bit.
+#[test]
+fn gemma4_small_matches_transformers() {
+    let converted = check_family("gemma4_small", true);
+    for key in ["decoder_block=gemma4_small", "model_name=gemma4-e2b", "scan_layers=false"] {
+        assert!(converted.printed.iter().any(|k| k == key), "{key} in {:?}", converted.printed);
+    }
 }
 
 /// Gemma 4 with experts (4, 2 a token) beside the shared MLP, whose fused `gate_up_proj` and

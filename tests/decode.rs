@@ -197,8 +197,9 @@ fn deepseek_latent_cache_greedy_decoding_equals_the_full_forward_pass() {
 /// The other families decode through the same cache: Gemma 2 (local and global layers, two
 /// attention calls per scanned pair, attention and final-logit soft caps, tied logits) and Gemma
 /// (GeGLU, scaled embeddings, tied logits), Gemma 3, OLMo 3, gpt-oss, Llama 4 (chunked
-/// attention through the cache) and Gemma 4 (global layers' caches of their own head size):
-/// greedy decoding equals each full forward pass.
+/// attention through the cache), Gemma 4 (global layers' caches of their own head size) and Gemma
+/// 4 small (per-layer inputs, layers attending over earlier layers' keys and values): greedy
+/// decoding equals each full forward pass.
 #[test]
 fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
     let gemma2 = [
@@ -318,8 +319,29 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
         "sliding_window_size=4",
         "per_device_batch_size=4",
     ];
+    // Gemma 4 small: 10 layers in periods of 5 (4 local, window 4, then a global one), the last 5
+    // attending over layer 3's keys and values (the local ones) and layer 4's (the global 9),
+    // each with its own cache of them, double-wide MLPs there, per-layer inputs 8 wide.
+    let gemma4_small = [
+        "model_name=gemma4-e2b",
+        "override_model_config=true",
+        "scan_layers=false",
+        "base_num_decoder_layers=10",
+        "num_kv_shared_layers=5",
+        "base_emb_dim=32",
+        "base_num_query_heads=4",
+        "base_num_kv_heads=2",
+        "vocab_size=512",
+        "head_dim=8",
+        "global_head_dim=16",
+        "base_mlp_dim=32",
+        "hidden_size_per_layer_input=8",
+        "vocab_size_per_layer_input=512",
+        "sliding_window_size=4",
+        "per_device_batch_size=4",
+    ];
     let families = [&gemma2[..], &gemma[..], &gemma3[..], &gemma3_unscanned[..], &olmo3[..], &gpt_oss[..], &llama4[..]];
-    for extra in families.into_iter().chain([&gemma4[..]]) {
+    for extra in families.into_iter().chain([&gemma4[..], &gemma4_small[..]]) {
         let c = load(extra);
         greedy_decoding_checked(&c);
     }

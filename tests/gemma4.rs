@@ -7,6 +7,8 @@
 //! 4 experts of which 2 a token beside the shared MLP), unscanned (every layer its own module,
 //! with a remainder block) and scanned (the blocks' local layers one more scan), and the gradient
 //! of the loss against central differences of the reference loss at parameters Gemma 4 adds.
+//! Gemma 4 small (`decoder_block=gemma4_small`, gemma4-e2b shrunk) the same way: per-layer inputs
+//! added after each layer's MLP, the last layers attending over an earlier layer's keys and values.
 //!
 //! The reference, layer `n` of the model (every 6th global, the others within the window):
 //! `h = rms(x) g`; `q = rms_head(h Wq) gq`, `k = rms_head(h Wk) gk`, `v = rms_head(h Wv)` (the
@@ -67,6 +69,16 @@ struct Settings {
     final_cap: f64,
     /// Experts a token (0: dense).
     top_k: usize,
+    /// Gemma 4 small's layers (`Gemma4TextModel` with per-layer inputs and shared keys and values).
+    small: Option<Small>,
+}
+
+/// Gemma 4 small's layout: every `period`-th layer global, the last `shared` layers reusing keys
+/// and values.
+#[derive(Clone, Copy)]
+struct Small {
+    period: usize,
+    shared: usize,
 }
 
 const SETTINGS: Settings = Settings {
@@ -77,6 +89,7 @@ const SETTINGS: Settings = Settings {
     eps: 1e-3,
     final_cap: 2.0,
     top_k: 0,
+    small: None,
 };
 
 fn shrunk(model_name: &str, extra: &[&str]) -> Model {
@@ -178,14 +191,32 @@ fn layer(
     prefix: &str,
     n: usize,
 ) -> Array2<f64> {
+    layer_with(st, m, (l, prefix), x, (n + 1).is_multiple_of(6), None, None).0
+}
+
+/// Keys and values as attention takes them (normed, rotated), `[B*T, kv_heads * head]` each.
+type KeyValue = (Array2<f64>, Array2<f64>);
+
+/// Hugging Face's `Gemma4TextDecoderLayer`, global or local, on `x` with the parameters of `l`
+/// under `prefix`: with `reused` a KV-shared layer's (`Gemma4TextAttention` with
+/// `is_kv_shared_layer`: the donor's keys and values, no projections of its own), with
+/// `per_layer` its per-layer input `[B*T, width]` (the gate, projection and norm after the MLP).
+/// Returns the output and the keys and values it attended over.
+fn layer_with(
+    st: &Settings,
+    m: &Model,
+    (l, prefix): (&BTreeMap<String, Array2<f64>>, &str),
+    x: &Array2<f64>,
+    global: bool,
+    reused: Option<&KeyValue>,
+    per_layer: Option<&Array2<f64>>,
+) -> (Array2<f64>, KeyValue) {
     let c = &m.config;
     let p = |name: &str| l.get(&format!("{prefix}{name}"));
     let w = |name: &str| p(name).unwrap_or_else(|| panic!("no {prefix}{name}"));
-    let global = (n + 1).is_multiple_of(6);
     let heads = c.heads as usize;
     let q_kernel = w("self_attention.query.kernel");
     let d = q_kernel.ncols() / heads;
-    let kvh = w("self_attention.key.kernel").ncols() / d;
     let freq: Vec<f64> = match global {
         false => (0..d / 2).map(|i| st.local_theta.powf(-2.0 * i as f64 / d as f64)).collect(),
         true => {
@@ -196,15 +227,23 @@ fn layer(
         }
     };
     let h = rms(x, Some(w("pre_self_attention_norm.scale")), 1e-6);
-    let k_raw = h.dot(w("self_attention.key.kernel"));
-    let v_raw = match p("self_attention.value.kernel") {
-        Some(wv) => h.dot(wv),
-        None => k_raw.clone(),
-    };
     let q = rms_heads(&h.dot(q_kernel), heads, d, Some(w("self_attention.query_norm.scale")), st.eps);
-    let k = rms_heads(&k_raw, kvh, d, Some(w("self_attention.key_norm.scale")), st.eps);
-    let v = rms_heads(&v_raw, kvh, d, p("self_attention.value_norm.scale"), st.eps);
-    let (q, k) = (rope(&q, heads, d, &freq), rope(&k, kvh, d, &freq));
+    let q = rope(&q, heads, d, &freq);
+    let (k, v) = match reused {
+        Some(kv) => kv.clone(),
+        None => {
+            let kvh = w("self_attention.key.kernel").ncols() / d;
+            let k_raw = h.dot(w("self_attention.key.kernel"));
+            let v_raw = match p("self_attention.value.kernel") {
+                Some(wv) => h.dot(wv),
+                None => k_raw.clone(),
+            };
+            let k = rms_heads(&k_raw, kvh, d, Some(w("self_attention.key_norm.scale")), st.eps);
+            let v = rms_heads(&v_raw, kvh, d, p("self_attention.value_norm.scale"), st.eps);
+            (rope(&k, kvh, d, &freq), v)
+        }
+    };
+    let kvh = k.ncols() / d;
     let window = (!global).then_some(st.window);
     let a = attend(&q, &k, &v, (heads, kvh, d), window).dot(w("self_attention.out.kernel"));
     let x = x + &rms(&a, Some(w("post_self_attention_norm.scale")), 1e-6);
@@ -253,8 +292,13 @@ fn layer(
             f1 + rms(&out, Some(w("mlp.post_feedforward_layernorm_2.scale")), 1e-6)
         }
     };
-    let x = x + &rms(&f, Some(w("post_ffw_norm.scale")), 1e-6);
-    x * w("layer_scalar")[[0, 0]]
+    let mut x = x + &rms(&f, Some(w("post_ffw_norm.scale")), 1e-6);
+    if let Some(input) = per_layer {
+        let gated = x.dot(w("per_layer_input_gate.kernel")).mapv(gelu_tanh) * input;
+        let projected = gated.dot(w("per_layer_projection.kernel"));
+        x += &rms(&projected, Some(w("post_per_layer_input_norm.scale")), st.eps);
+    }
+    (x * w("layer_scalar")[[0, 0]], (k, v))
 }
 
 /// The reference of the unscanned model `m` (its stacks' layers are blocks of `layers_<j>.`).
@@ -267,7 +311,11 @@ fn reference(st: &Settings, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     }
     let embeddings = x.clone();
     let mut layers = Vec::new();
-    for (i, l) in p.layers.iter().enumerate() {
+    if let Some(small) = st.small {
+        x = small_layers(st, small, m, p, b, &x);
+        layers.push(x.clone());
+    }
+    for (i, l) in p.layers.iter().enumerate().filter(|_| st.small.is_none()) {
         let n = l.keys().filter(|k| k.ends_with(".pre_ffw_norm.scale")).count();
         x = (0..n).fold(x, |x, j| layer(st, m, l, &x, &format!("layers_{j}."), 6 * i + j));
         layers.push(x.clone());
@@ -281,6 +329,41 @@ fn reference(st: &Settings, m: &Model, p: &RefParams, b: &Batch) -> RefOut {
     logits.mapv_inplace(|v| st.final_cap * (v / st.final_cap).tanh());
     let loss = cross_entropy(&logits, &b.targets, &b.seg, 0.0);
     RefOut { embeddings, layers, logits, loss }
+}
+
+/// Gemma 4 small's `Gemma4TextModel` layers on the embeddings `x` (the model's one module holds
+/// them all): the per-layer inputs (`get_per_layer_inputs`, `project_per_layer_inputs`: the
+/// tokens' rows of `embed_tokens_per_layer` times `sqrt(width)`, plus `rms(x Wp / sqrt(emb)) g`
+/// per layer, times `2^-1/2`), then each layer, every `period`-th global, the last `shared`
+/// reusing the keys and values of the last earlier layer of their kind (`kv_sharing_modes`).
+fn small_layers(st: &Settings, small: Small, m: &Model, p: &RefParams, b: &Batch, x: &Array2<f64>) -> Array2<f64> {
+    let l = &p.layers[0];
+    let n = l.keys().filter(|k| k.ends_with(".pre_ffw_norm.scale")).count();
+    let top = |name: &str| &p.top[&format!("decoder.per_layer_embedder.{name}")];
+    let norm = top("per_layer_projection_norm.scale");
+    let width = norm.ncols();
+    let table = top("embed_tokens_per_layer");
+    let projected = x.dot(top("per_layer_model_projection.kernel")) / (m.config.emb as f64).sqrt();
+    let input = |j: usize| {
+        let cols = s![.., j * width..(j + 1) * width];
+        let mut identity = Array2::<f64>::zeros((B * T, width));
+        for (r, &tok) in b.tokens.iter().enumerate() {
+            identity.row_mut(r).assign(&table.slice(s![tok as usize, j * width..(j + 1) * width]));
+        }
+        (identity * (width as f64).sqrt() + rms(&projected.slice(cols).to_owned(), Some(norm), st.eps)) * 0.5f64.sqrt()
+    };
+    let global = |j: usize| (j + 1).is_multiple_of(small.period);
+    let first = n - small.shared;
+    let mut kept: Vec<Option<KeyValue>> = vec![None; n];
+    let mut x = x.clone();
+    for j in 0..n {
+        let donor = (j >= first).then(|| (0..first).rev().find(|&i| global(i) == global(j)).expect("a donor"));
+        let reused = donor.map(|d| kept[d].clone().expect("the donor ran"));
+        let (y, kv) = layer_with(st, m, (l, &format!("layers_{j}.")), &x, global(j), reused.as_ref(), Some(&input(j)));
+        kept[j] = Some(kv);
+        x = y;
+    }
+    x
 }
 
 /// The scanned model's parameters from the unscanned model's (MaxText's layout: a local layer's
@@ -351,18 +434,27 @@ fn check_gradients(
 ) {
     for &(block, name, index) in probes {
         let h = 1e-4;
+        // A top-level parameter by its full name (`decoder.per_layer_embedder.*`), else a layer's.
+        let top = name.starts_with("decoder.");
         let nudged = |delta: f64| {
             let mut q = p.clone();
             let table = &p.top["token_embedder.embedding"];
             q.tied_rounding = Some(crate::common::tied_logit_table(table) - table);
-            let a = q.layers[block].get_mut(name).unwrap_or_else(|| panic!("{label}: no parameter {name}"));
+            let a = match top {
+                true => q.top.get_mut(name),
+                false => q.layers[block].get_mut(name),
+            };
+            let a = a.unwrap_or_else(|| panic!("{label}: no parameter {name}"));
             let cols = a.ncols();
             a[[index / cols, index % cols]] += delta;
             reference(st, m, &q, b).loss
         };
         let fd = (nudged(h) - nudged(-h)) / (2.0 * h);
-        let (j, rest) = name.strip_prefix("layers_").and_then(|n| n.split_once('.')).unwrap();
-        let full = format!("grad.decoder.layers_{}.{rest}", 6 * block + j.parse::<usize>().unwrap());
+        let full = match name.strip_prefix("layers_").and_then(|n| n.split_once('.')) {
+            _ if top => format!("grad.{name}"),
+            Some((j, rest)) => format!("grad.decoder.layers_{}.{rest}", 6 * block + j.parse::<usize>().unwrap()),
+            None => panic!("{label}: {name} is neither a layer's nor a top-level parameter"),
+        };
         let g = out[full.as_str()].to_f64()[index];
         println!("{label}: d loss / d {full}[{index}]: traced {g:e}, finite difference {fd:e}");
         assert!(fd.abs() > 1e-7, "{label}: {name}[{index}] does not affect the loss; pick another probe");
@@ -416,4 +508,53 @@ fn gemma4_moe_against_the_reference() {
         (0, "layers_3.mlp.moe_block.MoeBlock_0.per_expert_scale", 1),
     ];
     check("gemma4 moe, 1 block", &st, &m, &probes, Some(&scanned));
+}
+
+/// gemma4-e2b shrunk (`decoder_block=gemma4_small`): 10 layers in periods of 5 (layers 4 and 9
+/// global), the last 4 reusing keys and values (6 to 8 layer 5's, the global 9 layer 4's) with
+/// double-wide MLPs, per-layer inputs 8 wide from a 64-row table; the gradient at the per-layer
+/// embedding (a row a token reads), its projection, a per-layer gate, both donors' key kernels
+/// (read by the layers that reuse them), a reusing layer's query and wide MLP.
+#[test]
+fn gemma4_small_against_the_reference() {
+    let keys = [
+        "base_num_decoder_layers=10",
+        "scan_layers=false",
+        "num_kv_shared_layers=4",
+        "hidden_size_per_layer_input=8",
+        "vocab_size_per_layer_input=64",
+    ];
+    let m = shrunk("gemma4-e2b", &keys);
+    let st = Settings { small: Some(Small { period: 5, shared: 4 }), ..SETTINGS };
+    let token = batch(&m, 2).tokens[3] as usize;
+    let row = token * 10 * 8 + 13;
+    let probes = [
+        (0, "decoder.per_layer_embedder.embed_tokens_per_layer", row),
+        (0, "decoder.per_layer_embedder.per_layer_model_projection.kernel", 77),
+        (0, "layers_7.per_layer_input_gate.kernel", 20),
+        (0, "layers_5.self_attention.key.kernel", 11),
+        (0, "layers_4.self_attention.key.kernel", 5),
+        (0, "layers_9.self_attention.query.kernel", 40),
+        (0, "layers_8.mlp.wo.kernel", 2000),
+    ];
+    check("gemma4 small, 10 layers", &st, &m, &probes, None);
+}
+
+/// Each of Gemma 4 small's layers is a remat region of its own, as MaxText's are, and not the one
+/// module that holds them all: under `remat_policy=full` the gradient program fences each layer's
+/// operands for its recomputation and its cotangents (2 optimization barriers a layer), so 5 more
+/// layers add 10 barriers.
+#[test]
+fn gemma4_small_layers_are_remat_regions() {
+    let barriers = |layers: &str| {
+        let m = shrunk("gemma4-e2b", &[layers, "scan_layers=false", "remat_policy=full"]);
+        let program = maxrs::tensor::trace(&crate::common::llama_ref::signature(&m), |_, inp| {
+            let (loss, grads) =
+                maxrs::autodiff::value_and_grad(&inp.subtree("params"), |params| m.loss(params, inp, 0.0).0);
+            grads.prefixed("grad").with("loss", loss)
+        })
+        .expect("the gradient traces");
+        maxrs::lower::to_stablehlo(&program).matches("stablehlo.optimization_barrier").count()
+    };
+    assert_eq!(barriers("base_num_decoder_layers=10") - barriers("base_num_decoder_layers=5"), 2 * 5);
 }

@@ -404,3 +404,32 @@ fn gemma4_names_match_maxtexts_converter() {
     assert_eq!(layer_names("gemma4-31b", false), want);
     check_scan("gemma4-31b", false, &TOP.iter().map(|s| s.to_string()).collect::<Vec<_>>());
 }
+
+/// Gemma 4 small's names as MaxText's converter maps them (`GEMMA4_SMALL_MAXTEXT_TO_HF_PARAM_MAPPING`,
+/// `src/maxtext/checkpoint_conversion/utils/param_mapping.py` at e591f30, `-` read as `.`; no
+/// scanned layout): the per-layer embedder `decoder.per_layer_embedder.*`, then `layers_<n>` for
+/// each of gemma4-e4b's 42 layers with its per-layer input gate, projection and norm, the value
+/// kernel in every layer that owns its keys and values (`v_norm_with_scale` false: no value norm),
+/// and no key or value kernel, nor key norm, in the last 18 (`is_shared`).
+#[test]
+fn gemma4_small_names_match_maxtexts_converter() {
+    let per_layer = ["per_layer_input_gate.kernel", "per_layer_projection.kernel", "post_per_layer_input_norm.scale"];
+    let owned = ["self_attention.key.kernel", "self_attention.key_norm.scale", "self_attention.value.kernel"];
+    let mut want: Vec<String> = [
+        "decoder.per_layer_embedder.embed_tokens_per_layer",
+        "decoder.per_layer_embedder.per_layer_model_projection.kernel",
+        "decoder.per_layer_embedder.per_layer_projection_norm.scale",
+    ]
+    .map(String::from)
+    .to_vec();
+    for n in 0..42 {
+        let shares = n >= 42 - 18;
+        let own = GEMMA4_LAYER.iter().filter(|p| !(shares && owned.contains(p)));
+        let value = (!shares).then_some("self_attention.value.kernel");
+        let layer = own.chain(GEMMA4_DENSE).chain(&per_layer).copied().chain(value);
+        want.extend(layer.map(|p| format!("decoder.layers_{n}.{p}")));
+    }
+    want.sort();
+    assert_eq!(layer_names("gemma4-e4b", false), want);
+    check_scan("gemma4-e4b", false, &TOP.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+}

@@ -312,14 +312,15 @@ fn pipeline_configs_that_cannot_run_are_refused_naming_the_keys() {
     assert!(e.contains("pipeline_fsdp_ag_once=true is not supported yet"), "{e}");
     let e = invalid(&["base_num_decoder_layers=4", "ici_pipeline_parallelism=2", "pipeline_parallel_layers=2"]);
     assert!(e.contains("pipelining only some layers is not supported yet"), "{e}");
-    let c = load(&[
-        "base_num_decoder_layers=4",
-        "ici_pipeline_parallelism=2",
-        "dcn_pipeline_parallelism=2",
-        "ici_fsdp_parallelism=2",
-    ]);
-    let e = config::validate(&c, 8, 2).expect_err("stages across hosts").to_string();
-    assert!(e.contains("not supported yet") && e.contains("cross-host"), "{e}");
+    // Stages over the DCN: one group of whole stages a process (tests/pipeline_hosts.rs runs it).
+    let across = ["base_num_decoder_layers=4", "ici_pipeline_parallelism=2", "dcn_pipeline_parallelism=2"];
+    config::validate(&load(&across), 8, 2).expect("a group of stages on each of 2 processes");
+    config::validate(&load(&[&across[..], &["dcn_fsdp_parallelism=2"]].concat()), 8, 4)
+        .expect("stages of 2 hosts each, for train-compile");
+    let e = config::validate(&load(&["base_num_decoder_layers=4", "ici_pipeline_parallelism=2"]), 8, 2)
+        .expect_err("every stage on every host")
+        .to_string();
+    assert!(e.contains("pipeline stages inside each of 2 hosts") && e.contains("not supported yet"), "{e}");
     let c = load(&["base_num_decoder_layers=4", "ici_pipeline_parallelism=2"]);
     let e = maxrs::inference::run::decode(&c, &crate::common::client(), maxrs::inference::run::PromptOrigin::User)
         .expect_err("decode with stages")

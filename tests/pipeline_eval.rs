@@ -3,6 +3,9 @@
 //! held-out file, pipelined and unpipelined (fsdp over the same 2 devices).
 //! - the eval losses and token counts equal the unpipelined run's (f32 rounding), and so do the
 //!   train losses: the eval's forward leaves the train state (the gradient accumulators) alone;
+//! - and so do those of the two stages on two processes (`dcn_pipeline_parallelism=2`, `maxrs
+//!   launch`, one CPU device each): the eval's forward tasks cross between the processes as the
+//!   train step's do, and the last stage's sums reach the logging process;
 //! - the profiler brackets the pipelined steps as the unpipelined loop does (`profiler=nsys`
 //!   runs, without libcudart to no effect); `profiler=xplane` needs a plugin with a profiler, which
 //!   the CPU plugin is not, so it fails before the compile as unpipelined runs do.
@@ -29,6 +32,10 @@ fn write_docs(path: &Path, n: usize, salt: usize) {
 }
 
 fn args(dir: &Path, extra: &[&str]) -> config::Config {
+    config::load(None, &arg_list(dir, extra)).expect("config loads")
+}
+
+fn arg_list(dir: &Path, extra: &[&str]) -> Vec<String> {
     let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/shakespeare-bpe512.model");
     let mut args: Vec<String> = [
         "base_emb_dim=32",
@@ -62,7 +69,7 @@ fn args(dir: &Path, extra: &[&str]) -> config::Config {
         format!("tokenizer_path={}", tokenizer.display()),
     ]);
     args.extend(extra.iter().map(|s| s.to_string()));
-    config::load(None, &args).expect("config loads")
+    args
 }
 
 const PIPELINED: &[&str] = &[
@@ -74,6 +81,26 @@ const PIPELINED: &[&str] = &[
 
 fn run(dir: &Path, extra: &[&str]) -> RunReport {
     train(&args(dir, extra), &cpu_client(2).unwrap()).expect("the run trains")
+}
+
+/// The metrics file's lines (train and eval, in order) of the pipeline's stages on two
+/// processes of one CPU device each (`maxrs launch`).
+fn launched(dir: &Path) -> Vec<serde_json::Value> {
+    let metrics = dir.join("launched.jsonl");
+    let across = ["cpu_device_count=1", "dcn_pipeline_parallelism=2"];
+    let stages: Vec<&str> = PIPELINED.iter().filter(|a| !a.starts_with("ici_pipeline")).copied().collect();
+    let mut a = arg_list(dir, &[&stages[..], &across].concat());
+    a.retain(|arg| arg != "cpu_device_count=2");
+    a.push(format!("metrics_file={}", metrics.display()));
+    a.push(format!("base_output_directory={}", dir.join("launched").display()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maxrs"))
+        .args(["launch", "--num-processes", "2", "--", "train"])
+        .args(&a)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{a:?}:\n{text}");
+    std::fs::read_to_string(metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 #[test]
@@ -101,6 +128,24 @@ fn pipelined_eval_equals_the_unpipelined_one_and_the_profiler_brackets_its_steps
         assert!((p.avg_z_loss() - f.avg_z_loss()).abs() < 1e-6);
     }
     assert!(piped.evals[1].avg_loss() < piped.evals[0].avg_loss(), "{:?}", piped.evals);
+
+    let lines = launched(dir);
+    let value = |prefix: &str, key: &str| -> Vec<f64> {
+        lines.iter().filter(|l| l.get(prefix).is_some()).map(|l| l[key].as_f64().unwrap()).collect()
+    };
+    let (train_losses, evals) = (value("learning/loss", "learning/loss"), value("eval/avg_loss", "eval/avg_loss"));
+    assert_eq!((train_losses.len(), evals.len()), (2, 2), "{lines:?}");
+    for (step, (l, p)) in train_losses.iter().zip(&piped.losses).enumerate() {
+        assert!((l - p).abs() < 1e-5, "train loss {step}: on two processes {l}, in one {p}");
+    }
+    for (l, p) in evals.iter().zip(&piped.evals) {
+        assert!(
+            (l - p.avg_loss()).abs() < 1e-5,
+            "eval after step {}: on two processes {l}, in one {}",
+            p.step,
+            p.avg_loss()
+        );
+    }
 
     let out = format!("base_output_directory={}", dir.join("out").display());
     let xplane = [PIPELINED, &["profiler=xplane", &out]].concat();

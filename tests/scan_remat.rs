@@ -311,3 +311,90 @@ fn implicit_broadcasts_of_outer_tensors_happen_inside_the_body() {
     let consts: Vec<&[i64]> = eqn.inputs[..s.num_consts].iter().map(|&v| &*p.graph.ty(v).shape).collect();
     assert_eq!(consts, [&[D][..]], "the row is captured unbroadcast");
 }
+
+/// The shapes and dtypes of each optimization barrier's operands in `p`, in program order.
+fn barriers(p: &Program) -> Vec<Vec<(DType, Vec<i64>)>> {
+    let operand = |v| (p.graph.ty(v).dtype, p.graph.ty(v).shape.to_vec());
+    let fences = p.graph.eqns.iter().filter(|e| matches!(e.prim, Prim::OptimizationBarrier));
+    fences.map(|e| e.inputs.iter().map(|&v| operand(v)).collect()).collect()
+}
+
+/// MaxText's `minimal_flash` (`minimal_policy(with_context=True)` in `src/maxtext/layers/decoders.py`
+/// at e591f30) on a llama2: each layer keeps its query, key and value projections, its attention
+/// output projection and both MLP input projections (`mlpwo` is only added to the residual
+/// stream: nothing reads it), and `context` only where the attention kernel names it (flash and
+/// cuDNN attention in `src/maxtext/layers/attention_op.py`; `apply_attention_dot` names
+/// nothing). The train step of a two-layer bf16 llama keeps exactly these: the operands of each
+/// layer's recomputation fence besides its parameters, input and RoPE tables. Every weight
+/// gradient leaves the backward pass in bf16, the dtype of its product (the optimizer makes the
+/// f32 copy), each product's together with its input's cotangent unless that input must be
+/// recomputed through products (the attention output without `context`), and the head's before
+/// the last layer's (issue 46: each of these was a GiB-sized difference from MaxText's step).
+#[test]
+fn minimal_flash_keeps_maxtexts_residuals_and_fences_bf16_weight_gradients() {
+    use maxrs::config;
+    use maxrs::train::step::TrainStep;
+    let (b, t, e, m, heads, kv, d, vocab) = (2, 32, 48, 80, 4, 2, 16, 96);
+    let bf16 = |shape: &[i64]| (DType::BF16, shape.to_vec());
+    for attention in ["dot_product", "flash"] {
+        let args = [
+            "model_name=llama2-7b".to_string(),
+            "override_model_config=true".into(),
+            format!("base_emb_dim={e}"),
+            format!("base_mlp_dim={m}"),
+            format!("base_num_query_heads={heads}"),
+            format!("base_num_kv_heads={kv}"),
+            format!("head_dim={d}"),
+            format!("vocab_size={vocab}"),
+            "base_num_decoder_layers=2".into(),
+            format!("per_device_batch_size={b}"),
+            format!("max_target_length={t}"),
+            "dtype=bfloat16".into(),
+            "scan_layers=false".into(),
+            "remat_policy=minimal_flash".into(),
+            format!("attention={attention}"),
+        ];
+        let c = config::load(None, &args).expect("loads");
+        let derived = config::validate(&c, 1, 1).expect("valid");
+        let fences = barriers(&TrainStep::new(&c, &derived, None).expect("step").train_step().expect("traces"));
+        // A layer's recomputation fence reads its f32 parameters; the RoPE tables are f32 too.
+        let (recompute, cotangents): (Vec<_>, Vec<_>) =
+            fences.iter().partition(|ops| ops.contains(&(DType::F32, vec![e, m])));
+        let mut kept = vec![
+            bf16(&[b, t, e]), // the layer's input
+            bf16(&[b, t, heads, d]),
+            bf16(&[b, t, kv, d]),
+            bf16(&[b, t, kv, d]),
+            bf16(&[b, t, e]), // out_proj
+            bf16(&[b, t, m]),
+            bf16(&[b, t, m]),
+        ];
+        if attention == "flash" {
+            kept.extend([bf16(&[b, t, heads, d]), (DType::F32, vec![b, heads, t])]);
+        }
+        kept.sort_by_key(|(dtype, shape)| (dtype.name(), shape.clone()));
+        assert_eq!(recompute.len(), 2, "{attention}: one recomputation per layer");
+        for ops in &recompute {
+            let mut activations: Vec<_> = ops
+                .iter()
+                .filter(|(dtype, shape)| shape[0] == b && (*dtype == DType::BF16 || shape[2] == t))
+                .cloned()
+                .collect();
+            activations.sort_by_key(|(dtype, shape)| (dtype.name(), shape.clone()));
+            assert_eq!(activations, kept, "{attention}: the residuals of a layer ({ops:?})");
+        }
+        let weights = [vec![e, m], vec![m, e], vec![e, kv, d], vec![e, heads, d], vec![heads, d, e], vec![e, vocab]];
+        for ops in &cotangents {
+            for (dtype, shape) in ops.iter().filter(|(_, shape)| weights.contains(shape)) {
+                assert_eq!(*dtype, DType::BF16, "{attention}: a {shape:?} weight gradient in {ops:?}");
+            }
+        }
+        assert!(cotangents[0].contains(&bf16(&[e, vocab])) && cotangents[0].contains(&bf16(&[b, t, e])), "the head's");
+        let pairs = |a: &[i64], w: &[i64]| cotangents.iter().filter(|ops| ops[..] == [bf16(a), bf16(w)]).count();
+        assert_eq!(pairs(&[b, t, m], &[m, e]), 2, "{attention}: the MLP output product's, per layer");
+        assert_eq!(pairs(&[b, t, e], &[e, m]), 4, "{attention}: both MLP input products', per layer");
+        assert_eq!(pairs(&[b, t, e], &[e, heads, d]), 2, "{attention}: the query product's, per layer");
+        let context_saved = if attention == "flash" { 2 } else { 0 };
+        assert_eq!(pairs(&[b, t, heads, d], &[heads, d, e]), context_saved, "{attention}: the output projection's");
+    }
+}

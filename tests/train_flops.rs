@@ -287,3 +287,32 @@ fn gemma4_counts_its_global_heads_and_shared_projections() {
         assert_close(t.attention, attention as f64 / 1e12, 1e-12);
     }
 }
+
+/// Gemma 4 small under MaxText's `calculate_gemma4_small_tflops_training_per_device`
+/// (maxtext_utils.py at e591f30), at the sizes of MaxText's own test of it
+/// (`flop_calculation_test.py::test_calculate_gemma4_small_tflops_e2b`: gemma4-e2b's file, B 1,
+/// S 2048), whose expected counts are written out here: 7 global and 28 local layers, the last 20
+/// (4 global, 16 local) without key/value projections and with MLPs twice as wide, the per-layer
+/// inputs' projection (emb to 35 x 256) and each layer's gate and projection; plus the
+/// unembedding (that test's `embedding_flops`).
+#[test]
+fn gemma4_small_counts_its_shared_layers_and_per_layer_inputs() {
+    let (b, s, w, h, kv, d, gd, e, m, v) =
+        (1u128, 2048u128, 512u128, 8u128, 1u128, 256u128, 512u128, 1536u128, 6144u128, 262144u128);
+    let (layers, shared, ple) = (35u128, 20u128, 256u128);
+    let (globals, locals, globals_owning, locals_owning) = (7u128, 28u128, 3u128, 12u128);
+    let attention = (globals * 2 * b * s * s * h * gd + locals * (4 * b * (s * w - w * w / 2) * h * d)) * 3;
+    let projections = globals * 2 * (2 * b * s * e * h * gd)
+        + locals * 2 * (2 * b * s * e * h * d)
+        + globals_owning * 2 * b * s * e * 2 * kv * gd
+        + locals_owning * 2 * b * s * e * 2 * kv * d;
+    let ffn = 2 * b * s * m * e * 3;
+    let ffn = (layers - shared) * ffn + shared * 2 * ffn;
+    let per_layer = 2 * b * s * e * layers * ple + layers * 2 * 2 * b * s * e * ple;
+    let weights = (projections + ffn + per_layer + 2 * b * s * e * v) * 3;
+    let args = ["model_name=gemma4-e2b", "scan_layers=false", "max_target_length=2048"];
+    let model = Model::from_config(&maxrs::config::load(None, &args.map(String::from)).unwrap()).unwrap();
+    let t = training_tflops_per_device(&model, &shape(1.0, 2048));
+    assert_close(t.learnable_weight, weights as f64 / 1e12, 1e-12);
+    assert_close(t.attention, attention as f64 / 1e12, 1e-12);
+}

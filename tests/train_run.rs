@@ -116,6 +116,20 @@ fn every_family_trains_with_a_falling_loss() {
             "llama4-17b-128e",
             &["base_num_decoder_layers=4", "chunk_attn_window_size=8", "num_experts=4", "base_moe_mlp_dim=128"],
         ),
+        // Gemma 4 small's 6 layers unscanned (4 local, a global one with heads of 32, a local
+        // one reusing layer 3's keys and values with a double-wide MLP), per-layer inputs.
+        (
+            "gemma4-e2b",
+            &[
+                "scan_layers=false",
+                "base_num_decoder_layers=6",
+                "num_kv_shared_layers=1",
+                "sliding_window_size=8",
+                "global_head_dim=32",
+                "hidden_size_per_layer_input=16",
+                "vocab_size_per_layer_input=128",
+            ],
+        ),
     ]);
 }
 

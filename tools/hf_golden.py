@@ -210,31 +210,47 @@ def deepseek_tensors(layers, dense, q_lora=0, experts=0, moe=0, qk_nope=16, qk_r
     return t
 
 
-def gemma4_tensors(layers, global_d, global_kv, experts=0, moe=0):
+def gemma4_tensors(layers, global_d, global_kv, experts=0, moe=0, small=None):
     """Gemma 4's layers: sliding layers of head D and K key/value heads, every 6th global with
     heads of `global_d` and `global_kv` key/value heads whose values are their keys (no v_proj);
     QK norms (the value norm has no weight), a layer scalar; with `experts`, a router (its own
     scale and per-expert scales), fused experts of width `moe` and three more norms beside the
-    shared MLP."""
+    shared MLP. With `small` (Gemma 4 small: `period`, `shared`, per-layer input width `ple`,
+    `wide`): every `period`-th layer global with its own values, the last `shared` layers without
+    key/value projections (nor k_norm), with `wide` their MLPs twice as wide, and the per-layer
+    input tensors (the packed table of V rows, its projection and norm; each layer's gate,
+    projection and norm)."""
+    period, shared, ple, wide = small or (6, 0, 0, False)
     t = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E]}
+    if ple:
+        t["model.embed_tokens_per_layer.weight"] = [V, layers * ple]
+        t["model.per_layer_model_projection.weight"] = [layers * ple, E]
+        t["model.per_layer_projection_norm.weight"] = [ple]
     for l in range(layers):
         p = f"model.layers.{l}."
-        full = (l + 1) % 6 == 0
+        full = (l + 1) % period == 0
+        reuses = l >= layers - shared
         d, kv = (global_d, global_kv) if full else (D, K)
         for n in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                   "post_feedforward_layernorm"]:
             t[p + n + ".weight"] = [E]
         t[p + "self_attn.q_proj.weight"] = [H * d, E]
-        t[p + "self_attn.k_proj.weight"] = [kv * d, E]
-        if not full:
-            t[p + "self_attn.v_proj.weight"] = [kv * d, E]
+        if not reuses:
+            t[p + "self_attn.k_proj.weight"] = [kv * d, E]
+            if not full or small:
+                t[p + "self_attn.v_proj.weight"] = [kv * d, E]
+            t[p + "self_attn.k_norm.weight"] = [d]
         t[p + "self_attn.o_proj.weight"] = [E, H * d]
         t[p + "self_attn.q_norm.weight"] = [d]
-        t[p + "self_attn.k_norm.weight"] = [d]
-        t[p + "mlp.gate_proj.weight"] = [M, E]
-        t[p + "mlp.up_proj.weight"] = [M, E]
-        t[p + "mlp.down_proj.weight"] = [E, M]
+        m = 2 * M if reuses and wide else M
+        t[p + "mlp.gate_proj.weight"] = [m, E]
+        t[p + "mlp.up_proj.weight"] = [m, E]
+        t[p + "mlp.down_proj.weight"] = [E, m]
         t[p + "layer_scalar"] = [1]
+        if ple:
+            t[p + "per_layer_input_gate.weight"] = [ple, E]
+            t[p + "per_layer_projection.weight"] = [E, ple]
+            t[p + "post_per_layer_input_norm.weight"] = [E]
         if experts:
             t[p + "router.proj.weight"] = [experts, E]
             t[p + "router.scale"] = [E]
@@ -362,6 +378,14 @@ def cases():
                                          "rope_theta": 100.0}})
     del gemma4["rope_theta"]
     gemma4_moe = dict(gemma4, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+    # Gemma 4 small (gemma4-e2b's pattern): 10 layers, 4 sliding then a full one with heads of 32
+    # and 2 key/value heads of its own, the last 4 reusing layer 5's (sliding) and layer 4's (full)
+    # keys and values with double-wide MLPs, per-layer inputs 8 wide from a table of V rows.
+    gemma4_small = dict(gemma4, num_hidden_layers=10,
+                        layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 2,
+                        attention_k_eq_v=False, hidden_size_per_layer_input=8, vocab_size_per_layer_input=V,
+                        num_kv_shared_layers=4, use_double_wide_mlp=True)
+    del gemma4_small["num_global_key_value_heads"]
     # Llama 4 (text): 4 layers, the last without RoPE and attending fully, the others within chunks
     # of 4 tokens (the 12-token sequence crosses them) with Llama 3.1's scaled RoPE and the QK L2
     # norm; layers 1 and 3 MoE (4 experts of width 32, one a token scaled by its logit's sigmoid,
@@ -392,6 +416,7 @@ def cases():
         "gpt_oss": (gpt_oss, gpt_oss_tensors(4, 4)),
         "gemma4": (gemma4, gemma4_tensors(6, 32, 1)),
         "gemma4_moe": (gemma4_moe, gemma4_tensors(6, 32, 1, experts=4, moe=32)),
+        "gemma4_small": (gemma4_small, gemma4_tensors(10, 32, K, small=(5, 4, 8, True))),
         "llama4": (llama4, llama4_tensors(4, 4, 2, 32, M)),
     }
 

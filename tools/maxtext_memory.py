@@ -59,6 +59,14 @@ def parse_args(argv):
         help="instead: summarize the buffers live at the peak of each module XLA dumped to DUMP_DIR "
         "(XLA_FLAGS=--xla_dump_to=DUMP_DIR); nothing is lowered",
     )
+    p.add_argument(
+        "--buffers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --peak: also list the N largest buffers live at the peak, each with the instruction "
+        "that defines it (from the dumped optimized module) and its live range",
+    )
     args = p.parse_args(argv)
     if args.peak:
         return args
@@ -82,7 +90,7 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     if args.peak:
-        print_peaks(args.peak)
+        print_peaks(args.peak, buffers=args.buffers)
         return
     if args.maxtext_src:
         sys.path.insert(0, args.maxtext_src)
@@ -274,11 +282,14 @@ def module_facts(jax, shaped_args, in_shard, donate_argnums):
     }
 
 
-def print_peaks(dump_dir, top=12):
+def print_peaks(dump_dir, top=12, buffers=0):
     """For each module XLA dumped: the peak of its temporaries (the values of the preallocated-temp
     allocation in `*-buffer-assignment.txt`, live over their ranges in `*-live-range.txt`) and the
     values live then, grouped by shape, largest first. (The live-range file's own "peak" section
-    counts parameters and outputs too, at another instruction.)"""
+    counts parameters and outputs too, at another instruction.) With `buffers`, the largest values
+    live then one by one: the instruction that defines each (the optimized module's text, where
+    dumped) and its live range in the schedule, which tell a saved residual (defined in the
+    forward pass, read in the backward one) from a temporary the schedule keeps."""
     import glob  # pylint: disable=import-outside-toplevel
     import re  # pylint: disable=import-outside-toplevel
     from collections import defaultdict  # pylint: disable=import-outside-toplevel
@@ -325,6 +336,29 @@ def print_peaks(dump_dir, top=12):
         )
         for shape, (count, n) in sorted(groups.items(), key=lambda g: -g[1][1])[:top]:
             print(f"  {n / gib:8.2f} GiB  {count:4d} x {shape}")
+        if buffers:
+            _print_buffers(path.replace("-live-range.txt", ".txt"), temps, span, at, buffers)
+
+
+def _print_buffers(module_path, temps, span, at, count):
+    """The `count` largest of `temps` live at instruction `at`: size, value, live range and the
+    defining instruction's right-hand side (without its metadata) from the module text."""
+    import re  # pylint: disable=import-outside-toplevel
+
+    defined = {}
+    if os.path.exists(module_path):
+        with open(module_path, encoding="utf-8") as f:
+            for line in f:
+                if m := re.match(r"^\s*(?:ROOT )?%?(\S+) = (.*)$", line):
+                    defined[m.group(1)] = re.sub(r", metadata=.*", "", m.group(2))[:160]
+    spans = {name: span.get(name, (0, -1)) for name, _, _ in temps}
+    live = [(size, name) for name, size, _ in temps if spans[name][0] <= at <= spans[name][1]]
+    if not live:
+        return
+    print(f"  the {min(count, len(live))} largest, with their instruction and live range:")
+    for size, name in sorted(live, key=lambda v: -v[0])[:count]:
+        start, end = spans[name]
+        print(f"  {size / 2**30:8.3f} GiB  {name} [{start}-{end}]  {defined.get(name.split('{')[0], '')}")
 
 
 def _prod(shape):

@@ -110,6 +110,20 @@ fn forward_with(dest: &Trace, graph: &Graph, args: &[Tensor], active: Vec<bool>,
 /// Cotangents of `graph`'s inputs (`None`: zero or not differentiable) given cotangents of its
 /// outputs, emitting the backward computation into `dest`.
 pub fn backward(dest: &Trace, graph: &Graph, tape: &Tape, out_cts: &[Option<Tensor>]) -> Vec<Option<Tensor>> {
+    backward_to(dest, graph, tape, out_cts, &[], &[]).0
+}
+
+/// `backward` that stops at the values `stops`: it does not go on through the equations that
+/// produce them, and returns their cotangents after the inputs'. The equations `fenced` (by
+/// index) release their operands' cotangents together (`fence_together`).
+pub(crate) fn backward_to(
+    dest: &Trace,
+    graph: &Graph,
+    tape: &Tape,
+    out_cts: &[Option<Tensor>],
+    stops: &[crate::ir::ValueId],
+    fenced: &[usize],
+) -> (Vec<Option<Tensor>>, Vec<Option<Tensor>>) {
     let mut cts: Vec<Option<Tensor>> = vec![None; graph.types.len()];
     for (v, ct) in graph.outputs.iter().zip(out_cts) {
         if let (true, Some(ct)) = (tape.active[v.index()], ct) {
@@ -117,6 +131,9 @@ pub fn backward(dest: &Trace, graph: &Graph, tape: &Tape, out_cts: &[Option<Tens
         }
     }
     for (i, eqn) in graph.eqns.iter().enumerate().rev() {
+        if eqn.outputs.iter().any(|o| stops.contains(o)) {
+            continue;
+        }
         let out_cts: Vec<Option<Tensor>> = eqn.outputs.iter().map(|o| cts[o.index()].take()).collect();
         if out_cts.iter().all(Option::is_none) {
             continue;
@@ -124,14 +141,29 @@ pub fn backward(dest: &Trace, graph: &Graph, tape: &Tape, out_cts: &[Option<Tens
         let ins: Vec<&Tensor> = eqn.inputs.iter().map(|&v| tape.value(v)).collect();
         let outs: Vec<&Tensor> = eqn.outputs.iter().map(|&v| tape.value(v)).collect();
         let needs: Vec<bool> = eqn.inputs.iter().map(|v| tape.active[v.index()]).collect();
-        let in_cts = rules::vjp(dest, &eqn.prim, &ins, &outs, &tape.extras[i], &out_cts, &needs);
+        let mut in_cts = rules::vjp(dest, &eqn.prim, &ins, &outs, &tape.extras[i], &out_cts, &needs);
+        if fenced.contains(&i) {
+            in_cts = fence_together(dest, in_cts);
+        }
         for ((v, ct), need) in eqn.inputs.iter().zip(in_cts).zip(needs) {
             if let (true, Some(ct)) = (need, ct) {
                 accumulate(&mut cts, *v, ct);
             }
         }
     }
-    graph.inputs.iter().map(|v| cts[v.index()].take()).collect()
+    let inputs = graph.inputs.iter().map(|v| cts[v.index()].take()).collect();
+    (inputs, stops.iter().map(|v| cts[v.index()].take()).collect())
+}
+
+/// The cotangents `cts` behind one optimization barrier: none is available until all are
+/// computed.
+pub(crate) fn fence_together(dest: &Trace, cts: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
+    let present: Vec<&Tensor> = cts.iter().flatten().collect();
+    if present.len() < 2 {
+        return cts;
+    }
+    let mut fenced = dest.bind(Prim::OptimizationBarrier, &present).into_iter();
+    cts.iter().map(|ct| ct.as_ref().and_then(|_| fenced.next())).collect()
 }
 
 fn accumulate(cts: &mut [Option<Tensor>], v: crate::ir::ValueId, ct: Tensor) {

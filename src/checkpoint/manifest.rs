@@ -227,7 +227,8 @@ pub fn model_keys(config: &Config, model: &Model) -> BTreeMap<String, serde_json
 fn decided_by_name(name: &str, keys: &BTreeMap<String, serde_json::Value>) -> Option<String> {
     let int = |k: &str| keys.get(k).and_then(serde_json::Value::as_i64);
     let flag = |k: &str| keys.get(k).and_then(serde_json::Value::as_bool);
-    match keys.get("decoder_block")?.as_str()? {
+    let block = keys.get("decoder_block")?.as_str()?;
+    match block {
         "deepseek" => {
             let layers = int("base_num_decoder_layers")? << parameter_scales(int("global_parameter_scale")?).3;
             let routed = int("first_num_dense_layers")? < layers;
@@ -243,12 +244,22 @@ fn decided_by_name(name: &str, keys: &BTreeMap<String, serde_json::Value>) -> Op
             Some(format!("a QK-norm over {}", if name.starts_with("olmo3") { "all heads" } else { "each head" }))
         }
         // `Attention.init_rotary_embedding` (layers/attentions.py at MaxText e591f30): Gemma 4's
-        // partial RoPE for a model_name starting with gemma4 (maxrs's gemma4 refuses another).
-        "gemma4" => {
+        // partial RoPE for a model_name starting with gemma4 (maxrs's gemma4 refuses another);
+        // gemma4_small's local and global layers in periods of 5 under gemma4-e2b, else of 6
+        // (`get_attention_pattern`, models/gemma4_small.py at MaxText e591f30).
+        "gemma4" | "gemma4_small" => {
             let proportion = |k: &str| keys.get(k).and_then(serde_json::Value::as_f64);
             let partial = proportion("global_rope_proportion")? < 1.0 || proportion("local_rope_proportion")? < 1.0;
             let layout = if name.starts_with("gemma4") { "Gemma 4's" } else { "PartialRotaryEmbedding's" };
-            partial.then(|| format!("partial RoPE in {layout} layout"))
+            let rope = partial.then(|| format!("partial RoPE in {layout} layout"));
+            match block {
+                "gemma4" => rope,
+                _ => Some(format!(
+                    "local and global layers in periods of {}{}",
+                    crate::model::gemma4_small::period(name),
+                    rope.map(|r| format!(", {r}")).unwrap_or_default()
+                )),
+            }
         }
         _ => None,
     }

@@ -49,6 +49,18 @@ use crate::config::Config;
 use crate::pjrt::gpu_memory;
 use crate::pjrt::{self, Value};
 
+/// The processes of a CPU job whose processes are the pipeline's stage groups
+/// (`dcn_pipeline_parallelism` = the process count > 1): the one multi-process job the CPU
+/// plugin runs, as no program spans processes. Each process's CPU client then has the devices
+/// of every process (`cpu_device_count` each) and uses its own group's: the stages' programs
+/// run on their own process's devices, arrays cross between processes through the relay
+/// (`train::pipeline::relay`), and the initializer runs over all of them in every process (the
+/// same values in each), which is what makes the process's part of the state without a program
+/// across processes.
+pub fn cpu_pipeline_processes(c: &Config, processes: usize) -> Option<usize> {
+    (c.plugin == "cpu" && processes > 1 && c.dcn_pipeline_parallelism == processes as i64).then_some(processes)
+}
+
 /// The job name every maxrs process and coordinator of a run agree on.
 pub fn job_name(c: &Config) -> String {
     if c.run_name.is_empty() {
@@ -165,6 +177,13 @@ impl Cluster {
         // `xla_flags_file=a3mega` picks the set for the job's node count (one process a host).
         pjrt::xla_flags::apply_flags_file(&c.xla_flags_file, self.process_count() as u32)?;
         if c.plugin == "cpu" {
+            let n = usize::try_from(c.cpu_device_count).ok().filter(|&n| n > 0).with_context(|| {
+                format!("cpu_device_count={}: must be a positive number of devices", c.cpu_device_count)
+            })?;
+            if let Some(processes) = cpu_pipeline_processes(c, self.process_count()) {
+                self.check_local_devices(n, &format!("the CPU plugin with cpu_device_count={n}"))?;
+                return pjrt::cpu_client(n * processes);
+            }
             if self.settings.is_multi_process() {
                 bail!(
                     "this is process {} of {} ({}), but the CPU plugin cannot run one program across processes: it has \
@@ -174,9 +193,6 @@ impl Cluster {
                     self.settings.process_id, self.settings.num_processes, self.settings.source
                 );
             }
-            let n = usize::try_from(c.cpu_device_count).ok().filter(|&n| n > 0).with_context(|| {
-                format!("cpu_device_count={}: must be a positive number of devices", c.cpu_device_count)
-            })?;
             self.check_local_devices(n, &format!("the CPU plugin with cpu_device_count={n}"))?;
             return pjrt::cpu_client(n);
         }

@@ -61,6 +61,12 @@ pub const MODELS: &[(&str, &str)] = &[
     ("olmo3-32b", include_str!("../../models/olmo3-32b.yml")),
     ("gpt-oss-20b", include_str!("../../models/gpt-oss-20b.yml")),
     ("gpt-oss-120b", include_str!("../../models/gpt-oss-120b.yml")),
+    ("llama4-17b-16e", include_str!("../../models/llama4-17b-16e.yml")),
+    ("llama4-17b-128e", include_str!("../../models/llama4-17b-128e.yml")),
+    ("gemma4-31b", include_str!("../../models/gemma4-31b.yml")),
+    ("gemma4-26b", include_str!("../../models/gemma4-26b.yml")),
+    ("gemma4-e2b", include_str!("../../models/gemma4-e2b.yml")),
+    ("gemma4-e4b", include_str!("../../models/gemma4-e4b.yml")),
 ];
 
 /// The built-in text of `models/<name>.yml`.

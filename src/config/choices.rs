@@ -93,6 +93,18 @@ string_enum!(
 );
 
 string_enum!(
+    /// `context_parallel_strategy`: how attention's keys and values reach the queries when the
+    /// sequence is split over the `context` mesh axis (`model::context_parallel`).
+    ContextParallelStrategy { AllGather = "all_gather", Ring = "ring", Ulysses = "ulysses", Usp = "usp" }
+);
+
+string_enum!(
+    /// `context_parallel_reorder_strategy`: the load-balancing permutation of the sequence
+    /// (MaxText's `ReorderStrategy`, `common/common_types.py` at e591f30); `auto` resolves per run.
+    ReorderStrategy { Auto = "auto", DualChunkSwap = "dual_chunk_swap", Striped = "striped" }
+);
+
+string_enum!(
     /// MaxText's `profiler`: none, an XPlane trace (TensorBoard's profile plugin), or the CUDA
     /// profiler API around the profiled steps (for Nsight Systems).
     ProfilerKind { None = "", Xplane = "xplane", Nsys = "nsys" }
@@ -158,7 +170,9 @@ string_enum!(
     /// gpt-oss's layers (attention sinks, sliding and global layers in turn, biased experts), llama4
     /// Llama 4's text layers (chunked attention with NoPE global layers, top-1 sigmoid experts),
     /// gemma4 Gemma 4's text layers (5 sliding to 1 global with its own head size and partial
-    /// RoPE, value norms, a scaled residual; gemma4-26b's routed experts beside a shared MLP).
+    /// RoPE, value norms, a scaled residual; gemma4-26b's routed experts beside a shared MLP),
+    /// gemma4_small Gemma 4 E2B/E4B's (gemma4's layers with per-layer input embeddings and the last
+    /// layers reusing earlier layers' keys and values).
     DecoderBlock {
         Llama2 = "llama2",
         Mistral = "mistral",
@@ -176,6 +190,7 @@ string_enum!(
         GptOss = "gpt_oss",
         Llama4 = "llama4",
         Gemma4 = "gemma4",
+        Gemma4Small = "gemma4_small",
     }
 );
 

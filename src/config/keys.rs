@@ -12,9 +12,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::choices::{
-    none_or_int, AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, DpoAlgo, Hardware, LogicalAxisRule,
-    LrScheduleType, OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType,
-    RoutedScoreFunc, SamplingStrategy, TokenizerType, WsdDecayStyle,
+    none_or_int, AttentionKernel, AttentionType, ContextParallelStrategy, DType, DatasetType, DecoderBlock, DpoAlgo,
+    Hardware, LogicalAxisRule, LrScheduleType, OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization,
+    RematPolicy, ReorderStrategy, RopeType, RoutedScoreFunc, SamplingStrategy, TokenizerType, WsdDecayStyle,
 };
 use super::ranges::{
     closed, int, int_or_fill, open, open_max, open_min, MAX_AXIS, MAX_CPU_DEVICES, MAX_EMB, MAX_GPU_HOSTS, MAX_HEADS,
@@ -33,12 +33,21 @@ const SLIDING: Families = Families::Only(&[
     DecoderBlock::Olmo3,
     DecoderBlock::GptOss,
     DecoderBlock::Gemma4,
+    DecoderBlock::Gemma4Small,
 ]);
-const GEMMA2_3_4: Families = Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::Gemma3, DecoderBlock::Gemma4]);
-const GEMMA3_4: Families = Families::Only(&[DecoderBlock::Gemma3, DecoderBlock::Gemma4]);
+const GEMMA2_3_4: Families =
+    Families::Only(&[DecoderBlock::Gemma2, DecoderBlock::Gemma3, DecoderBlock::Gemma4, DecoderBlock::Gemma4Small]);
+const GEMMA3_4: Families = Families::Only(&[DecoderBlock::Gemma3, DecoderBlock::Gemma4, DecoderBlock::Gemma4Small]);
 /// decoder_block=gemma4 (`src/maxtext/models/gemma4.py` at MaxText e591f30): the global layers'
 /// own head size, key/value heads and RoPE, shared key/value projections, value norms.
 const GEMMA4: Families = Families::Only(&[DecoderBlock::Gemma4]);
+/// decoder_block=gemma4 and gemma4_small (`src/maxtext/models/gemma4_small.py` at MaxText e591f30, whose
+/// layers build the same `Attention`): the global layers' own head size, key/value heads and RoPE,
+/// value norms.
+const GEMMA4_BOTH: Families = Families::Only(&[DecoderBlock::Gemma4, DecoderBlock::Gemma4Small]);
+/// decoder_block=gemma4_small (`src/maxtext/models/gemma4_small.py` at MaxText e591f30): per-layer
+/// input embeddings, the last layers reusing earlier layers' keys and values, double-wide MLPs.
+const GEMMA4_SMALL: Families = Families::Only(&[DecoderBlock::Gemma4Small]);
 /// The families with MaxText's default RoPE (`RotaryEmbedding`), whose timescales
 /// `rope_linear_scaling_factor` scales (gemma3: its global layers only).
 const DEFAULT_ROPE: Families = Families::Only(&[
@@ -55,6 +64,7 @@ const DEFAULT_ROPE: Families = Families::Only(&[
     DecoderBlock::Olmo3,
     DecoderBlock::Llama4,
     DecoderBlock::Gemma4,
+    DecoderBlock::Gemma4Small,
 ]);
 const GPT3: Families = Families::Only(&[DecoderBlock::Gpt3]);
 const MOE: Families = Families::Only(&[
@@ -224,19 +234,19 @@ declare_keys! {
         normalization_layer_epsilon: f64 = 1.0e-05 => MaxText.model(ALL).range(open(0.0, 1.0)).model_file(),
         /// RoPE's maximum timescale (the longest wavelength).
         rope_max_timescale: i64 = 10000 => MaxText.model(ALL).range(int(1, 1 << 53)).model_file(),
-        /// gemma3, gemma4: RoPE's maximum timescale in the local (sliding-window) layers; 0 or less: rope_max_timescale.
+        /// gemma3, gemma4, gemma4_small: RoPE's maximum timescale in the local (sliding-window) layers; 0 or less: rope_max_timescale.
         // MaxText's `Attention.init_rotary_embedding` (src/maxtext/layers/attentions.py, e591f30)
         // uses it when positive.
         local_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA3_4).range(int(-(1 << 53), 1 << 53)).model_file(),
-        /// gemma4: RoPE's maximum timescale in the global layers; 0 or less: rope_max_timescale.
+        /// gemma4, gemma4_small: RoPE's maximum timescale in the global layers; 0 or less: rope_max_timescale.
         // `Gemma4DecoderLayer` (src/maxtext/models/gemma4.py at MaxText e591f30) uses it when positive.
-        global_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA4).range(int(-(1 << 53), 1 << 53)).model_file(),
-        /// gemma4: the fraction of the global layers' head size that RoPE rotates (the rest keeps angle 0).
+        global_rope_max_timescale: i64 = -1 => MaxText.model(GEMMA4_BOTH).range(int(-(1 << 53), 1 << 53)).model_file(),
+        /// gemma4, gemma4_small: the fraction of the global layers' head size that RoPE rotates (the rest keeps angle 0).
         // `Gemma4PartialRotaryEmbedding` (layers/embeddings.py at MaxText e591f30) below 1: the
         // first int(head size x this) / 2 frequencies of each half, exponents over the whole head.
-        global_rope_proportion: f64 = 0.25 => MaxText.model(GEMMA4).range(closed(0.0, 1.0)).model_file(),
-        /// gemma4: the fraction of the local layers' head_dim that RoPE rotates.
-        local_rope_proportion: f64 = 1.0 => MaxText.model(GEMMA4).range(closed(0.0, 1.0)).model_file(),
+        global_rope_proportion: f64 = 0.25 => MaxText.model(GEMMA4_BOTH).range(closed(0.0, 1.0)).model_file(),
+        /// gemma4, gemma4_small: the fraction of the local layers' head_dim that RoPE rotates.
+        local_rope_proportion: f64 = 1.0 => MaxText.model(GEMMA4_BOTH).range(closed(0.0, 1.0)).model_file(),
         /// The default RoPE's timescales are multiplied by this (positions / factor): every layer of the families with it, gemma3's global layers; not Llama 3.1's or YaRN's RoPE.
         // MaxText's `RotaryEmbedding.timescale` (src/maxtext/layers/embeddings.py, e591f30) and
         // `Attention.init_rotary_embedding` (attentions.py), which skips gemma3's local layers.
@@ -255,7 +265,7 @@ declare_keys! {
         /// Positive: learned position embeddings for that many positions (gpt3), added to the token embeddings.
         // 0 (or -1, MaxText's default) disables learned position embeddings.
         trainable_position_size: i64 = -1 => MaxText.model(ALL).range(int_or_fill(0, 1 << 24)).model_file(),
-        /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2, gemma3, olmo3, gpt_oss: the local layers' window.
+        /// mistral: > 0 limits attention to that many tokens back (0: none); gemma2, gemma3, gemma4, gemma4_small, olmo3, gpt_oss: the local layers' window.
         sliding_window_size: i64 = 0 => MaxText.model(SLIDING).range(int(0, 1 << 24)).model_file(),
         /// qwen2, qwen3, qwen3_moe, qwen3_custom_moe: an RMSNorm over each head's queries and keys before RoPE (QK-norm); olmo3: over all heads' together.
         use_qk_norm: bool = false => MaxText.model(QK_NORM).model_file(),
@@ -274,22 +284,33 @@ declare_keys! {
         // `Attention.sinks` and `AttentionOp.compute_local_attention` (layers/attentions.py,
         // layers/attention_op.py at MaxText e591f30).
         attention_sink: bool = false => MaxText.model(GPT_OSS).model_file(),
-        /// gemma2, gemma3, gemma4: attention scores = cap * tanh(scores / cap); 0 disables.
+        /// gemma2, gemma3, gemma4, gemma4_small: attention scores = cap * tanh(scores / cap); 0 disables.
         attn_logits_soft_cap: f64 = 0.0 => MaxText.model(GEMMA2_3_4).range(closed(0.0, 1e9)).model_file(),
-        /// gemma2, gemma3, gemma4: RMSNorm after attention, before the residual add.
+        /// gemma2, gemma3, gemma4: RMSNorm after attention, before the residual add (gemma4_small: always; false is refused).
         use_post_attn_norm: bool = false => MaxText.model(GEMMA2_3_4).model_file(),
-        /// gemma2, gemma3, gemma4: RMSNorm after the MLP, before the residual add.
+        /// gemma2, gemma3, gemma4: RMSNorm after the MLP, before the residual add (gemma4_small: always; false is refused).
         use_post_ffw_norm: bool = false => MaxText.model(GEMMA2_3_4).model_file(),
-        /// gemma4: the global layers' head size; 0: head_dim.
-        global_head_dim: i64 = 0 => MaxText.model(GEMMA4).range(int(0, MAX_HEADS)).model_file(),
-        /// gemma4: the global layers' key/value heads (global_parameter_scale leaves it as it is); 0: the local layers'.
-        global_num_kv_heads: i64 = 0 => MaxText.model(GEMMA4).range(int(0, MAX_HEADS)).model_file(),
+        /// gemma4, gemma4_small: the global layers' head size; 0: head_dim.
+        global_head_dim: i64 = 0 => MaxText.model(GEMMA4_BOTH).range(int(0, MAX_HEADS)).model_file(),
+        /// gemma4, gemma4_small: the global layers' key/value heads (global_parameter_scale leaves it as it is); 0: the local layers'.
+        global_num_kv_heads: i64 = 0 => MaxText.model(GEMMA4_BOTH).range(int(0, MAX_HEADS)).model_file(),
         /// gemma4: the global layers' values are their keys' projection (no value kernel), taken before the key norm.
         // `Attention(share_kv_projections=True)` (layers/attentions.py at MaxText e591f30): value =
         // key as projected; the key is then QK-normed and rotated, the value normed by value_norm.
         share_kv_projections: bool = false => MaxText.model(GEMMA4).model_file(),
-        /// gemma4: the values' RMSNorm over each head (every layer) has a learned scale (value_norm.scale); false: none.
-        v_norm_with_scale: bool = true => MaxText.model(GEMMA4).model_file(),
+        /// gemma4, gemma4_small: the values' RMSNorm over each head (every layer) has a learned scale (value_norm.scale); false: none.
+        v_norm_with_scale: bool = true => MaxText.model(GEMMA4_BOTH).model_file(),
+        /// gemma4_small: the width of each layer's per-layer input (0: none); the per-layer embedding table is vocab_size_per_layer_input x (layers x this).
+        // `Gemma4SmallPLE` and `Gemma4SmallDecoderLayer` (models/gemma4_small.py at MaxText e591f30).
+        hidden_size_per_layer_input: i64 = 0 => MaxText.model(GEMMA4_SMALL).range(int(0, MAX_EMB)).model_file(),
+        /// gemma4_small: the rows of the per-layer embedding table (0: no per-layer inputs).
+        vocab_size_per_layer_input: i64 = 0 => MaxText.model(GEMMA4_SMALL).range(int(0, i32::MAX as i64)).model_file(),
+        /// gemma4_small: the last this many layers reuse the keys and values of the last earlier layer of their kind (local or global) and have no key/value projections.
+        // `kv_donor_layer_idx` (models/gemma4_small.py at MaxText e591f30); none when it is 0 or
+        // at least the number of layers (`is_kv_shared_layer`).
+        num_kv_shared_layers: i64 = 0 => MaxText.model(GEMMA4_SMALL).range(int(0, MAX_HEADS)).model_file(),
+        /// gemma4_small: the layers that reuse keys and values have MLPs twice base_mlp_dim wide.
+        use_double_wide_mlp: bool = false => MaxText.model(GEMMA4_SMALL).model_file(),
         /// qwen3_custom_moe: the attention output projection's width (the latent the MoE block runs on); -1: unset (qwen3_custom_moe needs it set).
         // `Qwen3CustomAttention.init_out_w` (models/qwen3_custom.py at MaxText e591f30) refuses a
         // non-positive value; a value other than the embedding size adds layer_up_projection.
@@ -781,7 +802,7 @@ declare_keys! {
         ] => MaxText.program(),
         /// The data axis across slices: the recommended DCN axis to be auto-sharded.
         dcn_data_parallelism: i64 = -1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
-        /// The "stage" axis across hosts: not supported yet (stages on different hosts need cross-host transfers).
+        /// The "stage" axis across hosts: one group of ici_pipeline_parallelism stages on each process (the CPU plugin's processes; GPUs and TPUs not supported yet).
         dcn_pipeline_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
         /// The fsdp axis across slices.
         dcn_fsdp_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
@@ -815,6 +836,21 @@ declare_keys! {
         ici_expert_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
         /// The autoregressive axis within a slice.
         ici_autoregressive_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// How attention reaches the keys and values of a sequence split over the context axis: all_gather, ring, ulysses or usp.
+        /// all_gather: each device gathers every key and value and attends with its own queries.
+        /// ring: keys and values go round the context devices, merged by an online softmax.
+        /// ulysses: an all-to-all trades the sequence split for a head split and back (heads and
+        /// key/value heads must divide over the context axis; no load balancing). usp: not supported yet.
+        // `AttentionOp` (layers/attention_op.py at MaxText e591f30); maxrs computes each strategy
+        // with its own collectives in a manual computation (model::context_parallel).
+        context_parallel_strategy: ContextParallelStrategy = "all_gather" => MaxText.step(),
+        /// With context parallelism: reorder the sequence so that each context device holds an early and a late part (causal attention's work is then even).
+        // `reorder_causal_load_balanced` (utils/max_utils.py at MaxText e591f30), applied to the
+        // batch by the train and eval steps (utils/train_utils.py).
+        context_parallel_load_balance: bool = true => MaxText.step(),
+        /// The load-balancing order: auto, dual_chunk_swap (device i holds chunks i and 2n-1-i of 2n) or striped (device i holds tokens i, i+n, ...; GPU only).
+        /// auto: striped for packed batches under ring attention on GPU, else dual_chunk_swap.
+        context_parallel_reorder_strategy: ReorderStrategy = "auto" => MaxText.step(),
     }
 
     /// ici_pipeline_parallelism > 1. maxrs runs each stage as its own programs on its own devices

@@ -6,6 +6,7 @@
 
 mod builtin;
 mod choices;
+mod context_parallel;
 pub mod docs;
 mod error;
 mod keys;
@@ -25,10 +26,12 @@ mod value;
 
 pub use builtin::MODELS;
 pub use choices::{
-    AttentionKernel, AttentionType, DType, DatasetType, DecoderBlock, DpoAlgo, Hardware, LogicalAxisRule,
-    LrScheduleType, OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy, RopeType,
-    RoutedScoreFunc, RuleAxes, SamplingStrategy, TokenizerType, WsdDecayStyle, MLP_ACTIVATIONS,
+    AttentionKernel, AttentionType, ContextParallelStrategy, DType, DatasetType, DecoderBlock, DpoAlgo, Hardware,
+    LogicalAxisRule, LrScheduleType, OnCheckpointError, PipelineSchedule, ProfilerKind, Quantization, RematPolicy,
+    ReorderStrategy, RopeType, RoutedScoreFunc, RuleAxes, SamplingStrategy, TokenizerType, WsdDecayStyle,
+    MLP_ACTIVATIONS,
 };
+pub use context_parallel::{load_balance, Reorder};
 pub use error::{escape, quote, ConfigError};
 pub use keys::Config;
 pub use load::{load, load_args, load_over, resolve, resolve_args, Resolved, Source};

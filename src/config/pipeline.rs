@@ -102,16 +102,7 @@ pub(crate) fn plan(
         check_unused(c)?;
         return Ok(None);
     }
-    if c.dcn_pipeline_parallelism > 1 || num_slices > 1 {
-        return Err(ConfigError::invalid(
-            "dcn_pipeline_parallelism, ici_pipeline_parallelism",
-            format!(
-                "pipeline stages across {num_slices} hosts or slices are not supported yet (handing activations to \
-                 another host needs PJRT's cross-host transfers); run the pipeline inside one host \
-                 (ici_pipeline_parallelism) and use dcn_data_parallelism or dcn_fsdp_parallelism across hosts"
-            ),
-        ));
-    }
+    check_across_processes(c, num_slices)?;
     check_spmd_options(c)?;
     if c.logits_via_embedding {
         return Err(ConfigError::invalid(
@@ -292,6 +283,26 @@ pub(crate) fn check_eval(c: &Config, plan: &PipelinePlan, eval_batch: usize) -> 
 
 /// MaxText's options of its SPMD pipeline (a loop inside one program): only their defaults mean
 /// something for separate stage programs.
+/// Pipeline stages over several hosts or slices: the stage axis is DCN-outer, so the hosts form
+/// `dcn_pipeline_parallelism` groups (mesh validation checks that the DCN axes multiply to the
+/// hosts); a pipeline over several hosts without a DCN stage axis would put every stage on every
+/// host, which is not supported yet. Running stages that span processes is refused where the
+/// run places them (`train::pipeline::run::PipelinedPlan::on_process`); compiling them ahead of
+/// time is not.
+fn check_across_processes(c: &Config, num_slices: usize) -> Result<(), ConfigError> {
+    if num_slices > 1 && c.dcn_pipeline_parallelism == 1 {
+        return Err(ConfigError::invalid(
+            "dcn_pipeline_parallelism, ici_pipeline_parallelism",
+            format!(
+                "pipeline stages inside each of {num_slices} hosts or slices are not supported yet: put the stages on \
+                 different hosts (dcn_pipeline_parallelism, one group of stages a host), or run the pipeline inside \
+                 one host and use dcn_data_parallelism or dcn_fsdp_parallelism across hosts"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn check_spmd_options(c: &Config) -> Result<(), ConfigError> {
     let options = [
         ("pipeline_delay_activation_forwarding", c.pipeline_delay_activation_forwarding, false),

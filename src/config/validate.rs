@@ -175,6 +175,9 @@ pub fn check_host_memory(
 pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Result<Derived, ConfigError> {
     check(config)?;
     let mesh = mesh::build(config, num_devices, num_slices)?;
+    let (_, head_scale, _, _) = parameter_scales(config.global_parameter_scale);
+    let heads = (config.base_num_query_heads << head_scale, config.base_num_kv_heads << head_scale);
+    super::context_parallel::check(config, mesh.size("context"), heads)?;
 
     let experts = mesh.size("expert");
     if config.decoder_block.has_experts() && config.num_experts % experts as i64 != 0 {

@@ -125,14 +125,6 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
     };
     let coerced = coerced.ok_or_else(|| wrong(&value))?;
     if let (Some(allowed), Value::String(s)) = (kind.choices(), &coerced) {
-        // MaxText's small Gemma 4 block (gemma4-e2b, -e4b), named rather than called unknown.
-        if key == "decoder_block" && s == "gemma4_small" {
-            return Err(ConfigError::NotSupported {
-                key: key.to_string(),
-                origin: origin.to_string(),
-                reason: GEMMA4_SMALL.into(),
-            });
-        }
         if !allowed.contains(&s.as_str()) {
             return Err(ConfigError::NotAChoice {
                 key: key.to_string(),
@@ -148,12 +140,6 @@ pub(crate) fn coerce(key: &str, value: Value, origin: &str) -> Result<Value, Con
     }
     Ok(coerced)
 }
-
-/// Why `decoder_block: gemma4_small` (MaxText's `src/maxtext/models/gemma4_small.py` at e591f30) is
-/// refused.
-const GEMMA4_SMALL: &str = "decoder_block gemma4_small (per-layer embeddings) is not supported yet: gemma4-e2b and \
-    gemma4-e4b add per-layer input embeddings, key/value layers shared across layers and double-wide MLPs to \
-    decoder_block gemma4 (gemma4-31b, gemma4-26b), which maxrs has";
 
 /// Lists have inner structure that the checks above do not see: put the value into the built-in
 /// config and let serde judge it, so an error here can only be this key's.

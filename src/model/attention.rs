@@ -14,12 +14,14 @@
 use std::cell::RefCell;
 
 use crate::ir::DType;
-use crate::tensor::{concatenate, einsum, where_, Tensor, Tree};
+use crate::tensor::{concatenate, Tensor, Tree};
 
 use super::config::Rope;
-use super::kernel::AttentionImpl;
-use super::mask::{Mask, MASK_VALUE};
-use super::{blockwise, cudnn, ModelConfig};
+use super::context_parallel::{self, ContextParallel};
+pub use super::kernel::{attend, attend_sinks, attend_with, AttendOptions};
+use super::kernel::{dot_product, AttentionImpl};
+use super::mask::{Mask, Order};
+use super::{cudnn, ModelConfig};
 
 /// What the layers of one forward pass share, built once from the batch.
 pub struct LayerContext {
@@ -37,9 +39,16 @@ pub struct LayerContext {
     pub interleaved_rope: bool,
     /// The model's attention kernel (`ModelConfig::attention`) fitted to this batch's sequence.
     how: AttentionImpl,
+    /// How attention reaches keys and values split over the context axis.
+    context_parallel: ContextParallel,
+    /// The batch's order when it was load-balanced (`context_parallel::reorder_batch`).
+    order: Option<Order>,
     /// On a mesh: the mesh axes (of size > 1) that shard the batch, the heads and the sequence
     /// of `[batch, seq, heads, head_dim]` activations, for cuDNN's calls (`cudnn_call`).
     axes: Option<ActivationAxes>,
+    /// What the family computes for its layers once per forward pass (`Family::per_layer_inputs`;
+    /// set by the shared decoder): Gemma 4 small's per-layer inputs `[batch, seq, layers, width]`.
+    pub per_layer_inputs: Option<Tensor>,
     /// Decoding: the key/value cache this layer's attention calls fill or update (set by the
     /// shared decoder for each layer, `with_cache`).
     cache: Option<RefCell<LayerCache>>,
@@ -100,9 +109,17 @@ impl LayerContext {
             max_segments: c.max_segments_per_seq,
             interleaved_rope: matches!(c.rope, Rope::Llama31 { .. }),
             how: c.attention.fitted(t),
+            context_parallel: c.context_parallel,
+            order: None,
             axes: ctx.mesh().map(|mesh| ActivationAxes::new(c, mesh)),
+            per_layer_inputs: None,
             cache: None,
         }
+    }
+
+    /// The same context for a batch in `order` (`context_parallel::reorder_batch`'s).
+    pub fn in_order(self, order: Option<Order>) -> LayerContext {
+        LayerContext { order, ..self }
     }
 
     /// The same context with `cache` for one layer's attention calls (decoding).
@@ -115,9 +132,17 @@ impl LayerContext {
             max_segments: self.max_segments,
             interleaved_rope: self.interleaved_rope,
             how: self.how,
+            context_parallel: self.context_parallel,
+            order: self.order.clone(),
             axes: self.axes.clone(),
+            per_layer_inputs: self.per_layer_inputs.clone(),
             cache: Some(RefCell::new(cache)),
         }
+    }
+
+    /// Whether the layer runs with a key/value cache (decoding: no backward pass).
+    pub fn decoding(&self) -> bool {
+        self.cache.is_some()
     }
 
     /// The layer's cache after its attention calls (none outside decoding).
@@ -252,6 +277,9 @@ impl LayerContext {
         training: bool,
     ) -> Tensor {
         let mask = Mask { chunk, ..self.mask(window) };
+        if let Some(out) = context_parallel::attend(&self.context_parallel, [q, k, v], &mask, how, options, sinks) {
+            return out;
+        }
         let AttentionImpl::Cudnn { block } = how else { return attend_sinks(q, k, v, &mask, how, options, sinks) };
         let blockwise = AttentionImpl::Blockwise { block };
         let Some(split) = self.cudnn_call(q, k, options).filter(|_| sinks.is_none() && chunk.is_none()) else {
@@ -319,7 +347,7 @@ impl LayerContext {
     /// Which keys each query may see: causal, within `window` tokens when given, and in the same
     /// document when the batch is packed.
     pub fn mask(&self, window: Option<i64>) -> Mask {
-        Mask { window, chunk: None, segments: self.segments.clone() }
+        Mask { window, chunk: None, segments: self.segments.clone(), order: self.order.clone() }
     }
 }
 
@@ -428,113 +456,6 @@ fn rotate_f32(x: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Tens
         let (x1, x2) = (xf.slice_axis(3, 0, k / 2), xf.slice_axis(3, k / 2, k));
         concatenate(&[&(&x1 * &cos - &x2 * &sin), &(&x2 * &cos + &x1 * &sin)], 3)
     }
-}
-
-/// What `attend_with` does besides the plain softmax attention of `attend`.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct AttendOptions {
-    /// Scores become `cap * tanh(scores / cap)` before masking (MaxText's `attn_logits_soft_cap`).
-    pub logits_soft_cap: Option<f64>,
-    /// Queries and keys are cast to f32 before their product (MaxText's `float32_qk_product`).
-    pub float32_qk_product: bool,
-}
-
-/// Attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over keys and values
-/// `k, v: [batch, seq, kv_heads, head_dim]` under `mask`, computed as `how` says; query head `i`
-/// uses key/value head `i / (heads / kv_heads)`. Scores and softmax are f32; the result,
-/// `[batch, seq, heads, head_dim]` in `q`'s dtype, is tagged `context` (MaxText's name, which
-/// `minimal_with_context` saves). Blockwise attention's softmax statistics are tagged `context`
-/// too, as MaxText's cuDNN attention tags its `lse`: a policy that saves the context then never
-/// recomputes attention in the backward pass.
-pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, how: AttentionImpl) -> Tensor {
-    attend_with(q, k, v, mask, how, &AttendOptions::default())
-}
-
-/// `attend` with `options`: soft-capped scores (dot-product attention only: the families refuse
-/// a soft cap with blockwise attention), an f32 query-key product.
-pub fn attend_with(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &Mask,
-    how: AttentionImpl,
-    options: &AttendOptions,
-) -> Tensor {
-    attend_sinks(q, k, v, mask, how, options, None)
-}
-
-/// `attend_with` with attention sinks (`[heads]`, see `LayerContext::attend_sinks`) when given.
-pub fn attend_sinks(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &Mask,
-    how: AttentionImpl,
-    options: &AttendOptions,
-    sinks: Option<&Tensor>,
-) -> Tensor {
-    let (qk, kk) = match options.float32_qk_product {
-        true => (q.astype(DType::F32), k.astype(DType::F32)),
-        false => (q.clone(), k.clone()),
-    };
-    match how {
-        AttentionImpl::DotProduct => {
-            let allowed = mask.dense(&qk, qk.shape()[1]);
-            dot_product(&qk, &kk, v, &allowed, options.logits_soft_cap, sinks)
-                .astype(q.dtype())
-                .checkpoint_name("context")
-        }
-        // `LayerContext::attend` runs cuDNN's calls; elsewhere (a bare `attend`), blockwise.
-        AttentionImpl::Blockwise { block } | AttentionImpl::Cudnn { block } => {
-            assert!(
-                options.logits_soft_cap.is_none(),
-                "blockwise attention has no soft cap (kernel::soft_cap_refusal refuses it)"
-            );
-            // The kernel's matmuls take one dtype: with an f32 query-key product, f32 values too.
-            let vk = if options.float32_qk_product { v.astype(DType::F32) } else { v.clone() };
-            let (out, lse) = blockwise::attention(&qk, &kk, &vk, mask, block, sinks);
-            lse.checkpoint_name("context");
-            out.astype(q.dtype()).checkpoint_name("context")
-        }
-    }
-}
-
-/// Scores for every query and key at once, `[batch, kv_heads, group, queries, keys]`, soft-capped
-/// at `cap * tanh(scores / cap)` when `soft_cap` is given, under `allowed: pred[1 or batch,
-/// queries, keys]`; with `sinks` (`[heads]`) one more score per query, its head's sink, joins
-/// the softmax and is dropped after it.
-fn dot_product(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    allowed: &Tensor,
-    soft_cap: Option<f64>,
-    sinks: Option<&Tensor>,
-) -> Tensor {
-    let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-    let kv_heads = k.shape()[2];
-    let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
-    // The values' head dimension may differ from the queries' and keys' (MLA's v_head_dim).
-    let dv = v.shape()[3];
-    let scores = einsum("btngk,bsnk->bngts", &[&q, k]).astype(DType::F32);
-    let scores = match soft_cap {
-        Some(cap) => (scores / cap).tanh() * cap,
-        None => scores,
-    };
-    let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
-    let scores = where_(&mask, &scores, MASK_VALUE);
-    let probs = match sinks {
-        None => scores.softmax(-1),
-        Some(sinks) => {
-            let keys = scores.shape()[4];
-            let column: Vec<i64> = scores.shape()[..4].iter().copied().chain([1]).collect();
-            let sinks = sinks.astype(scores.dtype()).reshape(&[kv_heads, heads / kv_heads]);
-            let sinks = sinks.broadcast_in_dim(&column, &[1, 2]);
-            concatenate(&[&scores, &sinks], 4).softmax(-1).slice_axis(4, 0, keys)
-        }
-    };
-    let probs = probs.astype(v.dtype());
-    einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, dv])
 }
 
 /// `cache: [layers, batch, len, kv_heads, head_dim]` with row `b` of `new: [batch, seq, kv_heads,

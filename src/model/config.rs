@@ -8,6 +8,7 @@ use crate::ir::DType;
 use crate::sharding::LogicalRules;
 use crate::tensor::RematPolicy;
 
+use super::context_parallel::ContextParallel;
 use super::fp8::Scaling;
 use super::kernel::{self, AttentionImpl};
 use super::lora::Lora;
@@ -68,6 +69,9 @@ pub struct ModelConfig {
     /// `quantization=fp8` (delayed scaling) or `te_fp8_currentscaling` (current scaling): the
     /// layers' projections and MLP are fp8 products (`fp8`).
     pub fp8: Option<Scaling>,
+    /// How attention reaches keys and values split over the context axis, and the batch's
+    /// load-balancing order (`context_parallel_*`).
+    pub context_parallel: ContextParallel,
     /// Logical axis rules for activation sharding constraints (applied only when tracing on a mesh).
     pub rules: LogicalRules,
     /// `lora.enable_lora`: the matched products have adapters (`lora`).
@@ -128,6 +132,7 @@ impl ModelConfig {
             weight_dtype: c.weight_dtype.ir(),
             scan_layers: c.scan_layers,
             attention: AttentionImpl::for_config(c),
+            context_parallel: ContextParallel::from_config(c),
             attn_logits_soft_cap: kernel::soft_cap(c),
             max_segments_per_seq: c.max_documents_per_row(),
             logits_dot_in_fp32: c.logits_dot_in_fp32,

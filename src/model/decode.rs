@@ -39,10 +39,11 @@ impl Model {
     /// which the decoder attaches each layer's cache. No remat: there is no backward pass.
     pub fn decode(&self, params: &Tree, tokens: &Tensor, positions: &Tensor, step: CacheStep) -> (Tensor, Tree) {
         let x = self.embed(params, tokens, positions);
-        let ctx = LayerContext::new(
+        let mut ctx = LayerContext::new(
             &self.config,
             &Tree::new().with("inputs", tokens.clone()).with("inputs_position", positions.clone()),
         );
+        ctx.per_layer_inputs = self.family.per_layer_inputs(&self.config, params, tokens, &x);
         let mut y = x;
         let mut caches = Tree::new();
         for s in self.stacks() {

@@ -37,16 +37,18 @@ use crate::config::registry;
 use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, Signature};
 use crate::sharding::PartitionSpec;
-use crate::tensor::{einsum, random, Tensor, Tree};
+use crate::tensor::{einsum, fence_cotangents, random, Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::Activation;
+use super::context_parallel;
 use super::families;
 use super::family::{constrain, Family, BTE};
 use super::flops::{StepShape, StepTflops};
 use super::fp8::{self, Scaling};
 use super::kernel;
 use super::lora::Lora;
+use super::mask::Order;
 use super::params::{self, ParamDef, ParamInit};
 use super::stacks::{unstack_layers, Stack};
 use super::ModelConfig;
@@ -197,6 +199,7 @@ impl Model {
                 ParamInit::Normal(1.0),
             ));
         }
+        defs.extend(self.family.decoder_params(c));
         defs
     }
 
@@ -274,9 +277,22 @@ impl Model {
     /// With `keep_layer_outputs` the output of every layer is returned too (for tests; it costs
     /// memory).
     pub fn forward(&self, params: &Tree, batch: &Tree, keep_layer_outputs: bool) -> Forward {
+        self.forward_in_order(params, batch, None, keep_layer_outputs)
+    }
+
+    /// `forward` on a batch whose sequence is in `order` (load-balanced over the context axis,
+    /// `context_parallel::reorder_batch`), which attention's mask follows.
+    pub fn forward_in_order(
+        &self,
+        params: &Tree,
+        batch: &Tree,
+        order: Option<Order>,
+        keep_layer_outputs: bool,
+    ) -> Forward {
         let c = &self.config;
-        let ctx = LayerContext::new(c, batch);
+        let mut ctx = LayerContext::new(c, batch).in_order(order);
         let x = self.embed(params, &batch["inputs"], &ctx.positions);
+        ctx.per_layer_inputs = self.family.per_layer_inputs(c, params, &batch["inputs"], &x);
         let (y, layer_outputs, aux_losses) = self.run_stacks(params, &x, &ctx, keep_layer_outputs);
         Forward { embeddings: x, layer_outputs, logits: self.head(params, &y), aux_losses }
     }
@@ -297,18 +313,25 @@ impl Model {
     /// the family's final norm, then the output projection (or the embedding, tied).
     pub fn head(&self, params: &Tree, y: &Tensor) -> Tensor {
         let c = &self.config;
-        let y = self.family.final_norm(c).apply(params, "decoder.decoder_norm", y);
-        // MaxText's `logits_dot_in_fp32` (`Decoder.apply_output_head` in
-        // `src/maxtext/layers/decoders.py`, main at e591f30): the output projection in f32.
         let in_f32 = |x: &Tensor| if c.logits_dot_in_fp32 { x.astype(DType::F32) } else { x.clone() };
+        // The output projection's weights as the product reads them. Tied, MaxText's
+        // `attend_on_embedding` (`src/maxtext/layers/embeddings.py` at e591f30) is `jnp.dot(y,
+        // jnp.asarray(table, jnp.bfloat16).T, preferred_element_type=attend_dtype)`: the table is
+        // rounded to bf16 whatever `dtype` is (and promoted back to `y`'s dtype for the product),
+        // so its gradient through the logits is rounded to bf16 too. Otherwise MaxText's
+        // `logits_dot_in_fp32` (`Decoder.apply_output_head` in `src/maxtext/layers/decoders.py`,
+        // e591f30) makes the product f32.
+        let weights = match c.logits_via_embedding {
+            true => in_f32(&params["token_embedder.embedding"].astype(DType::BF16).astype(c.dtype)),
+            false => {
+                let dtype = if c.logits_dot_in_fp32 { DType::F32 } else { c.dtype };
+                params["decoder.logits_dense.kernel"].astype(dtype)
+            }
+        };
+        let (params, y, weights) = &fence_head(params, y, &weights);
+        let y = self.family.final_norm(c).apply(params, "decoder.decoder_norm", y);
         let logits = if c.logits_via_embedding {
-            // Tied, MaxText's `attend_on_embedding` (`src/maxtext/layers/embeddings.py` at
-            // e591f30) is `jnp.dot(y, jnp.asarray(table, jnp.bfloat16).T,
-            // preferred_element_type=attend_dtype)`: the table is rounded to bf16 whatever `dtype`
-            // is (and promoted back to `y`'s dtype for the product), so its gradient through the
-            // logits is rounded to bf16 too.
-            let table = params["token_embedder.embedding"].astype(DType::BF16).astype(c.dtype);
-            let mut logits = einsum("btd,vd->btv", &[&in_f32(&y), &in_f32(&table)]);
+            let mut logits = einsum("btd,vd->btv", &[&in_f32(&y), weights]);
             if c.normalize_embedding_logits {
                 logits = logits * (1.0 / (c.emb as f64).sqrt());
             }
@@ -317,9 +340,7 @@ impl Model {
                 None => logits,
             }
         } else {
-            let kernel = &params["decoder.logits_dense.kernel"];
-            let kernel = if c.logits_dot_in_fp32 { kernel.astype(DType::F32) } else { kernel.astype(c.dtype) };
-            in_f32(&y).matmul(&kernel)
+            in_f32(&y).matmul(weights)
         };
         constrain(c, logits.astype(DType::F32), &["activation_batch", "activation_length", "activation_vocab"])
     }
@@ -340,7 +361,10 @@ impl Model {
     /// count), `z_loss` (its masked mean part of the loss) and `aux_losses.<name>` (each
     /// auxiliary loss, averaged over layers), all f32 scalars.
     pub fn loss(&self, params: &Tree, batch: &Tree, z_loss_multiplier: f64) -> (Tensor, Tree) {
-        let forward = self.forward(params, batch, false);
+        // MaxText reorders the train and eval batches for load-balanced context parallelism
+        // (`setup_train_loop`, utils/train_utils.py:306-331 at e591f30).
+        let (batch, order) = context_parallel::reorder_batch(&self.config.context_parallel, batch);
+        let forward = self.forward_in_order(params, &batch, order, false);
         let (mut loss, mut aux) =
             loss_from_logits(&forward.logits, &batch["targets"], &batch["targets_segmentation"], z_loss_multiplier);
         for (_, value) in forward.aux_losses.iter() {
@@ -369,6 +393,26 @@ impl Model {
         let attention = attention * scale;
         StepTflops { total: learnable_weight + attention, learnable_weight, attention }
     }
+}
+
+/// The head's input `y`, its final norm's parameters and its output projection's `weights` (as
+/// the product reads them, bf16 in a bf16 model) behind one `fence_cotangents`: the backward pass
+/// computes the head's weight gradients before it goes on into the last layer, as MaxText's step
+/// does, instead of keeping the `[batch, seq, vocab]` logits cotangent alive for a product XLA
+/// may defer to the end (issue 46: 0.98 GiB more than MaxText at the peak for llama2-7b with
+/// 4 x 4096 tokens per device). Fenced as the product reads them, the weights' gradient is held
+/// in that dtype, as in MaxText's step; the f32 copy is left to the optimizer.
+fn fence_head(params: &Tree, y: &Tensor, weights: &Tensor) -> (Tree, Tensor, Tensor) {
+    let norm: Vec<&str> = params.names().filter(|n| n.starts_with("decoder.decoder_norm.")).collect();
+    let inputs: Vec<&Tensor> = norm.iter().map(|&n| &params[n]).chain([y, weights]).collect();
+    let mut fenced = fence_cotangents(&inputs);
+    let weights = fenced.pop().expect("the fence returns its inputs");
+    let y = fenced.pop().expect("the fence returns its inputs");
+    let mut params = params.clone();
+    for (name, p) in norm.into_iter().zip(fenced) {
+        params.insert(name, p);
+    }
+    (params, y, weights)
 }
 
 /// The embeddings `[batch, seq, emb]` of `tokens` (or positions) from `table: [rows, emb]` (in `dtype`).

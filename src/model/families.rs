@@ -9,8 +9,8 @@ use crate::config::{self, Config, DecoderBlock};
 
 use super::family::Family;
 use super::{
-    deepseek, gemma, gemma2, gemma3, gemma4, gpt3, gpt_oss, llama, llama4, mistral, mixtral, olmo3, qwen2, qwen3,
-    qwen3_custom, ModelConfig,
+    deepseek, gemma, gemma2, gemma3, gemma4, gemma4_small, gpt3, gpt_oss, llama, llama4, mistral, mixtral, olmo3,
+    qwen2, qwen3, qwen3_custom, ModelConfig,
 };
 
 /// Whether a key applies to a family.
@@ -82,5 +82,6 @@ pub fn build(c: &Config, mc: &ModelConfig) -> anyhow::Result<Arc<dyn Family>> {
         DecoderBlock::GptOss => Arc::new(gpt_oss::GptOss::from_config(c, mc)?),
         DecoderBlock::Llama4 => Arc::new(llama4::Llama4::from_config(c, mc)?),
         DecoderBlock::Gemma4 => Arc::new(gemma4::Gemma4::from_config(c, mc)?),
+        DecoderBlock::Gemma4Small => Arc::new(gemma4_small::Gemma4Small::from_config(c, mc)?),
     })
 }

@@ -59,6 +59,27 @@ pub trait Family: fmt::Debug + Send + Sync {
         None
     }
 
+    /// Whether the family's layer makes its sub-layers remat regions of their own (`checkpoint`
+    /// under `remat_policy`), so that the decoder does not make the layer one: Gemma 4 small, whose
+    /// one module holds every layer (MaxText's layers are each a region). By default the decoder
+    /// makes each layer a region.
+    fn remats_its_sub_layers(&self) -> bool {
+        false
+    }
+
+    /// The decoder's parameters outside its layers and the shared ones (Gemma 4 small's per-layer
+    /// embedder, `decoder.per_layer_embedder.*`), named from the model's root; by default none.
+    fn decoder_params(&self, _c: &ModelConfig) -> Vec<ParamDef> {
+        vec![]
+    }
+
+    /// What the layers read besides their input, computed once per forward pass from the model's
+    /// `params`, the `tokens: s32[batch, seq]` and their embeddings `x: [batch, seq, emb]`
+    /// (`LayerContext::per_layer_inputs`; Gemma 4 small's per-layer inputs); by default none.
+    fn per_layer_inputs(&self, _c: &ModelConfig, _params: &Tree, _tokens: &Tensor, _x: &Tensor) -> Option<Tensor> {
+        None
+    }
+
     /// The decoder's final norm (`decoder.decoder_norm`): MaxText's `get_norm_layer` of the
     /// family, with `normalization_layer_epsilon`.
     fn final_norm(&self, c: &ModelConfig) -> Norm {

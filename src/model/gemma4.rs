@@ -1,7 +1,8 @@
 //! The Gemma 4 decoder layer, text only (MaxText's `decoder_block: gemma4`: `Gemma4DecoderLayer`,
 //! `Gemma4MoE` and `Gemma4ScannableBlock` in `src/maxtext/models/gemma4.py` at e591f30; gemma4-31b
 //! dense, gemma4-26b with routed experts beside a shared MLP), top to bottom: its parameters, the
-//! layer, its FLOPs.
+//! layer, its FLOPs. Gemma 4 small (`gemma4_small.rs`) builds its layers from this layer's
+//! parameters, attention and feed-forward halves, scalar and attention FLOPs.
 //!
 //! Like Gemma 3 it repeats 5 local layers (attention over the last `sliding_window_size` tokens)
 //! and one global layer (`GEMMA4_ATTENTION_PATTERN`), and one decoder "layer" of maxrs is such a
@@ -92,22 +93,22 @@ const REMAINDER: usize = 1;
 
 /// The attention of a local or a global layer.
 #[derive(Clone, Debug)]
-struct Attention {
-    kv_heads: i64,
-    head_dim: i64,
+pub(super) struct Attention {
+    pub(super) kv_heads: i64,
+    pub(super) head_dim: i64,
     /// `share_kv_projections`: the values are the keys' projection.
     shared_kv: bool,
     /// RoPE's frequency of each of the head's `head_dim / 2` pairs (0: not rotated).
-    rope: Vec<f64>,
+    pub(super) rope: Vec<f64>,
     /// The local layers' window.
-    window: Option<i64>,
+    pub(super) window: Option<i64>,
 }
 
 /// A block of 5 local and 1 global Gemma 4 layers.
 #[derive(Debug)]
 pub struct Gemma4 {
-    local: Attention,
-    global: Attention,
+    pub(super) local: Attention,
+    pub(super) global: Attention,
     post_attention_norm: bool,
     post_ffw_norm: bool,
     /// `normalization_layer_epsilon`: the head norms' and the router norm's.
@@ -261,7 +262,7 @@ impl Gemma4 {
     }
 
     /// One layer's parameters with attention `a`, named relative to the layer.
-    fn sub_layer_params(&self, c: &ModelConfig, a: &Attention) -> Vec<ParamDef> {
+    pub(super) fn sub_layer_params(&self, c: &ModelConfig, a: &Attention) -> Vec<ParamDef> {
         let (e, h, kv, d) = (c.emb, c.heads, a.kv_heads, a.head_dim);
         let norm = Norm::Rms { eps: LAYER_NORM_EPS };
         let kernel = |name: &str, shape: &[i64], logical: &[&'static str], init: ParamInit| {
@@ -310,7 +311,7 @@ impl Gemma4 {
     }
 
     /// One layer (`Gemma4DecoderLayer.__call__`) on `x` with its parameters `p` (named relative to
-    /// it), attention `a` with RoPE tables `(cos, sin)`; returns the output and the MoE losses.
+    /// it), attention `a` with RoPE tables `rope`; returns the output and the MoE losses.
     fn sub_layer(
         &self,
         c: &ModelConfig,
@@ -318,43 +319,75 @@ impl Gemma4 {
         x: &Tensor,
         ctx: &LayerContext,
         a: &Attention,
-        (cos, sin): (&Tensor, &Tensor),
+        rope: Rope,
     ) -> (Tensor, Tree) {
+        let (x, _) = self.attention_block(c, p, x, ctx, a, rope, None);
+        let (y, aux) = self.feed_forward(c, p, &x);
+        (scaled(c, p, &y), aux)
+    }
+
+    /// The attention half of a layer on `x`: `x` plus its normed attention, and the keys and values
+    /// it attended over (rotated and normed). With `reused` the layer attends over those keys and
+    /// values instead of its own (Gemma 4 small's KV-shared layers: `Attention.__call__` with
+    /// `shared_key` and `shared_value`, `src/maxtext/layers/attentions.py` at e591f30), so it has
+    /// no key or value projections.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention_block(
+        &self,
+        c: &ModelConfig,
+        p: &Tree,
+        x: &Tensor,
+        ctx: &LayerContext,
+        a: &Attention,
+        (cos, sin): Rope,
+        reused: Option<&KeyValue>,
+    ) -> (Tensor, KeyValue) {
         let norm = Norm::Rms { eps: LAYER_NORM_EPS };
         let head_norm = Norm::Rms { eps: self.head_eps };
         let h = norm.apply(p, "pre_self_attention_norm", x);
         let q = dense(c, p, "self_attention.query", &h, 1);
-        let k = dense(c, p, "self_attention.key", &h, 1);
-        // `share_kv_projections`: the value is the key as projected (`Attention.__call__`).
-        let v = if a.shared_kv { k.clone() } else { dense(c, p, "self_attention.value", &h, 1) };
         let q = head_norm.apply(p, "self_attention.query_norm", &q);
-        let k = head_norm.apply(p, "self_attention.key_norm", &k);
-        let v = match self.value_scale {
-            true => head_norm.apply(p, "self_attention.value_norm", &v),
-            false => rms_unscaled(&v, self.head_eps),
-        };
-        let v = v.checkpoint_name("value_proj");
         let q = rope_with(&q, cos, sin, false).checkpoint_name("query_proj");
-        let k = rope_with(&k, cos, sin, false).checkpoint_name("key_proj");
+        let (k, v) = match reused {
+            Some(kv) => kv.clone(),
+            None => {
+                let k = dense(c, p, "self_attention.key", &h, 1);
+                // `share_kv_projections`: the value is the key as projected (`Attention.__call__`).
+                let v = if a.shared_kv { k.clone() } else { dense(c, p, "self_attention.value", &h, 1) };
+                let k = head_norm.apply(p, "self_attention.key_norm", &k);
+                let v = match self.value_scale {
+                    true => head_norm.apply(p, "self_attention.value_norm", &v),
+                    false => rms_unscaled(&v, self.head_eps),
+                };
+                let v = v.checkpoint_name("value_proj");
+                (rope_with(&k, cos, sin, false).checkpoint_name("key_proj"), v)
+            }
+        };
         let options = AttendOptions { logits_soft_cap: self.soft_cap, float32_qk_product: false };
         let out = ctx.attend(&q, &k, &v, a.window, &options);
         let mut attention = dense(c, p, "self_attention.out", &out, 2).checkpoint_name("out_proj");
         if self.post_attention_norm {
             attention = norm.apply(p, "post_self_attention_norm", &attention);
         }
-        let x = constrain(c, x + &attention, BTE);
-        let h = norm.apply(p, "pre_ffw_norm", &x);
+        (constrain(c, x + &attention, BTE), (k, v))
+    }
+
+    /// The feed-forward half of a layer on `x` (the attention half's output): `x` plus its normed
+    /// MLP (or experts beside a shared MLP), and the MoE losses.
+    pub(super) fn feed_forward(&self, c: &ModelConfig, p: &Tree, x: &Tensor) -> (Tensor, Tree) {
+        let norm = Norm::Rms { eps: LAYER_NORM_EPS };
+        let h = norm.apply(p, "pre_ffw_norm", x);
         let (mut mlp, aux) = match &self.moe {
             None => (Mlp::new(c, false, None).apply(c, p, "mlp", &h), Tree::new()),
             Some((m, _)) => {
                 let shared = Mlp::new(c, false, None).apply(c, p, "mlp.moe_block.shared_experts", &h);
                 let shared = norm.apply(p, "mlp.post_feedforward_layernorm_1", &shared);
-                let routed_input = norm.apply(p, "mlp.pre_feedforward_layernorm_2", &x);
+                let routed_input = norm.apply(p, "mlp.pre_feedforward_layernorm_2", x);
                 // The gate's input (`Gemma4MoE.__call__`): the residual stream normed without a
                 // scale, times emb^-1/2 and the learned `pre_forward_scale_2`, in the gate's dtype.
                 let wide = if c.dtype == DType::F64 { DType::F64 } else { DType::F32 };
                 let gate_dtype = if m.float32_gate_logits { wide } else { c.dtype };
-                let unscaled = rms_unscaled(&x, self.head_eps).astype(gate_dtype);
+                let unscaled = rms_unscaled(x, self.head_eps).astype(gate_dtype);
                 let gate_input =
                     (unscaled * (c.emb as f64).powf(-0.5)) * &p["mlp.pre_forward_scale_2"].astype(gate_dtype);
                 let block =
@@ -367,9 +400,19 @@ impl Gemma4 {
         if self.post_ffw_norm {
             mlp = norm.apply(p, "post_ffw_norm", &mlp);
         }
-        let y = constrain(c, &x + &constrain(c, mlp, BTE), BTE);
-        (y * &p["layer_scalar"].astype(c.dtype), aux)
+        (constrain(c, x + &constrain(c, mlp, BTE), BTE), aux)
     }
+}
+
+/// The RoPE tables `(cos, sin)` of a layer's attention (`rope_tables`).
+pub(super) type Rope<'a> = (&'a Tensor, &'a Tensor);
+
+/// A layer's keys and values as attention takes them, rotated and normed.
+pub(super) type KeyValue = (Tensor, Tensor);
+
+/// A layer's output `y` times its learned `layer_scalar` (`Gemma4DecoderLayer.__call__`).
+pub(super) fn scaled(c: &ModelConfig, p: &Tree, y: &Tensor) -> Tensor {
+    y * &p["layer_scalar"].astype(c.dtype)
 }
 
 /// An RMSNorm without a scale (MaxText's `RMSNorm(with_scale=False)`): statistics in f32 (f64 for
@@ -478,7 +521,7 @@ impl Family for Gemma4 {
     /// min(window, seq)`; the FFN as `calculate_routed_and_shared_ffn_tflops_per_device` counts it
     /// with experts (router, `k` routed experts, the shared MLP), else the dense MLP.
     fn layer_flops(&self, c: &ModelConfig, kind: usize, tokens: f64, seq: f64) -> LayerFlops {
-        let (e, h) = (c.emb as f64, c.heads as f64);
+        let e = c.emb as f64;
         let matrices = c.mlp_activations.len() as f64 + 1.0;
         let ffn = match &self.moe {
             None => 2.0 * tokens * e * c.mlp as f64 * matrices,
@@ -488,21 +531,42 @@ impl Family for Gemma4 {
                 router + routed + 2.0 * tokens * e * c.mlp as f64 * matrices * m.shared_experts as f64
             }
         };
-        let projections = |a: &Attention| {
-            let (kv, d) = (a.kv_heads as f64, a.head_dim as f64);
-            let kv_projections = if a.shared_kv { 1.0 } else { 2.0 };
-            2.0 * tokens * e * (h + kv_projections * kv) * d + 2.0 * tokens * e * h * d
-        };
-        let batch = tokens / seq;
-        let w = (self.local.window.unwrap_or(0) as f64).min(seq);
-        let local_attention = 4.0 * batch * (seq * w - 0.5 * w * w) * h * self.local.head_dim as f64;
-        let global_attention = 2.0 * batch * seq * seq * h * self.global.head_dim as f64;
         let (mut weights, mut attention) = (0.0, 0.0);
         for j in 0..self.layers(kind) {
-            let global = j == LOCAL;
-            weights += ffn + projections(self.attention(j));
-            attention += if global { global_attention } else { local_attention };
+            let a = self.attention(j);
+            let layer = self.attention_flops(c, a, if a.shared_kv { 1.0 } else { 2.0 }, tokens, seq);
+            weights += ffn + layer.weights;
+            attention += layer.attention;
         }
+        LayerFlops { weights, attention }
+    }
+}
+
+impl Gemma4 {
+    /// One layer's attention FLOPs with attention `a` as MaxText counts them
+    /// (`calculate_gemma4_tflops_training_per_device`, and `calculate_gemma4_small_tflops_training_per_device`
+    /// for Gemma 4 small, `src/maxtext/utils/maxtext_utils.py` at e591f30): the query and output
+    /// projections and `kv_projections` of key and value at the layer's heads and head size; a
+    /// global layer's causal attention `2 * batch * seq^2 * heads * head` and a local one's
+    /// `4 * batch * (seq * w - w^2 / 2) * heads * head` with `w = min(window, seq)`.
+    pub(super) fn attention_flops(
+        &self,
+        c: &ModelConfig,
+        a: &Attention,
+        kv_projections: f64,
+        tokens: f64,
+        seq: f64,
+    ) -> LayerFlops {
+        let (e, h, kv, d) = (c.emb as f64, c.heads as f64, a.kv_heads as f64, a.head_dim as f64);
+        let weights = 2.0 * tokens * e * (h + kv_projections * kv) * d + 2.0 * tokens * e * h * d;
+        let batch = tokens / seq;
+        let attention = match a.window {
+            Some(window) => {
+                let w = (window as f64).min(seq);
+                4.0 * batch * (seq * w - 0.5 * w * w) * h * d
+            }
+            None => 2.0 * batch * seq * seq * h * d,
+        };
         LayerFlops { weights, attention }
     }
 }
@@ -568,8 +632,7 @@ mod tests {
     }
 
     /// What each refusal names, on one line: a scanned count of layers that is not a multiple of
-    /// 6, no window, another RoPE type, experts without their widths, LoRA; and the small models'
-    /// block, refused at load.
+    /// 6, no window, another RoPE type, experts without their widths, LoRA.
     #[test]
     fn refusals_name_the_culprit() {
         let gemma4 = ["model_name=gemma4-26b", "override_model_config=true"];
@@ -587,9 +650,5 @@ mod tests {
             .unwrap_or_default();
         assert!(e.starts_with("model_name=default: MaxText gives gemma4's partial RoPE"), "{e}");
         assert!(Model::from_args(&[&gemma4[..], &["base_num_decoder_layers=8", "scan_layers=false"]].concat()).is_ok());
-        for small in ["gemma4-e2b", "gemma4-e4b"] {
-            let e = Model::from_args(&[&format!("model_name={small}")]).err().unwrap_or_default();
-            assert!(e.contains("decoder_block gemma4_small (per-layer embeddings) is not supported yet"), "{e}");
-        }
     }
 }

@@ -1,6 +1,8 @@
 //! Which attention kernel a run uses, decided once from the config (and the model's keys)
 //! before tracing: `AttentionImpl` is what `ModelConfig::attention` holds and every layer's
-//! `LayerContext::attend` computes. MaxText's `attention` key (`autoselected`, `dot_product`,
+//! `LayerContext::attend` computes; and attention computed as a kernel says (`attend` and its
+//! options: dot-product attention here, blockwise attention in `blockwise.rs`), below both the
+//! layer context (`attention.rs`) and context parallelism (`context_parallel.rs`). MaxText's `attention` key (`autoselected`, `dot_product`,
 //! `flash`, `cudnn_flash_te`, `cudnn_flash_jax`) resolves per hardware and sequence length;
 //! cuDNN's fused attention is used where `cudnn_declined` finds nothing against it; a soft cap
 //! picks or requires dot-product attention. What stays per call (`attention.rs`): blockwise
@@ -11,8 +13,11 @@
 use std::fmt;
 
 use crate::config::{AttentionKernel, Config, DecoderBlock, Hardware};
+use crate::ir::DType;
+use crate::tensor::{concatenate, einsum, where_, Tensor};
 
-use super::cudnn;
+use super::mask::{Mask, MASK_VALUE};
+use super::{blockwise, cudnn};
 
 /// How `attend` computes attention, resolved from MaxText's `attention` key and the hardware.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,8 +155,15 @@ pub fn cudnn_declined(c: &Config) -> Option<String> {
                 .into(),
         );
     }
+    // MaxText hands a split sequence to Transformer Engine's own context parallelism
+    // (`cudnn_flash_attention`, layers/attention_op.py:2230-2338 at e591f30); XLA's fused
+    // attention has one causal mask aligned at the first query and key, which one device's
+    // queries against every key (all_gather, ring) do not have.
     if c.ici_context_parallelism * c.dcn_context_parallelism > 1 {
-        return Some("the sequence is sharded (context parallelism), which cuDNN's calls do not split".into());
+        return Some(format!(
+            "the sequence is sharded (context parallelism), which cuDNN's calls do not split:              context_parallel_strategy={} runs blockwise attention on each device's queries",
+            c.context_parallel_strategy
+        ));
     }
     None
 }
@@ -192,12 +204,14 @@ pub fn describe(c: &Config, how: AttentionImpl) -> String {
                         "; blockwise ({block}-token blocks) in the chunked-attention layers, whose chunk mask cuDNN's fused attention does not take"
                     ),
                     // Gemma 4's global layers have their own head size (512 in the model files).
-                    DecoderBlock::Gemma4 => match cudnn::unsupported(c.dtype.ir(), c.global_head_dim) {
-                        Some(why) if c.global_head_dim > 0 => {
-                            format!("; blockwise ({block}-token blocks) in the global layers: {why}")
+                    DecoderBlock::Gemma4 | DecoderBlock::Gemma4Small => {
+                        match cudnn::unsupported(c.dtype.ir(), c.global_head_dim) {
+                            Some(why) if c.global_head_dim > 0 => {
+                                format!("; blockwise ({block}-token blocks) in the global layers: {why}")
+                            }
+                            _ => String::new(),
                         }
-                        _ => String::new(),
-                    },
+                    }
                     _ => String::new(),
                 };
                 format!("{te}{global}")
@@ -214,4 +228,114 @@ pub fn describe(c: &Config, how: AttentionImpl) -> String {
 /// The largest block of at most `BLOCK` tokens that divides `seq` (all of it when shorter).
 fn block_size(seq: i64) -> i64 {
     (1..=BLOCK.min(seq)).rev().find(|b| seq % b == 0).unwrap_or(seq)
+}
+
+/// What `attend_with` does besides the plain softmax attention of `attend`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttendOptions {
+    /// Scores become `cap * tanh(scores / cap)` before masking (MaxText's `attn_logits_soft_cap`).
+    pub logits_soft_cap: Option<f64>,
+    /// Queries and keys are cast to f32 before their product (MaxText's `float32_qk_product`).
+    pub float32_qk_product: bool,
+}
+
+/// Attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over keys and values
+/// `k, v: [batch, seq, kv_heads, head_dim]` under `mask`, computed as `how` says; query head `i`
+/// uses key/value head `i / (heads / kv_heads)`. Scores and softmax are f32; the result,
+/// `[batch, seq, heads, head_dim]` in `q`'s dtype, is tagged `context` by the blockwise kernel
+/// (MaxText's name, which `minimal_with_context` saves; dot-product attention's is not, as in
+/// MaxText). Blockwise attention's softmax statistics are tagged `context` too, as MaxText's
+/// cuDNN attention tags its `lse`: a policy that saves the context then never recomputes
+/// attention in the backward pass.
+pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, how: AttentionImpl) -> Tensor {
+    attend_with(q, k, v, mask, how, &AttendOptions::default())
+}
+
+/// `attend` with `options`: soft-capped scores (dot-product attention only: the families refuse
+/// a soft cap with blockwise attention), an f32 query-key product.
+pub fn attend_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    how: AttentionImpl,
+    options: &AttendOptions,
+) -> Tensor {
+    attend_sinks(q, k, v, mask, how, options, None)
+}
+
+/// `attend_with` with attention sinks (`[heads]`, see `LayerContext::attend_sinks`) when given.
+pub fn attend_sinks(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    how: AttentionImpl,
+    options: &AttendOptions,
+    sinks: Option<&Tensor>,
+) -> Tensor {
+    let (qk, kk) = match options.float32_qk_product {
+        true => (q.astype(DType::F32), k.astype(DType::F32)),
+        false => (q.clone(), k.clone()),
+    };
+    match how {
+        // Not tagged `context`: MaxText's `apply_attention_dot` names nothing
+        // (`src/maxtext/layers/attention_op.py` at e591f30; only its cuDNN and flash kernels name
+        // their results `context`), so `minimal_with_context` recomputes this product from the
+        // saved queries, keys and values with the scores its backward pass recomputes anyway.
+        AttentionImpl::DotProduct => {
+            let allowed = mask.dense(&qk, qk.shape()[1]);
+            dot_product(&qk, &kk, v, &allowed, options.logits_soft_cap, sinks).astype(q.dtype())
+        }
+        // `LayerContext::attend` runs cuDNN's calls; elsewhere (a bare `attend`), blockwise.
+        AttentionImpl::Blockwise { block } | AttentionImpl::Cudnn { block } => {
+            assert!(
+                options.logits_soft_cap.is_none(),
+                "blockwise attention has no soft cap (kernel::soft_cap_refusal refuses it)"
+            );
+            // The kernel's matmuls take one dtype: with an f32 query-key product, f32 values too.
+            let vk = if options.float32_qk_product { v.astype(DType::F32) } else { v.clone() };
+            let (out, lse) = blockwise::attention(&qk, &kk, &vk, mask, block, sinks);
+            lse.checkpoint_name("context");
+            out.astype(q.dtype()).checkpoint_name("context")
+        }
+    }
+}
+
+/// Scores for every query and key at once, `[batch, kv_heads, group, queries, keys]`, soft-capped
+/// at `cap * tanh(scores / cap)` when `soft_cap` is given, under `allowed: pred[1 or batch,
+/// queries, keys]`; with `sinks` (`[heads]`) one more score per query, its head's sink, joins
+/// the softmax and is dropped after it.
+pub(super) fn dot_product(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    allowed: &Tensor,
+    soft_cap: Option<f64>,
+    sinks: Option<&Tensor>,
+) -> Tensor {
+    let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let kv_heads = k.shape()[2];
+    let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
+    // The values' head dimension may differ from the queries' and keys' (MLA's v_head_dim).
+    let dv = v.shape()[3];
+    let scores = einsum("btngk,bsnk->bngts", &[&q, k]).astype(DType::F32);
+    let scores = match soft_cap {
+        Some(cap) => (scores / cap).tanh() * cap,
+        None => scores,
+    };
+    let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
+    let scores = where_(&mask, &scores, MASK_VALUE);
+    let probs = match sinks {
+        None => scores.softmax(-1),
+        Some(sinks) => {
+            let keys = scores.shape()[4];
+            let column: Vec<i64> = scores.shape()[..4].iter().copied().chain([1]).collect();
+            let sinks = sinks.astype(scores.dtype()).reshape(&[kv_heads, heads / kv_heads]);
+            let sinks = sinks.broadcast_in_dim(&column, &[1, 2]);
+            concatenate(&[&scores, &sinks], 4).softmax(-1).slice_axis(4, 0, keys)
+        }
+    };
+    let probs = probs.astype(v.dtype());
+    einsum("bngts,bsnk->btngk", &[&probs, v]).reshape(&[b, t, heads, dv])
 }

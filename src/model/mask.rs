@@ -2,8 +2,15 @@
 //! a packed document) and the score masked positions get. Below every attention kernel: dot-product
 //! attention builds the mask whole, blockwise attention (`blockwise.rs`) one block at a time.
 
+use std::sync::Arc;
+
 use crate::ir::DType;
 use crate::tensor::Tensor;
+
+/// The order of a load-balanced sequence (`context_parallel::permutation`): `order[i]` is the
+/// index in the plain sequence of the token at `i`, which the causal, window and chunk masks
+/// compare instead of `i`.
+pub type Order = Arc<[i64]>;
 
 /// The large negative score masked positions get (MaxText's `DEFAULT_MASK_VALUE`).
 pub const MASK_VALUE: f64 = -0.7 * f32::MAX as f64;
@@ -20,6 +27,11 @@ pub struct Mask {
     pub chunk: Option<i64>,
     /// `s32[batch, seq]`: each token's document, when the batch is packed.
     pub segments: Option<Tensor>,
+    /// The sequence's order when it is load-balanced over the context axis (none: in order).
+    /// MaxText masks such a sequence by its reordered positions (`use_segment_positions`,
+    /// `AttentionOp.generate_attention_mask`, layers/attention_op.py:973-1000 at e591f30); within
+    /// a document those order the tokens as their plain indices do, which this holds statically.
+    pub order: Option<Order>,
 }
 
 impl Mask {
@@ -48,7 +60,18 @@ impl Mask {
 
     /// `pred[1 or batch, seq, seq]` for a sequence of `seq` tokens on `like`'s trace.
     pub(super) fn dense(&self, like: &Tensor, seq: i64) -> Tensor {
-        let positions = like.trace().iota(DType::S32, &[seq], 0);
+        let positions = self.indices(like, seq);
         self.allowed(&positions, &positions, self.segments.as_ref().map(|s| (s, s)))
+    }
+
+    /// `s32[seq]`: each token's index in the plain sequence (`order`, else `0..seq`).
+    pub(super) fn indices(&self, like: &Tensor, seq: i64) -> Tensor {
+        match &self.order {
+            Some(order) => {
+                let values: Vec<f64> = order.iter().map(|&i| i as f64).collect();
+                like.trace().constant(DType::S32, &[seq], &values)
+            }
+            None => like.trace().iota(DType::S32, &[seq], 0),
+        }
     }
 }

@@ -25,7 +25,9 @@
 //!   computations, load-balancing loss), shared by MoE families.
 //! - One file per family (`decoder_block`): [`llama`] (`llama2`), [`mistral`], [`gemma`],
 //!   [`gemma2`], [`gemma3`] (blocks of 5 local + 1 global layers), [`gemma4`] (Gemma 3's blocks with
-//!   a global head of its own, partial RoPE, value norms; experts beside a shared MLP), [`gpt3`], [`mixtral`] (Llama's
+//!   a global head of its own, partial RoPE, value norms; experts beside a shared MLP),
+//!   [`gemma4_small`] (Gemma 4's layers with per-layer input embeddings and keys and values shared
+//!   across layers), [`gpt3`], [`mixtral`] (Llama's
 //!   attention and a routed MoE block), [`qwen2`] (Llama's layer with query/key/value biases),
 //!   [`qwen3`] (Llama's layer with QK-norm), [`qwen3_custom`] (Qwen3's attention into a narrower
 //!   latent, routed experts there, then back up to `emb`), [`deepseek`]
@@ -39,6 +41,7 @@ pub mod attention;
 pub mod blocks;
 pub mod blockwise;
 pub mod config;
+pub mod context_parallel;
 pub mod cudnn;
 pub mod decode;
 pub mod decoder;
@@ -51,6 +54,7 @@ pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gemma4;
+pub mod gemma4_small;
 pub mod gpt3;
 pub mod gpt_oss;
 pub mod hf;

@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use crate::ir::{DType, RematFences};
-use crate::tensor::{checkpoint, concatenate, scan, scan_reverse, stack, Tensor, Tree};
+use crate::tensor::{checkpoint, concatenate, scan, scan_reverse, stack, RematPolicy, Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::decoder::Model;
@@ -81,7 +81,9 @@ impl Model {
             // are kept for the backward pass, everything inside is recomputed.
             let inputs = p.clone().prefixed("params").with("x", x.clone());
             let fences = RematFences { inputs: c.remat_prevent_cse, cotangents: !scanned };
-            checkpoint(&c.remat, fences, &inputs, |a| {
+            // A family whose layer holds sub-layers that are regions of their own (Gemma 4 small).
+            let policy = if self.family.remats_its_sub_layers() { &RematPolicy::None } else { &c.remat };
+            checkpoint(policy, fences, &inputs, |a| {
                 let out = self.family.layer(c, kind, &a.subtree("params"), &a["x"], ctx);
                 out.aux_losses.prefixed("aux").with("x", out.x)
             })

@@ -19,6 +19,7 @@ pub mod buffer;
 pub mod client;
 pub mod compile_cache;
 pub mod compile_options;
+pub mod cross_host;
 pub mod error;
 pub mod executable;
 #[doc(hidden)]

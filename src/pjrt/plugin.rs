@@ -139,6 +139,14 @@ pub(crate) unsafe fn read_named_values(ptr: *const ffi::NamedValue, len: usize) 
 /// Copies a plugin-owned (pointer, length) string.
 ///
 /// # Safety
+/// `PJRT_Extension_Base`: the header every extension in a plugin's chain starts with.
+#[repr(C)]
+pub(crate) struct ExtensionHeader {
+    pub(crate) struct_size: usize,
+    pub(crate) kind: std::ffi::c_int,
+    pub(crate) next: *mut ExtensionHeader,
+}
+
 /// `ptr` must point to `len` readable bytes, or be null.
 pub(crate) unsafe fn string_from(ptr: *const c_char, len: usize) -> String {
     if ptr.is_null() || len == 0 {
@@ -235,8 +243,19 @@ impl Plugin {
 
     /// The first of the plugin's extensions (`PJRT_Api.extension_start`, a chain of
     /// `PJRT_Extension_Base` headers), or null.
-    pub(crate) fn extension_start(&self) -> *const std::ffi::c_void {
-        self.api().extension_start.cast_const().cast()
+    /// The extension of type `kind` (`PJRT_Extension_Type`) in the plugin's chain, if it has one.
+    pub(crate) fn find_extension(&self, kind: std::ffi::c_int) -> Option<*const ExtensionHeader> {
+        let mut next = self.api().extension_start.cast_const().cast::<ExtensionHeader>();
+        while !next.is_null() {
+            // SAFETY: every extension starts with the `PJRT_Extension_Base` header, and the chain
+            // belongs to the loaded plugin, which is never unloaded.
+            let header = unsafe { &*next };
+            if header.kind == kind {
+                return Some(next);
+            }
+            next = header.next;
+        }
+        None
     }
 
     /// The PJRT C API version the plugin implements (major, minor).

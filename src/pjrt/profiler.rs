@@ -16,15 +16,8 @@ use super::plugin::Plugin;
 const PROFILER_EXTENSION_TYPE: c_int = 1;
 
 #[repr(C)]
-struct ExtensionHeader {
-    struct_size: usize,
-    kind: c_int,
-    next: *mut ExtensionHeader,
-}
-
-#[repr(C)]
 struct ProfilerExtension {
-    header: ExtensionHeader,
+    header: super::plugin::ExtensionHeader,
     profiler_api: *const ProfilerApi,
     traceme_context_id: i64,
 }
@@ -266,17 +259,9 @@ impl Drop for Profiler {
 
 /// The profiler table in `plugin`'s extension chain, if it has one.
 fn find_profiler_api(plugin: &Plugin) -> Option<*const ProfilerApi> {
-    let mut next = plugin.extension_start().cast::<ExtensionHeader>();
-    while !next.is_null() {
-        // SAFETY: every extension starts with the `PJRT_Extension_Base` header, and the chain
-        // belongs to the loaded plugin, which is never unloaded.
-        let header = unsafe { &*next };
-        if header.kind == PROFILER_EXTENSION_TYPE {
-            // SAFETY: an extension of the profiler type has the profiler extension's layout.
-            let api = unsafe { (*next.cast::<ProfilerExtension>()).profiler_api };
-            return (!api.is_null()).then_some(api);
-        }
-        next = header.next;
-    }
-    None
+    let extension = plugin.find_extension(PROFILER_EXTENSION_TYPE)?;
+    // SAFETY: an extension of the profiler type has the profiler extension's layout, and the
+    // plugin that holds it is never unloaded.
+    let api = unsafe { (*extension.cast::<ProfilerExtension>()).profiler_api };
+    (!api.is_null()).then_some(api)
 }

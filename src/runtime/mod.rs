@@ -120,6 +120,27 @@ impl Compiled {
         Ok(first as usize..end as usize)
     }
 
+    /// The type and shape of the block of input `index` on each of this process's devices (in
+    /// device order): what a buffer handed to the program for it must be.
+    pub fn input_block_shapes(&self, index: usize) -> Result<Vec<(crate::host::DType, Vec<i64>)>> {
+        let spec = &self.program.inputs[index];
+        self.positions
+            .iter()
+            .map(|&pos| {
+                let dims: Vec<i64> = match (&self.program.mesh, &spec.sharding) {
+                    (Some(mesh), Some(sharding)) => mesh
+                        .shard_bounds(sharding, &spec.ty.shape, pos)
+                        .map_err(|e| anyhow!("\"{}\": {e}", spec.name))?
+                        .iter()
+                        .map(|b| b.1)
+                        .collect(),
+                    _ => spec.ty.shape.to_vec(),
+                };
+                Ok((spec.ty.dtype, dims))
+            })
+            .collect()
+    }
+
     /// Like [`Compiled::put`] for a process that holds only some rows of the global array:
     /// `local` is rows `first_row..` of it, and must contain every block of this process's devices.
     pub fn put_rows(&self, client: &Client, index: usize, local: &HostTensor, first_row: i64) -> Result<DeviceArray> {

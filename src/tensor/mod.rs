@@ -45,5 +45,7 @@ pub use sorting::sort;
 pub(crate) use trace::usage_error;
 pub use trace::{Tensor, Trace};
 pub(crate) use transforms::manual_axes;
-pub use transforms::{checkpoint, composite, custom_call, manual_computation, scan, scan_reverse, RematPolicy};
+pub use transforms::{
+    checkpoint, composite, custom_call, fence_cotangents, manual_computation, scan, scan_reverse, RematPolicy,
+};
 pub use tree::Tree;

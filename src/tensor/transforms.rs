@@ -142,6 +142,24 @@ pub fn composite(
     parent.bind(Prim::Composite(prim), inputs)
 }
 
+/// The identity on `inputs` (floats), whose backward pass releases their cotangents together,
+/// through one optimization barrier: none reaches the operations before until all are computed.
+/// A decoder's output head is fenced this way, as a remat region is (`RematFences::cotangents`):
+/// otherwise XLA may defer the head's weight-gradient product to the end of the backward pass and
+/// keep the `[batch, seq, vocab]` logits cotangent it reads alive through every layer's.
+#[track_caller]
+pub fn fence_cotangents(inputs: &[&Tensor]) -> Vec<Tensor> {
+    composite(
+        "fence_cotangents",
+        inputs,
+        |xs| xs.to_vec(),
+        |_, _, cts| match cts.first() {
+            Some(first) => first.trace().bind(Prim::OptimizationBarrier, &cts.iter().collect::<Vec<_>>()),
+            None => Vec::new(),
+        },
+    )
+}
+
 /// The results of XLA's custom call `call` on `operands` (which must match its layouts): an
 /// opaque kernel such as cuDNN's fused attention. It has no derivative; differentiate through a
 /// `composite` whose backward pass is the matching backward call.

@@ -67,7 +67,14 @@ fn devices_per_process(devices: &[pjrt::Device]) -> Vec<Vec<i64>> {
 pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunReport> {
     let c = &Config { run_name: outputs::resolved_run_name(c), ..c.clone() };
     let devices = client.devices()?;
-    let granules = devices_per_process(&devices);
+    let granules = match crate::cluster::cpu_pipeline_processes(c, cluster.process_count()) {
+        // Each process's CPU client has the devices of every process (see the function).
+        Some(processes) if client.platform_name()? == "cpu" => {
+            let per_process = devices.len() / processes;
+            (0..processes).map(|p| (p * per_process..(p + 1) * per_process).map(|id| id as i64).collect()).collect()
+        }
+        _ => devices_per_process(&devices),
+    };
     if granules.len() != cluster.process_count() {
         bail!(
             "the plugin reports devices of {} processes, but this job has {}",
@@ -80,7 +87,7 @@ pub fn train_in(c: &Config, client: &Client, cluster: &Cluster) -> Result<RunRep
     let run = Run { c, client, cluster, derived: &derived, granules: &granules, devices: &devices };
     match derived.pipeline {
         None => run.start(SpmdPlan::new(c, &derived, &granules)?),
-        Some(_) => run.start(PipelinedPlan::new(c, &derived, &granules)?),
+        Some(_) => run.start(PipelinedPlan::new(c, &derived, &granules)?.on_process(cluster, client, &granules)?),
     }
 }
 

@@ -190,19 +190,21 @@ fn check_layer_types(hf: &Value, layers: i64) -> Result<()> {
             );
         }
     }
-    check_sliding_then_full(hf, layers, "gemma3")
+    check_sliding_then_full(hf, layers, "gemma3", BLOCK)
 }
 
-/// `layer_types`, when given, must be 5 `sliding_attention` layers, then a `full_attention` one,
-/// repeated (Gemma 3's and Gemma 4's pattern; `family` names the one in the refusal).
-pub(super) fn check_sliding_then_full(hf: &Value, layers: i64, family: &str) -> Result<()> {
+/// `layer_types`, when given, must be `period - 1` `sliding_attention` layers, then a
+/// `full_attention` one, repeated (Gemma 3's and Gemma 4's pattern of 6, Gemma 4 small's of 5 or 6;
+/// `family` names the one in the refusal).
+pub(super) fn check_sliding_then_full(hf: &Value, layers: i64, family: &str, period: i64) -> Result<()> {
     let Some(types) = hf["layer_types"].as_array() else { return Ok(()) };
     for i in 0..layers {
-        let want = if (i + 1) % BLOCK == 0 { "full_attention" } else { "sliding_attention" };
+        let want = if (i + 1) % period == 0 { "full_attention" } else { "sliding_attention" };
         if types.get(i as usize).and_then(|t| t.as_str()) != Some(want) {
             bail!(
-                "`layer_types[{i}]` is {}: maxrs's {family} has 5 sliding_attention layers, then a full_attention one, repeated",
-                types.get(i as usize).unwrap_or(&Value::Null)
+                "`layer_types[{i}]` is {}: maxrs's {family} has {} sliding_attention layers, then a full_attention one, repeated",
+                types.get(i as usize).unwrap_or(&Value::Null),
+                period - 1
             );
         }
     }

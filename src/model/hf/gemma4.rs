@@ -1,7 +1,8 @@
 //! Gemma 4's Hugging Face layout (`Gemma4ForCausalLM`, `model_type: gemma4_text`; the language
 //! model of `Gemma4ForConditionalGeneration`, `model_type: gemma4`, whose `text_config` it reads):
-//! its `config.json` fields and tensor names, to and from maxrs's `gemma4` block
-//! (`model/gemma4.rs`), as MaxText's converter maps them (`GEMMA4_MAXTEXT_TO_HF_PARAM_MAPPING` and
+//! its `config.json` fields and tensor names, to and from maxrs's `gemma4` and `gemma4_small` blocks
+//! (`model/gemma4.rs`, `model/gemma4_small.rs`), as MaxText's converter maps them
+//! (`GEMMA4_MAXTEXT_TO_HF_PARAM_MAPPING`, `GEMMA4_SMALL_MAXTEXT_TO_HF_PARAM_MAPPING` and
 //! its hooks, `src/maxtext/checkpoint_conversion/utils/param_mapping.py` at e591f30).
 //!
 //! Hugging Face layer `N` is maxrs's layer `N` unscanned (`decoder.layers_<N>`); scanned, the
@@ -37,22 +38,30 @@
 //! `.full_attention` (`proportional` with `partial_rotary_factor`, or `default`) give the RoPE
 //! keys, `final_logit_softcapping`, `enable_moe_block` with `num_experts`, `top_k_experts`,
 //! `moe_intermediate_size` (one shared MLP, top-k renormalized as Hugging Face's router does).
-//! Refused, naming the field: per-layer embeddings (`hidden_size_per_layer_input`), shared
-//! key/value layers, double-wide MLPs (gemma4-e2b/e4b's `gemma4_small`), bidirectional text
-//! attention, layer types other than 5 sliding + 1 full repeated, untied embeddings, biases, an
-//! activation other than `gelu_pytorch_tanh`, `rms_norm_eps` other than MaxText's 1e-6.
+//! Gemma 4 small (gemma4-e2b/e4b, `decoder_block: gemma4_small`, `model/gemma4_small.rs`): a config
+//! with `hidden_size_per_layer_input`, `num_kv_shared_layers` or `use_double_wide_mlp` set (MaxText's
+//! `GEMMA4_SMALL_MAXTEXT_TO_HF_PARAM_MAPPING`), its `layer_types` in periods of 5 (model_name
+//! gemma4-e2b) or 6 (gemma4-e4b), unscanned; `model.embed_tokens_per_layer.weight` is
+//! `decoder.per_layer_embedder.embed_tokens_per_layer` as it is, `per_layer_model_projection` and each
+//! layer's `per_layer_input_gate` / `per_layer_projection` are transposed kernels, the norms copied;
+//! a layer reusing another's keys and values has no `k_proj`, `v_proj`, `k_norm`.
+//!
+//! Refused, naming the field: bidirectional text attention, layer types other than these patterns,
+//! untied embeddings, biases, an activation other than `gelu_pytorch_tanh`, `rms_norm_eps` other
+//! than MaxText's 1e-6, experts or shared key/value projections with Gemma 4 small's fields.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use super::llama::{common_config, common_keys};
 use super::{layer_entry, Entry, Fields, Map, Revalue};
-use crate::config::{Config, RopeType};
+use crate::config::{Config, DecoderBlock, RopeType};
 use crate::host::{DType, HostTensor};
 use crate::model::gemma::LAYER_NORM_EPS;
 use crate::model::gemma4::BLOCK;
+use crate::model::gemma4_small;
 use crate::model::Model;
 
 /// One layer's tensors besides the MLP: maxrs name, Hugging Face name (in `model.layers.N.`), map.
@@ -90,8 +99,19 @@ const DENSE: &[(&str, &str, Map)] = &[
     ("mlp.wo.kernel", "mlp.down_proj.weight", Map::linear(1)),
 ];
 
+/// Gemma 4 small's per-layer input tensors of a layer.
+const PER_LAYER: &[(&str, &str, Map)] = &[
+    ("per_layer_input_gate.kernel", "per_layer_input_gate.weight", Map::linear(1)),
+    ("per_layer_projection.kernel", "per_layer_projection.weight", Map::linear(1)),
+    ("post_per_layer_input_norm.scale", "post_per_layer_input_norm.weight", Map::COPY),
+];
+
 /// The towers of `Gemma4ForConditionalGeneration` that are not the language model.
 const SKIPPED: &[&str] = &["model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."];
+
+/// The fields of Gemma 4 small (gemma4-e2b, gemma4-e4b; `decoder_block: gemma4_small`): a config
+/// with any of them set (not 0, false or missing) is one.
+const SMALL_FIELDS: &[&str] = &["hidden_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp"];
 
 /// Where a `Gemma4ForConditionalGeneration` checkpoint keeps the language model.
 const LANGUAGE_MODEL: &str = "model.language_model.";
@@ -137,9 +157,8 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         bail!("`tie_word_embeddings` is false; maxrs's Gemma 4 ties the logits to the embedding");
     }
     fields.absent("attention_bias", "biases in Gemma 4's attention")?;
-    fields.absent("hidden_size_per_layer_input", "per-layer embeddings: decoder_block gemma4_small, gemma4-e2b/e4b")?;
-    fields.absent("num_kv_shared_layers", "key/value layers shared across layers: decoder_block gemma4_small")?;
-    fields.absent("use_double_wide_mlp", "double-wide MLPs: decoder_block gemma4_small")?;
+    // Gemma 4 small (E2B, E4B): per-layer inputs, shared key/value layers or double-wide MLPs.
+    let small = SMALL_FIELDS.iter().any(|f| fields.absent(f, "").is_err());
     match fields.text("use_bidirectional_attention")? {
         None | Some("vision") => {}
         Some(other) => {
@@ -152,7 +171,7 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         bail!("`rms_norm_eps` is {eps}: MaxText's Gemma 4 layer norms use {LAYER_NORM_EPS}; other values are not supported yet");
     }
     let layers = fields.number("num_hidden_layers", "base_num_decoder_layers", None)?;
-    check_layer_types(text, layers)?;
+    let period = check_layer_types(text, layers, small)?;
     let window = fields.window()?;
     if window == 0 {
         bail!("`sliding_window` is null: gemma4's local layers need a window");
@@ -178,11 +197,20 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
         _ => fields.value("final_logit_softcapping", "final_logits_soft_cap", None)?,
     };
     let moe = fields.flag("enable_moe_block")?.unwrap_or(false);
+    if small && (moe || shared) {
+        let field = if moe { "enable_moe_block" } else { "attention_k_eq_v" };
+        bail!("`{field}` is true with per-layer inputs or shared key/value layers: MaxText's gemma4_small has neither experts nor shared key/value projections; not supported yet");
+    }
+    let (model_name, block) = match (small, moe) {
+        (true, _) => (if period == 5 { "gemma4-e2b" } else { "gemma4-e4b" }, "gemma4_small"),
+        (false, true) => ("gemma4-26b", "gemma4"),
+        (false, false) => ("gemma4-31b", "gemma4"),
+    };
     keys.extend(
         [
-            ("model_name", if moe { "gemma4-26b" } else { "gemma4-31b" }.to_string()),
+            ("model_name", model_name.to_string()),
             ("override_model_config", "true".into()),
-            ("decoder_block", "gemma4".into()),
+            ("decoder_block", block.into()),
             ("sliding_window_size", window.to_string()),
             ("rope_max_timescale", (global_theta as i64).to_string()),
             ("local_rope_max_timescale", (local_theta as i64).to_string()),
@@ -219,16 +247,42 @@ pub fn config_from_hf(hf: &Value) -> Result<Vec<(String, String)>> {
     } else {
         keys.push(("num_experts".into(), "1".into()));
     }
+    if small {
+        // Hugging Face's defaults (`Gemma4TextConfig`) for the fields a config leaves out.
+        let width = fields.number("hidden_size_per_layer_input", "hidden_size_per_layer_input", Some(256))?;
+        let rows = fields.number("vocab_size_per_layer_input", "vocab_size_per_layer_input", Some(262144))?;
+        let shared = fields.number("num_kv_shared_layers", "num_kv_shared_layers", Some(0))?;
+        let wide = fields.flag("use_double_wide_mlp")?.unwrap_or(false);
+        keys.extend(
+            [
+                ("hidden_size_per_layer_input", width.to_string()),
+                ("vocab_size_per_layer_input", rows.to_string()),
+                ("num_kv_shared_layers", shared.to_string()),
+                ("use_double_wide_mlp", wide.to_string()),
+                // MaxText runs gemma4_small unscanned only (`model::gemma4_small`).
+                ("scan_layers", "false".into()),
+            ]
+            .map(|(k, v)| (k.to_string(), v)),
+        );
+    }
     Ok(keys)
 }
 
 /// `layer_types`, when given, must be Gemma 4's: 5 sliding layers, then a full one, repeated
-/// (Hugging Face also makes the last layer full, so a model of whole blocks only).
-fn check_layer_types(hf: &Value, layers: i64) -> Result<()> {
-    if layers % BLOCK != 0 {
-        bail!("`num_hidden_layers` is {layers}: Hugging Face's Gemma 4 makes the last layer full attention, MaxText's every 6th; a multiple of 6 is needed");
+/// (Hugging Face also makes the last layer full, so a model of whole blocks only); Gemma 4
+/// small's (`small`) 4 or 5 sliding layers, then a full one (gemma4-e2b's period of 5, or the
+/// period of 6 MaxText gives any other model name). Returns the period.
+fn check_layer_types(hf: &Value, layers: i64, small: bool) -> Result<i64> {
+    let first_full = hf["layer_types"].as_array().and_then(|t| t.iter().position(|t| t == "full_attention"));
+    let period = match first_full {
+        Some(4) if small => 5,
+        _ => BLOCK,
+    };
+    if layers % period != 0 {
+        bail!("`num_hidden_layers` is {layers}: Hugging Face's Gemma 4 makes the last layer full attention, MaxText's every {period}th; a multiple of {period} is needed");
     }
-    super::gemma3::check_sliding_then_full(hf, layers, "gemma4")
+    super::gemma3::check_sliding_then_full(hf, layers, "gemma4", period)?;
+    Ok(period)
 }
 
 /// Refuses a gemma4 model Hugging Face's `Gemma4ForCausalLM` cannot express.
@@ -254,16 +308,27 @@ pub fn check_model(c: &Config) -> Result<()> {
     if c.num_experts > 1 && (c.shared_experts != 1 || !c.norm_topk_prob) {
         bail!("shared_experts={}, norm_topk_prob={}: Hugging Face's Gemma 4 has one shared MLP and renormalizes the top-k weights", c.shared_experts, c.norm_topk_prob);
     }
-    if c.base_num_decoder_layers % BLOCK != 0 {
-        bail!("base_num_decoder_layers={}: Hugging Face's Gemma 4 makes the last layer full attention; a multiple of 6 is needed", c.base_num_decoder_layers);
+    let period = period_of(c);
+    if c.base_num_decoder_layers % period != 0 {
+        bail!("base_num_decoder_layers={}: Hugging Face's Gemma 4 makes the last layer full attention; a multiple of {period} is needed", c.base_num_decoder_layers);
     }
     Ok(())
+}
+
+/// The period of a model's local and global layers: Gemma 4's blocks of 6, Gemma 4 small's by its
+/// model name (`model::gemma4_small::period`).
+fn period_of(c: &Config) -> i64 {
+    match c.decoder_block {
+        DecoderBlock::Gemma4Small => gemma4_small::period(&c.model_name),
+        _ => BLOCK,
+    }
 }
 
 /// The Hugging Face `config.json` of a gemma4 model.
 pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     let m = &model.config;
-    let layers = (0..m.layers).map(|i| match (i + 1) % BLOCK {
+    let period = period_of(c);
+    let layers = (0..m.layers).map(|i| match (i + 1) % period {
         0 => "full_attention",
         _ => "sliding_attention",
     });
@@ -289,7 +354,12 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
         cap if cap > 0.0 => json!(cap),
         _ => Value::Null,
     };
-    config["hidden_size_per_layer_input"] = json!(0);
+    config["hidden_size_per_layer_input"] = json!(c.hidden_size_per_layer_input);
+    if c.decoder_block == DecoderBlock::Gemma4Small {
+        config["vocab_size_per_layer_input"] = json!(c.vocab_size_per_layer_input);
+        config["num_kv_shared_layers"] = json!(c.num_kv_shared_layers);
+        config["use_double_wide_mlp"] = json!(c.use_double_wide_mlp);
+    }
     config["rope_parameters"] = json!({
         "sliding_attention": rope(theta(c.local_rope_max_timescale), c.local_rope_proportion),
         "full_attention": rope(theta(c.global_rope_max_timescale), c.global_rope_proportion),
@@ -306,30 +376,40 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
 /// Every tensor of an unscanned gemma4 model, the experts as per-expert views.
 fn entries(c: &Config, model: &Model) -> Vec<Entry> {
     let emb_scale = (model.config.emb as f64).sqrt();
+    let top = |maxrs: &str, hf: &str, map: Map| Entry { maxrs: maxrs.into(), slot: vec![], hf: hf.into(), map };
     let mut out = vec![
-        Entry {
-            maxrs: "token_embedder.embedding".into(),
-            slot: vec![],
-            hf: "model.embed_tokens.weight".into(),
-            map: Map::value(Revalue::Scale(emb_scale)),
-        },
-        Entry {
-            maxrs: "decoder.decoder_norm.scale".into(),
-            slot: vec![],
-            hf: "model.norm.weight".into(),
-            map: Map::COPY,
-        },
+        top("token_embedder.embedding", "model.embed_tokens.weight", Map::value(Revalue::Scale(emb_scale))),
+        top("decoder.decoder_norm.scale", "model.norm.weight", Map::COPY),
     ];
+    let small = c.decoder_block == DecoderBlock::Gemma4Small;
+    if small && c.hidden_size_per_layer_input > 0 {
+        // MaxText's table is Hugging Face's, unscaled (`Gemma4SmallPLE` scales it at run time).
+        let ple = "decoder.per_layer_embedder";
+        out.extend([
+            top(&format!("{ple}.embed_tokens_per_layer"), "model.embed_tokens_per_layer.weight", Map::COPY),
+            top(
+                &format!("{ple}.per_layer_model_projection.kernel"),
+                "model.per_layer_model_projection.weight",
+                Map::linear(1),
+            ),
+            top(&format!("{ple}.per_layer_projection_norm.scale"), "model.per_layer_projection_norm.weight", Map::COPY),
+        ]);
+    }
+    // Gemma 4's layers are blocks of 6 sub-layers; Gemma 4 small's one module of them all.
+    let size = if small { model.config.layers } else { BLOCK };
+    let names: BTreeSet<String> = model.param_defs().into_iter().map(|d| d.name).collect();
     for n in 0..model.config.layers {
-        let j = n % BLOCK;
-        let global = j == BLOCK - 1;
+        let (block, j) = (n / size, n % size);
         let hf = |name: &str| format!("model.layers.{n}.{name}");
         let mlp = if c.num_experts > 1 { MOE } else { DENSE };
-        for (name, hf_name, map) in ATTENTION.iter().chain(mlp) {
-            if *name == "self_attention.value.kernel" && global && c.share_kv_projections {
-                continue;
+        let per_layer = if small { PER_LAYER } else { &[] };
+        for (name, hf_name, map) in ATTENTION.iter().chain(mlp).chain(per_layer) {
+            let entry = layer_entry(model, block, &format!("layers_{j}.{name}"), &[], hf(hf_name), *map);
+            // A global layer without its value projection (`share_kv_projections`), a layer reusing
+            // another's keys and values without either: the model has no such parameter.
+            if names.contains(&entry.maxrs) {
+                out.push(entry);
             }
-            out.push(layer_entry(model, n / BLOCK, &format!("layers_{j}.{name}"), &[], hf(hf_name), *map));
         }
         if c.num_experts > 1 {
             for x in 0..c.num_experts {
@@ -337,7 +417,7 @@ fn entries(c: &Config, model: &Model) -> Vec<Entry> {
                     let name = format!("layers_{j}.mlp.moe_block.MoeBlock_0.{name}");
                     out.push(layer_entry(
                         model,
-                        n / BLOCK,
+                        block,
                         &name,
                         &[x],
                         hf(&format!("experts.{x}.{view}")),
@@ -547,8 +627,32 @@ mod tests {
             c[field] = value;
             config_from_hf(&c).unwrap_err().to_string()
         };
-        assert!(refused("hidden_size_per_layer_input", json!(256)).contains("`hidden_size_per_layer_input`"));
-        assert!(refused("num_kv_shared_layers", json!(20)).contains("`num_kv_shared_layers`"));
+        // gemma4-e2b's fields (hf_model_configs.py at MaxText e591f30) give its model file's values.
+        let mut e2b = text.clone();
+        for (field, value) in [
+            ("hidden_size_per_layer_input", json!(256)),
+            ("num_kv_shared_layers", json!(20)),
+            ("use_double_wide_mlp", json!(true)),
+            ("num_hidden_layers", json!(35)),
+            ("attention_k_eq_v", json!(false)),
+            ("layer_types", json!([vec!["sliding_attention"; 4], vec!["full_attention"]].concat().repeat(7))),
+        ] {
+            e2b[field] = value;
+        }
+        let keys = config_from_hf(&e2b).unwrap();
+        for (key, value) in [
+            ("model_name", "gemma4-e2b"),
+            ("decoder_block", "gemma4_small"),
+            ("hidden_size_per_layer_input", "256"),
+            ("vocab_size_per_layer_input", "262144"),
+            ("num_kv_shared_layers", "20"),
+            ("use_double_wide_mlp", "true"),
+            ("scan_layers", "false"),
+        ] {
+            assert!(keys.contains(&(key.into(), value.into())), "{key}={value} in {keys:?}");
+        }
+        e2b["attention_k_eq_v"] = json!(true);
+        assert!(config_from_hf(&e2b).unwrap_err().to_string().contains("`attention_k_eq_v` is true"));
         assert!(refused("num_hidden_layers", json!(62)).contains("`num_hidden_layers` is 62"));
         assert!(refused("use_bidirectional_attention", json!("all")).contains("`use_bidirectional_attention`"));
         let e = refused("layer_types", json!(vec!["sliding_attention"; 60]));

@@ -170,7 +170,7 @@ pub fn check_model(c: &Config) -> Result<()> {
         DecoderBlock::Olmo3 => olmo3::check_model(c),
         DecoderBlock::GptOss => gpt_oss::check_model(c),
         DecoderBlock::Llama4 => llama4::check_model(c),
-        DecoderBlock::Gemma4 => gemma4::check_model(c),
+        DecoderBlock::Gemma4 | DecoderBlock::Gemma4Small => gemma4::check_model(c),
         DecoderBlock::Qwen2 if !c.attention_bias => {
             bail!("attention_bias=false: Hugging Face's Qwen2 always has query, key and value biases")
         }
@@ -193,7 +193,7 @@ pub fn hf_config(c: &Config, model: &Model, torch_dtype: &str) -> Value {
     match c.decoder_block {
         DecoderBlock::Gemma | DecoderBlock::Gemma2 => gemma::hf_config(c, model, torch_dtype),
         DecoderBlock::Gemma3 => gemma3::hf_config(c, model, torch_dtype),
-        DecoderBlock::Gemma4 => gemma4::hf_config(c, model, torch_dtype),
+        DecoderBlock::Gemma4 | DecoderBlock::Gemma4Small => gemma4::hf_config(c, model, torch_dtype),
         DecoderBlock::Deepseek => deepseek::hf_config(c, model, torch_dtype),
         DecoderBlock::Olmo3 => olmo3::hf_config(c, model, torch_dtype),
         DecoderBlock::GptOss => gpt_oss::hf_config(c, model, torch_dtype),
@@ -212,7 +212,9 @@ fn entries(c: &Config, model: &Model, hf: Option<&Value>) -> Result<Vec<Entry>> 
         DecoderBlock::GptOss => Ok(gpt_oss::entries(c, model)),
         DecoderBlock::Llama4 => Ok(llama4::entries(c, model)),
         // Its experts and its scanned layout need more than entries (`gemma4::from_hf`, `to_hf`).
-        DecoderBlock::Gemma4 => bail!("decoder_block=gemma4: its tensors convert through model::hf::gemma4 only"),
+        DecoderBlock::Gemma4 | DecoderBlock::Gemma4Small => {
+            bail!("decoder_block={}: its tensors convert through model::hf::gemma4 only", c.decoder_block)
+        }
         _ => Ok(llama::entries(c, model)),
     }
 }
@@ -448,7 +450,7 @@ pub fn from_hf(
     hf_config: &Value,
     hf: &BTreeMap<String, HostTensor>,
 ) -> Result<BTreeMap<String, HostTensor>> {
-    if c.decoder_block == DecoderBlock::Gemma4 {
+    if matches!(c.decoder_block, DecoderBlock::Gemma4 | DecoderBlock::Gemma4Small) {
         return gemma4::from_hf(c, model, hf);
     }
     convert_from_hf(model, hf, entries(c, model, Some(hf_config))?)
@@ -506,7 +508,7 @@ pub fn to_hf(
     params: &BTreeMap<String, HostTensor>,
     ty: DType,
 ) -> Result<BTreeMap<String, HostTensor>> {
-    if c.decoder_block == DecoderBlock::Gemma4 {
+    if matches!(c.decoder_block, DecoderBlock::Gemma4 | DecoderBlock::Gemma4Small) {
         return gemma4::to_hf(c, model, params, ty);
     }
     convert_to_hf(params, ty, entries(c, model, None)?)

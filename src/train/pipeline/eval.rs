@@ -26,11 +26,15 @@ pub struct EvalSums {
 }
 
 impl Pipeline {
-    /// Traces and compiles the last stage's `eval.head`.
+    /// Traces and compiles the last stage's `eval.head` (in the process that runs that stage).
     pub fn open_eval(&mut self) -> Result<()> {
+        let last = self.step.layout.stages - 1;
+        if self.local_stage_mut(last).is_none() {
+            return Ok(());
+        }
         let program = self.step.eval_head().map_err(|e| anyhow!("tracing the pipeline's eval: {e}"))?;
         let compiled = runtime::compile(&self.client, &program).context("compiling the pipeline's eval")?;
-        self.stages.last_mut().expect("a pipeline has stages").eval_head = Some(compiled);
+        self.local_stage_mut(last).expect("checked above").eval_head = Some(compiled);
         Ok(())
     }
 
@@ -48,16 +52,16 @@ impl Pipeline {
         }
         let passes = rows / pass_rows;
         let micro = split_batch(batch, passes * self.schedule.microbatches, self.step.packed)?;
-        let reports = self.run_passes(&micro, passes, Weights::default(), true)?;
+        let ran = self.run_passes(&micro, passes, Weights::default(), true)?;
         let mut sums = [0.0f64; 3];
-        for l in &reports.last().expect("a pipeline has stages").losses {
+        for l in &ran.every_stage.last().expect("a pipeline has stages").losses {
             for k in 0..3 {
                 sums[k] += l[k];
             }
         }
         let per_layer = micro.len() as f64 * self.step.model.config.layers as f64;
         let mut aux_losses = BTreeMap::new();
-        for (name, sum) in reports.iter().flat_map(|r| &r.aux) {
+        for (name, sum) in ran.every_stage.iter().flat_map(|r| &r.aux) {
             *aux_losses.entry(name.clone()).or_insert(0.0) += sum / per_layer;
         }
         let [total_loss, total_weights, z_loss_sum] = sums;

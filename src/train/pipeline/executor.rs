@@ -13,6 +13,7 @@
 //! fraction is the measured bubble.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
@@ -21,13 +22,15 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::layout::StageLayout;
 use super::programs::{PipelineStep, StagePrograms, FP8_NEXT, GRAD};
-use super::schedule::{Pass, Schedule, Task, Timeline};
+use super::relay::Relay;
+use super::schedule::{Pass, Schedule, Task, Timeline, Transfer};
+use crate::checkpoint::shards::HostArray;
 use crate::data::Batch;
-use crate::host::HostTensor;
+use crate::host::{DType, HostTensor};
 use crate::ir::Program;
+use crate::pjrt::cross_host::CrossHost;
 use crate::pjrt::{Client, Device};
 use crate::runtime::{self, Compiled, DeviceArray};
-use crate::tensor::Tree;
 use crate::train::step::batch_inputs;
 use crate::train_state::{Group, TrainState};
 
@@ -102,6 +105,27 @@ struct Message {
 /// (accumulation pass, task that reads it).
 type Key = (usize, Task);
 
+/// What a stage's step (or eval) gives the whole pipeline's results; sent to the other
+/// processes of a pipeline across processes.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(super) struct StageSummary {
+    /// Per microbatch of the last chunk: total_loss, total_weights, z_loss_sum.
+    pub(super) losses: Vec<[f64; 3]>,
+    /// Each auxiliary loss (`moe_lb_loss`) summed over the stage's layers and the microbatches.
+    pub(super) aux: BTreeMap<String, f64>,
+}
+
+/// One run of the schedule: what this process's stages did, and every stage's summary.
+pub(super) struct Ran {
+    pub(super) local: Vec<StageReport>,
+    pub(super) every_stage: Vec<StageSummary>,
+    /// Its number among the pipeline's runs (the relay's keys name it).
+    round: u64,
+}
+
+/// Where the relay's keys live in the coordination service's key-value store.
+const RELAY_PREFIX: &str = "maxrs/pipeline";
+
 /// What a stage did during a step (or an eval's forward passes).
 #[derive(Default)]
 pub(super) struct StageReport {
@@ -135,29 +159,63 @@ pub struct StepResult {
     pub host_overhead_per_microbatch: f64,
 }
 
+/// Which stages this process runs, and how it reaches the others.
+pub struct Placement {
+    /// The stages this process runs (all of them in a one-process pipeline).
+    pub local: Range<usize>,
+    /// The other stages' processes, through the coordination service's key-value store: each
+    /// stage's step results, and on the CPU plugin (which has no cross-process transfers) the
+    /// arrays too; `None` when every stage is local.
+    pub relay: Option<Relay>,
+    /// The arrays between stages of different processes device to device (NCCL on GPUs), where
+    /// the plugin has PJRT's cross-host transfers.
+    pub cross_host: Option<CrossHost>,
+}
+
+impl Placement {
+    /// Every one of `stages` stages in this process.
+    pub fn single(stages: usize) -> Placement {
+        Placement { local: 0..stages, relay: None, cross_host: None }
+    }
+
+    /// The process that runs stage `stage` (each runs as many consecutive stages as this one).
+    pub fn process_of(&self, stage: usize) -> usize {
+        stage / self.local.len().max(1)
+    }
+}
+
 /// The compiled pipeline and its state on the devices.
 pub struct Pipeline {
     pub step: PipelineStep,
     pub schedule: Schedule,
     pub(super) client: Client,
+    /// This process's stages, in stage order (`placement.local`).
     pub(super) stages: Vec<Stage>,
+    pub(super) placement: Placement,
     passes: usize,
+    /// Runs of the schedule so far (steps and evals): the relay's keys name the run.
+    rounds: u64,
 }
 
 impl Pipeline {
-    /// A pipeline of `step`'s programs compiled as `executables` (one per stage) on `client`,
-    /// running `schedule`; `passes` accumulation passes per step. The state is empty until
-    /// [`Pipeline::initialize`].
+    /// A pipeline of `step`'s programs compiled as `executables` (one per stage of
+    /// `placement.local`) on `client`, running `schedule`; `passes` accumulation passes per step.
+    /// The state is empty until [`Pipeline::initialize`].
     pub fn new(
         client: &Client,
         step: PipelineStep,
         schedule: Schedule,
         executables: Vec<StageExecutables>,
         passes: usize,
+        placement: Placement,
     ) -> Result<Pipeline> {
-        let stages = executables
-            .into_iter()
-            .enumerate()
+        if executables.len() != placement.local.len() {
+            bail!("{} stages' programs for the stages {:?} of this process", executables.len(), placement.local);
+        }
+        let stages = placement
+            .local
+            .clone()
+            .zip(executables)
             .map(|(index, programs)| {
                 let devices = programs.forward[0].executable.addressable_devices().to_vec();
                 let ids: Vec<i32> = devices.iter().map(|d| d.id).collect();
@@ -183,7 +241,17 @@ impl Pipeline {
                 Ok(Stage { index, devices, positions, programs, eval_head: None, state: HashMap::new() })
             })
             .collect::<Result<_>>()?;
-        Ok(Pipeline { step, schedule, client: client.clone(), stages, passes })
+        Ok(Pipeline { step, schedule, client: client.clone(), stages, placement, passes, rounds: 0 })
+    }
+
+    /// Whether every stage runs in this process (so that its whole state is here).
+    pub fn is_whole(&self) -> bool {
+        self.placement.relay.is_none()
+    }
+
+    /// This process's stage `index`, if it runs it.
+    pub(super) fn local_stage_mut(&mut self, index: usize) -> Option<&mut Stage> {
+        self.stages.iter_mut().find(|s| s.index == index)
     }
 
     /// Names of the arrays stage `stage` keeps: its part of the train state and its
@@ -199,14 +267,15 @@ impl Pipeline {
     }
 
     /// Creates the state: the initializer runs over every device and each stage keeps its
-    /// devices' part of what it holds; with `parameters` (the model's full layout, from
-    /// `load_parameters_path`) the parameters come from there instead.
-    pub fn initialize(&mut self, parameters: Option<&Tree<HostTensor>>) -> Result<()> {
+    /// devices' part of what it holds; with `parameters` (`params.*` in the model's full layout,
+    /// from `load_parameters_path`: whole, or the blocks of this process's stages) the
+    /// parameters come from there instead.
+    pub fn initialize(&mut self, parameters: Option<&BTreeMap<String, HostArray>>) -> Result<()> {
         let init = self.step.init(parameters.is_none()).map_err(|e| anyhow!("tracing the initializer: {e}"))?;
         let init = runtime::compile(&self.client, &init)?;
         let ids: Vec<i32> = init.executable.addressable_devices().iter().map(|d| d.id).collect();
         let outputs = init.execute(&[])?;
-        let wanted: Vec<Vec<String>> = (0..self.stages.len()).map(|s| self.state_names(s)).collect();
+        let wanted: Vec<Vec<String>> = (0..self.step.layout.stages).map(|s| self.state_names(s)).collect();
         for (spec, array) in init.program.outputs.iter().zip(outputs) {
             let mut buffers: Vec<Option<_>> = array.into_iter().map(Some).collect();
             for stage in &mut self.stages {
@@ -225,16 +294,8 @@ impl Pipeline {
                 stage.state.insert(spec.name.clone(), mine);
             }
         }
-        if let Some(full) = parameters {
-            for stage in &mut self.stages {
-                let update = &stage.programs.update;
-                let defs = self.step.model.param_defs();
-                for (name, host) in self.step.layout.split(&self.step.model, &defs, full, stage.index)?.iter() {
-                    let name = Group::Params.name(name);
-                    let array = update.put(&self.client, update.input_index(&name)?, host)?;
-                    stage.state.insert(name, array);
-                }
-            }
+        if let Some(parameters) = parameters {
+            self.put_group(Group::Params, parameters)?;
         }
         for stage in &self.stages {
             if let Some(missing) = wanted[stage.index].iter().find(|n| !stage.state.contains_key(*n)) {
@@ -257,10 +318,10 @@ impl Pipeline {
             aux: 1.0 / (microbatches * self.step.model.config.layers as f64),
             loss_scale: 1.0 / (batch.total_weights() as f64).max(1.0),
         };
-        let reports = self.run_passes(&micro, self.passes, weights, false)?;
+        let ran = self.run_passes(&micro, self.passes, weights, false)?;
 
         let mut sums = [0.0f64; 3];
-        for l in &reports.last().expect("a pipeline has stages").losses {
+        for l in &ran.every_stage.last().expect("a pipeline has stages").losses {
             for k in 0..3 {
                 sums[k] += l[k];
             }
@@ -268,14 +329,16 @@ impl Pipeline {
         let [total_loss, total_weights, z_loss_sum] = sums;
         let weights = total_weights.max(1.0);
         let mut aux_losses = BTreeMap::new();
-        for (name, sum) in reports.iter().flat_map(|r| &r.aux) {
+        for (name, sum) in ran.every_stage.iter().flat_map(|r| &r.aux) {
             *aux_losses.entry(name.clone()).or_insert(0.0) +=
                 sum / (microbatches * self.step.model.config.layers as f64);
         }
-        let sumsq: Vec<f64> = self.on_every_stage(|stage, _| stage.gradient_sumsq())?;
+        let local_sumsq: Vec<f64> = self.on_every_stage(|stage, _| stage.gradient_sumsq())?;
+        let sumsq = self.exchange("sumsq", ran.round, &local_sumsq)?;
         let grad_norm = sumsq.iter().sum::<f64>().sqrt();
         let rates = self.on_every_stage(|stage, client| stage.update(client, grad_norm))?;
 
+        let reports = ran.local;
         let overhead = reports.iter().map(|r| (r.total - r.executing - r.waiting).max(0.0)).sum::<f64>()
             / reports.len() as f64
             / microbatches;
@@ -291,16 +354,23 @@ impl Pipeline {
         })
     }
 
-    /// Runs `passes` passes of the schedule over the microbatches `micro` on every stage (one
-    /// thread each); `forward_only` (an eval) runs only the forward tasks, the last chunk's as
-    /// `eval.head`. Returns each stage's report, or the error of the stage that failed first.
+    /// Runs `passes` passes of the schedule over the microbatches `micro` on this process's
+    /// stages (one thread each, and one more per stage that receives from another process's);
+    /// `forward_only` (an eval) runs only the forward tasks, the last chunk's as `eval.head`.
+    /// Returns what each stage did, or the error of the stage that failed first.
     pub(super) fn run_passes(
         &mut self,
         micro: &[HashMap<String, HostTensor>],
         passes: usize,
         weights: Weights,
         forward_only: bool,
-    ) -> Result<Vec<StageReport>> {
+    ) -> Result<Ran> {
+        self.rounds += 1;
+        let stages = self.step.layout.stages;
+        let mut devices = vec![None; stages];
+        for s in &self.stages {
+            devices[s.index] = Some((s.devices.clone(), s.positions.clone()));
+        }
         let ctx = StepContext {
             weights,
             schedule: &self.schedule,
@@ -309,40 +379,139 @@ impl Pipeline {
             passes,
             forward_only,
             client: &self.client,
-            devices: self.stages.iter().map(|s| (s.devices.clone(), s.positions.clone())).collect(),
+            devices,
+            relay: self.placement.relay.as_ref(),
+            cross_host: self.placement.cross_host.as_ref(),
+            stage_devices: self.step.stage_meshes.iter().map(|m| m.device_ids().to_vec()).collect(),
+            receive_shapes: self.receive_shapes()?,
+            round: self.rounds,
             abort: AtomicBool::new(false),
             start: Instant::now(),
         };
-        let (senders, receivers): (Vec<Sender<Message>>, Vec<Receiver<Message>>) =
-            (0..self.stages.len()).map(|_| channel()).unzip();
-        let reports: Vec<Result<StageReport>> = std::thread::scope(|scope| {
+        let mut outboxes: Vec<Option<Sender<Message>>> = vec![None; stages];
+        let mut inboxes = Vec::new();
+        for s in &self.stages {
+            let (sender, receiver) = channel();
+            outboxes[s.index] = Some(sender);
+            inboxes.push(receiver);
+        }
+        // The links to other processes' stages: each hands its arrays over in one order that the
+        // other process follows too (`Schedule::transfers`), from its own thread.
+        let mut links: BTreeMap<(usize, usize), Vec<Transfer>> = BTreeMap::new();
+        for t in self.schedule.transfers(forward_only) {
+            if ctx.devices[t.from].is_some() != ctx.devices[t.to].is_some() {
+                links.entry((t.from.min(t.to), t.from.max(t.to))).or_default().push(t);
+            }
+        }
+        let (link_outboxes, link_inboxes): (BTreeMap<_, _>, Vec<_>) = links
+            .keys()
+            .map(|&pair| {
+                let (sender, receiver) = channel();
+                ((pair, sender), receiver)
+            })
+            .unzip();
+        let results: Vec<Result<StageReport>> = std::thread::scope(|scope| {
+            let ctx = &ctx;
+            let links: Vec<_> = links
+                .into_values()
+                .zip(link_inboxes)
+                .map(|(sequence, inbox)| {
+                    let outboxes = outboxes.clone();
+                    scope.spawn(move || {
+                        let stop_the_others = AbortUnlessDone(&ctx.abort);
+                        let ran = ctx.run_link(&sequence, &inbox, &outboxes);
+                        if ran.is_ok() {
+                            std::mem::forget(stop_the_others);
+                        }
+                        ran.map(|()| StageReport::default())
+                    })
+                })
+                .collect();
             let handles: Vec<_> = self
                 .stages
                 .iter_mut()
-                .zip(receivers)
+                .zip(inboxes)
                 .map(|(stage, inbox)| {
-                    let (ctx, senders) = (&ctx, senders.clone());
+                    let (outboxes, link_outboxes) = (outboxes.clone(), link_outboxes.clone());
                     scope.spawn(move || {
-                        let report = stage.run_tasks(ctx, &inbox, &senders);
-                        if report.is_err() {
-                            ctx.abort.store(true, Ordering::SeqCst);
+                        let stop_the_others = AbortUnlessDone(&ctx.abort);
+                        let report = stage.run_tasks(ctx, &inbox, &outboxes, &link_outboxes);
+                        if report.is_ok() {
+                            std::mem::forget(stop_the_others);
                         }
                         report
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a stage's thread panicked"))))
-                .collect()
+            let join = |h: std::thread::ScopedJoinHandle<'_, Result<StageReport>>| {
+                h.join().unwrap_or_else(|_| Err(anyhow!("a stage's thread panicked")))
+            };
+            let reports: Vec<_> = handles.into_iter().map(join).collect();
+            reports.into_iter().chain(links.into_iter().map(join).filter(Result::is_err)).collect()
         });
         // Report the stage that failed first, not the ones that stopped because of it.
-        if reports.iter().any(Result::is_err) {
-            let mut errors: Vec<anyhow::Error> = reports.into_iter().filter_map(Result::err).collect();
+        if results.iter().any(Result::is_err) {
+            let mut errors: Vec<anyhow::Error> = results.into_iter().filter_map(Result::err).collect();
             let first = errors.iter().position(|e| !e.to_string().contains(STOPPED)).unwrap_or(0);
             return Err(errors.swap_remove(first));
         }
-        Ok(reports.into_iter().map(Result::unwrap).collect())
+        let local: Vec<StageReport> = results.into_iter().map(Result::unwrap).collect();
+        let summaries: Vec<StageSummary> =
+            local.iter().map(|r| StageSummary { losses: r.losses.clone(), aux: r.aux.clone() }).collect();
+        let every_stage = self.exchange("summary", self.rounds, &summaries)?;
+        Ok(Ran { local, every_stage, round: self.rounds })
+    }
+
+    /// For each of this process's stages that receives from another process's, the blocks its
+    /// programs read as `activation` (forward) and `cotangent` (backward), by device.
+    fn receive_shapes(&self) -> Result<ReceiveShapes> {
+        let mut shapes = HashMap::new();
+        if self.placement.cross_host.is_none() {
+            return Ok(shapes);
+        }
+        for stage in &self.stages {
+            for (pass, programs, input) in [
+                (Pass::Forward, &stage.programs.forward, "activation"),
+                (Pass::Backward, &stage.programs.backward, "cotangent"),
+            ] {
+                for (repeat, program) in programs.iter().enumerate() {
+                    if let Some(index) = program.find_input(input) {
+                        shapes.insert((stage.index, pass, repeat), program.input_block_shapes(index)?);
+                    }
+                }
+            }
+        }
+        Ok(shapes)
+    }
+
+    /// Every stage's `value` in stage order, given this process's stages' (in their order): the
+    /// other processes' come through the relay under `what` and `round`.
+    fn exchange<T: Clone + serde::Serialize + serde::de::DeserializeOwned>(
+        &self,
+        what: &str,
+        round: u64,
+        local: &[T],
+    ) -> Result<Vec<T>> {
+        let Some(relay) = &self.placement.relay else { return Ok(local.to_vec()) };
+        let key = |round: u64, stage: usize| format!("{RELAY_PREFIX}/{round}/{what}/{stage}");
+        for (stage, value) in self.stages.iter().zip(local) {
+            relay.put_value(&key(round, stage.index), &serde_json::to_vec(value)?)?;
+            // Every process has read what this one put two rounds ago: it needed it to finish
+            // that round, and this process has since had its part of the round after.
+            if round > 2 {
+                relay.delete(&key(round - 2, stage.index))?;
+            }
+        }
+        let never = AtomicBool::new(false);
+        (0..self.step.layout.stages)
+            .map(|s| match self.stages.iter().position(|l| l.index == s) {
+                Some(i) => Ok(local[i].clone()),
+                None => {
+                    let bytes = relay.wait(&key(round, s), &never)?;
+                    serde_json::from_slice(&bytes).with_context(|| format!("stage {s}'s {what} of round {round}"))
+                }
+            })
+            .collect()
     }
 
     /// Runs `f` on every stage at once (one thread each); the results in stage order.
@@ -359,6 +528,21 @@ impl Pipeline {
     }
 }
 
+/// By (stage, pass, repeat): the type and shape of each device's block of what the stage's
+/// program for that pass and repeat reads from the previous (next) stage.
+type ReceiveShapes = HashMap<(usize, Pass, usize), Vec<(DType, Vec<i64>)>>;
+
+/// Sets the step's abort flag when dropped: a stage's or link's thread holds one until it ends
+/// well, so that a failure, or a panic, stops the threads that wait for it instead of leaving
+/// them waiting.
+struct AbortUnlessDone<'a>(&'a AtomicBool);
+
+impl Drop for AbortUnlessDone<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// What every stage's thread reads during a step.
 struct StepContext<'a> {
     schedule: &'a Schedule,
@@ -369,8 +553,19 @@ struct StepContext<'a> {
     /// An eval: forward tasks only.
     forward_only: bool,
     client: &'a Client,
-    /// Per stage: its devices and their positions in its mesh.
-    devices: Vec<(Vec<Device>, Vec<usize>)>,
+    /// Per stage: its devices and their positions in its mesh (`None`: another process's).
+    devices: Vec<Option<(Vec<Device>, Vec<usize>)>>,
+    /// To and from the other processes' stages.
+    relay: Option<&'a Relay>,
+    /// Arrays to and from the other processes' stages device to device, where the plugin can.
+    cross_host: Option<&'a CrossHost>,
+    /// Per stage: the global ids of its devices in mesh order.
+    stage_devices: Vec<Vec<i64>>,
+    /// What a stage of this process receives from another process's, on each of its devices:
+    /// by (stage, pass, repeat), the block of its program's `activation` or `cotangent` input.
+    receive_shapes: ReceiveShapes,
+    /// The run's number among the pipeline's runs.
+    round: u64,
     /// The scalars the training programs read.
     weights: Weights,
     /// Set when a stage fails: the others stop waiting.
@@ -388,17 +583,22 @@ pub(super) struct Weights {
 }
 
 /// How an error says that a stage stopped because another failed.
-const STOPPED: &str = "stopped because another stage failed";
+pub(super) const STOPPED: &str = "stopped because another stage failed";
 
 impl StepContext<'_> {
     fn now(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
     }
 
+    /// Stage `index`'s devices and their mesh positions; it is one of this process's.
+    fn local(&self, index: usize) -> &(Vec<Device>, Vec<usize>) {
+        self.devices[index].as_ref().expect("a stage of this process")
+    }
+
     /// Copies `array` (on stage `from`'s devices) to stage `to`'s devices: each block to the
     /// device at the same position of the other stage's mesh.
     fn copy_between(&self, array: &DeviceArray, from: usize, to: usize) -> Result<DeviceArray> {
-        let (src_positions, (dst_devices, dst_positions)) = (&self.devices[from].1, &self.devices[to]);
+        let (src_positions, (dst_devices, dst_positions)) = (&self.local(from).1, self.local(to));
         dst_devices
             .iter()
             .zip(dst_positions)
@@ -408,6 +608,81 @@ impl StepContext<'_> {
             })
             .collect()
     }
+
+    /// The relay's key of the block at mesh position `position` of what `key`'s task reads.
+    fn relay_key(&self, (pass, task): Key, position: usize) -> String {
+        format!("{RELAY_PREFIX}/{}/{pass}/{task}/{position}", self.round)
+    }
+
+    /// Hands over the arrays of one link between a stage of this process and one of another's,
+    /// in `sequence`'s order (every accumulation pass): an array this process sends comes from
+    /// its stage's thread through `inbox`; one it receives goes to its stage's inbox.
+    fn run_link(
+        &self,
+        sequence: &[Transfer],
+        inbox: &Receiver<Message>,
+        outboxes: &[Option<Sender<Message>>],
+    ) -> Result<()> {
+        let mut pending = HashMap::new();
+        for pass in 0..self.passes {
+            for (seq, t) in sequence.iter().enumerate() {
+                let key = (pass, t.consumer);
+                // A transfer's number on the link (the cross-host transfers' keys).
+                let id = |position: usize| {
+                    ((self.round as i64) << 40) | (((pass * sequence.len() + seq) as i64) << 12) | position as i64
+                };
+                match &outboxes[t.to] {
+                    None => {
+                        let array = wait_for(self, inbox, &mut pending, key)?;
+                        let positions = &self.local(t.from).1;
+                        match (self.cross_host, self.relay) {
+                            (Some(cross_host), _) => {
+                                let dst: Vec<i32> =
+                                    positions.iter().map(|&p| self.stage_devices[t.to][p] as i32).collect();
+                                let keys: Vec<i64> = positions.iter().map(|&p| id(p)).collect();
+                                cross_host.send(&array.iter().collect::<Vec<_>>(), &dst, &keys)?;
+                            }
+                            (None, Some(relay)) => {
+                                for (block, &position) in array.iter().zip(positions) {
+                                    relay.put(&self.relay_key(key, position), &block.to_host()?)?;
+                                }
+                            }
+                            (None, None) => bail!("stage {} runs in no process", t.to),
+                        }
+                    }
+                    Some(outbox) => {
+                        let (devices, positions) = self.local(t.to);
+                        let shapes = (t.to, t.consumer.pass, self.layout.repeat_of(t.consumer.chunk));
+                        let array = devices
+                            .iter()
+                            .zip(positions)
+                            .enumerate()
+                            .map(|(d, (device, &position))| match (self.cross_host, self.relay) {
+                                (Some(cross_host), _) => {
+                                    let shape =
+                                        self.receive_shapes.get(&shapes).and_then(|s| s.get(d)).ok_or_else(|| {
+                                            anyhow!("stage {} has no program that reads {}", t.to, t.consumer)
+                                        })?;
+                                    let src = self.stage_devices[t.from][position] as i32;
+                                    let mut received =
+                                        cross_host.receive(device, std::slice::from_ref(shape), &[src], &[id(position)])?;
+                                    received.pop().ok_or_else(|| anyhow!("a cross-host receive gave no buffer"))
+                                }
+                                (None, Some(relay)) => {
+                                    let host = relay.take(&self.relay_key(key, position), &self.abort)?;
+                                    Ok(self.client.to_device(&host, device)?)
+                                }
+                                (None, None) => bail!("stage {} runs in no process", t.from),
+                            })
+                            .collect::<Result<DeviceArray>>()?;
+                        // A closed inbox means the stage already stopped; its error is reported.
+                        let _ = outbox.send(Message { key, array });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Stage {
@@ -416,7 +691,8 @@ impl Stage {
         &mut self,
         ctx: &StepContext,
         inbox: &Receiver<Message>,
-        outboxes: &[Sender<Message>],
+        outboxes: &[Option<Sender<Message>>],
+        links: &BTreeMap<(usize, usize), Sender<Message>>,
     ) -> Result<StageReport> {
         let mut report = StageReport::default();
         let loop_start = ctx.now();
@@ -523,10 +799,20 @@ impl Stage {
                             Pass::Backward => (task.chunk - 1, Pass::Backward),
                         };
                         let to = ctx.layout.stage_of(to_chunk);
-                        let array = ctx.copy_between(&array, self.index, to)?;
                         let next = Task { pass: pass_of, chunk: to_chunk, microbatch: task.microbatch };
-                        // A closed inbox means that stage already stopped; its error is reported.
-                        let _ = outboxes[to].send(Message { key: (pass, next), array });
+                        // A closed inbox means that stage (or link) already stopped; its error is reported.
+                        match &outboxes[to] {
+                            Some(outbox) => {
+                                let array = ctx.copy_between(&array, self.index, to)?;
+                                let _ = outbox.send(Message { key: (pass, next), array });
+                            }
+                            None => {
+                                let link = links
+                                    .get(&(self.index.min(to), self.index.max(to)))
+                                    .ok_or_else(|| anyhow!("stage {to} runs in no process"))?;
+                                let _ = link.send(Message { key: (pass, next), array });
+                            }
+                        }
                     }
                 }
                 if task.pass == Pass::Forward {

@@ -10,15 +10,17 @@
 //! A stage holds each stacked layer parameter (`decoder.layers.*`, `scan_layers`) as one array
 //! of its layers in chunk order, `[repeats x layers_per_stage, ...]`: the rows of the full
 //! array in "stage-major" order ([`StageLayout::stage_major_order`]). Unscanned layers keep
-//! their own names (`decoder.layers_{i}.*`). On the host, [`StageLayout::split`] and
-//! [`StageLayout::join`] convert between a stage's arrays and the model's full layout.
+//! their own names (`decoder.layers_{i}.*`). On the host, [`StageLayout::stage_part`] and
+//! [`StageLayout::join`] convert between a stage's arrays and the model's full layout, and
+//! [`StageLayout::stage_blocks`] says which blocks of the full layout a stage holds.
 
 use std::ops::Range;
 
 use anyhow::{anyhow, bail, Result};
 
+use crate::checkpoint::shards::{Bounds, HostArray};
 use crate::config::PipelinePlan;
-use crate::host::HostTensor;
+use crate::host::{whole, HostTensor};
 use crate::model::{Model, ParamDef, ParamRole};
 use crate::sharding::Mesh;
 use crate::tensor::Tree;
@@ -150,32 +152,49 @@ impl StageLayout {
         mesh.slice("stage", stage)
     }
 
-    /// Stage `stage`'s arrays of host arrays `full` (in the model's layout, every name of `defs`,
-    /// as for [`StageLayout::stage_defs`]).
-    pub fn split(
+    /// Where stage `stage`'s array of `def` lies in the model's full layout: the whole array on
+    /// the stage that owns it (nothing on the others), or for stacked layers one block of rows
+    /// per chunk of the stage, in the order of the stage's rows. A stage's array is these blocks
+    /// stacked; in a checkpoint they are the blocks its process holds.
+    pub fn stage_blocks(&self, model: &Model, def: &ParamDef, stage: usize) -> Vec<Bounds> {
+        let all = whole(&def.shape);
+        match self.owner(model, def) {
+            Some(owner) if owner == stage => vec![all],
+            Some(_) => Vec::new(),
+            None => self
+                .stage_chunks(stage)
+                .into_iter()
+                .map(|chunk| {
+                    let rows = self.chunk_layers(chunk);
+                    let mut block = all.clone();
+                    block[0] = (rows.start, rows.end - rows.start);
+                    block
+                })
+                .collect(),
+        }
+    }
+
+    /// Stage `stage`'s arrays of `defs` (as for [`StageLayout::stage_defs`]), cut from the arrays
+    /// in the model's full layout that `find` gives (whole, or the blocks a process holds).
+    pub fn stage_part<'a>(
         &self,
         model: &Model,
         defs: &[ParamDef],
-        full: &Tree<HostTensor>,
         stage: usize,
+        find: impl Fn(&ParamDef) -> Result<&'a HostArray>,
     ) -> Result<Tree<HostTensor>> {
         let mut out = Tree::new();
         for def in defs {
-            let host = full.get(&def.name).ok_or_else(|| anyhow!("no array {}", def.name))?;
-            match self.owner(model, def) {
-                Some(owner) if owner != stage => {}
-                Some(_) => {
-                    out.insert(def.name.clone(), host.clone());
+            let blocks = self.stage_blocks(model, def, stage);
+            let array = match blocks.as_slice() {
+                [] => continue,
+                [only] => find(def)?.block(only)?,
+                _ => {
+                    let full = find(def)?;
+                    concat_rows(&blocks.iter().map(|b| full.block(b)).collect::<Result<Vec<_>>>()?)?
                 }
-                None => {
-                    let rows: Vec<HostTensor> = self
-                        .stage_chunks(stage)
-                        .into_iter()
-                        .map(|chunk| slice_rows(host, self.chunk_layers(chunk)))
-                        .collect::<Result<_>>()?;
-                    out.insert(def.name.clone(), concat_rows(&rows)?);
-                }
-            }
+            };
+            out.insert(def.name.clone(), array);
         }
         Ok(out)
     }

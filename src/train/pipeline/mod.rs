@@ -21,11 +21,12 @@ pub mod eval;
 pub mod executor;
 pub mod layout;
 pub mod programs;
+pub mod relay;
 pub mod run;
 pub mod schedule;
 mod state;
 
-pub use executor::{Pipeline, StageExecutables, StepResult};
+pub use executor::{Pipeline, Placement, StageExecutables, StepResult};
 pub use layout::StageLayout;
 pub use programs::{PipelineStep, StagePrograms};
 pub use schedule::{Pass, Schedule, Task, Timeline};

@@ -9,31 +9,30 @@
 //! over the eval batches (`pipeline::eval`). The loop's profiler brackets the steps as in an
 //! unpipelined run: the plugin's profiler traces every device, so every stage's programs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use super::executor::{Pipeline, StageExecutables, StepResult};
+use super::executor::{Pipeline, Placement, StageExecutables, StepResult};
 use super::programs::{PipelineStep, StagePrograms};
+use super::relay::Relay;
 use super::schedule::Schedule;
 use crate::checkpoint::shards::{ArrayLayout, HostArray};
-use crate::cluster::diagnostics;
+use crate::cluster::{diagnostics, Cluster};
 use crate::config::{Config, Derived};
 use crate::data::{Batch, EvalData};
-use crate::host::HostTensor;
 use crate::lower::to_stablehlo;
 use crate::model::Model;
+use crate::pjrt::cross_host::CrossHost;
 use crate::pjrt::Client;
 use crate::runtime::{self, Compiled};
-use crate::tensor::Tree;
 use crate::train::executor::{Initial, StepExecutor, StepPlan};
 use crate::train::metrics::{median_step_time_after, EvalMetrics, PerDeviceWork, StepMetrics};
 use crate::train::report::{PipelineReport, RunReport, StartupTimes};
 use crate::train::restore;
-use crate::train_state::Group;
 
 /// The pipelined step of `c` on the devices of `granules`, compiled (or loaded from
 /// `compiled_trainstep_file`) and initialized (from `load_parameters_path`, else the init
@@ -65,6 +64,8 @@ pub(in crate::train) struct PipelinedPlan {
     global_batch: usize,
     /// The report's schedule and theoretical bubble.
     report: PipelineReport,
+    /// The stages this process runs.
+    placement: Placement,
 }
 
 impl PipelinedPlan {
@@ -85,7 +86,50 @@ impl PipelinedPlan {
             passes: derived.gradient_accumulation_steps,
             global_batch: derived.global_batch_size,
             report,
+            placement: Placement::single(plan.stages),
         })
+    }
+
+    /// The plan for this process of `cluster`: with pipeline stages over the DCN
+    /// (`dcn_pipeline_parallelism`, one group of stages a process) it runs its group, whose stage
+    /// meshes must be on its own devices, and reaches the others' device to device through
+    /// PJRT's cross-host transfers (GPUs), or through the relay (the CPU plugin).
+    pub fn on_process(mut self, cluster: &Cluster, client: &Client, granules: &[Vec<i64>]) -> Result<PipelinedPlan> {
+        let (p, processes) = (cluster.process_index(), cluster.process_count());
+        if processes == 1 {
+            return Ok(self);
+        }
+        // Arrays between processes go device to device where the plugin can (NCCL on GPUs); the
+        // CPU plugin, which cannot, relays them through the coordination service.
+        let platform = client.platform_name()?;
+        let cross_host = match platform.as_str() {
+            "cpu" => None,
+            _ => Some(CrossHost::of(client).map_err(|why| {
+                anyhow!(
+                    "pipeline stages on {processes} processes of {platform} hand their activations over with PJRT's \
+                     cross-host transfers, which this plugin cannot: {why}"
+                )
+            })?),
+        };
+        let per_process = self.step.layout.stages / processes;
+        let local = p * per_process..(p + 1) * per_process;
+        for s in local.clone() {
+            let ids = self.step.stage_meshes[s].device_ids();
+            if per_process == 0 || ids.iter().any(|id| !granules[p].contains(id)) {
+                bail!(
+                    "{} pipeline stages on {processes} processes: a stage spanning several processes is not supported \
+                     yet; set dcn_pipeline_parallelism to the number of processes and the other dcn_* axes to 1",
+                    self.step.layout.stages
+                );
+            }
+        }
+        println!("pipeline: process {p} of {processes} runs stages {}..={}", local.start, local.end - 1);
+        let relay = cluster.client().map(|c| Relay::new(c.clone()));
+        if relay.is_none() {
+            bail!("process {p} of {processes} has no coordination client to reach the other processes' stages");
+        }
+        self.placement = Placement { local, relay, cross_host };
+        Ok(self)
     }
 }
 
@@ -103,32 +147,37 @@ impl StepPlan for PipelinedPlan {
         granules: &[Vec<i64>],
         startup: &mut StartupTimes,
     ) -> Result<PipelinedStep> {
-        let PipelinedPlan { step, schedule, passes, global_batch, report } = self;
+        let PipelinedPlan { step, schedule, passes, global_batch, report, placement } = self;
         let t = Instant::now();
         let programs: Vec<StagePrograms> =
-            (0..step.layout.stages).map(|s| step.stage_programs(s)).collect::<Result<_>>()?;
+            placement.local.clone().map(|s| step.stage_programs(s)).collect::<Result<_>>()?;
         startup.trace = t.elapsed().as_secs_f64();
 
         let t = Instant::now();
         diagnostics::set_phase(None, "compiling the pipeline stages");
         let executables = match c.compiled_trainstep_file.as_str() {
             "" => {
-                let (executables, lowering) = compile_stages(client, &step, &programs)?;
+                let (executables, lowering) = compile_stages(client, &step, placement.local.start, &programs)?;
                 startup.lower = lowering;
                 executables
             }
-            path => super::aot::load(c, client, &step, &schedule, &programs, granules, Path::new(path))?,
+            path if placement.relay.is_none() => {
+                super::aot::load(c, client, &step, &schedule, &programs, granules, Path::new(path))?
+            }
+            _ => bail!("compiled_trainstep_file with pipeline stages on several processes is not supported yet"),
         };
         startup.compile = t.elapsed().as_secs_f64() - startup.lower;
-        let pipeline = Pipeline::new(client, step, schedule, executables, passes)?;
+        let pipeline = Pipeline::new(client, step, schedule, executables, passes, placement)?;
         Ok(PipelinedStep { pipeline, global_batch, report, last_done: None, eval_data: None })
     }
 }
 
-/// Lowers and compiles every stage's programs; returns them with the seconds spent lowering.
+/// Lowers and compiles the programs of the stages from `first` on; returns them with the seconds
+/// spent lowering.
 fn compile_stages(
     client: &Client,
     step: &PipelineStep,
+    first: usize,
     programs: &[StagePrograms],
 ) -> Result<(Vec<StageExecutables>, f64)> {
     let mut lowering = 0.0;
@@ -137,7 +186,7 @@ fn compile_stages(
     // loaded onto each stage's devices.
     let mut compiled: HashMap<String, Vec<u8>> = HashMap::new();
     let mut executables = Vec::new();
-    for (stage, stage_programs) in programs.iter().enumerate() {
+    for (stage, stage_programs) in (first..).zip(programs) {
         executables.push(StageExecutables::build(stage, &step.layout, stage_programs, |name, program| {
             let t = Instant::now();
             let mlir = to_stablehlo(program);
@@ -178,12 +227,6 @@ pub(in crate::train) struct Ran {
     done: Instant,
 }
 
-/// The arrays a run starts from, each whole: a pipeline runs in one process, which holds every
-/// block.
-fn whole<C: FromIterator<(String, HostTensor)>>(arrays: BTreeMap<String, HostArray>) -> Result<C> {
-    arrays.into_iter().map(|(name, a)| Ok((name, a.assemble()?))).collect()
-}
-
 impl StepExecutor for PipelinedStep {
     /// The whole global batch: the pipeline splits it into microbatches.
     type Fed = Batch;
@@ -195,14 +238,14 @@ impl StepExecutor for PipelinedStep {
     }
 
     /// The init program's state, its parameters split over the stages; or the given parameters
-    /// (the model's full layout), split by the layout.
+    /// or state (the blocks of the model's full layout this process's stages hold), split by the
+    /// layout.
     fn initialize(&mut self, initial: Initial) -> Result<()> {
-        let parameters = match initial {
-            Initial::Fresh => None,
-            Initial::Parameters(arrays) => Some(Group::Params.subtree(&whole::<Tree<_>>(arrays)?)),
-            Initial::State(arrays) => return self.pipeline.restore(&whole(arrays)?),
-        };
-        self.pipeline.initialize(parameters.as_ref())
+        match initial {
+            Initial::Fresh => self.pipeline.initialize(None),
+            Initial::Parameters(arrays) => self.pipeline.initialize(Some(&arrays)),
+            Initial::State(arrays) => self.pipeline.restore(&arrays),
+        }
     }
 
     /// All of it: a pipeline runs in one process.
@@ -290,13 +333,13 @@ impl StepExecutor for PipelinedStep {
         Ok(metrics)
     }
 
-    /// Whole arrays on this process: a pipeline runs in one process.
+    /// The blocks of the full layout each stage holds, on the process that runs it.
     fn state_layouts(&self) -> Result<Vec<ArrayLayout>> {
-        Ok(self.state_specs().iter().map(|e| ArrayLayout::whole(&e.name, e.ty, &e.dims)).collect())
+        self.pipeline.state_layouts(&self.state_specs())
     }
 
     fn state_blocks(&mut self) -> Result<Vec<HostArray>> {
-        Ok(self.pipeline.state()?.into_iter().map(|(name, t)| HostArray::whole(&name, t)).collect())
+        self.pipeline.state_blocks(&self.state_specs())
     }
 
     fn summarize(self, report: &mut RunReport, skipped_steps: usize, logger: bool) {

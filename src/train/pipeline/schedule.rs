@@ -64,6 +64,16 @@ pub struct Schedule {
     pub per_stage: Vec<Vec<Task>>,
 }
 
+/// An array one stage's task hands to another stage's task: an activation forward, or its
+/// gradient backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    pub from: usize,
+    pub to: usize,
+    /// The task that reads it.
+    pub consumer: Task,
+}
+
 /// When each task ran (or would run), per stage, in seconds from the start.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timeline {
@@ -222,6 +232,40 @@ impl Schedule {
         Ok(timeline)
     }
 
+    /// Every array handed from one stage to another in a run of the schedule (all its tasks, or
+    /// with `forward_only` only the forward ones), in one order both sides of each link can
+    /// follow: by when the producing task ends in the timeline of unit costs (ties by stage,
+    /// then by the stage's order). A task that needs an array before it produces another
+    /// ends after the first one's producer, so a link that hands its arrays over strictly in
+    /// this order, one at a time, never waits for an array that waits for it (the tests check it
+    /// by simulation). Transfers between devices of two processes must keep one order on both
+    /// sides: NCCL matches a send to a receive by their order on the pair's communicator.
+    pub fn transfers(&self, forward_only: bool) -> Vec<Transfer> {
+        let timeline = self.simulate(|_, _| 1.0).expect("a schedule that runs");
+        let chunks = self.chunks();
+        let mut ended: Vec<(f64, usize, usize, Task)> = timeline
+            .per_stage
+            .iter()
+            .enumerate()
+            .flat_map(|(s, tasks)| tasks.iter().enumerate().map(move |(i, (t, _, end))| (*end, s, i, *t)))
+            .collect();
+        ended.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        ended
+            .into_iter()
+            .filter(|(_, _, _, t)| !forward_only || t.pass == Pass::Forward)
+            .filter_map(|(_, from, _, producer)| {
+                let consumer = match producer.pass {
+                    Pass::Forward if producer.chunk + 1 < chunks => {
+                        Task::forward(producer.chunk + 1, producer.microbatch)
+                    }
+                    Pass::Backward if producer.chunk > 0 => Task::backward(producer.chunk - 1, producer.microbatch),
+                    _ => return None,
+                };
+                Some(Transfer { from, to: consumer.chunk % self.stages, consumer })
+            })
+            .collect()
+    }
+
     /// Per stage, the most (chunk, microbatch) pairs whose forward ran and backward did not yet:
     /// the sets of saved activations the stage holds at once.
     pub fn max_in_flight(&self) -> Vec<usize> {
@@ -280,6 +324,82 @@ mod tests {
         let order: Vec<String> =
             Schedule::one_forward_one_backward(p, 1, m).per_stage[1].iter().map(|t| t.to_string()).collect();
         assert_eq!(order[..6], ["F1.0", "F1.1", "F1.2", "B1.0", "F1.3", "B1.1"]);
+    }
+
+    /// Each stage runs its tasks in its order; each link between two stages hands over its
+    /// arrays one at a time in the order of `transfers` (an array goes only once its producer
+    /// ran, and a consumer runs only once its array arrived): every run completes, for every
+    /// schedule, forward and backward or forward alone.
+    #[test]
+    fn links_that_follow_the_transfer_order_never_deadlock() {
+        for p in 2..=8 {
+            for v in [1, 2, 3] {
+                for m in [p, p + 1, 2 * p].into_iter().filter(|&m| v == 1 || m % p == 0) {
+                    let schedules = [Schedule::gpipe(p, v, m), Schedule::one_forward_one_backward(p, v, m)];
+                    for (schedule, forward_only) in schedules.iter().flat_map(|s| [(s, false), (s, true)]) {
+                        run_with_ordered_links(schedule, forward_only);
+                    }
+                }
+            }
+        }
+    }
+
+    fn run_with_ordered_links(schedule: &Schedule, forward_only: bool) {
+        let what = format!(
+            "{} p={} v={} m={} forward_only={forward_only}",
+            schedule.name, schedule.stages, schedule.repeats, schedule.microbatches
+        );
+        let transfers = schedule.transfers(forward_only);
+        let link = |t: &Transfer| (t.from.min(t.to), t.from.max(t.to));
+        let mut links: std::collections::BTreeMap<(usize, usize), Vec<Transfer>> = Default::default();
+        for t in &transfers {
+            links.entry(link(t)).or_default().push(*t);
+        }
+        let orders: Vec<Vec<Task>> = schedule
+            .per_stage
+            .iter()
+            .map(|tasks| tasks.iter().filter(|t| !forward_only || t.pass == Pass::Forward).copied().collect())
+            .collect();
+        let needs_input = |t: &Task| match t.pass {
+            Pass::Forward => t.chunk > 0,
+            Pass::Backward => !forward_only && t.chunk + 1 < schedule.chunks(),
+        };
+        let mut next = vec![0usize; schedule.stages];
+        let mut next_on_link: std::collections::BTreeMap<(usize, usize), usize> = Default::default();
+        let (mut produced, mut arrived) = (std::collections::HashSet::new(), std::collections::HashSet::new());
+        loop {
+            let mut progressed = false;
+            for s in 0..schedule.stages {
+                let Some(task) = orders[s].get(next[s]) else { continue };
+                if needs_input(task) && !arrived.contains(task) {
+                    continue;
+                }
+                produced.insert(*task);
+                next[s] += 1;
+                progressed = true;
+            }
+            for (key, sequence) in &links {
+                let at = next_on_link.entry(*key).or_default();
+                while let Some(t) = sequence.get(*at) {
+                    let producer = match t.consumer.pass {
+                        Pass::Forward => Task::forward(t.consumer.chunk - 1, t.consumer.microbatch),
+                        Pass::Backward => Task::backward(t.consumer.chunk + 1, t.consumer.microbatch),
+                    };
+                    if !produced.contains(&producer) {
+                        break;
+                    }
+                    arrived.insert(t.consumer);
+                    *at += 1;
+                    progressed = true;
+                }
+            }
+            if next.iter().zip(&orders).all(|(n, o)| *n == o.len()) {
+                break;
+            }
+            assert!(progressed, "{what}: deadlock with stages at {next:?}");
+        }
+        let expected = orders.iter().flatten().filter(|t| needs_input(t)).count();
+        assert_eq!(transfers.len(), expected, "{what}: every input is a transfer");
     }
 
     #[test]

@@ -1,0 +1,297 @@
+//! Context parallelism on 8 CPU devices (`model::context_parallel`): the load-balancing reorder
+//! against the permutations MaxText defines (written out here from `reorder_sequence`'s code and
+//! docstrings, utils/max_utils.py at e591f30), and each strategy (all_gather, ring, ulysses) with
+//! and without load balancing, causal and packed, against the same model on one device: loss and
+//! every parameter's gradient, a tiny f32 model (2 layers, embed 32).
+
+use crate::common::{rng, run, uniform};
+use maxrs::autodiff::value_and_grad;
+use maxrs::config::{self, Reorder};
+use maxrs::host::HostTensor;
+use maxrs::ir::{DType, Program, Signature};
+use maxrs::lower::to_stablehlo;
+use maxrs::model::context_parallel::{inverse, permutation, permute, reorder_batch, ContextParallel};
+use maxrs::model::Model;
+use maxrs::sharding::Mesh;
+use maxrs::tensor::{trace, Tree};
+use rand::Rng;
+
+const DEVICES: usize = 8;
+
+/// MaxText's orders, written out: `reorder_sequence`'s docstring (2 devices, 8 tokens), its code
+/// for 4 devices (chunks of 2; device d holds chunks d and 7 - d), and the striped order of
+/// `reorder_causal_load_balanced`'s docstring (4 devices, 16 tokens: device d holds d, d + 4, ...).
+#[test]
+fn load_balancing_orders_are_maxtexts() {
+    assert_eq!(permutation(Reorder::DualChunkSwap, 8, 2), [0, 1, 6, 7, 2, 3, 4, 5]);
+    assert_eq!(permutation(Reorder::DualChunkSwap, 16, 4), [0, 1, 14, 15, 2, 3, 12, 13, 4, 5, 10, 11, 6, 7, 8, 9]);
+    assert_eq!(permutation(Reorder::Striped, 16, 4), [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15]);
+    // The inverse puts every token back (`reorder_sequence(to_contiguous=True)`).
+    for order in [permutation(Reorder::DualChunkSwap, 48, 8), permutation(Reorder::Striped, 48, 8)] {
+        let back = inverse(&order);
+        let restored: Vec<i64> = back.iter().map(|&i| order[i as usize]).collect();
+        assert_eq!(restored, (0..48).collect::<Vec<_>>());
+    }
+}
+
+/// The reorder of a batch on a mesh with 8 context devices: every token array (inputs, targets,
+/// positions, segment ids) permuted as the hand-written dual-chunk-swap order says, positions
+/// added when the batch has none; the inverse permutation gives the batch back.
+#[test]
+fn batch_reorder_moves_every_token_array_the_same_way() {
+    let (b, t) = (2i64, 32i64);
+    // 16 chunks of 2 tokens; device d holds chunks d and 15 - d.
+    let want: Vec<i64> = (0..8).flat_map(|d| [2 * d, 2 * d + 1, 2 * (15 - d), 2 * (15 - d) + 1]).collect();
+    let mesh = Mesh::new(&[("context", 8)]);
+    let names = ["inputs", "targets", "inputs_segmentation", "targets_segmentation"];
+    let mut sig = Signature::new(Some(mesh));
+    for name in names {
+        sig.input(name, DType::S32, &[b, t]);
+    }
+    let cp =
+        ContextParallel { strategy: config::ContextParallelStrategy::AllGather, reorder: Some(Reorder::DualChunkSwap) };
+    let program = trace(&sig, |_, inp| {
+        let (batch, order) = reorder_batch(&cp, inp);
+        let order = order.expect("reordered over 8 context devices");
+        let back = inverse(&order);
+        let mut out = batch.clone();
+        for (name, x) in batch.iter() {
+            out.insert(format!("back_{name}"), permute(x, &back));
+        }
+        out
+    })
+    .expect("traces");
+    let mut r = rng(3);
+    let mut inp = Tree::new();
+    let mut host = std::collections::BTreeMap::new();
+    for name in names {
+        let values: Vec<i32> = (0..b * t).map(|_| r.gen_range(0..1000)).collect();
+        inp.insert(name, HostTensor::from_i32(&[b, t], &values));
+        host.insert(name, values);
+    }
+    let got = run(&program, &inp);
+    let positions: Vec<i32> = (0..b * t).map(|i| (i % t) as i32).collect();
+    host.insert("inputs_position", positions);
+    for (name, values) in &host {
+        let moved: Vec<i32> =
+            (0..b).flat_map(|row| want.iter().map(move |&i| (row * t + i) as usize)).map(|i| values[i]).collect();
+        assert_eq!(got[*name].to_i32(), moved, "{name} reordered");
+        assert_eq!(&got[&format!("back_{name}")].to_i32(), values, "{name} put back");
+    }
+}
+
+/// A tiny f32 model of `heads` query and `kv_heads` key/value heads over `seq` tokens with
+/// `extra` keys, and the mesh `config::validate` gives it on 8 devices.
+fn model(heads: i64, kv_heads: i64, seq: i64, extra: &[&str]) -> (Model, Option<Mesh>) {
+    let mut args: Vec<String> = [
+        "dtype=float32",
+        "weight_dtype=float32",
+        "base_emb_dim=32",
+        "head_dim=8",
+        "base_mlp_dim=64",
+        "base_num_decoder_layers=2",
+        "vocab_size=64",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(format!("base_num_query_heads={heads}"));
+    args.push(format!("base_num_kv_heads={kv_heads}"));
+    args.push(format!("max_target_length={seq}"));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let c = config::load(None, &args).expect("config loads");
+    let derived = config::validate(&c, DEVICES, 1).expect("config validates");
+    let ids: Vec<i64> = (0..DEVICES as i64).collect();
+    let mesh = derived.mesh.step_mesh(&[ids]).expect("mesh");
+    (Model::from_config(&c).expect("model builds"), mesh)
+}
+
+const PACKED: [&str; 5] = ["inputs", "targets", "targets_segmentation", "inputs_position", "inputs_segmentation"];
+
+/// The loss and its gradient (`grad.<param>`) of `m` on a `[rows, seq]` batch, on `mesh` (the
+/// batch split by the activation rules) or one device.
+fn program(m: &Model, mesh: Option<Mesh>, rows: i64, seq: i64, packed: bool) -> Program {
+    let names = if packed { &PACKED[..] } else { &PACKED[..3] };
+    let mut sig = Signature::new(mesh.clone());
+    m.declare_params(&mut sig, "params");
+    let spec = mesh.as_ref().map(|mesh| m.config.rules.spec(&["activation_batch", "activation_length"], mesh));
+    for name in names {
+        let input = sig.input(name, DType::S32, &[rows, seq]);
+        if let Some(spec) = &spec {
+            input.sharded(spec.clone());
+        }
+    }
+    trace(&sig, |_, inp| {
+        let params = inp.subtree("params");
+        let batch: Tree = names.iter().map(|n| (n.to_string(), inp[*n].clone())).collect();
+        let (loss, grads) = value_and_grad(&params, |p| m.loss(p, &batch, 0.0).0);
+        grads.prefixed("grad").with("loss", loss)
+    })
+    .expect("the model traces")
+}
+
+/// Random parameters and a `[rows, seq]` batch: packed rows hold documents of uneven lengths
+/// (each token's position within its document) and end in padding (document 0).
+fn inputs(m: &Model, rows: i64, seq: i64, packed: bool) -> Tree<HostTensor> {
+    let mut r = rng(17);
+    let mut inp = Tree::new();
+    for def in m.param_defs() {
+        let n = def.shape.iter().product::<i64>() as usize;
+        let values: Vec<f32> = uniform(&mut r, n, -0.3, 0.3).into_iter().map(|v| v as f32).collect();
+        inp.insert(format!("params.{}", def.name), HostTensor::from_f32(&def.shape, &values));
+    }
+    let vocab = m.config.vocab as i32;
+    let tokens = |r: &mut rand::rngs::StdRng| (0..rows * seq).map(|_| r.gen_range(0..vocab)).collect::<Vec<i32>>();
+    let dims = [rows, seq];
+    inp.insert("inputs", HostTensor::from_i32(&dims, &tokens(&mut r)));
+    inp.insert("targets", HostTensor::from_i32(&dims, &tokens(&mut r)));
+    let (mut segments, mut positions) = (Vec::new(), Vec::new());
+    for row in 0..rows {
+        // Documents end at these fractions of the row; the last 5 tokens are padding.
+        let ends = [seq / 5 + row, seq / 2 + 3 * row, 3 * seq / 4, seq - 5];
+        let (mut doc, mut start) = (1, 0);
+        for i in 0..seq {
+            if i >= ends[3] {
+                segments.push(0);
+                positions.push(0);
+                continue;
+            }
+            if i >= ends[(doc - 1) as usize] {
+                doc += 1;
+                start = i;
+            }
+            segments.push(doc);
+            positions.push((i - start) as i32);
+        }
+    }
+    match packed {
+        true => {
+            inp.insert("targets_segmentation", HostTensor::from_i32(&dims, &segments));
+            inp.insert("inputs_segmentation", HostTensor::from_i32(&dims, &segments));
+            inp.insert("inputs_position", HostTensor::from_i32(&dims, &positions));
+        }
+        false => {
+            let seg: Vec<i32> = (0..rows * seq).map(|i| i32::from(i % seq < seq - 5)).collect();
+            inp.insert("targets_segmentation", HostTensor::from_i32(&dims, &seg));
+        }
+    }
+    inp
+}
+
+/// max |got - want| / max(1, max |want|) over every output.
+fn worst(got: &Tree<HostTensor>, want: &Tree<HostTensor>) -> f64 {
+    want.iter()
+        .map(|(name, w)| {
+            let (g, w) = (got[name].to_f64(), w.to_f64());
+            let scale = w.iter().fold(1f64, |a, v| a.max(v.abs()));
+            g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale
+        })
+        .fold(0.0, f64::max)
+}
+
+/// One strategy's run: its overrides, its label, the collective its strategy lowers to (which
+/// shows the strategy ran, not the partitioner's choice), and the batches it runs on: causal
+/// (`false`) and/or packed (`true`). Every strategy and balance is checked on packed documents;
+/// causal rows where a case adds something (no documents: the causal mask alone).
+type Case<'a> = (&'a [&'a str], &'a str, &'a str, &'a [bool]);
+
+/// Each case against one device, for a model of `heads`/`kv_heads` over `seq` tokens in `rows`
+/// rows.
+fn check_against_one_device(heads: i64, kv_heads: i64, seq: i64, rows: i64, cases: &[Case]) {
+    let (plain, _) = model(heads, kv_heads, seq, &["ici_fsdp_parallelism=8"]);
+    for packed in [false, true] {
+        let one = run(&program(&plain, None, rows, seq, packed), &inputs(&plain, rows, seq, packed));
+        for (overrides, label, collective, _) in cases.iter().filter(|case| case.3.contains(&packed)) {
+            let (m, mesh) = model(heads, kv_heads, seq, overrides);
+            let sharded = program(&m, mesh, rows, seq, packed);
+            let text = to_stablehlo(&sharded);
+            assert!(text.contains(&format!("stablehlo.{collective}")), "{label}: no {collective} in the program");
+            let started = std::time::Instant::now();
+            let got = run(&sharded, &inputs(&m, rows, seq, packed));
+            let err = worst(&got, &one);
+            eprintln!("{label} packed={packed}: worst scaled error {err:.2e} ({:.1?})", started.elapsed());
+            assert!(err < 1e-5, "{label} packed={packed}: {err:.2e} from one device");
+        }
+    }
+}
+
+/// Tokens per row: the largest that keeps each test at a few seconds of CPU on 2 cores.
+const SEQ: i64 = 256;
+const CONTEXT_8: &str = "ici_context_parallelism=8";
+const CONTEXT_2: [&str; 2] = ["ici_context_parallelism=2", "ici_fsdp_parallelism=4"];
+const RING: &str = "context_parallel_strategy=ring";
+const ULYSSES: &str = "context_parallel_strategy=ulysses";
+const UNBALANCED: &str = "context_parallel_load_balance=false";
+const BOTH: &[bool] = &[false, true];
+
+#[test]
+fn dot_product_all_gather_and_ring_equal_one_device() {
+    let dot = "attention=dot_product";
+    let cases: &[Case] = &[
+        (&[CONTEXT_8, dot], "all_gather, context 8, balanced", "all_gather", BOTH),
+        (&[CONTEXT_8, dot, UNBALANCED], "all_gather, context 8", "all_gather", &[true]),
+        (&[CONTEXT_8, dot, RING], "ring, context 8, balanced", "collective_permute", BOTH),
+        (&[CONTEXT_8, dot, RING, UNBALANCED], "ring, context 8", "collective_permute", &[true]),
+        (&[CONTEXT_2[0], CONTEXT_2[1], dot, RING], "ring, context 2 x fsdp 4, balanced", "collective_permute", &[true]),
+    ];
+    check_against_one_device(4, 2, SEQ, 4, cases);
+}
+
+#[test]
+fn blockwise_strategies_equal_one_device() {
+    let flash = "attention=flash";
+    let cases: &[Case] = &[
+        (&[CONTEXT_8, flash], "blockwise all_gather, context 8, balanced", "all_gather", BOTH),
+        (
+            &[CONTEXT_2[0], CONTEXT_2[1], flash],
+            "blockwise all_gather, context 2 x fsdp 4, balanced",
+            "all_gather",
+            &[true],
+        ),
+        (&[CONTEXT_8, flash, RING], "blockwise ring, context 8, balanced", "collective_permute", &[true]),
+        (&[CONTEXT_8, flash, RING, UNBALANCED], "blockwise ring, context 8", "collective_permute", &[true]),
+        (&[CONTEXT_8, flash, ULYSSES, UNBALANCED], "ulysses, context 8", "all_to_all", BOTH),
+        (
+            &[CONTEXT_2[0], CONTEXT_2[1], flash, ULYSSES, UNBALANCED],
+            "ulysses, context 2 x fsdp 4",
+            "all_to_all",
+            &[true],
+        ),
+    ];
+    check_against_one_device(8, 8, SEQ, 4, cases);
+}
+
+/// MaxText's refusals of the context-parallelism keys (`configs/types.py`, `utils/max_utils.py`,
+/// `utils/train_utils.py` at e591f30) and maxrs's own `usp`, each naming its keys, on 8 devices.
+#[test]
+fn unsupported_pairs_are_refused_by_name() {
+    let refusal = |overrides: &[&str]| {
+        let args: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        let c = config::load(None, &args).expect("loads");
+        config::validate(&c, DEVICES, 1).expect_err("refused").to_string()
+    };
+    let ulysses = ["ici_context_parallelism=8", "context_parallel_strategy=ulysses", "base_num_query_heads=8"];
+    for (overrides, want) in [
+        (&["context_parallel_strategy=usp"][..], "context_parallel_strategy: usp"),
+        (&[&ulysses[..], &["attention=flash"]].concat()[..], "context_parallel_load_balance=false"),
+        (&[&ulysses[..], &["context_parallel_load_balance=false"]].concat()[..], "attention=flash"),
+        (
+            &[&ulysses[..], &["context_parallel_load_balance=false", "attention=flash", "base_num_kv_heads=4"]]
+                .concat()[..],
+            "base_num_kv_heads",
+        ),
+        (
+            &["context_parallel_strategy=ulysses", "attention=flash", "context_parallel_load_balance=false"][..],
+            "more than one device",
+        ),
+        (&["ici_context_parallelism=8", "context_parallel_reorder_strategy=striped"][..], "GPU only"),
+        (&["ici_context_parallelism=8", "max_target_length=2056"][..], "not a multiple of 16"),
+    ] {
+        let err = refusal(overrides);
+        assert!(err.contains(want), "{overrides:?}: {err}");
+        assert!(
+            err.contains("context_parallel") || err.contains("max_target_length"),
+            "{overrides:?} names no key: {err}"
+        );
+    }
+}
