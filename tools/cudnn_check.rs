@@ -134,7 +134,15 @@ fn program(case: Case, kind: Kind) -> Program {
                 cudnn::attention(&q, &k, &v, case.window, sequences, true).0
             } else {
                 let segments = (!matches!(case.rows, Rows::Whole)).then(|| segments.clone());
-                blockwise::attention(&q, &k, &v, &Mask { window: case.window, chunk: None, segments, order: None }, 512, None).0
+                blockwise::attention(
+                    &q,
+                    &k,
+                    &v,
+                    &Mask { window: case.window, chunk: None, segments, order: None },
+                    512,
+                    None,
+                )
+                .0
             };
             out.astype(DType::F32)
         };

@@ -26,11 +26,11 @@
 use crate::config::{Config, ContextParallelStrategy, Reorder};
 use crate::ir::DType;
 use crate::sharding::PartitionSpec;
-use crate::tensor::{einsum, manual_computation, where_, Tensor, Tree};
+use crate::tensor::{einsum, manual_computation, Tensor, Tree};
 
 use super::blockwise;
-use super::kernel::{attend_sinks, dot_product, AttendOptions, AttentionImpl};
-use super::mask::{Mask, Order, MASK_VALUE};
+use super::kernel::{attend_sinks, dot_product, masked_scores, AttendOptions, AttentionImpl};
+use super::mask::{Mask, Order};
 
 /// The mesh axis the sequence is split over (MaxText's `context_sharding`).
 pub const AXIS: &str = "context";
@@ -326,16 +326,8 @@ fn log_add_exp(a: &Tensor, b: &Tensor) -> Tensor {
 /// `allowed: pred[1 or batch, queries, keys]`: the f32 output `[batch, queries, heads, dv]`
 /// normalized over these keys alone, and its log-sum-exp `[batch, heads, queries]`.
 fn partial(q: &Tensor, k: &Tensor, v: &Tensor, allowed: &Tensor, soft_cap: Option<f64>) -> (Tensor, Tensor) {
-    let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-    let kv_heads = k.shape()[2];
-    let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
-    let scores = einsum("btngk,bsnk->bngts", &[&q, k]).astype(DType::F32);
-    let scores = match soft_cap {
-        Some(cap) => (scores / cap).tanh() * cap,
-        None => scores,
-    };
-    let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
-    let scores = where_(&mask, &scores, MASK_VALUE);
+    let (b, t, heads) = (q.shape()[0], q.shape()[1], q.shape()[2]);
+    let scores = masked_scores(q, k, allowed, soft_cap);
     let lse = scores.logsumexp(-1);
     let probs = (scores - lse.expand_dims(-1)).exp().astype(v.dtype());
     let out = einsum("bngts,bsnk->btngk", &[&probs, v]).astype(DType::F32);

@@ -302,6 +302,22 @@ pub fn attend_sinks(
     }
 }
 
+/// The f32 scores `[batch, kv_heads, group, queries, keys]` of `q: [batch, queries, heads, d]`
+/// against `k: [batch, keys, kv_heads, d]`, soft-capped at `cap * tanh(scores / cap)` when
+/// `soft_cap` is given, and `MASK_VALUE` where `allowed: pred[1 or batch, queries, keys]` is false.
+pub(super) fn masked_scores(q: &Tensor, k: &Tensor, allowed: &Tensor, soft_cap: Option<f64>) -> Tensor {
+    let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let kv_heads = k.shape()[2];
+    let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
+    let scores = einsum("btngk,bsnk->bngts", &[&q, k]).astype(DType::F32);
+    let scores = match soft_cap {
+        Some(cap) => (scores / cap).tanh() * cap,
+        None => scores,
+    };
+    let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
+    where_(&mask, &scores, MASK_VALUE)
+}
+
 /// Scores for every query and key at once, `[batch, kv_heads, group, queries, keys]`, soft-capped
 /// at `cap * tanh(scores / cap)` when `soft_cap` is given, under `allowed: pred[1 or batch,
 /// queries, keys]`; with `sinks` (`[heads]`) one more score per query, its head's sink, joins
@@ -314,18 +330,10 @@ pub(super) fn dot_product(
     soft_cap: Option<f64>,
     sinks: Option<&Tensor>,
 ) -> Tensor {
-    let (b, t, heads, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-    let kv_heads = k.shape()[2];
-    let q = q.reshape(&[b, t, kv_heads, heads / kv_heads, d]);
+    let (b, t, heads, kv_heads) = (q.shape()[0], q.shape()[1], q.shape()[2], k.shape()[2]);
     // The values' head dimension may differ from the queries' and keys' (MLA's v_head_dim).
     let dv = v.shape()[3];
-    let scores = einsum("btngk,bsnk->bngts", &[&q, k]).astype(DType::F32);
-    let scores = match soft_cap {
-        Some(cap) => (scores / cap).tanh() * cap,
-        None => scores,
-    };
-    let mask = allowed.broadcast_in_dim(scores.shape(), &[0, 3, 4]);
-    let scores = where_(&mask, &scores, MASK_VALUE);
+    let scores = masked_scores(q, k, allowed, soft_cap);
     let probs = match sinks {
         None => scores.softmax(-1),
         Some(sinks) => {

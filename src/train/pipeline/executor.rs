@@ -664,8 +664,12 @@ impl StepContext<'_> {
                                             anyhow!("stage {} has no program that reads {}", t.to, t.consumer)
                                         })?;
                                     let src = self.stage_devices[t.from][position] as i32;
-                                    let mut received =
-                                        cross_host.receive(device, std::slice::from_ref(shape), &[src], &[id(position)])?;
+                                    let mut received = cross_host.receive(
+                                        device,
+                                        std::slice::from_ref(shape),
+                                        &[src],
+                                        &[id(position)],
+                                    )?;
                                     received.pop().ok_or_else(|| anyhow!("a cross-host receive gave no buffer"))
                                 }
                                 (None, Some(relay)) => {
