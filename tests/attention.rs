@@ -67,9 +67,12 @@ fn program(case: Case, how: AttentionImpl, dtype: DType, remat: bool) -> Program
         let forward = |p: &Tree| -> maxrs::tensor::Tensor {
             if remat {
                 let policy = RematPolicy::SaveNames(vec!["context".into()]);
-                checkpoint(&policy, RematFences { inputs: true, cotangents: true }, p, |a| {
-                    Tree::new().with("out", attention(a))
-                })["out"]
+                checkpoint(
+                    &policy,
+                    RematFences { inputs: true, cotangents: true, wait_for_cotangents: false },
+                    p,
+                    |a| Tree::new().with("out", attention(a)),
+                )["out"]
                     .clone()
             } else {
                 attention(p)

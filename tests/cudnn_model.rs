@@ -157,6 +157,7 @@ fn a_deviceless_compile_judges_the_cudnn_step_and_saves_the_blockwise_one() {
         "max_target_length=128",
         "dtype=bfloat16",
         "attention=cudnn_flash_te",
+        "use_iota_embed=true",
     ];
     let out = crate::common::cli::finish(crate::common::cli::command(&args, &[("XLA_FLAGS", &flags)]));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -180,6 +181,19 @@ fn a_deviceless_compile_judges_the_cudnn_step_and_saves_the_blockwise_one() {
     assert_eq!(optimized.len(), 2, "the saved and the judged step");
     assert_eq!(calling(maxrs::model::cudnn::FORWARD), 1, "the judged step calls cuDNN's forward attention");
     assert_eq!(calling(maxrs::model::cudnn::BACKWARD), 1, "and its backward");
+    // `use_iota_embed`: the one-hot of the tokens (`[batch x seq, vocab]`) is made twice, once for
+    // the embeddings and again in the backward pass, after the attention's backward, where the
+    // table's gradient reads it: it is not kept through the step (issue 46).
+    let judged = optimized.iter().find(|m| m.contains(maxrs::model::cudnn::BACKWARD)).unwrap();
+    let entry = &judged[judged.find("\nENTRY").expect("an entry computation")..];
+    let one_hots: Vec<usize> = entry
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains("= bf16[128,256]{1,0} fusion(%batch_inputs"))
+        .map(|(i, _)| i)
+        .collect();
+    let backward = entry.lines().position(|l| l.contains(maxrs::model::cudnn::BACKWARD)).unwrap();
+    assert!(one_hots.len() == 2 && one_hots[0] < backward && backward < one_hots[1], "{one_hots:?}, {backward}");
 }
 
 /// Llama 4 under cuDNN's attention: XLA's fused attention takes no chunk mask, so a block of a

@@ -176,7 +176,17 @@ fn cases() -> Vec<Case> {
         case("remat", &[a23, s(&[3, 3], ANY)], |_, x| {
             let out = checkpoint(
                 &RematPolicy::Full,
-                RematFences { inputs: true, cotangents: true },
+                RematFences { inputs: true, cotangents: true, wait_for_cotangents: false },
+                &Tree::new().with("x", x[0].clone()),
+                |t| Tree::new().with("y", t["x"].matmul(&x[1]).tanh().matmul(&x[1])),
+            );
+            out["y"].clone()
+        }),
+        // The recomputation waits for the output's cotangent (the embedding's one-hot region).
+        case("remat_waiting_for_cotangents", &[a23, s(&[3, 3], ANY)], |_, x| {
+            let out = checkpoint(
+                &RematPolicy::Full,
+                RematFences { inputs: true, cotangents: false, wait_for_cotangents: true },
                 &Tree::new().with("x", x[0].clone()),
                 |t| Tree::new().with("y", t["x"].matmul(&x[1]).tanh().matmul(&x[1])),
             );

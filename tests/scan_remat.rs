@@ -58,7 +58,7 @@ fn program(stack: Stack, policy: RematPolicy) -> Program {
                 // Barriers only between unrolled layers (MaxText's `prevent_cse` is false with
                 // scanned layers).
                 let unrolled = matches!(stack, Stack::Unrolled);
-                let fences = RematFences { inputs: unrolled, cotangents: unrolled };
+                let fences = RematFences { inputs: unrolled, cotangents: unrolled, wait_for_cotangents: false };
                 checkpoint(&policy, fences, &args, |a| Tree::new().with("x", layer(&a["x"], a, &a["pos"], &table)))["x"]
                     .clone()
             };

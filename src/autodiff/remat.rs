@@ -32,12 +32,21 @@ pub(crate) fn backward(
     cts: &[Option<Tensor>],
     needs: &[bool],
 ) -> Vec<Option<Tensor>> {
-    let fence_in: Vec<&Tensor> = ins.iter().copied().chain(saved).collect();
-    let fenced = if r.fences.inputs {
+    let waits = r.fences.inputs && r.fences.wait_for_cotangents;
+    let given: Vec<&Tensor> = if waits { cts.iter().flatten().collect() } else { Vec::new() };
+    let fence_in: Vec<&Tensor> = ins.iter().copied().chain(saved).chain(given.iter().copied()).collect();
+    let mut fenced = if r.fences.inputs {
         dest.bind(Prim::OptimizationBarrier, &fence_in)
     } else {
         fence_in.into_iter().cloned().collect()
     };
+    // The cotangents that passed the barrier replace the given ones, in their slots.
+    let mut passed = fenced.split_off(ins.len() + saved.len()).into_iter();
+    let cts: Vec<Option<Tensor>> = cts
+        .iter()
+        .map(|ct| ct.as_ref().map(|c| if waits { passed.next().expect("fenced") } else { c.clone() }))
+        .collect();
+    let cts = &cts[..];
     let (args, kept) = fenced.split_at(ins.len());
     let saved_at = saved_eqns(r);
     let composites = saved_composites(r, &saved_at);

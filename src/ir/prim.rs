@@ -261,6 +261,11 @@ pub struct RematFences {
     /// layer's weight-gradient products past the layers before it (keeping every layer's
     /// operands alive at once).
     pub cotangents: bool,
+    /// The recomputation's barrier (`inputs`) also holds the region's output cotangents, so the
+    /// recomputation waits for them: without it XLA may schedule a recomputation that depends
+    /// only on early values (a one-hot of the batch's tokens) at the start of the step, next to
+    /// the forward pass, and keep its result as long as if it had been saved.
+    pub wait_for_cotangents: bool,
 }
 
 /// A function given with its own backward pass, as JAX's `custom_vjp`: `forward` maps the

@@ -35,9 +35,9 @@ use anyhow::bail;
 
 use crate::config::registry;
 use crate::config::{self, Config, DecoderBlock};
-use crate::ir::{DType, Signature};
+use crate::ir::{DType, RematFences, Signature};
 use crate::sharding::PartitionSpec;
-use crate::tensor::{einsum, fence_cotangents, random, Tensor, Tree};
+use crate::tensor::{checkpoint, einsum, fence_cotangents, random, RematPolicy, Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::Activation;
@@ -426,9 +426,22 @@ fn fence_head(params: &Tree, y: &Tensor, weights: &Tensor) -> (Tree, Tensor, Ten
 /// on matching shards: going from batch-sharded activations straight to the table's layout is
 /// an "involuntary full rematerialization" for XLA's SPMD partitioner (it replicates the whole
 /// `[batch, seq, emb]` cotangent first).
+///
+/// The one-hot is as large as the logits (`[batch, seq, vocab]`) and the table's gradient reads
+/// it: kept for the backward pass it holds 1 GiB per device at the A3 Mega seed recipe's peak
+/// (issue 46). So the product is a rematerialization region that keeps nothing and whose
+/// recomputation waits for the embeddings' cotangent: the backward pass recomputes the one-hot
+/// (an iota compare) where the table's gradient needs it, and XLA drops the recomputed product,
+/// which that gradient does not read. MaxText keeps the one-hot.
 fn embed(c: &ModelConfig, table: &Tensor, tokens: &Tensor) -> Tensor {
     if c.use_iota_embed {
-        return tokens.one_hot(table.shape()[0], c.dtype).matmul(table);
+        let inputs: Tree = [("table", table.clone()), ("tokens", tokens.clone())].into_iter().collect();
+        let fences = RematFences { inputs: true, cotangents: false, wait_for_cotangents: true };
+        let rows = table.shape()[0];
+        let out = checkpoint(&RematPolicy::Full, fences, &inputs, |t| {
+            [("x", t["tokens"].one_hot(rows, c.dtype).matmul(&t["table"]))].into_iter().collect()
+        });
+        return out["x"].clone();
     }
     let looked_up = table.take(tokens);
     let Some(mesh) = looked_up.trace().mesh().cloned() else { return looked_up };

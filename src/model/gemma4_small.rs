@@ -334,7 +334,8 @@ impl Family for Gemma4Small {
             let out = match ctx.decoding() {
                 true => sub_layer(&inputs),
                 false => {
-                    let fences = RematFences { inputs: c.remat_prevent_cse, cotangents: true };
+                    let fences =
+                        RematFences { inputs: c.remat_prevent_cse, cotangents: true, wait_for_cotangents: false };
                     checkpoint(&c.remat, fences, &inputs, sub_layer)
                 }
             };

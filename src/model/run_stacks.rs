@@ -80,7 +80,7 @@ impl Model {
             // The layer's parameters and its input are the region's inputs: with `full` only they
             // are kept for the backward pass, everything inside is recomputed.
             let inputs = p.clone().prefixed("params").with("x", x.clone());
-            let fences = RematFences { inputs: c.remat_prevent_cse, cotangents: !scanned };
+            let fences = RematFences { inputs: c.remat_prevent_cse, cotangents: !scanned, wait_for_cotangents: false };
             // A family whose layer holds sub-layers that are regions of their own (Gemma 4 small).
             let policy = if self.family.remats_its_sub_layers() { &RematPolicy::None } else { &c.remat };
             checkpoint(policy, fences, &inputs, |a| {
