@@ -802,7 +802,7 @@ declare_keys! {
         ] => MaxText.program(),
         /// The data axis across slices: the recommended DCN axis to be auto-sharded.
         dcn_data_parallelism: i64 = -1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
-        /// The "stage" axis across hosts: one group of ici_pipeline_parallelism stages on each process (the CPU plugin's processes; GPUs and TPUs not supported yet).
+        /// The "stage" axis across hosts: one group of ici_pipeline_parallelism stages on each process, activations passed by PJRT's cross-host transfers (GPUs) or the coordination service (CPU).
         dcn_pipeline_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
         /// The fsdp axis across slices.
         dcn_fsdp_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
