@@ -86,21 +86,12 @@ fn run(dir: &Path, extra: &[&str]) -> RunReport {
 /// The metrics file's lines (train and eval, in order) of the pipeline's stages on two
 /// processes of one CPU device each (`maxrs launch`).
 fn launched(dir: &Path) -> Vec<serde_json::Value> {
-    let metrics = dir.join("launched.jsonl");
     let across = ["cpu_device_count=1", "dcn_pipeline_parallelism=2"];
     let stages: Vec<&str> = PIPELINED.iter().filter(|a| !a.starts_with("ici_pipeline")).copied().collect();
     let mut a = arg_list(dir, &[&stages[..], &across].concat());
     a.retain(|arg| arg != "cpu_device_count=2");
-    a.push(format!("metrics_file={}", metrics.display()));
     a.push(format!("base_output_directory={}", dir.join("launched").display()));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maxrs"))
-        .args(["launch", "--num-processes", "2", "--", "train"])
-        .args(&a)
-        .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{a:?}:\n{text}");
-    std::fs::read_to_string(metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    crate::common::cli::launch_train(2, &a, &dir.join("launched.jsonl")).0
 }
 
 #[test]

@@ -42,30 +42,16 @@ fn launched(extra: &[&str]) -> Vec<f64> {
 
 /// [`launched`] with its outputs in `dir` and its metrics in `dir/metrics`.
 fn launched_in(dir: &std::path::Path, metrics: &str, extra: &[&str]) -> Vec<f64> {
-    let metrics = dir.join(metrics);
     let mut a = args(extra);
     a.extend([
         "cpu_device_count=2".to_string(),
         "dcn_pipeline_parallelism=2".to_string(),
         "num_pipeline_microbatches=4".to_string(),
         format!("base_output_directory={}", dir.display()),
-        format!("metrics_file={}", metrics.display()),
     ]);
-    let output = Command::new(MAXRS)
-        .args(["launch", "--num-processes", "2", "--", "train"])
-        .args(&a)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "maxrs launch -- train {a:?}:\n{stdout}\n{stderr}");
+    let (lines, stdout) = crate::common::cli::launch_train(2, &a, &dir.join(metrics));
     assert!(stdout.contains("pipeline: "), "a pipelined run:\n{stdout}");
-    std::fs::read_to_string(&metrics)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["learning/loss"].as_f64().unwrap())
-        .collect()
+    lines.iter().map(|l| l["learning/loss"].as_f64().unwrap()).collect()
 }
 
 /// The unpipelined run of the same model and batches on 4 devices of this process.

@@ -65,6 +65,22 @@ pub fn refused_by(cmd: Command) -> String {
     errors[0].to_string()
 }
 
+/// `maxrs launch --num-processes N -- train args` on loopback, within [`DEADLINE`]; fails the test
+/// if the job fails. Returns the lines of its metrics file `metrics` (written by rank 0; `args`
+/// must not name another) and its output.
+pub fn launch_train(processes: usize, args: &[String], metrics: &std::path::Path) -> (Vec<serde_json::Value>, String) {
+    let n = processes.to_string();
+    let mut all: Vec<&str> = vec!["launch", "--num-processes", &n, "--", "train"];
+    all.extend(args.iter().map(String::as_str));
+    let file = format!("metrics_file={}", metrics.display());
+    all.push(&file);
+    let out = finish(command(&all, &[("RUST_LOG", "warn")]));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "maxrs {all:?}:\n{stdout}\n{stderr}");
+    let lines = std::fs::read_to_string(metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    (lines, stdout.into_owned())
+}
+
 pub fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
     refused_by(command(args, env))
 }

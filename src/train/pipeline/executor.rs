@@ -192,6 +192,8 @@ pub struct Pipeline {
     /// This process's stages, in stage order (`placement.local`).
     pub(super) stages: Vec<Stage>,
     pub(super) placement: Placement,
+    /// What this process's stages receive from other processes', by device (cross-host only).
+    receive_shapes: ReceiveShapes,
     passes: usize,
     /// Runs of the schedule so far (steps and evals): the relay's keys name the run.
     rounds: u64,
@@ -212,7 +214,7 @@ impl Pipeline {
         if executables.len() != placement.local.len() {
             bail!("{} stages' programs for the stages {:?} of this process", executables.len(), placement.local);
         }
-        let stages = placement
+        let stages: Vec<Stage> = placement
             .local
             .clone()
             .zip(executables)
@@ -241,7 +243,8 @@ impl Pipeline {
                 Ok(Stage { index, devices, positions, programs, eval_head: None, state: HashMap::new() })
             })
             .collect::<Result<_>>()?;
-        Ok(Pipeline { step, schedule, client: client.clone(), stages, placement, passes, rounds: 0 })
+        let receive_shapes = receive_shapes(&stages, placement.cross_host.is_some())?;
+        Ok(Pipeline { step, schedule, client: client.clone(), stages, placement, receive_shapes, passes, rounds: 0 })
     }
 
     /// Whether every stage runs in this process (so that its whole state is here).
@@ -383,7 +386,7 @@ impl Pipeline {
             relay: self.placement.relay.as_ref(),
             cross_host: self.placement.cross_host.as_ref(),
             stage_devices: self.step.stage_meshes.iter().map(|m| m.device_ids().to_vec()).collect(),
-            receive_shapes: self.receive_shapes()?,
+            receive_shapes: &self.receive_shapes,
             round: self.rounds,
             abort: AtomicBool::new(false),
             start: Instant::now(),
@@ -462,28 +465,6 @@ impl Pipeline {
         Ok(Ran { local, every_stage, round: self.rounds })
     }
 
-    /// For each of this process's stages that receives from another process's, the blocks its
-    /// programs read as `activation` (forward) and `cotangent` (backward), by device.
-    fn receive_shapes(&self) -> Result<ReceiveShapes> {
-        let mut shapes = HashMap::new();
-        if self.placement.cross_host.is_none() {
-            return Ok(shapes);
-        }
-        for stage in &self.stages {
-            for (pass, programs, input) in [
-                (Pass::Forward, &stage.programs.forward, "activation"),
-                (Pass::Backward, &stage.programs.backward, "cotangent"),
-            ] {
-                for (repeat, program) in programs.iter().enumerate() {
-                    if let Some(index) = program.find_input(input) {
-                        shapes.insert((stage.index, pass, repeat), program.input_block_shapes(index)?);
-                    }
-                }
-            }
-        }
-        Ok(shapes)
-    }
-
     /// Every stage's `value` in stage order, given this process's stages' (in their order): the
     /// other processes' come through the relay under `what` and `round`.
     fn exchange<T: Clone + serde::Serialize + serde::de::DeserializeOwned>(
@@ -532,6 +513,29 @@ impl Pipeline {
 /// program for that pass and repeat reads from the previous (next) stage.
 type ReceiveShapes = HashMap<(usize, Pass, usize), Vec<(DType, Vec<i64>)>>;
 
+/// For each of `stages` (this process's), the blocks its programs read as `activation`
+/// (forward) and `cotangent` (backward), by device: what a cross-host receive allocates (only
+/// with `cross_host`; the relay's arrays carry their shapes).
+fn receive_shapes(stages: &[Stage], cross_host: bool) -> Result<ReceiveShapes> {
+    let mut shapes = HashMap::new();
+    if !cross_host {
+        return Ok(shapes);
+    }
+    for stage in stages {
+        for (pass, programs, input) in [
+            (Pass::Forward, &stage.programs.forward, "activation"),
+            (Pass::Backward, &stage.programs.backward, "cotangent"),
+        ] {
+            for (repeat, program) in programs.iter().enumerate() {
+                if let Some(index) = program.find_input(input) {
+                    shapes.insert((stage.index, pass, repeat), program.input_block_shapes(index)?);
+                }
+            }
+        }
+    }
+    Ok(shapes)
+}
+
 /// Sets the step's abort flag when dropped: a stage's or link's thread holds one until it ends
 /// well, so that a failure, or a panic, stops the threads that wait for it instead of leaving
 /// them waiting.
@@ -563,7 +567,7 @@ struct StepContext<'a> {
     stage_devices: Vec<Vec<i64>>,
     /// What a stage of this process receives from another process's, on each of its devices:
     /// by (stage, pass, repeat), the block of its program's `activation` or `cotangent` input.
-    receive_shapes: ReceiveShapes,
+    receive_shapes: &'a ReceiveShapes,
     /// The run's number among the pipeline's runs.
     round: u64,
     /// The scalars the training programs read.

@@ -66,14 +66,14 @@ impl Relay {
         let header = self.wait(&format!("{key}/header"), abort)?;
         let header: Header =
             serde_json::from_slice(&header).with_context(|| format!("the header of the relayed array {key}"))?;
-        let mut data = Vec::with_capacity(header.dims.iter().product::<i64>().max(0) as usize * header.ty.byte_size());
+        let mut data = Vec::new();
         for i in 0..header.chunks {
             data.extend(self.wait(&format!("{key}/{i}"), abort)?);
         }
         self.client.key_value_delete(key)?;
-        let expected = header.dims.iter().product::<i64>() as usize * header.ty.byte_size();
-        if data.len() != expected {
-            bail!("the relayed array {key} has {} bytes, {} {:?} needs {expected}", data.len(), header.ty, header.dims);
+        let elements = header.dims.iter().try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?));
+        if elements.and_then(|n| n.checked_mul(header.ty.byte_size())) != Some(data.len()) {
+            bail!("the relayed array {key} has {} bytes, which is not {} {:?}", data.len(), header.ty, header.dims);
         }
         Ok(HostTensor::new(header.ty, &header.dims, data))
     }
