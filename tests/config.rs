@@ -284,9 +284,20 @@ fn mesh_fills_the_minus_one() {
     assert_eq!(d.mesh.size("tensor"), 2);
     assert_eq!(
         d.mesh.names(),
-        ["data", "stage", "fsdp", "fsdp_transpose", "context", "tensor", "tensor_sequence", "expert", "autoregressive"]
+        [
+            "data",
+            "stage",
+            "fsdp",
+            "fsdp_transpose",
+            "context",
+            "context_usp_ulysses",
+            "tensor",
+            "tensor_sequence",
+            "expert",
+            "autoregressive"
+        ]
     );
-    assert_eq!(d.mesh.shape(), [1, 1, 4, 1, 1, 2, 1, 1, 1]);
+    assert_eq!(d.mesh.shape(), [1, 1, 4, 1, 1, 1, 2, 1, 1, 1]);
     assert_eq!(d.mesh.num_devices(), 8);
 }
 
@@ -320,8 +331,8 @@ fn mesh_spans_slices() {
     let c = load(&["ici_fsdp_parallelism=8", "dcn_data_parallelism=2"]).unwrap();
     let d = config::validate(&c, 16, 2).unwrap();
     assert_eq!((d.mesh.size("data"), d.mesh.size("fsdp")), (2, 8));
-    assert_eq!(d.mesh.ici_shape(), [1, 1, 8, 1, 1, 1, 1, 1, 1]);
-    assert_eq!(d.mesh.dcn_shape(), [2, 1, 1, 1, 1, 1, 1, 1, 1]);
+    assert_eq!(d.mesh.ici_shape(), [1, 1, 8, 1, 1, 1, 1, 1, 1, 1]);
+    assert_eq!(d.mesh.dcn_shape(), [2, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     assert_eq!(d.global_batch_size, 128);
 }
 
@@ -394,7 +405,7 @@ fn summary_text() {
     let text = config::validate(&c, 8, 1).unwrap().to_string();
     let expected = "\
 devices: 8 in 1 slice
-mesh: [data, stage, fsdp, fsdp_transpose, context, tensor, tensor_sequence, expert, autoregressive] = [1, 1, 4, 1, 1, 2, 1, 1, 1] (ici [1, 1, 4, 1, 1, 2, 1, 1, 1], dcn [1, 1, 1, 1, 1, 1, 1, 1, 1])
+mesh: [data, stage, fsdp, fsdp_transpose, context, context_usp_ulysses, tensor, tensor_sequence, expert, autoregressive] = [1, 1, 4, 1, 1, 1, 2, 1, 1, 1] (ici [1, 1, 4, 1, 1, 1, 2, 1, 1, 1], dcn [1, 1, 1, 1, 1, 1, 1, 1, 1, 1])
 batch: int(8 devices x per_device_batch_size 8) = 64 x gradient_accumulation_steps 1 = global batch 64, split 4 ways over [data, fsdp, fsdp_transpose, expert]
 tokens per step: 64 x 128 = 8192
 steps: 50 (schedule 50, warmup 5)";

@@ -299,6 +299,8 @@ const KEYS: &[(&str, Effect)] = &[
     ("base_moe_mlp_dim", ProgramVs("128", "256", DEEPSEEK_MOE)),
     ("logits_dot_in_fp32", Program("true")),
     ("use_iota_embed", Program("true")),
+    ("num_vocab_tiling", Program("2")),
+    ("vocab_tiling_ag_once", ProgramVs("true", "false", &["num_vocab_tiling=2"])),
     ("dataset_type", Refused("tfds")),
     ("synthetic_progression", Runtime("maxrs's learnable synthetic rows instead of MaxText's fixed batch")),
     ("dataset_path", Runtime("the token file of dataset_type=tokens")),
@@ -408,6 +410,8 @@ const KEYS: &[(&str, Effect)] = &[
     ("dcn_fsdp_parallelism", Derives("2", "1", &[], 2)),
     ("dcn_fsdp_transpose_parallelism", Derives("2", "1", &[], 2)),
     ("dcn_context_parallelism", Derives("2", "1", &[], 2)),
+    // Only 1 is accepted: usp refuses a DCN split, as MaxText (configs/types.py:3079 at e591f30).
+    ("dcn_context_usp_ulysses_parallelism", Refused("2")),
     ("dcn_tensor_parallelism", Derives("2", "1", &[], 2)),
     ("dcn_tensor_sequence_parallelism", Derives("2", "1", &[], 2)),
     ("dcn_expert_parallelism", Derives("2", "1", &[], 2)),
@@ -430,6 +434,14 @@ const KEYS: &[(&str, Effect)] = &[
     ("ici_fsdp_parallelism", ProgramVs("2", "1", &["ici_data_parallelism=-1"])),
     ("ici_fsdp_transpose_parallelism", Program("2")),
     ("ici_context_parallelism", Program("2")),
+    (
+        "ici_context_usp_ulysses_parallelism",
+        ProgramVs(
+            "4",
+            "2",
+            &["context_parallel_strategy=usp", "ici_context_parallelism=2", "attention=flash", "base_num_kv_heads=4"],
+        ),
+    ),
     ("ici_tensor_parallelism", Program("2")),
     ("ici_tensor_sequence_parallelism", Program("2")),
     ("ici_expert_parallelism", Program("2")),

@@ -1,8 +1,9 @@
 //! Context parallelism on 8 CPU devices (`model::context_parallel`): the load-balancing reorder
 //! against the permutations MaxText defines (written out here from `reorder_sequence`'s code and
-//! docstrings, utils/max_utils.py at e591f30), and each strategy (all_gather, ring, ulysses) with
-//! and without load balancing, causal and packed, against the same model on one device: loss and
-//! every parameter's gradient, a tiny f32 model (2 layers, embed 32).
+//! docstrings, utils/max_utils.py at e591f30), and each strategy (all_gather, ring, ulysses, usp)
+//! with and without load balancing, causal and packed, against the same model on one device: loss
+//! and every parameter's gradient, a tiny f32 model (2 layers, embed 32) at 256 tokens, and usp at
+//! 4096.
 
 use crate::common::{rng, run, uniform};
 use maxrs::autodiff::value_and_grad;
@@ -189,105 +190,166 @@ fn worst(got: &Tree<HostTensor>, want: &Tree<HostTensor>) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// One strategy's run: its overrides, its label, the collective its strategy lowers to (which
-/// shows the strategy ran, not the partitioner's choice), and the batches it runs on: causal
+/// One strategy's run: its overrides, its label, the collectives its strategy lowers to (which
+/// show the strategy ran, not the partitioner's choice), and the batches it runs on: causal
 /// (`false`) and/or packed (`true`). Every strategy and balance is checked on packed documents;
 /// causal rows where a case adds something (no documents: the causal mask alone).
-type Case<'a> = (&'a [&'a str], &'a str, &'a str, &'a [bool]);
+type Case<'a> = (&'a [&'a str], &'a str, &'a [&'a str], &'a [bool]);
 
 /// Each case against one device, for a model of `heads`/`kv_heads` over `seq` tokens in `rows`
-/// rows.
-fn check_against_one_device(heads: i64, kv_heads: i64, seq: i64, rows: i64, cases: &[Case]) {
-    let (plain, _) = model(heads, kv_heads, seq, &["ici_fsdp_parallelism=8"]);
-    for packed in [false, true] {
+/// rows, with the overrides `common` on one device and in every case (the attention kernel).
+fn check_against_one_device(heads: i64, kv_heads: i64, seq: i64, rows: i64, common: &[&str], cases: &[Case]) {
+    let (plain, _) = model(heads, kv_heads, seq, &[&["ici_fsdp_parallelism=8"], common].concat());
+    for packed in [false, true].into_iter().filter(|packed| cases.iter().any(|case| case.3.contains(packed))) {
+        let started = std::time::Instant::now();
         let one = run(&program(&plain, None, rows, seq, packed), &inputs(&plain, rows, seq, packed));
-        for (overrides, label, collective, _) in cases.iter().filter(|case| case.3.contains(&packed)) {
-            let (m, mesh) = model(heads, kv_heads, seq, overrides);
+        eprintln!("one device packed={packed}: {:.1?}", started.elapsed());
+        for (overrides, label, collectives, _) in cases.iter().filter(|case| case.3.contains(&packed)) {
+            let (m, mesh) = model(heads, kv_heads, seq, &[overrides, common].concat());
             let sharded = program(&m, mesh, rows, seq, packed);
             let text = to_stablehlo(&sharded);
-            assert!(text.contains(&format!("stablehlo.{collective}")), "{label}: no {collective} in the program");
+            for collective in *collectives {
+                assert!(text.contains(&format!("stablehlo.{collective}")), "{label}: no {collective} in the program");
+            }
+            // With fsdp beside the context axis each device attends for its own rows: the batch's
+            // axis is one of the strategy's manual axes (left to the partitioner, a body with
+            // collectives got every row).
+            if overrides.iter().any(|o| o.starts_with("ici_fsdp_parallelism=")) {
+                let manual = text.split("manual_axes={").nth(1).and_then(|rest| rest.split('}').next());
+                assert!(manual.is_some_and(|axes| axes.contains("\"fsdp\"")), "{label}: manual axes {manual:?}");
+            }
             let started = std::time::Instant::now();
-            let got = run(&sharded, &inputs(&m, rows, seq, packed));
+            let compiled = maxrs::runtime::compile(&crate::common::client(), &sharded).expect("compiles");
+            let compile = started.elapsed();
+            let got = compiled.run(&crate::common::client(), &inputs(&m, rows, seq, packed)).expect("runs");
             let err = worst(&got, &one);
-            eprintln!("{label} packed={packed}: worst scaled error {err:.2e} ({:.1?})", started.elapsed());
+            eprintln!(
+                "{label} packed={packed}: worst scaled error {err:.2e} (compile {compile:.1?}, all {:.1?})",
+                started.elapsed()
+            );
             assert!(err < 1e-5, "{label} packed={packed}: {err:.2e} from one device");
         }
     }
 }
 
-/// Tokens per row: the largest that keeps each test at a few seconds of CPU on 2 cores.
+/// Tokens per row of the checks of every strategy and balance: the largest that keeps each test
+/// at a few seconds of CPU on 2 cores. The dot-product cases stay here: their one-device reference
+/// holds `[rows, heads, seq, seq]` scores (at 4096 tokens 64 MiB a head and layer, in f32) and computes
+/// every one, the causal mask's hidden half too.
 const SEQ: i64 = 256;
+/// Tokens of the long-context check (the issue's 4096), one row of a one-layer model of 2 heads,
+/// blockwise attention on one device too. Attention's CPU time grows with `seq^2 x heads`: a row
+/// of 4096 tokens costs 64 times 4 rows of 256 per head, so only usp runs there (8.6 CPU-s with
+/// its reference; all_gather at context 8 added 10 CPU-s more, over the file's budget, issue 45).
+const LONG: i64 = 4096;
 const CONTEXT_8: &str = "ici_context_parallelism=8";
 const CONTEXT_2: [&str; 2] = ["ici_context_parallelism=2", "ici_fsdp_parallelism=4"];
+/// usp: a ring of 4 x a Ulysses group of 2, and a ring of 2 x 2 x fsdp 2.
+const USP_4X2: [&str; 3] =
+    ["context_parallel_strategy=usp", "ici_context_parallelism=4", "ici_context_usp_ulysses_parallelism=2"];
+const USP_2X2: [&str; 4] = [
+    "context_parallel_strategy=usp",
+    "ici_context_parallelism=2",
+    "ici_context_usp_ulysses_parallelism=2",
+    "ici_fsdp_parallelism=2",
+];
 const RING: &str = "context_parallel_strategy=ring";
 const ULYSSES: &str = "context_parallel_strategy=ulysses";
 const UNBALANCED: &str = "context_parallel_load_balance=false";
+const FLASH: &str = "attention=flash";
 const BOTH: &[bool] = &[false, true];
+/// The collectives each strategy lowers to.
+const GATHER: &[&str] = &["all_gather"];
+const PERMUTE: &[&str] = &["collective_permute"];
+const ALL_TO_ALL: &[&str] = &["all_to_all"];
+const USP: &[&str] = &["all_to_all", "collective_permute"];
 
 #[test]
 fn dot_product_all_gather_and_ring_equal_one_device() {
     let dot = "attention=dot_product";
     let cases: &[Case] = &[
-        (&[CONTEXT_8, dot], "all_gather, context 8, balanced", "all_gather", BOTH),
-        (&[CONTEXT_8, dot, UNBALANCED], "all_gather, context 8", "all_gather", &[true]),
-        (&[CONTEXT_8, dot, RING], "ring, context 8, balanced", "collective_permute", BOTH),
-        (&[CONTEXT_8, dot, RING, UNBALANCED], "ring, context 8", "collective_permute", &[true]),
-        (&[CONTEXT_2[0], CONTEXT_2[1], dot, RING], "ring, context 2 x fsdp 4, balanced", "collective_permute", &[true]),
+        (&[CONTEXT_8], "all_gather, context 8, balanced", GATHER, BOTH),
+        (&[CONTEXT_8, UNBALANCED], "all_gather, context 8", GATHER, &[true]),
+        (&[CONTEXT_8, RING], "ring, context 8, balanced", PERMUTE, BOTH),
+        (&[CONTEXT_8, RING, UNBALANCED], "ring, context 8", PERMUTE, &[true]),
+        (&[CONTEXT_2[0], CONTEXT_2[1], RING], "ring, context 2 x fsdp 4, balanced", PERMUTE, &[true]),
     ];
-    check_against_one_device(4, 2, SEQ, 4, cases);
+    check_against_one_device(4, 2, SEQ, 4, &[dot], cases);
 }
 
 #[test]
 fn blockwise_strategies_equal_one_device() {
-    let flash = "attention=flash";
+    let usp_unbalanced: Vec<&str> = [&USP_4X2[..], &[UNBALANCED]].concat();
     let cases: &[Case] = &[
-        (&[CONTEXT_8, flash], "blockwise all_gather, context 8, balanced", "all_gather", BOTH),
-        (
-            &[CONTEXT_2[0], CONTEXT_2[1], flash],
-            "blockwise all_gather, context 2 x fsdp 4, balanced",
-            "all_gather",
-            &[true],
-        ),
-        (&[CONTEXT_8, flash, RING], "blockwise ring, context 8, balanced", "collective_permute", &[true]),
-        (&[CONTEXT_8, flash, RING, UNBALANCED], "blockwise ring, context 8", "collective_permute", &[true]),
-        (&[CONTEXT_8, flash, ULYSSES, UNBALANCED], "ulysses, context 8", "all_to_all", BOTH),
-        (
-            &[CONTEXT_2[0], CONTEXT_2[1], flash, ULYSSES, UNBALANCED],
-            "ulysses, context 2 x fsdp 4",
-            "all_to_all",
-            &[true],
-        ),
+        (&[CONTEXT_8], "blockwise all_gather, context 8, balanced", GATHER, BOTH),
+        (&CONTEXT_2, "blockwise all_gather, context 2 x fsdp 4, balanced", GATHER, &[true]),
+        (&[CONTEXT_8, RING], "blockwise ring, context 8, balanced", PERMUTE, &[true]),
+        (&[CONTEXT_8, RING, UNBALANCED], "blockwise ring, context 8", PERMUTE, &[true]),
+        (&[CONTEXT_8, ULYSSES, UNBALANCED], "ulysses, context 8", ALL_TO_ALL, BOTH),
+        (&[CONTEXT_2[0], CONTEXT_2[1], ULYSSES, UNBALANCED], "ulysses, context 2 x fsdp 4", ALL_TO_ALL, &[true]),
+        // usp's balanced packed documents: at 4096 tokens (`usp_at_4096_tokens_equals_one_device`).
+        (&USP_4X2, "usp, ring 4 x ulysses 2, balanced", USP, &[false]),
+        (&usp_unbalanced, "usp, ring 4 x ulysses 2", USP, &[true]),
+        (&USP_2X2, "usp, ring 2 x ulysses 2 x fsdp 2, balanced", USP, &[true]),
     ];
-    check_against_one_device(8, 8, SEQ, 4, cases);
+    check_against_one_device(8, 8, SEQ, 4, &[FLASH], cases);
+}
+
+/// The issue's long-context check: usp (its ring and its Ulysses exchange, 2 blocks of keys per ring
+/// step) over 4096 tokens of load-balanced packed documents.
+#[test]
+fn usp_at_4096_tokens_equals_one_device() {
+    let cases: &[Case] = &[(&USP_4X2, "usp, ring 4 x ulysses 2, balanced, 4096 tokens", USP, &[true])];
+    check_against_one_device(2, 2, LONG, 1, &[FLASH, "base_num_decoder_layers=1"], cases);
 }
 
 /// MaxText's refusals of the context-parallelism keys (`configs/types.py`, `utils/max_utils.py`,
-/// `utils/train_utils.py` at e591f30) and maxrs's own `usp`, each naming its keys, on 8 devices.
+/// `utils/train_utils.py` at e591f30), usp's (`_validate_usp_context_parallelism`) among them,
+/// each naming its keys, on 8 devices (6 for an odd ring, 2 hosts for a DCN split).
 #[test]
 fn unsupported_pairs_are_refused_by_name() {
-    let refusal = |overrides: &[&str]| {
+    let refusal = |overrides: &[&str], devices: usize, slices: usize| {
         let args: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
         let c = config::load(None, &args).expect("loads");
-        config::validate(&c, DEVICES, 1).expect_err("refused").to_string()
+        config::validate(&c, devices, slices).expect_err("refused").to_string()
     };
     let ulysses = ["ici_context_parallelism=8", "context_parallel_strategy=ulysses", "base_num_query_heads=8"];
-    for (overrides, want) in [
-        (&["context_parallel_strategy=usp"][..], "context_parallel_strategy: usp"),
-        (&[&ulysses[..], &["attention=flash"]].concat()[..], "context_parallel_load_balance=false"),
-        (&[&ulysses[..], &["context_parallel_load_balance=false"]].concat()[..], "attention=flash"),
-        (
-            &[&ulysses[..], &["context_parallel_load_balance=false", "attention=flash", "base_num_kv_heads=4"]]
-                .concat()[..],
-            "base_num_kv_heads",
-        ),
-        (
-            &["context_parallel_strategy=ulysses", "attention=flash", "context_parallel_load_balance=false"][..],
-            "more than one device",
-        ),
-        (&["ici_context_parallelism=8", "context_parallel_reorder_strategy=striped"][..], "GPU only"),
-        (&["ici_context_parallelism=8", "max_target_length=2056"][..], "not a multiple of 16"),
+    let usp = |extra: &[&'static str]| -> Vec<&'static str> { [&USP_4X2[..], extra].concat() };
+    let flash = FLASH;
+    let usp_dcn = [
+        "context_parallel_strategy=usp",
+        "ici_context_parallelism=2",
+        "ici_context_usp_ulysses_parallelism=2",
+        "dcn_context_parallelism=2",
+        "dcn_data_parallelism=1",
+        flash,
+    ];
+    let odd_ring = [
+        "context_parallel_strategy=usp",
+        "ici_context_parallelism=3",
+        "ici_context_usp_ulysses_parallelism=2",
+        "max_target_length=96",
+        flash,
+    ];
+    for (overrides, devices, slices, want) in [
+        (&["context_parallel_strategy=usp"][..], 8, 1, "ring of more than one device"),
+        (&["context_parallel_strategy=usp", CONTEXT_8][..], 8, 1, "ici_context_usp_ulysses_parallelism > 1"),
+        (&["ici_context_usp_ulysses_parallelism=2"][..], 8, 1, "only with context_parallel_strategy=usp"),
+        (&usp(&[])[..], 8, 1, "usp needs attention=flash"),
+        (&usp(&[flash, "ici_context_parallelism=-1", "ici_fsdp_parallelism=1"])[..], 8, 1, "explicit context sizes"),
+        (&usp_dcn[..], 8, 2, "usp across hosts"),
+        (&usp(&[flash, "base_num_kv_heads=1"])[..], 8, 1, "heads do not split"),
+        (&usp(&[flash, "decoder_block=mistral", "sliding_window_size=64"])[..], 8, 1, "global causal attention only"),
+        (&usp(&[flash, "logical_axis_rules=[[activation_length, [context]]]"])[..], 8, 1, "activation_length to map"),
+        (&odd_ring[..], 6, 1, "must be even"),
+        (&[&ulysses[..], &[flash]].concat()[..], 8, 1, "context_parallel_load_balance=false"),
+        (&[&ulysses[..], &[UNBALANCED]].concat()[..], 8, 1, "attention=flash"),
+        (&[&ulysses[..], &[UNBALANCED, flash, "base_num_kv_heads=4"]].concat()[..], 8, 1, "base_num_kv_heads"),
+        (&[ULYSSES, flash, UNBALANCED][..], 8, 1, "more than one device"),
+        (&[CONTEXT_8, "context_parallel_reorder_strategy=striped"][..], 8, 1, "GPU only"),
+        (&[CONTEXT_8, "max_target_length=2056"][..], 8, 1, "not a multiple of 16"),
     ] {
-        let err = refusal(overrides);
+        let err = refusal(overrides, devices, slices);
         assert!(err.contains(want), "{overrides:?}: {err}");
         assert!(
             err.contains("context_parallel") || err.contains("max_target_length"),

@@ -147,3 +147,4 @@ mod train_pipeline;
 mod train_run;
 mod train_schedule;
 mod train_step;
+mod vocab_tiling;

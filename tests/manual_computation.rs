@@ -219,3 +219,38 @@ fn collectives_move_shards_between_the_devices_of_an_axis() {
         assert!((ad[j] - fd).abs() < 1e-6 * (1.0 + fd.abs()), "dx[{j}]: autodiff {} vs finite differences {fd}", ad[j]);
     }
 }
+
+/// A manual computation over `tensor` alone leaves `data` to the partitioner: an operand sharded
+/// over `data` stays so through it (its dimensions are open, as JAX's `shard_map` writes them),
+/// so the partitioned program moves nothing. Closed, the rows were gathered over `data` at its
+/// boundary and sliced again after it. (A collective in the body, whose replica groups name
+/// devices, still keeps the partitioner from splitting the body further: bodies that have one
+/// name every axis their operands are split over, as the context-parallel strategies do.)
+#[test]
+fn the_axes_left_to_the_partitioner_keep_their_sharding() {
+    let mut sig = Signature::new(Some(mesh()));
+    sig.input("x", DType::F32, &[ROWS, COLS]).sharded(split());
+    sig.output_sharding("y", split());
+    let program = trace(&sig, |_, inp| {
+        let columns = PartitionSpec::new(&[&[], &["tensor"]]);
+        let specs = [columns];
+        let out = manual_computation(&[&inp["x"]], &specs, &specs, |parts| vec![&parts[0] * 2.0]);
+        Tree::new().with("y", out[0].clone())
+    })
+    .expect("traces");
+    let compiled = maxrs::runtime::compile(&maxrs::pjrt::cpu_client(4).unwrap(), &program).unwrap();
+    let (_, module) = compiled.executable.executable().optimized_program().unwrap();
+    // The optimized module is an `HloModuleProto`: each instruction's opcode is its field 2, a
+    // string (tag 0x12, its length, its bytes); the same words in metadata are not opcodes.
+    let opcode = |name: &str| {
+        let quoted: Vec<u8> = [0x12, name.len() as u8].into_iter().chain(name.bytes()).collect();
+        module.windows(quoted.len()).filter(|w| *w == quoted.as_slice()).count()
+    };
+    for collective in ["all-gather", "all-to-all", "collective-permute", "all-reduce"] {
+        assert_eq!(opcode(collective), 0, "{collective}: the rows stay split over data");
+    }
+    assert_eq!(opcode("multiply"), 1, "the opcode count sees the body");
+    let x: Vec<f32> = (0..ROWS * COLS).map(|i| i as f32).collect();
+    let y = run(&program, &Tree::new().with("x", HostTensor::from_f32(&[ROWS, COLS], &x)));
+    assert_eq!(y["y"].to_f32(), x.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+}

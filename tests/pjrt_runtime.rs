@@ -63,7 +63,7 @@ fn sharded_program_runs_on_eight_devices() {
     assert_eq!(client.addressable_devices().unwrap().len(), 8);
     let exe = client.compile(SHARDED_MLIR, &CompileOptions::spmd(8)).unwrap();
     // Per-device signature: each device holds 2 of the 16 rows.
-    assert_eq!(exe.signature().parameters, vec![(DType::F32, vec![2, 4]); 2]);
+    assert_eq!(exe.signature().unwrap().parameters, vec![(DType::F32, vec![2, 4]); 2]);
     let (out, total) = run_sharded(&client, &exe);
     let (want, want_total) = expected();
     assert_eq!(out, want);
@@ -82,7 +82,7 @@ fn serialized_executable_gives_the_same_result() {
     let bytes = exe.executable().serialize().unwrap();
     assert!(!bytes.is_empty());
     let reloaded = client.deserialize(&bytes).unwrap();
-    assert_eq!(reloaded.signature(), exe.signature());
+    assert_eq!(reloaded.signature().unwrap(), exe.signature().unwrap());
     assert_eq!(run_sharded(&client, &reloaded), run_sharded(&client, &exe));
 }
 

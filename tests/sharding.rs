@@ -147,6 +147,16 @@ fn sharded_step_on_8_devices_matches_one_device() {
     }
     // The step moved the parameters.
     assert!(max_rel_diff(&a["params.wi"].to_f64(), &host_inputs()["params.wi"].to_f64()) > 1e-4);
+    // Each device's block of each input, as the runtime derives it from the program's shardings
+    // and checks arguments against, is the parameter of XLA's partitioned program.
+    let compiled = maxrs::runtime::compile(&maxrs::pjrt::cpu_client(8).unwrap(), &sharded).unwrap();
+    let partitioned = &compiled.executable.signature().unwrap().parameters;
+    assert_eq!(partitioned.len(), sharded.inputs.len());
+    for (i, parameter) in partitioned.iter().enumerate() {
+        for block in compiled.input_block_shapes(i).unwrap() {
+            assert_eq!(&block, parameter, "input {}", sharded.inputs[i].name);
+        }
+    }
 }
 
 #[test]

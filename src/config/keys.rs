@@ -458,6 +458,11 @@ declare_keys! {
         logits_dot_in_fp32: bool = false => MaxText.model(ALL).model_file(),
         /// The token embedding as a one-hot matmul instead of a gather.
         use_iota_embed: bool = false => MaxText.model(ALL).model_file(),
+        /// The loss's logits and cross-entropy in this many tiles of the tokens, one tile after another, each tile's logits recomputed in the backward pass instead of kept (MaxText's vocabulary tiling); 1: all at once.
+        /// per_device_batch_size x max_target_length must be a multiple of it (as in MaxText), and so must max_target_length: maxrs's tiles take every num_vocab_tiling-th token of each row.
+        num_vocab_tiling: i64 = 1 => MaxText.step().read_by_model(ALL).range(int(1, 1 << 24)),
+        /// With num_vocab_tiling > 1: the output head's weights gathered whole (over fsdp, context and expert) once, before the tiles, instead of in every tile; they stay gathered through the backward pass.
+        vocab_tiling_ag_once: bool = false => MaxText.step().read_by_model(ALL),
     }
 
     /// See the data guide (docs/src/guides/data.md). MaxText's default dataset_type is tfds; maxrs has none.
@@ -735,22 +740,26 @@ declare_keys! {
     section "Parallelism" {
         /// The device mesh's axes, in order (MaxText's less the axes maxrs does not implement).
         mesh_axes: Vec<String> = [
-            "data", "stage", "fsdp", "fsdp_transpose", "context", "tensor", "tensor_sequence", "expert", "autoregressive"
+            "data", "stage", "fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "tensor", "tensor_sequence",
+            "expert", "autoregressive"
         ] => MaxText.program(),
         /// The mesh axes each logical array axis is sharded over, tried in order (later rows are fallbacks).
         /// The cache_* rows are decoding's key/value cache (MaxText's "Inference (Prefill, Decode,
         /// Cache)" rows).
         logical_axis_rules: Vec<LogicalAxisRule> = [
             ["activation_embed_and_logits_batch", ["data", "stage", "fsdp", "fsdp_transpose", "expert"]],
-            ["activation_embed_and_logits_batch_sequence", ["data", "stage", "fsdp", "fsdp_transpose", "context", "expert"]],
+            [
+                "activation_embed_and_logits_batch_sequence",
+                ["data", "stage", "fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert"]
+            ],
             ["activation_vocab", ["tensor", "tensor_sequence"]],
             ["activation_vocab", ["tensor"]],
             ["activation_vocab", "tensor_sequence"],
             ["vocab", ["tensor", "tensor_sequence", "autoregressive"]],
-            ["embed_vocab", ["fsdp", "fsdp_transpose", "context", "expert"]],
+            ["embed_vocab", ["fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert"]],
             ["activation_heads", ["tensor", "tensor_sequence", "autoregressive"]],
             ["activation_kv_heads", ["tensor", "tensor_sequence"]],
-            ["activation_q_length", ["context"]],
+            ["activation_q_length", ["context", "context_usp_ulysses"]],
             ["activation_kv_length", []],
             ["activation_kv", ["tensor", "tensor_sequence"]],
             ["activation_kv_batch", ["data", "fsdp", "fsdp_transpose", "expert"]],
@@ -761,31 +770,31 @@ declare_keys! {
             ["qkv", []],
             ["kv", []],
             ["kv_head_dim", []],
-            ["q_lora", ["fsdp", "fsdp_transpose", "context", "expert"]],
-            ["q_lora", ["fsdp", "context", "expert"]],
+            ["q_lora", ["fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert"]],
+            ["q_lora", ["fsdp", "context", "context_usp_ulysses", "expert"]],
             ["q_lora_up_proj", []],
-            ["kv_lora", ["fsdp", "fsdp_transpose", "context", "expert"]],
-            ["kv_lora", ["fsdp", "context", "expert"]],
+            ["kv_lora", ["fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert"]],
+            ["kv_lora", ["fsdp", "context", "context_usp_ulysses", "expert"]],
             ["kv_lora_up_proj", []],
             ["activation_batch_moe", ["data", "fsdp", "fsdp_transpose", "expert"]],
-            ["activation_length_moe", ["context"]],
-            ["activation_norm_length_moe", ["tensor_sequence", "context"]],
+            ["activation_length_moe", ["context", "context_usp_ulysses"]],
+            ["activation_norm_length_moe", ["tensor_sequence", "context", "context_usp_ulysses"]],
             ["activation_embed_moe", ["tensor"]],
             ["activation_mlp_moe", ["tensor", "tensor_sequence"]],
             ["activation_exp", ["expert"]],
             ["exp", "expert"],
             ["mlp_moe", ["fsdp_transpose", "tensor", "tensor_sequence", "autoregressive"]],
-            ["embed_moe", ["fsdp", "fsdp_transpose", "context"]],
-            ["embed_moe", ["fsdp", "context"]],
+            ["embed_moe", ["fsdp", "fsdp_transpose", "context", "context_usp_ulysses"]],
+            ["embed_moe", ["fsdp", "context", "context_usp_ulysses"]],
             ["activation_mlp", ["tensor", "tensor_sequence"]],
             ["activation_batch", ["data", "fsdp", "fsdp_transpose", "expert"]],
-            ["activation_length", ["context"]],
-            ["activation_norm_length", ["tensor_sequence", "context"]],
+            ["activation_length", ["context", "context_usp_ulysses"]],
+            ["activation_norm_length", ["tensor_sequence", "context", "context_usp_ulysses"]],
             ["activation_embed", ["tensor"]],
             ["activation_stage", "stage"],
             ["mlp", ["fsdp_transpose", "tensor", "tensor_sequence", "autoregressive"]],
-            ["embed", ["fsdp", "fsdp_transpose", "context", "expert"]],
-            ["embed", ["fsdp", "context", "expert"]],
+            ["embed", ["fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert"]],
+            ["embed", ["fsdp", "context", "context_usp_ulysses", "expert"]],
             ["norm", ["tensor"]],
             ["layers", "stage"],
             ["dense_layers", []],
@@ -798,7 +807,10 @@ declare_keys! {
         /// The mesh axes the input batch is laid out over; only all of mesh_axes is supported yet.
         /// Axes used for DCN must be earlier in this list than ICI.
         data_sharding: Vec<Vec<String>> = [
-            ["data", "stage", "fsdp", "fsdp_transpose", "context", "tensor", "tensor_sequence", "expert", "autoregressive"]
+            [
+                "data", "stage", "fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "tensor", "tensor_sequence",
+                "expert", "autoregressive"
+            ]
         ] => MaxText.program(),
         /// The data axis across slices: the recommended DCN axis to be auto-sharded.
         dcn_data_parallelism: i64 = -1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
@@ -810,6 +822,8 @@ declare_keys! {
         dcn_fsdp_transpose_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
         /// The context axis across slices.
         dcn_context_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The context_usp_ulysses axis across slices: not supported yet with usp (nor in MaxText); 1 otherwise.
+        dcn_context_usp_ulysses_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
         /// The tensor axis across slices: never recommended.
         dcn_tensor_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
         /// The tensor_sequence axis across slices: never recommended.
@@ -828,6 +842,8 @@ declare_keys! {
         ici_fsdp_transpose_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
         /// The context axis within a slice.
         ici_context_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
+        /// The context_usp_ulysses axis within a slice: context_parallel_strategy=usp's Ulysses group (the sequence is split over context x this); 1 unless usp.
+        ici_context_usp_ulysses_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
         /// The tensor axis within a slice.
         ici_tensor_parallelism: i64 = 1 => MaxText.step().range(int_or_fill(1, MAX_AXIS)),
         /// The tensor_sequence axis within a slice.
@@ -840,7 +856,8 @@ declare_keys! {
         /// all_gather: each device gathers every key and value and attends with its own queries.
         /// ring: keys and values go round the context devices, merged by an online softmax.
         /// ulysses: an all-to-all trades the sequence split for a head split and back (heads and
-        /// key/value heads must divide over the context axis; no load balancing). usp: not supported yet.
+        /// key/value heads must divide over the context axis; no load balancing). usp: Ulysses over
+        /// ici_context_usp_ulysses_parallelism devices, then ring attention over the context axis.
         // `AttentionOp` (layers/attention_op.py at MaxText e591f30); maxrs computes each strategy
         // with its own collectives in a manual computation (model::context_parallel).
         context_parallel_strategy: ContextParallelStrategy = "all_gather" => MaxText.step(),

@@ -14,6 +14,7 @@ pub const MESH_AXES: &[(&str, &str)] = &[
     ("fsdp", "fsdp"),
     ("fsdp_transpose", "fsdp_transpose"),
     ("context", "context"),
+    ("context_usp_ulysses", "context_usp_ulysses"),
     ("tensor", "tensor"),
     ("tensor_sequence", "tensor_sequence"),
     ("expert", "expert"),
@@ -25,7 +26,7 @@ pub const MESH_AXES: &[(&str, &str)] = &[
 /// (`maxtext_keys`), so they are always of size 1 here: `mesh_axes` and the logical axis rules may
 /// name them, as MaxText's own files do, and they shard nothing (leaving an axis out of the mesh
 /// is the same as giving it size 1).
-pub const SIZE_ONE_AXES: &[&str] = &["diloco", "context_usp_ulysses", "context_autoregressive"];
+pub const SIZE_ONE_AXES: &[&str] = &["diloco", "context_autoregressive"];
 
 /// Whether `axis` is a mesh axis maxrs builds.
 pub(crate) fn built(axis: &str) -> bool {
@@ -129,6 +130,7 @@ fn parallelism(config: &Config, axis: &str) -> (i64, i64) {
         "fsdp" => (c.ici_fsdp_parallelism, c.dcn_fsdp_parallelism),
         "fsdp_transpose" => (c.ici_fsdp_transpose_parallelism, c.dcn_fsdp_transpose_parallelism),
         "context" => (c.ici_context_parallelism, c.dcn_context_parallelism),
+        "context_usp_ulysses" => (c.ici_context_usp_ulysses_parallelism, c.dcn_context_usp_ulysses_parallelism),
         "tensor" => (c.ici_tensor_parallelism, c.dcn_tensor_parallelism),
         "tensor_sequence" => (c.ici_tensor_sequence_parallelism, c.dcn_tensor_sequence_parallelism),
         "expert" => (c.ici_expert_parallelism, c.dcn_expert_parallelism),

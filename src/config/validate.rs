@@ -117,7 +117,8 @@ pub fn check(config: &Config) -> Result<(), ConfigError> {
 /// The configuration keys that lower a train step's memory per device, with how (the advice of
 /// every out-of-memory verdict: `train-compile`'s and `maxrs train`'s).
 pub const MEMORY_REMEDIES: &str = "lower per_device_batch_size or max_target_length, recompute more in the backward \
-                                   pass (remat_policy=full), shard the weights over more devices \
+                                   pass (remat_policy=full), compute the loss's logits in tiles (num_vocab_tiling), \
+                                   shard the weights over more devices \
                                    (ici_fsdp_parallelism, or dcn_fsdp_parallelism across hosts/slices instead of \
                                    dcn_data_parallelism), or keep the weights in half precision (weight_dtype=bfloat16)";
 
@@ -177,7 +178,7 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
     let mesh = mesh::build(config, num_devices, num_slices)?;
     let (_, head_scale, _, _) = parameter_scales(config.global_parameter_scale);
     let heads = (config.base_num_query_heads << head_scale, config.base_num_kv_heads << head_scale);
-    super::context_parallel::check(config, mesh.size("context"), heads)?;
+    super::context_parallel::check(config, (mesh.size("context"), mesh.size("context_usp_ulysses")), heads)?;
 
     let experts = mesh.size("expert");
     if config.decoder_block.has_experts() && config.num_experts % experts as i64 != 0 {
@@ -563,8 +564,55 @@ fn check_training(c: &Config) -> Result<(), ConfigError> {
             "empty, but dataset_type=tokens reads batches from it; name a token file",
         ));
     }
+    check_vocab_tiling(c)?;
     check_data(c)?;
     check_outputs(c)
+}
+
+/// `num_vocab_tiling`'s conditions: MaxText's (`configs/types.py` at e591f30: each device's
+/// `per_device_batch_size x max_target_length` tokens split into the tiles; DPO refuses it,
+/// `trainers/post_train/dpo/train_dpo.py`), and what maxrs's tiles need (`Model::head_loss`:
+/// every `num_vocab_tiling`-th token of a row, so whole rows) or do not do yet.
+fn check_vocab_tiling(c: &Config) -> Result<(), ConfigError> {
+    let (tiles, seq) = (c.num_vocab_tiling, c.max_target_length);
+    if tiles == 1 {
+        return Ok(());
+    }
+    let tokens = c.per_device_batch_size * seq as f64;
+    if c.per_device_batch_size > 0.0 && tokens % tiles as f64 != 0.0 {
+        return Err(ConfigError::invalid(
+            "num_vocab_tiling, per_device_batch_size, max_target_length",
+            format!(
+                "per_device_batch_size x max_target_length = {tokens} tokens do not split into \
+                 num_vocab_tiling={tiles} tiles; as in MaxText, use a number of tiles that divides them"
+            ),
+        ));
+    }
+    if seq % tiles != 0 {
+        return Err(ConfigError::invalid(
+            "num_vocab_tiling, max_target_length",
+            format!(
+                "{tiles} tiles of rows of max_target_length={seq} tokens is not supported yet: maxrs's tiles take \
+                 every {tiles}-th token of each row; use a num_vocab_tiling that divides max_target_length"
+            ),
+        ));
+    }
+    if c.use_dpo {
+        return Err(ConfigError::invalid(
+            "num_vocab_tiling, use_dpo",
+            format!(
+                "{tiles} with use_dpo=true: as in MaxText, vocabulary tiling is not supported with DPO; \
+                 set num_vocab_tiling=1"
+            ),
+        ));
+    }
+    if c.ici_pipeline_parallelism != 1 || c.dcn_pipeline_parallelism != 1 {
+        return Err(ConfigError::invalid(
+            "num_vocab_tiling, ici_pipeline_parallelism, dcn_pipeline_parallelism",
+            format!("{tiles} on pipeline stages (a pipeline parallelism above 1) is not supported yet"),
+        ));
+    }
+    Ok(())
 }
 
 /// Checkpointing and run outputs: MaxText's rules plus what maxrs needs to write anything.

@@ -83,12 +83,18 @@ impl Emitter<'_> {
     }
 
     pub(super) fn manual(&mut self, m: &Manual, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ssa> {
-        assert!(self.mesh.is_some(), "a manual computation is traced only on a mesh");
+        let mesh = self.mesh.as_ref().expect("a manual computation is traced only on a mesh");
+        // With axes left to the partitioner (the mesh's others), every dimension is open, so that
+        // it keeps sharding the operands and results over them, as JAX's `shard_map` lowering
+        // writes them (`_shardy_shard_map_sharding` in jax/_src/shard_map.py); closed, they
+        // would be gathered whole over those axes at the computation's boundary (issue 49:
+        // context-parallel attention's batch gathered over fsdp, 8x its memory on 8 devices).
+        let open = m.axes.len() < mesh.axes().len();
         let shardings = |specs: &[crate::sharding::PartitionSpec], types: Vec<&Type>| {
             let each: Vec<String> = specs
                 .iter()
                 .zip(types)
-                .map(|(spec, t)| Shardings { spec: Some(spec), rank: t.rank() }.to_string())
+                .map(|(spec, t)| Shardings { spec: Some(spec), rank: t.rank(), open }.to_string())
                 .collect();
             format!("[{}]", each.join(", "))
         };

@@ -52,7 +52,7 @@ pub fn to_stablehlo(program: &Program) -> String {
         if program.mesh.is_some() {
             attrs.push(format!(
                 "sdy.sharding = #sdy.sharding{}",
-                Shardings { spec: input.sharding.as_ref(), rank: input.ty.rank() }
+                Shardings { spec: input.sharding.as_ref(), rank: input.ty.rank(), open: false }
             ));
         }
         if let Some(o) = aliases[i] {
@@ -73,7 +73,7 @@ pub fn to_stablehlo(program: &Program) -> String {
             w(write!(
                 e.out,
                 ", sdy.sharding = #sdy.sharding{}",
-                Shardings { spec: output.sharding.as_ref(), rank: output.ty.rank() }
+                Shardings { spec: output.sharding.as_ref(), rank: output.ty.rank(), open: false }
             ));
         }
         e.out.push('}');

@@ -220,7 +220,7 @@ pub(super) fn emit(e: &mut Emitter, g: &Graph, eqn: &Eqn, ins: &[Ssa]) -> Vec<Ss
             Some(_) => vec![e.op(&format!(
                 "sdy.sharding_constraint {} {} : {t}",
                 ins[0],
-                Shardings { spec: Some(spec), rank: out.rank() }
+                Shardings { spec: Some(spec), rank: out.rank(), open: false }
             ))],
         },
         Prim::OptimizationBarrier => {

@@ -24,6 +24,9 @@ impl Display for MeshDecl<'_> {
 pub(super) struct Shardings<'a> {
     pub spec: Option<&'a PartitionSpec>,
     pub rank: usize,
+    /// Open dimensions (`{"data", ?}`, `{?}`): the partitioner may shard them further over
+    /// other axes.
+    pub open: bool,
 }
 
 impl Display for Shardings<'_> {
@@ -40,6 +43,11 @@ impl Display for Shardings<'_> {
                     f.write_str(", ")?;
                 }
                 write!(f, "\"{a}\"")?;
+            }
+            match (self.open, axes.is_empty()) {
+                (false, _) => {}
+                (true, true) => f.write_str("?")?,
+                (true, false) => f.write_str(", ?")?,
             }
             f.write_str("}")?;
         }

@@ -277,7 +277,12 @@ impl LayerContext {
         training: bool,
     ) -> Tensor {
         let mask = Mask { chunk, ..self.mask(window) };
-        if let Some(out) = context_parallel::attend(&self.context_parallel, [q, k, v], &mask, how, options, sinks) {
+        let (batch, heads) = match &self.axes {
+            Some(axes) => (&axes.batch[..], &axes.heads[..]),
+            None => (&[][..], &[][..]),
+        };
+        let cp = &self.context_parallel;
+        if let Some(out) = context_parallel::attend(cp, [q, k, v], (batch, heads), &mask, how, options, sinks) {
             return out;
         }
         let AttentionImpl::Cudnn { block } = how else { return attend_sinks(q, k, v, &mask, how, options, sinks) };

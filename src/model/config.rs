@@ -59,6 +59,12 @@ pub struct ModelConfig {
     pub logits_dot_in_fp32: bool,
     /// The token embedding as a one-hot matmul instead of a gather (MaxText's `use_iota_embed`).
     pub use_iota_embed: bool,
+    /// `num_vocab_tiling`: the loss's logits in this many tiles of the tokens, each recomputed in
+    /// the backward pass (`Model::loss`); 1: all at once.
+    pub vocab_tiles: i64,
+    /// `vocab_tiling_ag_once`: the tiles read the head's weights gathered once, whole over the
+    /// axes that shard their `embed` dimension.
+    pub vocab_tiling_ag_once: bool,
     /// Per-layer rematerialization.
     pub remat: RematPolicy,
     /// Whether a layer's recomputation reads its inputs through an optimization barrier: JAX's
@@ -137,6 +143,8 @@ impl ModelConfig {
             max_segments_per_seq: c.max_documents_per_row(),
             logits_dot_in_fp32: c.logits_dot_in_fp32,
             use_iota_embed: c.use_iota_embed,
+            vocab_tiles: c.num_vocab_tiling,
+            vocab_tiling_ag_once: c.vocab_tiling_ag_once,
             remat: remat_policy(c.remat_policy),
             remat_prevent_cse: !(c.scan_layers || (c.gradient_accumulation_steps > 1 && c.hardware.is_gpu())),
             fp8: match c.quantization {

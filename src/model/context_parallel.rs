@@ -16,7 +16,11 @@
 //!   - `ring`: keys and values go round the devices (`ppermute`), each step's partial attention
 //!     merged into the running one by its log-sum-exp (an online softmax);
 //!   - `ulysses`: an all-to-all trades the sequence split for a head split, every device attends
-//!     over the whole sequence with its heads, and a second all-to-all trades back.
+//!     over the whole sequence with its heads, and a second all-to-all trades back;
+//!   - `usp` (Ulysses over ring): the sequence is split over `context` x `context_usp_ulysses`;
+//!     an all-to-all over the Ulysses group trades its split for a head split, the ring strategy
+//!     runs over `context` with the group's share of the heads, and an all-to-all trades back
+//!     (MaxText's `call_usp_attention`, kernels/attention/usp_attention.py at e591f30).
 //!
 //!   Each body runs the model's kernel: dot-product attention, or blockwise attention (`flash`,
 //!   and cuDNN's fallback: XLA's fused attention has no mask for one device's queries against
@@ -32,8 +36,11 @@ use super::blockwise;
 use super::kernel::{attend_sinks, dot_product, masked_scores, AttendOptions, AttentionImpl};
 use super::mask::{Mask, Order};
 
-/// The mesh axis the sequence is split over (MaxText's `context_sharding`).
+/// The mesh axis the sequence is split over (MaxText's `context_sharding`); usp's ring.
 pub const AXIS: &str = "context";
+
+/// usp's Ulysses group, the sequence's second, minor split (MaxText's `ulysses_context_sharding`).
+pub const ULYSSES: &str = "context_usp_ulysses";
 
 /// The batch arrays the reorder permutes: MaxText's `_reorder_keys` (utils/max_utils.py:955-964
 /// at e591f30) that maxrs's batches have.
@@ -111,10 +118,13 @@ pub fn reorder_batch(cp: &ContextParallel, batch: &Tree) -> (Tree, Option<Order>
 
 /// Attention of `q: [batch, seq, heads, head_dim]` over `k, v: [batch, seq, kv_heads, head_dim]`
 /// under `mask` by `cp`'s strategy with `how`'s kernel, when the sequence is split over more than
-/// one context device; `None` otherwise.
+/// one context device; `None` otherwise. `(batch_axes, head_axes)` are the mesh axes the
+/// activations' batch and heads are split over.
+#[allow(clippy::too_many_arguments)]
 pub fn attend(
     cp: &ContextParallel,
     [q, k, v]: [&Tensor; 3],
+    (batch_axes, head_axes): (&[String], &[String]),
     mask: &Mask,
     how: AttentionImpl,
     options: &AttendOptions,
@@ -125,14 +135,13 @@ pub fn attend(
         return None;
     }
     let strategy = cp.strategy;
-    // Refused by the config's checks (`config::context_parallel`).
-    assert!(strategy != ContextParallelStrategy::Usp, "context_parallel_strategy=usp is refused");
     // cuDNN's fused attention does not split the sequence: its blockwise fallback.
     let kernel = match how {
         AttentionImpl::DotProduct => None,
         AttentionImpl::Blockwise { block } | AttentionImpl::Cudnn { block } => Some(block),
     };
     let seq = q.shape()[1];
+    // Each ring device's share of the sequence: under usp, its Ulysses group's after the exchange.
     let local = seq / n;
     // Blocks of the local queries (and of every device's keys): the kernel's, shrunk to divide them.
     let block = kernel.map(|b| (1..=b.min(local)).rev().find(|d| local % d == 0).unwrap_or(local));
@@ -141,14 +150,34 @@ pub fn attend(
         None => (0..seq).collect(),
     };
     let body = Body { n, local, block, order, options: *options };
+    let usp = strategy == ContextParallelStrategy::Usp;
+    // The sequence's split, the ring's major (`with_usp_sequence_axes`: `(ring, ulysses)`).
+    let seq_axes: Vec<String> = if usp { vec![AXIS.into(), ULYSSES.into()] } else { vec![AXIS.into()] };
+    // The batch's axes, and the heads' for the strategies that keep every head on its device,
+    // are manual too (JAX's shard_map specs in MaxText's attention name them): a body with
+    // collectives is not split further over the axes left to the partitioner, which gathered the
+    // whole batch into it (llama3.1-70b at 128k on context 8 x fsdp 8: each device attended for
+    // all 8 rows, ~21 GiB more at the peak).
+    let mesh = q.trace().mesh().cloned().expect("context shards come from a mesh");
+    let splits =
+        |n: i64, axes: &[String]| n % axes.iter().map(|a| mesh.axis_size(a).unwrap_or(1) as i64).product::<i64>() == 0;
+    let rows: Vec<String> = if splits(q.shape()[0], batch_axes) { batch_axes.to_vec() } else { Vec::new() };
+    let keeps_heads = matches!(strategy, ContextParallelStrategy::AllGather | ContextParallelStrategy::Ring);
+    let whole_heads = keeps_heads && splits(q.shape()[2], head_axes) && splits(k.shape()[2], head_axes);
+    let heads: Vec<String> = if whole_heads { head_axes.to_vec() } else { Vec::new() };
     let seq_spec = |rank: usize| {
         let mut dims = vec![vec![]; rank];
-        dims[1] = vec![AXIS.to_string()];
+        dims[0] = rows.clone();
+        dims[1] = seq_axes.clone();
+        if rank == 4 {
+            dims[2] = heads.clone();
+        }
         PartitionSpec::from_axes(dims)
     };
     // Each device's plain token indices and (Ulysses) its heads' sinks come in split over the
     // context axis: a body that computed them from its `axis_index` would not partition along
-    // the other mesh axes, which stay automatic.
+    // the other mesh axes, which stay automatic. Under usp the indices are the ring device's
+    // (the same for its whole Ulysses group).
     let indices = mask.indices(q, q.shape()[1]);
     let mut inputs = vec![q, k, v, &indices];
     let mut specs = vec![seq_spec(4), seq_spec(4), seq_spec(4), PartitionSpec::new(&[&[AXIS]])];
@@ -157,7 +186,7 @@ pub fn attend(
     inputs.extend(sinks);
     specs.extend(sinks.map(|_| match strategy {
         ContextParallelStrategy::Ulysses => PartitionSpec::new(&[&[AXIS]]),
-        _ => PartitionSpec::replicated(),
+        _ => PartitionSpec::from_axes(vec![heads.clone()]),
     }));
     let (segmented, with_sinks) = (mask.segments.is_some(), sinks.is_some());
     let out = manual_computation(&inputs, &specs, &[seq_spec(4)], |parts| {
@@ -168,7 +197,8 @@ pub fn attend(
         let out = match strategy {
             ContextParallelStrategy::AllGather => body.all_gather([q, k, v], query, &local_mask, sinks.as_ref()),
             ContextParallelStrategy::Ring => body.ring([q, k, v], query, &local_mask, sinks.as_ref()),
-            _ => ulysses([q, k, v], &local_mask, how, options, sinks.as_ref()),
+            ContextParallelStrategy::Usp => body.usp([q, k, v], query, &local_mask),
+            ContextParallelStrategy::Ulysses => ulysses([q, k, v], &local_mask, how, options, sinks.as_ref()),
         };
         vec![out.astype(q.dtype())]
     });
@@ -283,6 +313,20 @@ impl Body {
             }
             None => out,
         }
+    }
+
+    /// The usp strategy in the body: queries, keys and values from `[batch, seq / (n u), heads,
+    /// d]` to `[batch, seq / n, heads / u, d]` by an all-to-all over the Ulysses group of `u`
+    /// devices (which holds the ring device's `seq / n` tokens in order, the ring's axis being
+    /// the major one), document ids all-gathered over the group, the ring strategy over
+    /// `context` with the group's share of the heads, and the output back by the inverse
+    /// all-to-all (`call_usp_attention`, kernels/attention/usp_attention.py at e591f30). Sinks
+    /// are refused with usp, as in MaxText (`config::context_parallel`).
+    fn usp(&self, [q, k, v]: [&Tensor; 3], query: &Tensor, mask: &Mask) -> Tensor {
+        let to_heads = |x: &Tensor| x.all_to_all(ULYSSES, 2, 1);
+        let group = Mask { segments: mask.segments.as_ref().map(|s| s.all_gather(ULYSSES, 1)), ..mask.clone() };
+        let out = self.ring([&to_heads(q), &to_heads(k), &to_heads(v)], query, &group, None);
+        out.astype(q.dtype()).all_to_all(ULYSSES, 1, 2)
     }
 
     /// One ring step: this device's queries over the keys of device `d - step`: the f32 output

@@ -3,11 +3,11 @@
 //! (`stacks.rs`: by default one stack `layers`), one layer's parameters and one layer's
 //! computation for each kind of layer; the shared decoder runs the stacks (`run_stacks.rs`; with
 //! a key/value cache `decode.rs`), and owns the token (and learned position) embedding, the final
-//! norm (of the family's kind), the logits, the loss (with the layers' auxiliary losses, e.g. MoE
-//! load balancing, averaged over layers and added as MaxText adds them), the parameter list and
-//! count, and the FLOP count. The train step, the initializer, TFLOPs, the AOT artifact's
-//! compiled keys and the parameter-file check all ask a `Model` instead of knowing any family's
-//! layout.
+//! norm (of the family's kind), the logits, the loss (in tiles of the tokens with
+//! `num_vocab_tiling`; with the layers' auxiliary losses, e.g. MoE load balancing, averaged over
+//! layers and added as MaxText adds them), the parameter list and count, and the FLOP count. The
+//! train step, the initializer, TFLOPs, the AOT artifact's compiled keys and the parameter-file
+//! check all ask a `Model` instead of knowing any family's layout.
 //!
 //! Shared parameters (names as in a MaxText checkpoint's `params` tree):
 //!
@@ -37,7 +37,7 @@ use crate::config::registry;
 use crate::config::{self, Config, DecoderBlock};
 use crate::ir::{DType, RematFences, Signature};
 use crate::sharding::PartitionSpec;
-use crate::tensor::{checkpoint, einsum, fence_cotangents, random, RematPolicy, Tensor, Tree};
+use crate::tensor::{checkpoint, einsum, fence_cotangents, random, scan, RematPolicy, Tensor, Tree};
 
 use super::attention::LayerContext;
 use super::blocks::Activation;
@@ -289,12 +289,25 @@ impl Model {
         order: Option<Order>,
         keep_layer_outputs: bool,
     ) -> Forward {
+        let (embeddings, y, layer_outputs, aux_losses) = self.hidden(params, batch, order, keep_layer_outputs);
+        Forward { embeddings, layer_outputs, logits: self.head(params, &y), aux_losses }
+    }
+
+    /// `forward_in_order` up to the head: the embeddings, the last layer's output `[batch, seq,
+    /// emb]`, the layer outputs when asked for, and the auxiliary losses.
+    fn hidden(
+        &self,
+        params: &Tree,
+        batch: &Tree,
+        order: Option<Order>,
+        keep_layer_outputs: bool,
+    ) -> (Tensor, Tensor, Option<Tensor>, Tree) {
         let c = &self.config;
         let mut ctx = LayerContext::new(c, batch).in_order(order);
         let x = self.embed(params, &batch["inputs"], &ctx.positions);
         ctx.per_layer_inputs = self.family.per_layer_inputs(c, params, &batch["inputs"], &x);
         let (y, layer_outputs, aux_losses) = self.run_stacks(params, &x, &ctx, keep_layer_outputs);
-        Forward { embeddings: x, layer_outputs, logits: self.head(params, &y), aux_losses }
+        (x, y, layer_outputs, aux_losses)
     }
 
     /// The embeddings `[batch, seq, emb]` (in `dtype`) of `tokens: s32[batch, seq]` at
@@ -312,23 +325,34 @@ impl Model {
     /// The f32 logits `[batch, seq, vocab]` of the last layer's output `y: [batch, seq, emb]`:
     /// the family's final norm, then the output projection (or the embedding, tied).
     pub fn head(&self, params: &Tree, y: &Tensor) -> Tensor {
+        let (params, y, weights) = &fence_head(params, y, &self.output_weights(params));
+        self.logits(params, y, weights)
+    }
+
+    /// The output projection's weights as the product reads them.
+    fn output_weights(&self, params: &Tree) -> Tensor {
         let c = &self.config;
         let in_f32 = |x: &Tensor| if c.logits_dot_in_fp32 { x.astype(DType::F32) } else { x.clone() };
-        // The output projection's weights as the product reads them. Tied, MaxText's
-        // `attend_on_embedding` (`src/maxtext/layers/embeddings.py` at e591f30) is `jnp.dot(y,
-        // jnp.asarray(table, jnp.bfloat16).T, preferred_element_type=attend_dtype)`: the table is
-        // rounded to bf16 whatever `dtype` is (and promoted back to `y`'s dtype for the product),
-        // so its gradient through the logits is rounded to bf16 too. Otherwise MaxText's
-        // `logits_dot_in_fp32` (`Decoder.apply_output_head` in `src/maxtext/layers/decoders.py`,
-        // e591f30) makes the product f32.
-        let weights = match c.logits_via_embedding {
+        // Tied, MaxText's `attend_on_embedding` (`src/maxtext/layers/embeddings.py` at e591f30)
+        // is `jnp.dot(y, jnp.asarray(table, jnp.bfloat16).T, preferred_element_type=attend_dtype)`:
+        // the table is rounded to bf16 whatever `dtype` is (and promoted back to `y`'s dtype for
+        // the product), so its gradient through the logits is rounded to bf16 too. Otherwise
+        // MaxText's `logits_dot_in_fp32` (`Decoder.apply_output_head` in
+        // `src/maxtext/layers/decoders.py`, e591f30) makes the product f32.
+        match c.logits_via_embedding {
             true => in_f32(&params["token_embedder.embedding"].astype(DType::BF16).astype(c.dtype)),
             false => {
                 let dtype = if c.logits_dot_in_fp32 { DType::F32 } else { c.dtype };
                 params["decoder.logits_dense.kernel"].astype(dtype)
             }
-        };
-        let (params, y, weights) = &fence_head(params, y, &weights);
+        }
+    }
+
+    /// The final norm and the f32 logits `[batch, seq, vocab]` of `y: [batch, seq, emb]`, given
+    /// the output projection's `weights` (`output_weights`).
+    fn logits(&self, params: &Tree, y: &Tensor, weights: &Tensor) -> Tensor {
+        let c = &self.config;
+        let in_f32 = |x: &Tensor| if c.logits_dot_in_fp32 { x.astype(DType::F32) } else { x.clone() };
         let y = self.family.final_norm(c).apply(params, "decoder.decoder_norm", y);
         let logits = if c.logits_via_embedding {
             let mut logits = einsum("btd,vd->btv", &[&in_f32(&y), weights]);
@@ -349,8 +373,106 @@ impl Model {
     /// layer's output `y` on `batch` (a pipeline's last stage; the layers' auxiliary losses are
     /// the stages' to add).
     pub fn head_loss(&self, params: &Tree, y: &Tensor, batch: &Tree, z_loss_multiplier: f64) -> (Tensor, Tree) {
-        let logits = self.head(params, y);
-        loss_from_logits(&logits, &batch["targets"], &batch["targets_segmentation"], z_loss_multiplier)
+        let (targets, segmentation) = (&batch["targets"], &batch["targets_segmentation"]);
+        if self.config.vocab_tiles > 1 {
+            let sums = self.tiled_loss_sums(params, y, targets, segmentation, z_loss_multiplier);
+            return loss_from_sums(sums, segmentation);
+        }
+        loss_from_logits(&self.head(params, y), targets, segmentation, z_loss_multiplier)
+    }
+
+    /// The masked sums of [`masked_sums`] (cross-entropy with the z-loss term, and the z-loss
+    /// term alone) over the head's logits of `y: [batch, seq, emb]`, computed in
+    /// `num_vocab_tiling` tiles of the tokens, one after another: MaxText's vocabulary tiling
+    /// (`vocab_tiling_nnx_loss`, `src/maxtext/utils/vocabulary_tiling.py` at e591f30, which
+    /// `loss_fn` in `trainers/pre_train/train.py` calls with `num_vocab_tiling > 1`). A scan over
+    /// the tiles whose body is a rematerialization region that keeps nothing: the forward pass
+    /// holds one tile's logits at a time, and the backward pass (a reverse scan) recomputes each
+    /// tile's norm and logits from the tile's input to differentiate them, as MaxText's custom
+    /// VJP does, instead of keeping `[batch, seq, vocab]` logits and their cotangent. The head's
+    /// parameters are the scan's constants: their gradients add up over the tiles in their own
+    /// dtype (f32 with f32 weights, as MaxText's accumulator), cast for the product in each tile.
+    ///
+    /// MaxText's tile `t` is the `t`-th block of the flattened `[batch * seq]` tokens. Here it is
+    /// every `num_vocab_tiling`-th token of each row from token `t` on: on a mesh each device's
+    /// contiguous run of the sequence (the `context` axis) and its rows (the batch axes) then
+    /// split into tiles where they are, where MaxText's blocks re-lay every token out across the
+    /// devices first. The loss is a sum over tokens, so the grouping changes only its order of
+    /// summation.
+    fn tiled_loss_sums(
+        &self,
+        params: &Tree,
+        y: &Tensor,
+        targets: &Tensor,
+        segmentation: &Tensor,
+        z: f64,
+    ) -> [Tensor; 2] {
+        let c = &self.config;
+        let tiles = c.vocab_tiles;
+        let (rows, seq) = (y.shape()[0], y.shape()[1]);
+        // [rows, seq, ...] -> [tiles, rows, seq / tiles, ...]: token i * tiles + t of a row is
+        // token i of tile t.
+        let split = |x: &Tensor, logical: &[&str]| -> Tensor {
+            let rest = &x.shape()[2..];
+            let dims: Vec<i64> = [rows, seq / tiles, tiles].iter().chain(rest).copied().collect();
+            let perm: Vec<usize> = [2, 0, 1].into_iter().chain(3..dims.len()).collect();
+            let tiled = x.reshape(&dims).transpose(&perm);
+            let Some(mesh) = tiled.trace().mesh().cloned() else { return tiled };
+            let spec = c.rules.spec(logical, &mesh);
+            let dims = std::iter::once(vec![]).chain((0..spec.rank()).map(|d| spec.dim(d).to_vec()));
+            tiled.with_sharding_constraint(&PartitionSpec::from_axes(dims.collect()))
+        };
+        let xs: Tree = [
+            ("y", split(y, BTE)),
+            ("targets", split(targets, &BTE[..2])),
+            ("segmentation", split(segmentation, &BTE[..2])),
+        ]
+        .into_iter()
+        .collect();
+        let head = self.head_params(params);
+        let zero = y.trace().scalar(0.0, DType::F32);
+        let carry: Tree = [("xent", zero.clone()), ("z_loss", zero)].into_iter().collect();
+        let (sums, _) = scan(&carry, &xs, |acc, tile| {
+            let mut inputs = head.prefixed("head");
+            inputs.extend(tile.clone());
+            // Nothing to fence: the backward scan's results (the tiles' input cotangents and the
+            // weights' summed gradients) all leave the loop together.
+            let fences = RematFences { inputs: false, cotangents: false, wait_for_cotangents: false };
+            let sums = checkpoint(&RematPolicy::Full, fences, &inputs, |t| {
+                let head = t.subtree("head");
+                let logits = self.logits(&head, &t["y"], &self.output_weights(&head));
+                let [xent, z_loss] = masked_sums(&logits, &t["targets"], &t["segmentation"], z);
+                [("xent", xent), ("z_loss", z_loss)].into_iter().collect()
+            });
+            let acc: Tree = acc.map(|name, a| a + &sums[name]);
+            (acc, Tree::new())
+        });
+        [sums["xent"].clone(), sums["z_loss"].clone()]
+    }
+
+    /// The parameters the head reads (the final norm's and the output projection's), with
+    /// `vocab_tiling_ag_once` laid out whole over the axes that shard their `embed` dimension
+    /// (MaxText's `get_physical_spec_without_axes` over `FSDP_MESH_AXES + ("context",
+    /// "context_usp_ulysses", "expert")`, `vocabulary_tiling.py` at e591f30): the product in each
+    /// tile reads them without gathering them again, and their summed gradient is held whole too.
+    fn head_params(&self, params: &Tree) -> Tree {
+        let c = &self.config;
+        let weight = if c.logits_via_embedding { "token_embedder.embedding" } else { "decoder.logits_dense.kernel" };
+        let is_head = |n: &str| n == weight || n.starts_with("decoder.decoder_norm.");
+        let head: Tree = params.iter().filter(|(n, _)| is_head(n)).map(|(n, p)| (n, p.clone())).collect();
+        let mesh = head.values().next().and_then(|p| p.trace().mesh().cloned());
+        let mesh = match mesh {
+            Some(mesh) if c.vocab_tiling_ag_once => mesh,
+            _ => return head,
+        };
+        const GATHERED: [&str; 5] = ["fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert"];
+        let defs = self.base_param_defs(c.scan_layers);
+        head.map(|name, p| {
+            let def = defs.iter().find(|d| d.name == name).expect("a head parameter is the model's");
+            let spec = c.rules.spec(&def.logical, &mesh);
+            let keep = |d: usize| spec.dim(d).iter().filter(|a| !GATHERED.contains(&a.as_str())).cloned().collect();
+            p.with_sharding_constraint(&PartitionSpec::from_axes((0..spec.rank()).map(keep).collect()))
+        })
     }
 
     /// MaxText's loss on a batch tree with `inputs`, `targets` (s32 `[batch, seq]`) and
@@ -364,13 +486,12 @@ impl Model {
         // MaxText reorders the train and eval batches for load-balanced context parallelism
         // (`setup_train_loop`, utils/train_utils.py:306-331 at e591f30).
         let (batch, order) = context_parallel::reorder_batch(&self.config.context_parallel, batch);
-        let forward = self.forward_in_order(params, &batch, order, false);
-        let (mut loss, mut aux) =
-            loss_from_logits(&forward.logits, &batch["targets"], &batch["targets_segmentation"], z_loss_multiplier);
-        for (_, value) in forward.aux_losses.iter() {
+        let (_, y, _, aux_losses) = self.hidden(params, &batch, order, false);
+        let (mut loss, mut aux) = self.head_loss(params, &y, &batch, z_loss_multiplier);
+        for (_, value) in aux_losses.iter() {
             loss = loss + &value.astype(DType::F32);
         }
-        aux.extend(forward.aux_losses.map(|_, v| v.astype(DType::F32)).prefixed("aux_losses"));
+        aux.extend(aux_losses.map(|_, v| v.astype(DType::F32)).prefixed("aux_losses"));
         (loss, aux)
     }
 
@@ -455,16 +576,28 @@ fn embed(c: &ModelConfig, table: &Tensor, tokens: &Tensor) -> Tensor {
 
 /// The loss of `Model::loss` given f32 logits.
 pub fn loss_from_logits(logits: &Tensor, targets: &Tensor, segmentation: &Tensor, z: f64) -> (Tensor, Tree) {
-    let vocab = logits.shape()[2];
+    loss_from_sums(masked_sums(logits, targets, segmentation, z), segmentation)
+}
+
+/// Over the tokens whose `segmentation` is not 0: the sum of each token's cross-entropy
+/// `logsumexp(logits) - logits[target]` plus its z-loss term `z * logsumexp^2`, and the sum of
+/// the z-loss terms alone (f32 scalars).
+fn masked_sums(logits: &Tensor, targets: &Tensor, segmentation: &Tensor, z: f64) -> [Tensor; 2] {
+    let vocab = logits.shape()[logits.rank() - 1];
     let log_z = logits.logsumexp(-1);
     let target_logit = (logits * &targets.one_hot(vocab, DType::F32)).sum(&[-1]);
     let weights = segmentation.ne(0).astype(DType::F32);
     let z_term = log_z.square() * z;
     let xent = (&log_z - &target_logit + &z_term) * &weights;
-    let total_loss = xent.sum_all();
-    let total_weights = weights.sum_all();
+    [xent.sum_all(), (z_term * &weights).sum_all()]
+}
+
+/// The loss (the masked sum over the token count) and its aux tree (`Model::loss`) from
+/// `masked_sums`' sums.
+fn loss_from_sums([total_loss, z_sum]: [Tensor; 2], segmentation: &Tensor) -> (Tensor, Tree) {
+    let total_weights = segmentation.ne(0).astype(DType::F32).sum_all();
     let loss = &total_loss / &total_weights.maximum(1.0);
-    let z_loss = (z_term * &weights).sum_all() / &total_weights.maximum(1.0);
+    let z_loss = z_sum / &total_weights.maximum(1.0);
     let aux = Tree::new().with("total_loss", total_loss).with("total_weights", total_weights).with("z_loss", z_loss);
     (loss, aux)
 }

@@ -6,7 +6,7 @@
 //! parameter shapes (read from the optimized HLO module), so a wrong count, shape or dtype is
 //! refused with a message naming the argument instead of reaching the plugin.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use prost::Message;
 
@@ -250,7 +250,10 @@ pub struct LoadedExecutable {
     raw: *mut ffi::LoadedExecutable,
     executable: Executable,
     devices: Vec<Device>,
-    signature: Signature,
+    /// Read from the optimized program when first asked for: the plugin serializes the whole
+    /// module for each read (twice: once for its size), 0.1-0.5 s per executable of the tests'
+    /// models, which callers that know their program's blocks skip ([`LoadedExecutable::execute_blocks`]).
+    signature: OnceLock<Signature>,
 }
 
 // SAFETY: the PJRT C API may be called from any thread; the handle is not tied to the thread that made it.
@@ -286,7 +289,7 @@ impl LoadedExecutable {
             raw,
             executable: Executable::from_raw(plugin.clone(), get.executable),
             devices: Vec::new(),
-            signature: Signature { parameters: Vec::new(), outputs: Vec::new() },
+            signature: OnceLock::new(),
         };
         let mut devices: ffi::LoadedExecutableAddressableDevicesArgs = ffi::args();
         devices.executable = raw;
@@ -300,7 +303,6 @@ impl LoadedExecutable {
                     .map(|&d| Device::from_raw(client, d))
                     .collect::<Result<_>>()?;
         }
-        loaded.signature = loaded.executable.signature()?;
         Ok(loaded)
     }
 
@@ -324,12 +326,21 @@ impl LoadedExecutable {
         &self.devices
     }
 
-    /// Per-device parameter and output shapes.
-    pub fn signature(&self) -> &Signature {
-        &self.signature
+    /// Per-device parameter and output shapes, from the optimized program.
+    pub fn signature(&self) -> Result<&Signature> {
+        if let Some(signature) = self.signature.get() {
+            return Ok(signature);
+        }
+        let signature = self.executable.signature()?;
+        Ok(self.signature.get_or_init(|| signature))
     }
 
-    fn check_arguments(&self, args: &[Vec<&Buffer>]) -> Result<()> {
+    /// Checks `args[d]` against `expected(d)`, device `d`'s parameter types and shapes.
+    fn check_arguments<'a>(
+        &self,
+        args: &[Vec<&Buffer>],
+        expected: impl Fn(usize) -> &'a [(DType, Vec<i64>)],
+    ) -> Result<()> {
         if args.len() != self.devices.len() {
             return Err(Error::invalid(format!(
                 "executable runs on {} devices but got argument lists for {}",
@@ -337,8 +348,8 @@ impl LoadedExecutable {
                 args.len()
             )));
         }
-        let expected = &self.signature.parameters;
         for (d, list) in args.iter().enumerate() {
+            let expected = expected(d);
             if list.len() != expected.len() {
                 return Err(Error::invalid(format!(
                     "executable takes {} arguments but device {d} got {}",
@@ -364,9 +375,31 @@ impl LoadedExecutable {
     /// result is `outputs[d][j]`. Arguments the program aliases to outputs (donation) are
     /// consumed: afterwards `is_deleted()` is true for them.
     pub fn execute(&self, args: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
-        self.check_arguments(args)?;
+        let parameters = &self.signature()?.parameters;
+        self.check_arguments(args, |_| parameters)?;
+        self.execute_checked(args)
+    }
+
+    /// [`LoadedExecutable::execute`] for a caller that knows the program's parameters:
+    /// `blocks[d]` is what device `d`'s arguments must be (types and per-device shapes), so the
+    /// optimized program is not read for them.
+    pub fn execute_blocks(&self, args: &[Vec<&Buffer>], blocks: &[Vec<(DType, Vec<i64>)>]) -> Result<Vec<Vec<Buffer>>> {
+        if blocks.len() != self.devices.len() {
+            return Err(Error::invalid(format!(
+                "executable runs on {} devices but the parameters of {} were given",
+                self.devices.len(),
+                blocks.len()
+            )));
+        }
+        self.check_arguments(args, |d| &blocks[d])?;
+        self.execute_checked(args)
+    }
+
+    /// Runs on arguments already checked: one list per device, each as long as the program's
+    /// parameters.
+    fn execute_checked(&self, args: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
         let num_devices = args.len();
-        let num_args = self.signature.parameters.len();
+        let num_args = args.first().map_or(0, Vec::len);
         let num_outputs = self.executable.num_outputs()?;
         let raw_args: Vec<Vec<*mut ffi::Buffer>> =
             args.iter().map(|list| list.iter().map(|b| b.raw).collect()).collect();

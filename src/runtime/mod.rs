@@ -22,6 +22,9 @@ pub struct Compiled {
     pub executable: LoadedExecutable,
     /// Per addressable device (execution order): its position in the mesh.
     positions: Vec<usize>,
+    /// Per addressable device: the type and shape of its block of each input, what its
+    /// arguments must be.
+    blocks: Vec<Vec<(crate::host::DType, Vec<i64>)>>,
 }
 
 /// Lowers and compiles `program` on `client`.
@@ -70,7 +73,12 @@ impl Compiled {
                 .collect::<Result<_>>()?,
             None => vec![0],
         };
-        Ok(Compiled { program: program.clone(), executable, positions })
+        let mut compiled = Compiled { program: program.clone(), executable, positions, blocks: Vec::new() };
+        let by_input: Vec<Vec<_>> =
+            (0..program.inputs.len()).map(|i| compiled.input_block_shapes(i)).collect::<Result<_>>()?;
+        compiled.blocks =
+            (0..compiled.positions.len()).map(|d| by_input.iter().map(|blocks| blocks[d].clone()).collect()).collect();
+        Ok(compiled)
     }
 
     pub fn input_index(&self, name: &str) -> Result<usize> {
@@ -184,7 +192,7 @@ impl Compiled {
     pub fn execute(&self, args: &[&DeviceArray]) -> Result<Vec<DeviceArray>> {
         let num_devices = self.positions.len();
         let per_device: Vec<Vec<&Buffer>> = (0..num_devices).map(|d| args.iter().map(|a| &a[d]).collect()).collect();
-        let results = self.executable.execute(&per_device)?;
+        let results = self.executable.execute_blocks(&per_device, &self.blocks)?;
         let mut outputs: Vec<DeviceArray> =
             (0..self.program.outputs.len()).map(|_| Vec::with_capacity(num_devices)).collect();
         for device_outputs in results {
