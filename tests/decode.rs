@@ -279,13 +279,16 @@ fn gemma_families_greedy_decoding_equals_the_full_forward_pass() {
         "rope_max_timescale=10000",
         "per_device_batch_size=4",
     ];
-    // Llama 4: one block of 3 layers attending within chunks of 5 tokens (the prompts and the
+    // Llama 4: one block of a layer attending within chunks of 5 tokens (the prompts and the
     // generated tokens cross them) and a NoPE global one, QK L2 norms, temperature tuning, dense
-    // and MoE layers in turn (4 experts, one a token, and the shared one).
+    // and MoE layers in turn (4 experts, one a token, and the shared one): its files' block of 4
+    // (3 chunked layers) shrunk to its two kinds of layer.
     let llama4 = [
         "model_name=llama4-17b-16e",
         "override_model_config=true",
-        "base_num_decoder_layers=4",
+        "base_num_decoder_layers=2",
+        "inhomogeneous_layer_cycle_interval=2",
+        "nope_layer_interval=2",
         "base_emb_dim=64",
         "base_num_query_heads=4",
         "base_num_kv_heads=2",

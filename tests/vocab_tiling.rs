@@ -140,7 +140,7 @@ fn tiled_loss_and_gradients_equal_the_untiled_ones() {
 /// (as in MaxText's tiled backward pass, which sums the tiles' f32 gradients), untiled the sum is
 /// rounded once. The table's gradient differs by that rounding (6.5e-6 here), the rest by at most 3e-7.
 #[test]
-fn tiled_tied_logits_equal_the_untied_ones() {
+fn tied_logits_tiled_equal_them_untiled() {
     let tied = ["logits_via_embedding=true", "final_logits_soft_cap=5.0", "logits_dot_in_fp32=true"];
     let cases: &[(&[&str], bool)] = &[
         (&["num_vocab_tiling=2"], false),
