@@ -5,8 +5,8 @@
 //! and every parameter's gradient, a tiny f32 model (1 layer, embed 32: a strategy is per layer, a
 //! second layer added compile time, not coverage) at 256 tokens, and usp at 4096.
 
-use crate::common::{rng, run, uniform};
-use maxrs::autodiff::value_and_grad;
+use crate::common::loss_check::{loss_program, model_on, random_params, worst_scaled_error};
+use crate::common::{rng, run};
 use maxrs::config::{self, Reorder};
 use maxrs::host::HostTensor;
 use maxrs::ir::{DType, Program, Signature};
@@ -100,47 +100,23 @@ fn model(heads: i64, kv_heads: i64, seq: i64, extra: &[&str]) -> (Model, Option<
     args.push(format!("base_num_kv_heads={kv_heads}"));
     args.push(format!("max_target_length={seq}"));
     args.extend(extra.iter().map(|s| s.to_string()));
-    let c = config::load(None, &args).expect("config loads");
-    let derived = config::validate(&c, DEVICES, 1).expect("config validates");
-    let ids: Vec<i64> = (0..DEVICES as i64).collect();
-    let mesh = derived.mesh.step_mesh(&[ids]).expect("mesh");
-    (Model::from_config(&c).expect("model builds"), mesh)
+    model_on(DEVICES, &args)
 }
 
 const PACKED: [&str; 5] = ["inputs", "targets", "targets_segmentation", "inputs_position", "inputs_segmentation"];
 
-/// The loss and its gradient (`grad.<param>`) of `m` on a `[rows, seq]` batch, on `mesh` (the
-/// batch split by the activation rules) or one device.
+/// The loss and its gradient (`grad.<param>`) of `m` on a `[rows, seq]` batch (packed: with
+/// documents' positions and segment ids), on `mesh` or one device.
 fn program(m: &Model, mesh: Option<Mesh>, rows: i64, seq: i64, packed: bool) -> Program {
     let names = if packed { &PACKED[..] } else { &PACKED[..3] };
-    let mut sig = Signature::new(mesh.clone());
-    m.declare_params(&mut sig, "params");
-    let spec = mesh.as_ref().map(|mesh| m.config.rules.spec(&["activation_batch", "activation_length"], mesh));
-    for name in names {
-        let input = sig.input(name, DType::S32, &[rows, seq]);
-        if let Some(spec) = &spec {
-            input.sharded(spec.clone());
-        }
-    }
-    trace(&sig, |_, inp| {
-        let params = inp.subtree("params");
-        let batch: Tree = names.iter().map(|n| (n.to_string(), inp[*n].clone())).collect();
-        let (loss, grads) = value_and_grad(&params, |p| m.loss(p, &batch, 0.0).0);
-        grads.prefixed("grad").with("loss", loss)
-    })
-    .expect("the model traces")
+    loss_program(m, mesh, (rows, seq), names, 0.0, false)
 }
 
 /// Random parameters and a `[rows, seq]` batch: packed rows hold documents of uneven lengths
 /// (each token's position within its document) and end in padding (document 0).
 fn inputs(m: &Model, rows: i64, seq: i64, packed: bool) -> Tree<HostTensor> {
-    let mut r = rng(17);
-    let mut inp = Tree::new();
-    for def in m.param_defs() {
-        let n = def.shape.iter().product::<i64>() as usize;
-        let values: Vec<f32> = uniform(&mut r, n, -0.3, 0.3).into_iter().map(|v| v as f32).collect();
-        inp.insert(format!("params.{}", def.name), HostTensor::from_f32(&def.shape, &values));
-    }
+    let mut inp = random_params(m, 17, 0.3);
+    let mut r = rng(18);
     let vocab = m.config.vocab as i32;
     let tokens = |r: &mut rand::rngs::StdRng| (0..rows * seq).map(|_| r.gen_range(0..vocab)).collect::<Vec<i32>>();
     let dims = [rows, seq];
@@ -179,17 +155,6 @@ fn inputs(m: &Model, rows: i64, seq: i64, packed: bool) -> Tree<HostTensor> {
     inp
 }
 
-/// max |got - want| / max(1, max |want|) over every output.
-fn worst(got: &Tree<HostTensor>, want: &Tree<HostTensor>) -> f64 {
-    want.iter()
-        .map(|(name, w)| {
-            let (g, w) = (got[name].to_f64(), w.to_f64());
-            let scale = w.iter().fold(1f64, |a, v| a.max(v.abs()));
-            g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale
-        })
-        .fold(0.0, f64::max)
-}
-
 /// One strategy's run: its overrides, its label, the collectives its strategy lowers to (which
 /// show the strategy ran, not the partitioner's choice), and the batches it runs on: causal
 /// (`false`) and/or packed (`true`). Every strategy and balance is checked on packed documents;
@@ -222,7 +187,7 @@ fn check_against_one_device(heads: i64, kv_heads: i64, seq: i64, rows: i64, comm
             let compiled = maxrs::runtime::compile(&crate::common::client(), &sharded).expect("compiles");
             let compile = started.elapsed();
             let got = compiled.run(&crate::common::client(), &inputs(&m, rows, seq, packed)).expect("runs");
-            let err = worst(&got, &one);
+            let err = worst_scaled_error(&got, &one);
             eprintln!(
                 "{label} packed={packed}: worst scaled error {err:.2e} (compile {compile:.1?}, all {:.1?})",
                 started.elapsed()

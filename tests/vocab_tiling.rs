@@ -6,15 +6,15 @@
 //! `[batch, seq, vocab]` array and needs less of XLA's temporary memory; the combinations MaxText
 //! refuses are refused by name.
 
-use crate::common::{client, rng, run, uniform};
-use maxrs::autodiff::value_and_grad_with_aux;
+use crate::common::loss_check::{loss_program, model_on, random_params, worst_scaled_error};
+use crate::common::{client, rng, run};
 use maxrs::config;
 use maxrs::host::HostTensor;
-use maxrs::ir::{DType, Program, Signature};
+use maxrs::ir::Program;
 use maxrs::lower::to_stablehlo;
 use maxrs::model::Model;
 use maxrs::sharding::Mesh;
-use maxrs::tensor::{trace, Tree};
+use maxrs::tensor::Tree;
 use rand::Rng;
 
 const DEVICES: usize = 8;
@@ -41,45 +41,19 @@ fn model(sizes: &[&str], extra: &[&str]) -> (Model, Option<Mesh>) {
     .map(|s| s.to_string())
     .collect();
     args.extend(sizes.iter().chain(extra).map(|s| s.to_string()));
-    let c = config::load(None, &args).expect("config loads");
-    let derived = config::validate(&c, DEVICES, 1).expect("config validates");
-    let ids: Vec<i64> = (0..DEVICES as i64).collect();
-    let mesh = derived.mesh.step_mesh(&[ids]).expect("mesh");
-    (Model::from_config(&c).expect("model builds"), mesh)
+    model_on(DEVICES, &args)
 }
 
 /// The loss, its aux values (`aux.*`) and its gradient (`grad.<param>`) of `m` on a `[rows, seq]`
 /// batch, on `mesh` (the batch split by the activation rules) or one device.
 fn program(m: &Model, mesh: Option<Mesh>, rows: i64, seq: i64) -> Program {
-    let mut sig = Signature::new(mesh.clone());
-    m.declare_params(&mut sig, "params");
-    let spec = mesh.as_ref().map(|mesh| m.config.rules.spec(&["activation_batch", "activation_length"], mesh));
-    for name in NAMES {
-        let input = sig.input(name, DType::S32, &[rows, seq]);
-        if let Some(spec) = &spec {
-            input.sharded(spec.clone());
-        }
-    }
-    trace(&sig, |_, inp| {
-        let params = inp.subtree("params");
-        let batch: Tree = NAMES.iter().map(|n| (n.to_string(), inp[*n].clone())).collect();
-        let (loss, aux, grads) = value_and_grad_with_aux(&params, |p| m.loss(p, &batch, Z_LOSS));
-        let mut out = grads.prefixed("grad").with("loss", loss);
-        out.extend(aux.prefixed("aux"));
-        out
-    })
-    .expect("the model traces")
+    loss_program(m, mesh, (rows, seq), &NAMES, Z_LOSS, true)
 }
 
 /// Random parameters and a `[rows, seq]` batch whose rows end in padding of uneven lengths.
 fn inputs(m: &Model, rows: i64, seq: i64) -> Tree<HostTensor> {
-    let mut r = rng(29);
-    let mut inp = Tree::new();
-    for def in m.param_defs() {
-        let n = def.shape.iter().product::<i64>() as usize;
-        let values: Vec<f32> = uniform(&mut r, n, -0.5, 0.5).into_iter().map(|v| v as f32).collect();
-        inp.insert(format!("params.{}", def.name), HostTensor::from_f32(&def.shape, &values));
-    }
+    let mut inp = random_params(m, 29, 0.5);
+    let mut r = rng(30);
     let vocab = m.config.vocab as i32;
     let dims = [rows, seq];
     for name in ["inputs", "targets"] {
@@ -89,18 +63,6 @@ fn inputs(m: &Model, rows: i64, seq: i64) -> Tree<HostTensor> {
     let segmentation: Vec<i32> = (0..rows * seq).map(|i| i32::from(i % seq < seq - 1 - (i / seq) % 4)).collect();
     inp.insert("targets_segmentation", HostTensor::from_i32(&dims, &segmentation));
     inp
-}
-
-/// max |got - want| / max(1, max |want|) over every output.
-fn worst(got: &Tree<HostTensor>, want: &Tree<HostTensor>) -> f64 {
-    assert_eq!(got.names().collect::<Vec<_>>(), want.names().collect::<Vec<_>>(), "the same outputs");
-    want.iter()
-        .map(|(name, w)| {
-            let (g, w) = (got[name].to_f64(), w.to_f64());
-            let scale = w.iter().fold(1f64, |a, v| a.max(v.abs()));
-            g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale
-        })
-        .fold(0.0, f64::max)
 }
 
 /// For the model of `common` keys: the untiled loss on one device against each case (its keys
@@ -115,7 +77,7 @@ fn check_against_untiled(common: &[&str], cases: &[(&[&str], bool)]) {
         let p = program(&m, mesh.filter(|_| *on_mesh), rows, seq);
         let text = to_stablehlo(&p);
         assert!(text.contains("stablehlo.while"), "{keys:?}: the tiles are a loop");
-        let err = worst(&run(&p, &inputs(&m, rows, seq)), &want);
+        let err = worst_scaled_error(&run(&p, &inputs(&m, rows, seq)), &want);
         eprintln!("{common:?} {keys:?} mesh={on_mesh}: worst scaled error {err:.2e}");
         assert!(err < 1e-5, "{common:?} {keys:?} mesh={on_mesh}: {err:.2e} from the untiled loss");
     }

@@ -8,6 +8,7 @@ pub mod family_ref;
 pub mod gcs_emulator;
 pub mod key_value_load;
 pub mod llama_ref;
+pub mod loss_check;
 pub mod mixtral_ref;
 pub mod mla_ref;
 pub mod moe_ref;
