@@ -327,4 +327,9 @@ fn unsupported_pairs_are_refused_by_name() {
             "{overrides:?} names no key: {err}"
         );
     }
+    // MaxText's usp runs in train mode only (`validate_usp_runtime`, usp_attention.py at e591f30).
+    let args: Vec<String> = USP_4X2.iter().map(|s| s.to_string()).chain(["attention=flash".into()]).collect();
+    let c = config::load(None, &args).expect("loads");
+    let err = config::validate_decode(&c).expect_err("usp does not decode").to_string();
+    assert!(err.starts_with("context_parallel_strategy: ") && err.contains("for training"), "{err}");
 }

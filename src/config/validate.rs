@@ -4,8 +4,8 @@
 use std::fmt;
 
 use super::choices::{
-    AttentionKernel, DatasetType, DecoderBlock, Hardware, ProfilerKind, SamplingStrategy, TokenizerType,
-    MLP_ACTIVATIONS,
+    AttentionKernel, ContextParallelStrategy, DatasetType, DecoderBlock, Hardware, ProfilerKind, SamplingStrategy,
+    TokenizerType, MLP_ACTIVATIONS,
 };
 use super::error::{closest, escape, quote, ConfigError};
 use super::keys::Config;
@@ -270,6 +270,15 @@ pub fn validate(config: &Config, num_devices: usize, num_slices: usize) -> Resul
 /// config is otherwise valid.
 pub fn validate_decode(config: &Config) -> Result<(), ConfigError> {
     quantization::check_decode(config)?;
+    // MaxText's usp attention runs in train mode only (`validate_usp_runtime`,
+    // src/maxtext/kernels/attention/usp_attention.py at e591f30).
+    if config.context_parallel_strategy == ContextParallelStrategy::Usp {
+        return Err(ConfigError::invalid(
+            "context_parallel_strategy",
+            "context_parallel_strategy=usp is for training (as in MaxText); decoding with it is not supported, \
+             use all_gather",
+        ));
+    }
     let (prefill, target) = (config.max_prefill_predict_length, config.max_target_length);
     if prefill < 1 || prefill > target {
         return Err(ConfigError::invalid(
