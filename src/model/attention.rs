@@ -209,10 +209,7 @@ impl LayerContext {
                 slot.key = write_rows(&slot.key, k, layer, &self.positions);
                 slot.value = write_rows(&slot.value, v, layer, &self.positions);
                 let (keys, values) = (layer_of(&slot.key, layer), layer_of(&slot.value, layer));
-                let (qk, kk) = match options.float32_qk_product {
-                    true => (q.astype(DType::F32), keys.astype(DType::F32)),
-                    false => (q.clone(), keys),
-                };
+                let (qk, kk) = options.product_operands(q, &keys);
                 let allowed = self.cache_mask((window, chunk), kk.shape()[1]);
                 dot_product(&qk, &kk, &values, &allowed, options.logits_soft_cap, sinks)
                     .astype(q.dtype())

@@ -205,14 +205,6 @@ pub fn attend(
     Some(out[0].checkpoint_name("context"))
 }
 
-/// The queries `q` in f32 or not as `options` say, with the keys.
-fn product_operands(q: &Tensor, k: &Tensor, options: &AttendOptions) -> (Tensor, Tensor) {
-    match options.float32_qk_product {
-        true => (q.astype(DType::F32), k.astype(DType::F32)),
-        false => (q.clone(), k.clone()),
-    }
-}
-
 /// What the all-gather and ring bodies share: `n` devices of `local` tokens, blockwise attention's
 /// `block` (none: dot-product attention), the sequence's order (`order[i]`: the plain index of
 /// the token at `i`) and the kernel's options.
@@ -261,7 +253,7 @@ impl Body {
     fn all_gather(&self, [q, k, v]: [&Tensor; 3], query: &Tensor, mask: &Mask, sinks: Option<&Tensor>) -> Tensor {
         let (k, v, key) = (k.all_gather(AXIS, 1), v.all_gather(AXIS, 1), query.all_gather(AXIS, 0));
         let segments = mask.segments.as_ref().map(|s| (s.clone(), s.all_gather(AXIS, 1)));
-        let (qk, kk) = product_operands(q, &k, &self.options);
+        let (qk, kk) = self.options.product_operands(q, &k);
         let Some(block) = self.block else {
             let allowed = mask.allowed(query, &key, segments.as_ref().map(|(a, b)| (a, b)));
             return dot_product(&qk, &kk, &v, &allowed, self.options.logits_soft_cap, sinks);
@@ -341,7 +333,7 @@ impl Body {
         segments: Option<(Tensor, Tensor)>,
         step: i64,
     ) -> (Tensor, Tensor) {
-        let (qk, kk) = product_operands(q, k, &self.options);
+        let (qk, kk) = self.options.product_operands(q, k);
         let Some(block) = self.block else {
             let allowed = mask.allowed(query, key, segments.as_ref().map(|(a, b)| (a, b)));
             return partial(&qk, &kk, v, &allowed, self.options.logits_soft_cap);

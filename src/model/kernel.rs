@@ -239,6 +239,16 @@ pub struct AttendOptions {
     pub float32_qk_product: bool,
 }
 
+impl AttendOptions {
+    /// The queries and keys as their product reads them: in f32 with `float32_qk_product`.
+    pub fn product_operands(&self, q: &Tensor, k: &Tensor) -> (Tensor, Tensor) {
+        match self.float32_qk_product {
+            true => (q.astype(DType::F32), k.astype(DType::F32)),
+            false => (q.clone(), k.clone()),
+        }
+    }
+}
+
 /// Attention of queries `q: [batch, seq, heads, head_dim]` (already scaled) over keys and values
 /// `k, v: [batch, seq, kv_heads, head_dim]` under `mask`, computed as `how` says; query head `i`
 /// uses key/value head `i / (heads / kv_heads)`. Scores and softmax are f32; the result,
@@ -274,10 +284,7 @@ pub fn attend_sinks(
     options: &AttendOptions,
     sinks: Option<&Tensor>,
 ) -> Tensor {
-    let (qk, kk) = match options.float32_qk_product {
-        true => (q.astype(DType::F32), k.astype(DType::F32)),
-        false => (q.clone(), k.clone()),
-    };
+    let (qk, kk) = options.product_operands(q, k);
     match how {
         // Not tagged `context`: MaxText's `apply_attention_dot` names nothing
         // (`src/maxtext/layers/attention_op.py` at e591f30; only its cuDNN and flash kernels name

@@ -3,8 +3,9 @@
 //! client's devices, ready to run.
 //!
 //! Before anything runs, maxrs checks the arguments against the executable's per-device
-//! parameter shapes (read from the optimized HLO module), so a wrong count, shape or dtype is
-//! refused with a message naming the argument instead of reaching the plugin.
+//! parameter shapes, so a wrong count, shape or dtype is refused with a message naming the
+//! argument instead of reaching the plugin: shapes the caller derives from its program
+//! ([`LoadedExecutable::execute_blocks`]), or else those of the optimized HLO module.
 
 use std::sync::{Arc, OnceLock};
 

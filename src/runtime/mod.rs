@@ -56,6 +56,22 @@ pub fn run_program(client: &Client, program: &Program, inputs: &Tree<HostTensor>
     compile(client, program)?.run(client, inputs)
 }
 
+/// The type and shape of the block of `program`'s input `index` on the device at mesh position
+/// `pos`.
+fn block_shape(program: &Program, index: usize, pos: usize) -> Result<(crate::host::DType, Vec<i64>)> {
+    let spec = &program.inputs[index];
+    let dims: Vec<i64> = match (&program.mesh, &spec.sharding) {
+        (Some(mesh), Some(sharding)) => mesh
+            .shard_bounds(sharding, &spec.ty.shape, pos)
+            .map_err(|e| anyhow!("\"{}\": {e}", spec.name))?
+            .iter()
+            .map(|b| b.1)
+            .collect(),
+        _ => spec.ty.shape.to_vec(),
+    };
+    Ok((spec.ty.dtype, dims))
+}
+
 impl Compiled {
     /// Pairs a loaded executable (compiled here, or deserialized) with the program it was
     /// compiled from.
@@ -73,12 +89,11 @@ impl Compiled {
                 .collect::<Result<_>>()?,
             None => vec![0],
         };
-        let mut compiled = Compiled { program: program.clone(), executable, positions, blocks: Vec::new() };
-        let by_input: Vec<Vec<_>> =
-            (0..program.inputs.len()).map(|i| compiled.input_block_shapes(i)).collect::<Result<_>>()?;
-        compiled.blocks =
-            (0..compiled.positions.len()).map(|d| by_input.iter().map(|blocks| blocks[d].clone()).collect()).collect();
-        Ok(compiled)
+        let blocks = positions
+            .iter()
+            .map(|&pos| (0..program.inputs.len()).map(|i| block_shape(program, i, pos)).collect())
+            .collect::<Result<_>>()?;
+        Ok(Compiled { program: program.clone(), executable, positions, blocks })
     }
 
     pub fn input_index(&self, name: &str) -> Result<usize> {
@@ -130,23 +145,8 @@ impl Compiled {
 
     /// The type and shape of the block of input `index` on each of this process's devices (in
     /// device order): what a buffer handed to the program for it must be.
-    pub fn input_block_shapes(&self, index: usize) -> Result<Vec<(crate::host::DType, Vec<i64>)>> {
-        let spec = &self.program.inputs[index];
-        self.positions
-            .iter()
-            .map(|&pos| {
-                let dims: Vec<i64> = match (&self.program.mesh, &spec.sharding) {
-                    (Some(mesh), Some(sharding)) => mesh
-                        .shard_bounds(sharding, &spec.ty.shape, pos)
-                        .map_err(|e| anyhow!("\"{}\": {e}", spec.name))?
-                        .iter()
-                        .map(|b| b.1)
-                        .collect(),
-                    _ => spec.ty.shape.to_vec(),
-                };
-                Ok((spec.ty.dtype, dims))
-            })
-            .collect()
+    pub fn input_block_shapes(&self, index: usize) -> Vec<(crate::host::DType, Vec<i64>)> {
+        self.blocks.iter().map(|device| device[index].clone()).collect()
     }
 
     /// Like [`Compiled::put`] for a process that holds only some rows of the global array:

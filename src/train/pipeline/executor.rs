@@ -243,7 +243,7 @@ impl Pipeline {
                 Ok(Stage { index, devices, positions, programs, eval_head: None, state: HashMap::new() })
             })
             .collect::<Result<_>>()?;
-        let receive_shapes = receive_shapes(&stages, placement.cross_host.is_some())?;
+        let receive_shapes = receive_shapes(&stages, placement.cross_host.is_some());
         Ok(Pipeline { step, schedule, client: client.clone(), stages, placement, receive_shapes, passes, rounds: 0 })
     }
 
@@ -516,10 +516,10 @@ type ReceiveShapes = HashMap<(usize, Pass, usize), Vec<(DType, Vec<i64>)>>;
 /// For each of `stages` (this process's), the blocks its programs read as `activation`
 /// (forward) and `cotangent` (backward), by device: what a cross-host receive allocates (only
 /// with `cross_host`; the relay's arrays carry their shapes).
-fn receive_shapes(stages: &[Stage], cross_host: bool) -> Result<ReceiveShapes> {
+fn receive_shapes(stages: &[Stage], cross_host: bool) -> ReceiveShapes {
     let mut shapes = HashMap::new();
     if !cross_host {
-        return Ok(shapes);
+        return shapes;
     }
     for stage in stages {
         for (pass, programs, input) in [
@@ -528,12 +528,12 @@ fn receive_shapes(stages: &[Stage], cross_host: bool) -> Result<ReceiveShapes> {
         ] {
             for (repeat, program) in programs.iter().enumerate() {
                 if let Some(index) = program.find_input(input) {
-                    shapes.insert((stage.index, pass, repeat), program.input_block_shapes(index)?);
+                    shapes.insert((stage.index, pass, repeat), program.input_block_shapes(index));
                 }
             }
         }
     }
-    Ok(shapes)
+    shapes
 }
 
 /// Sets the step's abort flag when dropped: a stage's or link's thread holds one until it ends
