@@ -283,13 +283,20 @@ def module_facts(jax, shaped_args, in_shard, donate_argnums):
 
 
 def print_peaks(dump_dir, top=12, buffers=0):
-    """For each module XLA dumped: the peak of its temporaries (the values of the preallocated-temp
-    allocation in `*-buffer-assignment.txt`, live over their ranges in `*-live-range.txt`) and the
-    values live then, grouped by shape, largest first. (The live-range file's own "peak" section
-    counts parameters and outputs too, at another instruction.) With `buffers`, the largest values
-    live then one by one: the instruction that defines each (the optimized module's text, where
-    dumped) and its live range in the schedule, which tell a saved residual (defined in the
-    forward pass, read in the backward one) from a temporary the schedule keeps."""
+    """For each module XLA dumped: its temporaries (the preallocated-temp allocation of
+    `*-buffer-assignment.txt`, whose values lie at offsets in it, live over their ranges in
+    `*-live-range.txt`), the most bytes the values hold at once over their own ranges and the values
+    live then, grouped by shape, largest first; and the instruction where they reach the
+    allocation's top, with what lies under it then, by offset. (The live-range file's own "peak"
+    section counts parameters and outputs too, at another instruction.) The first is a lower bound
+    of the second: a loop's carried buffer keeps its offset through the whole loop (its values, the
+    loop's operand, the body's parameter and result, share it), while each value counts only over
+    its own range; the gaps under the top are what lies there at other times of the loop (issue 46:
+    Mixtral's scanned backward pass, 16.87 GiB at most over the values' ranges, 21.42 allocated).
+    Values sharing a buffer (an update in place) count once. With `buffers`, the largest values
+    live at the first instant one by one: the instruction that defines each (the optimized module's
+    text, where dumped) and its live range in the schedule, which tell a saved residual (defined in
+    the forward pass, read in the backward one) from a temporary the schedule keeps."""
     import glob  # pylint: disable=import-outside-toplevel
     import re  # pylint: disable=import-outside-toplevel
     from collections import defaultdict  # pylint: disable=import-outside-toplevel
@@ -302,40 +309,48 @@ def print_peaks(dump_dir, top=12, buffers=0):
     value = re.compile(r"^ value: <\d+ (\S+?)(\{[\d,]*\})? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
     gib = 2**30
     for path in ranges:
-        temps, in_temp = [], False
+        temps, in_temp, allocated = [], False, 0
         with open(path.replace("-live-range.txt", "-buffer-assignment.txt"), encoding="utf-8") as f:
             for line in f:
                 if line.startswith("allocation "):
                     in_temp = "preallocated-temp" in line
+                    if in_temp:
+                        allocated = int(re.match(r"allocation \d+: size (\d+)", line).group(1))
                 elif in_temp and (m := value.match(line)):
-                    temps.append((m.group(1) + (m.group(2) or "{}"), int(m.group(3)), m.group(5)))
+                    temps.append((m.group(1) + (m.group(2) or "{}"), int(m.group(3)), m.group(5), int(m.group(4))))
         span = {}
         with open(path, encoding="utf-8") as f:
             for line in f:
                 if m := re.match(r"^    (\S+):(\d+)-(\d+)$", line):
                     span[m.group(1)] = (int(m.group(2)), int(m.group(3)))
-        change = defaultdict(int)
-        for name, size, _ in temps:
-            start, end = span.get(name, (0, -1))
-            change[start] += size
-            change[end + 1] -= size
-        live, peak, at = 0, 0, 0
-        for t in sorted(change):
-            live += change[t]
-            if live > peak:
-                peak, at = live, t
+        temps = [(name, size, shape, offset) for name, size, shape, offset in temps if name in span]
+
+        def live_at(t):
+            return [v for v in temps if span[v[0]][0] <= t <= span[v[0]][1]]
+
+        # Live bytes (the union of the live values' offset ranges) and the top, at each start.
+        (peak, at), (reach, top_at) = (0, 0), (0, 0)
+        for t in sorted({span[name][0] for name, *_ in temps}):
+            covered, end, highest = 0, 0, 0
+            for lo, hi in sorted((offset, offset + size) for _, size, _, offset in live_at(t)):
+                covered += max(0, hi - max(lo, end))
+                end, highest = max(end, hi), max(highest, hi)
+            (peak, at) = max((peak, at), (covered, t))
+            (reach, top_at) = max((reach, top_at), (highest, t))
         groups = defaultdict(lambda: [0, 0])
-        for name, size, shape in temps:
-            start, end = span.get(name, (0, -1))
-            if start <= at <= end:
-                groups[shape][0] += 1
-                groups[shape][1] += size
+        for _, size, shape, _ in live_at(at):
+            groups[shape][0] += 1
+            groups[shape][1] += size
         print(
-            f"{os.path.basename(path)}: temporaries peak at instruction {at}: {peak / gib:.2f} GiB live; "
-            "by shape, largest first:"
+            f"{os.path.basename(path)}: temporaries {allocated / gib:.2f} GiB; the values hold at most "
+            f"{peak / gib:.2f} GiB over their own ranges, at instruction {at}; by shape, largest first:"
         )
         for shape, (count, n) in sorted(groups.items(), key=lambda g: -g[1][1])[:top]:
             print(f"  {n / gib:8.2f} GiB  {count:4d} x {shape}")
+        print(f"  the values reach {reach / gib:.2f} GiB at instruction {top_at}; live then, by offset:")
+        for name, size, shape, offset in sorted(live_at(top_at), key=lambda v: v[3]):
+            if size >= allocated / 200:
+                print(f"  {offset / gib:8.2f} +{size / gib:6.3f} GiB  {name} {span[name]}  {shape}")
         if buffers:
             _print_buffers(path.replace("-live-range.txt", ".txt"), temps, span, at, buffers)
 
@@ -351,8 +366,8 @@ def _print_buffers(module_path, temps, span, at, count):
             for line in f:
                 if m := re.match(r"^\s*(?:ROOT )?%?(\S+) = (.*)$", line):
                     defined[m.group(1)] = re.sub(r", metadata=.*", "", m.group(2))[:160]
-    spans = {name: span.get(name, (0, -1)) for name, _, _ in temps}
-    live = [(size, name) for name, size, _ in temps if spans[name][0] <= at <= spans[name][1]]
+    spans = {name: span.get(name, (0, -1)) for name, *_ in temps}
+    live = [(size, name) for name, size, *_ in temps if spans[name][0] <= at <= spans[name][1]]
     if not live:
         return
     print(f"  the {min(count, len(live))} largest, with their instruction and live range:")
