@@ -4,7 +4,8 @@
 //! with and without load balancing, causal and packed, against the same model on one device: loss
 //! and every parameter's gradient, a tiny f32 model (1 layer, embed 32: a strategy is per layer, a
 //! second layer added compile time, not coverage) at 256 tokens, and the balanced packed documents of
-//! all_gather, ring and usp at 4096.
+//! all_gather, ring and usp and Ulysses's unbalanced ones at 4096; and each strategy's bytes moved per
+//! layer against the long-context guide's formula.
 
 use crate::common::loss_check::{loss_program, model_on, random_params, worst_scaled_error};
 use crate::common::{rng, run};
@@ -83,8 +84,10 @@ fn batch_reorder_moves_every_token_array_the_same_way() {
 }
 
 /// A tiny f32 model of `heads` query and `kv_heads` key/value heads over `seq` tokens with
-/// `extra` keys, and the mesh `config::validate` gives it on 8 devices.
+/// `extra` keys (which replace the defaults they name), and the mesh `config::validate` gives it
+/// on 8 devices.
 fn model(heads: i64, kv_heads: i64, seq: i64, extra: &[&str]) -> (Model, Option<Mesh>) {
+    let key = |s: &str| s.split('=').next().map(str::to_string);
     let mut args: Vec<String> = [
         "dtype=float32",
         "weight_dtype=float32",
@@ -95,6 +98,7 @@ fn model(heads: i64, kv_heads: i64, seq: i64, extra: &[&str]) -> (Model, Option<
         "vocab_size=64",
     ]
     .iter()
+    .filter(|d| !extra.iter().any(|e| key(e) == key(d)))
     .map(|s| s.to_string())
     .collect();
     args.push(format!("base_num_query_heads={heads}"));
@@ -262,8 +266,9 @@ fn blockwise_strategies_equal_one_device() {
 }
 
 /// The issue's long-context check: all_gather, ring and usp (its ring and its Ulysses exchange, 2
-/// blocks of keys per ring step) over 4096 tokens of load-balanced packed documents. (Ulysses
-/// needs the heads to split over the context axis: 8 heads at context 8, four times this cost.)
+/// blocks of keys per ring step) over 4096 tokens of load-balanced packed documents, 2 heads.
+/// Ulysses needs the heads to split over the context axis, 8 heads at context 8: its own test
+/// below.
 #[test]
 fn strategies_at_4096_tokens_equal_one_device() {
     let cases: &[Case] = &[
@@ -272,6 +277,17 @@ fn strategies_at_4096_tokens_equal_one_device() {
         (&USP_4X2, "usp, ring 4 x ulysses 2, balanced, 4096 tokens", USP, &[true]),
     ];
     check_against_one_device(2, 2, LONG, 1, &[FLASH], cases);
+}
+
+/// Ulysses at context 8 over 4096 tokens of packed documents (unbalanced: MaxText refuses load
+/// balancing with it). Its all-to-all splits the heads over the 8 devices, so query and key/value
+/// heads are 8 (MaxText's check: both divisible by the axis). Attention's CPU time grows with the
+/// heads, so the heads are 4 wide and this is one case on its own: about 22 CPU-seconds with its
+/// one-device reference.
+#[test]
+fn ulysses_at_4096_tokens_equals_one_device() {
+    let cases: &[Case] = &[(&[CONTEXT_8, ULYSSES, UNBALANCED], "ulysses, context 8, 4096 tokens", ALL_TO_ALL, &[true])];
+    check_against_one_device(8, 8, LONG, 1, &[FLASH, "head_dim=4"], cases);
 }
 
 /// MaxText's refusals of the context-parallelism keys (`configs/types.py`, `utils/max_utils.py`,
@@ -332,4 +348,85 @@ fn unsupported_pairs_are_refused_by_name() {
     let c = config::load(None, &args).expect("loads");
     let err = config::validate_decode(&c).expect_err("usp does not decode").to_string();
     assert!(err.starts_with("context_parallel_strategy: ") && err.contains("for training"), "{err}");
+}
+
+/// Bytes a device moves per collective kind in a lowered program, counting float operands only
+/// (the attention tensors; the s32 plain indices and document ids they carry along are left
+/// out), each collective as a ring algorithm moves it: an all-gather sends its operand to the
+/// `n - 1` others, a reduce-scatter and an all-to-all all but `1 / n` of theirs, a permute its
+/// operand (tools/hlo_collectives.py counts an optimized program the same way).
+fn collective_bytes(stablehlo: &str) -> std::collections::BTreeMap<&'static str, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in stablehlo.lines() {
+        let kind = if line.contains("\"stablehlo.all_gather\"") {
+            "all_gather"
+        } else if line.contains("scatter_dimension =") {
+            // reduce_scatter is a region op: its attributes and signature close the region.
+            "reduce_scatter"
+        } else if line.contains("\"stablehlo.all_to_all\"") {
+            "all_to_all"
+        } else if line.contains("\"stablehlo.collective_permute\"") {
+            "collective_permute"
+        } else {
+            continue;
+        };
+        let operand = line.rsplit(": (tensor<").next().and_then(|s| s.split(">)").next()).expect("a signature");
+        let (dims, dtype) = operand.rsplit_once('x').expect("a shaped tensor");
+        let size = match dtype {
+            "f32" => 4.0,
+            "bf16" => 2.0,
+            _ => continue,
+        };
+        let elements: f64 = dims.split('x').map(|d| d.parse::<f64>().expect("a static dimension")).product();
+        // The group size: the second dimension of `replica_groups`'s `tensor<GROUPSxSIZExi64>`.
+        let n = || -> f64 {
+            let groups = line.split("replica_groups = dense<").nth(1).expect("replica groups");
+            let ty = groups.split("tensor<").nth(1).expect("their type");
+            ty.split('x').nth(1).expect("groups x size").parse().expect("a size")
+        };
+        let bytes = elements * size;
+        let moved = match kind {
+            "all_gather" => (n() - 1.0) * bytes,
+            "collective_permute" => bytes,
+            _ => (n() - 1.0) / n() * bytes,
+        };
+        *out.entry(kind).or_insert(0.0) += moved;
+    }
+    out
+}
+
+/// The long-context guide's per-layer bytes (docs/src/guides/long-context.md, "What a layer moves
+/// per device") against the collectives of each strategy's lowered train step, on a one-layer
+/// model of 8 query and 8 key/value heads at context 8 (usp: ring 4 x Ulysses 2), so the guide's
+/// formula cannot drift from the code. Per device, with `Q` (= the output's) and `K` (= `V`'s)
+/// the bytes of its own tokens' queries and keys, the forward pass moves: all_gather `(n - 1) 2K`
+/// (all-gather), ring `(n - 1) 2K` (permutes), ulysses `(n - 1) / n (2Q + 2K)` (all-to-all), usp
+/// `(u - 1) / u (2Q + 2K)` (all-to-all) and `(r - 1) 2K` (permutes). A train step under the
+/// default `remat_policy=full` moves four times that: the forward pass, its recomputation, the
+/// backward's manual computation, which recomputes its body (`autodiff::manual`), and the
+/// gradients back (for all_gather a reduce-scatter). XLA then drops the third run's output
+/// all-to-all, which nothing reads (the guide's measured 3.6 times for ulysses and usp). Lowered
+/// only, nothing compiles.
+#[test]
+fn collective_bytes_per_layer_are_the_guides() {
+    let (heads, kv_heads, head_dim, seq, f32_bytes) = (8, 8, 8, 256, 4.0);
+    let tokens = (seq / DEVICES as i64) as f64;
+    let q = tokens * (heads * head_dim) as f64 * f32_bytes;
+    let k = tokens * (kv_heads * head_dim) as f64 * f32_bytes;
+    let (n, r, u) = (8.0, 4.0, 2.0);
+    // What the forward pass moves: over the context axis, and usp's within its group and round its ring.
+    let gather = (n - 1.0) * 2.0 * k;
+    let exchange = |group: f64| (group - 1.0) / group * (2.0 * q + 2.0 * k);
+    let ring = |devices: f64| (devices - 1.0) * 2.0 * k;
+    for (overrides, label, want) in [
+        (&[CONTEXT_8][..], "all_gather", vec![("all_gather", 3.0 * gather), ("reduce_scatter", gather)]),
+        (&[CONTEXT_8, RING][..], "ring", vec![("collective_permute", 4.0 * ring(n))]),
+        (&[CONTEXT_8, ULYSSES, UNBALANCED][..], "ulysses", vec![("all_to_all", 4.0 * exchange(n))]),
+        (&USP_4X2[..], "usp", vec![("all_to_all", 4.0 * exchange(u)), ("collective_permute", 4.0 * ring(r))]),
+    ] {
+        let (m, mesh) = model(heads, kv_heads, seq, &[overrides, &[FLASH, "remat_policy=full"]].concat());
+        let got = collective_bytes(&to_stablehlo(&program(&m, mesh, 1, seq, false)));
+        let want: std::collections::BTreeMap<&str, f64> = want.into_iter().collect();
+        assert_eq!(got, want, "{label}: bytes per device by collective");
+    }
 }
