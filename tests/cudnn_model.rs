@@ -130,7 +130,9 @@ fn saving_context_keeps_the_backward_pass_from_recomputing_attention() {
 /// `train-compile` of a cuDNN-attention run for an H100 (deviceless): the saved step has
 /// blockwise attention (its executable could not hold cuDNN's graphs, which XLA builds only on a
 /// GPU), and the memory verdict is for the step a run on the GPU compiles, whose optimized
-/// module still calls cuDNN's fused attention, forward and backward.
+/// module still calls cuDNN's fused attention, forward and backward. Two unscanned layers on
+/// packed documents (synthetic, `max_segments_per_seq=4`), as MaxText's 2-node Llama2-7B recipe
+/// has them.
 #[test]
 fn a_deviceless_compile_judges_the_cudnn_step_and_saves_the_blockwise_one() {
     use maxrs::aot::topology::lookup;
@@ -151,13 +153,17 @@ fn a_deviceless_compile_judges_the_cudnn_step_and_saves_the_blockwise_one() {
         "base_num_kv_heads=2",
         "head_dim=32",
         "base_mlp_dim=128",
-        "base_num_decoder_layers=1",
+        "base_num_decoder_layers=2",
+        "scan_layers=false",
         "vocab_size=256",
         "per_device_batch_size=1",
         "max_target_length=128",
         "dtype=bfloat16",
         "attention=cudnn_flash_te",
         "use_iota_embed=true",
+        "max_segments_per_seq=4",
+        "synthetic_progression=false",
+        "remat_policy=minimal_flash",
     ];
     let out = crate::common::cli::finish(crate::common::cli::command(&args, &[("XLA_FLAGS", &flags)]));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -194,6 +200,12 @@ fn a_deviceless_compile_judges_the_cudnn_step_and_saves_the_blockwise_one() {
         .collect();
     let backward = entry.lines().position(|l| l.contains(maxrs::model::cudnn::BACKWARD)).unwrap();
     assert!(one_hots.len() == 2 && one_hots[0] < backward && backward < one_hots[1], "{one_hots:?}, {backward}");
+    // Packed documents: each layer's forward call is cuDNN's packed one, with statistics for
+    // `batch x max` document slots (`f32[4,2,128]`), which the step keeps one entry per token
+    // (`model::cudnn::pack_stats`; `cudnn_golden::packed_statistics_are_kept_one_entry_per_token`).
+    let forward = format!("custom_call_target=\"{}\"", maxrs::model::cudnn::FORWARD);
+    let packed = entry.lines().filter(|l| l.contains(&forward) && l.contains("f32[4,2,128]")).count();
+    assert_eq!(packed, 2, "a packed forward call per layer");
 }
 
 /// Llama 4 under cuDNN's attention: XLA's fused attention takes no chunk mask, so a block of a

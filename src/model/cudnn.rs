@@ -19,7 +19,11 @@
 //!
 //! The pair is one `composite` (JAX's `custom_vjp`): its forward returns the output and the
 //! statistics, both tagged `context` by the caller, so `remat_policy=minimal_flash` keeps them
-//! and the backward never recomputes attention; its backward is the backward call. A custom
+//! and the backward never recomputes attention; its backward is the backward call. With packed
+//! documents the calls' statistics have a row of `seq` entries per document slot (`batch x max`
+//! of them, [`Fmha::stats_type`]), of which a document uses its length: the composite keeps
+//! them one entry per token (`batch x seq`, the size of an unpacked call's) and puts them back
+//! in place for the backward call ([`pack_stats`]). A custom
 //! call has no derivative of its own (autodiff refuses to differentiate one), so the composite
 //! is the only way a gradient reaches it.
 //!
@@ -30,9 +34,9 @@
 
 use std::fmt::Write;
 
-use crate::ir::{CustomCall, DType, Type};
+use crate::ir::{CustomCall, DType, GatherDims, Prim, ScatterDims, Type};
 use crate::sharding::PartitionSpec;
-use crate::tensor::{composite, custom_call, manual_computation, Tensor};
+use crate::tensor::{composite, custom_call, manual_computation, stack, Tensor};
 
 pub const FORWARD: &str = "__cudnn$fmhaSoftmax";
 pub const BACKWARD: &str = "__cudnn$fmhaSoftmaxBackward";
@@ -239,22 +243,93 @@ fn btnh(x: &Tensor) -> Tensor {
 /// same, and every token is in some document (cuDNN leaves the output of a token outside every
 /// document undefined).
 pub fn packed_layout(segments: &Tensor, max: i64, heads: i64, kv_heads: i64, head_dim: i64) -> [Tensor; 4] {
-    let (b, t) = (segments.shape()[0], segments.shape()[1]);
-    let ctx = segments.trace();
-    let previous = segments.slice_axis(1, 0, t - 1).pad(0i32, &[0, 1], &[0, 0], &[0, 0]);
-    let row_start = ctx.iota(DType::S32, &[b, t], 1).eq(0i32);
-    let starts = row_start.bitwise_or(segments.ne(&previous).bitwise_and(segments.ne(0i32)));
-    // Each token's document, numbered through the whole batch.
-    let document = starts.astype(DType::S32).reshape(&[b * t]).cumsum(0) - 1i32;
-    let count = |slots: i64, per_slot: fn(&Tensor, &Tensor) -> Tensor| {
-        let slot = ctx.iota(DType::S32, &[b * t, slots], 1);
-        per_slot(&document.broadcast_in_dim(&[b * t, slots], &[0]), &slot).astype(DType::S32).sum(&[0])
-    };
-    // Slot j: the tokens of document j (0 past the last document) and the tokens before it (b *
-    // t past the last: the end).
-    let lengths = count(b * max, |doc, j| doc.eq(j)).reshape(&[b, max]);
-    let starts = count(b * (max + 1), |doc, j| doc.lt(j)).reshape(&[b, max + 1]);
+    let b = segments.shape()[0];
+    let documents = Documents::of(segments, max);
+    let lengths = documents.lengths.reshape(&[b, max]);
+    let starts = documents.starts.reshape(&[b, max + 1]);
     [lengths.clone(), lengths, &starts * (heads * head_dim) as i32, &starts * (kv_heads * head_dim) as i32]
+}
+
+/// Where the packed documents of `segments: s32[batch, seq]` (at most `max` a row) lie, numbered
+/// through the whole batch: each token's document (`s32[batch x seq]`), and for each of the
+/// `batch x max` document slots its length and the tokens before it (`batch x (max + 1)` of
+/// those: the batch's end past the last document).
+struct Documents {
+    token: Tensor,
+    lengths: Tensor,
+    starts: Tensor,
+}
+
+impl Documents {
+    fn of(segments: &Tensor, max: i64) -> Documents {
+        let (b, t) = (segments.shape()[0], segments.shape()[1]);
+        let ctx = segments.trace();
+        let previous = segments.slice_axis(1, 0, t - 1).pad(0i32, &[0, 1], &[0, 0], &[0, 0]);
+        let row_start = ctx.iota(DType::S32, &[b, t], 1).eq(0i32);
+        let starts = row_start.bitwise_or(segments.ne(&previous).bitwise_and(segments.ne(0i32)));
+        let token = starts.astype(DType::S32).reshape(&[b * t]).cumsum(0) - 1i32;
+        let count = |slots: i64, per_slot: fn(&Tensor, &Tensor) -> Tensor| {
+            let slot = ctx.iota(DType::S32, &[b * t, slots], 1);
+            per_slot(&token.broadcast_in_dim(&[b * t, slots], &[0]), &slot).astype(DType::S32).sum(&[0])
+        };
+        // Slot j: the tokens of document j (0 past the last document) and the tokens before it.
+        let lengths = count(b * max, |doc, j| doc.eq(j));
+        let starts = count(b * (max + 1), |doc, j| doc.lt(j));
+        Documents { token, lengths, starts }
+    }
+
+    /// Each token's entry in the calls' statistics: `s32[batch, seq, 2]`, its document (their
+    /// first axis) and its place in the document (their last).
+    fn stats_index(segments: &Tensor, max: i64) -> Tensor {
+        let (b, t) = (segments.shape()[0], segments.shape()[1]);
+        let documents = Documents::of(segments, max);
+        let first = documents.starts.take(&documents.token);
+        let place = segments.trace().iota(DType::S32, &[b * t], 0) - first;
+        stack(&[&documents.token, &place], 1).reshape(&[b, t, 2])
+    }
+}
+
+/// The statistics of a packed call over `segments` (at most `max` documents a row), `f32[batch x
+/// max, heads, seq]`, as the composite keeps them: `f32[batch, heads, seq]`, each token's where
+/// the token is. In XLA's packed graph each document slot is one sequence of cuDNN's batch
+/// (hence JAX's `softmax_stat_shape = (B * max_seg_per_batch, N, T)`): its queries start at its
+/// offset and its statistics are a dense `[heads, seq]` block (the calls take offsets for the
+/// queries and keys only) whose first `length` places it fills. The rest, which the backward
+/// call does not read, is all but `1 / max` of the statistics: kept, it was 1.9 GiB a device in
+/// MaxText's 2-node Llama2-7B recipe (32 documents a row, 32 layers). The CPU plugin runs no
+/// cuDNN: `tools/cudnn_check`'s packed cases check the gradients through the kept statistics on
+/// a GPU. The index passes a barrier with the statistics, which makes it each call's own: with
+/// one index for all, XLA fuses every layer's gather into one after the last layer's call,
+/// keeping every layer's whole statistics until then.
+pub fn pack_stats(stats: &Tensor, segments: &Tensor, max: i64) -> Tensor {
+    let index = Documents::stats_index(segments, max);
+    let fenced = stats.trace().bind(Prim::OptimizationBarrier, &[stats, &index]);
+    let dims = GatherDims {
+        offset_dims: vec![1],
+        collapsed_slice_dims: vec![0, 2],
+        operand_batching_dims: vec![],
+        start_indices_batching_dims: vec![],
+        start_index_map: vec![0, 2],
+        index_vector_dim: 2,
+        slice_sizes: vec![1, stats.shape()[1], 1],
+    };
+    fenced[0].gather(&fenced[1], dims)
+}
+
+/// [`pack_stats`] undone for the backward call: `f32[batch x max, heads, seq]`, zero where no
+/// token is.
+pub fn unpack_stats(kept: &Tensor, segments: &Tensor, max: i64) -> Tensor {
+    let (b, heads, t) = (kept.shape()[0], kept.shape()[1], kept.shape()[2]);
+    let dims = ScatterDims {
+        update_window_dims: vec![1],
+        inserted_window_dims: vec![0, 2],
+        input_batching_dims: vec![],
+        scatter_indices_batching_dims: vec![],
+        scatter_dims_to_operand_dims: vec![0, 2],
+        index_vector_dim: 2,
+    };
+    let index = Documents::stats_index(segments, max);
+    kept.trace().zeros(DType::F32, &[b * max, heads, t]).scatter_add_with(&index, kept, dims)
 }
 
 impl<'a> Sequences<'a> {
@@ -297,10 +372,33 @@ impl<'a> Sequences<'a> {
             }
         }
     }
+
+    /// The forward call's results `[out, stats]` as the composite returns them: the statistics
+    /// as it keeps them ([`pack_stats`]), the output after them. Nothing else in the forward pass
+    /// waits for the packed statistics, so without the barrier XLA gathers them just before the
+    /// backward call and keeps every layer's whole statistics until then.
+    fn keep(&self, out: Tensor, stats: &Tensor) -> [Tensor; 2] {
+        match (*self, self.rows()) {
+            (Sequences::Packed { segments, max }, Rows::Packed { .. }) => {
+                let kept = pack_stats(stats, segments, max);
+                let fenced = stats.trace().bind(Prim::OptimizationBarrier, &[&out, &kept]);
+                fenced.try_into().expect("two results")
+            }
+            _ => [out, stats.clone()],
+        }
+    }
+
+    /// Kept statistics as the backward call reads them ([`unpack_stats`]).
+    fn call_stats(&self, kept: &Tensor) -> Tensor {
+        match (*self, self.rows()) {
+            (Sequences::Packed { segments, max }, Rows::Packed { .. }) => unpack_stats(kept, segments, max),
+            _ => kept.clone(),
+        }
+    }
 }
 
 /// The forward call on `q, k, v` over `sequences`: the output `[batch, seq, heads, head_dim]`
-/// and, when `training`, the f32 statistics.
+/// and, when `training`, the f32 statistics as the composite keeps them.
 fn forward(
     q: &Tensor,
     k: &Tensor,
@@ -313,26 +411,30 @@ fn forward(
     let extra = sequences.operands(q, k);
     let operands: Vec<&Tensor> = [q, k, v].into_iter().chain(&extra).collect();
     let out = custom_call(fmha.forward_call(training), &operands);
-    let mut results = vec![btnh(&out[0])];
-    if training {
-        results.push(out[1].clone());
+    if !training {
+        return vec![btnh(&out[0])];
     }
-    results
+    let [out, stats] = sequences.keep(out[0].clone(), &out[1]);
+    vec![btnh(&out), stats]
 }
 
-/// The backward call on `[q, k, v, stats, d_out, out]` over `sequences`: `dq, dk, dv`.
+/// The backward call on `[q, k, v, stats, d_out, out]` (the statistics as the composite keeps
+/// them) over `sequences`: `dq, dk, dv`.
 fn backward(saved: [&Tensor; 6], window: Option<i64>, sequences: Sequences) -> Vec<Tensor> {
     let fmha = Fmha::new(saved[0], saved[1], window, sequences.rows());
     let extra = sequences.operands(saved[0], saved[1]);
-    let operands: Vec<&Tensor> = saved.into_iter().chain(&extra).collect();
+    let [q, k, v, kept, d_out, out] = saved;
+    let stats = sequences.call_stats(kept);
+    let operands: Vec<&Tensor> = [q, k, v, &stats, d_out, out].into_iter().chain(&extra).collect();
     custom_call(fmha.backward_call(), &operands).iter().map(btnh).collect()
 }
 
 /// Causal attention of `q: [batch, seq, heads, head_dim]` (already scaled) over `k, v: [batch,
 /// seq, kv_heads, head_dim]` by cuDNN, within `window` tokens when given, over what `sequences`
 /// says each row holds. `training` gives the differentiable form, which also returns the f32
-/// statistics; otherwise the forward call alone (inference), as JAX emits each. The forward and
-/// the backward call each compute their extra operands from `sequences`' tensors, as JAX's do.
+/// statistics (one entry per token and head, [`pack_stats`]); otherwise the forward call alone
+/// (inference), as JAX emits each. The forward and the backward call each compute their extra
+/// operands from `sequences`' tensors, as JAX's do.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
