@@ -764,8 +764,7 @@ fn fence_expert_gradients(x: &Tensor, operands: [Tensor; 4]) -> [Tensor; 4] {
     if x.trace().mesh().is_none_or(|mesh| mesh.size() <= 1) {
         return operands;
     }
-    let fenced = fence_cotangents(&operands.iter().collect::<Vec<_>>());
-    [0, 1, 2, 3].map(|i| fenced[i].clone())
+    fence_cotangents(&operands.iter().collect::<Vec<_>>()).try_into().expect("four fenced operands")
 }
 
 /// Every expert on every token, weighted by the routing weights.
